@@ -1,0 +1,33 @@
+# Warnings as errors for mkernel's own code (not for third-party headers, which come in as SYSTEM).
+function(mkernel_warnings target)
+  set(_cxx -Wall -Wextra -Wno-unused-parameter -Wshadow=local -Wformat=2)
+  if(MKERNEL_WERROR)
+    list(APPEND _cxx -Werror)
+  endif()
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:${_cxx}>
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wno-unused-parameter --extended-lambda -lineinfo>
+    $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${MKERNEL_WERROR}>>:-Werror=all-warnings>)
+  if(MKERNEL_SANITIZE)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined>)
+    target_link_options(${target} PRIVATE -fsanitize=address,undefined)
+  endif()
+endfunction()
+
+# Test executables: Catch2 + mkernel_core, registered with ctest under a label.
+#   mkernel_test(NAME <n> SOURCES <...> LABELS <...> [LIBS <...>] [TIMEOUT <s>])
+# LIBS: the layers it needs (default mkernel_core, the whole stack below plugin/).
+function(mkernel_test)
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LABELS;LIBS" ${ARGN})
+  add_executable(${T_NAME} ${T_SOURCES} ${PROJECT_SOURCE_DIR}/tests/catch_main.cc)
+  if(NOT T_LIBS)
+    set(T_LIBS mkernel_core)
+  endif()
+  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} mkernel::catch2)
+  mkernel_warnings(${T_NAME})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  add_test(NAME ${T_NAME} COMMAND ${T_NAME} --order lex)
+  set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT})
+endfunction()

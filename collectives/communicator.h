@@ -1,0 +1,64 @@
+// The boundary between the NCCL shim (plugin/shim) and mkernel's collectives.
+//
+// A Communicator is one rank's view of a group of ranks that run collectives in mkernel's
+// persistent kernel. The shim owns the NCCL-facing handle, argument validation, groups and the
+// fallback to the real NCCL; it hands the collectives it selected (collectives/policy.h) to a
+// Communicator, which keeps the caller's stream order (DESIGN.md §3).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "collectives/types.h"
+#include "common/result.h"
+
+namespace mkernel {
+namespace bootstrap {
+class Bootstrap;
+}
+namespace coll {
+
+struct CommOptions {
+  int rank = 0;
+  int nRanks = 1;
+  int cudaDev = 0;
+  int ranksPerNode = 0;  // 0: from the hosts (real); MKERNEL_RANKS_PER_NODE in emulation
+  bool emulate = false;  // MKERNEL_EMULATE: ranks may share a GPU
+  bool blocking = true;  // ncclConfig_t::blocking
+  int maxCtas = 0;       // 0: default (MKERNEL_CTAS / emulation sizing)
+};
+
+// Counters read by mkernelGetStats(): which path ran how many collectives of each kind.
+struct CollStats {
+  uint64_t kernelOps[kNumCollTypes] = {};   // run by the persistent kernel
+  uint64_t forwarded[kNumCollTypes] = {};   // handed to the real NCCL (counted by the shim)
+  uint64_t kernelLaunches = 0;              // persistent-kernel (re)launches
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  // Creates the rank's communicator. Collective over `bootstrap` (every rank calls it).
+  static Result create(const CommOptions& opts, bootstrap::Bootstrap* bootstrap,
+                       std::unique_ptr<Communicator>* out);
+
+  // Posts n collectives (one group, or n = 1) in the order of `stream`. Returns once posted;
+  // completion is ordered on `stream`. Legal during CUDA graph capture of `stream`.
+  virtual Result enqueue(const CollArgs* ops, int n, cudaStream_t stream) = 0;
+
+  // Ok, InProgress, or the error that stopped the communicator (RemoteError on a dead peer).
+  virtual Result asyncError() = 0;
+  // Stops the kernel and every wait promptly; always returns.
+  virtual Result abort() = 0;
+  // Waits for posted work, then releases everything. Collective.
+  virtual Result finalize() = 0;
+
+  virtual const CommOptions& options() const = 0;
+  virtual void stats(CollStats* out) const = 0;
+};
+
+}  // namespace coll
+}  // namespace mkernel

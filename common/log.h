@@ -1,0 +1,57 @@
+// NCCL-style logging: MKERNEL_DEBUG=VERSION|WARN|INFO|TRACE (default WARN), MKERNEL_DEBUG_FILE,
+// MKERNEL_DEBUG_SUBSYS. One line per event, prefixed "host:pid:tid [rank] MKERNEL <LEVEL>".
+// When NCCL loaded us as a plugin it hands us its logger; lines then go through NCCL's
+// NCCL_DEBUG machinery instead (setNcclLogger).
+#pragma once
+
+#include <cstdint>
+
+namespace mkernel {
+
+enum class LogLevel : int { None = 0, Version = 1, Warn = 2, Info = 3, Abort = 4, Trace = 5 };
+
+// Subsystems, a bit each, as NCCL's ncclDebugLogSubSys (values chosen to match NCCL's where they
+// exist, so that NCCL_DEBUG_SUBSYS filtering works when we log through NCCL).
+enum LogSubsys : uint64_t {
+  kLogInit = 0x1,
+  kLogColl = 0x2,
+  kLogP2p = 0x4,
+  kLogShm = 0x8,
+  kLogNet = 0x10,
+  kLogGraph = 0x20,
+  kLogTune = 0x40,
+  kLogEnv = 0x80,
+  kLogAlloc = 0x100,
+  kLogCall = 0x200,
+  kLogProxy = 0x400,
+  kLogBootstrap = 0x1000,
+  kLogReg = 0x2000,
+  kLogAll = ~0ull,
+};
+
+// NCCL's logger signature (ncclDebugLogger_t).
+using NcclLogger = void (*)(int level, unsigned long flags, const char* file, int line,
+                            const char* fmt, ...);
+void setNcclLogger(NcclLogger logger);
+
+// The rank shown in the prefix for lines logged by this thread (-1: none).
+void setLogRank(int rank);
+
+bool logEnabled(LogLevel level, uint64_t subsys);
+void logMessage(LogLevel level, uint64_t subsys, const char* file, int line, const char* fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+}  // namespace mkernel
+
+#define MK_WARN(...) \
+  ::mkernel::logMessage(::mkernel::LogLevel::Warn, ::mkernel::kLogAll, __FILE__, __LINE__, __VA_ARGS__)
+#define MK_INFO(subsys, ...)                                                                    \
+  do {                                                                                          \
+    if (::mkernel::logEnabled(::mkernel::LogLevel::Info, (subsys)))                             \
+      ::mkernel::logMessage(::mkernel::LogLevel::Info, (subsys), __FILE__, __LINE__, __VA_ARGS__); \
+  } while (0)
+#define MK_TRACE(subsys, ...)                                                                    \
+  do {                                                                                           \
+    if (::mkernel::logEnabled(::mkernel::LogLevel::Trace, (subsys)))                             \
+      ::mkernel::logMessage(::mkernel::LogLevel::Trace, (subsys), __FILE__, __LINE__, __VA_ARGS__); \
+  } while (0)

@@ -1,0 +1,28 @@
+// mkernel's own C entry points (exported from libmkernel.so), found with dlsym by nccl-tests'
+// patch, mkernel-bench and the tests to prove which path ran.
+#pragma once
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MKERNEL_API __attribute__((visibility("default")))
+
+// Per-process totals since load, per collective (index = ncclFunc_t: Broadcast 0, Reduce 1,
+// AllGather 2, ReduceScatter 3, AllReduce 4).
+typedef struct {
+  uint64_t size;              // sizeof(mkernelStats_t), set by the caller
+  uint64_t kernelOps[5];      // collectives run by mkernel's persistent kernel
+  uint64_t forwardedOps[5];   // collectives forwarded to the real NCCL
+  uint64_t kernelLaunches;    // persistent-kernel (re)launches
+  uint64_t commsCreated;      // shim communicators created
+} mkernelStats_t;
+
+MKERNEL_API int mkernelGetStats(mkernelStats_t* stats);  // 0 on success
+MKERNEL_API const char* mkernelVersionString(void);
+
+#ifdef __cplusplus
+}
+#endif

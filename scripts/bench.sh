@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The main command: installs what is missing, builds, and runs the mkernel benchmark on whatever
+# this machine has, saying plainly what it ran and why.
+#   no GPU      -> the net transport's latency/bandwidth table over loopback + the topology report
+#   GPU(s)      -> also the collectives sweep (mkernel against NCCL where NCCL can run)
+# Extra arguments are passed to mkernel-bench. Results: bench-results/ (CSV, and PNG plots).
+set -uo pipefail
+source "$(dirname "$0")/common.sh"
+cd "$MK_ROOT"
+BUILD=${MK_BUILD_DIR:-$MK_ROOT/build}
+OUTDIR=${MK_BENCH_OUT:-$MK_ROOT/bench-results}
+mkdir -p "$OUTDIR"
+mk_install_deps || exit 1
+mk_say "build"
+mk_build "$BUILD" -DMKERNEL_CUDA_ARCH=90 || exit 1
+
+mk_say "topology (mkernel-topo)"
+"$BUILD/tools/topo/mkernel-topo" || echo "(mkernel-topo failed: see above)"
+
+if mk_have_gpu; then
+  mk_say "GPU found: collectives benchmark, then the transport benchmark"
+  if [ -x "$BUILD/tools/collbench/mkernel-collbench" ]; then
+    "$BUILD/tools/collbench/mkernel-collbench" --csv "$OUTDIR/collectives.csv" "$@" || exit 1
+  fi
+else
+  mk_say "no GPU found: transport benchmark only"
+fi
+MKERNEL_SOCKET_IFNAME=${MKERNEL_SOCKET_IFNAME:-lo} "$BUILD/tools/bench/mkernel-bench" transport --csv "$OUTDIR/transport.csv" "$@"

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, builds, runs every test tier this machine can run,
+# prints ctest's summary, and exits non-zero on any failure. .ci/run calls exactly this.
+#   MK_BUILD_DIR   build folder (default: build)
+#   MK_SKIP_ASAN=1 skip the sanitizer build (developer shortcut; CI runs it)
+set -uo pipefail
+source "$(dirname "$0")/common.sh"
+cd "$MK_ROOT"
+BUILD=${MK_BUILD_DIR:-$MK_ROOT/build}
+declare -a STAGES=()
+fail=0
+stage() {  # stage NAME CMD...: runs CMD, records its outcome and time
+  local name=$1; shift
+  local t0=$SECONDS
+  mk_say "$name"
+  if "$@"; then STAGES+=("$(printf '%-34s %-8s %5ss' "$name" passed $((SECONDS - t0)))")
+  else STAGES+=("$(printf '%-34s %-8s %5ss' "$name" FAILED $((SECONDS - t0)))"); fail=1; fi
+}
+
+mk_install_deps || exit 1
+stage "build (sm_90 + host)" mk_build "$BUILD" -DMKERNEL_CUDA_ARCH=90
+if [ $fail = 0 ]; then
+  stage "unit + proc + soak + fuzz tiers" ctest --test-dir "$BUILD" -LE 'gpu|verbs' --output-on-failure -j 2
+  if mk_have_gpu; then
+    stage "gpu tier" ctest --test-dir "$BUILD" -L gpu --output-on-failure
+  else
+    mk_say "skipped: GPU tier (ctest label gpu): no GPU on this machine. Run scripts/gpu-check.sh on a GPU machine."
+  fi
+  if [ -x scripts/verbs-tier.sh ]; then
+    stage "verbs tier (Soft-RoCE VM)" scripts/verbs-tier.sh "$BUILD"
+  fi
+fi
+if [ "${MK_SKIP_ASAN:-0}" != 1 ]; then
+  stage "ASan+UBSan build (host code)" mk_build "$BUILD-asan" -DMKERNEL_DEVICE_CODE=OFF -DMKERNEL_SANITIZE=ON
+  [ $fail = 0 ] && stage "ASan+UBSan: unit + proc tiers" env ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 \
+      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --test-dir "$BUILD-asan" -L 'unit|proc' -LE gpu --output-on-failure -j 2
+fi
+
+mk_say "summary"
+printf '%s\n' "${STAGES[@]}"
+if [ $fail = 0 ]; then echo "scripts/test.sh: all stages passed"; else echo "scripts/test.sh: FAILED"; fi
+exit $fail

@@ -1,0 +1,167 @@
+// transport/bootstrap: rendezvous, collectives over it, and its failure modes, with ranks as
+// threads of this process on loopback.
+#include <catch2/catch.hpp>
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "transport/bootstrap/bootstrap.h"
+#include "transport/bootstrap/sock.h"
+#include "transport/bootstrap/wire.h"
+
+using mkernel::Result;
+using mkernel::bootstrap::Bootstrap;
+using mkernel::bootstrap::UniqueId;
+
+namespace {
+
+struct LoopbackEnv {
+  LoopbackEnv() { setenv("MKERNEL_SOCKET_IFNAME", "lo", 1); }
+  ~LoopbackEnv() {
+    unsetenv("MKERNEL_SOCKET_IFNAME");
+    unsetenv("MKERNEL_TIMEOUT_S");
+  }
+};
+
+// Runs fn(rank, bootstrap) on n threads after a rendezvous; returns each rank's create result.
+template <typename Fn>
+std::vector<Result> runRanks(int n, Fn fn) {
+  UniqueId id;
+  REQUIRE(mkernel::bootstrap::createUniqueId(&id) == Result::Success);
+  std::vector<Result> res(n, Result::InternalError);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<Bootstrap> b;
+      res[r] = Bootstrap::create(id, r, n, &b);
+      if (res[r] == Result::Success) res[r] = fn(r, *b);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return res;
+}
+
+}  // namespace
+
+TEST_CASE("bootstrap: ids are recognised, foreign ids refused") {
+  LoopbackEnv env;
+  UniqueId id;
+  REQUIRE(mkernel::bootstrap::createUniqueId(&id) == Result::Success);
+  CHECK(mkernel::bootstrap::isMkernelId(id));
+  UniqueId foreign;
+  std::memset(foreign.bytes, 0x5a, sizeof(foreign.bytes));
+  CHECK_FALSE(mkernel::bootstrap::isMkernelId(foreign));
+  std::unique_ptr<Bootstrap> b;
+  CHECK(Bootstrap::create(foreign, 0, 1, &b) == Result::InvalidArgument);
+  CHECK(Bootstrap::create(id, 2, 2, &b) == Result::InvalidArgument);
+  // Let the root of `id` serve: a single rank completes it.
+  CHECK(Bootstrap::create(id, 0, 1, &b) == Result::Success);
+}
+
+TEST_CASE("bootstrap: allGather, broadcast, barrier and tagged send/recv") {
+  LoopbackEnv env;
+  for (int n : {1, 2, 3, 5, 8}) {
+    std::vector<Result> res = runRanks(n, [n](int rank, Bootstrap& b) -> Result {
+      std::vector<uint64_t> slots(n, 0);
+      slots[rank] = 1000 + rank;
+      MK_CHECK(b.allGather(slots.data(), sizeof(uint64_t)));
+      for (int i = 0; i < n; ++i)
+        if (slots[i] != 1000u + i) return Result::InternalError;
+      uint64_t v = rank == n - 1 ? 42 : 0;
+      MK_CHECK(b.broadcast(&v, sizeof(v), n - 1));
+      if (v != 42) return Result::InternalError;
+      MK_CHECK(b.barrier());
+      // Two tags interleaved to the next rank; the receiver reads them in the opposite order.
+      int next = (rank + 1) % n, prev = (rank - 1 + n) % n;
+      int a = rank * 10 + 1, c = rank * 10 + 2;
+      MK_CHECK(b.send(next, 7, &a, sizeof(a)));
+      MK_CHECK(b.send(next, 9, &c, sizeof(c)));
+      int ra = 0, rc = 0;
+      MK_CHECK(b.recv(prev, 9, &rc, sizeof(rc)));
+      MK_CHECK(b.recv(prev, 7, &ra, sizeof(ra)));
+      if (ra != prev * 10 + 1 || rc != prev * 10 + 2) return Result::InternalError;
+      // A size mismatch is an error, not a silent truncation.
+      MK_CHECK(b.send(next, 11, &a, sizeof(a)));
+      char small = 0;
+      if (b.recv(prev, 11, &small, 1) != Result::InternalError) return Result::InternalError;
+      return b.barrier();
+    });
+    for (int r = 0; r < n; ++r) {
+      INFO("n=" << n << " rank=" << r);
+      CHECK(res[r] == Result::Success);
+    }
+  }
+}
+
+TEST_CASE("bootstrap: a missing rank is a timeout error, not a hang") {
+  LoopbackEnv env;
+  setenv("MKERNEL_TIMEOUT_S", "1", 1);
+  UniqueId id;
+  REQUIRE(mkernel::bootstrap::createUniqueId(&id) == Result::Success);
+  auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<Bootstrap> b;
+  Result r = Bootstrap::create(id, 0, 2, &b);  // rank 1 never comes
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(r == Result::RemoteError);
+  CHECK(s < 5.0);
+}
+
+TEST_CASE("bootstrap: a peer that goes away makes recv fail; abort makes it return") {
+  LoopbackEnv env;
+  UniqueId id;
+  REQUIRE(mkernel::bootstrap::createUniqueId(&id) == Result::Success);
+  std::unique_ptr<Bootstrap> b0, b1;
+  std::thread t([&] { REQUIRE(Bootstrap::create(id, 1, 2, &b1) == Result::Success); });
+  REQUIRE(Bootstrap::create(id, 0, 2, &b0) == Result::Success);
+  t.join();
+  int x = 5;
+  REQUIRE(b1->send(0, 1, &x, sizeof(x)) == Result::Success);
+  int y = 0;
+  REQUIRE(b0->recv(1, 1, &y, sizeof(y)) == Result::Success);
+  CHECK(y == 5);
+  b1.reset();  // the peer's process "dies": its connections close
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(b0->recv(1, 1, &y, sizeof(y)) == Result::RemoteError);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    b0->abort();
+  });
+  t0 = std::chrono::steady_clock::now();
+  CHECK(b0->recv(0, 3, &y, sizeof(y)) == Result::RemoteError);  // nothing will come from self
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  aborter.join();
+}
+
+TEST_CASE("bootstrap: the root rejects malformed hellos and still completes") {
+  LoopbackEnv env;
+  UniqueId id;
+  REQUIRE(mkernel::bootstrap::createUniqueId(&id) == Result::Success);
+  mkernel::bootstrap::IdWire w;
+  std::memcpy(&w, id.bytes, sizeof(w));
+  // A stranger connects and sends garbage, another sends a truncated hello and closes.
+  for (size_t bytes : {sizeof(mkernel::bootstrap::HelloWire), size_t(7)}) {
+    int fd = -1;
+    REQUIRE(mkernel::bootstrap::connectTo(w.root, mkernel::bootstrap::Deadline::in(5), &fd, "test") ==
+            Result::Success);
+    std::vector<char> junk(bytes, 0x7f);
+    REQUIRE(mkernel::bootstrap::sendAll(fd, junk.data(), junk.size(), mkernel::bootstrap::Deadline::in(5),
+                                        "test") == Result::Success);
+    mkernel::bootstrap::closeFd(&fd);
+  }
+  std::unique_ptr<Bootstrap> b0, b1;
+  Result r1 = Result::InternalError;
+  std::thread t([&] { r1 = Bootstrap::create(id, 1, 2, &b1); });
+  CHECK(Bootstrap::create(id, 0, 2, &b0) == Result::Success);
+  t.join();
+  CHECK(r1 == Result::Success);
+  CHECK(Bootstrap::hostHash() != 0);
+}

@@ -1,0 +1,395 @@
+#include "transport/bootstrap/bootstrap.h"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/log.h"
+#include "common/param.h"
+#include "transport/bootstrap/sock.h"
+#include "transport/bootstrap/wire.h"
+
+namespace mkernel {
+namespace bootstrap {
+namespace {
+
+constexpr int kTagAllGather = -1;
+constexpr int kTagBroadcast = -2;
+constexpr int kTagBarrier = -3;
+constexpr double kHandshakeSeconds = 10.0;  // one hello must arrive this fast once connected
+
+double timeoutSeconds() {
+  int64_t t = paramInt("TIMEOUT_S");
+  return t > 0 ? static_cast<double>(t) : 300.0;
+}
+
+uint64_t randomNonce() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
+}
+
+// The root of one rendezvous: collects every rank's hello, then sends each the address table.
+// Runs on a detached thread that ends when the rendezvous is done or times out.
+void serveRendezvous(int listenFd, uint64_t nonce) {
+  Deadline dl = Deadline::in(timeoutSeconds());
+  int nRanks = -1;
+  std::vector<int> fds;
+  std::vector<SockAddr> table;
+  int arrived = 0;
+  Result res = Result::Success;
+  while (nRanks < 0 || arrived < nRanks) {
+    int fd = -1;
+    res = acceptOn(listenFd, dl, &fd, "the bootstrap root waited for ranks to connect");
+    if (res != Result::Success) break;
+    HelloWire h{};
+    if (recvAll(fd, &h, sizeof(h), Deadline::in(kHandshakeSeconds), "root reading a hello") !=
+            Result::Success ||
+        h.magic != kHelloMagic || h.version != kWireVersion || h.nonce != nonce ||
+        h.nRanks <= 0 || h.nRanks > kMaxRanks || h.rank < 0 || h.rank >= h.nRanks ||
+        (nRanks > 0 && h.nRanks != nRanks) || (nRanks > 0 && fds[h.rank] >= 0)) {
+      MK_WARN("bootstrap root: rejected a malformed or foreign hello (rank %d of %d)", h.rank,
+              h.nRanks);
+      closeFd(&fd);
+      continue;
+    }
+    if (nRanks < 0) {
+      nRanks = h.nRanks;
+      fds.assign(nRanks, -1);
+      table.resize(nRanks);
+    }
+    fds[h.rank] = fd;
+    table[h.rank] = h.listen;
+    ++arrived;
+  }
+  if (res == Result::Success) {
+    for (int r = 0; r < nRanks; ++r)
+      sendAll(fds[r], table.data(), table.size() * sizeof(SockAddr), Deadline::in(kHandshakeSeconds),
+              "the bootstrap root sent the address table");
+    MK_INFO(kLogBootstrap, "bootstrap root: rendezvous of %d ranks done", nRanks);
+  } else {
+    MK_WARN("bootstrap root: %d of %d ranks arrived before the rendezvous ended", arrived, nRanks);
+  }
+  for (int& fd : fds) closeFd(&fd);
+  ::close(listenFd);
+}
+
+}  // namespace
+
+bool isMkernelId(const UniqueId& id) {
+  IdWire w;
+  std::memcpy(&w, id.bytes, sizeof(w));
+  return w.magic == kIdMagic && w.version == kWireVersion;
+}
+
+Result createUniqueId(UniqueId* id) {
+  if (id == nullptr) return MK_ERROR(Result::InvalidArgument, "bootstrap: null unique id");
+  IdWire w{};
+  w.magic = kIdMagic;
+  w.version = kWireVersion;
+  w.nonce = randomNonce();
+  std::string ifname;
+  MK_CHECK(chooseAddress(&w.root, &ifname));
+  if (w.root.sa.sa_family == AF_INET) w.root.sin.sin_port = 0;
+  else w.root.sin6.sin6_port = 0;
+  int fd = -1;
+  MK_CHECK(listenOn(&w.root, &fd));
+  std::memset(id->bytes, 0, sizeof(id->bytes));
+  std::memcpy(id->bytes, &w, sizeof(w));
+  MK_INFO(kLogBootstrap, "bootstrap: root listening on %s (%s)", addrToString(w.root).c_str(),
+          ifname.c_str());
+  std::thread(serveRendezvous, fd, w.nonce).detach();
+  return Result::Success;
+}
+
+uint64_t Bootstrap::hostHash() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::string s = host;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string bootId;
+  std::getline(boot, bootId);
+  s += bootId;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// ---------------------------------------------------------------------------------------------
+struct Bootstrap::Impl {
+  uint64_t nonce = 0;
+  int listenFd = -1;
+  int wake[2] = {-1, -1};
+  std::vector<SockAddr> peers;
+  std::vector<int> sendFds;
+  std::vector<std::unique_ptr<std::mutex>> sendMutex;
+
+  std::mutex mu;  // guards everything below
+  std::condition_variable cv;
+  std::map<std::pair<int, int>, std::deque<std::vector<char>>> inbox;  // (peer, tag) -> messages
+  std::vector<bool> peerGone;
+  bool stop = false;
+  std::thread io;
+
+  void ioLoop(int myRank);
+  void deliver(int peer, int tag, std::vector<char> msg) {
+    std::lock_guard<std::mutex> lock(mu);
+    inbox[{peer, tag}].push_back(std::move(msg));
+    cv.notify_all();
+  }
+};
+
+// The receive side: accepts peers' connections, checks their hello, reads frames into the inbox.
+void Bootstrap::Impl::ioLoop(int myRank) {
+  struct Incoming {
+    int fd;
+    int rank;
+  };
+  std::vector<Incoming> in;
+  while (true) {
+    std::vector<pollfd> pfds;
+    pfds.push_back({wake[0], POLLIN, 0});
+    pfds.push_back({listenFd, POLLIN, 0});
+    for (const Incoming& c : in) pfds.push_back({c.fd, POLLIN, 0});
+    int r = ::poll(pfds.data(), pfds.size(), 1000);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stop) break;
+    }
+    if (r <= 0) continue;
+    if (pfds[1].revents & POLLIN) {
+      int fd = -1;
+      if (acceptOn(listenFd, Deadline::in(1.0), &fd, "accepting a peer") == Result::Success) {
+        PeerHelloWire h{};
+        if (recvAll(fd, &h, sizeof(h), Deadline::in(kHandshakeSeconds), "reading a peer hello") ==
+                Result::Success &&
+            h.magic == kPeerMagic && h.nonce == nonce && h.rank >= 0 &&
+            h.rank < static_cast<int>(peers.size())) {
+          in.push_back({fd, h.rank});
+        } else {
+          MK_WARN("bootstrap rank %d: rejected a connection with a malformed or foreign hello", myRank);
+          closeFd(&fd);
+        }
+      }
+    }
+    for (size_t i = 0; i < in.size(); ++i) {
+      short ev = pfds[i + 2].revents;
+      if (!(ev & (POLLIN | POLLHUP | POLLERR))) continue;
+      FrameHeader fh{};
+      Deadline dl = Deadline::in(timeoutSeconds());
+      Result res = recvAll(in[i].fd, &fh, sizeof(fh), dl, "reading a frame header");
+      std::vector<char> msg;
+      if (res == Result::Success && fh.size > kMaxMessageBytes) {
+        res = MK_ERROR(Result::RemoteError,
+                       "bootstrap rank %d: peer %d sent a malformed frame (%llu bytes)", myRank,
+                       in[i].rank, static_cast<unsigned long long>(fh.size));
+      }
+      if (res == Result::Success) {
+        msg.resize(fh.size);
+        res = recvAll(in[i].fd, msg.data(), msg.size(), dl, "reading a frame");
+      }
+      if (res == Result::Success) {
+        deliver(in[i].rank, fh.tag, std::move(msg));
+      } else {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          peerGone[in[i].rank] = true;
+          cv.notify_all();
+        }
+        closeFd(&in[i].fd);
+      }
+    }
+    in.erase(std::remove_if(in.begin(), in.end(), [](const Incoming& c) { return c.fd < 0; }),
+             in.end());
+  }
+  for (Incoming& c : in) closeFd(&c.fd);
+}
+
+Bootstrap::Bootstrap(int rank, int nRanks) : rank_(rank), nRanks_(nRanks), impl_(new Impl) {}
+
+Bootstrap::~Bootstrap() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  if (impl_->wake[1] >= 0) {
+    char c = 1;
+    (void)!::write(impl_->wake[1], &c, 1);
+  }
+  if (impl_->io.joinable()) impl_->io.join();
+  for (int& fd : impl_->sendFds) closeFd(&fd);
+  closeFd(&impl_->listenFd);
+  closeFd(&impl_->wake[0]);
+  closeFd(&impl_->wake[1]);
+}
+
+Result Bootstrap::create(const UniqueId& id, int rank, int nRanks, std::unique_ptr<Bootstrap>* out) {
+  if (!isMkernelId(id))
+    return MK_ERROR(Result::InvalidArgument, "bootstrap: the unique id was not made by mkernel");
+  if (nRanks <= 0 || nRanks > kMaxRanks || rank < 0 || rank >= nRanks)
+    return MK_ERROR(Result::InvalidArgument, "bootstrap: invalid rank %d of %d", rank, nRanks);
+  IdWire w;
+  std::memcpy(&w, id.bytes, sizeof(w));
+  std::unique_ptr<Bootstrap> b(new Bootstrap(rank, nRanks));
+  Impl& im = *b->impl_;
+  im.nonce = w.nonce;
+  Deadline dl = Deadline::in(timeoutSeconds(), &b->aborted_);
+
+  int rootFd = -1;
+  MK_CHECK(connectTo(w.root, dl, &rootFd, "connecting to the bootstrap root"));
+  // Listen on the address that reaches the root, so peers can reach us the same way.
+  SockAddr mine{};
+  socklen_t len = sizeof(mine);
+  getsockname(rootFd, &mine.sa, &len);
+  if (mine.sa.sa_family == AF_INET) mine.sin.sin_port = 0;
+  else mine.sin6.sin6_port = 0;
+  Result res = listenOn(&mine, &im.listenFd);
+  HelloWire h{};
+  h.magic = kHelloMagic;
+  h.version = kWireVersion;
+  h.rank = rank;
+  h.nRanks = nRanks;
+  h.nonce = w.nonce;
+  h.listen = mine;
+  if (res == Result::Success) res = sendAll(rootFd, &h, sizeof(h), dl, "sending the hello to the root");
+  im.peers.resize(nRanks);
+  if (res == Result::Success)
+    res = recvAll(rootFd, im.peers.data(), nRanks * sizeof(SockAddr), dl,
+                  "waiting for all ranks at the bootstrap root");
+  closeFd(&rootFd);
+  if (res != Result::Success) return res;
+  for (const SockAddr& p : im.peers)
+    if (p.sa.sa_family != AF_INET && p.sa.sa_family != AF_INET6)
+      return MK_ERROR(Result::RemoteError, "bootstrap rank %d: the root sent a malformed address table", rank);
+
+  im.sendFds.assign(nRanks, -1);
+  for (int i = 0; i < nRanks; ++i) im.sendMutex.emplace_back(new std::mutex);
+  im.peerGone.assign(nRanks, false);
+  if (::pipe2(im.wake, O_CLOEXEC) != 0)
+    return MK_ERROR(Result::SystemError, "bootstrap: pipe2: %s", std::strerror(errno));
+  im.io = std::thread(&Impl::ioLoop, &im, rank);
+  MK_INFO(kLogBootstrap, "bootstrap rank %d/%d: up, listening on %s", rank, nRanks,
+          addrToString(mine).c_str());
+  *out = std::move(b);
+  return Result::Success;
+}
+
+void Bootstrap::abort() {
+  aborted_.store(true, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->cv.notify_all();
+}
+
+Result Bootstrap::send(int peer, int tag, const void* data, size_t size) {
+  if (peer < 0 || peer >= nRanks_)
+    return MK_ERROR(Result::InvalidArgument, "bootstrap: send to invalid peer %d", peer);
+  if (size > kMaxMessageBytes)
+    return MK_ERROR(Result::InvalidArgument, "bootstrap: message of %zu bytes is too large", size);
+  if (peer == rank_) {
+    const char* p = static_cast<const char*>(data);
+    impl_->deliver(peer, tag, std::vector<char>(p, p + size));
+    return Result::Success;
+  }
+  Deadline dl = Deadline::in(timeoutSeconds(), &aborted_);
+  std::lock_guard<std::mutex> lock(*impl_->sendMutex[peer]);
+  int& fd = impl_->sendFds[peer];
+  if (fd < 0) {
+    char what[96];
+    std::snprintf(what, sizeof(what), "rank %d connecting to peer %d", rank_, peer);
+    MK_CHECK(connectTo(impl_->peers[peer], dl, &fd, what));
+    PeerHelloWire h{kPeerMagic, impl_->nonce, rank_, 0};
+    Result r = sendAll(fd, &h, sizeof(h), dl, what);
+    if (r != Result::Success) {
+      closeFd(&fd);
+      return r;
+    }
+  }
+  FrameHeader fh{tag, 0, size};
+  char what[96];
+  std::snprintf(what, sizeof(what), "rank %d sending %zu bytes to peer %d", rank_, size, peer);
+  Result r = sendAll(fd, &fh, sizeof(fh), dl, what);
+  if (r == Result::Success) r = sendAll(fd, data, size, dl, what);
+  if (r != Result::Success) closeFd(&fd);
+  return r;
+}
+
+Result Bootstrap::recv(int peer, int tag, void* data, size_t size) {
+  if (peer < 0 || peer >= nRanks_)
+    return MK_ERROR(Result::InvalidArgument, "bootstrap: recv from invalid peer %d", peer);
+  Deadline dl = Deadline::in(timeoutSeconds());
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  auto key = std::make_pair(peer, tag);
+  while (true) {
+    auto it = impl_->inbox.find(key);
+    if (it != impl_->inbox.end() && !it->second.empty()) {
+      std::vector<char> msg = std::move(it->second.front());
+      it->second.pop_front();
+      if (msg.size() != size)
+        return MK_ERROR(Result::InternalError,
+                        "bootstrap rank %d: expected %zu bytes from peer %d (tag %d), got %zu",
+                        rank_, size, peer, tag, msg.size());
+      if (size > 0) std::memcpy(data, msg.data(), size);
+      return Result::Success;
+    }
+    if (aborted())
+      return MK_ERROR(Result::RemoteError, "bootstrap rank %d: aborted while waiting for peer %d",
+                      rank_, peer);
+    if (impl_->peerGone[peer])
+      return MK_ERROR(Result::RemoteError,
+                      "bootstrap rank %d: peer %d closed its connection (process gone?)", rank_, peer);
+    if (dl.expired())
+      return MK_ERROR(Result::RemoteError,
+                      "bootstrap rank %d: timed out after %.0f s (MKERNEL_TIMEOUT_S) waiting for "
+                      "%zu bytes from peer %d (tag %d)",
+                      rank_, timeoutSeconds(), size, peer, tag);
+    impl_->cv.wait_for(lock, std::chrono::milliseconds(100));
+  }
+}
+
+Result Bootstrap::allGather(void* data, size_t size) {
+  char* base = static_cast<char*>(data);
+  int next = (rank_ + 1) % nRanks_;
+  int prev = (rank_ - 1 + nRanks_) % nRanks_;
+  for (int step = 0; step < nRanks_ - 1; ++step) {
+    int sendSlot = (rank_ - step + nRanks_) % nRanks_;
+    int recvSlot = (rank_ - step - 1 + nRanks_) % nRanks_;
+    MK_CHECK(send(next, kTagAllGather, base + sendSlot * size, size));
+    MK_CHECK(recv(prev, kTagAllGather, base + recvSlot * size, size));
+  }
+  return Result::Success;
+}
+
+Result Bootstrap::broadcast(void* data, size_t size, int root) {
+  if (root < 0 || root >= nRanks_)
+    return MK_ERROR(Result::InvalidArgument, "bootstrap: broadcast from invalid root %d", root);
+  if (rank_ == root) {
+    for (int p = 0; p < nRanks_; ++p)
+      if (p != root) MK_CHECK(send(p, kTagBroadcast, data, size));
+    return Result::Success;
+  }
+  return recv(root, kTagBroadcast, data, size);
+}
+
+Result Bootstrap::barrier() {
+  // Dissemination barrier: log2(n) rounds.
+  char token = 0;
+  for (int dist = 1; dist < nRanks_; dist <<= 1) {
+    MK_CHECK(send((rank_ + dist) % nRanks_, kTagBarrier, &token, 1));
+    MK_CHECK(recv((rank_ - dist + nRanks_) % nRanks_, kTagBarrier, &token, 1));
+  }
+  return Result::Success;
+}
+
+}  // namespace bootstrap
+}  // namespace mkernel
