@@ -1,0 +1,21 @@
+// ncclTuner_v4_t (NCCL 2.28.9 src/include/plugin/tuner/tuner_v4.h): context last in init, a
+// cost table with the regBuff hint, and destroy instead of finalize.
+#pragma once
+
+#include "plugin/abi/tuner_common.h"
+
+namespace mkernel {
+namespace abi {
+
+struct ncclTuner_v4_t {
+  const char* name;
+  ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction, void** context);
+  ncclResult_t (*getCollInfo)(void* context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
+                              float** collCostTable, int numAlgo, int numProto, int regBuff,
+                              int* nChannels);
+  ncclResult_t (*destroy)(void* context);
+};
+static_assert(sizeof(ncclTuner_v4_t) == 4 * sizeof(void*), "ncclTuner_v4_t: name + 3 functions");
+
+}  // namespace abi
+}  // namespace mkernel
