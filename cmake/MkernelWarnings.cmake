@@ -9,6 +9,8 @@ function(mkernel_warnings target)
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wno-unused-parameter --extended-lambda -lineinfo>
     $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${MKERNEL_WERROR}>>:-Werror=all-warnings>)
   if(MKERNEL_SANITIZE)
+    # GCC 12's -Wmaybe-uninitialized misfires inside libstdc++ (<regex>) under ASan instrumentation.
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-maybe-uninitialized>)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined>)
     target_link_options(${target} PRIVATE -fsanitize=address,undefined)
   endif()
