@@ -1,0 +1,184 @@
+// The TCP backend of net::Net: the shared suite, plus what only TCP has (interface selection,
+// striping settings, its handshake checks).
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <fstream>
+
+#include "common/result.h"
+#include "tests/transport/net_suite.h"
+#include "transport/net/socket_iface.h"
+
+using mkernel::Result;
+using mkernel::nettest::ScopedEnv;
+namespace net = mkernel::net;
+
+namespace {
+std::unique_ptr<net::Net> tcpNet() {
+  std::string why;
+  auto n = net::createTcpNet(&why);
+  INFO(why);
+  REQUIRE(n != nullptr);
+  return n;
+}
+}  // namespace
+
+MKERNEL_NET_SUITE("tcp", tcpNet)
+
+TEST_CASE("tcp net: striping variants move every byte") {
+  SECTION("one socket") {
+    ScopedEnv s("MKERNEL_NET_SOCKETS", "1");
+    mkernel::nettest::checkSizes(tcpNet);
+  }
+  SECTION("four sockets, 4 KiB chunks") {
+    ScopedEnv s("MKERNEL_NET_SOCKETS", "4");
+    ScopedEnv c("MKERNEL_NET_CHUNK_BYTES", "4096");
+    mkernel::nettest::checkSizes(tcpNet);
+    mkernel::nettest::checkGroupedReceives(tcpNet);
+    mkernel::nettest::checkPostingOrderCompletion(tcpNet);
+  }
+  SECTION("progress threads only (no inline progress in test)") {
+    ScopedEnv i("MKERNEL_NET_INLINE_PROGRESS", "0");
+    ScopedEnv s("MKERNEL_NET_SOCKETS", "3");
+    mkernel::nettest::checkSizes(tcpNet);
+    mkernel::nettest::checkManyInFlightAndBackPressure(tcpNet);
+  }
+}
+
+TEST_CASE("tcp net: a handle with a wrong nonce is refused at the handshake") {
+  auto n = tcpNet();
+  char handle[net::kHandleSize];
+  net::ListenComm* l = nullptr;
+  REQUIRE(n->listen(0, handle, &l) == Result::Success);
+  // WireHandle: magic(4) version(2) nSocks(2) nonce(8) ...
+  handle[8] ^= 0x5a;
+  net::SendComm* s = nullptr;
+  Result r = Result::Success;
+  for (int i = 0; i < 200000 && r == Result::Success && s == nullptr; ++i) r = n->connect(0, handle, &s);
+  CHECK(r == Result::RemoteError);
+  CHECK(s == nullptr);
+  CHECK(std::string(mkernel::lastError()).find("nonce") != std::string::npos);
+  net::RecvComm* rc = nullptr;
+  CHECK(n->accept(l, &rc) == Result::Success);
+  CHECK(rc == nullptr);
+  CHECK(n->closeListen(l) == Result::Success);
+}
+
+TEST_CASE("tcp net: a foreign handle is rejected before any socket is made") {
+  auto n = tcpNet();
+  char handle[net::kHandleSize] = {};
+  net::SendComm* s = reinterpret_cast<net::SendComm*>(0x1);
+  CHECK(n->connect(0, handle, &s) == Result::InvalidArgument);
+  CHECK(s == nullptr);
+  net::ListenComm* l = reinterpret_cast<net::ListenComm*>(0x1);
+  CHECK(n->listen(n->deviceCount(), handle, &l) == Result::InvalidArgument);
+  CHECK(l == nullptr);
+}
+
+TEST_CASE("tcp net: host memory only") {
+  mkernel::nettest::CommPair pair;
+  mkernel::nettest::connectPair(tcpNet, &pair);
+  char buf[64];
+  void* mh = nullptr;
+  CHECK(pair.net->regMr(pair.send, buf, sizeof(buf), net::kPtrHost, &mh) == Result::Success);
+  CHECK(pair.net->deregMr(pair.send, mh) == Result::Success);
+  CHECK(pair.net->regMr(pair.send, buf, sizeof(buf), net::kPtrCuda, &mh) == Result::InvalidArgument);
+  CHECK(pair.net->regMrDmaBuf(pair.recv, buf, sizeof(buf), net::kPtrDmaBuf, 0, 3, &mh) == Result::InvalidArgument);
+  net::Request* req = reinterpret_cast<net::Request*>(0x1);
+  CHECK(pair.net->iflush(pair.recv, 1, nullptr, nullptr, nullptr, &req) == Result::Success);
+  CHECK(req == nullptr);
+}
+
+TEST_CASE("tcp net: properties come from the interface") {
+  auto n = tcpNet();
+  for (int d = 0; d < n->deviceCount(); ++d) {
+    net::DeviceProps p;
+    REQUIRE(n->getProperties(d, &p) == Result::Success);
+    INFO("device " << d << " = " << p.name);
+    std::ifstream f("/sys/class/net/" + p.name + "/speed");
+    long speed = -1;
+    if (f >> speed && speed > 0) {
+      CHECK(p.speedMbps == speed);
+    } else {
+      CHECK(p.speedMbps == net::kDefaultSpeedMbps);
+    }
+    CHECK(p.ptrSupport == net::kPtrHost);
+    CHECK(p.maxRecvs == net::kMaxGroupedRecvs);
+    CHECK(p.latencyUs == 0.0f);
+    CHECK(!net::isVirtualBridgeOrLoopback(p.name));  // the default selection skips those
+  }
+}
+
+TEST_CASE("tcp net: MKERNEL_SOCKET_IFNAME selects interfaces") {
+  {
+    ScopedEnv e("MKERNEL_SOCKET_IFNAME", "=lo");
+    auto n = tcpNet();
+    REQUIRE(n->deviceCount() == 1);
+    net::DeviceProps p;
+    REQUIRE(n->getProperties(0, &p) == Result::Success);
+    CHECK(p.name == "lo");
+    CHECK(p.pciPath.empty());
+    mkernel::nettest::checkHandshake([] { return tcpNet(); });  // loopback carries traffic too
+  }
+  {
+    ScopedEnv e("MKERNEL_SOCKET_IFNAME", "=no_such_interface0");
+    std::string why;
+    CHECK(net::createTcpNet(&why) == nullptr);
+    CHECK(why.find("no_such_interface0") != std::string::npos);
+  }
+}
+
+TEST_CASE("socket interfaces: NCCL_SOCKET_IFNAME syntax") {
+  auto f = net::IfNameFilter::parse("eth,ib");
+  CHECK(f.matches("eth0"));
+  CHECK(f.matches("ib1"));
+  CHECK_FALSE(f.matches("lo"));
+  f = net::IfNameFilter::parse("^docker,lo");
+  CHECK(f.matches("eth0"));
+  CHECK_FALSE(f.matches("docker0"));
+  CHECK_FALSE(f.matches("lo"));
+  f = net::IfNameFilter::parse("=eth0");
+  CHECK(f.matches("eth0"));
+  CHECK_FALSE(f.matches("eth01"));
+  f = net::IfNameFilter::parse("^=eth0");
+  CHECK_FALSE(f.matches("eth0"));
+  CHECK(f.matches("eth01"));
+  f = net::IfNameFilter::parse("eth0:1234");
+  CHECK(f.matches("eth0"));
+  for (const char* v : {"lo", "docker0", "virbr0", "veth1234", "br-abcdef"}) CHECK(net::isVirtualBridgeOrLoopback(v));
+  for (const char* v : {"eth0", "ib0", "enp1s0", "bond0"}) CHECK_FALSE(net::isVirtualBridgeOrLoopback(v));
+}
+
+TEST_CASE("socket interfaces: the default selection is never empty") {
+  std::vector<net::NetInterface> ifs;
+  bool fallback = false;
+  std::string why;
+  REQUIRE(net::findNetInterfaces("", &ifs, &fallback, &why) == Result::Success);
+  REQUIRE(!ifs.empty());
+  for (auto& i : ifs) CHECK(fallback == net::isVirtualBridgeOrLoopback(i.name));
+}
+
+namespace {
+int threadCount() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  return -1;
+}
+}  // namespace
+
+TEST_CASE("tcp net: destroying the Net joins its progress threads, open comms included") {
+  int before = threadCount();
+  REQUIRE(before > 0);
+  {
+    mkernel::nettest::CommPair pair;
+    mkernel::nettest::connectPair(tcpNet, &pair);
+    CHECK(threadCount() > before);
+    // Leave the comms open: the Net's destructor must close them before it stops the threads.
+    pair.net.reset();
+    pair.send = nullptr;
+    pair.recv = nullptr;
+  }
+  CHECK(threadCount() == before);
+}
