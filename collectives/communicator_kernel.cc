@@ -1,0 +1,457 @@
+// KernelCommunicator: one rank's communicator whose collectives run in the persistent kernel.
+//
+// Host side of the doorbell protocol (docs/KERNEL.md): enqueue() writes the descriptors of a
+// group into a WorkSlot in host-mapped memory, makes sure the kernel runs, and puts three stream
+// memops on the caller's stream: doorbell = Posted, wait doorbell == Done, doorbell = Free. The
+// same three values on every call, so a CUDA graph that captured them replays correctly; a
+// captured slot is dedicated to that graph forever (its descriptor must stay valid for every
+// replay), an eager slot is reused once the caller's stream has passed its Free write (an event).
+#ifdef MKERNEL_HAVE_DEVICE_CODE
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "collectives/communicator.h"
+#include "collectives/cuda_driver.h"
+#include "collectives/device/launch.h"
+#include "collectives/peer_memory.h"
+#include "collectives/reduce_host.h"
+#include "collectives/stats.h"
+#include "collectives/work.h"
+#include "common/log.h"
+#include "common/param.h"
+#include "transport/bootstrap/bootstrap.h"
+
+namespace mkernel {
+namespace coll {
+namespace {
+
+// Bytes per CTA below which adding CTAs does not pay (their barrier costs more than their copy).
+constexpr uint64_t kBytesPerCta = 64 * 1024;
+
+const char* waitKindName(uint32_t what) {
+  switch (what) {
+    case kWaitPeerStart: return "to reach the same collective (start barrier)";
+    case kWaitPeerEnd: return "to finish the collective (end barrier)";
+    case kWaitDispatch: return "the leader CTA's dispatch";
+    case kWaitSlotDone: return "worker CTAs to finish a group";
+  }
+  return "?";
+}
+
+#define MK_CUDA(call, what)                                                                  \
+  do {                                                                                       \
+    cudaError_t mk_cuda_err_ = (call);                                                       \
+    if (mk_cuda_err_ != cudaSuccess)                                                         \
+      return MK_ERROR(Result::UnhandledCudaError, "rank %d: %s failed: %s", opts_.rank, what, \
+                      cudaGetErrorString(mk_cuda_err_));                                     \
+  } while (0)
+
+// Switches this thread to relaxed capture mode for its lifetime: enqueue() calls runtime APIs
+// (event query, kernel launch on the internal stream) that global-mode capture of the caller's
+// stream would otherwise reject.
+class RelaxedCaptureScope {
+ public:
+  RelaxedCaptureScope() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCaptureScope() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+// Raises the device's stack limit to what the persistent kernel needs, once per device and before
+// any persistent kernel runs there: otherwise a launch that needs more local memory than reserved
+// resizes it, and the resize waits for every running kernel (a peer's persistent kernel: forever).
+Result reserveKernelStack() {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  size_t need = 0;
+  MK_CHECK(persistentKernelLocalBytes(&need));
+  size_t cur = 0;
+  cudaError_t err = cudaDeviceGetLimit(&cur, cudaLimitStackSize);
+  if (err == cudaSuccess && cur >= need) return Result::Success;
+  err = cudaDeviceSetLimit(cudaLimitStackSize, need);
+  if (err != cudaSuccess)
+    return MK_ERROR(Result::UnhandledCudaError, "setting the stack limit to %zu bytes for the persistent kernel failed: %s",
+                    need, cudaGetErrorString(err));
+  MK_INFO(kLogInit, "stack limit raised from %zu to %zu bytes (persistent kernel)", cur, need);
+  return Result::Success;
+}
+
+class KernelCommunicator final : public Communicator {
+ public:
+  KernelCommunicator(const CommOptions& opts, bootstrap::Bootstrap* bs) : opts_(opts), bs_(bs) {}
+  ~KernelCommunicator() override { release(/*orderly=*/false); }
+
+  Result init();
+  Result enqueue(const CollArgs* ops, int n, cudaStream_t stream) override;
+  Result asyncError() override;
+  Result abort() override;
+  Result finalize() override;
+  const CommOptions& options() const override { return opts_; }
+  void stats(CollStats* out) const override;
+
+ private:
+  Result fillDesc(const CollArgs& a, WorkDesc* d) const;
+  Result takeEagerSlot(int* slot);
+  Result ensureKernel();
+  Result kernelError() const;
+  Result waitKernelExit(double seconds);
+  void foldStats() const;
+  void release(bool orderly);
+
+  CommOptions opts_;
+  bootstrap::Bootstrap* bs_;
+  std::mutex mu_;
+  DeviceState* state_ = nullptr;  // device
+  void* staging_ = nullptr;       // device
+  HostControl* ctl_ = nullptr;    // host-mapped
+  WorkSlot* slots_ = nullptr;     // host-mapped
+  cudaStream_t stream_ = nullptr;  // internal, non-blocking: the persistent kernel runs here
+  cudaEvent_t slotEvents_[kEagerSlots] = {};
+  bool slotUsed_[kEagerSlots] = {};
+  uint64_t eagerCount_ = 0;
+  int graphSlots_ = 0;
+  KernelParams params_{};
+  bool launched_ = false;
+  bool exchanged_ = false;
+  bool aborted_ = false;
+  bool finalized_ = false;
+  uint64_t launches_ = 0;
+  uint64_t oneShotMaxBytes_ = 0;
+  mutable std::mutex statsMu_;
+  mutable uint64_t folded_[kNumCollTypes] = {};
+};
+
+Result KernelCommunicator::init() {
+  MK_CUDA(cudaSetDevice(opts_.cudaDev), "cudaSetDevice");
+  MK_CHECK(cudrv::loadMemOps());
+  int sms = 0;
+  MK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, opts_.cudaDev), "SM count query");
+  int perSm = 0;
+  MK_CHECK(persistentKernelCtasPerSm(&perSm));
+  if (perSm < 1)
+    return MK_ERROR(Result::InternalError, "rank %d: the persistent kernel cannot be resident on GPU %d",
+                    opts_.rank, opts_.cudaDev);
+  const int64_t want = opts_.maxCtas > 0 ? opts_.maxCtas : paramInt("CTAS", 16);
+  if (want < 1 || want > kMaxCtas)
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_CTAS=%lld outside 1..%d", static_cast<long long>(want), kMaxCtas);
+
+  MK_CHECK(reserveKernelStack());
+  oneShotMaxBytes_ = static_cast<uint64_t>(std::max<int64_t>(0, paramInt("ONESHOT_MAX_BYTES", 32768)));
+  MK_CUDA(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(DeviceState)), "cudaMalloc(DeviceState)");
+  MK_CUDA(cudaMemset(state_, 0, sizeof(DeviceState)), "cudaMemset(DeviceState)");
+  MK_CUDA(cudaMalloc(&staging_, std::max<uint64_t>(oneShotMaxBytes_, 16)), "cudaMalloc(staging)");
+  void* host = nullptr;
+  MK_CUDA(cudaHostAlloc(&host, sizeof(HostControl), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(control)");
+  ctl_ = static_cast<HostControl*>(host);
+  std::memset(host, 0, sizeof(HostControl));
+  MK_CUDA(cudaHostAlloc(&host, sizeof(WorkSlot) * kMaxSlots, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(slots)");
+  slots_ = static_cast<WorkSlot*>(host);
+  std::memset(host, 0, sizeof(WorkSlot) * kMaxSlots);
+  MK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  for (auto& ev : slotEvents_) MK_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+  MK_CUDA(cudaDeviceSynchronize(), "cudaDeviceSynchronize after setup");
+
+  PeerSetup peers;
+  MK_CHECK(exchangePeers(bs_, opts_.rank, opts_.nRanks, opts_.cudaDev, state_, static_cast<int>(want),
+                         sms, opts_.emulate, &peers));
+  exchanged_ = true;
+  for (int r = 0; r < opts_.nRanks; ++r) params_.peers[r] = peers.peers[r];
+  params_.self = state_;
+  void* dev = nullptr;
+  MK_CUDA(cudaHostGetDevicePointer(&dev, slots_, 0), "cudaHostGetDevicePointer(slots)");
+  params_.slots = static_cast<const WorkSlot*>(dev);
+  MK_CUDA(cudaHostGetDevicePointer(&dev, ctl_, 0), "cudaHostGetDevicePointer(control)");
+  params_.ctl = static_cast<HostControl*>(dev);
+  params_.staging = staging_;
+  params_.stagingBytes = oneShotMaxBytes_;
+  params_.timeoutNs = static_cast<uint64_t>(std::max<int64_t>(1, paramInt("TIMEOUT_S", 300))) * 1000000000ull;
+  params_.idleExitNs = static_cast<uint64_t>(std::max<int64_t>(0, paramInt("IDLE_EXIT_US", 200000))) * 1000ull;
+  params_.rank = opts_.rank;
+  params_.nRanks = opts_.nRanks;
+  params_.nCtas = peers.nCtas;
+  MK_INFO(kLogInit, "rank %d: persistent kernel ready: %d CTAs x %d threads, GPU %d (%d SMs, %d ranks on it)",
+          opts_.rank, params_.nCtas, kKernelThreads, opts_.cudaDev, sms, peers.ranksOnMyDevice);
+  return Result::Success;
+}
+
+Result KernelCommunicator::fillDesc(const CollArgs& a, WorkDesc* d) const {
+  std::memset(d, 0, sizeof(*d));
+  const size_t esz = dataTypeSize(a.dtype);
+  if (esz == 0) return MK_ERROR(Result::InvalidArgument, "rank %d: bad datatype %d", opts_.rank, static_cast<int>(a.dtype));
+  if ((a.coll == CollType::Broadcast || a.coll == CollType::Reduce) && (a.root < 0 || a.root >= opts_.nRanks))
+    return MK_ERROR(Result::InvalidArgument, "rank %d: root %d outside 0..%d", opts_.rank, a.root, opts_.nRanks - 1);
+  d->coll = static_cast<int32_t>(a.coll);
+  d->dtype = static_cast<int32_t>(a.dtype);
+  d->root = a.root;
+  d->count = a.count;
+  d->sendbuff = reinterpret_cast<uint64_t>(a.sendbuff);
+  d->recvbuff = reinterpret_cast<uint64_t>(a.recvbuff);
+  d->scalarDevPtr = reinterpret_cast<uint64_t>(a.scalarDevPtr);
+  const uint64_t bytes = a.count * esz;
+  d->algo = static_cast<int32_t>(Algo::Direct);
+  if (a.coll == CollType::AllReduce)
+    d->algo = static_cast<int32_t>(bytes <= oneShotMaxBytes_ ? Algo::OneShot : Algo::TwoShot);
+  // Work of the whole collective across ranks, as every rank computes it (same on all ranks).
+  uint64_t work = bytes;
+  if (a.coll == CollType::AllGather || a.coll == CollType::ReduceScatter) work = bytes * static_cast<uint64_t>(opts_.nRanks);
+  const uint64_t perRank = work / static_cast<uint64_t>(opts_.nRanks);
+  uint64_t ctas = (perRank + kBytesPerCta - 1) / kBytesPerCta;
+  if (a.coll == CollType::AllReduce && static_cast<Algo>(d->algo) == Algo::OneShot) ctas = 1;
+  d->nCtas = static_cast<int32_t>(std::min<uint64_t>(std::max<uint64_t>(ctas, 1), static_cast<uint64_t>(params_.nCtas)));
+  if (a.coll == CollType::AllReduce || a.coll == CollType::ReduceScatter || a.coll == CollType::Reduce) {
+    MK_CHECK(makeDevRedOp(a.op, a.dtype, opts_.nRanks, a.scalar, &d->redOp));
+  }
+  return Result::Success;
+}
+
+Result KernelCommunicator::takeEagerSlot(int* slot) {
+  const int s = static_cast<int>(eagerCount_ % kEagerSlots);
+  if (slotUsed_[s]) {
+    // The caller's stream must have passed this slot's Free write before we reuse it.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(paramInt("TIMEOUT_S", 300));
+    for (;;) {
+      cudaError_t q = cudaEventQuery(slotEvents_[s]);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady)
+        return MK_ERROR(Result::UnhandledCudaError, "rank %d: waiting for work slot %d: %s", opts_.rank, s, cudaGetErrorString(q));
+      if (ctl_->abortFlag) return MK_ERROR(Result::RemoteError, "rank %d: communicator aborted", opts_.rank);
+      if (ctl_->failed) return kernelError();
+      if (std::chrono::steady_clock::now() > deadline)
+        return MK_ERROR(Result::InternalError,
+                        "rank %d: timed out waiting for work slot %d (%d collectives in flight on the caller's streams)",
+                        opts_.rank, s, kEagerSlots);
+      std::this_thread::yield();
+    }
+  }
+  slotUsed_[s] = true;
+  ++eagerCount_;
+  *slot = s;
+  return Result::Success;
+}
+
+Result KernelCommunicator::ensureKernel() {
+  // Dekker handshake with the kernel's idle exit (docs/KERNEL.md): our work is counted (eager
+  // counter or resident flag) before we look at the state; the kernel announces Exiting before it
+  // looks at the counter. A full fence on each side makes at least one see the other.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (launched_ && ctl_->kernelState == kKernelRunning) return Result::Success;
+  ctl_->kernelState = kKernelRunning;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  MK_CHECK(launchPersistentKernel(params_, stream_));
+  launched_ = true;
+  ++launches_;
+  globalStats().kernelLaunches.fetch_add(1, std::memory_order_relaxed);
+  MK_TRACE(kLogColl, "rank %d: persistent kernel launched (%llu)", opts_.rank, static_cast<unsigned long long>(launches_));
+  return Result::Success;
+}
+
+Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stream) {
+  if (ops == nullptr || n < 0) return MK_ERROR(Result::InvalidArgument, "rank %d: enqueue of %d ops at %p", opts_.rank, n, static_cast<const void*>(ops));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (finalized_) return MK_ERROR(Result::InvalidUsage, "rank %d: enqueue on a finalized communicator", opts_.rank);
+  if (aborted_) return MK_ERROR(Result::InvalidUsage, "rank %d: enqueue on an aborted communicator", opts_.rank);
+  if (ctl_->failed) return kernelError();
+  MK_CUDA(cudaSetDevice(opts_.cudaDev), "cudaSetDevice");
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MK_CUDA(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  if (capture == cudaStreamCaptureStatusInvalidated)
+    return MK_ERROR(Result::InvalidUsage, "rank %d: the stream's capture was invalidated", opts_.rank);
+  const bool capturing = capture == cudaStreamCaptureStatusActive;
+  RelaxedCaptureScope relaxed;
+
+  int i = 0;
+  while (i < n) {
+    WorkDesc descs[kMaxOpsPerSlot];
+    int nOps = 0;
+    int ctasNeeded = 0;
+    for (; i < n && nOps < kMaxOpsPerSlot; ++i) {
+      if (ops[i].count == 0) continue;  // NCCL: a no-op (the count is the same on every rank)
+      MK_CHECK(fillDesc(ops[i], &descs[nOps]));
+      ctasNeeded = std::max(ctasNeeded, descs[nOps].nCtas);
+      ++nOps;
+    }
+    if (nOps == 0) break;
+    int slot = -1;
+    if (capturing) {
+      if (kEagerSlots + graphSlots_ >= kMaxSlots)
+        return MK_ERROR(Result::InvalidUsage, "rank %d: more than %d captured collective groups on one communicator",
+                        opts_.rank, kMaxSlots - kEagerSlots);
+      slot = kEagerSlots + graphSlots_++;
+    } else {
+      MK_CHECK(takeEagerSlot(&slot));
+    }
+    WorkSlot& ws = slots_[slot];
+    std::memcpy(ws.ops, descs, sizeof(WorkDesc) * static_cast<size_t>(nOps));
+    ws.nOps = static_cast<uint32_t>(nOps);
+    ws.ctasNeeded = static_cast<uint32_t>(ctasNeeded);
+    ws.eager = capturing ? 0u : 1u;
+    std::atomic_thread_fence(std::memory_order_release);
+    if (capturing) {
+      ctl_->resident = 1;  // a replay never passes through here: the kernel must stay
+    } else {
+      ctl_->eagerEnqueued = ctl_->eagerEnqueued + 1;  // only this thread writes it (mu_)
+    }
+    MK_CHECK(ensureKernel());
+    uint32_t* doorbell = &state_->doorbell[slot];
+    MK_CHECK(cudrv::streamWriteValue32(stream, doorbell, kDoorbellPosted));
+    MK_CHECK(cudrv::streamWaitValue32(stream, doorbell, kDoorbellDone));
+    MK_CHECK(cudrv::streamWriteValue32(stream, doorbell, kDoorbellFree));
+    if (!capturing) MK_CUDA(cudaEventRecord(slotEvents_[slot], stream), "cudaEventRecord(slot)");
+  }
+  foldStats();
+  return Result::Success;
+}
+
+Result KernelCommunicator::kernelError() const {
+  for (int c = 0; c < kMaxCtas; ++c) {
+    const ErrorRecord& e = ctl_->errors[c];
+    const uint32_t what = *reinterpret_cast<const volatile uint32_t*>(&e.what);
+    if (what == kWaitNone) continue;
+    const char* coll = e.coll >= 0 && e.coll < kNumCollTypes ? collName(static_cast<CollType>(e.coll)) : "-";
+    if (what == kWaitPeerStart || what == kWaitPeerEnd)
+      return MK_ERROR(Result::RemoteError,
+                      "rank %d (CTA %d): timed out after %llu s waiting for rank %d %s in %s (epoch %llu)",
+                      e.rank, e.cta, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull), e.peer,
+                      waitKindName(what), coll, static_cast<unsigned long long>(e.epoch));
+    return MK_ERROR(Result::InternalError, "rank %d (CTA %d): timed out after %llu s waiting for %s",
+                    e.rank, e.cta, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull), waitKindName(what));
+  }
+  return MK_ERROR(Result::InternalError, "rank %d: the persistent kernel stopped on a failure it did not record", opts_.rank);
+}
+
+Result KernelCommunicator::asyncError() {
+  if (ctl_ == nullptr) return Result::Success;
+  if (ctl_->failed) return kernelError();
+  if (stream_ != nullptr) {
+    cudaError_t q = cudaStreamQuery(stream_);
+    if (q != cudaSuccess && q != cudaErrorNotReady)
+      return MK_ERROR(Result::UnhandledCudaError, "rank %d: the persistent kernel failed: %s", opts_.rank, cudaGetErrorString(q));
+  }
+  return Result::Success;
+}
+
+Result KernelCommunicator::abort() {
+  aborted_ = true;
+  if (ctl_ != nullptr) {
+    ctl_->abortFlag = 1;
+    ctl_->quit = 1;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+  return Result::Success;
+}
+
+Result KernelCommunicator::waitKernelExit(double seconds) {
+  if (!launched_ || stream_ == nullptr) return Result::Success;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    cudaError_t q = cudaStreamQuery(stream_);
+    if (q == cudaSuccess) return Result::Success;
+    if (q != cudaErrorNotReady)
+      return MK_ERROR(Result::UnhandledCudaError, "rank %d: persistent kernel: %s", opts_.rank, cudaGetErrorString(q));
+    if (std::chrono::steady_clock::now() > deadline)
+      return MK_ERROR(Result::InternalError, "rank %d: the persistent kernel did not exit within %.0f s", opts_.rank, seconds);
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+Result KernelCommunicator::finalize() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (finalized_) return Result::Success;
+  const double timeout = static_cast<double>(paramInt("TIMEOUT_S", 300));
+  // Posted work first: every eager slot's event (the caller's streams passed its Free write).
+  for (int s = 0; s < kEagerSlots; ++s) {
+    if (!slotUsed_[s]) continue;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+    while (cudaEventQuery(slotEvents_[s]) == cudaErrorNotReady) {
+      if (ctl_->abortFlag || std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  // Peers may still poll our flags until they have seen our last barrier arrival.
+  Result res = aborted_ ? Result::Success : bs_->barrier();
+  ctl_->quit = 1;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  Result exitRes = waitKernelExit(timeout);
+  finalized_ = true;
+  foldStats();
+  release(/*orderly=*/res == Result::Success && exitRes == Result::Success);
+  if (res != Result::Success) return res;
+  return exitRes;
+}
+
+void KernelCommunicator::release(bool orderly) {
+  if (!orderly && launched_ && ctl_ != nullptr) {
+    ctl_->abortFlag = 1;
+    ctl_->quit = 1;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (waitKernelExit(5.0) != Result::Success) {
+      // The kernel still reads our host memory: leaking it is the only safe choice.
+      MK_WARN("rank %d: persistent kernel still running at destruction; leaking its memory", opts_.rank);
+      ctl_ = nullptr;
+      return;
+    }
+  }
+  for (auto& ev : slotEvents_) {
+    if (ev) (void)cudaEventDestroy(ev);
+    ev = nullptr;
+  }
+  if (stream_) (void)cudaStreamDestroy(stream_);
+  if (slots_) (void)cudaFreeHost(slots_);
+  if (ctl_) (void)cudaFreeHost(ctl_);
+  // Device memory is read by peers' kernels once exchanged: without the finalize barrier a peer
+  // may still be polling our flags, so only an orderly finalize frees it then.
+  if (orderly || !exchanged_) {
+    if (state_) (void)cudaFree(state_);
+    if (staging_) (void)cudaFree(staging_);
+  }
+  ctl_ = nullptr;
+  slots_ = nullptr;
+  stream_ = nullptr;
+  state_ = nullptr;
+  staging_ = nullptr;
+}
+
+void KernelCommunicator::foldStats() const {
+  if (ctl_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(statsMu_);
+  for (int c = 0; c < kNumCollTypes; ++c) {
+    const uint64_t done = ctl_->opsDone[c];
+    if (done > folded_[c]) {
+      globalStats().kernelOps[c].fetch_add(done - folded_[c], std::memory_order_relaxed);
+      folded_[c] = done;
+    }
+  }
+}
+
+void KernelCommunicator::stats(CollStats* out) const {
+  foldStats();
+  std::lock_guard<std::mutex> lock(statsMu_);
+  for (int c = 0; c < kNumCollTypes; ++c) {
+    out->kernelOps[c] = folded_[c];
+    out->forwarded[c] = 0;
+  }
+  out->kernelLaunches = launches_;
+}
+
+}  // namespace
+
+Result createKernelCommunicator(const CommOptions& opts, bootstrap::Bootstrap* bootstrap,
+                                std::unique_ptr<Communicator>* out) {
+  std::unique_ptr<KernelCommunicator> comm(new KernelCommunicator(opts, bootstrap));
+  MK_CHECK(comm->init());
+  *out = std::move(comm);
+  return Result::Success;
+}
+
+}  // namespace coll
+}  // namespace mkernel
+
+#endif  // MKERNEL_HAVE_DEVICE_CODE

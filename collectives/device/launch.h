@@ -1,0 +1,44 @@
+// The host API of the persistent kernel (collectives/device/kernel.cu): one launcher that takes
+// pointers, counts and a stream. Plain host header: the communicator (a .cc file compiled by the
+// host compiler) includes it; nothing here needs nvcc.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "collectives/work.h"
+#include "common/result.h"
+
+namespace mkernel {
+namespace coll {
+
+struct KernelParams {
+  DeviceState* peers[kMaxRanks];  // every rank's DeviceState, as this process addresses it
+  DeviceState* self;              // == peers[rank]
+  const WorkSlot* slots;          // host-mapped, device address
+  HostControl* ctl;               // host-mapped, device address
+  void* staging;                  // this rank's one-shot staging buffer (in-place AllReduce)
+  uint64_t stagingBytes;
+  uint64_t timeoutNs;             // MKERNEL_TIMEOUT_S
+  uint64_t idleExitNs;            // MKERNEL_IDLE_EXIT_US
+  int32_t rank;
+  int32_t nRanks;
+  int32_t nCtas;
+  int32_t pad;
+};
+
+// Launches the persistent kernel with p.nCtas CTAs of kKernelThreads threads on `stream`.
+Result launchPersistentKernel(const KernelParams& p, cudaStream_t stream);
+
+// Local memory (stack) per thread the persistent kernel needs: the device's stack limit must be
+// at least this BEFORE kernels run, or a later launch resizes local memory, which waits for every
+// running kernel, i.e. forever for a peer's persistent kernel (NCCL sets the limit for the same
+// reason).
+Result persistentKernelLocalBytes(size_t* out);
+
+// Largest number of CTAs of the persistent kernel one SM can hold (occupancy query).
+Result persistentKernelCtasPerSm(int* out);
+
+}  // namespace coll
+}  // namespace mkernel

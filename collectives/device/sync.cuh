@@ -1,0 +1,100 @@
+// Bounded waits and cross-rank barriers of the persistent kernel.
+//
+// Every spin-wait polls the host-mapped abort / failed flags and gives up after
+// MKERNEL_TIMEOUT_S (measured with %globaltimer, nanoseconds, so that the bound does not depend
+// on the SM clock the way clock64() does); on timeout it records {rank, peer, CTA, what} in the
+// CTA's own ErrorRecord in host memory and raises HostControl::failed. It never traps: a trap
+// would destroy the CUDA context of the whole process (every other rank and the user's work).
+#pragma once
+
+#include <cstdint>
+
+#include "collectives/device/launch.h"
+#include "collectives/work.h"
+
+namespace mkernel {
+namespace coll {
+namespace dev {
+
+__device__ __forceinline__ uint64_t globalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// System scope: peers may be other GPUs of this process, and the host reads some of these words.
+__device__ __forceinline__ uint64_t loadAcquire(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void storeRelease(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t loadVolatile(const uint32_t* p) {
+  return *reinterpret_cast<const volatile uint32_t*>(p);
+}
+__device__ __forceinline__ uint64_t loadVolatile64(const uint64_t* p) {
+  return *reinterpret_cast<const volatile uint64_t*>(p);
+}
+
+__device__ __forceinline__ bool stopRequested(const KernelParams& p) {
+  return p.ctl->abortFlag != 0 || p.ctl->failed != 0;
+}
+
+__device__ inline void recordError(const KernelParams& p, int cta, int peer, WaitKind what,
+                                   int coll, uint64_t epoch) {
+  volatile ErrorRecord* e = &p.ctl->errors[cta];
+  e->rank = p.rank;
+  e->peer = peer;
+  e->cta = cta;
+  e->coll = coll;
+  e->epoch = epoch;
+  __threadfence_system();
+  e->what = what;
+  __threadfence_system();
+  p.ctl->failed = 1;
+  __threadfence_system();
+}
+
+// Single-thread wait for *addr >= target. False on abort, on another CTA's failure, or on timeout
+// (then recorded).
+__device__ inline bool waitGeq(const KernelParams& p, const uint64_t* addr, uint64_t target,
+                               int cta, int peer, WaitKind what, int coll) {
+  uint64_t start = 0;
+  for (uint32_t iter = 1;; ++iter) {
+    if (loadAcquire(addr) >= target) return true;
+    if ((iter & 255) == 0) {
+      if (stopRequested(p)) return false;
+      uint64_t now = globalTimerNs();
+      if (start == 0) {
+        start = now;
+      } else if (now - start > p.timeoutNs) {
+        recordError(p, cta, peer, what, coll, target);
+        return false;
+      }
+      if (iter > (1u << 16)) __nanosleep(500);  // long waits: stop hammering the peer's line
+    }
+  }
+}
+
+// Barrier of CTA `cta` of every rank (all threads of the CTA call it). Writes of this CTA before
+// the barrier are visible to every peer's CTA `cta` after it. False if the wait failed.
+__device__ inline bool ctaBarrier(const KernelParams& p, DeviceState* const* peers, int cta,
+                                  uint64_t* epoch, WaitKind what, int coll) {
+  __syncthreads();
+  const uint64_t e = ++*epoch;
+  if (threadIdx.x == 0) {
+    __threadfence_system();  // cumulativity: the other threads' writes are ordered by bar.sync
+    storeRelease(&p.self->arrive[cta].epoch, e);
+  }
+  bool ok = true;
+  const int peer = threadIdx.x;
+  if (peer < p.nRanks && peer != p.rank)
+    ok = waitGeq(p, &peers[peer]->arrive[cta].epoch, e, cta, peer, what, coll);
+  return __syncthreads_and(ok) != 0;
+}
+
+}  // namespace dev
+}  // namespace coll
+}  // namespace mkernel

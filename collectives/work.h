@@ -1,0 +1,141 @@
+// Structs shared by the host (collectives/communicator.cc) and the persistent kernel
+// (collectives/device/): work descriptors, doorbells, cross-rank flags, the host-mapped control
+// block. Plain header: no CUDA intrinsics; every layout is pinned by static_assert because host
+// and device compilers must agree on it byte for byte. docs/KERNEL.md describes the protocol.
+//
+// Where each struct lives:
+//   WorkSlot[kMaxSlots]   host-mapped pinned memory: the host writes descriptors, the kernel reads
+//   DeviceState           device memory, one per rank, mapped into every local peer: doorbells
+//                         (written by stream memops), barrier flags and mailboxes (read by peers),
+//                         the kernel's state that survives an idle exit + relaunch
+//   HostControl           host-mapped pinned memory: abort/quit/resident flags (host -> kernel),
+//                         kernel state, counters and error records (kernel -> host)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "collectives/algo.h"
+
+namespace mkernel {
+namespace coll {
+
+constexpr int kMaxCtas = 64;         // CTAs of one persistent kernel
+constexpr int kMaxRanks = 16;        // ranks of one communicator the kernel can address
+constexpr int kMaxOpsPerSlot = 8;    // collectives of one group posted by one doorbell
+constexpr int kEagerSlots = 64;      // ring of slots reused by eager enqueues
+constexpr int kMaxSlots = 256;       // eager ring + slots dedicated to CUDA-graph captures
+constexpr int kDispatchDepth = 64;   // leader CTA -> worker CTAs queue
+constexpr int kKernelThreads = 512;  // threads per CTA (half an SM: user kernels still fit)
+
+// Doorbell values. The caller's stream writes Posted, waits for Done, then writes Free: the same
+// three values on every call, so a captured graph replays correctly (DESIGN.md §3).
+enum DoorbellState : uint32_t {
+  kDoorbellFree = 0,
+  kDoorbellPosted = 1,
+  kDoorbellRunning = 2,  // the kernel took it (so that the leader does not take it twice)
+  kDoorbellDone = 3,
+};
+
+// One collective. Counts are NCCL's (per-rank block for AllGather / ReduceScatter).
+struct alignas(16) WorkDesc {
+  int32_t coll;   // CollType
+  int32_t dtype;  // DataType
+  int32_t algo;   // Algo (collectives/algo.h)
+  int32_t root;
+  uint64_t count;
+  uint64_t sendbuff;
+  uint64_t recvbuff;
+  int32_t nCtas;  // CTAs that take part (the same on every rank: a function of count/dtype)
+  int32_t reserved;
+  uint64_t scalarDevPtr;  // PreMulSum scalar as a device pointer to one element (0: redOp's)
+  DevRedOp redOp;         // makeDevRedOp() (collectives/reduce_host.h): NCCL's device op
+};
+static_assert(sizeof(WorkDesc) == 96, "WorkDesc is read by the kernel with 16-byte loads");
+
+struct alignas(16) WorkSlot {
+  WorkDesc ops[kMaxOpsPerSlot];
+  uint32_t nOps;
+  uint32_t ctasNeeded;  // max nCtas over ops: the CTAs that report completion of this slot
+  uint32_t eager;       // 1: counted in HostControl::eagerEnqueued (idle-exit handshake)
+  uint32_t reserved;
+};
+static_assert(sizeof(WorkSlot) == kMaxOpsPerSlot * sizeof(WorkDesc) + 16, "WorkSlot layout");
+
+// A 128-byte line per CTA so that peers polling one CTA's flag do not share lines with another.
+struct alignas(128) CtaFlag {
+  uint64_t epoch;  // barriers this CTA has arrived at (monotonic over the communicator's life)
+  uint64_t pad[15];
+};
+static_assert(sizeof(CtaFlag) == 128, "CtaFlag layout");
+
+// What this rank's CTA c works on in the current collective, read by peers' CTA c after the
+// first barrier of the op: a source (the user's sendbuff, or staging for in-place one-shot) and
+// the user's recvbuff.
+struct alignas(128) CtaMailbox {
+  uint64_t src;
+  uint64_t dst;
+  uint64_t pad[14];
+};
+static_assert(sizeof(CtaMailbox) == 128, "CtaMailbox layout");
+
+struct alignas(128) DeviceState {
+  uint32_t doorbell[kMaxSlots];  // stream memops write here; the leader CTA polls
+  CtaFlag arrive[kMaxCtas];      // peers poll
+  CtaMailbox mailbox[kMaxCtas];  // peers read
+  // Kernel-private, kept in device memory so that a relaunched kernel continues where the last
+  // one stopped (epochs must keep matching the peers').
+  uint64_t ctaEpoch[kMaxCtas];
+  uint64_t ctaConsumed[kMaxCtas];  // dispatch entries each CTA has consumed
+  uint32_t dispatchSlot[kDispatchDepth];
+  uint64_t dispatchSeq;       // entries the leader has published
+  uint64_t completedSeq;      // entries fully completed (all needed CTAs reported)
+  uint32_t slotCtaDone;       // CTAs done with the in-flight slot
+  uint32_t leaderCursor;      // next slot index the leader scans from
+  uint64_t eagerCompleted;    // mirror of HostControl::eagerCompleted (device copy: no PCIe read)
+  uint64_t opsDone[8];        // mirror of HostControl::opsDone
+};
+
+// Kinds of wait that can time out (ErrorRecord::what).
+enum WaitKind : uint32_t {
+  kWaitNone = 0,
+  kWaitPeerStart = 1,  // first barrier: the peer has not reached this collective
+  kWaitPeerEnd = 2,    // last barrier: the peer has not finished this collective
+  kWaitDispatch = 3,   // a worker CTA waiting for the leader
+  kWaitSlotDone = 4,   // the leader waiting for worker CTAs to finish a slot
+};
+
+struct alignas(16) ErrorRecord {
+  uint32_t what;    // WaitKind; 0 = no error
+  int32_t rank;
+  int32_t peer;
+  int32_t cta;
+  int32_t coll;
+  uint32_t reserved;
+  uint64_t epoch;
+};
+static_assert(sizeof(ErrorRecord) == 32, "ErrorRecord layout");
+
+enum KernelState : uint32_t {
+  kKernelStopped = 0,
+  kKernelRunning = 1,
+  kKernelExiting = 2,  // idle exit in progress (Dekker handshake with the host, docs/KERNEL.md)
+};
+
+struct alignas(64) HostControl {
+  // host -> kernel
+  volatile uint32_t abortFlag;  // stop every wait now (Communicator::abort)
+  volatile uint32_t quit;       // exit once idle (finalize / destroy)
+  volatile uint32_t resident;   // captured into a graph: never exit on idleness
+  uint32_t pad0;
+  volatile uint64_t eagerEnqueued;  // eager slots the host has enqueued (may not be posted yet)
+  // kernel -> host
+  volatile uint32_t kernelState;    // KernelState
+  volatile uint32_t failed;         // 1 once any CTA recorded an error (the kernel drains)
+  volatile uint64_t eagerCompleted;  // eager slots completed (or drained)
+  volatile uint64_t opsDone[8];      // collectives completed, by CollType
+  ErrorRecord errors[kMaxCtas];      // one per CTA: no atomics needed on host memory
+};
+
+}  // namespace coll
+}  // namespace mkernel

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# GPU tier in one call on the device machine (docs/KERNEL.md):
+#   bash scripts/gpu-check.sh            (from the repository root)
+# Configures with device code (sm_90), builds the GPU tests and mkernel-collbench with nvcc,
+# runs `ctest -L gpu`, then the AllReduce benchmark, and prints a short table at the end.
+# Logs go to $OUT when it is set (the device tool brings them back), else to build-gpu/logs.
+# Catch2 (single header) comes from .carry/ when no Catch2 package is installed.
+# Env: GPU_CHECK_BENCH_ARGS (extra mkernel-collbench arguments), GPU_CHECK_SKIP_BENCH=1.
+set -u -o pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${GPU_CHECK_BUILD:-$root/build-gpu}
+logs=${OUT:-$build/logs}
+mkdir -p "$build" "$logs"
+catch_args=()
+[ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
+
+step() { echo "== $* ($(date +%T))"; }
+step configure
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON "${catch_args[@]}" \
+  >"$logs/configure.log" 2>&1 || { tail -40 "$logs/configure.log"; exit 1; }
+step build
+start=$(date +%s)
+make -C "$build" -j"${GPU_CHECK_JOBS:-16}" test_comm_create test_gpu_collectives test_gpu_kernel test_shim_gpu test_shim_emulate \
+  mkernel mkernel-collbench mkernel-topo nccl_one_rank \
+  >"$logs/build.log" 2>&1 || { grep -B2 -A8 -m5 "error" "$logs/build.log"; tail -20 "$logs/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - start )) s"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
+
+# Every rank has a caller stream and an internal stream; with CUDA's default 8 hardware queues,
+# streams share queues and a stream blocked in cuStreamWaitValue32 delays the posts of the
+# streams queued behind it (docs/KERNEL.md). 32 is the maximum.
+export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
+# A hang must not eat the whole device call: GPU waits give up after MKERNEL_TIMEOUT_S.
+export MKERNEL_TIMEOUT_S=${MKERNEL_TIMEOUT_S:-30}
+step "ctest -L gpu"
+(cd "$build" && timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" ctest -L gpu --output-on-failure --timeout 240) 2>&1 | tee "$logs/ctest-gpu.log"
+ctest_rc=${PIPESTATUS[0]}
+(cd "$build" && ctest -R test_comm_create --output-on-failure) >"$logs/ctest-create.log" 2>&1
+create_rc=$?
+
+bench_rc=0
+if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
+  step "mkernel-collbench"
+  # shellcheck disable=SC2086
+  timeout "${GPU_CHECK_BENCH_TIMEOUT:-200}" "$build/bin/mkernel-collbench" --csv "$logs/collbench.csv" ${GPU_CHECK_BENCH_ARGS:-} \
+    >"$logs/collbench.txt" 2>"$logs/collbench.err"
+  bench_rc=$?
+  tail -5 "$logs/collbench.err"
+fi
+
+step "mkernel-topo"
+"$build/bin/mkernel-topo" 2>&1 | tee "$logs/topo.txt" | head -30
+step "NCCL loads mkernel's net plugin and tuner"
+OUT=$logs bash "$root/scripts/nccl-plugin-check.sh" "$build" 2>&1 | tail -30
+plugin_rc=${PIPESTATUS[0]}
+
+step summary
+echo "nccl-plugin-check: rc=$plugin_rc"
+echo "ctest -L gpu: rc=$ctest_rc   test_comm_create: rc=$create_rc   collbench: rc=$bench_rc"
+grep -E "tests passed|tests failed|Passed|Failed" "$logs/ctest-gpu.log" | tail -6
+[ -f "$logs/collbench.txt" ] && cat "$logs/collbench.txt"
+[ "$ctest_rc" = 0 ] && [ "$create_rc" = 0 ] && [ "$bench_rc" = 0 ]

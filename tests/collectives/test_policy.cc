@@ -1,0 +1,230 @@
+// collectives/policy.h: determinism, MKERNEL_* overrides, emulation, logging once per class.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "collectives/policy.h"
+#include "common/result.h"
+
+using namespace mkernel::coll;
+using mkernel::Result;
+
+namespace {
+
+// Sets MKERNEL_<name> for the scope of one test (and restores "unset" after).
+struct EnvGuard {
+  std::vector<std::string> names;
+  void set(const char* name, const char* value) {
+    std::string full = std::string("MKERNEL_") + name;
+    setenv(full.c_str(), value, 1);
+    names.push_back(full);
+  }
+  ~EnvGuard() {
+    for (const std::string& n : names) unsetenv(n.c_str());
+  }
+};
+
+PolicyQuery query(CollType c, DataType t, size_t count, int nRanks = 8, int nNodes = 1,
+                  RedOp op = RedOp::Sum) {
+  PolicyQuery q;
+  q.coll = c;
+  q.dtype = t;
+  q.op = op;
+  q.count = count;
+  q.nRanks = nRanks;
+  q.nNodes = nNodes;
+  return q;
+}
+
+PolicyConfig envConfig() {
+  PolicyConfig cfg;
+  REQUIRE(loadPolicyConfig(&cfg) == Result::Success);
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("policy: defaults: one-shot small AllReduce, two-shot large, direct for the rest") {
+  SelectionPolicy pol(envConfig());
+  PolicyDecision d = pol.decide(query(CollType::AllReduce, DataType::Float32, 1024));
+  CHECK(d.path == ExecPath::Mkernel);
+  CHECK(d.algo == Algo::OneShot);
+  // 32 KiB is the default one-shot limit: 8192 floats is still one-shot, 8193 is not.
+  CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 8192)).algo == Algo::OneShot);
+  CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 8193)).algo == Algo::TwoShot);
+  for (CollType c : {CollType::AllGather, CollType::ReduceScatter, CollType::Broadcast, CollType::Reduce}) {
+    PolicyDecision x = pol.decide(query(c, DataType::Bfloat16, 1 << 20));
+    CHECK(x.path == ExecPath::Mkernel);
+    CHECK(x.algo == Algo::Direct);
+  }
+  CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 0)).path == ExecPath::Mkernel);
+}
+
+TEST_CASE("policy: the decision depends only on shared inputs and is the same on every rank") {
+  // Ranks build their policy from the same config; the decision for every query must agree,
+  // and repeat (no hidden state such as a call counter).
+  PolicyConfig cfg = envConfig();
+  SelectionPolicy r0(cfg), r1(cfg);
+  for (int c = 0; c < kNumCollTypes; ++c)
+    for (int t = 0; t < kNumDataTypes; ++t)
+      for (size_t count : {size_t(0), size_t(1), size_t(1000), size_t(1) << 24})
+        for (int n : {1, 2, 8, 16, 32})
+          for (int nodes : {1, 2}) {
+            PolicyQuery q = query(static_cast<CollType>(c), static_cast<DataType>(t), count, n, nodes);
+            PolicyDecision a = r0.select(q), b = r1.decide(q), again = r0.decide(q);
+            CHECK(a.path == b.path);
+            CHECK(a.path == again.path);
+            if (a.path == ExecPath::Mkernel) {
+              CHECK(a.algo == b.algo);
+              CHECK(algoSupports(q.coll, a.algo));
+            }
+          }
+}
+
+TEST_CASE("policy: MKERNEL_DISABLE, MKERNEL_COLLECTIVES and MKERNEL_MAX_BYTES send work to NCCL") {
+  {
+    EnvGuard env;
+    env.set("DISABLE", "1");
+    SelectionPolicy pol(envConfig());
+    PolicyDecision d = pol.decide(query(CollType::AllReduce, DataType::Float32, 16));
+    CHECK(d.path == ExecPath::Nccl);
+    CHECK(std::string(d.reason).find("MKERNEL_DISABLE") != std::string::npos);
+  }
+  {
+    EnvGuard env;
+    env.set("COLLECTIVES", "AllReduce, broadcast");
+    SelectionPolicy pol(envConfig());
+    CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 16)).path == ExecPath::Mkernel);
+    CHECK(pol.decide(query(CollType::Broadcast, DataType::Float32, 16)).path == ExecPath::Mkernel);
+    CHECK(pol.decide(query(CollType::AllGather, DataType::Float32, 16)).path == ExecPath::Nccl);
+    CHECK(pol.decide(query(CollType::Reduce, DataType::Float32, 16)).path == ExecPath::Nccl);
+  }
+  {
+    EnvGuard env;
+    env.set("COLLECTIVES", "none");
+    SelectionPolicy pol(envConfig());
+    CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 16)).path == ExecPath::Nccl);
+  }
+  {
+    EnvGuard env;
+    env.set("MAX_BYTES", "4096");
+    SelectionPolicy pol(envConfig());
+    CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 1024)).path == ExecPath::Mkernel);
+    CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 1025)).path == ExecPath::Nccl);
+    // AllGather counts its whole buffer: 8 ranks x 128 floats = 4096 B, x 129 is over.
+    CHECK(pol.decide(query(CollType::AllGather, DataType::Float32, 128)).path == ExecPath::Mkernel);
+    CHECK(pol.decide(query(CollType::AllGather, DataType::Float32, 129)).path == ExecPath::Nccl);
+  }
+}
+
+TEST_CASE("policy: MKERNEL_ALGO and MKERNEL_ONESHOT_MAX_BYTES steer the algorithm") {
+  {
+    EnvGuard env;
+    env.set("ALGO", "ring");
+    SelectionPolicy pol(envConfig());
+    for (int c = 0; c < kNumCollTypes; ++c)
+      CHECK(pol.decide(query(static_cast<CollType>(c), DataType::Float32, 100)).algo == Algo::Ring);
+  }
+  {
+    EnvGuard env;
+    env.set("ALGO", "TwoShot");  // AllReduce only: the others stay auto
+    SelectionPolicy pol(envConfig());
+    CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 1)).algo == Algo::TwoShot);
+    CHECK(pol.decide(query(CollType::AllGather, DataType::Float32, 1)).algo == Algo::Direct);
+  }
+  {
+    EnvGuard env;
+    env.set("ONESHOT_MAX_BYTES", "0");
+    SelectionPolicy pol(envConfig());
+    CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 1)).algo == Algo::TwoShot);
+    CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 0)).algo == Algo::OneShot);
+  }
+  PolicyConfig pcie = envConfig();
+  pcie.directAccess = false;
+  SelectionPolicy pol(pcie);
+  CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 1)).algo == Algo::Ring);
+  CHECK(pol.decide(query(CollType::Broadcast, DataType::Float32, 1)).algo == Algo::Ring);
+}
+
+TEST_CASE("policy: bad settings are errors that name the variable") {
+  PolicyConfig cfg;
+  {
+    EnvGuard env;
+    env.set("COLLECTIVES", "allreduce,alltoall");
+    CHECK(loadPolicyConfig(&cfg) == Result::InvalidArgument);
+    CHECK(std::string(mkernel::lastError()).find("alltoall") != std::string::npos);
+  }
+  {
+    EnvGuard env;
+    env.set("ALGO", "tree");
+    CHECK(loadPolicyConfig(&cfg) == Result::InvalidArgument);
+    CHECK(std::string(mkernel::lastError()).find("MKERNEL_ALGO") != std::string::npos);
+  }
+  {
+    EnvGuard env;
+    env.set("MAX_BYTES", "-1");
+    CHECK(loadPolicyConfig(&cfg) == Result::InvalidArgument);
+  }
+  {
+    EnvGuard env;
+    env.set("RING_CHUNK_BYTES", "0");
+    CHECK(loadPolicyConfig(&cfg) == Result::InvalidArgument);
+  }
+}
+
+TEST_CASE("policy: multi-node, too many ranks and emulation") {
+  PolicyConfig cfg = envConfig();
+  SelectionPolicy real(cfg);
+  CHECK(real.decide(query(CollType::AllReduce, DataType::Float32, 64, 16, 2)).path == ExecPath::Nccl);
+  CHECK(real.decide(query(CollType::AllReduce, DataType::Float32, 64, 17, 1)).path == ExecPath::Nccl);
+  cfg.kernelMultiNode = true;
+  CHECK(SelectionPolicy(cfg).decide(query(CollType::AllReduce, DataType::Float32, 64, 16, 2)).path ==
+        ExecPath::Mkernel);
+
+  PolicyConfig emu = envConfig();
+  emu.emulate = true;
+  emu.maxBytes = 16;  // a performance limit: ignored in emulation
+  SelectionPolicy pol(emu);
+  CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 1 << 20)).path == ExecPath::Mkernel);
+  PolicyQuery multi = query(CollType::AllGather, DataType::Int8, 10, 8, 2);
+  PolicyDecision d = pol.decide(multi);
+  CHECK(d.path == ExecPath::Unsupported);
+  CHECK(pol.unsupportedError(multi, d) == Result::InvalidUsage);
+  std::string msg = mkernel::lastError();
+  CHECK(msg.find("AllGather") != std::string::npos);
+  CHECK(msg.find("inter-node") != std::string::npos);
+  emu.disabled = true;
+  CHECK(SelectionPolicy(emu).decide(query(CollType::Reduce, DataType::Float32, 1)).path ==
+        ExecPath::Unsupported);
+  // Values outside the enums (the shim validates first; the policy must not index with them).
+  CHECK(real.decide(query(static_cast<CollType>(7), DataType::Float32, 1)).path == ExecPath::Nccl);
+}
+
+TEST_CASE("policy: a decision is logged once per (collective, power-of-two size class)") {
+  SelectionPolicy pol(envConfig());
+  std::vector<std::string> lines;
+  pol.setLogSink([](void* ctx, const char* line) {
+    static_cast<std::vector<std::string>*>(ctx)->push_back(line);
+  }, &lines);
+  for (int i = 0; i < 3; ++i) {
+    pol.select(query(CollType::AllReduce, DataType::Float32, 256));   // 1024 B: class 1024-2047
+    pol.select(query(CollType::AllReduce, DataType::Float32, 300));   // 1200 B: same class
+    pol.select(query(CollType::AllReduce, DataType::Int8, 1500));     // 1500 B: same class
+  }
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].find("AllReduce 1024-2047 B") != std::string::npos);
+  CHECK(lines[0].find("mkernel/oneshot") != std::string::npos);
+  pol.select(query(CollType::AllReduce, DataType::Float32, 512));     // 2048 B: next class
+  pol.select(query(CollType::Broadcast, DataType::Float32, 256));     // other collective
+  pol.select(query(CollType::AllReduce, DataType::Float32, 0));       // 0 B
+  pol.select(query(CollType::AllReduce, DataType::Float32, 0));
+  CHECK(lines.size() == 4);
+  CHECK(policySizeBucket(0) == 0);
+  CHECK(policySizeBucket(1) == 1);
+  CHECK(policySizeBucket(1023) == 10);
+  CHECK(policySizeBucket(1024) == 11);
+  PolicyQuery huge = query(CollType::AllGather, DataType::Float64, ~size_t(0) / 2);
+  CHECK(policyBytes(huge) == ~size_t(0));  // saturates instead of wrapping
+}

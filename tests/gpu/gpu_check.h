@@ -1,0 +1,135 @@
+// Inputs, references and checks for the GPU tier.
+//
+// Inputs are generated from (seed, rank), so every rank thread can regenerate every peer's input
+// and build the reference itself. Integers are checked bit for bit against the host reduction of
+// collectives/reduce_host.h (wrapping, NCCL's integer Avg); floating types against a float64
+// reference with DESIGN.md §3's norm-wise tolerances (fp64 1e-12, fp32 1e-5, fp16/bf16 1e-2,
+// fp8 1e-1). fp8 inputs are small integers (sums) or powers of two (products), so that rounding
+// stays inside its tolerance while a wrong element still fails.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "collectives/reduce_host.h"
+#include "collectives/types.h"
+
+namespace mkgpu {
+
+using mkernel::coll::DataType;
+using mkernel::coll::RedOp;
+
+inline uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+inline double uniform(uint64_t& s, double lo, double hi) {
+  return lo + (hi - lo) * static_cast<double>(splitmix(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+inline bool isFp8(DataType t) { return t == DataType::Fp8E4M3 || t == DataType::Fp8E5M2; }
+inline bool isHalfLike(DataType t) { return t == DataType::Float16 || t == DataType::Bfloat16; }
+
+inline double tolerance(DataType t) {
+  switch (t) {
+    case DataType::Float64: return 1e-12;
+    case DataType::Float32: return 1e-5;
+    case DataType::Float16: case DataType::Bfloat16: return 1e-2;
+    default: return 1e-1;
+  }
+}
+
+// n elements of `t` for rank `rank` of case `seed`.
+inline std::vector<uint8_t> makeInput(DataType t, RedOp op, uint64_t seed, int rank, size_t n) {
+  const size_t esz = mkernel::coll::dataTypeSize(t);
+  std::vector<uint8_t> buf(n * esz);
+  uint64_t s = seed * 1315423911ull + static_cast<uint64_t>(rank) * 2654435761ull + 7;
+  for (size_t i = 0; i < n; ++i) {
+    if (!mkernel::coll::isFloatType(t)) {
+      uint64_t v = splitmix(s);
+      std::memcpy(&buf[i * esz], &v, esz);  // little endian: the low bytes
+      continue;
+    }
+    double v;
+    const double sign = (splitmix(s) & 1) ? -1.0 : 1.0;
+    if (isFp8(t)) {
+      const int range = t == DataType::Fp8E4M3 ? 2 : 1;
+      if (op == RedOp::Prod) v = sign * ((splitmix(s) & 1) ? 2.0 : 1.0);
+      else v = static_cast<double>(static_cast<int64_t>(splitmix(s) % (2 * range + 1)) - range);
+    } else if (op == RedOp::Prod) {
+      v = sign * (isHalfLike(t) ? uniform(s, 0.75, 1.25) : uniform(s, 0.5, 1.5));
+    } else {
+      v = uniform(s, -1.0, 1.0);
+    }
+    mkernel::coll::storeFromDouble(t, buf.data(), i, v);
+  }
+  return buf;
+}
+
+// Checks out[0..n) == reduction over ranks of in[k][offset .. offset + n) (canonical order).
+// Returns "" or a description of the first problem.
+inline std::string checkReduced(DataType t, RedOp op, double scalar, int nRanks,
+                                const std::vector<std::vector<uint8_t>>& in, size_t offset,
+                                const uint8_t* out, size_t n) {
+  const size_t esz = mkernel::coll::dataTypeSize(t);
+  if (!mkernel::coll::isFloatType(t)) {
+    mkernel::coll::DevRedOp dop{};
+    if (mkernel::coll::makeDevRedOp(op, t, nRanks, scalar, &dop) != mkernel::Result::Success)
+      return "makeDevRedOp failed";
+    std::vector<uint8_t> acc(n * esz), tmp(n * esz);
+    mkernel::coll::hostPreOp(dop, t, acc.data(), in[0].data() + offset * esz, n);
+    for (int k = 1; k < nRanks; ++k) {
+      mkernel::coll::hostPreOp(dop, t, tmp.data(), in[static_cast<size_t>(k)].data() + offset * esz, n);
+      mkernel::coll::hostReduce(dop, t, acc.data(), tmp.data(), n);
+    }
+    mkernel::coll::hostPostOp(dop, t, acc.data(), n);
+    for (size_t i = 0; i < n; ++i)
+      if (std::memcmp(&acc[i * esz], out + i * esz, esz) != 0)
+        return "element " + std::to_string(i) + ": got " +
+               std::to_string(mkernel::coll::loadAsU64(t, out, i)) + " want " +
+               std::to_string(mkernel::coll::loadAsU64(t, acc.data(), i));
+    return "";
+  }
+  double errSq = 0, refSq = 0;
+  size_t worst = 0;
+  double worstErr = -1;
+  for (size_t i = 0; i < n; ++i) {
+    double ref = 0;
+    for (int k = 0; k < nRanks; ++k) {
+      double x = mkernel::coll::loadAsDouble(t, in[static_cast<size_t>(k)].data(), offset + i);
+      if (op == RedOp::PreMulSum) x *= scalar;
+      if (k == 0) {
+        ref = x;
+        continue;
+      }
+      switch (op) {
+        case RedOp::Prod: ref *= x; break;
+        case RedOp::Max: ref = std::fmax(ref, x); break;
+        case RedOp::Min: ref = std::fmin(ref, x); break;
+        default: ref += x; break;
+      }
+    }
+    if (op == RedOp::Avg) ref /= nRanks;
+    const double got = mkernel::coll::loadAsDouble(t, out, i);
+    if (std::isnan(got)) return "element " + std::to_string(i) + " is NaN (not written?)";
+    const double e = (got - ref) * (got - ref);
+    errSq += e;
+    refSq += ref * ref;
+    if (e > worstErr) {
+      worstErr = e;
+      worst = i;
+    }
+  }
+  const double rel = refSq > 0 ? std::sqrt(errSq / refSq) : std::sqrt(errSq);
+  if (rel > tolerance(t))
+    return "norm-wise relative error " + std::to_string(rel) + " > " + std::to_string(tolerance(t)) +
+           " (worst element " + std::to_string(worst) + ")";
+  return "";
+}
+
+}  // namespace mkgpu

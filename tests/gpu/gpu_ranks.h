@@ -1,0 +1,88 @@
+// Emulated thread ranks for the GPU tier: N threads, each with its own Bootstrap over loopback,
+// its own Communicator (CommOptions.emulate, all on GPU 0) and its own stream. Catch2 is not
+// thread-safe, so rank threads collect failures as strings and the main thread checks them.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "transport/bootstrap/bootstrap.h"
+
+namespace mkgpu {
+
+struct RankCtx {
+  int rank = 0;
+  int nRanks = 0;
+  mkernel::coll::Communicator* comm = nullptr;
+  mkernel::bootstrap::Bootstrap* bs = nullptr;
+  cudaStream_t stream = nullptr;
+  std::vector<std::string>* failures = nullptr;
+  std::mutex* failMu = nullptr;
+  void fail(const std::string& what) const {
+    std::lock_guard<std::mutex> lock(*failMu);
+    failures->push_back("rank " + std::to_string(rank) + ": " + what);
+  }
+};
+
+// Also the first CUDA call of every GPU test: more hardware queues than CUDA's default 8 before the
+// context exists (2 streams per rank; docs/KERNEL.md).
+inline bool haveGpu() {
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// Runs fn on n rank threads (create + fn + finalize); returns the failures of all ranks.
+inline std::vector<std::string> runRanks(int n, const std::function<void(RankCtx&)>& fn) {
+  setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
+  std::vector<std::string> failures;
+  std::mutex failMu;
+  mkernel::bootstrap::UniqueId id;
+  if (mkernel::bootstrap::createUniqueId(&id) != mkernel::Result::Success) return {"createUniqueId failed"};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      RankCtx ctx;
+      ctx.rank = r;
+      ctx.nRanks = n;
+      ctx.failures = &failures;
+      ctx.failMu = &failMu;
+      cudaSetDevice(0);
+      std::unique_ptr<mkernel::bootstrap::Bootstrap> bs;
+      if (mkernel::bootstrap::Bootstrap::create(id, r, n, &bs) != mkernel::Result::Success) {
+        ctx.fail(std::string("bootstrap: ") + mkernel::lastError());
+        return;
+      }
+      mkernel::coll::CommOptions opts;
+      opts.rank = r;
+      opts.nRanks = n;
+      opts.cudaDev = 0;
+      opts.emulate = true;
+      std::unique_ptr<mkernel::coll::Communicator> comm;
+      if (mkernel::coll::Communicator::create(opts, bs.get(), &comm) != mkernel::Result::Success) {
+        ctx.fail(std::string("create: ") + mkernel::lastError());
+        return;
+      }
+      cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking);
+      ctx.comm = comm.get();
+      ctx.bs = bs.get();
+      fn(ctx);
+      cudaStreamSynchronize(ctx.stream);
+      if (comm->finalize() != mkernel::Result::Success) ctx.fail(std::string("finalize: ") + mkernel::lastError());
+      comm.reset();
+      cudaStreamDestroy(ctx.stream);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return failures;
+}
+
+}  // namespace mkgpu

@@ -1,0 +1,250 @@
+// GPU tier: the persistent kernel's life cycle. CUDA graph capture and replay (also after idling
+// past MKERNEL_IDLE_EXIT_US: a captured communicator stays resident), idle exit + relaunch,
+// groups, >= 1000 back-to-back mixed collectives without a host sync in between (races), and a
+// peer that never comes (bounded wait, RemoteError naming the peer, streams not left hanging).
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/result.h"
+#include "tests/gpu/gpu_check.h"
+#include "tests/gpu/gpu_ranks.h"
+
+using mkernel::Result;
+using mkernel::coll::CollArgs;
+using mkernel::coll::CollType;
+using mkernel::coll::DataType;
+using mkernel::coll::RedOp;
+
+namespace {
+
+struct EnvGuard {
+  EnvGuard(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~EnvGuard() { unsetenv(name_); }
+  const char* name_;
+};
+
+// AllReduce(sum, int32) of `count` elements where rank q contributes q + 1 + salt + i: the result
+// is known in closed form.
+int32_t expectedSum(int nRanks, int salt, size_t i) {
+  int64_t s = 0;
+  for (int q = 0; q < nRanks; ++q) s += q + 1 + salt + static_cast<int64_t>(i);
+  return static_cast<int32_t>(s);
+}
+std::vector<int32_t> rankInput(int rank, int salt, size_t count) {
+  std::vector<int32_t> v(count);
+  for (size_t i = 0; i < count; ++i) v[i] = rank + 1 + salt + static_cast<int32_t>(i);
+  return v;
+}
+std::string checkSum(const std::vector<int32_t>& out, int nRanks, int salt) {
+  for (size_t i = 0; i < out.size(); ++i)
+    if (out[i] != expectedSum(nRanks, salt, i))
+      return "element " + std::to_string(i) + " = " + std::to_string(out[i]) + ", want " +
+             std::to_string(expectedSum(nRanks, salt, i));
+  return "";
+}
+
+CollArgs allReduceSum(const void* send, void* recv, size_t count) {
+  CollArgs a;
+  a.coll = CollType::AllReduce;
+  a.dtype = DataType::Int32;
+  a.op = RedOp::Sum;
+  a.sendbuff = send;
+  a.recvbuff = recv;
+  a.count = count;
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time", "[gpu]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  EnvGuard idle("MKERNEL_IDLE_EXIT_US", "20000");
+  const int n = 4;
+  auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
+    const size_t small = 1000, large = 1 << 20;
+    int32_t *in = nullptr, *outSmall = nullptr, *outLarge = nullptr;
+    cudaMalloc(reinterpret_cast<void**>(&in), large * 4);
+    cudaMalloc(reinterpret_cast<void**>(&outSmall), small * 4);
+    cudaMalloc(reinterpret_cast<void**>(&outLarge), large * 4);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    if (cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return ctx.fail("begin capture");
+    CollArgs group[2] = {allReduceSum(in, outSmall, small), allReduceSum(in, outLarge, large)};
+    Result er = ctx.comm->enqueue(group, 2, ctx.stream);
+    CollArgs single = allReduceSum(in, outLarge, large);
+    if (er == Result::Success) er = ctx.comm->enqueue(&single, 1, ctx.stream);  // second slot
+    if (cudaStreamEndCapture(ctx.stream, &graph) != cudaSuccess || er != Result::Success)
+      return ctx.fail(std::string("capture failed: ") + mkernel::lastError());
+    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return ctx.fail("instantiate");
+    for (int rep = 0; rep < 6; ++rep) {
+      if (rep == 4) std::this_thread::sleep_for(std::chrono::milliseconds(150));  // > 7x idle exit
+      const int salt = 10 * rep;
+      std::vector<int32_t> host = rankInput(ctx.rank, salt, large);
+      cudaMemcpyAsync(in, host.data(), large * 4, cudaMemcpyHostToDevice, ctx.stream);
+      cudaMemsetAsync(outSmall, 0xff, small * 4, ctx.stream);
+      cudaMemsetAsync(outLarge, 0xff, large * 4, ctx.stream);
+      if (cudaGraphLaunch(exec, ctx.stream) != cudaSuccess) return ctx.fail("graph launch");
+      std::vector<int32_t> a(small), b(large);
+      cudaMemcpyAsync(a.data(), outSmall, small * 4, cudaMemcpyDeviceToHost, ctx.stream);
+      cudaMemcpyAsync(b.data(), outLarge, large * 4, cudaMemcpyDeviceToHost, ctx.stream);
+      if (cudaStreamSynchronize(ctx.stream) != cudaSuccess) return ctx.fail("sync after replay");
+      std::string w = checkSum(a, n, salt);
+      if (w.empty()) w = checkSum(b, n, salt);
+      if (!w.empty()) return ctx.fail("replay " + std::to_string(rep) + ": " + w);
+    }
+    mkernel::coll::CollStats st;
+    ctx.comm->stats(&st);
+    if (st.kernelLaunches != 1) ctx.fail("captured communicator relaunched its kernel: " + std::to_string(st.kernelLaunches) + " launches");
+    if (st.kernelOps[static_cast<int>(CollType::AllReduce)] != 18) ctx.fail("kernel counted " + std::to_string(st.kernelOps[4]) + " AllReduces, want 18");
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaFree(in);
+    cudaFree(outSmall);
+    cudaFree(outLarge);
+  });
+  for (const auto& f : failures) FAIL_CHECK(f);
+  CHECK(failures.empty());
+}
+
+TEST_CASE("gpu: idle exit and relaunch on demand", "[gpu]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  EnvGuard idle("MKERNEL_IDLE_EXIT_US", "10000");
+  const int n = 2;
+  auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
+    const size_t count = 4096;
+    int32_t *in = nullptr, *out = nullptr;
+    cudaMalloc(reinterpret_cast<void**>(&in), count * 4);
+    cudaMalloc(reinterpret_cast<void**>(&out), count * 4);
+    for (int round = 0; round < 3; ++round) {
+      std::vector<int32_t> host = rankInput(ctx.rank, round, count);
+      cudaMemcpyAsync(in, host.data(), count * 4, cudaMemcpyHostToDevice, ctx.stream);
+      CollArgs a = allReduceSum(in, out, count);
+      if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success) return ctx.fail("enqueue");
+      std::vector<int32_t> res(count);
+      cudaMemcpyAsync(res.data(), out, count * 4, cudaMemcpyDeviceToHost, ctx.stream);
+      cudaStreamSynchronize(ctx.stream);
+      std::string w = checkSum(res, n, round);
+      if (!w.empty()) return ctx.fail("round " + std::to_string(round) + ": " + w);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // 10x the idle exit time
+    }
+    mkernel::coll::CollStats st;
+    ctx.comm->stats(&st);
+    if (st.kernelLaunches < 3) ctx.fail("expected a relaunch per round, got " + std::to_string(st.kernelLaunches) + " launches");
+    cudaFree(in);
+    cudaFree(out);
+  });
+  for (const auto& f : failures) FAIL_CHECK(f);
+  CHECK(failures.empty());
+}
+
+TEST_CASE("gpu: 1200 mixed collectives back to back, groups, no host sync in between", "[gpu]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  const int n = 8;
+  constexpr int kIters = 1200, kBatch = 24;
+  auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
+    const size_t maxCount = 70000;  // crosses the one-shot / two-shot switch for int32
+    std::vector<int32_t*> ins(kBatch), outs(kBatch);
+    for (int b = 0; b < kBatch; ++b) {
+      cudaMalloc(reinterpret_cast<void**>(&ins[b]), maxCount * 4 * n);
+      cudaMalloc(reinterpret_cast<void**>(&outs[b]), maxCount * 4 * n);
+    }
+    uint64_t rng = 12345;  // same sequence on every rank
+    int iter = 0;
+    while (iter < kIters) {
+      struct Item { CollType coll; size_t count; int root; int salt; };
+      std::vector<Item> items;
+      std::vector<std::vector<int32_t>> inputs;
+      for (int b = 0; b < kBatch; ++b, ++iter) {
+        Item it{static_cast<CollType>(mkgpu::splitmix(rng) % 5), 1 + mkgpu::splitmix(rng) % maxCount,
+                static_cast<int>(mkgpu::splitmix(rng) % n), iter};
+        if (it.coll == CollType::AllGather || it.coll == CollType::ReduceScatter) it.count = it.count / n + 1;
+        size_t sendCount = it.coll == CollType::ReduceScatter ? it.count * n : it.count;
+        inputs.push_back(rankInput(ctx.rank, it.salt, sendCount));
+        cudaMemcpyAsync(ins[b], inputs.back().data(), sendCount * 4, cudaMemcpyHostToDevice, ctx.stream);
+        items.push_back(it);
+      }
+      // Half the batch as one group of 4 enqueues... the rest one by one.
+      for (int b = 0; b < kBatch;) {
+        int g = (b % 8 == 0) ? 4 : 1;
+        std::vector<CollArgs> args;
+        for (int j = 0; j < g && b < kBatch; ++j, ++b) {
+          CollArgs a = allReduceSum(ins[b], outs[b], items[b].count);
+          a.coll = items[b].coll;
+          a.root = items[b].root;
+          args.push_back(a);
+        }
+        if (ctx.comm->enqueue(args.data(), static_cast<int>(args.size()), ctx.stream) != Result::Success)
+          return ctx.fail(std::string("enqueue: ") + mkernel::lastError());
+      }
+      for (int b = 0; b < kBatch; ++b) {
+        const Item& it = items[b];
+        size_t recvCount = it.coll == CollType::AllGather ? it.count * n : it.count;
+        std::vector<int32_t> res(recvCount);
+        cudaMemcpyAsync(res.data(), outs[b], recvCount * 4, cudaMemcpyDeviceToHost, ctx.stream);
+        cudaStreamSynchronize(ctx.stream);
+        std::string w;
+        for (size_t i = 0; i < recvCount && w.empty(); ++i) {
+          int64_t want = 0;
+          switch (it.coll) {
+            case CollType::AllReduce: want = expectedSum(n, it.salt, i); break;
+            case CollType::Reduce:
+              if (ctx.rank != it.root) { i = recvCount; continue; }
+              want = expectedSum(n, it.salt, i);
+              break;
+            case CollType::ReduceScatter: want = expectedSum(n, it.salt, ctx.rank * it.count + i); break;
+            case CollType::AllGather: want = static_cast<int32_t>(i / it.count) + 1 + it.salt + static_cast<int64_t>(i % it.count); break;
+            case CollType::Broadcast: want = it.root + 1 + it.salt + static_cast<int64_t>(i); break;
+          }
+          if (res[i] != static_cast<int32_t>(want))
+            w = std::string(mkernel::coll::collName(it.coll)) + " count " + std::to_string(it.count) + " element " +
+                std::to_string(i) + " = " + std::to_string(res[i]) + ", want " + std::to_string(want);
+        }
+        if (!w.empty()) return ctx.fail("iteration " + std::to_string(it.salt) + ": " + w);
+      }
+    }
+    for (int b = 0; b < kBatch; ++b) {
+      cudaFree(ins[b]);
+      cudaFree(outs[b]);
+    }
+  });
+  for (const auto& f : failures) FAIL_CHECK(f);
+  CHECK(failures.empty());
+}
+
+TEST_CASE("gpu: a peer that never joins: bounded wait, RemoteError naming it, stream released", "[gpu]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  EnvGuard timeout("MKERNEL_TIMEOUT_S", "2");
+  const int n = 2;
+  auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
+    if (ctx.rank == 1) {
+      // Never calls the collective; it reaches finalize's barrier after rank 0's kernel gave up
+      // (2 s), so that neither bootstrap barrier waits longer than the 2 s timeout.
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      return;
+    }
+    int32_t* buf = nullptr;
+    cudaMalloc(reinterpret_cast<void**>(&buf), 4096);
+    CollArgs a = allReduceSum(buf, buf, 1024);
+    if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success) return ctx.fail("enqueue");
+    auto t0 = std::chrono::steady_clock::now();
+    cudaError_t err = cudaStreamSynchronize(ctx.stream);  // must not hang: the kernel drains
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (err != cudaSuccess) ctx.fail(std::string("sync: ") + cudaGetErrorString(err));
+    if (s > 10) ctx.fail("stream released only after " + std::to_string(s) + " s");
+    Result r = ctx.comm->asyncError();
+    std::string msg = mkernel::lastError();
+    if (r != Result::RemoteError) ctx.fail("asyncError gave " + std::string(mkernel::resultString(r)));
+    if (msg.find("rank 1") == std::string::npos) ctx.fail("message does not name the peer: " + msg);
+    if (ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success) ctx.fail("enqueue after failure succeeded");
+    cudaFree(buf);
+  });
+  for (const auto& f : failures) FAIL_CHECK(f);
+  CHECK(failures.empty());
+}
