@@ -1,0 +1,64 @@
+// The NCCL API as the shim sees it: nccl.h (and the 2.28 device-API host functions), included so
+// that the compiler checks every shim definition against NCCL's own prototypes.
+//
+// The CUDA headers are included first and normally (hidden visibility, like the rest of the
+// library): only the nccl* definitions are exported, through MKERNEL_NCCL_EXPORT.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <nccl.h>
+
+#if __has_include(<nccl_device/core.h>)
+#include <nccl_device/core.h>
+#include <nccl_device/gin_barrier.h>
+#include <nccl_device/ll_a2a.h>
+#include <nccl_device/lsa_barrier.h>
+#else
+// An NCCL install without the device-API headers: declare the host entry points the shim must
+// still export (layouts as in NCCL 2.28's nccl_device/core.h; the shim only passes them through).
+struct ncclDevComm;
+typedef struct ncclDevComm ncclDevComm_t;
+struct ncclTeam {
+  int nRanks, rank, stride;
+};
+typedef struct ncclTeam ncclTeam_t;
+struct ncclDevCommRequirements;
+typedef struct ncclDevCommRequirements ncclDevCommRequirements_t;
+struct ncclDevResourceRequirements;
+typedef struct ncclDevResourceRequirements ncclDevResourceRequirements_t;
+struct ncclLsaBarrierHandle;
+typedef struct ncclLsaBarrierHandle ncclLsaBarrierHandle_t;
+struct ncclGinBarrierHandle;
+typedef struct ncclGinBarrierHandle ncclGinBarrierHandle_t;
+struct ncclLLA2AHandle;
+typedef struct ncclLLA2AHandle ncclLLA2AHandle_t;
+extern "C" {
+ncclResult_t ncclDevCommCreate(ncclComm_t, ncclDevCommRequirements_t const*,
+                               ncclDevComm_t* outDevComm);
+ncclResult_t ncclDevCommDestroy(ncclComm_t, ncclDevComm_t const* devComm);
+ncclTeam_t ncclTeamWorld(ncclComm_t);
+ncclTeam_t ncclTeamLsa(ncclComm_t);
+ncclTeam_t ncclTeamRail(ncclComm_t);
+int ncclTeamRankToWorld(ncclComm_t, ncclTeam_t, int rank);
+int ncclTeamRankToLsa(ncclComm_t, ncclTeam_t, int rank);
+ncclResult_t ncclGinBarrierCreateRequirement(ncclComm_t, ncclTeam_t, int nBarriers,
+                                             ncclGinBarrierHandle_t* outHandle,
+                                             ncclDevResourceRequirements_t* outReq);
+ncclResult_t ncclLsaBarrierCreateRequirement(ncclTeam_t, int nBarriers,
+                                             ncclLsaBarrierHandle_t* outHandle,
+                                             ncclDevResourceRequirements_t* outReq);
+int ncclLLA2ACalcSlots(int maxElts, int maxEltSize);
+ncclResult_t ncclLLA2ACreateRequirement(int nBlocks, int nSlots, ncclLLA2AHandle_t* outHandle,
+                                        ncclDevResourceRequirements_t* outReq);
+}
+#endif
+
+// Exported by libnccl.so.2 but declared in no public header (debug.cc's logging reset).
+extern "C" void ncclResetDebugInitInternal();
+
+// Every nccl* definition of the shim: C linkage, exported despite -fvisibility=hidden.
+#define MKERNEL_NCCL_EXPORT extern "C" __attribute__((visibility("default")))

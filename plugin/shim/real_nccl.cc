@@ -1,0 +1,115 @@
+#include "plugin/shim/real_nccl.h"
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <mutex>
+
+#include "common/dl.h"
+#include "common/log.h"
+#include "common/param.h"
+
+namespace mkernel {
+namespace shim {
+namespace {
+
+// The shim's own copy of an nccl* name must never be mistaken for the real one (that would
+// recurse): a symbol that dlsym resolves into libmkernel.so itself is rejected.
+bool isOwnSymbol(void* sym) {
+  Dl_info mine{}, theirs{};
+  if (dladdr(reinterpret_cast<void*>(&calledFromRealNccl), &mine) == 0) return false;
+  if (dladdr(sym, &theirs) == 0) return false;
+  return mine.dli_fbase == theirs.dli_fbase;
+}
+
+void load(RealNccl* r, bool allowLoad) {
+  std::string configured = paramString("NCCL_LIBRARY");
+  // Already loaded by the application (PyTorch, nccl-tests): take exactly that copy.
+  void* h = nullptr;
+  if (!configured.empty()) h = dlopen(configured.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (h == nullptr) h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
+  if (h == nullptr && allowLoad) {
+    const char* candidates[] = {configured.empty() ? "libnccl.so.2" : configured.c_str(),
+                                configured.empty() ? nullptr : "libnccl.so.2", nullptr};
+    std::string why;
+    h = dlOpenFirst(candidates, RTLD_NOW | RTLD_LOCAL, &why);
+    if (h == nullptr) {
+      r->why = "cannot load the real NCCL (" + why +
+               "); set MKERNEL_NCCL_LIBRARY to libnccl.so.2's path";
+      return;
+    }
+  } else if (h == nullptr) {
+    r->why = "the real NCCL is not loaded in this process (emulation does not load it)";
+    return;
+  }
+  DlSymbol syms[] = {
+#define MKERNEL_NCCL_API(name) {#name, reinterpret_cast<void**>(&r->name), false},
+#include "plugin/shim/nccl_api.def"
+#undef MKERNEL_NCCL_API
+  };
+  const int n = static_cast<int>(sizeof(syms) / sizeof(syms[0]));
+  // The p-prefixed strong aliases are NCCL's own definitions; prefer them where they exist so
+  // that a handle whose nccl* name is interposed still reaches NCCL's code.
+  for (int i = 0; i < n; ++i) {
+    std::string alias = std::string("p") + syms[i].name;
+    void* sym = dlsym(h, alias.c_str());
+    if (sym == nullptr || isOwnSymbol(sym)) sym = dlsym(h, syms[i].name);
+    if (sym != nullptr && isOwnSymbol(sym)) sym = nullptr;
+    *syms[i].slot = sym;
+  }
+  if (r->ncclGetVersion == nullptr || r->ncclCommInitRankConfig == nullptr ||
+      r->ncclAllReduce == nullptr) {
+    r->why =
+        "the library loaded as the real NCCL lacks its core entry points (is MKERNEL_NCCL_LIBRARY "
+        "libmkernel.so?)";
+    return;
+  }
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(r->ncclAllReduce), &info) != 0) {
+    r->base = info.dli_fbase;
+    r->path = info.dli_fname ? info.dli_fname : "";
+  }
+  r->handle = h;
+  r->available = true;
+  // No call into NCCL here: this runs under call_once, and NCCL code may call its exported
+  // names through the PLT (back into the shim, which would wait on this very call_once).
+  MK_INFO(kLogInit, "shim: real NCCL at %s", r->path.c_str());
+}
+
+}  // namespace
+
+const RealNccl& realNccl(bool allowLoad) {
+  // Two immutable tables, each filled once: the one that may load libnccl (the normal path) and
+  // the one that only takes an NCCL the process already holds (emulation, foreign handles).
+  static RealNccl loaded, noLoad;
+  static std::once_flag loadedOnce, noLoadOnce;
+  static std::atomic<bool> loadedReady{false};
+  if (allowLoad) {
+    std::call_once(loadedOnce, [] {
+      load(&loaded, true);
+      loadedReady.store(true, std::memory_order_release);
+    });
+    return loaded;
+  }
+  if (loadedReady.load(std::memory_order_acquire) && loaded.available) return loaded;
+  std::call_once(noLoadOnce, [] { load(&noLoad, false); });
+  return noLoad;
+}
+
+bool calledFromRealNccl(const void* returnAddress) {
+  Dl_info info{};
+  if (returnAddress == nullptr || dladdr(returnAddress, &info) == 0 || info.dli_fname == nullptr)
+    return false;
+  // The caller's object is an NCCL if it defines NCCL's strong p-aliases (libmkernel.so never
+  // does). Independent of the tables, so it holds whichever copy of NCCL the caller is.
+  void* h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+  if (h == nullptr) return false;
+  void* sym = dlsym(h, "pncclGetUniqueId");
+  Dl_info symInfo{};
+  bool inside = sym != nullptr && dladdr(sym, &symInfo) != 0 && symInfo.dli_fbase == info.dli_fbase;
+  dlclose(h);  // balances the NOLOAD reference
+  return inside;
+}
+
+}  // namespace shim
+}  // namespace mkernel

@@ -1,0 +1,204 @@
+#include "plugin/shim/shim_comm.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <shared_mutex>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "common/log.h"
+#include "plugin/shim/real_nccl.h"
+
+namespace mkernel {
+namespace shim {
+namespace {
+
+struct Registry {
+  std::shared_mutex mu;
+  std::unordered_set<const void*> comms;
+};
+Registry& registry() {
+  static Registry* r = new Registry;  // never destroyed: entries may run during exit
+  return *r;
+}
+
+// Releases that outlived their grace period (destroyShimComm). Never destroyed: a release thread
+// may still be finishing while the process exits, and it uses the mutex and the condition.
+struct Reaper {
+  std::mutex mu;
+  std::condition_variable cv;
+  struct Job {
+    ShimComm* comm;
+    std::thread thread;
+    bool done = false;
+  };
+  std::vector<std::unique_ptr<Job>> jobs;
+
+  // Process exit: nobody will come for those peers now. Stop their waits and give the releases
+  // a moment; never join (joining a thread that is inside CUDA while the process tears CUDA down
+  // can deadlock), the rest ends with the process.
+  void abortPending() {
+    std::unique_lock<std::mutex> lock(mu);
+    for (auto& j : jobs) {
+      if (j->done) continue;
+      if (j->comm->mk) j->comm->mk->abort();
+      if (j->comm->bootstrap) j->comm->bootstrap->abort();
+    }
+    cv.wait_for(lock, std::chrono::seconds(5), [this] {
+      for (auto& j : jobs)
+        if (!j->done) return false;
+      return true;
+    });
+    for (auto& j : jobs)
+      if (j->thread.joinable()) j->thread.detach();
+  }
+};
+Reaper& reaper() {
+  static Reaper* r = new Reaper;
+  return *r;
+}
+struct ReaperAtExit {
+  ~ReaperAtExit() { reaper().abortPending(); }
+} gReaperAtExit;
+constexpr auto kDestroyGrace = std::chrono::seconds(2);
+
+enum class FailureSource : int { None, Shim, Real };
+std::atomic<FailureSource> gLastFailure{FailureSource::None};
+
+}  // namespace
+
+const char* commStateName(CommState s) {
+  switch (s) {
+    case CommState::Initializing:
+      return "initializing";
+    case CommState::Ready:
+      return "ready";
+    case CommState::InitFailed:
+      return "failed to initialize";
+    case CommState::Finalized:
+      return "finalized";
+    case CommState::Revoked:
+      return "revoked";
+    case CommState::Destroyed:
+      return "destroyed";
+    case CommState::Aborted:
+      return "aborted";
+  }
+  return "?";
+}
+
+ShimComm* newShimComm() {
+  ShimComm* c = new ShimComm;
+  Registry& r = registry();
+  std::unique_lock<std::shared_mutex> lock(r.mu);
+  r.comms.insert(c);
+  return c;
+}
+
+ShimComm* findShimComm(const void* comm) {
+  if (comm == nullptr) return nullptr;
+  Registry& r = registry();
+  {
+    std::shared_lock<std::shared_mutex> lock(r.mu);
+    if (r.comms.count(comm) == 0) return nullptr;
+  }
+  ShimComm* c = static_cast<ShimComm*>(const_cast<void*>(comm));
+  return c->magic == kShimCommMagic ? c : nullptr;
+}
+
+void releaseShimComm(ShimComm* c, bool abortive) {
+  if (c->mk) {
+    if (abortive) {
+      c->mk->abort();
+    } else {
+      Result r = c->mk->finalize();
+      if (r != Result::Success)
+        MK_WARN("shim: rank %d: finalizing the mkernel communicator failed (%s); aborting it",
+                c->rank, resultString(r));
+      if (r != Result::Success) c->mk->abort();
+    }
+    c->mk.reset();
+  }
+  if (c->real != nullptr) {
+    const RealNccl& real = realNccl(false);
+    if (real.available) {
+      ncclResult_t r = abortive ? real.ncclCommAbort(c->real) : real.ncclCommDestroy(c->real);
+      if (r != ncclSuccess)
+        MK_WARN("shim: rank %d: the real NCCL's %s returned %d", c->rank,
+                abortive ? "ncclCommAbort" : "ncclCommDestroy", static_cast<int>(r));
+    }
+    c->real = nullptr;
+  }
+  if (c->bootstrap) {
+    if (abortive) c->bootstrap->abort();
+    c->bootstrap.reset();
+  }
+  std::lock_guard<std::mutex> lock(c->opsMutex);
+  c->ops.clear();
+  // c->policy stays: it is immutable, and a call racing with destruction may still read it.
+}
+
+void destroyShimComm(ShimComm* c) {
+  if (!c->mk) {  // nothing that waits for peers
+    releaseShimComm(c, /*abortive=*/false);
+    return;
+  }
+  Reaper& r = reaper();
+  auto job = std::unique_ptr<Reaper::Job>(new Reaper::Job{c, std::thread(), false});
+  Reaper::Job* j = job.get();
+  std::unique_lock<std::mutex> lock(r.mu);
+  try {
+    j->thread = std::thread([&r, j] {
+      (void)cudaSetDevice(
+          j->comm->cudaDev);  // the kernel's and NCCL's teardown use the current device
+      releaseShimComm(j->comm, /*abortive=*/false);
+      std::lock_guard<std::mutex> guard(r.mu);
+      j->done = true;
+      r.cv.notify_all();
+    });
+  } catch (const std::exception& e) {
+    lock.unlock();
+    MK_WARN("shim: rank %d: no thread for the release (%s); releasing inline", c->rank, e.what());
+    releaseShimComm(c, /*abortive=*/false);
+    return;
+  }
+  if (r.cv.wait_for(lock, kDestroyGrace, [j] { return j->done; })) {
+    lock.unlock();
+    j->thread.join();
+    return;
+  }
+  MK_INFO(
+      kLogInit,
+      "shim: rank %d: ncclCommDestroy returns; the release completes when the peers destroy theirs",
+      c->rank);
+  r.jobs.push_back(std::move(job));
+  // Reap the finished ones now and then, so that the list stays short.
+  for (auto it = r.jobs.begin(); it != r.jobs.end();) {
+    if ((*it)->done) {
+      (*it)->thread.join();
+      it = r.jobs.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+ncclResult_t toNccl(Result r) {
+  if (r != Result::Success && r != Result::InProgress)
+    gLastFailure.store(FailureSource::Shim, std::memory_order_relaxed);
+  return static_cast<ncclResult_t>(r);
+}
+
+ncclResult_t fromReal(ncclResult_t r) {
+  if (r != ncclSuccess && r != ncclInProgress)
+    gLastFailure.store(FailureSource::Real, std::memory_order_relaxed);
+  return r;
+}
+
+bool lastFailureWasOurs() {
+  return gLastFailure.load(std::memory_order_relaxed) != FailureSource::Real;
+}
+
+}  // namespace shim
+}  // namespace mkernel

@@ -1,0 +1,107 @@
+// The shim's communicator: what an ncclComm_t handed out by libmkernel.so points to.
+//
+// Re-entry (NCCL-ABI.md): libnccl calls its own exported names through the PLT, so under
+// LD_PRELOAD the shim's entry points also receive the REAL NCCL's handles. Every entry that takes
+// a comm first asks findShimComm(): a registry of every shim comm ever made answers without
+// reading the handle's memory (a foreign pointer is never dereferenced), and the magic word at
+// the start of the struct is checked as a second guard. Foreign handles go straight to the real
+// function.
+//
+// Shells are never freed: ncclCommDestroy/Abort release everything the comm holds (kernel,
+// bootstrap, real NCCL comm) but keep the few hundred bytes of the struct, marked Destroyed. So
+// a destroyed handle is still recognised as ours (an error, not a forward of a dangling pointer
+// into NCCL), and the address can never be reused for a real NCCL comm the registry would then
+// misclassify.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "collectives/policy.h"
+#include "common/result.h"
+#include "plugin/shim/nccl_api.h"
+#include "transport/bootstrap/bootstrap.h"
+
+namespace mkernel {
+namespace shim {
+
+constexpr uint64_t kShimCommMagic = 0x316c656e72656b6dull;  // "mkernel1"
+
+enum class CommState : int {
+  Initializing,  // created inside a group; the init runs at ncclGroupEnd
+  Ready,
+  InitFailed,  // initResult holds why
+  Finalized,
+  Revoked,
+  Destroyed,
+  Aborted,
+};
+const char* commStateName(CommState s);
+
+// A user-defined reduction (ncclRedOpCreatePreMulSum), per comm as in NCCL.
+struct CustomOp {
+  bool live = false;
+  ncclDataType_t dtype = ncclFloat32;
+  bool hostScalar = true;  // ncclScalarHostImmediate: `scalar` holds the value
+  double scalar = 1.0;
+  const void* scalarDev = nullptr;  // ncclScalarDevice: read while the collective runs
+  bool hasRealOp = false;
+  ncclRedOp_t realOp = ncclSum;  // the same op created on the real comm (forwarded calls)
+};
+
+struct ShimComm {
+  uint64_t magic = kShimCommMagic;  // first member, on purpose
+  std::atomic<CommState> state{CommState::Initializing};
+  std::atomic<int> initResult{ncclInProgress};
+  int rank = 0;
+  int nRanks = 0;
+  int cudaDev = -1;
+  int nNodes = 1;
+  bool emulate = false;
+  bool blocking = true;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;  // the user's, kept for split/shrink inheritance
+  std::unique_ptr<bootstrap::Bootstrap> bootstrap;
+  ncclComm_t real = nullptr;               // the real NCCL comm beside it (null when emulating)
+  std::unique_ptr<coll::Communicator> mk;  // null: everything is forwarded
+  std::string mkUnavailable;               // why mk is null
+  std::unique_ptr<coll::SelectionPolicy>
+      policy;             // per call: mkernel or NCCL (collectives/policy.h)
+  uint32_t splitSeq = 0;  // split/shrink count, for unique bootstrap tags
+  std::mutex opsMutex;
+  std::vector<CustomOp> ops;  // index = op - ncclNumOps
+
+  ncclComm_t handle() { return reinterpret_cast<ncclComm_t>(this); }
+};
+
+// Allocates a shell in state Initializing and registers it.
+ShimComm* newShimComm();
+// The shim comm behind `comm`, or nullptr when `comm` is not one of ours (foreign or null).
+ShimComm* findShimComm(const void* comm);
+
+// Releases what a comm holds (kernel, real comm, bootstrap); `abortive`: without waiting.
+void releaseShimComm(ShimComm* c, bool abortive);
+
+// ncclCommDestroy's release. NCCL's destroy is local, so one thread may destroy several ranks one
+// after another (nccl-tests does); but the mkernel Communicator's finalize waits for its peers
+// (they may still read this rank's buffers). So the release runs on a thread of its own: if it
+// completes within a short grace period the call returns after it, otherwise it returns and the
+// release completes in the background once the peers arrive. Background releases still running
+// when the library unloads are aborted and joined.
+void destroyShimComm(ShimComm* c);
+
+// --- errors ---------------------------------------------------------------------------------
+// Converts a shim result, remembering that the last failure was the shim's own (its message is
+// in mkernel::lastError()).
+ncclResult_t toNccl(Result r);
+// Passes a real NCCL result through, remembering that the last failure was NCCL's.
+ncclResult_t fromReal(ncclResult_t r);
+// Whether the last failure the application saw came from the shim (not from the real NCCL).
+bool lastFailureWasOurs();
+
+}  // namespace shim
+}  // namespace mkernel

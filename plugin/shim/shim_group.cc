@@ -1,0 +1,219 @@
+#include "plugin/shim/shim_group.h"
+
+#include <algorithm>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/log.h"
+#include "plugin/shim/real_nccl.h"
+
+namespace mkernel {
+namespace shim {
+namespace {
+
+struct KernelOp {
+  ShimComm* comm;
+  coll::CollArgs args;
+  cudaStream_t stream;
+};
+
+struct DeferredTask {
+  int cudaDev;
+  std::function<Result()> run;
+};
+
+struct GroupState {
+  int depth = 0;
+  bool realOpen = false;
+  ncclResult_t error = ncclSuccess;
+  std::vector<KernelOp> kernelOps;
+  std::vector<DeferredTask> deferred;
+};
+thread_local GroupState tGroup;
+
+// Runs the deferred tasks concurrently (they are the ranks of one collective setup, so they must
+// all be in flight at once). Returns the first failure.
+ncclResult_t runDeferred(std::vector<DeferredTask>& tasks) {
+  if (tasks.empty()) return ncclSuccess;
+  std::vector<Result> results(tasks.size(), Result::Success);
+  std::vector<std::thread> threads;
+  threads.reserve(tasks.size());
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    auto body = [&tasks, &results, i] {
+      cudaError_t err = cudaSetDevice(tasks[i].cudaDev);
+      if (err != cudaSuccess) {
+        results[i] =
+            MK_ERROR(Result::UnhandledCudaError, "ncclGroupEnd : cudaSetDevice(%d) failed: %s",
+                     tasks[i].cudaDev, cudaGetErrorString(err));
+        return;
+      }
+      results[i] = tasks[i].run();
+    };
+    try {
+      threads.emplace_back(body);
+    } catch (const std::exception& e) {  // no exception may cross the C API
+      results[i] =
+          MK_ERROR(Result::SystemError, "ncclGroupEnd : cannot start a thread: %s", e.what());
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  for (Result r : results)
+    if (r != Result::Success) return toNccl(r);
+  return ncclSuccess;
+}
+
+// Posts the collected mkernel collectives: per comm, in call order, one enqueue per run of
+// consecutive ops on one stream.
+ncclResult_t postKernelOps(std::vector<KernelOp>& ops) {
+  std::vector<ShimComm*> comms;  // in order of first appearance
+  for (const KernelOp& op : ops)
+    if (std::find(comms.begin(), comms.end(), op.comm) == comms.end()) comms.push_back(op.comm);
+  ncclResult_t first = ncclSuccess;
+  std::vector<coll::CollArgs> batch;
+  for (ShimComm* comm : comms) {
+    cudaStream_t stream = nullptr;
+    auto flush = [&] {
+      if (batch.empty()) return;
+      Result r = comm->mk
+                     ? comm->mk->enqueue(batch.data(), static_cast<int>(batch.size()), stream)
+                     : MK_ERROR(Result::InvalidUsage,
+                                "ncclGroupEnd : rank %d's communicator was %s inside the group",
+                                comm->rank, commStateName(comm->state.load()));
+      if (r != Result::Success && first == ncclSuccess) first = toNccl(r);
+      batch.clear();
+    };
+    for (const KernelOp& op : ops) {
+      if (op.comm != comm) continue;
+      if (!batch.empty() && op.stream != stream) flush();
+      stream = op.stream;
+      batch.push_back(op.args);
+    }
+    flush();
+  }
+  return first;
+}
+
+}  // namespace
+
+bool groupActive() {
+  return tGroup.depth > 0;
+}
+
+void groupStart() {
+  ++tGroup.depth;
+}
+
+void groupAddKernelOp(ShimComm* comm, const coll::CollArgs& args, cudaStream_t stream) {
+  tGroup.kernelOps.push_back({comm, args, stream});
+}
+
+ncclResult_t groupEnsureRealGroup() {
+  if (tGroup.realOpen) return ncclSuccess;
+  const RealNccl& real = realNccl(false);
+  if (!real.available)
+    return toNccl(MK_ERROR(Result::InvalidUsage, "ncclGroupStart : no real NCCL to forward to (%s)",
+                           real.why.c_str()));
+  ncclResult_t r = fromReal(real.ncclGroupStart());
+  if (r == ncclSuccess) tGroup.realOpen = true;
+  return r;
+}
+
+void groupDefer(int cudaDev, std::function<Result()> task) {
+  tGroup.deferred.push_back({cudaDev, std::move(task)});
+}
+
+void groupRecordError(ncclResult_t r) {
+  if (tGroup.depth > 0 && r != ncclSuccess && r != ncclInProgress && tGroup.error == ncclSuccess)
+    tGroup.error = r;
+}
+
+ncclResult_t groupEnd() {
+  if (tGroup.depth == 0)
+    return toNccl(MK_ERROR(Result::InvalidUsage,
+                           "ncclGroupEnd: not in a group call (no matching ncclGroupStart)"));
+  if (--tGroup.depth > 0) return ncclSuccess;
+  GroupState g = std::move(tGroup);
+  tGroup = GroupState();
+  ncclResult_t result = g.error;
+  // Comms made inside the group come first: collectives in the same group may not use them.
+  ncclResult_t r = runDeferred(g.deferred);
+  if (result == ncclSuccess) result = r;
+  if (g.error == ncclSuccess) {
+    r = postKernelOps(g.kernelOps);
+    if (result == ncclSuccess) result = r;
+  } else if (!g.kernelOps.empty()) {
+    MK_INFO(kLogColl, "shim: ncclGroupEnd drops %zu mkernel collectives of a group that failed",
+            g.kernelOps.size());
+  }
+  if (g.realOpen) {
+    r = fromReal(realNccl(false).ncclGroupEnd());
+    if (result == ncclSuccess) result = r;
+  }
+  return result;
+}
+
+ncclResult_t groupSimulateEnd(ncclSimInfo_t* simInfo) {
+  // As NCCL: without a simInfo there is nothing to report, and the group simply ends.
+  if (simInfo == nullptr) return groupEnd();
+  if (simInfo->magic != 0x74685283u)
+    return toNccl(MK_ERROR(
+        Result::InvalidArgument,
+        "ncclGroupSimulateEnd : simInfo is not initialized (use NCCL_SIM_INFO_INITIALIZER)"));
+  if (tGroup.depth == 0)
+    return toNccl(MK_ERROR(Result::InvalidUsage, "ncclGroupSimulateEnd: not in a group call"));
+  if (--tGroup.depth > 0) return ncclSuccess;
+  GroupState g = std::move(tGroup);
+  tGroup = GroupState();
+  // Communicator creation is not simulated (nothing would ever create those comms otherwise).
+  ncclResult_t initResult = runDeferred(g.deferred);
+  if (initResult != ncclSuccess) return initResult;
+  const RealNccl& real = realNccl(false);
+  if (!real.available)
+    return toNccl(MK_ERROR(Result::InvalidUsage,
+                           "ncclGroupSimulateEnd needs the real NCCL's performance model (%s)",
+                           real.why.c_str()));
+  if (!g.realOpen) {
+    ncclResult_t r = fromReal(real.ncclGroupStart());
+    if (r != ncclSuccess) return r;
+  }
+  // The mkernel collectives are estimated as NCCL would run them: issue them to the real comms
+  // inside the simulated group (nothing is launched).
+  for (const KernelOp& op : g.kernelOps) {
+    if (op.comm->real == nullptr) continue;
+    const coll::CollArgs& a = op.args;
+    const ncclDataType_t dt = static_cast<ncclDataType_t>(a.dtype);
+    // PreMulSum has no real op at hand here; Sum costs the same.
+    const ncclRedOp_t rop =
+        a.op == coll::RedOp::PreMulSum ? ncclSum : static_cast<ncclRedOp_t>(a.op);
+    ncclResult_t r = ncclSuccess;
+    switch (a.coll) {
+      case coll::CollType::AllReduce:
+        r = real.ncclAllReduce(a.sendbuff, a.recvbuff, a.count, dt, rop, op.comm->real, op.stream);
+        break;
+      case coll::CollType::AllGather:
+        r = real.ncclAllGather(a.sendbuff, a.recvbuff, a.count, dt, op.comm->real, op.stream);
+        break;
+      case coll::CollType::ReduceScatter:
+        r = real.ncclReduceScatter(a.sendbuff, a.recvbuff, a.count, dt, rop, op.comm->real,
+                                   op.stream);
+        break;
+      case coll::CollType::Broadcast:
+        r = real.ncclBroadcast(a.sendbuff, a.recvbuff, a.count, dt, a.root, op.comm->real,
+                               op.stream);
+        break;
+      case coll::CollType::Reduce:
+        r = real.ncclReduce(a.sendbuff, a.recvbuff, a.count, dt, rop, a.root, op.comm->real,
+                            op.stream);
+        break;
+    }
+    if (r != ncclSuccess) {
+      (void)real.ncclGroupSimulateEnd(simInfo);
+      return fromReal(r);
+    }
+  }
+  return fromReal(real.ncclGroupSimulateEnd(simInfo));
+}
+
+}  // namespace shim
+}  // namespace mkernel

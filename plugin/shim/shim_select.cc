@@ -1,0 +1,50 @@
+#include "plugin/shim/shim_select.h"
+
+namespace mkernel {
+namespace shim {
+
+Result chooseRoute(ShimComm& comm, const Call& call, const coll::CollArgs* args, Route* out) {
+  *out = Route::Forward;
+  if (args == nullptr) {
+    // Point-to-point and the collectives mkernel has no kernel for.
+    if (comm.emulate)
+      return MK_ERROR(Result::InvalidUsage,
+                      "%s is not run by mkernel, and emulation (MKERNEL_EMULATE=1) has no real "
+                      "NCCL to forward it to",
+                      call.name);
+    return Result::Success;
+  }
+  if (!comm.mk) {
+    if (comm.emulate)
+      return MK_ERROR(Result::InvalidUsage,
+                      "%s : emulated communicator without an mkernel communicator (%s)", call.name,
+                      comm.mkUnavailable.c_str());
+    return Result::Success;
+  }
+  coll::PolicyQuery q;
+  q.coll = args->coll;
+  q.dtype = args->dtype;
+  q.op = args->op;
+  q.count = args->count;
+  q.nRanks = comm.nRanks;
+  q.nNodes = comm.nNodes;
+  coll::PolicyDecision d = comm.policy ? comm.policy->select(q) : coll::PolicyDecision();
+  switch (d.path) {
+    case coll::ExecPath::Mkernel:
+      *out = Route::Kernel;
+      return Result::Success;
+    case coll::ExecPath::Nccl:
+      if (comm.emulate)  // the policy never answers Nccl in emulation; guard the invariant anyway
+        return MK_ERROR(Result::InvalidUsage,
+                        "%s : the policy forwards it (%s), but emulation has no real NCCL",
+                        call.name, d.reason);
+      return Result::Success;
+    case coll::ExecPath::Unsupported:
+      return comm.policy->unsupportedError(q, d);
+  }
+  return MK_ERROR(Result::InternalError, "%s : unknown policy decision %d", call.name,
+                  static_cast<int>(d.path));
+}
+
+}  // namespace shim
+}  // namespace mkernel

@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""PyTorch through mkernel's LD_PRELOAD NCCL shim (docs/SHIM.md, "PyTorch check").
+
+Runs on the GPU machine (PyTorch 2.11: /opt/torch/.venv/bin/python):
+
+  python3 scripts/torch_check.py --lib build/lib/libmkernel.so [--ranks 1,2,4] [--mps]
+
+Each case starts fresh worker processes (this script with --worker) with LD_PRELOAD=<lib>:
+  ranks=1  one rank with the real NCCL beside the shim; the same worker also runs without the
+           shim, and the results must be bit-identical to NCCL's;
+  ranks>1  MKERNEL_EMULATE=1: that many processes share cuda:0 (run them under CUDA MPS with
+           --mps, or two spinning kernels of two processes do not make progress together) and
+           the results are checked against a float64 reference computed on the host.
+Collectives: all_reduce (sum, avg, max), all_gather_into_tensor, reduce_scatter_tensor,
+broadcast, in float32 and bfloat16. Workers report mkernelGetStats' counters (which path ran).
+Exit status 0 when every case passed. A JSON summary goes to $OUT/torch_check.json when OUT is set.
+"""
+import argparse
+import ctypes
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.abspath(__file__)
+OPS = ["all_reduce_sum", "all_reduce_avg", "all_reduce_max", "all_gather", "reduce_scatter", "broadcast"]
+DTYPES = ["float32", "bfloat16"]
+COUNT = 1 << 12  # elements per rank (divisible by every rank count used)
+
+
+class MkernelStats(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_uint64), ("kernelOps", ctypes.c_uint64 * 5),
+                ("forwardedOps", ctypes.c_uint64 * 5), ("kernelLaunches", ctypes.c_uint64),
+                ("commsCreated", ctypes.c_uint64)]
+
+
+def read_stats(lib):
+    if not lib:
+        return None
+    try:
+        so = ctypes.CDLL(lib)  # already loaded by LD_PRELOAD: the same copy
+    except OSError:
+        return None
+    s = MkernelStats()
+    s.size = ctypes.sizeof(s)
+    if so.mkernelGetStats(ctypes.byref(s)) != 0:
+        return None
+    return {"kernelOps": list(s.kernelOps), "forwardedOps": list(s.forwardedOps),
+            "kernelLaunches": s.kernelLaunches, "commsCreated": s.commsCreated}
+
+
+def rank_input(torch, rank, dtype, n):
+    # Small integers and halves: exact in bf16 and under every reduction order.
+    base = torch.arange(n, dtype=torch.float64)
+    vals = ((base * 7 + rank * 13) % 17 - 8) * 0.5
+    return vals.to(getattr(torch, dtype))
+
+
+def worker(args):
+    import torch
+    import torch.distributed as dist
+    rank, world = args.rank, args.world
+    torch.cuda.set_device(0 if args.shared_gpu else rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=world)
+    out = {"rank": rank, "nccl_version": ".".join(map(str, torch.cuda.nccl.version())), "results": {}}
+    dev = torch.device("cuda", torch.cuda.current_device())
+    for dtype in DTYPES:
+        for op in OPS:
+            x = rank_input(torch, rank, dtype, COUNT).to(dev)
+            if op.startswith("all_reduce"):
+                red = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX}[op.split("_")[-1]]
+                y = x.clone()
+                dist.all_reduce(y, op=red)
+            elif op == "all_gather":
+                y = torch.empty(COUNT * world, dtype=x.dtype, device=dev)
+                dist.all_gather_into_tensor(y, x)
+            elif op == "reduce_scatter":
+                y = torch.empty(COUNT // world, dtype=x.dtype, device=dev)
+                dist.reduce_scatter_tensor(y, x)
+            else:
+                y = x.clone()
+                dist.broadcast(y, src=world - 1)
+            torch.cuda.synchronize()
+            out["results"][f"{op}/{dtype}"] = y.double().cpu().tolist() if args.full else None
+            out["results"][f"{op}/{dtype}#sum"] = float(y.double().sum().item())
+            out["results"][f"{op}/{dtype}#bits"] = int(y.view(torch.int16 if dtype == "bfloat16" else torch.int32)
+                                                        .long().sum().item())
+    out["stats"] = read_stats(os.environ.get("MKERNEL_LIB"))
+    dist.destroy_process_group()
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_case(py, lib, world, emulate, preload, full, timeout):
+    port = free_port()
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("NCCL_NVLS_ENABLE", "0")
+    if preload:
+        env["LD_PRELOAD"] = lib
+        env["MKERNEL_LIB"] = lib
+    if emulate:
+        env["MKERNEL_EMULATE"] = "1"
+    procs = []
+    for r in range(world):
+        cmd = [py, HERE, "--worker", "--rank", str(r), "--world", str(world), "--port", str(port)]
+        if emulate or world > 1:
+            cmd.append("--shared-gpu")
+        if full:
+            cmd.append("--full")
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    results, logs, ok = [], [], True
+    deadline = time.time() + timeout
+    for p in procs:
+        try:
+            text, _ = p.communicate(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            text, _ = p.communicate()
+            ok = False
+            text += "\n[torch_check] worker timed out"
+        logs.append(text)
+        ok = ok and p.returncode == 0
+        for line in text.splitlines():
+            if line.startswith("RESULT "):
+                results.append(json.loads(line[7:]))
+    return ok and len(results) == world, results, logs
+
+
+def reference(world, dtype_name, op, rank):
+    import torch
+    xs = [rank_input(torch, r, dtype_name, COUNT).double() for r in range(world)]
+    if op == "all_reduce_sum":
+        return sum(xs)
+    if op == "all_reduce_avg":
+        return sum(xs) / world
+    if op == "all_reduce_max":
+        return torch.stack(xs).max(0).values
+    if op == "all_gather":
+        return torch.cat(xs)
+    if op == "reduce_scatter":
+        chunk = COUNT // world
+        return sum(xs)[rank * chunk:(rank + 1) * chunk]
+    return xs[world - 1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lib", default="build/lib/libmkernel.so", help="libmkernel.so to preload")
+    ap.add_argument("--ranks", default="1,2,4", help="comma list: 1 = real NCCL beside the shim, >1 = emulated")
+    ap.add_argument("--mps", action="store_true", help="start a CUDA MPS daemon for the emulated cases")
+    ap.add_argument("--timeout", type=float, default=240)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--shared-gpu", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--full", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+
+    lib = os.path.abspath(args.lib)
+    if not os.path.exists(lib):
+        sys.exit(f"torch_check: {lib} does not exist (build first)")
+    py = sys.executable
+    summary, all_ok = [], True
+    mps_dir = None
+    try:
+        for world in [int(w) for w in args.ranks.split(",") if w]:
+            emulate = world > 1
+            if emulate and args.mps and mps_dir is None:
+                mps_dir = tempfile.mkdtemp(prefix="mps")
+                os.environ["CUDA_MPS_PIPE_DIRECTORY"] = mps_dir
+                os.environ["CUDA_MPS_LOG_DIRECTORY"] = mps_dir
+                subprocess.run(["nvidia-cuda-mps-control", "-d"], check=False)
+            t0 = time.time()
+            ok, results, logs = run_case(py, lib, world, emulate, True, True, args.timeout)
+            case = {"ranks": world, "emulated": emulate, "seconds": round(time.time() - t0, 1), "checks": {}}
+            if ok:
+                import torch
+                for res in results:
+                    for dtype in DTYPES:
+                        tol = 0.0 if dtype == "float32" else 1e-2
+                        for op in OPS:
+                            got = torch.tensor(res["results"][f"{op}/{dtype}"], dtype=torch.float64)
+                            ref = reference(world, dtype, op, res["rank"]).to(getattr(torch, dtype)).double()
+                            err = float((got - ref).norm() / max(ref.norm(), 1e-30))
+                            good = got.shape == ref.shape and err <= tol
+                            case["checks"][f"rank{res['rank']}/{op}/{dtype}"] = "ok" if good else f"rel.err {err:.3g}"
+                            ok = ok and good
+                case["stats"] = [r.get("stats") for r in results]
+                case["nccl_version"] = results[0]["nccl_version"]
+                if world == 1:
+                    # The same worker on the real NCCL alone: bit-identical results.
+                    nok, nres, nlogs = run_case(py, lib, 1, False, False, False, args.timeout)
+                    same = nok and all(nres[0]["results"][k] == results[0]["results"][k]
+                                       for k in nres[0]["results"] if k.endswith("#bits"))
+                    case["equal_to_nccl"] = same
+                    ok = ok and same
+                    if not nok:
+                        logs += nlogs
+            case["ok"] = ok
+            if not ok:
+                case["log_tail"] = "\n".join(l[-3000:] for l in logs)
+            all_ok = all_ok and ok
+            summary.append(case)
+            bad = [k for k, v in case["checks"].items() if v != "ok"]
+            print(f"[torch_check] ranks={world} emulated={emulate}: {'PASS' if ok else 'FAIL'} "
+                  f"({len(case['checks'])} checks, {len(bad)} bad{', equal to NCCL' if case.get('equal_to_nccl') else ''}) "
+                  f"stats={case.get('stats')}", flush=True)
+            if not ok:
+                print(case.get("log_tail", ""), flush=True)
+    finally:
+        if mps_dir is not None:
+            subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, check=False)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "torch_check.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+// Helpers for the GPU tiers of the shim tests: device buffers, fills, checks, stats deltas.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "plugin/mkernel_api.h"
+
+namespace shimtest {
+
+// The real NCCL for the shim to forward to, when nobody said which: the one found at configure
+// time, else PyTorch's wheel (on the H200 machine).
+inline void chooseRealNccl() {
+  if (std::getenv("MKERNEL_NCCL_LIBRARY") != nullptr) return;
+  const char* candidates[] = {
+      MKERNEL_REAL_NCCL_SO,
+      "/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"};
+  for (const char* c : candidates)
+    if (c[0] != '\0' && access(c, R_OK) == 0) {
+      setenv("MKERNEL_NCCL_LIBRARY", c, 1);
+      return;
+    }
+}
+
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DevBuf(size_t n) : bytes(n) {
+    if (cudaMalloc(&p, n) != cudaSuccess) p = nullptr;
+  }
+  ~DevBuf() {
+    if (p) cudaFree(p);
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+template <typename T>
+void upload(const DevBuf& b, const std::vector<T>& v) {
+  cudaMemcpy(b.p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+}
+
+template <typename T>
+std::vector<T> download(const DevBuf& b, size_t n) {
+  std::vector<T> v(n);
+  cudaMemcpy(v.data(), b.p, n * sizeof(T), cudaMemcpyDeviceToHost);
+  return v;
+}
+
+inline void poison(const DevBuf& b) {
+  cudaMemset(b.p, 0xff, b.bytes);
+}
+
+inline mkernelStats_t stats() {
+  mkernelStats_t s;
+  std::memset(&s, 0, sizeof(s));
+  s.size = sizeof(s);
+  mkernelGetStats(&s);
+  return s;
+}
+
+// Collectives that ran (kernel + forwarded) of kind `coll` (ncclFunc_t index) since `before`.
+inline uint64_t ranSince(const mkernelStats_t& before, int coll) {
+  mkernelStats_t now = stats();
+  return (now.kernelOps[coll] - before.kernelOps[coll]) +
+         (now.forwardedOps[coll] - before.forwardedOps[coll]);
+}
+
+inline uint64_t kernelSince(const mkernelStats_t& before, int coll) {
+  return stats().kernelOps[coll] - before.kernelOps[coll];
+}
+
+enum { kBroadcast = 0, kReduce = 1, kAllGather = 2, kReduceScatter = 3, kAllReduce = 4 };
+
+}  // namespace shimtest

@@ -1,0 +1,232 @@
+// GPU tier, emulation (MKERNEL_EMULATE=1): 2-4 thread ranks share the one GPU through the shim's
+// API, with no real NCCL behind them. Calls mkernel does not run must fail with a message.
+#include <catch2/catch.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "plugin/shim/nccl_api.h"
+#include "tests/shim/shim_gpu_util.h"
+
+using namespace shimtest;
+
+namespace {
+
+struct Env {
+  Env() {
+    setenv("MKERNEL_EMULATE", "1", 1);
+    if (std::getenv("MKERNEL_TIMEOUT_S") == nullptr) setenv("MKERNEL_TIMEOUT_S", "60", 1);
+  }
+} gEnv;
+
+// Runs body(rank, comm, stream) on nRanks threads, each with its own shim comm of one id and its
+// own stream: ranks sharing a GPU must not share a stream (rank 0's collective would wait, on
+// the legacy default stream, for peers queued behind it).
+void runRanks(int nRanks, const std::function<void(int, ncclComm_t, cudaStream_t)>& body) {
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  std::vector<ncclComm_t> comms(static_cast<size_t>(nRanks), nullptr);
+  std::vector<ncclResult_t> results(static_cast<size_t>(nRanks), ncclInternalError);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nRanks; ++r)
+    threads.emplace_back([&, r] {
+      cudaSetDevice(0);
+      results[static_cast<size_t>(r)] =
+          ncclCommInitRank(&comms[static_cast<size_t>(r)], nRanks, id, r);
+    });
+  for (std::thread& t : threads) t.join();
+  threads.clear();
+  for (int r = 0; r < nRanks; ++r) {
+    INFO("rank " << r << ": " << ncclGetLastError(nullptr));
+    REQUIRE(results[static_cast<size_t>(r)] == ncclSuccess);
+  }
+  // Catch2's assertions are not thread-safe: ranks record, the main thread checks.
+  for (int r = 0; r < nRanks; ++r)
+    threads.emplace_back([&, r] {
+      cudaSetDevice(0);
+      cudaStream_t stream = nullptr;
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      body(r, comms[static_cast<size_t>(r)], stream);
+      cudaStreamSynchronize(stream);
+      cudaStreamDestroy(stream);
+    });
+  for (std::thread& t : threads) t.join();
+  threads.clear();
+  for (int r = 0; r < nRanks; ++r)
+    threads.emplace_back([&, r] {
+      results[static_cast<size_t>(r)] = ncclCommDestroy(comms[static_cast<size_t>(r)]);
+    });
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < nRanks; ++r) CHECK(results[static_cast<size_t>(r)] == ncclSuccess);
+}
+
+}  // namespace
+
+TEST_CASE("emulate: 2 and 4 thread ranks on one GPU: the five collectives give the definition") {
+  for (int nRanks : {2, 4}) {
+    const size_t n = 1000;  // not a multiple of the rank count's slices on purpose
+    std::vector<std::vector<float>> got(static_cast<size_t>(nRanks) * 5);
+    std::vector<ncclResult_t> errs(static_cast<size_t>(nRanks), ncclSuccess);
+    runRanks(nRanks, [&](int rank, ncclComm_t comm, cudaStream_t s) {
+      DevBuf in(n * nRanks * sizeof(float)), out(n * nRanks * sizeof(float));
+      std::vector<float> mine(n * static_cast<size_t>(nRanks));
+      for (size_t i = 0; i < mine.size(); ++i)
+        mine[i] = static_cast<float>(rank + 1) * 0.25f + static_cast<float>(i % 7);
+      upload(in, mine);
+      auto run = [&](int slot, ncclResult_t r, size_t outCount) {
+        if (r != ncclSuccess) errs[static_cast<size_t>(rank)] = r;
+        cudaStreamSynchronize(s);
+        got[static_cast<size_t>(rank * 5 + slot)] = download<float>(out, outCount);
+      };
+      run(0, ncclAllReduce(in.p, out.p, n, ncclFloat, ncclSum, comm, s), n);
+      run(1, ncclAllGather(in.p, out.p, n, ncclFloat, comm, s), n * nRanks);
+      run(2, ncclReduceScatter(in.p, out.p, n, ncclFloat, ncclSum, comm, s), n);
+      run(3, ncclBroadcast(in.p, out.p, n, ncclFloat, nRanks - 1, comm, s), n);
+      run(4, ncclReduce(in.p, out.p, n, ncclFloat, ncclMax, 0, comm, s), n);
+    });
+    INFO(nRanks << " ranks");
+    for (ncclResult_t e : errs) CHECK(e == ncclSuccess);
+    auto input = [&](int rank, size_t i) {
+      return static_cast<float>(rank + 1) * 0.25f + static_cast<float>(i % 7);
+    };
+    for (int rank = 0; rank < nRanks; ++rank) {
+      const auto& ar = got[static_cast<size_t>(rank * 5 + 0)];
+      const auto& ag = got[static_cast<size_t>(rank * 5 + 1)];
+      const auto& rs = got[static_cast<size_t>(rank * 5 + 2)];
+      const auto& bc = got[static_cast<size_t>(rank * 5 + 3)];
+      for (size_t i = 0; i < n; ++i) {
+        float sum = 0, sumRs = 0;
+        for (int r = 0; r < nRanks; ++r) {
+          sum += input(r, i);
+          sumRs += input(r, static_cast<size_t>(rank) * n + i);
+        }
+        CHECK(ar[i] == Approx(sum).epsilon(1e-5));
+        CHECK(rs[i] == Approx(sumRs).epsilon(1e-5));
+        CHECK(bc[i] == input(nRanks - 1, i));
+      }
+      for (int r = 0; r < nRanks; ++r)
+        for (size_t i = 0; i < n; i += 97) CHECK(ag[static_cast<size_t>(r) * n + i] == input(r, i));
+    }
+    const auto& red = got[0 * 5 + 4];  // rank 0 is the root
+    for (size_t i = 0; i < n; ++i) CHECK(red[i] == input(nRanks - 1, i));
+  }
+}
+
+TEST_CASE("emulate: one thread creates 4 ranks inside a group (deferred to ncclGroupEnd)") {
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  ncclComm_t comms[4] = {};
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (int r = 0; r < 4; ++r) REQUIRE(ncclCommInitRank(&comms[r], 4, id, r) == ncclSuccess);
+  ncclResult_t state = ncclSuccess;
+  CHECK(ncclCommGetAsyncError(comms[0], &state) == ncclSuccess);
+  CHECK(state == ncclInProgress);  // not made until the group ends
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+  CHECK(ncclCommGetAsyncError(comms[0], &state) == ncclSuccess);
+  CHECK(state == ncclSuccess);
+  // One thread drives all four ranks: their collectives go in one group.
+  const size_t n = 333;
+  std::vector<std::unique_ptr<DevBuf>> bufs;
+  cudaStream_t streams[4];
+  for (int r = 0; r < 4; ++r) {
+    bufs.emplace_back(new DevBuf(n * sizeof(int32_t)));
+    upload(*bufs.back(), std::vector<int32_t>(n, r + 1));
+    REQUIRE(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking) == cudaSuccess);
+  }
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (int r = 0; r < 4; ++r)
+    REQUIRE(ncclAllReduce(bufs[r]->p, bufs[r]->p, n, ncclInt32, ncclSum, comms[r], streams[r]) ==
+            ncclSuccess);
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+  for (int r = 0; r < 4; ++r) {
+    REQUIRE(cudaStreamSynchronize(streams[r]) == cudaSuccess);
+    cudaStreamDestroy(streams[r]);
+  }
+  for (int r = 0; r < 4; ++r) CHECK(download<int32_t>(*bufs[r], n) == std::vector<int32_t>(n, 10));
+  REQUIRE(ncclGroupStart() == ncclSuccess);  // destroy is collective for the kernel: one group
+  for (int r = 0; r < 4; ++r) CHECK(ncclCommDestroy(comms[r]) == ncclSuccess);
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+}
+
+TEST_CASE("emulate: ncclCommInitAll may put every rank on device 0") {
+  ncclComm_t comms[3] = {};
+  int devs[3] = {0, 0, 0};
+  REQUIRE(ncclCommInitAll(comms, 3, devs) == ncclSuccess);
+  for (int r = 0; r < 3; ++r) {
+    int rank = -1, count = 0;
+    CHECK(ncclCommUserRank(comms[r], &rank) == ncclSuccess);
+    CHECK(ncclCommCount(comms[r], &count) == ncclSuccess);
+    CHECK(rank == r);
+    CHECK(count == 3);
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) threads.emplace_back([&, r] { ncclCommDestroy(comms[r]); });
+  for (std::thread& t : threads) t.join();
+}
+
+TEST_CASE("emulate: what needs the real NCCL fails with ncclInvalidUsage and says why") {
+  std::vector<std::string> messages(2);
+  std::vector<ncclResult_t> codes(2 * 4, ncclSuccess);
+  runRanks(2, [&](int rank, ncclComm_t comm, cudaStream_t s) {
+    DevBuf buf(1024);
+    void* handle = nullptr;
+    codes[static_cast<size_t>(rank * 4 + 0)] = ncclSend(buf.p, 16, ncclFloat, 1 - rank, comm, s);
+    messages[static_cast<size_t>(rank)] = ncclGetLastError(comm);
+    codes[static_cast<size_t>(rank * 4 + 1)] = ncclAlltoAll(buf.p, buf.p, 16, ncclFloat, comm, s);
+    codes[static_cast<size_t>(rank * 4 + 2)] = ncclCommRegister(comm, buf.p, 1024, &handle);
+    codes[static_cast<size_t>(rank * 4 + 3)] =
+        ncclAllReduce(buf.p, buf.p, 16, ncclFloat, ncclSum, comm, s);
+    cudaStreamSynchronize(s);
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK(codes[static_cast<size_t>(rank * 4 + 0)] == ncclInvalidUsage);
+    CHECK(messages[static_cast<size_t>(rank)].find("MKERNEL_EMULATE") != std::string::npos);
+    CHECK(codes[static_cast<size_t>(rank * 4 + 1)] == ncclInvalidUsage);
+    CHECK(codes[static_cast<size_t>(rank * 4 + 2)] == ncclInvalidUsage);
+    CHECK(codes[static_cast<size_t>(rank * 4 + 3)] == ncclSuccess);  // and the comm still works
+  }
+}
+
+TEST_CASE("emulate: ncclCommSplit by parity, then collectives on the halves") {
+  std::vector<std::vector<int32_t>> got(4);
+  std::vector<int> sizes(4, 0);
+  runRanks(4, [&](int rank, ncclComm_t comm, cudaStream_t s) {
+    ncclComm_t half = nullptr;
+    if (ncclCommSplit(comm, rank % 2, -rank, &half, nullptr) != ncclSuccess || half == nullptr)
+      return;
+    ncclCommCount(half, &sizes[static_cast<size_t>(rank)]);
+    DevBuf buf(64 * sizeof(int32_t));
+    upload(buf, std::vector<int32_t>(64, rank));
+    ncclAllReduce(buf.p, buf.p, 64, ncclInt32, ncclSum, half, s);
+    cudaStreamSynchronize(s);
+    got[static_cast<size_t>(rank)] = download<int32_t>(buf, 64);
+    ncclCommDestroy(half);
+  });
+  for (int rank = 0; rank < 4; ++rank) {
+    CHECK(sizes[static_cast<size_t>(rank)] == 2);
+    CHECK(got[static_cast<size_t>(rank)] ==
+          std::vector<int32_t>(64, rank % 2 == 0 ? 0 + 2 : 1 + 3));
+  }
+}
+
+TEST_CASE("emulate: premul-sum across ranks") {
+  std::vector<std::vector<float>> got(2);
+  runRanks(2, [&](int rank, ncclComm_t comm, cudaStream_t s) {
+    float scalar = 0.5f;
+    ncclRedOp_t op;
+    if (ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, comm) !=
+        ncclSuccess)
+      return;
+    DevBuf buf(128 * sizeof(float));
+    upload(buf, std::vector<float>(128, static_cast<float>(rank + 1)));
+    ncclAllReduce(buf.p, buf.p, 128, ncclFloat, op, comm, s);
+    cudaStreamSynchronize(s);
+    got[static_cast<size_t>(rank)] = download<float>(buf, 128);
+    ncclRedOpDestroy(op, comm);
+  });
+  for (int rank = 0; rank < 2; ++rank)
+    CHECK(got[static_cast<size_t>(rank)] == std::vector<float>(128, 1.5f));
+}
