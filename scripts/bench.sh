@@ -15,14 +15,14 @@ mk_say "build"
 mk_build "$BUILD" -DMKERNEL_CUDA_ARCH=90 || exit 1
 
 mk_say "topology (mkernel-topo)"
-"$BUILD/tools/topo/mkernel-topo" || echo "(mkernel-topo failed: see above)"
+"$BUILD/bin/mkernel-topo" || echo "(mkernel-topo failed: see above)"
 
 if mk_have_gpu; then
   mk_say "GPU found: collectives benchmark, then the transport benchmark"
-  if [ -x "$BUILD/tools/collbench/mkernel-collbench" ]; then
-    "$BUILD/tools/collbench/mkernel-collbench" --csv "$OUTDIR/collectives.csv" "$@" || exit 1
+  if [ -x "$BUILD/bin/mkernel-collbench" ]; then
+    "$BUILD/bin/mkernel-collbench" --csv "$OUTDIR/collectives.csv" || exit 1
   fi
 else
   mk_say "no GPU found: transport benchmark only"
 fi
-MKERNEL_SOCKET_IFNAME=${MKERNEL_SOCKET_IFNAME:-lo} "$BUILD/tools/bench/mkernel-bench" transport --csv "$OUTDIR/transport.csv" "$@"
+MKERNEL_SOCKET_IFNAME=${MKERNEL_SOCKET_IFNAME:-lo} "$BUILD/bin/mkernel-bench" transport --csv "$OUTDIR/transport.csv" "$@"
