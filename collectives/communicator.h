@@ -42,6 +42,7 @@ class Communicator {
   virtual ~Communicator() = default;
 
   // Creates the rank's communicator. Collective over `bootstrap` (every rank calls it).
+  // `bootstrap` must outlive the communicator: finalize() uses it for a closing barrier.
   static Result create(const CommOptions& opts, bootstrap::Bootstrap* bootstrap,
                        std::unique_ptr<Communicator>* out);
 

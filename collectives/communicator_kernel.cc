@@ -197,8 +197,14 @@ Result KernelCommunicator::fillDesc(const CollArgs& a, WorkDesc* d) const {
   d->scalarDevPtr = reinterpret_cast<uint64_t>(a.scalarDevPtr);
   const uint64_t bytes = a.count * esz;
   d->algo = static_cast<int32_t>(Algo::Direct);
-  if (a.coll == CollType::AllReduce)
-    d->algo = static_cast<int32_t>(bytes <= oneShotMaxBytes_ ? Algo::OneShot : Algo::TwoShot);
+  if (a.coll == CollType::AllReduce) {
+    // The kernel implements OneShot and TwoShot for AllReduce; the policy's choice wins when it
+    // names one of them, else the same size rule the policy applies by default.
+    if (a.algo == static_cast<int32_t>(Algo::OneShot) || a.algo == static_cast<int32_t>(Algo::TwoShot))
+      d->algo = a.algo;
+    else
+      d->algo = static_cast<int32_t>(bytes <= oneShotMaxBytes_ ? Algo::OneShot : Algo::TwoShot);
+  }
   // Work of the whole collective across ranks, as every rank computes it (same on all ranks).
   uint64_t work = bytes;
   if (a.coll == CollType::AllGather || a.coll == CollType::ReduceScatter) work = bytes * static_cast<uint64_t>(opts_.nRanks);

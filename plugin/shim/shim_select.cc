@@ -3,7 +3,7 @@
 namespace mkernel {
 namespace shim {
 
-Result chooseRoute(ShimComm& comm, const Call& call, const coll::CollArgs* args, Route* out) {
+Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, Route* out) {
   *out = Route::Forward;
   if (args == nullptr) {
     // Point-to-point and the collectives mkernel has no kernel for.
@@ -31,6 +31,7 @@ Result chooseRoute(ShimComm& comm, const Call& call, const coll::CollArgs* args,
   coll::PolicyDecision d = comm.policy ? comm.policy->select(q) : coll::PolicyDecision();
   switch (d.path) {
     case coll::ExecPath::Mkernel:
+      args->algo = static_cast<int32_t>(d.algo);  // one policy decides the algorithm too
       *out = Route::Kernel;
       return Result::Success;
     case coll::ExecPath::Nccl:

@@ -20,7 +20,7 @@ enum class Route { Kernel, Forward };
 // comm without an mkernel communicator, are forwarded; the collectives are decided by the comm's
 // coll::SelectionPolicy. In emulation there is nothing to forward to: a call mkernel does not
 // run is an InvalidUsage error with a message naming why. `args` is null for non-collectives.
-Result chooseRoute(ShimComm& comm, const Call& call, const coll::CollArgs* args, Route* out);
+Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, Route* out);
 
 }  // namespace shim
 }  // namespace mkernel
