@@ -20,7 +20,7 @@ stage() {  # stage NAME CMD...: runs CMD, records its outcome and time
 mk_install_deps || exit 1
 stage "build (sm_90 + host)" mk_build "$BUILD" -DMKERNEL_CUDA_ARCH=90
 if [ $fail = 0 ]; then
-  stage "unit + proc + soak + fuzz tiers" ctest --test-dir "$BUILD" -LE 'gpu|verbs' --output-on-failure -j 2
+  stage "unit + proc + soak tiers" ctest --test-dir "$BUILD" -LE 'gpu|verbs' --output-on-failure -j 2
   if mk_have_gpu; then
     stage "gpu tier" ctest --test-dir "$BUILD" -L gpu --output-on-failure
   else
@@ -29,11 +29,14 @@ if [ $fail = 0 ]; then
   if [ -x scripts/verbs-tier.sh ]; then
     stage "verbs tier (Soft-RoCE VM)" scripts/verbs-tier.sh "$BUILD"
   fi
+  stage "network-fault tier (netns, tc, nft)" env NETFAULT_BUILD="$BUILD" bash scripts/netfault-tier.sh
 fi
+stage "fuzz tier (libFuzzer, bounded)" bash scripts/fuzz-tier.sh
 if [ "${MK_SKIP_ASAN:-0}" != 1 ]; then
   stage "ASan+UBSan build (host code)" mk_build "$BUILD-asan" -DMKERNEL_DEVICE_CODE=OFF -DMKERNEL_SANITIZE=ON
-  [ $fail = 0 ] && stage "ASan+UBSan: unit + proc tiers" env ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 \
-      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --test-dir "$BUILD-asan" -L 'unit|proc' -LE gpu --output-on-failure -j 2
+  [ $fail = 0 ] && stage "ASan+UBSan: unit + proc + soak" env ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 \
+      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 MKERNEL_SOAK_SECONDS=20 \
+      ctest --test-dir "$BUILD-asan" -L 'unit|proc|soak' -LE 'gpu|verbs' --output-on-failure -j 2
 fi
 
 mk_say "summary"

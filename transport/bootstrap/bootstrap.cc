@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "common/param.h"
 #include "transport/bootstrap/sock.h"
+#include "transport/bootstrap/validate.h"
 #include "transport/bootstrap/wire.h"
 
 namespace mkernel {
@@ -46,6 +47,7 @@ void serveRendezvous(int listenFd, uint64_t nonce) {
   Deadline dl = Deadline::in(timeoutSeconds());
   int nRanks = -1;
   std::vector<int> fds;
+  std::vector<uint8_t> taken;
   std::vector<SockAddr> table;
   int arrived = 0;
   Result res = Result::Success;
@@ -54,21 +56,21 @@ void serveRendezvous(int listenFd, uint64_t nonce) {
     res = acceptOn(listenFd, dl, &fd, "the bootstrap root waited for ranks to connect");
     if (res != Result::Success) break;
     HelloWire h{};
+    std::string why = "the connection closed before a whole hello arrived";
     if (recvAll(fd, &h, sizeof(h), Deadline::in(kHandshakeSeconds), "root reading a hello") !=
             Result::Success ||
-        h.magic != kHelloMagic || h.version != kWireVersion || h.nonce != nonce ||
-        h.nRanks <= 0 || h.nRanks > kMaxRanks || h.rank < 0 || h.rank >= h.nRanks ||
-        (nRanks > 0 && h.nRanks != nRanks) || (nRanks > 0 && fds[h.rank] >= 0)) {
-      MK_WARN("bootstrap root: rejected a malformed or foreign hello (rank %d of %d)", h.rank,
-              h.nRanks);
+        !validateHello(h, nonce, nRanks, taken.data(), &why)) {
+      MK_WARN("bootstrap root: rejected a connection: %s", why.c_str());
       closeFd(&fd);
       continue;
     }
     if (nRanks < 0) {
       nRanks = h.nRanks;
       fds.assign(nRanks, -1);
+      taken.assign(nRanks, 0);
       table.resize(nRanks);
     }
+    taken[h.rank] = 1;
     fds[h.rank] = fd;
     table[h.rank] = h.listen;
     ++arrived;
@@ -172,28 +174,31 @@ void Bootstrap::Impl::ioLoop(int myRank) {
       int fd = -1;
       if (acceptOn(listenFd, Deadline::in(1.0), &fd, "accepting a peer") == Result::Success) {
         PeerHelloWire h{};
+        std::string why = "the connection closed before a whole hello arrived";
         if (recvAll(fd, &h, sizeof(h), Deadline::in(kHandshakeSeconds), "reading a peer hello") ==
                 Result::Success &&
-            h.magic == kPeerMagic && h.nonce == nonce && h.rank >= 0 &&
-            h.rank < static_cast<int>(peers.size())) {
+            validatePeerHello(h, nonce, static_cast<int>(peers.size()), &why)) {
           in.push_back({fd, h.rank});
         } else {
-          MK_WARN("bootstrap rank %d: rejected a connection with a malformed or foreign hello", myRank);
+          MK_WARN("bootstrap rank %d: rejected a connection: %s", myRank, why.c_str());
           closeFd(&fd);
         }
       }
     }
-    for (size_t i = 0; i < in.size(); ++i) {
+    // Only the connections that were polled: one accepted just above has no pollfd entry yet
+    // (reading pfds for it overflowed the vector; found by tests/fuzz/fuzz_bootstrap_root).
+    const size_t polled = pfds.size() - 2;
+    for (size_t i = 0; i < polled; ++i) {
       short ev = pfds[i + 2].revents;
       if (!(ev & (POLLIN | POLLHUP | POLLERR))) continue;
       FrameHeader fh{};
       Deadline dl = Deadline::in(timeoutSeconds());
       Result res = recvAll(in[i].fd, &fh, sizeof(fh), dl, "reading a frame header");
       std::vector<char> msg;
-      if (res == Result::Success && fh.size > kMaxMessageBytes) {
-        res = MK_ERROR(Result::RemoteError,
-                       "bootstrap rank %d: peer %d sent a malformed frame (%llu bytes)", myRank,
-                       in[i].rank, static_cast<unsigned long long>(fh.size));
+      std::string why;
+      if (res == Result::Success && !validateFrameHeader(fh, &why)) {
+        res = MK_ERROR(Result::RemoteError, "bootstrap rank %d: peer %d sent a malformed frame: %s",
+                       myRank, in[i].rank, why.c_str());
       }
       if (res == Result::Success) {
         msg.resize(fh.size);
@@ -235,12 +240,12 @@ Bootstrap::~Bootstrap() {
 }
 
 Result Bootstrap::create(const UniqueId& id, int rank, int nRanks, std::unique_ptr<Bootstrap>* out) {
-  if (!isMkernelId(id))
-    return MK_ERROR(Result::InvalidArgument, "bootstrap: the unique id was not made by mkernel");
+  IdWire w;
+  std::string idWhy;
+  if (!parseUniqueId(id.bytes, sizeof(id.bytes), &w, &idWhy))
+    return MK_ERROR(Result::InvalidArgument, "bootstrap: unusable unique id: %s", idWhy.c_str());
   if (nRanks <= 0 || nRanks > kMaxRanks || rank < 0 || rank >= nRanks)
     return MK_ERROR(Result::InvalidArgument, "bootstrap: invalid rank %d of %d", rank, nRanks);
-  IdWire w;
-  std::memcpy(&w, id.bytes, sizeof(w));
   std::unique_ptr<Bootstrap> b(new Bootstrap(rank, nRanks));
   Impl& im = *b->impl_;
   im.nonce = w.nonce;
@@ -269,9 +274,10 @@ Result Bootstrap::create(const UniqueId& id, int rank, int nRanks, std::unique_p
                   "waiting for all ranks at the bootstrap root");
   closeFd(&rootFd);
   if (res != Result::Success) return res;
-  for (const SockAddr& p : im.peers)
-    if (p.sa.sa_family != AF_INET && p.sa.sa_family != AF_INET6)
-      return MK_ERROR(Result::RemoteError, "bootstrap rank %d: the root sent a malformed address table", rank);
+  std::string why;
+  if (!validateAddressTable(im.peers.data(), nRanks, &why))
+    return MK_ERROR(Result::RemoteError, "bootstrap rank %d: the root sent a malformed address table: %s",
+                    rank, why.c_str());
 
   im.sendFds.assign(nRanks, -1);
   for (int i = 0; i < nRanks; ++i) im.sendMutex.emplace_back(new std::mutex);

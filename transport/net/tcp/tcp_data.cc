@@ -207,6 +207,12 @@ bool TcpComm::matchHeaderLocked() {
   return false;
 }
 
+bool TcpComm::tailInFlightLocked() const {
+  for (const DataSocket& o : socks)
+    if (!o.peerClosed && !o.queue.empty()) return true;
+  return false;
+}
+
 void TcpComm::progressRecvLocked() {
   bool moved = true;
   while (moved && failure == Result::Success) {
@@ -214,6 +220,14 @@ void TcpComm::progressRecvLocked() {
     if (headerReady && matchHeaderLocked()) moved = true;
     for (size_t i = 0; i < socks.size() && failure == Result::Success; ++i) {
       DataSocket& s = socks[i];
+      if (s.peerClosed) {
+        // Deferred close (below): once no other socket has bytes due, the connection is over.
+        if (!tailInFlightLocked()) {
+          fail(Result::RemoteError, std::string("connection closed by peer ") + peer);
+          return;
+        }
+        continue;
+      }
       if (!s.readable) continue;
       char* dst;
       size_t want;
@@ -229,6 +243,14 @@ void TcpComm::progressRecvLocked() {
       ssize_t r = recv(s.fd, dst, want, MSG_DONTWAIT);
       if (r == 0) {
         bool midMessage = !s.queue.empty() || headerGot > 0;
+        if (!midMessage && tailInFlightLocked()) {
+          // The peer closed right after its last send completed: this socket sits between
+          // messages while the tail of that send still arrives on another socket. Let it land.
+          s.peerClosed = true;
+          s.readable = false;
+          moved = true;
+          continue;
+        }
         fail(Result::RemoteError, std::string("connection closed by peer ") + peer +
                                       (midMessage ? " in the middle of a message" : ""));
         return;

@@ -85,15 +85,18 @@ void Engine::loop() {
     }
     std::lock_guard<std::recursive_mutex> lock(mu_);
     for (int i = 0; i < n; ++i) {
-      if (events[i].data.u64 == kWakeToken) {
+      // epoll_event is packed: copy its fields out instead of binding references to them.
+      const uint64_t token = events[i].data.u64;
+      const uint32_t mask = events[i].events;
+      if (token == kWakeToken) {
         uint64_t v;
         while (read(wakeFd_, &v, sizeof(v)) > 0) {
         }
         continue;
       }
-      auto it = regs_.find(events[i].data.u64);
+      auto it = regs_.find(token);
       if (it == regs_.end()) continue;  // closed after epoll_wait returned
-      it->second.target->onEvents(it->second.index, events[i].events);
+      it->second.target->onEvents(it->second.index, mask);
     }
   }
 }

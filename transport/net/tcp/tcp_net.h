@@ -155,6 +155,7 @@ struct DataSocket {
   uint64_t token = 0;
   bool readable = true;  // edge-triggered bookkeeping: false after EAGAIN until the next event
   bool writable = true;
+  bool peerClosed = false;  // EOF seen between messages while another socket still had bytes due
   std::deque<Segment> queue;  // bytes to move on this socket, in wire order
 };
 
@@ -171,6 +172,7 @@ struct TcpComm : EventTarget {
   void progressLocked();  // moves what it can, then refreshes orderedDone
   void progressSendLocked();
   void progressRecvLocked();
+  bool tailInFlightLocked() const;  // some open socket still has bytes of a message due
   bool matchHeaderLocked();  // routes pendingHeader to a receive slot; false if none is posted
   void queueSegmentsLocked(char* data, size_t size, TcpRequest* req);
   void fail(Result r, const std::string& msg);

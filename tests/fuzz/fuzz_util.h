@@ -1,0 +1,117 @@
+// Helpers shared by the libFuzzer targets (tests/fuzz, docs/RELIABILITY.md). A target reports a
+// bug by calling fuzzFail(), which prints the reason and traps: libFuzzer then saves the input.
+#pragma once
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace mkernel {
+namespace fuzz {
+
+[[noreturn]] inline void fuzzFail(const char* what) {
+  std::fprintf(stderr, "FUZZ INVARIANT BROKEN: %s\n", what);
+  __builtin_trap();
+}
+
+#define FUZZ_CHECK(cond)                                      \
+  do {                                                        \
+    if (!(cond)) ::mkernel::fuzz::fuzzFail(#cond);            \
+  } while (0)
+
+// Quiet, short-fused settings for every target: MKERNEL_DEBUG=VERSION keeps the expected
+// rejections from flooding stderr (and slowing the fuzzer down).
+inline void quietEnvironment(const char* timeoutS) {
+  setenv("MKERNEL_DEBUG", "VERSION", 0);
+  setenv("MKERNEL_TIMEOUT_S", timeoutS, 0);
+}
+
+// Descriptors the code under test can leak: sockets, epoll and eventfd instances. Pipes and files
+// are left out: the sanitizers' symbolizer and libFuzzer open those on their own.
+inline int openFdCount() {
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  int n = 0;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    char path[64], target[64] = {};
+    std::snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+    if (readlink(path, target, sizeof(target) - 1) <= 0) continue;
+    if (std::strncmp(target, "socket:", 7) == 0 || std::strncmp(target, "anon_inode:", 11) == 0) ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+// Prints what each open descriptor is (socket:[inode], anon_inode:[eventpoll], ...).
+inline void printOpenFds() {
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    char path[64], target[256] = {};
+    std::snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+    ssize_t n = readlink(path, target, sizeof(target) - 1);
+    std::fprintf(stderr, "  fd %s -> %s\n", e->d_name, n > 0 ? target : "?");
+  }
+  closedir(d);
+}
+
+inline double secondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A blocking TCP connection to `sa` whose reads and writes give up after `timeoutMs`.
+inline int rawConnect(const sockaddr* sa, socklen_t len, int timeoutMs) {
+  int fd = ::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  timeval tv{timeoutMs / 1000, (timeoutMs % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (::connect(fd, sa, len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Writes what the peer will take (a peer that closes early is fine: that is its right).
+inline void sendSome(int fd, const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t w = ::send(fd, p, size, MSG_NOSIGNAL);
+    if (w <= 0) return;
+    p += w;
+    size -= static_cast<size_t>(w);
+  }
+}
+
+// Reads until the peer closes or `timeoutMs` passes; returns whether the peer closed.
+inline bool drainUntilClosed(int fd, int timeoutMs) {
+  auto t0 = std::chrono::steady_clock::now();
+  char buf[4096];
+  while (secondsSince(t0) * 1000 < timeoutMs) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    ssize_t r = ::recv(fd, buf, sizeof(buf), 0);
+    if (r == 0) return true;
+    if (r < 0 && errno != EAGAIN && errno != EINTR) return true;  // reset counts as closed
+  }
+  return false;
+}
+
+}  // namespace fuzz
+}  // namespace mkernel
