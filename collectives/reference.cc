@@ -28,7 +28,7 @@ class StagingSim {
 
   void beginRound(size_t round) {
     round_ = round;
-    std::memset(data_.data(), kStagingPoison, data_.size());
+    if (!data_.empty()) std::memset(data_.data(), kStagingPoison, data_.size());
     for (Meta& m : meta_) m = Meta{};
   }
   void nextPhase() { ++phase_; }

@@ -34,9 +34,17 @@ fi
 stage "fuzz tier (libFuzzer, bounded)" bash scripts/fuzz-tier.sh
 if [ "${MK_SKIP_ASAN:-0}" != 1 ]; then
   stage "ASan+UBSan build (host code)" mk_build "$BUILD-asan" -DMKERNEL_DEVICE_CODE=OFF -DMKERNEL_SANITIZE=ON
-  [ $fail = 0 ] && stage "ASan+UBSan: unit + proc + soak" env ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 \
+  # LeakSanitizer on everything but three tests whose only reports are allocations made inside
+  # libraries that are unloaded before exit (libmkernel.so's own static destructors after dlclose;
+  # hwloc's plugins), which LSan cannot attribute: docs/RELIABILITY.md, "Known gaps". Those three
+  # still run under ASan+UBSan, without the leak check.
+  asan_leak_exempt='^(test_plugin_dlopen|test_topology|mkernel_topo_live)$'
+  [ $fail = 0 ] && stage "ASan+UBSan+LSan: unit + proc + soak" env ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 \
       UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 MKERNEL_SOAK_SECONDS=20 \
-      ctest --test-dir "$BUILD-asan" -L 'unit|proc|soak' -LE 'gpu|verbs' --output-on-failure -j 2
+      ctest --test-dir "$BUILD-asan" -L 'unit|proc|soak' -LE 'gpu|verbs' -E "$asan_leak_exempt" --output-on-failure -j 2
+  [ $fail = 0 ] && stage "ASan+UBSan (no LSan): 3 tests" env ASAN_OPTIONS=detect_leaks=0:protect_shadow_gap=0 \
+      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+      ctest --test-dir "$BUILD-asan" -R "$asan_leak_exempt" --output-on-failure
 fi
 
 mk_say "summary"

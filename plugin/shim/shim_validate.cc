@@ -64,7 +64,9 @@ size_t largestBufferFactor(CallKind k, int nRanks) {
 
 Result resolveOp(const Call& call, const std::vector<CustomOp>& ops, ResolvedOp* out) {
   *out = ResolvedOp();
-  const int op = static_cast<int>(call.op);
+  int op = 0;  // any int may arrive as an ncclRedOp_t: read the bits, not the enum
+  static_assert(sizeof(op) == sizeof(call.op), "ncclRedOp_t is an int");
+  std::memcpy(&op, &call.op, sizeof(op));
   if (op < 0 || op > static_cast<int>(ncclMaxRedOp))
     return MK_ERROR(Result::InvalidArgument, "%s : invalid reduction operation %d", call.name, op);
   if (op < ncclNumOps) return Result::Success;
@@ -113,9 +115,13 @@ Result validateCall(const Call& call, const CommView& comm, const std::vector<Cu
                       "%s : invalid root %d (root should be in the 0..%d range)", call.name,
                       call.root, comm.nRanks - 1);
   }
-  if (static_cast<int>(call.dtype) < 0 || static_cast<int>(call.dtype) >= ncclNumTypes)
-    return MK_ERROR(Result::InvalidArgument, "%s : invalid type %d", call.name,
-                    static_cast<int>(call.dtype));
+  // The caller may pass any int as an ncclDataType_t: read the bits, not the enum (loading an
+  // out-of-range enum value is undefined behaviour).
+  int dtypeBits = 0;
+  static_assert(sizeof(dtypeBits) == sizeof(call.dtype), "ncclDataType_t is an int");
+  std::memcpy(&dtypeBits, &call.dtype, sizeof(dtypeBits));
+  if (dtypeBits < 0 || dtypeBits >= ncclNumTypes)
+    return MK_ERROR(Result::InvalidArgument, "%s : invalid type %d", call.name, dtypeBits);
   if (isReduction(call.kind)) {
     MK_CHECK(resolveOp(call, ops, op));
   } else {
