@@ -217,7 +217,7 @@ class Executor {
       void* dst = nullptr;
       MK_CHECK(staging_.writable(r, 0, n, &dst));
       const void* src = userRead(r, sendAt(r, 0), n);
-      std::memcpy(dst, src, n * es_);
+      if (n != 0) std::memcpy(dst, src, n * es_);
       written_ += n;
     }
     MK_CHECK(barrier());  // start: every input (or its staged copy) is ready
@@ -263,15 +263,16 @@ class Executor {
           break;
         }
         case CollType::AllGather: {
-          std::memcpy(acc(count), userRead(r, sendAt(r, 0), count), count * es_);
+          if (count != 0) std::memcpy(acc(count), userRead(r, sendAt(r, 0), count), count * es_);
           for (int q = 0; q < n_; ++q)
             userWrite(r, recvAt(q, blockSlice(count, r).offset), acc_.data(), count);
           break;
         }
         case CollType::Broadcast: {
           Slice s = rankSlice(count, n_, r, p_.alignElems);
-          std::memcpy(acc(s.count), userRead(r, sendAt(a_.root, s.offset), s.count),
-                      s.count * es_);
+          if (s.count != 0)
+            std::memcpy(acc(s.count), userRead(r, sendAt(a_.root, s.offset), s.count),
+                        s.count * es_);
           for (int q = 0; q < n_; ++q) userWrite(r, recvAt(q, s.offset), acc_.data(), s.count);
           break;
         }

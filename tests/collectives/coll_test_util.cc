@@ -225,7 +225,7 @@ std::string checkCase(const CaseSpec& spec, double* worstRelErr) {
     if (!receives(p, r)) {
       // Reduce non-root: its memory holds its input and the poison, untouched.
       size_t sendBytes = p.sendCount() * es;
-      if (std::memcmp(ma.mem.data() + ma.sendOff, runA.inputs[r].data(), sendBytes) != 0)
+      if (sendBytes != 0 && std::memcmp(ma.mem.data() + ma.sendOff, runA.inputs[r].data(), sendBytes) != 0)
         return desc + ": non-root rank " + std::to_string(r) + "'s input was modified";
       for (size_t b = kGuardBytes; b < ma.mem.size() - kGuardBytes; ++b) {
         bool inSend = b >= ma.sendOff && b < ma.sendOff + sendBytes;
@@ -238,7 +238,7 @@ std::string checkCase(const CaseSpec& spec, double* worstRelErr) {
     const uint8_t* ga = ma.mem.data() + ma.recvOff;
     const uint8_t* gb = mb.mem.data() + mb.recvOff;
     // Every output element written: two runs poisoned differently must agree.
-    if (std::memcmp(ga, gb, recvBytes) != 0) {
+    if (recvBytes != 0 && std::memcmp(ga, gb, recvBytes) != 0) {
       for (size_t b = 0; b < recvBytes; ++b)
         if (ga[b] != gb[b])
           return desc + ": rank " + std::to_string(r) + " element " + std::to_string(b / es) +
@@ -247,7 +247,7 @@ std::string checkCase(const CaseSpec& spec, double* worstRelErr) {
     // Bit for bit against NCCL's arithmetic in the documented order.
     std::vector<uint8_t> ordered;
     expectedOrdered(runA, r, &ordered);
-    if (std::memcmp(ga, ordered.data(), recvBytes) != 0) {
+    if (recvBytes != 0 && std::memcmp(ga, ordered.data(), recvBytes) != 0) {
       for (size_t i = 0; i < p.recvCount(); ++i)
         if (std::memcmp(ga + i * es, ordered.data() + i * es, es) != 0) {
           why << desc << ": rank " << r << " element " << i << " = "
