@@ -123,6 +123,7 @@ class KernelCommunicator final : public Communicator {
   bool exchanged_ = false;
   bool aborted_ = false;
   bool finalized_ = false;
+  bool gateKernel_ = false;  // MKERNEL_STREAM_WAIT: gate kernel (true) or stream memops
   uint64_t launches_ = 0;
   uint64_t oneShotMaxBytes_ = 0;
   mutable std::mutex statsMu_;
@@ -143,7 +144,11 @@ Result KernelCommunicator::init() {
   if (want < 1 || want > kMaxCtas)
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_CTAS=%lld outside 1..%d", static_cast<long long>(want), kMaxCtas);
 
-  MK_CHECK(reserveKernelStack());
+  const std::string waitMode = paramString("STREAM_WAIT");
+  if (waitMode != "kernel" && waitMode != "memop")
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_STREAM_WAIT=%s: expected kernel or memop", waitMode.c_str());
+  gateKernel_ = waitMode == "kernel";
+  MK_CHECK(reserveKernelStack());  // also loads the kernels before any persistent kernel runs
   oneShotMaxBytes_ = static_cast<uint64_t>(std::max<int64_t>(0, paramInt("ONESHOT_MAX_BYTES", 32768)));
   MK_CUDA(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(DeviceState)), "cudaMalloc(DeviceState)");
   MK_CUDA(cudaMemset(state_, 0, sizeof(DeviceState)), "cudaMemset(DeviceState)");
@@ -307,9 +312,14 @@ Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stre
     }
     MK_CHECK(ensureKernel());
     uint32_t* doorbell = &state_->doorbell[slot];
-    MK_CHECK(cudrv::streamWriteValue32(stream, doorbell, kDoorbellPosted));
-    MK_CHECK(cudrv::streamWaitValue32(stream, doorbell, kDoorbellDone));
-    MK_CHECK(cudrv::streamWriteValue32(stream, doorbell, kDoorbellFree));
+    if (gateKernel_) {
+      // The persistent kernel's own bounded waits give up (and release the doorbell) first.
+      MK_CHECK(launchGate(doorbell, params_.ctl, 2 * params_.timeoutNs, opts_.rank, stream));
+    } else {
+      MK_CHECK(cudrv::streamWriteValue32(stream, doorbell, kDoorbellPosted));
+      MK_CHECK(cudrv::streamWaitValue32(stream, doorbell, kDoorbellDone));
+      MK_CHECK(cudrv::streamWriteValue32(stream, doorbell, kDoorbellFree));
+    }
     if (!capturing) MK_CUDA(cudaEventRecord(slotEvents_[slot], stream), "cudaEventRecord(slot)");
   }
   foldStats();
@@ -330,6 +340,11 @@ Result KernelCommunicator::kernelError() const {
     return MK_ERROR(Result::InternalError, "rank %d (CTA %d): timed out after %llu s waiting for %s",
                     e.rank, e.cta, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull), waitKindName(what));
   }
+  if (*reinterpret_cast<const volatile uint32_t*>(&ctl_->gateError.what) == kWaitGate)
+    return MK_ERROR(Result::InternalError,
+                    "rank %d: the caller's stream waited %llu s for the persistent kernel to finish a collective; "
+                    "it was released without the result (is the kernel running? see earlier errors)",
+                    ctl_->gateError.rank, static_cast<unsigned long long>(2 * params_.timeoutNs / 1000000000ull));
   return MK_ERROR(Result::InternalError, "rank %d: the persistent kernel stopped on a failure it did not record", opts_.rank);
 }
 

@@ -85,8 +85,11 @@ struct Fp8Arith {
   static float f(uint8_t v) { return fp::fp8ToFloat(v, E5M2); }
   static uint8_t add(uint8_t a, uint8_t b) { return fp::halfRoundedToFp8(f(a) + f(b), E5M2); }
   static uint8_t mul(uint8_t a, uint8_t b) { return fp::halfRoundedToFp8(f(a) * f(b), E5M2); }
-  static uint8_t min(uint8_t a, uint8_t b) { return pickMinMax(a, b, true, f); }
-  static uint8_t max(uint8_t a, uint8_t b) { return pickMinMax(a, b, false, f); }
+  // The result goes back through half -> fp8 with saturation too, so an infinite operand comes
+  // out as the largest finite value (__nv_fp8_e5m2(__hmin(...)); seen on the H200).
+  static uint8_t satInf(uint8_t v) { return std::isinf(f(v)) ? fp::halfRoundedToFp8(f(v), E5M2) : v; }
+  static uint8_t min(uint8_t a, uint8_t b) { return satInf(pickMinMax(a, b, true, f)); }
+  static uint8_t max(uint8_t a, uint8_t b) { return satInf(pickMinMax(a, b, false, f)); }
 };
 
 template <typename S>

@@ -94,6 +94,12 @@ struct alignas(128) DeviceState {
   uint32_t leaderCursor;      // next slot index the leader scans from
   uint64_t eagerCompleted;    // mirror of HostControl::eagerCompleted (device copy: no PCIe read)
   uint64_t opsDone[8];        // mirror of HostControl::opsDone
+  // Device-memory mirror of "stop waiting": set by any CTA that records a failure and by the
+  // leader when it sees the host's abort flag, so that spin-waits poll L2, not host memory.
+  alignas(128) uint32_t stop;
+  // The leader copies each dispatched slot here from host-mapped memory (one PCIe round trip per
+  // group); the worker CTAs read their copy from device memory.
+  alignas(128) WorkSlot dispatched[kDispatchDepth];
 };
 
 // Kinds of wait that can time out (ErrorRecord::what).
@@ -103,6 +109,7 @@ enum WaitKind : uint32_t {
   kWaitPeerEnd = 2,    // last barrier: the peer has not finished this collective
   kWaitDispatch = 3,   // a worker CTA waiting for the leader
   kWaitSlotDone = 4,   // the leader waiting for worker CTAs to finish a slot
+  kWaitGate = 5,       // a caller's stream (gate kernel) waiting for the persistent kernel
 };
 
 struct alignas(16) ErrorRecord {
@@ -135,6 +142,7 @@ struct alignas(64) HostControl {
   volatile uint64_t eagerCompleted;  // eager slots completed (or drained)
   volatile uint64_t opsDone[8];      // collectives completed, by CollType
   ErrorRecord errors[kMaxCtas];      // one per CTA: no atomics needed on host memory
+  ErrorRecord gateError;             // a gate kernel (caller's stream) gave up waiting (kWaitGate)
 };
 
 }  // namespace coll

@@ -251,6 +251,14 @@ __device__ bool leaderDispatch(const KernelParams& p, SharedState& sh) {
       if ((posted[s / 32] >> (s % 32)) & 1u) found = s;
     }
     if (found >= 0) {
+      // Copy the slot's descriptors from host-mapped memory into device memory: one PCIe round
+      // trip (two 16-byte loads per lane) instead of one per CTA.
+      constexpr int kSlotVecs = sizeof(WorkSlot) / 16;
+      const uint4* from = reinterpret_cast<const uint4*>(&p.slots[found]);
+      uint4* to = reinterpret_cast<uint4*>(&self->dispatched[seq % kDispatchDepth]);
+      for (int v = lane; v < kSlotVecs; v += 32) __stcg(to + v, __ldcv(from + v));
+      __threadfence();
+      __syncwarp();
       if (lane == 0) {
         self->doorbell[found] = kDoorbellRunning;
         self->dispatchSlot[seq % kDispatchDepth] = static_cast<uint32_t>(found);
@@ -262,7 +270,7 @@ __device__ bool leaderDispatch(const KernelParams& p, SharedState& sh) {
       return true;
     }
     if ((iter & 63) == 0) {
-      if (stopRequested(p)) return false;
+      if (stopRequested(p) || hostStopRequested(p)) return false;
       const uint64_t now = globalTimerNs();
       const bool idleLong = now - idleSince > p.idleExitNs;
       if ((idleLong && !p.ctl->resident) || p.ctl->quit) {
@@ -322,11 +330,11 @@ __global__ void __launch_bounds__(kKernelThreads, 1) persistentKernel(KernelPara
     if (sh.stop) { failed = true; break; }
     ++consumed;
     if (sh.slotIndex == kDispatchExit) break;
-    // Load the slot's descriptors (host memory: one PCIe round trip, all uint4 loads at once).
+    // Load the slot's descriptors: the leader's copy in device memory (L2), all at once.
     constexpr int kSlotVecs = sizeof(WorkSlot) / 16;
     if (threadIdx.x < kSlotVecs)
       reinterpret_cast<uint4*>(&sh.slot)[threadIdx.x] =
-          __ldcv(reinterpret_cast<const uint4*>(&p.slots[sh.slotIndex]) + threadIdx.x);
+          __ldcg(reinterpret_cast<const uint4*>(&self->dispatched[(consumed - 1) % kDispatchDepth]) + threadIdx.x);
     __syncthreads();
     if (cta >= static_cast<int>(sh.slot.ctasNeeded)) continue;
     bool ok = true;
@@ -364,11 +372,67 @@ __global__ void __launch_bounds__(kKernelThreads, 1) persistentKernel(KernelPara
   }
 }
 
+// ---- the gate: the caller's side of the doorbell protocol as a one-thread kernel ----------------
+
+// On the caller's stream, in place of the three stream memops (MKERNEL_STREAM_WAIT=kernel): it
+// starts once everything earlier on the stream is complete, posts the doorbell, waits for Done and
+// resets it to Free. Measured on the H200 (docs/KERNEL.md, "Stream ordering"): 1-3 us per
+// collective faster than the memops with 1 and 2 emulated ranks, but 8 emulated ranks deadlocked
+// on their first collective with it, so it is not the default. Bounded like every other wait:
+// after timeoutNs it records kWaitGate and releases the stream.
+__global__ void __launch_bounds__(32, 1) gateKernel(uint32_t* doorbell, HostControl* ctl, uint64_t timeoutNs, int rank) {
+  if (threadIdx.x != 0) return;
+  __threadfence_system();  // the stream's earlier work (complete at kernel start) before the post
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(doorbell), "r"(static_cast<uint32_t>(kDoorbellPosted)) : "memory");
+  uint64_t start = 0;
+  for (uint32_t iter = 1;; ++iter) {
+    uint32_t v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(doorbell) : "memory");
+    if (v == kDoorbellDone) break;
+    if ((iter & 1023) == 0) {
+      const uint64_t now = globalTimerNs();
+      if (start == 0) {
+        start = now;
+      } else if (now - start > timeoutNs) {
+        volatile ErrorRecord* e = &ctl->gateError;
+        e->rank = rank;
+        e->peer = -1;
+        e->cta = -1;
+        e->coll = -1;
+        e->epoch = 0;
+        __threadfence_system();
+        e->what = kWaitGate;
+        __threadfence_system();
+        ctl->failed = 1;
+        __threadfence_system();
+        return;
+      }
+      if (iter > (1u << 16)) __nanosleep(200);
+    }
+  }
+  *reinterpret_cast<volatile uint32_t*>(doorbell) = kDoorbellFree;
+}
+
 }  // namespace dev
+
+Result launchGate(uint32_t* doorbell, HostControl* ctlDev, uint64_t timeoutNs, int rank, cudaStream_t stream) {
+  dev::gateKernel<<<1, 32, 0, stream>>>(doorbell, ctlDev, timeoutNs, rank);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching the stream gate kernel failed: %s", rank,
+                    cudaGetErrorString(err));
+  return Result::Success;
+}
 
 Result persistentKernelLocalBytes(size_t* out) {
   cudaFuncAttributes attr;
-  cudaError_t err = cudaFuncGetAttributes(&attr, dev::persistentKernel);
+  // Also loads both kernels now (CUDA's lazy loading would load the gate kernel at its first
+  // launch, and loading waits for running kernels: a persistent kernel waiting for that gate's
+  // doorbell never finishes; NCCL queries its kernels at init for the same reason).
+  cudaError_t err = cudaFuncGetAttributes(&attr, dev::gateKernel);
+  if (err != cudaSuccess)
+    return MK_ERROR(Result::UnhandledCudaError, "attributes of the gate kernel: %s", cudaGetErrorString(err));
+  err = cudaFuncGetAttributes(&attr, dev::persistentKernel);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "attributes of the persistent kernel: %s", cudaGetErrorString(err));
   *out = attr.localSizeBytes;

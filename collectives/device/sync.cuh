@@ -38,8 +38,20 @@ __device__ __forceinline__ uint64_t loadVolatile64(const uint64_t* p) {
   return *reinterpret_cast<const volatile uint64_t*>(p);
 }
 
+// Hot-path check: device memory only (DeviceState::stop, set on any failure and by the leader
+// once it has seen the host's abort flag).
 __device__ __forceinline__ bool stopRequested(const KernelParams& p) {
-  return p.ctl->abortFlag != 0 || p.ctl->failed != 0;
+  return loadVolatile(&p.self->stop) != 0;
+}
+
+// Cold-path check of the host-mapped flags (a PCIe round trip): the host's abort, or a failure
+// another CTA recorded. Mirrors the answer into DeviceState::stop.
+__device__ inline bool hostStopRequested(const KernelParams& p) {
+  if (p.ctl->abortFlag != 0 || p.ctl->failed != 0) {
+    *reinterpret_cast<volatile uint32_t*>(&p.self->stop) = 1;
+    return true;
+  }
+  return false;
 }
 
 __device__ inline void recordError(const KernelParams& p, int cta, int peer, WaitKind what,
@@ -54,6 +66,7 @@ __device__ inline void recordError(const KernelParams& p, int cta, int peer, Wai
   e->what = what;
   __threadfence_system();
   p.ctl->failed = 1;
+  *reinterpret_cast<volatile uint32_t*>(&p.self->stop) = 1;
   __threadfence_system();
 }
 
@@ -66,6 +79,7 @@ __device__ inline bool waitGeq(const KernelParams& p, const uint64_t* addr, uint
     if (loadAcquire(addr) >= target) return true;
     if ((iter & 255) == 0) {
       if (stopRequested(p)) return false;
+      if ((iter & 8191) == 0 && hostStopRequested(p)) return false;  // the host's abort
       uint64_t now = globalTimerNs();
       if (start == 0) {
         start = now;
