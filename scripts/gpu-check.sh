@@ -3,13 +3,16 @@
 #   bash scripts/gpu-check.sh            (from the repository root)
 # Configures with device code (sm_90), builds the GPU tests and mkernel-collbench with nvcc,
 # runs `ctest -L gpu`, then the AllReduce benchmark, and prints a short table at the end.
-# Logs go to $OUT when it is set (the device tool brings them back), else to build-gpu/logs.
+# Logs go to build-gpu/logs; the main ones are copied to $OUT when it is set.
 # Catch2 (single header) comes from .carry/ when no Catch2 package is installed.
-# Env: GPU_CHECK_BENCH_ARGS (extra mkernel-collbench arguments), GPU_CHECK_SKIP_BENCH=1.
+# Env: GPU_CHECK_BENCH_ARGS (extra mkernel-collbench arguments), GPU_CHECK_SKIP_BENCH=1,
+#      GPU_CHECK_SKIP_TORCH=1, GPU_CHECK_TORCH_RANKS (default 1), GPU_CHECK_PYTHON.
 set -u -o pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${GPU_CHECK_BUILD:-$root/build-gpu}
-logs=${OUT:-$build/logs}
+# All logs go to $build/logs; at the end the eight that matter are copied to $OUT when it is set
+# (the device tool brings back at most 8 files).
+logs=$build/logs
 mkdir -p "$build" "$logs"
 catch_args=()
 [ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
@@ -20,7 +23,7 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON
   >"$logs/configure.log" 2>&1 || { tail -40 "$logs/configure.log"; exit 1; }
 step build
 start=$(date +%s)
-make -C "$build" -j"${GPU_CHECK_JOBS:-16}" test_comm_create test_gpu_collectives test_gpu_kernel test_shim_gpu test_shim_emulate \
+make -C "$build" -j"${GPU_CHECK_JOBS:-16}" test_comm_create test_coll_reduce_gpu test_gpu_collectives test_gpu_kernel test_shim_gpu test_shim_emulate \
   mkernel mkernel-collbench mkernel-topo nccl_one_rank \
   >"$logs/build.log" 2>&1 || { grep -B2 -A8 -m5 "error" "$logs/build.log"; tail -20 "$logs/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
@@ -48,15 +51,33 @@ if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
   tail -5 "$logs/collbench.err"
 fi
 
+torch_rc=skipped
+PY=${GPU_CHECK_PYTHON:-/opt/torch/.venv/bin/python}
+if [ -x "$PY" ] && [ "${GPU_CHECK_SKIP_TORCH:-0}" != 1 ]; then
+  step "PyTorch through the LD_PRELOAD shim (scripts/torch_check.py --ranks 1)"
+  OUT=$logs timeout "${GPU_CHECK_TORCH_TIMEOUT:-240}" "$PY" "$root/scripts/torch_check.py" --lib "$build/lib/libmkernel.so" \
+    --ranks "${GPU_CHECK_TORCH_RANKS:-1}" >"$logs/torch.txt" 2>&1
+  torch_rc=$?
+  tail -25 "$logs/torch.txt"
+fi
+
 step "mkernel-topo"
 "$build/bin/mkernel-topo" 2>&1 | tee "$logs/topo.txt" | head -30
 step "NCCL loads mkernel's net plugin and tuner"
 OUT=$logs bash "$root/scripts/nccl-plugin-check.sh" "$build" 2>&1 | tail -30
 plugin_rc=${PIPESTATUS[0]}
 
+{
 step summary
 echo "nccl-plugin-check: rc=$plugin_rc"
-echo "ctest -L gpu: rc=$ctest_rc   test_comm_create: rc=$create_rc   collbench: rc=$bench_rc"
+echo "ctest -L gpu: rc=$ctest_rc   test_comm_create: rc=$create_rc   collbench: rc=$bench_rc   torch_check: rc=$torch_rc"
 grep -E "tests passed|tests failed|Passed|Failed" "$logs/ctest-gpu.log" | tail -6
 [ -f "$logs/collbench.txt" ] && cat "$logs/collbench.txt"
-[ "$ctest_rc" = 0 ] && [ "$create_rc" = 0 ] && [ "$bench_rc" = 0 ]
+[ -f "$logs/torch.txt" ] && grep -E "^\[torch_check\]" "$logs/torch.txt"
+} 2>&1 | tee "$logs/summary.txt"
+if [ -n "${OUT:-}" ]; then
+  for f in summary.txt ctest-gpu.log collbench.txt collbench.err collbench.csv torch.txt torch_check.json build.log; do
+    [ -f "$logs/$f" ] && cp "$logs/$f" "$OUT/"
+  done
+fi
+[ "$ctest_rc" = 0 ] && [ "$create_rc" = 0 ] && [ "$bench_rc" = 0 ] && { [ "$torch_rc" = 0 ] || [ "$torch_rc" = skipped ]; }

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -30,6 +31,34 @@ struct RankCtx {
     std::lock_guard<std::mutex> lock(*failMu);
     failures->push_back("rank " + std::to_string(rank) + ": " + what);
   }
+
+  // Pinned host staging for this rank's copies (a bump arena; reset once the stream is idle).
+  // Copies to or from pageable memory must not be used while persistent kernels run: a pageable
+  // device-to-host copy blocks its thread inside the driver until the stream reaches it, and the
+  // driver's staging lock it holds then stops the other rank threads' copies, so a peer never
+  // posts the collective this stream waits for (seen on the H200: 4 ranks timed out).
+  uint8_t* hostBase = nullptr;
+  size_t hostCap = 0, hostUsed = 0;
+  void* hostBuf(size_t n) {
+    const size_t off = (hostUsed + 255) & ~size_t(255);
+    if (off + n > hostCap) return nullptr;
+    hostUsed = off + n;
+    return hostBase + off;
+  }
+  void hostReset() { hostUsed = 0; }
+  // Stages n bytes through pinned memory and copies them to dev on the rank's stream.
+  bool toDevice(void* dev, const void* src, size_t n) {
+    void* p = hostBuf(n);
+    if (p == nullptr) return false;
+    std::memcpy(p, src, n);
+    return cudaMemcpyAsync(dev, p, n, cudaMemcpyHostToDevice, stream) == cudaSuccess;
+  }
+  // Queues a copy of n bytes from dev into pinned memory; the result is valid after a stream sync.
+  void* fromDevice(const void* dev, size_t n) {
+    void* p = hostBuf(n);
+    if (p == nullptr) return nullptr;
+    return cudaMemcpyAsync(p, dev, n, cudaMemcpyDeviceToHost, stream) == cudaSuccess ? p : nullptr;
+  }
 };
 
 // Also the first CUDA call of every GPU test: more hardware queues than CUDA's default 8 before the
@@ -40,11 +69,17 @@ inline bool haveGpu() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-// Runs fn on n rank threads (create + fn + finalize); returns the failures of all ranks.
-inline std::vector<std::string> runRanks(int n, const std::function<void(RankCtx&)>& fn) {
+// Runs fn on n rank threads (create + fn + finalize); returns the failures of all ranks. Each rank
+// gets hostBytes of pinned staging, allocated here before any persistent kernel runs.
+inline std::vector<std::string> runRanks(int n, const std::function<void(RankCtx&)>& fn,
+                                         size_t hostBytes = size_t(32) << 20) {
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
   std::vector<std::string> failures;
   std::mutex failMu;
+  std::vector<uint8_t*> pinned(static_cast<size_t>(n), nullptr);
+  cudaSetDevice(0);
+  for (auto& p : pinned)
+    if (cudaMallocHost(reinterpret_cast<void**>(&p), hostBytes) != cudaSuccess) return {"cudaMallocHost failed"};
   mkernel::bootstrap::UniqueId id;
   if (mkernel::bootstrap::createUniqueId(&id) != mkernel::Result::Success) return {"createUniqueId failed"};
   std::vector<std::thread> threads;
@@ -55,6 +90,8 @@ inline std::vector<std::string> runRanks(int n, const std::function<void(RankCtx
       ctx.nRanks = n;
       ctx.failures = &failures;
       ctx.failMu = &failMu;
+      ctx.hostBase = pinned[static_cast<size_t>(r)];
+      ctx.hostCap = hostBytes;
       cudaSetDevice(0);
       std::unique_ptr<mkernel::bootstrap::Bootstrap> bs;
       if (mkernel::bootstrap::Bootstrap::create(id, r, n, &bs) != mkernel::Result::Success) {
@@ -82,6 +119,7 @@ inline std::vector<std::string> runRanks(int n, const std::function<void(RankCtx
     });
   }
   for (auto& t : threads) t.join();
+  for (auto p : pinned) cudaFreeHost(p);
   return failures;
 }
 

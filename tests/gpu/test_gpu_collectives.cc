@@ -113,7 +113,8 @@ std::string runCase(mkgpu::RankCtx& ctx, const Case& k, uint64_t seed, uint8_t* 
       send = recvDev + off * esz;
     }
   }
-  if (cudaMemcpyAsync(send, mine.data(), mine.size(), cudaMemcpyHostToDevice, ctx.stream) != cudaSuccess) return "upload";
+  ctx.hostReset();  // the stream is idle: the previous case synchronized it
+  if (!ctx.toDevice(send, mine.data(), mine.size())) return "upload";
   CollArgs a;
   a.coll = k.coll;
   a.dtype = k.dtype;
@@ -126,15 +127,17 @@ std::string runCase(mkgpu::RankCtx& ctx, const Case& k, uint64_t seed, uint8_t* 
   if (k.scalarOnDevice) {
     std::vector<uint8_t> sc(esz);
     mkernel::coll::storeFromDouble(k.dtype, sc.data(), 0, kScalar);
-    if (cudaMemcpyAsync(scalarDev, sc.data(), esz, cudaMemcpyHostToDevice, ctx.stream) != cudaSuccess) return "scalar";
+    if (!ctx.toDevice(scalarDev, sc.data(), esz)) return "scalar";
     a.scalarDevPtr = scalarDev;
     a.scalar = 0.0;  // must not be used
   }
   if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success) return std::string("enqueue: ") + mkernel::lastError();
   std::vector<uint8_t> out(recvCount * esz);
-  if (cudaMemcpyAsync(out.data(), recv, out.size(), cudaMemcpyDeviceToHost, ctx.stream) != cudaSuccess) return "download";
+  const void* staged = ctx.fromDevice(recv, out.size());
+  if (staged == nullptr) return "download";
   cudaError_t err = cudaStreamSynchronize(ctx.stream);
   if (err != cudaSuccess) return std::string("sync: ") + cudaGetErrorString(err);
+  if (!out.empty()) std::memcpy(out.data(), staged, out.size());
 
   switch (k.coll) {
     case CollType::AllReduce:
@@ -171,6 +174,8 @@ void runSweep(int nRanks) {
     cudaMalloc(reinterpret_cast<void**>(&sendDev), maxBytes);
     cudaMalloc(reinterpret_cast<void**>(&recvDev), maxBytes);
     cudaMalloc(&scalarDev, 16);
+    // Every rank's allocations are done before any rank's first collective.
+    if (ctx.bs->barrier() != Result::Success) return ctx.fail("bootstrap barrier after allocation");
     int bad = 0;
     for (size_t i = 0; i < cases.size() && bad < 5; ++i) {
       std::string why = runCase(ctx, cases[i], i + 1, sendDev, recvDev, scalarDev);

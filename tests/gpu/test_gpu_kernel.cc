@@ -61,10 +61,9 @@ CollArgs allReduceSum(const void* send, void* recv, size_t count) {
   return a;
 }
 
-}  // namespace
-
-TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time", "[gpu]") {
-  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+// waitMode: MKERNEL_STREAM_WAIT (gate kernel or stream memops): both must survive capture.
+void graphReplay(const char* waitMode) {
+  EnvGuard mode("MKERNEL_STREAM_WAIT", waitMode);
   EnvGuard idle("MKERNEL_IDLE_EXIT_US", "20000");
   const int n = 4;
   auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
@@ -87,14 +86,18 @@ TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit ti
       if (rep == 4) std::this_thread::sleep_for(std::chrono::milliseconds(150));  // > 7x idle exit
       const int salt = 10 * rep;
       std::vector<int32_t> host = rankInput(ctx.rank, salt, large);
-      cudaMemcpyAsync(in, host.data(), large * 4, cudaMemcpyHostToDevice, ctx.stream);
+      ctx.hostReset();
+      if (!ctx.toDevice(in, host.data(), large * 4)) return ctx.fail("upload");
       cudaMemsetAsync(outSmall, 0xff, small * 4, ctx.stream);
       cudaMemsetAsync(outLarge, 0xff, large * 4, ctx.stream);
       if (cudaGraphLaunch(exec, ctx.stream) != cudaSuccess) return ctx.fail("graph launch");
       std::vector<int32_t> a(small), b(large);
-      cudaMemcpyAsync(a.data(), outSmall, small * 4, cudaMemcpyDeviceToHost, ctx.stream);
-      cudaMemcpyAsync(b.data(), outLarge, large * 4, cudaMemcpyDeviceToHost, ctx.stream);
+      const void* sa = ctx.fromDevice(outSmall, small * 4);
+      const void* sb = ctx.fromDevice(outLarge, large * 4);
+      if (sa == nullptr || sb == nullptr) return ctx.fail("download");
       if (cudaStreamSynchronize(ctx.stream) != cudaSuccess) return ctx.fail("sync after replay");
+      std::memcpy(a.data(), sa, small * 4);
+      std::memcpy(b.data(), sb, large * 4);
       std::string w = checkSum(a, n, salt);
       if (w.empty()) w = checkSum(b, n, salt);
       if (!w.empty()) return ctx.fail("replay " + std::to_string(rep) + ": " + w);
@@ -113,6 +116,18 @@ TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit ti
   CHECK(failures.empty());
 }
 
+}  // namespace
+
+TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time (gate kernel)", "[gpu][gate]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  graphReplay("kernel");
+}
+
+TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time (stream memops)", "[gpu]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  graphReplay("memop");
+}
+
 TEST_CASE("gpu: idle exit and relaunch on demand", "[gpu]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   EnvGuard idle("MKERNEL_IDLE_EXIT_US", "10000");
@@ -124,12 +139,15 @@ TEST_CASE("gpu: idle exit and relaunch on demand", "[gpu]") {
     cudaMalloc(reinterpret_cast<void**>(&out), count * 4);
     for (int round = 0; round < 3; ++round) {
       std::vector<int32_t> host = rankInput(ctx.rank, round, count);
-      cudaMemcpyAsync(in, host.data(), count * 4, cudaMemcpyHostToDevice, ctx.stream);
+      ctx.hostReset();
+      if (!ctx.toDevice(in, host.data(), count * 4)) return ctx.fail("upload");
       CollArgs a = allReduceSum(in, out, count);
       if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success) return ctx.fail("enqueue");
       std::vector<int32_t> res(count);
-      cudaMemcpyAsync(res.data(), out, count * 4, cudaMemcpyDeviceToHost, ctx.stream);
+      const void* staged = ctx.fromDevice(out, count * 4);
+      if (staged == nullptr) return ctx.fail("download");
       cudaStreamSynchronize(ctx.stream);
+      std::memcpy(res.data(), staged, count * 4);
       std::string w = checkSum(res, n, round);
       if (!w.empty()) return ctx.fail("round " + std::to_string(round) + ": " + w);
       std::this_thread::sleep_for(std::chrono::milliseconds(100));  // 10x the idle exit time
@@ -161,13 +179,14 @@ TEST_CASE("gpu: 1200 mixed collectives back to back, groups, no host sync in bet
       struct Item { CollType coll; size_t count; int root; int salt; };
       std::vector<Item> items;
       std::vector<std::vector<int32_t>> inputs;
+      ctx.hostReset();  // the previous batch ended with a stream sync
       for (int b = 0; b < kBatch; ++b, ++iter) {
         Item it{static_cast<CollType>(mkgpu::splitmix(rng) % 5), 1 + mkgpu::splitmix(rng) % maxCount,
                 static_cast<int>(mkgpu::splitmix(rng) % n), iter};
         if (it.coll == CollType::AllGather || it.coll == CollType::ReduceScatter) it.count = it.count / n + 1;
         size_t sendCount = it.coll == CollType::ReduceScatter ? it.count * n : it.count;
         inputs.push_back(rankInput(ctx.rank, it.salt, sendCount));
-        cudaMemcpyAsync(ins[b], inputs.back().data(), sendCount * 4, cudaMemcpyHostToDevice, ctx.stream);
+        if (!ctx.toDevice(ins[b], inputs.back().data(), sendCount * 4)) return ctx.fail("upload: staging full");
         items.push_back(it);
       }
       // Half the batch as one group of 4 enqueues... the rest one by one.
@@ -187,8 +206,10 @@ TEST_CASE("gpu: 1200 mixed collectives back to back, groups, no host sync in bet
         const Item& it = items[b];
         size_t recvCount = it.coll == CollType::AllGather ? it.count * n : it.count;
         std::vector<int32_t> res(recvCount);
-        cudaMemcpyAsync(res.data(), outs[b], recvCount * 4, cudaMemcpyDeviceToHost, ctx.stream);
+        const void* staged = ctx.fromDevice(outs[b], recvCount * 4);
+        if (staged == nullptr) return ctx.fail("download: staging full");
         cudaStreamSynchronize(ctx.stream);
+        std::memcpy(res.data(), staged, recvCount * 4);
         std::string w;
         for (size_t i = 0; i < recvCount && w.empty(); ++i) {
           int64_t want = 0;

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,8 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "collectives/cuda_driver.h"
+#include "common/param.h"
 #include "common/result.h"
 #include "transport/bootstrap/bootstrap.h"
 
@@ -35,6 +38,7 @@ struct Options {
   size_t step = 8;
   int iters = 1000;
   int graphOps = 16;  // collectives per captured graph (each uses one of the 192 graph slots)
+  std::vector<std::string> waits{"memop"};  // MKERNEL_STREAM_WAIT modes to compare
   std::string csv;
 };
 
@@ -60,9 +64,11 @@ class Barrier {
 };
 
 struct Row {
+  std::string wait;  // MKERNEL_STREAM_WAIT
   int ranks;
   size_t bytes;
   double eagerMed, eagerP99, graphMed, graphP99;  // microseconds
+  double hostUs;  // rank 0's host time per eager enqueue (wall clock of the eager loop / iters)
   double memGBps, pctCopy;
 };
 
@@ -90,6 +96,42 @@ double copyBandwidthGBps(size_t bytes) {
   cudaFree(a);
   cudaFree(b);
   return 2.0 * static_cast<double>(bytes) * reps / (ms * 1e-3) / 1e9;
+}
+
+__global__ void emptyKernel() {}
+
+// Floors of the doorbell protocol on this GPU, one stream, no mkernel code: the median time per
+// back-to-back empty kernel launch, and per {write 1, wait == 1, write 0} stream-memop triple (the
+// three memops enqueue() puts on the caller's stream, with the wait already satisfied).
+void baselines(int iters, double* launchUs, double* memopUs) {
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  uint32_t* flag = nullptr;
+  cudaMalloc(&flag, 4);
+  cudaMemset(flag, 0, 4);
+  std::vector<cudaEvent_t> ev(static_cast<size_t>(iters) + 1);
+  for (auto& e : ev) cudaEventCreate(&e);
+  std::vector<float> t(static_cast<size_t>(iters));
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int i = 0; i < 20; ++i) emptyKernel<<<1, 32, 0, s>>>();
+    cudaEventRecord(ev[0], s);
+    for (int i = 0; i < iters; ++i) {
+      if (pass == 0) {
+        emptyKernel<<<1, 32, 0, s>>>();
+      } else {
+        mkernel::coll::cudrv::streamWriteValue32(s, flag, 1);
+        mkernel::coll::cudrv::streamWaitValue32(s, flag, 1);
+        mkernel::coll::cudrv::streamWriteValue32(s, flag, 0);
+      }
+      cudaEventRecord(ev[static_cast<size_t>(i) + 1], s);
+    }
+    cudaStreamSynchronize(s);
+    for (int i = 0; i < iters; ++i) cudaEventElapsedTime(&t[static_cast<size_t>(i)], ev[static_cast<size_t>(i)], ev[static_cast<size_t>(i) + 1]);
+    (pass == 0 ? *launchUs : *memopUs) = percentile(t, 0.5) * 1e3;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  cudaFree(flag);
+  cudaStreamDestroy(s);
 }
 
 // Runs all sizes for n ranks; rank 0 fills rows.
@@ -122,6 +164,10 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
       if (cudaMalloc(&send, opt.maxBytes) != cudaSuccess || cudaMalloc(&recv, opt.maxBytes) != cudaSuccess)
         return fail("cudaMalloc " + std::to_string(opt.maxBytes));
       cudaMemset(send, 0, opt.maxBytes);
+      cudaDeviceSynchronize();
+      // Every rank's allocations are done before any rank's kernel runs (a rank thread blocked in
+      // the driver while its peers' kernels wait for it would stall them until the timeout).
+      barrier.wait();
       const int iters = opt.iters;
       std::vector<cudaEvent_t> ev(static_cast<size_t>(iters) + 1);
       for (auto& e : ev) cudaEventCreate(&e);
@@ -137,11 +183,14 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         cudaStreamSynchronize(stream);
         barrier.wait();
         std::vector<float> eager(static_cast<size_t>(iters));
+        const auto hostStart = std::chrono::steady_clock::now();
         cudaEventRecord(ev[0], stream);
         for (int i = 0; i < iters; ++i) {
           if (comm->enqueue(&a, 1, stream) != Result::Success) return fail("enqueue");
           cudaEventRecord(ev[static_cast<size_t>(i) + 1], stream);
         }
+        const double hostUs =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart).count() / iters;
         cudaStreamSynchronize(stream);
         for (int i = 0; i < iters; ++i) cudaEventElapsedTime(&eager[static_cast<size_t>(i)], ev[static_cast<size_t>(i)], ev[static_cast<size_t>(i) + 1]);
         barrier.wait();
@@ -175,17 +224,19 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         if (comm->asyncError() != Result::Success) return fail("asyncError");
         if (r == 0) {
           Row row{};
+          row.wait = mkernel::paramString("STREAM_WAIT");
           row.ranks = n;
           row.bytes = a.count * 4;
           row.eagerMed = percentile(eager, 0.5) * 1e3;
           row.eagerP99 = percentile(eager, 0.99) * 1e3;
           row.graphMed = percentile(graph, 0.5) * 1e3;
           row.graphP99 = percentile(graph, 0.99) * 1e3;
+          row.hostUs = hostUs;
           row.memGBps = 2.0 * n * static_cast<double>(row.bytes) / (row.eagerMed * 1e-6) / 1e9;
           row.pctCopy = copyGBps > 0 ? 100.0 * row.memGBps / copyGBps : 0;
           rows->push_back(row);
-          std::fprintf(stderr, "collbench: %d ranks %12zu B  eager %9.2f us  graph %9.2f us  %8.1f GB/s\n", n,
-                       row.bytes, row.eagerMed, row.graphMed, row.memGBps);
+          std::fprintf(stderr, "collbench: %s %d ranks %12zu B  eager %9.2f us  graph %9.2f us  host %7.2f us/op  %8.1f GB/s\n",
+                       row.wait.c_str(), n, row.bytes, row.eagerMed, row.graphMed, row.hostUs, row.memGBps);
         }
         barrier.wait();
       }
@@ -201,6 +252,21 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
   return ok;
 }
 
+std::vector<std::string> parseWords(const char* s) {
+  std::vector<std::string> v;
+  std::string cur;
+  for (const char* p = s;; ++p) {
+    if (*p == ',' || *p == '\0') {
+      if (!cur.empty()) v.push_back(cur);
+      cur.clear();
+      if (*p == '\0') break;
+    } else {
+      cur += *p;
+    }
+  }
+  return v;
+}
+
 std::vector<int> parseList(const char* s) {
   std::vector<int> v;
   for (const char* p = s; *p;) {
@@ -214,7 +280,7 @@ std::vector<int> parseList(const char* s) {
 int usage() {
   std::fprintf(stderr,
                "usage: mkernel-collbench [--ranks 2,4,8] [--min-bytes 8] [--max-bytes 1073741824] "
-               "[--step 8] [--iters 1000] [--csv FILE]\n");
+               "[--step 8] [--iters 1000] [--wait kernel,memop] [--csv FILE]\n");
   return 2;
 }
 
@@ -232,6 +298,7 @@ int main(int argc, char** argv) {
     else if (a == "--step") opt.step = std::strtoull(v, nullptr, 10);
     else if (a == "--iters") opt.iters = std::atoi(v);
     else if (a == "--csv") opt.csv = v;
+    else if (a == "--wait") opt.waits = parseWords(v);
     else return usage();
   }
   if (opt.step < 2 || opt.minBytes < 1 || opt.iters < 1) return usage();
@@ -250,6 +317,8 @@ int main(int argc, char** argv) {
   const double copyGBps = copyBandwidthGBps(std::min<size_t>(opt.maxBytes, size_t(1) << 30));
   std::fprintf(stderr, "collbench: %s, %d SMs, cudaMemcpy D2D %.0f GB/s (read + write)\n", prop.name,
                prop.multiProcessorCount, copyGBps);
+  double launchUs = 0, memopUs = 0;
+  if (mkernel::coll::cudrv::loadMemOps() == Result::Success) baselines(opt.iters, &launchUs, &memopUs);
   // Every size captures graphOps collectives into a graph, and each captured group holds one of
   // the communicator's 192 graph slots for good: spread them over the sizes.
   int nSizes = 0;
@@ -257,21 +326,27 @@ int main(int argc, char** argv) {
   opt.graphOps = std::max(1, std::min(opt.graphOps, 190 / std::max(1, nSizes)));
   std::vector<Row> rows;
   bool ok = true;
-  for (int n : opt.ranks) ok = runRanks(n, opt, copyGBps, &rows) && ok;
+  for (const std::string& w : opt.waits) {
+    setenv("MKERNEL_STREAM_WAIT", w.c_str(), 1);
+    for (int n : opt.ranks) ok = runRanks(n, opt, copyGBps, &rows) && ok;
+  }
   std::printf("# AllReduce float sum, emulated thread ranks on one %s; D2D copy %.0f GB/s\n", prop.name, copyGBps);
   std::printf("# mem GB/s = 2 * ranks * bytes / eager median (each input read once, each output written once)\n");
-  std::printf("%5s %12s %11s %11s %11s %11s %10s %7s\n", "ranks", "bytes", "eager_med", "eager_p99", "graph_med",
-              "graph_p99", "mem_GB/s", "%copy");
+  std::printf("# floors, one stream: empty kernel launch %.2f us/op, memop triple (write, wait, write) %.2f us/op\n",
+              launchUs, memopUs);
+  std::printf("# host_us = rank 0's host time per eager enqueue; latencies in us\n");
+  std::printf("%6s %5s %12s %10s %10s %10s %10s %8s %10s %7s\n", "wait", "ranks", "bytes", "eager_med", "eager_p99", "graph_med",
+              "graph_p99", "host_us", "mem_GB/s", "%copy");
   for (const Row& r : rows)
-    std::printf("%5d %12zu %11.2f %11.2f %11.2f %11.2f %10.1f %7.1f\n", r.ranks, r.bytes, r.eagerMed, r.eagerP99,
-                r.graphMed, r.graphP99, r.memGBps, r.pctCopy);
+    std::printf("%6s %5d %12zu %10.2f %10.2f %10.2f %10.2f %8.2f %10.1f %7.1f\n", r.wait.c_str(), r.ranks, r.bytes, r.eagerMed, r.eagerP99,
+                r.graphMed, r.graphP99, r.hostUs, r.memGBps, r.pctCopy);
   if (!opt.csv.empty()) {
     FILE* f = std::fopen(opt.csv.c_str(), "w");
     if (f) {
-      std::fprintf(f, "ranks,bytes,eager_med_us,eager_p99_us,graph_med_us,graph_p99_us,mem_GBps,pct_copy,copy_GBps\n");
+      std::fprintf(f, "wait,ranks,bytes,eager_med_us,eager_p99_us,graph_med_us,graph_p99_us,host_us,mem_GBps,pct_copy,copy_GBps\n");
       for (const Row& r : rows)
-        std::fprintf(f, "%d,%zu,%.3f,%.3f,%.3f,%.3f,%.2f,%.2f,%.1f\n", r.ranks, r.bytes, r.eagerMed, r.eagerP99,
-                     r.graphMed, r.graphP99, r.memGBps, r.pctCopy, copyGBps);
+        std::fprintf(f, "%s,%d,%zu,%.3f,%.3f,%.3f,%.3f,%.3f,%.2f,%.2f,%.1f\n", r.wait.c_str(), r.ranks, r.bytes, r.eagerMed, r.eagerP99,
+                     r.graphMed, r.graphP99, r.hostUs, r.memGBps, r.pctCopy, copyGBps);
       std::fclose(f);
     }
   }
