@@ -10,7 +10,8 @@
 
 #include "common/log.h"
 #include "common/param.h"
-#include "topology/ibv_symbols.h"
+#include "transport/net/ib/ib_device.h"
+#include "transport/net/ib/ibv_api.h"
 #include "topology/topology.h"
 
 namespace mkernel {
@@ -82,7 +83,8 @@ bool visibleDevices(int nGpus, std::vector<int>* order, std::string* note) {
 }  // namespace
 
 bool queryVerbsNics(Topology* topo, std::string* why) {
-  const IbvSymbols* ibv = ibvSymbols(why);
+  // The verbs transport's loader (one dlopen of libibverbs per process, shared with it).
+  const net::ib::IbvApi* ibv = net::ib::loadIbvApi(why);
   if (ibv == nullptr) return false;
   int n = 0;
   ibv_device** list = ibv->getDeviceList(&n);
@@ -125,7 +127,7 @@ bool queryVerbsNics(Topology* topo, std::string* why) {
           nic->port = p;
           nic->state = portStateName(pattr.state);
           nic->linkLayer = pattr.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet" : "InfiniBand";
-          nic->speedGbps = ibvPortGbps(pattr.active_speed, pattr.active_width);
+          nic->speedGbps = net::ib::portSpeedMbps(pattr.active_speed, pattr.active_width) / 1000.0;
         }
         if (active) break;
       }

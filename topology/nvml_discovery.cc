@@ -44,6 +44,7 @@ struct NvmlApi {
   NvmlReturn (*getNvLinkState)(NvmlDevice, unsigned, int*) = nullptr;
   NvmlReturn (*getNvLinkRemotePciInfo)(NvmlDevice, unsigned, NvmlPciInfo*) = nullptr;
   NvmlReturn (*getNvLinkRemoteDeviceType)(NvmlDevice, unsigned, int*) = nullptr;  // optional
+  NvmlReturn (*getName)(NvmlDevice, char*, unsigned) = nullptr;                    // optional
   const char* (*errorString)(NvmlReturn) = nullptr;
   bool loaded = false;
   std::string why;
@@ -68,6 +69,7 @@ NvmlApi& nvml() {
          true},
         {"nvmlDeviceGetNvLinkRemoteDeviceType",
          reinterpret_cast<void**>(&api.getNvLinkRemoteDeviceType), false},
+        {"nvmlDeviceGetName", reinterpret_cast<void**>(&api.getName), false},
         {"nvmlErrorString", reinterpret_cast<void**>(&api.errorString), true},
     };
     if (dlLoadSymbols(h, "libnvidia-ml.so.1", syms, sizeof(syms) / sizeof(syms[0]), &api.why) !=
@@ -115,6 +117,10 @@ bool queryNvmlNvlinks(Topology* topo, std::string* why) {
       continue;
     }
     ++devicesSeen;
+    if (api.getName != nullptr) {
+      char name[96] = {0};  // NVML_DEVICE_NAME_V2_BUFFER_SIZE
+      if (api.getName(dev, name, sizeof(name)) == kNvmlSuccess) topo->gpus[g].name = name;
+    }
     for (unsigned link = 0; link < kNvmlMaxLinks; ++link) {
       int active = 0;
       if (api.getNvLinkState(dev, link, &active) != kNvmlSuccess || active == 0) continue;

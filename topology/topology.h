@@ -36,6 +36,7 @@ struct Gpu {
   int index = 0;  // CUDA device index (PCI bus order, CUDA_VISIBLE_DEVICES applied)
   uint16_t vendor = 0, device = 0;
   PciLocation pci;
+  std::string name;  // NVML's product name ("NVIDIA H200"); "" when NVML is absent
 };
 
 struct Nic {

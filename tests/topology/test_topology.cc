@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "tools/topo/report.h"
-#include "topology/ibv_symbols.h"
 #include "topology/placement.h"
 #include "topology/topology.h"
 
@@ -267,8 +266,12 @@ TEST_CASE("mkernel-topo output: table and JSON carry the placement") {
   Box b = load("2socket-nics-on-0.xml", "none.nvl");
   std::string json = renderJson(b.topo, b.place);
   CHECK(json.find("\"gpus\": [") != std::string::npos);
-  CHECK(json.find("{\"index\": 1, \"pci\": \"0000:14:00.0\", \"numa\": 0, \"nic\": \"mlx5_1\"") !=
+  CHECK(json.find("{\"index\": 1, \"pci\": \"0000:14:00.0\", \"name\": null, \"numa\": 0, \"nic\": \"mlx5_1\"") !=
         std::string::npos);
+  // A name (NVML's, on a live machine) is printed in both outputs.
+  b.topo.gpus[1].name = "NVIDIA H200";
+  CHECK(renderJson(b.topo, b.place).find("\"pci\": \"0000:14:00.0\", \"name\": \"NVIDIA H200\"") != std::string::npos);
+  CHECK(renderTable(b.topo, b.place).find("GPU1 (0000:14:00.0, NVIDIA H200)") != std::string::npos);
   CHECK(json.find("\"rails\": [\"mlx5_1\", \"mlx5_0\"], \"cpus\": \"0-7\"") != std::string::npos);
   CHECK(json.find("{\"name\": \"mlx5_0\", \"pci\": \"0000:15:00.0\", \"numa\": 0") !=
         std::string::npos);
@@ -295,13 +298,4 @@ TEST_CASE("localNodeModel: one model per process, from MKERNEL_TOPO_XML when set
   CHECK(a->topo.gpus.size() == 4);
   CHECK(a->place.gpus[3].nic == 1);
   CHECK(localNodeModel(nullptr) == Result::InvalidArgument);
-}
-
-TEST_CASE("verbs port speed codes -> Gbps") {
-  CHECK(ibvPortGbps(1, 1) == Approx(2.5));       // SDR 1x (what Soft-RoCE reports)
-  CHECK(ibvPortGbps(32, 2) == Approx(100.0));    // EDR 4x
-  CHECK(ibvPortGbps(64, 2) == Approx(200.0));    // HDR 4x
-  CHECK(ibvPortGbps(128, 2) == Approx(400.0));   // NDR 4x (ConnectX-7)
-  CHECK(ibvPortGbps(128, 16) == Approx(200.0));  // NDR 2x
-  CHECK(ibvPortGbps(3, 2) == 0);                 // unknown code
 }

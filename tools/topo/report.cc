@@ -113,7 +113,8 @@ std::string renderTable(const Topology& topo, const Placement& p) {
   if (!p.gpus.empty()) {
     o << "\nPlacement:\n";
     for (const GpuPlacement& g : p.gpus) {
-      o << "  GPU" << g.gpu << " (" << topo.gpus[g.gpu].pci.busId << "): rail NIC ";
+      o << "  GPU" << g.gpu << " (" << topo.gpus[g.gpu].pci.busId
+        << (topo.gpus[g.gpu].name.empty() ? std::string() : ", " + topo.gpus[g.gpu].name) << "): rail NIC ";
       if (g.nic < 0) {
         o << "none";
       } else {
@@ -150,6 +151,7 @@ std::string renderJson(const Topology& topo, const Placement& p) {
     const Gpu& gpu = topo.gpus[g.gpu];
     o << (i ? "," : "") << "\n    {\"index\": " << gpu.index
       << ", \"pci\": " << jsonString(gpu.pci.busId)
+      << ", \"name\": " << (gpu.name.empty() ? std::string("null") : jsonString(gpu.name))
       << ", \"numa\": " << jsonNumaOrNull(gpu.pci.numa)
       << ", \"nic\": " << (g.nic >= 0 ? jsonString(topo.nics[g.nic].name) : std::string("null"))
       << ", \"nic_distance\": "

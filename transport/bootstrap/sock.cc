@@ -3,8 +3,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <unistd.h>
@@ -14,6 +12,7 @@
 
 #include "common/log.h"
 #include "common/param.h"
+#include "transport/net/socket_iface.h"
 
 namespace mkernel {
 namespace bootstrap {
@@ -38,33 +37,6 @@ std::string addrToString(const SockAddr& a) {
 }
 
 namespace {
-
-bool isVirtualBridge(const char* name) {
-  static const char* const kPrefixes[] = {"docker", "virbr", "veth", "br-", "cni", "flannel"};
-  for (const char* p : kPrefixes)
-    if (std::strncmp(name, p, std::strlen(p)) == 0) return true;
-  return false;
-}
-
-// NCCL_SOCKET_IFNAME syntax: "^a,b" excludes, "=a" exact, otherwise prefixes.
-bool matchesIfList(const char* name, const std::string& spec) {
-  std::string s = spec;
-  bool exclude = !s.empty() && s[0] == '^';
-  if (exclude) s.erase(0, 1);
-  bool exact = !s.empty() && s[0] == '=';
-  if (exact) s.erase(0, 1);
-  bool hit = false;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t comma = s.find(',', pos);
-    std::string tok = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    if (!tok.empty() && (exact ? tok == name : std::strncmp(name, tok.c_str(), tok.size()) == 0))
-      hit = true;
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return exclude ? !hit : hit;
-}
 
 Result waitFd(int fd, short events, const Deadline& dl, const char* what) {
   while (true) {
@@ -91,43 +63,16 @@ void setCommonOptions(int fd) {
 }  // namespace
 
 Result chooseAddress(SockAddr* addr, std::string* ifname) {
-  std::string spec = paramString("SOCKET_IFNAME");
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0)
-    return MK_ERROR(Result::SystemError, "bootstrap: getifaddrs failed: %s", std::strerror(errno));
-  const ifaddrs* pick = nullptr;
-  const ifaddrs* loopback = nullptr;
-  for (const ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || !(i->ifa_flags & IFF_UP)) continue;
-    int fam = i->ifa_addr->sa_family;
-    if (fam != AF_INET && fam != AF_INET6) continue;
-    if (fam == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr))
-      continue;
-    bool isLo = (i->ifa_flags & IFF_LOOPBACK) != 0;
-    if (!spec.empty()) {
-      if (matchesIfList(i->ifa_name, spec) && (pick == nullptr || (pick->ifa_addr->sa_family == AF_INET6 && fam == AF_INET)))
-        pick = i;
-      continue;
-    }
-    if (isLo) {
-      if (loopback == nullptr && fam == AF_INET) loopback = i;
-      continue;
-    }
-    if (isVirtualBridge(i->ifa_name)) continue;
-    if (pick == nullptr || (pick->ifa_addr->sa_family == AF_INET6 && fam == AF_INET)) pick = i;
-  }
-  if (pick == nullptr) pick = loopback;
-  if (pick == nullptr) {
-    freeifaddrs(list);
-    return MK_ERROR(Result::SystemError,
-                    "bootstrap: no usable network interface%s%s", spec.empty() ? "" : " matches MKERNEL_SOCKET_IFNAME=",
-                    spec.c_str());
-  }
+  // The same interface rules as the TCP net backend (transport/net/socket_iface.h): IPv4
+  // interfaces come first in its list, loopback only as the fallback.
+  std::vector<net::NetInterface> ifs;
+  bool fallback = false;
+  std::string why;
+  MK_CHECK(net::findNetInterfaces(paramString("SOCKET_IFNAME"), &ifs, &fallback, &why));
+  if (ifs.empty()) return MK_ERROR(Result::SystemError, "bootstrap: %s", why.c_str());
   std::memset(addr, 0, sizeof(*addr));
-  std::memcpy(&addr->sa, pick->ifa_addr,
-              pick->ifa_addr->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in));
-  if (ifname) *ifname = pick->ifa_name;
-  freeifaddrs(list);
+  std::memcpy(&addr->sa, &ifs[0].addr.sa, net::socketAddrLen(ifs[0].addr));
+  if (ifname) *ifname = ifs[0].name;
   return Result::Success;
 }
 

@@ -70,7 +70,7 @@ bool IfNameFilter::matches(const std::string& ifname) const {
 }
 
 bool isVirtualBridgeOrLoopback(const std::string& ifname) {
-  static const char* const kPrefixes[] = {"lo", "docker", "virbr", "veth", "br-"};
+  static const char* const kPrefixes[] = {"lo", "docker", "virbr", "veth", "br-", "cni", "flannel"};
   for (const char* p : kPrefixes)
     if (ifname.compare(0, strlen(p), p) == 0) return true;
   return false;
