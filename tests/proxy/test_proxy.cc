@@ -1,0 +1,267 @@
+// The proxy ring protocol on the CPU (issue "Multi-node", CI part): threads play the GPU
+// producers of proxy_ring.h, one Proxy per rank moves the bytes over the TCP backend on loopback.
+// Covers ordering, wrap-around and back-pressure of the ring, every byte of random-size
+// transfers, and the failure paths: a vanished peer, bad commands, a full ring with no proxy.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/result.h"
+#include "transport/net/net.h"
+#include "transport/proxy/proxy.h"
+
+using mkernel::Result;
+using namespace mkernel::proxy;
+
+namespace {
+
+struct EnvGuard {
+  EnvGuard(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~EnvGuard() { unsetenv(name_); }
+  const char* name_;
+};
+
+// What one rank owns: the ring and flags (host memory here; host-mapped for a real GPU), a send
+// and a receive staging area, and its proxy.
+struct Rank {
+  std::unique_ptr<ProxyRing> ring{new ProxyRing()};
+  std::unique_ptr<ProxyFlags> flags{new ProxyFlags()};
+  std::vector<uint8_t> sendBuf, recvBuf;
+  std::unique_ptr<Proxy> proxy;
+};
+
+constexpr int kFlagSent = 0;
+constexpr int kFlagRecvd = 1;
+
+// n ranks fully connected over loopback TCP, `bytes` of staging per direction each; not started.
+std::vector<std::unique_ptr<Rank>> makeRanks(mkernel::net::Net* net, int n, size_t bytes) {
+  std::vector<std::unique_ptr<Rank>> ranks;
+  for (int r = 0; r < n; ++r) {
+    ranks.emplace_back(new Rank());
+    std::memset(ranks.back()->ring.get(), 0, sizeof(ProxyRing));
+    std::memset(ranks.back()->flags.get(), 0, sizeof(ProxyFlags));
+    ranks.back()->sendBuf.assign(bytes, 0);
+    ranks.back()->recvBuf.assign(bytes, 0);
+    ranks.back()->proxy.reset(new Proxy(net, 0, r, n, ranks.back()->ring.get(), ranks.back()->flags.get()));
+  }
+  std::vector<std::vector<Handle>> handles(static_cast<size_t>(n));  // handles[r][p]: r's, for p
+  for (int r = 0; r < n; ++r) REQUIRE(ranks[static_cast<size_t>(r)]->proxy->listenHandles(&handles[static_cast<size_t>(r)]) == Result::Success);
+  // Every rank connects at the same time (connect/accept are non-blocking on both sides).
+  std::vector<std::thread> threads;
+  std::vector<Result> results(static_cast<size_t>(n), Result::InternalError);
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      std::vector<Handle> mine(static_cast<size_t>(n));
+      for (int p = 0; p < n; ++p) mine[static_cast<size_t>(p)] = handles[static_cast<size_t>(p)][static_cast<size_t>(r)];
+      results[static_cast<size_t>(r)] = ranks[static_cast<size_t>(r)]->proxy->connectAll(mine);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << mkernel::lastError());
+    REQUIRE(results[static_cast<size_t>(r)] == Result::Success);
+    Rank& k = *ranks[static_cast<size_t>(r)];
+    REQUIRE(k.proxy->registerRegion(k.sendBuf.data(), k.sendBuf.size(), mkernel::net::kPtrHost) == Result::Success);
+    REQUIRE(k.proxy->registerRegion(k.recvBuf.data(), k.recvBuf.size(), mkernel::net::kPtrHost) == Result::Success);
+  }
+  return ranks;
+}
+
+std::unique_ptr<mkernel::net::Net> tcpNet() {
+  setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
+  std::string why;
+  auto net = mkernel::net::createTcpNet(&why);
+  INFO(why);
+  REQUIRE(net != nullptr);
+  return net;
+}
+
+uint8_t pattern(int src, int dst, uint64_t msg, size_t i) {
+  return static_cast<uint8_t>(src * 131 + dst * 17 + msg * 7 + i * 3 + (i >> 8));
+}
+
+ProxyCmd command(uint32_t op, int peer, const void* addr, uint64_t bytes, int tag, uint32_t flag) {
+  ProxyCmd c{};
+  c.op = op;
+  c.peer = peer;
+  c.addr = reinterpret_cast<uint64_t>(addr);
+  c.bytes = bytes;
+  c.tag = tag;
+  c.flag = flag;
+  return c;
+}
+
+const uint64_t kTimeoutNs = 20ull * 1000000000ull;
+
+}  // namespace
+
+TEST_CASE("proxy: 3 ranks all-to-all, 600 messages per pair of random size through a 256-slot ring; every byte checked") {
+  auto net = tcpNet();
+  const int n = 3;
+  const int kMsgs = 600;         // per ordered pair: more than twice the ring per rank
+  const size_t kMaxMsg = 48 << 10;
+  const size_t kWindow = 8;       // messages in flight per pair: distinct staging slots
+  const size_t kSlot = kMaxMsg;
+  auto ranks = makeRanks(net.get(), n, static_cast<size_t>(n) * kWindow * kSlot);
+  for (auto& r : ranks) REQUIRE(r->proxy->start({}) == Result::Success);
+
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> gpus;
+  for (int r = 0; r < n; ++r)
+    gpus.emplace_back([&, r] {
+      Rank& me = *ranks[static_cast<size_t>(r)];
+      uint64_t posted = 0, sendsPosted = 0, recvsPosted = 0;
+      auto size = [&](int src, int dst, int m) {
+        return static_cast<size_t>((static_cast<uint64_t>(src * 7919 + dst * 104729 + m * 1299709) % kMaxMsg) + (m % 5 == 0 ? 0 : 1));
+      };
+      for (int m = 0; m < kMsgs; m += static_cast<int>(kWindow)) {
+        const int batch = std::min<int>(static_cast<int>(kWindow), kMsgs - m);
+        // Receives first for this window, then sends (the slot of message m is m % kWindow).
+        for (int p = 0; p < n; ++p) {
+          if (p == r) continue;
+          for (int b = 0; b < batch; ++b) {
+            uint8_t* dst = me.recvBuf.data() + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
+            if (proxyPost(me.ring.get(), me.flags.get(), command(kOpRecv, p, dst, kMaxMsg, 7, kFlagRecvd), kTimeoutNs) != PostStatus::kPosted) {
+              errors[static_cast<size_t>(r)] = "posting a receive failed";
+              return;
+            }
+            ++recvsPosted;
+          }
+          for (int b = 0; b < batch; ++b) {
+            uint8_t* src = me.sendBuf.data() + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
+            const size_t sz = size(r, p, m + b);
+            for (size_t i = 0; i < sz; ++i) src[i] = pattern(r, p, static_cast<uint64_t>(m + b), i);
+            if (proxyPost(me.ring.get(), me.flags.get(), command(kOpSend, p, src, sz, 7, kFlagSent), kTimeoutNs) != PostStatus::kPosted) {
+              errors[static_cast<size_t>(r)] = "posting a send failed";
+              return;
+            }
+            ++sendsPosted;
+          }
+        }
+        posted += static_cast<uint64_t>(batch);
+        // The window's receives and sends must complete before its staging slots are reused.
+        if (proxyWaitFlag(me.flags.get(), kFlagRecvd, recvsPosted, kTimeoutNs) != WaitStatus::kReached ||
+            proxyWaitFlag(me.flags.get(), kFlagSent, sendsPosted, kTimeoutNs) != WaitStatus::kReached) {
+          errors[static_cast<size_t>(r)] = "waiting for completions failed: " + me.proxy->error();
+          return;
+        }
+        for (int p = 0; p < n && errors[static_cast<size_t>(r)].empty(); ++p) {
+          if (p == r) continue;
+          for (int b = 0; b < batch; ++b) {
+            const uint8_t* got = me.recvBuf.data() + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
+            const size_t sz = size(p, r, m + b);
+            for (size_t i = 0; i < sz; ++i)
+              if (got[i] != pattern(p, r, static_cast<uint64_t>(m + b), i)) {
+                errors[static_cast<size_t>(r)] = "message " + std::to_string(m + b) + " from rank " + std::to_string(p) +
+                                                 ": byte " + std::to_string(i) + " differs";
+                break;
+              }
+          }
+        }
+        if (!errors[static_cast<size_t>(r)].empty()) return;
+      }
+      (void)posted;
+    });
+  for (auto& t : gpus) t.join();
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[static_cast<size_t>(r)] == "");
+    const uint64_t expect = static_cast<uint64_t>(kMsgs) * static_cast<uint64_t>(n - 1);
+    CHECK(ranks[static_cast<size_t>(r)]->flags->count[kFlagSent] == expect);
+    CHECK(ranks[static_cast<size_t>(r)]->flags->count[kFlagRecvd] == expect);
+    CHECK(ranks[static_cast<size_t>(r)]->proxy->commandsTaken() == 2 * expect);
+    CHECK(!ranks[static_cast<size_t>(r)]->proxy->failed());
+  }
+  for (auto& r : ranks) CHECK(r->proxy->stop() == Result::Success);
+}
+
+TEST_CASE("proxy: a peer that vanishes mid-stream fails the waiting rank within the timeout, naming the peer") {
+  EnvGuard timeout("MKERNEL_TIMEOUT_S", "3");
+  auto net = tcpNet();
+  auto ranks = makeRanks(net.get(), 2, 1 << 20);
+  for (auto& r : ranks) REQUIRE(r->proxy->start({}) == Result::Success);
+  Rank& a = *ranks[0];
+  // Rank 0 expects 4 messages; rank 1 sends one, then disappears (its proxy stops and closes).
+  for (int i = 0; i < 4; ++i)
+    REQUIRE(proxyPost(a.ring.get(), a.flags.get(), command(kOpRecv, 1, a.recvBuf.data() + i * 4096, 4096, 3, kFlagRecvd), kTimeoutNs) == PostStatus::kPosted);
+  Rank& b = *ranks[1];
+  REQUIRE(proxyPost(b.ring.get(), b.flags.get(), command(kOpSend, 0, b.sendBuf.data(), 4096, 3, kFlagSent), kTimeoutNs) == PostStatus::kPosted);
+  REQUIRE(proxyWaitFlag(b.flags.get(), kFlagSent, 1, kTimeoutNs) == WaitStatus::kReached);
+  REQUIRE(proxyWaitFlag(a.flags.get(), kFlagRecvd, 1, kTimeoutNs) == WaitStatus::kReached);
+  REQUIRE(b.proxy->stop() == Result::Success);
+  const auto t0 = std::chrono::steady_clock::now();
+  WaitStatus w = proxyWaitFlag(a.flags.get(), kFlagRecvd, 4, 10ull * 1000000000ull);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(w == WaitStatus::kProxyFailed);
+  CHECK(s < 4.5);  // MKERNEL_TIMEOUT_S = 3 bounds it; a closed socket usually fails at once
+  CHECK(a.proxy->failed());
+  INFO(a.proxy->error());
+  CHECK(a.proxy->error().find("with rank 1") != std::string::npos);
+  CHECK(a.proxy->error().find("receive") != std::string::npos);
+  // A producer posting to a failed proxy is told so at once.
+  PostStatus ps = PostStatus::kPosted;
+  for (uint32_t i = 0; i < kRingSlots + 1 && ps == PostStatus::kPosted; ++i)
+    ps = proxyPost(a.ring.get(), a.flags.get(), command(kOpRecv, 1, a.recvBuf.data(), 16, 3, kFlagRecvd), kTimeoutNs);
+  CHECK(ps == PostStatus::kProxyFailed);
+  CHECK(a.proxy->stop() == Result::Success);
+}
+
+TEST_CASE("proxy: bad commands stop the proxy with a message; nothing is sent") {
+  auto net = tcpNet();
+  uint8_t outside[64];
+  struct Bad {
+    const char* what;
+    const char* expect;
+    ProxyCmd (*make)(Rank& r, uint8_t* outside);
+  };
+  const Bad bad[] = {
+      {"unknown op", "unknown operation",
+       [](Rank& r, uint8_t*) { return command(9, 1, r.sendBuf.data(), 16, 0, 0); }},
+      {"peer out of range", "peer 5 is not another rank",
+       [](Rank& r, uint8_t*) { return command(kOpSend, 5, r.sendBuf.data(), 16, 0, 0); }},
+      {"peer is the rank itself", "peer 0 is not another rank",
+       [](Rank& r, uint8_t*) { return command(kOpSend, 0, r.sendBuf.data(), 16, 0, 0); }},
+      {"flag out of range", "completion flag",
+       [](Rank& r, uint8_t*) { return command(kOpSend, 1, r.sendBuf.data(), 16, 0, kMaxFlags); }},
+      {"memory not registered", "outside every registered region",
+       [](Rank&, uint8_t* o) { return command(kOpSend, 1, o, 16, 0, 0); }},
+      {"range runs past the region", "outside every registered region",
+       [](Rank& r, uint8_t*) { return command(kOpRecv, 1, r.recvBuf.data() + 4000, 200, 0, 0); }},
+  };
+  for (const Bad& b : bad) {
+    INFO(b.what);
+    auto pair = makeRanks(net.get(), 2, 4096);  // a failed proxy stays failed: a fresh pair each
+    Rank& r0 = *pair[0];
+    REQUIRE(r0.proxy->start({}) == Result::Success);
+    REQUIRE(proxyPost(r0.ring.get(), r0.flags.get(), b.make(r0, outside), kTimeoutNs) == PostStatus::kPosted);
+    CHECK(proxyWaitFlag(r0.flags.get(), 0, 1, kTimeoutNs) == WaitStatus::kProxyFailed);
+    INFO(r0.proxy->error());
+    CHECK(r0.proxy->error().find(b.expect) != std::string::npos);
+    CHECK(r0.proxy->transfersDone() == 0);
+    for (auto& r : pair) CHECK(r->proxy->stop() == Result::Success);
+  }
+}
+
+TEST_CASE("proxy: a full ring with no proxy running: the producer gives up after its timeout") {
+  std::unique_ptr<ProxyRing> ring(new ProxyRing());
+  std::unique_ptr<ProxyFlags> flags(new ProxyFlags());
+  std::memset(ring.get(), 0, sizeof(ProxyRing));
+  std::memset(flags.get(), 0, sizeof(ProxyFlags));
+  uint8_t buf[16];
+  for (uint32_t i = 0; i < kRingSlots; ++i)
+    REQUIRE(proxyPost(ring.get(), flags.get(), command(kOpSend, 1, buf, 16, 0, 0), kTimeoutNs) == PostStatus::kPosted);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(proxyPost(ring.get(), flags.get(), command(kOpSend, 1, buf, 16, 0, 0), 50ull * 1000000) == PostStatus::kTimedOut);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(s >= 0.05);
+  CHECK(s < 2.0);
+  CHECK(proxyWaitFlag(flags.get(), 3, 1, 50ull * 1000000) == WaitStatus::kTimedOut);
+  // Slot validity: every posted slot carries its position + 1.
+  for (uint32_t i = 0; i < kRingSlots; ++i) CHECK(ring->cmd[i].seq == i + 1);
+}

@@ -1,0 +1,298 @@
+#include "transport/proxy/proxy.h"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/param.h"
+
+namespace mkernel {
+namespace proxy {
+
+namespace {
+
+const char* opName(uint32_t op) { return op == kOpSend ? "send" : op == kOpRecv ? "receive" : "?"; }
+
+}  // namespace
+
+Proxy::Proxy(net::Net* net, int dev, int rank, int nRanks, ProxyRing* ring, ProxyFlags* flags)
+    : net_(net),
+      dev_(dev),
+      rank_(rank),
+      nRanks_(nRanks),
+      ring_(ring),
+      flags_(flags),
+      timeoutNs_(static_cast<uint64_t>(std::max<int64_t>(1, paramInt("TIMEOUT_S", 300))) * 1000000000ull),
+      listen_(static_cast<size_t>(nRanks), nullptr),
+      send_(static_cast<size_t>(nRanks), nullptr),
+      recv_(static_cast<size_t>(nRanks), nullptr),
+      sends_(static_cast<size_t>(nRanks)),
+      recvs_(static_cast<size_t>(nRanks)) {}
+
+Proxy::~Proxy() { (void)stop(); }
+
+Result Proxy::listenHandles(std::vector<Handle>* out) {
+  out->assign(static_cast<size_t>(nRanks_), Handle());
+  for (int p = 0; p < nRanks_; ++p) {
+    if (p == rank_) continue;
+    Handle h(net::kHandleSize, 0);
+    Result r = net_->listen(dev_, h.data(), &listen_[static_cast<size_t>(p)]);
+    if (r != Result::Success)
+      return MK_ERROR(r, "rank %d: proxy: listening for rank %d failed: %s", rank_, p, lastError());
+    (*out)[static_cast<size_t>(p)] = std::move(h);
+  }
+  return Result::Success;
+}
+
+Result Proxy::connectAll(const std::vector<Handle>& fromPeers) {
+  if (static_cast<int>(fromPeers.size()) != nRanks_)
+    return MK_ERROR(Result::InvalidArgument, "rank %d: proxy: %zu handles for %d ranks", rank_, fromPeers.size(), nRanks_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeoutNs_);
+  for (;;) {
+    bool all = true;
+    for (int p = 0; p < nRanks_; ++p) {
+      if (p == rank_) continue;
+      const size_t i = static_cast<size_t>(p);
+      if (send_[i] == nullptr) {
+        if (fromPeers[i].size() != net::kHandleSize)
+          return MK_ERROR(Result::InvalidArgument, "rank %d: proxy: handle from rank %d has %zu bytes", rank_, p,
+                          fromPeers[i].size());
+        Result r = net_->connect(dev_, fromPeers[i].data(), &send_[i]);
+        if (r != Result::Success)
+          return MK_ERROR(r, "rank %d: proxy: connecting to rank %d failed: %s", rank_, p, lastError());
+      }
+      if (recv_[i] == nullptr) {
+        Result r = net_->accept(listen_[i], &recv_[i]);
+        if (r != Result::Success)
+          return MK_ERROR(r, "rank %d: proxy: accepting rank %d failed: %s", rank_, p, lastError());
+      }
+      all = all && send_[i] != nullptr && recv_[i] != nullptr;
+    }
+    if (all) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::string missing;
+      for (int p = 0; p < nRanks_; ++p)
+        if (p != rank_ && (send_[static_cast<size_t>(p)] == nullptr || recv_[static_cast<size_t>(p)] == nullptr))
+          missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+      return MK_ERROR(Result::RemoteError, "rank %d: proxy: timed out after MKERNEL_TIMEOUT_S connecting to rank(s) %s",
+                      rank_, missing.c_str());
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  // NCCL closes listen comms once their connection is accepted; so do we.
+  for (auto& l : listen_) {
+    if (l != nullptr) (void)net_->closeListen(l);
+    l = nullptr;
+  }
+  return Result::Success;
+}
+
+Result Proxy::registerRegion(void* base, size_t bytes, int ptrType) {
+  if (thread_.joinable())
+    return MK_ERROR(Result::InvalidUsage, "rank %d: proxy: regions must be registered before start()", rank_);
+  Region reg;
+  reg.base = reinterpret_cast<uintptr_t>(base);
+  reg.bytes = bytes;
+  reg.sendMr.assign(static_cast<size_t>(nRanks_), nullptr);
+  reg.recvMr.assign(static_cast<size_t>(nRanks_), nullptr);
+  for (int p = 0; p < nRanks_; ++p) {
+    if (p == rank_) continue;
+    const size_t i = static_cast<size_t>(p);
+    if (send_[i] == nullptr || recv_[i] == nullptr)
+      return MK_ERROR(Result::InvalidUsage, "rank %d: proxy: registerRegion before connectAll", rank_);
+    Result r = net_->regMr(send_[i], base, bytes, ptrType, &reg.sendMr[i]);
+    if (r == Result::Success) r = net_->regMr(recv_[i], base, bytes, ptrType, &reg.recvMr[i]);
+    if (r != Result::Success)
+      return MK_ERROR(r, "rank %d: proxy: registering %zu bytes at %p for rank %d failed: %s", rank_, bytes, base, p,
+                      lastError());
+  }
+  regions_.push_back(std::move(reg));
+  return Result::Success;
+}
+
+Result Proxy::start(const std::vector<int>& cpus) {
+  if (thread_.joinable()) return MK_ERROR(Result::InvalidUsage, "rank %d: proxy already started", rank_);
+  stop_.store(false);
+  thread_ = std::thread([this] { loop(); });
+  if (!cpus.empty()) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : cpus)
+      if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+    int err = pthread_setaffinity_np(thread_.native_handle(), sizeof(set), &set);
+    if (err != 0) MK_WARN("rank %d: proxy: pinning the proxy thread failed: %s", rank_, std::strerror(err));
+  }
+  MK_INFO(kLogProxy, "rank %d: proxy started (%d ranks, %zu region(s))", rank_, nRanks_, regions_.size());
+  return Result::Success;
+}
+
+Result Proxy::stop() {
+  stop_.store(true, std::memory_order_release);
+  if (thread_.joinable()) thread_.join();
+  closeAll();
+  return Result::Success;
+}
+
+std::string Proxy::error() const {
+  std::lock_guard<std::mutex> lock(errorMu_);
+  return error_;
+}
+
+void Proxy::fail(const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lock(errorMu_);
+    if (!error_.empty()) return;
+    error_ = what;
+  }
+  MK_WARN("%s", what.c_str());
+  failed_.store(true, std::memory_order_release);
+  __atomic_store_n(&flags_->failed, 1u, __ATOMIC_RELEASE);
+}
+
+bool Proxy::mhandleFor(const ProxyCmd& c, void** mh) {
+  const uintptr_t a = static_cast<uintptr_t>(c.addr);
+  for (const Region& reg : regions_) {
+    if (a >= reg.base && c.bytes <= reg.bytes && a - reg.base <= reg.bytes - c.bytes) {
+      *mh = c.op == kOpSend ? reg.sendMr[static_cast<size_t>(c.peer)] : reg.recvMr[static_cast<size_t>(c.peer)];
+      return true;
+    }
+  }
+  return false;
+}
+
+bool Proxy::takeCommands() {
+  uint64_t tail = ring_->tail;  // consumer-owned
+  for (int n = 0; n < 64; ++n) {
+    const ProxyCmd& slot = ring_->cmd[tail & (kRingSlots - 1)];
+    if (loadAcquire64(&slot.seq) != tail + 1) break;
+    Pending p;
+    p.cmd = slot;
+    const ProxyCmd& c = p.cmd;
+    const std::string where = "rank " + std::to_string(rank_) + ": proxy: command " + std::to_string(tail) + " (";
+    if (c.op != kOpSend && c.op != kOpRecv) {
+      fail(where + "op " + std::to_string(c.op) + "): unknown operation");
+      return false;
+    }
+    if (c.peer < 0 || c.peer >= nRanks_ || c.peer == rank_) {
+      fail(where + opName(c.op) + "): peer " + std::to_string(c.peer) + " is not another rank of 0.." +
+           std::to_string(nRanks_ - 1));
+      return false;
+    }
+    if (c.flag >= kMaxFlags) {
+      fail(where + opName(c.op) + "): completion flag " + std::to_string(c.flag) + " >= " + std::to_string(kMaxFlags));
+      return false;
+    }
+    if (!mhandleFor(c, &p.mhandle)) {
+      char buf[96];
+      std::snprintf(buf, sizeof(buf), "%llu bytes at 0x%llx", static_cast<unsigned long long>(c.bytes),
+                    static_cast<unsigned long long>(c.addr));
+      fail(where + opName(c.op) + " with rank " + std::to_string(c.peer) + "): " + buf +
+           " is outside every registered region");
+      return false;
+    }
+    (c.op == kOpSend ? sends_ : recvs_)[static_cast<size_t>(c.peer)].push_back(p);
+    ++tail;
+    storeRelease64(&ring_->tail, tail);  // the slot is free: the command was copied out
+    taken_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return true;
+}
+
+bool Proxy::progressPeer(int peer) {
+  const size_t i = static_cast<size_t>(peer);
+  for (int dir = 0; dir < 2; ++dir) {
+    std::deque<Pending>& q = dir == 0 ? sends_[i] : recvs_[i];
+    // Post in ring order: the first entry the transport refuses (back-pressure) stops the rest.
+    for (Pending& p : q) {
+      if (p.request != nullptr) continue;
+      void* data = reinterpret_cast<void*>(static_cast<uintptr_t>(p.cmd.addr));
+      Result r;
+      if (dir == 0) {
+        r = net_->isend(send_[i], data, p.cmd.bytes, p.cmd.tag, p.mhandle, &p.request);
+      } else {
+        size_t size = p.cmd.bytes;
+        int tag = p.cmd.tag;
+        r = net_->irecv(recv_[i], 1, &data, &size, &tag, &p.mhandle, &p.request);
+      }
+      if (r != Result::Success) {
+        fail("rank " + std::to_string(rank_) + ": proxy: posting a " + opName(p.cmd.op) + " of " +
+             std::to_string(p.cmd.bytes) + " bytes (tag " + std::to_string(p.cmd.tag) + ") with rank " +
+             std::to_string(peer) + " failed: " + lastError());
+        return false;
+      }
+      if (p.request == nullptr) break;
+    }
+    // Complete in posting order (net::Net completes a comm's requests in order).
+    while (!q.empty() && q.front().request != nullptr) {
+      Pending& p = q.front();
+      bool done = false;
+      size_t size = 0;
+      Result r = net_->test(p.request, &done, &size);
+      if (r != Result::Success) {
+        fail("rank " + std::to_string(rank_) + ": proxy: " + opName(p.cmd.op) + " of " + std::to_string(p.cmd.bytes) +
+             " bytes (tag " + std::to_string(p.cmd.tag) + ") with rank " + std::to_string(peer) + " failed: " + lastError());
+        return false;
+      }
+      if (!done) break;
+      uint64_t* counter = &flags_->count[p.cmd.flag];
+      storeRelease64(counter, *counter + 1);  // the proxy is the only writer
+      done_.fetch_add(1, std::memory_order_relaxed);
+      q.pop_front();
+    }
+  }
+  return true;
+}
+
+void Proxy::loop() {
+  uint32_t idle = 0;
+  while (!stop_.load(std::memory_order_acquire) && !failed_.load(std::memory_order_acquire)) {
+    const uint64_t before = taken_.load(std::memory_order_relaxed) + done_.load(std::memory_order_relaxed);
+    if (!takeCommands()) break;
+    bool ok = true;
+    for (int p = 0; p < nRanks_ && ok; ++p)
+      if (p != rank_) ok = progressPeer(p);
+    if (!ok) break;
+    const uint64_t after = taken_.load(std::memory_order_relaxed) + done_.load(std::memory_order_relaxed);
+    if (after != before) {
+      idle = 0;
+    } else if (++idle > 4096) {
+      // Nothing moved for a while: stop burning the core the producer or a peer may need.
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
+void Proxy::closeAll() {
+  for (Region& reg : regions_) {
+    for (int p = 0; p < nRanks_; ++p) {
+      const size_t i = static_cast<size_t>(p);
+      if (reg.sendMr[i] != nullptr && send_[i] != nullptr) (void)net_->deregMr(send_[i], reg.sendMr[i]);
+      if (reg.recvMr[i] != nullptr && recv_[i] != nullptr) (void)net_->deregMr(recv_[i], reg.recvMr[i]);
+    }
+  }
+  regions_.clear();
+  for (auto& q : sends_) q.clear();
+  for (auto& q : recvs_) q.clear();
+  for (auto& c : send_) {
+    if (c != nullptr) (void)net_->closeSend(c);
+    c = nullptr;
+  }
+  for (auto& c : recv_) {
+    if (c != nullptr) (void)net_->closeRecv(c);
+    c = nullptr;
+  }
+  for (auto& l : listen_) {
+    if (l != nullptr) (void)net_->closeListen(l);
+    l = nullptr;
+  }
+}
+
+}  // namespace proxy
+}  // namespace mkernel

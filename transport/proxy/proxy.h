@@ -1,0 +1,106 @@
+// The proxy thread of one rank (DESIGN.md §3, "Inter-node"; docs/PROXY.md): it consumes the
+// command ring of proxy_ring.h and moves the bytes with net::Net (TCP or verbs).
+//
+// Setup is collective over the ranks that exchange data (the caller carries the handles, e.g.
+// over the bootstrap): listenHandles() -> exchange -> connectAll() -> registerRegion() ->
+// start(). The thread then runs until stop(): it takes commands from the ring in order, keeps one
+// FIFO of pending transfers per peer and direction (so a peer's sends and receives are posted in
+// ring order, as tag matching between two ranks requires), retries an isend/irecv the transport
+// answered with back-pressure, tests what is in flight, and bumps the command's completion counter
+// when its transfer is done. Any transport error, or a command that names an unknown peer or
+// memory outside the registered regions, stops the proxy: ProxyFlags::failed is raised for the
+// producer and error() says which rank, peer and command failed.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/result.h"
+#include "transport/net/net.h"
+#include "transport/proxy/proxy_ring.h"
+
+namespace mkernel {
+namespace proxy {
+
+using Handle = std::vector<uint8_t>;  // net::kHandleSize bytes
+
+class Proxy {
+ public:
+  // `ring` and `flags` live in memory both sides see (host-mapped for a GPU producer); the caller
+  // owns them and zeroes them before start(). `net` outlives the proxy.
+  Proxy(net::Net* net, int dev, int rank, int nRanks, ProxyRing* ring, ProxyFlags* flags);
+  ~Proxy();
+  Proxy(const Proxy&) = delete;
+  Proxy& operator=(const Proxy&) = delete;
+
+  // Step 1: one listen handle per peer (entry p goes to rank p; the own entry stays empty).
+  Result listenHandles(std::vector<Handle>* out);
+  // Step 2: `fromPeers[p]` is the handle rank p made for this rank. Connects to every peer and
+  // accepts every peer's connection, bounded by MKERNEL_TIMEOUT_S.
+  Result connectAll(const std::vector<Handle>& fromPeers);
+  // Memory commands may point into (host memory, or GPU memory where the transport supports it:
+  // net::PtrType). Registered with every connection.
+  Result registerRegion(void* base, size_t bytes, int ptrType);
+  // Starts the thread, pinned to `cpus` when not empty (the topology placement's proxy CPUs).
+  Result start(const std::vector<int>& cpus);
+  // Stops the thread (pending transfers are abandoned) and closes every connection.
+  Result stop();
+
+  // Whether the proxy stopped on an error, and the error's message.
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  std::string error() const;
+
+  // Counters for tests and benchmarks.
+  uint64_t commandsTaken() const { return taken_.load(std::memory_order_relaxed); }
+  uint64_t transfersDone() const { return done_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Region {
+    uintptr_t base = 0;
+    size_t bytes = 0;
+    std::vector<void*> sendMr;  // per peer
+    std::vector<void*> recvMr;  // per peer
+  };
+  struct Pending {
+    ProxyCmd cmd;
+    void* mhandle = nullptr;
+    net::Request* request = nullptr;  // null until the transport accepted it
+  };
+
+  void loop();
+  bool takeCommands();                 // false once failed
+  bool progressPeer(int peer);         // posts and tests that peer's queues; false on error
+  bool mhandleFor(const ProxyCmd& c, void** mh);
+  void fail(const std::string& what);  // records the first error, raises the flags
+  void closeAll();
+
+  net::Net* net_;
+  int dev_;
+  int rank_;
+  int nRanks_;
+  ProxyRing* ring_;
+  ProxyFlags* flags_;
+  uint64_t timeoutNs_;
+  std::vector<net::ListenComm*> listen_;
+  std::vector<net::SendComm*> send_;
+  std::vector<net::RecvComm*> recv_;
+  std::vector<Region> regions_;
+  std::vector<std::deque<Pending>> sends_;  // per peer, ring order
+  std::vector<std::deque<Pending>> recvs_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> failed_{false};
+  std::atomic<uint64_t> taken_{0};
+  std::atomic<uint64_t> done_{0};
+  mutable std::mutex errorMu_;
+  std::string error_;
+};
+
+}  // namespace proxy
+}  // namespace mkernel
