@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "collectives/types.h"
 #include "common/result.h"
@@ -59,6 +60,11 @@ class Communicator {
 
   virtual const CommOptions& options() const = 0;
   virtual void stats(CollStats* out) const = 0;
+
+  // MKERNEL_KERNEL_TRACE=1: the persistent kernel's per-group timestamps (KernelTraceRecord of
+  // collectives/work.h, flattened: seq, then kTracePoints times), written records only, by seq.
+  // Call when the communicator is idle. InvalidUsage when tracing is off.
+  virtual Result kernelTrace(std::vector<uint64_t>* out) const = 0;
 };
 
 }  // namespace coll

@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -96,6 +97,7 @@ class KernelCommunicator final : public Communicator {
   Result finalize() override;
   const CommOptions& options() const override { return opts_; }
   void stats(CollStats* out) const override;
+  Result kernelTrace(std::vector<uint64_t>* out) const override;
 
  private:
   Result fillDesc(const CollArgs& a, WorkDesc* d) const;
@@ -111,6 +113,7 @@ class KernelCommunicator final : public Communicator {
   std::mutex mu_;
   DeviceState* state_ = nullptr;  // device
   void* staging_ = nullptr;       // device
+  KernelTraceRecord* trace_ = nullptr;  // device, MKERNEL_KERNEL_TRACE only
   HostControl* ctl_ = nullptr;    // host-mapped
   WorkSlot* slots_ = nullptr;     // host-mapped
   cudaStream_t stream_ = nullptr;  // internal, non-blocking: the persistent kernel runs here
@@ -176,6 +179,12 @@ Result KernelCommunicator::init() {
   MK_CUDA(cudaHostGetDevicePointer(&dev, ctl_, 0), "cudaHostGetDevicePointer(control)");
   params_.ctl = static_cast<HostControl*>(dev);
   params_.staging = staging_;
+  if (paramInt("KERNEL_TRACE", 0) != 0) {
+    MK_CUDA(cudaMalloc(reinterpret_cast<void**>(&trace_), sizeof(KernelTraceRecord) * kTraceDepth), "cudaMalloc(trace)");
+    MK_CUDA(cudaMemset(trace_, 0, sizeof(KernelTraceRecord) * kTraceDepth), "cudaMemset(trace)");
+    MK_CUDA(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the trace buffer");
+  }
+  params_.trace = trace_;
   params_.stagingBytes = oneShotMaxBytes_;
   params_.timeoutNs = static_cast<uint64_t>(std::max<int64_t>(1, paramInt("TIMEOUT_S", 300))) * 1000000000ull;
   params_.idleExitNs = static_cast<uint64_t>(std::max<int64_t>(0, paramInt("IDLE_EXIT_US", 200000))) * 1000ull;
@@ -432,12 +441,42 @@ void KernelCommunicator::release(bool orderly) {
   if (orderly || !exchanged_) {
     if (state_) (void)cudaFree(state_);
     if (staging_) (void)cudaFree(staging_);
+    if (trace_) (void)cudaFree(trace_);
   }
   ctl_ = nullptr;
   slots_ = nullptr;
   stream_ = nullptr;
   state_ = nullptr;
   staging_ = nullptr;
+  trace_ = nullptr;
+}
+
+Result KernelCommunicator::kernelTrace(std::vector<uint64_t>* out) const {
+  if (trace_ == nullptr) return MK_ERROR(Result::InvalidUsage, "rank %d: kernel tracing is off (MKERNEL_KERNEL_TRACE=1)", opts_.rank);
+  std::vector<KernelTraceRecord> recs(kTraceDepth);
+  // Into pinned memory: a pageable device-to-host copy would hold the driver's staging path
+  // while peers' kernels may still need this process (docs/KERNEL.md).
+  KernelTraceRecord* pinned = nullptr;
+  MK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&pinned), sizeof(KernelTraceRecord) * kTraceDepth), "cudaMallocHost(trace)");
+  // Not on stream_: the copy would queue behind the persistent kernel.
+  cudaStream_t copyStream = nullptr;
+  cudaError_t err = cudaStreamCreateWithFlags(&copyStream, cudaStreamNonBlocking);
+  if (err == cudaSuccess)
+    err = cudaMemcpyAsync(pinned, trace_, sizeof(KernelTraceRecord) * kTraceDepth, cudaMemcpyDeviceToHost, copyStream);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(copyStream);
+  if (copyStream != nullptr) (void)cudaStreamDestroy(copyStream);
+  if (err == cudaSuccess) std::memcpy(recs.data(), pinned, sizeof(KernelTraceRecord) * kTraceDepth);
+  (void)cudaFreeHost(pinned);
+  if (err != cudaSuccess)
+    return MK_ERROR(Result::UnhandledCudaError, "rank %d: reading the kernel trace: %s", opts_.rank, cudaGetErrorString(err));
+  std::sort(recs.begin(), recs.end(), [](const KernelTraceRecord& a, const KernelTraceRecord& b) { return a.seq < b.seq; });
+  out->clear();
+  for (const KernelTraceRecord& r : recs) {
+    if (r.seq == 0) continue;
+    out->push_back(r.seq);
+    for (int i = 0; i < kTracePoints; ++i) out->push_back(r.t[i]);
+  }
+  return Result::Success;
 }
 
 void KernelCommunicator::foldStats() const {

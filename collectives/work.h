@@ -112,6 +112,24 @@ enum WaitKind : uint32_t {
   kWaitGate = 5,       // a caller's stream (gate kernel) waiting for the persistent kernel
 };
 
+// Per-group timestamps of CTA 0 (ns, %globaltimer), recorded when MKERNEL_KERNEL_TRACE=1 into a
+// device ring of kTraceDepth records indexed by dispatch sequence: where a collective's time goes
+// (mkernel-collbench --trace prints the medians of the intervals).
+enum TracePoint : int {
+  kTraceSeen = 0,          // the leader found the Posted doorbell
+  kTraceLoaded = 1,        // CTA 0 has the group's descriptors
+  kTraceStartBarrier = 2,  // first collective of the group: start barrier passed
+  kTraceMoved = 3,         // ... its data moved
+  kTraceEndBarrier = 4,    // ... end barrier passed
+  kTraceReported = 5,      // CTA 0 reported the group done (Done written if it was the last CTA)
+  kTracePoints = 6,
+};
+struct KernelTraceRecord {
+  uint64_t seq;  // dispatch sequence + 1 (0: never written)
+  uint64_t t[kTracePoints];
+};
+constexpr int kTraceDepth = 4096;
+
 struct alignas(16) ErrorRecord {
   uint32_t what;    // WaitKind; 0 = no error
   int32_t rank;

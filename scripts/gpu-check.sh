@@ -6,7 +6,8 @@
 # Logs go to build-gpu/logs; the main ones are copied to $OUT when it is set.
 # Catch2 (single header) comes from .carry/ when no Catch2 package is installed.
 # Env: GPU_CHECK_BENCH_ARGS (extra mkernel-collbench arguments), GPU_CHECK_SKIP_BENCH=1,
-#      GPU_CHECK_SKIP_TORCH=1, GPU_CHECK_TORCH_RANKS (default 1), GPU_CHECK_PYTHON.
+#      GPU_CHECK_SKIP_TORCH=1, GPU_CHECK_TORCH_RANKS (default 1), GPU_CHECK_PYTHON,
+#      GPU_CHECK_TRACE=0 (skip the kernel-trace benchmark run).
 set -u -o pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${GPU_CHECK_BUILD:-$root/build-gpu}
@@ -49,6 +50,12 @@ if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
     >"$logs/collbench.txt" 2>"$logs/collbench.err"
   bench_rc=$?
   tail -5 "$logs/collbench.err"
+  if [ "${GPU_CHECK_TRACE:-1}" != 0 ]; then
+    # Where the small-message time goes: the kernel's stage timestamps (MKERNEL_KERNEL_TRACE).
+    step "mkernel-collbench --trace 1 (small messages)"
+    timeout "${GPU_CHECK_TRACE_TIMEOUT:-90}" "$build/bin/mkernel-collbench" --trace 1 --ranks 1,2,8 --max-bytes 32768 \
+      --iters 300 2>>"$logs/collbench.err" | sed -n '/# kernel trace/,$p' >>"$logs/collbench.txt" || bench_rc=1
+  fi
 fi
 
 torch_rc=skipped

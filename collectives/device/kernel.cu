@@ -35,6 +35,15 @@ struct SharedState {
   uint32_t stop;
 };
 
+// MKERNEL_KERNEL_TRACE: CTA 0's thread 0 stamps group `seq` at `point` (no-op when tracing is off).
+constexpr uint64_t kNoTrace = ~0ull;
+__device__ inline void traceAt(const KernelParams& p, int cta, uint64_t seq, int point) {
+  if (p.trace == nullptr || cta != 0 || threadIdx.x != 0 || seq == kNoTrace) return;
+  KernelTraceRecord* r = &p.trace[seq % kTraceDepth];
+  r->t[point] = globalTimerNs();
+  if (point == kTraceSeen) r->seq = seq + 1;
+}
+
 // ---- dtype x op dispatch (the only place that instantiates reduceCopy) ------------------------
 
 template <typename T>
@@ -146,7 +155,7 @@ __device__ bool planCollective(const KernelParams& p, SharedState& sh, const Wor
 }
 
 __device__ bool runCollective(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta,
-                              uint64_t* epoch) {
+                              uint64_t* epoch, uint64_t traceSeq) {
   if (cta >= d.nCtas) return true;
   const CollType coll = static_cast<CollType>(d.coll);
   const uint64_t esz = elemSize(d.dtype);
@@ -172,6 +181,7 @@ __device__ bool runCollective(const KernelParams& p, SharedState& sh, const Work
     mb->dst = d.recvbuff;
   }
   if (!ctaBarrier(p, sh.peers, cta, epoch, kWaitPeerStart, d.coll)) return false;
+  traceAt(p, cta, traceSeq, kTraceStartBarrier);
   if (threadIdx.x < p.nRanks) {
     const CtaMailbox* mb = &sh.peers[threadIdx.x]->mailbox[cta];
     sh.peerSrc[threadIdx.x] = __ldcg(&mb->src);
@@ -189,7 +199,11 @@ __device__ bool runCollective(const KernelParams& p, SharedState& sh, const Work
       reduceDispatch(sh.plan, d);
     }
   }
-  return ctaBarrier(p, sh.peers, cta, epoch, kWaitPeerEnd, d.coll);
+  if (p.trace != nullptr) __syncthreads();  // the whole CTA's share moved (uniform condition)
+  traceAt(p, cta, traceSeq, kTraceMoved);
+  const bool ok = ctaBarrier(p, sh.peers, cta, epoch, kWaitPeerEnd, d.coll);
+  traceAt(p, cta, traceSeq, kTraceEndBarrier);
+  return ok;
 }
 
 // ---- leader ---------------------------------------------------------------------------------------
@@ -260,6 +274,7 @@ __device__ bool leaderDispatch(const KernelParams& p, SharedState& sh) {
       __threadfence();
       __syncwarp();
       if (lane == 0) {
+        traceAt(p, 0, seq, kTraceSeen);
         self->doorbell[found] = kDoorbellRunning;
         self->dispatchSlot[seq % kDispatchDepth] = static_cast<uint32_t>(found);
         self->leaderCursor = static_cast<uint32_t>(found + 1) % kMaxSlots;
@@ -336,9 +351,11 @@ __global__ void __launch_bounds__(kKernelThreads, 1) persistentKernel(KernelPara
       reinterpret_cast<uint4*>(&sh.slot)[threadIdx.x] =
           __ldcg(reinterpret_cast<const uint4*>(&self->dispatched[(consumed - 1) % kDispatchDepth]) + threadIdx.x);
     __syncthreads();
+    traceAt(p, cta, consumed - 1, kTraceLoaded);
     if (cta >= static_cast<int>(sh.slot.ctasNeeded)) continue;
     bool ok = true;
-    for (uint32_t i = 0; i < sh.slot.nOps && ok; ++i) ok = runCollective(p, sh, sh.slot.ops[i], cta, &epoch);
+    for (uint32_t i = 0; i < sh.slot.nOps && ok; ++i)
+      ok = runCollective(p, sh, sh.slot.ops[i], cta, &epoch, i == 0 ? consumed - 1 : kNoTrace);
     if (!ok) { failed = true; break; }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -359,6 +376,7 @@ __global__ void __launch_bounds__(kKernelThreads, 1) persistentKernel(KernelPara
         __threadfence();
         *reinterpret_cast<volatile uint64_t*>(&self->completedSeq) = consumed;
       }
+      traceAt(p, cta, consumed - 1, kTraceReported);
     }
   }
   if (threadIdx.x == 0) {

@@ -22,6 +22,7 @@ struct KernelParams {
   uint64_t stagingBytes;
   uint64_t timeoutNs;             // MKERNEL_TIMEOUT_S
   uint64_t idleExitNs;            // MKERNEL_IDLE_EXIT_US
+  KernelTraceRecord* trace;       // kTraceDepth records in device memory, or nullptr (no tracing)
   int32_t rank;
   int32_t nRanks;
   int32_t nCtas;

@@ -22,6 +22,7 @@
 
 #include "collectives/communicator.h"
 #include "collectives/cuda_driver.h"
+#include "collectives/work.h"
 #include "common/param.h"
 #include "common/result.h"
 #include "transport/bootstrap/bootstrap.h"
@@ -39,6 +40,7 @@ struct Options {
   int iters = 1000;
   int graphOps = 16;  // collectives per captured graph (each uses one of the 192 graph slots)
   std::vector<std::string> waits{"memop"};  // MKERNEL_STREAM_WAIT modes to compare
+  bool trace = false;  // MKERNEL_KERNEL_TRACE: where the time of a collective goes
   std::string csv;
 };
 
@@ -69,6 +71,10 @@ struct Row {
   size_t bytes;
   double eagerMed, eagerP99, graphMed, graphP99;  // microseconds
   double hostUs;  // rank 0's host time per eager enqueue (wall clock of the eager loop / iters)
+  // --trace: medians (us) of the kernel's stage intervals over the eager loop (docs/KERNEL.md):
+  // seen->loaded, loaded->start barrier, ->moved, ->end barrier, ->reported, reported->next seen.
+  double stageUs[6] = {};
+  size_t traced = 0;
   double memGBps, pctCopy;
 };
 
@@ -134,6 +140,27 @@ void baselines(int iters, double* launchUs, double* memopUs) {
   cudaStreamDestroy(s);
 }
 
+// Medians of the stage intervals of the last `last` traced groups (flattened KernelTraceRecords,
+// by seq). Intervals with a missing stamp (0) are skipped.
+void traceStages(const std::vector<uint64_t>& flat, size_t last, double* stageUs, size_t* used) {
+  using mkernel::coll::kTracePoints;
+  const size_t rec = 1 + kTracePoints;
+  const size_t n = flat.size() / rec;
+  const size_t first = n > last ? n - last : 0;
+  std::vector<float> d[6];
+  for (size_t i = first; i < n; ++i) {
+    const uint64_t* t = &flat[i * rec + 1];
+    for (int k = 0; k < 5; ++k)
+      if (t[k] != 0 && t[k + 1] >= t[k]) d[k].push_back(static_cast<float>(t[k + 1] - t[k]) * 1e-3f);
+    if (i + 1 < n && flat[(i + 1) * rec] == flat[i * rec] + 1) {  // consecutive groups
+      const uint64_t nextSeen = flat[(i + 1) * rec + 1];
+      if (t[5] != 0 && nextSeen >= t[5]) d[5].push_back(static_cast<float>(nextSeen - t[5]) * 1e-3f);
+    }
+  }
+  for (int k = 0; k < 6; ++k) stageUs[k] = percentile(d[k], 0.5);
+  *used = n - first;
+}
+
 // Runs all sizes for n ranks; rank 0 fills rows.
 bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows) {
   mkernel::bootstrap::UniqueId id;
@@ -192,6 +219,13 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         const double hostUs =
             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart).count() / iters;
         cudaStreamSynchronize(stream);
+        double stageUs[6] = {};
+        size_t traced = 0;
+        if (opt.trace && r == 0) {
+          std::vector<uint64_t> flat;
+          if (comm->kernelTrace(&flat) != Result::Success) return fail("kernelTrace");
+          traceStages(flat, static_cast<size_t>(iters), stageUs, &traced);
+        }
         for (int i = 0; i < iters; ++i) cudaEventElapsedTime(&eager[static_cast<size_t>(i)], ev[static_cast<size_t>(i)], ev[static_cast<size_t>(i) + 1]);
         barrier.wait();
         // Graph: graphOps collectives with an event between each, replayed until >= iters samples.
@@ -232,6 +266,8 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           row.graphMed = percentile(graph, 0.5) * 1e3;
           row.graphP99 = percentile(graph, 0.99) * 1e3;
           row.hostUs = hostUs;
+          for (int k = 0; k < 6; ++k) row.stageUs[k] = stageUs[k];
+          row.traced = traced;
           row.memGBps = 2.0 * n * static_cast<double>(row.bytes) / (row.eagerMed * 1e-6) / 1e9;
           row.pctCopy = copyGBps > 0 ? 100.0 * row.memGBps / copyGBps : 0;
           rows->push_back(row);
@@ -280,7 +316,7 @@ std::vector<int> parseList(const char* s) {
 int usage() {
   std::fprintf(stderr,
                "usage: mkernel-collbench [--ranks 2,4,8] [--min-bytes 8] [--max-bytes 1073741824] "
-               "[--step 8] [--iters 1000] [--wait kernel,memop] [--csv FILE]\n");
+               "[--step 8] [--iters 1000] [--wait kernel,memop] [--trace 1] [--csv FILE]\n");
   return 2;
 }
 
@@ -299,9 +335,11 @@ int main(int argc, char** argv) {
     else if (a == "--iters") opt.iters = std::atoi(v);
     else if (a == "--csv") opt.csv = v;
     else if (a == "--wait") opt.waits = parseWords(v);
+    else if (a == "--trace") opt.trace = std::atoi(v) != 0;
     else return usage();
   }
   if (opt.step < 2 || opt.minBytes < 1 || opt.iters < 1) return usage();
+  if (opt.trace) setenv("MKERNEL_KERNEL_TRACE", "1", 1);
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 0);
   // 2 streams per rank (caller + internal): more hardware queues than CUDA's default 8, so that a
   // stream waiting on its doorbell does not hold up another rank's post (before any CUDA call).
@@ -340,6 +378,15 @@ int main(int argc, char** argv) {
   for (const Row& r : rows)
     std::printf("%6s %5d %12zu %10.2f %10.2f %10.2f %10.2f %8.2f %10.1f %7.1f\n", r.wait.c_str(), r.ranks, r.bytes, r.eagerMed, r.eagerP99,
                 r.graphMed, r.graphP99, r.hostUs, r.memGBps, r.pctCopy);
+  if (opt.trace) {
+    std::printf("# kernel trace (rank 0, CTA 0, medians in us over the eager loop): seen->loaded, loaded->start barrier,\n"
+                "# start barrier->data moved, moved->end barrier, end barrier->reported, reported->next group seen\n");
+    std::printf("%6s %5s %12s %8s %8s %8s %8s %8s %8s %7s\n", "wait", "ranks", "bytes", "load", "start", "move", "end",
+                "report", "gap", "groups");
+    for (const Row& r : rows)
+      std::printf("%6s %5d %12zu %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %7zu\n", r.wait.c_str(), r.ranks, r.bytes,
+                  r.stageUs[0], r.stageUs[1], r.stageUs[2], r.stageUs[3], r.stageUs[4], r.stageUs[5], r.traced);
+  }
   if (!opt.csv.empty()) {
     FILE* f = std::fopen(opt.csv.c_str(), "w");
     if (f) {
