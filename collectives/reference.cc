@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "collectives/access_tracker.h"
 #include "collectives/reduce_host.h"
 
 namespace mkernel {
@@ -88,48 +89,6 @@ class StagingSim {
   std::vector<Meta> meta_;
   size_t round_ = 0;
   uint64_t phase_ = 1;
-};
-
-// The user-buffer bytes each rank touched in the current phase. Two ranks touching overlapping
-// bytes in one phase, one of them writing, would race on the GPU.
-class AccessTracker {
- public:
-  void record(int rank, const void* p, size_t bytes, bool write) {
-    if (bytes == 0) return;
-    uintptr_t lo = reinterpret_cast<uintptr_t>(p);
-    accesses_.push_back(Access{lo, lo + bytes, rank, write});
-  }
-  // Checks the phase that just ended and starts the next one.
-  Result endPhase(const char* what) {
-    std::sort(accesses_.begin(), accesses_.end(),
-              [](const Access& a, const Access& b) { return a.lo < b.lo; });
-    for (size_t i = 0; i < accesses_.size(); ++i) {
-      const Access& a = accesses_[i];
-      for (size_t j = i + 1; j < accesses_.size() && accesses_[j].lo < a.hi; ++j) {
-        const Access& b = accesses_[j];
-        if (a.rank != b.rank && (a.write || b.write)) {
-          Result r = MK_ERROR(Result::InternalError,
-                              "reference: %s: rank %d %s and rank %d %s overlapping bytes "
-                              "(%#zx..%#zx) in the same phase: a race on the GPU", what, a.rank,
-                              a.write ? "writes" : "reads", b.rank, b.write ? "writes" : "reads",
-                              static_cast<size_t>(std::max(a.lo, b.lo)),
-                              static_cast<size_t>(std::min(a.hi, b.hi)));
-          accesses_.clear();
-          return r;
-        }
-      }
-    }
-    accesses_.clear();
-    return Result::Success;
-  }
-
- private:
-  struct Access {
-    uintptr_t lo, hi;
-    int rank;
-    bool write;
-  };
-  std::vector<Access> accesses_;
 };
 
 class Executor {
