@@ -21,6 +21,8 @@ if mk_have_gpu; then
   mk_say "GPU found: collectives benchmark, then the transport benchmark"
   if [ -x "$BUILD/bin/mkernel-collbench" ]; then
     "$BUILD/bin/mkernel-collbench" --csv "$OUTDIR/collectives.csv" || exit 1
+    # The PNG next to the CSV (latency and bandwidth against size), where matplotlib is installed.
+    python3 "$MK_ROOT/scripts/plot-bench.py" "$OUTDIR/collectives.csv" "$OUTDIR/collectives.png" || true
   fi
 else
   mk_say "no GPU found: transport benchmark only"
