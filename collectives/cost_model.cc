@@ -1,0 +1,93 @@
+#include "collectives/cost_model.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace mkernel {
+namespace coll {
+namespace {
+
+constexpr int kTree = 0, kRing = 1;
+constexpr const char* kProtoName[3] = {"ll", "ll128", "simple"};
+
+// NCCL's bus bandwidth of (algorithm, protocol) on Hopper, as its tuner computes it from the
+// link bandwidth (tuning.cc of 2.28.9): LL carries 8 data bytes per 16 and is capped at
+// llMaxBw (141 / 45 / 35 GB/s for 1 / 2 / 4+ nodes), tree LL is a further 1/3.8; LL128 and the
+// tree pay 0.92 each.
+double ncclBusGBps(int algo, int proto, double bus, int nodes) {
+  const double llMax = nodes == 1 ? 141.0 : nodes == 2 ? 45.0 : 35.0;
+  if (algo == kTree) bus *= 0.92;
+  if (proto == 0) return algo == kTree ? std::min(bus / 3.8, llMax) : std::min(bus * 0.5, llMax);
+  if (proto == 1) return bus * 0.92;
+  return bus;
+}
+
+int ceilLog2(int n) {
+  int k = 0;
+  while ((1 << k) < n) ++k;
+  return k;
+}
+
+// GB/s -> bytes per microsecond.
+double bytesPerUs(double gbps) { return gbps * 1e3; }
+
+}  // namespace
+
+AllReduceCost predictAllReduce(const CostParams& p, double bytes) {
+  AllReduceCost c;
+  const int N = std::max(1, p.nodes), G = std::max(1, p.gpusPerNode), R = N * G;
+  const double nodeNet = p.nicGBps * p.nicsPerNode;
+  // NCCL's bus bandwidth: the NVLink ring inside a node, the node's NICs between nodes.
+  const double bus = N > 1 ? std::min(p.nvlinkGBps, nodeNet) : p.nvlinkGBps;
+  const int nsteps = 2 * (R - 1);
+  const int nInter = N > 1 ? 2 * (N - 1) : 0;
+  // AllReduce algorithm bandwidth = bus bandwidth x R / (2 (R - 1)) (nccl-tests' busbw rule).
+  const double busToAlg = R > 1 ? static_cast<double>(R) / nsteps : 1.0;
+  c.ncclRingUs = c.ncclTreeUs = std::numeric_limits<double>::infinity();
+  std::string ringProto, treeProto;
+  for (int proto = 0; proto < 3; ++proto) {
+    // Ring: nsteps hops, of which nInter cross nodes (NCCL's latency formula).
+    double intra = p.ncclNvlinkLatUs[kRing][proto];
+    if (N > 1) intra = std::max(intra, p.ncclNetOverheadUs * (proto == 2 ? 3.0 : 1.0));
+    const double ringLat =
+        p.ncclBaseUs[kRing][proto] + (nsteps - nInter) * intra + nInter * p.ncclNetLatUs[kRing][proto];
+    const double ringUs = ringLat + bytes / bytesPerUs(ncclBusGBps(kRing, proto, bus, N) * busToAlg);
+    if (ringUs < c.ncclRingUs) {
+      c.ncclRingUs = ringUs;
+      ringProto = kProtoName[proto];
+    }
+    // Tree: a chain inside each node, a binary tree across nodes, up and down.
+    const double treeLat = p.ncclBaseUs[kTree][proto] +
+                           2.0 * ((G - 1) * p.ncclNvlinkLatUs[kTree][proto] + ceilLog2(N) * p.ncclNetLatUs[kTree][proto]);
+    const double treeUs = treeLat + bytes / bytesPerUs(ncclBusGBps(kTree, proto, bus, N) * busToAlg);
+    if (treeUs < c.ncclTreeUs) {
+      c.ncclTreeUs = treeUs;
+      treeProto = kProtoName[proto];
+    }
+  }
+  if (c.ncclTreeUs < c.ncclRingUs) {
+    c.ncclUs = c.ncclTreeUs;
+    c.ncclChoice = "tree/" + treeProto;
+  } else {
+    c.ncclUs = c.ncclRingUs;
+    c.ncclChoice = "ring/" + ringProto;
+  }
+
+  // mkernel, hierarchical: NVLink reduce-scatter and all-gather ((G-1)/G of the bytes each, out
+  // of every GPU's NVLink), and an AllReduce of bytes/G among the N rail peers over each GPU's
+  // share of the node's NICs (2 (N-1)/N of it on the wire, ring or recursive halving-doubling:
+  // whichever has fewer steps).
+  const double railGBps = nodeNet / G;
+  const double tIntra = G > 1 ? (G - 1.0) / G * bytes / bytesPerUs(p.nvlinkGBps) : 0.0;
+  const double tInter = N > 1 ? 2.0 * (N - 1.0) / N * (bytes / G) / bytesPerUs(railGBps) : 0.0;
+  const int interSteps = N > 1 ? std::min(2 * (N - 1), 2 * ceilLog2(N)) : 0;
+  const double lat = p.mkOverheadUs + (G > 1 ? 2.0 * p.mkIntraStepUs : 0.0) + interSteps * p.mkInterStepUs;
+  c.mkSerialUs = lat + 2.0 * tIntra + tInter;
+  // Overlapped: the two NVLink phases share the GPU's NVLink, the inter-node phase its NIC.
+  c.mkPipelinedUs = lat + std::max(2.0 * tIntra, tInter);
+  c.speedup = c.ncclUs / c.mkPipelinedUs;
+  return c;
+}
+
+}  // namespace coll
+}  // namespace mkernel

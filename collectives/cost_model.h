@@ -1,0 +1,46 @@
+// An alpha-beta cost model of AllReduce on N nodes x G GPUs: NCCL's ring and tree (with NCCL
+// 2.28's own latency constants) against mkernel's hierarchical algorithm (collectives/
+// hierarchical.h), pipelined inside the persistent kernel or phase after phase. It plans past the
+// hardware this project has; docs/MODEL.md gives every parameter's source, the predictions for
+// 2, 8 and 64 nodes of 8 x H200, and how far the model is from what was measured.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace mkernel {
+namespace coll {
+
+struct CostParams {
+  int nodes = 2;
+  int gpusPerNode = 8;
+  // Sustained bandwidths, GB/s per direction.
+  double nvlinkGBps = 370.0;  // one GPU's NVLink ring bus bandwidth without NVLS (8 x H100/H200)
+  double nicGBps = 48.0;      // one 400 Gb/s NIC (ConnectX-7), ~96% of line rate
+  int nicsPerNode = 8;        // rail-aligned: one NIC per GPU
+  // NCCL: its tuner's constants (src/graph/tuning.cc of 2.28.9, LL / LL128 / Simple).
+  double ncclBaseUs[2][3] = {{6.8, 14.0, 8.4}, {6.6, 14.0, 8.4}};  // [tree, ring][proto]
+  double ncclNvlinkLatUs[2][3] = {{0.6, 1.25, 4.0}, {0.6, 1.9, 3.4}};
+  double ncclNetLatUs[2][3] = {{5.0, 8.5, 14.0}, {2.7, 4.0, 14.0}};
+  double ncclNetOverheadUs = 1.0;  // x86 Intel (x3 for Simple), as NCCL's getNetOverhead
+  // mkernel (assumptions until measured on a cluster; the overhead can be set to what the H200
+  // measured today, docs/PERFORMANCE.md).
+  double mkOverheadUs = 8.0;      // per call: doorbell -> kernel -> done (the goal)
+  double mkIntraStepUs = 1.0;     // one NVLink barrier / flag round trip
+  double mkInterStepUs = 4.0;     // one inter-node step: GPU -> proxy ring -> RDMA -> flag
+};
+
+struct AllReduceCost {
+  double ncclRingUs = 0, ncclTreeUs = 0;  // best protocol of each
+  double ncclUs = 0;                      // NCCL's choice: the faster of the two
+  std::string ncclChoice;                 // "ring/simple", "tree/ll", ...
+  double mkPipelinedUs = 0;               // the three phases overlapped in chunks
+  double mkSerialUs = 0;                  // the same phases one after another
+  double speedup = 0;                     // ncclUs / mkPipelinedUs
+};
+
+// bytes: NCCL's per-rank AllReduce size. Parameters must be positive (nodes, GPUs, bandwidths).
+AllReduceCost predictAllReduce(const CostParams& p, double bytes);
+
+}  // namespace coll
+}  // namespace mkernel

@@ -1,0 +1,62 @@
+// The AllReduce cost model (collectives/cost_model.h): NCCL's latency formula reproduced, the
+// bandwidth asymptotes, and the relations that must hold between the predictions.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+
+#include "collectives/cost_model.h"
+
+using mkernel::coll::AllReduceCost;
+using mkernel::coll::CostParams;
+using mkernel::coll::predictAllReduce;
+
+TEST_CASE("cost model: NCCL's tree latency for 2 nodes x 8 GPUs is its tuner's formula") {
+  CostParams p;  // 2 x 8
+  const AllReduceCost c = predictAllReduce(p, 8);
+  // base 6.8 + 2 x ((8 - 1) x 0.6 NVLink + log2(2) x 5.0 net), LL: NCCL's tuning.cc.
+  CHECK(c.ncclTreeUs == Approx(6.8 + 2 * (7 * 0.6 + 1 * 5.0)).epsilon(1e-3));
+  CHECK(c.ncclChoice == "tree/ll");
+  // One rank: NCCL's base latency of its fastest protocol, mkernel its per-call overhead.
+  p.nodes = 1;
+  p.gpusPerNode = 1;
+  const AllReduceCost one = predictAllReduce(p, 8);
+  CHECK(one.ncclUs == Approx(6.6).epsilon(1e-3));
+  CHECK(one.mkPipelinedUs == Approx(p.mkOverheadUs).epsilon(1e-3));
+}
+
+TEST_CASE("cost model: large messages approach the bandwidth bounds") {
+  CostParams p;
+  p.nodes = 8;
+  const double bytes = 64.0 * (1ull << 30);
+  const AllReduceCost c = predictAllReduce(p, bytes);
+  const double R = 64;
+  const double bus = std::min(p.nvlinkGBps, p.nicGBps * p.nicsPerNode) * 1e3;  // bytes/us
+  CHECK(c.ncclRingUs == Approx(2 * (R - 1) / R * bytes / bus).epsilon(0.01));
+  // mkernel: the NVLink phases (2 x 7/8 of the bytes) bound it, the inter-node phase hidden.
+  CHECK(c.mkPipelinedUs == Approx(2 * 7.0 / 8 * bytes / (p.nvlinkGBps * 1e3)).epsilon(0.01));
+  CHECK(c.speedup > 1.0);
+  CHECK(c.speedup < 1.3);  // AllReduce is bounded by each GPU's injection bandwidth either way
+}
+
+TEST_CASE("cost model: overlap never loses, costs grow with size and nodes, overhead matters") {
+  CostParams p;
+  for (int nodes : {1, 2, 8, 64}) {
+    p.nodes = nodes;
+    double last = 0;
+    for (double b = 8; b <= 4.0 * (1ull << 30); b *= 8) {
+      const AllReduceCost c = predictAllReduce(p, b);
+      INFO(nodes << " nodes, " << b << " bytes");
+      CHECK(c.mkPipelinedUs <= c.mkSerialUs + 1e-9);
+      if (nodes == 1) CHECK(c.mkPipelinedUs == Approx(c.mkSerialUs));
+      CHECK(c.mkPipelinedUs >= last);
+      CHECK(c.ncclUs == Approx(std::min(c.ncclRingUs, c.ncclTreeUs)));
+      last = c.mkPipelinedUs;
+    }
+  }
+  p.nodes = 8;
+  CostParams slow = p;
+  slow.mkOverheadUs = 25.0;  // what one H200 rank measured per call in session 2
+  CHECK(predictAllReduce(slow, 8).speedup < predictAllReduce(p, 8).speedup);
+  CHECK(predictAllReduce(slow, 8).speedup < 1.0);
+  CHECK(predictAllReduce(p, 8).speedup > 1.0);
+}

@@ -1,0 +1,95 @@
+// mkernel-model: the cost model's predictions as a table (docs/MODEL.md).
+//   mkernel-model [--nodes 2,8,64] [--gpus 8] [--nvlink-gbps 370] [--nic-gbps 48] [--nics 8]
+//                 [--mk-overhead-us 8] [--mk-intra-us 1] [--mk-inter-us 4]
+//                 [--min-bytes 8] [--max-bytes 4294967296] [--csv FILE]
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "collectives/cost_model.h"
+
+namespace {
+
+std::vector<int> parseInts(const char* s) {
+  std::vector<int> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::atoi(p));
+    while (*p && *p != ',') ++p;
+    if (*p == ',') ++p;
+  }
+  return v;
+}
+
+std::string human(double b) {
+  char buf[32];
+  if (b >= 1 << 30) std::snprintf(buf, sizeof(buf), "%g GiB", b / (1 << 30));
+  else if (b >= 1 << 20) std::snprintf(buf, sizeof(buf), "%g MiB", b / (1 << 20));
+  else if (b >= 1 << 10) std::snprintf(buf, sizeof(buf), "%g KiB", b / (1 << 10));
+  else std::snprintf(buf, sizeof(buf), "%g B", b);
+  return buf;
+}
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: mkernel-model [--nodes 2,8,64] [--gpus 8] [--nvlink-gbps 370] [--nic-gbps 48] [--nics 8]\n"
+               "                     [--mk-overhead-us 8] [--mk-intra-us 1] [--mk-inter-us 4]\n"
+               "                     [--min-bytes 8] [--max-bytes 4294967296] [--csv FILE]\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mkernel::coll::CostParams base;
+  std::vector<int> nodes{2, 8, 64};
+  double minBytes = 8, maxBytes = 4294967296.0;
+  std::string csv;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) return usage();
+    const char* v = argv[++i];
+    if (a == "--nodes") nodes = parseInts(v);
+    else if (a == "--gpus") base.gpusPerNode = std::atoi(v);
+    else if (a == "--nvlink-gbps") base.nvlinkGBps = std::atof(v);
+    else if (a == "--nic-gbps") base.nicGBps = std::atof(v);
+    else if (a == "--nics") base.nicsPerNode = std::atoi(v);
+    else if (a == "--mk-overhead-us") base.mkOverheadUs = std::atof(v);
+    else if (a == "--mk-intra-us") base.mkIntraStepUs = std::atof(v);
+    else if (a == "--mk-inter-us") base.mkInterStepUs = std::atof(v);
+    else if (a == "--min-bytes") minBytes = std::atof(v);
+    else if (a == "--max-bytes") maxBytes = std::atof(v);
+    else if (a == "--csv") csv = v;
+    else return usage();
+  }
+  if (nodes.empty() || base.gpusPerNode < 1 || base.nvlinkGBps <= 0 || base.nicGBps <= 0 || base.nicsPerNode < 1 ||
+      minBytes < 1 || maxBytes < minBytes)
+    return usage();
+  for (int n : nodes)
+    if (n < 1) return usage();
+  FILE* out = csv.empty() ? nullptr : std::fopen(csv.c_str(), "w");
+  if (!csv.empty() && out == nullptr) {
+    std::fprintf(stderr, "mkernel-model: cannot write %s\n", csv.c_str());
+    return 1;
+  }
+  if (out) std::fprintf(out, "nodes,gpus,bytes,nccl_ring_us,nccl_tree_us,nccl_us,nccl_choice,mk_pipelined_us,mk_serial_us,speedup\n");
+  std::printf("# AllReduce, alpha-beta model (docs/MODEL.md): NVLink %.0f GB/s per GPU, %d x %.0f GB/s NICs per node,\n"
+              "# mkernel per-call %.1f us, NVLink step %.1f us, inter-node step %.1f us; NCCL 2.28.9 tuner latencies\n",
+              base.nvlinkGBps, base.nicsPerNode, base.nicGBps, base.mkOverheadUs, base.mkIntraStepUs, base.mkInterStepUs);
+  std::printf("%6s %5s %10s %11s %11s %13s %11s %11s %8s\n", "nodes", "gpus", "bytes", "nccl_us", "nccl_algo",
+              "mk_pipe_us", "mk_serial", "ratio", "");
+  for (int n : nodes) {
+    mkernel::coll::CostParams p = base;
+    p.nodes = n;
+    for (double b = minBytes; b <= maxBytes; b *= 4) {
+      const mkernel::coll::AllReduceCost c = mkernel::coll::predictAllReduce(p, b);
+      std::printf("%6d %5d %10s %11.1f %11s %13.1f %11.1f %10.2fx\n", n, p.gpusPerNode, human(b).c_str(), c.ncclUs,
+                  c.ncclChoice.c_str(), c.mkPipelinedUs, c.mkSerialUs, c.speedup);
+      if (out)
+        std::fprintf(out, "%d,%d,%.0f,%.3f,%.3f,%.3f,%s,%.3f,%.3f,%.4f\n", n, p.gpusPerNode, b, c.ncclRingUs, c.ncclTreeUs,
+                     c.ncclUs, c.ncclChoice.c_str(), c.mkPipelinedUs, c.mkSerialUs, c.speedup);
+    }
+  }
+  if (out) std::fclose(out);
+  return 0;
+}
