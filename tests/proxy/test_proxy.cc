@@ -73,9 +73,18 @@ std::vector<std::unique_ptr<Rank>> makeRanks(mkernel::net::Net* net, int n, size
   return ranks;
 }
 
-std::unique_ptr<mkernel::net::Net> tcpNet() {
-  setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
+// The backend under test: TCP on loopback, or verbs with MKERNEL_NET_BACKEND=ib (the Soft-RoCE
+// VM tier runs this binary so).
+std::unique_ptr<mkernel::net::Net> testNet() {
   std::string why;
+  const char* backend = std::getenv("MKERNEL_NET_BACKEND");
+  if (backend != nullptr && std::string(backend) == "ib") {
+    auto net = mkernel::net::createIbNet(&why);
+    INFO(why);
+    REQUIRE(net != nullptr);
+    return net;
+  }
+  setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
   auto net = mkernel::net::createTcpNet(&why);
   INFO(why);
   REQUIRE(net != nullptr);
@@ -102,7 +111,7 @@ const uint64_t kTimeoutNs = 20ull * 1000000000ull;
 }  // namespace
 
 TEST_CASE("proxy: 3 ranks all-to-all, 600 messages per pair of random size through a 256-slot ring; every byte checked") {
-  auto net = tcpNet();
+  auto net = testNet();
   const int n = 3;
   const int kMsgs = 600;         // per ordered pair: more than twice the ring per rank
   const size_t kMaxMsg = 48 << 10;
@@ -183,7 +192,7 @@ TEST_CASE("proxy: 3 ranks all-to-all, 600 messages per pair of random size throu
 
 TEST_CASE("proxy: a peer that vanishes mid-stream fails the waiting rank within the timeout, naming the peer") {
   EnvGuard timeout("MKERNEL_TIMEOUT_S", "3");
-  auto net = tcpNet();
+  auto net = testNet();
   auto ranks = makeRanks(net.get(), 2, 1 << 20);
   for (auto& r : ranks) REQUIRE(r->proxy->start({}) == Result::Success);
   Rank& a = *ranks[0];
@@ -213,7 +222,7 @@ TEST_CASE("proxy: a peer that vanishes mid-stream fails the waiting rank within 
 }
 
 TEST_CASE("proxy: bad commands stop the proxy with a message; nothing is sent") {
-  auto net = tcpNet();
+  auto net = testNet();
   uint8_t outside[64];
   struct Bad {
     const char* what;
