@@ -114,6 +114,8 @@ class KernelCommunicator final : public Communicator {
   DeviceState* state_ = nullptr;  // device
   void* staging_ = nullptr;       // device
   KernelTraceRecord* trace_ = nullptr;  // device, MKERNEL_KERNEL_TRACE only
+  KernelTraceRecord* traceHost_ = nullptr;  // pinned copy target, allocated with trace_
+  cudaStream_t traceStream_ = nullptr;      // the copy's stream (not stream_: the kernel runs there)
   HostControl* ctl_ = nullptr;    // host-mapped
   WorkSlot* slots_ = nullptr;     // host-mapped
   cudaStream_t stream_ = nullptr;  // internal, non-blocking: the persistent kernel runs here
@@ -180,8 +182,13 @@ Result KernelCommunicator::init() {
   params_.ctl = static_cast<HostControl*>(dev);
   params_.staging = staging_;
   if (paramInt("KERNEL_TRACE", 0) != 0) {
+    // Everything the trace read needs is allocated now: an allocation while persistent kernels
+    // run can hold up later work until they exit (docs/KERNEL.md).
     MK_CUDA(cudaMalloc(reinterpret_cast<void**>(&trace_), sizeof(KernelTraceRecord) * kTraceDepth), "cudaMalloc(trace)");
     MK_CUDA(cudaMemset(trace_, 0, sizeof(KernelTraceRecord) * kTraceDepth), "cudaMemset(trace)");
+    MK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&traceHost_), sizeof(KernelTraceRecord) * kTraceDepth),
+            "cudaMallocHost(trace)");
+    MK_CUDA(cudaStreamCreateWithFlags(&traceStream_, cudaStreamNonBlocking), "cudaStreamCreate(trace)");
     MK_CUDA(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the trace buffer");
   }
   params_.trace = trace_;
@@ -443,6 +450,10 @@ void KernelCommunicator::release(bool orderly) {
     if (staging_) (void)cudaFree(staging_);
     if (trace_) (void)cudaFree(trace_);
   }
+  if (traceHost_) (void)cudaFreeHost(traceHost_);
+  if (traceStream_) (void)cudaStreamDestroy(traceStream_);
+  traceHost_ = nullptr;
+  traceStream_ = nullptr;
   ctl_ = nullptr;
   slots_ = nullptr;
   stream_ = nullptr;
@@ -454,19 +465,13 @@ void KernelCommunicator::release(bool orderly) {
 Result KernelCommunicator::kernelTrace(std::vector<uint64_t>* out) const {
   if (trace_ == nullptr) return MK_ERROR(Result::InvalidUsage, "rank %d: kernel tracing is off (MKERNEL_KERNEL_TRACE=1)", opts_.rank);
   std::vector<KernelTraceRecord> recs(kTraceDepth);
-  // Into pinned memory: a pageable device-to-host copy would hold the driver's staging path
-  // while peers' kernels may still need this process (docs/KERNEL.md).
-  KernelTraceRecord* pinned = nullptr;
-  MK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&pinned), sizeof(KernelTraceRecord) * kTraceDepth), "cudaMallocHost(trace)");
-  // Not on stream_: the copy would queue behind the persistent kernel.
-  cudaStream_t copyStream = nullptr;
-  cudaError_t err = cudaStreamCreateWithFlags(&copyStream, cudaStreamNonBlocking);
-  if (err == cudaSuccess)
-    err = cudaMemcpyAsync(pinned, trace_, sizeof(KernelTraceRecord) * kTraceDepth, cudaMemcpyDeviceToHost, copyStream);
-  if (err == cudaSuccess) err = cudaStreamSynchronize(copyStream);
-  if (copyStream != nullptr) (void)cudaStreamDestroy(copyStream);
-  if (err == cudaSuccess) std::memcpy(recs.data(), pinned, sizeof(KernelTraceRecord) * kTraceDepth);
-  (void)cudaFreeHost(pinned);
+  // Into pinned memory (a pageable device-to-host copy would hold the driver's staging path while
+  // peers' kernels may still need this process), on a stream of its own (stream_ is busy with the
+  // persistent kernel); both allocated at init.
+  cudaError_t err = cudaMemcpyAsync(traceHost_, trace_, sizeof(KernelTraceRecord) * kTraceDepth,
+                                    cudaMemcpyDeviceToHost, traceStream_);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(traceStream_);
+  if (err == cudaSuccess) std::memcpy(recs.data(), traceHost_, sizeof(KernelTraceRecord) * kTraceDepth);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "rank %d: reading the kernel trace: %s", opts_.rank, cudaGetErrorString(err));
   std::sort(recs.begin(), recs.end(), [](const KernelTraceRecord& a, const KernelTraceRecord& b) { return a.seq < b.seq; });

@@ -339,7 +339,10 @@ __global__ void __launch_bounds__(kKernelThreads, 1) persistentKernel(KernelPara
         if ((iter & 255) == 0 && stopRequested(p)) sh.stop = 1;
         if (iter > (1u << 14)) __nanosleep(1000);
       }
-      if (!sh.stop) sh.slotIndex = loadVolatile(&self->dispatchSlot[consumed % kDispatchDepth]);
+      if (!sh.stop) {
+        sh.slotIndex = loadVolatile(&self->dispatchSlot[consumed % kDispatchDepth]);
+        __threadfence();  // acquire: the leader's copy of the slot is read after its dispatchSeq
+      }
     }
     __syncthreads();
     if (sh.stop) { failed = true; break; }
@@ -395,8 +398,8 @@ __global__ void __launch_bounds__(kKernelThreads, 1) persistentKernel(KernelPara
 // On the caller's stream, in place of the three stream memops (MKERNEL_STREAM_WAIT=kernel): it
 // starts once everything earlier on the stream is complete, posts the doorbell, waits for Done and
 // resets it to Free. Measured on the H200 (docs/KERNEL.md, "Stream ordering"): 1-3 us per
-// collective faster than the memops with 1 and 2 emulated ranks, but 8 emulated ranks deadlocked
-// on their first collective with it, so it is not the default. Bounded like every other wait:
+// collective faster than the memops with 1 and 2 emulated ranks, but with 8 emulated ranks one
+// rank's first collective stalled for seconds, so it is not the default. Bounded like every other wait:
 // after timeoutNs it records kWaitGate and releases the stream.
 __global__ void __launch_bounds__(32, 1) gateKernel(uint32_t* doorbell, HostControl* ctl, uint64_t timeoutNs, int rank) {
   if (threadIdx.x != 0) return;
