@@ -128,6 +128,52 @@ TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit ti
   graphReplay("memop");
 }
 
+TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins does not stall its other streams", "[gpu]") {
+  // CUDA's implicit-synchronization rule (docs/KERNEL.md, "A product risk to measure next"):
+  // if a device allocation between two commands of different streams serialized them, the memset
+  // below would wait for the resident persistent kernel, which never exits on its own.
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  auto failures = mkgpu::runRanks(1, [&](mkgpu::RankCtx& ctx) {
+    int32_t* buf = nullptr;
+    cudaMalloc(reinterpret_cast<void**>(&buf), 4096);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    if (cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return ctx.fail("begin capture");
+    CollArgs a = allReduceSum(buf, buf, 1024);
+    Result er = ctx.comm->enqueue(&a, 1, ctx.stream);
+    if (cudaStreamEndCapture(ctx.stream, &graph) != cudaSuccess || er != Result::Success) return ctx.fail("capture");
+    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return ctx.fail("instantiate");
+    if (cudaGraphLaunch(exec, ctx.stream) != cudaSuccess || cudaStreamSynchronize(ctx.stream) != cudaSuccess)
+      return ctx.fail("replay");
+    // The kernel is now resident and spinning. The application allocates, then works on another
+    // stream.
+    cudaStream_t other = nullptr;
+    cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking);
+    void* fresh = nullptr;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (cudaMalloc(&fresh, 1 << 20) != cudaSuccess) return ctx.fail("cudaMalloc");
+    cudaMemsetAsync(fresh, 0, 1 << 20, other);
+    cudaError_t q = cudaErrorNotReady;
+    while ((q = cudaStreamQuery(other)) == cudaErrorNotReady &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3))
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (q != cudaSuccess) {
+      ctx.fail("after cudaMalloc, a memset on another stream did not finish within " + std::to_string(s) +
+               " s while the resident kernel ran (" + cudaGetErrorString(q) + ")");
+      ctx.comm->abort();  // the kernel quits, which releases whatever it held up
+    }
+    cudaStreamSynchronize(other);
+    cudaStreamDestroy(other);
+    cudaFree(fresh);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaFree(buf);
+  });
+  for (const auto& f : failures) FAIL_CHECK(f);
+  CHECK(failures.empty());
+}
+
 TEST_CASE("gpu: idle exit and relaunch on demand", "[gpu]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   EnvGuard idle("MKERNEL_IDLE_EXIT_US", "10000");
