@@ -6,9 +6,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <random>
+#include <vector>
 
 #include "common/log.h"
 #include "common/param.h"
@@ -98,7 +100,7 @@ void TcpListenComm::acceptNewLocked() {
     }
     setNoDelay(c);
     int id = nextPendingId++;
-    Pending p{c, 0, Hello{}, 0};
+    Pending p{c, 0, Hello{}, 0, Clock::now()};
     if (engine->add(c, this, id, &p.token) != Result::Success) {
       close(c);
       continue;
@@ -106,6 +108,20 @@ void TcpListenComm::acceptNewLocked() {
     pending[id] = p;
     readHelloLocked(id);  // the Hello may already be there; edge-triggered, so look now
   }
+}
+
+std::vector<TcpListenComm::Pending> TcpListenComm::takeStaleLocked(Clock::duration deadline) {
+  std::vector<Pending> stale;
+  const Clock::time_point now = Clock::now();
+  for (auto it = pending.begin(); it != pending.end();) {
+    if (now - it->second.since > deadline) {
+      stale.push_back(it->second);
+      it = pending.erase(it);  // an event still queued for it finds no entry and is ignored
+    } else {
+      ++it;
+    }
+  }
+  return stale;
 }
 
 void TcpListenComm::readHelloLocked(int id) {
@@ -219,13 +235,29 @@ Result TcpNet::accept(ListenComm* listenComm, RecvComm** recvComm) {
   auto* lc = dynamic_cast<TcpListenComm*>(listenComm);
   if (lc == nullptr) return MK_ERROR(Result::InvalidArgument, "TCP net: accept on a comm that is not a TCP listen comm");
   TcpListenComm::Group g;
+  // A connector that sends part of its Hello and stalls must not hold a socket forever: pending
+  // sockets older than the handshake deadline (10 s, or MKERNEL_TIMEOUT_S if smaller; like the
+  // bootstrap root's) are dropped here, where NCCL keeps calling.
+  const auto deadline = std::chrono::seconds(std::min<int64_t>(10, std::max<int64_t>(1, paramInt("TIMEOUT_S", 300))));
+  std::vector<TcpListenComm::Pending> stale;
+  bool haveReady = false;
   {
     std::lock_guard<std::mutex> lock(lc->mu);
     if (!lc->error.empty()) return MK_ERROR(Result::SystemError, "TCP net: %s", lc->error.c_str());
-    if (lc->ready.empty()) return Result::Success;  // not yet: the caller calls again
-    g = lc->ready.front();
-    lc->ready.pop_front();
+    stale = lc->takeStaleLocked(deadline);
+    if (!lc->ready.empty()) {
+      g = lc->ready.front();
+      lc->ready.pop_front();
+      haveReady = true;
+    }
   }
+  for (const TcpListenComm::Pending& p : stale) {  // lock order: engine, then comm; so without mu
+    MK_WARN("TCP net: an incoming socket from %s sent %zu of %zu handshake bytes in %lld s: dropped",
+            peerNameOf(p.fd).c_str(), p.got, sizeof(Hello), static_cast<long long>(deadline.count()));
+    lc->engine->remove(p.token);
+    close(p.fd);
+  }
+  if (!haveReady) return Result::Success;  // not yet: the caller calls again
   auto* core = new TcpComm(false, g.fds, g.peer, kMaxRequests);
   Result r = attachComm(core);
   if (r != Result::Success) {

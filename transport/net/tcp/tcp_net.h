@@ -228,7 +228,11 @@ struct TcpListenComm : ListenComm, EventTarget {
     uint64_t token;
     Hello hello;
     size_t got;
+    Clock::time_point since;  // accepted at; a Hello not complete by the deadline is dropped
   };
+  // Takes the pending sockets whose Hello did not arrive within `deadline` out of `pending`
+  // (caller holds mu); the caller removes them from the engine and closes them without mu.
+  std::vector<Pending> takeStaleLocked(Clock::duration deadline);
   struct Group {
     uint64_t connId = 0;
     int nSocks = 0;
