@@ -165,3 +165,29 @@ TEST_CASE("bootstrap: the root rejects malformed hellos and still completes") {
   CHECK(r1 == Result::Success);
   CHECK(Bootstrap::hostHash() != 0);
 }
+
+TEST_CASE("bootstrap: a client that connects to the root and sends nothing delays nobody") {
+  LoopbackEnv env;
+  UniqueId id;
+  REQUIRE(mkernel::bootstrap::createUniqueId(&id) == Result::Success);
+  mkernel::bootstrap::IdWire w;
+  std::memcpy(&w, id.bytes, sizeof(w));
+  // Two silent clients, one with a partial hello, both kept open through the rendezvous.
+  int silent = -1, partial = -1;
+  REQUIRE(mkernel::bootstrap::connectTo(w.root, mkernel::bootstrap::Deadline::in(5), &silent, "test") == Result::Success);
+  REQUIRE(mkernel::bootstrap::connectTo(w.root, mkernel::bootstrap::Deadline::in(5), &partial, "test") == Result::Success);
+  const char some[9] = {};
+  REQUIRE(mkernel::bootstrap::sendAll(partial, some, sizeof(some), mkernel::bootstrap::Deadline::in(5), "test") ==
+          Result::Success);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<Bootstrap> b0, b1;
+  Result r1 = Result::InternalError;
+  std::thread t([&] { r1 = Bootstrap::create(id, 1, 2, &b1); });
+  CHECK(Bootstrap::create(id, 0, 2, &b0) == Result::Success);
+  t.join();
+  CHECK(r1 == Result::Success);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(s < 2.0);  // the root used to serve one connection at a time, 10 s each
+  mkernel::bootstrap::closeFd(&silent);
+  mkernel::bootstrap::closeFd(&partial);
+}

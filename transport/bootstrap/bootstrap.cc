@@ -1,11 +1,14 @@
 #include "transport/bootstrap/bootstrap.h"
 
 #include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fcntl.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -13,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -42,39 +46,90 @@ uint64_t randomNonce() {
 }
 
 // The root of one rendezvous: collects every rank's hello, then sends each the address table.
-// Runs on a detached thread that ends when the rendezvous is done or times out.
+// Runs on a detached thread that ends when the rendezvous is done or times out. Connections are
+// served concurrently (one poll over the listening socket and every connection still sending its
+// hello), so a client that connects and sends nothing delays nobody; each connection must finish
+// its hello within kHandshakeSeconds of being accepted or it is dropped.
 void serveRendezvous(int listenFd, uint64_t nonce) {
+  using Clock = std::chrono::steady_clock;
+  struct Incoming {
+    int fd;
+    HelloWire hello;
+    size_t got;
+    Clock::time_point since;
+  };
   Deadline dl = Deadline::in(timeoutSeconds());
   int nRanks = -1;
   std::vector<int> fds;
   std::vector<uint8_t> taken;
   std::vector<SockAddr> table;
+  std::vector<Incoming> incoming;
   int arrived = 0;
   Result res = Result::Success;
+  auto drop = [](Incoming& c, const std::string& why) {
+    MK_WARN("bootstrap root: rejected a connection: %s", why.c_str());
+    closeFd(&c.fd);
+  };
   while (nRanks < 0 || arrived < nRanks) {
-    int fd = -1;
-    res = acceptOn(listenFd, dl, &fd, "the bootstrap root waited for ranks to connect");
-    if (res != Result::Success) break;
-    HelloWire h{};
-    std::string why = "the connection closed before a whole hello arrived";
-    if (recvAll(fd, &h, sizeof(h), Deadline::in(kHandshakeSeconds), "root reading a hello") !=
-            Result::Success ||
-        !validateHello(h, nonce, nRanks, taken.data(), &why)) {
-      MK_WARN("bootstrap root: rejected a connection: %s", why.c_str());
-      closeFd(&fd);
-      continue;
+    if (dl.aborted() || dl.expired()) {
+      res = MK_ERROR(Result::RemoteError, "bootstrap: timed out after MKERNEL_TIMEOUT_S while the bootstrap root "
+                                          "waited for ranks to connect");
+      break;
     }
-    if (nRanks < 0) {
-      nRanks = h.nRanks;
-      fds.assign(nRanks, -1);
-      taken.assign(nRanks, 0);
-      table.resize(nRanks);
+    std::vector<pollfd> pfds;
+    pfds.push_back(pollfd{listenFd, POLLIN, 0});
+    for (const Incoming& c : incoming) pfds.push_back(pollfd{c.fd, POLLIN, 0});
+    const int n = ::poll(pfds.data(), pfds.size(), dl.pollMs());
+    if (n < 0 && errno != EINTR) {
+      res = MK_ERROR(Result::SystemError, "bootstrap root: poll failed: %s", std::strerror(errno));
+      break;
     }
-    taken[h.rank] = 1;
-    fds[h.rank] = fd;
-    table[h.rank] = h.listen;
-    ++arrived;
+    const Clock::time_point now = Clock::now();
+    // Hellos first (pfds[1..] match incoming[] as it was when polled).
+    for (size_t i = 0; i < incoming.size(); ++i) {
+      Incoming& c = incoming[i];
+      if (n > 0 && (pfds[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) {
+        ssize_t r = ::recv(c.fd, reinterpret_cast<char*>(&c.hello) + c.got, sizeof(HelloWire) - c.got, MSG_DONTWAIT);
+        if (r > 0) {
+          c.got += static_cast<size_t>(r);
+        } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          drop(c, "the connection closed before a whole hello arrived");
+          continue;
+        }
+      }
+      if (c.got == sizeof(HelloWire)) {
+        std::string why;
+        if (!validateHello(c.hello, nonce, nRanks, taken.data(), &why)) {
+          drop(c, why);
+          continue;
+        }
+        if (nRanks < 0) {
+          nRanks = c.hello.nRanks;
+          fds.assign(nRanks, -1);
+          taken.assign(nRanks, 0);
+          table.resize(nRanks);
+        }
+        taken[c.hello.rank] = 1;
+        fds[c.hello.rank] = c.fd;
+        table[c.hello.rank] = c.hello.listen;
+        c.fd = -1;  // owned by fds[] now
+        ++arrived;
+      } else if (std::chrono::duration<double>(now - c.since).count() > kHandshakeSeconds) {
+        drop(c, "no whole hello within " + std::to_string(static_cast<int>(kHandshakeSeconds)) + " s of connecting (" +
+                    std::to_string(c.got) + " of " + std::to_string(sizeof(HelloWire)) + " bytes)");
+      }
+    }
+    incoming.erase(std::remove_if(incoming.begin(), incoming.end(), [](const Incoming& c) { return c.fd < 0; }),
+                   incoming.end());
+    if (n > 0 && (pfds[0].revents & POLLIN)) {
+      for (;;) {
+        int fd = ::accept4(listenFd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) break;  // EAGAIN: all taken; other errors: the next poll tells
+        incoming.push_back(Incoming{fd, HelloWire{}, 0, now});
+      }
+    }
   }
+  for (Incoming& c : incoming) closeFd(&c.fd);
   if (res == Result::Success) {
     for (int r = 0; r < nRanks; ++r)
       sendAll(fds[r], table.data(), table.size() * sizeof(SockAddr), Deadline::in(kHandshakeSeconds),
