@@ -310,6 +310,7 @@ Result IbNet::isend(SendComm* comm, void* data, size_t size, int tag, void* mhan
   }
   c->nextQp = (c->nextQp + nchunks) % nqps;
   c->markUsed(slot, match, nreqs);
+  c->issue(r);
   *request = r;
   return Result::Success;
 }
@@ -374,6 +375,7 @@ Result IbNet::irecv(RecvComm* comm, int n, void** data, const size_t* sizes, con
   c->slots[slot] = r;
   ++c->outstanding;
   ++c->recvSeq;
+  c->issue(r);
   *request = r;
   return Result::Success;
 }
@@ -416,9 +418,31 @@ Result IbNet::iflush(RecvComm* comm, int n, void** data, const int* sizes, void*
     return c->fail(Result::SystemError,
                    "NET/IB: " + c->dev->name + ": posting the flush read failed: " + strerror(rc));
   }
+  c->issue(r);
   *request = r;
   return Result::Success;
 }
+
+namespace {
+
+// Whether r's own transfer is over (its data sent, flushed, or every entry received).
+bool transferComplete(const IbRequest* r) {
+  if (r->kind != IbRequest::kRecv) return r->pending == 0;
+  for (int i = 0; i < r->n; ++i)
+    if (r->chunksExpected[i] == 0 || r->chunksArrived[i] < r->chunksExpected[i]) return false;
+  return true;
+}
+
+// Whether every request of r's kind posted before r on its comm is complete.
+bool earlierComplete(const IbComm* c, const IbRequest* r) {
+  for (const IbRequest* e : c->outstanding[r->kind]) {
+    if (e == r) return true;
+    if (!transferComplete(e)) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 Result IbNet::test(Request* request, bool* done, size_t* sizes) {
   *done = false;
@@ -428,11 +452,15 @@ Result IbNet::test(Request* request, bool* done, size_t* sizes) {
                     "NET/IB: test of a request that is not a live verbs request");
   IbComm* c = r->comm;
   MK_CHECK(c->progress());
+  // An earlier request of the same kind is still in flight: this one is not reported yet, even
+  // if its own transfer finished (the caller sees completions in posting order).
+  const bool itsTurn = earlierComplete(c, r);
   switch (r->kind) {
     case IbRequest::kSend:
     case IbRequest::kFlush:
       if (r->pending > 0)
         return c->checkLiveness(r, r->kind == IbRequest::kSend ? "send" : "flush");
+      if (!itsTurn) return Result::Success;
       if (sizes) sizes[0] = r->size;
       break;
     case IbRequest::kRecv: {
@@ -452,6 +480,7 @@ Result IbNet::test(Request* request, bool* done, size_t* sizes) {
                                                    std::to_string(r->postedSize[i]) + " bytes");
       }
       if (!complete) return c->checkLiveness(r, "receive");
+      if (!itsTurn) return Result::Success;
       if (sizes)
         for (int i = 0; i < r->n; ++i) sizes[i] = size_t(recvd[i]);
       rc->slots[r->slot] = nullptr;
@@ -461,6 +490,8 @@ Result IbNet::test(Request* request, bool* done, size_t* sizes) {
     case IbRequest::kFree:
       break;
   }
+  auto& q = c->outstanding[r->kind];
+  q.erase(std::find(q.begin(), q.end(), r));
   c->freeRequest(r);
   *done = true;
   return Result::Success;

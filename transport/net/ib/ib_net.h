@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -122,8 +123,15 @@ struct IbComm {
   Clock::time_point peerClosedAt{};
   bool peerClosed = false;
 
+  // Requests handed out and not yet reported done, per kind, in posting order: test() reports a
+  // request done only once every earlier one of its kind on this comm is complete too (net.h:
+  // requests of one comm complete in posting order), even when its own work finished first.
+  std::deque<IbRequest*> outstanding[4];
+
   IbRequest* allocRequest(IbRequest::Kind kind);
   void freeRequest(IbRequest* r);
+  // Gives r its place in the comm's posting order; called when r is handed to the caller.
+  void issue(IbRequest* r) { outstanding[r->kind].push_back(r); }
   void initPool(int n);
   // The caller's handle, else a registration made for this request only.
   Result memoryFor(IbRequest* r, int i, void* data, size_t size, void* mhandle, MrEntry** mr);
