@@ -24,16 +24,21 @@ std::unique_ptr<net::Net> tcpNet() {
 }  // namespace
 
 MKERNEL_NET_SUITE("tcp", tcpNet)
+// TCP buffers a send posted before its receive, so the checks that need that run here too.
+MKERNEL_NET_SUITE_EARLY_SENDS("tcp", tcpNet)
 
 TEST_CASE("tcp net: striping variants move every byte") {
+  using mkernel::nettest::SendOrder;
   SECTION("one socket") {
     ScopedEnv s("MKERNEL_NET_SOCKETS", "1");
     mkernel::nettest::checkSizes(tcpNet);
+    mkernel::nettest::checkSizes(tcpNet, SendOrder::kBeforeReceive);
   }
   SECTION("four sockets, 4 KiB chunks") {
     ScopedEnv s("MKERNEL_NET_SOCKETS", "4");
     ScopedEnv c("MKERNEL_NET_CHUNK_BYTES", "4096");
     mkernel::nettest::checkSizes(tcpNet);
+    mkernel::nettest::checkSizes(tcpNet, SendOrder::kBeforeReceive);
     mkernel::nettest::checkGroupedReceives(tcpNet);
     mkernel::nettest::checkPostingOrderCompletion(tcpNet);
   }
@@ -41,6 +46,7 @@ TEST_CASE("tcp net: striping variants move every byte") {
     ScopedEnv i("MKERNEL_NET_INLINE_PROGRESS", "0");
     ScopedEnv s("MKERNEL_NET_SOCKETS", "3");
     mkernel::nettest::checkSizes(tcpNet);
+    mkernel::nettest::checkSizes(tcpNet, SendOrder::kBeforeReceive);
     mkernel::nettest::checkManyInFlightAndBackPressure(tcpNet);
   }
 }
