@@ -116,9 +116,10 @@ MK_PROXY_HD inline void proxyBackoff() {
 
 enum class PostStatus { kPosted, kTimedOut, kProxyFailed };
 
-// Producer side. Posts one command (cmd.seq is overwritten), waiting while the ring is full.
+// Producer side. Posts one command (its seq field is ignored: the slot gets its own), waiting
+// while the ring is full.
 // Gives up after timeoutNs, or at once when the proxy has failed. Single producer per ring.
-MK_PROXY_HD inline PostStatus proxyPost(ProxyRing* ring, const ProxyFlags* flags, ProxyCmd cmd,
+MK_PROXY_HD inline PostStatus proxyPost(ProxyRing* ring, const ProxyFlags* flags, const ProxyCmd& cmd,
                                         uint64_t timeoutNs) {
   const uint64_t pos = ring->head;
   uint64_t start = 0;
