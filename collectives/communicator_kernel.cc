@@ -23,6 +23,7 @@
 #include "collectives/device/launch.h"
 #include "collectives/peer_memory.h"
 #include "collectives/reduce_host.h"
+#include "collectives/sm_budget.h"
 #include "collectives/stats.h"
 #include "collectives/work.h"
 #include "common/log.h"
@@ -129,6 +130,7 @@ class KernelCommunicator final : public Communicator {
   bool aborted_ = false;
   bool finalized_ = false;
   bool gateKernel_ = false;  // MKERNEL_STREAM_WAIT: gate kernel (true) or stream memops
+  int reservedCtas_ = 0;     // held in SmBudget until the kernel is known to have exited
   uint64_t launches_ = 0;
   uint64_t oneShotMaxBytes_ = 0;
   mutable std::mutex statsMu_;
@@ -170,8 +172,15 @@ Result KernelCommunicator::init() {
   MK_CUDA(cudaDeviceSynchronize(), "cudaDeviceSynchronize after setup");
 
   PeerSetup peers;
+  // Every rank reads what its GPU has left before any rank of this communicator reserves
+  // (the exchange is collective), so ranks sharing a GPU split the same budget. Two
+  // communicators created at the same moment on one GPU by different threads may both see the
+  // whole budget: create communicators one after another (as PyTorch does).
+  const int smsLeft = SmBudget::process().available(opts_.cudaDev, sms);
   MK_CHECK(exchangePeers(bs_, opts_.rank, opts_.nRanks, opts_.cudaDev, state_, static_cast<int>(want),
-                         sms, opts_.emulate, &peers));
+                         smsLeft, opts_.emulate, &peers));
+  SmBudget::process().reserve(opts_.cudaDev, peers.nCtas);
+  reservedCtas_ = peers.nCtas;
   exchanged_ = true;
   for (int r = 0; r < opts_.nRanks; ++r) params_.peers[r] = peers.peers[r];
   params_.self = state_;
@@ -433,9 +442,11 @@ void KernelCommunicator::release(bool orderly) {
       // The kernel still reads our host memory: leaking it is the only safe choice.
       MK_WARN("rank %d: persistent kernel still running at destruction; leaking its memory", opts_.rank);
       ctl_ = nullptr;
-      return;
+      return;  // its SMs stay reserved too: the kernel still holds them
     }
   }
+  if (reservedCtas_ > 0) SmBudget::process().release(opts_.cudaDev, reservedCtas_);
+  reservedCtas_ = 0;
   for (auto& ev : slotEvents_) {
     if (ev) (void)cudaEventDestroy(ev);
     ev = nullptr;

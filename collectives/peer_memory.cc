@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "collectives/sm_budget.h"
 #include "common/log.h"
 #include "transport/bootstrap/bootstrap.h"
 
@@ -22,7 +23,6 @@ struct RankInfo {
   int32_t smCount;
 };
 
-constexpr int kReservedSms = 4;
 
 bool sameGpu(const RankInfo& a, const RankInfo& b) {
   return a.hostHash == b.hostHash && a.pid == b.pid && a.cudaDev == b.cudaDev;
@@ -60,15 +60,17 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
                           "MKERNEL_EMULATE=1 to run several ranks on one GPU",
                           r, q, ri.cudaDev);
     }
-    // A few SMs stay free of persistent kernels: the callers' own kernels (the memset or the
-    // producer that precedes a doorbell on their stream) must still find an SM, or every rank
-    // waits for a doorbell that is never written.
-    int fit = std::max(0, ri.smCount - kReservedSms) / sharing;
+    // smCount is what the rank's GPU has left for this communicator (SmBudget: the SMs, less
+    // the few kept free for callers' own kernels, less what this process's other communicators
+    // hold there); the ranks sharing it split it.
+    int fit = ri.smCount / sharing;
     if (fit < 1)
       return MK_ERROR(Result::InvalidUsage,
-                      "%d ranks share GPU %d, which has %d SMs: their persistent kernels (at "
-                      "least one CTA each, all resident at once) cannot fit",
-                      sharing, ri.cudaDev, ri.smCount);
+                      "%d rank(s) of this communicator use GPU %d, which has %d SMs left for persistent "
+                      "kernels (after %d kept free and those of this process's other communicators): "
+                      "their kernels (at least one CTA each, all resident at once) cannot fit; "
+                      "destroy a communicator or lower MKERNEL_CTAS",
+                      sharing, ri.cudaDev, ri.smCount, kReservedSms);
     agreed = std::min(agreed, std::min(ri.wantCtas, fit));
     if (r == rank) out->ranksOnMyDevice = sharing;
   }

@@ -26,9 +26,11 @@ struct PeerSetup {
 };
 
 // Collective over `bs`. `local` is this rank's DeviceState; `wantCtas` the CTAs it would like;
-// `smCount` its GPU's SM count. With `emulate` false, two ranks on one GPU are an error (NCCL's
-// "Duplicate GPU detected"); with it, each GPU's SMs are divided among the ranks sharing it (one
-// CTA per SM: every rank's kernel must be resident at once or they deadlock).
+// `smCount` the SMs its GPU has left for this communicator's kernels (SmBudget::available: the
+// SMs, less those kept free, less what this process's other communicators hold). With `emulate`
+// false, two ranks on one GPU are an error (NCCL's "Duplicate GPU detected"); with it, those SMs
+// are divided among the ranks sharing the GPU (one CTA per SM: every rank's kernel must be
+// resident at once or they deadlock).
 Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev,
                      DeviceState* local, int wantCtas, int smCount, bool emulate, PeerSetup* out);
 

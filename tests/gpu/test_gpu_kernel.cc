@@ -174,6 +174,31 @@ TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins 
   CHECK(failures.empty());
 }
 
+TEST_CASE("gpu: a second communicator gets the SMs the first left; none left is a clean error", "[gpu]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  EnvGuard ctas("MKERNEL_CTAS", "64");  // 2 ranks x 64 CTAs: every SM persistent kernels may use
+  auto failures = mkgpu::runRanks(2, [&](mkgpu::RankCtx& ctx) {
+    if (ctx.rank == 0) {
+      auto inner = mkgpu::runRanks(2, [](mkgpu::RankCtx&) {});
+      bool said = inner.size() == 2;
+      for (const auto& f : inner) said = said && f.find("cannot fit") != std::string::npos;
+      if (!said) {
+        std::string all;
+        for (const auto& f : inner) all += f + "; ";
+        ctx.fail("a second communicator while the first holds every SM: want 2 'cannot fit' errors, got " +
+                 std::to_string(inner.size()) + ": " + all);
+      }
+    }
+    if (ctx.bs->barrier() != Result::Success) ctx.fail("barrier");
+  });
+  for (const auto& f : failures) FAIL_CHECK(f);
+  CHECK(failures.empty());
+  // The first one is gone: its SMs are free again.
+  auto again = mkgpu::runRanks(2, [](mkgpu::RankCtx&) {});
+  for (const auto& f : again) FAIL_CHECK(f);
+  CHECK(again.empty());
+}
+
 TEST_CASE("gpu: idle exit and relaunch on demand", "[gpu]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   EnvGuard idle("MKERNEL_IDLE_EXIT_US", "10000");
