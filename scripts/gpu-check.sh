@@ -45,8 +45,13 @@ create_rc=$?
 bench_rc=0
 if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
   step "mkernel-collbench"
+  # NCCL's one-rank AllReduce in the same run (the comparison): PyTorch's NCCL 2.28.9.
+  NCCL_LIB=${GPU_CHECK_NCCL_LIB:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2}
+  nccl_args=()
+  [ -f "$NCCL_LIB" ] && nccl_args=(--nccl "$NCCL_LIB")
   # shellcheck disable=SC2086
-  timeout "${GPU_CHECK_BENCH_TIMEOUT:-200}" "$build/bin/mkernel-collbench" --csv "$logs/collbench.csv" ${GPU_CHECK_BENCH_ARGS:-} \
+  timeout "${GPU_CHECK_BENCH_TIMEOUT:-300}" "$build/bin/mkernel-collbench" --csv "$logs/collbench.csv" \
+    --ranks 1,2,4,8 "${nccl_args[@]}" ${GPU_CHECK_BENCH_ARGS:-} \
     >"$logs/collbench.txt" 2>"$logs/collbench.err"
   bench_rc=$?
   tail -5 "$logs/collbench.err"

@@ -7,6 +7,8 @@
 // eager median, next to cudaMemcpy device-to-device bandwidth (read + write) measured in the
 // same run. Progress on stderr, table on stdout, --csv FILE for the rows.
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <nccl.h>
 
 #include <algorithm>
 #include <chrono>
@@ -41,6 +43,7 @@ struct Options {
   int graphOps = 16;  // collectives per captured graph (each uses one of the 192 graph slots)
   std::vector<std::string> waits{"memop"};  // MKERNEL_STREAM_WAIT modes to compare
   bool trace = false;  // MKERNEL_KERNEL_TRACE: where the time of a collective goes
+  std::string nccl;    // --nccl LIB: the real NCCL's one-rank AllReduce in the same run
   std::string csv;
 };
 
@@ -159,6 +162,129 @@ void traceStages(const std::vector<uint64_t>& flat, size_t last, double* stageUs
   }
   for (int k = 0; k < 6; ++k) stageUs[k] = percentile(d[k], 0.5);
   *used = n - first;
+}
+
+// The real NCCL, dlopen'd (never linked: the same binary runs where no NCCL is installed).
+struct NcclApi {
+  decltype(&ncclGetVersion) getVersion = nullptr;
+  decltype(&ncclCommInitAll) commInitAll = nullptr;
+  decltype(&ncclAllReduce) allReduce = nullptr;
+  decltype(&ncclCommDestroy) commDestroy = nullptr;
+  decltype(&ncclGetErrorString) errorString = nullptr;
+};
+
+bool loadNccl(const std::string& lib, NcclApi* api, std::string* why) {
+  void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr) {
+    *why = dlerror();
+    return false;
+  }
+  api->getVersion = reinterpret_cast<decltype(&ncclGetVersion)>(dlsym(h, "ncclGetVersion"));
+  api->commInitAll = reinterpret_cast<decltype(&ncclCommInitAll)>(dlsym(h, "ncclCommInitAll"));
+  api->allReduce = reinterpret_cast<decltype(&ncclAllReduce)>(dlsym(h, "ncclAllReduce"));
+  api->commDestroy = reinterpret_cast<decltype(&ncclCommDestroy)>(dlsym(h, "ncclCommDestroy"));
+  api->errorString = reinterpret_cast<decltype(&ncclGetErrorString)>(dlsym(h, "ncclGetErrorString"));
+  if (!api->getVersion || !api->commInitAll || !api->allReduce || !api->commDestroy || !api->errorString) {
+    *why = lib + " lacks an NCCL entry point";
+    return false;
+  }
+  return true;
+}
+
+// NCCL's one-rank AllReduce (float sum, out of place) over the same sizes, timed exactly as the
+// mkernel rows are: CUDA events between back-to-back calls on one stream, eager and in a graph.
+bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
+  NcclApi api;
+  std::string why;
+  if (!loadNccl(opt.nccl, &api, &why)) {
+    std::fprintf(stderr, "collbench: --nccl %s: %s\n", opt.nccl.c_str(), why.c_str());
+    return false;
+  }
+  int version = 0;
+  api.getVersion(&version);
+  ncclComm_t comm = nullptr;
+  const int dev = 0;
+  ncclResult_t r = api.commInitAll(&comm, 1, &dev);
+  if (r != ncclSuccess) {
+    std::fprintf(stderr, "collbench: ncclCommInitAll: %s\n", api.errorString(r));
+    return false;
+  }
+  cudaStream_t stream;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  void *send = nullptr, *recv = nullptr;
+  if (cudaMalloc(&send, opt.maxBytes) != cudaSuccess || cudaMalloc(&recv, opt.maxBytes) != cudaSuccess) return false;
+  cudaMemset(send, 0, opt.maxBytes);
+  const int iters = opt.iters;
+  std::vector<cudaEvent_t> ev(static_cast<size_t>(iters) + 1);
+  for (auto& e : ev) cudaEventCreate(&e);
+  bool ok = true;
+  auto call = [&](size_t count) {
+    ok = ok && api.allReduce(send, recv, count, ncclFloat, ncclSum, comm, stream) == ncclSuccess;
+  };
+  for (size_t bytes = opt.minBytes; bytes <= opt.maxBytes && ok; bytes *= opt.step) {
+    const size_t count = std::max<size_t>(1, bytes / 4);
+    for (int i = 0; i < 10; ++i) call(count);
+    cudaStreamSynchronize(stream);
+    std::vector<float> eager(static_cast<size_t>(iters));
+    const auto hostStart = std::chrono::steady_clock::now();
+    cudaEventRecord(ev[0], stream);
+    for (int i = 0; i < iters; ++i) {
+      call(count);
+      cudaEventRecord(ev[static_cast<size_t>(i) + 1], stream);
+    }
+    const double hostUs =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart).count() / iters;
+    cudaStreamSynchronize(stream);
+    for (int i = 0; i < iters; ++i)
+      cudaEventElapsedTime(&eager[static_cast<size_t>(i)], ev[static_cast<size_t>(i)], ev[static_cast<size_t>(i) + 1]);
+    std::vector<float> graph;
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t ge = nullptr;
+    cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    cudaEventRecordWithFlags(ev[0], stream, cudaEventRecordExternal);
+    for (int i = 0; i < opt.graphOps; ++i) {
+      call(count);
+      cudaEventRecordWithFlags(ev[static_cast<size_t>(i) + 1], stream, cudaEventRecordExternal);
+    }
+    if (cudaStreamEndCapture(stream, &g) != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
+      std::fprintf(stderr, "collbench: capturing NCCL's AllReduce failed\n");
+      ok = false;
+      break;
+    }
+    cudaGraphLaunch(ge, stream);
+    cudaStreamSynchronize(stream);
+    while (static_cast<int>(graph.size()) < iters) {
+      cudaGraphLaunch(ge, stream);
+      cudaStreamSynchronize(stream);
+      for (int i = 0; i < opt.graphOps; ++i) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, ev[static_cast<size_t>(i)], ev[static_cast<size_t>(i) + 1]);
+        graph.push_back(ms);
+      }
+    }
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    Row row{};
+    row.wait = "nccl" + std::to_string(version);
+    row.ranks = 1;
+    row.bytes = count * 4;
+    row.eagerMed = percentile(eager, 0.5) * 1e3;
+    row.eagerP99 = percentile(eager, 0.99) * 1e3;
+    row.graphMed = percentile(graph, 0.5) * 1e3;
+    row.graphP99 = percentile(graph, 0.99) * 1e3;
+    row.hostUs = hostUs;
+    row.memGBps = 2.0 * static_cast<double>(row.bytes) / (row.eagerMed * 1e-6) / 1e9;
+    row.pctCopy = copyGBps > 0 ? 100.0 * row.memGBps / copyGBps : 0;
+    rows->push_back(row);
+    std::fprintf(stderr, "collbench: NCCL %d, 1 rank %12zu B  eager %9.2f us  graph %9.2f us\n", version, row.bytes,
+                 row.eagerMed, row.graphMed);
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  cudaFree(send);
+  cudaFree(recv);
+  cudaStreamDestroy(stream);
+  api.commDestroy(comm);
+  return ok;
 }
 
 // Runs all sizes for n ranks; rank 0 fills rows.
@@ -316,7 +442,7 @@ std::vector<int> parseList(const char* s) {
 int usage() {
   std::fprintf(stderr,
                "usage: mkernel-collbench [--ranks 2,4,8] [--min-bytes 8] [--max-bytes 1073741824] "
-               "[--step 8] [--iters 1000] [--wait kernel,memop] [--trace 1] [--csv FILE]\n");
+               "[--step 8] [--iters 1000] [--wait kernel,memop] [--trace 1] [--nccl libnccl.so.2] [--csv FILE]\n");
   return 2;
 }
 
@@ -336,6 +462,7 @@ int main(int argc, char** argv) {
     else if (a == "--csv") opt.csv = v;
     else if (a == "--wait") opt.waits = parseWords(v);
     else if (a == "--trace") opt.trace = std::atoi(v) != 0;
+    else if (a == "--nccl") opt.nccl = v;
     else return usage();
   }
   if (opt.step < 2 || opt.minBytes < 1 || opt.iters < 1) return usage();
@@ -364,6 +491,8 @@ int main(int argc, char** argv) {
   opt.graphOps = std::max(1, std::min(opt.graphOps, 190 / std::max(1, nSizes)));
   std::vector<Row> rows;
   bool ok = true;
+  // NCCL first: its communicator is created and destroyed before any of mkernel's.
+  if (!opt.nccl.empty()) ok = runNccl(opt, copyGBps, &rows) && ok;
   for (const std::string& w : opt.waits) {
     setenv("MKERNEL_STREAM_WAIT", w.c_str(), 1);
     for (int n : opt.ranks) ok = runRanks(n, opt, copyGBps, &rows) && ok;
@@ -373,18 +502,18 @@ int main(int argc, char** argv) {
   std::printf("# floors, one stream: empty kernel launch %.2f us/op, memop triple (write, wait, write) %.2f us/op\n",
               launchUs, memopUs);
   std::printf("# host_us = rank 0's host time per eager enqueue; latencies in us\n");
-  std::printf("%6s %5s %12s %10s %10s %10s %10s %8s %10s %7s\n", "wait", "ranks", "bytes", "eager_med", "eager_p99", "graph_med",
+  std::printf("%10s %5s %12s %10s %10s %10s %10s %8s %10s %7s\n", "wait", "ranks", "bytes", "eager_med", "eager_p99", "graph_med",
               "graph_p99", "host_us", "mem_GB/s", "%copy");
   for (const Row& r : rows)
-    std::printf("%6s %5d %12zu %10.2f %10.2f %10.2f %10.2f %8.2f %10.1f %7.1f\n", r.wait.c_str(), r.ranks, r.bytes, r.eagerMed, r.eagerP99,
+    std::printf("%10s %5d %12zu %10.2f %10.2f %10.2f %10.2f %8.2f %10.1f %7.1f\n", r.wait.c_str(), r.ranks, r.bytes, r.eagerMed, r.eagerP99,
                 r.graphMed, r.graphP99, r.hostUs, r.memGBps, r.pctCopy);
   if (opt.trace) {
     std::printf("# kernel trace (rank 0, CTA 0, medians in us over the eager loop): seen->loaded, loaded->start barrier,\n"
                 "# start barrier->data moved, moved->end barrier, end barrier->reported, reported->next group seen\n");
-    std::printf("%6s %5s %12s %8s %8s %8s %8s %8s %8s %7s\n", "wait", "ranks", "bytes", "load", "start", "move", "end",
+    std::printf("%10s %5s %12s %8s %8s %8s %8s %8s %8s %7s\n", "wait", "ranks", "bytes", "load", "start", "move", "end",
                 "report", "gap", "groups");
     for (const Row& r : rows)
-      std::printf("%6s %5d %12zu %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %7zu\n", r.wait.c_str(), r.ranks, r.bytes,
+      std::printf("%10s %5d %12zu %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %7zu\n", r.wait.c_str(), r.ranks, r.bytes,
                   r.stageUs[0], r.stageUs[1], r.stageUs[2], r.stageUs[3], r.stageUs[4], r.stageUs[5], r.traced);
   }
   if (!opt.csv.empty()) {
