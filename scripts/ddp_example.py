@@ -164,6 +164,7 @@ def train(rank, world_size, local_rank, args):
 
     # Deterministic kernels so that two runs differ only by the all-reduce's rounding.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off: it can take a shared host's GPUs down
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

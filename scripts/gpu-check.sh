@@ -9,6 +9,9 @@
 #      GPU_CHECK_SKIP_TORCH=1, GPU_CHECK_TORCH_RANKS (default 1), GPU_CHECK_PYTHON,
 #      GPU_CHECK_TRACE=0 (skip the kernel-trace benchmark run).
 set -u -o pipefail
+# NVLink multicast stays off on every machine this runs on (it can take a shared host's GPUs down
+# for a day): for NCCL here, and mkernel never uses multicast unless MKERNEL_NVLS=1.
+export NCCL_NVLS_ENABLE=0
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${GPU_CHECK_BUILD:-$root/build-gpu}
 # All logs go to $build/logs; at the end the eight that matter are copied to $OUT when it is set
@@ -55,6 +58,15 @@ if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
     >"$logs/collbench.txt" 2>"$logs/collbench.err"
   bench_rc=$?
   tail -5 "$logs/collbench.err"
+  ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  if [ "${ngpus:-1}" -gt 1 ]; then
+    # Real multi-GPU (issue 9): one rank per GPU over NVLink, mkernel beside NCCL in one run.
+    # NVLink multicast stays off (it can take a shared host's GPUs down).
+    step "mkernel-collbench on $ngpus GPUs, beside NCCL (NCCL_NVLS_ENABLE=0)"
+    NCCL_NVLS_ENABLE=0 timeout "${GPU_CHECK_MULTI_TIMEOUT:-200}" "$build/bin/mkernel-collbench" --gpus "$ngpus" \
+      --ranks "$ngpus" "${nccl_args[@]}" --iters 300 --csv "$logs/collbench-multi.csv" 2>>"$logs/collbench.err" \
+      | sed 's/^/multi-gpu: /' >>"$logs/collbench.txt" || bench_rc=1
+  fi
   if [ "${GPU_CHECK_TRACE:-1}" != 0 ]; then
     # Where the small-message time goes: the kernel's stage timestamps (MKERNEL_KERNEL_TRACE).
     step "mkernel-collbench --trace 1 (small messages)"
@@ -88,7 +100,7 @@ grep -E "tests passed|tests failed|Passed|Failed" "$logs/ctest-gpu.log" | tail -
 [ -f "$logs/torch.txt" ] && grep -E "^\[torch_check\]" "$logs/torch.txt"
 } 2>&1 | tee "$logs/summary.txt"
 if [ -n "${OUT:-}" ]; then
-  for f in summary.txt ctest-gpu.log collbench.txt collbench.err collbench.csv torch.txt torch_check.json build.log; do
+  for f in summary.txt ctest-gpu.log collbench.txt collbench.err collbench.csv collbench-multi.csv torch.txt torch_check.json; do
     [ -f "$logs/$f" ] && cp "$logs/$f" "$OUT/"
   done
 fi

@@ -20,6 +20,8 @@
 # An LD_PRELOAD set when this script starts is kept away from the compiler and given back to
 # the --run binaries.
 set -euo pipefail
+# NVLink multicast stays off on every machine this runs on (it can take a shared host's GPUs down).
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 
 MK_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PATCH_DIR=$MK_ROOT/nccl-tests-patches

@@ -1,4 +1,5 @@
-// mkernel-collbench: AllReduce through the persistent kernel, N emulated thread ranks on one GPU.
+// mkernel-collbench: AllReduce through the persistent kernel, N thread ranks on one GPU (emulated)
+// or spread over several (--gpus), optionally beside the real NCCL (--nccl).
 //
 // For each rank count and size: per-op latency (median, p99) over back-to-back collectives timed
 // with CUDA events on rank 0's stream, eager and replayed from a CUDA graph, and a memory
@@ -43,7 +44,8 @@ struct Options {
   int graphOps = 16;  // collectives per captured graph (each uses one of the 192 graph slots)
   std::vector<std::string> waits{"memop"};  // MKERNEL_STREAM_WAIT modes to compare
   bool trace = false;  // MKERNEL_KERNEL_TRACE: where the time of a collective goes
-  std::string nccl;    // --nccl LIB: the real NCCL's one-rank AllReduce in the same run
+  std::string nccl;    // --nccl LIB: the real NCCL's AllReduce in the same run
+  int gpus = 1;        // --gpus N: rank r runs on GPU r % N (N = 1: every rank on GPU 0, emulated)
   std::string csv;
 };
 
@@ -171,6 +173,8 @@ struct NcclApi {
   decltype(&ncclAllReduce) allReduce = nullptr;
   decltype(&ncclCommDestroy) commDestroy = nullptr;
   decltype(&ncclGetErrorString) errorString = nullptr;
+  decltype(&ncclGroupStart) groupStart = nullptr;
+  decltype(&ncclGroupEnd) groupEnd = nullptr;
 };
 
 bool loadNccl(const std::string& lib, NcclApi* api, std::string* why) {
@@ -184,15 +188,20 @@ bool loadNccl(const std::string& lib, NcclApi* api, std::string* why) {
   api->allReduce = reinterpret_cast<decltype(&ncclAllReduce)>(dlsym(h, "ncclAllReduce"));
   api->commDestroy = reinterpret_cast<decltype(&ncclCommDestroy)>(dlsym(h, "ncclCommDestroy"));
   api->errorString = reinterpret_cast<decltype(&ncclGetErrorString)>(dlsym(h, "ncclGetErrorString"));
-  if (!api->getVersion || !api->commInitAll || !api->allReduce || !api->commDestroy || !api->errorString) {
+  api->groupStart = reinterpret_cast<decltype(&ncclGroupStart)>(dlsym(h, "ncclGroupStart"));
+  api->groupEnd = reinterpret_cast<decltype(&ncclGroupEnd)>(dlsym(h, "ncclGroupEnd"));
+  if (!api->getVersion || !api->commInitAll || !api->allReduce || !api->commDestroy || !api->errorString ||
+      !api->groupStart || !api->groupEnd) {
     *why = lib + " lacks an NCCL entry point";
     return false;
   }
   return true;
 }
 
-// NCCL's one-rank AllReduce (float sum, out of place) over the same sizes, timed exactly as the
-// mkernel rows are: CUDA events between back-to-back calls on one stream, eager and in a graph.
+// NCCL's AllReduce (float sum, out of place) over the same sizes with one rank per GPU (--gpus),
+// timed as the mkernel rows are: CUDA events between back-to-back calls on rank 0's stream, eager,
+// and (one GPU) in a graph. Several GPUs are driven from this thread in a group, as
+// ncclCommInitAll's users do.
 bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
   NcclApi api;
   std::string why;
@@ -202,29 +211,49 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
   }
   int version = 0;
   api.getVersion(&version);
-  ncclComm_t comm = nullptr;
-  const int dev = 0;
-  ncclResult_t r = api.commInitAll(&comm, 1, &dev);
+  const int nG = opt.gpus;
+  std::vector<ncclComm_t> comms(static_cast<size_t>(nG), nullptr);
+  std::vector<int> devs(static_cast<size_t>(nG));
+  for (int d = 0; d < nG; ++d) devs[static_cast<size_t>(d)] = d;
+  ncclResult_t r = api.commInitAll(comms.data(), nG, devs.data());
   if (r != ncclSuccess) {
     std::fprintf(stderr, "collbench: ncclCommInitAll: %s\n", api.errorString(r));
     return false;
   }
-  cudaStream_t stream;
-  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  void *send = nullptr, *recv = nullptr;
-  if (cudaMalloc(&send, opt.maxBytes) != cudaSuccess || cudaMalloc(&recv, opt.maxBytes) != cudaSuccess) return false;
-  cudaMemset(send, 0, opt.maxBytes);
+  std::vector<cudaStream_t> streams(static_cast<size_t>(nG));
+  std::vector<void*> sends(static_cast<size_t>(nG)), recvs(static_cast<size_t>(nG));
+  for (int d = 0; d < nG; ++d) {
+    cudaSetDevice(d);
+    cudaStreamCreateWithFlags(&streams[static_cast<size_t>(d)], cudaStreamNonBlocking);
+    if (cudaMalloc(&sends[static_cast<size_t>(d)], opt.maxBytes) != cudaSuccess ||
+        cudaMalloc(&recvs[static_cast<size_t>(d)], opt.maxBytes) != cudaSuccess)
+      return false;
+    cudaMemset(sends[static_cast<size_t>(d)], 0, opt.maxBytes);
+  }
+  cudaSetDevice(0);
+  cudaStream_t stream = streams[0];
   const int iters = opt.iters;
   std::vector<cudaEvent_t> ev(static_cast<size_t>(iters) + 1);
   for (auto& e : ev) cudaEventCreate(&e);
   bool ok = true;
   auto call = [&](size_t count) {
-    ok = ok && api.allReduce(send, recv, count, ncclFloat, ncclSum, comm, stream) == ncclSuccess;
+    if (nG == 1) {
+      ok = ok && api.allReduce(sends[0], recvs[0], count, ncclFloat, ncclSum, comms[0], stream) == ncclSuccess;
+      return;
+    }
+    ok = ok && api.groupStart() == ncclSuccess;
+    for (int d = 0; d < nG; ++d)
+      ok = ok && api.allReduce(sends[static_cast<size_t>(d)], recvs[static_cast<size_t>(d)], count, ncclFloat, ncclSum,
+                               comms[static_cast<size_t>(d)], streams[static_cast<size_t>(d)]) == ncclSuccess;
+    ok = ok && api.groupEnd() == ncclSuccess;
+  };
+  auto syncAll = [&] {
+    for (int d = 0; d < nG; ++d) cudaStreamSynchronize(streams[static_cast<size_t>(d)]);
   };
   for (size_t bytes = opt.minBytes; bytes <= opt.maxBytes && ok; bytes *= opt.step) {
     const size_t count = std::max<size_t>(1, bytes / 4);
     for (int i = 0; i < 10; ++i) call(count);
-    cudaStreamSynchronize(stream);
+    syncAll();
     std::vector<float> eager(static_cast<size_t>(iters));
     const auto hostStart = std::chrono::steady_clock::now();
     cudaEventRecord(ev[0], stream);
@@ -234,56 +263,62 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
     }
     const double hostUs =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart).count() / iters;
-    cudaStreamSynchronize(stream);
+    syncAll();
     for (int i = 0; i < iters; ++i)
       cudaEventElapsedTime(&eager[static_cast<size_t>(i)], ev[static_cast<size_t>(i)], ev[static_cast<size_t>(i) + 1]);
     std::vector<float> graph;
-    cudaGraph_t g = nullptr;
-    cudaGraphExec_t ge = nullptr;
-    cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-    cudaEventRecordWithFlags(ev[0], stream, cudaEventRecordExternal);
-    for (int i = 0; i < opt.graphOps; ++i) {
-      call(count);
-      cudaEventRecordWithFlags(ev[static_cast<size_t>(i) + 1], stream, cudaEventRecordExternal);
-    }
-    if (cudaStreamEndCapture(stream, &g) != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
-      std::fprintf(stderr, "collbench: capturing NCCL's AllReduce failed\n");
-      ok = false;
-      break;
-    }
-    cudaGraphLaunch(ge, stream);
-    cudaStreamSynchronize(stream);
-    while (static_cast<int>(graph.size()) < iters) {
+    if (nG == 1) {  // in a graph: one GPU (several would need a fork/join capture of the group)
+      cudaGraph_t g = nullptr;
+      cudaGraphExec_t ge = nullptr;
+      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+      cudaEventRecordWithFlags(ev[0], stream, cudaEventRecordExternal);
+      for (int i = 0; i < opt.graphOps; ++i) {
+        call(count);
+        cudaEventRecordWithFlags(ev[static_cast<size_t>(i) + 1], stream, cudaEventRecordExternal);
+      }
+      if (cudaStreamEndCapture(stream, &g) != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
+        std::fprintf(stderr, "collbench: capturing NCCL's AllReduce failed\n");
+        ok = false;
+        break;
+      }
       cudaGraphLaunch(ge, stream);
       cudaStreamSynchronize(stream);
-      for (int i = 0; i < opt.graphOps; ++i) {
-        float ms = 0;
-        cudaEventElapsedTime(&ms, ev[static_cast<size_t>(i)], ev[static_cast<size_t>(i) + 1]);
-        graph.push_back(ms);
+      while (static_cast<int>(graph.size()) < iters) {
+        cudaGraphLaunch(ge, stream);
+        cudaStreamSynchronize(stream);
+        for (int i = 0; i < opt.graphOps; ++i) {
+          float ms = 0;
+          cudaEventElapsedTime(&ms, ev[static_cast<size_t>(i)], ev[static_cast<size_t>(i) + 1]);
+          graph.push_back(ms);
+        }
       }
+      cudaGraphExecDestroy(ge);
+      cudaGraphDestroy(g);
     }
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
     Row row{};
     row.wait = "nccl" + std::to_string(version);
-    row.ranks = 1;
+    row.ranks = nG;
     row.bytes = count * 4;
     row.eagerMed = percentile(eager, 0.5) * 1e3;
     row.eagerP99 = percentile(eager, 0.99) * 1e3;
     row.graphMed = percentile(graph, 0.5) * 1e3;
     row.graphP99 = percentile(graph, 0.99) * 1e3;
     row.hostUs = hostUs;
-    row.memGBps = 2.0 * static_cast<double>(row.bytes) / (row.eagerMed * 1e-6) / 1e9;
+    row.memGBps = 2.0 * nG * static_cast<double>(row.bytes) / (row.eagerMed * 1e-6) / 1e9;
     row.pctCopy = copyGBps > 0 ? 100.0 * row.memGBps / copyGBps : 0;
     rows->push_back(row);
-    std::fprintf(stderr, "collbench: NCCL %d, 1 rank %12zu B  eager %9.2f us  graph %9.2f us\n", version, row.bytes,
-                 row.eagerMed, row.graphMed);
+    std::fprintf(stderr, "collbench: NCCL %d, %d rank(s) %12zu B  eager %9.2f us  graph %9.2f us\n", version, nG,
+                 row.bytes, row.eagerMed, row.graphMed);
   }
   for (auto& e : ev) cudaEventDestroy(e);
-  cudaFree(send);
-  cudaFree(recv);
-  cudaStreamDestroy(stream);
-  api.commDestroy(comm);
+  for (int d = 0; d < nG; ++d) {
+    cudaSetDevice(d);
+    cudaFree(sends[static_cast<size_t>(d)]);
+    cudaFree(recvs[static_cast<size_t>(d)]);
+    cudaStreamDestroy(streams[static_cast<size_t>(d)]);
+    api.commDestroy(comms[static_cast<size_t>(d)]);
+  }
+  cudaSetDevice(0);
   return ok;
 }
 
@@ -302,13 +337,15 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         std::fprintf(stderr, "rank %d: %s: %s\n", r, what.c_str(), mkernel::lastError());
         ok = false;
       };
-      cudaSetDevice(0);
+      const int dev = r % opt.gpus;
+      cudaSetDevice(dev);
       std::unique_ptr<mkernel::bootstrap::Bootstrap> bs;
       if (mkernel::bootstrap::Bootstrap::create(id, r, n, &bs) != Result::Success) return fail("bootstrap");
       mkernel::coll::CommOptions co;
       co.rank = r;
       co.nRanks = n;
-      co.emulate = true;
+      co.cudaDev = dev;
+      co.emulate = n > opt.gpus;  // several ranks per GPU only in emulation
       std::unique_ptr<mkernel::coll::Communicator> comm;
       if (mkernel::coll::Communicator::create(co, bs.get(), &comm) != Result::Success) return fail("create");
       cudaStream_t stream;
@@ -442,7 +479,7 @@ std::vector<int> parseList(const char* s) {
 int usage() {
   std::fprintf(stderr,
                "usage: mkernel-collbench [--ranks 2,4,8] [--min-bytes 8] [--max-bytes 1073741824] "
-               "[--step 8] [--iters 1000] [--wait kernel,memop] [--trace 1] [--nccl libnccl.so.2] [--csv FILE]\n");
+               "[--step 8] [--iters 1000] [--wait kernel,memop] [--trace 1] [--nccl libnccl.so.2] [--gpus 1] [--csv FILE]\n");
   return 2;
 }
 
@@ -463,9 +500,10 @@ int main(int argc, char** argv) {
     else if (a == "--wait") opt.waits = parseWords(v);
     else if (a == "--trace") opt.trace = std::atoi(v) != 0;
     else if (a == "--nccl") opt.nccl = v;
+    else if (a == "--gpus") opt.gpus = std::atoi(v);
     else return usage();
   }
-  if (opt.step < 2 || opt.minBytes < 1 || opt.iters < 1) return usage();
+  if (opt.step < 2 || opt.minBytes < 1 || opt.iters < 1 || opt.gpus < 1) return usage();
   if (opt.trace) setenv("MKERNEL_KERNEL_TRACE", "1", 1);
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 0);
   // 2 streams per rank (caller + internal): more hardware queues than CUDA's default 8, so that a
@@ -474,6 +512,10 @@ int main(int argc, char** argv) {
   int nDev = 0;
   if (cudaGetDeviceCount(&nDev) != cudaSuccess || nDev == 0) {
     std::fprintf(stderr, "mkernel-collbench: no CUDA device\n");
+    return 1;
+  }
+  if (opt.gpus > nDev) {
+    std::fprintf(stderr, "mkernel-collbench: --gpus %d but this machine has %d\n", opt.gpus, nDev);
     return 1;
   }
   cudaSetDevice(0);
@@ -497,7 +539,8 @@ int main(int argc, char** argv) {
     setenv("MKERNEL_STREAM_WAIT", w.c_str(), 1);
     for (int n : opt.ranks) ok = runRanks(n, opt, copyGBps, &rows) && ok;
   }
-  std::printf("# AllReduce float sum, emulated thread ranks on one %s; D2D copy %.0f GB/s\n", prop.name, copyGBps);
+  std::printf("# AllReduce float sum, thread ranks on %d x %s (%s); D2D copy %.0f GB/s\n", opt.gpus, prop.name,
+              opt.gpus == 1 ? "every rank on GPU 0: emulated" : "rank r on GPU r % gpus", copyGBps);
   std::printf("# mem GB/s = 2 * ranks * bytes / eager median (each input read once, each output written once)\n");
   std::printf("# floors, one stream: empty kernel launch %.2f us/op, memop triple (write, wait, write) %.2f us/op\n",
               launchUs, memopUs);
