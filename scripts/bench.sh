@@ -2,7 +2,9 @@
 # The main command: installs what is missing, builds, and runs the mkernel benchmark on whatever
 # this machine has, saying plainly what it ran and why.
 #   no GPU      -> the net transport's latency/bandwidth table over loopback + the topology report
-#   GPU(s)      -> also the collectives sweep (mkernel against NCCL where NCCL can run)
+#   GPU(s)      -> also the collectives sweep: mkernel, and the real NCCL beside it in the same
+#                  run where libnccl.so.2 is installed (MK_NCCL_LIB names another); one rank per
+#                  GPU on multi-GPU machines, emulated ranks on one GPU otherwise
 # Extra arguments are passed to mkernel-bench. Results: bench-results/ (CSV, and PNG plots).
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
@@ -20,7 +22,13 @@ mk_say "topology (mkernel-topo)"
 if mk_have_gpu; then
   mk_say "GPU found: collectives benchmark, then the transport benchmark"
   if [ -x "$BUILD/bin/mkernel-collbench" ]; then
-    "$BUILD/bin/mkernel-collbench" --csv "$OUTDIR/collectives.csv" || exit 1
+    # The real NCCL beside mkernel in the same run, where one is installed (never linked: dlopen).
+    nccl_lib=${MK_NCCL_LIB:-$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 /{print $NF; exit}')}
+    ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+    args=(--csv "$OUTDIR/collectives.csv" --ranks "1,2,4,8")
+    [ -n "$nccl_lib" ] && [ -f "$nccl_lib" ] && args+=(--nccl "$nccl_lib")
+    [ "${ngpus:-1}" -gt 1 ] && args+=(--gpus "$ngpus" --ranks "$ngpus")
+    NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} "$BUILD/bin/mkernel-collbench" "${args[@]}" || exit 1
     # The PNG next to the CSV (latency and bandwidth against size), where matplotlib is installed.
     python3 "$MK_ROOT/scripts/plot-bench.py" "$OUTDIR/collectives.csv" "$OUTDIR/collectives.png" || true
   fi
