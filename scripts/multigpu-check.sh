@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Issue 9 (multi-GPU runs, mkernel against NCCL) in one device call:
+#   bash scripts/multigpu-check.sh            (repository root; carry .carry and the nccl-tests
+#                                              checkout, NCCL_TESTS_DIR, default .carry/nccl-tests)
+# NVLink multicast stays off everywhere (NCCL, PyTorch symmetric memory, NVSHMEM).
+#   1. nccl-tests all_reduce/all_gather/reduce_scatter/broadcast/reduce, -b 8 -e MG_MAX_BYTES -f 2
+#      -c 1 -g <GPUs>: NCCL alone, then LD_PRELOAD=libmkernel.so; a table per test (time, busbw,
+#      speedup, #wrong of both runs: scripts/nccl-tests-table.py).
+#   2. (2+ GPUs) all_reduce over the net path between GPUs of this host (NCCL_P2P_DISABLE=1
+#      NCCL_SHM_DISABLE=1, NCCL_TUNER_PLUGIN=none): NCCL's Socket transport against
+#      NCCL_NET_PLUGIN=mkernel (TCP); then mkernel's net plugin with its tuner.
+#   3. Emulated two nodes (MKERNEL_RANKS_PER_NODE): not run, the hierarchical path is not in the
+#      kernel yet (docs/ALGORITHMS.md, docs/PROXY.md); says so.
+#   4. The DDP example with <GPUs> ranks, NCCL against LD_PRELOAD=libmkernel.so: loss compared
+#      (--tol MG_DDP_TOL), step times printed.
+# With one GPU every step runs with one rank (a dry run of the script; NCCL refuses two ranks on
+# one GPU). Logs: build-gpu/logs-multi; the summary and tables are copied to $OUT when set.
+set -u -o pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${MG_BUILD:-$root/build-gpu}
+logs=$build/logs-multi
+mkdir -p "$logs"
+NCCL_HOME=${NCCL_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl}
+PY=${MG_PYTHON:-/opt/torch/.venv/bin/python}
+MAX=${MG_MAX_BYTES:-8G}
+TESTS=${MG_TESTS:-"all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf"}
+NG=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+[ "$NG" -ge 1 ] || { echo "multigpu-check: no GPU"; exit 1; }
+step() { echo "== $* ($(date +%T))"; }
+fail=0
+
+step "build (mkernel, $NG GPU(s))"
+catch_args=()
+[ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON "${catch_args[@]}" \
+  >"$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
+make -C "$build" -j"${MG_JOBS:-16}" mkernel mkernel-collbench >"$logs/build.log" 2>&1 ||
+  { grep -m5 -A5 error "$logs/build.log"; exit 1; }
+LIB=$build/lib/libmkernel.so
+NETLIB=$build/lib/libnccl-net-mkernel.so
+
+step "nccl-tests (patched) against $NCCL_HOME"
+TESTS_SRC=${NCCL_TESTS_DIR:-$root/.carry/nccl-tests}
+NCCL_HOME=$NCCL_HOME bash "$root/scripts/nccl-tests.sh" --build "$build/nccl-tests" --tests "$TESTS" \
+  "$TESTS_SRC" >"$logs/nccl-tests-build.log" 2>&1 || { tail -20 "$logs/nccl-tests-build.log"; exit 1; }
+export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
+
+step "run 1: nccl-tests, NCCL alone against LD_PRELOAD=libmkernel.so (-g $NG)"
+: >"$logs/tables.txt"
+for t in $TESTS; do
+  bin=$build/nccl-tests/$t
+  [ -x "$bin" ] || { echo "missing $bin"; fail=1; continue; }
+  args=(-b 8 -e "$MAX" -f 2 -c 1 -g "$NG")
+  timeout "${MG_TEST_TIMEOUT:-240}" "$bin" "${args[@]}" >"$logs/nccl-$t.txt" 2>&1 || { echo "$t (NCCL) failed"; fail=1; }
+  LD_PRELOAD=$LIB timeout "${MG_TEST_TIMEOUT:-240}" "$bin" "${args[@]}" >"$logs/mk-$t.txt" 2>&1 ||
+    { echo "$t (mkernel) failed"; fail=1; }
+  python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t.txt" "$logs/mk-$t.txt" \
+    --title "$t, $NG GPU(s), NCCL $(basename "$NCCL_HOME") vs mkernel" --csv "$logs/$t.csv" | tee -a "$logs/tables.txt" ||
+    fail=1
+done
+
+if [ "$NG" -gt 1 ]; then
+  step "run 2: the net path between this host's GPUs: NCCL Socket against NCCL_NET_PLUGIN=mkernel (TCP)"
+  bin=$build/nccl-tests/all_reduce_perf
+  netenv=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 MKERNEL_NET_BACKEND=tcp)
+  args=(-b 8 -e "${MG_NET_MAX_BYTES:-256M}" -f 4 -c 1 -g "$NG")
+  env "${netenv[@]}" NCCL_NET=Socket NCCL_TUNER_PLUGIN=none timeout 240 "$bin" "${args[@]}" >"$logs/net-socket.txt" 2>&1 || fail=1
+  env "${netenv[@]}" NCCL_NET_PLUGIN="$NETLIB" NCCL_TUNER_PLUGIN=none timeout 240 "$bin" "${args[@]}" >"$logs/net-mkernel.txt" 2>&1 || fail=1
+  env "${netenv[@]}" NCCL_NET_PLUGIN="$NETLIB" NCCL_TUNER_PLUGIN=mkernel timeout 240 "$bin" "${args[@]}" >"$logs/net-mkernel-tuner.txt" 2>&1 || fail=1
+  python3 "$root/scripts/nccl-tests-table.py" "$logs/net-socket.txt" "$logs/net-mkernel.txt" \
+    --title "all_reduce over the net path: NCCL Socket vs mkernel net plugin (TCP), tuner off" | tee -a "$logs/tables.txt" || fail=1
+  python3 "$root/scripts/nccl-tests-table.py" "$logs/net-mkernel.txt" "$logs/net-mkernel-tuner.txt" \
+    --title "mkernel net plugin: tuner off vs NCCL_TUNER_PLUGIN=mkernel" | tee -a "$logs/tables.txt" || fail=1
+else
+  echo "run 2 skipped: one GPU (the net path between GPUs needs two)"
+fi
+
+echo "run 3 skipped: emulated nodes need the hierarchical path inside the kernel (not written yet)"
+
+step "run 4: DDP example, $NG rank(s), NCCL against LD_PRELOAD=libmkernel.so"
+if [ -x "$PY" ]; then
+  "$PY" "$root/scripts/ddp_example.py" --world-size "$NG" --backend nccl --csv "$logs/ddp-nccl.csv" \
+    >"$logs/ddp-nccl.txt" 2>&1 || fail=1
+  LD_PRELOAD=$LIB "$PY" "$root/scripts/ddp_example.py" --world-size "$NG" --backend nccl --csv "$logs/ddp-mk.csv" \
+    >"$logs/ddp-mk.txt" 2>&1 || fail=1
+  tail -3 "$logs/ddp-nccl.txt" "$logs/ddp-mk.txt" | tee -a "$logs/tables.txt"
+  "$PY" "$root/scripts/ddp_example.py" --compare "$logs/ddp-nccl.csv" "$logs/ddp-mk.csv" --tol "${MG_DDP_TOL:-1e-3}" \
+    2>&1 | tee -a "$logs/tables.txt" || fail=1
+else
+  echo "run 4 skipped: no PyTorch at $PY"
+fi
+
+step "summary: multigpu-check $([ $fail = 0 ] && echo passed || echo FAILED)"
+if [ -n "${OUT:-}" ]; then
+  cp "$logs/tables.txt" "$OUT/" 2>/dev/null
+  for f in nccl-all_reduce_perf.txt mk-all_reduce_perf.txt net-mkernel.txt ddp-mk.txt build.log nccl-tests-build.log; do
+    [ -f "$logs/$f" ] && cp "$logs/$f" "$OUT/"
+  done
+fi
+exit $fail
