@@ -215,5 +215,13 @@ Placement computePlacement(const Topology& topo) {
   return p;
 }
 
+std::vector<std::string> railNicNames(const Topology& topo, const Placement& place, int gpu) {
+  std::vector<std::string> names;
+  if (gpu < 0 || gpu >= static_cast<int>(place.gpus.size())) return names;
+  for (int n : place.gpus[static_cast<size_t>(gpu)].rails)
+    if (n >= 0 && n < static_cast<int>(topo.nics.size())) names.push_back(topo.nics[static_cast<size_t>(n)].name);
+  return names;
+}
+
 }  // namespace topo
 }  // namespace mkernel

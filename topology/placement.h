@@ -48,6 +48,10 @@ struct Placement {
 
 Placement computePlacement(const Topology& topo);
 
+// The verbs names of GPU `gpu`'s rail NICs, primary first (empty for an unknown GPU or none):
+// the order the proxy's verbs backend numbers its devices in (net::ib::setIbPreferredDevices).
+std::vector<std::string> railNicNames(const Topology& topo, const Placement& place, int gpu);
+
 // This process's node: discovered once (defaultDiscoverOptions(), so MKERNEL_TOPO_XML /
 // MKERNEL_NVLINK_MATRIX apply, and CUDA_VISIBLE_DEVICES on the live machine, so GPU indexes are
 // this process's CUDA device indexes) and kept for the life of the process. What the proxy

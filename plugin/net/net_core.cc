@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/param.h"
+#include "transport/net/backend.h"
 #include "transport/net/net.h"
 
 namespace mkernel {
@@ -111,48 +112,17 @@ const char* intern(Lifecycle& lc, const std::string& s) {
   return lc.interned.insert(s).first->c_str();
 }
 
-// Chooses and creates the backend (MKERNEL_NET_BACKEND) and logs one INFO line saying which and
-// why. Caller holds lc.mutex.
+// Chooses and creates the backend (MKERNEL_NET_BACKEND, transport/net/backend.h) and logs one
+// INFO line saying which and why. NCCL maps GPUs to NICs itself, so no NIC order is preferred.
+// Caller holds lc.mutex.
 Result ensureNetLocked(Lifecycle& lc) {
   if (lc.net) return Result::Success;
-  std::string choice = paramString("NET_BACKEND");
-  std::transform(choice.begin(), choice.end(), choice.begin(),
-                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  if (choice.empty()) choice = "auto";
-  if (choice != "auto" && choice != "ib" && choice != "tcp")
-    return MK_ERROR(Result::InvalidArgument,
-                    "NET/%s: MKERNEL_NET_BACKEND=%s: expected auto, ib or tcp", kPluginName,
-                    choice.c_str());
-  std::string whyNotIb;
-  if (choice != "tcp") {
-    std::unique_ptr<net::Net> ib = net::createIbNet(&whyNotIb);
-    if (ib && ib->deviceCount() <= 0) {
-      whyNotIb = "the verbs backend found no usable device";
-      ib.reset();
-    }
-    if (ib) {
-      MK_INFO(kLogInit | kLogNet, "NET/%s: using the verbs backend %s (MKERNEL_NET_BACKEND=%s)",
-              kPluginName, ib->name(), choice.c_str());
-      lc.backendName = ib->name();
-      lc.net = std::move(ib);
-      return Result::Success;
-    }
-    if (whyNotIb.empty()) whyNotIb = "the verbs backend is unavailable";
-    if (choice == "ib")
-      return MK_ERROR(Result::SystemError, "NET/%s: MKERNEL_NET_BACKEND=ib but %s", kPluginName,
-                      whyNotIb.c_str());
-  }
-  std::string whyNotTcp;
-  std::unique_ptr<net::Net> tcp = net::createTcpNet(&whyNotTcp);
-  if (!tcp)
-    return MK_ERROR(Result::SystemError, "NET/%s: no backend can run: %s%s%s", kPluginName,
-                    whyNotTcp.c_str(), whyNotIb.empty() ? "" : "; verbs: ", whyNotIb.c_str());
-  if (choice == "tcp")
-    MK_INFO(kLogInit | kLogNet, "NET/%s: MKERNEL_NET_BACKEND=tcp: using TCP", kPluginName);
-  else
-    MK_INFO(kLogInit | kLogNet, "NET/%s: %s: using TCP", kPluginName, whyNotIb.c_str());
-  lc.backendName = tcp->name();
-  lc.net = std::move(tcp);
+  net::BackendChoice choice;
+  Result r = net::createNetBackend({}, &choice);
+  if (r != Result::Success) return r;  // the message (already logged) names the setting and the reason
+  MK_INFO(kLogInit | kLogNet, "NET/%s: %s", kPluginName, choice.why.c_str());
+  lc.backendName = choice.net->name();
+  lc.net = std::move(choice.net);
   return Result::Success;
 }
 

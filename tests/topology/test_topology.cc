@@ -35,11 +35,7 @@ Box load(const char* xml, const char* nvl) {
   return b;
 }
 
-std::vector<std::string> railNames(const Box& b, int gpu) {
-  std::vector<std::string> out;
-  for (int n : b.place.gpus[gpu].rails) out.push_back(b.topo.nics[n].name);
-  return out;
-}
+std::vector<std::string> railNames(const Box& b, int gpu) { return railNicNames(b.topo, b.place, gpu); }
 
 const std::vector<int> kSocket0 = {0, 1, 2, 3, 4, 5, 6, 7};
 const std::vector<int> kSocket1 = {8, 9, 10, 11, 12, 13, 14, 15};
@@ -273,6 +269,11 @@ TEST_CASE("mkernel-topo output: table and JSON carry the placement") {
   CHECK(renderJson(b.topo, b.place).find("\"pci\": \"0000:14:00.0\", \"name\": \"NVIDIA H200\"") != std::string::npos);
   CHECK(renderTable(b.topo, b.place).find("GPU1 (0000:14:00.0, NVIDIA H200)") != std::string::npos);
   CHECK(json.find("\"rails\": [\"mlx5_1\", \"mlx5_0\"], \"cpus\": \"0-7\"") != std::string::npos);
+  // The proxy's verbs order for GPU 1: its rail NICs, primary first; nothing for a GPU that
+  // does not exist.
+  CHECK(railNicNames(b.topo, b.place, 1) == std::vector<std::string>{"mlx5_1", "mlx5_0"});
+  CHECK(railNicNames(b.topo, b.place, 99).empty());
+  CHECK(railNicNames(b.topo, b.place, -1).empty());
   CHECK(json.find("{\"name\": \"mlx5_0\", \"pci\": \"0000:15:00.0\", \"numa\": 0") !=
         std::string::npos);
   CHECK(json.find("\"labels\": [\"GPU0\", \"GPU1\", \"GPU2\", \"GPU3\", \"NIC0\", \"NIC1\"]") !=
