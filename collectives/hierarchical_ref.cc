@@ -6,26 +6,31 @@
 #include <string>
 #include <vector>
 
-#include "collectives/access_tracker.h"
+#include "collectives/reference_internal.h"
 #include "collectives/reduce_host.h"
 
 namespace mkernel {
 namespace coll {
 namespace {
 
-class HierExecutor {
+std::string describe(const HierArgs& a) {
+  return std::string(collName(a.coll)) + "/hierarchical " + dataTypeName(a.dtype) + " " + redOpName(a.op) +
+         " count=" + std::to_string(a.count) + " " + std::to_string(a.layout.nNodes) + "x" +
+         std::to_string(a.layout.perNode);
+}
+
+class HierExecutor : private ExecutorBase {
  public:
   HierExecutor(const HierArgs& a, const DevRedOp& op, const RankBuffers* bufs)
-      : a_(a), L_(a.layout), n_(a.layout.nRanks()), es_(dataTypeSize(a.dtype)), align_(sliceAlignElems(es_)),
-        op_(op), combine_(op), bufs_(bufs), partial_(static_cast<size_t>(n_)), partialPhase_(static_cast<size_t>(n_), 0) {
+      : ExecutorBase(bufs, dataTypeSize(a.dtype), describe(a)), a_(a), L_(a.layout), n_(a.layout.nRanks()),
+        align_(sliceAlignElems(es_)), op_(op), combine_(op), partial_(static_cast<size_t>(n_)),
+        partialPhase_(static_cast<size_t>(n_), 0) {
     // Partials already went through pre() (and post() comes once at the end): combining them is
     // the plain operation.
     if (combine_.kind == DevRedOpKind::PreMulSum || combine_.kind == DevRedOpKind::SumPostDiv)
       combine_.kind = DevRedOpKind::Sum;
     const size_t elems = hierPartialElems(a.coll, L_, a.count, align_);
     for (auto& p : partial_) p.assign(elems * es_, 0);
-    desc_ = std::string(collName(a.coll)) + "/hierarchical " + dataTypeName(a.dtype) + " " + redOpName(a.op) +
-            " count=" + std::to_string(a.count) + " " + std::to_string(L_.nNodes) + "x" + std::to_string(L_.perNode);
   }
 
   Result run(ReferenceStats* stats) {
@@ -38,29 +43,11 @@ class HierExecutor {
         case CollType::Reduce: MK_CHECK(reduce()); break;
       }
     }
-    if (stats != nullptr) {
-      stats->bytesRead = read_ * es_;
-      stats->bytesWritten = written_ * es_;
-      stats->rounds = a_.count != 0 ? 1 : 0;
-      stats->phases = phases_;
-    }
+    fillStats(a_.count != 0 ? 1 : 0, stats);
     return Result::Success;
   }
 
  private:
-  // ---- access, counted and tracked -----------------------------------------------------------
-  const char* sendAt(int r, size_t off) const { return static_cast<const char*>(bufs_[r].send) + off * es_; }
-  char* recvAt(int r, size_t off) const { return static_cast<char*>(bufs_[r].recv) + off * es_; }
-  const void* userRead(int actor, const void* p, size_t n) {
-    tracker_.record(actor, p, n * es_, false);
-    read_ += n;
-    return p;
-  }
-  void userWrite(int actor, void* dst, const void* src, size_t n) {
-    tracker_.record(actor, dst, n * es_, true);
-    if (n != 0 && dst != src) std::memmove(dst, src, n * es_);
-    written_ += n;
-  }
   // Rank r's partial buffer, written in this phase.
   uint8_t* partialWrite(int r, size_t off, size_t n) {
     partialPhase_[static_cast<size_t>(r)] = phase_;
@@ -86,12 +73,7 @@ class HierExecutor {
   }
   Result barrier() {
     ++phase_;
-    ++phases_;
-    return tracker_.endPhase(desc_.c_str());
-  }
-  uint8_t* acc(size_t n) {
-    if (acc_.size() < n * es_) acc_.resize(n * es_);
-    return acc_.data();
+    return endPhase();
   }
   // acc = pre(x_0) OP pre(x_1) ... over `count` inputs (phase 1: every input enters once).
   template <typename Src>
@@ -235,19 +217,12 @@ class HierExecutor {
   const HierArgs a_;
   const NodeLayout L_;
   const int n_;
-  const size_t es_;
   const size_t align_;
   const DevRedOp op_;
   DevRedOp combine_;
-  const RankBuffers* bufs_;
   std::vector<std::vector<uint8_t>> partial_;
   std::vector<uint64_t> partialPhase_;  // phase in which each rank's partial was written (0: never)
   uint64_t phase_ = 1;
-  uint64_t phases_ = 0;
-  uint64_t read_ = 0, written_ = 0;
-  AccessTracker tracker_;
-  std::vector<uint8_t> acc_;
-  std::string desc_;
 };
 
 }  // namespace

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "collectives/access_tracker.h"
+#include "collectives/reference_internal.h"
 #include "collectives/reduce_host.h"
 
 namespace mkernel {
@@ -91,53 +91,26 @@ class StagingSim {
   uint64_t phase_ = 1;
 };
 
-class Executor {
+class Executor : private ExecutorBase {
  public:
   Executor(const Plan& plan, const RankBuffers* bufs)
-      : p_(plan), a_(plan.args), n_(plan.args.nRanks), es_(plan.elemSize), bufs_(bufs),
+      : ExecutorBase(bufs, plan.elemSize, plan.describe()), p_(plan), a_(plan.args), n_(plan.args.nRanks),
         staging_(n_, a_.algo == Algo::Ring ? ringInboxRegions(a_.coll) : 1,
-                 a_.algo == Algo::Ring ? plan.chunkElems : plan.stagingElems, plan.elemSize),
-        desc_(plan.describe()) {}
+                 a_.algo == Algo::Ring ? plan.chunkElems : plan.stagingElems, plan.elemSize) {}
 
   Result run(ReferenceStats* stats) {
     for (size_t k = 0; k < p_.rounds; ++k) {
       staging_.beginRound(k);
       MK_CHECK(runRound(k));
     }
-    if (stats != nullptr) {
-      stats->bytesRead = read_ * es_;
-      stats->bytesWritten = written_ * es_;
-      stats->rounds = p_.rounds;
-      stats->phases = phases_;
-    }
+    fillStats(p_.rounds, stats);
     return Result::Success;
   }
 
  private:
-  // ---- element access, counted and tracked ------------------------------------------------------
-  const char* sendAt(int r, size_t off) const {
-    return static_cast<const char*>(bufs_[r].send) + off * es_;
-  }
-  char* recvAt(int r, size_t off) const { return static_cast<char*>(bufs_[r].recv) + off * es_; }
-  // `actor` reads n elements of a user buffer / writes n elements to one.
-  const void* userRead(int actor, const void* p, size_t n) {
-    tracker_.record(actor, p, n * es_, false);
-    read_ += n;
-    return p;
-  }
-  void userWrite(int actor, void* dst, const void* src, size_t n) {
-    tracker_.record(actor, dst, n * es_, true);
-    if (n != 0 && dst != src) std::memmove(dst, src, n * es_);
-    written_ += n;
-  }
   Result barrier() {
     staging_.nextPhase();
-    ++phases_;
-    return tracker_.endPhase(desc_.c_str());
-  }
-  uint8_t* acc(size_t n) {
-    if (acc_.size() < n * es_) acc_.resize(n * es_);
-    return acc_.data();
+    return endPhase();
   }
   // acc = pre(src_0) OP pre(src_1) ... in reductionPeer() order; src(q) gives rank q's input.
   template <typename SrcFn>
@@ -388,15 +361,7 @@ class Executor {
   const Plan& p_;
   const PlanArgs& a_;
   const int n_;
-  const size_t es_;
-  const RankBuffers* bufs_;
   StagingSim staging_;
-  AccessTracker tracker_;
-  std::string desc_;
-  std::vector<uint8_t> acc_;  // the kernel's registers
-  uint64_t read_ = 0;         // elements
-  uint64_t written_ = 0;
-  uint64_t phases_ = 0;
 };
 
 }  // namespace
