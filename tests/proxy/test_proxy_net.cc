@@ -3,27 +3,14 @@
 // rail NICs are mlx5_1, then mlx5_0).
 #include <catch2/catch.hpp>
 
-#include <dirent.h>
-
 #include <cstdlib>
 #include <string>
 
 #include "collectives/proxy_net.h"
+#include "tests/test_host.h"
 
 using mkernel::Result;
 
-namespace {
-// Whether this host has RDMA devices (then verbs would be chosen; the VM tier covers that case).
-bool hostHasRdma() {
-  DIR* d = opendir("/sys/class/infiniband");
-  if (d == nullptr) return false;
-  bool any = false;
-  while (dirent* e = readdir(d))
-    if (e->d_name[0] != '.') any = true;
-  closedir(d);
-  return any;
-}
-}  // namespace
 
 TEST_CASE("proxy net: backend choice and the placement's NIC order") {
   // The node model is discovered once per process: the fixture must be set before the first use.
@@ -48,7 +35,7 @@ TEST_CASE("proxy net: backend choice and the placement's NIC order") {
   CHECK(mkernel::coll::createProxyNet(1, &bad) == Result::InvalidArgument);
   CHECK(std::string(mkernel::lastError()).find("expected auto, ib or tcp") != std::string::npos);
 
-  if (!hostHasRdma()) {  // this machine (CI's kind) has no RDMA device; the VM tier covers verbs
+  if (!mktest::hostHasRdmaDevices()) {  // this machine (CI's kind) has no RDMA device; the VM tier covers verbs
     setenv("MKERNEL_NET_BACKEND", "ib", 1);
     mkernel::net::BackendChoice ib;
     CHECK(mkernel::coll::createProxyNet(1, &ib) == Result::SystemError);

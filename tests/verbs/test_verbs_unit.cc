@@ -3,27 +3,14 @@
 // plugin falls back to TCP with one INFO line.
 #include <catch2/catch.hpp>
 
-#include <dirent.h>
-
 #include <string>
 
 #include "tests/plugin/net_plugin_harness.h"
+#include "tests/test_host.h"
 #include "transport/net/ib/ib_device.h"
 #include "transport/net/net.h"
 
 namespace ib = mkernel::net::ib;
-
-namespace {
-bool hostHasRdmaDevices() {
-  DIR* d = opendir("/sys/class/infiniband");
-  if (d == nullptr) return false;
-  bool any = false;
-  while (dirent* e = readdir(d))
-    if (e->d_name[0] != '.') any = true;
-  closedir(d);
-  return any;
-}
-}  // namespace
 
 TEST_CASE("verbs: MKERNEL_IB_HCA selects like NCCL_IB_HCA") {
   ib::HcaFilter all("");
@@ -71,7 +58,7 @@ TEST_CASE("verbs: port speed from active_speed x active_width, in Mbps") {
 }
 
 TEST_CASE("verbs: without an RDMA device createIbNet says so and returns nothing") {
-  if (hostHasRdmaDevices()) {
+  if (mktest::hostHasRdmaDevices()) {
     WARN("skipped: this host has RDMA devices (/sys/class/infiniband); the verbs tier covers it");
     return;
   }
@@ -87,7 +74,7 @@ TEST_CASE("verbs: without an RDMA device createIbNet says so and returns nothing
 }
 
 TEST_CASE("verbs: the net plugin falls back to TCP with one INFO line naming the reason") {
-  if (hostHasRdmaDevices()) {
+  if (mktest::hostHasRdmaDevices()) {
     WARN("skipped: this host has RDMA devices");
     return;
   }
