@@ -27,6 +27,7 @@
 #include "collectives/cuda_driver.h"
 #include "collectives/work.h"
 #include "common/param.h"
+#include "tools/args.h"
 #include "common/result.h"
 #include "transport/bootstrap/bootstrap.h"
 
@@ -90,6 +91,45 @@ double percentile(std::vector<float> v, double p) {
   return v[std::min(i, v.size() - 1)];
 }
 
+// Milliseconds between consecutive events ev[0..n].
+std::vector<float> intervals(const std::vector<cudaEvent_t>& ev, int n) {
+  std::vector<float> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) cudaEventElapsedTime(&t[static_cast<size_t>(i)], ev[static_cast<size_t>(i)], ev[static_cast<size_t>(i) + 1]);
+  return t;
+}
+
+// Replays a graph of graphOps timed collectives (events ev[0..graphOps] recorded around them)
+// until at least `samples` per-op times are collected.
+std::vector<float> replayGraph(cudaGraphExec_t ge, cudaStream_t stream, const std::vector<cudaEvent_t>& ev,
+                               int graphOps, int samples) {
+  std::vector<float> out;
+  while (static_cast<int>(out.size()) < samples) {
+    cudaGraphLaunch(ge, stream);
+    cudaStreamSynchronize(stream);
+    std::vector<float> t = intervals(ev, graphOps);
+    out.insert(out.end(), t.begin(), t.end());
+  }
+  return out;
+}
+
+// One table row from the samples (ms); mem GB/s counts every rank's input read once and every
+// rank's output written once.
+Row makeRow(const std::string& wait, int ranks, size_t bytes, const std::vector<float>& eager,
+            const std::vector<float>& graph, double hostUs, double copyGBps) {
+  Row row{};
+  row.wait = wait;
+  row.ranks = ranks;
+  row.bytes = bytes;
+  row.eagerMed = percentile(eager, 0.5) * 1e3;
+  row.eagerP99 = percentile(eager, 0.99) * 1e3;
+  row.graphMed = percentile(graph, 0.5) * 1e3;
+  row.graphP99 = percentile(graph, 0.99) * 1e3;
+  row.hostUs = hostUs;
+  row.memGBps = 2.0 * ranks * static_cast<double>(bytes) / (row.eagerMed * 1e-6) / 1e9;
+  row.pctCopy = copyGBps > 0 ? 100.0 * row.memGBps / copyGBps : 0;
+  return row;
+}
+
 double copyBandwidthGBps(size_t bytes) {
   void *a = nullptr, *b = nullptr;
   if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) return 0;
@@ -122,7 +162,6 @@ void baselines(int iters, double* launchUs, double* memopUs) {
   cudaMemset(flag, 0, 4);
   std::vector<cudaEvent_t> ev(static_cast<size_t>(iters) + 1);
   for (auto& e : ev) cudaEventCreate(&e);
-  std::vector<float> t(static_cast<size_t>(iters));
   for (int pass = 0; pass < 2; ++pass) {
     for (int i = 0; i < 20; ++i) emptyKernel<<<1, 32, 0, s>>>();
     cudaEventRecord(ev[0], s);
@@ -137,8 +176,7 @@ void baselines(int iters, double* launchUs, double* memopUs) {
       cudaEventRecord(ev[static_cast<size_t>(i) + 1], s);
     }
     cudaStreamSynchronize(s);
-    for (int i = 0; i < iters; ++i) cudaEventElapsedTime(&t[static_cast<size_t>(i)], ev[static_cast<size_t>(i)], ev[static_cast<size_t>(i) + 1]);
-    (pass == 0 ? *launchUs : *memopUs) = percentile(t, 0.5) * 1e3;
+    (pass == 0 ? *launchUs : *memopUs) = percentile(intervals(ev, iters), 0.5) * 1e3;
   }
   for (auto& e : ev) cudaEventDestroy(e);
   cudaFree(flag);
@@ -254,7 +292,6 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
     const size_t count = std::max<size_t>(1, bytes / 4);
     for (int i = 0; i < 10; ++i) call(count);
     syncAll();
-    std::vector<float> eager(static_cast<size_t>(iters));
     const auto hostStart = std::chrono::steady_clock::now();
     cudaEventRecord(ev[0], stream);
     for (int i = 0; i < iters; ++i) {
@@ -264,8 +301,7 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
     const double hostUs =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart).count() / iters;
     syncAll();
-    for (int i = 0; i < iters; ++i)
-      cudaEventElapsedTime(&eager[static_cast<size_t>(i)], ev[static_cast<size_t>(i)], ev[static_cast<size_t>(i) + 1]);
+    const std::vector<float> eager = intervals(ev, iters);
     std::vector<float> graph;
     if (nG == 1) {  // in a graph: one GPU (several would need a fork/join capture of the group)
       cudaGraph_t g = nullptr;
@@ -281,31 +317,13 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
         ok = false;
         break;
       }
-      cudaGraphLaunch(ge, stream);
+      cudaGraphLaunch(ge, stream);  // warm-up
       cudaStreamSynchronize(stream);
-      while (static_cast<int>(graph.size()) < iters) {
-        cudaGraphLaunch(ge, stream);
-        cudaStreamSynchronize(stream);
-        for (int i = 0; i < opt.graphOps; ++i) {
-          float ms = 0;
-          cudaEventElapsedTime(&ms, ev[static_cast<size_t>(i)], ev[static_cast<size_t>(i) + 1]);
-          graph.push_back(ms);
-        }
-      }
+      graph = replayGraph(ge, stream, ev, opt.graphOps, iters);
       cudaGraphExecDestroy(ge);
       cudaGraphDestroy(g);
     }
-    Row row{};
-    row.wait = "nccl" + std::to_string(version);
-    row.ranks = nG;
-    row.bytes = count * 4;
-    row.eagerMed = percentile(eager, 0.5) * 1e3;
-    row.eagerP99 = percentile(eager, 0.99) * 1e3;
-    row.graphMed = percentile(graph, 0.5) * 1e3;
-    row.graphP99 = percentile(graph, 0.99) * 1e3;
-    row.hostUs = hostUs;
-    row.memGBps = 2.0 * nG * static_cast<double>(row.bytes) / (row.eagerMed * 1e-6) / 1e9;
-    row.pctCopy = copyGBps > 0 ? 100.0 * row.memGBps / copyGBps : 0;
+    const Row row = makeRow("nccl" + std::to_string(version), nG, count * 4, eager, graph, hostUs, copyGBps);
     rows->push_back(row);
     std::fprintf(stderr, "collbench: NCCL %d, %d rank(s) %12zu B  eager %9.2f us  graph %9.2f us\n", version, nG,
                  row.bytes, row.eagerMed, row.graphMed);
@@ -372,7 +390,6 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           if (comm->enqueue(&a, 1, stream) != Result::Success) return fail("enqueue");
         cudaStreamSynchronize(stream);
         barrier.wait();
-        std::vector<float> eager(static_cast<size_t>(iters));
         const auto hostStart = std::chrono::steady_clock::now();
         cudaEventRecord(ev[0], stream);
         for (int i = 0; i < iters; ++i) {
@@ -389,10 +406,9 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           if (comm->kernelTrace(&flat) != Result::Success) return fail("kernelTrace");
           traceStages(flat, static_cast<size_t>(iters), stageUs, &traced);
         }
-        for (int i = 0; i < iters; ++i) cudaEventElapsedTime(&eager[static_cast<size_t>(i)], ev[static_cast<size_t>(i)], ev[static_cast<size_t>(i) + 1]);
+        const std::vector<float> eager = intervals(ev, iters);
         barrier.wait();
         // Graph: graphOps collectives with an event between each, replayed until >= iters samples.
-        std::vector<float> graph;
         cudaGraph_t g = nullptr;
         cudaGraphExec_t ge = nullptr;
         cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
@@ -407,32 +423,14 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         cudaGraphLaunch(ge, stream);  // warm-up
         cudaStreamSynchronize(stream);
         barrier.wait();
-        while (static_cast<int>(graph.size()) < iters) {
-          cudaGraphLaunch(ge, stream);
-          cudaStreamSynchronize(stream);
-          for (int i = 0; i < opt.graphOps; ++i) {
-            float ms = 0;
-            cudaEventElapsedTime(&ms, ev[static_cast<size_t>(i)], ev[static_cast<size_t>(i) + 1]);
-            graph.push_back(ms);
-          }
-        }
+        const std::vector<float> graph = replayGraph(ge, stream, ev, opt.graphOps, iters);
         cudaGraphExecDestroy(ge);
         cudaGraphDestroy(g);
         if (comm->asyncError() != Result::Success) return fail("asyncError");
         if (r == 0) {
-          Row row{};
-          row.wait = mkernel::paramString("STREAM_WAIT");
-          row.ranks = n;
-          row.bytes = a.count * 4;
-          row.eagerMed = percentile(eager, 0.5) * 1e3;
-          row.eagerP99 = percentile(eager, 0.99) * 1e3;
-          row.graphMed = percentile(graph, 0.5) * 1e3;
-          row.graphP99 = percentile(graph, 0.99) * 1e3;
-          row.hostUs = hostUs;
+          Row row = makeRow(mkernel::paramString("STREAM_WAIT"), n, a.count * 4, eager, graph, hostUs, copyGBps);
           for (int k = 0; k < 6; ++k) row.stageUs[k] = stageUs[k];
           row.traced = traced;
-          row.memGBps = 2.0 * n * static_cast<double>(row.bytes) / (row.eagerMed * 1e-6) / 1e9;
-          row.pctCopy = copyGBps > 0 ? 100.0 * row.memGBps / copyGBps : 0;
           rows->push_back(row);
           std::fprintf(stderr, "collbench: %s %d ranks %12zu B  eager %9.2f us  graph %9.2f us  host %7.2f us/op  %8.1f GB/s\n",
                        row.wait.c_str(), n, row.bytes, row.eagerMed, row.graphMed, row.hostUs, row.memGBps);
@@ -451,31 +449,6 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
   return ok;
 }
 
-std::vector<std::string> parseWords(const char* s) {
-  std::vector<std::string> v;
-  std::string cur;
-  for (const char* p = s;; ++p) {
-    if (*p == ',' || *p == '\0') {
-      if (!cur.empty()) v.push_back(cur);
-      cur.clear();
-      if (*p == '\0') break;
-    } else {
-      cur += *p;
-    }
-  }
-  return v;
-}
-
-std::vector<int> parseList(const char* s) {
-  std::vector<int> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::atoi(p));
-    while (*p && *p != ',') ++p;
-    if (*p == ',') ++p;
-  }
-  return v;
-}
-
 int usage() {
   std::fprintf(stderr,
                "usage: mkernel-collbench [--ranks 2,4,8] [--min-bytes 8] [--max-bytes 1073741824] "
@@ -491,13 +464,13 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (i + 1 >= argc) return usage();
     const char* v = argv[++i];
-    if (a == "--ranks") opt.ranks = parseList(v);
+    if (a == "--ranks") opt.ranks = mktools::parseIntList(v);
     else if (a == "--min-bytes") opt.minBytes = std::strtoull(v, nullptr, 10);
     else if (a == "--max-bytes") opt.maxBytes = std::strtoull(v, nullptr, 10);
     else if (a == "--step") opt.step = std::strtoull(v, nullptr, 10);
     else if (a == "--iters") opt.iters = std::atoi(v);
     else if (a == "--csv") opt.csv = v;
-    else if (a == "--wait") opt.waits = parseWords(v);
+    else if (a == "--wait") opt.waits = mktools::splitCommas(v);
     else if (a == "--trace") opt.trace = std::atoi(v) != 0;
     else if (a == "--nccl") opt.nccl = v;
     else if (a == "--gpus") opt.gpus = std::atoi(v);

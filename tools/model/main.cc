@@ -8,18 +8,9 @@
 #include <vector>
 
 #include "collectives/cost_model.h"
+#include "tools/args.h"
 
 namespace {
-
-std::vector<int> parseInts(const char* s) {
-  std::vector<int> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::atoi(p));
-    while (*p && *p != ',') ++p;
-    if (*p == ',') ++p;
-  }
-  return v;
-}
 
 std::string human(double b) {
   char buf[32];
@@ -49,7 +40,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (i + 1 >= argc) return usage();
     const char* v = argv[++i];
-    if (a == "--nodes") nodes = parseInts(v);
+    if (a == "--nodes") nodes = mktools::parseIntList(v);
     else if (a == "--gpus") base.gpusPerNode = std::atoi(v);
     else if (a == "--nvlink-gbps") base.nvlinkGBps = std::atof(v);
     else if (a == "--nic-gbps") base.nicGBps = std::atof(v);
