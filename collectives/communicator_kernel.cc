@@ -24,6 +24,7 @@
 #include "collectives/peer_memory.h"
 #include "collectives/reduce_host.h"
 #include "collectives/sm_budget.h"
+#include "collectives/staged.h"
 #include "collectives/stats.h"
 #include "collectives/work.h"
 #include "common/log.h"
@@ -43,6 +44,7 @@ const char* waitKindName(uint32_t what) {
     case kWaitPeerEnd: return "to finish the collective (end barrier)";
     case kWaitDispatch: return "the leader CTA's dispatch";
     case kWaitSlotDone: return "worker CTAs to finish a group";
+    case kWaitPeerChunk: return "to stage its next chunk";
   }
   return "?";
 }
@@ -125,6 +127,7 @@ class KernelCommunicator final : public Communicator {
   uint64_t eagerCount_ = 0;
   int graphSlots_ = 0;
   KernelParams params_{};
+  PeerSetup peers_;  // peers' memory; IPC mappings and the staging buffer of process ranks
   bool launched_ = false;
   bool exchanged_ = false;
   bool aborted_ = false;
@@ -171,14 +174,19 @@ Result KernelCommunicator::init() {
   for (auto& ev : slotEvents_) MK_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
   MK_CUDA(cudaDeviceSynchronize(), "cudaDeviceSynchronize after setup");
 
-  PeerSetup peers;
   // Every rank reads what its GPU has left before any rank of this communicator reserves
   // (the exchange is collective), so ranks sharing a GPU split the same budget. Two
   // communicators created at the same moment on one GPU by different threads may both see the
   // whole budget: create communicators one after another (as PyTorch does).
   const int smsLeft = SmBudget::process().available(opts_.cudaDev, sms);
+  const int64_t stagedChunk = paramInt("STAGED_CHUNK_BYTES", 262144);
+  if (stagedChunk < static_cast<int64_t>(kStagedMinChunkBytes) || stagedChunk > (int64_t(1) << 30))
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_STAGED_CHUNK_BYTES=%lld outside %llu..%llu",
+                    static_cast<long long>(stagedChunk), static_cast<unsigned long long>(kStagedMinChunkBytes),
+                    1ull << 30);
   MK_CHECK(exchangePeers(bs_, opts_.rank, opts_.nRanks, opts_.cudaDev, state_, static_cast<int>(want),
-                         smsLeft, opts_.emulate, &peers));
+                         smsLeft, opts_.emulate, static_cast<uint64_t>(stagedChunk) / 16 * 16, &peers_));
+  PeerSetup& peers = peers_;
   SmBudget::process().reserve(opts_.cudaDev, peers.nCtas);
   reservedCtas_ = peers.nCtas;
   exchanged_ = true;
@@ -190,6 +198,9 @@ Result KernelCommunicator::init() {
   MK_CUDA(cudaHostGetDevicePointer(&dev, ctl_, 0), "cudaHostGetDevicePointer(control)");
   params_.ctl = static_cast<HostControl*>(dev);
   params_.staging = staging_;
+  params_.staged = peers.staged ? 1 : 0;
+  params_.stagedChunkBytes = static_cast<uint64_t>(stagedChunk) / 16 * 16;
+  for (int r = 0; r < opts_.nRanks; ++r) params_.stagedBuf[r] = peers.stagedBuf[r];
   if (paramInt("KERNEL_TRACE", 0) != 0) {
     // Everything the trace read needs is allocated now: an allocation while persistent kernels
     // run can hold up later work until they exit (docs/KERNEL.md).
@@ -207,8 +218,9 @@ Result KernelCommunicator::init() {
   params_.rank = opts_.rank;
   params_.nRanks = opts_.nRanks;
   params_.nCtas = peers.nCtas;
-  MK_INFO(kLogInit, "rank %d: persistent kernel ready: %d CTAs x %d threads, GPU %d (%d SMs, %d ranks on it)",
-          opts_.rank, params_.nCtas, kKernelThreads, opts_.cudaDev, sms, peers.ranksOnMyDevice);
+  MK_INFO(kLogInit, "rank %d: persistent kernel ready: %d CTAs x %d threads, GPU %d (%d SMs, %d ranks on it)%s",
+          opts_.rank, params_.nCtas, kKernelThreads, opts_.cudaDev, sms, peers.ranksOnMyDevice,
+          peers.staged ? ", staged (process ranks)" : "");
   return Result::Success;
 }
 
@@ -357,7 +369,7 @@ Result KernelCommunicator::kernelError() const {
     const uint32_t what = *reinterpret_cast<const volatile uint32_t*>(&e.what);
     if (what == kWaitNone) continue;
     const char* coll = e.coll >= 0 && e.coll < kNumCollTypes ? collName(static_cast<CollType>(e.coll)) : "-";
-    if (what == kWaitPeerStart || what == kWaitPeerEnd)
+    if (what == kWaitPeerStart || what == kWaitPeerEnd || what == kWaitPeerChunk)
       return MK_ERROR(Result::RemoteError,
                       "rank %d (CTA %d): timed out after %llu s waiting for rank %d %s in %s (epoch %llu)",
                       e.rank, e.cta, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull), e.peer,
@@ -456,6 +468,8 @@ void KernelCommunicator::release(bool orderly) {
   if (ctl_) (void)cudaFreeHost(ctl_);
   // Device memory is read by peers' kernels once exchanged: without the finalize barrier a peer
   // may still be polling our flags, so only an orderly finalize frees it then.
+  // IPC mappings of peers' memory: closed once our kernel is gone (it was, or we returned above).
+  closePeers(&peers_, /*freeLocal=*/orderly || !exchanged_);
   if (orderly || !exchanged_) {
     if (state_) (void)cudaFree(state_);
     if (staging_) (void)cudaFree(staging_);

@@ -1,12 +1,16 @@
 #include "collectives/peer_memory.h"
 
 #include <cuda_runtime_api.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "collectives/sm_budget.h"
+#include "collectives/staged.h"
 #include "common/log.h"
 #include "transport/bootstrap/bootstrap.h"
 
@@ -16,49 +20,162 @@ namespace {
 
 struct RankInfo {
   uint64_t hostHash;
-  uint64_t statePtr;
   int32_t pid;
   int32_t cudaDev;
   int32_t wantCtas;
   int32_t smCount;
+  char busId[32];  // cudaDeviceGetPCIBusId: the same GPU in every process, whatever its index there
 };
 
+// Second round, once the CTA count (hence the staging size) is agreed.
+struct RankMemory {
+  uint64_t statePtr;    // as this rank's process addresses it
+  uint64_t stagingPtr;  // staged only
+  cudaIpcMemHandle_t state;
+  cudaIpcMemHandle_t staging;
+};
 
 bool sameGpu(const RankInfo& a, const RankInfo& b) {
-  return a.hostHash == b.hostHash && a.pid == b.pid && a.cudaDev == b.cudaDev;
+  return a.hostHash == b.hostHash && std::strncmp(a.busId, b.busId, sizeof(a.busId)) == 0;
+}
+
+bool sameProcess(const RankInfo& a, const RankInfo& b) { return a.hostHash == b.hostHash && a.pid == b.pid; }
+
+// CUDA MPS runs kernels of several processes on one GPU at the same time; without it, persistent
+// kernels of two processes on one GPU take turns and their barriers never meet.
+bool mpsLikely() {
+  const char* dir = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  struct stat st;
+  return stat(dir != nullptr && *dir ? dir : "/tmp/nvidia-mps", &st) == 0;
+}
+
+Result enablePeerAccess(int rank, int cudaDev, int peerRank, int peerDev) {
+  int can = 0;
+  cudaError_t err = cudaDeviceCanAccessPeer(&can, cudaDev, peerDev);
+  if (err != cudaSuccess || !can)
+    return MK_ERROR(Result::UnhandledCudaError, "rank %d: GPU %d cannot access GPU %d of rank %d (%s)",
+                    rank, cudaDev, peerDev, peerRank, err != cudaSuccess ? cudaGetErrorString(err) : "no P2P");
+  err = cudaDeviceEnablePeerAccess(peerDev, 0);
+  if (err == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError();
+  } else if (err != cudaSuccess) {
+    return MK_ERROR(Result::UnhandledCudaError, "rank %d: enabling peer access GPU %d -> %d failed: %s",
+                    rank, cudaDev, peerDev, cudaGetErrorString(err));
+  }
+  return Result::Success;
+}
+
+Result mapPeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, DeviceState* local,
+                const std::vector<RankInfo>& info, uint64_t stagedChunkBytes, PeerSetup* out) {
+  const RankInfo& me = info[static_cast<size_t>(rank)];
+  if (out->staged) {
+    out->stagedBytes = stagedBufferBytes(out->nCtas, stagedChunkBytes);
+    cudaError_t err = cudaMalloc(&out->stagedLocal, out->stagedBytes);
+    if (err != cudaSuccess)
+      return MK_ERROR(Result::UnhandledCudaError, "rank %d: cudaMalloc of the %llu-byte staging buffer failed: %s",
+                      rank, static_cast<unsigned long long>(out->stagedBytes), cudaGetErrorString(err));
+  }
+  std::vector<RankMemory> mem(static_cast<size_t>(nRanks));
+  RankMemory& mine = mem[static_cast<size_t>(rank)];
+  std::memset(&mine, 0, sizeof(mine));
+  mine.statePtr = reinterpret_cast<uint64_t>(local);
+  mine.stagingPtr = reinterpret_cast<uint64_t>(out->stagedLocal);
+  if (out->staged) {
+    cudaError_t err = cudaIpcGetMemHandle(&mine.state, local);
+    if (err == cudaSuccess) err = cudaIpcGetMemHandle(&mine.staging, out->stagedLocal);
+    if (err != cudaSuccess)
+      return MK_ERROR(Result::UnhandledCudaError, "rank %d: cudaIpcGetMemHandle failed: %s", rank, cudaGetErrorString(err));
+  }
+  MK_CHECK(bs->allGather(mem.data(), sizeof(RankMemory)));
+  for (int r = 0; r < nRanks; ++r) {
+    const RankInfo& ri = info[static_cast<size_t>(r)];
+    const RankMemory& rm = mem[static_cast<size_t>(r)];
+    if (sameProcess(ri, me)) {
+      out->peers[r] = reinterpret_cast<DeviceState*>(rm.statePtr);
+      out->stagedBuf[r] = reinterpret_cast<char*>(rm.stagingPtr);
+      if (ri.cudaDev != cudaDev) MK_CHECK(enablePeerAccess(rank, cudaDev, r, ri.cudaDev));
+      continue;
+    }
+    void* state = nullptr;
+    void* staging = nullptr;
+    cudaError_t err = cudaIpcOpenMemHandle(&state, rm.state, cudaIpcMemLazyEnablePeerAccess);
+    if (err == cudaSuccess) {
+      err = cudaIpcOpenMemHandle(&staging, rm.staging, cudaIpcMemLazyEnablePeerAccess);
+      if (err != cudaSuccess) (void)cudaIpcCloseMemHandle(state);
+    }
+    if (err != cudaSuccess)
+      return MK_ERROR(Result::UnhandledCudaError,
+                      "rank %d: mapping the memory of rank %d (pid %d, GPU %s) with cudaIpcOpenMemHandle failed: %s",
+                      rank, r, ri.pid, ri.busId, cudaGetErrorString(err));
+    out->peers[r] = static_cast<DeviceState*>(state);
+    out->stagedBuf[r] = static_cast<char*>(staging);
+    out->opened[r] = true;
+  }
+  return Result::Success;
 }
 
 }  // namespace
 
+void closePeers(PeerSetup* setup, bool freeLocal) {
+  for (int r = 0; r < kMaxRanks; ++r) {
+    if (!setup->opened[r]) continue;
+    (void)cudaIpcCloseMemHandle(setup->peers[r]);
+    (void)cudaIpcCloseMemHandle(setup->stagedBuf[r]);
+    setup->opened[r] = false;
+    setup->peers[r] = nullptr;
+    setup->stagedBuf[r] = nullptr;
+  }
+  if (freeLocal && setup->stagedLocal != nullptr) {
+    (void)cudaFree(setup->stagedLocal);
+    setup->stagedLocal = nullptr;
+  }
+}
+
 Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev,
-                     DeviceState* local, int wantCtas, int smCount, bool emulate, PeerSetup* out) {
+                     DeviceState* local, int wantCtas, int smCount, bool emulate,
+                     uint64_t stagedChunkBytes, PeerSetup* out) {
   std::vector<RankInfo> info(static_cast<size_t>(nRanks));
   RankInfo& me = info[static_cast<size_t>(rank)];
+  std::memset(&me, 0, sizeof(me));
   me.hostHash = bootstrap::Bootstrap::hostHash();
-  me.statePtr = reinterpret_cast<uint64_t>(local);
   me.pid = static_cast<int32_t>(getpid());
   me.cudaDev = cudaDev;
   me.wantCtas = wantCtas;
   me.smCount = smCount;
+  cudaError_t err = cudaDeviceGetPCIBusId(me.busId, sizeof(me.busId) - 1, cudaDev);
+  if (err != cudaSuccess)
+    return MK_ERROR(Result::UnhandledCudaError, "rank %d: cudaDeviceGetPCIBusId(%d) failed: %s", rank, cudaDev,
+                    cudaGetErrorString(err));
   MK_CHECK(bs->allGather(info.data(), sizeof(RankInfo)));
 
   int agreed = kMaxCtas;
+  bool mpsWarned = false;
+  out->staged = false;
   for (int r = 0; r < nRanks; ++r) {
     const RankInfo& ri = info[static_cast<size_t>(r)];
-    if (ri.hostHash != me.hostHash || ri.pid != me.pid)
+    if (ri.hostHash != me.hostHash)
       return MK_ERROR(Result::InvalidUsage,
-                      "rank %d: rank %d is another process (pid %d%s); the persistent kernel "
-                      "supports ranks that are threads of one process only",
-                      rank, r, ri.pid, ri.hostHash != me.hostHash ? " on another host" : "");
+                      "rank %d: rank %d is on another host; the persistent kernel runs ranks of one host "
+                      "(threads or processes)",
+                      rank, r);
+    if (!sameProcess(ri, me)) out->staged = true;
     int sharing = 0;
-    for (int q = 0; q < nRanks; ++q) sharing += sameGpu(info[static_cast<size_t>(q)], ri) ? 1 : 0;
-    if (sharing > 1 && !emulate) {
-      for (int q = 0; q < nRanks; ++q)
-        if (q != r && sameGpu(info[static_cast<size_t>(q)], ri))
-          return MK_ERROR(Result::InvalidUsage,
-                          "rank %d and rank %d both use GPU %d (duplicate GPU); set "
-                          "MKERNEL_EMULATE=1 to run several ranks on one GPU",
-                          r, q, ri.cudaDev);
+    for (int q = 0; q < nRanks; ++q) {
+      const RankInfo& rq = info[static_cast<size_t>(q)];
+      if (!sameGpu(rq, ri)) continue;
+      ++sharing;
+      if (q != r && !emulate)
+        return MK_ERROR(Result::InvalidUsage,
+                        "rank %d and rank %d both use GPU %s (duplicate GPU); set "
+                        "MKERNEL_EMULATE=1 to run several ranks on one GPU",
+                        r, q, ri.busId);
+      if (q != r && !sameProcess(rq, ri) && r == rank && !mpsWarned && !mpsLikely()) {
+        MK_WARN("rank %d: rank %d (pid %d) shares GPU %s from another process and no CUDA MPS pipe was "
+                "found: without MPS the two persistent kernels cannot run at the same time and the "
+                "first collective times out (start nvidia-cuda-mps-control -d)",
+                rank, q, rq.pid, ri.busId);
+        mpsWarned = true;
+      }
     }
     // smCount is what the rank's GPU has left for this communicator (SmBudget: the SMs, less
     // the few kept free for callers' own kernels, less what this process's other communicators
@@ -66,35 +183,28 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
     int fit = ri.smCount / sharing;
     if (fit < 1)
       return MK_ERROR(Result::InvalidUsage,
-                      "%d rank(s) of this communicator use GPU %d, which has %d SMs left for persistent "
+                      "%d rank(s) of this communicator use GPU %s, which has %d SMs left for persistent "
                       "kernels (after %d kept free and those of this process's other communicators): "
                       "their kernels (at least one CTA each, all resident at once) cannot fit; "
                       "destroy a communicator or lower MKERNEL_CTAS",
-                      sharing, ri.cudaDev, ri.smCount, kReservedSms);
+                      sharing, ri.busId, ri.smCount, kReservedSms);
     agreed = std::min(agreed, std::min(ri.wantCtas, fit));
     if (r == rank) out->ranksOnMyDevice = sharing;
   }
   out->nCtas = std::max(1, agreed);
-
-  for (int r = 0; r < nRanks; ++r) {
-    const RankInfo& ri = info[static_cast<size_t>(r)];
-    out->peers[r] = reinterpret_cast<DeviceState*>(ri.statePtr);
-    if (ri.cudaDev == cudaDev) continue;
-    int can = 0;
-    cudaError_t err = cudaDeviceCanAccessPeer(&can, cudaDev, ri.cudaDev);
-    if (err != cudaSuccess || !can)
-      return MK_ERROR(Result::UnhandledCudaError, "rank %d: GPU %d cannot access GPU %d of rank %d (%s)",
-                      rank, cudaDev, ri.cudaDev, r, err != cudaSuccess ? cudaGetErrorString(err) : "no P2P");
-    err = cudaDeviceEnablePeerAccess(ri.cudaDev, 0);
-    if (err == cudaErrorPeerAccessAlreadyEnabled) {
-      (void)cudaGetLastError();
-    } else if (err != cudaSuccess) {
-      return MK_ERROR(Result::UnhandledCudaError, "rank %d: enabling peer access GPU %d -> %d failed: %s",
-                      rank, cudaDev, ri.cudaDev, cudaGetErrorString(err));
-    }
+  if (out->staged && stagedChunkElems(CollType::ReduceScatter, nRanks, 8, stagedChunkBytes) == 0)
+    return MK_ERROR(Result::InvalidArgument,
+                    "MKERNEL_STAGED_CHUNK_BYTES=%llu is too small for %d ranks (at least %llu bytes)",
+                    static_cast<unsigned long long>(stagedChunkBytes), nRanks,
+                    static_cast<unsigned long long>(16ull * static_cast<unsigned long long>(nRanks)));
+  Result res = mapPeers(bs, rank, nRanks, cudaDev, local, info, stagedChunkBytes, out);
+  if (res != Result::Success) {
+    closePeers(out, /*freeLocal=*/true);
+    return res;
   }
-  MK_INFO(kLogInit, "rank %d: %d peers exchanged, %d CTAs per kernel, %d ranks on GPU %d", rank,
-          nRanks, out->nCtas, out->ranksOnMyDevice, cudaDev);
+  MK_INFO(kLogInit, "rank %d: %d peers exchanged, %d CTAs per kernel, %d ranks on GPU %s%s", rank, nRanks,
+          out->nCtas, out->ranksOnMyDevice, me.busId,
+          out->staged ? ", process ranks: staged collectives through CUDA IPC" : "");
   return Result::Success;
 }
 

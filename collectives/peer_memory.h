@@ -1,11 +1,13 @@
 // Peer memory of the persistent kernel: every rank's DeviceState (doorbells, barrier flags,
 // mailboxes) addressed from every other rank, and the CTA budget all ranks agree on.
 //
-// Thread ranks of one process use each other's device pointers directly (a CUDA IPC handle cannot
-// be opened by the process that made it), with peer access enabled when they sit on different
-// GPUs. Process ranks would need CUDA IPC not only for DeviceState but for every user buffer of
-// every call (the kernel moves data directly between user buffers), so they are refused with a
-// clear message for now (docs/KERNEL.md, "What is left").
+// Thread ranks of one process use each other's device pointers directly, with peer access
+// enabled when they sit on different GPUs, and the kernel moves data directly between their user
+// buffers. When any two ranks are different processes of one host (PyTorch, torchrun, MPI), the
+// communicator is "staged" (collectives/staged.h): each rank also allocates a staging buffer,
+// and every rank maps the DeviceState and staging buffer of each rank of another process with
+// CUDA IPC (cudaIpcGetMemHandle / cudaIpcOpenMemHandle); collectives then go through staging.
+// Ranks on different hosts are refused here (the caller falls back to NCCL).
 #pragma once
 
 #include <cstdint>
@@ -23,16 +25,30 @@ struct PeerSetup {
   DeviceState* peers[kMaxRanks] = {};  // index = rank
   int nCtas = 0;            // CTAs per kernel, identical on every rank
   int ranksOnMyDevice = 0;  // ranks of this communicator sharing this rank's GPU
+  bool staged = false;      // some rank is another process: collectives go through staging
+  char* stagedBuf[kMaxRanks] = {};  // staged: every rank's staging buffer, as mapped here
+  void* stagedLocal = nullptr;      // staged: this rank's own (cudaMalloc), freed by closePeers
+  uint64_t stagedBytes = 0;
+  bool opened[kMaxRanks] = {};      // peers[r] / stagedBuf[r] came from cudaIpcOpenMemHandle
 };
 
-// Collective over `bs`. `local` is this rank's DeviceState; `wantCtas` the CTAs it would like;
-// `smCount` the SMs its GPU has left for this communicator's kernels (SmBudget::available: the
-// SMs, less those kept free, less what this process's other communicators hold). With `emulate`
-// false, two ranks on one GPU are an error (NCCL's "Duplicate GPU detected"); with it, those SMs
-// are divided among the ranks sharing the GPU (one CTA per SM: every rank's kernel must be
-// resident at once or they deadlock).
+// Collective over `bs`. `local` is this rank's DeviceState (cudaMalloc'ed: CUDA IPC exports whole
+// allocations); `wantCtas` the CTAs it would like; `smCount` the SMs its GPU has left for this
+// communicator's kernels (SmBudget::available: the SMs, less those kept free, less what this
+// process's other communicators hold). With `emulate` false, two ranks on one GPU are an error
+// (NCCL's "Duplicate GPU detected"); with it, those SMs are divided among the ranks sharing the
+// GPU (one CTA per SM: every rank's kernel must be resident at once or they deadlock; ranks of
+// different processes sharing a GPU need MPS for that). `stagedChunkBytes` sizes the staging
+// buffer of a staged communicator (stagedBufferBytes(nCtas, stagedChunkBytes)).
+// On failure everything it allocated or opened is released.
 Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev,
-                     DeviceState* local, int wantCtas, int smCount, bool emulate, PeerSetup* out);
+                     DeviceState* local, int wantCtas, int smCount, bool emulate,
+                     uint64_t stagedChunkBytes, PeerSetup* out);
+
+// Closes the IPC mappings of a staged communicator and frees its staging buffer (no-op for
+// thread ranks). Only once no kernel of this process uses them and, for the local buffer, once
+// no peer does (after the finalize barrier).
+void closePeers(PeerSetup* setup, bool freeLocal);
 
 }  // namespace coll
 }  // namespace mkernel

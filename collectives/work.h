@@ -87,6 +87,7 @@ struct alignas(128) DeviceState {
   // one stopped (epochs must keep matching the peers').
   uint64_t ctaEpoch[kMaxCtas];
   uint64_t ctaConsumed[kMaxCtas];  // dispatch entries each CTA has consumed
+  uint64_t ctaChunk[kMaxCtas];     // staged chunks each CTA has run (process ranks: region parity)
   uint32_t dispatchSlot[kDispatchDepth];
   uint64_t dispatchSeq;       // entries the leader has published
   uint64_t completedSeq;      // entries fully completed (all needed CTAs reported)
@@ -110,6 +111,7 @@ enum WaitKind : uint32_t {
   kWaitDispatch = 3,   // a worker CTA waiting for the leader
   kWaitSlotDone = 4,   // the leader waiting for worker CTAs to finish a slot
   kWaitGate = 5,       // a caller's stream (gate kernel) waiting for the persistent kernel
+  kWaitPeerChunk = 6,  // staged (process ranks): the peer has not staged a later chunk
 };
 
 // Per-group timestamps of CTA 0 (ns, %globaltimer), recorded when MKERNEL_KERNEL_TRACE=1 into a

@@ -3,14 +3,18 @@
 
 Runs on the GPU machine (PyTorch 2.11: /opt/torch/.venv/bin/python):
 
-  python3 scripts/torch_check.py --lib build/lib/libmkernel.so [--ranks 1,2,4] [--mps]
+  python3 scripts/torch_check.py --lib build/lib/libmkernel.so [--ranks 1,2,4] [--gpus N] [--mps]
 
 Each case starts fresh worker processes (this script with --worker) with LD_PRELOAD=<lib>:
-  ranks=1  one rank with the real NCCL beside the shim; the same worker also runs without the
-           shim, and the results must be bit-identical to NCCL's;
-  ranks>1  MKERNEL_EMULATE=1: that many processes share cuda:0 (run them under CUDA MPS with
+  ranks<=gpus  one rank per GPU (cuda:rank), the real NCCL beside the shim; the same workers also
+           run without the shim, and the results must be bit-identical to NCCL's (the inputs
+           are exact under any reduction order). --gpus defaults to 1: only ranks=1 is real.
+  ranks>gpus  MKERNEL_EMULATE=1: that many processes share cuda:0 (run them under CUDA MPS with
            --mps, or two spinning kernels of two processes do not make progress together) and
            the results are checked against a float64 reference computed on the host.
+With more than one rank the workers are processes, so mkernel runs them as staged process ranks
+(CUDA IPC, docs/KERNEL.md). Every case also checks that mkernel ran collectives (kernelOps > 0)
+and a large all_reduce / all_gather / broadcast (BIG elements: many staging chunks) on the GPU.
 Collectives: all_reduce (sum, avg, max), all_gather_into_tensor, reduce_scatter_tensor,
 broadcast, in float32 and bfloat16. Workers report mkernelGetStats' counters (which path ran).
 Exit status 0 when every case passed. A JSON summary goes to $OUT/torch_check.json when OUT is set.
@@ -29,6 +33,8 @@ HERE = os.path.abspath(__file__)
 OPS = ["all_reduce_sum", "all_reduce_avg", "all_reduce_max", "all_gather", "reduce_scatter", "broadcast"]
 DTYPES = ["float32", "bfloat16"]
 COUNT = 1 << 12  # elements per rank (divisible by every rank count used)
+BIG = (1 << 22) + 37  # elements of the large checks (16 MiB of float32, not a multiple of anything)
+BIG_OPS = ["all_reduce_sum", "all_gather", "broadcast"]
 
 
 class MkernelStats(ctypes.Structure):
@@ -63,7 +69,7 @@ def worker(args):
     import torch
     import torch.distributed as dist
     rank, world = args.rank, args.world
-    torch.cuda.set_device(0 if args.shared_gpu else rank)
+    torch.cuda.set_device(0 if args.shared_gpu else rank % max(1, torch.cuda.device_count()))
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=world)
     out = {"rank": rank, "nccl_version": ".".join(map(str, torch.cuda.nccl.version())), "results": {}}
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -88,6 +94,25 @@ def worker(args):
             out["results"][f"{op}/{dtype}#sum"] = float(y.double().sum().item())
             out["results"][f"{op}/{dtype}#bits"] = int(y.view(torch.int16 if dtype == "bfloat16" else torch.int32)
                                                         .long().sum().item())
+    # Large messages, checked on the GPU against a float64 reference: many staging chunks per CTA.
+    for op in BIG_OPS:
+        xs = [rank_input(torch, r, "float32", BIG).to(dev) for r in range(world)]
+        x = xs[rank]
+        if op == "all_reduce_sum":
+            y = x.clone()
+            dist.all_reduce(y)
+            ref = sum(v.double() for v in xs)
+        elif op == "all_gather":
+            y = torch.empty(BIG * world, dtype=x.dtype, device=dev)
+            dist.all_gather_into_tensor(y, x)
+            ref = torch.cat([v.double() for v in xs])
+        else:
+            y = x.clone()
+            dist.broadcast(y, src=0)
+            ref = xs[0].double()
+        torch.cuda.synchronize()
+        out["results"][f"big/{op}#maxerr"] = float((y.double() - ref).abs().max().item())
+        out["results"][f"big/{op}#bits"] = int(y.view(torch.int32).long().sum().item())
     out["stats"] = read_stats(os.environ.get("MKERNEL_LIB"))
     dist.destroy_process_group()
     print("RESULT " + json.dumps(out), flush=True)
@@ -113,7 +138,7 @@ def run_case(py, lib, world, emulate, preload, full, timeout):
     procs = []
     for r in range(world):
         cmd = [py, HERE, "--worker", "--rank", str(r), "--world", str(world), "--port", str(port)]
-        if emulate or world > 1:
+        if emulate:
             cmd.append("--shared-gpu")
         if full:
             cmd.append("--full")
@@ -156,7 +181,8 @@ def reference(world, dtype_name, op, rank):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lib", default="build/lib/libmkernel.so", help="libmkernel.so to preload")
-    ap.add_argument("--ranks", default="1,2,4", help="comma list: 1 = real NCCL beside the shim, >1 = emulated")
+    ap.add_argument("--ranks", default="1,2,4", help="comma list: up to --gpus = real NCCL beside the shim, more = emulated")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs to use, one rank each (default 1)")
     ap.add_argument("--mps", action="store_true", help="start a CUDA MPS daemon for the emulated cases")
     ap.add_argument("--timeout", type=float, default=240)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -177,7 +203,7 @@ def main():
     mps_dir = None
     try:
         for world in [int(w) for w in args.ranks.split(",") if w]:
-            emulate = world > 1
+            emulate = world > args.gpus
             if emulate and args.mps and mps_dir is None:
                 mps_dir = tempfile.mkdtemp(prefix="mps")
                 os.environ["CUDA_MPS_PIPE_DIRECTORY"] = mps_dir
@@ -198,13 +224,23 @@ def main():
                             good = got.shape == ref.shape and err <= tol
                             case["checks"][f"rank{res['rank']}/{op}/{dtype}"] = "ok" if good else f"rel.err {err:.3g}"
                             ok = ok and good
+                    for op in BIG_OPS:
+                        err = res["results"][f"big/{op}#maxerr"]
+                        case["checks"][f"rank{res['rank']}/big/{op}"] = "ok" if err == 0 else f"max.err {err:.3g}"
+                        ok = ok and err == 0
+                    # The path claimed is the path taken: mkernel ran this rank's collectives.
+                    st = res.get("stats") or {}
+                    ran = sum(st.get("kernelOps", [0]))
+                    case["checks"][f"rank{res['rank']}/mkernel_ran"] = "ok" if ran > 0 else "mkernel ran no collective"
+                    ok = ok and ran > 0
                 case["stats"] = [r.get("stats") for r in results]
                 case["nccl_version"] = results[0]["nccl_version"]
-                if world == 1:
-                    # The same worker on the real NCCL alone: bit-identical results.
-                    nok, nres, nlogs = run_case(py, lib, 1, False, False, False, args.timeout)
-                    same = nok and all(nres[0]["results"][k] == results[0]["results"][k]
-                                       for k in nres[0]["results"] if k.endswith("#bits"))
+                if not emulate:
+                    # The same workers on the real NCCL alone: bit-identical results.
+                    nok, nres, nlogs = run_case(py, lib, world, False, False, False, args.timeout)
+                    by_rank = {r["rank"]: r for r in results}
+                    same = nok and all(n["results"][k] == by_rank[n["rank"]]["results"][k]
+                                       for n in nres for k in n["results"] if k.endswith("#bits"))
                     case["equal_to_nccl"] = same
                     ok = ok and same
                     if not nok:

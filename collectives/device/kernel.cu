@@ -17,6 +17,7 @@
 #include "collectives/device/launch.h"
 #include "collectives/device/reduce.cuh"
 #include "collectives/device/sync.cuh"
+#include "collectives/staged.h"
 #include "collectives/types.h"
 
 namespace mkernel {
@@ -154,9 +155,84 @@ __device__ bool planCollective(const KernelParams& p, SharedState& sh, const Wor
   return plan.count > 0;
 }
 
+// ---- process ranks: the staged algorithm of collectives/staged.h, run by one CTA -------------------
+
+struct StagedExecutor {
+  const KernelParams& p;
+  SharedState& sh;
+  const WorkDesc& d;
+  int cta;
+  uint64_t* epoch;
+  bool first;  // the first barrier of the collective is its start barrier (for the error record)
+
+  __device__ char* in(int rank, int parity) const {
+    return p.stagedBuf[rank] + stagedRegionOffset(cta, parity, p.stagedChunkBytes);
+  }
+  __device__ char* out(int rank, int parity) const {
+    return p.stagedBuf[rank] + stagedRegionOffset(cta, 2 + parity, p.stagedChunkBytes);
+  }
+  __device__ void copy(char* dst, const char* src, uint64_t bytes) {
+    if (bytes == 0) return;
+    if (threadIdx.x == 0) {
+      sh.plan.src[0] = src;
+      sh.plan.dst[0] = dst;
+      sh.plan.nSrc = sh.plan.nDst = 1;
+      sh.plan.count = bytes;
+      sh.plan.aligned = aligned16(reinterpret_cast<uint64_t>(src)) && aligned16(reinterpret_cast<uint64_t>(dst));
+    }
+    __syncthreads();
+    copyBytes(sh.plan);
+    __syncthreads();
+  }
+  __device__ void reduce(char* dst, const char* const* srcs, int nSrc, uint64_t elems) {
+    if (elems == 0) return;
+    if (threadIdx.x == 0) {
+      bool al = aligned16(reinterpret_cast<uint64_t>(dst));
+      for (int k = 0; k < nSrc; ++k) {
+        sh.plan.src[k] = srcs[k];
+        al = al && aligned16(reinterpret_cast<uint64_t>(srcs[k]));
+      }
+      sh.plan.dst[0] = dst;
+      sh.plan.nSrc = nSrc;
+      sh.plan.nDst = 1;
+      sh.plan.count = elems;
+      sh.plan.aligned = al;
+    }
+    __syncthreads();
+    reduceDispatch(sh.plan, d);
+    __syncthreads();
+  }
+  __device__ bool barrier() {
+    const WaitKind what = first ? kWaitPeerStart : kWaitPeerChunk;
+    first = false;
+    return ctaBarrier(p, sh.peers, cta, epoch, what, d.coll);
+  }
+};
+
+__device__ bool runStaged(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta, uint64_t* epoch,
+                          uint64_t* chunkSeq) {
+  const CollType coll = static_cast<CollType>(d.coll);
+  StagedCall c;
+  c.coll = coll;
+  c.twoShot = coll == CollType::AllReduce && stagedTwoShot(static_cast<Algo>(d.algo), p.nRanks);
+  c.nRanks = p.nRanks;
+  c.rank = p.rank;
+  c.root = d.root;
+  c.count = d.count;
+  c.elemSize = elemSize(d.dtype);
+  c.send = d.sendbuff;
+  c.recv = d.recvbuff;
+  c.part = rankSlice(d.count, d.nCtas, cta, sliceAlignElems(c.elemSize));
+  c.chunkElems = stagedChunkElems(coll, p.nRanks, c.elemSize, p.stagedChunkBytes);
+  c.parityMask = 1;
+  StagedExecutor ex{p, sh, d, cta, epoch, true};
+  return stagedCollective(ex, c, chunkSeq);
+}
+
 __device__ bool runCollective(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta,
-                              uint64_t* epoch, uint64_t traceSeq) {
+                              uint64_t* epoch, uint64_t traceSeq, uint64_t* chunkSeq) {
   if (cta >= d.nCtas) return true;
+  if (p.staged) return runStaged(p, sh, d, cta, epoch, chunkSeq);
   const CollType coll = static_cast<CollType>(d.coll);
   const uint64_t esz = elemSize(d.dtype);
   // In-place one-shot AllReduce: peers read our input while we overwrite it, so they read a copy
@@ -323,6 +399,7 @@ __global__ void __launch_bounds__(kKernelThreads, 1) persistentKernel(KernelPara
   if (threadIdx.x < kMaxRanks) sh.peers[threadIdx.x] = threadIdx.x < p.nRanks ? p.peers[threadIdx.x] : nullptr;
   uint64_t consumed = self->ctaConsumed[cta];
   uint64_t epoch = self->ctaEpoch[cta];
+  uint64_t chunkSeq = self->ctaChunk[cta];
   if (cta == 0 && threadIdx.x == 0) p.ctl->kernelState = kKernelRunning;
   __syncthreads();
   bool failed = false;
@@ -358,7 +435,7 @@ __global__ void __launch_bounds__(kKernelThreads, 1) persistentKernel(KernelPara
     if (cta >= static_cast<int>(sh.slot.ctasNeeded)) continue;
     bool ok = true;
     for (uint32_t i = 0; i < sh.slot.nOps && ok; ++i)
-      ok = runCollective(p, sh, sh.slot.ops[i], cta, &epoch, i == 0 ? consumed - 1 : kNoTrace);
+      ok = runCollective(p, sh, sh.slot.ops[i], cta, &epoch, i == 0 ? consumed - 1 : kNoTrace, &chunkSeq);
     if (!ok) { failed = true; break; }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -385,6 +462,7 @@ __global__ void __launch_bounds__(kKernelThreads, 1) persistentKernel(KernelPara
   if (threadIdx.x == 0) {
     self->ctaConsumed[cta] = consumed;
     self->ctaEpoch[cta] = epoch;
+    self->ctaChunk[cta] = chunkSeq;
   }
   if (failed && cta == 0 && threadIdx.x == 0) {
     // The failure is recorded (or the host aborted): keep callers' streams moving until quit.

@@ -23,10 +23,14 @@ struct KernelParams {
   uint64_t timeoutNs;             // MKERNEL_TIMEOUT_S
   uint64_t idleExitNs;            // MKERNEL_IDLE_EXIT_US
   KernelTraceRecord* trace;       // kTraceDepth records in device memory, or nullptr (no tracing)
+  // Process ranks (collectives/staged.h): every rank's staging buffer as this process maps it
+  // (CUDA IPC), all nullptr when the ranks are threads of one process.
+  char* stagedBuf[kMaxRanks];
+  uint64_t stagedChunkBytes;
   int32_t rank;
   int32_t nRanks;
   int32_t nCtas;
-  int32_t pad;
+  int32_t staged;                 // 1: process ranks, collectives go through stagedBuf
 };
 
 // Launches the persistent kernel with p.nCtas CTAs of kKernelThreads threads on `stream`.
