@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Process ranks (staged collectives through CUDA IPC, docs/KERNEL.md) in one device call:
 #   bash scripts/procs-check.sh          (repository root; PyTorch 2.11 at PROCS_PYTHON)
-# Builds libmkernel.so, then:
+# Builds libmkernel.so and test_gpu_procs, then:
+#   0. ctest -R test_gpu_procs: 2 ranks (one per GPU), 4 ranks (emulated under MPS when the GPUs
+#      are fewer), 3 ranks with one killed (the survivors see RemoteError).
 #   1. (2+ GPUs) scripts/torch_check.py --ranks 2 --gpus 2: two processes on two GPUs, mkernel
 #      beside the real NCCL; results bit-identical to NCCL alone; mkernel ran them.
 #   2. scripts/torch_check.py --ranks 2,4 --mps: emulated process ranks on one GPU under CUDA MPS.
@@ -26,10 +28,18 @@ fail=0
 [ -x "$PY" ] || { echo "procs-check: no PyTorch at $PY"; exit 1; }
 
 step "build libmkernel.so ($NG GPU(s))"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON >"$logs/configure.log" 2>&1 ||
+catch_args=()
+[ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON "${catch_args[@]}" >"$logs/configure.log" 2>&1 ||
   { tail -30 "$logs/configure.log"; exit 1; }
-make -C "$build" -j"${PROCS_JOBS:-16}" mkernel >"$logs/build.log" 2>&1 || { grep -m5 -A5 error "$logs/build.log"; exit 1; }
+make -C "$build" -j"${PROCS_JOBS:-16}" mkernel test_gpu_procs >"$logs/build.log" 2>&1 ||
+  { grep -m5 -A5 error "$logs/build.log"; exit 1; }
 LIB=$build/lib/libmkernel.so
+
+step "0. test_gpu_procs (C++ process ranks, killed rank)"
+(cd "$build" && timeout 300 ctest -R test_gpu_procs --output-on-failure --timeout 150) 2>&1 | tee "$logs/ctest-procs.txt" | tail -40
+[ "${PIPESTATUS[0]}" = 0 ] || fail=1
+save ctest-procs.txt
 
 if [ "$NG" -ge 2 ]; then
   step "1. torch_check: 2 processes on 2 GPUs, against NCCL"

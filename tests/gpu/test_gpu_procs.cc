@@ -1,0 +1,307 @@
+// GPU tier, process ranks (docs/KERNEL.md, "Process ranks"): N processes forked before any CUDA
+// call, one communicator across them (staged collectives through CUDA IPC).
+//
+//   test_gpu_procs [--ranks N] [--kill]
+//
+// Ranks sit on GPU (rank % GPUs). With fewer GPUs than ranks they are emulated (MKERNEL_EMULATE)
+// and the test starts its own CUDA MPS daemon (a private pipe directory), without which kernels
+// of two processes cannot run on one GPU at the same time.
+//   default  every collective, in and out of place, counts from 1 element to 32 MiB (many
+//            staging chunks per CTA), int32 sums (exact: any reduction order gives the same bits)
+//            and a float32 AllReduce (two-shot from 3 ranks on), compared with the definition.
+//   --kill   after a few collectives the last rank dies (SIGKILL, no finalize); the survivors
+//            post another AllReduce and must see RemoteError from asyncError() within
+//            MKERNEL_TIMEOUT_S (5 s here) plus a margin, their streams must drain, and abort plus
+//            destruction must return.
+// Exit status 0 when every rank passed. No Catch2: the children are plain processes.
+#include <cuda_runtime_api.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "common/result.h"
+#include "transport/bootstrap/bootstrap.h"
+
+using mkernel::Result;
+using mkernel::coll::CollArgs;
+using mkernel::coll::CollType;
+using mkernel::coll::DataType;
+using mkernel::coll::RedOp;
+
+namespace {
+
+int gRank = -1;
+#define FAIL(...)                                       \
+  do {                                                  \
+    std::fprintf(stderr, "rank %d: FAIL: ", gRank);     \
+    std::fprintf(stderr, __VA_ARGS__);                  \
+    std::fprintf(stderr, "\n");                         \
+    return 1;                                           \
+  } while (0)
+
+int32_t input(int rank, size_t i) { return static_cast<int32_t>((i * 2654435761u) ^ (static_cast<uint32_t>(rank) * 40503u + 7u)); }
+
+struct Case {
+  CollType coll;
+  size_t count;
+  bool inPlace;
+  int root;
+};
+
+size_t sendCount(const Case& c, int n) { return c.coll == CollType::ReduceScatter ? c.count * n : c.count; }
+size_t recvCount(const Case& c, int n) { return c.coll == CollType::AllGather ? c.count * n : c.count; }
+
+int32_t expected(const Case& c, int n, int rank, size_t e) {
+  uint32_t acc = 0;
+  switch (c.coll) {
+    case CollType::AllReduce:
+    case CollType::Reduce:
+      for (int k = 0; k < n; ++k) acc += static_cast<uint32_t>(input(k, e));
+      return static_cast<int32_t>(acc);
+    case CollType::ReduceScatter:
+      for (int k = 0; k < n; ++k) acc += static_cast<uint32_t>(input(k, static_cast<size_t>(rank) * c.count + e));
+      return static_cast<int32_t>(acc);
+    case CollType::AllGather:
+      return input(static_cast<int>(e / c.count), e % c.count);
+    case CollType::Broadcast:
+      return input(c.root, e);
+  }
+  return 0;
+}
+
+int child(int rank, int n, int nGpus, const mkernel::bootstrap::UniqueId& id, bool kill) {
+  gRank = rank;
+  const int dev = rank % nGpus;
+  if (cudaSetDevice(dev) != cudaSuccess) FAIL("cudaSetDevice(%d)", dev);
+  std::unique_ptr<mkernel::bootstrap::Bootstrap> bs;
+  if (mkernel::bootstrap::Bootstrap::create(id, rank, n, &bs) != Result::Success) FAIL("bootstrap: %s", mkernel::lastError());
+  mkernel::coll::CommOptions opts;
+  opts.rank = rank;
+  opts.nRanks = n;
+  opts.cudaDev = dev;
+  opts.emulate = nGpus < n;
+  std::unique_ptr<mkernel::coll::Communicator> comm;
+  if (mkernel::coll::Communicator::create(opts, bs.get(), &comm) != Result::Success) FAIL("create: %s", mkernel::lastError());
+  cudaStream_t stream;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+
+  std::vector<Case> cases;
+  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
+                            CollType::Reduce};
+  int seq = 0;
+  for (CollType c : colls)
+    for (size_t count : {size_t(1), size_t(4099), size_t(1 << 20) + 5, (size_t(8) << 20) + 3})
+      for (bool inPlace : {false, true}) cases.push_back(Case{c, count, inPlace, (seq++) % n});
+  if (kill) cases.resize(6);
+  // Every buffer before the first collective: allocations while persistent kernels run can wait
+  // for them (docs/KERNEL.md).
+  const size_t maxElems = (size_t(8) << 20) * static_cast<size_t>(n) + 64;
+  int32_t *send = nullptr, *recv = nullptr;
+  float* fbuf = nullptr;
+  if (cudaMalloc(reinterpret_cast<void**>(&send), maxElems * 4) != cudaSuccess ||
+      cudaMalloc(reinterpret_cast<void**>(&recv), maxElems * 4) != cudaSuccess ||
+      cudaMalloc(reinterpret_cast<void**>(&fbuf), (size_t(1) << 22) * 4) != cudaSuccess)
+    FAIL("cudaMalloc");
+  std::vector<int32_t> host(maxElems), got(maxElems);
+
+  for (const Case& c : cases) {
+    const size_t sc = sendCount(c, n), rc = recvCount(c, n);
+    for (size_t i = 0; i < sc; ++i) host[i] = input(rank, i);
+    int32_t* s = send;
+    int32_t* r = recv;
+    if (c.inPlace) {
+      r = send;
+      if (c.coll == CollType::AllGather) s = send + static_cast<size_t>(rank) * c.count;
+      if (c.coll == CollType::ReduceScatter) r = send + static_cast<size_t>(rank) * c.count;
+    }
+    if (cudaMemset(recv, 0xff, maxElems * 4) != cudaSuccess) FAIL("memset");
+    if (c.inPlace && c.coll == CollType::AllGather) {
+      if (cudaMemset(send, 0xff, maxElems * 4) != cudaSuccess) FAIL("memset");
+    }
+    if (cudaMemcpy(s, host.data(), sc * 4, cudaMemcpyHostToDevice) != cudaSuccess) FAIL("copy in");
+    CollArgs a;
+    a.coll = c.coll;
+    a.dtype = DataType::Int32;
+    a.op = RedOp::Sum;
+    a.sendbuff = s;
+    a.recvbuff = r;
+    a.count = c.count;
+    a.root = c.root;
+    if (comm->enqueue(&a, 1, stream) != Result::Success) FAIL("enqueue %s: %s", mkernel::coll::collName(c.coll), mkernel::lastError());
+    if (cudaStreamSynchronize(stream) != cudaSuccess) FAIL("stream sync");
+    if (comm->asyncError() != Result::Success) FAIL("%s count %zu: %s", mkernel::coll::collName(c.coll), c.count, mkernel::lastError());
+    if (cudaMemcpy(got.data(), r, rc * 4, cudaMemcpyDeviceToHost) != cudaSuccess) FAIL("copy out");
+    if (c.coll == CollType::Reduce && rank != c.root) continue;
+    for (size_t e = 0; e < rc; ++e) {
+      const int32_t want = expected(c, n, rank, e);
+      if (got[e] != want)
+        FAIL("%s count %zu %s root %d: element %zu of %zu is %d, want %d", mkernel::coll::collName(c.coll), c.count,
+             c.inPlace ? "in place" : "out of place", c.root, e, rc, got[e], want);
+    }
+  }
+
+  if (kill) {
+    if (rank == n - 1) {
+      std::fprintf(stderr, "rank %d: dying now (SIGKILL)\n", rank);
+      raise(SIGKILL);
+    }
+    // The survivors: one more AllReduce that the dead rank never joins.
+    CollArgs a;
+    a.dtype = DataType::Int32;
+    a.sendbuff = send;
+    a.recvbuff = recv;
+    a.count = 1 << 16;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (comm->enqueue(&a, 1, stream) != Result::Success) FAIL("enqueue after the kill: %s", mkernel::lastError());
+    Result err = Result::Success;
+    double waited = 0;
+    for (;;) {
+      err = comm->asyncError();
+      waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (err != Result::Success || waited > 30) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (err != Result::RemoteError) FAIL("after %.1f s asyncError() is %d, want RemoteError", waited, static_cast<int>(err));
+    std::fprintf(stderr, "rank %d: RemoteError after %.1f s: %s\n", rank, waited, mkernel::lastError());
+    if (cudaStreamSynchronize(stream) != cudaSuccess) FAIL("the stream did not drain");
+    const auto t1 = std::chrono::steady_clock::now();
+    comm->abort();
+    comm.reset();
+    const double teardown = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    std::fprintf(stderr, "rank %d: abort + destroy took %.2f s\n", rank, teardown);
+    if (teardown > 10) FAIL("abort + destroy took %.1f s", teardown);
+    return 0;
+  }
+
+  // float32 AllReduce large enough for two-shot (from 3 ranks on), values exact in any order.
+  {
+    const size_t count = size_t(1) << 22;
+    std::vector<float> hf(count), gf(count);
+    for (size_t i = 0; i < count; ++i) hf[i] = static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 17) - 8) * 0.5f;
+    if (cudaMemcpy(fbuf, hf.data(), count * 4, cudaMemcpyHostToDevice) != cudaSuccess) FAIL("copy in");
+    CollArgs a;
+    a.dtype = DataType::Float32;
+    a.sendbuff = fbuf;
+    a.recvbuff = fbuf;
+    a.count = count;
+    if (comm->enqueue(&a, 1, stream) != Result::Success || cudaStreamSynchronize(stream) != cudaSuccess ||
+        comm->asyncError() != Result::Success)
+      FAIL("float AllReduce: %s", mkernel::lastError());
+    if (cudaMemcpy(gf.data(), fbuf, count * 4, cudaMemcpyDeviceToHost) != cudaSuccess) FAIL("copy out");
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int k = 0; k < n; ++k) want += static_cast<float>(static_cast<int>((i * 7 + k * 13) % 17) - 8) * 0.5f;
+      if (gf[i] != want) FAIL("float AllReduce element %zu: %g, want %g", i, gf[i], want);
+    }
+  }
+  mkernel::coll::CollStats st;
+  comm->stats(&st);
+  uint64_t ran = 0;
+  for (uint64_t v : st.kernelOps) ran += v;
+  if (ran != cases.size() + 1) FAIL("the kernel counted %llu collectives, want %zu", static_cast<unsigned long long>(ran), cases.size() + 1);
+  if (comm->finalize() != Result::Success) FAIL("finalize: %s", mkernel::lastError());
+  comm.reset();
+  std::fprintf(stderr, "rank %d: %zu collectives passed (GPU %d)\n", rank, cases.size() + 1, dev);
+  return 0;
+}
+
+int gpuCount() {
+  // Not through the CUDA runtime: the parent must not create a context before fork().
+  FILE* f = popen("nvidia-smi -L 2>/dev/null | grep -c '^GPU '", "r");
+  if (f == nullptr) return 0;
+  int n = 0;
+  if (std::fscanf(f, "%d", &n) != 1) n = 0;
+  pclose(f);
+  const char* vis = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (vis != nullptr && *vis) {
+    int v = 1;
+    for (const char* p = vis; *p; ++p) v += *p == ',';
+    if (v < n) n = v;
+  }
+  return n;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n = 2;
+  bool kill = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--ranks") && i + 1 < argc) n = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--kill")) kill = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--ranks N] [--kill]\n", argv[0]);
+      return 2;
+    }
+  }
+  const int nGpus = gpuCount();
+  if (nGpus < 1) {
+    std::fprintf(stderr, "test_gpu_procs: no GPU\n");
+    return 1;
+  }
+  setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  if (kill) setenv("MKERNEL_TIMEOUT_S", "5", 1);
+  std::string mpsDir;
+  if (nGpus < n) {
+    char tmpl[] = "/tmp/mkernel-mps-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return 1;
+    mpsDir = tmpl;
+    setenv("CUDA_MPS_PIPE_DIRECTORY", mpsDir.c_str(), 1);
+    setenv("CUDA_MPS_LOG_DIRECTORY", mpsDir.c_str(), 1);
+    if (std::system("nvidia-cuda-mps-control -d") != 0) {
+      std::fprintf(stderr, "test_gpu_procs: %d ranks on %d GPU(s) need CUDA MPS, and nvidia-cuda-mps-control -d failed\n", n, nGpus);
+      return 1;
+    }
+  }
+  mkernel::bootstrap::UniqueId id;
+  if (mkernel::bootstrap::createUniqueId(&id) != Result::Success) {
+    std::fprintf(stderr, "createUniqueId: %s\n", mkernel::lastError());
+    return 1;
+  }
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) _exit(child(r, n, nGpus, id, kill));
+    pids.push_back(pid);
+  }
+  int failed = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
+  for (int r = 0; r < n; ++r) {
+    int status = 0;
+    for (;;) {
+      pid_t w = waitpid(pids[static_cast<size_t>(r)], &status, WNOHANG);
+      if (w == pids[static_cast<size_t>(r)]) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::fprintf(stderr, "rank %d: still running after 180 s: killed\n", r);
+        ::kill(pids[static_cast<size_t>(r)], SIGKILL);
+        waitpid(pids[static_cast<size_t>(r)], &status, 0);
+        status = 1 << 8;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    const bool killedOnPurpose = kill && r == n - 1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    if (!killedOnPurpose && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+      std::fprintf(stderr, "rank %d: exit status %d%s\n", r, WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                   WIFSIGNALED(status) ? " (signal)" : "");
+      ++failed;
+    }
+  }
+  if (!mpsDir.empty()) (void)std::system("echo quit | nvidia-cuda-mps-control");
+  std::printf("test_gpu_procs: %d ranks on %d GPU(s)%s%s: %s\n", n, nGpus < n ? nGpus : n,
+              nGpus < n ? " (emulated, MPS)" : "", kill ? ", one killed" : "", failed ? "FAILED" : "passed");
+  return failed ? 1 : 0;
+}
