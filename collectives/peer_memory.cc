@@ -12,6 +12,7 @@
 #include "collectives/sm_budget.h"
 #include "collectives/staged.h"
 #include "common/log.h"
+#include "common/param.h"
 #include "transport/bootstrap/bootstrap.h"
 
 namespace mkernel {
@@ -83,6 +84,8 @@ Result mapPeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, Dev
   if (out->staged) {
     cudaError_t err = cudaIpcGetMemHandle(&mine.state, local);
     if (err == cudaSuccess) err = cudaIpcGetMemHandle(&mine.staging, out->stagedLocal);
+    if (err != cudaSuccess && std::all_of(info.begin(), info.end(), [&](const RankInfo& ri) { return sameProcess(ri, me); }))
+      err = cudaSuccess;  // MKERNEL_STAGED=1 with thread ranks only: no handle is opened
     if (err != cudaSuccess)
       return MK_ERROR(Result::UnhandledCudaError, "rank %d: cudaIpcGetMemHandle failed: %s", rank, cudaGetErrorString(err));
   }
@@ -192,7 +195,19 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
     if (r == rank) out->ranksOnMyDevice = sharing;
   }
   out->nCtas = std::max(1, agreed);
-  if (out->staged && stagedChunkElems(CollType::ReduceScatter, nRanks, 8, stagedChunkBytes) == 0)
+  // MKERNEL_STAGED=1: staged for thread ranks too (the same on every rank: an environment
+  // variable of the job; a rank that disagrees is caught below, before any kernel runs).
+  const std::string forced = paramString("STAGED");
+  if (forced != "auto" && forced != "1")
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_STAGED=%s: expected auto or 1", forced.c_str());
+  if (forced == "1") out->staged = true;
+  std::vector<int32_t> stagedVote(static_cast<size_t>(nRanks), 0);
+  stagedVote[static_cast<size_t>(rank)] = out->staged ? 1 : 0;
+  MK_CHECK(bs->allGather(stagedVote.data(), sizeof(int32_t)));
+  for (int r = 0; r < nRanks; ++r)
+    if (stagedVote[static_cast<size_t>(r)] != stagedVote[static_cast<size_t>(rank)])
+      return MK_ERROR(Result::InvalidUsage, "rank %d: MKERNEL_STAGED differs between rank %d and rank %d", rank, rank, r);
+  if (out->staged && stagedChunkElems(nRanks, 8, stagedChunkBytes) == 0)
     return MK_ERROR(Result::InvalidArgument,
                     "MKERNEL_STAGED_CHUNK_BYTES=%llu is too small for %d ranks (at least %llu bytes)",
                     static_cast<unsigned long long>(stagedChunkBytes), nRanks,

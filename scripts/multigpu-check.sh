@@ -84,7 +84,7 @@ if [ -x "$PY" ]; then
     >"$logs/ddp-nccl.txt" 2>&1 || fail=1
   LD_PRELOAD=$LIB "$PY" "$root/scripts/ddp_example.py" --world-size "$NG" --backend nccl --csv "$logs/ddp-mk.csv" \
     >"$logs/ddp-mk.txt" 2>&1 || fail=1
-  tail -3 "$logs/ddp-nccl.txt" "$logs/ddp-mk.txt" | tee -a "$logs/tables.txt"
+  tail -n 3 "$logs/ddp-nccl.txt" "$logs/ddp-mk.txt" | tee -a "$logs/tables.txt"
   "$PY" "$root/scripts/ddp_example.py" --compare "$logs/ddp-nccl.csv" "$logs/ddp-mk.csv" --tol "${MG_DDP_TOL:-1e-3}" \
     2>&1 | tee -a "$logs/tables.txt" || fail=1
 else

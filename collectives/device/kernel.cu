@@ -171,30 +171,38 @@ struct StagedExecutor {
   __device__ char* out(int rank, int parity) const {
     return p.stagedBuf[rank] + stagedRegionOffset(cta, 2 + parity, p.stagedChunkBytes);
   }
-  __device__ void copy(char* dst, const char* src, uint64_t bytes) {
+  __device__ void copy(char* const* dsts, int nDst, const char* src, uint64_t bytes) {
     if (bytes == 0) return;
     if (threadIdx.x == 0) {
+      bool al = aligned16(reinterpret_cast<uint64_t>(src));
+      for (int k = 0; k < nDst; ++k) {
+        sh.plan.dst[k] = dsts[k];
+        al = al && aligned16(reinterpret_cast<uint64_t>(dsts[k]));
+      }
       sh.plan.src[0] = src;
-      sh.plan.dst[0] = dst;
-      sh.plan.nSrc = sh.plan.nDst = 1;
+      sh.plan.nSrc = 1;
+      sh.plan.nDst = nDst;
       sh.plan.count = bytes;
-      sh.plan.aligned = aligned16(reinterpret_cast<uint64_t>(src)) && aligned16(reinterpret_cast<uint64_t>(dst));
+      sh.plan.aligned = al;
     }
     __syncthreads();
     copyBytes(sh.plan);
     __syncthreads();
   }
-  __device__ void reduce(char* dst, const char* const* srcs, int nSrc, uint64_t elems) {
+  __device__ void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems) {
     if (elems == 0) return;
     if (threadIdx.x == 0) {
-      bool al = aligned16(reinterpret_cast<uint64_t>(dst));
+      bool al = true;
       for (int k = 0; k < nSrc; ++k) {
         sh.plan.src[k] = srcs[k];
         al = al && aligned16(reinterpret_cast<uint64_t>(srcs[k]));
       }
-      sh.plan.dst[0] = dst;
+      for (int k = 0; k < nDst; ++k) {
+        sh.plan.dst[k] = dsts[k];
+        al = al && aligned16(reinterpret_cast<uint64_t>(dsts[k]));
+      }
       sh.plan.nSrc = nSrc;
-      sh.plan.nDst = 1;
+      sh.plan.nDst = nDst;
       sh.plan.count = elems;
       sh.plan.aligned = al;
     }
@@ -223,7 +231,7 @@ __device__ bool runStaged(const KernelParams& p, SharedState& sh, const WorkDesc
   c.send = d.sendbuff;
   c.recv = d.recvbuff;
   c.part = rankSlice(d.count, d.nCtas, cta, sliceAlignElems(c.elemSize));
-  c.chunkElems = stagedChunkElems(coll, p.nRanks, c.elemSize, p.stagedChunkBytes);
+  c.chunkElems = stagedChunkElems(p.nRanks, c.elemSize, p.stagedChunkBytes);
   c.parityMask = 1;
   StagedExecutor ex{p, sh, d, cta, epoch, true};
   return stagedCollective(ex, c, chunkSeq);

@@ -2,7 +2,7 @@
 // threads: one thread per (rank, CTA), each with its own staging regions, barriers with the
 // kernel's semantics (per-CTA epoch flags: a rank passes once every peer has arrived, and may run
 // ahead while slow peers are still reading), and a check that no staging region is overwritten
-// while a peer reads it (a generation counter per region, read before and after each read).
+// while its owner reads it (a generation counter per region, read before and after each read).
 // Every result is compared with the collective's definition (integer sums: exact).
 #include <catch2/catch.hpp>
 
@@ -93,19 +93,21 @@ struct CpuExecutor {
     if (rank == w->slowRank) std::this_thread::sleep_for(w->slowRead);
   }
 
-  void copy(char* dst, const char* src, uint64_t bytes) {
+  void copy(char* const* dsts, int nDst, const char* src, uint64_t bytes) {
     if (bytes == 0) return;
     ReadGuard rg(w, src);
-    WriteGuard wg(w, dst);
+    std::vector<std::unique_ptr<WriteGuard>> wg;
+    for (int k = 0; k < nDst; ++k) wg.emplace_back(new WriteGuard(w, dsts[k]));
     slow();
-    std::memcpy(dst, src, bytes);
+    for (int k = 0; k < nDst; ++k) std::memcpy(dsts[k], src, bytes);
   }
   // uint32 sums with wrap-around: exact, so any order gives the same bits.
-  void reduce(char* dst, const char* const* srcs, int nSrc, uint64_t elems) {
+  void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems) {
     if (elems == 0) return;
     std::vector<std::unique_ptr<ReadGuard>> guards;
     for (int k = 0; k < nSrc; ++k) guards.emplace_back(new ReadGuard(w, srcs[k]));
-    WriteGuard wg(w, dst);
+    std::vector<std::unique_ptr<WriteGuard>> wg;
+    for (int k = 0; k < nDst; ++k) wg.emplace_back(new WriteGuard(w, dsts[k]));
     slow();
     for (uint64_t i = 0; i < elems; ++i) {
       uint32_t acc = 0;
@@ -114,7 +116,7 @@ struct CpuExecutor {
         std::memcpy(&v, srcs[k] + i * 4, 4);
         acc += v;
       }
-      std::memcpy(dst + i * 4, &acc, 4);
+      for (int k = 0; k < nDst; ++k) std::memcpy(dsts[k] + i * 4, &acc, 4);
     }
   }
   bool barrier() {
@@ -201,7 +203,7 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint32_t parityMask, ui
           call.send = reinterpret_cast<uint64_t>(b.buf.data() + b.sendOff);
           call.recv = reinterpret_cast<uint64_t>(b.buf.data() + b.recvOff);
           call.part = rankSlice(op.count, w.nCtas, c, sliceAlignElems(4));
-          call.chunkElems = stagedChunkElems(op.coll, n, 4, w.chunkBytes);
+          call.chunkElems = stagedChunkElems(n, 4, w.chunkBytes);
           call.parityMask = parityMask;
           if (!stagedCollective(ex, call, &chunkSeq)) return;
         }
@@ -277,15 +279,16 @@ TEST_CASE("staged: region layout and chunk sizes") {
   CHECK(stagedRegionOffset(0, 3, 4096) == 3 * 4096);
   CHECK(stagedRegionOffset(2, 1, 4096) == (2 * 4 + 1) * 4096);
   CHECK(stagedBufferBytes(16, 262144) == 16ull << 20);
-  // ReduceScatter stages nRanks blocks in one region; every chunk a multiple of 16 bytes.
+  // An inbox holds one slot per rank; every slot a multiple of 16 bytes.
   for (int n : {2, 3, 5, 8, 16})
     for (uint64_t esz : {1, 2, 4, 8}) {
-      const uint64_t e = stagedChunkElems(CollType::ReduceScatter, n, esz, 4096);
+      const uint64_t e = stagedChunkElems(n, esz, 4096);
       CHECK(e * esz * static_cast<uint64_t>(n) <= 4096);
       CHECK((e * esz) % 16 == 0);
       CHECK(e > 0);
-      CHECK(stagedChunkElems(CollType::AllReduce, n, esz, 4096) * esz == 4096);
     }
+  CHECK(stagedChunkElems(2, 4, 4096) * 4 == 2048);
+  CHECK(stagedChunkElems(17, 8, 256) == 0);
   CHECK(stagedTwoShot(Algo::TwoShot, 3));
   CHECK_FALSE(stagedTwoShot(Algo::TwoShot, 2));
   CHECK_FALSE(stagedTwoShot(Algo::OneShot, 8));
@@ -309,8 +312,8 @@ TEST_CASE("staged: every collective, in and out of place, 2-8 ranks, several CTA
 }
 
 TEST_CASE("staged: a slow reader is never overtaken (and the check sees it when parity is off)") {
-  // Rank 0 reads slowly; its peers would overwrite their regions under it if a region were reused
-  // by the next chunk. With the parity (two regions) no read is ever disturbed; with one region
+  // Rank 0 reads its inbox slowly; its peers would push the chunk after next into it under the
+  // read if a region were reused by the next chunk. With the parity (two regions) no read is ever disturbed; with one region
   // (parityMask 0, a deliberately broken schedule) the race check must fire.
   std::vector<Op> ops;
   for (CollType c : {CollType::AllReduce, CollType::AllGather, CollType::ReduceScatter}) {
