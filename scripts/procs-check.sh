@@ -37,7 +37,7 @@ make -C "$build" -j"${PROCS_JOBS:-16}" mkernel test_gpu_procs >"$logs/build.log"
 LIB=$build/lib/libmkernel.so
 
 step "0. test_gpu_procs (C++ process ranks, killed rank)"
-(cd "$build" && timeout 300 ctest -R test_gpu_procs --output-on-failure --timeout 150) 2>&1 | tee "$logs/ctest-procs.txt" | tail -40
+(cd "$build" && timeout 300 ctest -R test_gpu_procs --output-on-failure --timeout 90) 2>&1 | tee "$logs/ctest-procs.txt" | tail -40
 [ "${PIPESTATUS[0]}" = 0 ] || fail=1
 save ctest-procs.txt
 
@@ -49,8 +49,8 @@ if [ "$NG" -ge 2 ]; then
   save torch-check-2gpu.txt
 fi
 
-step "2. torch_check: emulated process ranks on one GPU under MPS (--ranks ${PROCS_EMU_RANKS:-2,4})"
-CUDA_VISIBLE_DEVICES=0 timeout 240 "$PY" "$root/scripts/torch_check.py" --lib "$LIB" --ranks "${PROCS_EMU_RANKS:-2,4}" \
+step "2. torch_check: emulated process ranks on one GPU under MPS (--ranks ${PROCS_EMU_RANKS:-2})"
+CUDA_VISIBLE_DEVICES=0 timeout 240 "$PY" "$root/scripts/torch_check.py" --lib "$LIB" --ranks "${PROCS_EMU_RANKS:-2}" \
   --mps --timeout 100 2>&1 | tee "$logs/torch-check-emu.txt" | tail -30
 [ "${PIPESTATUS[0]}" = 0 ] || fail=1
 save torch-check-emu.txt
@@ -58,7 +58,7 @@ save torch-check-emu.txt
 if [ "$NG" -ge 2 ]; then
   step "3. torch_bench: NCCL against mkernel, 2 processes on 2 GPUs"
   timeout "${PROCS_BENCH_TIMEOUT:-200}" "$PY" "$root/scripts/torch_bench.py" --lib "$LIB" --ranks 2 \
-    --max-bytes "${PROCS_MAX_BYTES:-256M}" --csv "$logs/torch-bench.csv" --plot "$logs/torch-bench.png" 2>&1 |
+    --max-bytes "${PROCS_MAX_BYTES:-256M}" --iters "${PROCS_ITERS:-30}" --trials "${PROCS_TRIALS:-3}" --csv "$logs/torch-bench.csv" --plot "$logs/torch-bench.png" 2>&1 |
     tee "$logs/torch-bench.txt" | tail -45
   [ "${PIPESTATUS[0]}" = 0 ] || fail=1
   save torch-bench.txt torch-bench.csv torch-bench.png

@@ -300,7 +300,8 @@ int main(int argc, char** argv) {
       ++failed;
     }
   }
-  if (!mpsDir.empty()) (void)std::system("echo quit | nvidia-cuda-mps-control");
+  if (!mpsDir.empty() && std::system("echo quit | nvidia-cuda-mps-control") != 0)
+    std::fprintf(stderr, "test_gpu_procs: stopping the MPS daemon failed\n");
   std::printf("test_gpu_procs: %d ranks on %d GPU(s)%s%s: %s\n", n, nGpus < n ? nGpus : n,
               nGpus < n ? " (emulated, MPS)" : "", kill ? ", one killed" : "", failed ? "FAILED" : "passed");
   return failed ? 1 : 0;
