@@ -11,8 +11,9 @@
 //            and a float32 AllReduce (two-shot from 3 ranks on), compared with the definition.
 //   --kill   after a few collectives the last rank dies (SIGKILL, no finalize); the survivors
 //            post another AllReduce and must see RemoteError from asyncError() within
-//            MKERNEL_TIMEOUT_S (5 s here) plus a margin, their streams must drain, and abort plus
-//            destruction must return.
+//            MKERNEL_TIMEOUT_S (5 s here) plus a margin (or, sharing the dead rank's GPU under
+//            MPS, UnhandledCudaError: the context is lost), their streams must drain, and abort
+//            plus destruction must return.
 // Exit status 0 when every rank passed. No Catch2: the children are plain processes.
 #include <cuda_runtime_api.h>
 #include <signal.h>
@@ -173,9 +174,18 @@ int child(int rank, int n, int nGpus, const mkernel::bootstrap::UniqueId& id, bo
       if (err != Result::Success || waited > 30) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    if (err != Result::RemoteError) FAIL("after %.1f s asyncError() is %d, want RemoteError", waited, static_cast<int>(err));
-    std::fprintf(stderr, "rank %d: RemoteError after %.1f s: %s\n", rank, waited, mkernel::lastError());
-    if (cudaStreamSynchronize(stream) != cudaSuccess) FAIL("the stream did not drain");
+    // A survivor on another GPU than the dead rank times out waiting for it: RemoteError. One on
+    // the same GPU under MPS was seen (two H200s, 2026-11-29) to take an illegal-address fault
+    // when the dead client's memory went away: its CUDA context is lost (UnhandledCudaError,
+    // within a second). Either way: an error, in bounded time, never a hang.
+    const bool sameGpuAsDead = (n - 1) % nGpus == dev;
+    const bool acceptable = err == Result::RemoteError || (sameGpuAsDead && err == Result::UnhandledCudaError);
+    if (!acceptable)
+      FAIL("after %.1f s asyncError() is %d, want RemoteError%s", waited, static_cast<int>(err),
+           sameGpuAsDead ? " or UnhandledCudaError" : "");
+    std::fprintf(stderr, "rank %d: %s after %.1f s: %s\n", rank, err == Result::RemoteError ? "RemoteError" : "UnhandledCudaError",
+                 waited, mkernel::lastError());
+    if (err == Result::RemoteError && cudaStreamSynchronize(stream) != cudaSuccess) FAIL("the stream did not drain");
     const auto t1 = std::chrono::steady_clock::now();
     comm->abort();
     comm.reset();
