@@ -1,11 +1,11 @@
 // KernelCommunicator: one rank's communicator whose collectives run in the persistent kernel.
 //
 // Host side of the doorbell protocol (docs/KERNEL.md): enqueue() writes the descriptors of a
-// group into a WorkSlot in host-mapped memory, makes sure the kernel runs, and puts three stream
-// memops on the caller's stream: doorbell = Posted, wait doorbell == Done, doorbell = Free. The
-// same three values on every call, so a CUDA graph that captured them replays correctly; a
+// group into a WorkSlot in host-mapped memory, makes sure the kernel runs, and puts two stream
+// memops on the caller's stream: doorbell = Posted, wait doorbell >= Done. The same values on
+// every call, so a CUDA graph that captured them replays correctly; a
 // captured slot is dedicated to that graph forever (its descriptor must stay valid for every
-// replay), an eager slot is reused once the caller's stream has passed its Free write (an event).
+// replay), an eager slot is reused once the caller's stream has passed its wait (an event).
 #ifdef MKERNEL_HAVE_DEVICE_CODE
 
 #include <cuda_runtime_api.h>
@@ -214,7 +214,7 @@ Result KernelCommunicator::init() {
   params_.trace = trace_;
   params_.stagingBytes = oneShotMaxBytes_;
   params_.timeoutNs = static_cast<uint64_t>(std::max<int64_t>(1, paramInt("TIMEOUT_S", 300))) * 1000000000ull;
-  params_.idleExitNs = static_cast<uint64_t>(std::max<int64_t>(0, paramInt("IDLE_EXIT_US", 200000))) * 1000ull;
+  params_.idleExitNs = static_cast<uint64_t>(std::max<int64_t>(0, paramInt("IDLE_EXIT_US", 50))) * 1000ull;
   params_.rank = opts_.rank;
   params_.nRanks = opts_.nRanks;
   params_.nCtas = peers.nCtas;
@@ -263,7 +263,7 @@ Result KernelCommunicator::fillDesc(const CollArgs& a, WorkDesc* d) const {
 Result KernelCommunicator::takeEagerSlot(int* slot) {
   const int s = static_cast<int>(eagerCount_ % kEagerSlots);
   if (slotUsed_[s]) {
-    // The caller's stream must have passed this slot's Free write before we reuse it.
+    // The caller's stream must have passed this slot's wait before we reuse it.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(paramInt("TIMEOUT_S", 300));
     for (;;) {
       cudaError_t q = cudaEventQuery(slotEvents_[s]);
@@ -353,9 +353,10 @@ Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stre
       // The persistent kernel's own bounded waits give up (and release the doorbell) first.
       MK_CHECK(launchGate(doorbell, params_.ctl, 2 * params_.timeoutNs, opts_.rank, stream));
     } else {
+      // Two memops: Posted overwrites the previous use's Done, and only Done (3) passes the
+      // wait (Free 0, Posted 1 and Running 2 are below it), so no third write back to Free.
       MK_CHECK(cudrv::streamWriteValue32(stream, doorbell, kDoorbellPosted));
-      MK_CHECK(cudrv::streamWaitValue32(stream, doorbell, kDoorbellDone));
-      MK_CHECK(cudrv::streamWriteValue32(stream, doorbell, kDoorbellFree));
+      MK_CHECK(cudrv::streamWaitValue32(stream, doorbell, kDoorbellDone, cudrv::WaitCmp::Geq));
     }
     if (!capturing) MK_CUDA(cudaEventRecord(slotEvents_[slot], stream), "cudaEventRecord(slot)");
   }
@@ -424,7 +425,7 @@ Result KernelCommunicator::finalize() {
   std::lock_guard<std::mutex> lock(mu_);
   if (finalized_) return Result::Success;
   const double timeout = static_cast<double>(paramInt("TIMEOUT_S", 300));
-  // Posted work first: every eager slot's event (the caller's streams passed its Free write).
+  // Posted work first: every eager slot's event (the caller's streams passed its wait).
   for (int s = 0; s < kEagerSlots; ++s) {
     if (!slotUsed_[s]) continue;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);

@@ -65,10 +65,10 @@ Result streamWriteValue32(cudaStream_t stream, uint32_t* addr, uint32_t value) {
   return Result::Success;
 }
 
-Result streamWaitValue32(cudaStream_t stream, uint32_t* addr, uint32_t value) {
+Result streamWaitValue32(cudaStream_t stream, uint32_t* addr, uint32_t value, WaitCmp cmp) {
   MK_CHECK(loadMemOps());
   CUresult r = memOps().wait32(stream, reinterpret_cast<CUdeviceptr>(addr), value,
-                               CU_STREAM_WAIT_VALUE_EQ);
+                               cmp == WaitCmp::Geq ? CU_STREAM_WAIT_VALUE_GEQ : CU_STREAM_WAIT_VALUE_EQ);
   if (r != CUDA_SUCCESS)
     return MK_ERROR(Result::UnhandledCudaError, "cuStreamWaitValue32(%p, %u) failed: CUresult %d",
                     static_cast<void*>(addr), value, static_cast<int>(r));

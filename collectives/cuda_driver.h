@@ -22,8 +22,10 @@ Result loadMemOps();
 // *addr = value when `stream` reaches this point (with a memory barrier before the write, so
 // everything earlier on the stream is visible first). Legal during CUDA graph capture.
 Result streamWriteValue32(cudaStream_t stream, uint32_t* addr, uint32_t value);
-// Blocks `stream` until *addr == value. Legal during CUDA graph capture.
-Result streamWaitValue32(cudaStream_t stream, uint32_t* addr, uint32_t value);
+// Blocks `stream` until the condition holds. Legal during CUDA graph capture. Waits until *addr == value (Eq) or, comparing cyclically as the driver does, *addr >= value
+// (Geq: (int32_t)(*addr - value) >= 0).
+enum class WaitCmp { Eq, Geq };
+Result streamWaitValue32(cudaStream_t stream, uint32_t* addr, uint32_t value, WaitCmp cmp = WaitCmp::Eq);
 
 }  // namespace cudrv
 }  // namespace coll

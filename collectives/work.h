@@ -28,8 +28,10 @@ constexpr int kMaxSlots = 256;       // eager ring + slots dedicated to CUDA-gra
 constexpr int kDispatchDepth = 64;   // leader CTA -> worker CTAs queue
 constexpr int kKernelThreads = 512;  // threads per CTA (half an SM: user kernels still fit)
 
-// Doorbell values. The caller's stream writes Posted, waits for Done, then writes Free: the same
-// three values on every call, so a captured graph replays correctly (DESIGN.md §3).
+// Doorbell values. The caller's stream writes Posted and waits until the value is >= Done (only
+// Done is): the same values on every call, so a captured graph replays correctly (DESIGN.md §3).
+// The next use's Posted overwrites Done; Free is the initial value (and what the opt-in gate
+// kernel writes back).
 enum DoorbellState : uint32_t {
   kDoorbellFree = 0,
   kDoorbellPosted = 1,

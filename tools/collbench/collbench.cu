@@ -152,9 +152,10 @@ double copyBandwidthGBps(size_t bytes) {
 __global__ void emptyKernel() {}
 
 // Floors of the doorbell protocol on this GPU, one stream, no mkernel code: the median time per
-// back-to-back empty kernel launch, and per {write 1, wait == 1, write 0} stream-memop triple (the
-// three memops enqueue() puts on the caller's stream, with the wait already satisfied).
-void baselines(int iters, double* launchUs, double* memopUs) {
+// back-to-back empty kernel launch, per {write 1, wait >= 1} stream-memop pair (what enqueue()
+// puts on the caller's stream, with the wait already satisfied), and per {write 1, wait == 1,
+// write 0} triple (the protocol until session 3).
+void baselines(int iters, double* launchUs, double* pairUs, double* tripleUs) {
   cudaStream_t s;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   uint32_t* flag = nullptr;
@@ -162,12 +163,16 @@ void baselines(int iters, double* launchUs, double* memopUs) {
   cudaMemset(flag, 0, 4);
   std::vector<cudaEvent_t> ev(static_cast<size_t>(iters) + 1);
   for (auto& e : ev) cudaEventCreate(&e);
-  for (int pass = 0; pass < 2; ++pass) {
+  using mkernel::coll::cudrv::WaitCmp;
+  for (int pass = 0; pass < 3; ++pass) {
     for (int i = 0; i < 20; ++i) emptyKernel<<<1, 32, 0, s>>>();
     cudaEventRecord(ev[0], s);
     for (int i = 0; i < iters; ++i) {
       if (pass == 0) {
         emptyKernel<<<1, 32, 0, s>>>();
+      } else if (pass == 1) {
+        mkernel::coll::cudrv::streamWriteValue32(s, flag, 1);
+        mkernel::coll::cudrv::streamWaitValue32(s, flag, 1, WaitCmp::Geq);
       } else {
         mkernel::coll::cudrv::streamWriteValue32(s, flag, 1);
         mkernel::coll::cudrv::streamWaitValue32(s, flag, 1);
@@ -176,7 +181,7 @@ void baselines(int iters, double* launchUs, double* memopUs) {
       cudaEventRecord(ev[static_cast<size_t>(i) + 1], s);
     }
     cudaStreamSynchronize(s);
-    (pass == 0 ? *launchUs : *memopUs) = percentile(intervals(ev, iters), 0.5) * 1e3;
+    (pass == 0 ? *launchUs : pass == 1 ? *pairUs : *tripleUs) = percentile(intervals(ev, iters), 0.5) * 1e3;
   }
   for (auto& e : ev) cudaEventDestroy(e);
   cudaFree(flag);
@@ -497,8 +502,8 @@ int main(int argc, char** argv) {
   const double copyGBps = copyBandwidthGBps(std::min<size_t>(opt.maxBytes, size_t(1) << 30));
   std::fprintf(stderr, "collbench: %s, %d SMs, cudaMemcpy D2D %.0f GB/s (read + write)\n", prop.name,
                prop.multiProcessorCount, copyGBps);
-  double launchUs = 0, memopUs = 0;
-  if (mkernel::coll::cudrv::loadMemOps() == Result::Success) baselines(opt.iters, &launchUs, &memopUs);
+  double launchUs = 0, pairUs = 0, memopUs = 0;
+  if (mkernel::coll::cudrv::loadMemOps() == Result::Success) baselines(opt.iters, &launchUs, &pairUs, &memopUs);
   // Every size captures graphOps collectives into a graph, and each captured group holds one of
   // the communicator's 192 graph slots for good: spread them over the sizes.
   int nSizes = 0;
@@ -515,8 +520,9 @@ int main(int argc, char** argv) {
   std::printf("# AllReduce float sum, thread ranks on %d x %s (%s); D2D copy %.0f GB/s\n", opt.gpus, prop.name,
               opt.gpus == 1 ? "every rank on GPU 0: emulated" : "rank r on GPU r % gpus", copyGBps);
   std::printf("# mem GB/s = 2 * ranks * bytes / eager median (each input read once, each output written once)\n");
-  std::printf("# floors, one stream: empty kernel launch %.2f us/op, memop triple (write, wait, write) %.2f us/op\n",
-              launchUs, memopUs);
+  std::printf("# floors, one stream: empty kernel launch %.2f us/op, memop pair (write, wait) %.2f us/op, "
+              "memop triple (write, wait, write) %.2f us/op\n",
+              launchUs, pairUs, memopUs);
   std::printf("# host_us = rank 0's host time per eager enqueue; latencies in us\n");
   std::printf("%10s %5s %12s %10s %10s %10s %10s %8s %10s %7s\n", "wait", "ranks", "bytes", "eager_med", "eager_p99", "graph_med",
               "graph_p99", "host_us", "mem_GB/s", "%copy");
