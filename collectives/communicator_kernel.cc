@@ -150,7 +150,7 @@ Result KernelCommunicator::init() {
   if (perSm < 1)
     return MK_ERROR(Result::InternalError, "rank %d: the persistent kernel cannot be resident on GPU %d",
                     opts_.rank, opts_.cudaDev);
-  const int64_t want = opts_.maxCtas > 0 ? opts_.maxCtas : paramInt("CTAS", 16);
+  const int64_t want = opts_.maxCtas > 0 ? opts_.maxCtas : paramInt("CTAS", 32);
   if (want < 1 || want > kMaxCtas)
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_CTAS=%lld outside 1..%d", static_cast<long long>(want), kMaxCtas);
 
@@ -179,7 +179,7 @@ Result KernelCommunicator::init() {
   // communicators created at the same moment on one GPU by different threads may both see the
   // whole budget: create communicators one after another (as PyTorch does).
   const int smsLeft = SmBudget::process().available(opts_.cudaDev, sms);
-  const int64_t stagedChunk = paramInt("STAGED_CHUNK_BYTES", 262144);
+  const int64_t stagedChunk = paramInt("STAGED_CHUNK_BYTES", 1048576);
   if (stagedChunk < static_cast<int64_t>(kStagedMinChunkBytes) || stagedChunk > (int64_t(1) << 30))
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_STAGED_CHUNK_BYTES=%lld outside %llu..%llu",
                     static_cast<long long>(stagedChunk), static_cast<unsigned long long>(kStagedMinChunkBytes),
