@@ -106,7 +106,12 @@ ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
     }
   }
   Route route = Route::Forward;
-  if (st == Result::Success) st = chooseRoute(*comm, call, isColl ? &args : nullptr, &route);
+  bool capturing = false;
+  if (st == Result::Success && isColl && comm->mk) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    capturing = cudaStreamIsCapturing(stream, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusActive;
+  }
+  if (st == Result::Success) st = chooseRoute(*comm, call, isColl ? &args : nullptr, capturing, &route);
   if (st != Result::Success) {
     ncclResult_t r = toNccl(st);
     groupRecordError(r);

@@ -54,6 +54,9 @@ struct CustomOp {
   ncclRedOp_t realOp = ncclSum;  // the same op created on the real comm (forwarded calls)
 };
 
+// MKERNEL_GRAPH: where collectives captured into a CUDA graph run (shim_select.h, graphRoute).
+enum class GraphPath { Nccl, Mkernel };
+
 struct ShimComm {
   uint64_t magic = kShimCommMagic;  // first member, on purpose
   std::atomic<CommState> state{CommState::Initializing};
@@ -71,6 +74,7 @@ struct ShimComm {
   std::string mkUnavailable;               // why mk is null
   std::unique_ptr<coll::SelectionPolicy>
       policy;             // per call: mkernel or NCCL (collectives/policy.h)
+  GraphPath graphPath = GraphPath::Nccl;  // MKERNEL_GRAPH (shim_select.h)
   uint32_t splitSeq = 0;  // split/shrink count, for unique bootstrap tags
   std::mutex opsMutex;
   std::vector<CustomOp> ops;  // index = op - ncclNumOps

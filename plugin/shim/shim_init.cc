@@ -14,6 +14,7 @@
 #include "plugin/shim/real_nccl.h"
 #include "plugin/shim/shim_forward.h"
 #include "plugin/shim/shim_group.h"
+#include "plugin/shim/shim_select.h"
 
 namespace mkernel {
 namespace shim {
@@ -89,6 +90,7 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
   // The policy first: a malformed MKERNEL_* selection setting fails the comm on every rank alike.
   coll::PolicyConfig pc;
   MK_CHECK(coll::loadPolicyConfig(&pc));
+  MK_CHECK(parseGraphPath(paramString("GRAPH"), &c->graphPath));
   pc.emulate = s.emulate;
   c->policy.reset(new coll::SelectionPolicy(pc));
   if (pc.disabled && !s.emulate) {

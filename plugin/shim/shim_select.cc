@@ -1,9 +1,13 @@
 #include "plugin/shim/shim_select.h"
 
+#include <mutex>
+
+#include "common/log.h"
+
 namespace mkernel {
 namespace shim {
 
-Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, Route* out) {
+Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, bool capturing, Route* out) {
   *out = Route::Forward;
   if (args == nullptr) {
     // Point-to-point and the collectives mkernel has no kernel for.
@@ -32,7 +36,19 @@ Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, Route
   switch (d.path) {
     case coll::ExecPath::Mkernel:
       args->algo = static_cast<int32_t>(d.algo);  // one policy decides the algorithm too
-      *out = Route::Kernel;
+      *out = graphRoute(Route::Kernel, capturing, comm.real != nullptr, comm.graphPath);
+      if (capturing) {
+        static std::once_flag once;
+        std::call_once(once, [&] {
+          if (*out == Route::Forward)
+            MK_INFO(kLogColl, "shim: collectives captured into CUDA graphs run in the real NCCL (MKERNEL_GRAPH=nccl)");
+          else
+            MK_WARN("shim: a collective captured into a CUDA graph runs in mkernel's persistent kernel, which then "
+                    "stays resident until the communicator is destroyed; device allocations made meanwhile may "
+                    "block (docs/KERNEL.md)%s",
+                    comm.emulate ? " (emulation has no real NCCL to give it to)" : " (MKERNEL_GRAPH=mkernel)");
+        });
+      }
       return Result::Success;
     case coll::ExecPath::Nccl:
       if (comm.emulate)  // the policy never answers Nccl in emulation; guard the invariant anyway

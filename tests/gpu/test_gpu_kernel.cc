@@ -118,17 +118,17 @@ void graphReplay(const char* waitMode) {
 
 }  // namespace
 
-TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time (gate kernel)", "[gpu][gate]") {
+TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time (gate kernel)", "[gpu][gate][graph]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   graphReplay("kernel");
 }
 
-TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time (stream memops)", "[gpu]") {
+TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time (stream memops)", "[gpu][graph]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   graphReplay("memop");
 }
 
-TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins does not stall its other streams", "[gpu]") {
+TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins does not stall its other streams", "[gpu][graph]") {
   // CUDA's implicit-synchronization rule (docs/KERNEL.md, "A product risk to measure next"):
   // if a device allocation between two commands of different streams serialized them, the memset
   // below would wait for the resident persistent kernel, which never exits on its own.

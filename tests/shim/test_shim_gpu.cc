@@ -524,3 +524,44 @@ TEST_CASE("gpu: host cost per call, shim vs the real NCCL (printed)") {
   CHECK(ncclCommDestroy(comm) == ncclSuccess);
   cudaStreamDestroy(s);
 }
+
+TEST_CASE("gpu: a collective captured into a CUDA graph runs in the real NCCL (MKERNEL_GRAPH=nccl, the default)") {
+  // MKERNEL_GRAPH is read when the communicator is created (shim_select.h, graphRoute).
+  unsetenv("MKERNEL_GRAPH");
+  ncclComm_t comm = oneRankComm();
+  const size_t n = 4096;
+  DevBuf in(n * sizeof(float)), out(n * sizeof(float));
+  std::vector<float> host = ramp(n);
+  upload(in, host);
+  cudaStream_t s;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  // Eager first: the kernel runs it.
+  const mkernelStats_t before = stats();
+  REQUIRE(ncclAllReduce(in.p, out.p, n, ncclFloat, ncclSum, comm, s) == ncclSuccess);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  const ncclResult_t r = ncclAllReduce(in.p, out.p, n, ncclFloat, ncclSum, comm, s);
+  REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+  REQUIRE(r == ncclSuccess);
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  for (int rep = 0; rep < 3; ++rep) {
+    poison(out);
+    REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+    CHECK(download<float>(out, n) == host);
+  }
+  // A device allocation after the capture returns (the hang this default avoids, docs/KERNEL.md).
+  void* fresh = nullptr;
+  CHECK(cudaMalloc(&fresh, 1 << 20) == cudaSuccess);
+  cudaFree(fresh);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+  CHECK(ncclCommDestroy(comm) == ncclSuccess);
+  const mkernelStats_t after = stats();
+  CHECK(ranSince(before, kAllReduce) == 2);   // the eager call and the captured one, each once
+  CHECK(kernelSince(before, kAllReduce) == 1);  // only the eager one ran in the kernel
+  CHECK(after.forwardedOps[kAllReduce] - before.forwardedOps[kAllReduce] == 1);
+}

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "plugin/shim/shim_select.h"
 #include "plugin/shim/shim_validate.h"
 
 using mkernel::Result;
@@ -188,4 +189,27 @@ TEST_CASE("validate: premul-sum host scalars convert from every datatype") {
   CHECK(v == 0.25);
   CHECK(scalarToDouble(nullptr, ncclFloat, &v) == Result::InvalidArgument);
   CHECK(scalarToDouble(&d, static_cast<ncclDataType_t>(42), &v) == Result::InvalidArgument);
+}
+
+TEST_CASE("select: collectives captured into a CUDA graph go to NCCL unless MKERNEL_GRAPH=mkernel") {
+  using mkernel::shim::GraphPath;
+  using mkernel::shim::Route;
+  using mkernel::shim::graphRoute;
+  GraphPath mode = GraphPath::Mkernel;
+  REQUIRE(mkernel::shim::parseGraphPath("nccl", &mode) == mkernel::Result::Success);
+  CHECK(mode == GraphPath::Nccl);
+  REQUIRE(mkernel::shim::parseGraphPath("mkernel", &mode) == mkernel::Result::Success);
+  CHECK(mode == GraphPath::Mkernel);
+  CHECK(mkernel::shim::parseGraphPath("kernel", &mode) == mkernel::Result::InvalidArgument);
+  CHECK(std::string(mkernel::lastError()).find("MKERNEL_GRAPH=kernel") != std::string::npos);
+  CHECK(mkernel::shim::parseGraphPath("", &mode) == mkernel::Result::InvalidArgument);
+  // Captured, with a real NCCL and the default: forwarded.
+  CHECK(graphRoute(Route::Kernel, true, true, GraphPath::Nccl) == Route::Forward);
+  // Not captured, or MKERNEL_GRAPH=mkernel, or no real NCCL (emulation): the policy's route.
+  CHECK(graphRoute(Route::Kernel, false, true, GraphPath::Nccl) == Route::Kernel);
+  CHECK(graphRoute(Route::Kernel, true, true, GraphPath::Mkernel) == Route::Kernel);
+  CHECK(graphRoute(Route::Kernel, true, false, GraphPath::Nccl) == Route::Kernel);
+  // What the policy forwards stays forwarded.
+  CHECK(graphRoute(Route::Forward, true, true, GraphPath::Mkernel) == Route::Forward);
+  CHECK(graphRoute(Route::Forward, false, false, GraphPath::Nccl) == Route::Forward);
 }
