@@ -15,7 +15,9 @@ struct CostParams {
   int nodes = 2;
   int gpusPerNode = 8;
   // Sustained bandwidths, GB/s per direction.
-  double nvlinkGBps = 370.0;  // one GPU's NVLink ring bus bandwidth without NVLS (8 x H100/H200)
+  // One GPU's NVLink bus bandwidth without NVLS: NCCL 2.28.9's busbw for an 8 GiB AllReduce on
+  // two H200s (nccl-tests, 2026-11-29, docs/MODEL.md); an 8-GPU NVSwitch node is assumed alike.
+  double nvlinkGBps = 346.0;
   double nicGBps = 48.0;      // one 400 Gb/s NIC (ConnectX-7), ~96% of line rate
   int nicsPerNode = 8;        // rail-aligned: one NIC per GPU
   // NCCL: its tuner's constants (src/graph/tuning.cc of 2.28.9, LL / LL128 / Simple).

@@ -1,5 +1,5 @@
 // mkernel-model: the cost model's predictions as a table (docs/MODEL.md).
-//   mkernel-model [--nodes 2,8,64] [--gpus 8] [--nvlink-gbps 370] [--nic-gbps 48] [--nics 8]
+//   mkernel-model [--nodes 2,8,64] [--gpus 8] [--nvlink-gbps 346] [--nic-gbps 48] [--nics 8]
 //                 [--mk-overhead-us 8] [--mk-intra-us 1] [--mk-inter-us 4]
 //                 [--min-bytes 8] [--max-bytes 4294967296] [--csv FILE]
 #include <cstdio>
@@ -23,7 +23,7 @@ std::string human(double b) {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: mkernel-model [--nodes 2,8,64] [--gpus 8] [--nvlink-gbps 370] [--nic-gbps 48] [--nics 8]\n"
+               "usage: mkernel-model [--nodes 2,8,64] [--gpus 8] [--nvlink-gbps 346] [--nic-gbps 48] [--nics 8]\n"
                "                     [--mk-overhead-us 8] [--mk-intra-us 1] [--mk-inter-us 4]\n"
                "                     [--min-bytes 8] [--max-bytes 4294967296] [--csv FILE]\n");
   return 2;
