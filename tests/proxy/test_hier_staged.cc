@@ -1,0 +1,384 @@
+// collectives/hier_staged.h, the hierarchical AllReduce the persistent kernel will run across
+// nodes, on the CPU: one thread per rank of nNodes x perNode plays the GPU. Node-local staging
+// regions are plain memory with the kernel's barrier semantics (a rank passes once every node
+// peer has arrived) and a generation counter per region that catches a read overlapping a write;
+// the inter-node bytes go through a real transport/proxy/Proxy per rank and rail, over TCP on
+// loopback (MKERNEL_NET_BACKEND=ib: verbs, in the Soft-RoCE VM), by the same command ring the
+// kernel will post to. The reduction is a stand-in with a distinct pre() and post()
+// (uint32: pre(x) = 3x, post(y) = y + 7) so that applying either twice, or in the wrong phase,
+// shows in the result.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/hier_staged.h"
+#include "common/result.h"
+#include "transport/net/net.h"
+#include "transport/proxy/proxy.h"
+
+using mkernel::Result;
+using namespace mkernel::coll;
+using namespace mkernel::proxy;
+
+namespace {
+
+uint32_t pre(uint32_t x) { return 3u * x; }
+uint32_t post(uint32_t y) { return y + 7u; }
+
+std::unique_ptr<mkernel::net::Net> testNet() {
+  std::string why;
+  const char* backend = std::getenv("MKERNEL_NET_BACKEND");
+  if (backend != nullptr && std::string(backend) == "ib") {
+    auto net = mkernel::net::createIbNet(&why);
+    INFO(why);
+    REQUIRE(net != nullptr);
+    return net;
+  }
+  setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
+  auto net = mkernel::net::createTcpNet(&why);
+  INFO(why);
+  REQUIRE(net != nullptr);
+  return net;
+}
+
+constexpr uint64_t kTimeoutNs = 20ull * 1000000000ull;
+constexpr uint32_t kFlagSends = 0, kFlagRecvs = 1;
+
+struct RankState {
+  std::vector<char> regions;  // in, out: regionBytes each
+  std::vector<char> net;      // netSend, then netRecv[nNodes], slotBytes each
+  std::unique_ptr<ProxyRing> ring{new ProxyRing()};
+  std::unique_ptr<ProxyFlags> flags{new ProxyFlags()};
+  std::unique_ptr<Proxy> proxy;
+  uint64_t sendsPosted = 0, recvsPosted = 0;
+};
+
+struct World {
+  NodeLayout L;
+  uint64_t chunkElems = 0, slotBytes = 0, regionBytes = 0;
+  std::vector<std::unique_ptr<RankState>> ranks;
+  std::unique_ptr<std::atomic<uint64_t>[]> gen;     // per (rank, region 0..1)
+  std::unique_ptr<std::atomic<uint64_t>[]> arrive;  // per rank
+  std::atomic<int> races{0};
+  int slowRank = -1;
+  bool breakGatherBarrier = false;  // the second node barrier of each chunk does not wait (negative test)
+  std::vector<std::string> errors;
+  std::mutex errorMu;
+
+  void error(const std::string& e) {
+    std::lock_guard<std::mutex> lock(errorMu);
+    errors.push_back(e);
+  }
+  int regionOf(const char* p) const {
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const std::vector<char>& v = ranks[r]->regions;
+      if (p >= v.data() && p < v.data() + v.size())
+        return static_cast<int>(r) * 2 + static_cast<int>(static_cast<uint64_t>(p - v.data()) / regionBytes);
+    }
+    return -1;
+  }
+};
+
+// n nodes x g local ranks; one Proxy per rank over its rail (peers = the same local rank of every
+// node), connected and registered; not started.
+void makeWorld(World& w, mkernel::net::Net* net, int nNodes, int perNode, uint64_t chunkBytes) {
+  w.L.nNodes = nNodes;
+  w.L.perNode = perNode;
+  w.chunkElems = hierChunkElems(w.L, 4, chunkBytes);
+  REQUIRE(w.chunkElems > 0);
+  w.slotBytes = hierSlotBytes(w.L, w.chunkElems, 4);
+  w.regionBytes = static_cast<uint64_t>(perNode) * w.slotBytes;
+  REQUIRE(w.chunkElems * 4 <= w.regionBytes);  // out[] holds a whole chunk
+  const int n = w.L.nRanks();
+  w.gen.reset(new std::atomic<uint64_t>[static_cast<size_t>(n) * 2]);
+  w.arrive.reset(new std::atomic<uint64_t>[static_cast<size_t>(n)]);
+  for (int i = 0; i < n * 2; ++i) w.gen[i] = 0;
+  for (int i = 0; i < n; ++i) w.arrive[i] = 0;
+  for (int r = 0; r < n; ++r) {
+    w.ranks.emplace_back(new RankState());
+    RankState& s = *w.ranks.back();
+    s.regions.assign(2 * w.regionBytes, 0);
+    s.net.assign((1 + static_cast<size_t>(nNodes)) * w.slotBytes, 0);
+    std::memset(s.ring.get(), 0, sizeof(ProxyRing));
+    std::memset(s.flags.get(), 0, sizeof(ProxyFlags));
+    s.proxy.reset(new Proxy(net, 0, w.L.nodeOf(r), nNodes, s.ring.get(), s.flags.get()));
+  }
+  for (int local = 0; local < perNode; ++local) {
+    std::vector<std::vector<Handle>> handles(static_cast<size_t>(nNodes));  // [node][peer node]
+    for (int k = 0; k < nNodes; ++k)
+      REQUIRE(w.ranks[static_cast<size_t>(w.L.rankOf(k, local))]->proxy->listenHandles(&handles[static_cast<size_t>(k)]) ==
+              Result::Success);
+    std::vector<std::thread> threads;
+    std::vector<Result> results(static_cast<size_t>(nNodes), Result::InternalError);
+    for (int k = 0; k < nNodes; ++k)
+      threads.emplace_back([&, k] {
+        std::vector<Handle> mine(static_cast<size_t>(nNodes));
+        for (int m = 0; m < nNodes; ++m) mine[static_cast<size_t>(m)] = handles[static_cast<size_t>(m)][static_cast<size_t>(k)];
+        results[static_cast<size_t>(k)] = w.ranks[static_cast<size_t>(w.L.rankOf(k, local))]->proxy->connectAll(mine);
+      });
+    for (auto& t : threads) t.join();
+    for (int k = 0; k < nNodes; ++k) {
+      INFO("rail " << local << " node " << k << ": " << mkernel::lastError());
+      REQUIRE(results[static_cast<size_t>(k)] == Result::Success);
+    }
+  }
+  for (auto& s : w.ranks) {
+    REQUIRE(s->proxy->registerRegion(s->net.data(), s->net.size(), mkernel::net::kPtrHost) == Result::Success);
+    REQUIRE(s->proxy->start({}) == Result::Success);
+  }
+}
+
+struct CpuHierExecutor {
+  World* w;
+  int rank;
+  uint64_t epoch = 0;
+
+  RankState& me() { return *w->ranks[static_cast<size_t>(rank)]; }
+  char* region(int r, int which) { return w->ranks[static_cast<size_t>(r)]->regions.data() + static_cast<uint64_t>(which) * w->regionBytes; }
+  char* in(int local) { return region(w->L.rankOf(w->L.nodeOf(rank), local), 0); }
+  char* out(int local) { return region(w->L.rankOf(w->L.nodeOf(rank), local), 1); }
+  char* netSend() { return me().net.data(); }
+  char* netRecv(int node) { return me().net.data() + (1 + static_cast<uint64_t>(node)) * w->slotBytes; }
+
+  struct ReadGuard {
+    World* w;
+    int region;
+    uint64_t before = 0;
+    ReadGuard(World* world, const char* p) : w(world), region(world->regionOf(p)) {
+      if (region >= 0) {
+        before = w->gen[region].load();
+        if (before & 1) w->races++;
+      }
+    }
+    ~ReadGuard() {
+      if (region >= 0 && w->gen[region].load() != before) w->races++;
+    }
+  };
+  struct WriteGuard {
+    World* w;
+    int region;
+    WriteGuard(World* world, const char* p) : w(world), region(world->regionOf(p)) {
+      if (region >= 0) w->gen[region].fetch_add(1);
+    }
+    ~WriteGuard() {
+      if (region >= 0) w->gen[region].fetch_add(1);
+    }
+  };
+  void slow() {
+    if (rank == w->slowRank) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+
+  void copy(char* const* dsts, int nDst, const char* src, uint64_t bytes) {
+    if (bytes == 0) return;
+    ReadGuard rg(w, src);
+    std::vector<std::unique_ptr<WriteGuard>> wg;
+    for (int k = 0; k < nDst; ++k) wg.emplace_back(new WriteGuard(w, dsts[k]));
+    slow();
+    for (int k = 0; k < nDst; ++k) std::memmove(dsts[k], src, bytes);
+  }
+  void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems, bool applyPre,
+              bool applyPost) {
+    if (elems == 0) return;
+    std::vector<std::unique_ptr<ReadGuard>> rg;
+    for (int k = 0; k < nSrc; ++k) rg.emplace_back(new ReadGuard(w, srcs[k]));
+    std::vector<std::unique_ptr<WriteGuard>> wg;
+    for (int k = 0; k < nDst; ++k) wg.emplace_back(new WriteGuard(w, dsts[k]));
+    slow();
+    for (uint64_t i = 0; i < elems; ++i) {
+      uint32_t acc = 0;
+      for (int k = 0; k < nSrc; ++k) {
+        uint32_t v;
+        std::memcpy(&v, srcs[k] + i * 4, 4);
+        acc += applyPre ? pre(v) : v;
+      }
+      if (applyPost) acc = post(acc);
+      for (int k = 0; k < nDst; ++k) std::memcpy(dsts[k] + i * 4, &acc, 4);
+    }
+  }
+  bool nodeBarrier() {
+    const uint64_t e = ++epoch;
+    w->arrive[rank].store(e, std::memory_order_release);
+    if (w->breakGatherBarrier && e % 2 == 0) return true;  // arrive, but do not wait
+    const int node = w->L.nodeOf(rank);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (int q = 0; q < w->L.perNode; ++q) {
+      while (w->arrive[w->L.rankOf(node, q)].load(std::memory_order_acquire) < e) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          w->error("rank " + std::to_string(rank) + ": node barrier timed out");
+          return false;
+        }
+        std::this_thread::yield();
+      }
+    }
+    return true;
+  }
+  bool railExchange(int round, const char* const* sendPtr, const uint64_t* sendBytes, char* const* recvPtr,
+                    const uint64_t* recvBytes) {
+    RankState& s = me();
+    const int tag = round;
+    for (int m = 0; m < w->L.nNodes; ++m) {
+      if (recvBytes[m] == 0) continue;
+      ProxyCmd c{};
+      c.op = kOpRecv;
+      c.peer = m;
+      c.addr = reinterpret_cast<uint64_t>(recvPtr[m]);
+      c.bytes = recvBytes[m];
+      c.tag = tag;
+      c.flag = kFlagRecvs;
+      if (proxyPost(s.ring.get(), s.flags.get(), c, kTimeoutNs) != PostStatus::kPosted) return fail("post recv");
+      ++s.recvsPosted;
+    }
+    for (int m = 0; m < w->L.nNodes; ++m) {
+      if (sendBytes[m] == 0) continue;
+      ProxyCmd c{};
+      c.op = kOpSend;
+      c.peer = m;
+      c.addr = reinterpret_cast<uint64_t>(sendPtr[m]);
+      c.bytes = sendBytes[m];
+      c.tag = tag;
+      c.flag = kFlagSends;
+      if (proxyPost(s.ring.get(), s.flags.get(), c, kTimeoutNs) != PostStatus::kPosted) return fail("post send");
+      ++s.sendsPosted;
+    }
+    if (proxyWaitFlag(s.flags.get(), kFlagSends, s.sendsPosted, kTimeoutNs) != WaitStatus::kReached) return fail("sends");
+    if (proxyWaitFlag(s.flags.get(), kFlagRecvs, s.recvsPosted, kTimeoutNs) != WaitStatus::kReached) return fail("receives");
+    return true;
+  }
+  bool fail(const char* what) {
+    w->error("rank " + std::to_string(rank) + ": rail exchange (" + what + ") failed: " + me().proxy->error());
+    return false;
+  }
+};
+
+struct Op {
+  uint64_t count;
+  bool inPlace;
+};
+
+// Runs the ops on every rank; returns the first wrong element ("" if none).
+std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
+  const int n = w.L.nRanks();
+  std::vector<std::vector<std::vector<uint32_t>>> in(ops.size()), buf(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    in[i].resize(static_cast<size_t>(n));
+    buf[i].resize(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      auto& v = in[i][static_cast<size_t>(r)];
+      v.resize(ops[i].count);
+      for (uint64_t e = 0; e < ops[i].count; ++e)
+        v[e] = static_cast<uint32_t>((seed + i * 1000003 + static_cast<uint64_t>(r) * 7919 + e * 2654435761u) >> 3);
+      // Out of place: send then recv in one buffer; in place: one count-sized buffer.
+      auto& b = buf[i][static_cast<size_t>(r)];
+      b.assign(ops[i].inPlace ? ops[i].count : 2 * ops[i].count, 0xdeadbeefu);
+      std::copy(v.begin(), v.end(), b.begin());
+    }
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      CpuHierExecutor ex{&w, r};
+      for (size_t i = 0; i < ops.size(); ++i) {
+        auto& b = buf[i][static_cast<size_t>(r)];
+        HierCall c;
+        c.layout = w.L;
+        c.node = w.L.nodeOf(r);
+        c.local = w.L.localOf(r);
+        c.count = ops[i].count;
+        c.elemSize = 4;
+        c.send = reinterpret_cast<uint64_t>(b.data());
+        c.recv = reinterpret_cast<uint64_t>(b.data() + (ops[i].inPlace ? 0 : ops[i].count));
+        c.part = Slice{0, ops[i].count};
+        c.chunkElems = w.chunkElems;
+        if (!hierAllReduce(ex, c)) return;
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < ops.size(); ++i)
+    for (int r = 0; r < n; ++r) {
+      const auto& b = buf[i][static_cast<size_t>(r)];
+      const uint64_t off = ops[i].inPlace ? 0 : ops[i].count;
+      for (uint64_t e = 0; e < ops[i].count; ++e) {
+        uint32_t want = 0;
+        for (int q = 0; q < n; ++q) want += pre(in[i][static_cast<size_t>(q)][e]);
+        want = post(want);
+        if (b[off + e] != want)
+          return "op " + std::to_string(i) + " (count " + std::to_string(ops[i].count) + (ops[i].inPlace ? ", in place" : "") +
+                 ") rank " + std::to_string(r) + " element " + std::to_string(e) + ": got " + std::to_string(b[off + e]) +
+                 ", want " + std::to_string(want);
+      }
+    }
+  return "";
+}
+
+void stopAll(World& w) {
+  for (auto& s : w.ranks) s->proxy->stop();
+}
+
+}  // namespace
+
+TEST_CASE("hier_staged: chunk geometry") {
+  for (int G : {1, 2, 3, 4, 8})
+    for (uint64_t esz : {1, 2, 4, 8}) {
+      NodeLayout L;
+      L.nNodes = 2;
+      L.perNode = G;
+      const uint64_t chunk = 65536;
+      const uint64_t e = hierChunkElems(L, esz, chunk);
+      REQUIRE(e > 0);
+      CHECK((e * esz) % 16 == 0);
+      // perNode slots of the largest part fit a chunk-sized region, and so does the whole chunk.
+      CHECK(hierSlotBytes(L, e, esz) * static_cast<uint64_t>(G) <= chunk);
+      CHECK(e * esz <= chunk);
+    }
+  NodeLayout tiny;
+  tiny.nNodes = 2;
+  tiny.perNode = 8;
+  CHECK(hierChunkElems(tiny, 8, 64) == 0);
+}
+
+TEST_CASE("hier_staged: AllReduce over 2-3 nodes x 1-3 ranks, proxies over TCP, many chunks, exact") {
+  auto net = testNet();
+  struct Shape {
+    int nodes, perNode;
+    uint64_t chunkBytes;
+  } shapes[] = {{2, 1, 256}, {2, 2, 512}, {3, 2, 384}, {2, 3, 768}, {3, 1, 256}};
+  for (const Shape& sh : shapes) {
+    World w;
+    makeWorld(w, net.get(), sh.nodes, sh.perNode, sh.chunkBytes);
+    std::vector<Op> ops = {{1, false}, {7, true}, {300, false}, {1001, true}, {64, false}, {2049, false}, {5, true}};
+    const std::string mismatch = runOps(w, ops, static_cast<uint64_t>(sh.nodes * 10 + sh.perNode));
+    stopAll(w);
+    INFO(sh.nodes << " nodes x " << sh.perNode << ", chunk " << sh.chunkBytes << " B (" << w.chunkElems << " elements)");
+    for (const auto& e : w.errors) FAIL_CHECK(e);
+    CHECK(mismatch == "");
+    CHECK(w.races.load() == 0);
+  }
+}
+
+TEST_CASE("hier_staged: a slow rank is never overtaken in the node regions (and the check fires when a barrier is broken)") {
+  auto net = testNet();
+  for (bool broken : {false, true}) {
+    World w;
+    makeWorld(w, net.get(), 2, 3, 384);
+    w.slowRank = 1;
+    w.breakGatherBarrier = broken;
+    std::vector<Op> ops = {{600, false}, {600, true}};
+    const std::string mismatch = runOps(w, ops, 5);
+    stopAll(w);
+    INFO((broken ? "second barrier broken: " : "intact: ") << mismatch);
+    for (const auto& e : w.errors) FAIL_CHECK(e);
+    if (!broken) {
+      CHECK(mismatch == "");
+      CHECK(w.races.load() == 0);
+    } else {
+      CHECK((w.races.load() > 0 || mismatch != ""));
+    }
+  }
+}
