@@ -1,6 +1,7 @@
-// Hierarchical AllReduce through staging and the proxy: the in-kernel form of
-// collectives/hierarchical.h's three phases (docs/ALGORITHMS.md, "Hierarchical"), chunked and
-// written once as a template over an executor, like collectives/staged.h. The CPU test
+// Hierarchical collectives through staging and the proxy: the in-kernel form of
+// collectives/hierarchical.h's phases (docs/ALGORITHMS.md, "Hierarchical"), chunked and written
+// once as templates over an executor, like collectives/staged.h. AllReduce is described here;
+// the other four are at their functions below. The CPU test
 // (tests/collectives/test_hier_staged.cc) runs it with rank threads, node-local staging regions
 // checked for early reuse, and a real transport/proxy/Proxy per rank moving the inter-node bytes
 // over TCP on loopback: the same command ring the persistent kernel will post to.
@@ -42,14 +43,23 @@ namespace coll {
 
 constexpr int kMaxHierNodes = 16;
 
+// nvcc: the templates below are host+device, and their executors are one or the other.
+#ifdef __CUDACC__
+#define MK_HIER_TEMPLATE _Pragma("nv_exec_check_disable")
+#else
+#define MK_HIER_TEMPLATE
+#endif
+
 struct HierCall {
+  CollType coll;
+  int root;              // Broadcast / Reduce
   NodeLayout layout;
   int node, local;       // this rank
-  uint64_t count;        // elements per rank
+  uint64_t count;        // NCCL's count (per-rank block for AllGather / ReduceScatter)
   uint64_t elemSize;
   uint64_t send, recv;   // this rank's user buffers
-  Slice part;            // this CTA's elements
-  uint64_t chunkElems;   // hierChunkElems()
+  Slice part;            // this CTA's elements (of the per-rank block)
+  uint64_t chunkElems;   // hierChunkElemsFor()
 };
 
 // Elements of a chunk: an inbox holds perNode slots of the largest part of a chunk, so a chunk
@@ -63,27 +73,45 @@ MKERNEL_HD inline uint64_t hierChunkElems(const NodeLayout& L, uint64_t elemSize
   return (perSlot - align) * static_cast<uint64_t>(L.perNode) / align * align;
 }
 
+// Elements of a chunk for collective c: every staged piece fits a chunkBytes region
+// (AllReduce: perNode slots of a part; ReduceScatter and AllGather: nNodes x perNode slots of the
+// chunk; Reduce: perNode slots; Broadcast: the chunk); 0 when chunkBytes is too small.
+MKERNEL_HD inline uint64_t hierChunkElemsFor(CollType c, const NodeLayout& L, uint64_t elemSize, uint64_t chunkBytes) {
+  const uint64_t align = sliceAlignElems(elemSize);
+  uint64_t slots = 1;
+  switch (c) {
+    case CollType::AllReduce: return hierChunkElems(L, elemSize, chunkBytes);
+    case CollType::ReduceScatter:
+    case CollType::AllGather: slots = static_cast<uint64_t>(L.nNodes) * static_cast<uint64_t>(L.perNode); break;
+    case CollType::Reduce: slots = static_cast<uint64_t>(L.perNode); break;
+    case CollType::Broadcast: slots = 1; break;
+  }
+  return chunkBytes / slots / elemSize / align * align;
+}
+
 // Bytes of one slot of an inbox (the largest part of a chunk of chunkElems elements).
 MKERNEL_HD inline uint64_t hierSlotBytes(const NodeLayout& L, uint64_t chunkElems, uint64_t elemSize) {
   return rankSlice(chunkElems, L.perNode, 0, sliceAlignElems(elemSize)).count * elemSize;
 }
 
-// Runs AllReduce call c for one CTA through executor ex, which provides:
-//   char* in(int local), char* out(int local)   node-local regions (perNode slots; a chunk)
-//   char* netSend()                             this rank's P (>= one slot), registered
-//   char* netRecv(int node)                     a slot per node (>= one sub-part), registered
+// Every function below runs its collective for one CTA through executor ex, which provides:
+//   char* in(int local, int parity), char* out(int local, int parity)
+//                                               node-local regions, chunkBytes each
+//   char* netSend()                             this rank's net send buffer (chunkBytes), registered
+//   char* netRecv(int node)                     one chunkBytes slot per node, registered
 //   void copy(char* const* dsts, int nDst, const char* src, uint64_t bytes)
 //   void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems,
 //               bool pre, bool post)         srcs in order; pre() on every input, post() on the result
 //   bool nodeBarrier()                          the node's ranks (this CTA index)
 //   bool railExchange(int round, const char* const* sendPtr, const uint64_t* sendBytes,
 //                     char* const* recvPtr, const uint64_t* recvBytes)
-//        sends sendPtr[m] to node m and receives recvPtr[m] from node m, for every m != this
-//        node, and returns once all are complete (false on a transport failure or timeout)
-// Uniform control flow across the CTA's threads; false when a wait failed.
-#ifdef __CUDACC__
-#pragma nv_exec_check_disable  // the kernel's executor is __device__, the test's __host__
-#endif
+//        sends sendPtr[m] to node m and receives recvPtr[m] from node m, for every m with a
+//        non-zero size, and returns once all are complete (false on a transport failure or
+//        timeout); a rank's sends to m and m's receives from it are made in the same order
+// Uniform control flow across the CTA's threads; false when a wait failed. AllReduce has two
+// node barriers per chunk and needs no region parity; the others have one and alternate
+// regions by *chunkSeq's parity (the argument of staged.h).
+MK_HIER_TEMPLATE
 template <class Ex>
 MKERNEL_HD bool hierAllReduce(Ex& ex, const HierCall& c) {
   const int G = c.layout.perNode, N = c.layout.nNodes, j = c.local, k = c.node;
@@ -103,13 +131,13 @@ MKERNEL_HD bool hierAllReduce(Ex& ex, const HierCall& c) {
     // 1: intra-node reduce-scatter
     for (int q = 0; q < G; ++q) {
       const Slice s = rankSlice(l, G, q, align);
-      dsts[0] = ex.in(q) + static_cast<uint64_t>(j) * slotBytes;
+      dsts[0] = ex.in(q, 0) + static_cast<uint64_t>(j) * slotBytes;
       ex.copy(dsts, 1, send + (g + s.offset) * esz, s.count * esz);
     }
     if (!ex.nodeBarrier()) return false;
     const Slice mine = rankSlice(l, G, j, align);
     char* P = ex.netSend();
-    for (int q = 0; q < G; ++q) srcs[q] = ex.in(j) + static_cast<uint64_t>(q) * slotBytes;
+    for (int q = 0; q < G; ++q) srcs[q] = ex.in(j, 0) + static_cast<uint64_t>(q) * slotBytes;
     dsts[0] = P;
     ex.reduce(dsts, 1, srcs, G, mine.count, true, false);
     // 2: inter-node, among the rail
@@ -136,15 +164,221 @@ MKERNEL_HD bool hierAllReduce(Ex& ex, const HierCall& c) {
     // 3: intra-node all-gather of part j
     for (int m = 0; m < N; ++m) {
       const Slice t = rankSlice(mine.count, N, m, align);
-      for (int q = 0; q < G; ++q) dsts[q] = ex.out(q) + (mine.offset + t.offset) * esz;
+      for (int q = 0; q < G; ++q) dsts[q] = ex.out(q, 0) + (mine.offset + t.offset) * esz;
       ex.copy(dsts, G, m == k ? P + tk.offset * esz : ex.netRecv(m), t.count * esz);
     }
     if (!ex.nodeBarrier()) return false;
     dsts[0] = recv + g * esz;
-    ex.copy(dsts, 1, ex.out(j), l * esz);
+    ex.copy(dsts, 1, ex.out(j, 0), l * esz);
   }
   return true;
 }
+
+// ReduceScatter (count = elements per rank block; sendbuff holds nNodes x perNode blocks):
+//   1 intra  push the chunk of block (m, q), for every node m, into slot m*perNode + j of local
+//            rank q's inbox in[parity]; node barrier
+//   2        for every node m, reduce slots m*perNode + 0..perNode-1 (pre()) into part m of the
+//            net send buffer
+//   3 inter  send part m to node m; receive part k from every other node
+//   4        reduce part k over the nodes 0..nNodes-1 (post()) into recvbuff
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierReduceScatter(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
+  const int G = c.layout.perNode, N = c.layout.nNodes, j = c.local, k = c.node;
+  const uint64_t esz = c.elemSize;
+  const char* send = reinterpret_cast<const char*>(c.send);
+  char* recv = reinterpret_cast<char*>(c.recv);
+  const char* srcs[kMaxRanks];
+  char* dsts[kMaxRanks];
+  const char* netSrc[kMaxHierNodes];
+  char* netDst[kMaxHierNodes];
+  uint64_t netSendBytes[kMaxHierNodes], netRecvBytes[kMaxHierNodes];
+  for (uint64_t o = 0; o < c.part.count; o += c.chunkElems) {
+    const uint64_t l = c.part.count - o < c.chunkElems ? c.part.count - o : c.chunkElems;
+    const uint64_t g = c.part.offset + o;
+    const uint64_t slot = l * esz;
+    const int par = static_cast<int>((*chunkSeq)++ & 1);
+    for (int m = 0; m < N; ++m)
+      for (int q = 0; q < G; ++q) {
+        const uint64_t block = static_cast<uint64_t>(c.layout.rankOf(m, q));
+        dsts[0] = ex.in(q, par) + static_cast<uint64_t>(m * G + j) * slot;
+        ex.copy(dsts, 1, send + (block * c.count + g) * esz, slot);
+      }
+    if (!ex.nodeBarrier()) return false;
+    char* P = ex.netSend();
+    for (int m = 0; m < N; ++m) {
+      for (int q = 0; q < G; ++q) srcs[q] = ex.in(j, par) + static_cast<uint64_t>(m * G + q) * slot;
+      dsts[0] = P + static_cast<uint64_t>(m) * slot;
+      ex.reduce(dsts, 1, srcs, G, l, true, false);
+    }
+    for (int m = 0; m < N; ++m) {
+      netSrc[m] = P + static_cast<uint64_t>(m) * slot;
+      netSendBytes[m] = m == k ? 0 : slot;
+      netDst[m] = ex.netRecv(m);
+      netRecvBytes[m] = m == k ? 0 : slot;
+    }
+    if (!ex.railExchange(0, netSrc, netSendBytes, netDst, netRecvBytes)) return false;
+    for (int m = 0; m < N; ++m) srcs[m] = m == k ? P + static_cast<uint64_t>(k) * slot : ex.netRecv(m);
+    dsts[0] = recv + g * esz;
+    ex.reduce(dsts, 1, srcs, N, l, false, true);
+  }
+  return true;
+}
+
+// AllGather (count = elements per rank block; recvbuff holds nNodes x perNode blocks):
+//   1 inter  copy the chunk into the net send buffer; send it to every other node (its rank of
+//            this rail); receive block (m, j)'s chunk from every other node m
+//   2 intra  push block (m, j)'s chunk, for every node m, into slot m*perNode + j of every local
+//            rank's out[parity]; node barrier; copy slot m*perNode + q into block (m, q)
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierAllGather(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
+  const int G = c.layout.perNode, N = c.layout.nNodes, j = c.local, k = c.node;
+  const uint64_t esz = c.elemSize;
+  const char* send = reinterpret_cast<const char*>(c.send);
+  char* recv = reinterpret_cast<char*>(c.recv);
+  char* dsts[kMaxRanks];
+  const char* netSrc[kMaxHierNodes];
+  char* netDst[kMaxHierNodes];
+  uint64_t netSendBytes[kMaxHierNodes], netRecvBytes[kMaxHierNodes];
+  for (uint64_t o = 0; o < c.part.count; o += c.chunkElems) {
+    const uint64_t l = c.part.count - o < c.chunkElems ? c.part.count - o : c.chunkElems;
+    const uint64_t g = c.part.offset + o;
+    const uint64_t slot = l * esz;
+    const int par = static_cast<int>((*chunkSeq)++ & 1);
+    char* P = ex.netSend();
+    dsts[0] = P;
+    ex.copy(dsts, 1, send + g * esz, slot);
+    for (int m = 0; m < N; ++m) {
+      netSrc[m] = P;
+      netSendBytes[m] = m == k ? 0 : slot;
+      netDst[m] = ex.netRecv(m);
+      netRecvBytes[m] = m == k ? 0 : slot;
+    }
+    if (!ex.railExchange(0, netSrc, netSendBytes, netDst, netRecvBytes)) return false;
+    for (int m = 0; m < N; ++m) {
+      for (int q = 0; q < G; ++q) dsts[q] = ex.out(q, par) + static_cast<uint64_t>(m * G + j) * slot;
+      ex.copy(dsts, G, m == k ? P : ex.netRecv(m), slot);
+    }
+    if (!ex.nodeBarrier()) return false;
+    for (int m = 0; m < N; ++m)
+      for (int q = 0; q < G; ++q) {
+        const uint64_t block = static_cast<uint64_t>(c.layout.rankOf(m, q));
+        dsts[0] = recv + (block * c.count + g) * esz;
+        ex.copy(dsts, 1, ex.out(j, par) + static_cast<uint64_t>(m * G + q) * slot, slot);
+      }
+  }
+  return true;
+}
+
+// Broadcast from root (kr, jr):
+//   1 inter  the root copies its chunk into the net send buffer and sends it to (m, jr) for every
+//            other node m, which receives it into its slot kr
+//   2 intra  rank (m, jr) of every node pushes the chunk into every local rank's out[parity];
+//            node barrier; every rank copies its out[parity] into recvbuff
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierBroadcast(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
+  const int G = c.layout.perNode, N = c.layout.nNodes, j = c.local, k = c.node;
+  const int kr = c.layout.nodeOf(c.root), jr = c.layout.localOf(c.root);
+  const uint64_t esz = c.elemSize;
+  const char* send = reinterpret_cast<const char*>(c.send);
+  char* recv = reinterpret_cast<char*>(c.recv);
+  char* dsts[kMaxRanks];
+  const char* netSrc[kMaxHierNodes];
+  char* netDst[kMaxHierNodes];
+  uint64_t netSendBytes[kMaxHierNodes], netRecvBytes[kMaxHierNodes];
+  for (uint64_t o = 0; o < c.part.count; o += c.chunkElems) {
+    const uint64_t l = c.part.count - o < c.chunkElems ? c.part.count - o : c.chunkElems;
+    const uint64_t g = c.part.offset + o;
+    const uint64_t slot = l * esz;
+    const int par = static_cast<int>((*chunkSeq)++ & 1);
+    const char* chunk = nullptr;  // rail jr: where this node's copy of the chunk is
+    if (j == jr) {
+      char* P = ex.netSend();
+      if (k == kr) {
+        dsts[0] = P;
+        ex.copy(dsts, 1, send + g * esz, slot);
+      }
+      for (int m = 0; m < N; ++m) {
+        netSrc[m] = P;
+        netSendBytes[m] = (k == kr && m != k) ? slot : 0;
+        netDst[m] = ex.netRecv(m);
+        netRecvBytes[m] = (k != kr && m == kr) ? slot : 0;
+      }
+      if (!ex.railExchange(0, netSrc, netSendBytes, netDst, netRecvBytes)) return false;
+      chunk = k == kr ? P : ex.netRecv(kr);
+      for (int q = 0; q < G; ++q) dsts[q] = ex.out(q, par);
+      ex.copy(dsts, G, chunk, slot);
+    }
+    if (!ex.nodeBarrier()) return false;
+    dsts[0] = recv + g * esz;
+    ex.copy(dsts, 1, ex.out(j, par), slot);
+  }
+  return true;
+}
+
+// Reduce to root (kr, jr):
+//   1 intra  push the chunk into slot j of local rank jr's inbox in[parity]; node barrier
+//   2        rank (m, jr) of every node reduces its node's slots (pre()) into its net send
+//            buffer and sends it to the root; the root receives every other node's partial
+//   3        the root reduces the partials over the nodes 0..nNodes-1 (post()) into recvbuff
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierReduce(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
+  const int G = c.layout.perNode, N = c.layout.nNodes, j = c.local, k = c.node;
+  const int kr = c.layout.nodeOf(c.root), jr = c.layout.localOf(c.root);
+  const uint64_t esz = c.elemSize;
+  const char* send = reinterpret_cast<const char*>(c.send);
+  char* recv = reinterpret_cast<char*>(c.recv);
+  const char* srcs[kMaxRanks];
+  char* dsts[kMaxRanks];
+  const char* netSrc[kMaxHierNodes];
+  char* netDst[kMaxHierNodes];
+  uint64_t netSendBytes[kMaxHierNodes], netRecvBytes[kMaxHierNodes];
+  for (uint64_t o = 0; o < c.part.count; o += c.chunkElems) {
+    const uint64_t l = c.part.count - o < c.chunkElems ? c.part.count - o : c.chunkElems;
+    const uint64_t g = c.part.offset + o;
+    const uint64_t slot = l * esz;
+    const int par = static_cast<int>((*chunkSeq)++ & 1);
+    dsts[0] = ex.in(jr, par) + static_cast<uint64_t>(j) * slot;
+    ex.copy(dsts, 1, send + g * esz, slot);
+    if (!ex.nodeBarrier()) return false;
+    if (j != jr) continue;
+    char* P = ex.netSend();
+    for (int q = 0; q < G; ++q) srcs[q] = ex.in(j, par) + static_cast<uint64_t>(q) * slot;
+    dsts[0] = P;
+    ex.reduce(dsts, 1, srcs, G, l, true, false);
+    for (int m = 0; m < N; ++m) {
+      netSrc[m] = P;
+      netSendBytes[m] = (k != kr && m == kr) ? slot : 0;
+      netDst[m] = ex.netRecv(m);
+      netRecvBytes[m] = (k == kr && m != k) ? slot : 0;
+    }
+    if (!ex.railExchange(0, netSrc, netSendBytes, netDst, netRecvBytes)) return false;
+    if (k == kr) {
+      for (int m = 0; m < N; ++m) srcs[m] = m == k ? P : ex.netRecv(m);
+      dsts[0] = recv + g * esz;
+      ex.reduce(dsts, 1, srcs, N, l, false, true);
+    }
+  }
+  return true;
+}
+
+// One collective of call c for this CTA.
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierCollective(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
+  switch (c.coll) {
+    case CollType::AllReduce: return hierAllReduce(ex, c);
+    case CollType::ReduceScatter: return hierReduceScatter(ex, c, chunkSeq);
+    case CollType::AllGather: return hierAllGather(ex, c, chunkSeq);
+    case CollType::Broadcast: return hierBroadcast(ex, c, chunkSeq);
+    case CollType::Reduce: return hierReduce(ex, c, chunkSeq);
+  }
+  return false;
+}
+
 
 }  // namespace coll
 }  // namespace mkernel

@@ -7,8 +7,8 @@
 #      tagged [early-sends]: those need a send accepted before its receive is posted, which TCP
 #      does and verbs, like NCCL's IB transport, does not (it answers NULL until the receive is
 #      posted); each has a receive-first twin that runs here (docs/VERBS.md);
-#      then test_proxy (the proxy ring protocol, transport/proxy) and test_hier_staged (the
-#      hierarchical AllReduce with proxies) on verbs when built;
+#      then test_proxy (the proxy ring protocol, transport/proxy) and test_hier_staged's [vm]
+#      cases (the hierarchical collectives with proxies) on verbs when built;
 #   2. two VMs joined by a QEMU socket netdev: verbs_pair (two hosts, data verified both ways).
 # Prints one summary line per step. If the VM cannot start (no qemu, no kernel package) it prints
 # "skipped: <reason>" and exits 0 — unless CI=true, where that is a failure (exit 1).
@@ -50,7 +50,7 @@ step ctest-verbs ctest --test-dir '$BUILD' -L verbs --output-on-failure --timeou
 export MKERNEL_NET_BACKEND=ib
 for t in $PLUGIN_TESTS; do step plugin-ib-\$t '$BUILD/tests/plugin/'\$t '~[early-sends]'; done
 [ -x '$BUILD/tests/proxy/test_proxy' ] && step proxy-ib '$BUILD/tests/proxy/test_proxy'
-[ -x '$BUILD/tests/proxy/test_hier_staged' ] && step hier-ib '$BUILD/tests/proxy/test_hier_staged'
+[ -x '$BUILD/tests/proxy/test_hier_staged' ] && step hier-ib '$BUILD/tests/proxy/test_hier_staged' '[vm]'
 " > "$VM_LOG" 2>&1
 vmrc=$?
 t2=$(date +%s)

@@ -1,4 +1,4 @@
-// collectives/hier_staged.h, the hierarchical AllReduce the persistent kernel will run across
+// collectives/hier_staged.h, the hierarchical collectives the persistent kernel will run across
 // nodes, on the CPU: one thread per rank of nNodes x perNode plays the GPU. Node-local staging
 // regions are plain memory with the kernel's barrier semantics (a rank passes once every node
 // peer has arrived) and a generation counter per region that catches a read overlapping a write;
@@ -9,6 +9,7 @@
 // shows in the result.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -52,8 +53,8 @@ constexpr uint64_t kTimeoutNs = 20ull * 1000000000ull;
 constexpr uint32_t kFlagSends = 0, kFlagRecvs = 1;
 
 struct RankState {
-  std::vector<char> regions;  // in, out: regionBytes each
-  std::vector<char> net;      // netSend, then netRecv[nNodes], slotBytes each
+  std::vector<char> regions;  // in[0], in[1], out[0], out[1]: chunkBytes each
+  std::vector<char> net;      // netSend, then netRecv[nNodes]: chunkBytes each
   std::unique_ptr<ProxyRing> ring{new ProxyRing()};
   std::unique_ptr<ProxyFlags> flags{new ProxyFlags()};
   std::unique_ptr<Proxy> proxy;
@@ -62,9 +63,9 @@ struct RankState {
 
 struct World {
   NodeLayout L;
-  uint64_t chunkElems = 0, slotBytes = 0, regionBytes = 0;
+  uint64_t chunkBytes = 0;
   std::vector<std::unique_ptr<RankState>> ranks;
-  std::unique_ptr<std::atomic<uint64_t>[]> gen;     // per (rank, region 0..1)
+  std::unique_ptr<std::atomic<uint64_t>[]> gen;     // per (rank, region 0..3)
   std::unique_ptr<std::atomic<uint64_t>[]> arrive;  // per rank
   std::atomic<int> races{0};
   int slowRank = -1;
@@ -80,7 +81,7 @@ struct World {
     for (size_t r = 0; r < ranks.size(); ++r) {
       const std::vector<char>& v = ranks[r]->regions;
       if (p >= v.data() && p < v.data() + v.size())
-        return static_cast<int>(r) * 2 + static_cast<int>(static_cast<uint64_t>(p - v.data()) / regionBytes);
+        return static_cast<int>(r) * 4 + static_cast<int>(static_cast<uint64_t>(p - v.data()) / chunkBytes);
     }
     return -1;
   }
@@ -91,21 +92,17 @@ struct World {
 void makeWorld(World& w, mkernel::net::Net* net, int nNodes, int perNode, uint64_t chunkBytes) {
   w.L.nNodes = nNodes;
   w.L.perNode = perNode;
-  w.chunkElems = hierChunkElems(w.L, 4, chunkBytes);
-  REQUIRE(w.chunkElems > 0);
-  w.slotBytes = hierSlotBytes(w.L, w.chunkElems, 4);
-  w.regionBytes = static_cast<uint64_t>(perNode) * w.slotBytes;
-  REQUIRE(w.chunkElems * 4 <= w.regionBytes);  // out[] holds a whole chunk
+  w.chunkBytes = chunkBytes;
   const int n = w.L.nRanks();
-  w.gen.reset(new std::atomic<uint64_t>[static_cast<size_t>(n) * 2]);
+  w.gen.reset(new std::atomic<uint64_t>[static_cast<size_t>(n) * 4]);
   w.arrive.reset(new std::atomic<uint64_t>[static_cast<size_t>(n)]);
-  for (int i = 0; i < n * 2; ++i) w.gen[i] = 0;
+  for (int i = 0; i < n * 4; ++i) w.gen[i] = 0;
   for (int i = 0; i < n; ++i) w.arrive[i] = 0;
   for (int r = 0; r < n; ++r) {
     w.ranks.emplace_back(new RankState());
     RankState& s = *w.ranks.back();
-    s.regions.assign(2 * w.regionBytes, 0);
-    s.net.assign((1 + static_cast<size_t>(nNodes)) * w.slotBytes, 0);
+    s.regions.assign(4 * chunkBytes, 0);
+    s.net.assign((1 + static_cast<size_t>(nNodes)) * chunkBytes, 0);
     std::memset(s.ring.get(), 0, sizeof(ProxyRing));
     std::memset(s.flags.get(), 0, sizeof(ProxyFlags));
     s.proxy.reset(new Proxy(net, 0, w.L.nodeOf(r), nNodes, s.ring.get(), s.flags.get()));
@@ -141,11 +138,11 @@ struct CpuHierExecutor {
   uint64_t epoch = 0;
 
   RankState& me() { return *w->ranks[static_cast<size_t>(rank)]; }
-  char* region(int r, int which) { return w->ranks[static_cast<size_t>(r)]->regions.data() + static_cast<uint64_t>(which) * w->regionBytes; }
-  char* in(int local) { return region(w->L.rankOf(w->L.nodeOf(rank), local), 0); }
-  char* out(int local) { return region(w->L.rankOf(w->L.nodeOf(rank), local), 1); }
+  char* region(int r, int which) { return w->ranks[static_cast<size_t>(r)]->regions.data() + static_cast<uint64_t>(which) * w->chunkBytes; }
+  char* in(int local, int parity) { return region(w->L.rankOf(w->L.nodeOf(rank), local), parity); }
+  char* out(int local, int parity) { return region(w->L.rankOf(w->L.nodeOf(rank), local), 2 + parity); }
   char* netSend() { return me().net.data(); }
-  char* netRecv(int node) { return me().net.data() + (1 + static_cast<uint64_t>(node)) * w->slotBytes; }
+  char* netRecv(int node) { return me().net.data() + (1 + static_cast<uint64_t>(node)) * w->chunkBytes; }
 
   struct ReadGuard {
     World* w;
@@ -258,62 +255,97 @@ struct CpuHierExecutor {
 };
 
 struct Op {
+  CollType coll;
   uint64_t count;
   bool inPlace;
+  int root;
 };
+
+uint64_t sendElems(const Op& op, int n) { return op.coll == CollType::ReduceScatter ? op.count * static_cast<uint64_t>(n) : op.count; }
+uint64_t recvElems(const Op& op, int n) { return op.coll == CollType::AllGather ? op.count * static_cast<uint64_t>(n) : op.count; }
 
 // Runs the ops on every rank; returns the first wrong element ("" if none).
 std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
   const int n = w.L.nRanks();
-  std::vector<std::vector<std::vector<uint32_t>>> in(ops.size()), buf(ops.size());
+  struct Bufs {
+    std::vector<uint32_t> input, buf;
+    uint64_t sendOff = 0, recvOff = 0;
+  };
+  std::vector<std::vector<Bufs>> bufs(ops.size(), std::vector<Bufs>(static_cast<size_t>(n)));
   for (size_t i = 0; i < ops.size(); ++i) {
-    in[i].resize(static_cast<size_t>(n));
-    buf[i].resize(static_cast<size_t>(n));
+    const Op& op = ops[i];
     for (int r = 0; r < n; ++r) {
-      auto& v = in[i][static_cast<size_t>(r)];
-      v.resize(ops[i].count);
-      for (uint64_t e = 0; e < ops[i].count; ++e)
-        v[e] = static_cast<uint32_t>((seed + i * 1000003 + static_cast<uint64_t>(r) * 7919 + e * 2654435761u) >> 3);
-      // Out of place: send then recv in one buffer; in place: one count-sized buffer.
-      auto& b = buf[i][static_cast<size_t>(r)];
-      b.assign(ops[i].inPlace ? ops[i].count : 2 * ops[i].count, 0xdeadbeefu);
-      std::copy(v.begin(), v.end(), b.begin());
+      Bufs& b = bufs[i][static_cast<size_t>(r)];
+      const uint64_t sc = sendElems(op, n), rc = recvElems(op, n);
+      b.input.resize(sc);
+      for (uint64_t e = 0; e < sc; ++e)
+        b.input[e] = static_cast<uint32_t>((seed + i * 1000003 + static_cast<uint64_t>(r) * 7919 + e * 2654435761u) >> 3);
+      if (op.inPlace) {
+        b.buf.assign(std::max(sc, rc), 0xdeadbeefu);
+        b.recvOff = op.coll == CollType::ReduceScatter ? op.count * static_cast<uint64_t>(r) : 0;
+        b.sendOff = op.coll == CollType::AllGather ? op.count * static_cast<uint64_t>(r) : 0;
+      } else {
+        b.buf.assign(sc + rc, 0xdeadbeefu);
+        b.recvOff = sc;
+      }
+      std::copy(b.input.begin(), b.input.end(), b.buf.begin() + static_cast<long>(b.sendOff));
     }
   }
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       CpuHierExecutor ex{&w, r};
+      uint64_t seq = 0;
       for (size_t i = 0; i < ops.size(); ++i) {
-        auto& b = buf[i][static_cast<size_t>(r)];
+        Bufs& b = bufs[i][static_cast<size_t>(r)];
         HierCall c;
+        c.coll = ops[i].coll;
+        c.root = ops[i].root;
         c.layout = w.L;
         c.node = w.L.nodeOf(r);
         c.local = w.L.localOf(r);
         c.count = ops[i].count;
         c.elemSize = 4;
-        c.send = reinterpret_cast<uint64_t>(b.data());
-        c.recv = reinterpret_cast<uint64_t>(b.data() + (ops[i].inPlace ? 0 : ops[i].count));
+        c.send = reinterpret_cast<uint64_t>(b.buf.data() + b.sendOff);
+        c.recv = reinterpret_cast<uint64_t>(b.buf.data() + b.recvOff);
         c.part = Slice{0, ops[i].count};
-        c.chunkElems = w.chunkElems;
-        if (!hierAllReduce(ex, c)) return;
+        c.chunkElems = hierChunkElemsFor(ops[i].coll, w.L, 4, w.chunkBytes);
+        if (!hierCollective(ex, c, &seq)) return;
       }
     });
   for (auto& t : threads) t.join();
-  for (size_t i = 0; i < ops.size(); ++i)
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
     for (int r = 0; r < n; ++r) {
-      const auto& b = buf[i][static_cast<size_t>(r)];
-      const uint64_t off = ops[i].inPlace ? 0 : ops[i].count;
-      for (uint64_t e = 0; e < ops[i].count; ++e) {
+      if (op.coll == CollType::Reduce && r != op.root) continue;
+      const Bufs& b = bufs[i][static_cast<size_t>(r)];
+      for (uint64_t e = 0; e < recvElems(op, n); ++e) {
         uint32_t want = 0;
-        for (int q = 0; q < n; ++q) want += pre(in[i][static_cast<size_t>(q)][e]);
-        want = post(want);
-        if (b[off + e] != want)
-          return "op " + std::to_string(i) + " (count " + std::to_string(ops[i].count) + (ops[i].inPlace ? ", in place" : "") +
-                 ") rank " + std::to_string(r) + " element " + std::to_string(e) + ": got " + std::to_string(b[off + e]) +
-                 ", want " + std::to_string(want);
+        switch (op.coll) {
+          case CollType::AllReduce:
+          case CollType::Reduce:
+            for (int q = 0; q < n; ++q) want += pre(bufs[i][static_cast<size_t>(q)].input[e]);
+            want = post(want);
+            break;
+          case CollType::ReduceScatter:
+            for (int q = 0; q < n; ++q) want += pre(bufs[i][static_cast<size_t>(q)].input[static_cast<uint64_t>(r) * op.count + e]);
+            want = post(want);
+            break;
+          case CollType::AllGather:
+            want = bufs[i][e / op.count].input[e % op.count];
+            break;
+          case CollType::Broadcast:
+            want = bufs[i][static_cast<size_t>(op.root)].input[e];
+            break;
+        }
+        const uint32_t got = b.buf[b.recvOff + e];
+        if (got != want)
+          return std::string(collName(op.coll)) + " op " + std::to_string(i) + " (count " + std::to_string(op.count) +
+                 (op.inPlace ? ", in place" : "") + ", root " + std::to_string(op.root) + ") rank " + std::to_string(r) +
+                 " element " + std::to_string(e) + ": got " + std::to_string(got) + ", want " + std::to_string(want);
       }
     }
+  }
   return "";
 }
 
@@ -324,52 +356,82 @@ void stopAll(World& w) {
 }  // namespace
 
 TEST_CASE("hier_staged: chunk geometry") {
-  for (int G : {1, 2, 3, 4, 8})
-    for (uint64_t esz : {1, 2, 4, 8}) {
-      NodeLayout L;
-      L.nNodes = 2;
-      L.perNode = G;
-      const uint64_t chunk = 65536;
-      const uint64_t e = hierChunkElems(L, esz, chunk);
-      REQUIRE(e > 0);
-      CHECK((e * esz) % 16 == 0);
-      // perNode slots of the largest part fit a chunk-sized region, and so does the whole chunk.
-      CHECK(hierSlotBytes(L, e, esz) * static_cast<uint64_t>(G) <= chunk);
-      CHECK(e * esz <= chunk);
-    }
+  for (int N : {2, 3, 8})
+    for (int G : {1, 2, 3, 4, 8})
+      for (uint64_t esz : {1, 2, 4, 8}) {
+        NodeLayout L;
+        L.nNodes = N;
+        L.perNode = G;
+        const uint64_t chunk = 65536;
+        for (CollType c : {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
+                           CollType::Reduce}) {
+          const uint64_t e = hierChunkElemsFor(c, L, esz, chunk);
+          REQUIRE(e > 0);
+          CHECK((e * esz) % 16 == 0);
+          CHECK(e * esz <= chunk);
+          if (c == CollType::ReduceScatter || c == CollType::AllGather)
+            CHECK(e * esz * static_cast<uint64_t>(N * G) <= chunk);
+          if (c == CollType::Reduce) CHECK(e * esz * static_cast<uint64_t>(G) <= chunk);
+        }
+        // AllReduce: perNode slots of the largest part fit a chunk-sized region.
+        const uint64_t e = hierChunkElems(L, esz, chunk);
+        CHECK(hierSlotBytes(L, e, esz) * static_cast<uint64_t>(G) <= chunk);
+      }
   NodeLayout tiny;
   tiny.nNodes = 2;
   tiny.perNode = 8;
   CHECK(hierChunkElems(tiny, 8, 64) == 0);
+  CHECK(hierChunkElemsFor(CollType::ReduceScatter, tiny, 8, 64) == 0);
 }
 
-TEST_CASE("hier_staged: AllReduce over 2-3 nodes x 1-3 ranks, proxies over TCP, many chunks, exact") {
+namespace {
+
+struct Shape {
+  int nodes, perNode;
+  uint64_t chunkBytes;
+};
+
+void everyCollective(mkernel::net::Net* net, const Shape& sh) {
+  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
+                            CollType::Reduce};
+  World w;
+  makeWorld(w, net, sh.nodes, sh.perNode, sh.chunkBytes);
+  const int n = sh.nodes * sh.perNode;
+  std::vector<Op> ops;
+  int seq = 0;
+  for (CollType c : colls)
+    for (uint64_t count : {uint64_t(1), uint64_t(7), uint64_t(300), uint64_t(1001)})
+      for (bool inPlace : {false, true}) ops.push_back(Op{c, count, inPlace, (seq++ * 5) % n});
+  const std::string mismatch = runOps(w, ops, static_cast<uint64_t>(sh.nodes * 10 + sh.perNode));
+  stopAll(w);
+  INFO(sh.nodes << " nodes x " << sh.perNode << ", chunk " << sh.chunkBytes << " B");
+  for (const auto& e : w.errors) FAIL_CHECK(e);
+  CHECK(mismatch == "");
+  CHECK(w.races.load() == 0);
+}
+
+}  // namespace
+
+// 40 collectives (5 kinds x 4 counts x in/out of place, rotating roots) per layout. The [vm] case
+// is the one the Soft-RoCE VM tier runs on verbs (the VM is emulated and slow).
+TEST_CASE("hier_staged: every collective, 2 nodes x 2 ranks, proxies over the transport, many chunks, exact", "[vm]") {
   auto net = testNet();
-  struct Shape {
-    int nodes, perNode;
-    uint64_t chunkBytes;
-  } shapes[] = {{2, 1, 256}, {2, 2, 512}, {3, 2, 384}, {2, 3, 768}, {3, 1, 256}};
-  for (const Shape& sh : shapes) {
-    World w;
-    makeWorld(w, net.get(), sh.nodes, sh.perNode, sh.chunkBytes);
-    std::vector<Op> ops = {{1, false}, {7, true}, {300, false}, {1001, true}, {64, false}, {2049, false}, {5, true}};
-    const std::string mismatch = runOps(w, ops, static_cast<uint64_t>(sh.nodes * 10 + sh.perNode));
-    stopAll(w);
-    INFO(sh.nodes << " nodes x " << sh.perNode << ", chunk " << sh.chunkBytes << " B (" << w.chunkElems << " elements)");
-    for (const auto& e : w.errors) FAIL_CHECK(e);
-    CHECK(mismatch == "");
-    CHECK(w.races.load() == 0);
-  }
+  everyCollective(net.get(), Shape{2, 2, 512});
 }
 
-TEST_CASE("hier_staged: a slow rank is never overtaken in the node regions (and the check fires when a barrier is broken)") {
+TEST_CASE("hier_staged: every collective over 2-3 nodes x 1-3 ranks, proxies over TCP, many chunks, exact") {
+  auto net = testNet();
+  for (const Shape& sh : {Shape{2, 1, 256}, Shape{3, 2, 768}, Shape{2, 3, 768}, Shape{3, 1, 256}}) everyCollective(net.get(), sh);
+}
+
+TEST_CASE("hier_staged: a slow rank is never overtaken in the node regions (and the check fires when a barrier is broken)", "[vm]") {
   auto net = testNet();
   for (bool broken : {false, true}) {
     World w;
     makeWorld(w, net.get(), 2, 3, 384);
     w.slowRank = 1;
     w.breakGatherBarrier = broken;
-    std::vector<Op> ops = {{600, false}, {600, true}};
+    std::vector<Op> ops = {{CollType::AllReduce, 600, false, 0}, {CollType::AllReduce, 600, true, 0}};
     const std::string mismatch = runOps(w, ops, 5);
     stopAll(w);
     INFO((broken ? "second barrier broken: " : "intact: ") << mismatch);
