@@ -106,10 +106,13 @@ std::string closePair(NetPlugin& p, Connection* c);
 // Polls test() until done, an error, or `seconds`. Returns the last result; *done says which.
 ncclResult_t waitRequest(NetPlugin& p, void* request, int* sizes, double seconds, bool* done);
 // Repeats isend/irecv while they report back-pressure (NULL request), for at most `seconds`.
+// 30 s, like waitRequest's callers: on verbs a send waits for the receiver's clear-to-send, and
+// in the Soft-RoCE VM (emulated CPUs) on a loaded 2-core host that took more than 10 s once
+// (CI, session 3: test_net_plugin_proc, v8 parent / v11 child).
 ncclResult_t postSend(NetPlugin& p, void* comm, void* data, size_t size, int tag, void* mh,
-                      void** request, double seconds = 10);
+                      void** request, double seconds = 30);
 ncclResult_t postRecv(NetPlugin& p, void* comm, int n, void** data, const size_t* sizes,
-                      const int* tags, void** mhs, void** request, double seconds = 10);
+                      const int* tags, void** mhs, void** request, double seconds = 30);
 
 void fillPattern(unsigned char* p, size_t n, uint32_t seed);
 // Index of the first byte that differs from the pattern, or SIZE_MAX when all match.
