@@ -98,15 +98,30 @@ struct Lifecycle {
   std::set<std::string> interned;   // names/paths handed to NCCL: never freed before unload
 };
 
-// Leaked on purpose: the plugin may be called from NCCL's threads while static destructors run.
-Registry& registry() {
-  static Registry* r = new Registry;
-  return *r;
+// Heap singletons, never destroyed by a static destructor (the plugin may be called from NCCL's
+// threads while static destructors run): created on first use, and freed only by
+// stopBackendAtUnload() when nothing is open, so that each dlopen/dlclose cycle NCCL makes
+// leaves nothing behind (LeakSanitizer saw them leaked per cycle before). Plain pointers with
+// constant initialization: no static constructor or destructor of their own.
+std::mutex gSingletonsMu;
+std::atomic<Registry*> gRegistry{nullptr};
+std::atomic<Lifecycle*> gLifecycle{nullptr};
+
+template <typename T>
+T& singleton(std::atomic<T*>& slot) {
+  T* p = slot.load(std::memory_order_acquire);
+  if (p != nullptr) return *p;
+  std::lock_guard<std::mutex> lock(gSingletonsMu);
+  p = slot.load(std::memory_order_relaxed);
+  if (p == nullptr) {
+    p = new T;
+    slot.store(p, std::memory_order_release);
+  }
+  return *p;
 }
-Lifecycle& lifecycle() {
-  static Lifecycle* l = new Lifecycle;
-  return *l;
-}
+
+Registry& registry() { return singleton(gRegistry); }
+Lifecycle& lifecycle() { return singleton(gLifecycle); }
 
 const char* intern(Lifecycle& lc, const std::string& s) {
   return lc.interned.insert(s).first->c_str();
@@ -633,14 +648,21 @@ namespace {
 // uses it (v8-v10, which have no finalize): no backend thread may outlive the code it runs. With
 // comms still open, this is a process exiting without destroying its communicators while NCCL's
 // proxy threads may still call in: leave the backend alone then, the process is going away.
+// Nothing open: the singletons go too (a library that was never used creates none here).
 __attribute__((destructor)) void stopBackendAtUnload() {
-  Lifecycle& lc = lifecycle();
-  std::lock_guard<std::mutex> lock(lc.mutex);
-  if (lc.net && lc.openComms == 0) {
-    lc.net.reset();
-    lc.devices.clear();
-  }
   setNcclLogger(nullptr);
+  Lifecycle* lc = gLifecycle.load(std::memory_order_acquire);
+  if (lc == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(lc->mutex);
+    if (lc->openComms != 0) return;
+    lc->net.reset();
+    lc->devices.clear();
+  }
+  gLifecycle.store(nullptr, std::memory_order_release);
+  delete lc;
+  Registry* reg = gRegistry.exchange(nullptr, std::memory_order_acq_rel);
+  delete reg;
 }
 
 }  // namespace

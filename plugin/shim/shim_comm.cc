@@ -1,7 +1,9 @@
 #include "plugin/shim/shim_comm.h"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <mutex>
 #include <shared_mutex>
 #include <thread>
 #include <unordered_set>
@@ -35,31 +37,55 @@ struct Reaper {
   };
   std::vector<std::unique_ptr<Job>> jobs;
 
-  // Process exit: nobody will come for those peers now. Stop their waits and give the releases
-  // a moment; never join (joining a thread that is inside CUDA while the process tears CUDA down
-  // can deadlock), the rest ends with the process.
-  void abortPending() {
+  // Process exit or library unload: nobody will come for those peers now. Stop their waits and
+  // give the releases a moment. Returns true when every release finished (their threads are
+  // joined: the Reaper may go); otherwise never joins (joining a thread that is inside CUDA while
+  // the process tears CUDA down can deadlock), and the rest ends with the process.
+  bool abortPending() {
     std::unique_lock<std::mutex> lock(mu);
     for (auto& j : jobs) {
       if (j->done) continue;
       if (j->comm->mk) j->comm->mk->abort();
       if (j->comm->bootstrap) j->comm->bootstrap->abort();
     }
-    cv.wait_for(lock, std::chrono::seconds(5), [this] {
+    const bool allDone = cv.wait_for(lock, std::chrono::seconds(5), [this] {
       for (auto& j : jobs)
         if (!j->done) return false;
       return true;
     });
-    for (auto& j : jobs)
-      if (j->thread.joinable()) j->thread.detach();
+    for (auto& j : jobs) {
+      if (!j->thread.joinable()) continue;
+      if (allDone)
+        j->thread.join();  // done: only its return is left
+      else
+        j->thread.detach();
+    }
+    return allDone;
   }
 };
+// Created by the first background release; a plain pointer with constant initialization.
+std::mutex gReaperMu;
+std::atomic<Reaper*> gReaper{nullptr};
 Reaper& reaper() {
-  static Reaper* r = new Reaper;
+  Reaper* r = gReaper.load(std::memory_order_acquire);
+  if (r != nullptr) return *r;
+  std::lock_guard<std::mutex> lock(gReaperMu);
+  r = gReaper.load(std::memory_order_relaxed);
+  if (r == nullptr) {
+    r = new Reaper;
+    gReaper.store(r, std::memory_order_release);
+  }
   return *r;
 }
+// Never creates the Reaper (a library that released nothing in the background has none); frees it
+// when every release finished, so that a dlopen/dlclose cycle leaves nothing behind.
 struct ReaperAtExit {
-  ~ReaperAtExit() { reaper().abortPending(); }
+  ~ReaperAtExit() {
+    Reaper* r = gReaper.load(std::memory_order_acquire);
+    if (r == nullptr || !r->abortPending()) return;
+    gReaper.store(nullptr, std::memory_order_release);
+    delete r;
+  }
 } gReaperAtExit;
 constexpr auto kDestroyGrace = std::chrono::seconds(2);
 
