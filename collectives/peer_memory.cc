@@ -81,11 +81,12 @@ Result mapPeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, Dev
   std::memset(&mine, 0, sizeof(mine));
   mine.statePtr = reinterpret_cast<uint64_t>(local);
   mine.stagingPtr = reinterpret_cast<uint64_t>(out->stagedLocal);
-  if (out->staged) {
+  // Handles only for peers in other processes (MKERNEL_STAGED=1 with thread ranks needs none).
+  const bool otherProcesses =
+      !std::all_of(info.begin(), info.end(), [&](const RankInfo& ri) { return sameProcess(ri, me); });
+  if (out->staged && otherProcesses) {
     cudaError_t err = cudaIpcGetMemHandle(&mine.state, local);
     if (err == cudaSuccess) err = cudaIpcGetMemHandle(&mine.staging, out->stagedLocal);
-    if (err != cudaSuccess && std::all_of(info.begin(), info.end(), [&](const RankInfo& ri) { return sameProcess(ri, me); }))
-      err = cudaSuccess;  // MKERNEL_STAGED=1 with thread ranks only: no handle is opened
     if (err != cudaSuccess)
       return MK_ERROR(Result::UnhandledCudaError, "rank %d: cudaIpcGetMemHandle failed: %s", rank, cudaGetErrorString(err));
   }
