@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -335,6 +336,47 @@ TEST_CASE("gpu: a peer that never joins: bounded wait, RemoteError naming it, st
     if (r != Result::RemoteError) ctx.fail("asyncError gave " + std::string(mkernel::resultString(r)));
     if (msg.find("rank 1") == std::string::npos) ctx.fail("message does not name the peer: " + msg);
     if (ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success) ctx.fail("enqueue after failure succeeded");
+    cudaFree(buf);
+  });
+  for (const auto& f : failures) FAIL_CHECK(f);
+  CHECK(failures.empty());
+}
+
+TEST_CASE("gpu: abort while the kernel spins on a missing peer returns at once and releases the stream", "[gpu]") {
+  // DESIGN.md §7 / the reliability issue: ncclCommAbort is bounded even while a kernel spins.
+  // The timeout is long (30 s), so only the abort can end rank 0's wait in time.
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  EnvGuard timeout("MKERNEL_TIMEOUT_S", "30");
+  const int n = 2;
+  std::atomic<bool> rank0Done{false};
+  auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
+    if (ctx.rank == 1) {
+      // Never joins; aborts too once rank 0 is done, so that neither finalize waits for the other.
+      ctx.bs->barrier();
+      while (!rank0Done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      ctx.comm->abort();
+      return;
+    }
+    int32_t* buf = nullptr;
+    cudaMalloc(reinterpret_cast<void**>(&buf), 4096);
+    ctx.bs->barrier();  // both ranks allocated before any kernel runs
+    CollArgs a = allReduceSum(buf, buf, 1024);
+    if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success) {
+      rank0Done = true;
+      return ctx.fail("enqueue");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the kernel spins on rank 1
+    if (cudaStreamQuery(ctx.stream) != cudaErrorNotReady) ctx.fail("the collective finished without its peer");
+    const auto t0 = std::chrono::steady_clock::now();
+    ctx.comm->abort();
+    const double abortS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const cudaError_t err = cudaStreamSynchronize(ctx.stream);  // the kernel drains the doorbell
+    const double drainS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rank0Done = true;
+    if (abortS > 1) ctx.fail("abort took " + std::to_string(abortS) + " s");
+    if (err != cudaSuccess) ctx.fail(std::string("sync after abort: ") + cudaGetErrorString(err));
+    if (drainS > 5) ctx.fail("the stream was released " + std::to_string(drainS) + " s after the abort");
+    if (ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success) ctx.fail("enqueue after abort succeeded");
     cudaFree(buf);
   });
   for (const auto& f : failures) FAIL_CHECK(f);
