@@ -23,6 +23,7 @@
 #include "collectives/device/launch.h"
 #include "collectives/peer_memory.h"
 #include "collectives/reduce_host.h"
+#include "collectives/hier_staged.h"
 #include "collectives/sm_budget.h"
 #include "collectives/staged.h"
 #include "collectives/stats.h"
@@ -30,6 +31,8 @@
 #include "common/log.h"
 #include "common/param.h"
 #include "transport/bootstrap/bootstrap.h"
+#include "transport/net/net.h"
+#include "transport/proxy/proxy.h"
 
 namespace mkernel {
 namespace coll {
@@ -45,6 +48,7 @@ const char* waitKindName(uint32_t what) {
     case kWaitDispatch: return "the leader CTA's dispatch";
     case kWaitSlotDone: return "worker CTAs to finish a group";
     case kWaitPeerChunk: return "to stage its next chunk";
+    case kWaitProxy: return "the proxy's inter-node transfers";
   }
   return "?";
 }
@@ -104,6 +108,7 @@ class KernelCommunicator final : public Communicator {
 
  private:
   Result fillDesc(const CollArgs& a, WorkDesc* d) const;
+  Result setupProxy();
   Result takeEagerSlot(int* slot);
   Result ensureKernel();
   Result kernelError() const;
@@ -128,6 +133,13 @@ class KernelCommunicator final : public Communicator {
   int graphSlots_ = 0;
   KernelParams params_{};
   PeerSetup peers_;  // peers' memory; IPC mappings and the staging buffer of process ranks
+  // Emulated nodes (hier_staged.h): this rank's proxy on its rail, over TCP on loopback, with
+  // its ring, flags and net buffers in host-mapped memory.
+  std::unique_ptr<net::Net> net_;
+  std::unique_ptr<proxy::Proxy> proxy_;
+  proxy::ProxyRing* proxyRing_ = nullptr;
+  proxy::ProxyFlags* proxyFlags_ = nullptr;
+  char* netBuf_ = nullptr;
   bool launched_ = false;
   bool exchanged_ = false;
   bool aborted_ = false;
@@ -184,8 +196,14 @@ Result KernelCommunicator::init() {
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_STAGED_CHUNK_BYTES=%lld outside %llu..%llu",
                     static_cast<long long>(stagedChunk), static_cast<unsigned long long>(kStagedMinChunkBytes),
                     1ull << 30);
+  // Emulated nodes (MKERNEL_RANKS_PER_NODE in emulation): every collective runs hierarchically.
+  const bool hier = opts_.emulate && opts_.ranksPerNode > 0 && opts_.ranksPerNode < opts_.nRanks;
+  if (hier && (opts_.nRanks % opts_.ranksPerNode != 0 || opts_.nRanks / opts_.ranksPerNode > kMaxHierNodes))
+    return MK_ERROR(Result::InvalidArgument,
+                    "MKERNEL_RANKS_PER_NODE=%d: %d ranks are not whole nodes of that size (at most %d nodes)",
+                    opts_.ranksPerNode, opts_.nRanks, kMaxHierNodes);
   MK_CHECK(exchangePeers(bs_, opts_.rank, opts_.nRanks, opts_.cudaDev, state_, static_cast<int>(want),
-                         smsLeft, opts_.emulate, static_cast<uint64_t>(stagedChunk) / 16 * 16, &peers_));
+                         smsLeft, opts_.emulate, static_cast<uint64_t>(stagedChunk) / 16 * 16, hier, &peers_));
   PeerSetup& peers = peers_;
   SmBudget::process().reserve(opts_.cudaDev, peers.nCtas);
   reservedCtas_ = peers.nCtas;
@@ -201,6 +219,9 @@ Result KernelCommunicator::init() {
   params_.staged = peers.staged ? 1 : 0;
   params_.stagedChunkBytes = static_cast<uint64_t>(stagedChunk) / 16 * 16;
   for (int r = 0; r < opts_.nRanks; ++r) params_.stagedBuf[r] = peers.stagedBuf[r];
+  params_.nNodes = 1;
+  params_.perNode = opts_.nRanks;
+  if (hier) MK_CHECK(setupProxy());
   if (paramInt("KERNEL_TRACE", 0) != 0) {
     // Everything the trace read needs is allocated now: an allocation while persistent kernels
     // run can hold up later work until they exit (docs/KERNEL.md).
@@ -221,6 +242,62 @@ Result KernelCommunicator::init() {
   MK_INFO(kLogInit, "rank %d: persistent kernel ready: %d CTAs x %d threads, GPU %d (%d SMs, %d ranks on it)%s",
           opts_.rank, params_.nCtas, kKernelThreads, opts_.cudaDev, sms, peers.ranksOnMyDevice,
           peers.staged ? ", staged (process ranks)" : "");
+  return Result::Success;
+}
+
+Result KernelCommunicator::setupProxy() {
+  const int G = opts_.ranksPerNode, N = opts_.nRanks / G, node = opts_.rank / G, local = opts_.rank % G;
+  void* host = nullptr;
+  MK_CUDA(cudaHostAlloc(&host, sizeof(proxy::ProxyRing), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(proxy ring)");
+  proxyRing_ = static_cast<proxy::ProxyRing*>(host);
+  std::memset(host, 0, sizeof(proxy::ProxyRing));
+  MK_CUDA(cudaHostAlloc(&host, sizeof(proxy::ProxyFlags), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(proxy flags)");
+  proxyFlags_ = static_cast<proxy::ProxyFlags*>(host);
+  std::memset(host, 0, sizeof(proxy::ProxyFlags));
+  const size_t netBytes = static_cast<size_t>(N + 1) * params_.stagedChunkBytes;
+  MK_CUDA(cudaHostAlloc(&host, netBytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(net buffers)");
+  netBuf_ = static_cast<char*>(host);
+  // The kernel writes host addresses into proxy commands: the mapping must be the identity (UVA).
+  for (void* h : {static_cast<void*>(proxyRing_), static_cast<void*>(proxyFlags_), static_cast<void*>(netBuf_)}) {
+    void* dev = nullptr;
+    MK_CUDA(cudaHostGetDevicePointer(&dev, h, 0), "cudaHostGetDevicePointer(proxy memory)");
+    if (dev != h)
+      return MK_ERROR(Result::SystemError, "rank %d: emulated nodes need unified addressing (host %p is device %p)",
+                      opts_.rank, h, dev);
+  }
+  std::string why;
+  net_ = net::createTcpNet(&why);
+  if (!net_)
+    return MK_ERROR(Result::SystemError, "rank %d: emulated nodes: no TCP transport for the proxy: %s", opts_.rank,
+                    why.c_str());
+  proxy_.reset(new proxy::Proxy(net_.get(), 0, node, N, proxyRing_, proxyFlags_));
+  std::vector<proxy::Handle> mine;
+  MK_CHECK(proxy_->listenHandles(&mine));
+  // Every rank's N listen handles (its own slot empty); rank (k, j) connects to (m, j)'s handle k.
+  const size_t hs = net::kHandleSize;
+  std::vector<uint8_t> all(static_cast<size_t>(opts_.nRanks) * static_cast<size_t>(N) * hs, 0);
+  for (int m = 0; m < N; ++m)
+    if (mine[static_cast<size_t>(m)].size() == hs)
+      std::memcpy(&all[(static_cast<size_t>(opts_.rank) * static_cast<size_t>(N) + static_cast<size_t>(m)) * hs],
+                  mine[static_cast<size_t>(m)].data(), hs);
+  MK_CHECK(bs_->allGather(all.data(), static_cast<size_t>(N) * hs));
+  std::vector<proxy::Handle> fromPeers(static_cast<size_t>(N));
+  for (int m = 0; m < N; ++m) {
+    if (m == node) continue;
+    const size_t peer = static_cast<size_t>(m * G + local);
+    const uint8_t* h = &all[(peer * static_cast<size_t>(N) + static_cast<size_t>(node)) * hs];
+    fromPeers[static_cast<size_t>(m)].assign(h, h + hs);
+  }
+  MK_CHECK(proxy_->connectAll(fromPeers));
+  MK_CHECK(proxy_->registerRegion(netBuf_, netBytes, net::kPtrHost));
+  MK_CHECK(proxy_->start({}));
+  params_.proxyRing = proxyRing_;
+  params_.proxyFlags = proxyFlags_;
+  params_.netBuf = netBuf_;
+  params_.nNodes = N;
+  params_.perNode = G;
+  MK_INFO(kLogInit, "rank %d: emulated node %d of %d (%d ranks each): proxy on rail %d over TCP", opts_.rank, node, N, G,
+          local);
   return Result::Success;
 }
 
@@ -254,6 +331,7 @@ Result KernelCommunicator::fillDesc(const CollArgs& a, WorkDesc* d) const {
   uint64_t ctas = (perRank + kBytesPerCta - 1) / kBytesPerCta;
   if (a.coll == CollType::AllReduce && static_cast<Algo>(d->algo) == Algo::OneShot) ctas = 1;
   d->nCtas = static_cast<int32_t>(std::min<uint64_t>(std::max<uint64_t>(ctas, 1), static_cast<uint64_t>(params_.nCtas)));
+  if (params_.nNodes > 1) d->nCtas = 1;  // hierarchical: CTA 0 alone posts to the proxy ring
   if (a.coll == CollType::AllReduce || a.coll == CollType::ReduceScatter || a.coll == CollType::Reduce) {
     MK_CHECK(makeDevRedOp(a.op, a.dtype, opts_.nRanks, a.scalar, &d->redOp));
   }
@@ -469,6 +547,16 @@ void KernelCommunicator::release(bool orderly) {
   if (ctl_) (void)cudaFreeHost(ctl_);
   // Device memory is read by peers' kernels once exchanged: without the finalize barrier a peer
   // may still be polling our flags, so only an orderly finalize frees it then.
+  // The proxy reads the ring and net buffers: stopped before they are freed (the kernel is gone).
+  if (proxy_) (void)proxy_->stop();
+  proxy_.reset();
+  net_.reset();
+  if (proxyRing_) (void)cudaFreeHost(proxyRing_);
+  if (proxyFlags_) (void)cudaFreeHost(proxyFlags_);
+  if (netBuf_) (void)cudaFreeHost(netBuf_);
+  proxyRing_ = nullptr;
+  proxyFlags_ = nullptr;
+  netBuf_ = nullptr;
   // IPC mappings of peers' memory: closed once our kernel is gone (it was, or we returned above).
   closePeers(&peers_, /*freeLocal=*/orderly || !exchanged_);
   if (orderly || !exchanged_) {

@@ -137,7 +137,7 @@ void closePeers(PeerSetup* setup, bool freeLocal) {
 
 Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev,
                      DeviceState* local, int wantCtas, int smCount, bool emulate,
-                     uint64_t stagedChunkBytes, PeerSetup* out) {
+                     uint64_t stagedChunkBytes, bool needStaged, PeerSetup* out) {
   std::vector<RankInfo> info(static_cast<size_t>(nRanks));
   RankInfo& me = info[static_cast<size_t>(rank)];
   std::memset(&me, 0, sizeof(me));
@@ -201,7 +201,7 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
   const std::string forced = paramString("STAGED");
   if (forced != "auto" && forced != "1")
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_STAGED=%s: expected auto or 1", forced.c_str());
-  if (forced == "1") out->staged = true;
+  if (forced == "1" || needStaged) out->staged = true;
   std::vector<int32_t> stagedVote(static_cast<size_t>(nRanks), 0);
   stagedVote[static_cast<size_t>(rank)] = out->staged ? 1 : 0;
   MK_CHECK(bs->allGather(stagedVote.data(), sizeof(int32_t)));

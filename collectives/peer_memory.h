@@ -41,9 +41,11 @@ struct PeerSetup {
 // different processes sharing a GPU need MPS for that). `stagedChunkBytes` sizes the staging
 // buffer of a staged communicator (stagedBufferBytes(nCtas, stagedChunkBytes)).
 // On failure everything it allocated or opened is released.
+// `needStaged`: staged even for thread ranks (emulated nodes: the node-local phases of the
+// hierarchical path use the staging buffers).
 Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev,
                      DeviceState* local, int wantCtas, int smCount, bool emulate,
-                     uint64_t stagedChunkBytes, PeerSetup* out);
+                     uint64_t stagedChunkBytes, bool needStaged, PeerSetup* out);
 
 // Closes the IPC mappings of a staged communicator and frees its staging buffer (no-op for
 // thread ranks). Only once no kernel of this process uses them and, for the local buffer, once

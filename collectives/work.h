@@ -90,6 +90,8 @@ struct alignas(128) DeviceState {
   uint64_t ctaEpoch[kMaxCtas];
   uint64_t ctaConsumed[kMaxCtas];  // dispatch entries each CTA has consumed
   uint64_t ctaChunk[kMaxCtas];     // staged chunks each CTA has run (process ranks: region parity)
+  uint64_t proxySends;             // hierarchical path: sends / receives CTA 0 posted to the proxy
+  uint64_t proxyRecvs;             // (its completion counters are monotonic over the proxy's life)
   uint32_t dispatchSlot[kDispatchDepth];
   uint64_t dispatchSeq;       // entries the leader has published
   uint64_t completedSeq;      // entries fully completed (all needed CTAs reported)
@@ -114,6 +116,7 @@ enum WaitKind : uint32_t {
   kWaitSlotDone = 4,   // the leader waiting for worker CTAs to finish a slot
   kWaitGate = 5,       // a caller's stream (gate kernel) waiting for the persistent kernel
   kWaitPeerChunk = 6,  // staged (process ranks): the peer has not staged a later chunk
+  kWaitProxy = 7,      // hierarchical: the proxy did not complete this rank's inter-node transfers
 };
 
 // Per-group timestamps of CTA 0 (ns, %globaltimer), recorded when MKERNEL_KERNEL_TRACE=1 into a

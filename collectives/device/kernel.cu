@@ -17,6 +17,7 @@
 #include "collectives/device/launch.h"
 #include "collectives/device/reduce.cuh"
 #include "collectives/device/sync.cuh"
+#include "collectives/hier_staged.h"
 #include "collectives/staged.h"
 #include "collectives/types.h"
 
@@ -47,8 +48,10 @@ __device__ inline void traceAt(const KernelParams& p, int cta, uint64_t seq, int
 
 // ---- dtype x op dispatch (the only place that instantiates reduceCopy) ------------------------
 
+// withPre / withPost: apply the op's pre() (PreMulSum) / post() (SumPostDiv). Both true except
+// in the hierarchical path, whose partial sums take pre() once and post() once (hier_staged.h).
 template <typename T>
-__device__ void reduceTyped(const CopyPlan& plan, const WorkDesc& d) {
+__device__ void reduceTyped(const CopyPlan& plan, const WorkDesc& d, bool withPre, bool withPost) {
   T scalar;  // PreMulSum: the scalar in the dtype's own encoding, by value or by device pointer
   if (d.scalarDevPtr) {
     scalar = loadCg(reinterpret_cast<const T*>(d.scalarDevPtr));
@@ -62,25 +65,26 @@ __device__ void reduceTyped(const CopyPlan& plan, const WorkDesc& d) {
   } else if (kind == DevRedOpKind::Min || kind == DevRedOpKind::Max) {
     reduceCopy<T, kFamilyMinMax>(plan, Reducer<T, kFamilyMinMax>{scalar, divisor, false, false, kind == DevRedOpKind::Max});
   } else {
-    reduceCopy<T, kFamilySum>(plan, Reducer<T, kFamilySum>{scalar, divisor, kind == DevRedOpKind::PreMulSum,
-                                                             kind == DevRedOpKind::SumPostDiv, false});
+    reduceCopy<T, kFamilySum>(plan, Reducer<T, kFamilySum>{scalar, divisor, withPre && kind == DevRedOpKind::PreMulSum,
+                                                             withPost && kind == DevRedOpKind::SumPostDiv, false});
   }
 }
 
-__device__ __noinline__ void reduceDispatch(const CopyPlan& plan, const WorkDesc& d) {
+__device__ __noinline__ void reduceDispatch(const CopyPlan& plan, const WorkDesc& d, bool withPre = true,
+                                            bool withPost = true) {
   switch (static_cast<DataType>(d.dtype)) {
-    case DataType::Int8: reduceTyped<int8_t>(plan, d); break;
-    case DataType::Uint8: reduceTyped<uint8_t>(plan, d); break;
-    case DataType::Int32: reduceTyped<int32_t>(plan, d); break;
-    case DataType::Uint32: reduceTyped<uint32_t>(plan, d); break;
-    case DataType::Int64: reduceTyped<int64_t>(plan, d); break;
-    case DataType::Uint64: reduceTyped<uint64_t>(plan, d); break;
-    case DataType::Float16: reduceTyped<__half>(plan, d); break;
-    case DataType::Float32: reduceTyped<float>(plan, d); break;
-    case DataType::Float64: reduceTyped<double>(plan, d); break;
-    case DataType::Bfloat16: reduceTyped<__nv_bfloat16>(plan, d); break;
-    case DataType::Fp8E4M3: reduceTyped<__nv_fp8_e4m3>(plan, d); break;
-    case DataType::Fp8E5M2: reduceTyped<__nv_fp8_e5m2>(plan, d); break;
+    case DataType::Int8: reduceTyped<int8_t>(plan, d, withPre, withPost); break;
+    case DataType::Uint8: reduceTyped<uint8_t>(plan, d, withPre, withPost); break;
+    case DataType::Int32: reduceTyped<int32_t>(plan, d, withPre, withPost); break;
+    case DataType::Uint32: reduceTyped<uint32_t>(plan, d, withPre, withPost); break;
+    case DataType::Int64: reduceTyped<int64_t>(plan, d, withPre, withPost); break;
+    case DataType::Uint64: reduceTyped<uint64_t>(plan, d, withPre, withPost); break;
+    case DataType::Float16: reduceTyped<__half>(plan, d, withPre, withPost); break;
+    case DataType::Float32: reduceTyped<float>(plan, d, withPre, withPost); break;
+    case DataType::Float64: reduceTyped<double>(plan, d, withPre, withPost); break;
+    case DataType::Bfloat16: reduceTyped<__nv_bfloat16>(plan, d, withPre, withPost); break;
+    case DataType::Fp8E4M3: reduceTyped<__nv_fp8_e4m3>(plan, d, withPre, withPost); break;
+    case DataType::Fp8E5M2: reduceTyped<__nv_fp8_e5m2>(plan, d, withPre, withPost); break;
   }
 }
 
@@ -237,9 +241,130 @@ __device__ bool runStaged(const KernelParams& p, SharedState& sh, const WorkDesc
   return stagedCollective(ex, c, chunkSeq);
 }
 
+// ---- emulated nodes: the hierarchical algorithms of collectives/hier_staged.h, CTA 0 only ---------
+//
+// Node-local regions are the staged buffers of this node's ranks (staged.h's layout); the
+// inter-node rounds go through this rank's proxy: thread 0 posts the receives, then the sends,
+// into the host-mapped ring and waits for the completion counters (flag 0: sends, flag 1:
+// receives; the totals live in DeviceState so that a relaunched kernel continues them).
+
+struct HierExecutor {
+  const KernelParams& p;
+  SharedState& sh;
+  const WorkDesc& d;
+  int cta;
+  uint64_t* epoch;
+  int node;
+
+  __device__ char* in(int local, int parity) const {
+    return p.stagedBuf[node * p.perNode + local] + stagedRegionOffset(cta, parity, p.stagedChunkBytes);
+  }
+  __device__ char* out(int local, int parity) const {
+    return p.stagedBuf[node * p.perNode + local] + stagedRegionOffset(cta, 2 + parity, p.stagedChunkBytes);
+  }
+  __device__ char* netSend() const { return p.netBuf; }
+  __device__ char* netRecv(int m) const { return p.netBuf + (1 + static_cast<uint64_t>(m)) * p.stagedChunkBytes; }
+  __device__ void copy(char* const* dsts, int nDst, const char* src, uint64_t bytes) {
+    if (bytes == 0) return;
+    if (threadIdx.x == 0) {
+      bool al = aligned16(reinterpret_cast<uint64_t>(src));
+      for (int k = 0; k < nDst; ++k) {
+        sh.plan.dst[k] = dsts[k];
+        al = al && aligned16(reinterpret_cast<uint64_t>(dsts[k]));
+      }
+      sh.plan.src[0] = src;
+      sh.plan.nSrc = 1;
+      sh.plan.nDst = nDst;
+      sh.plan.count = bytes;
+      sh.plan.aligned = al;
+    }
+    __syncthreads();
+    copyBytes(sh.plan);
+    __syncthreads();
+  }
+  __device__ void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems, bool withPre,
+                         bool withPost) {
+    if (elems == 0) return;
+    if (threadIdx.x == 0) {
+      bool al = true;
+      for (int k = 0; k < nSrc; ++k) {
+        sh.plan.src[k] = srcs[k];
+        al = al && aligned16(reinterpret_cast<uint64_t>(srcs[k]));
+      }
+      for (int k = 0; k < nDst; ++k) {
+        sh.plan.dst[k] = dsts[k];
+        al = al && aligned16(reinterpret_cast<uint64_t>(dsts[k]));
+      }
+      sh.plan.nSrc = nSrc;
+      sh.plan.nDst = nDst;
+      sh.plan.count = elems;
+      sh.plan.aligned = al;
+    }
+    __syncthreads();
+    reduceDispatch(sh.plan, d, withPre, withPost);
+    __syncthreads();
+  }
+  __device__ bool nodeBarrier() {
+    return ctaBarrier(p, sh.peers, cta, epoch, kWaitPeerChunk, d.coll, node * p.perNode, p.perNode);
+  }
+  __device__ bool railExchange(int round, const char* const* sendPtr, const uint64_t* sendBytes, char* const* recvPtr,
+                               const uint64_t* recvBytes) {
+    __syncthreads();  // the CTA's writes into the net buffer precede thread 0's posts
+    if (threadIdx.x == 0) {
+      __threadfence_system();
+      bool ok = true;
+      uint64_t sends = p.self->proxySends, recvs = p.self->proxyRecvs;
+      for (int pass = 0; pass < 2 && ok; ++pass) {  // receives first, then sends
+        for (int m = 0; m < p.nNodes && ok; ++m) {
+          const uint64_t bytes = pass == 0 ? recvBytes[m] : sendBytes[m];
+          if (bytes == 0) continue;
+          proxy::ProxyCmd c{};
+          c.op = pass == 0 ? proxy::kOpRecv : proxy::kOpSend;
+          c.peer = m;
+          // Host-mapped memory has one address on both sides (UVA; checked at creation).
+          c.addr = reinterpret_cast<uint64_t>(pass == 0 ? recvPtr[m] : sendPtr[m]);
+          c.bytes = bytes;
+          c.tag = round;
+          c.flag = pass == 0 ? 1 : 0;
+          ok = proxy::proxyPost(p.proxyRing, p.proxyFlags, c, p.timeoutNs) == proxy::PostStatus::kPosted;
+          if (pass == 0) ++recvs; else ++sends;
+        }
+      }
+      ok = ok && proxy::proxyWaitFlag(p.proxyFlags, 0, sends, p.timeoutNs) == proxy::WaitStatus::kReached;
+      ok = ok && proxy::proxyWaitFlag(p.proxyFlags, 1, recvs, p.timeoutNs) == proxy::WaitStatus::kReached;
+      p.self->proxySends = sends;
+      p.self->proxyRecvs = recvs;
+      if (!ok) recordError(p, cta, -1, kWaitProxy, d.coll, recvs);
+      sh.stop = ok ? 0 : 1;
+    }
+    __syncthreads();
+    return sh.stop == 0;
+  }
+};
+
+__device__ bool runHier(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta, uint64_t* epoch,
+                        uint64_t* chunkSeq) {
+  HierCall c;
+  c.coll = static_cast<CollType>(d.coll);
+  c.root = d.root;
+  c.layout.nNodes = p.nNodes;
+  c.layout.perNode = p.perNode;
+  c.node = p.rank / p.perNode;
+  c.local = p.rank % p.perNode;
+  c.count = d.count;
+  c.elemSize = elemSize(d.dtype);
+  c.send = d.sendbuff;
+  c.recv = d.recvbuff;
+  c.part = Slice{0, d.count};  // one CTA: the proxy ring has one producer
+  c.chunkElems = hierChunkElemsFor(c.coll, c.layout, c.elemSize, p.stagedChunkBytes);
+  HierExecutor ex{p, sh, d, cta, epoch, c.node};
+  return hierCollective(ex, c, chunkSeq);
+}
+
 __device__ bool runCollective(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta,
                               uint64_t* epoch, uint64_t traceSeq, uint64_t* chunkSeq) {
   if (cta >= d.nCtas) return true;
+  if (p.nNodes > 1) return runHier(p, sh, d, cta, epoch, chunkSeq);
   if (p.staged) return runStaged(p, sh, d, cta, epoch, chunkSeq);
   const CollType coll = static_cast<CollType>(d.coll);
   const uint64_t esz = elemSize(d.dtype);

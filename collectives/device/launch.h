@@ -9,6 +9,7 @@
 
 #include "collectives/work.h"
 #include "common/result.h"
+#include "transport/proxy/proxy_ring.h"
 
 namespace mkernel {
 namespace coll {
@@ -27,6 +28,15 @@ struct KernelParams {
   // (CUDA IPC), all nullptr when the ranks are threads of one process.
   char* stagedBuf[kMaxRanks];
   uint64_t stagedChunkBytes;
+  // Emulated nodes (MKERNEL_RANKS_PER_NODE, collectives/hier_staged.h): nNodes > 1 runs every
+  // collective hierarchically, with CTA 0 posting this rank's inter-node transfers to its proxy
+  // (ring and flags host-mapped) from its net buffers (host-mapped, (nNodes + 1) x
+  // stagedChunkBytes); nNodes = 1 and null pointers otherwise.
+  proxy::ProxyRing* proxyRing;
+  proxy::ProxyFlags* proxyFlags;
+  char* netBuf;
+  int32_t nNodes;
+  int32_t perNode;
   int32_t rank;
   int32_t nRanks;
   int32_t nCtas;

@@ -94,8 +94,10 @@ __device__ inline bool waitGeq(const KernelParams& p, const uint64_t* addr, uint
 
 // Barrier of CTA `cta` of every rank (all threads of the CTA call it). Writes of this CTA before
 // the barrier are visible to every peer's CTA `cta` after it. False if the wait failed.
+// Only ranks first .. first + count - 1 are waited for (a node's ranks, for the hierarchical
+// path's node barriers); every rank still counts every barrier, so epochs stay equal everywhere.
 __device__ inline bool ctaBarrier(const KernelParams& p, DeviceState* const* peers, int cta,
-                                  uint64_t* epoch, WaitKind what, int coll) {
+                                  uint64_t* epoch, WaitKind what, int coll, int first = 0, int count = -1) {
   __syncthreads();
   const uint64_t e = ++*epoch;
   if (threadIdx.x == 0) {
@@ -103,8 +105,9 @@ __device__ inline bool ctaBarrier(const KernelParams& p, DeviceState* const* pee
     storeRelease(&p.self->arrive[cta].epoch, e);
   }
   bool ok = true;
-  const int peer = threadIdx.x;
-  if (peer < p.nRanks && peer != p.rank)
+  const int peer = first + static_cast<int>(threadIdx.x);
+  const int end = count < 0 ? p.nRanks : first + count;
+  if (peer < end && peer != p.rank)
     ok = waitGeq(p, &peers[peer]->arrive[cta].epoch, e, cta, peer, what, coll);
   return __syncthreads_and(ok) != 0;
 }

@@ -71,8 +71,10 @@ inline bool haveGpu() {
 
 // Runs fn on n rank threads (create + fn + finalize); returns the failures of all ranks. Each rank
 // gets hostBytes of pinned staging, allocated here before any persistent kernel runs.
+// ranksPerNode > 0: emulated nodes of that many ranks (CommOptions.ranksPerNode: the hierarchical
+// path, with a proxy per rank over TCP on loopback).
 inline std::vector<std::string> runRanks(int n, const std::function<void(RankCtx&)>& fn,
-                                         size_t hostBytes = size_t(32) << 20) {
+                                         size_t hostBytes = size_t(32) << 20, int ranksPerNode = 0) {
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
   std::vector<std::string> failures;
   std::mutex failMu;
@@ -103,6 +105,7 @@ inline std::vector<std::string> runRanks(int n, const std::function<void(RankCtx
       opts.nRanks = n;
       opts.cudaDev = 0;
       opts.emulate = true;
+      opts.ranksPerNode = ranksPerNode;
       std::unique_ptr<mkernel::coll::Communicator> comm;
       if (mkernel::coll::Communicator::create(opts, bs.get(), &comm) != mkernel::Result::Success) {
         ctx.fail(std::string("create: ") + mkernel::lastError());

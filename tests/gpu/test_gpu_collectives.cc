@@ -161,7 +161,7 @@ std::string runCase(mkgpu::RankCtx& ctx, const Case& k, uint64_t seed, uint8_t* 
   return "unknown collective";
 }
 
-void runSweep(int nRanks) {
+void runSweep(int nRanks, int ranksPerNode = 0) {
   const std::vector<Case> cases = buildCases(nRanks);
   size_t maxBytes = 0;
   for (const Case& k : cases)
@@ -200,7 +200,7 @@ void runSweep(int nRanks) {
     cudaFree(sendDev);
     cudaFree(recvDev);
     cudaFree(scalarDev);
-  });
+  }, size_t(32) << 20, ranksPerNode);
   for (const auto& f : failures) FAIL_CHECK(f);
   CHECK(failures.empty());
 }
@@ -218,4 +218,12 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks", "[gpu]") {
 TEST_CASE("gpu: every collective x dtype x op, 8 ranks", "[gpu]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   runSweep(8);
+}
+
+// Emulated nodes (MKERNEL_RANKS_PER_NODE): every collective runs hierarchically
+// (collectives/hier_staged.h): node phases through the staging buffers, the rail rounds through
+// each rank's proxy over TCP on loopback. Written in session 3; not yet run on a GPU.
+TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2 (hierarchical, proxies)", "[gpu][hier]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
+  runSweep(4, 2);
 }

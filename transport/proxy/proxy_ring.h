@@ -18,13 +18,14 @@
 
 #include <cstdint>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #if defined(__CUDACC__)
 #define MK_PROXY_HD __host__ __device__
 #else
 #define MK_PROXY_HD
-#include <atomic>
-#include <chrono>
-#include <thread>
 #endif
 
 namespace mkernel {
