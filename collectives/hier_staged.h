@@ -94,6 +94,42 @@ MKERNEL_HD inline uint64_t hierSlotBytes(const NodeLayout& L, uint64_t chunkElem
   return rankSlice(chunkElems, L.perNode, 0, sliceAlignElems(elemSize)).count * elemSize;
 }
 
+// What every function below starts from: the call's layout and buffers, and scratch for the
+// pointer lists it hands to the executor.
+struct HierCtx {
+  int G, N, j, k;  // ranks per node, nodes, this rank's local index and node
+  uint64_t esz;
+  const char* send;
+  char* recv;
+  const char* srcs[kMaxRanks];
+  char* dsts[kMaxRanks];
+  MKERNEL_HD explicit HierCtx(const HierCall& c)
+      : G(c.layout.perNode), N(c.layout.nNodes), j(c.local), k(c.node), esz(c.elemSize),
+        send(reinterpret_cast<const char*>(c.send)), recv(reinterpret_cast<char*>(c.recv)) {}
+};
+
+// One round among the rail: what goes to and comes from each node (0 bytes: nothing).
+struct HierRail {
+  const char* src[kMaxHierNodes];
+  char* dst[kMaxHierNodes];
+  uint64_t sendBytes[kMaxHierNodes];
+  uint64_t recvBytes[kMaxHierNodes];
+  MKERNEL_HD void set(int m, const char* s, uint64_t sb, char* d, uint64_t rb) {
+    src[m] = s;
+    sendBytes[m] = sb;
+    dst[m] = d;
+    recvBytes[m] = rb;
+  }
+};
+
+// Chunk `o` of this CTA's part: l elements at g (per-rank block), l * esz bytes.
+struct HierChunk {
+  uint64_t l, g, bytes;
+  MKERNEL_HD HierChunk(const HierCall& c, uint64_t o)
+      : l(c.part.count - o < c.chunkElems ? c.part.count - o : c.chunkElems), g(c.part.offset + o),
+        bytes(l * c.elemSize) {}
+};
+
 // Every function below runs its collective for one CTA through executor ex, which provides:
 //   char* in(int local, int parity), char* out(int local, int parity)
 //                                               node-local regions, chunkBytes each
@@ -114,62 +150,48 @@ MKERNEL_HD inline uint64_t hierSlotBytes(const NodeLayout& L, uint64_t chunkElem
 MK_HIER_TEMPLATE
 template <class Ex>
 MKERNEL_HD bool hierAllReduce(Ex& ex, const HierCall& c) {
-  const int G = c.layout.perNode, N = c.layout.nNodes, j = c.local, k = c.node;
-  const uint64_t esz = c.elemSize;
-  const uint64_t align = sliceAlignElems(esz);
+  HierCtx x(c);
+  HierRail rail;
+  const uint64_t esz = x.esz, align = sliceAlignElems(esz);
   const uint64_t slotBytes = hierSlotBytes(c.layout, c.chunkElems, esz);
-  const char* send = reinterpret_cast<const char*>(c.send);
-  char* recv = reinterpret_cast<char*>(c.recv);
-  const char* srcs[kMaxRanks];
-  char* dsts[kMaxRanks];
-  const char* netSrc[kMaxHierNodes];
-  char* netDst[kMaxHierNodes];
-  uint64_t netSendBytes[kMaxHierNodes], netRecvBytes[kMaxHierNodes];
   for (uint64_t o = 0; o < c.part.count; o += c.chunkElems) {
-    const uint64_t l = c.part.count - o < c.chunkElems ? c.part.count - o : c.chunkElems;
-    const uint64_t g = c.part.offset + o;
+    const HierChunk ch(c, o);
     // 1: intra-node reduce-scatter
-    for (int q = 0; q < G; ++q) {
-      const Slice s = rankSlice(l, G, q, align);
-      dsts[0] = ex.in(q, 0) + static_cast<uint64_t>(j) * slotBytes;
-      ex.copy(dsts, 1, send + (g + s.offset) * esz, s.count * esz);
+    for (int q = 0; q < x.G; ++q) {
+      const Slice s = rankSlice(ch.l, x.G, q, align);
+      x.dsts[0] = ex.in(q, 0) + static_cast<uint64_t>(x.j) * slotBytes;
+      ex.copy(x.dsts, 1, x.send + (ch.g + s.offset) * esz, s.count * esz);
     }
     if (!ex.nodeBarrier()) return false;
-    const Slice mine = rankSlice(l, G, j, align);
+    const Slice mine = rankSlice(ch.l, x.G, x.j, align);
     char* P = ex.netSend();
-    for (int q = 0; q < G; ++q) srcs[q] = ex.in(j, 0) + static_cast<uint64_t>(q) * slotBytes;
-    dsts[0] = P;
-    ex.reduce(dsts, 1, srcs, G, mine.count, true, false);
-    // 2: inter-node, among the rail
-    for (int m = 0; m < N; ++m) {
-      const Slice t = rankSlice(mine.count, N, m, align);
-      netSrc[m] = P + t.offset * esz;
-      netSendBytes[m] = m == k ? 0 : t.count * esz;
-      netDst[m] = ex.netRecv(m);
-      netRecvBytes[m] = m == k ? 0 : rankSlice(mine.count, N, k, align).count * esz;
+    for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, 0) + static_cast<uint64_t>(q) * slotBytes;
+    x.dsts[0] = P;
+    ex.reduce(x.dsts, 1, x.srcs, x.G, mine.count, true, false);
+    // 2: inter-node, among the rail: reduce-scatter of part j over the nodes, then all-gather
+    const Slice tk = rankSlice(mine.count, x.N, x.k, align);
+    for (int m = 0; m < x.N; ++m) {
+      const Slice t = rankSlice(mine.count, x.N, m, align);
+      rail.set(m, P + t.offset * esz, m == x.k ? 0 : t.count * esz, ex.netRecv(m), m == x.k ? 0 : tk.count * esz);
     }
-    if (!ex.railExchange(0, netSrc, netSendBytes, netDst, netRecvBytes)) return false;
-    const Slice tk = rankSlice(mine.count, N, k, align);
-    for (int m = 0; m < N; ++m) srcs[m] = m == k ? P + tk.offset * esz : ex.netRecv(m);
-    dsts[0] = P + tk.offset * esz;
-    ex.reduce(dsts, 1, srcs, N, tk.count, false, true);
-    for (int m = 0; m < N; ++m) {
-      const Slice t = rankSlice(mine.count, N, m, align);
-      netSrc[m] = P + tk.offset * esz;
-      netSendBytes[m] = m == k ? 0 : tk.count * esz;
-      netDst[m] = ex.netRecv(m);
-      netRecvBytes[m] = m == k ? 0 : t.count * esz;
+    if (!ex.railExchange(0, rail.src, rail.sendBytes, rail.dst, rail.recvBytes)) return false;
+    for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P + tk.offset * esz : ex.netRecv(m);
+    x.dsts[0] = P + tk.offset * esz;
+    ex.reduce(x.dsts, 1, x.srcs, x.N, tk.count, false, true);
+    for (int m = 0; m < x.N; ++m) {
+      const Slice t = rankSlice(mine.count, x.N, m, align);
+      rail.set(m, P + tk.offset * esz, m == x.k ? 0 : tk.count * esz, ex.netRecv(m), m == x.k ? 0 : t.count * esz);
     }
-    if (!ex.railExchange(1, netSrc, netSendBytes, netDst, netRecvBytes)) return false;
+    if (!ex.railExchange(1, rail.src, rail.sendBytes, rail.dst, rail.recvBytes)) return false;
     // 3: intra-node all-gather of part j
-    for (int m = 0; m < N; ++m) {
-      const Slice t = rankSlice(mine.count, N, m, align);
-      for (int q = 0; q < G; ++q) dsts[q] = ex.out(q, 0) + (mine.offset + t.offset) * esz;
-      ex.copy(dsts, G, m == k ? P + tk.offset * esz : ex.netRecv(m), t.count * esz);
+    for (int m = 0; m < x.N; ++m) {
+      const Slice t = rankSlice(mine.count, x.N, m, align);
+      for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, 0) + (mine.offset + t.offset) * esz;
+      ex.copy(x.dsts, x.G, m == x.k ? P + tk.offset * esz : ex.netRecv(m), t.count * esz);
     }
     if (!ex.nodeBarrier()) return false;
-    dsts[0] = recv + g * esz;
-    ex.copy(dsts, 1, ex.out(j, 0), l * esz);
+    x.dsts[0] = x.recv + ch.g * esz;
+    ex.copy(x.dsts, 1, ex.out(x.j, 0), ch.bytes);
   }
   return true;
 }
@@ -184,43 +206,31 @@ MKERNEL_HD bool hierAllReduce(Ex& ex, const HierCall& c) {
 MK_HIER_TEMPLATE
 template <class Ex>
 MKERNEL_HD bool hierReduceScatter(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
-  const int G = c.layout.perNode, N = c.layout.nNodes, j = c.local, k = c.node;
-  const uint64_t esz = c.elemSize;
-  const char* send = reinterpret_cast<const char*>(c.send);
-  char* recv = reinterpret_cast<char*>(c.recv);
-  const char* srcs[kMaxRanks];
-  char* dsts[kMaxRanks];
-  const char* netSrc[kMaxHierNodes];
-  char* netDst[kMaxHierNodes];
-  uint64_t netSendBytes[kMaxHierNodes], netRecvBytes[kMaxHierNodes];
+  HierCtx x(c);
+  HierRail rail;
   for (uint64_t o = 0; o < c.part.count; o += c.chunkElems) {
-    const uint64_t l = c.part.count - o < c.chunkElems ? c.part.count - o : c.chunkElems;
-    const uint64_t g = c.part.offset + o;
-    const uint64_t slot = l * esz;
+    const HierChunk ch(c, o);
+    const uint64_t slot = ch.bytes;
     const int par = static_cast<int>((*chunkSeq)++ & 1);
-    for (int m = 0; m < N; ++m)
-      for (int q = 0; q < G; ++q) {
+    for (int m = 0; m < x.N; ++m)
+      for (int q = 0; q < x.G; ++q) {
         const uint64_t block = static_cast<uint64_t>(c.layout.rankOf(m, q));
-        dsts[0] = ex.in(q, par) + static_cast<uint64_t>(m * G + j) * slot;
-        ex.copy(dsts, 1, send + (block * c.count + g) * esz, slot);
+        x.dsts[0] = ex.in(q, par) + static_cast<uint64_t>(m * x.G + x.j) * slot;
+        ex.copy(x.dsts, 1, x.send + (block * c.count + ch.g) * x.esz, slot);
       }
     if (!ex.nodeBarrier()) return false;
     char* P = ex.netSend();
-    for (int m = 0; m < N; ++m) {
-      for (int q = 0; q < G; ++q) srcs[q] = ex.in(j, par) + static_cast<uint64_t>(m * G + q) * slot;
-      dsts[0] = P + static_cast<uint64_t>(m) * slot;
-      ex.reduce(dsts, 1, srcs, G, l, true, false);
+    for (int m = 0; m < x.N; ++m) {
+      for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, par) + static_cast<uint64_t>(m * x.G + q) * slot;
+      x.dsts[0] = P + static_cast<uint64_t>(m) * slot;
+      ex.reduce(x.dsts, 1, x.srcs, x.G, ch.l, true, false);
     }
-    for (int m = 0; m < N; ++m) {
-      netSrc[m] = P + static_cast<uint64_t>(m) * slot;
-      netSendBytes[m] = m == k ? 0 : slot;
-      netDst[m] = ex.netRecv(m);
-      netRecvBytes[m] = m == k ? 0 : slot;
-    }
-    if (!ex.railExchange(0, netSrc, netSendBytes, netDst, netRecvBytes)) return false;
-    for (int m = 0; m < N; ++m) srcs[m] = m == k ? P + static_cast<uint64_t>(k) * slot : ex.netRecv(m);
-    dsts[0] = recv + g * esz;
-    ex.reduce(dsts, 1, srcs, N, l, false, true);
+    for (int m = 0; m < x.N; ++m)
+      rail.set(m, P + static_cast<uint64_t>(m) * slot, m == x.k ? 0 : slot, ex.netRecv(m), m == x.k ? 0 : slot);
+    if (!ex.railExchange(0, rail.src, rail.sendBytes, rail.dst, rail.recvBytes)) return false;
+    for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P + static_cast<uint64_t>(x.k) * slot : ex.netRecv(m);
+    x.dsts[0] = x.recv + ch.g * x.esz;
+    ex.reduce(x.dsts, 1, x.srcs, x.N, ch.l, false, true);
   }
   return true;
 }
@@ -233,39 +243,27 @@ MKERNEL_HD bool hierReduceScatter(Ex& ex, const HierCall& c, uint64_t* chunkSeq)
 MK_HIER_TEMPLATE
 template <class Ex>
 MKERNEL_HD bool hierAllGather(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
-  const int G = c.layout.perNode, N = c.layout.nNodes, j = c.local, k = c.node;
-  const uint64_t esz = c.elemSize;
-  const char* send = reinterpret_cast<const char*>(c.send);
-  char* recv = reinterpret_cast<char*>(c.recv);
-  char* dsts[kMaxRanks];
-  const char* netSrc[kMaxHierNodes];
-  char* netDst[kMaxHierNodes];
-  uint64_t netSendBytes[kMaxHierNodes], netRecvBytes[kMaxHierNodes];
+  HierCtx x(c);
+  HierRail rail;
   for (uint64_t o = 0; o < c.part.count; o += c.chunkElems) {
-    const uint64_t l = c.part.count - o < c.chunkElems ? c.part.count - o : c.chunkElems;
-    const uint64_t g = c.part.offset + o;
-    const uint64_t slot = l * esz;
+    const HierChunk ch(c, o);
+    const uint64_t slot = ch.bytes;
     const int par = static_cast<int>((*chunkSeq)++ & 1);
     char* P = ex.netSend();
-    dsts[0] = P;
-    ex.copy(dsts, 1, send + g * esz, slot);
-    for (int m = 0; m < N; ++m) {
-      netSrc[m] = P;
-      netSendBytes[m] = m == k ? 0 : slot;
-      netDst[m] = ex.netRecv(m);
-      netRecvBytes[m] = m == k ? 0 : slot;
-    }
-    if (!ex.railExchange(0, netSrc, netSendBytes, netDst, netRecvBytes)) return false;
-    for (int m = 0; m < N; ++m) {
-      for (int q = 0; q < G; ++q) dsts[q] = ex.out(q, par) + static_cast<uint64_t>(m * G + j) * slot;
-      ex.copy(dsts, G, m == k ? P : ex.netRecv(m), slot);
+    x.dsts[0] = P;
+    ex.copy(x.dsts, 1, x.send + ch.g * x.esz, slot);
+    for (int m = 0; m < x.N; ++m) rail.set(m, P, m == x.k ? 0 : slot, ex.netRecv(m), m == x.k ? 0 : slot);
+    if (!ex.railExchange(0, rail.src, rail.sendBytes, rail.dst, rail.recvBytes)) return false;
+    for (int m = 0; m < x.N; ++m) {
+      for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, par) + static_cast<uint64_t>(m * x.G + x.j) * slot;
+      ex.copy(x.dsts, x.G, m == x.k ? P : ex.netRecv(m), slot);
     }
     if (!ex.nodeBarrier()) return false;
-    for (int m = 0; m < N; ++m)
-      for (int q = 0; q < G; ++q) {
+    for (int m = 0; m < x.N; ++m)
+      for (int q = 0; q < x.G; ++q) {
         const uint64_t block = static_cast<uint64_t>(c.layout.rankOf(m, q));
-        dsts[0] = recv + (block * c.count + g) * esz;
-        ex.copy(dsts, 1, ex.out(j, par) + static_cast<uint64_t>(m * G + q) * slot, slot);
+        x.dsts[0] = x.recv + (block * c.count + ch.g) * x.esz;
+        ex.copy(x.dsts, 1, ex.out(x.j, par) + static_cast<uint64_t>(m * x.G + q) * slot, slot);
       }
   }
   return true;
@@ -279,41 +277,27 @@ MKERNEL_HD bool hierAllGather(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
 MK_HIER_TEMPLATE
 template <class Ex>
 MKERNEL_HD bool hierBroadcast(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
-  const int G = c.layout.perNode, N = c.layout.nNodes, j = c.local, k = c.node;
+  HierCtx x(c);
+  HierRail rail;
   const int kr = c.layout.nodeOf(c.root), jr = c.layout.localOf(c.root);
-  const uint64_t esz = c.elemSize;
-  const char* send = reinterpret_cast<const char*>(c.send);
-  char* recv = reinterpret_cast<char*>(c.recv);
-  char* dsts[kMaxRanks];
-  const char* netSrc[kMaxHierNodes];
-  char* netDst[kMaxHierNodes];
-  uint64_t netSendBytes[kMaxHierNodes], netRecvBytes[kMaxHierNodes];
   for (uint64_t o = 0; o < c.part.count; o += c.chunkElems) {
-    const uint64_t l = c.part.count - o < c.chunkElems ? c.part.count - o : c.chunkElems;
-    const uint64_t g = c.part.offset + o;
-    const uint64_t slot = l * esz;
+    const HierChunk ch(c, o);
     const int par = static_cast<int>((*chunkSeq)++ & 1);
-    const char* chunk = nullptr;  // rail jr: where this node's copy of the chunk is
-    if (j == jr) {
+    if (x.j == jr) {  // rail jr: the root sends the chunk to every other node
       char* P = ex.netSend();
-      if (k == kr) {
-        dsts[0] = P;
-        ex.copy(dsts, 1, send + g * esz, slot);
+      if (x.k == kr) {
+        x.dsts[0] = P;
+        ex.copy(x.dsts, 1, x.send + ch.g * x.esz, ch.bytes);
       }
-      for (int m = 0; m < N; ++m) {
-        netSrc[m] = P;
-        netSendBytes[m] = (k == kr && m != k) ? slot : 0;
-        netDst[m] = ex.netRecv(m);
-        netRecvBytes[m] = (k != kr && m == kr) ? slot : 0;
-      }
-      if (!ex.railExchange(0, netSrc, netSendBytes, netDst, netRecvBytes)) return false;
-      chunk = k == kr ? P : ex.netRecv(kr);
-      for (int q = 0; q < G; ++q) dsts[q] = ex.out(q, par);
-      ex.copy(dsts, G, chunk, slot);
+      for (int m = 0; m < x.N; ++m)
+        rail.set(m, P, (x.k == kr && m != x.k) ? ch.bytes : 0, ex.netRecv(m), (x.k != kr && m == kr) ? ch.bytes : 0);
+      if (!ex.railExchange(0, rail.src, rail.sendBytes, rail.dst, rail.recvBytes)) return false;
+      for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, par);
+      ex.copy(x.dsts, x.G, x.k == kr ? P : ex.netRecv(kr), ch.bytes);
     }
     if (!ex.nodeBarrier()) return false;
-    dsts[0] = recv + g * esz;
-    ex.copy(dsts, 1, ex.out(j, par), slot);
+    x.dsts[0] = x.recv + ch.g * x.esz;
+    ex.copy(x.dsts, 1, ex.out(x.j, par), ch.bytes);
   }
   return true;
 }
@@ -326,40 +310,28 @@ MKERNEL_HD bool hierBroadcast(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
 MK_HIER_TEMPLATE
 template <class Ex>
 MKERNEL_HD bool hierReduce(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
-  const int G = c.layout.perNode, N = c.layout.nNodes, j = c.local, k = c.node;
+  HierCtx x(c);
+  HierRail rail;
   const int kr = c.layout.nodeOf(c.root), jr = c.layout.localOf(c.root);
-  const uint64_t esz = c.elemSize;
-  const char* send = reinterpret_cast<const char*>(c.send);
-  char* recv = reinterpret_cast<char*>(c.recv);
-  const char* srcs[kMaxRanks];
-  char* dsts[kMaxRanks];
-  const char* netSrc[kMaxHierNodes];
-  char* netDst[kMaxHierNodes];
-  uint64_t netSendBytes[kMaxHierNodes], netRecvBytes[kMaxHierNodes];
   for (uint64_t o = 0; o < c.part.count; o += c.chunkElems) {
-    const uint64_t l = c.part.count - o < c.chunkElems ? c.part.count - o : c.chunkElems;
-    const uint64_t g = c.part.offset + o;
-    const uint64_t slot = l * esz;
+    const HierChunk ch(c, o);
+    const uint64_t slot = ch.bytes;
     const int par = static_cast<int>((*chunkSeq)++ & 1);
-    dsts[0] = ex.in(jr, par) + static_cast<uint64_t>(j) * slot;
-    ex.copy(dsts, 1, send + g * esz, slot);
+    x.dsts[0] = ex.in(jr, par) + static_cast<uint64_t>(x.j) * slot;
+    ex.copy(x.dsts, 1, x.send + ch.g * x.esz, slot);
     if (!ex.nodeBarrier()) return false;
-    if (j != jr) continue;
+    if (x.j != jr) continue;
     char* P = ex.netSend();
-    for (int q = 0; q < G; ++q) srcs[q] = ex.in(j, par) + static_cast<uint64_t>(q) * slot;
-    dsts[0] = P;
-    ex.reduce(dsts, 1, srcs, G, l, true, false);
-    for (int m = 0; m < N; ++m) {
-      netSrc[m] = P;
-      netSendBytes[m] = (k != kr && m == kr) ? slot : 0;
-      netDst[m] = ex.netRecv(m);
-      netRecvBytes[m] = (k == kr && m != k) ? slot : 0;
-    }
-    if (!ex.railExchange(0, netSrc, netSendBytes, netDst, netRecvBytes)) return false;
-    if (k == kr) {
-      for (int m = 0; m < N; ++m) srcs[m] = m == k ? P : ex.netRecv(m);
-      dsts[0] = recv + g * esz;
-      ex.reduce(dsts, 1, srcs, N, l, false, true);
+    for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, par) + static_cast<uint64_t>(q) * slot;
+    x.dsts[0] = P;
+    ex.reduce(x.dsts, 1, x.srcs, x.G, ch.l, true, false);
+    for (int m = 0; m < x.N; ++m)
+      rail.set(m, P, (x.k != kr && m == kr) ? slot : 0, ex.netRecv(m), (x.k == kr && m != x.k) ? slot : 0);
+    if (!ex.railExchange(0, rail.src, rail.sendBytes, rail.dst, rail.recvBytes)) return false;
+    if (x.k == kr) {
+      for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P : ex.netRecv(m);
+      x.dsts[0] = x.recv + ch.g * x.esz;
+      ex.reduce(x.dsts, 1, x.srcs, x.N, ch.l, false, true);
     }
   }
   return true;

@@ -161,20 +161,12 @@ __device__ bool planCollective(const KernelParams& p, SharedState& sh, const Wor
 
 // ---- process ranks: the staged algorithm of collectives/staged.h, run by one CTA -------------------
 
-struct StagedExecutor {
-  const KernelParams& p;
+// Copies and reductions of a whole CTA for the executors below (staged.h, hier_staged.h): thread
+// 0 writes the plan into shared memory, every thread moves its share.
+struct CtaMover {
   SharedState& sh;
   const WorkDesc& d;
-  int cta;
-  uint64_t* epoch;
-  bool first;  // the first barrier of the collective is its start barrier (for the error record)
 
-  __device__ char* in(int rank, int parity) const {
-    return p.stagedBuf[rank] + stagedRegionOffset(cta, parity, p.stagedChunkBytes);
-  }
-  __device__ char* out(int rank, int parity) const {
-    return p.stagedBuf[rank] + stagedRegionOffset(cta, 2 + parity, p.stagedChunkBytes);
-  }
   __device__ void copy(char* const* dsts, int nDst, const char* src, uint64_t bytes) {
     if (bytes == 0) return;
     if (threadIdx.x == 0) {
@@ -193,7 +185,8 @@ struct StagedExecutor {
     copyBytes(sh.plan);
     __syncthreads();
   }
-  __device__ void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems) {
+  __device__ void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems,
+                         bool withPre = true, bool withPost = true) {
     if (elems == 0) return;
     if (threadIdx.x == 0) {
       bool al = true;
@@ -211,8 +204,22 @@ struct StagedExecutor {
       sh.plan.aligned = al;
     }
     __syncthreads();
-    reduceDispatch(sh.plan, d);
+    reduceDispatch(sh.plan, d, withPre, withPost);
     __syncthreads();
+  }
+};
+
+struct StagedExecutor : CtaMover {
+  const KernelParams& p;
+  int cta;
+  uint64_t* epoch;
+  bool first;  // the first barrier of the collective is its start barrier (for the error record)
+
+  __device__ char* in(int rank, int parity) const {
+    return p.stagedBuf[rank] + stagedRegionOffset(cta, parity, p.stagedChunkBytes);
+  }
+  __device__ char* out(int rank, int parity) const {
+    return p.stagedBuf[rank] + stagedRegionOffset(cta, 2 + parity, p.stagedChunkBytes);
   }
   __device__ bool barrier() {
     const WaitKind what = first ? kWaitPeerStart : kWaitPeerChunk;
@@ -237,7 +244,7 @@ __device__ bool runStaged(const KernelParams& p, SharedState& sh, const WorkDesc
   c.part = rankSlice(d.count, d.nCtas, cta, sliceAlignElems(c.elemSize));
   c.chunkElems = stagedChunkElems(p.nRanks, c.elemSize, p.stagedChunkBytes);
   c.parityMask = 1;
-  StagedExecutor ex{p, sh, d, cta, epoch, true};
+  StagedExecutor ex{{sh, d}, p, cta, epoch, true};
   return stagedCollective(ex, c, chunkSeq);
 }
 
@@ -248,10 +255,8 @@ __device__ bool runStaged(const KernelParams& p, SharedState& sh, const WorkDesc
 // into the host-mapped ring and waits for the completion counters (flag 0: sends, flag 1:
 // receives; the totals live in DeviceState so that a relaunched kernel continues them).
 
-struct HierExecutor {
+struct HierExecutor : CtaMover {
   const KernelParams& p;
-  SharedState& sh;
-  const WorkDesc& d;
   int cta;
   uint64_t* epoch;
   int node;
@@ -264,46 +269,6 @@ struct HierExecutor {
   }
   __device__ char* netSend() const { return p.netBuf; }
   __device__ char* netRecv(int m) const { return p.netBuf + (1 + static_cast<uint64_t>(m)) * p.stagedChunkBytes; }
-  __device__ void copy(char* const* dsts, int nDst, const char* src, uint64_t bytes) {
-    if (bytes == 0) return;
-    if (threadIdx.x == 0) {
-      bool al = aligned16(reinterpret_cast<uint64_t>(src));
-      for (int k = 0; k < nDst; ++k) {
-        sh.plan.dst[k] = dsts[k];
-        al = al && aligned16(reinterpret_cast<uint64_t>(dsts[k]));
-      }
-      sh.plan.src[0] = src;
-      sh.plan.nSrc = 1;
-      sh.plan.nDst = nDst;
-      sh.plan.count = bytes;
-      sh.plan.aligned = al;
-    }
-    __syncthreads();
-    copyBytes(sh.plan);
-    __syncthreads();
-  }
-  __device__ void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems, bool withPre,
-                         bool withPost) {
-    if (elems == 0) return;
-    if (threadIdx.x == 0) {
-      bool al = true;
-      for (int k = 0; k < nSrc; ++k) {
-        sh.plan.src[k] = srcs[k];
-        al = al && aligned16(reinterpret_cast<uint64_t>(srcs[k]));
-      }
-      for (int k = 0; k < nDst; ++k) {
-        sh.plan.dst[k] = dsts[k];
-        al = al && aligned16(reinterpret_cast<uint64_t>(dsts[k]));
-      }
-      sh.plan.nSrc = nSrc;
-      sh.plan.nDst = nDst;
-      sh.plan.count = elems;
-      sh.plan.aligned = al;
-    }
-    __syncthreads();
-    reduceDispatch(sh.plan, d, withPre, withPost);
-    __syncthreads();
-  }
   __device__ bool nodeBarrier() {
     return ctaBarrier(p, sh.peers, cta, epoch, kWaitPeerChunk, d.coll, node * p.perNode, p.perNode);
   }
@@ -357,7 +322,7 @@ __device__ bool runHier(const KernelParams& p, SharedState& sh, const WorkDesc& 
   c.recv = d.recvbuff;
   c.part = Slice{0, d.count};  // one CTA: the proxy ring has one producer
   c.chunkElems = hierChunkElemsFor(c.coll, c.layout, c.elemSize, p.stagedChunkBytes);
-  HierExecutor ex{p, sh, d, cta, epoch, c.node};
+  HierExecutor ex{{sh, d}, p, cta, epoch, c.node};
   return hierCollective(ex, c, chunkSeq);
 }
 

@@ -15,6 +15,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/singleton.h"
 #include "common/param.h"
 #include "transport/net/backend.h"
 #include "transport/net/net.h"
@@ -98,30 +99,13 @@ struct Lifecycle {
   std::set<std::string> interned;   // names/paths handed to NCCL: never freed before unload
 };
 
-// Heap singletons, never destroyed by a static destructor (the plugin may be called from NCCL's
-// threads while static destructors run): created on first use, and freed only by
-// stopBackendAtUnload() when nothing is open, so that each dlopen/dlclose cycle NCCL makes
-// leaves nothing behind (LeakSanitizer saw them leaked per cycle before). Plain pointers with
-// constant initialization: no static constructor or destructor of their own.
-std::mutex gSingletonsMu;
-std::atomic<Registry*> gRegistry{nullptr};
-std::atomic<Lifecycle*> gLifecycle{nullptr};
-
-template <typename T>
-T& singleton(std::atomic<T*>& slot) {
-  T* p = slot.load(std::memory_order_acquire);
-  if (p != nullptr) return *p;
-  std::lock_guard<std::mutex> lock(gSingletonsMu);
-  p = slot.load(std::memory_order_relaxed);
-  if (p == nullptr) {
-    p = new T;
-    slot.store(p, std::memory_order_release);
-  }
-  return *p;
-}
-
-Registry& registry() { return singleton(gRegistry); }
-Lifecycle& lifecycle() { return singleton(gLifecycle); }
+// Never destroyed by a static destructor (the plugin may be called from NCCL's threads while
+// static destructors run); freed by stopBackendAtUnload() when nothing is open, so that each
+// dlopen/dlclose cycle NCCL makes leaves nothing behind (LeakSanitizer saw them leaked per cycle).
+LazySingleton<Registry> gRegistry;
+LazySingleton<Lifecycle> gLifecycle;
+Registry& registry() { return gRegistry.get(); }
+Lifecycle& lifecycle() { return gLifecycle.get(); }
 
 const char* intern(Lifecycle& lc, const std::string& s) {
   return lc.interned.insert(s).first->c_str();
@@ -651,7 +635,7 @@ namespace {
 // Nothing open: the singletons go too (a library that was never used creates none here).
 __attribute__((destructor)) void stopBackendAtUnload() {
   setNcclLogger(nullptr);
-  Lifecycle* lc = gLifecycle.load(std::memory_order_acquire);
+  Lifecycle* lc = gLifecycle.peek();
   if (lc == nullptr) return;
   {
     std::lock_guard<std::mutex> lock(lc->mutex);
@@ -659,10 +643,8 @@ __attribute__((destructor)) void stopBackendAtUnload() {
     lc->net.reset();
     lc->devices.clear();
   }
-  gLifecycle.store(nullptr, std::memory_order_release);
-  delete lc;
-  Registry* reg = gRegistry.exchange(nullptr, std::memory_order_acq_rel);
-  delete reg;
+  gLifecycle.destroy();
+  gRegistry.destroy();
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/singleton.h"
 #include "plugin/shim/real_nccl.h"
 
 namespace mkernel {
@@ -63,28 +64,15 @@ struct Reaper {
     return allDone;
   }
 };
-// Created by the first background release; a plain pointer with constant initialization.
-std::mutex gReaperMu;
-std::atomic<Reaper*> gReaper{nullptr};
-Reaper& reaper() {
-  Reaper* r = gReaper.load(std::memory_order_acquire);
-  if (r != nullptr) return *r;
-  std::lock_guard<std::mutex> lock(gReaperMu);
-  r = gReaper.load(std::memory_order_relaxed);
-  if (r == nullptr) {
-    r = new Reaper;
-    gReaper.store(r, std::memory_order_release);
-  }
-  return *r;
-}
+// Created by the first background release.
+LazySingleton<Reaper> gReaper;
+Reaper& reaper() { return gReaper.get(); }
 // Never creates the Reaper (a library that released nothing in the background has none); frees it
 // when every release finished, so that a dlopen/dlclose cycle leaves nothing behind.
 struct ReaperAtExit {
   ~ReaperAtExit() {
-    Reaper* r = gReaper.load(std::memory_order_acquire);
-    if (r == nullptr || !r->abortPending()) return;
-    gReaper.store(nullptr, std::memory_order_release);
-    delete r;
+    Reaper* r = gReaper.peek();
+    if (r != nullptr && r->abortPending()) gReaper.destroy();
   }
 } gReaperAtExit;
 constexpr auto kDestroyGrace = std::chrono::seconds(2);

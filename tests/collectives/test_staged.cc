@@ -16,6 +16,7 @@
 
 #include "coll_test_util.h"
 #include "collectives/staged.h"
+#include "tests/region_races.h"
 
 using namespace mkernel::coll;
 
@@ -27,18 +28,16 @@ struct World {
   int nRanks = 0, nCtas = 0;
   uint64_t chunkBytes = 0;
   std::vector<std::vector<char>> staging;                   // per rank: nCtas * 4 regions
-  std::unique_ptr<std::atomic<uint64_t>[]> gen;             // per (rank, cta, region)
+  mktest::RegionRaces race;                                 // per (rank, cta, region)
   std::unique_ptr<std::atomic<uint64_t>[]> arrive;          // per (rank, cta)
-  std::atomic<int> races{0};
   std::atomic<int> timeouts{0};
   int slowRank = -1;               // this rank reads slowly (widens the window a reuse bug needs)
   std::chrono::microseconds slowRead{0};
 
   World(int n, int ctas, uint64_t chunk) : nRanks(n), nCtas(ctas), chunkBytes(chunk) {
     staging.assign(static_cast<size_t>(n), std::vector<char>(stagedBufferBytes(ctas, chunk)));
-    gen.reset(new std::atomic<uint64_t>[static_cast<size_t>(n * ctas * kRegions)]);
+    race.reset(n * ctas * kRegions, [this](const char* p) { return regionOf(p); });
     arrive.reset(new std::atomic<uint64_t>[static_cast<size_t>(n * ctas)]);
-    for (int i = 0; i < n * ctas * kRegions; ++i) gen[i] = 0;
     for (int i = 0; i < n * ctas; ++i) arrive[i] = 0;
   }
   // Which (rank, cta, region) a pointer falls in, or -1 for a user buffer.
@@ -64,60 +63,23 @@ struct CpuExecutor {
   char* in(int r, int parity) { return w->staging[static_cast<size_t>(r)].data() + stagedRegionOffset(cta, parity, w->chunkBytes); }
   char* out(int r, int parity) { return w->staging[static_cast<size_t>(r)].data() + stagedRegionOffset(cta, 2 + parity, w->chunkBytes); }
 
-  // Reads: the source region must not change (or be mid-write) while we read it.
-  struct ReadGuard {
-    World* w;
-    int region;
-    uint64_t before;
-    ReadGuard(World* world, const char* p) : w(world), region(world->regionOf(p)), before(0) {
-      if (region >= 0) {
-        before = w->gen[region].load(std::memory_order_acquire);
-        if (before & 1) w->races++;
-      }
-    }
-    ~ReadGuard() {
-      if (region >= 0 && w->gen[region].load(std::memory_order_acquire) != before) w->races++;
-    }
-  };
-  struct WriteGuard {
-    World* w;
-    int region;
-    WriteGuard(World* world, const char* p) : w(world), region(world->regionOf(p)) {
-      if (region >= 0) w->gen[region].fetch_add(1, std::memory_order_acq_rel);
-    }
-    ~WriteGuard() {
-      if (region >= 0) w->gen[region].fetch_add(1, std::memory_order_acq_rel);
-    }
-  };
   void slow() {
     if (rank == w->slowRank) std::this_thread::sleep_for(w->slowRead);
   }
 
   void copy(char* const* dsts, int nDst, const char* src, uint64_t bytes) {
     if (bytes == 0) return;
-    ReadGuard rg(w, src);
-    std::vector<std::unique_ptr<WriteGuard>> wg;
-    for (int k = 0; k < nDst; ++k) wg.emplace_back(new WriteGuard(w, dsts[k]));
+    mktest::RegionRaces::Movement m(&w->race, &src, 1, dsts, nDst);
     slow();
     for (int k = 0; k < nDst; ++k) std::memcpy(dsts[k], src, bytes);
   }
   // uint32 sums with wrap-around: exact, so any order gives the same bits.
   void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems) {
     if (elems == 0) return;
-    std::vector<std::unique_ptr<ReadGuard>> guards;
-    for (int k = 0; k < nSrc; ++k) guards.emplace_back(new ReadGuard(w, srcs[k]));
-    std::vector<std::unique_ptr<WriteGuard>> wg;
-    for (int k = 0; k < nDst; ++k) wg.emplace_back(new WriteGuard(w, dsts[k]));
+    mktest::RegionRaces::Movement m(&w->race, srcs, nSrc, dsts, nDst);
     slow();
-    for (uint64_t i = 0; i < elems; ++i) {
-      uint32_t acc = 0;
-      for (int k = 0; k < nSrc; ++k) {
-        uint32_t v;
-        std::memcpy(&v, srcs[k] + i * 4, 4);
-        acc += v;
-      }
-      for (int k = 0; k < nDst; ++k) std::memcpy(dsts[k] + i * 4, &acc, 4);
-    }
+    auto same = [](uint32_t v) { return v; };
+    mktest::sumU32(dsts, nDst, srcs, nSrc, elems, same, same);
   }
   bool barrier() {
     const uint64_t e = ++epoch;
@@ -305,7 +267,7 @@ TEST_CASE("staged: every collective, in and out of place, 2-8 ranks, several CTA
       const std::vector<Op> ops = randomOps(rng, n, 24);
       INFO("ranks " << n << ", CTAs " << ctas << ", chunk " << chunk << " B");
       CHECK(runOps(w, ops, 1, rng.next()) == "");
-      CHECK(w.races.load() == 0);
+      CHECK(w.race.races() == 0);
       CHECK(w.timeouts.load() == 0);
     }
   }
@@ -329,9 +291,9 @@ TEST_CASE("staged: a slow reader is never overtaken (and the check sees it when 
     INFO("parityMask " << mask << ": " << mismatch);
     if (mask == 1) {
       CHECK(mismatch == "");
-      CHECK(w.races.load() == 0);
+      CHECK(w.race.races() == 0);
     } else {
-      CHECK(w.races.load() > 0);
+      CHECK(w.race.races() > 0);
     }
     CHECK(w.timeouts.load() == 0);
   }

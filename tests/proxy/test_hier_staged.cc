@@ -23,6 +23,8 @@
 #include "common/result.h"
 #include "transport/net/net.h"
 #include "transport/proxy/proxy.h"
+#include "tests/proxy/proxy_test_net.h"
+#include "tests/region_races.h"
 
 using mkernel::Result;
 using namespace mkernel::coll;
@@ -32,22 +34,6 @@ namespace {
 
 uint32_t pre(uint32_t x) { return 3u * x; }
 uint32_t post(uint32_t y) { return y + 7u; }
-
-std::unique_ptr<mkernel::net::Net> testNet() {
-  std::string why;
-  const char* backend = std::getenv("MKERNEL_NET_BACKEND");
-  if (backend != nullptr && std::string(backend) == "ib") {
-    auto net = mkernel::net::createIbNet(&why);
-    INFO(why);
-    REQUIRE(net != nullptr);
-    return net;
-  }
-  setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
-  auto net = mkernel::net::createTcpNet(&why);
-  INFO(why);
-  REQUIRE(net != nullptr);
-  return net;
-}
 
 constexpr uint64_t kTimeoutNs = 20ull * 1000000000ull;
 constexpr uint32_t kFlagSends = 0, kFlagRecvs = 1;
@@ -65,9 +51,8 @@ struct World {
   NodeLayout L;
   uint64_t chunkBytes = 0;
   std::vector<std::unique_ptr<RankState>> ranks;
-  std::unique_ptr<std::atomic<uint64_t>[]> gen;     // per (rank, region 0..3)
+  mktest::RegionRaces race;                         // per (rank, region 0..3)
   std::unique_ptr<std::atomic<uint64_t>[]> arrive;  // per rank
-  std::atomic<int> races{0};
   int slowRank = -1;
   bool breakGatherBarrier = false;  // the second node barrier of each chunk does not wait (negative test)
   std::vector<std::string> errors;
@@ -94,9 +79,8 @@ void makeWorld(World& w, mkernel::net::Net* net, int nNodes, int perNode, uint64
   w.L.perNode = perNode;
   w.chunkBytes = chunkBytes;
   const int n = w.L.nRanks();
-  w.gen.reset(new std::atomic<uint64_t>[static_cast<size_t>(n) * 4]);
+  w.race.reset(n * 4, [&w](const char* p) { return w.regionOf(p); });
   w.arrive.reset(new std::atomic<uint64_t>[static_cast<size_t>(n)]);
-  for (int i = 0; i < n * 4; ++i) w.gen[i] = 0;
   for (int i = 0; i < n; ++i) w.arrive[i] = 0;
   for (int r = 0; r < n; ++r) {
     w.ranks.emplace_back(new RankState());
@@ -144,60 +128,23 @@ struct CpuHierExecutor {
   char* netSend() { return me().net.data(); }
   char* netRecv(int node) { return me().net.data() + (1 + static_cast<uint64_t>(node)) * w->chunkBytes; }
 
-  struct ReadGuard {
-    World* w;
-    int region;
-    uint64_t before = 0;
-    ReadGuard(World* world, const char* p) : w(world), region(world->regionOf(p)) {
-      if (region >= 0) {
-        before = w->gen[region].load();
-        if (before & 1) w->races++;
-      }
-    }
-    ~ReadGuard() {
-      if (region >= 0 && w->gen[region].load() != before) w->races++;
-    }
-  };
-  struct WriteGuard {
-    World* w;
-    int region;
-    WriteGuard(World* world, const char* p) : w(world), region(world->regionOf(p)) {
-      if (region >= 0) w->gen[region].fetch_add(1);
-    }
-    ~WriteGuard() {
-      if (region >= 0) w->gen[region].fetch_add(1);
-    }
-  };
   void slow() {
     if (rank == w->slowRank) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 
   void copy(char* const* dsts, int nDst, const char* src, uint64_t bytes) {
     if (bytes == 0) return;
-    ReadGuard rg(w, src);
-    std::vector<std::unique_ptr<WriteGuard>> wg;
-    for (int k = 0; k < nDst; ++k) wg.emplace_back(new WriteGuard(w, dsts[k]));
+    mktest::RegionRaces::Movement m(&w->race, &src, 1, dsts, nDst);
     slow();
     for (int k = 0; k < nDst; ++k) std::memmove(dsts[k], src, bytes);
   }
   void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems, bool applyPre,
               bool applyPost) {
     if (elems == 0) return;
-    std::vector<std::unique_ptr<ReadGuard>> rg;
-    for (int k = 0; k < nSrc; ++k) rg.emplace_back(new ReadGuard(w, srcs[k]));
-    std::vector<std::unique_ptr<WriteGuard>> wg;
-    for (int k = 0; k < nDst; ++k) wg.emplace_back(new WriteGuard(w, dsts[k]));
+    mktest::RegionRaces::Movement m(&w->race, srcs, nSrc, dsts, nDst);
     slow();
-    for (uint64_t i = 0; i < elems; ++i) {
-      uint32_t acc = 0;
-      for (int k = 0; k < nSrc; ++k) {
-        uint32_t v;
-        std::memcpy(&v, srcs[k] + i * 4, 4);
-        acc += applyPre ? pre(v) : v;
-      }
-      if (applyPost) acc = post(acc);
-      for (int k = 0; k < nDst; ++k) std::memcpy(dsts[k] + i * 4, &acc, 4);
-    }
+    mktest::sumU32(dsts, nDst, srcs, nSrc, elems, [&](uint32_t v) { return applyPre ? pre(v) : v; },
+                   [&](uint32_t y) { return applyPost ? post(y) : y; });
   }
   bool nodeBarrier() {
     const uint64_t e = ++epoch;
@@ -407,7 +354,7 @@ void everyCollective(mkernel::net::Net* net, const Shape& sh) {
   INFO(sh.nodes << " nodes x " << sh.perNode << ", chunk " << sh.chunkBytes << " B");
   for (const auto& e : w.errors) FAIL_CHECK(e);
   CHECK(mismatch == "");
-  CHECK(w.races.load() == 0);
+  CHECK(w.race.races() == 0);
 }
 
 }  // namespace
@@ -438,9 +385,9 @@ TEST_CASE("hier_staged: a slow rank is never overtaken in the node regions (and 
     for (const auto& e : w.errors) FAIL_CHECK(e);
     if (!broken) {
       CHECK(mismatch == "");
-      CHECK(w.races.load() == 0);
+      CHECK(w.race.races() == 0);
     } else {
-      CHECK((w.races.load() > 0 || mismatch != ""));
+      CHECK((w.race.races() > 0 || mismatch != ""));
     }
   }
 }

@@ -16,6 +16,7 @@
 #include "common/result.h"
 #include "transport/net/net.h"
 #include "transport/proxy/proxy.h"
+#include "tests/proxy/proxy_test_net.h"
 
 using mkernel::Result;
 using namespace mkernel::proxy;
@@ -71,24 +72,6 @@ std::vector<std::unique_ptr<Rank>> makeRanks(mkernel::net::Net* net, int n, size
     REQUIRE(k.proxy->registerRegion(k.recvBuf.data(), k.recvBuf.size(), mkernel::net::kPtrHost) == Result::Success);
   }
   return ranks;
-}
-
-// The backend under test: TCP on loopback, or verbs with MKERNEL_NET_BACKEND=ib (the Soft-RoCE
-// VM tier runs this binary so).
-std::unique_ptr<mkernel::net::Net> testNet() {
-  std::string why;
-  const char* backend = std::getenv("MKERNEL_NET_BACKEND");
-  if (backend != nullptr && std::string(backend) == "ib") {
-    auto net = mkernel::net::createIbNet(&why);
-    INFO(why);
-    REQUIRE(net != nullptr);
-    return net;
-  }
-  setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
-  auto net = mkernel::net::createTcpNet(&why);
-  INFO(why);
-  REQUIRE(net != nullptr);
-  return net;
 }
 
 uint8_t pattern(int src, int dst, uint64_t msg, size_t i) {

@@ -1,0 +1,85 @@
+// Catches a read of a staging region that overlaps a write of it, for the CPU tests of the staged
+// algorithms (tests/collectives/test_staged.cc, tests/proxy/test_hier_staged.cc): a generation
+// counter per region, odd while a write lasts; a read that starts on an odd value, or ends on a
+// different one than it started on, overlapped a write.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace mktest {
+
+class RegionRaces {
+ public:
+  // regionOf(p): the region p points into, or -1 (not a checked region).
+  void reset(int nRegions, std::function<int(const char*)> regionOf) {
+    gen_.reset(new std::atomic<uint64_t>[static_cast<size_t>(nRegions)]);
+    for (int i = 0; i < nRegions; ++i) gen_[i] = 0;
+    regionOf_ = std::move(regionOf);
+    races_ = 0;
+  }
+  int races() const { return races_.load(); }
+
+  // One data movement's reads and writes, for as long as it lives.
+  class Movement {
+   public:
+    Movement(RegionRaces* r, const char* const* srcs, int nSrc, char* const* dsts, int nDst) : r_(r) {
+      for (int k = 0; k < nSrc; ++k) {
+        const int region = r_->regionOf_(srcs[k]);
+        if (region < 0) continue;
+        const uint64_t g = r_->gen_[region].load(std::memory_order_acquire);
+        if (g & 1) r_->races_++;
+        reads_.push_back({region, g});
+      }
+      for (int k = 0; k < nDst; ++k) {
+        const int region = r_->regionOf_(dsts[k]);
+        if (region < 0) continue;
+        r_->gen_[region].fetch_add(1, std::memory_order_acq_rel);
+        writes_.push_back(region);
+      }
+    }
+    ~Movement() {
+      for (int region : writes_) r_->gen_[region].fetch_add(1, std::memory_order_acq_rel);
+      for (const auto& rd : reads_)
+        if (r_->gen_[rd.region].load(std::memory_order_acquire) != rd.before) r_->races_++;
+    }
+    Movement(const Movement&) = delete;
+    Movement& operator=(const Movement&) = delete;
+
+   private:
+    struct Read {
+      int region;
+      uint64_t before;
+    };
+    RegionRaces* r_;
+    std::vector<Read> reads_;
+    std::vector<int> writes_;
+  };
+
+ private:
+  std::unique_ptr<std::atomic<uint64_t>[]> gen_;
+  std::function<int(const char*)> regionOf_;
+  std::atomic<int> races_{0};
+};
+
+// The tests' reduction: dsts[d][i] = post(sum over s of pre(srcs[s][i])) on uint32 elements, with
+// wrap-around (exact in any order, so results compare bit for bit).
+template <typename Pre, typename Post>
+void sumU32(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems, Pre pre, Post post) {
+  for (uint64_t i = 0; i < elems; ++i) {
+    uint32_t acc = 0;
+    for (int k = 0; k < nSrc; ++k) {
+      uint32_t v;
+      std::memcpy(&v, srcs[k] + i * 4, 4);
+      acc += pre(v);
+    }
+    acc = post(acc);
+    for (int k = 0; k < nDst; ++k) std::memcpy(dsts[k] + i * 4, &acc, 4);
+  }
+}
+
+}  // namespace mktest
