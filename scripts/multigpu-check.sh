@@ -9,8 +9,9 @@
 #   2. (2+ GPUs) all_reduce over the net path between GPUs of this host (NCCL_P2P_DISABLE=1
 #      NCCL_SHM_DISABLE=1, NCCL_TUNER_PLUGIN=none): NCCL's Socket transport against
 #      NCCL_NET_PLUGIN=mkernel (TCP); then mkernel's net plugin with its tuner.
-#   3. Emulated two nodes (MKERNEL_RANKS_PER_NODE): not run, the hierarchical path is not in the
-#      kernel yet (docs/ALGORITHMS.md, docs/PROXY.md); says so.
+#   3. (2+ GPUs) emulated nodes (MKERNEL_EMULATE=1 MKERNEL_RANKS_PER_NODE, default one rank per
+#      GPU): mkernel's hierarchical all_reduce through proxies over loopback TCP, against run 1's
+#      NCCL numbers (written in session 3, not yet run).
 #   4. The DDP example with <GPUs> ranks, NCCL against LD_PRELOAD=libmkernel.so: loss compared
 #      (--tol MG_DDP_TOL), step times printed.
 # With one GPU every step runs with one rank (a dry run of the script; NCCL refuses two ranks on
@@ -76,7 +77,20 @@ else
   echo "run 2 skipped: one GPU (the net path between GPUs needs two)"
 fi
 
-echo "run 3 skipped: emulated nodes need the hierarchical path inside the kernel (not written yet)"
+if [ "$NG" -gt 1 ]; then
+  # Emulated nodes: every GPU a node of MG_RANKS_PER_NODE ranks (default 1 rank per GPU), the
+  # hierarchical path with proxies over TCP on loopback (emulation: no real NCCL in that process),
+  # against NCCL's flat run of the same ranks from run 1.
+  rpn=${MG_RANKS_PER_NODE:-1}
+  step "run 3: emulated nodes of $rpn rank(s) (MKERNEL_RANKS_PER_NODE), all_reduce, against NCCL's flat run"
+  bin=$build/nccl-tests/all_reduce_perf
+  MKERNEL_EMULATE=1 MKERNEL_RANKS_PER_NODE=$rpn MKERNEL_SOCKET_IFNAME=lo LD_PRELOAD=$LIB timeout "${MG_TEST_TIMEOUT:-240}" \
+    "$bin" -b 8 -e "${MG_HIER_MAX_BYTES:-256M}" -f 4 -c 1 -g "$NG" >"$logs/hier-all_reduce.txt" 2>&1 || { echo "run 3 failed"; fail=1; }
+  python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-all_reduce_perf.txt" "$logs/hier-all_reduce.txt" \
+    --title "all_reduce: NCCL flat vs mkernel hierarchical, $NG emulated nodes" | tee -a "$logs/tables.txt" || fail=1
+else
+  echo "run 3 skipped: one GPU (emulated nodes across GPUs need two)"
+fi
 
 step "run 4: DDP example, $NG rank(s), NCCL against LD_PRELOAD=libmkernel.so"
 if [ -x "$PY" ]; then
