@@ -65,7 +65,7 @@ net::RecvComm* acceptFor(net::ListenComm* lc, double seconds) {
 
 int connectPeer(const tcp::WireHandle& h) {
   socklen_t len = h.addr.sa.sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-  int fd = mkernel::fuzz::rawConnect(&h.addr.sa, len, 2000);
+  int fd = mkernel::fuzz::rawConnect(&h.addr.sa, len, 10000);  // answers come at once; 10 s: a loaded host
   if (fd < 0) fuzzFail("cannot connect to the TCP listen comm");
   return fd;
 }

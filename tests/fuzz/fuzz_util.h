@@ -73,18 +73,23 @@ inline double secondsSince(std::chrono::steady_clock::time_point t0) {
 }
 
 // A blocking TCP connection to `sa` whose reads and writes give up after `timeoutMs`.
+// The connect itself may take up to 15 s: a listener whose backlog is momentarily full drops the
+// SYN, and the kernel retries after 1 s, then 3 s (a 2 s bound failed CI once, session 3). The
+// reads and writes afterwards are bounded by timeoutMs.
 inline int rawConnect(const sockaddr* sa, socklen_t len, int timeoutMs) {
   int fd = ::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  timeval tv{timeoutMs / 1000, (timeoutMs % 1000) * 1000};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  timeval connectTv{15, 0};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &connectTv, sizeof(connectTv));
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   if (::connect(fd, sa, len) != 0) {
     ::close(fd);
     return -1;
   }
+  timeval tv{timeoutMs / 1000, (timeoutMs % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   return fd;
 }
 
