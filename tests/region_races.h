@@ -11,6 +11,8 @@
 #include <memory>
 #include <vector>
 
+#include "collectives/types.h"
+
 namespace mktest {
 
 class RegionRaces {
@@ -80,6 +82,30 @@ void sumU32(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint
     acc = post(acc);
     for (int k = 0; k < nDst; ++k) std::memcpy(dsts[k] + i * 4, &acc, 4);
   }
+}
+
+// The definition the staged tests compare with: element e of rank r's output of collective c
+// over n ranks (count: NCCL's count), where input(q, i) is element i of rank q's send buffer and
+// the reduction is post(sum of pre(x)) in uint32. Reduce: the root's output.
+template <typename Input, typename Pre, typename Post>
+uint32_t expectedU32(mkernel::coll::CollType c, int n, int r, int root, uint64_t count, uint64_t e, Input input, Pre pre,
+                     Post post) {
+  using mkernel::coll::CollType;
+  uint32_t acc = 0;
+  switch (c) {
+    case CollType::AllReduce:
+    case CollType::Reduce:
+      for (int q = 0; q < n; ++q) acc += pre(input(q, e));
+      return post(acc);
+    case CollType::ReduceScatter:
+      for (int q = 0; q < n; ++q) acc += pre(input(q, static_cast<uint64_t>(r) * count + e));
+      return post(acc);
+    case CollType::AllGather:
+      return input(static_cast<int>(e / count), e % count);
+    case CollType::Broadcast:
+      return input(root, e);
+  }
+  return 0;
 }
 
 }  // namespace mktest

@@ -177,33 +177,13 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint32_t parityMask, ui
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     for (int r = 0; r < n; ++r) {
+      if (op.coll == CollType::Reduce && r != op.root) continue;  // only the root's output is defined
       const Bufs& b = bufs[i][static_cast<size_t>(r)];
       const uint64_t rc = recvElems(op, n);
       for (uint64_t e = 0; e < rc; ++e) {
-        uint32_t want = 0;
-        bool check = true;
-        switch (op.coll) {
-          case CollType::AllReduce:
-            for (int k = 0; k < n; ++k) want += bufs[i][static_cast<size_t>(k)].input[e];
-            break;
-          case CollType::ReduceScatter:
-            for (int k = 0; k < n; ++k) want += bufs[i][static_cast<size_t>(k)].input[static_cast<uint64_t>(r) * op.count + e];
-            break;
-          case CollType::AllGather:
-            want = bufs[i][e / op.count].input[e % op.count];
-            break;
-          case CollType::Broadcast:
-            want = bufs[i][static_cast<size_t>(op.root)].input[e];
-            break;
-          case CollType::Reduce:
-            if (r != op.root) {
-              check = false;
-              break;
-            }
-            for (int k = 0; k < n; ++k) want += bufs[i][static_cast<size_t>(k)].input[e];
-            break;
-        }
-        if (!check) continue;
+        auto input = [&](int q, uint64_t k) { return bufs[i][static_cast<size_t>(q)].input[k]; };
+        auto same = [](uint32_t v) { return v; };
+        const uint32_t want = mktest::expectedU32(op.coll, n, r, op.root, op.count, e, input, same, same);
         const uint32_t got = b.buf[b.recvOff + e];
         if (got != want)
           return std::string(collName(op.coll)) + (op.twoShot ? " (two-shot)" : "") + (op.inPlace ? " in place" : "") +

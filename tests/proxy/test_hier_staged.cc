@@ -166,30 +166,22 @@ struct CpuHierExecutor {
   bool railExchange(int round, const char* const* sendPtr, const uint64_t* sendBytes, char* const* recvPtr,
                     const uint64_t* recvBytes) {
     RankState& s = me();
-    const int tag = round;
-    for (int m = 0; m < w->L.nNodes; ++m) {
-      if (recvBytes[m] == 0) continue;
-      ProxyCmd c{};
-      c.op = kOpRecv;
-      c.peer = m;
-      c.addr = reinterpret_cast<uint64_t>(recvPtr[m]);
-      c.bytes = recvBytes[m];
-      c.tag = tag;
-      c.flag = kFlagRecvs;
-      if (proxyPost(s.ring.get(), s.flags.get(), c, kTimeoutNs) != PostStatus::kPosted) return fail("post recv");
-      ++s.recvsPosted;
-    }
-    for (int m = 0; m < w->L.nNodes; ++m) {
-      if (sendBytes[m] == 0) continue;
-      ProxyCmd c{};
-      c.op = kOpSend;
-      c.peer = m;
-      c.addr = reinterpret_cast<uint64_t>(sendPtr[m]);
-      c.bytes = sendBytes[m];
-      c.tag = tag;
-      c.flag = kFlagSends;
-      if (proxyPost(s.ring.get(), s.flags.get(), c, kTimeoutNs) != PostStatus::kPosted) return fail("post send");
-      ++s.sendsPosted;
+    for (int pass = 0; pass < 2; ++pass) {  // receives first, then sends (as the kernel's executor)
+      const bool recvPass = pass == 0;
+      for (int m = 0; m < w->L.nNodes; ++m) {
+        const uint64_t bytes = recvPass ? recvBytes[m] : sendBytes[m];
+        if (bytes == 0) continue;
+        ProxyCmd c{};
+        c.op = recvPass ? kOpRecv : kOpSend;
+        c.peer = m;
+        c.addr = reinterpret_cast<uint64_t>(recvPass ? recvPtr[m] : sendPtr[m]);
+        c.bytes = bytes;
+        c.tag = round;
+        c.flag = recvPass ? kFlagRecvs : kFlagSends;
+        if (proxyPost(s.ring.get(), s.flags.get(), c, kTimeoutNs) != PostStatus::kPosted)
+          return fail(recvPass ? "post recv" : "post send");
+        ++(recvPass ? s.recvsPosted : s.sendsPosted);
+      }
     }
     if (proxyWaitFlag(s.flags.get(), kFlagSends, s.sendsPosted, kTimeoutNs) != WaitStatus::kReached) return fail("sends");
     if (proxyWaitFlag(s.flags.get(), kFlagRecvs, s.recvsPosted, kTimeoutNs) != WaitStatus::kReached) return fail("receives");
@@ -267,24 +259,8 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
       if (op.coll == CollType::Reduce && r != op.root) continue;
       const Bufs& b = bufs[i][static_cast<size_t>(r)];
       for (uint64_t e = 0; e < recvElems(op, n); ++e) {
-        uint32_t want = 0;
-        switch (op.coll) {
-          case CollType::AllReduce:
-          case CollType::Reduce:
-            for (int q = 0; q < n; ++q) want += pre(bufs[i][static_cast<size_t>(q)].input[e]);
-            want = post(want);
-            break;
-          case CollType::ReduceScatter:
-            for (int q = 0; q < n; ++q) want += pre(bufs[i][static_cast<size_t>(q)].input[static_cast<uint64_t>(r) * op.count + e]);
-            want = post(want);
-            break;
-          case CollType::AllGather:
-            want = bufs[i][e / op.count].input[e % op.count];
-            break;
-          case CollType::Broadcast:
-            want = bufs[i][static_cast<size_t>(op.root)].input[e];
-            break;
-        }
+        auto input = [&](int q, uint64_t k) { return bufs[i][static_cast<size_t>(q)].input[k]; };
+        const uint32_t want = mktest::expectedU32(op.coll, n, r, op.root, op.count, e, input, pre, post);
         const uint32_t got = b.buf[b.recvOff + e];
         if (got != want)
           return std::string(collName(op.coll)) + " op " + std::to_string(i) + " (count " + std::to_string(op.count) +
