@@ -33,7 +33,8 @@ struct CommOptions {
 
 // Counters read by mkernelGetStats(): which path ran how many collectives of each kind.
 struct CollStats {
-  uint64_t kernelOps[kNumCollTypes] = {};   // run by the persistent kernel
+  uint64_t kernelOps[kNumCollTypes] = {};   // run by mkernel's kernels (both paths)
+  uint64_t launchOps[kNumCollTypes] = {};   // ... of which by the launch path (small, eager)
   uint64_t forwarded[kNumCollTypes] = {};   // handed to the real NCCL (counted by the shim)
   uint64_t kernelLaunches = 0;              // persistent-kernel (re)launches
 };
@@ -52,7 +53,11 @@ class Communicator {
   virtual Result enqueue(const CollArgs* ops, int n, cudaStream_t stream) = 0;
 
   // Ok, InProgress, or the error that stopped the communicator (RemoteError on a dead peer).
-  virtual Result asyncError() = 0;
+  // queryDevice = false: only what the kernels recorded in host memory, with no CUDA call, as
+  // the shim needs while the caller's stream is being captured (a stream query is refused then
+  // and invalidates the capture); true also asks the driver whether the kernel's context failed
+  // (a lost context under MPS never reaches the host-memory record).
+  virtual Result asyncError(bool queryDevice = true) = 0;
   // Stops the kernel and every wait promptly; always returns.
   virtual Result abort() = 0;
   // Waits for posted work, then releases everything. Collective.

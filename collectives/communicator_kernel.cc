@@ -24,6 +24,7 @@
 #include "collectives/peer_memory.h"
 #include "collectives/reduce_host.h"
 #include "collectives/hier_staged.h"
+#include "collectives/launch_path.h"
 #include "collectives/sm_budget.h"
 #include "collectives/staged.h"
 #include "collectives/stats.h"
@@ -49,6 +50,7 @@ const char* waitKindName(uint32_t what) {
     case kWaitSlotDone: return "worker CTAs to finish a group";
     case kWaitPeerChunk: return "to stage its next chunk";
     case kWaitProxy: return "the proxy's inter-node transfers";
+    case kWaitLaunchPeer: return "to publish its inputs (launch path)";
   }
   return "?";
 }
@@ -99,7 +101,7 @@ class KernelCommunicator final : public Communicator {
 
   Result init();
   Result enqueue(const CollArgs* ops, int n, cudaStream_t stream) override;
-  Result asyncError() override;
+  Result asyncError(bool queryDevice) override;
   Result abort() override;
   Result finalize() override;
   const CommOptions& options() const override { return opts_; }
@@ -108,6 +110,10 @@ class KernelCommunicator final : public Communicator {
 
  private:
   Result fillDesc(const CollArgs& a, WorkDesc* d) const;
+  bool onLaunchPath(const WorkDesc& d, bool capturing) const;
+  Result launchOp(const WorkDesc& d, cudaStream_t stream);
+  Result postSlot(const WorkDesc* descs, int nOps, bool capturing, cudaStream_t stream);
+  Result agreeLaunchCap(int smsLeft);
   Result setupProxy();
   Result takeEagerSlot(int* slot);
   Result ensureKernel();
@@ -148,8 +154,16 @@ class KernelCommunicator final : public Communicator {
   int reservedCtas_ = 0;     // held in SmBudget until the kernel is known to have exited
   uint64_t launches_ = 0;
   uint64_t oneShotMaxBytes_ = 0;
+  // The launch path (launch_path.h): eager collectives publishing at most launchMaxBytes_.
+  uint64_t launchMaxBytes_ = 0;
+  int launchCap_ = 1;                  // CTAs per launch-path op, agreed by all ranks
+  uint64_t launchSeq_ = 0;             // launch-path ops issued (the epoch of the next one - 1)
+  uint64_t launchIssued_[8] = {};      // ... by CollType (the index the kernel reports)
+  cudaEvent_t launchEvent_ = nullptr;  // recorded after the last launch-path op
+  cudaStream_t lastLaunchStream_ = nullptr;
   mutable std::mutex statsMu_;
   mutable uint64_t folded_[kNumCollTypes] = {};
+  mutable uint64_t foldedLaunch_[kNumCollTypes] = {};
 };
 
 Result KernelCommunicator::init() {
@@ -172,6 +186,11 @@ Result KernelCommunicator::init() {
   gateKernel_ = waitMode == "kernel";
   MK_CHECK(reserveKernelStack());  // also loads the kernels before any persistent kernel runs
   oneShotMaxBytes_ = static_cast<uint64_t>(std::max<int64_t>(0, paramInt("ONESHOT_MAX_BYTES", 32768)));
+  const int64_t launchMax = paramInt("LAUNCH_MAX_BYTES", 65536);
+  if (launchMax < 0 || static_cast<uint64_t>(launchMax) > kLaunchInboxBytes)
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_MAX_BYTES=%lld outside 0..%llu", static_cast<long long>(launchMax),
+                    static_cast<unsigned long long>(kLaunchInboxBytes));
+  launchMaxBytes_ = static_cast<uint64_t>(launchMax);
   MK_CUDA(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(DeviceState)), "cudaMalloc(DeviceState)");
   MK_CUDA(cudaMemset(state_, 0, sizeof(DeviceState)), "cudaMemset(DeviceState)");
   MK_CUDA(cudaMalloc(&staging_, std::max<uint64_t>(oneShotMaxBytes_, 16)), "cudaMalloc(staging)");
@@ -184,6 +203,7 @@ Result KernelCommunicator::init() {
   std::memset(host, 0, sizeof(WorkSlot) * kMaxSlots);
   MK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   for (auto& ev : slotEvents_) MK_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+  MK_CUDA(cudaEventCreateWithFlags(&launchEvent_, cudaEventDisableTiming), "cudaEventCreate(launch path)");
   MK_CUDA(cudaDeviceSynchronize(), "cudaDeviceSynchronize after setup");
 
   // Every rank reads what its GPU has left before any rank of this communicator reserves
@@ -239,9 +259,31 @@ Result KernelCommunicator::init() {
   params_.rank = opts_.rank;
   params_.nRanks = opts_.nRanks;
   params_.nCtas = peers.nCtas;
+  MK_CHECK(agreeLaunchCap(smsLeft));
   MK_INFO(kLogInit, "rank %d: persistent kernel ready: %d CTAs x %d threads, GPU %d (%d SMs, %d ranks on it)%s",
           opts_.rank, params_.nCtas, kKernelThreads, opts_.cudaDev, sms, peers.ranksOnMyDevice,
           peers.staged ? ", staged (process ranks)" : "");
+  return Result::Success;
+}
+
+// CTAs one launch-path op may use. Every rank's launch kernels wait for each other, so those of
+// all ranks sharing a GPU must fit at once on the SMs that the persistent kernels (possibly
+// resident) leave: (SMs left for persistent kernels + the ones kept free - this communicator's
+// persistent CTAs on this GPU) x launch CTAs per SM, shared by the ranks on it. The minimum over
+// ranks (an all-gather), so that every rank splits each op the same way.
+Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
+  int perSm = 0;
+  MK_CHECK(launchKernelCtasPerSm(&perSm));
+  const int ranksHere = std::max(1, peers_.ranksOnMyDevice);
+  const int freeSms = smsLeft + kReservedSms - ranksHere * params_.nCtas;
+  int32_t cap = static_cast<int32_t>(std::max(1, std::min(kLaunchMaxCtas, freeSms * std::max(perSm, 1) / ranksHere)));
+  std::vector<int32_t> caps(static_cast<size_t>(opts_.nRanks), 0);
+  caps[static_cast<size_t>(opts_.rank)] = cap;
+  MK_CHECK(bs_->allGather(caps.data(), sizeof(int32_t)));
+  for (int32_t c : caps) cap = std::min(cap, c);
+  launchCap_ = std::max(1, static_cast<int>(cap));
+  MK_INFO(kLogInit, "rank %d: launch path for eager collectives up to %llu bytes, at most %d CTAs x %d threads per op",
+          opts_.rank, static_cast<unsigned long long>(launchMaxBytes_), launchCap_, kLaunchThreads);
   return Result::Success;
 }
 
@@ -393,52 +435,91 @@ Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stre
   const bool capturing = capture == cudaStreamCaptureStatusActive;
   RelaxedCaptureScope relaxed;
 
-  int i = 0;
-  while (i < n) {
-    WorkDesc descs[kMaxOpsPerSlot];
-    int nOps = 0;
-    int ctasNeeded = 0;
-    for (; i < n && nOps < kMaxOpsPerSlot; ++i) {
-      if (ops[i].count == 0) continue;  // NCCL: a no-op (the count is the same on every rank)
-      MK_CHECK(fillDesc(ops[i], &descs[nOps]));
-      ctasNeeded = std::max(ctasNeeded, descs[nOps].nCtas);
-      ++nOps;
+  // In order: launch-path ops each get a kernel launch; runs of the others share doorbell slots
+  // (up to kMaxOpsPerSlot per slot). Every rank splits a group the same way (the decision
+  // depends only on shared arguments).
+  WorkDesc descs[kMaxOpsPerSlot];
+  int nOps = 0;
+  for (int i = 0; i < n; ++i) {
+    if (ops[i].count == 0) continue;  // NCCL: a no-op (the count is the same on every rank)
+    WorkDesc d;
+    MK_CHECK(fillDesc(ops[i], &d));
+    if (onLaunchPath(d, capturing)) {
+      if (nOps > 0) MK_CHECK(postSlot(descs, nOps, capturing, stream));
+      nOps = 0;
+      MK_CHECK(launchOp(d, stream));
+      continue;
     }
-    if (nOps == 0) break;
-    int slot = -1;
-    if (capturing) {
-      if (kEagerSlots + graphSlots_ >= kMaxSlots)
-        return MK_ERROR(Result::InvalidUsage, "rank %d: more than %d captured collective groups on one communicator",
-                        opts_.rank, kMaxSlots - kEagerSlots);
-      slot = kEagerSlots + graphSlots_++;
-    } else {
-      MK_CHECK(takeEagerSlot(&slot));
+    descs[nOps++] = d;
+    if (nOps == kMaxOpsPerSlot) {
+      MK_CHECK(postSlot(descs, nOps, capturing, stream));
+      nOps = 0;
     }
-    WorkSlot& ws = slots_[slot];
-    std::memcpy(ws.ops, descs, sizeof(WorkDesc) * static_cast<size_t>(nOps));
-    ws.nOps = static_cast<uint32_t>(nOps);
-    ws.ctasNeeded = static_cast<uint32_t>(ctasNeeded);
-    ws.eager = capturing ? 0u : 1u;
-    std::atomic_thread_fence(std::memory_order_release);
-    if (capturing) {
-      ctl_->resident = 1;  // a replay never passes through here: the kernel must stay
-    } else {
-      ctl_->eagerEnqueued = ctl_->eagerEnqueued + 1;  // only this thread writes it (mu_)
-    }
-    MK_CHECK(ensureKernel());
-    uint32_t* doorbell = &state_->doorbell[slot];
-    if (gateKernel_) {
-      // The persistent kernel's own bounded waits give up (and release the doorbell) first.
-      MK_CHECK(launchGate(doorbell, params_.ctl, 2 * params_.timeoutNs, opts_.rank, stream));
-    } else {
-      // Two memops: Posted overwrites the previous use's Done, and only Done (3) passes the
-      // wait (Free 0, Posted 1 and Running 2 are below it), so no third write back to Free.
-      MK_CHECK(cudrv::streamWriteValue32(stream, doorbell, kDoorbellPosted));
-      MK_CHECK(cudrv::streamWaitValue32(stream, doorbell, kDoorbellDone, cudrv::WaitCmp::Geq));
-    }
-    if (!capturing) MK_CUDA(cudaEventRecord(slotEvents_[slot], stream), "cudaEventRecord(slot)");
   }
+  if (nOps > 0) MK_CHECK(postSlot(descs, nOps, capturing, stream));
   foldStats();
+  return Result::Success;
+}
+
+bool KernelCommunicator::onLaunchPath(const WorkDesc& d, bool capturing) const {
+  // Captured ops replay without the host: they take the doorbell (a replayable protocol). So do
+  // emulated nodes (the hierarchy through the proxies).
+  if (capturing || launchMaxBytes_ == 0 || params_.nNodes > 1) return false;
+  const CollType c = static_cast<CollType>(d.coll);
+  const uint64_t bytes = launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
+  return bytes <= launchMaxBytes_;
+}
+
+Result KernelCommunicator::launchOp(const WorkDesc& d, cudaStream_t stream) {
+  // One launch-path op at a time per communicator (launch_path.h): a change of stream waits for
+  // the previous op.
+  if (lastLaunchStream_ != nullptr && lastLaunchStream_ != stream)
+    MK_CUDA(cudaStreamWaitEvent(stream, launchEvent_, 0), "cudaStreamWaitEvent(launch path)");
+  const CollType c = static_cast<CollType>(d.coll);
+  const uint64_t bytes = launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
+  ++launchSeq_;
+  const uint64_t index = ++launchIssued_[d.coll];
+  MK_CHECK(launchCollective(params_, d, launchCtas(bytes, launchCap_), launchSeq_, index, stream));
+  MK_CUDA(cudaEventRecord(launchEvent_, stream), "cudaEventRecord(launch path)");
+  lastLaunchStream_ = stream;
+  return Result::Success;
+}
+
+Result KernelCommunicator::postSlot(const WorkDesc* descs, int nOps, bool capturing, cudaStream_t stream) {
+  int ctasNeeded = 0;
+  for (int k = 0; k < nOps; ++k) ctasNeeded = std::max(ctasNeeded, descs[k].nCtas);
+  int slot = -1;
+  if (capturing) {
+    if (kEagerSlots + graphSlots_ >= kMaxSlots)
+      return MK_ERROR(Result::InvalidUsage, "rank %d: more than %d captured collective groups on one communicator",
+                      opts_.rank, kMaxSlots - kEagerSlots);
+    slot = kEagerSlots + graphSlots_++;
+  } else {
+    MK_CHECK(takeEagerSlot(&slot));
+  }
+  WorkSlot& ws = slots_[slot];
+  std::memcpy(ws.ops, descs, sizeof(WorkDesc) * static_cast<size_t>(nOps));
+  ws.nOps = static_cast<uint32_t>(nOps);
+  ws.ctasNeeded = static_cast<uint32_t>(ctasNeeded);
+  ws.eager = capturing ? 0u : 1u;
+  std::atomic_thread_fence(std::memory_order_release);
+  if (capturing) {
+    ctl_->resident = 1;  // a replay never passes through here: the kernel must stay
+  } else {
+    ctl_->eagerEnqueued = ctl_->eagerEnqueued + 1;  // only this thread writes it (mu_)
+  }
+  MK_CHECK(ensureKernel());
+  uint32_t* doorbell = &state_->doorbell[slot];
+  if (gateKernel_) {
+    // The persistent kernel's own bounded waits give up (and release the doorbell) first.
+    MK_CHECK(launchGate(doorbell, params_.ctl, 2 * params_.timeoutNs, opts_.rank, stream));
+  } else {
+    // Two memops: Posted overwrites the previous use's Done, and only Done (3) passes the
+    // wait (Free 0, Posted 1 and Running 2 are below it), so no third write back to Free.
+    MK_CHECK(cudrv::streamWriteValue32(stream, doorbell, kDoorbellPosted));
+    MK_CHECK(cudrv::streamWaitValue32(stream, doorbell, kDoorbellDone, cudrv::WaitCmp::Geq));
+  }
+  if (!capturing) MK_CUDA(cudaEventRecord(slotEvents_[slot], stream), "cudaEventRecord(slot)");
   return Result::Success;
 }
 
@@ -448,7 +529,7 @@ Result KernelCommunicator::kernelError() const {
     const uint32_t what = *reinterpret_cast<const volatile uint32_t*>(&e.what);
     if (what == kWaitNone) continue;
     const char* coll = e.coll >= 0 && e.coll < kNumCollTypes ? collName(static_cast<CollType>(e.coll)) : "-";
-    if (what == kWaitPeerStart || what == kWaitPeerEnd || what == kWaitPeerChunk)
+    if (what == kWaitPeerStart || what == kWaitPeerEnd || what == kWaitPeerChunk || what == kWaitLaunchPeer)
       return MK_ERROR(Result::RemoteError,
                       "rank %d (CTA %d): timed out after %llu s waiting for rank %d %s in %s (epoch %llu)",
                       e.rank, e.cta, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull), e.peer,
@@ -464,10 +545,10 @@ Result KernelCommunicator::kernelError() const {
   return MK_ERROR(Result::InternalError, "rank %d: the persistent kernel stopped on a failure it did not record", opts_.rank);
 }
 
-Result KernelCommunicator::asyncError() {
+Result KernelCommunicator::asyncError(bool queryDevice) {
   if (ctl_ == nullptr) return Result::Success;
   if (ctl_->failed) return kernelError();
-  if (stream_ != nullptr) {
+  if (queryDevice && stream_ != nullptr) {
     cudaError_t q = cudaStreamQuery(stream_);
     if (q != cudaSuccess && q != cudaErrorNotReady)
       return MK_ERROR(Result::UnhandledCudaError, "rank %d: the persistent kernel failed: %s", opts_.rank, cudaGetErrorString(q));
@@ -512,6 +593,14 @@ Result KernelCommunicator::finalize() {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
+  // The last launch-path op (the caller's stream ran the earlier ones before it).
+  if (lastLaunchStream_ != nullptr) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+    while (cudaEventQuery(launchEvent_) == cudaErrorNotReady) {
+      if (ctl_->abortFlag || std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
   // Peers may still poll our flags until they have seen our last barrier arrival.
   Result res = aborted_ ? Result::Success : bs_->barrier();
   ctl_->quit = 1;
@@ -542,6 +631,8 @@ void KernelCommunicator::release(bool orderly) {
     if (ev) (void)cudaEventDestroy(ev);
     ev = nullptr;
   }
+  if (launchEvent_) (void)cudaEventDestroy(launchEvent_);
+  launchEvent_ = nullptr;
   if (stream_) (void)cudaStreamDestroy(stream_);
   if (slots_) (void)cudaFreeHost(slots_);
   if (ctl_) (void)cudaFreeHost(ctl_);
@@ -607,6 +698,13 @@ void KernelCommunicator::foldStats() const {
       globalStats().kernelOps[c].fetch_add(done - folded_[c], std::memory_order_relaxed);
       folded_[c] = done;
     }
+    // The launch path's ops count as the kernel's too (mkernel ran them), and apart.
+    const uint64_t launched = ctl_->launchDone[c];
+    if (launched > foldedLaunch_[c]) {
+      globalStats().kernelOps[c].fetch_add(launched - foldedLaunch_[c], std::memory_order_relaxed);
+      globalStats().launchOps[c].fetch_add(launched - foldedLaunch_[c], std::memory_order_relaxed);
+      foldedLaunch_[c] = launched;
+    }
   }
 }
 
@@ -614,7 +712,8 @@ void KernelCommunicator::stats(CollStats* out) const {
   foldStats();
   std::lock_guard<std::mutex> lock(statsMu_);
   for (int c = 0; c < kNumCollTypes; ++c) {
-    out->kernelOps[c] = folded_[c];
+    out->kernelOps[c] = folded_[c] + foldedLaunch_[c];
+    out->launchOps[c] = foldedLaunch_[c];
     out->forwarded[c] = 0;
   }
   out->kernelLaunches = launches_;

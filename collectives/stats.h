@@ -12,6 +12,7 @@ namespace coll {
 struct GlobalStats {
   std::atomic<uint64_t> kernelOps[kNumCollTypes];
   std::atomic<uint64_t> forwardedOps[kNumCollTypes];
+  std::atomic<uint64_t> launchOps[kNumCollTypes];  // of kernelOps, those of the launch path
   std::atomic<uint64_t> kernelLaunches;
   std::atomic<uint64_t> commsCreated;
 };

@@ -27,6 +27,12 @@ constexpr int kEagerSlots = 64;      // ring of slots reused by eager enqueues
 constexpr int kMaxSlots = 256;       // eager ring + slots dedicated to CUDA-graph captures
 constexpr int kDispatchDepth = 64;   // leader CTA -> worker CTAs queue
 constexpr int kKernelThreads = 512;  // threads per CTA (half an SM: user kernels still fit)
+// The launch path (docs/KERNEL.md, "Small collectives: the launch path"): a short kernel on the
+// caller's stream per small eager collective, one cross-rank flag per CTA, inputs published in a
+// double-buffered inbox of this many bytes per parity.
+constexpr int kLaunchMaxCtas = 16;
+constexpr int kLaunchThreads = 256;
+constexpr uint64_t kLaunchInboxBytes = 256 * 1024;
 
 // Doorbell values. The caller's stream writes Posted and waits until the value is >= Done (only
 // Done is): the same values on every call, so a captured graph replays correctly (DESIGN.md §3).
@@ -105,6 +111,10 @@ struct alignas(128) DeviceState {
   // The leader copies each dispatched slot here from host-mapped memory (one PCIe round trip per
   // group); the worker CTAs read their copy from device memory.
   alignas(128) WorkSlot dispatched[kDispatchDepth];
+  // The launch path: CTA c of the launch kernel of launch-path op e stores e here once its part
+  // of the inputs is in launchInbox[e & 1]; peers' CTA c poll it (launch_path.h).
+  CtaFlag launchArrive[kLaunchMaxCtas];
+  alignas(128) char launchInbox[2][kLaunchInboxBytes];
 };
 
 // Kinds of wait that can time out (ErrorRecord::what).
@@ -117,6 +127,7 @@ enum WaitKind : uint32_t {
   kWaitGate = 5,       // a caller's stream (gate kernel) waiting for the persistent kernel
   kWaitPeerChunk = 6,  // staged (process ranks): the peer has not staged a later chunk
   kWaitProxy = 7,      // hierarchical: the proxy did not complete this rank's inter-node transfers
+  kWaitLaunchPeer = 8, // launch path: the peer has not published its inputs of this collective
 };
 
 // Per-group timestamps of CTA 0 (ns, %globaltimer), recorded when MKERNEL_KERNEL_TRACE=1 into a
@@ -168,6 +179,8 @@ struct alignas(64) HostControl {
   volatile uint64_t opsDone[8];      // collectives completed, by CollType
   ErrorRecord errors[kMaxCtas];      // one per CTA: no atomics needed on host memory
   ErrorRecord gateError;             // a gate kernel (caller's stream) gave up waiting (kWaitGate)
+  volatile uint64_t launchDone[8];   // launch path: the last op index of each CollType whose
+                                     // kernel ran to its end (CTA 0), for the statistics
 };
 
 }  // namespace coll

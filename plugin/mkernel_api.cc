@@ -14,6 +14,7 @@ extern "C" int mkernelGetStats(mkernelStats_t* out) {
   for (int i = 0; i < mkernel::coll::kNumCollTypes; ++i) {
     full.kernelOps[i] = s.kernelOps[i].load(std::memory_order_relaxed);
     full.forwardedOps[i] = s.forwardedOps[i].load(std::memory_order_relaxed);
+    full.launchOps[i] = s.launchOps[i].load(std::memory_order_relaxed);
   }
   full.kernelLaunches = s.kernelLaunches.load(std::memory_order_relaxed);
   full.commsCreated = s.commsCreated.load(std::memory_order_relaxed);

@@ -14,10 +14,11 @@ extern "C" {
 // AllGather 2, ReduceScatter 3, AllReduce 4).
 typedef struct {
   uint64_t size;              // sizeof(mkernelStats_t), set by the caller
-  uint64_t kernelOps[5];      // collectives run by mkernel's persistent kernel
+  uint64_t kernelOps[5];      // collectives run by mkernel's kernels (persistent and launch path)
   uint64_t forwardedOps[5];   // collectives forwarded to the real NCCL
   uint64_t kernelLaunches;    // persistent-kernel (re)launches
   uint64_t commsCreated;      // shim communicators created
+  uint64_t launchOps[5];      // of kernelOps, those run by the launch path (small eager ones)
 } mkernelStats_t;
 
 MKERNEL_API int mkernelGetStats(mkernelStats_t* stats);  // 0 on success

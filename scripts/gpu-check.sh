@@ -95,7 +95,7 @@ if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
   if [ "${GPU_CHECK_TRACE:-1}" != 0 ]; then
     # Where the small-message time goes: the kernel's stage timestamps (MKERNEL_KERNEL_TRACE).
     step "mkernel-collbench --trace 1 (small messages)"
-    timeout "${GPU_CHECK_TRACE_TIMEOUT:-90}" "$build/bin/mkernel-collbench" --trace 1 --ranks 1,2,8 --max-bytes 32768 \
+    timeout "${GPU_CHECK_TRACE_TIMEOUT:-90}" "$build/bin/mkernel-collbench" --trace 1 --wait memop --ranks 1,2,8 --max-bytes 32768 \
       --iters 300 2>>"$logs/collbench.err" | sed -n '/# kernel trace/,$p' >>"$logs/collbench.txt" || bench_rc=1
   fi
 fi

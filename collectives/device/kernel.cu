@@ -18,6 +18,7 @@
 #include "collectives/device/reduce.cuh"
 #include "collectives/device/sync.cuh"
 #include "collectives/hier_staged.h"
+#include "collectives/launch_path.h"
 #include "collectives/staged.h"
 #include "collectives/types.h"
 
@@ -569,6 +570,96 @@ __global__ void __launch_bounds__(kKernelThreads, 1) persistentKernel(KernelPara
   }
 }
 
+// ---- the launch path: one small collective per launch, on the caller's stream ------------------
+//
+// collectives/launch_path.h describes the protocol (one flag per CTA, double-buffered inbox).
+// Bounded like the persistent kernel's waits: a peer that never publishes is recorded
+// (kWaitLaunchPeer) after MKERNEL_TIMEOUT_S, and abort or an earlier failure ends the wait.
+
+// Sets up sh.plan for one copy or reduction (thread 0), then the whole CTA runs it.
+__device__ void launchMove(SharedState& sh, const WorkDesc& d, bool reduce, const char* const* srcs, int nSrc,
+                           char* dst, uint64_t elems, uint64_t esz) {
+  if (elems == 0) return;
+  if (threadIdx.x == 0) {
+    bool al = aligned16(reinterpret_cast<uint64_t>(dst));
+    for (int k = 0; k < nSrc; ++k) {
+      sh.plan.src[k] = srcs[k];
+      al = al && aligned16(reinterpret_cast<uint64_t>(srcs[k]));
+    }
+    sh.plan.dst[0] = dst;
+    sh.plan.nSrc = nSrc;
+    sh.plan.nDst = 1;
+    sh.plan.count = reduce ? elems : elems * esz;
+    sh.plan.aligned = al;
+  }
+  __syncthreads();
+  if (reduce) {
+    reduceDispatch(sh.plan, d);
+  } else {
+    copyBytes(sh.plan);
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(KernelParams p, WorkDesc d, uint64_t epoch,
+                                                                  uint64_t opIndex) {
+  __shared__ SharedState sh;
+  const int cta = blockIdx.x;
+  const int n = p.nRanks, r = p.rank;
+  const CollType coll = static_cast<CollType>(d.coll);
+  const uint64_t esz = elemSize(d.dtype);
+  const bool reduce = coll == CollType::AllReduce || coll == CollType::ReduceScatter || coll == CollType::Reduce;
+  const LaunchPart lp = launchPart(coll, d.count, n, r, d.root, gridDim.x, cta, esz);
+  if (threadIdx.x == 0) sh.stop = stopRequested(p) ? 1 : 0;  // a failed communicator: release the stream
+  if (threadIdx.x < kMaxRanks) sh.peers[threadIdx.x] = threadIdx.x < n ? p.peers[threadIdx.x] : nullptr;
+  __syncthreads();
+  if (sh.stop) return;
+  const char* send = reinterpret_cast<const char*>(d.sendbuff);
+  char* recv = reinterpret_cast<char*>(d.recvbuff);
+  const char* srcs[kMaxRanks];
+  if (n == 1) {
+    // Nothing to wait for: the op's own copy or reduction (pre/post ops included) in place.
+    srcs[0] = send + lp.part.offset * esz;
+    launchMove(sh, d, reduce, srcs, 1, recv + lp.part.offset * esz, lp.part.count, esz);
+  } else {
+    const int parity = static_cast<int>(epoch & 1);
+    char* inbox = p.self->launchInbox[parity];
+    for (int b = 0; b < lp.publishBlocks; ++b) {
+      const uint64_t off = static_cast<uint64_t>(b) * d.count + lp.part.offset;
+      srcs[0] = send + off * esz;
+      launchMove(sh, d, false, srcs, 1, inbox + off * esz, lp.part.count, esz);
+    }
+    // Arrive (the CTA's inbox writes are ordered before thread 0's release by bar.sync), then
+    // wait for every peer's CTA of the same index.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence_system();
+      storeRelease(&p.self->launchArrive[cta].epoch, epoch);
+    }
+    bool ok = true;
+    const int peer = static_cast<int>(threadIdx.x);
+    if (peer < n && peer != r) ok = waitGeq(p, &sh.peers[peer]->launchArrive[cta].epoch, epoch, cta, peer, kWaitLaunchPeer, d.coll);
+    if (!__syncthreads_and(ok)) return;
+    if (lp.compute && lp.part.count > 0) {
+      if (coll == CollType::AllGather) {
+        for (int k = 0; k < n; ++k) {
+          srcs[0] = sh.peers[k]->launchInbox[parity] + lp.readOffset * esz;
+          launchMove(sh, d, false, srcs, 1, recv + (static_cast<uint64_t>(k) * d.count + lp.part.offset) * esz,
+                     lp.part.count, esz);
+        }
+      } else if (coll == CollType::Broadcast) {
+        srcs[0] = sh.peers[d.root]->launchInbox[parity] + lp.readOffset * esz;
+        launchMove(sh, d, false, srcs, 1, recv + lp.part.offset * esz, lp.part.count, esz);
+      } else {
+        for (int k = 0; k < n; ++k) srcs[k] = sh.peers[k]->launchInbox[parity] + lp.readOffset * esz;
+        launchMove(sh, d, true, srcs, n, recv + lp.part.offset * esz, lp.part.count, esz);
+      }
+    }
+  }
+  // Statistics: a posted store into host memory, no round trip.
+  if (cta == 0 && threadIdx.x == 0) p.ctl->launchDone[d.coll] = opIndex;
+}
+
 // ---- the gate: the caller's side of the doorbell protocol as a one-thread kernel ----------------
 
 // On the caller's stream, in place of the three stream memops (MKERNEL_STREAM_WAIT=kernel): it
@@ -623,16 +714,20 @@ Result launchGate(uint32_t* doorbell, HostControl* ctlDev, uint64_t timeoutNs, i
 
 Result persistentKernelLocalBytes(size_t* out) {
   cudaFuncAttributes attr;
-  // Also loads both kernels now (CUDA's lazy loading would load the gate kernel at its first
+  // Also loads the kernels now (CUDA's lazy loading would load the gate kernel at its first
   // launch, and loading waits for running kernels: a persistent kernel waiting for that gate's
   // doorbell never finishes; NCCL queries its kernels at init for the same reason).
   cudaError_t err = cudaFuncGetAttributes(&attr, dev::gateKernel);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "attributes of the gate kernel: %s", cudaGetErrorString(err));
+  err = cudaFuncGetAttributes(&attr, dev::launchKernel);
+  if (err != cudaSuccess)
+    return MK_ERROR(Result::UnhandledCudaError, "attributes of the launch-path kernel: %s", cudaGetErrorString(err));
+  const size_t launchLocal = attr.localSizeBytes;
   err = cudaFuncGetAttributes(&attr, dev::persistentKernel);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "attributes of the persistent kernel: %s", cudaGetErrorString(err));
-  *out = attr.localSizeBytes;
+  *out = attr.localSizeBytes > launchLocal ? attr.localSizeBytes : launchLocal;
   return Result::Success;
 }
 
@@ -642,6 +737,24 @@ Result launchPersistentKernel(const KernelParams& p, cudaStream_t stream) {
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching the persistent kernel (%d CTAs) failed: %s",
                     p.rank, p.nCtas, cudaGetErrorString(err));
+  return Result::Success;
+}
+
+Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uint64_t epoch, uint64_t opIndex,
+                        cudaStream_t stream) {
+  dev::launchKernel<<<nCtas, kLaunchThreads, 0, stream>>>(p, d, epoch, opIndex);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching the launch-path kernel (%d CTAs) failed: %s",
+                    p.rank, nCtas, cudaGetErrorString(err));
+  return Result::Success;
+}
+
+Result launchKernelCtasPerSm(int* out) {
+  cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, dev::launchKernel, kLaunchThreads, 0);
+  if (err != cudaSuccess)
+    return MK_ERROR(Result::UnhandledCudaError, "occupancy query of the launch-path kernel failed: %s",
+                    cudaGetErrorString(err));
   return Result::Success;
 }
 

@@ -52,11 +52,20 @@ Result launchPersistentKernel(const KernelParams& p, cudaStream_t stream);
 // host-mapped control block) and lets the stream go. Legal during CUDA graph capture.
 Result launchGate(uint32_t* doorbell, HostControl* ctlDev, uint64_t timeoutNs, int rank, cudaStream_t stream);
 
-// Local memory (stack) per thread the persistent kernel needs: the device's stack limit must be
+// Local memory (stack) per thread the persistent kernel (or the launch-path kernel) needs: the device's stack limit must be
 // at least this BEFORE kernels run, or a later launch resizes local memory, which waits for every
 // running kernel, i.e. forever for a peer's persistent kernel (NCCL sets the limit for the same
 // reason).
 Result persistentKernelLocalBytes(size_t* out);
+
+// The launch path (collectives/launch_path.h): launches the small-collective kernel for `d` with
+// nCtas CTAs on the caller's stream; `epoch` is the communicator's launch-path op counter (the
+// same on every rank), `opIndex` what the kernel reports in HostControl::launchDone[d.coll].
+Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uint64_t epoch, uint64_t opIndex,
+                        cudaStream_t stream);
+
+// Largest number of CTAs of the launch-path kernel one SM can hold (occupancy query).
+Result launchKernelCtasPerSm(int* out);
 
 // Largest number of CTAs of the persistent kernel one SM can hold (occupancy query).
 Result persistentKernelCtasPerSm(int* out);

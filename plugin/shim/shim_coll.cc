@@ -76,7 +76,11 @@ ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
   Result st = checkUsable(comm, call.name);
   if (st == Result::Success && comm->mk) {
     // A communicator the kernel stopped (dead peer, timeout) reports it, as NCCL's enqueue does.
-    Result async = comm->mk->asyncError();
+    // While `stream` is being captured, no CUDA query (it would be refused and invalidate the
+    // capture: seen on the H200 in session 4): only what the kernels recorded.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    const bool capturing = cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone;
+    Result async = comm->mk->asyncError(/*queryDevice=*/!capturing);
     if (async != Result::Success && async != Result::InProgress)
       st = MK_ERROR(async, "%s : rank %d's communicator has an asynchronous error", call.name,
                     comm->rank);

@@ -8,9 +8,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "collectives/launch_path.h"
 #include "collectives/stats.h"
 #include "common/result.h"
 #include "tests/gpu/gpu_check.h"
@@ -167,6 +169,12 @@ void runSweep(int nRanks, int ranksPerNode = 0) {
   for (const Case& k : cases)
     maxBytes = std::max(maxBytes, k.count * static_cast<size_t>(nRanks) * mkernel::coll::dataTypeSize(k.dtype));
   maxBytes += 256;
+  const char* lm = std::getenv("MKERNEL_LAUNCH_MAX_BYTES");
+  const uint64_t launchMax = ranksPerNode > 0 ? 0 : lm != nullptr ? std::strtoull(lm, nullptr, 10) : 65536;
+  uint64_t expectLaunch = 0;
+  for (const Case& k : cases)
+    if (mkernel::coll::launchPublishElems(k.coll, k.count, nRanks) * mkernel::coll::dataTypeSize(k.dtype) <= launchMax)
+      ++expectLaunch;
   auto failures = mkgpu::runRanks(nRanks, [&](mkgpu::RankCtx& ctx) {
     uint8_t* sendDev = nullptr;
     uint8_t* recvDev = nullptr;
@@ -196,6 +204,12 @@ void runSweep(int nRanks, int ranksPerNode = 0) {
     uint64_t total = 0;
     for (uint64_t v : st.kernelOps) total += v;
     if (total != cases.size()) ctx.fail("kernel completed " + std::to_string(total) + " collectives, enqueued " + std::to_string(cases.size()));
+    // ... and the launch path those it should (collectives/launch_path.h): eager, single node,
+    // inputs up to MKERNEL_LAUNCH_MAX_BYTES.
+    uint64_t launched = 0;
+    for (uint64_t v : st.launchOps) launched += v;
+    if (launched != expectLaunch)
+      ctx.fail("launch path ran " + std::to_string(launched) + " collectives, want " + std::to_string(expectLaunch));
     if (st.kernelLaunches < 1) ctx.fail("no kernel launch counted");
     cudaFree(sendDev);
     cudaFree(recvDev);
@@ -207,7 +221,7 @@ void runSweep(int nRanks, int ranksPerNode = 0) {
 
 }  // namespace
 
-TEST_CASE("gpu: every collective x dtype x op, 2 ranks", "[gpu]") {
+TEST_CASE("gpu: every collective x dtype x op, 2 ranks", "[gpu][r2]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   runSweep(2);
 }
@@ -215,7 +229,7 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks", "[gpu]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   runSweep(4);
 }
-TEST_CASE("gpu: every collective x dtype x op, 8 ranks", "[gpu]") {
+TEST_CASE("gpu: every collective x dtype x op, 8 ranks", "[gpu][r8]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   runSweep(8);
 }

@@ -203,6 +203,7 @@ TEST_CASE("gpu: a second communicator gets the SMs the first left; none left is 
 TEST_CASE("gpu: idle exit and relaunch on demand", "[gpu]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   EnvGuard idle("MKERNEL_IDLE_EXIT_US", "10000");
+  EnvGuard persistent("MKERNEL_LAUNCH_MAX_BYTES", "0");  // 16 KiB would take the launch path
   const int n = 2;
   auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
     const size_t count = 4096;
@@ -311,8 +312,10 @@ TEST_CASE("gpu: 1200 mixed collectives back to back, groups, no host sync in bet
   CHECK(failures.empty());
 }
 
-TEST_CASE("gpu: a peer that never joins: bounded wait, RemoteError naming it, stream released", "[gpu]") {
-  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+// launchMax: MKERNEL_LAUNCH_MAX_BYTES, so that the 4 KiB collective below spins in the launch-path
+// kernel ("65536") or in the persistent kernel ("0").
+void deadPeer(const char* launchMax) {
+  EnvGuard path("MKERNEL_LAUNCH_MAX_BYTES", launchMax);
   EnvGuard timeout("MKERNEL_TIMEOUT_S", "2");
   const int n = 2;
   auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
@@ -336,16 +339,22 @@ TEST_CASE("gpu: a peer that never joins: bounded wait, RemoteError naming it, st
     if (r != Result::RemoteError) ctx.fail("asyncError gave " + std::string(mkernel::resultString(r)));
     if (msg.find("rank 1") == std::string::npos) ctx.fail("message does not name the peer: " + msg);
     if (ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success) ctx.fail("enqueue after failure succeeded");
+    // The path the test meant: the persistent kernel launched (or not).
+    mkernel::coll::CollStats st;
+    ctx.comm->stats(&st);
+    const bool persistent = std::string(launchMax) == "0";
+    if (persistent != (st.kernelLaunches > 0))
+      ctx.fail("persistent kernel launches: " + std::to_string(st.kernelLaunches) + " with MKERNEL_LAUNCH_MAX_BYTES=" + launchMax);
     cudaFree(buf);
   });
   for (const auto& f : failures) FAIL_CHECK(f);
   CHECK(failures.empty());
 }
 
-TEST_CASE("gpu: abort while the kernel spins on a missing peer returns at once and releases the stream", "[gpu]") {
-  // DESIGN.md §7 / the reliability issue: ncclCommAbort is bounded even while a kernel spins.
-  // The timeout is long (30 s), so only the abort can end rank 0's wait in time.
-  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+// DESIGN.md §7 / the reliability issue: ncclCommAbort is bounded even while a kernel spins.
+// The timeout is long (30 s), so only the abort can end rank 0's wait in time.
+void abortWhileSpinning(const char* launchMax) {
+  EnvGuard path("MKERNEL_LAUNCH_MAX_BYTES", launchMax);
   EnvGuard timeout("MKERNEL_TIMEOUT_S", "30");
   const int n = 2;
   std::atomic<bool> rank0Done{false};
@@ -377,8 +386,30 @@ TEST_CASE("gpu: abort while the kernel spins on a missing peer returns at once a
     if (err != cudaSuccess) ctx.fail(std::string("sync after abort: ") + cudaGetErrorString(err));
     if (drainS > 5) ctx.fail("the stream was released " + std::to_string(drainS) + " s after the abort");
     if (ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success) ctx.fail("enqueue after abort succeeded");
+    mkernel::coll::CollStats st;
+    ctx.comm->stats(&st);
+    const bool persistent = std::string(launchMax) == "0";
+    if (persistent != (st.kernelLaunches > 0))
+      ctx.fail("persistent kernel launches: " + std::to_string(st.kernelLaunches) + " with MKERNEL_LAUNCH_MAX_BYTES=" + launchMax);
     cudaFree(buf);
   });
   for (const auto& f : failures) FAIL_CHECK(f);
   CHECK(failures.empty());
+}
+
+TEST_CASE("gpu: a peer that never joins: bounded wait, RemoteError naming it, stream released (launch path)", "[gpu]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  deadPeer("65536");
+}
+TEST_CASE("gpu: a peer that never joins: bounded wait, RemoteError naming it, stream released (persistent kernel)", "[gpu]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  deadPeer("0");
+}
+TEST_CASE("gpu: abort while the kernel spins on a missing peer returns at once and releases the stream (launch path)", "[gpu]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  abortWhileSpinning("65536");
+}
+TEST_CASE("gpu: abort while the kernel spins on a missing peer returns at once and releases the stream (persistent kernel)", "[gpu]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  abortWhileSpinning("0");
 }

@@ -191,6 +191,11 @@ TEST_CASE("emulate: what needs the real NCCL fails with ncclInvalidUsage and say
 }
 
 TEST_CASE("emulate: ncclCommSplit by parity, then collectives on the halves") {
+  // Every communicator's CTAs stay reserved on the GPU while it lives (collectives/sm_budget.h):
+  // 4 emulated ranks x the default 32 CTAs take all 128 SMs an H200 lends persistent kernels,
+  // and the halves would fail with "cannot fit" (session 4, first run on the H200). 8 CTAs each:
+  // 32 for the parent, 32 for the two halves.
+  setenv("MKERNEL_CTAS", "8", 1);
   std::vector<std::vector<int32_t>> got(4);
   std::vector<int> sizes(4, 0);
   runRanks(4, [&](int rank, ncclComm_t comm, cudaStream_t s) {
@@ -210,6 +215,7 @@ TEST_CASE("emulate: ncclCommSplit by parity, then collectives on the halves") {
     CHECK(got[static_cast<size_t>(rank)] ==
           std::vector<int32_t>(64, rank % 2 == 0 ? 0 + 2 : 1 + 3));
   }
+  unsetenv("MKERNEL_CTAS");
 }
 
 TEST_CASE("emulate: premul-sum across ranks") {

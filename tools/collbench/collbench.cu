@@ -43,7 +43,11 @@ struct Options {
   size_t step = 8;
   int iters = 1000;
   int graphOps = 16;  // collectives per captured graph (each uses one of the 192 graph slots)
-  std::vector<std::string> waits{"memop"};  // MKERNEL_STREAM_WAIT modes to compare
+  // Paths to compare: launch (the default: small eager collectives in a launched kernel, the
+  // rest through the doorbell, sizes up to MKERNEL_LAUNCH_MAX_BYTES only), memop (everything
+  // through the persistent kernel, stream-memop doorbell), kernel (the same with the gate kernel).
+  std::vector<std::string> waits{"launch", "memop"};
+  std::string mode;  // the one being run
   bool trace = false;  // MKERNEL_KERNEL_TRACE: where the time of a collective goes
   std::string nccl;    // --nccl LIB: the real NCCL's AllReduce in the same run
   int gpus = 1;        // --gpus N: rank r runs on GPU r % N (N = 1: every rank on GPU 0, emulated)
@@ -433,7 +437,7 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         cudaGraphDestroy(g);
         if (comm->asyncError() != Result::Success) return fail("asyncError");
         if (r == 0) {
-          Row row = makeRow(mkernel::paramString("STREAM_WAIT"), n, a.count * 4, eager, graph, hostUs, copyGBps);
+          Row row = makeRow(opt.mode, n, a.count * 4, eager, graph, hostUs, copyGBps);
           for (int k = 0; k < 6; ++k) row.stageUs[k] = stageUs[k];
           row.traced = traced;
           rows->push_back(row);
@@ -457,7 +461,7 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
 int usage() {
   std::fprintf(stderr,
                "usage: mkernel-collbench [--ranks 2,4,8] [--min-bytes 8] [--max-bytes 1073741824] "
-               "[--step 8] [--iters 1000] [--wait kernel,memop] [--trace 1] [--nccl libnccl.so.2] [--gpus 1] [--csv FILE]\n");
+               "[--step 8] [--iters 1000] [--wait launch,memop,kernel] [--trace 1] [--nccl libnccl.so.2] [--gpus 1] [--csv FILE]\n");
   return 2;
 }
 
@@ -511,11 +515,29 @@ int main(int argc, char** argv) {
   opt.graphOps = std::max(1, std::min(opt.graphOps, 190 / std::max(1, nSizes)));
   std::vector<Row> rows;
   bool ok = true;
+  struct {
+    std::string launchMax;  // the caller's MKERNEL_LAUNCH_MAX_BYTES, for the launch rows
+  } saved;
+  if (const char* v = std::getenv("MKERNEL_LAUNCH_MAX_BYTES")) saved.launchMax = v;
   // NCCL first: its communicator is created and destroyed before any of mkernel's.
   if (!opt.nccl.empty()) ok = runNccl(opt, copyGBps, &rows) && ok;
   for (const std::string& w : opt.waits) {
-    setenv("MKERNEL_STREAM_WAIT", w.c_str(), 1);
-    for (int n : opt.ranks) ok = runRanks(n, opt, copyGBps, &rows) && ok;
+    Options o = opt;
+    o.mode = w;
+    if (w == "launch") {
+      setenv("MKERNEL_STREAM_WAIT", "memop", 1);
+      if (saved.launchMax.empty()) unsetenv("MKERNEL_LAUNCH_MAX_BYTES");
+      else setenv("MKERNEL_LAUNCH_MAX_BYTES", saved.launchMax.c_str(), 1);
+      o.maxBytes = std::min<size_t>(o.maxBytes, static_cast<size_t>(mkernel::paramInt("LAUNCH_MAX_BYTES", 65536)));
+      if (o.maxBytes < o.minBytes) continue;
+    } else if (w == "memop" || w == "kernel") {
+      setenv("MKERNEL_STREAM_WAIT", w.c_str(), 1);
+      setenv("MKERNEL_LAUNCH_MAX_BYTES", "0", 1);
+    } else {
+      std::fprintf(stderr, "mkernel-collbench: --wait %s: expected launch, memop or kernel\n", w.c_str());
+      return 2;
+    }
+    for (int n : opt.ranks) ok = runRanks(n, o, copyGBps, &rows) && ok;
   }
   std::printf("# AllReduce float sum, thread ranks on %d x %s (%s); D2D copy %.0f GB/s\n", opt.gpus, prop.name,
               opt.gpus == 1 ? "every rank on GPU 0: emulated" : "rank r on GPU r % gpus", copyGBps);

@@ -1,0 +1,70 @@
+// The launch path (docs/KERNEL.md, "Small collectives: the launch path"): a small eager collective
+// runs in a short kernel launched on the caller's stream instead of through the persistent
+// kernel's doorbell. The stream memops of the doorbell cost 7-15 µs per collective on the H200
+// (session 3's kernel trace), more than NCCL's whole small AllReduce; a launch costs ~4 µs.
+//
+// One barrier per collective. For launch-path op e (a host counter, the same on every rank:
+// every rank makes the same launch-path decisions in the same order), CTA c of rank r
+//   1. publishes its part of r's input into r's inbox launchInbox[e & 1] (DeviceState, mapped
+//      into every peer),
+//   2. stores e into launchArrive[c] (release, system scope) and waits until every peer's
+//      launchArrive[c] >= e,
+//   3. reads its part of every peer's inbox and writes r's output (a reduction in rank order
+//      0..n-1 on every rank, or a copy).
+// Reusing parity e & 1 at op e + 2 is safe without a second barrier: r's op e + 2 starts after its
+// op e + 1 ended (stream order), and op e + 1 passed the flags of every peer for e + 1, which each
+// peer stored only after its op e had ended (its stream order), i.e. after its reads of r's inbox.
+// The caller's streams must therefore run a communicator's launch-path ops one at a time: the host
+// chains a change of stream to the previous op with an event.
+//
+// Plain header (MKERNEL_HD): the kernel and the CPU test (tests/collectives/test_launch_path.cc)
+// use the same slicing.
+#pragma once
+
+#include <cstdint>
+
+#include "collectives/algo.h"
+#include "collectives/types.h"
+#include "collectives/work.h"
+
+namespace mkernel {
+namespace coll {
+
+// Inbox bytes below which one more CTA does not pay for its flag.
+constexpr uint64_t kLaunchBytesPerCta = 16 * 1024;
+
+// Elements one rank publishes: its whole input (ReduceScatter: n blocks of count).
+MKERNEL_HD inline uint64_t launchPublishElems(CollType c, uint64_t count, int nRanks) {
+  return c == CollType::ReduceScatter ? count * static_cast<uint64_t>(nRanks) : count;
+}
+
+// CTAs of one launch-path op: the same on every rank (a function of shared arguments and of the
+// cap the ranks agreed on at creation).
+MKERNEL_HD inline int launchCtas(uint64_t publishBytes, int cap) {
+  uint64_t c = (publishBytes + kLaunchBytesPerCta - 1) / kLaunchBytesPerCta;
+  if (c < 1) c = 1;
+  if (c > static_cast<uint64_t>(cap)) c = static_cast<uint64_t>(cap);
+  return static_cast<int>(c);
+}
+
+// What CTA `cta` of rank `rank` does in one launch-path op. Offsets are in elements.
+struct LaunchPart {
+  Slice part;           // this CTA's elements of one block (the split is the same on every rank)
+  int publishBlocks;    // blocks of `count` it publishes from its input: n for ReduceScatter, else 1
+                        // (0: a Broadcast's non-root publishes nothing)
+  bool compute;         // it writes output (Reduce: the root only)
+  uint64_t readOffset;  // where it reads in every peer's inbox
+};
+
+MKERNEL_HD inline LaunchPart launchPart(CollType c, uint64_t count, int nRanks, int rank, int root, int nCtas,
+                                        int cta, size_t elemSize) {
+  LaunchPart lp;
+  lp.part = rankSlice(count, nCtas, cta, sliceAlignElems(elemSize));
+  lp.publishBlocks = c == CollType::ReduceScatter ? nRanks : (c == CollType::Broadcast && rank != root ? 0 : 1);
+  lp.compute = !(c == CollType::Reduce && rank != root);
+  lp.readOffset = (c == CollType::ReduceScatter ? static_cast<uint64_t>(rank) * count : 0) + lp.part.offset;
+  return lp;
+}
+
+}  // namespace coll
+}  // namespace mkernel
