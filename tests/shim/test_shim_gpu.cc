@@ -245,6 +245,20 @@ TEST_CASE(
   CHECK(ncclCommDestroy(comm) == ncclSuccess);
 }
 
+// A one-rank communicator of the real NCCL, bypassing the shim (pncclCommInitRank): what NCCL
+// itself answers, for the cases where the shim must answer the same.
+ncclComm_t realOneRankComm() {
+  auto getId = realFn<ncclResult_t (*)(ncclUniqueId*)>("pncclGetUniqueId");
+  auto initRank = realFn<ncclResult_t (*)(ncclComm_t*, int, ncclUniqueId, int)>("pncclCommInitRank");
+  REQUIRE(getId != nullptr);
+  REQUIRE(initRank != nullptr);
+  ncclUniqueId id;
+  REQUIRE(getId(&id) == ncclSuccess);
+  ncclComm_t real = nullptr;
+  REQUIRE(initRank(&real, 1, id, 0) == ncclSuccess);
+  return real;
+}
+
 TEST_CASE(
     "gpu: a group posts mkernel collectives together and forwards the rest in one real group") {
   ncclComm_t comm = oneRankComm();
@@ -271,18 +285,39 @@ TEST_CASE(
   CHECK(download<float>(c, n) == ramp(n));
   CHECK(download<float>(d, n) == ramp(n));
   CHECK(download<float>(e, n) == ramp(n));
-  // GroupSimulateEnd estimates without running anything. (With one rank NCCL selects no
-  // algorithm and leaves the estimate undefined, -1.)
-  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  // GroupSimulateEnd estimates; mkernel runs nothing. (With one rank NCCL selects no algorithm
+  // and leaves the estimate undefined, -1.) The shim issues the collective to the real comm
+  // inside the simulated group, so the buffer ends as NCCL itself leaves it: NCCL 2.28.9 copies
+  // a one-rank collective at enqueue time, simulated or not (first run on the H200, session 4).
+  auto realGroupStart = realFn<ncclResult_t (*)()>("pncclGroupStart");
+  auto realSimEnd = realFn<ncclResult_t (*)(ncclSimInfo_t*)>("pncclGroupSimulateEnd");
+  auto realAllReduce = realFn<ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                               cudaStream_t)>("pncclAllReduce");
+  auto realDestroy = realFn<ncclResult_t (*)(ncclComm_t)>("pncclCommDestroy");
+  REQUIRE((realGroupStart && realSimEnd && realAllReduce && realDestroy));
+  ncclComm_t realComm = realOneRankComm();
+  ncclSimInfo_t realSim = NCCL_SIM_INFO_INITIALIZER;
   poison(b);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   const std::vector<float> poisoned = download<float>(b, n);
+  REQUIRE(realGroupStart() == ncclSuccess);
+  REQUIRE(realAllReduce(a.p, b.p, n, ncclFloat, ncclSum, realComm, nullptr) == ncclSuccess);
+  CHECK(realSimEnd(&realSim) == ncclSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const bool ncclWrites = std::memcmp(download<float>(b, n).data(), poisoned.data(), n * sizeof(float)) != 0;
+  CHECK(realDestroy(realComm) == ncclSuccess);
+  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  poison(b);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   REQUIRE(ncclGroupStart() == ncclSuccess);
   REQUIRE(ncclAllReduce(a.p, b.p, n, ncclFloat, ncclSum, comm, nullptr) == ncclSuccess);
   CHECK(ncclGroupSimulateEnd(&sim) == ncclSuccess);
   CHECK((sim.estimatedTime >= 0.0f || sim.estimatedTime == NCCL_UNDEF_FLOAT));
+  CHECK(sim.estimatedTime == realSim.estimatedTime);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  CHECK(std::memcmp(download<float>(b, n).data(), poisoned.data(), n * sizeof(float)) == 0);
+  const bool shimWrites = std::memcmp(download<float>(b, n).data(), poisoned.data(), n * sizeof(float)) != 0;
+  INFO("the real NCCL " << (ncclWrites ? "writes" : "does not write") << " the output of a simulated one-rank group");
+  CHECK(shimWrites == ncclWrites);
   CHECK(ncclCommDestroy(comm) == ncclSuccess);
   CHECK(ranSince(before, kAllReduce) == 2);  // the simulated one did not run
   CHECK(ranSince(before, kAllGather) == 1);
@@ -303,11 +338,20 @@ TEST_CASE("gpu: ncclCommSplit and ncclCommShrink make working comms; NOCOLOR giv
   int noRanks[1] = {-1};
   CHECK(ncclCommShrink(parent, nullptr, 0, &shrunk, nullptr, NCCL_SHRINK_DEFAULT) ==
         ncclInvalidArgument);  // as NCCL 2.28.9: the list may not be NULL
+  // Excluding nobody from one rank: the shim answers what the real NCCL answers on a real
+  // one-rank comm (NCCL 2.28.9 refused it with ncclInvalidArgument on the H200, session 4).
+  auto realShrink = realFn<ncclResult_t (*)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int)>("pncclCommShrink");
+  auto realDestroy = realFn<ncclResult_t (*)(ncclComm_t)>("pncclCommDestroy");
+  REQUIRE((realShrink && realDestroy));
+  ncclComm_t realParent = realOneRankComm(), realShrunk = nullptr;
+  const ncclResult_t ncclShrinkResult = realShrink(realParent, noRanks, 0, &realShrunk, nullptr, NCCL_SHRINK_DEFAULT);
+  if (realShrunk != nullptr) CHECK(realDestroy(realShrunk) == ncclSuccess);
+  CHECK(realDestroy(realParent) == ncclSuccess);
   ncclResult_t shrinkResult =
       ncclCommShrink(parent, noRanks, 0, &shrunk, nullptr, NCCL_SHRINK_DEFAULT);
   INFO(ncclGetLastError(parent));
-  REQUIRE(shrinkResult == ncclSuccess);
-  REQUIRE(shrunk != nullptr);
+  REQUIRE(shrinkResult == ncclShrinkResult);
+  REQUIRE((shrunk != nullptr) == (shrinkResult == ncclSuccess));
   CHECK(ncclCommSplit(parent, -5, 0, &none, nullptr) == ncclInvalidArgument);
   int bad = 0;
   CHECK(ncclCommShrink(parent, &bad, 1, &none, nullptr, NCCL_SHRINK_DEFAULT) ==
@@ -316,6 +360,7 @@ TEST_CASE("gpu: ncclCommSplit and ncclCommShrink make working comms; NOCOLOR giv
   DevBuf in(n * sizeof(float)), out(n * sizeof(float));
   upload(in, ramp(n));
   for (ncclComm_t c : {child, grouped, shrunk}) {
+    if (c == nullptr) continue;  // the shrink NCCL refuses
     int count = 0;
     CHECK(ncclCommCount(c, &count) == ncclSuccess);
     CHECK(count == 1);

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The launch path (docs/KERNEL.md, "Small collectives: the launch path") against NCCL, one
+# device call:
+#   bash scripts/launch-check.sh        (repository root; carry .carry: Catch2 and nccl-tests)
+#   1. builds libmkernel.so, test_shim_gpu and test_gpu_collectives (sm_90), and the patched
+#      nccl-tests from .carry/nccl-tests;
+#   2. ctest test_shim_gpu, then test_gpu_hier LC_HIER_REPS times (default 3) with
+#      MKERNEL_TIMEOUT_S=LC_HIER_TIMEOUT (default 60): pass/fail and seconds of each;
+#   3. nccl-tests LC_TESTS (default the five), -b 8 -e LC_MAX_BYTES (1M) -f 4 -c 1 -g <GPUs>:
+#      NCCL alone, mkernel (the launch path, the default) and mkernel with
+#      MKERNEL_LAUNCH_MAX_BYTES=0 (everything through the persistent kernel), two tables per test
+#      (scripts/nccl-tests-table.py: time, busbw, ratio, #wrong);
+#   4. (2+ GPUs) scripts/torch_bench.py, 2 processes (process ranks: inboxes through CUDA IPC),
+#      NCCL against mkernel, 8 B to LC_TORCH_MAX_BYTES (1M).
+# NVLink multicast stays off. Logs in build-gpu/logs-launch; tables copied to $OUT.
+set -u -o pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${LC_BUILD:-$root/build-gpu}
+logs=$build/logs-launch
+mkdir -p "$logs"
+NCCL_HOME=${NCCL_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl}
+PY=${LC_PYTHON:-/opt/torch/.venv/bin/python}
+TESTS=${LC_TESTS:-"all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf"}
+NG=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+[ "$NG" -ge 1 ] || { echo "launch-check: no GPU"; exit 1; }
+step() { echo "== $* ($(date +%T))"; }
+save() { [ -n "${OUT:-}" ] && for f in "$@"; do [ -f "$logs/$f" ] && cp "$logs/$f" "$OUT/"; done; return 0; }
+fail=0
+
+step "1. build ($NG GPU(s))"
+catch_args=()
+[ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON "${catch_args[@]}" \
+  >"$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
+make -C "$build" -j"${LC_JOBS:-16}" mkernel test_shim_gpu test_gpu_collectives >"$logs/build.log" 2>&1 ||
+  { grep -m5 -A5 error "$logs/build.log"; exit 1; }
+NCCL_HOME=$NCCL_HOME bash "$root/scripts/nccl-tests.sh" --build "$build/nccl-tests" --tests "$TESTS" \
+  "${NCCL_TESTS_DIR:-$root/.carry/nccl-tests}" >"$logs/nccl-tests-build.log" 2>&1 ||
+  { tail -20 "$logs/nccl-tests-build.log"; exit 1; }
+LIB=$build/lib/libmkernel.so
+export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
+
+step "2. test_shim_gpu; test_gpu_hier x ${LC_HIER_REPS:-3}"
+(cd "$build" && MKERNEL_TIMEOUT_S=20 ctest -R '^test_shim_gpu$' --output-on-failure --timeout 200) >"$logs/ctest.log" 2>&1 ||
+  fail=1
+grep -E "Passed|Failed|Timeout|FAILED|with expansion|==|REQUIRE|CHECK" "$logs/ctest.log" | head -40
+for i in $(seq 1 "${LC_HIER_REPS:-3}"); do
+  t0=$(date +%s%N)
+  MKERNEL_TIMEOUT_S=${LC_HIER_TIMEOUT:-60} timeout 200 "$build/tests/gpu/test_gpu_collectives" --order lex "[hier]" \
+    >"$logs/hier-$i.log" 2>&1
+  rc=$?
+  echo "test_gpu_hier run $i: rc=$rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+  [ "$rc" = 0 ] || { fail=1; grep -E "timed out|FAILED|differs" "$logs/hier-$i.log" | head -8; cp "$logs/hier-$i.log" "$logs/hier-failed.log"; }
+done | tee "$logs/hier.txt"
+save ctest.log hier.txt hier-failed.log
+
+step "3. nccl-tests -b 8 -e ${LC_MAX_BYTES:-1M} -g $NG: NCCL, mkernel (launch path), mkernel (persistent kernel only)"
+: >"$logs/tables.txt"
+for t in $TESTS; do
+  bin=$build/nccl-tests/$t
+  [ -x "$bin" ] || { echo "missing $bin"; fail=1; continue; }
+  args=(-b 8 -e "${LC_MAX_BYTES:-1M}" -f 4 -c 1 -g "$NG")
+  timeout 120 "$bin" "${args[@]}" >"$logs/nccl-$t.txt" 2>&1 || { echo "$t (NCCL) failed"; fail=1; }
+  LD_PRELOAD=$LIB timeout 120 "$bin" "${args[@]}" >"$logs/launch-$t.txt" 2>&1 || { echo "$t (launch) failed"; fail=1; }
+  MKERNEL_LAUNCH_MAX_BYTES=0 LD_PRELOAD=$LIB timeout 120 "$bin" "${args[@]}" >"$logs/persistent-$t.txt" 2>&1 ||
+    { echo "$t (persistent) failed"; fail=1; }
+  python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t.txt" "$logs/launch-$t.txt" \
+    --title "$t, $NG GPU(s): NCCL vs mkernel (launch path, default)" | tee -a "$logs/tables.txt" || fail=1
+  python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t.txt" "$logs/persistent-$t.txt" \
+    --title "$t, $NG GPU(s): NCCL vs mkernel (MKERNEL_LAUNCH_MAX_BYTES=0: persistent kernel only)" >>"$logs/tables.txt" || fail=1
+  grep -h "mkernel" "$logs/launch-$t.txt" | tail -2 >>"$logs/tables.txt"
+done
+save tables.txt
+
+if [ "$NG" -gt 1 ] && [ -x "$PY" ]; then
+  step "4. torch_bench: 2 processes on 2 GPUs, NCCL against mkernel, 8 B to ${LC_TORCH_MAX_BYTES:-1M}"
+  timeout 200 "$PY" "$root/scripts/torch_bench.py" --lib "$LIB" --ranks 2 --max-bytes "${LC_TORCH_MAX_BYTES:-1M}" \
+    --iters 200 --trials 3 --csv "$logs/torch-bench.csv" 2>&1 | tee "$logs/torch-bench.txt" | tail -30
+  [ "${PIPESTATUS[0]}" = 0 ] || fail=1
+  save torch-bench.txt torch-bench.csv
+fi
+echo "launch-check: fail=$fail"
+exit "$fail"
