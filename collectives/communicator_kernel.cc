@@ -111,6 +111,8 @@ class KernelCommunicator final : public Communicator {
  private:
   Result fillDesc(const CollArgs& a, WorkDesc* d) const;
   bool onLaunchPath(const WorkDesc& d, bool capturing) const;
+  bool oneRankCopy(const CollArgs& a) const;
+  Result copyOneRank(const CollArgs& a, cudaStream_t stream);
   Result launchOp(const WorkDesc& d, cudaStream_t stream);
   Result postSlot(const WorkDesc* descs, int nOps, bool capturing, cudaStream_t stream);
   Result agreeLaunchCap(int smsLeft);
@@ -161,6 +163,7 @@ class KernelCommunicator final : public Communicator {
   uint64_t launchIssued_[8] = {};      // ... by CollType (the index the kernel reports)
   cudaEvent_t launchEvent_ = nullptr;  // recorded after the last launch-path op
   cudaStream_t lastLaunchStream_ = nullptr;
+  uint64_t oneRankCopies_[kNumCollTypes] = {};  // launch-path ops done as a cudaMemcpyAsync
   mutable std::mutex statsMu_;
   mutable uint64_t folded_[kNumCollTypes] = {};
   mutable uint64_t foldedLaunch_[kNumCollTypes] = {};
@@ -444,6 +447,12 @@ Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stre
     if (ops[i].count == 0) continue;  // NCCL: a no-op (the count is the same on every rank)
     WorkDesc d;
     MK_CHECK(fillDesc(ops[i], &d));
+    if (onLaunchPath(d, capturing) && oneRankCopy(ops[i])) {
+      if (nOps > 0) MK_CHECK(postSlot(descs, nOps, capturing, stream));
+      nOps = 0;
+      MK_CHECK(copyOneRank(ops[i], stream));
+      continue;
+    }
     if (onLaunchPath(d, capturing)) {
       if (nOps > 0) MK_CHECK(postSlot(descs, nOps, capturing, stream));
       nOps = 0;
@@ -468,6 +477,29 @@ bool KernelCommunicator::onLaunchPath(const WorkDesc& d, bool capturing) const {
   const CollType c = static_cast<CollType>(d.coll);
   const uint64_t bytes = launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
   return bytes <= launchMaxBytes_;
+}
+
+// One rank, eager, launch-path size: every collective but PreMulSum is a copy (Avg divides by 1;
+// in place, nothing), which cudaMemcpyAsync does with less overhead than a kernel, as NCCL's
+// own one-rank path. PreMulSum multiplies, so it takes the launch-path kernel.
+bool KernelCommunicator::oneRankCopy(const CollArgs& a) const {
+  if (opts_.nRanks != 1) return false;
+  const bool reduces = a.coll == CollType::AllReduce || a.coll == CollType::ReduceScatter || a.coll == CollType::Reduce;
+  return !(reduces && a.op == RedOp::PreMulSum);
+}
+
+Result KernelCommunicator::copyOneRank(const CollArgs& a, cudaStream_t stream) {
+  const size_t bytes = a.count * dataTypeSize(a.dtype);
+  if (a.sendbuff != a.recvbuff)
+    MK_CUDA(cudaMemcpyAsync(a.recvbuff, a.sendbuff, bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync (one rank)");
+  const int c = static_cast<int>(a.coll);
+  {
+    std::lock_guard<std::mutex> lock(statsMu_);
+    ++oneRankCopies_[c];
+  }
+  globalStats().kernelOps[c].fetch_add(1, std::memory_order_relaxed);
+  globalStats().launchOps[c].fetch_add(1, std::memory_order_relaxed);
+  return Result::Success;
 }
 
 Result KernelCommunicator::launchOp(const WorkDesc& d, cudaStream_t stream) {
@@ -712,8 +744,8 @@ void KernelCommunicator::stats(CollStats* out) const {
   foldStats();
   std::lock_guard<std::mutex> lock(statsMu_);
   for (int c = 0; c < kNumCollTypes; ++c) {
-    out->kernelOps[c] = folded_[c] + foldedLaunch_[c];
-    out->launchOps[c] = foldedLaunch_[c];
+    out->kernelOps[c] = folded_[c] + foldedLaunch_[c] + oneRankCopies_[c];
+    out->launchOps[c] = foldedLaunch_[c] + oneRankCopies_[c];
     out->forwarded[c] = 0;
   }
   out->kernelLaunches = launches_;
