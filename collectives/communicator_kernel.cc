@@ -189,7 +189,7 @@ Result KernelCommunicator::init() {
   gateKernel_ = waitMode == "kernel";
   MK_CHECK(reserveKernelStack());  // also loads the kernels before any persistent kernel runs
   oneShotMaxBytes_ = static_cast<uint64_t>(std::max<int64_t>(0, paramInt("ONESHOT_MAX_BYTES", 32768)));
-  const int64_t launchMax = paramInt("LAUNCH_MAX_BYTES", 65536);
+  const int64_t launchMax = paramInt("LAUNCH_MAX_BYTES", 1048576);
   if (launchMax < 0 || static_cast<uint64_t>(launchMax) > kLaunchInboxBytes)
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_MAX_BYTES=%lld outside 0..%llu", static_cast<long long>(launchMax),
                     static_cast<unsigned long long>(kLaunchInboxBytes));
@@ -285,6 +285,8 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   MK_CHECK(bs_->allGather(caps.data(), sizeof(int32_t)));
   for (int32_t c : caps) cap = std::min(cap, c);
   launchCap_ = std::max(1, static_cast<int>(cap));
+  // At most kLaunchBytesPerCta per CTA: beyond that the doorbell path's CTAs move it faster.
+  launchMaxBytes_ = std::min<uint64_t>(launchMaxBytes_, static_cast<uint64_t>(launchCap_) * kLaunchBytesPerCta);
   MK_INFO(kLogInit, "rank %d: launch path for eager collectives up to %llu bytes, at most %d CTAs x %d threads per op",
           opts_.rank, static_cast<unsigned long long>(launchMaxBytes_), launchCap_, kLaunchThreads);
   return Result::Success;
@@ -436,7 +438,6 @@ Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stre
   if (capture == cudaStreamCaptureStatusInvalidated)
     return MK_ERROR(Result::InvalidUsage, "rank %d: the stream's capture was invalidated", opts_.rank);
   const bool capturing = capture == cudaStreamCaptureStatusActive;
-  RelaxedCaptureScope relaxed;
 
   // In order: launch-path ops each get a kernel launch; runs of the others share doorbell slots
   // (up to kMaxOpsPerSlot per slot). Every rank splits a group the same way (the decision
@@ -505,19 +506,27 @@ Result KernelCommunicator::copyOneRank(const CollArgs& a, cudaStream_t stream) {
 Result KernelCommunicator::launchOp(const WorkDesc& d, cudaStream_t stream) {
   // One launch-path op at a time per communicator (launch_path.h): a change of stream waits for
   // the previous op.
-  if (lastLaunchStream_ != nullptr && lastLaunchStream_ != stream)
+  // The event is recorded only then, on the previous stream: it also covers what the application
+  // queued there after that op, which delays this stream a little but cannot deadlock (an event
+  // wait only ever refers to work queued before it).
+  if (lastLaunchStream_ != nullptr && lastLaunchStream_ != stream) {
+    MK_CUDA(cudaEventRecord(launchEvent_, lastLaunchStream_), "cudaEventRecord(launch path)");
     MK_CUDA(cudaStreamWaitEvent(stream, launchEvent_, 0), "cudaStreamWaitEvent(launch path)");
+  }
   const CollType c = static_cast<CollType>(d.coll);
   const uint64_t bytes = launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
   ++launchSeq_;
   const uint64_t index = ++launchIssued_[d.coll];
   MK_CHECK(launchCollective(params_, d, launchCtas(bytes, launchCap_), launchSeq_, index, stream));
-  MK_CUDA(cudaEventRecord(launchEvent_, stream), "cudaEventRecord(launch path)");
   lastLaunchStream_ = stream;
   return Result::Success;
 }
 
 Result KernelCommunicator::postSlot(const WorkDesc* descs, int nOps, bool capturing, cudaStream_t stream) {
+  // Event queries and the persistent kernel's launch on the internal stream: calls that a
+  // global-mode capture would otherwise refuse. (The launch path makes none: a kernel launch and
+  // an event wait on the caller's stream are capture-safe.)
+  RelaxedCaptureScope relaxed;
   int ctasNeeded = 0;
   for (int k = 0; k < nOps; ++k) ctasNeeded = std::max(ctasNeeded, descs[k].nCtas);
   int slot = -1;
@@ -625,8 +634,10 @@ Result KernelCommunicator::finalize() {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
-  // The last launch-path op (the caller's stream ran the earlier ones before it).
-  if (lastLaunchStream_ != nullptr) {
+  // The last launch-path op (the caller's stream ran the earlier ones before it), and whatever
+  // the application queued on that stream since.
+  if (lastLaunchStream_ != nullptr &&
+      cudaEventRecord(launchEvent_, lastLaunchStream_) == cudaSuccess) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
     while (cudaEventQuery(launchEvent_) == cudaErrorNotReady) {
       if (ctl_->abortFlag || std::chrono::steady_clock::now() > deadline) break;
@@ -749,6 +760,7 @@ void KernelCommunicator::stats(CollStats* out) const {
     out->forwarded[c] = 0;
   }
   out->kernelLaunches = launches_;
+  out->launchMaxBytes = launchMaxBytes_;
 }
 
 }  // namespace

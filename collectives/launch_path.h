@@ -31,7 +31,7 @@ namespace mkernel {
 namespace coll {
 
 // Inbox bytes below which one more CTA does not pay for its flag.
-constexpr uint64_t kLaunchBytesPerCta = 16 * 1024;
+constexpr uint64_t kLaunchBytesPerCta = 32 * 1024;
 
 // Elements one rank publishes: its whole input (ReduceScatter: n blocks of count).
 MKERNEL_HD inline uint64_t launchPublishElems(CollType c, uint64_t count, int nRanks) {

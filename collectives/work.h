@@ -30,9 +30,9 @@ constexpr int kKernelThreads = 512;  // threads per CTA (half an SM: user kernel
 // The launch path (docs/KERNEL.md, "Small collectives: the launch path"): a short kernel on the
 // caller's stream per small eager collective, one cross-rank flag per CTA, inputs published in a
 // double-buffered inbox of this many bytes per parity.
-constexpr int kLaunchMaxCtas = 16;
+constexpr int kLaunchMaxCtas = 32;
 constexpr int kLaunchThreads = 256;
-constexpr uint64_t kLaunchInboxBytes = 256 * 1024;
+constexpr uint64_t kLaunchInboxBytes = 1024 * 1024;
 
 // Doorbell values. The caller's stream writes Posted and waits until the value is >= Done (only
 // Done is): the same values on every call, so a captured graph replays correctly (DESIGN.md §3).

@@ -4,12 +4,14 @@
 #   bash scripts/launch-check.sh        (repository root; carry .carry: Catch2 and nccl-tests)
 #   1. builds libmkernel.so, test_shim_gpu and test_gpu_collectives (sm_90), and the patched
 #      nccl-tests from .carry/nccl-tests;
-#   2. ctest test_shim_gpu, then test_gpu_hier LC_HIER_REPS times (default 3) with
-#      MKERNEL_TIMEOUT_S=LC_HIER_TIMEOUT (default 60): pass/fail and seconds of each;
-#   3. nccl-tests LC_TESTS (default the five), -b 8 -e LC_MAX_BYTES (1M) -f 4 -c 1 -g <GPUs>:
+#   2. ctest LC_CTEST (default test_shim_gpu), then test_gpu_hier LC_HIER_REPS times (default 3)
+#      with MKERNEL_TIMEOUT_S=LC_HIER_TIMEOUT (default 60): pass/fail and seconds of each;
+#   3. nccl-tests LC_TESTS (default the five), -b 8 -e LC_MAX_BYTES (4M) -f 4 -c 1 -g <GPUs>:
 #      NCCL alone, mkernel (the launch path, the default) and mkernel with
-#      MKERNEL_LAUNCH_MAX_BYTES=0 (everything through the persistent kernel), two tables per test
-#      (scripts/nccl-tests-table.py: time, busbw, ratio, #wrong);
+#      MKERNEL_LAUNCH_MAX_BYTES=0 (everything through the persistent kernel; LC_PERSISTENT=0 skips
+#      it), tables per test (scripts/nccl-tests-table.py: time, busbw, ratio, #wrong);
+#   3b. mkernel-collbench AllReduce, NCCL / launch / memop in one process: one rank up to 32 KiB,
+#      and (2+ GPUs) one rank per GPU up to LC_COLLBENCH_MAX (4194304);
 #   4. (2+ GPUs) scripts/torch_bench.py, 2 processes (process ranks: inboxes through CUDA IPC),
 #      NCCL against mkernel, 8 B to LC_TORCH_MAX_BYTES (1M).
 # NVLink multicast stays off. Logs in build-gpu/logs-launch; tables copied to $OUT.
@@ -34,7 +36,8 @@ catch_args=()
 [ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON "${catch_args[@]}" \
   >"$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
-make -C "$build" -j"${LC_JOBS:-16}" mkernel test_shim_gpu test_gpu_collectives >"$logs/build.log" 2>&1 ||
+make -C "$build" -j"${LC_JOBS:-16}" mkernel mkernel-collbench test_shim_gpu test_gpu_collectives test_gpu_kernel \
+  test_gpu_procs >"$logs/build.log" 2>&1 ||
   { grep -m5 -A5 error "$logs/build.log"; exit 1; }
 NCCL_HOME=$NCCL_HOME bash "$root/scripts/nccl-tests.sh" --build "$build/nccl-tests" --tests "$TESTS" \
   "${NCCL_TESTS_DIR:-$root/.carry/nccl-tests}" >"$logs/nccl-tests-build.log" 2>&1 ||
@@ -42,10 +45,11 @@ NCCL_HOME=$NCCL_HOME bash "$root/scripts/nccl-tests.sh" --build "$build/nccl-tes
 LIB=$build/lib/libmkernel.so
 export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
 
-step "2. test_shim_gpu; test_gpu_hier x ${LC_HIER_REPS:-3}"
-(cd "$build" && MKERNEL_TIMEOUT_S=20 ctest -R '^test_shim_gpu$' --output-on-failure --timeout 200) >"$logs/ctest.log" 2>&1 ||
+CTESTS=${LC_CTEST:-'^test_shim_gpu$'}
+step "2. ctest -R $CTESTS; test_gpu_hier x ${LC_HIER_REPS:-3}"
+(cd "$build" && MKERNEL_TIMEOUT_S=20 ctest -R "$CTESTS" --output-on-failure --timeout 200) >"$logs/ctest.log" 2>&1 ||
   fail=1
-grep -E "Passed|Failed|Timeout|FAILED|with expansion|==|REQUIRE|CHECK" "$logs/ctest.log" | head -40
+grep -E "Passed|Failed|Timeout|FAILED|with expansion|==|REQUIRE|CHECK|launch path up to" "$logs/ctest.log" | head -40
 for i in $(seq 1 "${LC_HIER_REPS:-3}"); do
   t0=$(date +%s%N)
   MKERNEL_TIMEOUT_S=${LC_HIER_TIMEOUT:-60} timeout 200 "$build/tests/gpu/test_gpu_collectives" --order lex "[hier]" \
@@ -56,28 +60,40 @@ for i in $(seq 1 "${LC_HIER_REPS:-3}"); do
 done | tee "$logs/hier.txt"
 save ctest.log hier.txt hier-failed.log
 
-step "3. nccl-tests -b 8 -e ${LC_MAX_BYTES:-1M} -g $NG: NCCL, mkernel (launch path), mkernel (persistent kernel only)"
+step "3. nccl-tests -b 8 -e ${LC_MAX_BYTES:-4M} -g $NG: NCCL, mkernel (launch path), mkernel (persistent kernel only)"
 : >"$logs/tables.txt"
 for t in $TESTS; do
   bin=$build/nccl-tests/$t
   [ -x "$bin" ] || { echo "missing $bin"; fail=1; continue; }
-  args=(-b 8 -e "${LC_MAX_BYTES:-1M}" -f 4 -c 1 -g "$NG")
+  args=(-b 8 -e "${LC_MAX_BYTES:-4M}" -f 4 -c 1 -g "$NG")
   timeout 120 "$bin" "${args[@]}" >"$logs/nccl-$t.txt" 2>&1 || { echo "$t (NCCL) failed"; fail=1; }
   LD_PRELOAD=$LIB timeout 120 "$bin" "${args[@]}" >"$logs/launch-$t.txt" 2>&1 || { echo "$t (launch) failed"; fail=1; }
-  MKERNEL_LAUNCH_MAX_BYTES=0 LD_PRELOAD=$LIB timeout 120 "$bin" "${args[@]}" >"$logs/persistent-$t.txt" 2>&1 ||
-    { echo "$t (persistent) failed"; fail=1; }
   python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t.txt" "$logs/launch-$t.txt" \
     --title "$t, $NG GPU(s): NCCL vs mkernel (launch path, default)" | tee -a "$logs/tables.txt" || fail=1
-  python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t.txt" "$logs/persistent-$t.txt" \
-    --title "$t, $NG GPU(s): NCCL vs mkernel (MKERNEL_LAUNCH_MAX_BYTES=0: persistent kernel only)" >>"$logs/tables.txt" || fail=1
-  grep -h "mkernel" "$logs/launch-$t.txt" | tail -2 >>"$logs/tables.txt"
+  if [ "${LC_PERSISTENT:-1}" = 1 ]; then
+    MKERNEL_LAUNCH_MAX_BYTES=0 LD_PRELOAD=$LIB timeout 120 "$bin" "${args[@]}" >"$logs/persistent-$t.txt" 2>&1 ||
+      { echo "$t (persistent) failed"; tail -5 "$logs/persistent-$t.txt"; fail=1; }
+    python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t.txt" "$logs/persistent-$t.txt" \
+      --title "$t, $NG GPU(s): NCCL vs mkernel (MKERNEL_LAUNCH_MAX_BYTES=0: persistent kernel only)" >>"$logs/tables.txt" || fail=1
+  fi
 done
 save tables.txt
+
+step "3b. mkernel-collbench: NCCL, launch, memop"
+NCCL_LIB=$NCCL_HOME/lib/libnccl.so.2
+timeout 90 "$build/bin/mkernel-collbench" --ranks 1 --max-bytes 32768 --iters 1000 --nccl "$NCCL_LIB" \
+  >"$logs/collbench.txt" 2>>"$logs/collbench.err" || fail=1
+if [ "$NG" -gt 1 ]; then
+  timeout 150 "$build/bin/mkernel-collbench" --gpus "$NG" --ranks "$NG" --max-bytes "${LC_COLLBENCH_MAX:-4194304}" --step 4 \
+    --iters 300 --nccl "$NCCL_LIB" 2>>"$logs/collbench.err" | sed 's/^/multi-gpu: /' >>"$logs/collbench.txt" || fail=1
+fi
+cat "$logs/collbench.txt"
+save collbench.txt
 
 if [ "$NG" -gt 1 ] && [ -x "$PY" ]; then
   step "4. torch_bench: 2 processes on 2 GPUs, NCCL against mkernel, 8 B to ${LC_TORCH_MAX_BYTES:-1M}"
   timeout 200 "$PY" "$root/scripts/torch_bench.py" --lib "$LIB" --ranks 2 --max-bytes "${LC_TORCH_MAX_BYTES:-1M}" \
-    --iters 200 --trials 3 --csv "$logs/torch-bench.csv" 2>&1 | tee "$logs/torch-bench.txt" | tail -30
+    --iters "${LC_TORCH_ITERS:-200}" --trials 3 --csv "$logs/torch-bench.csv" 2>&1 | tee "$logs/torch-bench.txt" | tail -30
   [ "${PIPESTATUS[0]}" = 0 ] || fail=1
   save torch-bench.txt torch-bench.csv
 fi

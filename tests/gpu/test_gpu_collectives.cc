@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -169,12 +170,6 @@ void runSweep(int nRanks, int ranksPerNode = 0) {
   for (const Case& k : cases)
     maxBytes = std::max(maxBytes, k.count * static_cast<size_t>(nRanks) * mkernel::coll::dataTypeSize(k.dtype));
   maxBytes += 256;
-  const char* lm = std::getenv("MKERNEL_LAUNCH_MAX_BYTES");
-  const uint64_t launchMax = ranksPerNode > 0 ? 0 : lm != nullptr ? std::strtoull(lm, nullptr, 10) : 65536;
-  uint64_t expectLaunch = 0;
-  for (const Case& k : cases)
-    if (mkernel::coll::launchPublishElems(k.coll, k.count, nRanks) * mkernel::coll::dataTypeSize(k.dtype) <= launchMax)
-      ++expectLaunch;
   auto failures = mkgpu::runRanks(nRanks, [&](mkgpu::RankCtx& ctx) {
     uint8_t* sendDev = nullptr;
     uint8_t* recvDev = nullptr;
@@ -206,6 +201,20 @@ void runSweep(int nRanks, int ranksPerNode = 0) {
     if (total != cases.size()) ctx.fail("kernel completed " + std::to_string(total) + " collectives, enqueued " + std::to_string(cases.size()));
     // ... and the launch path those it should (collectives/launch_path.h): eager, single node,
     // inputs up to MKERNEL_LAUNCH_MAX_BYTES.
+    // The threshold in effect: MKERNEL_LAUNCH_MAX_BYTES, capped by the CTAs all ranks can hold
+    // (none for emulated nodes).
+    const char* lm = std::getenv("MKERNEL_LAUNCH_MAX_BYTES");
+    const uint64_t asked = lm != nullptr ? std::strtoull(lm, nullptr, 10) : 1048576;
+    if (st.launchMaxBytes > asked)
+      ctx.fail("launch threshold " + std::to_string(st.launchMaxBytes) + " above MKERNEL_LAUNCH_MAX_BYTES " + std::to_string(asked));
+    uint64_t expectLaunch = 0;
+    if (ranksPerNode == 0)
+      for (const Case& k : cases)
+        if (mkernel::coll::launchPublishElems(k.coll, k.count, nRanks) * mkernel::coll::dataTypeSize(k.dtype) <= st.launchMaxBytes)
+          ++expectLaunch;
+    if (ctx.rank == 0)
+      std::printf("%d ranks: launch path up to %llu bytes: %llu of %zu cases\n", nRanks,
+                  static_cast<unsigned long long>(st.launchMaxBytes), static_cast<unsigned long long>(expectLaunch), cases.size());
     uint64_t launched = 0;
     for (uint64_t v : st.launchOps) launched += v;
     if (launched != expectLaunch)
