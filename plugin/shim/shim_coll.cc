@@ -75,12 +75,12 @@ ncclResult_t forwardCall(const Call& c, ncclComm_t realComm, ncclRedOp_t op, cud
 ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
   Result st = checkUsable(comm, call.name);
   if (st == Result::Success && comm->mk) {
-    // A communicator the kernel stopped (dead peer, timeout) reports it, as NCCL's enqueue does.
-    // While `stream` is being captured, no CUDA query (it would be refused and invalidate the
-    // capture: seen on the H200 in session 4): only what the kernels recorded.
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    const bool capturing = cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone;
-    Result async = comm->mk->asyncError(/*queryDevice=*/!capturing);
+    // A communicator the kernel stopped (dead peer, timeout) reports it, as NCCL's enqueue does
+    // (its comm->asyncResult): what the kernels recorded in host memory, no CUDA call. A query
+    // of the kernel's stream costs every collective host time, and while `stream` is being
+    // captured it is refused and invalidates the capture (seen on the H200 in session 4).
+    // ncclCommGetAsyncError still asks the driver too.
+    Result async = comm->mk->asyncError(/*queryDevice=*/false);
     if (async != Result::Success && async != Result::InProgress)
       st = MK_ERROR(async, "%s : rank %d's communicator has an asynchronous error", call.name,
                     comm->rank);

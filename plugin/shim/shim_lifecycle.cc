@@ -206,11 +206,19 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRan
   ShimComm* child = newShimComm();
   *newcomm = child->handle();
   const ncclConfig_t* cfg = config ? config : &p->config;
-  return toNccl(buildChild(
+  const ncclResult_t res = toNccl(buildChild(
       p, child, members, seq, cfg, "ncclCommShrink", [&](ncclComm_t* out, ncclConfig_t* rc) {
         return realNccl(false).ncclCommShrink(p->real, excludeRanksList, excludeRanksCount, out, rc,
                                               shrinkFlags);
       }));
+  if (res != ncclSuccess && res != ncclInProgress && cfg->blocking != 0) {
+    // As NCCL 2.28.9 (seen on the H200, session 4): a blocking shrink that failed hands back no
+    // communicator.
+    child->state.store(CommState::Destroyed);
+    destroyShimComm(child);
+    *newcomm = nullptr;
+  }
+  return res;
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
