@@ -9,6 +9,7 @@
 // kSettleSeconds (never hang), never crash, and after close hold no more descriptors than before.
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -65,8 +66,13 @@ net::RecvComm* acceptFor(net::ListenComm* lc, double seconds) {
 
 int connectPeer(const tcp::WireHandle& h) {
   socklen_t len = h.addr.sa.sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-  int fd = mkernel::fuzz::rawConnect(&h.addr.sa, len, 10000);  // answers come at once; 10 s: a loaded host
-  if (fd < 0) fuzzFail("cannot connect to the TCP listen comm");
+  int err = 0;
+  int fd = mkernel::fuzz::rawConnect(&h.addr.sa, len, 10000, &err);  // answers come at once; 10 s: a loaded host
+  if (fd < 0) {
+    char msg[160];
+    std::snprintf(msg, sizeof(msg), "cannot connect to the TCP listen comm for 15 s (last error: %s)", std::strerror(err));
+    fuzzFail(msg);
+  }
   return fd;
 }
 
