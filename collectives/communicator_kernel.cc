@@ -510,8 +510,16 @@ Result KernelCommunicator::launchOp(const WorkDesc& d, cudaStream_t stream) {
   // queued there after that op, which delays this stream a little but cannot deadlock (an event
   // wait only ever refers to work queued before it).
   if (lastLaunchStream_ != nullptr && lastLaunchStream_ != stream) {
-    MK_CUDA(cudaEventRecord(launchEvent_, lastLaunchStream_), "cudaEventRecord(launch path)");
-    MK_CUDA(cudaStreamWaitEvent(stream, launchEvent_, 0), "cudaStreamWaitEvent(launch path)");
+    if (cudaEventRecord(launchEvent_, lastLaunchStream_) == cudaSuccess) {
+      MK_CUDA(cudaStreamWaitEvent(stream, launchEvent_, 0), "cudaStreamWaitEvent(launch path)");
+    } else {
+      // The application destroyed that stream: nothing can be ordered after it any more (its
+      // work still runs to completion). Clear the error so that the launch below does not read
+      // it as its own.
+      (void)cudaGetLastError();
+      MK_INFO(kLogColl, "rank %d: the stream of the previous launch-path collective is gone; not waiting for it",
+              opts_.rank);
+    }
   }
   const CollType c = static_cast<CollType>(d.coll);
   const uint64_t bytes = launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
@@ -636,8 +644,9 @@ Result KernelCommunicator::finalize() {
   }
   // The last launch-path op (the caller's stream ran the earlier ones before it), and whatever
   // the application queued on that stream since.
-  if (lastLaunchStream_ != nullptr &&
-      cudaEventRecord(launchEvent_, lastLaunchStream_) == cudaSuccess) {
+  if (lastLaunchStream_ != nullptr && cudaEventRecord(launchEvent_, lastLaunchStream_) != cudaSuccess) {
+    (void)cudaGetLastError();  // that stream is gone (its work still completes)
+  } else if (lastLaunchStream_ != nullptr) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
     while (cudaEventQuery(launchEvent_) == cudaErrorNotReady) {
       if (ctl_->abortFlag || std::chrono::steady_clock::now() > deadline) break;
