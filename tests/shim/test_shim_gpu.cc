@@ -56,6 +56,20 @@ Fn realFn(const char* name) {
   return h ? reinterpret_cast<Fn>(dlsym(h, name)) : nullptr;
 }
 
+// A one-rank communicator of the real NCCL, bypassing the shim (pncclCommInitRank): what NCCL
+// itself answers, for the cases where the shim must answer the same.
+ncclComm_t realOneRankComm() {
+  auto getId = realFn<ncclResult_t (*)(ncclUniqueId*)>("pncclGetUniqueId");
+  auto initRank = realFn<ncclResult_t (*)(ncclComm_t*, int, ncclUniqueId, int)>("pncclCommInitRank");
+  REQUIRE(getId != nullptr);
+  REQUIRE(initRank != nullptr);
+  ncclUniqueId id;
+  REQUIRE(getId(&id) == ncclSuccess);
+  ncclComm_t real = nullptr;
+  REQUIRE(initRank(&real, 1, id, 0) == ncclSuccess);
+  return real;
+}
+
 std::vector<float> ramp(size_t n, float scale = 0.5f) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = scale * static_cast<float>(i % 1000) - 7.0f;
@@ -155,15 +169,7 @@ TEST_CASE(
 
   // A comm made by the real NCCL directly: the shim forwards ncclBcast to NCCL's pncclBcast,
   // which calls ncclBroadcast through its PLT -> the shim again, with NCCL's handle -> NCCL.
-  auto getId = realFn<ncclResult_t (*)(ncclUniqueId*)>("pncclGetUniqueId");
-  auto initRank =
-      realFn<ncclResult_t (*)(ncclComm_t*, int, ncclUniqueId, int)>("pncclCommInitRank");
-  REQUIRE(getId != nullptr);
-  REQUIRE(initRank != nullptr);
-  ncclUniqueId id;
-  REQUIRE(getId(&id) == ncclSuccess);
-  ncclComm_t real = nullptr;
-  REQUIRE(initRank(&real, 1, id, 0) == ncclSuccess);
+  ncclComm_t real = realOneRankComm();
   upload(buf, host);
   REQUIRE(ncclBcast(buf.p, n, ncclFloat, 0, real, nullptr) == ncclSuccess);
   // Every NCCL collective's enqueue calls ncclCommGetAsyncError on its comm through the PLT.
@@ -243,20 +249,6 @@ TEST_CASE(
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(download<float>(out, n) == ramp(n));
   CHECK(ncclCommDestroy(comm) == ncclSuccess);
-}
-
-// A one-rank communicator of the real NCCL, bypassing the shim (pncclCommInitRank): what NCCL
-// itself answers, for the cases where the shim must answer the same.
-ncclComm_t realOneRankComm() {
-  auto getId = realFn<ncclResult_t (*)(ncclUniqueId*)>("pncclGetUniqueId");
-  auto initRank = realFn<ncclResult_t (*)(ncclComm_t*, int, ncclUniqueId, int)>("pncclCommInitRank");
-  REQUIRE(getId != nullptr);
-  REQUIRE(initRank != nullptr);
-  ncclUniqueId id;
-  REQUIRE(getId(&id) == ncclSuccess);
-  ncclComm_t real = nullptr;
-  REQUIRE(initRank(&real, 1, id, 0) == ncclSuccess);
-  return real;
 }
 
 TEST_CASE(
@@ -549,19 +541,11 @@ TEST_CASE("gpu: host cost per call, shim vs the real NCCL (printed)") {
   ncclComm_t forwarding = oneRankComm();
   unsetenv("MKERNEL_DISABLE");
   auto forwarded = timeCalls(forwarding, &ncclAllReduce);
-  auto getId = realFn<ncclResult_t (*)(ncclUniqueId*)>("pncclGetUniqueId");
-  auto initRank =
-      realFn<ncclResult_t (*)(ncclComm_t*, int, ncclUniqueId, int)>("pncclCommInitRank");
   auto realAllReduce =
       realFn<ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
                               cudaStream_t)>("pncclAllReduce");
-  REQUIRE(getId != nullptr);
-  REQUIRE(initRank != nullptr);
   REQUIRE(realAllReduce != nullptr);
-  ncclUniqueId id;
-  REQUIRE(getId(&id) == ncclSuccess);
-  ncclComm_t real = nullptr;
-  REQUIRE(initRank(&real, 1, id, 0) == ncclSuccess);
+  ncclComm_t real = realOneRankComm();
   auto nccl = timeCalls(real, realAllReduce);
   WARN("host us/call for an 8-byte AllReduce, 1 rank (enqueue: median of 20 bursts of 48 calls; completion: "
        << iters << " calls back to back): shim->mkernel enqueue " << shim.first << " us (incl. completion "
