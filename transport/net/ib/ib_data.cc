@@ -206,14 +206,17 @@ Result IbNet::isend(SendComm* comm, void* data, size_t size, int tag, void* mhan
   for (; seq < c->sendSeq + kMaxRequests && match < 0; ++seq) {
     slot = int(seq % kMaxRequests);
     entries = c->fifo[slot].e;
-    if (entries[0].seq != seq) break;  // not posted (yet)
+    // One RDMA write carries the whole slot, but its bytes may land in any order: an entry is
+    // trusted only once both copies of its sequence number (at its start and at its end) have
+    // arrived, and the slot only once every entry has. Until then it is "not posted (yet)". On
+    // Soft-RoCE a reader saw seq before nreqs had landed ("corrupt CTS entry", CI, session 4).
+    if (entries[0].seq != seq || entries[0].seqTail != uint32_t(seq)) break;
+    std::atomic_thread_fence(std::memory_order_acquire);
     nreqs = int(entries[0].nreqs);
     if (nreqs < 1 || nreqs > kMaxGroupedRecvs)
       return c->fail(Result::RemoteError, "NET/IB: corrupt CTS entry from " + c->peer);
-    // One RDMA write carries the whole slot, but its bytes may land in any order: every entry's
-    // sequence number must have arrived before any entry is trusted.
     bool whole = true;
-    for (int i = 1; i < nreqs; ++i) whole = whole && entries[i].seq == seq;
+    for (int i = 1; i < nreqs; ++i) whole = whole && entries[i].seq == seq && entries[i].seqTail == uint32_t(seq);
     if (!whole) break;
     std::atomic_thread_fence(std::memory_order_acquire);
     for (int i = 0; i < nreqs && match < 0; ++i)
@@ -350,7 +353,7 @@ Result IbNet::irecv(RecvComm* comm, int n, void** data, const size_t* sizes, con
                     mr && mr->mr ? mr->mr->rkey : 0,
                     tags[i],
                     uint32_t(n),
-                    0};
+                    uint32_t(c->recvSeq)};
     c->sizes[slot * kMaxGroupedRecvs + i] = 0;
   }
   uint32_t bytes = uint32_t(sizeof(CtsEntry) * size_t(n));
