@@ -312,6 +312,16 @@ TEST_CASE("gpu: 1200 mixed collectives back to back, groups, no host sync in bet
   CHECK(failures.empty());
 }
 
+// The path a test meant (launchMax = MKERNEL_LAUNCH_MAX_BYTES, "0" or not): the persistent
+// kernel launched, or not.
+void checkPathTaken(mkgpu::RankCtx& ctx, const char* launchMax) {
+  mkernel::coll::CollStats st;
+  ctx.comm->stats(&st);
+  const bool persistent = std::string(launchMax) == "0";
+  if (persistent != (st.kernelLaunches > 0))
+    ctx.fail("persistent kernel launches: " + std::to_string(st.kernelLaunches) + " with MKERNEL_LAUNCH_MAX_BYTES=" + launchMax);
+}
+
 // launchMax: MKERNEL_LAUNCH_MAX_BYTES, so that the 4 KiB collective below spins in the launch-path
 // kernel ("65536") or in the persistent kernel ("0").
 void deadPeer(const char* launchMax) {
@@ -339,12 +349,7 @@ void deadPeer(const char* launchMax) {
     if (r != Result::RemoteError) ctx.fail("asyncError gave " + std::string(mkernel::resultString(r)));
     if (msg.find("rank 1") == std::string::npos) ctx.fail("message does not name the peer: " + msg);
     if (ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success) ctx.fail("enqueue after failure succeeded");
-    // The path the test meant: the persistent kernel launched (or not).
-    mkernel::coll::CollStats st;
-    ctx.comm->stats(&st);
-    const bool persistent = std::string(launchMax) == "0";
-    if (persistent != (st.kernelLaunches > 0))
-      ctx.fail("persistent kernel launches: " + std::to_string(st.kernelLaunches) + " with MKERNEL_LAUNCH_MAX_BYTES=" + launchMax);
+    checkPathTaken(ctx, launchMax);
     cudaFree(buf);
   });
   for (const auto& f : failures) FAIL_CHECK(f);
@@ -386,11 +391,7 @@ void abortWhileSpinning(const char* launchMax) {
     if (err != cudaSuccess) ctx.fail(std::string("sync after abort: ") + cudaGetErrorString(err));
     if (drainS > 5) ctx.fail("the stream was released " + std::to_string(drainS) + " s after the abort");
     if (ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success) ctx.fail("enqueue after abort succeeded");
-    mkernel::coll::CollStats st;
-    ctx.comm->stats(&st);
-    const bool persistent = std::string(launchMax) == "0";
-    if (persistent != (st.kernelLaunches > 0))
-      ctx.fail("persistent kernel launches: " + std::to_string(st.kernelLaunches) + " with MKERNEL_LAUNCH_MAX_BYTES=" + launchMax);
+    checkPathTaken(ctx, launchMax);
     cudaFree(buf);
   });
   for (const auto& f : failures) FAIL_CHECK(f);
