@@ -87,7 +87,7 @@ ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
   }
   ResolvedOp op;
   if (st == Result::Success) {
-    const CommView view{comm->rank, comm->nRanks, comm->cudaDev, true};
+    const CommView view{comm->rank, comm->nRanks, comm->cudaDev, comm->checkPointers};
     std::lock_guard<std::mutex> lock(comm->opsMutex);
     st = validateCall(call, view, comm->ops, &op);
   }

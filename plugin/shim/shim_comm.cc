@@ -1,5 +1,7 @@
 #include "plugin/shim/shim_comm.h"
 
+#include <cstdlib>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -104,6 +106,8 @@ const char* commStateName(CommState s) {
 
 ShimComm* newShimComm() {
   ShimComm* c = new ShimComm;
+  const char* check = std::getenv("NCCL_CHECK_POINTERS");
+  c->checkPointers = check != nullptr && std::atoi(check) == 1;
   Registry& r = registry();
   std::unique_lock<std::shared_mutex> lock(r.mu);
   r.comms.insert(c);

@@ -67,6 +67,10 @@ struct ShimComm {
   int nNodes = 1;
   bool emulate = false;
   bool blocking = true;
+  // NCCL_CHECK_POINTERS=1 at creation, as NCCL's comm->checkPointers: every collective's buffers
+  // are checked with cudaPointerGetAttributes (two driver calls per collective, so off by
+  // default, as in NCCL).
+  bool checkPointers = false;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;  // the user's, kept for split/shrink inheritance
   std::unique_ptr<bootstrap::Bootstrap> bootstrap;
   ncclComm_t real = nullptr;               // the real NCCL comm beside it (null when emulating)

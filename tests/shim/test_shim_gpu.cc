@@ -424,7 +424,11 @@ TEST_CASE("gpu: a non-blocking communicator completes and says so through ncclCo
 }
 
 TEST_CASE("gpu: arguments are checked on a live comm with NCCL's codes and a message") {
+  // Buffers are checked only with NCCL_CHECK_POINTERS=1 at creation, as in NCCL (off by default:
+  // two driver calls per collective).
+  setenv("NCCL_CHECK_POINTERS", "1", 1);
   ncclComm_t comm = oneRankComm();
+  unsetenv("NCCL_CHECK_POINTERS");
   const size_t n = 16;
   DevBuf in(n * sizeof(float)), out(n * sizeof(float));
   std::vector<float> host(n);
