@@ -633,25 +633,24 @@ Result KernelCommunicator::finalize() {
   std::lock_guard<std::mutex> lock(mu_);
   if (finalized_) return Result::Success;
   const double timeout = static_cast<double>(paramInt("TIMEOUT_S", 300));
-  // Posted work first: every eager slot's event (the caller's streams passed its wait).
-  for (int s = 0; s < kEagerSlots; ++s) {
-    if (!slotUsed_[s]) continue;
+  // Waits (bounded, abort ends it) until the work before `ev` on its stream has completed.
+  auto drain = [&](cudaEvent_t ev) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
-    while (cudaEventQuery(slotEvents_[s]) == cudaErrorNotReady) {
-      if (ctl_->abortFlag || std::chrono::steady_clock::now() > deadline) break;
+    while (cudaEventQuery(ev) == cudaErrorNotReady) {
+      if (ctl_->abortFlag || std::chrono::steady_clock::now() > deadline) return;
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
-  }
+  };
+  // Posted work first: every eager slot's event (the caller's streams passed its wait).
+  for (int s = 0; s < kEagerSlots; ++s)
+    if (slotUsed_[s]) drain(slotEvents_[s]);
   // The last launch-path op (the caller's stream ran the earlier ones before it), and whatever
   // the application queued on that stream since.
-  if (lastLaunchStream_ != nullptr && cudaEventRecord(launchEvent_, lastLaunchStream_) != cudaSuccess) {
-    (void)cudaGetLastError();  // that stream is gone (its work still completes)
-  } else if (lastLaunchStream_ != nullptr) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
-    while (cudaEventQuery(launchEvent_) == cudaErrorNotReady) {
-      if (ctl_->abortFlag || std::chrono::steady_clock::now() > deadline) break;
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+  if (lastLaunchStream_ != nullptr) {
+    if (cudaEventRecord(launchEvent_, lastLaunchStream_) == cudaSuccess)
+      drain(launchEvent_);
+    else
+      (void)cudaGetLastError();  // that stream is gone (its work still completes)
   }
   // Peers may still poll our flags until they have seen our last barrier arrival.
   Result res = aborted_ ? Result::Success : bs_->barrier();
