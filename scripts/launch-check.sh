@@ -4,15 +4,17 @@
 #   bash scripts/launch-check.sh        (repository root; carry .carry: Catch2 and nccl-tests)
 #   1. builds libmkernel.so, test_shim_gpu and test_gpu_collectives (sm_90), and the patched
 #      nccl-tests from .carry/nccl-tests;
+#   1b. (LC_P2PBENCH=1) mkernel-p2pbench: NVLink pull / push / reduce bandwidth of CTA loops and
+#      of the kernel's reduceCopy, both GPUs at once;
 #   2. ctest LC_CTEST (default test_shim_gpu), then test_gpu_hier LC_HIER_REPS times (default 3)
 #      with MKERNEL_TIMEOUT_S=LC_HIER_TIMEOUT (default 60): pass/fail and seconds of each;
-#   3. nccl-tests LC_TESTS (default the five), -b 8 -e LC_MAX_BYTES (4M) -f 4 -c 1 -g <GPUs>:
+#   3. nccl-tests LC_TESTS (default the five), -b LC_MIN_BYTES (8) -e LC_MAX_BYTES (4M) -f 4 -c 1 -g <GPUs>:
 #      NCCL alone, mkernel (the launch path, the default) and mkernel with
 #      MKERNEL_LAUNCH_MAX_BYTES=0 (everything through the persistent kernel; LC_PERSISTENT=0 skips
 #      it), tables per test (scripts/nccl-tests-table.py: time, busbw, ratio, #wrong);
-#   3b. mkernel-collbench AllReduce, NCCL / launch / memop in one process: one rank up to 32 KiB,
+#   3b. (unless LC_COLLBENCH=0) mkernel-collbench AllReduce, NCCL / launch / memop in one process: one rank up to 32 KiB,
 #      and (2+ GPUs) one rank per GPU up to LC_COLLBENCH_MAX (4194304);
-#   4. (2+ GPUs) scripts/torch_bench.py, 2 processes (process ranks: inboxes through CUDA IPC),
+#   4. (2+ GPUs, unless LC_TORCH=0) scripts/torch_bench.py, 2 processes (process ranks: inboxes through CUDA IPC),
 #      NCCL against mkernel, 8 B to LC_TORCH_MAX_BYTES (1M).
 # NVLink multicast stays off. Logs in build-gpu/logs-launch; tables copied to $OUT.
 set -u -o pipefail
@@ -36,7 +38,7 @@ catch_args=()
 [ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON "${catch_args[@]}" \
   >"$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
-make -C "$build" -j"${LC_JOBS:-16}" mkernel mkernel-collbench test_shim_gpu test_gpu_collectives test_gpu_kernel \
+make -C "$build" -j"${LC_JOBS:-16}" mkernel mkernel-collbench mkernel-p2pbench test_shim_gpu test_gpu_collectives test_gpu_kernel \
   test_gpu_procs >"$logs/build.log" 2>&1 ||
   { grep -m5 -A5 error "$logs/build.log"; exit 1; }
 NCCL_HOME=$NCCL_HOME bash "$root/scripts/nccl-tests.sh" --build "$build/nccl-tests" --tests "$TESTS" \
@@ -44,6 +46,13 @@ NCCL_HOME=$NCCL_HOME bash "$root/scripts/nccl-tests.sh" --build "$build/nccl-tes
   { tail -20 "$logs/nccl-tests-build.log"; exit 1; }
 LIB=$build/lib/libmkernel.so
 export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
+
+if [ "${LC_P2PBENCH:-0}" = 1 ]; then
+  step "1b. mkernel-p2pbench"
+  timeout 120 "$build/bin/mkernel-p2pbench" >"$logs/p2pbench.txt" 2>&1 || fail=1
+  cat "$logs/p2pbench.txt"
+  save p2pbench.txt
+fi
 
 CTESTS=${LC_CTEST:-'^test_shim_gpu$'}
 step "2. ctest -R $CTESTS; test_gpu_hier x ${LC_HIER_REPS:-3}"
@@ -56,16 +65,16 @@ for i in $(seq 1 "${LC_HIER_REPS:-3}"); do
     >"$logs/hier-$i.log" 2>&1
   rc=$?
   echo "test_gpu_hier run $i: rc=$rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms"
-  [ "$rc" = 0 ] || { fail=1; grep -E "timed out|FAILED|differs" "$logs/hier-$i.log" | head -8; cp "$logs/hier-$i.log" "$logs/hier-failed.log"; }
+  [ "$rc" = 0 ] || { fail=1; grep -E "timed out|FAILED|differs|no byte moved|proxy:" "$logs/hier-$i.log" | cut -c1-1500 | head -12; cp "$logs/hier-$i.log" "$logs/hier-failed.log"; }
 done | tee "$logs/hier.txt"
 save ctest.log hier.txt hier-failed.log
 
-step "3. nccl-tests -b 8 -e ${LC_MAX_BYTES:-4M} -g $NG: NCCL, mkernel (launch path), mkernel (persistent kernel only)"
+step "3. nccl-tests -b ${LC_MIN_BYTES:-8} -e ${LC_MAX_BYTES:-4M} -g $NG: NCCL, mkernel (launch path), mkernel (persistent kernel only)"
 : >"$logs/tables.txt"
 for t in $TESTS; do
   bin=$build/nccl-tests/$t
   [ -x "$bin" ] || { echo "missing $bin"; fail=1; continue; }
-  args=(-b 8 -e "${LC_MAX_BYTES:-4M}" -f 4 -c 1 -g "$NG")
+  args=(-b "${LC_MIN_BYTES:-8}" -e "${LC_MAX_BYTES:-4M}" -f 4 -c 1 -g "$NG")
   timeout 120 "$bin" "${args[@]}" >"$logs/nccl-$t.txt" 2>&1 || { echo "$t (NCCL) failed"; fail=1; }
   LD_PRELOAD=$LIB timeout 120 "$bin" "${args[@]}" >"$logs/launch-$t.txt" 2>&1 || { echo "$t (launch) failed"; fail=1; }
   python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t.txt" "$logs/launch-$t.txt" \
@@ -79,6 +88,7 @@ for t in $TESTS; do
 done
 save tables.txt
 
+if [ "${LC_COLLBENCH:-1}" = 1 ]; then
 step "3b. mkernel-collbench: NCCL, launch, memop"
 NCCL_LIB=$NCCL_HOME/lib/libnccl.so.2
 timeout 90 "$build/bin/mkernel-collbench" --ranks 1 --max-bytes 32768 --iters 1000 --nccl "$NCCL_LIB" \
@@ -89,8 +99,9 @@ if [ "$NG" -gt 1 ]; then
 fi
 cat "$logs/collbench.txt"
 save collbench.txt
+fi
 
-if [ "$NG" -gt 1 ] && [ -x "$PY" ]; then
+if [ "$NG" -gt 1 ] && [ -x "$PY" ] && [ "${LC_TORCH:-1}" = 1 ]; then
   step "4. torch_bench: 2 processes on 2 GPUs, NCCL against mkernel, 8 B to ${LC_TORCH_MAX_BYTES:-1M}"
   timeout 200 "$PY" "$root/scripts/torch_bench.py" --lib "$LIB" --ranks 2 --max-bytes "${LC_TORCH_MAX_BYTES:-1M}" \
     --iters "${LC_TORCH_ITERS:-200}" --trials 3 --csv "$logs/torch-bench.csv" 2>&1 | tee "$logs/torch-bench.txt" | tail -30

@@ -4,6 +4,8 @@
 
 #include <cstring>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "common/result.h"
 #include "tests/transport/net_suite.h"
@@ -49,6 +51,39 @@ TEST_CASE("tcp net: striping variants move every byte") {
     mkernel::nettest::checkSizes(tcpNet, SendOrder::kBeforeReceive);
     mkernel::nettest::checkManyInFlightAndBackPressure(tcpNet);
   }
+}
+
+// A stall names what it waits for (docs/RELIABILITY.md: the hierarchical path's proxy stall): a
+// message whose tag no posted receive has is read, kept, and reported with the posted tags.
+TEST_CASE("tcp net: a stalled receive describes its posted tags, the unmatched header and its sockets") {
+  ScopedEnv timeout("MKERNEL_TIMEOUT_S", "1");
+  mkernel::nettest::CommPair pair;
+  mkernel::nettest::connectPair(tcpNet, &pair);
+  std::vector<char> out(1011, 3), in(1024, 0);
+  net::Request* s = nullptr;
+  REQUIRE(pair.net->isend(pair.send, out.data(), out.size(), /*tag=*/5, nullptr, &s) == Result::Success);
+  REQUIRE(s != nullptr);
+  void* d[1] = {in.data()};
+  size_t sz[1] = {in.size()};
+  int tags[1] = {7};
+  net::Request* r = nullptr;
+  REQUIRE(pair.net->irecv(pair.recv, 1, d, sz, tags, nullptr, &r) == Result::Success);
+  REQUIRE(r != nullptr);
+  bool sDone = false, rDone = false;
+  size_t got[1];
+  // The send completes: its bytes are in the receiver's socket.
+  REQUIRE(mkernel::nettest::waitRequest(*pair.net, s, got, 5.0, &sDone) == Result::Success);
+  REQUIRE(sDone);
+  Result res = mkernel::nettest::waitRequest(*pair.net, r, got, 5.0, &rDone);
+  const std::string msg = mkernel::lastError();
+  INFO(msg);
+  CHECK_FALSE(rDone);
+  CHECK(res == Result::RemoteError);
+  CHECK(msg.find("no byte moved") != std::string::npos);
+  CHECK(msg.find("1 receive(s) in flight [tag 7 <=1024 B]") != std::string::npos);
+  CHECK(msg.find("a header for tag 5 (1011 B) was read and no posted receive has that tag") != std::string::npos);
+  // The payload behind the header waits in the kernel.
+  CHECK(msg.find("socket 0: 0 B to read, kernel unread 1011 B") != std::string::npos);
 }
 
 TEST_CASE("tcp net: a handle with a wrong nonce is refused at the handshake") {

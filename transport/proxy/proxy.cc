@@ -154,6 +154,28 @@ void Proxy::fail(const std::string& what) {
   __atomic_store_n(&flags_->failed, 1u, __ATOMIC_RELEASE);
 }
 
+std::string Proxy::queueState(int peer) const {
+  const size_t i = static_cast<size_t>(peer);
+  std::string out = std::to_string(taken_.load(std::memory_order_relaxed)) + " commands taken, " +
+                    std::to_string(done_.load(std::memory_order_relaxed)) + " transfers done";
+  for (int dir = 0; dir < 2; ++dir) {
+    const std::deque<Pending>& q = dir == 0 ? sends_[i] : recvs_[i];
+    out += dir == 0 ? "; sends to rank " : "; receives from rank ";
+    out += std::to_string(peer) + ":";
+    if (q.empty()) out += " none";
+    int shown = 0;
+    for (const Pending& p : q) {
+      if (shown++ == 4) {
+        out += " ...";
+        break;
+      }
+      out += " [command " + std::to_string(p.cmd.seq - 1) + ", tag " + std::to_string(p.cmd.tag) + ", " +
+             std::to_string(p.cmd.bytes) + " B, " + (p.request != nullptr ? "posted" : "not posted") + "]";
+    }
+  }
+  return out;
+}
+
 bool Proxy::mhandleFor(const ProxyCmd& c, void** mh) {
   const uintptr_t a = static_cast<uintptr_t>(c.addr);
   for (const Region& reg : regions_) {
@@ -235,7 +257,8 @@ bool Proxy::progressPeer(int peer) {
       Result r = net_->test(p.request, &done, &size);
       if (r != Result::Success) {
         fail("rank " + std::to_string(rank_) + ": proxy: " + opName(p.cmd.op) + " of " + std::to_string(p.cmd.bytes) +
-             " bytes (tag " + std::to_string(p.cmd.tag) + ") with rank " + std::to_string(peer) + " failed: " + lastError());
+             " bytes (tag " + std::to_string(p.cmd.tag) + ") with rank " + std::to_string(peer) + " failed: " + lastError() +
+             " [proxy: " + queueState(peer) + "]");
         return false;
       }
       if (!done) break;

@@ -78,6 +78,7 @@ class Proxy {
   bool progressPeer(int peer);         // posts and tests that peer's queues; false on error
   bool mhandleFor(const ProxyCmd& c, void** mh);
   void fail(const std::string& what);  // records the first error, raises the flags
+  std::string queueState(int peer) const;  // the pending transfers with a peer, for errors
   void closeAll();
 
   net::Net* net_;

@@ -1,6 +1,8 @@
 // Data path of the TCP backend: moving message bytes between user buffers and sockets, matching
 // headers to grouped receives, and failure bookkeeping.
+#include <linux/sockios.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -8,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string>
 
 #include "common/log.h"
 #include "transport/net/tcp/tcp_net.h"
@@ -289,6 +292,50 @@ void TcpComm::progressRecvLocked() {
       }
     }
   }
+}
+
+std::string TcpComm::describeLocked() const {
+  std::string out = std::to_string(inflight.size()) + (isSender ? " send(s)" : " receive(s)") + " in flight";
+  int shown = 0;
+  for (const TcpRequest* r : inflight) {
+    if (shown++ == 4) {
+      out += " ...";
+      break;
+    }
+    if (r->isSend) {
+      out += " [tag " + std::to_string(r->header.tag) + ", " + std::to_string(r->header.size) + " B, " +
+             std::to_string(r->bytesLeft) + " B unsent]";
+      continue;
+    }
+    out += " [";
+    for (int i = 0; i < r->n; ++i)
+      out += (i ? ", tag " : "tag ") + std::to_string(r->slots[i].tag) + (r->slots[i].matched ? " matched" : "") +
+             " <=" + std::to_string(r->slots[i].posted) + " B";
+    out += "]";
+  }
+  if (!isSender) {
+    if (headerReady) {
+      out += "; a header for tag " + std::to_string(pendingHeader.tag) + " (" + std::to_string(pendingHeader.size) +
+             " B) was read and no posted receive has that tag";
+    } else if (headerGot > 0) {
+      out += "; " + std::to_string(headerGot) + " of " + std::to_string(sizeof(MsgHeader)) + " header bytes read";
+    } else {
+      out += "; no header pending";
+    }
+  }
+  for (size_t i = 0; i < socks.size(); ++i) {
+    const DataSocket& s = socks[i];
+    size_t queued = 0;
+    for (const Segment& seg : s.queue) queued += seg.len;
+    int kernelBytes = -1;
+    if (s.fd >= 0 && ioctl(s.fd, isSender ? SIOCOUTQ : SIOCINQ, &kernelBytes) != 0) kernelBytes = -1;
+    out += "; socket " + std::to_string(i) + ": " + std::to_string(queued) + " B to " + (isSender ? "write" : "read") +
+           ", kernel " + (isSender ? "unacknowledged " : "unread ") +
+           (kernelBytes < 0 ? std::string("?") : std::to_string(kernelBytes)) + " B, " +
+           (isSender ? (s.writable ? "writable" : "not writable") : (s.readable ? "readable" : "not readable")) +
+           (s.peerClosed ? ", peer closed" : "");
+  }
+  return out;
 }
 
 }  // namespace tcp

@@ -207,7 +207,7 @@ Result TcpNet::test(Request* request, bool* done, size_t* sizes) {
     c->fail(Result::RemoteError, "no byte moved to or from peer " + c->peer + " for " +
                                      std::to_string(static_cast<int>(idle)) + " s while waiting for a " +
                                      what + " (MKERNEL_TIMEOUT_S=" +
-                                     std::to_string(static_cast<int>(c->timeoutS)) + ")");
+                                     std::to_string(static_cast<int>(c->timeoutS)) + "); " + c->describeLocked());
     return MK_ERROR(c->failure, "TCP net: %s", c->failureMsg.c_str());
   }
   return Result::Success;

@@ -179,6 +179,11 @@ struct TcpComm : EventTarget {
   void touch() { lastActivity = Clock::now(); }
   TcpRequest* allocRequestLocked();
   void freeRequestLocked(TcpRequest* req);
+  // What a stalled comm is waiting for, for the stall error: the requests in flight (tags and
+  // sizes), a receive header read but matched to no posted receive, and per socket the bytes
+  // queued here, the bytes the kernel holds (unread, or sent but not acknowledged) and the
+  // edge-triggered flags.
+  std::string describeLocked() const;
 
   const bool isSender;
   const std::string peer;  // "addr:port" of the other side, for error messages
