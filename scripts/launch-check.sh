@@ -59,14 +59,16 @@ step "2. ctest -R $CTESTS; test_gpu_hier x ${LC_HIER_REPS:-3}"
 (cd "$build" && MKERNEL_TIMEOUT_S=20 ctest -R "$CTESTS" --output-on-failure --timeout 200) >"$logs/ctest.log" 2>&1 ||
   fail=1
 grep -E "Passed|Failed|Timeout|FAILED|with expansion|==|REQUIRE|CHECK|launch path up to" "$logs/ctest.log" | head -40
+: >"$logs/hier-failed.log"
 for i in $(seq 1 "${LC_HIER_REPS:-3}"); do
   t0=$(date +%s%N)
   MKERNEL_TIMEOUT_S=${LC_HIER_TIMEOUT:-60} timeout 200 "$build/tests/gpu/test_gpu_collectives" --order lex "[hier]" \
     >"$logs/hier-$i.log" 2>&1
   rc=$?
   echo "test_gpu_hier run $i: rc=$rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms"
-  [ "$rc" = 0 ] || { fail=1; grep -E "timed out|FAILED|differs|no byte moved|proxy:" "$logs/hier-$i.log" | cut -c1-1500 | head -12; cp "$logs/hier-$i.log" "$logs/hier-failed.log"; }
+  [ "$rc" = 0 ] || { fail=1; grep -E "timed out|FAILED|differs|no byte moved|proxy:" "$logs/hier-$i.log" | cut -c1-1500 | head -12; cat "$logs/hier-$i.log" >>"$logs/hier-failed.log"; }
 done | tee "$logs/hier.txt"
+grep -q "rc=[1-9]" "$logs/hier.txt" && fail=1  # the loop ran in a pipeline's subshell
 save ctest.log hier.txt hier-failed.log
 
 step "3. nccl-tests -b ${LC_MIN_BYTES:-8} -e ${LC_MAX_BYTES:-4M} -g $NG: NCCL, mkernel (launch path), mkernel (persistent kernel only)"

@@ -168,11 +168,21 @@ __device__ __noinline__ void reduceCopy(const CopyPlan& plan, Reducer<T, FAMILY>
     const uint64_t nVec = count / kElems;
     const uint64_t stride = uint64_t(blockDim.x) * kUnroll;
     for (uint64_t v0 = threadIdx.x; v0 < nVec; v0 += stride) {
-      uint4 acc[kUnroll];
+      // Loads of the next source are issued before the current one is combined, so that a
+      // remote source's NVLink round trip overlaps the local one's instead of following it
+      // (the first two sources' loads leave back to back).
+      uint4 acc[kUnroll], in[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         uint64_t v = v0 + uint64_t(u) * blockDim.x;
         if (v < nVec) acc[u] = __ldcg(reinterpret_cast<const uint4*>(plan.src[0]) + v);
+      }
+      if (nSrc > 1) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          uint64_t v = v0 + uint64_t(u) * blockDim.x;
+          if (v < nVec) in[u] = __ldcg(reinterpret_cast<const uint4*>(plan.src[1]) + v);
+        }
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -181,11 +191,13 @@ __device__ __noinline__ void reduceCopy(const CopyPlan& plan, Reducer<T, FAMILY>
         for (int e = 0; e < kElems; ++e) a[e] = red.pre(a[e]);
       }
       for (int s = 1; s < nSrc; ++s) {
-        uint4 in[kUnroll];
+        uint4 next[kUnroll];
+        if (s + 1 < nSrc) {
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          uint64_t v = v0 + uint64_t(u) * blockDim.x;
-          if (v < nVec) in[u] = __ldcg(reinterpret_cast<const uint4*>(plan.src[s]) + v);
+          for (int u = 0; u < kUnroll; ++u) {
+            uint64_t v = v0 + uint64_t(u) * blockDim.x;
+            if (v < nVec) next[u] = __ldcg(reinterpret_cast<const uint4*>(plan.src[s + 1]) + v);
+          }
         }
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
@@ -193,6 +205,7 @@ __device__ __noinline__ void reduceCopy(const CopyPlan& plan, Reducer<T, FAMILY>
           const T* b = reinterpret_cast<const T*>(&in[u]);
 #pragma unroll
           for (int e = 0; e < kElems; ++e) a[e] = red.combine(a[e], red.pre(b[e]));
+          if (s + 1 < nSrc) in[u] = next[u];
         }
       }
 #pragma unroll

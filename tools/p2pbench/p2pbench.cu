@@ -8,7 +8,9 @@
 //   rs-pull    dst <- src + peer's src      (ReduceScatter on 2 ranks, direct)
 //   ar-pull    dst, peer's inbox <- src + peer's src  (two-shot AllReduce on 2 ranks, direct)
 //   rs-real / ar-real: the same two through the kernel's own reduceCopy (collectives/device/
-//              reduce.cuh), so the hand-written loops above are its yardstick.
+//              reduce.cuh), so the hand-written loops above are its yardstick;
+//   rs-real-rf / ar-real-rf: with the peer's source first, as on rank 1 (sources go in rank
+//              order, so one rank of two always reads the remote one first).
 //
 // The hand-written loops issue every load of an iteration (U 16-byte vectors per source and
 // thread) before any arithmetic. Each CTA moves a contiguous share, threads striding inside it,
@@ -121,6 +123,7 @@ struct Pattern {
   int mode;     // kCopy / kReduce, or -1: the real reduceCopy
   bool pushDst;  // stores go to the peer (push) rather than to dst
   bool alsoPeer;  // ar-*: the result also goes to the peer's inbox
+  bool remoteFirst;  // *-rf: the peer's source is source 0
 };
 
 void launch(const Pattern& pt, int unroll, int ctas, int threads, Gpu& g, Gpu& peer, size_t bytes) {
@@ -130,6 +133,7 @@ void launch(const Pattern& pt, int unroll, int ctas, int threads, Gpu& g, Gpu& p
   char* d0 = pt.pushDst ? peer.inbox : g.dst;
   char* d1 = pt.alsoPeer ? peer.inbox : nullptr;
   if (pt.mode < 0) {
+    if (pt.remoteFirst) std::swap(a, b);
     realKernel<<<ctas, threads, 0, g.stream>>>(a, b, d0, d1, bytes / 4);
     return;
   }
@@ -205,12 +209,13 @@ int main(int argc, char** argv) {
               nGpu == 2 ? " (peer access, both GPUs at once)" : " (no peer: local patterns only)", bytes >> 20, threads,
               iters);
   const Pattern patterns[] = {
-      {"local", false, kCopy, false, false},  {"pull", true, kCopy, false, false},
-      {"push", true, kCopy, true, false},     {"rs-pull", true, kReduce, false, false},
-      {"ar-pull", true, kReduce, false, true}, {"rs-real", true, -1, false, false},
-      {"ar-real", true, -1, false, true},      {"local-real", false, -1, false, false},
+      {"local", false, kCopy, false, false, false},    {"pull", true, kCopy, false, false, false},
+      {"push", true, kCopy, true, false, false},       {"rs-pull", true, kReduce, false, false, false},
+      {"ar-pull", true, kReduce, false, true, false},  {"rs-real", true, -1, false, false, false},
+      {"rs-real-rf", true, -1, false, false, true},    {"ar-real", true, -1, false, true, false},
+      {"ar-real-rf", true, -1, false, true, true},     {"local-real", false, -1, false, false, false},
   };
-  std::printf("%-11s %6s %6s %12s %12s\n", "pattern", "ctas", "unroll", "GPU0 GB/s", "GPU1 GB/s");
+  std::printf("%-12s %6s %6s %12s %12s\n", "pattern", "ctas", "unroll", "GPU0 GB/s", "GPU1 GB/s");
   for (const Pattern& pt : patterns) {
     if (pt.remote && nGpu < 2) continue;
     for (int unroll : {4, 8}) {
@@ -244,7 +249,7 @@ int main(int argc, char** argv) {
         }
         char second[32] = "-";
         if (nGpu == 2) std::snprintf(second, sizeof(second), "%.1f", gbs[1]);
-        std::printf("%-11s %6d %6s %12.1f %12s\n", pt.name, ctas, pt.mode < 0 ? "real" : std::to_string(unroll).c_str(),
+        std::printf("%-12s %6d %6s %12.1f %12s\n", pt.name, ctas, pt.mode < 0 ? "real" : std::to_string(unroll).c_str(),
                     gbs[0], second);
         std::fflush(stdout);
       }
