@@ -92,7 +92,7 @@ for spec in ${BW_HIER:-default:3 gate:3}; do
   esac
   for i in $(seq 1 "$runs"); do
     t0=$(date +%s%N)
-    env "${env[@]}" MKERNEL_TIMEOUT_S=${BW_HIER_TIMEOUT:-8} timeout 120 "$build/tests/gpu/test_gpu_collectives" --order lex "[hier]" \
+    env "${env[@]}" MKERNEL_TIMEOUT_S=${BW_HIER_TIMEOUT:-8} timeout 90 "$build/tests/gpu/test_gpu_collectives" --order lex "[hier]" \
       >"$logs/hier-$mode-$i.log" 2>&1
     rc=$?
     echo "test_gpu_hier $mode (${env[*]:-defaults}) run $i: rc=$rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms"
