@@ -38,6 +38,7 @@ struct CollStats {
   uint64_t forwarded[kNumCollTypes] = {};   // handed to the real NCCL (counted by the shim)
   uint64_t kernelLaunches = 0;              // persistent-kernel (re)launches
   uint64_t launchMaxBytes = 0;              // the launch path's threshold in effect (0: off)
+  bool launchDirect = false;                // ... and above it, eager ops of thread ranks (direct mode)
 };
 
 class Communicator {

@@ -51,6 +51,7 @@ const char* waitKindName(uint32_t what) {
     case kWaitPeerChunk: return "to stage its next chunk";
     case kWaitProxy: return "the proxy's inter-node transfers";
     case kWaitLaunchPeer: return "to publish its inputs (launch path)";
+    case kWaitLaunchPeerEnd: return "to finish the collective (launch path, direct)";
   }
   return "?";
 }
@@ -110,10 +111,13 @@ class KernelCommunicator final : public Communicator {
 
  private:
   Result fillDesc(const CollArgs& a, WorkDesc* d) const;
-  bool onLaunchPath(const WorkDesc& d, bool capturing) const;
+  // How an op runs: the doorbell (persistent kernel), the launch path through the inbox, or the
+  // launch path's direct mode (thread ranks, above the inbox threshold).
+  enum class Path { kDoorbell, kLaunchInbox, kLaunchDirect };
+  Path pathOf(const WorkDesc& d, bool capturing) const;
   bool oneRankCopy(const CollArgs& a) const;
   Result copyOneRank(const CollArgs& a, cudaStream_t stream);
-  Result launchOp(const WorkDesc& d, cudaStream_t stream);
+  Result launchOp(const WorkDesc& d, bool direct, cudaStream_t stream);
   Result postSlot(const WorkDesc* descs, int nOps, bool capturing, cudaStream_t stream);
   Result agreeLaunchCap(int smsLeft);
   Result setupProxy();
@@ -159,6 +163,7 @@ class KernelCommunicator final : public Communicator {
   // The launch path (launch_path.h): eager collectives publishing at most launchMaxBytes_.
   uint64_t launchMaxBytes_ = 0;
   int launchCap_ = 1;                  // CTAs per launch-path op, agreed by all ranks
+  bool launchDirect_ = false;          // MKERNEL_LAUNCH_DIRECT and thread ranks: larger ops too
   uint64_t launchSeq_ = 0;             // launch-path ops issued (the epoch of the next one - 1)
   uint64_t launchIssued_[8] = {};      // ... by CollType (the index the kernel reports)
   cudaEvent_t launchEvent_ = nullptr;  // recorded after the last launch-path op
@@ -263,6 +268,10 @@ Result KernelCommunicator::init() {
   params_.nRanks = opts_.nRanks;
   params_.nCtas = peers.nCtas;
   MK_CHECK(agreeLaunchCap(smsLeft));
+  // Direct mode needs every peer's user buffers addressable: thread ranks of one process (not
+  // staged), one node. The same on every rank (staged is agreed, nNodes is the layout).
+  launchDirect_ = paramInt("LAUNCH_DIRECT", 1) != 0 && launchMaxBytes_ > 0 && !peers.staged && !hier &&
+                  opts_.nRanks > 1;
   MK_INFO(kLogInit, "rank %d: persistent kernel ready: %d CTAs x %d threads, GPU %d (%d SMs, %d ranks on it)%s",
           opts_.rank, params_.nCtas, kKernelThreads, opts_.cudaDev, sms, peers.ranksOnMyDevice,
           peers.staged ? ", staged (process ranks)" : "");
@@ -448,16 +457,17 @@ Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stre
     if (ops[i].count == 0) continue;  // NCCL: a no-op (the count is the same on every rank)
     WorkDesc d;
     MK_CHECK(fillDesc(ops[i], &d));
-    if (onLaunchPath(d, capturing) && oneRankCopy(ops[i])) {
+    const Path path = pathOf(d, capturing);
+    if (path != Path::kDoorbell && oneRankCopy(ops[i])) {
       if (nOps > 0) MK_CHECK(postSlot(descs, nOps, capturing, stream));
       nOps = 0;
       MK_CHECK(copyOneRank(ops[i], stream));
       continue;
     }
-    if (onLaunchPath(d, capturing)) {
+    if (path != Path::kDoorbell) {
       if (nOps > 0) MK_CHECK(postSlot(descs, nOps, capturing, stream));
       nOps = 0;
-      MK_CHECK(launchOp(d, stream));
+      MK_CHECK(launchOp(d, path == Path::kLaunchDirect, stream));
       continue;
     }
     descs[nOps++] = d;
@@ -471,13 +481,15 @@ Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stre
   return Result::Success;
 }
 
-bool KernelCommunicator::onLaunchPath(const WorkDesc& d, bool capturing) const {
+KernelCommunicator::Path KernelCommunicator::pathOf(const WorkDesc& d, bool capturing) const {
   // Captured ops replay without the host: they take the doorbell (a replayable protocol). So do
   // emulated nodes (the hierarchy through the proxies).
-  if (capturing || launchMaxBytes_ == 0 || params_.nNodes > 1) return false;
+  if (capturing || launchMaxBytes_ == 0 || params_.nNodes > 1) return Path::kDoorbell;
   const CollType c = static_cast<CollType>(d.coll);
   const uint64_t bytes = launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
-  return bytes <= launchMaxBytes_;
+  // One rank: a copy (or PreMulSum's kernel) at any size; nothing to exchange.
+  if (bytes <= launchMaxBytes_ || opts_.nRanks == 1) return Path::kLaunchInbox;
+  return launchDirect_ ? Path::kLaunchDirect : Path::kDoorbell;
 }
 
 // One rank, eager, launch-path size: every collective but PreMulSum is a copy (Avg divides by 1;
@@ -503,7 +515,7 @@ Result KernelCommunicator::copyOneRank(const CollArgs& a, cudaStream_t stream) {
   return Result::Success;
 }
 
-Result KernelCommunicator::launchOp(const WorkDesc& d, cudaStream_t stream) {
+Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, cudaStream_t stream) {
   // One launch-path op at a time per communicator (launch_path.h): a change of stream waits for
   // the previous op.
   // The event is recorded only then, on the previous stream: it also covers what the application
@@ -521,11 +533,23 @@ Result KernelCommunicator::launchOp(const WorkDesc& d, cudaStream_t stream) {
               opts_.rank);
     }
   }
+  WorkDesc d = desc;
   const CollType c = static_cast<CollType>(d.coll);
   const uint64_t bytes = launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
+  int ctas = launchCtas(bytes, launchCap_);
+  if (direct) {
+    // The persistent kernel's split (fillDesc: kBytesPerCta of each rank's share per CTA), capped
+    // by the CTAs all ranks on a GPU can hold at once. AllReduce: TwoShot, whose in-place use is
+    // safe (each part is read and written by its owner only).
+    const uint64_t perRank = bytes / static_cast<uint64_t>(opts_.nRanks);
+    ctas = static_cast<int>(std::min<uint64_t>(std::max<uint64_t>((perRank + kBytesPerCta - 1) / kBytesPerCta, 1),
+                                               static_cast<uint64_t>(launchCap_)));
+    d.nCtas = ctas;
+    if (c == CollType::AllReduce) d.algo = static_cast<int32_t>(Algo::TwoShot);
+  }
   ++launchSeq_;
   const uint64_t index = ++launchIssued_[d.coll];
-  MK_CHECK(launchCollective(params_, d, launchCtas(bytes, launchCap_), launchSeq_, index, stream));
+  MK_CHECK(launchCollective(params_, d, ctas, launchSeq_, index, direct, stream));
   lastLaunchStream_ = stream;
   return Result::Success;
 }
@@ -578,7 +602,8 @@ Result KernelCommunicator::kernelError() const {
     const uint32_t what = *reinterpret_cast<const volatile uint32_t*>(&e.what);
     if (what == kWaitNone) continue;
     const char* coll = e.coll >= 0 && e.coll < kNumCollTypes ? collName(static_cast<CollType>(e.coll)) : "-";
-    if (what == kWaitPeerStart || what == kWaitPeerEnd || what == kWaitPeerChunk || what == kWaitLaunchPeer)
+    if (what == kWaitPeerStart || what == kWaitPeerEnd || what == kWaitPeerChunk || what == kWaitLaunchPeer ||
+        what == kWaitLaunchPeerEnd)
       return MK_ERROR(Result::RemoteError,
                       "rank %d (CTA %d): timed out after %llu s waiting for rank %d %s in %s (epoch %llu)",
                       e.rank, e.cta, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull), e.peer,
@@ -769,6 +794,7 @@ void KernelCommunicator::stats(CollStats* out) const {
   }
   out->kernelLaunches = launches_;
   out->launchMaxBytes = launchMaxBytes_;
+  out->launchDirect = launchDirect_;
 }
 
 }  // namespace

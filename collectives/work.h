@@ -114,6 +114,10 @@ struct alignas(128) DeviceState {
   // The launch path: CTA c of the launch kernel of launch-path op e stores e here once its part
   // of the inputs is in launchInbox[e & 1]; peers' CTA c poll it (launch_path.h).
   CtaFlag launchArrive[kLaunchMaxCtas];
+  // Direct launch-path ops (thread ranks, above the inbox threshold): CTA c's buffers, published
+  // before its launchArrive, and its end-of-op flag (peers read our buffers until they store it).
+  CtaMailbox launchMailbox[kLaunchMaxCtas];
+  CtaFlag launchEnd[kLaunchMaxCtas];
   alignas(128) char launchInbox[2][kLaunchInboxBytes];
 };
 
@@ -128,6 +132,7 @@ enum WaitKind : uint32_t {
   kWaitPeerChunk = 6,  // staged (process ranks): the peer has not staged a later chunk
   kWaitProxy = 7,      // hierarchical: the proxy did not complete this rank's inter-node transfers
   kWaitLaunchPeer = 8, // launch path: the peer has not published its inputs of this collective
+  kWaitLaunchPeerEnd = 9,  // direct launch path: the peer has not finished reading our buffers
 };
 
 // Per-group timestamps of CTA 0 (ns, %globaltimer), recorded when MKERNEL_KERNEL_TRACE=1 into a

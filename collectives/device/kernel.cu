@@ -601,8 +601,55 @@ __device__ void launchMove(SharedState& sh, const WorkDesc& d, bool reduce, cons
   __syncthreads();
 }
 
+// Direct mode (thread ranks: every rank's buffers are addressable): CTA c publishes its op's
+// buffers in launchMailbox[c] before storing launchArrive[c] = e, then runs the persistent
+// kernel's direct algorithm (planCollective) over the peers' buffers, and stores launchEnd[c] = e
+// and waits for every peer's launchEnd[c] >= e: until then peers may still read our input or write
+// our output. The mailbox of op e is overwritten only at a later op, which starts after this
+// rank's op e passed the end flags, i.e. after every peer's CTA c finished op e.
+__device__ bool launchDirect(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta, uint64_t epoch) {
+  const int n = p.nRanks, r = p.rank;
+  if (threadIdx.x == 0) {
+    CtaMailbox* mb = &p.self->launchMailbox[cta];
+    mb->src = d.sendbuff;
+    mb->dst = d.recvbuff;
+    __threadfence_system();
+    storeRelease(&p.self->launchArrive[cta].epoch, epoch);
+  }
+  const int peer = static_cast<int>(threadIdx.x);
+  bool ok = true;
+  if (peer < n && peer != r) ok = waitGeq(p, &sh.peers[peer]->launchArrive[cta].epoch, epoch, cta, peer, kWaitLaunchPeer, d.coll);
+  if (!__syncthreads_and(ok)) return false;
+  if (peer < n) {
+    const CtaMailbox* mb = &sh.peers[peer]->launchMailbox[cta];
+    sh.peerSrc[peer] = __ldcg(&mb->src);
+    sh.peerDst[peer] = __ldcg(&mb->dst);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) sh.stop = planCollective(p, sh, d, cta) ? 0 : 1;
+  __syncthreads();
+  const CollType coll = static_cast<CollType>(d.coll);
+  if (!sh.stop) {
+    if (coll == CollType::Broadcast || coll == CollType::AllGather) {
+      if (threadIdx.x == 0) sh.plan.count *= elemSize(d.dtype);  // copyBytes counts bytes
+      __syncthreads();
+      copyBytes(sh.plan);
+    } else {
+      reduceDispatch(sh.plan, d);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();  // our remote stores (TwoShot, Broadcast, Reduce) before the flag
+    storeRelease(&p.self->launchEnd[cta].epoch, epoch);
+  }
+  ok = true;
+  if (peer < n && peer != r) ok = waitGeq(p, &sh.peers[peer]->launchEnd[cta].epoch, epoch, cta, peer, kWaitLaunchPeerEnd, d.coll);
+  return __syncthreads_and(ok) != 0;
+}
+
 __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(KernelParams p, WorkDesc d, uint64_t epoch,
-                                                                  uint64_t opIndex) {
+                                                                  uint64_t opIndex, int direct) {
   __shared__ SharedState sh;
   const int cta = blockIdx.x;
   const int n = p.nRanks, r = p.rank;
@@ -617,7 +664,9 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(KernelParams p
   const char* send = reinterpret_cast<const char*>(d.sendbuff);
   char* recv = reinterpret_cast<char*>(d.recvbuff);
   const char* srcs[kMaxRanks];
-  if (n == 1) {
+  if (direct && n > 1) {
+    if (!launchDirect(p, sh, d, cta, epoch)) return;
+  } else if (n == 1) {
     // Nothing to wait for: the op's own copy or reduction (pre/post ops included) in place.
     srcs[0] = send + lp.part.offset * esz;
     launchMove(sh, d, reduce, srcs, 1, recv + lp.part.offset * esz, lp.part.count, esz);
@@ -741,8 +790,8 @@ Result launchPersistentKernel(const KernelParams& p, cudaStream_t stream) {
 }
 
 Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uint64_t epoch, uint64_t opIndex,
-                        cudaStream_t stream) {
-  dev::launchKernel<<<nCtas, kLaunchThreads, 0, stream>>>(p, d, epoch, opIndex);
+                        bool direct, cudaStream_t stream) {
+  dev::launchKernel<<<nCtas, kLaunchThreads, 0, stream>>>(p, d, epoch, opIndex, direct ? 1 : 0);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching the launch-path kernel (%d CTAs) failed: %s",

@@ -61,8 +61,11 @@ Result persistentKernelLocalBytes(size_t* out);
 // The launch path (collectives/launch_path.h): launches the small-collective kernel for `d` with
 // nCtas CTAs on the caller's stream; `epoch` is the communicator's launch-path op counter (the
 // same on every rank), `opIndex` what the kernel reports in HostControl::launchDone[d.coll].
+// `direct`: thread ranks only, any size: the CTAs exchange buffer addresses instead of data and
+// run the direct algorithm between the user buffers (d.nCtas == nCtas; AllReduce TwoShot), with
+// a second flag at the end (peers read our buffers until then).
 Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uint64_t epoch, uint64_t opIndex,
-                        cudaStream_t stream);
+                        bool direct, cudaStream_t stream);
 
 // Largest number of CTAs of the launch-path kernel one SM can hold (occupancy query).
 Result launchKernelCtasPerSm(int* out);

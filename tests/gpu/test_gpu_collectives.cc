@@ -207,14 +207,23 @@ void runSweep(int nRanks, int ranksPerNode = 0) {
     const uint64_t asked = lm != nullptr ? std::strtoull(lm, nullptr, 10) : 1048576;
     if (st.launchMaxBytes > asked)
       ctx.fail("launch threshold " + std::to_string(st.launchMaxBytes) + " above MKERNEL_LAUNCH_MAX_BYTES " + std::to_string(asked));
+    // Above it, thread ranks take the launch path's direct mode unless MKERNEL_LAUNCH_DIRECT=0
+    // (these ranks are threads: direct mode is on exactly when the threshold is).
+    const char* ld = std::getenv("MKERNEL_LAUNCH_DIRECT");
+    const bool wantDirect = ranksPerNode == 0 && st.launchMaxBytes > 0 && (ld == nullptr || std::atoi(ld) != 0);
+    if (st.launchDirect != wantDirect)
+      ctx.fail(std::string("launch path direct mode ") + (st.launchDirect ? "on" : "off") + ", want " +
+               (wantDirect ? "on" : "off"));
     uint64_t expectLaunch = 0;
     if (ranksPerNode == 0)
       for (const Case& k : cases)
-        if (mkernel::coll::launchPublishElems(k.coll, k.count, nRanks) * mkernel::coll::dataTypeSize(k.dtype) <= st.launchMaxBytes)
+        if (st.launchDirect ||
+            mkernel::coll::launchPublishElems(k.coll, k.count, nRanks) * mkernel::coll::dataTypeSize(k.dtype) <= st.launchMaxBytes)
           ++expectLaunch;
     if (ctx.rank == 0)
-      std::printf("%d ranks: launch path up to %llu bytes: %llu of %zu cases\n", nRanks,
-                  static_cast<unsigned long long>(st.launchMaxBytes), static_cast<unsigned long long>(expectLaunch), cases.size());
+      std::printf("%d ranks: launch path up to %llu bytes%s: %llu of %zu cases\n", nRanks,
+                  static_cast<unsigned long long>(st.launchMaxBytes), st.launchDirect ? " (direct mode above)" : "",
+                  static_cast<unsigned long long>(expectLaunch), cases.size());
     uint64_t launched = 0;
     for (uint64_t v : st.launchOps) launched += v;
     if (launched != expectLaunch)

@@ -43,8 +43,8 @@ struct Options {
   size_t step = 8;
   int iters = 1000;
   int graphOps = 16;  // collectives per captured graph (each uses one of the 192 graph slots)
-  // Paths to compare: launch (the default: small eager collectives in a launched kernel, the
-  // rest through the doorbell, sizes up to MKERNEL_LAUNCH_MAX_BYTES only), memop (everything
+  // Paths to compare: launch (the default: eager collectives in a launched kernel, through the
+  // inbox up to MKERNEL_LAUNCH_MAX_BYTES and in direct mode above), memop (everything
   // through the persistent kernel, stream-memop doorbell), kernel (the same with the gate kernel).
   std::vector<std::string> waits{"launch", "memop"};
   std::string mode;  // the one being run
@@ -528,7 +528,10 @@ int main(int argc, char** argv) {
       setenv("MKERNEL_STREAM_WAIT", "memop", 1);
       if (saved.launchMax.empty()) unsetenv("MKERNEL_LAUNCH_MAX_BYTES");
       else setenv("MKERNEL_LAUNCH_MAX_BYTES", saved.launchMax.c_str(), 1);
-      o.maxBytes = std::min<size_t>(o.maxBytes, static_cast<size_t>(mkernel::paramInt("LAUNCH_MAX_BYTES", 65536)));
+      // Thread ranks: above the inbox threshold the launch path's direct mode takes every size,
+      // unless MKERNEL_LAUNCH_DIRECT=0.
+      if (mkernel::paramInt("LAUNCH_DIRECT", 1) == 0)
+        o.maxBytes = std::min<size_t>(o.maxBytes, static_cast<size_t>(mkernel::paramInt("LAUNCH_MAX_BYTES", 1048576)));
       if (o.maxBytes < o.minBytes) continue;
     } else if (w == "memop" || w == "kernel") {
       setenv("MKERNEL_STREAM_WAIT", w.c_str(), 1);
