@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issue 7's emulation runs: the patched nccl-tests with several thread ranks on ONE GPU
+# (`-g 1 -t N`, MKERNEL_EMULATE=1, LD_PRELOAD=libmkernel.so), data check on (`-c 1`).
+#   bash scripts/emulated-nccl-tests.sh [BUILD]     (BUILD: a build dir holding lib/libmkernel.so
+#   and nccl-tests/*_perf, as scripts/launch-check.sh leaves it; default build-gpu)
+# EMU_THREADS (default "2 4 8"), EMU_TESTS (the five), EMU_ARGS (default "-b 8 -e 64M -f 8"),
+# EMU_TIMEOUT per run (default 40 s; MKERNEL_TIMEOUT_S=10). One line per run: rc, nccl-tests'
+# "Out of bounds values" verdict, the sizes whose path column is not `mk`, and the average bus
+# bandwidth; the logs of each -t go to $OUT/emulated-t<N>.txt when $OUT is set.
+set -u -o pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build-gpu}
+NCCL_HOME=${NCCL_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl}
+export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0 MKERNEL_EMULATE=1 MKERNEL_TIMEOUT_S=${MKERNEL_TIMEOUT_S:-10} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+fail=0
+for t in ${EMU_THREADS:-2 4 8}; do
+  log=${OUT:-/tmp}/emulated-t$t.txt
+  : >"$log"
+  for x in ${EMU_TESTS:-all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf}; do
+    out=$(LD_PRELOAD=$build/lib/libmkernel.so timeout "${EMU_TIMEOUT:-40}" "$build/nccl-tests/$x" ${EMU_ARGS:--b 8 -e 64M -f 8} \
+      -g 1 -t "$t" -c 1 2>&1)
+    rc=$?
+    printf '%s\n' "== $x -t $t (rc=$rc)" "$out" >>"$log"
+    verdict=$(printf '%s\n' "$out" | grep -m1 "Out of bounds values" | sed 's/^# *//')
+    # Data rows: the path column (the patch's last field) must read mk on every size.
+    notmk=$(printf '%s\n' "$out" | awk '/^ +[0-9]+ +[0-9]+ /{ if ($1 != 0 && $NF != "mk") printf "%s ", $1 }')
+    avg=$(printf '%s\n' "$out" | grep -m1 "Avg bus bandwidth" | sed 's/^# *//')
+    echo "-t $t $x: rc=$rc; ${verdict:-no verdict}; path not mk at: ${notmk:-none}; ${avg:-no average}"
+    { [ "$rc" = 0 ] && [[ "$verdict" == *": 0 OK"* ]] && [ -z "$notmk" ]; } || fail=1
+  done
+done
+echo "emulated-nccl-tests: fail=$fail"
+exit "$fail"
