@@ -603,11 +603,17 @@ Result KernelCommunicator::kernelError() const {
     if (what == kWaitNone) continue;
     const char* coll = e.coll >= 0 && e.coll < kNumCollTypes ? collName(static_cast<CollType>(e.coll)) : "-";
     if (what == kWaitPeerStart || what == kWaitPeerEnd || what == kWaitPeerChunk || what == kWaitLaunchPeer ||
-        what == kWaitLaunchPeerEnd)
+        what == kWaitLaunchPeerEnd) {
+      // The peer's flag as the wait last read it (ErrorRecord keeps its low 32 bits): one behind
+      // means the peer never reached this point; further behind, it is stuck earlier.
+      const uint32_t behind = static_cast<uint32_t>(e.epoch) - e.observed;
       return MK_ERROR(Result::RemoteError,
-                      "rank %d (CTA %d): timed out after %llu s waiting for rank %d %s in %s (epoch %llu)",
+                      "rank %d (CTA %d): timed out after %llu s waiting for rank %d %s in %s (epoch %llu; rank %d's "
+                      "flag read %llu, %u behind)",
                       e.rank, e.cta, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull), e.peer,
-                      waitKindName(what), coll, static_cast<unsigned long long>(e.epoch));
+                      waitKindName(what), coll, static_cast<unsigned long long>(e.epoch), e.peer,
+                      static_cast<unsigned long long>(e.epoch - behind), behind);
+    }
     return MK_ERROR(Result::InternalError, "rank %d (CTA %d): timed out after %llu s waiting for %s",
                     e.rank, e.cta, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull), waitKindName(what));
   }

@@ -154,13 +154,14 @@ struct KernelTraceRecord {
 constexpr int kTraceDepth = 4096;
 
 struct alignas(16) ErrorRecord {
-  uint32_t what;    // WaitKind; 0 = no error
+  uint32_t what;      // WaitKind; 0 = no error
   int32_t rank;
   int32_t peer;
   int32_t cta;
   int32_t coll;
-  uint32_t reserved;
-  uint64_t epoch;
+  uint32_t observed;  // low 32 bits of what the awaited word read when the wait gave up (a peer's
+                      // flag: the last barrier or launch-path op it reached)
+  uint64_t epoch;     // the value waited for
 };
 static_assert(sizeof(ErrorRecord) == 32, "ErrorRecord layout");
 

@@ -55,12 +55,13 @@ __device__ inline bool hostStopRequested(const KernelParams& p) {
 }
 
 __device__ inline void recordError(const KernelParams& p, int cta, int peer, WaitKind what,
-                                   int coll, uint64_t epoch) {
+                                   int coll, uint64_t epoch, uint64_t observed = 0) {
   volatile ErrorRecord* e = &p.ctl->errors[cta];
   e->rank = p.rank;
   e->peer = peer;
   e->cta = cta;
   e->coll = coll;
+  e->observed = static_cast<uint32_t>(observed);
   e->epoch = epoch;
   __threadfence_system();
   e->what = what;
@@ -84,7 +85,7 @@ __device__ inline bool waitGeq(const KernelParams& p, const uint64_t* addr, uint
       if (start == 0) {
         start = now;
       } else if (now - start > p.timeoutNs) {
-        recordError(p, cta, peer, what, coll, target);
+        recordError(p, cta, peer, what, coll, target, loadAcquire(addr));
         return false;
       }
       if (iter > (1u << 16)) __nanosleep(500);  // long waits: stop hammering the peer's line

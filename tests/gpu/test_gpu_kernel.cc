@@ -348,6 +348,9 @@ void deadPeer(const char* launchMax) {
     std::string msg = mkernel::lastError();
     if (r != Result::RemoteError) ctx.fail("asyncError gave " + std::string(mkernel::resultString(r)));
     if (msg.find("rank 1") == std::string::npos) ctx.fail("message does not name the peer: " + msg);
+    // ... and says how far behind it is: it never reached its first barrier / launch-path op.
+    if (msg.find("rank 1's flag read 0, 1 behind") == std::string::npos)
+      ctx.fail("message does not say where the peer is: " + msg);
     if (ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success) ctx.fail("enqueue after failure succeeded");
     checkPathTaken(ctx, launchMax);
     cudaFree(buf);
