@@ -10,7 +10,8 @@
 #      algorithm), tables by scripts/nccl-tests-table.py;
 #   5. test_gpu_hier (4 thread ranks as 2 emulated nodes on GPU 0) under each of BW_HIER
 #      (default "default:3 gate:3"; NAME:RUNS, NAME one of default, gate = MKERNEL_STREAM_WAIT=kernel,
-#      conn1 = CUDA_DEVICE_MAX_CONNECTIONS=1, conn8 = 8, resident = MKERNEL_IDLE_EXIT_US=10000000),
+#      conn1 = CUDA_DEVICE_MAX_CONNECTIONS=1, conn8 = 8, resident = MKERNEL_IDLE_EXIT_US=10000000,
+#      eager = CUDA_MODULE_LOADING=EAGER, eager32 = that and 32 hardware queues),
 #      MKERNEL_TIMEOUT_S=BW_HIER_TIMEOUT (8): pass/fail, seconds, and the first error lines;
 #   6. (2+ GPUs, BW_TORCH_MAX set, e.g. 64M) scripts/torch_bench.py, 2 processes, NCCL against
 #      mkernel, 8 B to BW_TORCH_MAX.
@@ -88,6 +89,8 @@ for spec in ${BW_HIER:-default:3 gate:3}; do
     conn1) env=(CUDA_DEVICE_MAX_CONNECTIONS=1) ;;
     conn8) env=(CUDA_DEVICE_MAX_CONNECTIONS=8) ;;
     resident) env=(MKERNEL_IDLE_EXIT_US=10000000) ;;
+    eager) env=(CUDA_MODULE_LOADING=EAGER) ;;
+    eager32) env=(CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32) ;;
     *) echo "unknown BW_HIER mode $mode"; fail=1; continue ;;
   esac
   for i in $(seq 1 "$runs"); do

@@ -4,6 +4,7 @@
 #   bash scripts/emulated-nccl-tests.sh [BUILD]     (BUILD: a build dir holding lib/libmkernel.so
 #   and nccl-tests/*_perf, as scripts/launch-check.sh leaves it; default build-gpu)
 # EMU_THREADS (default "2 4 8"), EMU_TESTS (the five), EMU_ARGS (default "-b 8 -e 64M -f 8"),
+# EMU_MODULE_LOADING (default EAGER),
 # EMU_TIMEOUT per run (default 40 s; MKERNEL_TIMEOUT_S=10). One line per run: rc, nccl-tests'
 # "Out of bounds values" verdict, the sizes whose path column is not `mk`, and the average bus
 # bandwidth; the logs of each -t go to $OUT/emulated-t<N>.txt when $OUT is set.
@@ -13,6 +14,12 @@ build=${1:-$root/build-gpu}
 NCCL_HOME=${NCCL_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl}
 export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0 MKERNEL_EMULATE=1 MKERNEL_TIMEOUT_S=${MKERNEL_TIMEOUT_S:-10} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+# Ranks sharing a GPU in one process wait for each other inside their kernels, so nothing may
+# wait for the whole device meanwhile (docs/KERNEL.md, "Emulated ranks as threads"): the third
+# nccl-tests patch replaces nccl-tests' cudaDeviceSynchronize calls, eager module loading keeps
+# the first launch of one of nccl-tests' kernels from waiting for the running ones, and 32
+# hardware queues keep streams apart. EMU_MODULE_LOADING=LAZY gives CUDA's default back.
+export CUDA_MODULE_LOADING=${EMU_MODULE_LOADING:-EAGER} CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
 fail=0
 for t in ${EMU_THREADS:-2 4 8}; do
   log=${OUT:-/tmp}/emulated-t$t.txt
