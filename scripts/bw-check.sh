@@ -17,30 +17,17 @@
 #      mkernel, 8 B to BW_TORCH_MAX.
 # NVLink multicast stays off. Logs in build-gpu/logs-bw; at most eight files copied to $OUT.
 set -u -o pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-root=$(cd "$(dirname "$0")/.." && pwd)
-build=${BW_BUILD:-$root/build-gpu}
+build=${BW_BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}
 logs=$build/logs-bw
-mkdir -p "$logs"
-NCCL_HOME=${NCCL_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl}
+# shellcheck source=scripts/gpu-common.sh
+. "$(dirname "$0")/gpu-common.sh"
 PY=${BW_PYTHON:-/opt/torch/.venv/bin/python}
 TESTS=${BW_TESTS:-"all_reduce_perf reduce_scatter_perf all_gather_perf"}
-NG=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-[ "$NG" -ge 1 ] || { echo "bw-check: no GPU"; exit 1; }
-step() { echo "== $* ($(date +%T))"; }
-save() { [ -n "${OUT:-}" ] && for f in "$@"; do [ -f "$logs/$f" ] && cp "$logs/$f" "$OUT/"; done; return 0; }
 fail=0
 
 step "1. build ($NG GPU(s))"
-catch_args=()
-[ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON "${catch_args[@]}" \
-  >"$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
-make -C "$build" -j"${BW_JOBS:-16}" mkernel mkernel-p2pbench test_gpu_collectives >"$logs/build.log" 2>&1 ||
-  { grep -m5 -A5 error "$logs/build.log"; exit 1; }
-NCCL_HOME=$NCCL_HOME bash "$root/scripts/nccl-tests.sh" --build "$build/nccl-tests" --tests "$TESTS" \
-  "${NCCL_TESTS_DIR:-$root/.carry/nccl-tests}" >"$logs/nccl-tests-build.log" 2>&1 ||
-  { tail -20 "$logs/nccl-tests-build.log"; exit 1; }
+gpu_build "${BW_JOBS:-16}" mkernel mkernel-p2pbench test_gpu_collectives
+gpu_build_nccl_tests "$TESTS"
 LIB=$build/lib/libmkernel.so
 export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
 
@@ -60,22 +47,9 @@ if [ -n "$CTESTS" ]; then
 fi
 
 step "4. nccl-tests -b ${BW_MIN:-1M} -e ${BW_MAX:-1G} -g $NG: NCCL, mkernel${BW_STAGED:+, mkernel staged}"
-: >"$logs/tables.txt"
-for t in $TESTS; do
-  bin=$build/nccl-tests/$t
-  [ -x "$bin" ] || { echo "missing $bin"; fail=1; continue; }
-  args=(-b "${BW_MIN:-1M}" -e "${BW_MAX:-1G}" -f 4 -c 1 -g "$NG")
-  timeout 150 "$bin" "${args[@]}" >"$logs/nccl-$t.txt" 2>&1 || { echo "$t (NCCL) failed"; fail=1; }
-  LD_PRELOAD=$LIB timeout 150 "$bin" "${args[@]}" >"$logs/mk-$t.txt" 2>&1 || { echo "$t (mkernel) failed"; fail=1; }
-  python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t.txt" "$logs/mk-$t.txt" \
-    --title "$t, $NG GPU(s): NCCL vs mkernel" | tee -a "$logs/tables.txt" || fail=1
-  if [ "${BW_STAGED:-0}" = 1 ]; then
-    MKERNEL_STAGED=1 LD_PRELOAD=$LIB timeout 150 "$bin" "${args[@]}" >"$logs/staged-$t.txt" 2>&1 ||
-      { echo "$t (staged) failed"; tail -5 "$logs/staged-$t.txt"; fail=1; }
-    python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t.txt" "$logs/staged-$t.txt" \
-      --title "$t, $NG GPU(s): NCCL vs mkernel MKERNEL_STAGED=1 (the process-rank algorithm)" | tee -a "$logs/tables.txt" || fail=1
-  fi
-done
+variants=("mk|default|")
+[ "${BW_STAGED:-0}" = 1 ] && variants+=("staged|MKERNEL_STAGED=1: the process-rank algorithm|MKERNEL_STAGED=1")
+nccl_tests_vs "$TESTS" "${BW_MIN:-1M}" "${BW_MAX:-1G}" 150 "${variants[@]}" || fail=1
 save tables.txt
 
 step "5. test_gpu_hier: ${BW_HIER:-default:3 gate:3}"

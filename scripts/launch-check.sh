@@ -18,32 +18,19 @@
 #      NCCL against mkernel, 8 B to LC_TORCH_MAX_BYTES (1M).
 # NVLink multicast stays off. Logs in build-gpu/logs-launch; tables copied to $OUT.
 set -u -o pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
-root=$(cd "$(dirname "$0")/.." && pwd)
-build=${LC_BUILD:-$root/build-gpu}
+build=${LC_BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}
 logs=$build/logs-launch
-mkdir -p "$logs"
-NCCL_HOME=${NCCL_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl}
+# shellcheck source=scripts/gpu-common.sh
+. "$(dirname "$0")/gpu-common.sh"
 PY=${LC_PYTHON:-/opt/torch/.venv/bin/python}
 TESTS=${LC_TESTS:-"all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf"}
-NG=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-[ "$NG" -ge 1 ] || { echo "launch-check: no GPU"; exit 1; }
-step() { echo "== $* ($(date +%T))"; }
-save() { [ -n "${OUT:-}" ] && for f in "$@"; do [ -f "$logs/$f" ] && cp "$logs/$f" "$OUT/"; done; return 0; }
 fail=0
 
 step "1. build ($NG GPU(s))"
-catch_args=()
-[ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON "${catch_args[@]}" \
-  >"$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
-make -C "$build" -j"${LC_JOBS:-16}" mkernel mkernel-collbench mkernel-p2pbench test_shim_gpu test_gpu_collectives test_gpu_kernel \
-  test_gpu_procs >"$logs/build.log" 2>&1 ||
-  { grep -m5 -A5 error "$logs/build.log"; exit 1; }
-NCCL_HOME=$NCCL_HOME bash "$root/scripts/nccl-tests.sh" --build "$build/nccl-tests" --tests "$TESTS" \
-  "${NCCL_TESTS_DIR:-$root/.carry/nccl-tests}" >"$logs/nccl-tests-build.log" 2>&1 ||
-  { tail -20 "$logs/nccl-tests-build.log"; exit 1; }
+gpu_build "${LC_JOBS:-16}" mkernel mkernel-collbench mkernel-p2pbench test_shim_gpu test_gpu_collectives test_gpu_kernel \
+  test_gpu_procs
+gpu_build_nccl_tests "$TESTS"
 LIB=$build/lib/libmkernel.so
 export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
 
@@ -72,22 +59,10 @@ grep -q "rc=[1-9]" "$logs/hier.txt" && fail=1  # the loop ran in a pipeline's su
 save ctest.log hier.txt hier-failed.log
 
 step "3. nccl-tests -b ${LC_MIN_BYTES:-8} -e ${LC_MAX_BYTES:-4M} -g $NG: NCCL, mkernel (launch path), mkernel (persistent kernel only)"
-: >"$logs/tables.txt"
-for t in $TESTS; do
-  bin=$build/nccl-tests/$t
-  [ -x "$bin" ] || { echo "missing $bin"; fail=1; continue; }
-  args=(-b "${LC_MIN_BYTES:-8}" -e "${LC_MAX_BYTES:-4M}" -f 4 -c 1 -g "$NG")
-  timeout 120 "$bin" "${args[@]}" >"$logs/nccl-$t.txt" 2>&1 || { echo "$t (NCCL) failed"; fail=1; }
-  LD_PRELOAD=$LIB timeout 120 "$bin" "${args[@]}" >"$logs/launch-$t.txt" 2>&1 || { echo "$t (launch) failed"; fail=1; }
-  python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t.txt" "$logs/launch-$t.txt" \
-    --title "$t, $NG GPU(s): NCCL vs mkernel (launch path, default)" | tee -a "$logs/tables.txt" || fail=1
-  if [ "${LC_PERSISTENT:-1}" = 1 ]; then
-    MKERNEL_LAUNCH_MAX_BYTES=0 LD_PRELOAD=$LIB timeout 120 "$bin" "${args[@]}" >"$logs/persistent-$t.txt" 2>&1 ||
-      { echo "$t (persistent) failed"; tail -5 "$logs/persistent-$t.txt"; fail=1; }
-    python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t.txt" "$logs/persistent-$t.txt" \
-      --title "$t, $NG GPU(s): NCCL vs mkernel (MKERNEL_LAUNCH_MAX_BYTES=0: persistent kernel only)" >>"$logs/tables.txt" || fail=1
-  fi
-done
+variants=("launch|launch path, default|")
+[ "${LC_PERSISTENT:-1}" = 1 ] &&
+  variants+=("persistent|MKERNEL_LAUNCH_MAX_BYTES=0: persistent kernel only|MKERNEL_LAUNCH_MAX_BYTES=0")
+nccl_tests_vs "$TESTS" "${LC_MIN_BYTES:-8}" "${LC_MAX_BYTES:-4M}" 120 "${variants[@]}" || fail=1
 save tables.txt
 
 if [ "${LC_COLLBENCH:-1}" = 1 ]; then

@@ -17,34 +17,22 @@
 # With one GPU every step runs with one rank (a dry run of the script; NCCL refuses two ranks on
 # one GPU). Logs: build-gpu/logs-multi; the summary and tables are copied to $OUT when set.
 set -u -o pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-root=$(cd "$(dirname "$0")/.." && pwd)
-build=${MG_BUILD:-$root/build-gpu}
+build=${MG_BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}
 logs=$build/logs-multi
-mkdir -p "$logs"
-NCCL_HOME=${NCCL_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl}
+# shellcheck source=scripts/gpu-common.sh
+. "$(dirname "$0")/gpu-common.sh"
 PY=${MG_PYTHON:-/opt/torch/.venv/bin/python}
 MAX=${MG_MAX_BYTES:-8G}
 TESTS=${MG_TESTS:-"all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf"}
-NG=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-[ "$NG" -ge 1 ] || { echo "multigpu-check: no GPU"; exit 1; }
-step() { echo "== $* ($(date +%T))"; }
 fail=0
 
 step "build (mkernel, $NG GPU(s))"
-catch_args=()
-[ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON "${catch_args[@]}" \
-  >"$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
-make -C "$build" -j"${MG_JOBS:-16}" mkernel mkernel-collbench >"$logs/build.log" 2>&1 ||
-  { grep -m5 -A5 error "$logs/build.log"; exit 1; }
+gpu_build "${MG_JOBS:-16}" mkernel mkernel-collbench
 LIB=$build/lib/libmkernel.so
 NETLIB=$build/lib/libnccl-net-mkernel.so
 
 step "nccl-tests (patched) against $NCCL_HOME"
-TESTS_SRC=${NCCL_TESTS_DIR:-$root/.carry/nccl-tests}
-NCCL_HOME=$NCCL_HOME bash "$root/scripts/nccl-tests.sh" --build "$build/nccl-tests" --tests "$TESTS" \
-  "$TESTS_SRC" >"$logs/nccl-tests-build.log" 2>&1 || { tail -20 "$logs/nccl-tests-build.log"; exit 1; }
+gpu_build_nccl_tests "$TESTS"
 export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
 
 step "run 1: nccl-tests, NCCL alone against LD_PRELOAD=libmkernel.so (-g $NG)"

@@ -1,0 +1,56 @@
+# Shared by the device-call scripts (launch-check.sh, bw-check.sh, multigpu-check.sh): the GPU
+# machine's settings, progress lines, copying results to $OUT, and the sm_90 build.
+# Source it after setting `build` and `logs`; it sets root, NCCL_HOME and NG (GPUs), and exits
+# when there is no GPU.
+# shellcheck shell=bash
+# NVLink multicast stays off on every machine (it can take a shared host's GPUs down).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+NCCL_HOME=${NCCL_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl}
+mkdir -p "$logs"
+NG=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+[ "$NG" -ge 1 ] || { echo "$(basename "$0"): no GPU"; exit 1; }
+step() { echo "== $* ($(date +%T))"; }
+# save FILE...: copies these files of $logs to $OUT (the device tool brings back at most eight).
+save() { [ -n "${OUT:-}" ] && for f in "$@"; do [ -f "$logs/$f" ] && cp "$logs/$f" "$OUT/"; done; return 0; }
+# gpu_build JOBS TARGET...: configures $build (Release, device code, Catch2 from .carry when it is
+# there) and builds the targets; logs in $logs; exits on failure.
+gpu_build() {
+  local jobs=$1 catch_args=()
+  shift
+  [ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON "${catch_args[@]}" \
+    >"$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
+  make -C "$build" -j"$jobs" "$@" >"$logs/build.log" 2>&1 || { grep -m5 -A5 error "$logs/build.log"; exit 1; }
+}
+# gpu_build_nccl_tests "TESTS": the patched nccl-tests (scripts/nccl-tests.sh) into $build/nccl-tests.
+gpu_build_nccl_tests() {
+  NCCL_HOME=$NCCL_HOME bash "$root/scripts/nccl-tests.sh" --build "$build/nccl-tests" --tests "$1" \
+    "${NCCL_TESTS_DIR:-$root/.carry/nccl-tests}" >"$logs/nccl-tests-build.log" 2>&1 ||
+    { tail -20 "$logs/nccl-tests-build.log"; exit 1; }
+}
+# nccl_tests_vs "TESTS" MIN MAX LIMIT VARIANT...: each nccl-tests binary of TESTS (built by
+# gpu_build_nccl_tests) with -b MIN -e MAX -f 4 -c 1 -g $NG, NCCL alone, then under
+# LD_PRELOAD=$LIB once per VARIANT ("name|title|VAR=value ..."): one table per variant
+# (scripts/nccl-tests-table.py: time, busbw, speedup, #wrong, path) printed and appended to
+# $logs/tables.txt. LIMIT: seconds per run. Non-zero if any run or table failed.
+nccl_tests_vs() {
+  local tests=$1 min=$2 max=$3 limit=$4 t bin v name title envs rc=0
+  shift 4
+  : >"$logs/tables.txt"
+  for t in $tests; do
+    bin=$build/nccl-tests/$t
+    [ -x "$bin" ] || { echo "missing $bin"; rc=1; continue; }
+    local args=(-b "$min" -e "$max" -f 4 -c 1 -g "$NG")
+    timeout "$limit" "$bin" "${args[@]}" >"$logs/nccl-$t.txt" 2>&1 || { echo "$t (NCCL) failed"; rc=1; }
+    for v in "$@"; do
+      IFS='|' read -r name title envs <<<"$v"
+      # shellcheck disable=SC2086  # envs: VAR=value words
+      env $envs LD_PRELOAD="$LIB" timeout "$limit" "$bin" "${args[@]}" >"$logs/$name-$t.txt" 2>&1 ||
+        { echo "$t ($name) failed"; tail -5 "$logs/$name-$t.txt"; rc=1; }
+      python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t.txt" "$logs/$name-$t.txt" \
+        --title "$t, $NG GPU(s): NCCL vs mkernel ($title)" | tee -a "$logs/tables.txt" || rc=1
+    done
+  done
+  return "$rc"
+}
