@@ -42,6 +42,21 @@ namespace {
 // Bytes per CTA below which adding CTAs does not pay (their barrier costs more than their copy).
 constexpr uint64_t kBytesPerCta = 64 * 1024;
 
+// CTAs that split a collective whose share per rank is `shareBytes` (kBytesPerCta each), at most
+// `cap`: a function of shared arguments only, so every rank splits the op the same way.
+int splitCtas(uint64_t shareBytes, int cap) {
+  const uint64_t ctas = std::max<uint64_t>((shareBytes + kBytesPerCta - 1) / kBytesPerCta, 1);
+  return static_cast<int>(std::min<uint64_t>(ctas, static_cast<uint64_t>(std::max(cap, 1))));
+}
+
+// Bytes of a collective's work per rank: its buffer, or for AllGather / ReduceScatter (whose
+// count is per-rank) all n blocks, divided by the ranks.
+uint64_t shareBytes(CollType c, uint64_t count, DataType dtype, int nRanks) {
+  const uint64_t bytes = count * dataTypeSize(dtype);
+  const uint64_t work = c == CollType::AllGather || c == CollType::ReduceScatter ? bytes * static_cast<uint64_t>(nRanks) : bytes;
+  return work / static_cast<uint64_t>(nRanks);
+}
+
 const char* waitKindName(uint32_t what) {
   switch (what) {
     case kWaitPeerStart: return "to reach the same collective (start barrier)";
@@ -380,13 +395,8 @@ Result KernelCommunicator::fillDesc(const CollArgs& a, WorkDesc* d) const {
     else
       d->algo = static_cast<int32_t>(bytes <= oneShotMaxBytes_ ? Algo::OneShot : Algo::TwoShot);
   }
-  // Work of the whole collective across ranks, as every rank computes it (same on all ranks).
-  uint64_t work = bytes;
-  if (a.coll == CollType::AllGather || a.coll == CollType::ReduceScatter) work = bytes * static_cast<uint64_t>(opts_.nRanks);
-  const uint64_t perRank = work / static_cast<uint64_t>(opts_.nRanks);
-  uint64_t ctas = (perRank + kBytesPerCta - 1) / kBytesPerCta;
-  if (a.coll == CollType::AllReduce && static_cast<Algo>(d->algo) == Algo::OneShot) ctas = 1;
-  d->nCtas = static_cast<int32_t>(std::min<uint64_t>(std::max<uint64_t>(ctas, 1), static_cast<uint64_t>(params_.nCtas)));
+  d->nCtas = splitCtas(shareBytes(a.coll, a.count, a.dtype, opts_.nRanks), params_.nCtas);
+  if (a.coll == CollType::AllReduce && static_cast<Algo>(d->algo) == Algo::OneShot) d->nCtas = 1;
   if (params_.nNodes > 1) d->nCtas = 1;  // hierarchical: CTA 0 alone posts to the proxy ring
   if (a.coll == CollType::AllReduce || a.coll == CollType::ReduceScatter || a.coll == CollType::Reduce) {
     MK_CHECK(makeDevRedOp(a.op, a.dtype, opts_.nRanks, a.scalar, &d->redOp));
@@ -538,12 +548,10 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, cudaStrea
   const uint64_t bytes = launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
   int ctas = launchCtas(bytes, launchCap_);
   if (direct) {
-    // The persistent kernel's split (fillDesc: kBytesPerCta of each rank's share per CTA), capped
-    // by the CTAs all ranks on a GPU can hold at once. AllReduce: TwoShot, whose in-place use is
-    // safe (each part is read and written by its owner only).
-    const uint64_t perRank = bytes / static_cast<uint64_t>(opts_.nRanks);
-    ctas = static_cast<int>(std::min<uint64_t>(std::max<uint64_t>((perRank + kBytesPerCta - 1) / kBytesPerCta, 1),
-                                               static_cast<uint64_t>(launchCap_)));
+    // The persistent kernel's split (fillDesc), capped by the CTAs all ranks on a GPU can hold at
+    // once. AllReduce: TwoShot, whose in-place use is safe (each part is read and written by its
+    // owner only).
+    ctas = splitCtas(shareBytes(c, d.count, static_cast<DataType>(d.dtype), opts_.nRanks), launchCap_);
     d.nCtas = ctas;
     if (c == CollType::AllReduce) d.algo = static_cast<int32_t>(Algo::TwoShot);
   }
