@@ -22,20 +22,14 @@
 
 #include "collectives/algo.h"
 #include "collectives/work.h"
+#include "tests/collectives/launch_sim.h"
 
 using namespace mkernel::coll;
 
 namespace {
 
-struct Op {
-  CollType coll;
-  uint64_t count;
-  int root;
-};
-
-uint64_t input(uint64_t epoch, int rank, uint64_t i) {
-  return (epoch * 2654435761ull + static_cast<uint64_t>(rank) * 40503ull + i * 97ull) & 0xffffffffull;
-}
+using launchsim::input;
+using launchsim::Op;
 
 // A rank's buffers: two pairs, so that the mailbox's contents change (pair (e / 2) % 2 for op e)
 // while consecutive ops also reuse the same buffers.
@@ -59,40 +53,11 @@ struct World {
   std::unique_ptr<Mailbox[]> mailbox;                 // [rank * kLaunchMaxCtas + cta]
   std::unique_ptr<std::atomic<uint64_t>[]> arrive;    // same index
   std::unique_ptr<std::atomic<uint64_t>[]> end;       // same index
-  std::vector<std::string> failures;
-  std::mutex mu;
-  std::atomic<bool> stop{false};
-  void fail(const std::string& what) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (failures.size() < 10) failures.push_back(what);
-    stop = true;
-  }
+  launchsim::Failures failures;
   size_t at(int r, int c) const { return static_cast<size_t>(r * kLaunchMaxCtas + c); }
 };
 
 int pairOf(uint64_t epoch) { return static_cast<int>((epoch / 2) % 2); }
-
-void jitter(std::mt19937& rng) {
-  const unsigned r = rng() % 16;
-  if (r == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
-  else if (r < 4) std::this_thread::yield();
-}
-
-bool waitAll(World& w, std::unique_ptr<std::atomic<uint64_t>[]>& flags, int r, int cta, uint64_t epoch, const char* what) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  for (int k = 0; k < w.n; ++k) {
-    while (flags[w.at(k, cta)].load(std::memory_order_acquire) < epoch) {
-      if (w.stop) return false;
-      if (std::chrono::steady_clock::now() > deadline) {
-        w.fail("rank " + std::to_string(r) + " CTA " + std::to_string(cta) + " op " + std::to_string(epoch) + ": rank " +
-               std::to_string(k) + " never reached the " + what + " flag");
-        return false;
-      }
-      std::this_thread::yield();
-    }
-  }
-  return true;
-}
 
 void runCta(World& w, int r, int cta, uint64_t epoch, unsigned seed) {
   std::mt19937 rng(seed);
@@ -101,15 +66,15 @@ void runCta(World& w, int r, int cta, uint64_t epoch, unsigned seed) {
   Mailbox& mine = w.mailbox[w.at(r, cta)];
   mine.pair.store(pairOf(epoch), std::memory_order_relaxed);
   mine.epoch.store(epoch, std::memory_order_relaxed);
-  jitter(rng);
+  launchsim::jitter(rng, 300);
   w.arrive[w.at(r, cta)].store(epoch, std::memory_order_release);
-  if (!waitAll(w, w.arrive, r, cta, epoch, "arrive")) return;
+  if (!launchsim::waitFlags(w.failures, w.arrive.get(), n, r, cta, epoch, "arrive")) return;
   std::vector<Buffers*> peer(static_cast<size_t>(n));
   for (int k = 0; k < n; ++k) {
     const Mailbox& mb = w.mailbox[w.at(k, cta)];
     const uint64_t e = mb.epoch.load(std::memory_order_relaxed);
     if (e != epoch) {
-      w.fail("rank " + std::to_string(r) + " op " + std::to_string(epoch) + ": rank " + std::to_string(k) +
+      w.failures.fail("rank " + std::to_string(r) + " op " + std::to_string(epoch) + ": rank " + std::to_string(k) +
              "'s mailbox holds op " + std::to_string(e));
       return;
     }
@@ -125,7 +90,7 @@ void runCta(World& w, int r, int cta, uint64_t epoch, unsigned seed) {
   const Slice slice = sliced ? rankSlice(op.count, n, r, 1) : Slice{0, op.count};
   const Slice part = rankSlice(slice.count, w.nCtas, cta, 1);
   for (uint64_t j = 0; j < part.count; ++j) {
-    if (j % 256 == 0) jitter(rng);
+    if (j % 256 == 0) launchsim::jitter(rng, 300);
     const uint64_t i = slice.offset + part.offset + j;
     uint64_t s = 0;
     switch (op.coll) {
@@ -151,14 +116,14 @@ void runCta(World& w, int r, int cta, uint64_t epoch, unsigned seed) {
   }
   if (!w.endFlags) return;
   w.end[w.at(r, cta)].store(epoch, std::memory_order_release);
-  waitAll(w, w.end, r, cta, epoch, "end");
+  launchsim::waitFlags(w.failures, w.end.get(), n, r, cta, epoch, "end");
 }
 
 uint64_t sendCount(const Op& op, int n) { return op.coll == CollType::ReduceScatter ? op.count * static_cast<uint64_t>(n) : op.count; }
 uint64_t recvCount(const Op& op, int n) { return op.coll == CollType::AllGather ? op.count * static_cast<uint64_t>(n) : op.count; }
 
 void runRank(World& w, int r) {
-  for (uint64_t epoch = 1; epoch <= w.ops.size() && !w.stop; ++epoch) {
+  for (uint64_t epoch = 1; epoch <= w.ops.size() && !w.failures.stop; ++epoch) {
     const Op& op = w.ops[epoch - 1];
     // The application: this op's inputs into the buffers it passes, its output cleared.
     Buffers& b = w.buf[static_cast<size_t>(r * 2 + pairOf(epoch))];
@@ -167,12 +132,10 @@ void runRank(World& w, int r) {
       b.recv[o].store(~0ull, std::memory_order_relaxed);
       b.writes[o] = 0;
     }
-    std::vector<std::thread> ctas;
-    for (int c = 0; c < w.nCtas; ++c)
-      ctas.emplace_back(runCta, std::ref(w), r, c, epoch,
-                        static_cast<unsigned>(epoch * 131 + static_cast<uint64_t>(r) * 17 + static_cast<uint64_t>(c)));
-    for (auto& t : ctas) t.join();  // stream order
-    if (w.stop) return;
+    launchsim::runThreads(w.nCtas, [&](int c) {  // stream order: all CTAs end before the next op
+      runCta(w, r, c, epoch, static_cast<unsigned>(epoch * 131 + static_cast<uint64_t>(r) * 17 + static_cast<uint64_t>(c)));
+    });
+    if (w.failures.stop) return;
     const bool written = !(op.coll == CollType::Reduce && r != op.root);
     for (uint64_t o = 0; o < recvCount(op, w.n); ++o) {
       uint64_t want = 0;
@@ -188,7 +151,7 @@ void runRank(World& w, int r) {
       const int times = b.writes[o].load();
       const uint64_t got = b.recv[o].load(std::memory_order_relaxed);
       if (times != (written ? 1 : 0) || (written && got != want)) {
-        w.fail("op " + std::to_string(epoch) + " (" + collName(op.coll) + " count " + std::to_string(op.count) + ") rank " +
+        w.failures.fail("op " + std::to_string(epoch) + " (" + collName(op.coll) + " count " + std::to_string(op.count) + ") rank " +
                std::to_string(r) + ": element " + std::to_string(o) + " written " + std::to_string(times) + " times, " +
                std::to_string(got) + " (want " + std::to_string(want) + ")");
         return;
@@ -221,15 +184,11 @@ std::vector<std::string> runWorld(int n, int nCtas, int nOps, unsigned seed, boo
     b.recv.reset(new std::atomic<uint64_t>[maxRecv]);
     b.writes.reset(new std::atomic<int>[maxRecv]);
   }
-  const size_t flags = static_cast<size_t>(n * kLaunchMaxCtas);
-  w.mailbox.reset(new Mailbox[flags]);
-  w.arrive.reset(new std::atomic<uint64_t>[flags]);
-  w.end.reset(new std::atomic<uint64_t>[flags]);
-  for (size_t i = 0; i < flags; ++i) w.arrive[i] = w.end[i] = 0;
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < n; ++r) ranks.emplace_back(runRank, std::ref(w), r);
-  for (auto& t : ranks) t.join();
-  return w.failures;
+  w.mailbox.reset(new Mailbox[static_cast<size_t>(n * kLaunchMaxCtas)]);
+  w.arrive = launchsim::makeFlags(n);
+  w.end = launchsim::makeFlags(n);
+  launchsim::runThreads(n, [&](int r) { runRank(w, r); });
+  return w.failures.list;
 }
 
 }  // namespace

@@ -19,43 +19,24 @@
 #include <vector>
 
 #include "collectives/launch_path.h"
+#include "tests/collectives/launch_sim.h"
 
 using namespace mkernel::coll;
 
 namespace {
 
-struct Op {
-  CollType coll;
-  uint64_t count;
-  int root;
-  size_t esz;  // element size: only the slicing's alignment depends on it
-};
-
-uint64_t input(uint64_t epoch, int rank, uint64_t i) {
-  return (epoch * 1000003ull + static_cast<uint64_t>(rank) * 7919ull + i * 31ull) & 0xffffffffull;
-}
+using launchsim::input;
+using launchsim::Op;
 
 struct World {
   int n = 0, cap = 1;
   std::vector<Op> ops;
   std::vector<std::vector<uint64_t>> inbox[2];             // [parity][rank]
   std::unique_ptr<std::atomic<uint64_t>[]> arrive;         // [rank * kLaunchMaxCtas + cta]
-  std::vector<std::string> failures;
-  std::mutex mu;
-  std::atomic<bool> stop{false};
-
-  void fail(const std::string& what) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (failures.size() < 10) failures.push_back(what);
-    stop = true;
-  }
+  launchsim::Failures failures;
 };
 
-void jitter(std::mt19937& rng) {
-  const unsigned r = rng() % 16;
-  if (r == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
-  else if (r < 4) std::this_thread::yield();
-}
+using launchsim::jitter;
 
 // CTA `cta` of rank `r` running op number `epoch` (1-based) into `out` (with write counts).
 void runCta(World& w, int r, int cta, int nCtas, uint64_t epoch, std::vector<uint64_t>& out,
@@ -72,18 +53,7 @@ void runCta(World& w, int r, int cta, int nCtas, uint64_t epoch, std::vector<uin
     }
   jitter(rng);
   w.arrive[static_cast<size_t>(r * kLaunchMaxCtas + cta)].store(epoch, std::memory_order_release);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  for (int k = 0; k < n; ++k) {
-    while (w.arrive[static_cast<size_t>(k * kLaunchMaxCtas + cta)].load(std::memory_order_acquire) < epoch) {
-      if (w.stop) return;
-      if (std::chrono::steady_clock::now() > deadline) {
-        w.fail("rank " + std::to_string(r) + " CTA " + std::to_string(cta) + " op " + std::to_string(epoch) +
-               ": rank " + std::to_string(k) + " never arrived");
-        return;
-      }
-      std::this_thread::yield();
-    }
-  }
+  if (!launchsim::waitFlags(w.failures, w.arrive.get(), n, r, cta, epoch, "arrive")) return;
   if (!lp.compute) return;
   for (uint64_t i = 0; i < lp.part.count; ++i) {
     if (i % 512 == 0) jitter(rng);
@@ -119,7 +89,7 @@ void check(World& w, int r, uint64_t epoch, const std::vector<uint64_t>& out, co
   for (uint64_t o = 0; o < outCount; ++o) {
     const int want = writes_ ? 1 : 0;
     if (writes[o] != want) {
-      w.fail("op " + std::to_string(epoch) + " (" + collName(op.coll) + " count " + std::to_string(op.count) + ") rank " +
+      w.failures.fail("op " + std::to_string(epoch) + " (" + collName(op.coll) + " count " + std::to_string(op.count) + ") rank " +
              std::to_string(r) + ": element " + std::to_string(o) + " written " + std::to_string(writes[o].load()) +
              " times");
       return;
@@ -136,7 +106,7 @@ void check(World& w, int r, uint64_t epoch, const std::vector<uint64_t>& out, co
         for (int k = 0; k < n; ++k) expect += input(epoch, k, o);
     }
     if (out[o] != expect) {
-      w.fail("op " + std::to_string(epoch) + " (" + collName(op.coll) + " count " + std::to_string(op.count) + ") rank " +
+      w.failures.fail("op " + std::to_string(epoch) + " (" + collName(op.coll) + " count " + std::to_string(op.count) + ") rank " +
              std::to_string(r) + ": element " + std::to_string(o) + " is " + std::to_string(out[o]) + ", want " +
              std::to_string(expect) + " (an inbox reused too early, or a slicing error)");
       return;
@@ -145,7 +115,7 @@ void check(World& w, int r, uint64_t epoch, const std::vector<uint64_t>& out, co
 }
 
 void runRank(World& w, int r) {
-  for (uint64_t epoch = 1; epoch <= w.ops.size() && !w.stop; ++epoch) {
+  for (uint64_t epoch = 1; epoch <= w.ops.size() && !w.failures.stop; ++epoch) {
     const Op& op = w.ops[epoch - 1];
     const uint64_t bytes = launchPublishElems(op.coll, op.count, w.n) * op.esz;
     const int nCtas = launchCtas(bytes, w.cap);
@@ -153,12 +123,12 @@ void runRank(World& w, int r) {
     std::vector<uint64_t> out(outCount, ~0ull);
     std::vector<std::atomic<int>> writes(outCount);
     for (auto& x : writes) x = 0;
-    std::vector<std::thread> ctas;
-    for (int c = 0; c < nCtas; ++c)
-      ctas.emplace_back(runCta, std::ref(w), r, c, nCtas, epoch, std::ref(out), std::ref(writes),
-                        static_cast<unsigned>(epoch * 131 + static_cast<uint64_t>(r) * 17 + static_cast<uint64_t>(c)));
-    for (auto& t : ctas) t.join();  // stream order: the next op starts after every CTA ended
-    if (!w.stop) check(w, r, epoch, out, writes);
+    // Stream order: the next op starts after every CTA ended.
+    launchsim::runThreads(nCtas, [&](int c) {
+      runCta(w, r, c, nCtas, epoch, out, writes,
+             static_cast<unsigned>(epoch * 131 + static_cast<uint64_t>(r) * 17 + static_cast<uint64_t>(c)));
+    });
+    if (!w.failures.stop) check(w, r, epoch, out, writes);
   }
 }
 
@@ -185,12 +155,9 @@ std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed) {
     w.ops.push_back(op);
   }
   for (auto& par : w.inbox) par.assign(static_cast<size_t>(n), std::vector<uint64_t>(maxElems, 0));
-  w.arrive.reset(new std::atomic<uint64_t>[static_cast<size_t>(n * kLaunchMaxCtas)]);
-  for (int i = 0; i < n * kLaunchMaxCtas; ++i) w.arrive[static_cast<size_t>(i)] = 0;
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < n; ++r) ranks.emplace_back(runRank, std::ref(w), r);
-  for (auto& t : ranks) t.join();
-  return w.failures;
+  w.arrive = launchsim::makeFlags(n);
+  launchsim::runThreads(n, [&](int r) { runRank(w, r); });
+  return w.failures.list;
 }
 
 }  // namespace
