@@ -97,8 +97,7 @@ void modeHello(Input in) {
   mkernel::fuzz::sendSome(fd, &hello, sizeof(hello));
   mkernel::fuzz::sendSome(fd, in.p, in.n);
   tcp::HelloAck ack{};
-  ssize_t r = ::recv(fd, &ack, sizeof(ack), MSG_WAITALL);
-  if (r != static_cast<ssize_t>(sizeof(ack))) fuzzFail("the listener did not answer a Hello carrying its nonce");
+  if (mkernel::fuzz::recvExactly(fd, &ack, sizeof(ack)) != sizeof(ack)) fuzzFail("the listener did not answer a Hello carrying its nonce");
   if ((ack.status == tcp::kHelloOk) != valid) fuzzFail("the listener judged a Hello wrongly");
   net::RecvComm* rc = valid && h.nSocks == 1 ? acceptFor(lc, 2.0) : nullptr;
   if (valid && h.nSocks == 1 && rc == nullptr) fuzzFail("a valid handshake gave no recv comm");
@@ -115,7 +114,7 @@ void modeStream(Input in) {
   tcp::Hello hello{tcp::kHelloMagic, tcp::kWireVersion, 0, 1, 0, 0, h.nonce, 42};
   mkernel::fuzz::sendSome(fd, &hello, sizeof(hello));
   tcp::HelloAck ack{};
-  if (::recv(fd, &ack, sizeof(ack), MSG_WAITALL) != static_cast<ssize_t>(sizeof(ack)) || ack.status != tcp::kHelloOk)
+  if (mkernel::fuzz::recvExactly(fd, &ack, sizeof(ack)) != sizeof(ack) || ack.status != tcp::kHelloOk)
     fuzzFail("a correct handshake was refused");
   net::RecvComm* rc = acceptFor(lc, 2.0);
   if (rc == nullptr) fuzzFail("a correct handshake gave no recv comm");

@@ -107,15 +107,35 @@ inline int rawConnect(const sockaddr* sa, socklen_t len, int timeoutMs, int* las
   return -1;
 }
 
+// libFuzzer's -timeout arms a periodic SIGALRM whose handler is installed without SA_RESTART, so
+// a blocking send or recv in a target can return EINTR (or short, even with MSG_WAITALL) at any
+// moment. The helpers below retry; a bare recv(MSG_WAITALL) failed CI once (session 5: "a correct
+// handshake was refused", reproduced in seconds with -timeout=1).
+
 // Writes what the peer will take (a peer that closes early is fine: that is its right).
 inline void sendSome(int fd, const void* data, size_t size) {
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
     ssize_t w = ::send(fd, p, size, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return;
     p += w;
     size -= static_cast<size_t>(w);
   }
+}
+
+// Reads exactly `size` bytes unless the peer closes, errs, or the socket's SO_RCVTIMEO passes;
+// returns the number of bytes read.
+inline size_t recvExactly(int fd, void* data, size_t size) {
+  char* p = static_cast<char*>(data);
+  size_t got = 0;
+  while (got < size) {
+    ssize_t r = ::recv(fd, p + got, size - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  return got;
 }
 
 // Reads until the peer closes or `timeoutMs` passes; returns whether the peer closed.
