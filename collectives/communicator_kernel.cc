@@ -22,6 +22,7 @@
 #include "collectives/cuda_driver.h"
 #include "collectives/device/launch.h"
 #include "collectives/peer_memory.h"
+#include "collectives/proxy_net.h"
 #include "collectives/reduce_host.h"
 #include "collectives/hier_staged.h"
 #include "collectives/launch_path.h"
@@ -336,11 +337,13 @@ Result KernelCommunicator::setupProxy() {
       return MK_ERROR(Result::SystemError, "rank %d: emulated nodes need unified addressing (host %p is device %p)",
                       opts_.rank, h, dev);
   }
-  std::string why;
-  net_ = net::createTcpNet(&why);
-  if (!net_)
-    return MK_ERROR(Result::SystemError, "rank %d: emulated nodes: no TCP transport for the proxy: %s", opts_.rank,
-                    why.c_str());
+  // The proxy's transport: verbs when an RDMA device is usable (this GPU's rail NICs first, from the
+  // topology placement), else TCP; MKERNEL_NET_BACKEND=ib|tcp forces one (transport/net/backend.h).
+  net::BackendChoice choice;
+  if (coll::createProxyNet(opts_.cudaDev, &choice) != Result::Success)
+    return MK_ERROR(Result::SystemError, "rank %d: emulated nodes: no transport for the proxy: %s", opts_.rank,
+                    lastError());
+  net_ = std::move(choice.net);
   proxy_.reset(new proxy::Proxy(net_.get(), 0, node, N, proxyRing_, proxyFlags_));
   std::vector<proxy::Handle> mine;
   MK_CHECK(proxy_->listenHandles(&mine));
@@ -367,8 +370,8 @@ Result KernelCommunicator::setupProxy() {
   params_.netBuf = netBuf_;
   params_.nNodes = N;
   params_.perNode = G;
-  MK_INFO(kLogInit, "rank %d: emulated node %d of %d (%d ranks each): proxy on rail %d over TCP", opts_.rank, node, N, G,
-          local);
+  MK_INFO(kLogInit, "rank %d: emulated node %d of %d (%d ranks each): proxy on rail %d over %s (%s)", opts_.rank, node,
+          N, G, local, net_->name(), choice.why.c_str());
   return Result::Success;
 }
 

@@ -9,7 +9,8 @@
 #      posted); each has a receive-first twin that runs here (docs/VERBS.md);
 #      then test_proxy (the proxy ring protocol, transport/proxy) and test_hier_staged's [vm]
 #      cases (the hierarchical collectives with proxies) on verbs when built;
-#   2. two VMs joined by a QEMU socket netdev: verbs_pair (two hosts, data verified both ways).
+#   2. two VMs joined by a QEMU socket netdev: verbs_pair (two hosts, data verified both ways),
+#      then the same under netem loss and delay, then a cut link (docs/RELIABILITY.md).
 # Prints one summary line per step. If the VM cannot start (no qemu, no kernel package) it prints
 # "skipped: <reason>" and exits 0 — unless CI=true, where that is a failure (exit 1).
 # Env: VM_TIMEOUT (per VM, default 480 s), VM_HOME (default <repo>/.vm).
@@ -65,9 +66,30 @@ rm -f "$VM_LOG"
 # --- 2. two VMs ---------------------------------------------------------------------------------------
 PAIRDIR=$(mktemp -d "$VM_HOME/pair-handles.XXXXXX")
 t3=$(date +%s)
-"$VMDIR/pair.sh" "'$BUILD/tests/verbs/verbs_pair' server '$PAIRDIR'" \
-                 "'$BUILD/tests/verbs/verbs_pair' client '$PAIRDIR'" 2>&1
+# In the same two VMs, one after another: the clean exchange, the same exchange under netem loss and
+# delay on both VMs' eth0 (every byte must still arrive), and a cut link twice (the client's eth0
+# drops every packet mid-run: both sides must fail within MKERNEL_TIMEOUT_S=5 plus 10 s; with the
+# default retry count of 7, which Soft-RoCE treats as infinite, through the timeout; with 6, the
+# client through its QP's retry-exceeded completion). Between the cuts the client removes its
+# netem qdisc before it publishes its next handle, so the next connection finds the link whole.
+# Each phase prints one "[vmN] STEP name rc=N Ns" line for the summary.
+VP=$BUILD/tests/verbs/verbs_pair
+pair_cmd() {  # role
+  local vp="'$VP' $1 '$PAIRDIR'"
+  echo "pstep() { name=\$1; shift; s=\$(date +%s); \"\$@\"; rc=\$?; echo \"STEP \$name rc=\$rc \$(( \$(date +%s) - s ))s\"; return \$rc; }
+pstep pair-verify $vp verify
+tc qdisc add dev eth0 root netem delay ${VP_DELAY:-1ms} loss ${VP_LOSS:-2%} || echo 'STEP pair-lossy rc=99 0s (tc netem failed)'
+pstep pair-lossy $vp lossy
+tc qdisc del dev eth0 root
+MKERNEL_TIMEOUT_S=5 pstep pair-cut $vp cut
+tc qdisc del dev eth0 root 2>/dev/null
+MKERNEL_TIMEOUT_S=5 MKERNEL_IB_RETRY_CNT=6 pstep pair-cut-retry6 $vp cut"
+}
+"$VMDIR/pair.sh" "$(pair_cmd server)" "$(pair_cmd client)" > "$PAIRDIR.log" 2>&1
 pairrc=$?
+cat "$PAIRDIR.log"
+PAIR_STEPS=$(grep -o '\[vm[12]\] STEP .*' "$PAIRDIR.log" | sed 's/^\[\(vm[12]\)\] STEP \([^ ]*\)/STEP \2-\1/')
+rm -f "$PAIRDIR.log"
 t4=$(date +%s)
 rm -rf "$PAIRDIR"
 
@@ -82,6 +104,11 @@ while read -r _ name rcs secs; do
   if [ "${rcs#rc=}" = 0 ]; then line "$name" "passed ($secs)"; else line "$name" "FAILED ${rcs} ($secs)"; fail=1; fi
 done <<< "$STEPS"
 [ -z "$PLUGIN_TESTS" ] && line "plugin tests with MKERNEL_NET_BACKEND=ib" "not run (libmkernel.so or tests/plugin not built)"
+[ "$(grep -c . <<< "$PAIR_STEPS")" -lt 8 ] && { line "two VMs" "FAILED: $(grep -c . <<< "$PAIR_STEPS") of 8 steps ran"; fail=1; }
+while read -r _ name rcs secs; do
+  [ -z "${name:-}" ] && continue
+  if [ "${rcs#rc=}" = 0 ]; then line "$name" "passed ($secs)"; else line "$name" "FAILED ${rcs} ($secs)"; fail=1; fi
+done <<< "$PAIR_STEPS"
 if [ "$pairrc" = 0 ]; then line "two VMs (verbs_pair)" "passed ($(( t4 - t3 ))s)"; else line "two VMs (verbs_pair)" "FAILED rc=$pairrc"; fail=1; fi
 echo "  one VM $(( t2 - t1 ))s, two VMs $(( t4 - t3 ))s, total $(( t4 - t0 ))s"
 if [ "$fail" = 0 ]; then echo "verbs-tier: PASSED"; else echo "verbs-tier: FAILED"; fi
