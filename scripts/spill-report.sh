@@ -5,6 +5,10 @@
 # (local-memory store / load) instructions of every function in the SASS, listed under the kernel
 # whose call graph it belongs to (ptxas compiles a non-inlined device function once per kernel
 # that calls it). A data mover with STL / LDL inside its loop keeps its data in local memory.
+# "spill": the STL / LDL nvdisasm marks as register spills and refills (not all are marked).
+# "body": STL / LDL other than the callee-saved registers a function reached through a pointer
+# (the persistent kernel's movers, docs/KERNEL.md) stores on entry and reloads before returning:
+# the local-memory traffic of the function's body and loops; 0 for a clean mover.
 # FILTER (a regular expression, default "reduceCopy|copyBytes|reduceDispatch|Kernel") selects
 # the rows. cuobjdump and nvdisasm come from NVIDIA's PyPI wheels (nvidia-cuda-cuobjdump,
 # nvidia-cuda-nvdisasm) when the CUDA installation lacks them; SPILL_TOOLS=DIR overrides.
@@ -37,27 +41,44 @@ rm -f "$work"/kernel.*.cubin
 python3 - "$work/kernel.sass" "${1:-reduceCopy|copyBytes|reduceDispatch|Kernel}" <<'EOF'
 import re, subprocess, sys
 sass, pattern = sys.argv[1], re.compile(sys.argv[2])
-counts, order, cur = {}, [], None
+funcs, order, cur = {}, [], None
 for line in open(sass):
     m = re.match(r'^(\$?[\w$.]+):\s*$', line)
     if m and not m.group(1).startswith('.L'):
         cur = m.group(1)
-        if cur not in counts:
-            counts[cur] = [0, 0, 0]
+        if cur not in funcs:
+            funcs[cur] = []
             order.append(cur)
         continue
     if cur and re.search(r'/\*[0-9a-f]{4,}\*/', line):
-        counts[cur][2] += 1
-        if re.search(r'\bSTL\b', line): counts[cur][0] += 1
-        if re.search(r'\bLDL\b', line): counts[cur][1] += 1
+        funcs[cur].append(line)
+BRANCH = re.compile(r'\b(BRA|BRX|CALL|RET|EXIT|JMP)\b')
+def count(ins):
+    stl = sum(1 for x in ins if re.search(r'\bSTL\b', x))
+    ldl = sum(1 for x in ins if re.search(r'\bLDL\b', x))
+    spill = sum(1 for x in ins if 'SpillRefill' in x)
+    # Callee-saved registers: stores before the first branch, loads in the straight run before a
+    # RET. Everything else is local-memory traffic in the function's body (its loops).
+    saved = set()
+    for k, x in enumerate(ins):
+        if BRANCH.search(x): break
+        if re.search(r'\bSTL\b', x): saved.add(k)
+    for k, x in enumerate(ins):
+        if not re.search(r'\bRET\b', x): continue
+        j = k - 1
+        while j >= 0 and not BRANCH.search(ins[j]):
+            if re.search(r'\bLDL\b', ins[j]): saved.add(j)
+            j -= 1
+    body = sum(1 for k, x in enumerate(ins) if re.search(r'\b(STL|LDL)\b', x) and k not in saved)
+    return stl, ldl, spill, body, len(ins)
 def demangle(s):
     try:
         return subprocess.run(['c++filt'], input=s, capture_output=True, text=True).stdout.strip()
     except OSError:
         return s
-print(f"{'kernel':18s} {'function':60s} {'STL':>5s} {'LDL':>5s} {'instr':>6s}")
+print(f"{'kernel':18s} {'function':60s} {'STL':>5s} {'LDL':>5s} {'spill':>5s} {'body':>5s} {'instr':>6s}")
 for name in order:
-    if counts[name][2] == 0:
+    if not funcs[name]:
         continue
     parts = name.lstrip('.').replace('text.', '').split('$')
     parts = [p for p in parts if p]
@@ -65,7 +86,7 @@ for name in order:
     func = demangle(parts[-1]).split('(')[0].replace('mkernel::coll::dev::', '') if len(parts) > 1 else '(kernel body)'
     if not (pattern.search(func) or pattern.search(kernel) and func == '(kernel body)'):
         continue
-    c = counts[name]
-    print(f"{kernel:18s} {func[:60]:60s} {c[0]:5d} {c[1]:5d} {c[2]:6d}")
+    stl, ldl, spill, body, n = count(funcs[name])
+    print(f"{kernel:18s} {func[:60]:60s} {stl:5d} {ldl:5d} {spill:5d} {body:5d} {n:6d}")
 EOF
 grep -A2 "Compiling entry function" "$work/ptxas.log" | grep -E "entry|spill|Used" | sed 's/ptxas info    : //' | grep -v "Function properties" || true
