@@ -72,6 +72,10 @@ class Communicator {
   // collectives/work.h, flattened: seq, then kTracePoints times), written records only, by seq.
   // Call when the communicator is idle. InvalidUsage when tracing is off.
   virtual Result kernelTrace(std::vector<uint64_t>* out) const = 0;
+
+  // MKERNEL_TEST_STALL_BARRIER (a test hook): whether a CTA of this rank has stopped at that
+  // barrier (false while the hook is off or before any CTA got there).
+  virtual bool testStalled() const { return false; }
 };
 
 }  // namespace coll

@@ -124,6 +124,7 @@ class KernelCommunicator final : public Communicator {
   const CommOptions& options() const override { return opts_; }
   void stats(CollStats* out) const override;
   Result kernelTrace(std::vector<uint64_t>* out) const override;
+  bool testStalled() const override { return ctl_ != nullptr && ctl_->testStalled != 0; }
 
  private:
   Result fillDesc(const CollArgs& a, WorkDesc* d) const;
@@ -280,6 +281,10 @@ Result KernelCommunicator::init() {
   params_.stagingBytes = oneShotMaxBytes_;
   params_.timeoutNs = static_cast<uint64_t>(std::max<int64_t>(1, paramInt("TIMEOUT_S", 300))) * 1000000000ull;
   params_.idleExitNs = static_cast<uint64_t>(std::max<int64_t>(0, paramInt("IDLE_EXIT_US", 50))) * 1000ull;
+  params_.testStallBarrier = static_cast<uint32_t>(std::max<int64_t>(0, paramInt("TEST_STALL_BARRIER", 0)));
+  if (params_.testStallBarrier != 0)
+    MK_WARN("rank %d: MKERNEL_TEST_STALL_BARRIER=%u: a test hook; this rank's staged collectives stop at that barrier "
+            "until the communicator is aborted", opts_.rank, params_.testStallBarrier);
   params_.rank = opts_.rank;
   params_.nRanks = opts_.nRanks;
   params_.nCtas = peers.nCtas;

@@ -187,6 +187,7 @@ struct alignas(64) HostControl {
   ErrorRecord gateError;             // a gate kernel (caller's stream) gave up waiting (kWaitGate)
   volatile uint64_t launchDone[8];   // launch path: the last op index of each CollType whose
                                      // kernel ran to its end (CTA 0), for the statistics
+  volatile uint32_t testStalled;     // MKERNEL_TEST_STALL_BARRIER: 1 once a CTA stopped on purpose
 };
 
 }  // namespace coll

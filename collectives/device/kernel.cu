@@ -238,11 +238,25 @@ struct CtaMover {
   }
 };
 
+// MKERNEL_TEST_STALL_BARRIER (a test hook; KernelParams::testStallBarrier): this CTA stops here
+// for good, in the middle of the collective, and says so; it returns (false) only on abort.
+__device__ bool testStall(const KernelParams& p) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    p.ctl->testStalled = 1;  // a plain store: host-memory atomics need PCIe AtomicOps
+    __threadfence_system();
+    while (!stopRequested(p) && !hostStopRequested(p)) __nanosleep(20000);
+  }
+  __syncthreads();
+  return false;
+}
+
 struct StagedExecutor : CtaMover {
   const KernelParams& p;
   int cta;
   uint64_t* epoch;
   bool first;  // the first barrier of the collective is its start barrier (for the error record)
+  uint32_t barriers = 0;  // of this collective, for the test hook
 
   __device__ char* in(int rank, int parity) const {
     return p.stagedBuf[rank] + stagedRegionOffset(cta, parity, p.stagedChunkBytes);
@@ -253,6 +267,7 @@ struct StagedExecutor : CtaMover {
   __device__ bool barrier() {
     const WaitKind what = first ? kWaitPeerStart : kWaitPeerChunk;
     first = false;
+    if (p.testStallBarrier != 0 && ++barriers == p.testStallBarrier) return testStall(p);
     return ctaBarrier(p, sh.peers, cta, epoch, what, d.coll);
   }
 };
@@ -273,7 +288,7 @@ __device__ bool runStaged(const KernelParams& p, SharedState& sh, const WorkDesc
   c.part = rankSlice(d.count, d.nCtas, cta, sliceAlignElems(c.elemSize));
   c.chunkElems = stagedChunkElems(p.nRanks, c.elemSize, p.stagedChunkBytes);
   c.parityMask = 1;
-  StagedExecutor ex{{sh, d}, p, cta, epoch, true};
+  StagedExecutor ex{{sh, d}, p, cta, epoch, true, 0};
   return stagedCollective(ex, c, chunkSeq);
 }
 

@@ -41,6 +41,11 @@ struct KernelParams {
   int32_t nRanks;
   int32_t nCtas;
   int32_t staged;                 // 1: process ranks, collectives go through stagedBuf
+  // Test hook (MKERNEL_TEST_STALL_BARRIER, 0 = off): every CTA of this rank stops moving data at
+  // the K-th barrier of a staged collective (counted within the collective, its start barrier
+  // first), reports it in HostControl::testStalled and spins until the communicator is aborted,
+  // so that a test can kill the process in the middle of a collective's data movement.
+  uint32_t testStallBarrier;
 };
 
 // Launches the persistent kernel with p.nCtas CTAs of kKernelThreads threads on `stream`.

@@ -1,7 +1,7 @@
 // GPU tier, process ranks (docs/KERNEL.md, "Process ranks"): N processes forked before any CUDA
 // call, one communicator across them (staged collectives through CUDA IPC).
 //
-//   test_gpu_procs [--ranks N] [--kill]
+//   test_gpu_procs [--ranks N] [--kill | --kill-mid]
 //
 // Ranks sit on GPU (rank % GPUs). With fewer GPUs than ranks they are emulated (MKERNEL_EMULATE)
 // and the test starts its own CUDA MPS daemon (a private pipe directory), without which kernels
@@ -14,6 +14,14 @@
 //            MKERNEL_TIMEOUT_S (5 s here) plus a margin (or, sharing the dead rank's GPU under
 //            MPS, UnhandledCudaError: the context is lost), their streams must drain, and abort
 //            plus destruction must return.
+//   --kill-mid  the same, but the last rank dies in the middle of a collective's data movement:
+//            it is created with the test hook MKERNEL_TEST_STALL_BARRIER=3, so every CTA of its
+//            kernel stops at the third barrier of a 32 MiB AllReduce (64 KiB staging chunks: 32
+//            per CTA; two have gone into the peers' inboxes), and it kills itself once its kernel
+//            says so. The survivors,
+//            inside the same AllReduce, must fail at their next chunk barrier ("to stage its next
+//            chunk") naming the dead rank, within the same bounds. The test fails if the hook
+//            never fired.
 // Exit status 0 when every rank passed. No Catch2: the children are plain processes.
 #include <cuda_runtime_api.h>
 #include <signal.h>
@@ -82,8 +90,53 @@ int32_t expected(const Case& c, int n, int rank, size_t e) {
   return 0;
 }
 
-int child(int rank, int n, int nGpus, const mkernel::bootstrap::UniqueId& id, bool kill) {
+enum class Kill { kNone, kBetween, kMid };
+
+// The survivors of a killed rank: wait for the communicator's error (the collective in flight
+// was enqueued by the caller), then drain, abort and destroy, each bounded.
+int survive(int rank, int n, int nGpus, int dev, std::unique_ptr<mkernel::coll::Communicator>& comm,
+            cudaStream_t stream, const char* wantWait) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Result err = Result::Success;
+  double waited = 0;
+  for (;;) {
+    err = comm->asyncError();
+    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (err != Result::Success || waited > 30) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // A survivor on another GPU than the dead rank times out waiting for it: RemoteError. One on
+  // the same GPU under MPS was seen (two H200s, 2026-11-29) to take an illegal-address fault
+  // when the dead client's memory went away: its CUDA context is lost (UnhandledCudaError,
+  // within a second). Either way: an error, in bounded time, never a hang.
+  const bool sameGpuAsDead = (n - 1) % nGpus == dev;
+  const bool acceptable = err == Result::RemoteError || (sameGpuAsDead && err == Result::UnhandledCudaError);
+  if (!acceptable)
+    FAIL("after %.1f s asyncError() is %d, want RemoteError%s", waited, static_cast<int>(err),
+         sameGpuAsDead ? " or UnhandledCudaError" : "");
+  const std::string msg = mkernel::lastError();
+  std::fprintf(stderr, "rank %d: %s after %.1f s: %s\n", rank, err == Result::RemoteError ? "RemoteError" : "UnhandledCudaError",
+               waited, msg.c_str());
+  if (err == Result::RemoteError) {
+    const std::string dead = "rank " + std::to_string(n - 1);
+    if (msg.find(dead) == std::string::npos) FAIL("the error does not name %s", dead.c_str());
+    if (wantWait != nullptr && msg.find(wantWait) == std::string::npos) FAIL("the error does not say \"%s\"", wantWait);
+    if (cudaStreamSynchronize(stream) != cudaSuccess) FAIL("the stream did not drain");
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  comm->abort();
+  comm.reset();
+  const double teardown = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  std::fprintf(stderr, "rank %d: abort + destroy took %.2f s\n", rank, teardown);
+  if (teardown > 10) FAIL("abort + destroy took %.1f s", teardown);
+  return 0;
+}
+
+int child(int rank, int n, int nGpus, const mkernel::bootstrap::UniqueId& id, Kill killMode) {
   gRank = rank;
+  const bool kill = killMode == Kill::kBetween;
+  // Set before the communicator reads its parameters: only the rank that will die stops.
+  if (killMode == Kill::kMid && rank == n - 1) setenv("MKERNEL_TEST_STALL_BARRIER", "3", 1);
   const int dev = rank % nGpus;
   if (cudaSetDevice(dev) != cudaSuccess) FAIL("cudaSetDevice(%d)", dev);
   std::unique_ptr<mkernel::bootstrap::Bootstrap> bs;
@@ -106,6 +159,7 @@ int child(int rank, int n, int nGpus, const mkernel::bootstrap::UniqueId& id, bo
     for (size_t count : {size_t(1), size_t(4099), size_t(1 << 20) + 5, (size_t(8) << 20) + 3})
       for (bool inPlace : {false, true}) cases.push_back(Case{c, count, inPlace, (seq++) % n});
   if (kill) cases.resize(6);
+  if (killMode == Kill::kMid) cases.clear();
   // Every buffer before the first collective: allocations while persistent kernels run can wait
   // for them (docs/KERNEL.md).
   const size_t maxElems = (size_t(8) << 20) * static_cast<size_t>(n) + 64;
@@ -116,6 +170,32 @@ int child(int rank, int n, int nGpus, const mkernel::bootstrap::UniqueId& id, bo
       cudaMalloc(reinterpret_cast<void**>(&fbuf), (size_t(1) << 22) * 4) != cudaSuccess)
     FAIL("cudaMalloc");
   std::vector<int32_t> host(maxElems), got(maxElems);
+
+  if (killMode == Kill::kMid) {
+    // 32 MiB per rank: far above the launch path's limit, so the persistent kernel's staged
+    // algorithm runs it, in many chunks per CTA.
+    const size_t count = (size_t(8) << 20) + 3;
+    for (size_t i = 0; i < count; ++i) host[i] = input(rank, i);
+    if (cudaMemcpy(send, host.data(), count * 4, cudaMemcpyHostToDevice) != cudaSuccess) FAIL("copy in");
+    CollArgs a;
+    a.dtype = DataType::Int32;
+    a.sendbuff = send;
+    a.recvbuff = recv;
+    a.count = count;
+    if (comm->enqueue(&a, 1, stream) != Result::Success) FAIL("enqueue: %s", mkernel::lastError());
+    if (rank == n - 1) {
+      const auto t0 = std::chrono::steady_clock::now();
+      while (!comm->testStalled()) {
+        if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(30))
+          FAIL("MKERNEL_TEST_STALL_BARRIER=3: the kernel never reported the stop (asyncError %d: %s)",
+               static_cast<int>(comm->asyncError()), mkernel::lastError());
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      std::fprintf(stderr, "rank %d: its kernel stopped at barrier 3 of a 32 MiB AllReduce: dying now (SIGKILL)\n", rank);
+      raise(SIGKILL);
+    }
+    return survive(rank, n, nGpus, dev, comm, stream, "to stage its next chunk");
+  }
 
   for (const Case& c : cases) {
     const size_t sc = sendCount(c, n), rc = recvCount(c, n);
@@ -164,35 +244,8 @@ int child(int rank, int n, int nGpus, const mkernel::bootstrap::UniqueId& id, bo
     a.sendbuff = send;
     a.recvbuff = recv;
     a.count = 1 << 16;
-    const auto t0 = std::chrono::steady_clock::now();
     if (comm->enqueue(&a, 1, stream) != Result::Success) FAIL("enqueue after the kill: %s", mkernel::lastError());
-    Result err = Result::Success;
-    double waited = 0;
-    for (;;) {
-      err = comm->asyncError();
-      waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (err != Result::Success || waited > 30) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    // A survivor on another GPU than the dead rank times out waiting for it: RemoteError. One on
-    // the same GPU under MPS was seen (two H200s, 2026-11-29) to take an illegal-address fault
-    // when the dead client's memory went away: its CUDA context is lost (UnhandledCudaError,
-    // within a second). Either way: an error, in bounded time, never a hang.
-    const bool sameGpuAsDead = (n - 1) % nGpus == dev;
-    const bool acceptable = err == Result::RemoteError || (sameGpuAsDead && err == Result::UnhandledCudaError);
-    if (!acceptable)
-      FAIL("after %.1f s asyncError() is %d, want RemoteError%s", waited, static_cast<int>(err),
-           sameGpuAsDead ? " or UnhandledCudaError" : "");
-    std::fprintf(stderr, "rank %d: %s after %.1f s: %s\n", rank, err == Result::RemoteError ? "RemoteError" : "UnhandledCudaError",
-                 waited, mkernel::lastError());
-    if (err == Result::RemoteError && cudaStreamSynchronize(stream) != cudaSuccess) FAIL("the stream did not drain");
-    const auto t1 = std::chrono::steady_clock::now();
-    comm->abort();
-    comm.reset();
-    const double teardown = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-    std::fprintf(stderr, "rank %d: abort + destroy took %.2f s\n", rank, teardown);
-    if (teardown > 10) FAIL("abort + destroy took %.1f s", teardown);
-    return 0;
+    return survive(rank, n, nGpus, dev, comm, stream, nullptr);
   }
 
   // float32 AllReduce large enough for two-shot (from 3 ranks on), values exact in any order.
@@ -247,12 +300,13 @@ int gpuCount() {
 
 int main(int argc, char** argv) {
   int n = 2;
-  bool kill = false;
+  Kill killMode = Kill::kNone;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--ranks") && i + 1 < argc) n = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--kill")) kill = true;
+    else if (!std::strcmp(argv[i], "--kill")) killMode = Kill::kBetween;
+    else if (!std::strcmp(argv[i], "--kill-mid")) killMode = Kill::kMid;
     else {
-      std::fprintf(stderr, "usage: %s [--ranks N] [--kill]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--ranks N] [--kill | --kill-mid]\n", argv[0]);
       return 2;
     }
   }
@@ -263,7 +317,11 @@ int main(int argc, char** argv) {
   }
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  const bool kill = killMode != Kill::kNone;
   if (kill) setenv("MKERNEL_TIMEOUT_S", "5", 1);
+  // --kill-mid: 64 KiB inboxes, so that each CTA's 1 MiB of the 32 MiB AllReduce takes 32 chunks
+  // (with the default 1 MiB, two: the third barrier would never come). Every rank must agree.
+  if (killMode == Kill::kMid) setenv("MKERNEL_STAGED_CHUNK_BYTES", "65536", 1);
   std::string mpsDir;
   if (nGpus < n) {
     char tmpl[] = "/tmp/mkernel-mps-XXXXXX";
@@ -284,7 +342,7 @@ int main(int argc, char** argv) {
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) {
     pid_t pid = fork();
-    if (pid == 0) _exit(child(r, n, nGpus, id, kill));
+    if (pid == 0) _exit(child(r, n, nGpus, id, killMode));
     pids.push_back(pid);
   }
   int failed = 0;
@@ -313,6 +371,7 @@ int main(int argc, char** argv) {
   if (!mpsDir.empty() && std::system("echo quit | nvidia-cuda-mps-control") != 0)
     std::fprintf(stderr, "test_gpu_procs: stopping the MPS daemon failed\n");
   std::printf("test_gpu_procs: %d ranks on %d GPU(s)%s%s: %s\n", n, nGpus < n ? nGpus : n,
-              nGpus < n ? " (emulated, MPS)" : "", kill ? ", one killed" : "", failed ? "FAILED" : "passed");
+              nGpus < n ? " (emulated, MPS)" : "",
+              killMode == Kill::kMid ? ", one killed mid-collective" : kill ? ", one killed" : "", failed ? "FAILED" : "passed");
   return failed ? 1 : 0;
 }
