@@ -134,7 +134,7 @@ class KernelCommunicator final : public Communicator {
   Path pathOf(const WorkDesc& d, bool capturing) const;
   bool oneRankCopy(const CollArgs& a) const;
   Result copyOneRank(const CollArgs& a, cudaStream_t stream);
-  Result launchOp(const WorkDesc& d, bool direct, cudaStream_t stream);
+  Result launchOp(const WorkDesc& d, bool direct, bool capturing, cudaStream_t stream);
   Result postSlot(const WorkDesc* descs, int nOps, bool capturing, cudaStream_t stream);
   Result agreeLaunchCap(int smsLeft);
   Result setupProxy();
@@ -185,6 +185,13 @@ class KernelCommunicator final : public Communicator {
   uint64_t launchIssued_[8] = {};      // ... by CollType (the index the kernel reports)
   cudaEvent_t launchEvent_ = nullptr;  // recorded after the last launch-path op
   cudaStream_t lastLaunchStream_ = nullptr;
+  // Captured launch-path ops (MKERNEL_GRAPH_LAUNCH): the stream and capture of the last one, so
+  // that a capture forked over several streams still orders them (graph namespace, launch_path.h).
+  bool graphLaunch_ = false;
+  cudaEvent_t graphEvent_ = nullptr;
+  cudaStream_t lastGraphStream_ = nullptr;
+  unsigned long long lastGraphCapture_ = 0;
+  mutable uint64_t foldedGraph_[kNumCollTypes] = {};  // graphLaunchDone folded into the statistics (statsMu_)
   uint64_t oneRankCopies_[kNumCollTypes] = {};  // launch-path ops done as a cudaMemcpyAsync
   mutable std::mutex statsMu_;
   mutable uint64_t folded_[kNumCollTypes] = {};
@@ -229,6 +236,7 @@ Result KernelCommunicator::init() {
   MK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   for (auto& ev : slotEvents_) MK_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
   MK_CUDA(cudaEventCreateWithFlags(&launchEvent_, cudaEventDisableTiming), "cudaEventCreate(launch path)");
+  MK_CUDA(cudaEventCreateWithFlags(&graphEvent_, cudaEventDisableTiming), "cudaEventCreate(launch path, graphs)");
   MK_CUDA(cudaDeviceSynchronize(), "cudaDeviceSynchronize after setup");
 
   // Every rank reads what its GPU has left before any rank of this communicator reserves
@@ -293,6 +301,10 @@ Result KernelCommunicator::init() {
   // staged), one node. The same on every rank (staged is agreed, nNodes is the layout).
   launchDirect_ = paramInt("LAUNCH_DIRECT", 1) != 0 && launchMaxBytes_ > 0 && !peers.staged && !hier &&
                   opts_.nRanks > 1;
+  // Captured collectives on the launch path (its graph namespace): the same decision as eager
+  // ones; the rest keep the persistent kernel's replayable doorbell. Every rank reads the same
+  // setting (as MKERNEL_LAUNCH_MAX_BYTES).
+  graphLaunch_ = paramInt("GRAPH_LAUNCH", 1) != 0 && launchMaxBytes_ > 0 && !hier;
   MK_INFO(kLogInit, "rank %d: persistent kernel ready: %d CTAs x %d threads, GPU %d (%d SMs, %d ranks on it)%s",
           opts_.rank, params_.nCtas, kKernelThreads, opts_.cudaDev, sms, peers.ranksOnMyDevice,
           peers.staged ? ", staged (process ranks)" : "");
@@ -485,7 +497,7 @@ Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stre
     if (path != Path::kDoorbell) {
       if (nOps > 0) MK_CHECK(postSlot(descs, nOps, capturing, stream));
       nOps = 0;
-      MK_CHECK(launchOp(d, path == Path::kLaunchDirect, stream));
+      MK_CHECK(launchOp(d, path == Path::kLaunchDirect, capturing, stream));
       continue;
     }
     descs[nOps++] = d;
@@ -500,9 +512,10 @@ Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stre
 }
 
 KernelCommunicator::Path KernelCommunicator::pathOf(const WorkDesc& d, bool capturing) const {
-  // Captured ops replay without the host: they take the doorbell (a replayable protocol). So do
-  // emulated nodes (the hierarchy through the proxies).
-  if (capturing || launchMaxBytes_ == 0 || params_.nNodes > 1) return Path::kDoorbell;
+  // Captured ops replay without the host: they take the launch path's graph namespace (the
+  // device keeps its sequence numbers) or, with MKERNEL_GRAPH_LAUNCH=0, the doorbell (a
+  // replayable protocol). Emulated nodes (the hierarchy through the proxies) take the doorbell.
+  if ((capturing && !graphLaunch_) || launchMaxBytes_ == 0 || params_.nNodes > 1) return Path::kDoorbell;
   const CollType c = static_cast<CollType>(d.coll);
   const uint64_t bytes = launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
   // One rank: a copy (or PreMulSum's kernel) at any size; nothing to exchange.
@@ -533,13 +546,26 @@ Result KernelCommunicator::copyOneRank(const CollArgs& a, cudaStream_t stream) {
   return Result::Success;
 }
 
-Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, cudaStream_t stream) {
-  // One launch-path op at a time per communicator (launch_path.h): a change of stream waits for
-  // the previous op.
+Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capturing, cudaStream_t stream) {
+  // One launch-path op at a time per communicator and namespace (launch_path.h): a change of
+  // stream waits for the previous op.
   // The event is recorded only then, on the previous stream: it also covers what the application
   // queued there after that op, which delays this stream a little but cannot deadlock (an event
   // wait only ever refers to work queued before it).
-  if (lastLaunchStream_ != nullptr && lastLaunchStream_ != stream) {
+  // Captured ops: only within one capture (a stream outside it cannot be waited for while
+  // capturing); graphs holding collectives of one communicator must not run concurrently, as
+  // with NCCL.
+  if (capturing) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    MK_CUDA(cudaStreamGetCaptureInfo(stream, &st, &id), "cudaStreamGetCaptureInfo");
+    if (lastGraphStream_ != nullptr && lastGraphStream_ != stream && id == lastGraphCapture_) {
+      MK_CUDA(cudaEventRecord(graphEvent_, lastGraphStream_), "cudaEventRecord(launch path, capture)");
+      MK_CUDA(cudaStreamWaitEvent(stream, graphEvent_, 0), "cudaStreamWaitEvent(launch path, capture)");
+    }
+    lastGraphStream_ = stream;
+    lastGraphCapture_ = id;
+  } else if (lastLaunchStream_ != nullptr && lastLaunchStream_ != stream) {
     if (cudaEventRecord(launchEvent_, lastLaunchStream_) == cudaSuccess) {
       MK_CUDA(cudaStreamWaitEvent(stream, launchEvent_, 0), "cudaStreamWaitEvent(launch path)");
     } else {
@@ -562,6 +588,11 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, cudaStrea
     ctas = splitCtas(shareBytes(c, d.count, static_cast<DataType>(d.dtype), opts_.nRanks), launchCap_);
     d.nCtas = ctas;
     if (c == CollType::AllReduce) d.algo = static_cast<int32_t>(Algo::TwoShot);
+  }
+  if (capturing) {
+    // Epoch 0: the kernel takes graphSeq + 1 on the device, at every replay.
+    MK_CHECK(launchCollective(params_, d, ctas, 0, 0, direct, stream));
+    return Result::Success;
   }
   ++launchSeq_;
   const uint64_t index = ++launchIssued_[d.coll];
@@ -731,6 +762,8 @@ void KernelCommunicator::release(bool orderly) {
   }
   if (launchEvent_) (void)cudaEventDestroy(launchEvent_);
   launchEvent_ = nullptr;
+  if (graphEvent_) (void)cudaEventDestroy(graphEvent_);
+  graphEvent_ = nullptr;
   if (stream_) (void)cudaStreamDestroy(stream_);
   if (slots_) (void)cudaFreeHost(slots_);
   if (ctl_) (void)cudaFreeHost(ctl_);
@@ -803,6 +836,13 @@ void KernelCommunicator::foldStats() const {
       globalStats().launchOps[c].fetch_add(launched - foldedLaunch_[c], std::memory_order_relaxed);
       foldedLaunch_[c] = launched;
     }
+    // ... and so do captured ones, once per execution (graph replays).
+    const uint64_t replayed = ctl_->graphLaunchDone[c];
+    if (replayed > foldedGraph_[c]) {
+      globalStats().kernelOps[c].fetch_add(replayed - foldedGraph_[c], std::memory_order_relaxed);
+      globalStats().launchOps[c].fetch_add(replayed - foldedGraph_[c], std::memory_order_relaxed);
+      foldedGraph_[c] = replayed;
+    }
   }
 }
 
@@ -810,8 +850,8 @@ void KernelCommunicator::stats(CollStats* out) const {
   foldStats();
   std::lock_guard<std::mutex> lock(statsMu_);
   for (int c = 0; c < kNumCollTypes; ++c) {
-    out->kernelOps[c] = folded_[c] + foldedLaunch_[c] + oneRankCopies_[c];
-    out->launchOps[c] = foldedLaunch_[c] + oneRankCopies_[c];
+    out->kernelOps[c] = folded_[c] + foldedLaunch_[c] + foldedGraph_[c] + oneRankCopies_[c];
+    out->launchOps[c] = foldedLaunch_[c] + foldedGraph_[c] + oneRankCopies_[c];
     out->forwarded[c] = 0;
   }
   out->kernelLaunches = launches_;

@@ -17,6 +17,12 @@
 // The caller's streams must therefore run a communicator's launch-path ops one at a time: the host
 // chains a change of stream to the previous op with an event.
 //
+// Two namespaces of flags and inboxes (DeviceState::launch): eager launches, numbered by the host
+// as above, and launches captured into CUDA graphs, numbered by the device (a replay repeats its
+// arguments): each CTA takes DeviceState::graphSeq + 1 at its start and the last CTA to finish
+// stores it back, when every CTA of the launch has read it. The argument above holds in each
+// namespace on its own; they share nothing.
+//
 // Plain header (MKERNEL_HD): the kernel and the CPU test (tests/collectives/test_launch_path.cc)
 // use the same slicing.
 #pragma once

@@ -87,6 +87,19 @@ struct alignas(128) CtaMailbox {
 };
 static_assert(sizeof(CtaMailbox) == 128, "CtaMailbox layout");
 
+// One namespace of the launch path (launch_path.h): CTA c of launch-path op e stores e into
+// arrive[c] once its part of the inputs is in inbox[e & 1]; peers' CTA c poll it. Direct ops
+// (thread ranks, above the inbox threshold) publish CTA c's buffers in mailbox[c] before arrive[c],
+// and store e into end[c] once done (peers read our buffers until then).
+struct LaunchSpace {
+  CtaFlag arrive[kLaunchMaxCtas];
+  CtaMailbox mailbox[kLaunchMaxCtas];
+  CtaFlag end[kLaunchMaxCtas];
+  alignas(128) char inbox[2][kLaunchInboxBytes];
+};
+constexpr int kLaunchEager = 0;
+constexpr int kLaunchGraph = 1;
+
 struct alignas(128) DeviceState {
   uint32_t doorbell[kMaxSlots];  // stream memops write here; the leader CTA polls
   CtaFlag arrive[kMaxCtas];      // peers poll
@@ -111,14 +124,17 @@ struct alignas(128) DeviceState {
   // The leader copies each dispatched slot here from host-mapped memory (one PCIe round trip per
   // group); the worker CTAs read their copy from device memory.
   alignas(128) WorkSlot dispatched[kDispatchDepth];
-  // The launch path: CTA c of the launch kernel of launch-path op e stores e here once its part
-  // of the inputs is in launchInbox[e & 1]; peers' CTA c poll it (launch_path.h).
-  CtaFlag launchArrive[kLaunchMaxCtas];
-  // Direct launch-path ops (thread ranks, above the inbox threshold): CTA c's buffers, published
-  // before its launchArrive, and its end-of-op flag (peers read our buffers until they store it).
-  CtaMailbox launchMailbox[kLaunchMaxCtas];
-  CtaFlag launchEnd[kLaunchMaxCtas];
-  alignas(128) char launchInbox[2][kLaunchInboxBytes];
+  // The launch path's flags and inboxes, twice: launch[kLaunchEager] for eager launches, whose
+  // sequence number e comes from the host, and launch[kLaunchGraph] for launches captured into
+  // CUDA graphs, whose sequence number the device keeps (graphSeq below: a replay cannot take one
+  // from the host). The two never share a flag or a byte, so the two sequences stay independent.
+  LaunchSpace launch[2];
+  // Captured launches: the sequence number of the last one that ran on this rank, how many CTAs
+  // of the one running have finished (the last to finish advances graphSeq: by then every CTA of
+  // it has read the old value), and how many of each CollType ran (mirrored into HostControl).
+  alignas(128) uint64_t graphSeq;
+  uint32_t graphCtasDone;
+  uint64_t graphOps[8];
 };
 
 // Kinds of wait that can time out (ErrorRecord::what).
@@ -188,6 +204,7 @@ struct alignas(64) HostControl {
   volatile uint64_t launchDone[8];   // launch path: the last op index of each CollType whose
                                      // kernel ran to its end (CTA 0), for the statistics
   volatile uint32_t testStalled;     // MKERNEL_TEST_STALL_BARRIER: 1 once a CTA stopped on purpose
+  volatile uint64_t graphLaunchDone[8];  // launch path, captured launches: executions by CollType
 };
 
 }  // namespace coll

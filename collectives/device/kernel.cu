@@ -36,6 +36,7 @@ struct SharedState {
   uint64_t peerDst[kMaxRanks];
   uint32_t slotIndex;
   uint32_t stop;
+  uint64_t epoch;  // launch kernel, captured: the sequence number thread 0 read from graphSeq
 };
 
 // MKERNEL_KERNEL_TRACE: CTA 0's thread 0 stamps group `seq` at `point` (no-op when tracing is off).
@@ -650,21 +651,23 @@ __device__ void launchMove(SharedState& sh, const WorkDesc& d, bool reduce, cons
 // and waits for every peer's launchEnd[c] >= e: until then peers may still read our input or write
 // our output. The mailbox of op e is overwritten only at a later op, which starts after this
 // rank's op e passed the end flags, i.e. after every peer's CTA c finished op e.
-__device__ bool launchDirect(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta, uint64_t epoch) {
+__device__ bool launchDirect(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta, uint64_t epoch,
+                             int ns) {
   const int n = p.nRanks, r = p.rank;
   if (threadIdx.x == 0) {
-    CtaMailbox* mb = &p.self->launchMailbox[cta];
+    CtaMailbox* mb = &p.self->launch[ns].mailbox[cta];
     mb->src = d.sendbuff;
     mb->dst = d.recvbuff;
     __threadfence_system();
-    storeRelease(&p.self->launchArrive[cta].epoch, epoch);
+    storeRelease(&p.self->launch[ns].arrive[cta].epoch, epoch);
   }
   const int peer = static_cast<int>(threadIdx.x);
   bool ok = true;
-  if (peer < n && peer != r) ok = waitGeq(p, &sh.peers[peer]->launchArrive[cta].epoch, epoch, cta, peer, kWaitLaunchPeer, d.coll);
+  if (peer < n && peer != r)
+    ok = waitGeq(p, &sh.peers[peer]->launch[ns].arrive[cta].epoch, epoch, cta, peer, kWaitLaunchPeer, d.coll);
   if (!__syncthreads_and(ok)) return false;
   if (peer < n) {
-    const CtaMailbox* mb = &sh.peers[peer]->launchMailbox[cta];
+    const CtaMailbox* mb = &sh.peers[peer]->launch[ns].mailbox[cta];
     sh.peerSrc[peer] = __ldcg(&mb->src);
     sh.peerDst[peer] = __ldcg(&mb->dst);
   }
@@ -684,38 +687,38 @@ __device__ bool launchDirect(const KernelParams& p, SharedState& sh, const WorkD
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();  // our remote stores (TwoShot, Broadcast, Reduce) before the flag
-    storeRelease(&p.self->launchEnd[cta].epoch, epoch);
+    storeRelease(&p.self->launch[ns].end[cta].epoch, epoch);
   }
   ok = true;
-  if (peer < n && peer != r) ok = waitGeq(p, &sh.peers[peer]->launchEnd[cta].epoch, epoch, cta, peer, kWaitLaunchPeerEnd, d.coll);
+  if (peer < n && peer != r)
+    ok = waitGeq(p, &sh.peers[peer]->launch[ns].end[cta].epoch, epoch, cta, peer, kWaitLaunchPeerEnd, d.coll);
   return __syncthreads_and(ok) != 0;
 }
 
-__global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(KernelParams p, WorkDesc d, uint64_t epoch,
-                                                                  uint64_t opIndex, int direct) {
-  __shared__ SharedState sh;
+// One launch-path collective, this CTA's share (the kernel below adds the captured launches'
+// sequence numbers around it). ns: the namespace of flags and inboxes (kLaunchEager/kLaunchGraph).
+// False when the communicator had failed or a wait failed.
+__device__ __forceinline__ bool launchRun(const KernelParams& p, SharedState& sh, const WorkDesc& d, uint64_t epoch,
+                                          int ns, int direct) {
   const int cta = blockIdx.x;
   const int n = p.nRanks, r = p.rank;
   const CollType coll = static_cast<CollType>(d.coll);
   const uint64_t esz = elemSize(d.dtype);
   const bool reduce = coll == CollType::AllReduce || coll == CollType::ReduceScatter || coll == CollType::Reduce;
   const LaunchPart lp = launchPart(coll, d.count, n, r, d.root, gridDim.x, cta, esz);
-  if (threadIdx.x == 0) sh.stop = stopRequested(p) ? 1 : 0;  // a failed communicator: release the stream
-  if (threadIdx.x < kMaxRanks) sh.peers[threadIdx.x] = threadIdx.x < n ? p.peers[threadIdx.x] : nullptr;
-  __syncthreads();
-  if (sh.stop) return;
+  if (sh.stop) return false;
   const char* send = reinterpret_cast<const char*>(d.sendbuff);
   char* recv = reinterpret_cast<char*>(d.recvbuff);
   const char* srcs[kMaxRanks];
   if (direct && n > 1) {
-    if (!launchDirect(p, sh, d, cta, epoch)) return;
+    if (!launchDirect(p, sh, d, cta, epoch, ns)) return false;
   } else if (n == 1) {
     // Nothing to wait for: the op's own copy or reduction (pre/post ops included) in place.
     srcs[0] = send + lp.part.offset * esz;
     launchMove(sh, d, reduce, srcs, 1, recv + lp.part.offset * esz, lp.part.count, esz);
   } else {
     const int parity = static_cast<int>(epoch & 1);
-    char* inbox = p.self->launchInbox[parity];
+    char* inbox = p.self->launch[ns].inbox[parity];
     for (int b = 0; b < lp.publishBlocks; ++b) {
       const uint64_t off = static_cast<uint64_t>(b) * d.count + lp.part.offset;
       srcs[0] = send + off * esz;
@@ -726,30 +729,64 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(KernelParams p
     __syncthreads();
     if (threadIdx.x == 0) {
       __threadfence_system();
-      storeRelease(&p.self->launchArrive[cta].epoch, epoch);
+      storeRelease(&p.self->launch[ns].arrive[cta].epoch, epoch);
     }
     bool ok = true;
     const int peer = static_cast<int>(threadIdx.x);
-    if (peer < n && peer != r) ok = waitGeq(p, &sh.peers[peer]->launchArrive[cta].epoch, epoch, cta, peer, kWaitLaunchPeer, d.coll);
-    if (!__syncthreads_and(ok)) return;
+    if (peer < n && peer != r)
+      ok = waitGeq(p, &sh.peers[peer]->launch[ns].arrive[cta].epoch, epoch, cta, peer, kWaitLaunchPeer, d.coll);
+    if (!__syncthreads_and(ok)) return false;
     if (lp.compute && lp.part.count > 0) {
       if (coll == CollType::AllGather) {
         for (int k = 0; k < n; ++k) {
-          srcs[0] = sh.peers[k]->launchInbox[parity] + lp.readOffset * esz;
+          srcs[0] = sh.peers[k]->launch[ns].inbox[parity] + lp.readOffset * esz;
           launchMove(sh, d, false, srcs, 1, recv + (static_cast<uint64_t>(k) * d.count + lp.part.offset) * esz,
                      lp.part.count, esz);
         }
       } else if (coll == CollType::Broadcast) {
-        srcs[0] = sh.peers[d.root]->launchInbox[parity] + lp.readOffset * esz;
+        srcs[0] = sh.peers[d.root]->launch[ns].inbox[parity] + lp.readOffset * esz;
         launchMove(sh, d, false, srcs, 1, recv + lp.part.offset * esz, lp.part.count, esz);
       } else {
-        for (int k = 0; k < n; ++k) srcs[k] = sh.peers[k]->launchInbox[parity] + lp.readOffset * esz;
+        for (int k = 0; k < n; ++k) srcs[k] = sh.peers[k]->launch[ns].inbox[parity] + lp.readOffset * esz;
         launchMove(sh, d, true, srcs, n, recv + lp.part.offset * esz, lp.part.count, esz);
       }
     }
   }
-  // Statistics: a posted store into host memory, no round trip.
-  if (cta == 0 && threadIdx.x == 0) p.ctl->launchDone[d.coll] = opIndex;
+  return true;
+}
+
+// epoch 0: a launch captured into a CUDA graph. Its sequence number is graphSeq + 1, read by each
+// CTA at its start; the last CTA to finish stores it back (by then every CTA of this launch has
+// read the old value, and the next launch of this communicator starts after this one ended:
+// stream order, launch_path.h). Its flags and inbox are the graph namespace's.
+__global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(KernelParams p, WorkDesc d, uint64_t epoch,
+                                                                  uint64_t opIndex, int direct) {
+  __shared__ SharedState sh;
+  const bool graph = epoch == 0;
+  if (threadIdx.x == 0) {
+    sh.stop = stopRequested(p) ? 1 : 0;  // a failed communicator: release the stream
+    sh.epoch = graph ? loadVolatile64(&p.self->graphSeq) + 1 : epoch;
+  }
+  if (threadIdx.x < kMaxRanks) sh.peers[threadIdx.x] = threadIdx.x < p.nRanks ? p.peers[threadIdx.x] : nullptr;
+  __syncthreads();
+  const uint64_t e = sh.epoch;
+  const bool ran = launchRun(p, sh, d, e, graph ? kLaunchGraph : kLaunchEager, direct);
+  if (!graph) {
+    // Statistics: a posted store into host memory, no round trip.
+    if (ran && blockIdx.x == 0 && threadIdx.x == 0) p.ctl->launchDone[d.coll] = opIndex;
+    return;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&p.self->graphCtasDone, 1u) + 1 == gridDim.x) {
+      p.self->graphCtasDone = 0;
+      p.self->graphOps[d.coll] += 1;
+      p.ctl->graphLaunchDone[d.coll] = p.self->graphOps[d.coll];
+      __threadfence();
+      *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e;
+    }
+  }
 }
 
 // ---- the gate: the caller's side of the doorbell protocol as a one-thread kernel ----------------

@@ -6,6 +6,12 @@
 // the collective's sequence number, so an inbox overwritten before a peer finished reading it
 // (the reuse the single barrier must exclude) gives a wrong result; every output element is
 // compared with the collective's definition and must be written exactly once.
+//
+// Graph mode (MKERNEL_GRAPH_LAUNCH): the op list is replayed several times, as a captured graph
+// is, and no CTA is told its sequence number: each reads the rank's device counter (graphSeq)
+// at its start, some CTAs late, and the last CTA of an op to finish advances it, as
+// launchKernel does. A variant where every CTA advances it at its own end (wrong: a late
+// starter then reads the next op's number) must fail.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -31,6 +37,12 @@ using launchsim::Op;
 struct World {
   int n = 0, cap = 1;
   std::vector<Op> ops;
+  // Graph mode: the op list replays `replays` times; every CTA takes its epoch from graphSeq.
+  bool graph = false;
+  bool graphEachCtaAdvances = false;  // the wrong scheme, for the test that must fail
+  int replays = 1;
+  std::unique_ptr<std::atomic<uint64_t>[]> graphSeq;        // [rank]
+  std::unique_ptr<std::atomic<uint32_t>[]> graphCtasDone;   // [rank]
   std::vector<std::vector<uint64_t>> inbox[2];             // [parity][rank]
   std::unique_ptr<std::atomic<uint64_t>[]> arrive;         // [rank * kLaunchMaxCtas + cta]
   launchsim::Failures failures;
@@ -42,7 +54,7 @@ using launchsim::jitter;
 void runCta(World& w, int r, int cta, int nCtas, uint64_t epoch, std::vector<uint64_t>& out,
             std::vector<std::atomic<int>>& writes, unsigned seed) {
   std::mt19937 rng(seed);
-  const Op& op = w.ops[epoch - 1];
+  const Op& op = w.ops[(epoch - 1) % w.ops.size()];
   const int n = w.n, parity = static_cast<int>(epoch & 1);
   const LaunchPart lp = launchPart(op.coll, op.count, n, r, op.root, nCtas, cta, op.esz);
   std::vector<uint64_t>& mine = w.inbox[parity][static_cast<size_t>(r)];
@@ -82,7 +94,7 @@ void runCta(World& w, int r, int cta, int nCtas, uint64_t epoch, std::vector<uin
 }
 
 void check(World& w, int r, uint64_t epoch, const std::vector<uint64_t>& out, const std::vector<std::atomic<int>>& writes) {
-  const Op& op = w.ops[epoch - 1];
+  const Op& op = w.ops[(epoch - 1) % w.ops.size()];
   const int n = w.n;
   const bool writes_ = !(op.coll == CollType::Reduce && r != op.root);
   const uint64_t outCount = op.coll == CollType::AllGather ? op.count * static_cast<uint64_t>(n) : op.count;
@@ -114,9 +126,34 @@ void check(World& w, int r, uint64_t epoch, const std::vector<uint64_t>& out, co
   }
 }
 
+// Graph mode, CTA `cta` of rank r: the epoch launchKernel would compute (0 after a failure).
+uint64_t graphEpochAtStart(World& w, int r, int cta, uint64_t want, std::mt19937& rng) {
+  // Some CTAs start late (a CTA of a launch may begin after another has finished).
+  if (cta % 2 == 1 && rng() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300 + rng() % 700));
+  const uint64_t e = w.graphSeq[r].load(std::memory_order_acquire) + 1;
+  if (e != want) {
+    w.failures.fail("rank " + std::to_string(r) + " CTA " + std::to_string(cta) + ": the device sequence gave epoch " +
+                    std::to_string(e) + " for op " + std::to_string(want));
+    return 0;
+  }
+  return e;
+}
+
+void graphCtaEnd(World& w, int r, int nCtas, uint64_t e) {
+  if (w.graphEachCtaAdvances) {
+    w.graphSeq[r].store(e, std::memory_order_release);
+    return;
+  }
+  if (w.graphCtasDone[r].fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(nCtas)) {
+    w.graphCtasDone[r].store(0, std::memory_order_relaxed);
+    w.graphSeq[r].store(e, std::memory_order_release);
+  }
+}
+
 void runRank(World& w, int r) {
-  for (uint64_t epoch = 1; epoch <= w.ops.size() && !w.failures.stop; ++epoch) {
-    const Op& op = w.ops[epoch - 1];
+  const uint64_t total = w.ops.size() * static_cast<uint64_t>(w.replays);
+  for (uint64_t epoch = 1; epoch <= total && !w.failures.stop; ++epoch) {
+    const Op& op = w.ops[(epoch - 1) % w.ops.size()];
     const uint64_t bytes = launchPublishElems(op.coll, op.count, w.n) * op.esz;
     const int nCtas = launchCtas(bytes, w.cap);
     const uint64_t outCount = op.coll == CollType::AllGather ? op.count * static_cast<uint64_t>(w.n) : op.count;
@@ -125,17 +162,33 @@ void runRank(World& w, int r) {
     for (auto& x : writes) x = 0;
     // Stream order: the next op starts after every CTA ended.
     launchsim::runThreads(nCtas, [&](int c) {
-      runCta(w, r, c, nCtas, epoch, out, writes,
-             static_cast<unsigned>(epoch * 131 + static_cast<uint64_t>(r) * 17 + static_cast<uint64_t>(c)));
+      const unsigned seed = static_cast<unsigned>(epoch * 131 + static_cast<uint64_t>(r) * 17 + static_cast<uint64_t>(c));
+      if (!w.graph) {
+        runCta(w, r, c, nCtas, epoch, out, writes, seed);
+        return;
+      }
+      std::mt19937 rng(seed ^ 0x9e3779b9u);
+      const uint64_t e = graphEpochAtStart(w, r, c, epoch, rng);
+      if (e != 0) runCta(w, r, c, nCtas, e, out, writes, seed);
+      graphCtaEnd(w, r, nCtas, e);
     });
     if (!w.failures.stop) check(w, r, epoch, out, writes);
   }
 }
 
-std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed) {
+std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed, int replays = 0, bool eachCtaAdvances = false) {
   World w;
   w.n = n;
   w.cap = cap;
+  w.graph = replays > 0;
+  w.replays = replays > 0 ? replays : 1;
+  w.graphEachCtaAdvances = eachCtaAdvances;
+  w.graphSeq.reset(new std::atomic<uint64_t>[static_cast<size_t>(n)]);
+  w.graphCtasDone.reset(new std::atomic<uint32_t>[static_cast<size_t>(n)]);
+  for (int r = 0; r < n; ++r) {
+    w.graphSeq[r] = 0;
+    w.graphCtasDone[r] = 0;
+  }
   std::mt19937 rng(seed);
   const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
                             CollType::Reduce};
@@ -201,4 +254,25 @@ TEST_CASE("launch path: CPU ranks and CTAs, random collectives back to back, one
     for (const auto& f : failures) FAIL_CHECK(f);
     CHECK(failures.empty());
   }
+}
+
+TEST_CASE("launch path: captured collectives replayed, the device numbering them (graph namespace)") {
+  struct Cfg {
+    int n, cap, ops, replays;
+  };
+  for (Cfg c : {Cfg{2, 16, 12, 5}, Cfg{3, 4, 10, 4}, Cfg{4, 16, 8, 4}}) {
+    INFO("ranks " << c.n << ", CTA cap " << c.cap << ", " << c.ops << " ops x " << c.replays << " replays");
+    const std::vector<std::string> failures =
+        runWorld(c.n, c.cap, c.ops, static_cast<unsigned>(c.n * 7000 + c.cap), c.replays);
+    for (const auto& f : failures) FAIL_CHECK(f);
+    CHECK(failures.empty());
+  }
+}
+
+TEST_CASE("launch path: every CTA advancing the graph sequence at its own end is caught") {
+  // A late-starting CTA then reads the number its launch's first CTAs already stored: the wrong
+  // epoch (flags and inbox parity of the next op). The simulation must see it.
+  const std::vector<std::string> failures = runWorld(2, 16, 16, 4242u, 4, /*eachCtaAdvances=*/true);
+  REQUIRE(!failures.empty());
+  CHECK(failures.front().find("the device sequence gave epoch") != std::string::npos);
 }

@@ -1,5 +1,7 @@
-// GPU tier: the persistent kernel's life cycle. CUDA graph capture and replay (also after idling
-// past MKERNEL_IDLE_EXIT_US: a captured communicator stays resident), idle exit + relaunch,
+// GPU tier: the persistent kernel's life cycle. CUDA graph capture and replay: on the launch
+// path's graph namespace (the default, MKERNEL_GRAPH_LAUNCH=1: no resident kernel, the device
+// numbers the replays, eager collectives interleaved) and through the doorbell (also after idling
+// past MKERNEL_IDLE_EXIT_US: such a captured communicator stays resident), idle exit + relaunch,
 // groups, >= 1000 back-to-back mixed collectives without a host sync in between (races), and a
 // peer that never comes (bounded wait, RemoteError naming the peer, streams not left hanging).
 #include <catch2/catch.hpp>
@@ -9,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,9 +66,14 @@ CollArgs allReduceSum(const void* send, void* recv, size_t count) {
 }
 
 // waitMode: MKERNEL_STREAM_WAIT (gate kernel or stream memops): both must survive capture.
-void graphReplay(const char* waitMode) {
+// graphLaunch: MKERNEL_GRAPH_LAUNCH. On (the launch path's graph namespace): no persistent kernel
+// at all, each replay's three AllReduces counted as launch-path ops, and an eager AllReduce
+// between replays (the eager namespace) must not disturb the device's numbering. Off: the
+// doorbell, one resident kernel for every replay.
+void graphReplay(const char* waitMode, bool graphLaunch) {
   EnvGuard mode("MKERNEL_STREAM_WAIT", waitMode);
   EnvGuard idle("MKERNEL_IDLE_EXIT_US", "20000");
+  EnvGuard gl("MKERNEL_GRAPH_LAUNCH", graphLaunch ? "1" : "0");
   const int n = 4;
   auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
     const size_t small = 1000, large = 1 << 20;
@@ -102,11 +110,35 @@ void graphReplay(const char* waitMode) {
       std::string w = checkSum(a, n, salt);
       if (w.empty()) w = checkSum(b, n, salt);
       if (!w.empty()) return ctx.fail("replay " + std::to_string(rep) + ": " + w);
+      if (graphLaunch && rep % 2 == 1) {
+        // An eager AllReduce between replays: the eager namespace, numbered by the host.
+        const int esalt = 1000 + rep;
+        std::vector<int32_t> eh = rankInput(ctx.rank, esalt, small);
+        ctx.hostReset();
+        if (!ctx.toDevice(in, eh.data(), small * 4)) return ctx.fail("upload (eager)");
+        CollArgs eager = allReduceSum(in, outSmall, small);
+        if (ctx.comm->enqueue(&eager, 1, ctx.stream) != Result::Success) return ctx.fail("eager enqueue between replays");
+        const void* se = ctx.fromDevice(outSmall, small * 4);
+        if (se == nullptr || cudaStreamSynchronize(ctx.stream) != cudaSuccess) return ctx.fail("eager between replays");
+        std::vector<int32_t> e(small);
+        std::memcpy(e.data(), se, small * 4);
+        w = checkSum(e, n, esalt);
+        if (!w.empty()) return ctx.fail("eager AllReduce after replay " + std::to_string(rep) + ": " + w);
+      }
     }
     mkernel::coll::CollStats st;
     ctx.comm->stats(&st);
-    if (st.kernelLaunches != 1) ctx.fail("captured communicator relaunched its kernel: " + std::to_string(st.kernelLaunches) + " launches");
-    if (st.kernelOps[static_cast<int>(CollType::AllReduce)] != 18) ctx.fail("kernel counted " + std::to_string(st.kernelOps[4]) + " AllReduces, want 18");
+    const uint64_t ar = st.kernelOps[static_cast<int>(CollType::AllReduce)];
+    if (graphLaunch) {
+      // 6 replays x 3 captured + 3 eager, all on the launch path; no persistent kernel.
+      if (st.kernelLaunches != 0) ctx.fail("a persistent kernel was launched " + std::to_string(st.kernelLaunches) + " times");
+      if (ar != 21) ctx.fail("counted " + std::to_string(ar) + " AllReduces, want 21");
+      if (st.launchOps[static_cast<int>(CollType::AllReduce)] != 21)
+        ctx.fail("launch path counted " + std::to_string(st.launchOps[static_cast<int>(CollType::AllReduce)]) + " AllReduces, want 21");
+    } else {
+      if (st.kernelLaunches != 1) ctx.fail("captured communicator relaunched its kernel: " + std::to_string(st.kernelLaunches) + " launches");
+      if (ar != 18) ctx.fail("kernel counted " + std::to_string(ar) + " AllReduces, want 18");
+    }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     cudaFree(in);
@@ -119,14 +151,19 @@ void graphReplay(const char* waitMode) {
 
 }  // namespace
 
-TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time (gate kernel)", "[gpu][gate][graph]") {
+TEST_CASE("gpu: CUDA graph capture and replay on the launch path (graph namespace), eager collectives between replays", "[gpu][graph]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
-  graphReplay("kernel");
+  graphReplay("memop", true);
 }
 
-TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time (stream memops)", "[gpu][graph]") {
+TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time (doorbell, gate kernel)", "[gpu][gate][graph]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
-  graphReplay("memop");
+  graphReplay("kernel", false);
+}
+
+TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time (doorbell, stream memops)", "[gpu][graph]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  graphReplay("memop", false);
 }
 
 TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins does not stall its other streams", "[gpu][graph]") {
@@ -134,6 +171,7 @@ TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins 
   // if a device allocation between two commands of different streams serialized them, the memset
   // below would wait for the resident persistent kernel, which never exits on its own.
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  EnvGuard gl("MKERNEL_GRAPH_LAUNCH", "0");  // the doorbell: what keeps a kernel resident
   auto failures = mkgpu::runRanks(1, [&](mkgpu::RankCtx& ctx) {
     int32_t* buf = nullptr;
     cudaMalloc(reinterpret_cast<void**>(&buf), 4096);
