@@ -21,7 +21,8 @@
 //
 // No barrier is needed after a chunk: regions alternate by chunk parity, and a rank writes into
 // in[p] / out[p] of any rank again (two chunks later) only after the barrier of the chunk in
-// between, which the region's owner reaches only once it has finished reading it. A rank's output
+// between, which the region's owner reaches only once it has finished reading it. Since session 6
+// the next chunk's push comes before this chunk's compute (stagedCollective, below). A rank's output
 // is complete when its own CTA finishes, so no end barrier is needed per collective either: one
 // barrier per chunk (two for TwoShot).
 //
@@ -85,99 +86,160 @@ struct StagedCall {
 // Every call is made by every thread of the CTA alike (uniform control flow). *chunkSeq counts
 // this CTA's chunks over the communicator's life (its parity picks the regions). False when a
 // barrier failed.
+// One chunk of one CTA: elements [g, g + l) of the per-rank block (l <= chunkElems), staged
+// through the regions of parity `par`.
+struct StagedChunk {
+  uint64_t g;
+  uint64_t l;
+  uint64_t slot;  // bytes of one rank's slot in an inbox
+  int par;
+};
+
+// push: this rank's data of the chunk into slot r of the inboxes that need it (TwoShot AllReduce:
+// part k of the chunk to its owner k).
 template <class Ex>
-MKERNEL_HD bool stagedCollective(Ex& ex, const StagedCall& c, uint64_t* chunkSeq) {
+MKERNEL_HD void stagedPush(Ex& ex, const StagedCall& c, const StagedChunk& k) {
   const int n = c.nRanks, r = c.rank;
   const uint64_t esz = c.elemSize;
-  const uint64_t align = sliceAlignElems(esz);
-  const char* srcs[kMaxRanks];
   char* dsts[kMaxRanks];
   const char* send = reinterpret_cast<const char*>(c.send);
+  switch (c.coll) {
+    case CollType::AllReduce:
+      if (!c.twoShot) {
+        for (int q = 0; q < n; ++q) dsts[q] = ex.in(q, k.par) + r * k.slot;
+        ex.copy(dsts, n, send + k.g * esz, k.slot);
+      } else {
+        const uint64_t align = sliceAlignElems(esz);
+        for (int q = 0; q < n; ++q) {
+          const Slice s = rankSlice(k.l, n, q, align);
+          dsts[0] = ex.in(q, k.par) + r * k.slot + s.offset * esz;
+          ex.copy(dsts, 1, send + (k.g + s.offset) * esz, s.count * esz);
+        }
+      }
+      break;
+    case CollType::ReduceScatter:
+      for (int q = 0; q < n; ++q) {
+        dsts[0] = ex.in(q, k.par) + r * k.slot;
+        ex.copy(dsts, 1, send + (static_cast<uint64_t>(q) * c.count + k.g) * esz, k.slot);
+      }
+      break;
+    case CollType::AllGather:
+      for (int q = 0; q < n; ++q) dsts[q] = ex.in(q, k.par) + r * k.slot;
+      ex.copy(dsts, n, send + k.g * esz, k.slot);
+      break;
+    case CollType::Broadcast:
+      if (r == c.root) {
+        for (int q = 0; q < n; ++q) dsts[q] = ex.in(q, k.par);
+        ex.copy(dsts, n, send + k.g * esz, k.slot);
+      }
+      break;
+    case CollType::Reduce:
+      dsts[0] = ex.in(c.root, k.par) + r * k.slot;
+      ex.copy(dsts, 1, send + k.g * esz, k.slot);
+      break;
+  }
+}
+
+// compute: from this rank's own inbox into its own buffer, once every peer pushed the chunk
+// (TwoShot AllReduce: reduce this rank's part into every rank's out region, barrier, copy its
+// own out region). False when a barrier failed.
+template <class Ex>
+MKERNEL_HD bool stagedCompute(Ex& ex, const StagedCall& c, const StagedChunk& k) {
+  const int n = c.nRanks, r = c.rank;
+  const uint64_t esz = c.elemSize;
+  const char* srcs[kMaxRanks];
+  char* dsts[kMaxRanks];
   char* recv = reinterpret_cast<char*>(c.recv);
+  const char* inbox = ex.in(r, k.par);
+  switch (c.coll) {
+    case CollType::AllReduce:
+      if (!c.twoShot) {
+        for (int q = 0; q < n; ++q) srcs[q] = inbox + q * k.slot;
+        dsts[0] = recv + k.g * esz;
+        ex.reduce(dsts, 1, srcs, n, k.l);
+      } else {
+        const Slice mine = rankSlice(k.l, n, r, sliceAlignElems(esz));
+        for (int q = 0; q < n; ++q) {
+          srcs[q] = inbox + q * k.slot + mine.offset * esz;
+          dsts[q] = ex.out(q, k.par) + mine.offset * esz;
+        }
+        ex.reduce(dsts, n, srcs, n, mine.count);
+        if (!ex.barrier()) return false;
+        dsts[0] = recv + k.g * esz;
+        ex.copy(dsts, 1, ex.out(r, k.par), k.slot);
+      }
+      break;
+    case CollType::ReduceScatter:
+      for (int q = 0; q < n; ++q) srcs[q] = inbox + q * k.slot;
+      dsts[0] = recv + k.g * esz;
+      ex.reduce(dsts, 1, srcs, n, k.l);
+      break;
+    case CollType::AllGather:
+      for (int q = 0; q < n; ++q) {
+        dsts[0] = recv + (static_cast<uint64_t>(q) * c.count + k.g) * esz;
+        ex.copy(dsts, 1, inbox + q * k.slot, k.slot);
+      }
+      break;
+    case CollType::Broadcast:
+      dsts[0] = recv + k.g * esz;
+      ex.copy(dsts, 1, inbox, k.slot);
+      break;
+    case CollType::Reduce:
+      if (r == c.root) {
+        for (int q = 0; q < n; ++q) srcs[q] = inbox + q * k.slot;
+        dsts[0] = recv + k.g * esz;
+        ex.reduce(dsts, 1, srcs, n, k.l);
+      }
+      break;
+  }
+  return true;
+}
+
+// The chunk at offset o of the CTA's part c.part; its regions' parity from the CTA's chunk counter.
+MKERNEL_HD inline StagedChunk stagedChunkAt(const StagedCall& c, uint64_t o, uint64_t seq) {
+  StagedChunk k;
+  k.l = c.part.count - o < c.chunkElems ? c.part.count - o : c.chunkElems;
+  k.g = c.part.offset + o;
+  k.slot = k.l * c.elemSize;
+  k.par = static_cast<int>(seq & c.parityMask);
+  return k;
+}
+
+// Pipelined, for the collectives with one barrier per chunk (all but TwoShot AllReduce): chunk
+// i + 1 is pushed right after the barrier of chunk i, before chunk i is computed, so that its
+// NVLink writes (posted) drain while the CTA reads its own inbox and writes the user buffer, and
+// the next barrier finds the peers' pushes mostly done. Two parities still suffice: a rank pushes
+// chunk i + 2 into in[par(i)] after the barrier of chunk i + 1, which every peer reaches only
+// after computing chunk i, i.e. after its last read of in[par(i)] (tests/collectives/test_staged.cc
+// checks that no region is overwritten while read). The same holds across collectives: the CTA's
+// chunk counter runs on, and a collective's first push follows the previous one's last barrier.
+// TwoShot AllReduce (two barriers per chunk, out regions written by peers) keeps the plain order:
+// push, barrier, compute.
+template <class Ex>
+MKERNEL_HD bool stagedCollective(Ex& ex, const StagedCall& c, uint64_t* chunkSeq) {
+  if (c.part.count == 0) return true;
+  const bool twoShot = c.coll == CollType::AllReduce && c.twoShot;
+  if (twoShot) {
+    for (uint64_t o = 0; o < c.part.count; o += c.chunkElems) {
+      const StagedChunk k = stagedChunkAt(c, o, (*chunkSeq)++);
+      stagedPush(ex, c, k);
+      if (!ex.barrier()) return false;
+      if (!stagedCompute(ex, c, k)) return false;
+    }
+    return true;
+  }
+  StagedChunk k = stagedChunkAt(c, 0, (*chunkSeq)++);
+  stagedPush(ex, c, k);
   for (uint64_t o = 0; o < c.part.count; o += c.chunkElems) {
-    const uint64_t l = c.part.count - o < c.chunkElems ? c.part.count - o : c.chunkElems;
-    const uint64_t g = c.part.offset + o;  // first element of the chunk in the per-rank block
-    const uint64_t slot = l * esz;         // bytes of one rank's slot in an inbox
-    const int par = static_cast<int>((*chunkSeq)++ & c.parityMask);
-    // push: into slot r of the inboxes that need this rank's data
-    switch (c.coll) {
-      case CollType::AllReduce:
-        if (!c.twoShot) {
-          for (int k = 0; k < n; ++k) dsts[k] = ex.in(k, par) + r * slot;
-          ex.copy(dsts, n, send + g * esz, slot);
-        } else {
-          for (int k = 0; k < n; ++k) {  // part k of the chunk to its owner
-            const Slice s = rankSlice(l, n, k, align);
-            dsts[0] = ex.in(k, par) + r * slot + s.offset * esz;
-            ex.copy(dsts, 1, send + (g + s.offset) * esz, s.count * esz);
-          }
-        }
-        break;
-      case CollType::ReduceScatter:
-        for (int k = 0; k < n; ++k) {
-          dsts[0] = ex.in(k, par) + r * slot;
-          ex.copy(dsts, 1, send + (static_cast<uint64_t>(k) * c.count + g) * esz, slot);
-        }
-        break;
-      case CollType::AllGather:
-        for (int k = 0; k < n; ++k) dsts[k] = ex.in(k, par) + r * slot;
-        ex.copy(dsts, n, send + g * esz, slot);
-        break;
-      case CollType::Broadcast:
-        if (r == c.root) {
-          for (int k = 0; k < n; ++k) dsts[k] = ex.in(k, par);
-          ex.copy(dsts, n, send + g * esz, slot);
-        }
-        break;
-      case CollType::Reduce:
-        dsts[0] = ex.in(c.root, par) + r * slot;
-        ex.copy(dsts, 1, send + g * esz, slot);
-        break;
-    }
     if (!ex.barrier()) return false;
-    // compute: from this rank's own inbox into its own buffer
-    const char* inbox = ex.in(r, par);
-    switch (c.coll) {
-      case CollType::AllReduce:
-        if (!c.twoShot) {
-          for (int k = 0; k < n; ++k) srcs[k] = inbox + k * slot;
-          dsts[0] = recv + g * esz;
-          ex.reduce(dsts, 1, srcs, n, l);
-        } else {
-          const Slice mine = rankSlice(l, n, r, align);
-          for (int k = 0; k < n; ++k) {
-            srcs[k] = inbox + k * slot + mine.offset * esz;
-            dsts[k] = ex.out(k, par) + mine.offset * esz;
-          }
-          ex.reduce(dsts, n, srcs, n, mine.count);
-          if (!ex.barrier()) return false;
-          dsts[0] = recv + g * esz;
-          ex.copy(dsts, 1, ex.out(r, par), slot);
-        }
-        break;
-      case CollType::ReduceScatter:
-        for (int k = 0; k < n; ++k) srcs[k] = inbox + k * slot;
-        dsts[0] = recv + g * esz;
-        ex.reduce(dsts, 1, srcs, n, l);
-        break;
-      case CollType::AllGather:
-        for (int k = 0; k < n; ++k) {
-          dsts[0] = recv + (static_cast<uint64_t>(k) * c.count + g) * esz;
-          ex.copy(dsts, 1, inbox + k * slot, slot);
-        }
-        break;
-      case CollType::Broadcast:
-        dsts[0] = recv + g * esz;
-        ex.copy(dsts, 1, inbox, slot);
-        break;
-      case CollType::Reduce:
-        if (r == c.root) {
-          for (int k = 0; k < n; ++k) srcs[k] = inbox + k * slot;
-          dsts[0] = recv + g * esz;
-          ex.reduce(dsts, 1, srcs, n, l);
-        }
-        break;
+    const uint64_t next = o + c.chunkElems;
+    StagedChunk nk = k;
+    if (next < c.part.count) {
+      nk = stagedChunkAt(c, next, (*chunkSeq)++);
+      stagedPush(ex, c, nk);
     }
+    if (!stagedCompute(ex, c, k)) return false;
+    k = nk;
   }
   return true;
 }
