@@ -188,6 +188,7 @@ class KernelCommunicator final : public Communicator {
   // Captured launch-path ops (MKERNEL_GRAPH_LAUNCH): the stream and capture of the last one, so
   // that a capture forked over several streams still orders them (graph namespace, launch_path.h).
   bool graphLaunch_ = false;
+  int perNode_ = 0;  // hierarchical path: ranks per (emulated or real) node; 0: one node
   cudaEvent_t graphEvent_ = nullptr;
   cudaStream_t lastGraphStream_ = nullptr;
   unsigned long long lastGraphCapture_ = 0;
@@ -250,14 +251,20 @@ Result KernelCommunicator::init() {
                     static_cast<long long>(stagedChunk), static_cast<unsigned long long>(kStagedMinChunkBytes),
                     1ull << 30);
   // Emulated nodes (MKERNEL_RANKS_PER_NODE in emulation): every collective runs hierarchically.
-  const bool hier = opts_.emulate && opts_.ranksPerNode > 0 && opts_.ranksPerNode < opts_.nRanks;
-  if (hier && (opts_.nRanks % opts_.ranksPerNode != 0 || opts_.nRanks / opts_.ranksPerNode > kMaxHierNodes))
+  const bool emulatedNodes = opts_.emulate && opts_.ranksPerNode > 0 && opts_.ranksPerNode < opts_.nRanks;
+  if (emulatedNodes &&
+      (opts_.nRanks % opts_.ranksPerNode != 0 || opts_.nRanks / opts_.ranksPerNode > kMaxHierNodes))
     return MK_ERROR(Result::InvalidArgument,
                     "MKERNEL_RANKS_PER_NODE=%d: %d ranks are not whole nodes of that size (at most %d nodes)",
                     opts_.ranksPerNode, opts_.nRanks, kMaxHierNodes);
   MK_CHECK(exchangePeers(bs_, opts_.rank, opts_.nRanks, opts_.cudaDev, state_, static_cast<int>(want),
-                         smsLeft, opts_.emulate, static_cast<uint64_t>(stagedChunk) / 16 * 16, hier, &peers_));
+                         smsLeft, opts_.emulate, static_cast<uint64_t>(stagedChunk) / 16 * 16, emulatedNodes,
+                         &peers_));
   PeerSetup& peers = peers_;
+  // Ranks on several hosts (one node per host, exchangePeers) run hierarchically too, through
+  // the same proxies, over verbs or TCP between the hosts. Emulated nodes keep their own size.
+  perNode_ = emulatedNodes ? opts_.ranksPerNode : peers.hostPerNode;
+  const bool hier = perNode_ > 0 && perNode_ < opts_.nRanks;
   SmBudget::process().reserve(opts_.cudaDev, peers.nCtas);
   reservedCtas_ = peers.nCtas;
   exchanged_ = true;
@@ -335,7 +342,7 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
 }
 
 Result KernelCommunicator::setupProxy() {
-  const int G = opts_.ranksPerNode, N = opts_.nRanks / G, node = opts_.rank / G, local = opts_.rank % G;
+  const int G = perNode_, N = opts_.nRanks / G, node = opts_.rank / G, local = opts_.rank % G;
   void* host = nullptr;
   MK_CUDA(cudaHostAlloc(&host, sizeof(proxy::ProxyRing), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(proxy ring)");
   proxyRing_ = static_cast<proxy::ProxyRing*>(host);
@@ -387,7 +394,8 @@ Result KernelCommunicator::setupProxy() {
   params_.netBuf = netBuf_;
   params_.nNodes = N;
   params_.perNode = G;
-  MK_INFO(kLogInit, "rank %d: emulated node %d of %d (%d ranks each): proxy on rail %d over %s (%s)", opts_.rank, node,
+  MK_INFO(kLogInit, "rank %d: %s node %d of %d (%d ranks each): proxy on rail %d over %s (%s)", opts_.rank,
+          opts_.emulate ? "emulated" : "host", node,
           N, G, local, net_->name(), choice.why.c_str());
   return Result::Success;
 }

@@ -43,6 +43,35 @@ struct NodeLayout {
   MKERNEL_HD int rankOf(int node, int local) const { return node * perNode + local; }
 };
 
+// The node layout of ranks spread over hosts (hosts[r]: an identifier of rank r's host): nodes
+// are the hosts, which must hold consecutive ranks, the same number each (as torchrun and mpirun
+// place them). Returns false with *why set otherwise. One host: {1, n}.
+inline bool nodeLayoutOfHosts(const uint64_t* hosts, int n, NodeLayout* out, const char** why) {
+  *why = "";
+  int perNode = 1;
+  while (perNode < n && hosts[perNode] == hosts[0]) ++perNode;
+  if (n % perNode != 0) {
+    *why = "the hosts do not hold the same number of ranks";
+    return false;
+  }
+  for (int r = 0; r < n; ++r) {
+    const int first = r / perNode * perNode;
+    if (hosts[r] != hosts[first]) {
+      *why = "a host's ranks are not consecutive, or the hosts do not hold the same number of ranks";
+      return false;
+    }
+    if (r == first && r > 0)
+      for (int q = 0; q < first; q += perNode)
+        if (hosts[q] == hosts[r]) {
+          *why = "a host's ranks are not consecutive";
+          return false;
+        }
+  }
+  out->perNode = perNode;
+  out->nNodes = n / perNode;
+  return true;
+}
+
 // AllReduce phase 1/3: the node slice local rank l reduces and then distributes.
 MKERNEL_HD inline Slice hierNodeSlice(const NodeLayout& L, size_t count, int local, size_t alignElems) {
   return rankSlice(count, L.perNode, local, alignElems);

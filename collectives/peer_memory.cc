@@ -9,6 +9,8 @@
 #include <cstring>
 #include <vector>
 
+#include "collectives/hier_staged.h"
+#include "collectives/hierarchical.h"
 #include "collectives/sm_budget.h"
 #include "collectives/staged.h"
 #include "common/log.h"
@@ -94,6 +96,7 @@ Result mapPeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, Dev
   for (int r = 0; r < nRanks; ++r) {
     const RankInfo& ri = info[static_cast<size_t>(r)];
     const RankMemory& rm = mem[static_cast<size_t>(r)];
+    if (ri.hostHash != me.hostHash) continue;  // another host: reached through the proxies
     if (sameProcess(ri, me)) {
       out->peers[r] = reinterpret_cast<DeviceState*>(rm.statePtr);
       out->stagedBuf[r] = reinterpret_cast<char*>(rm.stagingPtr);
@@ -155,13 +158,29 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
   int agreed = kMaxCtas;
   bool mpsWarned = false;
   out->staged = false;
+  out->hostPerNode = 0;
+  {
+    // Several hosts: the hierarchical path, one node per host (nodeLayoutOfHosts), staged.
+    std::vector<uint64_t> hosts(static_cast<size_t>(nRanks));
+    for (int r = 0; r < nRanks; ++r) hosts[static_cast<size_t>(r)] = info[static_cast<size_t>(r)].hostHash;
+    NodeLayout layout;
+    const char* why = "";
+    if (!nodeLayoutOfHosts(hosts.data(), nRanks, &layout, &why))
+      return MK_ERROR(Result::InvalidUsage,
+                      "rank %d: the %d ranks span several hosts but %s; mkernel's kernel runs several hosts "
+                      "only with consecutive ranks per host, the same number on each (NCCL runs this one)",
+                      rank, nRanks, why);
+    if (layout.nNodes > 1) {
+      if (layout.nNodes > kMaxHierNodes)
+        return MK_ERROR(Result::InvalidUsage, "rank %d: %d hosts; the hierarchical path takes at most %d", rank,
+                        layout.nNodes, kMaxHierNodes);
+      out->hostPerNode = layout.perNode;
+      out->staged = true;
+    }
+  }
   for (int r = 0; r < nRanks; ++r) {
     const RankInfo& ri = info[static_cast<size_t>(r)];
-    if (ri.hostHash != me.hostHash)
-      return MK_ERROR(Result::InvalidUsage,
-                      "rank %d: rank %d is on another host; the persistent kernel runs ranks of one host "
-                      "(threads or processes)",
-                      rank, r);
+    if (ri.hostHash != me.hostHash) continue;  // another host: its GPU and process are its own
     if (!sameProcess(ri, me)) out->staged = true;
     int sharing = 0;
     for (int q = 0; q < nRanks; ++q) {
@@ -208,7 +227,7 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
   for (int r = 0; r < nRanks; ++r)
     if (stagedVote[static_cast<size_t>(r)] != stagedVote[static_cast<size_t>(rank)])
       return MK_ERROR(Result::InvalidUsage, "rank %d: MKERNEL_STAGED differs between rank %d and rank %d", rank, rank, r);
-  if (out->staged && stagedChunkElems(nRanks, 8, stagedChunkBytes) == 0)
+  if (out->staged && out->hostPerNode == 0 && stagedChunkElems(nRanks, 8, stagedChunkBytes) == 0)
     return MK_ERROR(Result::InvalidArgument,
                     "MKERNEL_STAGED_CHUNK_BYTES=%llu is too small for %d ranks (at least %llu bytes)",
                     static_cast<unsigned long long>(stagedChunkBytes), nRanks,
@@ -218,9 +237,10 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
     closePeers(out, /*freeLocal=*/true);
     return res;
   }
-  MK_INFO(kLogInit, "rank %d: %d peers exchanged, %d CTAs per kernel, %d ranks on GPU %s%s", rank, nRanks,
+  MK_INFO(kLogInit, "rank %d: %d peers exchanged, %d CTAs per kernel, %d ranks on GPU %s%s%s", rank, nRanks,
           out->nCtas, out->ranksOnMyDevice, me.busId,
-          out->staged ? ", process ranks: staged collectives through CUDA IPC" : "");
+          out->staged ? ", process ranks: staged collectives through CUDA IPC" : "",
+          out->hostPerNode > 0 ? ", several hosts: hierarchical, through the proxies" : "");
   return Result::Success;
 }
 

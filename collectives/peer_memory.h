@@ -30,6 +30,10 @@ struct PeerSetup {
   void* stagedLocal = nullptr;      // staged: this rank's own (cudaMalloc), freed by closePeers
   uint64_t stagedBytes = 0;
   bool opened[kMaxRanks] = {};      // peers[r] / stagedBuf[r] came from cudaIpcOpenMemHandle
+  // Ranks on several hosts (nodeLayoutOfHosts): ranks per host, 0 when all share one. Peers on
+  // other hosts are not mapped (peers[r], stagedBuf[r] null): the hierarchical path reaches them
+  // through the proxies.
+  int hostPerNode = 0;
 };
 
 // Collective over `bs`. `local` is this rank's DeviceState (cudaMalloc'ed: CUDA IPC exports whole
@@ -42,7 +46,8 @@ struct PeerSetup {
 // buffer of a staged communicator (stagedBufferBytes(nCtas, stagedChunkBytes)).
 // On failure everything it allocated or opened is released.
 // `needStaged`: staged even for thread ranks (emulated nodes: the node-local phases of the
-// hierarchical path use the staging buffers).
+// hierarchical path use the staging buffers). Ranks on several hosts must be grouped by host,
+// the same number on each (hostPerNode); they are staged too.
 Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev,
                      DeviceState* local, int wantCtas, int smCount, bool emulate,
                      uint64_t stagedChunkBytes, bool needStaged, PeerSetup* out);

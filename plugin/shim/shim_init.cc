@@ -92,10 +92,21 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
   MK_CHECK(coll::loadPolicyConfig(&pc));
   MK_CHECK(parseGraphPath(paramString("GRAPH"), &c->graphPath));
   pc.emulate = s.emulate;
+  // Several nodes: the kernel's hierarchical path (through the proxies) takes them in emulation
+  // (MKERNEL_RANKS_PER_NODE) and, for ranks on several hosts, only with MKERNEL_MULTI_NODE=1: it
+  // has run on emulated nodes only, and stalls there in some runs (docs/RELIABILITY.md).
+  const bool multiNodeAllowed = s.emulate || paramInt("MULTI_NODE", 0) != 0;
+  pc.kernelMultiNode = multiNodeAllowed;
   c->policy.reset(new coll::SelectionPolicy(pc));
   if (pc.disabled && !s.emulate) {
     c->mkUnavailable = "MKERNEL_DISABLE=1";
     MK_INFO(kLogInit, "shim: rank %d: MKERNEL_DISABLE=1, every call goes to NCCL", s.rank);
+    return Result::Success;
+  }
+  if (c->nNodes > 1 && !multiNodeAllowed) {
+    // No communicator at all: no staging, proxies or connections for collectives NCCL runs.
+    c->mkUnavailable = "ranks on " + std::to_string(c->nNodes) + " hosts and MKERNEL_MULTI_NODE=0";
+    MK_INFO(kLogInit, "shim: rank %d: %s; every call goes to NCCL", s.rank, c->mkUnavailable.c_str());
     return Result::Success;
   }
   coll::CommOptions opts;

@@ -166,6 +166,22 @@ TEST_CASE("bootstrap: the root rejects malformed hellos and still completes") {
   CHECK(Bootstrap::hostHash() != 0);
 }
 
+TEST_CASE("bootstrap: MKERNEL_HOSTID stands for the host (processes of one machine as several hosts)") {
+  unsetenv("MKERNEL_HOSTID");
+  const uint64_t machine = Bootstrap::hostHash();
+  setenv("MKERNEL_HOSTID", "node-a", 1);
+  const uint64_t a = Bootstrap::hostHash();
+  setenv("MKERNEL_HOSTID", "node-b", 1);
+  const uint64_t b = Bootstrap::hostHash();
+  setenv("MKERNEL_HOSTID", "node-a", 1);
+  CHECK(Bootstrap::hostHash() == a);
+  unsetenv("MKERNEL_HOSTID");
+  CHECK(Bootstrap::hostHash() == machine);
+  CHECK(a != b);
+  CHECK(a != machine);
+  CHECK(b != machine);
+}
+
 TEST_CASE("bootstrap: a client that connects to the root and sends nothing delays nobody") {
   LoopbackEnv env;
   UniqueId id;

@@ -203,3 +203,27 @@ TEST_CASE("hierarchical: bad layouts, roots and types are InvalidArgument") {
   h.dtype = DataType::Float32;
   CHECK(runHierarchicalReference(h, nullptr) == Result::InvalidArgument);
 }
+
+TEST_CASE("hierarchical: the node layout of ranks on several hosts (nodeLayoutOfHosts)") {
+  auto layout = [](std::vector<uint64_t> hosts, NodeLayout* out) {
+    const char* why = "";
+    const bool ok = nodeLayoutOfHosts(hosts.data(), static_cast<int>(hosts.size()), out, &why);
+    if (!ok) CHECK(std::string(why).size() > 0);
+    return ok;
+  };
+  NodeLayout L;
+  REQUIRE(layout({7, 7, 7, 7}, &L));
+  CHECK((L.nNodes == 1 && L.perNode == 4));
+  REQUIRE(layout({7, 7, 9, 9}, &L));
+  CHECK((L.nNodes == 2 && L.perNode == 2));
+  REQUIRE(layout({7, 9}, &L));
+  CHECK((L.nNodes == 2 && L.perNode == 1));
+  REQUIRE(layout({1, 1, 2, 2, 3, 3}, &L));
+  CHECK((L.nNodes == 3 && L.perNode == 2));
+  REQUIRE(layout({5}, &L));
+  CHECK((L.nNodes == 1 && L.perNode == 1));
+  CHECK(!layout({7, 7, 7, 9}, &L));        // 3 + 1
+  CHECK(!layout({7, 9, 7, 9}, &L));        // interleaved
+  CHECK(!layout({7, 7, 9, 9, 7, 7}, &L));  // a host twice
+  CHECK(!layout({7, 7, 9, 8}, &L));        // 2 + 1 + 1
+}

@@ -1,7 +1,7 @@
 // GPU tier, process ranks (docs/KERNEL.md, "Process ranks"): N processes forked before any CUDA
 // call, one communicator across them (staged collectives through CUDA IPC).
 //
-//   test_gpu_procs [--ranks N] [--kill | --kill-mid]
+//   test_gpu_procs [--ranks N] [--hosts H] [--kill | --kill-mid]
 //
 // Ranks sit on GPU (rank % GPUs). With fewer GPUs than ranks they are emulated (MKERNEL_EMULATE)
 // and the test starts its own CUDA MPS daemon (a private pipe directory), without which kernels
@@ -22,6 +22,10 @@
 //            inside the same AllReduce, must fail at their next chunk barrier ("to stage its next
 //            chunk") naming the dead rank, within the same bounds. The test fails if the hook
 //            never fired.
+//   --hosts H   the ranks act as H hosts (MKERNEL_HOSTID = host<rank / (N/H)>): the communicator
+//            then runs every collective hierarchically, one node per host, the rail rounds
+//            through a proxy per rank over TCP on loopback (the multi-host path, without a second
+//            machine); the same cases and checks. Needs a GPU per rank.
 // Exit status 0 when every rank passed. No Catch2: the children are plain processes.
 #include <cuda_runtime_api.h>
 #include <signal.h>
@@ -132,8 +136,9 @@ int survive(int rank, int n, int nGpus, int dev, std::unique_ptr<mkernel::coll::
   return 0;
 }
 
-int child(int rank, int n, int nGpus, const mkernel::bootstrap::UniqueId& id, Kill killMode) {
+int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::UniqueId& id, Kill killMode) {
   gRank = rank;
+  if (hosts > 1) setenv("MKERNEL_HOSTID", ("host" + std::to_string(rank / (n / hosts))).c_str(), 1);
   const bool kill = killMode == Kill::kBetween;
   // Set before the communicator reads its parameters: only the rank that will die stops.
   if (killMode == Kill::kMid && rank == n - 1) setenv("MKERNEL_TEST_STALL_BARRIER", "3", 1);
@@ -301,18 +306,30 @@ int gpuCount() {
 int main(int argc, char** argv) {
   int n = 2;
   Kill killMode = Kill::kNone;
+  int hosts = 1;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--ranks") && i + 1 < argc) n = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--hosts") && i + 1 < argc) hosts = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--kill")) killMode = Kill::kBetween;
     else if (!std::strcmp(argv[i], "--kill-mid")) killMode = Kill::kMid;
     else {
-      std::fprintf(stderr, "usage: %s [--ranks N] [--kill | --kill-mid]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--ranks N] [--hosts H] [--kill | --kill-mid]\n", argv[0]);
       return 2;
     }
+  }
+  if (hosts < 1 || n % hosts != 0) {
+    std::fprintf(stderr, "test_gpu_procs: --hosts %d does not divide --ranks %d\n", hosts, n);
+    return 2;
   }
   const int nGpus = gpuCount();
   if (nGpus < 1) {
     std::fprintf(stderr, "test_gpu_procs: no GPU\n");
+    return 1;
+  }
+  if (hosts > 1 && nGpus < n) {
+    // A GPU shared across "hosts" would not be seen as shared (hosts never share GPUs), and the
+    // ranks' kernels would not fit on it together.
+    std::fprintf(stderr, "test_gpu_procs: --hosts needs a GPU per rank (%d ranks, %d GPU(s))\n", n, nGpus);
     return 1;
   }
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
@@ -342,7 +359,7 @@ int main(int argc, char** argv) {
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) {
     pid_t pid = fork();
-    if (pid == 0) _exit(child(r, n, nGpus, id, killMode));
+    if (pid == 0) _exit(child(r, n, nGpus, hosts, id, killMode));
     pids.push_back(pid);
   }
   int failed = 0;
@@ -370,8 +387,8 @@ int main(int argc, char** argv) {
   }
   if (!mpsDir.empty() && std::system("echo quit | nvidia-cuda-mps-control") != 0)
     std::fprintf(stderr, "test_gpu_procs: stopping the MPS daemon failed\n");
-  std::printf("test_gpu_procs: %d ranks on %d GPU(s)%s%s: %s\n", n, nGpus < n ? nGpus : n,
-              nGpus < n ? " (emulated, MPS)" : "",
+  std::printf("test_gpu_procs: %d ranks on %d GPU(s)%s%s%s: %s\n", n, nGpus < n ? nGpus : n,
+              nGpus < n ? " (emulated, MPS)" : "", hosts > 1 ? (", as " + std::to_string(hosts) + " hosts").c_str() : "",
               killMode == Kill::kMid ? ", one killed mid-collective" : kill ? ", one killed" : "", failed ? "FAILED" : "passed");
   return failed ? 1 : 0;
 }

@@ -171,13 +171,20 @@ Result createUniqueId(UniqueId* id) {
 }
 
 uint64_t Bootstrap::hostHash() {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  std::string s = host;
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string bootId;
-  std::getline(boot, bootId);
-  s += bootId;
+  // MKERNEL_HOSTID (as NCCL_HOSTID): the host's identity instead of its name and boot id, so
+  // that processes of one machine can stand for several hosts (tests of the multi-host path).
+  std::string s = paramString("HOSTID");
+  if (s.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    s = host;
+    std::ifstream boot("/proc/sys/kernel/random/boot_id");
+    std::string bootId;
+    std::getline(boot, bootId);
+    s += bootId;
+  } else {
+    s = "hostid:" + s;
+  }
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   return h;
