@@ -4,6 +4,7 @@
 Runs on the GPU machine (PyTorch 2.11: /opt/torch/.venv/bin/python):
 
   python3 scripts/torch_check.py --lib build/lib/libmkernel.so [--ranks 1,2,4] [--gpus N] [--mps]
+                                 [--ranks-per-node K]
 
 Each case starts fresh worker processes (this script with --worker) with LD_PRELOAD=<lib>:
   ranks<=gpus  one rank per GPU (cuda:rank), the real NCCL beside the shim; the same workers also
@@ -12,6 +13,9 @@ Each case starts fresh worker processes (this script with --worker) with LD_PREL
   ranks>gpus  MKERNEL_EMULATE=1: that many processes share cuda:0 (run them under CUDA MPS with
            --mps, or two spinning kernels of two processes do not make progress together) and
            the results are checked against a float64 reference computed on the host.
+--ranks-per-node K: the emulated cases run as nodes of K ranks (MKERNEL_RANKS_PER_NODE=K, proxies
+over TCP on loopback): PyTorch through the hierarchical path, e.g. --ranks 4 --ranks-per-node 2
+--mps is "PyTorch emulated 2x2".
 With more than one rank the workers are processes, so mkernel runs them as staged process ranks
 (CUDA IPC, docs/KERNEL.md). Every case also checks that mkernel ran collectives (kernelOps > 0)
 and a large all_reduce / all_gather / broadcast (BIG elements: many staging chunks) on the GPU.
@@ -124,7 +128,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_case(py, lib, world, emulate, preload, full, timeout):
+def run_case(py, lib, world, emulate, preload, full, timeout, ranks_per_node=0):
     port = free_port()
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
@@ -135,6 +139,9 @@ def run_case(py, lib, world, emulate, preload, full, timeout):
         env["MKERNEL_LIB"] = lib
     if emulate:
         env["MKERNEL_EMULATE"] = "1"
+        if ranks_per_node > 0:
+            env["MKERNEL_RANKS_PER_NODE"] = str(ranks_per_node)
+            env.setdefault("MKERNEL_SOCKET_IFNAME", "lo")
     procs = []
     for r in range(world):
         cmd = [py, HERE, "--worker", "--rank", str(r), "--world", str(world), "--port", str(port)]
@@ -184,6 +191,8 @@ def main():
     ap.add_argument("--ranks", default="1,2,4", help="comma list: up to --gpus = real NCCL beside the shim, more = emulated")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs to use, one rank each (default 1)")
     ap.add_argument("--mps", action="store_true", help="start a CUDA MPS daemon for the emulated cases")
+    ap.add_argument("--ranks-per-node", type=int, default=0,
+                    help="emulated cases: nodes of this many ranks (MKERNEL_RANKS_PER_NODE), the hierarchical path")
     ap.add_argument("--timeout", type=float, default=240)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -210,8 +219,10 @@ def main():
                 os.environ["CUDA_MPS_LOG_DIRECTORY"] = mps_dir
                 subprocess.run(["nvidia-cuda-mps-control", "-d"], check=False)
             t0 = time.time()
-            ok, results, logs = run_case(py, lib, world, emulate, True, True, args.timeout)
-            case = {"ranks": world, "emulated": emulate, "seconds": round(time.time() - t0, 1), "checks": {}}
+            rpn = args.ranks_per_node if emulate and 0 < args.ranks_per_node < world else 0
+            ok, results, logs = run_case(py, lib, world, emulate, True, True, args.timeout, rpn)
+            case = {"ranks": world, "emulated": emulate, "ranks_per_node": rpn,
+                    "seconds": round(time.time() - t0, 1), "checks": {}}
             if ok:
                 import torch
                 for res in results:
@@ -251,7 +262,8 @@ def main():
             all_ok = all_ok and ok
             summary.append(case)
             bad = [k for k, v in case["checks"].items() if v != "ok"]
-            print(f"[torch_check] ranks={world} emulated={emulate}: {'PASS' if ok else 'FAIL'} "
+            print(f"[torch_check] ranks={world} emulated={emulate}"
+                  f"{f' nodes of {rpn}' if rpn else ''}: {'PASS' if ok else 'FAIL'} "
                   f"({len(case['checks'])} checks, {len(bad)} bad{', equal to NCCL' if case.get('equal_to_nccl') else ''}) "
                   f"stats={case.get('stats')}", flush=True)
             if not ok:
