@@ -15,7 +15,9 @@
 #   3b. (unless LC_COLLBENCH=0) mkernel-collbench AllReduce, NCCL / launch / memop in one process: one rank up to 32 KiB,
 #      and (2+ GPUs) one rank per GPU up to LC_COLLBENCH_MAX (4194304);
 #   4. (2+ GPUs, unless LC_TORCH=0) scripts/torch_bench.py, 2 processes (process ranks: inboxes through CUDA IPC),
-#      NCCL against mkernel, 8 B to LC_TORCH_MAX_BYTES (1M).
+#      NCCL against mkernel, 8 B to LC_TORCH_MAX_BYTES (1M);
+#   5. (LC_TORCH_CHECK="<torch_check.py options>") scripts/torch_check.py, e.g. "--ranks 2,4 --gpus 2
+#      --mps --ranks-per-node 2" (PyTorch emulated 2x2 through the hierarchical path).
 # NVLink multicast stays off. Logs in build-gpu/logs-launch; tables copied to $OUT.
 set -u -o pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
@@ -84,6 +86,16 @@ if [ "$NG" -gt 1 ] && [ -x "$PY" ] && [ "${LC_TORCH:-1}" = 1 ]; then
     --iters "${LC_TORCH_ITERS:-200}" --trials 3 --csv "$logs/torch-bench.csv" 2>&1 | tee "$logs/torch-bench.txt" | tail -30
   [ "${PIPESTATUS[0]}" = 0 ] || fail=1
   save torch-bench.txt torch-bench.csv
+fi
+if [ -n "${LC_TORCH_CHECK:-}" ] && [ -x "$PY" ]; then
+  # e.g. LC_TORCH_CHECK="--ranks 2,4 --gpus 2 --mps --ranks-per-node 2": PyTorch correctness
+  # through the shim, the emulated 4 ranks as 2 nodes of 2 (the hierarchical path).
+  step "5. torch_check $LC_TORCH_CHECK"
+  # shellcheck disable=SC2086
+  timeout 400 "$PY" "$root/scripts/torch_check.py" --lib "$LIB" $LC_TORCH_CHECK --timeout 180 \
+    >"$logs/torch-check.txt" 2>&1 || fail=1
+  grep -E "^\[torch_check\]|FAIL|Error|error" "$logs/torch-check.txt" | cut -c1-600 | head -20
+  save torch-check.txt
 fi
 echo "launch-check: fail=$fail"
 exit "$fail"
