@@ -96,6 +96,15 @@ int32_t expected(const Case& c, int n, int rank, size_t e) {
 
 enum class Kill { kNone, kBetween, kMid };
 
+CollArgs allReduceArgs(DataType dtype, void* send, void* recv, size_t count) {
+  CollArgs a;  // AllReduce, Sum: the defaults
+  a.dtype = dtype;
+  a.sendbuff = send;
+  a.recvbuff = recv;
+  a.count = count;
+  return a;
+}
+
 // The survivors of a killed rank: wait for the communicator's error (the collective in flight
 // was enqueued by the caller), then drain, abort and destroy, each bounded.
 int survive(int rank, int n, int nGpus, int dev, std::unique_ptr<mkernel::coll::Communicator>& comm,
@@ -182,11 +191,7 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
     const size_t count = (size_t(8) << 20) + 3;
     for (size_t i = 0; i < count; ++i) host[i] = input(rank, i);
     if (cudaMemcpy(send, host.data(), count * 4, cudaMemcpyHostToDevice) != cudaSuccess) FAIL("copy in");
-    CollArgs a;
-    a.dtype = DataType::Int32;
-    a.sendbuff = send;
-    a.recvbuff = recv;
-    a.count = count;
+    const CollArgs a = allReduceArgs(DataType::Int32, send, recv, count);
     if (comm->enqueue(&a, 1, stream) != Result::Success) FAIL("enqueue: %s", mkernel::lastError());
     if (rank == n - 1) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -244,11 +249,7 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
       raise(SIGKILL);
     }
     // The survivors: one more AllReduce that the dead rank never joins.
-    CollArgs a;
-    a.dtype = DataType::Int32;
-    a.sendbuff = send;
-    a.recvbuff = recv;
-    a.count = 1 << 16;
+    const CollArgs a = allReduceArgs(DataType::Int32, send, recv, 1 << 16);
     if (comm->enqueue(&a, 1, stream) != Result::Success) FAIL("enqueue after the kill: %s", mkernel::lastError());
     return survive(rank, n, nGpus, dev, comm, stream, nullptr);
   }
@@ -259,11 +260,7 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
     std::vector<float> hf(count), gf(count);
     for (size_t i = 0; i < count; ++i) hf[i] = static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 17) - 8) * 0.5f;
     if (cudaMemcpy(fbuf, hf.data(), count * 4, cudaMemcpyHostToDevice) != cudaSuccess) FAIL("copy in");
-    CollArgs a;
-    a.dtype = DataType::Float32;
-    a.sendbuff = fbuf;
-    a.recvbuff = fbuf;
-    a.count = count;
+    const CollArgs a = allReduceArgs(DataType::Float32, fbuf, fbuf, count);
     if (comm->enqueue(&a, 1, stream) != Result::Success || cudaStreamSynchronize(stream) != cudaSuccess ||
         comm->asyncError() != Result::Success)
       FAIL("float AllReduce: %s", mkernel::lastError());
