@@ -297,6 +297,7 @@ Result KernelCommunicator::init() {
   params_.timeoutNs = static_cast<uint64_t>(std::max<int64_t>(1, paramInt("TIMEOUT_S", 300))) * 1000000000ull;
   params_.idleExitNs = static_cast<uint64_t>(std::max<int64_t>(0, paramInt("IDLE_EXIT_US", 50))) * 1000ull;
   params_.testStallBarrier = static_cast<uint32_t>(std::max<int64_t>(0, paramInt("TEST_STALL_BARRIER", 0)));
+  params_.hierOverlap = paramInt("HIER_OVERLAP", 1) != 0 ? 1u : 0u;
   if (params_.testStallBarrier != 0)
     MK_WARN("rank %d: MKERNEL_TEST_STALL_BARRIER=%u: a test hook; this rank's staged collectives stop at that barrier "
             "until the communicator is aborted", opts_.rank, params_.testStallBarrier);
@@ -350,7 +351,7 @@ Result KernelCommunicator::setupProxy() {
   MK_CUDA(cudaHostAlloc(&host, sizeof(proxy::ProxyFlags), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(proxy flags)");
   proxyFlags_ = static_cast<proxy::ProxyFlags*>(host);
   std::memset(host, 0, sizeof(proxy::ProxyFlags));
-  const size_t netBytes = static_cast<size_t>(N + 1) * params_.stagedChunkBytes;
+  const size_t netBytes = 2 * static_cast<size_t>(N + 1) * params_.stagedChunkBytes;  // two net slots
   MK_CUDA(cudaHostAlloc(&host, netBytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(net buffers)");
   netBuf_ = static_cast<char*>(host);
   // The kernel writes host addresses into proxy commands: the mapping must be the identity (UVA).

@@ -22,14 +22,17 @@
 // Reduction order: local ranks 0..perNode-1 within a node, then nodes 0..nNodes-1, the order
 // hierarchical.h fixes (integers equal the flat algorithms' bits).
 //
-// Reuse needs no parity (unlike staged.h's single barrier per chunk): a rank pushes chunk i+1
-// into a peer's inbox only after the second node barrier of chunk i, which the peer reaches
-// after it has read its inbox; and into a peer's out region only after the first node barrier
-// of chunk i+1, which the peer reaches after it has copied its out region of chunk i away. Net
-// buffers are this rank's own: the proxy's transfers of a round complete before the round
-// returns, and a receive slot is refilled only by a receive this rank posts after it has
-// consumed the slot. (tests/proxy/test_hier_staged.cc breaks the second barrier on purpose and
-// checks that the race check sees it.)
+// Within one collective, done one chunk after another, reuse would need no parity (unlike
+// staged.h's single barrier per chunk): a rank pushes chunk i+1 into a peer's inbox only after the
+// second node barrier of chunk i, which the peer reaches after it has read its inbox; and into a
+// peer's out region only after the first node barrier of chunk i+1, which the peer reaches after
+// it has copied its out region of chunk i away. Across collectives that fails (the next
+// collective's first push follows no barrier the peer passed after its reads), and the pipelined
+// form (MKERNEL_HIER_OVERLAP, hierAllReduce below) reorders the phases, so regions alternate by
+// the CTA's chunk parity, as in the other collectives. Net buffers are this rank's own, two
+// slots: a round's transfers complete before the buffers of its slot are read or refilled.
+// (tests/proxy/test_hier_staged.cc breaks the second barrier on purpose and checks that the race
+// check sees it.)
 #pragma once
 
 #include <cstdint>
@@ -60,6 +63,8 @@ struct HierCall {
   uint64_t send, recv;   // this rank's user buffers
   Slice part;            // this CTA's elements (of the per-rank block)
   uint64_t chunkElems;   // hierChunkElemsFor()
+  bool overlap = true;   // AllReduce: pipeline the phases of consecutive chunks (false: one after
+                         // another, the same code: MKERNEL_HIER_OVERLAP=0, for the comparison)
 };
 
 // Elements of a chunk: an inbox holds perNode slots of the largest part of a chunk, so a chunk
@@ -133,65 +138,176 @@ struct HierChunk {
 // Every function below runs its collective for one CTA through executor ex, which provides:
 //   char* in(int local, int parity), char* out(int local, int parity)
 //                                               node-local regions, chunkBytes each
-//   char* netSend()                             this rank's net send buffer (chunkBytes), registered
-//   char* netRecv(int node)                     one chunkBytes slot per node, registered
+//   char* netSend(int slot)                     this rank's net send buffer (chunkBytes), registered;
+//                                               two of them (slot 0, 1), and of the receive slots
+//   char* netRecv(int slot, int node)           one chunkBytes receive slot per node, registered
 //   void copy(char* const* dsts, int nDst, const char* src, uint64_t bytes)
 //   void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems,
 //               bool pre, bool post)         srcs in order; pre() on every input, post() on the result
 //   bool nodeBarrier()                          the node's ranks (this CTA index)
-//   bool railExchange(int round, const char* const* sendPtr, const uint64_t* sendBytes,
-//                     char* const* recvPtr, const uint64_t* recvBytes)
-//        sends sendPtr[m] to node m and receives recvPtr[m] from node m, for every m with a
-//        non-zero size, and returns once all are complete (false on a transport failure or
-//        timeout); a rank's sends to m and m's receives from it are made in the same order
-// Uniform control flow across the CTA's threads; false when a wait failed. AllReduce has two
-// node barriers per chunk and needs no region parity; the others have one and alternate
-// regions by *chunkSeq's parity (the argument of staged.h).
+//   bool railPost(int round, int slot, const char* const* sendPtr, const uint64_t* sendBytes,
+//                 char* const* recvPtr, const uint64_t* recvBytes)
+//        posts the sends of sendPtr[m] to node m and the receives of recvPtr[m] from node m, for
+//        every m with a non-zero size (tag: round), counted apart per slot; false on failure
+//   bool railWait(int slot)                     until every transfer posted with that slot is
+//        complete (false on a transport failure or timeout)
+//        A rank's sends to m and m's receives from it are posted in the same order per round;
+//        at most one round per slot is in flight, and the two slots' rounds differ in tag.
+// Uniform control flow across the CTA's threads; false when a wait failed. Every collective
+// alternates regions by *chunkSeq's parity (the argument of staged.h; AllReduce's two node
+// barriers per chunk would let one region do within a collective, but not across collectives:
+// the next collective's first push could reach a local rank still reading its inbox).
+// One round among the rail on slot 0, posted and waited for.
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD bool hierAllReduce(Ex& ex, const HierCall& c) {
+MKERNEL_HD bool hierExchange(Ex& ex, int round, const HierRail& rail) {
+  return ex.railPost(round, 0, rail.src, rail.sendBytes, rail.dst, rail.recvBytes) && ex.railWait(0);
+}
+
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierAllReduceSequential(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
   HierCtx x(c);
   HierRail rail;
   const uint64_t esz = x.esz, align = sliceAlignElems(esz);
   const uint64_t slotBytes = hierSlotBytes(c.layout, c.chunkElems, esz);
   for (uint64_t o = 0; o < c.part.count; o += c.chunkElems) {
     const HierChunk ch(c, o);
+    const int par = static_cast<int>((*chunkSeq)++ & 1);
     // 1: intra-node reduce-scatter
     for (int q = 0; q < x.G; ++q) {
       const Slice s = rankSlice(ch.l, x.G, q, align);
-      x.dsts[0] = ex.in(q, 0) + static_cast<uint64_t>(x.j) * slotBytes;
+      x.dsts[0] = ex.in(q, par) + static_cast<uint64_t>(x.j) * slotBytes;
       ex.copy(x.dsts, 1, x.send + (ch.g + s.offset) * esz, s.count * esz);
     }
     if (!ex.nodeBarrier()) return false;
     const Slice mine = rankSlice(ch.l, x.G, x.j, align);
-    char* P = ex.netSend();
-    for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, 0) + static_cast<uint64_t>(q) * slotBytes;
+    char* P = ex.netSend(0);
+    for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, par) + static_cast<uint64_t>(q) * slotBytes;
     x.dsts[0] = P;
     ex.reduce(x.dsts, 1, x.srcs, x.G, mine.count, true, false);
     // 2: inter-node, among the rail: reduce-scatter of part j over the nodes, then all-gather
     const Slice tk = rankSlice(mine.count, x.N, x.k, align);
     for (int m = 0; m < x.N; ++m) {
       const Slice t = rankSlice(mine.count, x.N, m, align);
-      rail.set(m, P + t.offset * esz, m == x.k ? 0 : t.count * esz, ex.netRecv(m), m == x.k ? 0 : tk.count * esz);
+      rail.set(m, P + t.offset * esz, m == x.k ? 0 : t.count * esz, ex.netRecv(0, m), m == x.k ? 0 : tk.count * esz);
     }
-    if (!ex.railExchange(0, rail.src, rail.sendBytes, rail.dst, rail.recvBytes)) return false;
-    for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P + tk.offset * esz : ex.netRecv(m);
+    if (!hierExchange(ex, 0, rail)) return false;
+    for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P + tk.offset * esz : ex.netRecv(0, m);
     x.dsts[0] = P + tk.offset * esz;
     ex.reduce(x.dsts, 1, x.srcs, x.N, tk.count, false, true);
     for (int m = 0; m < x.N; ++m) {
       const Slice t = rankSlice(mine.count, x.N, m, align);
-      rail.set(m, P + tk.offset * esz, m == x.k ? 0 : tk.count * esz, ex.netRecv(m), m == x.k ? 0 : t.count * esz);
+      rail.set(m, P + tk.offset * esz, m == x.k ? 0 : tk.count * esz, ex.netRecv(0, m), m == x.k ? 0 : t.count * esz);
     }
-    if (!ex.railExchange(1, rail.src, rail.sendBytes, rail.dst, rail.recvBytes)) return false;
+    if (!hierExchange(ex, 1, rail)) return false;
     // 3: intra-node all-gather of part j
     for (int m = 0; m < x.N; ++m) {
       const Slice t = rankSlice(mine.count, x.N, m, align);
-      for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, 0) + (mine.offset + t.offset) * esz;
-      ex.copy(x.dsts, x.G, m == x.k ? P + tk.offset * esz : ex.netRecv(m), t.count * esz);
+      for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, par) + (mine.offset + t.offset) * esz;
+      ex.copy(x.dsts, x.G, m == x.k ? P + tk.offset * esz : ex.netRecv(0, m), t.count * esz);
     }
     if (!ex.nodeBarrier()) return false;
     x.dsts[0] = x.recv + ch.g * esz;
-    ex.copy(x.dsts, 1, ex.out(x.j, 0), ch.bytes);
+    ex.copy(x.dsts, 1, ex.out(x.j, par), ch.bytes);
+  }
+  return true;
+}
+
+// The pipelined AllReduce (c.overlap): the phases of chunk i as four steps, on regions of parity
+// par = i & 1 and on the net buffers of slot par.
+//   A(i)   intra reduce-scatter into netSend(par) (one node barrier), then round 0 posted
+//   B(i)   round 0 waited for, the reduction over the nodes, round 1 posted
+//   C(i)   round 1 waited for, intra all-gather (one node barrier), copy into recvbuff
+// in the order A(0); then for each i: B(i), A(i + 1), C(i). So round 1 of chunk i travels while
+// this CTA works on phase 1 of chunk i + 1, and round 0 of chunk i + 1 while it works on phase 3
+// of chunk i. Every rank makes the same node barriers in the same order. Regions alternate by
+// parity (unlike the sequential form): a rank writes in(q, par) for chunk i + 2 after the first
+// barrier of chunk i + 2, which q reaches after its reduction of chunk i, and out(q, par) for
+// chunk i + 2 after the second barrier of chunk i + 1, which q reaches after copying chunk i out;
+// net slot par is reused by chunk i + 2 once C(i) has waited for its last round.
+struct HierArChunk {
+  HierChunk ch;
+  Slice mine, tk;
+  int par;
+  MKERNEL_HD HierArChunk(const HierCall& c, const HierCtx& x, uint64_t i, uint64_t seq)
+      : ch(c, i * c.chunkElems), mine(rankSlice(ch.l, x.G, x.j, sliceAlignElems(x.esz))),
+        tk(rankSlice(mine.count, x.N, x.k, sliceAlignElems(x.esz))), par(static_cast<int>(seq & 1)) {}
+};
+
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierArPhase1(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail, const HierArChunk& a) {
+  const uint64_t esz = x.esz, align = sliceAlignElems(esz);
+  const uint64_t slotBytes = hierSlotBytes(c.layout, c.chunkElems, esz);
+  for (int q = 0; q < x.G; ++q) {
+    const Slice s = rankSlice(a.ch.l, x.G, q, align);
+    x.dsts[0] = ex.in(q, a.par) + static_cast<uint64_t>(x.j) * slotBytes;
+    ex.copy(x.dsts, 1, x.send + (a.ch.g + s.offset) * esz, s.count * esz);
+  }
+  if (!ex.nodeBarrier()) return false;
+  char* P = ex.netSend(a.par);
+  for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, a.par) + static_cast<uint64_t>(q) * slotBytes;
+  x.dsts[0] = P;
+  ex.reduce(x.dsts, 1, x.srcs, x.G, a.mine.count, true, false);
+  for (int m = 0; m < x.N; ++m) {
+    const Slice t = rankSlice(a.mine.count, x.N, m, align);
+    rail.set(m, P + t.offset * esz, m == x.k ? 0 : t.count * esz, ex.netRecv(a.par, m),
+             m == x.k ? 0 : a.tk.count * esz);
+  }
+  return ex.railPost(0, a.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
+}
+
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierArRound1(Ex& ex, HierCtx& x, HierRail& rail, const HierArChunk& a) {
+  const uint64_t esz = x.esz, align = sliceAlignElems(esz);
+  if (!ex.railWait(a.par)) return false;
+  char* P = ex.netSend(a.par);
+  for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P + a.tk.offset * esz : ex.netRecv(a.par, m);
+  x.dsts[0] = P + a.tk.offset * esz;
+  ex.reduce(x.dsts, 1, x.srcs, x.N, a.tk.count, false, true);
+  for (int m = 0; m < x.N; ++m) {
+    const Slice t = rankSlice(a.mine.count, x.N, m, align);
+    rail.set(m, P + a.tk.offset * esz, m == x.k ? 0 : a.tk.count * esz, ex.netRecv(a.par, m),
+             m == x.k ? 0 : t.count * esz);
+  }
+  return ex.railPost(1, a.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
+}
+
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierArPhase3(Ex& ex, HierCtx& x, const HierArChunk& a) {
+  const uint64_t esz = x.esz, align = sliceAlignElems(esz);
+  if (!ex.railWait(a.par)) return false;
+  char* P = ex.netSend(a.par);
+  for (int m = 0; m < x.N; ++m) {
+    const Slice t = rankSlice(a.mine.count, x.N, m, align);
+    for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, a.par) + (a.mine.offset + t.offset) * esz;
+    ex.copy(x.dsts, x.G, m == x.k ? P + a.tk.offset * esz : ex.netRecv(a.par, m), t.count * esz);
+  }
+  if (!ex.nodeBarrier()) return false;
+  x.dsts[0] = x.recv + a.ch.g * esz;
+  ex.copy(x.dsts, 1, ex.out(x.j, a.par), a.ch.bytes);
+  return true;
+}
+
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierAllReduce(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
+  if (!c.overlap) return hierAllReduceSequential(ex, c, chunkSeq);
+  if (c.part.count == 0) return true;
+  HierCtx x(c);
+  HierRail rail;
+  const uint64_t chunks = (c.part.count + c.chunkElems - 1) / c.chunkElems;
+  const uint64_t seq0 = *chunkSeq;
+  *chunkSeq += chunks;
+  if (!hierArPhase1(ex, c, x, rail, HierArChunk(c, x, 0, seq0))) return false;
+  for (uint64_t i = 0; i < chunks; ++i) {
+    const HierArChunk a(c, x, i, seq0 + i);
+    if (!hierArRound1(ex, x, rail, a)) return false;
+    if (i + 1 < chunks && !hierArPhase1(ex, c, x, rail, HierArChunk(c, x, i + 1, seq0 + i + 1))) return false;
+    if (!hierArPhase3(ex, x, a)) return false;
   }
   return true;
 }
@@ -219,16 +335,16 @@ MKERNEL_HD bool hierReduceScatter(Ex& ex, const HierCall& c, uint64_t* chunkSeq)
         ex.copy(x.dsts, 1, x.send + (block * c.count + ch.g) * x.esz, slot);
       }
     if (!ex.nodeBarrier()) return false;
-    char* P = ex.netSend();
+    char* P = ex.netSend(0);
     for (int m = 0; m < x.N; ++m) {
       for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, par) + static_cast<uint64_t>(m * x.G + q) * slot;
       x.dsts[0] = P + static_cast<uint64_t>(m) * slot;
       ex.reduce(x.dsts, 1, x.srcs, x.G, ch.l, true, false);
     }
     for (int m = 0; m < x.N; ++m)
-      rail.set(m, P + static_cast<uint64_t>(m) * slot, m == x.k ? 0 : slot, ex.netRecv(m), m == x.k ? 0 : slot);
-    if (!ex.railExchange(0, rail.src, rail.sendBytes, rail.dst, rail.recvBytes)) return false;
-    for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P + static_cast<uint64_t>(x.k) * slot : ex.netRecv(m);
+      rail.set(m, P + static_cast<uint64_t>(m) * slot, m == x.k ? 0 : slot, ex.netRecv(0, m), m == x.k ? 0 : slot);
+    if (!hierExchange(ex, 0, rail)) return false;
+    for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P + static_cast<uint64_t>(x.k) * slot : ex.netRecv(0, m);
     x.dsts[0] = x.recv + ch.g * x.esz;
     ex.reduce(x.dsts, 1, x.srcs, x.N, ch.l, false, true);
   }
@@ -249,14 +365,14 @@ MKERNEL_HD bool hierAllGather(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
     const HierChunk ch(c, o);
     const uint64_t slot = ch.bytes;
     const int par = static_cast<int>((*chunkSeq)++ & 1);
-    char* P = ex.netSend();
+    char* P = ex.netSend(0);
     x.dsts[0] = P;
     ex.copy(x.dsts, 1, x.send + ch.g * x.esz, slot);
-    for (int m = 0; m < x.N; ++m) rail.set(m, P, m == x.k ? 0 : slot, ex.netRecv(m), m == x.k ? 0 : slot);
-    if (!ex.railExchange(0, rail.src, rail.sendBytes, rail.dst, rail.recvBytes)) return false;
+    for (int m = 0; m < x.N; ++m) rail.set(m, P, m == x.k ? 0 : slot, ex.netRecv(0, m), m == x.k ? 0 : slot);
+    if (!hierExchange(ex, 0, rail)) return false;
     for (int m = 0; m < x.N; ++m) {
       for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, par) + static_cast<uint64_t>(m * x.G + x.j) * slot;
-      ex.copy(x.dsts, x.G, m == x.k ? P : ex.netRecv(m), slot);
+      ex.copy(x.dsts, x.G, m == x.k ? P : ex.netRecv(0, m), slot);
     }
     if (!ex.nodeBarrier()) return false;
     for (int m = 0; m < x.N; ++m)
@@ -284,16 +400,16 @@ MKERNEL_HD bool hierBroadcast(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
     const HierChunk ch(c, o);
     const int par = static_cast<int>((*chunkSeq)++ & 1);
     if (x.j == jr) {  // rail jr: the root sends the chunk to every other node
-      char* P = ex.netSend();
+      char* P = ex.netSend(0);
       if (x.k == kr) {
         x.dsts[0] = P;
         ex.copy(x.dsts, 1, x.send + ch.g * x.esz, ch.bytes);
       }
       for (int m = 0; m < x.N; ++m)
-        rail.set(m, P, (x.k == kr && m != x.k) ? ch.bytes : 0, ex.netRecv(m), (x.k != kr && m == kr) ? ch.bytes : 0);
-      if (!ex.railExchange(0, rail.src, rail.sendBytes, rail.dst, rail.recvBytes)) return false;
+        rail.set(m, P, (x.k == kr && m != x.k) ? ch.bytes : 0, ex.netRecv(0, m), (x.k != kr && m == kr) ? ch.bytes : 0);
+      if (!hierExchange(ex, 0, rail)) return false;
       for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, par);
-      ex.copy(x.dsts, x.G, x.k == kr ? P : ex.netRecv(kr), ch.bytes);
+      ex.copy(x.dsts, x.G, x.k == kr ? P : ex.netRecv(0, kr), ch.bytes);
     }
     if (!ex.nodeBarrier()) return false;
     x.dsts[0] = x.recv + ch.g * x.esz;
@@ -321,15 +437,15 @@ MKERNEL_HD bool hierReduce(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
     ex.copy(x.dsts, 1, x.send + ch.g * x.esz, slot);
     if (!ex.nodeBarrier()) return false;
     if (x.j != jr) continue;
-    char* P = ex.netSend();
+    char* P = ex.netSend(0);
     for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, par) + static_cast<uint64_t>(q) * slot;
     x.dsts[0] = P;
     ex.reduce(x.dsts, 1, x.srcs, x.G, ch.l, true, false);
     for (int m = 0; m < x.N; ++m)
-      rail.set(m, P, (x.k != kr && m == kr) ? slot : 0, ex.netRecv(m), (x.k == kr && m != x.k) ? slot : 0);
-    if (!ex.railExchange(0, rail.src, rail.sendBytes, rail.dst, rail.recvBytes)) return false;
+      rail.set(m, P, (x.k != kr && m == kr) ? slot : 0, ex.netRecv(0, m), (x.k == kr && m != x.k) ? slot : 0);
+    if (!hierExchange(ex, 0, rail)) return false;
     if (x.k == kr) {
-      for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P : ex.netRecv(m);
+      for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P : ex.netRecv(0, m);
       x.dsts[0] = x.recv + ch.g * x.esz;
       ex.reduce(x.dsts, 1, x.srcs, x.N, ch.l, false, true);
     }
@@ -342,7 +458,7 @@ MK_HIER_TEMPLATE
 template <class Ex>
 MKERNEL_HD bool hierCollective(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
   switch (c.coll) {
-    case CollType::AllReduce: return hierAllReduce(ex, c);
+    case CollType::AllReduce: return hierAllReduce(ex, c, chunkSeq);
     case CollType::ReduceScatter: return hierReduceScatter(ex, c, chunkSeq);
     case CollType::AllGather: return hierAllGather(ex, c, chunkSeq);
     case CollType::Broadcast: return hierBroadcast(ex, c, chunkSeq);

@@ -109,8 +109,8 @@ struct alignas(128) DeviceState {
   uint64_t ctaEpoch[kMaxCtas];
   uint64_t ctaConsumed[kMaxCtas];  // dispatch entries each CTA has consumed
   uint64_t ctaChunk[kMaxCtas];     // staged chunks each CTA has run (process ranks: region parity)
-  uint64_t proxySends;             // hierarchical path: sends / receives CTA 0 posted to the proxy
-  uint64_t proxyRecvs;             // (its completion counters are monotonic over the proxy's life)
+  uint64_t proxySends[2];          // hierarchical path: sends / receives CTA 0 posted to the proxy,
+  uint64_t proxyRecvs[2];          // per net slot (its completion counters are monotonic)
   uint32_t dispatchSlot[kDispatchDepth];
   uint64_t dispatchSeq;       // entries the leader has published
   uint64_t completedSeq;      // entries fully completed (all needed CTAs reported)

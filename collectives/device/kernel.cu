@@ -297,8 +297,8 @@ __device__ bool runStaged(const KernelParams& p, SharedState& sh, const WorkDesc
 //
 // Node-local regions are the staged buffers of this node's ranks (staged.h's layout); the
 // inter-node rounds go through this rank's proxy: thread 0 posts the receives, then the sends,
-// into the host-mapped ring and waits for the completion counters (flag 0: sends, flag 1:
-// receives; the totals live in DeviceState so that a relaunched kernel continues them).
+// into the host-mapped ring and waits for the completion counters (net slot s: flag 2 s sends,
+// 2 s + 1 receives; the totals live in DeviceState so that a relaunched kernel continues them).
 
 struct HierExecutor : CtaMover {
   const KernelParams& p;
@@ -312,18 +312,20 @@ struct HierExecutor : CtaMover {
   __device__ char* out(int local, int parity) const {
     return p.stagedBuf[node * p.perNode + local] + stagedRegionOffset(cta, 2 + parity, p.stagedChunkBytes);
   }
-  __device__ char* netSend() const { return p.netBuf; }
-  __device__ char* netRecv(int m) const { return p.netBuf + (1 + static_cast<uint64_t>(m)) * p.stagedChunkBytes; }
+  __device__ char* netSend(int slot) const {
+    return p.netBuf + static_cast<uint64_t>(slot) * (1 + static_cast<uint64_t>(p.nNodes)) * p.stagedChunkBytes;
+  }
+  __device__ char* netRecv(int slot, int m) const { return netSend(slot) + (1 + static_cast<uint64_t>(m)) * p.stagedChunkBytes; }
   __device__ bool nodeBarrier() {
     return ctaBarrier(p, sh.peers, cta, epoch, kWaitPeerChunk, d.coll, node * p.perNode, p.perNode);
   }
-  __device__ bool railExchange(int round, const char* const* sendPtr, const uint64_t* sendBytes, char* const* recvPtr,
-                               const uint64_t* recvBytes) {
+  __device__ bool railPost(int round, int slot, const char* const* sendPtr, const uint64_t* sendBytes,
+                           char* const* recvPtr, const uint64_t* recvBytes) {
     __syncthreads();  // the CTA's writes into the net buffer precede thread 0's posts
     if (threadIdx.x == 0) {
       __threadfence_system();
       bool ok = true;
-      uint64_t sends = p.self->proxySends, recvs = p.self->proxyRecvs;
+      uint64_t sends = p.self->proxySends[slot], recvs = p.self->proxyRecvs[slot];
       for (int pass = 0; pass < 2 && ok; ++pass) {  // receives first, then sends
         for (int m = 0; m < p.nNodes && ok; ++m) {
           const uint64_t bytes = pass == 0 ? recvBytes[m] : sendBytes[m];
@@ -335,19 +337,29 @@ struct HierExecutor : CtaMover {
           c.addr = reinterpret_cast<uint64_t>(pass == 0 ? recvPtr[m] : sendPtr[m]);
           c.bytes = bytes;
           c.tag = round;
-          c.flag = pass == 0 ? 1 : 0;
+          c.flag = 2 * static_cast<uint32_t>(slot) + (pass == 0 ? 1u : 0u);
           ok = proxy::proxyPost(p.proxyRing, p.proxyFlags, c, p.timeoutNs) == proxy::PostStatus::kPosted;
           if (pass == 0) ++recvs; else ++sends;
         }
       }
-      ok = ok && proxy::proxyWaitFlag(p.proxyFlags, 0, sends, p.timeoutNs) == proxy::WaitStatus::kReached;
-      ok = ok && proxy::proxyWaitFlag(p.proxyFlags, 1, recvs, p.timeoutNs) == proxy::WaitStatus::kReached;
-      p.self->proxySends = sends;
-      p.self->proxyRecvs = recvs;
+      p.self->proxySends[slot] = sends;
+      p.self->proxyRecvs[slot] = recvs;
       if (!ok) recordError(p, cta, -1, kWaitProxy, d.coll, recvs);
       sh.stop = ok ? 0 : 1;
     }
     __syncthreads();
+    return sh.stop == 0;
+  }
+  __device__ bool railWait(int slot) {
+    if (threadIdx.x == 0) {
+      const uint32_t f = 2 * static_cast<uint32_t>(slot);
+      const uint64_t sends = p.self->proxySends[slot], recvs = p.self->proxyRecvs[slot];
+      bool ok = proxy::proxyWaitFlag(p.proxyFlags, f, sends, p.timeoutNs) == proxy::WaitStatus::kReached;
+      ok = ok && proxy::proxyWaitFlag(p.proxyFlags, f + 1, recvs, p.timeoutNs) == proxy::WaitStatus::kReached;
+      if (!ok) recordError(p, cta, -1, kWaitProxy, d.coll, recvs);
+      sh.stop = ok ? 0 : 1;
+    }
+    __syncthreads();  // the received bytes are read after thread 0 saw them land
     return sh.stop == 0;
   }
 };
@@ -367,6 +379,7 @@ __device__ bool runHier(const KernelParams& p, SharedState& sh, const WorkDesc& 
   c.recv = d.recvbuff;
   c.part = Slice{0, d.count};  // one CTA: the proxy ring has one producer
   c.chunkElems = hierChunkElemsFor(c.coll, c.layout, c.elemSize, p.stagedChunkBytes);
+  c.overlap = p.hierOverlap != 0;
   HierExecutor ex{{sh, d}, p, cta, epoch, c.node};
   return hierCollective(ex, c, chunkSeq);
 }

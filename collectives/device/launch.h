@@ -46,6 +46,7 @@ struct KernelParams {
   // first), reports it in HostControl::testStalled and spins until the communicator is aborted,
   // so that a test can kill the process in the middle of a collective's data movement.
   uint32_t testStallBarrier;
+  uint32_t hierOverlap;  // MKERNEL_HIER_OVERLAP: pipelined hierarchical AllReduce (0: phases in turn)
 };
 
 // Launches the persistent kernel with p.nCtas CTAs of kKernelThreads threads on `stream`.

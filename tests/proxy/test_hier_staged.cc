@@ -36,15 +36,16 @@ uint32_t pre(uint32_t x) { return 3u * x; }
 uint32_t post(uint32_t y) { return y + 7u; }
 
 constexpr uint64_t kTimeoutNs = 20ull * 1000000000ull;
+// Completion counters: sends and receives of net slot s at 2 s and 2 s + 1.
 constexpr uint32_t kFlagSends = 0, kFlagRecvs = 1;
 
 struct RankState {
   std::vector<char> regions;  // in[0], in[1], out[0], out[1]: chunkBytes each
-  std::vector<char> net;      // netSend, then netRecv[nNodes]: chunkBytes each
+  std::vector<char> net;      // per slot (2): netSend, then netRecv[nNodes]: chunkBytes each
   std::unique_ptr<ProxyRing> ring{new ProxyRing()};
   std::unique_ptr<ProxyFlags> flags{new ProxyFlags()};
   std::unique_ptr<Proxy> proxy;
-  uint64_t sendsPosted = 0, recvsPosted = 0;
+  uint64_t sendsPosted[2] = {}, recvsPosted[2] = {};
 };
 
 struct World {
@@ -54,7 +55,8 @@ struct World {
   mktest::RegionRaces race;                         // per (rank, region 0..3)
   std::unique_ptr<std::atomic<uint64_t>[]> arrive;  // per rank
   int slowRank = -1;
-  bool breakGatherBarrier = false;  // the second node barrier of each chunk does not wait (negative test)
+  bool breakGatherBarrier = false;  // every second node barrier does not wait (negative test)
+  bool overlap = true;              // HierCall::overlap (AllReduce pipelined)
   std::vector<std::string> errors;
   std::mutex errorMu;
 
@@ -86,7 +88,7 @@ void makeWorld(World& w, mkernel::net::Net* net, int nNodes, int perNode, uint64
     w.ranks.emplace_back(new RankState());
     RankState& s = *w.ranks.back();
     s.regions.assign(4 * chunkBytes, 0);
-    s.net.assign((1 + static_cast<size_t>(nNodes)) * chunkBytes, 0);
+    s.net.assign(2 * (1 + static_cast<size_t>(nNodes)) * chunkBytes, 0);
     std::memset(s.ring.get(), 0, sizeof(ProxyRing));
     std::memset(s.flags.get(), 0, sizeof(ProxyFlags));
     s.proxy.reset(new Proxy(net, 0, w.L.nodeOf(r), nNodes, s.ring.get(), s.flags.get()));
@@ -125,8 +127,9 @@ struct CpuHierExecutor {
   char* region(int r, int which) { return w->ranks[static_cast<size_t>(r)]->regions.data() + static_cast<uint64_t>(which) * w->chunkBytes; }
   char* in(int local, int parity) { return region(w->L.rankOf(w->L.nodeOf(rank), local), parity); }
   char* out(int local, int parity) { return region(w->L.rankOf(w->L.nodeOf(rank), local), 2 + parity); }
-  char* netSend() { return me().net.data(); }
-  char* netRecv(int node) { return me().net.data() + (1 + static_cast<uint64_t>(node)) * w->chunkBytes; }
+  char* netSlot(int slot) { return me().net.data() + static_cast<uint64_t>(slot) * (1 + static_cast<uint64_t>(w->L.nNodes)) * w->chunkBytes; }
+  char* netSend(int slot) { return netSlot(slot); }
+  char* netRecv(int slot, int node) { return netSlot(slot) + (1 + static_cast<uint64_t>(node)) * w->chunkBytes; }
 
   void slow() {
     if (rank == w->slowRank) std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -163,8 +166,8 @@ struct CpuHierExecutor {
     }
     return true;
   }
-  bool railExchange(int round, const char* const* sendPtr, const uint64_t* sendBytes, char* const* recvPtr,
-                    const uint64_t* recvBytes) {
+  bool railPost(int round, int slot, const char* const* sendPtr, const uint64_t* sendBytes, char* const* recvPtr,
+                const uint64_t* recvBytes) {
     RankState& s = me();
     for (int pass = 0; pass < 2; ++pass) {  // receives first, then sends (as the kernel's executor)
       const bool recvPass = pass == 0;
@@ -177,14 +180,21 @@ struct CpuHierExecutor {
         c.addr = reinterpret_cast<uint64_t>(recvPass ? recvPtr[m] : sendPtr[m]);
         c.bytes = bytes;
         c.tag = round;
-        c.flag = recvPass ? kFlagRecvs : kFlagSends;
+        c.flag = 2 * static_cast<uint32_t>(slot) + (recvPass ? kFlagRecvs : kFlagSends);
         if (proxyPost(s.ring.get(), s.flags.get(), c, kTimeoutNs) != PostStatus::kPosted)
           return fail(recvPass ? "post recv" : "post send");
-        ++(recvPass ? s.recvsPosted : s.sendsPosted);
+        ++(recvPass ? s.recvsPosted[slot] : s.sendsPosted[slot]);
       }
     }
-    if (proxyWaitFlag(s.flags.get(), kFlagSends, s.sendsPosted, kTimeoutNs) != WaitStatus::kReached) return fail("sends");
-    if (proxyWaitFlag(s.flags.get(), kFlagRecvs, s.recvsPosted, kTimeoutNs) != WaitStatus::kReached) return fail("receives");
+    return true;
+  }
+  bool railWait(int slot) {
+    RankState& s = me();
+    const uint32_t f = 2 * static_cast<uint32_t>(slot);
+    if (proxyWaitFlag(s.flags.get(), f + kFlagSends, s.sendsPosted[slot], kTimeoutNs) != WaitStatus::kReached)
+      return fail("sends");
+    if (proxyWaitFlag(s.flags.get(), f + kFlagRecvs, s.recvsPosted[slot], kTimeoutNs) != WaitStatus::kReached)
+      return fail("receives");
     return true;
   }
   bool fail(const char* what) {
@@ -249,6 +259,7 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
         c.recv = reinterpret_cast<uint64_t>(b.buf.data() + b.recvOff);
         c.part = Slice{0, ops[i].count};
         c.chunkElems = hierChunkElemsFor(ops[i].coll, w.L, 4, w.chunkBytes);
+        c.overlap = w.overlap;
         if (!hierCollective(ex, c, &seq)) return;
       }
     });
@@ -314,11 +325,12 @@ struct Shape {
   uint64_t chunkBytes;
 };
 
-void everyCollective(mkernel::net::Net* net, const Shape& sh) {
+void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = true) {
   const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
                             CollType::Reduce};
   World w;
   makeWorld(w, net, sh.nodes, sh.perNode, sh.chunkBytes);
+  w.overlap = overlap;
   const int n = sh.nodes * sh.perNode;
   std::vector<Op> ops;
   int seq = 0;
@@ -327,7 +339,8 @@ void everyCollective(mkernel::net::Net* net, const Shape& sh) {
       for (bool inPlace : {false, true}) ops.push_back(Op{c, count, inPlace, (seq++ * 5) % n});
   const std::string mismatch = runOps(w, ops, static_cast<uint64_t>(sh.nodes * 10 + sh.perNode));
   stopAll(w);
-  INFO(sh.nodes << " nodes x " << sh.perNode << ", chunk " << sh.chunkBytes << " B");
+  INFO(sh.nodes << " nodes x " << sh.perNode << ", chunk " << sh.chunkBytes << " B, AllReduce "
+                << (overlap ? "pipelined" : "sequential"));
   for (const auto& e : w.errors) FAIL_CHECK(e);
   CHECK(mismatch == "");
   CHECK(w.race.races() == 0);
@@ -344,20 +357,24 @@ TEST_CASE("hier_staged: every collective, 2 nodes x 2 ranks, proxies over the tr
 
 TEST_CASE("hier_staged: every collective over 2-3 nodes x 1-3 ranks, proxies over TCP, many chunks, exact") {
   auto net = testNet();
-  for (const Shape& sh : {Shape{2, 1, 256}, Shape{3, 2, 768}, Shape{2, 3, 768}, Shape{3, 1, 256}}) everyCollective(net.get(), sh);
+  for (const Shape& sh : {Shape{2, 1, 256}, Shape{3, 2, 768}, Shape{2, 3, 768}, Shape{3, 1, 256}})
+    for (bool overlap : {true, false}) everyCollective(net.get(), sh, overlap);
 }
 
 TEST_CASE("hier_staged: a slow rank is never overtaken in the node regions (and the check fires when a barrier is broken)", "[vm]") {
   auto net = testNet();
-  for (bool broken : {false, true}) {
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool broken = variant >= 2;
     World w;
     makeWorld(w, net.get(), 2, 3, 384);
     w.slowRank = 1;
     w.breakGatherBarrier = broken;
+    w.overlap = variant % 2 == 0;
     std::vector<Op> ops = {{CollType::AllReduce, 600, false, 0}, {CollType::AllReduce, 600, true, 0}};
     const std::string mismatch = runOps(w, ops, 5);
     stopAll(w);
-    INFO((broken ? "second barrier broken: " : "intact: ") << mismatch);
+    INFO((broken ? "every second barrier broken: " : "intact: ") << (w.overlap ? "pipelined: " : "sequential: ")
+                                                                  << mismatch);
     for (const auto& e : w.errors) FAIL_CHECK(e);
     if (!broken) {
       CHECK(mismatch == "");

@@ -51,6 +51,7 @@ struct Options {
   bool trace = false;  // MKERNEL_KERNEL_TRACE: where the time of a collective goes
   std::string nccl;    // --nccl LIB: the real NCCL's AllReduce in the same run
   int gpus = 1;        // --gpus N: rank r runs on GPU r % N (N = 1: every rank on GPU 0, emulated)
+  int ranksPerNode = 0;  // --ranks-per-node K: emulated nodes of K ranks (the hierarchical path)
   std::string csv;
 };
 
@@ -372,7 +373,8 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
       co.rank = r;
       co.nRanks = n;
       co.cudaDev = dev;
-      co.emulate = n > opt.gpus;  // several ranks per GPU only in emulation
+      co.emulate = n > opt.gpus || opt.ranksPerNode > 0;  // several ranks per GPU, or nodes: emulation
+      co.ranksPerNode = opt.ranksPerNode;
       std::unique_ptr<mkernel::coll::Communicator> comm;
       if (mkernel::coll::Communicator::create(co, bs.get(), &comm) != Result::Success) return fail("create");
       cudaStream_t stream;
@@ -461,7 +463,10 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
 int usage() {
   std::fprintf(stderr,
                "usage: mkernel-collbench [--ranks 2,4,8] [--min-bytes 8] [--max-bytes 1073741824] "
-               "[--step 8] [--iters 1000] [--wait launch,memop,kernel] [--trace 1] [--nccl libnccl.so.2] [--gpus 1] [--csv FILE]\n");
+               "[--step 8] [--iters 1000] [--wait launch,memop,kernel] [--trace 1] [--nccl libnccl.so.2] [--gpus 1] "
+               "[--ranks-per-node K] [--csv FILE]\n"
+               "  --ranks-per-node K: emulated nodes of K ranks, every collective through the hierarchical path and\n"
+               "  the proxies (set MKERNEL_SOCKET_IFNAME=lo); MKERNEL_HIER_OVERLAP=0 runs its phases in turn\n");
   return 2;
 }
 
@@ -483,6 +488,7 @@ int main(int argc, char** argv) {
     else if (a == "--trace") opt.trace = std::atoi(v) != 0;
     else if (a == "--nccl") opt.nccl = v;
     else if (a == "--gpus") opt.gpus = std::atoi(v);
+    else if (a == "--ranks-per-node") opt.ranksPerNode = std::atoi(v);
     else return usage();
   }
   if (opt.step < 2 || opt.minBytes < 1 || opt.iters < 1 || opt.gpus < 1) return usage();
