@@ -63,8 +63,8 @@ struct HierCall {
   uint64_t send, recv;   // this rank's user buffers
   Slice part;            // this CTA's elements (of the per-rank block)
   uint64_t chunkElems;   // hierChunkElemsFor()
-  bool overlap = true;   // AllReduce: pipeline the phases of consecutive chunks (false: one after
-                         // another, the same code: MKERNEL_HIER_OVERLAP=0, for the comparison)
+  bool overlap = true;   // pipeline the phases of consecutive chunks (false: one after another,
+                         // the same code: MKERNEL_HIER_OVERLAP=0, for the comparison)
 };
 
 // Elements of a chunk: an inbox holds perNode slots of the largest part of a chunk, so a chunk
@@ -312,146 +312,213 @@ MKERNEL_HD bool hierAllReduce(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
   return true;
 }
 
-// ReduceScatter (count = elements per rank block; sendbuff holds nNodes x perNode blocks):
-//   1 intra  push the chunk of block (m, q), for every node m, into slot m*perNode + j of local
-//            rank q's inbox in[parity]; node barrier
-//   2        for every node m, reduce slots m*perNode + 0..perNode-1 (pre()) into part m of the
-//            net send buffer
-//   3 inter  send part m to node m; receive part k from every other node
-//   4        reduce part k over the nodes 0..nNodes-1 (post()) into recvbuff
+// The other four collectives have one rail round per chunk, and run as two steps per chunk:
+//   A(i)  the work before the round (node-local phase, net send buffer), and the round posted
+//   B(i)  the round waited for, and the work after it
+// sequentially A(i), B(i), or pipelined (c.overlap) A(0), then A(i + 1), B(i) for each i: the
+// round of chunk i travels while the CTA works on chunk i + 1. Chunk i uses regions of parity
+// par(i) and net slot par(i), and its round the tag par(i), so the two rounds in flight never
+// share a tag. A region is written again two chunks later: for the region read after a barrier
+// of A (ReduceScatter, Reduce: inboxes) the writer of chunk i + 2 has passed the barrier of
+// A(i + 1), which every reader reaches after reading chunk i; for the region read after the
+// barrier of B (AllGather, Broadcast: out regions) the writer of chunk i + 2 has passed the
+// barrier of B(i + 1), which every reader reaches after copying chunk i out. Net slot par(i) is
+// refilled by A(i + 2), after B(i) waited for its round.
+struct HierStep {
+  HierChunk ch;
+  uint64_t slot;  // bytes of one rank's slot in a region (the chunk's bytes)
+  int par;
+  MKERNEL_HD HierStep(const HierCall& c, uint64_t i, uint64_t seq)
+      : ch(c, i * c.chunkElems), slot(ch.bytes), par(static_cast<int>(seq & 1)) {}
+};
+
 MK_HIER_TEMPLATE
-template <class Ex>
-MKERNEL_HD bool hierReduceScatter(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
-  HierCtx x(c);
-  HierRail rail;
-  for (uint64_t o = 0; o < c.part.count; o += c.chunkElems) {
-    const HierChunk ch(c, o);
-    const uint64_t slot = ch.bytes;
-    const int par = static_cast<int>((*chunkSeq)++ & 1);
-    for (int m = 0; m < x.N; ++m)
-      for (int q = 0; q < x.G; ++q) {
-        const uint64_t block = static_cast<uint64_t>(c.layout.rankOf(m, q));
-        x.dsts[0] = ex.in(q, par) + static_cast<uint64_t>(m * x.G + x.j) * slot;
-        ex.copy(x.dsts, 1, x.send + (block * c.count + ch.g) * x.esz, slot);
-      }
-    if (!ex.nodeBarrier()) return false;
-    char* P = ex.netSend(0);
-    for (int m = 0; m < x.N; ++m) {
-      for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, par) + static_cast<uint64_t>(m * x.G + q) * slot;
-      x.dsts[0] = P + static_cast<uint64_t>(m) * slot;
-      ex.reduce(x.dsts, 1, x.srcs, x.G, ch.l, true, false);
+template <class Ex, class Steps>
+MKERNEL_HD bool hierTwoStep(Ex& ex, const HierCall& c, uint64_t* chunkSeq, Steps& st) {
+  if (c.part.count == 0) return true;
+  const uint64_t chunks = (c.part.count + c.chunkElems - 1) / c.chunkElems;
+  const uint64_t seq0 = *chunkSeq;
+  *chunkSeq += chunks;
+  if (!c.overlap) {
+    for (uint64_t i = 0; i < chunks; ++i) {
+      const HierStep k(c, i, seq0 + i);
+      if (!st.a(ex, k) || !st.b(ex, k)) return false;
     }
-    for (int m = 0; m < x.N; ++m)
-      rail.set(m, P + static_cast<uint64_t>(m) * slot, m == x.k ? 0 : slot, ex.netRecv(0, m), m == x.k ? 0 : slot);
-    if (!hierExchange(ex, 0, rail)) return false;
-    for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P + static_cast<uint64_t>(x.k) * slot : ex.netRecv(0, m);
-    x.dsts[0] = x.recv + ch.g * x.esz;
-    ex.reduce(x.dsts, 1, x.srcs, x.N, ch.l, false, true);
+    return true;
+  }
+  if (!st.a(ex, HierStep(c, 0, seq0))) return false;
+  for (uint64_t i = 0; i < chunks; ++i) {
+    if (i + 1 < chunks && !st.a(ex, HierStep(c, i + 1, seq0 + i + 1))) return false;
+    if (!st.b(ex, HierStep(c, i, seq0 + i))) return false;
   }
   return true;
 }
+
+// ReduceScatter (count = elements per rank block; sendbuff holds nNodes x perNode blocks):
+//   A  intra: push the chunk of block (m, q), for every node m, into slot m*perNode + j of local
+//      rank q's inbox; node barrier; for every node m, reduce slots m*perNode + 0..perNode-1
+//      (pre()) into part m of the net send buffer; post: part m to node m, part k from every
+//      other node
+//   B  reduce part k over the nodes 0..nNodes-1 (post()) into recvbuff
+struct HierReduceScatterSteps {
+  const HierCall& c;
+  HierCtx x;
+  HierRail rail;
+  MKERNEL_HD explicit HierReduceScatterSteps(const HierCall& call) : c(call), x(call) {}
+  MK_HIER_TEMPLATE
+  template <class Ex>
+  MKERNEL_HD bool a(Ex& ex, const HierStep& k) {
+    for (int m = 0; m < x.N; ++m)
+      for (int q = 0; q < x.G; ++q) {
+        const uint64_t block = static_cast<uint64_t>(c.layout.rankOf(m, q));
+        x.dsts[0] = ex.in(q, k.par) + static_cast<uint64_t>(m * x.G + x.j) * k.slot;
+        ex.copy(x.dsts, 1, x.send + (block * c.count + k.ch.g) * x.esz, k.slot);
+      }
+    if (!ex.nodeBarrier()) return false;
+    char* P = ex.netSend(k.par);
+    for (int m = 0; m < x.N; ++m) {
+      for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, k.par) + static_cast<uint64_t>(m * x.G + q) * k.slot;
+      x.dsts[0] = P + static_cast<uint64_t>(m) * k.slot;
+      ex.reduce(x.dsts, 1, x.srcs, x.G, k.ch.l, true, false);
+    }
+    for (int m = 0; m < x.N; ++m)
+      rail.set(m, P + static_cast<uint64_t>(m) * k.slot, m == x.k ? 0 : k.slot, ex.netRecv(k.par, m),
+               m == x.k ? 0 : k.slot);
+    return ex.railPost(k.par, k.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
+  }
+  MK_HIER_TEMPLATE
+  template <class Ex>
+  MKERNEL_HD bool b(Ex& ex, const HierStep& k) {
+    if (!ex.railWait(k.par)) return false;
+    char* P = ex.netSend(k.par);
+    for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P + static_cast<uint64_t>(x.k) * k.slot : ex.netRecv(k.par, m);
+    x.dsts[0] = x.recv + k.ch.g * x.esz;
+    ex.reduce(x.dsts, 1, x.srcs, x.N, k.ch.l, false, true);
+    return true;
+  }
+};
 
 // AllGather (count = elements per rank block; recvbuff holds nNodes x perNode blocks):
-//   1 inter  copy the chunk into the net send buffer; send it to every other node (its rank of
-//            this rail); receive block (m, j)'s chunk from every other node m
-//   2 intra  push block (m, j)'s chunk, for every node m, into slot m*perNode + j of every local
-//            rank's out[parity]; node barrier; copy slot m*perNode + q into block (m, q)
-MK_HIER_TEMPLATE
-template <class Ex>
-MKERNEL_HD bool hierAllGather(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
-  HierCtx x(c);
+//   A  copy the chunk into the net send buffer; post: it to every other node (its rank of this
+//      rail), block (m, j)'s chunk from every other node m
+//   B  intra: push block (m, j)'s chunk, for every node m, into slot m*perNode + j of every local
+//      rank's out region; node barrier; copy slot m*perNode + q into block (m, q)
+struct HierAllGatherSteps {
+  const HierCall& c;
+  HierCtx x;
   HierRail rail;
-  for (uint64_t o = 0; o < c.part.count; o += c.chunkElems) {
-    const HierChunk ch(c, o);
-    const uint64_t slot = ch.bytes;
-    const int par = static_cast<int>((*chunkSeq)++ & 1);
-    char* P = ex.netSend(0);
+  MKERNEL_HD explicit HierAllGatherSteps(const HierCall& call) : c(call), x(call) {}
+  MK_HIER_TEMPLATE
+  template <class Ex>
+  MKERNEL_HD bool a(Ex& ex, const HierStep& k) {
+    char* P = ex.netSend(k.par);
     x.dsts[0] = P;
-    ex.copy(x.dsts, 1, x.send + ch.g * x.esz, slot);
-    for (int m = 0; m < x.N; ++m) rail.set(m, P, m == x.k ? 0 : slot, ex.netRecv(0, m), m == x.k ? 0 : slot);
-    if (!hierExchange(ex, 0, rail)) return false;
+    ex.copy(x.dsts, 1, x.send + k.ch.g * x.esz, k.slot);
+    for (int m = 0; m < x.N; ++m) rail.set(m, P, m == x.k ? 0 : k.slot, ex.netRecv(k.par, m), m == x.k ? 0 : k.slot);
+    return ex.railPost(k.par, k.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
+  }
+  MK_HIER_TEMPLATE
+  template <class Ex>
+  MKERNEL_HD bool b(Ex& ex, const HierStep& k) {
+    if (!ex.railWait(k.par)) return false;
+    char* P = ex.netSend(k.par);
     for (int m = 0; m < x.N; ++m) {
-      for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, par) + static_cast<uint64_t>(m * x.G + x.j) * slot;
-      ex.copy(x.dsts, x.G, m == x.k ? P : ex.netRecv(0, m), slot);
+      for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, k.par) + static_cast<uint64_t>(m * x.G + x.j) * k.slot;
+      ex.copy(x.dsts, x.G, m == x.k ? P : ex.netRecv(k.par, m), k.slot);
     }
     if (!ex.nodeBarrier()) return false;
     for (int m = 0; m < x.N; ++m)
       for (int q = 0; q < x.G; ++q) {
         const uint64_t block = static_cast<uint64_t>(c.layout.rankOf(m, q));
-        x.dsts[0] = x.recv + (block * c.count + ch.g) * x.esz;
-        ex.copy(x.dsts, 1, ex.out(x.j, par) + static_cast<uint64_t>(m * x.G + q) * slot, slot);
+        x.dsts[0] = x.recv + (block * c.count + k.ch.g) * x.esz;
+        ex.copy(x.dsts, 1, ex.out(x.j, k.par) + static_cast<uint64_t>(m * x.G + q) * k.slot, k.slot);
       }
+    return true;
   }
-  return true;
-}
+};
 
 // Broadcast from root (kr, jr):
-//   1 inter  the root copies its chunk into the net send buffer and sends it to (m, jr) for every
-//            other node m, which receives it into its slot kr
-//   2 intra  rank (m, jr) of every node pushes the chunk into every local rank's out[parity];
-//            node barrier; every rank copies its out[parity] into recvbuff
-MK_HIER_TEMPLATE
-template <class Ex>
-MKERNEL_HD bool hierBroadcast(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
-  HierCtx x(c);
+//   A  rail jr: the root copies its chunk into the net send buffer; post: the root sends it to
+//      (m, jr) for every other node m, which receives it into its slot kr (other rails: nothing)
+//   B  rail jr: push the chunk into every local rank's out region; node barrier; every rank
+//      copies its out region into recvbuff
+struct HierBroadcastSteps {
+  const HierCall& c;
+  HierCtx x;
   HierRail rail;
-  const int kr = c.layout.nodeOf(c.root), jr = c.layout.localOf(c.root);
-  for (uint64_t o = 0; o < c.part.count; o += c.chunkElems) {
-    const HierChunk ch(c, o);
-    const int par = static_cast<int>((*chunkSeq)++ & 1);
-    if (x.j == jr) {  // rail jr: the root sends the chunk to every other node
-      char* P = ex.netSend(0);
-      if (x.k == kr) {
-        x.dsts[0] = P;
-        ex.copy(x.dsts, 1, x.send + ch.g * x.esz, ch.bytes);
-      }
-      for (int m = 0; m < x.N; ++m)
-        rail.set(m, P, (x.k == kr && m != x.k) ? ch.bytes : 0, ex.netRecv(0, m), (x.k != kr && m == kr) ? ch.bytes : 0);
-      if (!hierExchange(ex, 0, rail)) return false;
-      for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, par);
-      ex.copy(x.dsts, x.G, x.k == kr ? P : ex.netRecv(0, kr), ch.bytes);
+  int kr, jr;
+  MKERNEL_HD explicit HierBroadcastSteps(const HierCall& call)
+      : c(call), x(call), kr(call.layout.nodeOf(call.root)), jr(call.layout.localOf(call.root)) {}
+  MK_HIER_TEMPLATE
+  template <class Ex>
+  MKERNEL_HD bool a(Ex& ex, const HierStep& k) {
+    if (x.j != jr) return true;
+    char* P = ex.netSend(k.par);
+    if (x.k == kr) {
+      x.dsts[0] = P;
+      ex.copy(x.dsts, 1, x.send + k.ch.g * x.esz, k.ch.bytes);
+    }
+    for (int m = 0; m < x.N; ++m)
+      rail.set(m, P, (x.k == kr && m != x.k) ? k.ch.bytes : 0, ex.netRecv(k.par, m),
+               (x.k != kr && m == kr) ? k.ch.bytes : 0);
+    return ex.railPost(k.par, k.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
+  }
+  MK_HIER_TEMPLATE
+  template <class Ex>
+  MKERNEL_HD bool b(Ex& ex, const HierStep& k) {
+    if (x.j == jr) {
+      if (!ex.railWait(k.par)) return false;
+      for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, k.par);
+      ex.copy(x.dsts, x.G, x.k == kr ? ex.netSend(k.par) : ex.netRecv(k.par, kr), k.ch.bytes);
     }
     if (!ex.nodeBarrier()) return false;
-    x.dsts[0] = x.recv + ch.g * x.esz;
-    ex.copy(x.dsts, 1, ex.out(x.j, par), ch.bytes);
+    x.dsts[0] = x.recv + k.ch.g * x.esz;
+    ex.copy(x.dsts, 1, ex.out(x.j, k.par), k.ch.bytes);
+    return true;
   }
-  return true;
-}
+};
 
 // Reduce to root (kr, jr):
-//   1 intra  push the chunk into slot j of local rank jr's inbox in[parity]; node barrier
-//   2        rank (m, jr) of every node reduces its node's slots (pre()) into its net send
-//            buffer and sends it to the root; the root receives every other node's partial
-//   3        the root reduces the partials over the nodes 0..nNodes-1 (post()) into recvbuff
-MK_HIER_TEMPLATE
-template <class Ex>
-MKERNEL_HD bool hierReduce(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
-  HierCtx x(c);
+//   A  intra: push the chunk into slot j of local rank jr's inbox; node barrier; rank (m, jr) of
+//      every node reduces its node's slots (pre()) into its net send buffer; post: it to the
+//      root, which receives every other node's partial (other rails: nothing)
+//   B  the root reduces the partials over the nodes 0..nNodes-1 (post()) into recvbuff
+struct HierReduceSteps {
+  const HierCall& c;
+  HierCtx x;
   HierRail rail;
-  const int kr = c.layout.nodeOf(c.root), jr = c.layout.localOf(c.root);
-  for (uint64_t o = 0; o < c.part.count; o += c.chunkElems) {
-    const HierChunk ch(c, o);
-    const uint64_t slot = ch.bytes;
-    const int par = static_cast<int>((*chunkSeq)++ & 1);
-    x.dsts[0] = ex.in(jr, par) + static_cast<uint64_t>(x.j) * slot;
-    ex.copy(x.dsts, 1, x.send + ch.g * x.esz, slot);
+  int kr, jr;
+  MKERNEL_HD explicit HierReduceSteps(const HierCall& call)
+      : c(call), x(call), kr(call.layout.nodeOf(call.root)), jr(call.layout.localOf(call.root)) {}
+  MK_HIER_TEMPLATE
+  template <class Ex>
+  MKERNEL_HD bool a(Ex& ex, const HierStep& k) {
+    x.dsts[0] = ex.in(jr, k.par) + static_cast<uint64_t>(x.j) * k.slot;
+    ex.copy(x.dsts, 1, x.send + k.ch.g * x.esz, k.slot);
     if (!ex.nodeBarrier()) return false;
-    if (x.j != jr) continue;
-    char* P = ex.netSend(0);
-    for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, par) + static_cast<uint64_t>(q) * slot;
+    if (x.j != jr) return true;
+    char* P = ex.netSend(k.par);
+    for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, k.par) + static_cast<uint64_t>(q) * k.slot;
     x.dsts[0] = P;
-    ex.reduce(x.dsts, 1, x.srcs, x.G, ch.l, true, false);
+    ex.reduce(x.dsts, 1, x.srcs, x.G, k.ch.l, true, false);
     for (int m = 0; m < x.N; ++m)
-      rail.set(m, P, (x.k != kr && m == kr) ? slot : 0, ex.netRecv(0, m), (x.k == kr && m != x.k) ? slot : 0);
-    if (!hierExchange(ex, 0, rail)) return false;
-    if (x.k == kr) {
-      for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P : ex.netRecv(0, m);
-      x.dsts[0] = x.recv + ch.g * x.esz;
-      ex.reduce(x.dsts, 1, x.srcs, x.N, ch.l, false, true);
-    }
+      rail.set(m, P, (x.k != kr && m == kr) ? k.slot : 0, ex.netRecv(k.par, m), (x.k == kr && m != x.k) ? k.slot : 0);
+    return ex.railPost(k.par, k.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
   }
-  return true;
-}
+  MK_HIER_TEMPLATE
+  template <class Ex>
+  MKERNEL_HD bool b(Ex& ex, const HierStep& k) {
+    if (x.j != jr) return true;
+    if (!ex.railWait(k.par)) return false;
+    if (x.k == kr) {
+      char* P = ex.netSend(k.par);
+      for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P : ex.netRecv(k.par, m);
+      x.dsts[0] = x.recv + k.ch.g * x.esz;
+      ex.reduce(x.dsts, 1, x.srcs, x.N, k.ch.l, false, true);
+    }
+    return true;
+  }
+};
 
 // One collective of call c for this CTA.
 MK_HIER_TEMPLATE
@@ -459,10 +526,22 @@ template <class Ex>
 MKERNEL_HD bool hierCollective(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
   switch (c.coll) {
     case CollType::AllReduce: return hierAllReduce(ex, c, chunkSeq);
-    case CollType::ReduceScatter: return hierReduceScatter(ex, c, chunkSeq);
-    case CollType::AllGather: return hierAllGather(ex, c, chunkSeq);
-    case CollType::Broadcast: return hierBroadcast(ex, c, chunkSeq);
-    case CollType::Reduce: return hierReduce(ex, c, chunkSeq);
+    case CollType::ReduceScatter: {
+      HierReduceScatterSteps st(c);
+      return hierTwoStep(ex, c, chunkSeq, st);
+    }
+    case CollType::AllGather: {
+      HierAllGatherSteps st(c);
+      return hierTwoStep(ex, c, chunkSeq, st);
+    }
+    case CollType::Broadcast: {
+      HierBroadcastSteps st(c);
+      return hierTwoStep(ex, c, chunkSeq, st);
+    }
+    case CollType::Reduce: {
+      HierReduceSteps st(c);
+      return hierTwoStep(ex, c, chunkSeq, st);
+    }
   }
   return false;
 }
