@@ -1,7 +1,7 @@
 // GPU tier, process ranks (docs/KERNEL.md, "Process ranks"): N processes forked before any CUDA
 // call, one communicator across them (staged collectives through CUDA IPC).
 //
-//   test_gpu_procs [--ranks N] [--hosts H] [--kill | --kill-mid]
+//   test_gpu_procs [--ranks N] [--hosts H] [--kill | --kill-mid | --kill-graph]
 //
 // Ranks sit on GPU (rank % GPUs). With fewer GPUs than ranks they are emulated (MKERNEL_EMULATE)
 // and the test starts its own CUDA MPS daemon (a private pipe directory), without which kernels
@@ -22,6 +22,10 @@
 //            inside the same AllReduce, must fail at their next chunk barrier ("to stage its next
 //            chunk") naming the dead rank, within the same bounds. The test fails if the hook
 //            never fired.
+//   --kill-graph  the ranks capture a 16 KiB AllReduce into a CUDA graph (the launch path's graph
+//            namespace) and replay it once, checked; then the last rank dies and the survivors
+//            replay it again: RemoteError naming the dead rank ("to publish its inputs (launch
+//            path)") within the same bounds, the stream released, abort and destroy bounded.
 //   --hosts H   the ranks act as H hosts (MKERNEL_HOSTID = host<rank / (N/H)>): the communicator
 //            then runs every collective hierarchically, one node per host, the rail rounds
 //            through a proxy per rank over TCP on loopback (the multi-host path, without a second
@@ -94,7 +98,7 @@ int32_t expected(const Case& c, int n, int rank, size_t e) {
   return 0;
 }
 
-enum class Kill { kNone, kBetween, kMid };
+enum class Kill { kNone, kBetween, kMid, kGraph };
 
 CollArgs allReduceArgs(DataType dtype, void* send, void* recv, size_t count) {
   CollArgs a;  // AllReduce, Sum: the defaults
@@ -173,7 +177,7 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
     for (size_t count : {size_t(1), size_t(4099), size_t(1 << 20) + 5, (size_t(8) << 20) + 3})
       for (bool inPlace : {false, true}) cases.push_back(Case{c, count, inPlace, (seq++) % n});
   if (kill) cases.resize(6);
-  if (killMode == Kill::kMid) cases.clear();
+  if (killMode == Kill::kMid || killMode == Kill::kGraph) cases.clear();
   // Every buffer before the first collective: allocations while persistent kernels run can wait
   // for them (docs/KERNEL.md).
   const size_t maxElems = (size_t(8) << 20) * static_cast<size_t>(n) + 64;
@@ -184,6 +188,40 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
       cudaMalloc(reinterpret_cast<void**>(&fbuf), (size_t(1) << 22) * 4) != cudaSuccess)
     FAIL("cudaMalloc");
   std::vector<int32_t> host(maxElems), got(maxElems);
+
+  if (killMode == Kill::kGraph) {
+    const size_t count = size_t(1) << 12;  // 16 KiB: the launch path's inbox, captured
+    for (size_t i = 0; i < count; ++i) host[i] = input(rank, i);
+    if (cudaMemcpy(send, host.data(), count * 4, cudaMemcpyHostToDevice) != cudaSuccess) FAIL("copy in");
+    const CollArgs a = allReduceArgs(DataType::Int32, send, recv, count);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) FAIL("begin capture");
+    const Result er = comm->enqueue(&a, 1, stream);
+    if (cudaStreamEndCapture(stream, &graph) != cudaSuccess || er != Result::Success)
+      FAIL("capture: %s", mkernel::lastError());
+    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) FAIL("instantiate");
+    if (cudaGraphLaunch(exec, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess ||
+        comm->asyncError() != Result::Success)
+      FAIL("first replay: %s", mkernel::lastError());
+    if (cudaMemcpy(got.data(), recv, count * 4, cudaMemcpyDeviceToHost) != cudaSuccess) FAIL("copy out");
+    const Case k{CollType::AllReduce, count, false, 0};
+    for (size_t e = 0; e < count; ++e)
+      if (got[e] != expected(k, n, rank, e)) FAIL("first replay: element %zu is %d, want %d", e, got[e], expected(k, n, rank, e));
+    mkernel::coll::CollStats st;
+    comm->stats(&st);
+    if (st.kernelLaunches != 0) FAIL("the captured AllReduce launched the persistent kernel (%llu times)",
+                                     static_cast<unsigned long long>(st.kernelLaunches));
+    if (rank == n - 1) {
+      std::fprintf(stderr, "rank %d: replayed the graph once; dying now (SIGKILL)\n", rank);
+      raise(SIGKILL);
+    }
+    if (cudaGraphLaunch(exec, stream) != cudaSuccess) FAIL("second replay");
+    const int rc = survive(rank, n, nGpus, dev, comm, stream, "to publish its inputs (launch path)");
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    return rc;
+  }
 
   if (killMode == Kill::kMid) {
     // 32 MiB per rank: far above the launch path's limit, so the persistent kernel's staged
@@ -309,8 +347,9 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--hosts") && i + 1 < argc) hosts = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--kill")) killMode = Kill::kBetween;
     else if (!std::strcmp(argv[i], "--kill-mid")) killMode = Kill::kMid;
+    else if (!std::strcmp(argv[i], "--kill-graph")) killMode = Kill::kGraph;
     else {
-      std::fprintf(stderr, "usage: %s [--ranks N] [--hosts H] [--kill | --kill-mid]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--ranks N] [--hosts H] [--kill | --kill-mid | --kill-graph]\n", argv[0]);
       return 2;
     }
   }
@@ -386,6 +425,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "test_gpu_procs: stopping the MPS daemon failed\n");
   std::printf("test_gpu_procs: %d ranks on %d GPU(s)%s%s%s: %s\n", n, nGpus < n ? nGpus : n,
               nGpus < n ? " (emulated, MPS)" : "", hosts > 1 ? (", as " + std::to_string(hosts) + " hosts").c_str() : "",
-              killMode == Kill::kMid ? ", one killed mid-collective" : kill ? ", one killed" : "", failed ? "FAILED" : "passed");
+              killMode == Kill::kMid     ? ", one killed mid-collective"
+              : killMode == Kill::kGraph ? ", one killed between graph replays"
+              : kill                     ? ", one killed"
+                                         : "",
+              failed ? "FAILED" : "passed");
   return failed ? 1 : 0;
 }
