@@ -28,8 +28,8 @@
 // peer's out region only after the first node barrier of chunk i+1, which the peer reaches after
 // it has copied its out region of chunk i away. Across collectives that fails (the next
 // collective's first push follows no barrier the peer passed after its reads), and the pipelined
-// form (MKERNEL_HIER_OVERLAP, hierAllReduce below) reorders the phases, so regions alternate by
-// the CTA's chunk parity, as in the other collectives. Net buffers are this rank's own, two
+// forms (MKERNEL_HIER_OVERLAP, below) reorder the phases, so every collective alternates regions
+// by the CTA's chunk parity. Net buffers are this rank's own, two
 // slots: a round's transfers complete before the buffers of its slot are read or refilled.
 // (tests/proxy/test_hier_staged.cc breaks the second barrier on purpose and checks that the race
 // check sees it.)
@@ -157,6 +157,7 @@ struct HierChunk {
 // alternates regions by *chunkSeq's parity (the argument of staged.h; AllReduce's two node
 // barriers per chunk would let one region do within a collective, but not across collectives:
 // the next collective's first push could reach a local rank still reading its inbox).
+
 // One round among the rail on slot 0, posted and waited for.
 MK_HIER_TEMPLATE
 template <class Ex>
