@@ -355,17 +355,31 @@ MKERNEL_HD bool hierTwoStep(Ex& ex, const HierCall& c, uint64_t* chunkSeq, Steps
   return true;
 }
 
+// What every two-step collective below keeps: the call, its context, the rail round being built,
+// and (Broadcast, Reduce) the root's node and local index.
+struct HierStepsBase {
+  const HierCall& c;
+  HierCtx x;
+  HierRail rail;
+  int kr, jr;
+  MKERNEL_HD explicit HierStepsBase(const HierCall& call)
+      : c(call), x(call), kr(call.layout.nodeOf(call.root)), jr(call.layout.localOf(call.root)) {}
+  // The round built in `rail`, posted on the chunk's net slot with the chunk's parity as its tag.
+  MK_HIER_TEMPLATE
+  template <class Ex>
+  MKERNEL_HD bool post(Ex& ex, const HierStep& k) {
+    return ex.railPost(k.par, k.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
+  }
+};
+
 // ReduceScatter (count = elements per rank block; sendbuff holds nNodes x perNode blocks):
 //   A  intra: push the chunk of block (m, q), for every node m, into slot m*perNode + j of local
 //      rank q's inbox; node barrier; for every node m, reduce slots m*perNode + 0..perNode-1
 //      (pre()) into part m of the net send buffer; post: part m to node m, part k from every
 //      other node
 //   B  reduce part k over the nodes 0..nNodes-1 (post()) into recvbuff
-struct HierReduceScatterSteps {
-  const HierCall& c;
-  HierCtx x;
-  HierRail rail;
-  MKERNEL_HD explicit HierReduceScatterSteps(const HierCall& call) : c(call), x(call) {}
+struct HierReduceScatterSteps : HierStepsBase {
+  MKERNEL_HD explicit HierReduceScatterSteps(const HierCall& call) : HierStepsBase(call) {}
   MK_HIER_TEMPLATE
   template <class Ex>
   MKERNEL_HD bool a(Ex& ex, const HierStep& k) {
@@ -385,7 +399,7 @@ struct HierReduceScatterSteps {
     for (int m = 0; m < x.N; ++m)
       rail.set(m, P + static_cast<uint64_t>(m) * k.slot, m == x.k ? 0 : k.slot, ex.netRecv(k.par, m),
                m == x.k ? 0 : k.slot);
-    return ex.railPost(k.par, k.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
+    return post(ex, k);
   }
   MK_HIER_TEMPLATE
   template <class Ex>
@@ -404,11 +418,8 @@ struct HierReduceScatterSteps {
 //      rail), block (m, j)'s chunk from every other node m
 //   B  intra: push block (m, j)'s chunk, for every node m, into slot m*perNode + j of every local
 //      rank's out region; node barrier; copy slot m*perNode + q into block (m, q)
-struct HierAllGatherSteps {
-  const HierCall& c;
-  HierCtx x;
-  HierRail rail;
-  MKERNEL_HD explicit HierAllGatherSteps(const HierCall& call) : c(call), x(call) {}
+struct HierAllGatherSteps : HierStepsBase {
+  MKERNEL_HD explicit HierAllGatherSteps(const HierCall& call) : HierStepsBase(call) {}
   MK_HIER_TEMPLATE
   template <class Ex>
   MKERNEL_HD bool a(Ex& ex, const HierStep& k) {
@@ -416,7 +427,7 @@ struct HierAllGatherSteps {
     x.dsts[0] = P;
     ex.copy(x.dsts, 1, x.send + k.ch.g * x.esz, k.slot);
     for (int m = 0; m < x.N; ++m) rail.set(m, P, m == x.k ? 0 : k.slot, ex.netRecv(k.par, m), m == x.k ? 0 : k.slot);
-    return ex.railPost(k.par, k.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
+    return post(ex, k);
   }
   MK_HIER_TEMPLATE
   template <class Ex>
@@ -443,13 +454,8 @@ struct HierAllGatherSteps {
 //      (m, jr) for every other node m, which receives it into its slot kr (other rails: nothing)
 //   B  rail jr: push the chunk into every local rank's out region; node barrier; every rank
 //      copies its out region into recvbuff
-struct HierBroadcastSteps {
-  const HierCall& c;
-  HierCtx x;
-  HierRail rail;
-  int kr, jr;
-  MKERNEL_HD explicit HierBroadcastSteps(const HierCall& call)
-      : c(call), x(call), kr(call.layout.nodeOf(call.root)), jr(call.layout.localOf(call.root)) {}
+struct HierBroadcastSteps : HierStepsBase {
+  MKERNEL_HD explicit HierBroadcastSteps(const HierCall& call) : HierStepsBase(call) {}
   MK_HIER_TEMPLATE
   template <class Ex>
   MKERNEL_HD bool a(Ex& ex, const HierStep& k) {
@@ -462,7 +468,7 @@ struct HierBroadcastSteps {
     for (int m = 0; m < x.N; ++m)
       rail.set(m, P, (x.k == kr && m != x.k) ? k.ch.bytes : 0, ex.netRecv(k.par, m),
                (x.k != kr && m == kr) ? k.ch.bytes : 0);
-    return ex.railPost(k.par, k.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
+    return post(ex, k);
   }
   MK_HIER_TEMPLATE
   template <class Ex>
@@ -484,13 +490,8 @@ struct HierBroadcastSteps {
 //      every node reduces its node's slots (pre()) into its net send buffer; post: it to the
 //      root, which receives every other node's partial (other rails: nothing)
 //   B  the root reduces the partials over the nodes 0..nNodes-1 (post()) into recvbuff
-struct HierReduceSteps {
-  const HierCall& c;
-  HierCtx x;
-  HierRail rail;
-  int kr, jr;
-  MKERNEL_HD explicit HierReduceSteps(const HierCall& call)
-      : c(call), x(call), kr(call.layout.nodeOf(call.root)), jr(call.layout.localOf(call.root)) {}
+struct HierReduceSteps : HierStepsBase {
+  MKERNEL_HD explicit HierReduceSteps(const HierCall& call) : HierStepsBase(call) {}
   MK_HIER_TEMPLATE
   template <class Ex>
   MKERNEL_HD bool a(Ex& ex, const HierStep& k) {
@@ -504,7 +505,7 @@ struct HierReduceSteps {
     ex.reduce(x.dsts, 1, x.srcs, x.G, k.ch.l, true, false);
     for (int m = 0; m < x.N; ++m)
       rail.set(m, P, (x.k != kr && m == kr) ? k.slot : 0, ex.netRecv(k.par, m), (x.k == kr && m != x.k) ? k.slot : 0);
-    return ex.railPost(k.par, k.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
+    return post(ex, k);
   }
   MK_HIER_TEMPLATE
   template <class Ex>
