@@ -8,12 +8,15 @@
 #      of the kernel's reduceCopy, both GPUs at once;
 #   2. ctest LC_CTEST (default test_shim_gpu), then test_gpu_hier LC_HIER_REPS times (default 3)
 #      with MKERNEL_TIMEOUT_S=LC_HIER_TIMEOUT (default 60): pass/fail and seconds of each;
-#   3. nccl-tests LC_TESTS (default the five), -b LC_MIN_BYTES (8) -e LC_MAX_BYTES (4M) -f 4 -c 1 -g <GPUs>:
+#   3. (unless LC_NCCL_RUN=0) nccl-tests LC_TESTS (default the five), -b LC_MIN_BYTES (8) -e LC_MAX_BYTES (4M) -f 4 -c 1 -g <GPUs>:
 #      NCCL alone, mkernel (the launch path, the default) and mkernel with
 #      MKERNEL_LAUNCH_MAX_BYTES=0 (everything through the persistent kernel; LC_PERSISTENT=0 skips
 #      it), tables per test (scripts/nccl-tests-table.py: time, busbw, ratio, #wrong);
 #   3b. (unless LC_COLLBENCH=0) mkernel-collbench AllReduce, NCCL / launch / memop in one process: one rank up to 32 KiB,
 #      and (2+ GPUs) one rank per GPU up to LC_COLLBENCH_MAX (4194304);
+#   3c. (LC_OVERLAP=1) the hierarchical AllReduce's overlap: mkernel-collbench --ranks LC_OVERLAP_RANKS (4)
+#      --ranks-per-node LC_OVERLAP_RPN (2) over the GPUs, MKERNEL_HIER_OVERLAP=1 against =0 (the same
+#      phases one after another), to LC_OVERLAP_MAX bytes (16777216);
 #   4. (2+ GPUs, unless LC_TORCH=0) scripts/torch_bench.py, 2 processes (process ranks: inboxes through CUDA IPC),
 #      NCCL against mkernel, 8 B to LC_TORCH_MAX_BYTES (1M);
 #   5. (LC_TORCH_CHECK="<torch_check.py options>") scripts/torch_check.py, e.g. "--ranks 2,4 --gpus 2
@@ -45,7 +48,7 @@ fi
 
 CTESTS=${LC_CTEST:-'^test_shim_gpu$'}
 step "2. ctest -R $CTESTS; test_gpu_hier x ${LC_HIER_REPS:-3}"
-(cd "$build" && MKERNEL_TIMEOUT_S=20 ctest -R "$CTESTS" --output-on-failure --timeout 200) >"$logs/ctest.log" 2>&1 ||
+(cd "$build" && MKERNEL_TIMEOUT_S=20 ctest -R "$CTESTS" --output-on-failure --timeout "${LC_CTEST_TIMEOUT:-200}") >"$logs/ctest.log" 2>&1 ||
   fail=1
 grep -E "Passed|Failed|Timeout|FAILED|with expansion|==|REQUIRE|CHECK|launch path up to" "$logs/ctest.log" | head -40
 : >"$logs/hier-failed.log"
@@ -64,8 +67,12 @@ step "3. nccl-tests -b ${LC_MIN_BYTES:-8} -e ${LC_MAX_BYTES:-4M} -g $NG: NCCL, m
 variants=("launch|launch path, default|")
 [ "${LC_PERSISTENT:-1}" = 1 ] &&
   variants+=("persistent|MKERNEL_LAUNCH_MAX_BYTES=0: persistent kernel only|MKERNEL_LAUNCH_MAX_BYTES=0")
-nccl_tests_vs "$TESTS" "${LC_MIN_BYTES:-8}" "${LC_MAX_BYTES:-4M}" 120 "${variants[@]}" || fail=1
-save tables.txt
+if [ "${LC_NCCL_RUN:-1}" = 1 ]; then
+  nccl_tests_vs "$TESTS" "${LC_MIN_BYTES:-8}" "${LC_MAX_BYTES:-4M}" 120 "${variants[@]}" || fail=1
+  save tables.txt
+else
+  echo "skipped (LC_NCCL_RUN=0): built only"
+fi
 
 if [ "${LC_COLLBENCH:-1}" = 1 ]; then
 step "3b. mkernel-collbench: NCCL, launch, memop"
@@ -78,6 +85,20 @@ if [ "$NG" -gt 1 ]; then
 fi
 cat "$logs/collbench.txt"
 save collbench.txt
+fi
+
+if [ "${LC_OVERLAP:-0}" = 1 ]; then
+  step "3c. hierarchical AllReduce: MKERNEL_HIER_OVERLAP=1 against =0"
+  : >"$logs/overlap.txt"
+  for ov in 1 0; do
+    MKERNEL_HIER_OVERLAP=$ov MKERNEL_SOCKET_IFNAME=lo MKERNEL_TIMEOUT_S=30 timeout 150 "$build/bin/mkernel-collbench" \
+      --gpus "$NG" --ranks "${LC_OVERLAP_RANKS:-4}" --ranks-per-node "${LC_OVERLAP_RPN:-2}" --wait memop \
+      --min-bytes 4096 --max-bytes "${LC_OVERLAP_MAX:-16777216}" --step 4 --iters "${LC_OVERLAP_ITERS:-50}" 2>&1 |
+      sed "s/^/overlap=$ov: /" >>"$logs/overlap.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "overlap=$ov failed"; fail=1; }
+  done
+  cat "$logs/overlap.txt"
+  save overlap.txt
 fi
 
 if [ "$NG" -gt 1 ] && [ -x "$PY" ] && [ "${LC_TORCH:-1}" = 1 ]; then
