@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -181,6 +182,7 @@ class KernelCommunicator final : public Communicator {
   uint64_t launchMaxBytes_ = 0;
   int launchCap_ = 1;                  // CTAs per launch-path op, agreed by all ranks
   bool launchDirect_ = false;          // MKERNEL_LAUNCH_DIRECT and thread ranks: larger ops too
+  uint64_t directMaxBytes_ = kDirectAuto;  // MKERNEL_DIRECT_MAX_BYTES (directTakes)
   uint64_t launchSeq_ = 0;             // launch-path ops issued (the epoch of the next one - 1)
   uint64_t launchIssued_[8] = {};      // ... by CollType (the index the kernel reports)
   cudaEvent_t launchEvent_ = nullptr;  // recorded after the last launch-path op
@@ -224,6 +226,15 @@ Result KernelCommunicator::init() {
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_MAX_BYTES=%lld outside 0..%llu", static_cast<long long>(launchMax),
                     static_cast<unsigned long long>(kLaunchInboxBytes));
   launchMaxBytes_ = static_cast<uint64_t>(launchMax);
+  const std::string directMax = paramString("DIRECT_MAX_BYTES");
+  if (directMax != "auto") {
+    char* end = nullptr;
+    const long long v = std::strtoll(directMax.c_str(), &end, 10);
+    if (directMax.empty() || end == nullptr || *end != '\0' || v < 0)
+      return MK_ERROR(Result::InvalidArgument, "MKERNEL_DIRECT_MAX_BYTES=%s: expected auto or a byte count (0: no limit)",
+                      directMax.c_str());
+    directMaxBytes_ = static_cast<uint64_t>(v);
+  }
   MK_CUDA(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(DeviceState)), "cudaMalloc(DeviceState)");
   MK_CUDA(cudaMemset(state_, 0, sizeof(DeviceState)), "cudaMemset(DeviceState)");
   MK_CUDA(cudaMalloc(&staging_, std::max<uint64_t>(oneShotMaxBytes_, 16)), "cudaMalloc(staging)");
@@ -529,7 +540,11 @@ KernelCommunicator::Path KernelCommunicator::pathOf(const WorkDesc& d, bool capt
   const uint64_t bytes = launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
   // One rank: a copy (or PreMulSum's kernel) at any size; nothing to exchange.
   if (bytes <= launchMaxBytes_ || opts_.nRanks == 1) return Path::kLaunchInbox;
-  return launchDirect_ ? Path::kLaunchDirect : Path::kDoorbell;
+  if (!launchDirect_) return Path::kDoorbell;
+  return directTakes(c, directWholeBytes(c, d.count, opts_.nRanks, dataTypeSize(static_cast<DataType>(d.dtype))),
+                     directMaxBytes_)
+             ? Path::kLaunchDirect
+             : Path::kDoorbell;
 }
 
 // One rank, eager, launch-path size: every collective but PreMulSum is a copy (Avg divides by 1;

@@ -44,6 +44,32 @@ MKERNEL_HD inline uint64_t launchPublishElems(CollType c, uint64_t count, int nR
   return c == CollType::ReduceScatter ? count * static_cast<uint64_t>(nRanks) : count;
 }
 
+// Direct mode's upper end (MKERNEL_DIRECT_MAX_BYTES=auto): from this many bytes of the whole
+// buffer (nccl-tests' size: AllGather and ReduceScatter count x nRanks, the others count), eager
+// ops of thread ranks go to the persistent kernel instead (its CTAs: 512 threads each, movers
+// called through pointers), which moved them faster on two H200s (docs/PERFORMANCE.md, session 7:
+// ReduceScatter 32 MiB 186 GB/s against 172, 512 MiB 315 against 210; AllGather 128 MiB 275
+// against 266, 512 MiB 314 against 279; AllReduce was faster in the launch kernel at every size).
+// 0: no upper end.
+MKERNEL_HD inline uint64_t directAutoMaxBytes(CollType c) {
+  switch (c) {
+    case CollType::ReduceScatter: return uint64_t(32) << 20;
+    case CollType::AllGather: return uint64_t(128) << 20;
+    default: return 0;
+  }
+}
+MKERNEL_HD inline uint64_t directWholeBytes(CollType c, uint64_t count, int nRanks, uint64_t elemSize) {
+  const bool perRankBlocks = c == CollType::ReduceScatter || c == CollType::AllGather;
+  return (perRankBlocks ? count * static_cast<uint64_t>(nRanks) : count) * elemSize;
+}
+// Whether direct mode takes an op of `wholeBytes` (directWholeBytes). limit: the setting, with
+// kDirectAuto for the table above.
+constexpr uint64_t kDirectAuto = ~uint64_t(0);
+MKERNEL_HD inline bool directTakes(CollType c, uint64_t wholeBytes, uint64_t limit) {
+  const uint64_t max = limit == kDirectAuto ? directAutoMaxBytes(c) : limit;
+  return max == 0 || wholeBytes < max;
+}
+
 // CTAs of one launch-path op: the same on every rank (a function of shared arguments and of the
 // cap the ranks agreed on at creation).
 MKERNEL_HD inline int launchCtas(uint64_t publishBytes, int cap) {

@@ -57,6 +57,13 @@ if [ "$NG" -gt 1 ]; then
   env "${netenv[@]}" NCCL_NET=Socket NCCL_TUNER_PLUGIN=none timeout 240 "$bin" "${args[@]}" >"$logs/net-socket.txt" 2>&1 || fail=1
   env "${netenv[@]}" NCCL_NET_PLUGIN="$NETLIB" NCCL_TUNER_PLUGIN=none timeout 240 "$bin" "${args[@]}" >"$logs/net-mkernel.txt" 2>&1 || fail=1
   env "${netenv[@]}" NCCL_NET_PLUGIN="$NETLIB" NCCL_TUNER_PLUGIN=mkernel timeout 240 "$bin" "${args[@]}" >"$logs/net-mkernel-tuner.txt" 2>&1 || fail=1
+  # Issue 3: NCCL loads the tuner and calls its init and getCollInfo. A short run apart (logging
+  # would slow the timed one) with NCCL's INIT and TUNING lines and the tuner's decisions.
+  env "${netenv[@]}" NCCL_NET_PLUGIN="$NETLIB" NCCL_TUNER_PLUGIN=mkernel NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING \
+    MKERNEL_DEBUG=INFO timeout 60 "$bin" -b 8 -e 16M -f 64 -n 2 -w 1 -c 1 -g "$NG" >"$logs/tuner-run.txt" 2>&1 || fail=1
+  grep -i -E "tuner|TUNING" "$logs/tuner-run.txt" | head -60 >"$logs/tuner-log.txt"
+  echo "tuner log: $(grep -c -i -E "tuner|TUNING" "$logs/tuner-run.txt") lines naming the tuner or TUNING; the first:"
+  head -12 "$logs/tuner-log.txt" | cut -c1-300
   python3 "$root/scripts/nccl-tests-table.py" "$logs/net-socket.txt" "$logs/net-mkernel.txt" \
     --title "all_reduce over the net path: NCCL Socket vs mkernel net plugin (TCP), tuner off" | tee -a "$logs/tables.txt" || fail=1
   python3 "$root/scripts/nccl-tests-table.py" "$logs/net-mkernel.txt" "$logs/net-mkernel-tuner.txt" \
@@ -96,7 +103,7 @@ fi
 step "summary: multigpu-check $([ $fail = 0 ] && echo passed || echo FAILED)"
 if [ -n "${OUT:-}" ]; then
   cp "$logs/tables.txt" "$OUT/" 2>/dev/null
-  for f in nccl-all_reduce_perf.txt mk-all_reduce_perf.txt net-mkernel.txt ddp-mk.txt build.log nccl-tests-build.log; do
+  for f in nccl-all_reduce_perf.txt mk-all_reduce_perf.txt tuner-log.txt ddp-mk.txt ddp-nccl.txt hier-all_reduce.txt; do
     [ -f "$logs/$f" ] && cp "$logs/$f" "$OUT/"
   done
 fi

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "collectives/algo.h"
+#include "collectives/launch_path.h"
 #include "collectives/work.h"
 #include "tests/collectives/launch_sim.h"
 
@@ -211,4 +212,23 @@ TEST_CASE("launch path, direct mode: without the end flags the reuse race is see
   bool seen = false;
   for (unsigned seed = 1; seed <= 8 && !seen; ++seed) seen = !runWorld(4, 2, 60, seed, false).empty();
   CHECK(seen);
+}
+
+TEST_CASE("launch path, direct mode: its upper end (MKERNEL_DIRECT_MAX_BYTES)") {
+  const uint64_t MiB = uint64_t(1) << 20;
+  // The whole buffer, as nccl-tests sizes it: AllGather and ReduceScatter count x ranks.
+  CHECK(directWholeBytes(CollType::ReduceScatter, 1000, 4, 4) == 16000);
+  CHECK(directWholeBytes(CollType::AllGather, 1000, 4, 2) == 8000);
+  CHECK(directWholeBytes(CollType::AllReduce, 1000, 4, 8) == 8000);
+  // auto: ReduceScatter leaves from 32 MiB, AllGather from 128 MiB, the others never.
+  CHECK(directTakes(CollType::ReduceScatter, 32 * MiB - 1, kDirectAuto));
+  CHECK_FALSE(directTakes(CollType::ReduceScatter, 32 * MiB, kDirectAuto));
+  CHECK(directTakes(CollType::AllGather, 128 * MiB - 1, kDirectAuto));
+  CHECK_FALSE(directTakes(CollType::AllGather, 128 * MiB, kDirectAuto));
+  for (CollType c : {CollType::AllReduce, CollType::Broadcast, CollType::Reduce})
+    CHECK(directTakes(c, uint64_t(8) << 30, kDirectAuto));
+  // A number applies to every collective; 0 is no limit.
+  CHECK_FALSE(directTakes(CollType::AllReduce, 4 * MiB, 4 * MiB));
+  CHECK(directTakes(CollType::AllReduce, 4 * MiB - 1, 4 * MiB));
+  CHECK(directTakes(CollType::ReduceScatter, uint64_t(8) << 30, 0));
 }

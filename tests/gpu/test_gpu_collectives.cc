@@ -214,12 +214,18 @@ void runSweep(int nRanks, int ranksPerNode = 0) {
     if (st.launchDirect != wantDirect)
       ctx.fail(std::string("launch path direct mode ") + (st.launchDirect ? "on" : "off") + ", want " +
                (wantDirect ? "on" : "off"));
+    // Direct mode ends at MKERNEL_DIRECT_MAX_BYTES (auto: launch_path.h's table).
+    const char* dm = std::getenv("MKERNEL_DIRECT_MAX_BYTES");
+    const uint64_t directMax = dm != nullptr && std::string(dm) != "auto" ? std::strtoull(dm, nullptr, 10) : mkernel::coll::kDirectAuto;
     uint64_t expectLaunch = 0;
     if (ranksPerNode == 0)
-      for (const Case& k : cases)
-        if (st.launchDirect ||
-            mkernel::coll::launchPublishElems(k.coll, k.count, nRanks) * mkernel::coll::dataTypeSize(k.dtype) <= st.launchMaxBytes)
+      for (const Case& k : cases) {
+        const uint64_t esz = mkernel::coll::dataTypeSize(k.dtype);
+        if (mkernel::coll::launchPublishElems(k.coll, k.count, nRanks) * esz <= st.launchMaxBytes ||
+            (st.launchDirect &&
+             mkernel::coll::directTakes(k.coll, mkernel::coll::directWholeBytes(k.coll, k.count, nRanks, esz), directMax)))
           ++expectLaunch;
+      }
     if (ctx.rank == 0)
       std::printf("%d ranks: launch path up to %llu bytes%s: %llu of %zu cases\n", nRanks,
                   static_cast<unsigned long long>(st.launchMaxBytes), st.launchDirect ? " (direct mode above)" : "",
