@@ -39,6 +39,7 @@ struct CollStats {
   uint64_t kernelLaunches = 0;              // persistent-kernel (re)launches
   uint64_t launchMaxBytes = 0;              // the launch path's threshold in effect (0: off)
   bool launchDirect = false;                // ... and above it, eager ops of thread ranks (direct mode)
+  int directSharing = 1;                    // the most ranks on one GPU (direct mode's upper end)
 };
 
 class Communicator {

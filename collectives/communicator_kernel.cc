@@ -183,6 +183,7 @@ class KernelCommunicator final : public Communicator {
   int launchCap_ = 1;                  // CTAs per launch-path op, agreed by all ranks
   bool launchDirect_ = false;          // MKERNEL_LAUNCH_DIRECT and thread ranks: larger ops too
   uint64_t directMaxBytes_ = kDirectAuto;  // MKERNEL_DIRECT_MAX_BYTES (directTakes)
+  int directSharing_ = 1;                  // the most ranks on one GPU, agreed (directTakes)
   uint64_t launchSeq_ = 0;             // launch-path ops issued (the epoch of the next one - 1)
   uint64_t launchIssued_[8] = {};      // ... by CollType (the index the kernel reports)
   cudaEvent_t launchEvent_ = nullptr;  // recorded after the last launch-path op
@@ -345,6 +346,12 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   caps[static_cast<size_t>(opts_.rank)] = cap;
   MK_CHECK(bs_->allGather(caps.data(), sizeof(int32_t)));
   for (int32_t c : caps) cap = std::min(cap, c);
+  // The most ranks on one GPU (direct mode's upper end, directTakes): the same on every rank.
+  std::vector<int32_t> here(static_cast<size_t>(opts_.nRanks), 0);
+  here[static_cast<size_t>(opts_.rank)] = ranksHere;
+  MK_CHECK(bs_->allGather(here.data(), sizeof(int32_t)));
+  directSharing_ = 1;
+  for (int32_t h : here) directSharing_ = std::max(directSharing_, static_cast<int>(h));
   launchCap_ = std::max(1, static_cast<int>(cap));
   // At most kLaunchBytesPerCta per CTA: beyond that the doorbell path's CTAs move it faster.
   launchMaxBytes_ = std::min<uint64_t>(launchMaxBytes_, static_cast<uint64_t>(launchCap_) * kLaunchBytesPerCta);
@@ -542,7 +549,7 @@ KernelCommunicator::Path KernelCommunicator::pathOf(const WorkDesc& d, bool capt
   if (bytes <= launchMaxBytes_ || opts_.nRanks == 1) return Path::kLaunchInbox;
   if (!launchDirect_) return Path::kDoorbell;
   return directTakes(c, directWholeBytes(c, d.count, opts_.nRanks, dataTypeSize(static_cast<DataType>(d.dtype))),
-                     directMaxBytes_)
+                     directMaxBytes_, directSharing_)
              ? Path::kLaunchDirect
              : Path::kDoorbell;
 }
@@ -881,6 +888,7 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->kernelLaunches = launches_;
   out->launchMaxBytes = launchMaxBytes_;
   out->launchDirect = launchDirect_;
+  out->directSharing = directSharing_;
 }
 
 }  // namespace

@@ -231,4 +231,12 @@ TEST_CASE("launch path, direct mode: its upper end (MKERNEL_DIRECT_MAX_BYTES)") 
   CHECK_FALSE(directTakes(CollType::AllReduce, 4 * MiB, 4 * MiB));
   CHECK(directTakes(CollType::AllReduce, 4 * MiB - 1, 4 * MiB));
   CHECK(directTakes(CollType::ReduceScatter, uint64_t(8) << 30, 0));
+  // Ranks sharing a GPU (emulation), auto: 2 per GPU up to 32 MiB, more up to 1 MiB; a number
+  // set by the user still applies as it is.
+  CHECK(directTakes(CollType::AllReduce, 32 * MiB - 1, kDirectAuto, 2));
+  CHECK_FALSE(directTakes(CollType::AllReduce, 32 * MiB, kDirectAuto, 2));
+  CHECK(directTakes(CollType::AllGather, MiB - 1, kDirectAuto, 8));
+  CHECK_FALSE(directTakes(CollType::AllGather, MiB, kDirectAuto, 4));
+  CHECK_FALSE(directTakes(CollType::ReduceScatter, 32 * MiB, kDirectAuto, 2));
+  CHECK(directTakes(CollType::AllReduce, uint64_t(1) << 30, 0, 8));
 }

@@ -223,7 +223,8 @@ void runSweep(int nRanks, int ranksPerNode = 0) {
         const uint64_t esz = mkernel::coll::dataTypeSize(k.dtype);
         if (mkernel::coll::launchPublishElems(k.coll, k.count, nRanks) * esz <= st.launchMaxBytes ||
             (st.launchDirect &&
-             mkernel::coll::directTakes(k.coll, mkernel::coll::directWholeBytes(k.coll, k.count, nRanks, esz), directMax)))
+             mkernel::coll::directTakes(k.coll, mkernel::coll::directWholeBytes(k.coll, k.count, nRanks, esz), directMax,
+                                        st.directSharing)))
           ++expectLaunch;
       }
     if (ctx.rank == 0)
