@@ -42,6 +42,8 @@ def main():
     ap.add_argument("mkernel")
     ap.add_argument("--title", default="")
     ap.add_argument("--csv")
+    ap.add_argument("--common", action="store_true",
+                    help="compare only the sizes both runs have (runs of different -e or -f); at least one")
     a = ap.parse_args()
     base, mk = parse(a.nccl), parse(a.mkernel)
     if not base or not mk:
@@ -53,7 +55,11 @@ def main():
     print(f"{'size':>6} {'nccl_us':>9} {'mk_us':>9} {'speedup':>8} {'nccl_busbw':>11} {'mk_busbw':>9} "
           f"{'wrong(nccl,mk)':>15} {'mk_path':>8}")
     out = []
-    for size in sorted(set(base) | set(mk)):
+    sizes = sorted(set(base) & set(mk)) if a.common else sorted(set(base) | set(mk))
+    if not sizes:
+        print("nccl-tests-table: the two runs share no size", file=sys.stderr)
+        return 1
+    for size in sizes:
         b, m = base.get(size), mk.get(size)
         if b is None or m is None:
             print(f"{human(size):>6} missing in {'the NCCL run' if b is None else 'the mkernel run'}")

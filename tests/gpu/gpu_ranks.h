@@ -46,6 +46,19 @@ struct RankCtx {
     return hostBase + off;
   }
   void hostReset() { hostUsed = 0; }
+  // Device buffers freed by runRanks after every rank's communicator is finalized. cudaFree waits
+  // for the whole device, and while another rank's persistent kernel runs that is no wait at
+  // all: a kernel kept resident by a captured doorbell never exits on its own, and one still in
+  // a collective waits for a peer whose next work CUDA then holds back behind the free (CUDA's
+  // implicit synchronization; docs/KERNEL.md, "A product risk"). The tests free here instead.
+  std::vector<void*> freeAfter;
+  template <class T>
+  T* deviceAlloc(size_t bytes) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
+    freeAfter.push_back(p);
+    return static_cast<T*>(p);
+  }
   // Stages n bytes through pinned memory and copies them to dev on the rank's stream.
   bool toDevice(void* dev, const void* src, size_t n) {
     void* p = hostBuf(n);
@@ -79,6 +92,7 @@ inline std::vector<std::string> runRanks(int n, const std::function<void(RankCtx
   std::vector<std::string> failures;
   std::mutex failMu;
   std::vector<uint8_t*> pinned(static_cast<size_t>(n), nullptr);
+  std::vector<std::vector<void*>> frees(static_cast<size_t>(n));  // RankCtx::freeAfter, once all threads ended
   cudaSetDevice(0);
   for (auto& p : pinned)
     if (cudaMallocHost(reinterpret_cast<void**>(&p), hostBytes) != cudaSuccess) return {"cudaMallocHost failed"};
@@ -119,9 +133,12 @@ inline std::vector<std::string> runRanks(int n, const std::function<void(RankCtx
       if (comm->finalize() != mkernel::Result::Success) ctx.fail(std::string("finalize: ") + mkernel::lastError());
       comm.reset();
       cudaStreamDestroy(ctx.stream);
+      frees[static_cast<size_t>(r)] = std::move(ctx.freeAfter);
     });
   }
   for (auto& t : threads) t.join();
+  for (auto& v : frees)
+    for (void* p : v) cudaFree(p);
   for (auto p : pinned) cudaFreeHost(p);
   return failures;
 }

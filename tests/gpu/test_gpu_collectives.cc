@@ -171,12 +171,12 @@ void runSweep(int nRanks, int ranksPerNode = 0) {
     maxBytes = std::max(maxBytes, k.count * static_cast<size_t>(nRanks) * mkernel::coll::dataTypeSize(k.dtype));
   maxBytes += 256;
   auto failures = mkgpu::runRanks(nRanks, [&](mkgpu::RankCtx& ctx) {
-    uint8_t* sendDev = nullptr;
-    uint8_t* recvDev = nullptr;
-    void* scalarDev = nullptr;
-    cudaMalloc(reinterpret_cast<void**>(&sendDev), maxBytes);
-    cudaMalloc(reinterpret_cast<void**>(&recvDev), maxBytes);
-    cudaMalloc(&scalarDev, 16);
+    // Freed after every rank's communicator is finalized (RankCtx::freeAfter): a rank that
+    // finished its sweep early must not cudaFree while a peer's kernel is still in a collective.
+    uint8_t* sendDev = ctx.deviceAlloc<uint8_t>(maxBytes);
+    uint8_t* recvDev = ctx.deviceAlloc<uint8_t>(maxBytes);
+    void* scalarDev = ctx.deviceAlloc<void>(16);
+    if (sendDev == nullptr || recvDev == nullptr || scalarDev == nullptr) return ctx.fail("cudaMalloc");
     // Every rank's allocations are done before any rank's first collective.
     if (ctx.bs->barrier() != Result::Success) return ctx.fail("bootstrap barrier after allocation");
     int bad = 0;
@@ -240,9 +240,6 @@ void runSweep(int nRanks, int ranksPerNode = 0) {
     if ((launched < cases.size()) != (st.kernelLaunches > 0))
       ctx.fail("persistent kernel launched " + std::to_string(st.kernelLaunches) + " times for " +
                std::to_string(cases.size() - launched) + " doorbell collectives");
-    cudaFree(sendDev);
-    cudaFree(recvDev);
-    cudaFree(scalarDev);
   }, size_t(32) << 20, ranksPerNode);
   for (const auto& f : failures) FAIL_CHECK(f);
   CHECK(failures.empty());

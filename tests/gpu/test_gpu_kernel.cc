@@ -77,10 +77,15 @@ void graphReplay(const char* waitMode, bool graphLaunch) {
   const int n = 4;
   auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
     const size_t small = 1000, large = 1 << 20;
-    int32_t *in = nullptr, *outSmall = nullptr, *outLarge = nullptr;
-    cudaMalloc(reinterpret_cast<void**>(&in), large * 4);
-    cudaMalloc(reinterpret_cast<void**>(&outSmall), small * 4);
-    cudaMalloc(reinterpret_cast<void**>(&outLarge), large * 4);
+    // Allocated before any rank's first collective (the barrier) and freed after finalize
+    // (RankCtx::freeAfter): with the doorbell, the replays keep every rank's kernel resident,
+    // and a cudaFree or cudaMalloc beside a resident kernel waits for it (docs/KERNEL.md, "A
+    // product risk"; the last case of this file measures exactly that).
+    int32_t* in = ctx.deviceAlloc<int32_t>(large * 4);
+    int32_t* outSmall = ctx.deviceAlloc<int32_t>(small * 4);
+    int32_t* outLarge = ctx.deviceAlloc<int32_t>(large * 4);
+    if (in == nullptr || outSmall == nullptr || outLarge == nullptr) return ctx.fail("cudaMalloc");
+    if (ctx.bs->barrier() != Result::Success) return ctx.fail("bootstrap barrier after allocation");
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     if (cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return ctx.fail("begin capture");
@@ -141,9 +146,6 @@ void graphReplay(const char* waitMode, bool graphLaunch) {
     }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
-    cudaFree(in);
-    cudaFree(outSmall);
-    cudaFree(outLarge);
   });
   for (const auto& f : failures) FAIL_CHECK(f);
   CHECK(failures.empty());
