@@ -25,7 +25,9 @@ for t in ${EMU_THREADS:-2 4 8}; do
   log=${OUT:-/tmp}/emulated-t$t.txt
   : >"$log"
   for x in ${EMU_TESTS:-all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf}; do
-    out=$(LD_PRELOAD=$build/lib/libmkernel.so timeout "${EMU_TIMEOUT:-40}" "$build/nccl-tests/$x" ${EMU_ARGS:--b 8 -e 64M -f 8} \
+    # Line-buffered: a run stopped by the timeout still shows its last lines (nccl-tests prints
+    # its errors to stdout, which a pipe would otherwise hold back and the kill would drop).
+    out=$(LD_PRELOAD=$build/lib/libmkernel.so timeout "${EMU_TIMEOUT:-40}" stdbuf -oL -eL "$build/nccl-tests/$x" ${EMU_ARGS:--b 8 -e 64M -f 8} \
       -g 1 -t "$t" -c 1 2>&1)
     rc=$?
     printf '%s\n' "== $x -t $t (rc=$rc)" "$out" >>"$log"
