@@ -262,8 +262,13 @@ TEST_CASE("gpu: every collective x dtype x op, 8 ranks", "[gpu][r8]") {
 
 // Emulated nodes (MKERNEL_RANKS_PER_NODE): every collective runs hierarchically
 // (collectives/hier_staged.h): node phases through the staging buffers, the rail rounds through
-// each rank's proxy over TCP on loopback. Written in session 3; not yet run on a GPU.
+// each rank's proxy over TCP on loopback. 2 x 2 runs on the H200 since session 4; 2 x 4 written in
+// session 7, not yet run.
 TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2 (hierarchical, proxies)", "[gpu][hier]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   runSweep(4, 2);
+}
+TEST_CASE("gpu: every collective x dtype x op, 8 ranks as 2 emulated nodes of 4 (hierarchical, proxies)", "[gpu][hier]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
+  runSweep(8, 4);
 }

@@ -70,11 +70,14 @@ CollArgs allReduceSum(const void* send, void* recv, size_t count) {
 // at all, each replay's three AllReduces counted as launch-path ops, and an eager AllReduce
 // between replays (the eager namespace) must not disturb the device's numbering. Off: the
 // doorbell, one resident kernel for every replay.
-void graphReplay(const char* waitMode, bool graphLaunch) {
+// ranksPerNode > 0: the 4 ranks as emulated nodes (the hierarchical path through the proxies),
+// whose captured collectives always take the doorbell.
+void graphReplay(const char* waitMode, bool graphLaunch, int ranksPerNode = 0) {
   EnvGuard mode("MKERNEL_STREAM_WAIT", waitMode);
   EnvGuard idle("MKERNEL_IDLE_EXIT_US", "20000");
   EnvGuard gl("MKERNEL_GRAPH_LAUNCH", graphLaunch ? "1" : "0");
   const int n = 4;
+  if (ranksPerNode > 0) graphLaunch = false;
   auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
     const size_t small = 1000, large = 1 << 20;
     // Allocated before any rank's first collective (the barrier) and freed after finalize
@@ -146,7 +149,7 @@ void graphReplay(const char* waitMode, bool graphLaunch) {
     }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
-  });
+  }, size_t(32) << 20, ranksPerNode);
   for (const auto& f : failures) FAIL_CHECK(f);
   CHECK(failures.empty());
 }
@@ -166,6 +169,11 @@ TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit ti
 TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time (doorbell, stream memops)", "[gpu][graph]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   graphReplay("memop", false);
+}
+
+TEST_CASE("gpu: CUDA graph capture and replay of hierarchical collectives (2 emulated nodes of 2, proxies)", "[gpu][graph][hier]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  graphReplay("memop", false, 2);
 }
 
 TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins does not stall its other streams", "[gpu][graph]") {
