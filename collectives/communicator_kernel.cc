@@ -548,6 +548,9 @@ KernelCommunicator::Path KernelCommunicator::pathOf(const WorkDesc& d, bool capt
   // One rank: a copy (or PreMulSum's kernel) at any size; nothing to exchange.
   if (bytes <= launchMaxBytes_ || opts_.nRanks == 1) return Path::kLaunchInbox;
   if (!launchDirect_) return Path::kDoorbell;
+  // Direct mode's upper end applies to eager ops: a captured op on the doorbell would keep the
+  // persistent kernel resident for the graph's life (docs/KERNEL.md, "A product risk").
+  if (capturing) return Path::kLaunchDirect;
   return directTakes(c, directWholeBytes(c, d.count, opts_.nRanks, dataTypeSize(static_cast<DataType>(d.dtype))),
                      directMaxBytes_, directSharing_)
              ? Path::kLaunchDirect
