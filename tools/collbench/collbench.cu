@@ -12,6 +12,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -191,6 +192,52 @@ void baselines(int iters, double* launchUs, double* pairUs, double* tripleUs) {
   for (auto& e : ev) cudaEventDestroy(e);
   cudaFree(flag);
   cudaStreamDestroy(s);
+}
+
+// The floor of emulated thread ranks on one GPU, no mkernel code: n threads, each with its own
+// stream, launch one empty kernel per round, in step (a spin barrier between rounds, as ranks are
+// by their collectives). The median wall time of a round, from thread 0's barrier exits, is what
+// n launches from n threads cost when they contend for the driver at once: no collective of n
+// thread ranks can take less, whatever the protocol inside the kernel (issue 5's goal: 8 us with
+// 8 ranks).
+double threadLaunchFloorUs(int n, int rounds) {
+  std::atomic<int> arrived{0};
+  std::atomic<int> generation{0};
+  auto barrier = [&]() {
+    const int g = generation.load(std::memory_order_acquire);
+    if (arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
+      arrived.store(0, std::memory_order_relaxed);
+      generation.store(g + 1, std::memory_order_release);
+    } else {
+      while (generation.load(std::memory_order_acquire) == g) {
+      }
+    }
+  };
+  std::vector<float> roundUs;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < n; ++t)
+    threads.emplace_back([&, t] {
+      cudaSetDevice(0);
+      cudaStream_t s;
+      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      for (int i = 0; i < 20; ++i) emptyKernel<<<1, 32, 0, s>>>();
+      cudaStreamSynchronize(s);
+      barrier();
+      auto last = std::chrono::steady_clock::now();
+      for (int r = 0; r < rounds; ++r) {
+        emptyKernel<<<1, 32, 0, s>>>();
+        barrier();
+        if (t == 0) {
+          const auto now = std::chrono::steady_clock::now();
+          roundUs.push_back(std::chrono::duration<float, std::micro>(now - last).count());
+          last = now;
+        }
+      }
+      cudaStreamSynchronize(s);
+      cudaStreamDestroy(s);
+    });
+  for (auto& th : threads) th.join();
+  return percentile(roundUs, 0.5);
 }
 
 // Medians of the stage intervals of the last `last` traced groups (flattened KernelTraceRecords,
@@ -554,6 +601,19 @@ int main(int argc, char** argv) {
   std::printf("# floors, one stream: empty kernel launch %.2f us/op, memop pair (write, wait) %.2f us/op, "
               "memop triple (write, wait, write) %.2f us/op\n",
               launchUs, pairUs, memopUs);
+  if (opt.gpus == 1) {
+    // Several thread ranks on one GPU: how many launches per round the driver lets n threads make.
+    std::string floors;
+    for (int n : opt.ranks) {
+      if (n < 2) continue;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%s%d: %.2f", floors.empty() ? "" : ", ", n, threadLaunchFloorUs(n, 2000));
+      floors += buf;
+    }
+    if (!floors.empty())
+      std::printf("# floors, n threads each launching an empty kernel on its own stream, in step: us per round for n = %s\n",
+                  floors.c_str());
+  }
   std::printf("# host_us = rank 0's host time per eager enqueue; latencies in us\n");
   std::printf("%10s %5s %12s %10s %10s %10s %10s %8s %10s %7s\n", "wait", "ranks", "bytes", "eager_med", "eager_p99", "graph_med",
               "graph_p99", "host_us", "mem_GB/s", "%copy");
