@@ -257,3 +257,204 @@ TEST_CASE("proxy: a full ring with no proxy running: the producer gives up after
   // Slot validity: every posted slot carries its position + 1.
   for (uint32_t i = 0; i < kRingSlots; ++i) CHECK(ring->cmd[i].seq == i + 1);
 }
+
+// ---- channels: one ring per producer, each with its own connections ------------------------------
+
+namespace {
+
+struct ChRank {
+  std::vector<std::unique_ptr<ProxyRing>> rings;
+  std::vector<std::unique_ptr<ProxyFlags>> flags;
+  std::vector<uint8_t> sendBuf, recvBuf;
+  std::unique_ptr<Proxy> proxy;
+};
+
+// n ranks x `channels` channels over loopback TCP, `bytes` of staging per direction each.
+// channelsOf(r) lets a test give one rank a different count (connectAll must refuse that).
+std::vector<std::unique_ptr<ChRank>> makeChannelRanks(mkernel::net::Net* net, int n, int channels, size_t bytes,
+                                                      std::vector<Result>* connectResults = nullptr,
+                                                      int oddRank = -1, int oddChannels = 0) {
+  std::vector<std::unique_ptr<ChRank>> ranks;
+  for (int r = 0; r < n; ++r) {
+    ranks.emplace_back(new ChRank());
+    ChRank& k = *ranks.back();
+    const int nc = r == oddRank ? oddChannels : channels;
+    std::vector<ProxyChannel> chans;
+    for (int c = 0; c < nc; ++c) {
+      k.rings.emplace_back(new ProxyRing());
+      k.flags.emplace_back(new ProxyFlags());
+      std::memset(k.rings.back().get(), 0, sizeof(ProxyRing));
+      std::memset(k.flags.back().get(), 0, sizeof(ProxyFlags));
+      chans.push_back(ProxyChannel{k.rings.back().get(), k.flags.back().get()});
+    }
+    k.sendBuf.assign(bytes, 0);
+    k.recvBuf.assign(bytes, 0);
+    k.proxy.reset(new Proxy(net, 0, r, n, chans));
+  }
+  std::vector<std::vector<Handle>> handles(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) REQUIRE(ranks[static_cast<size_t>(r)]->proxy->listenHandles(&handles[static_cast<size_t>(r)]) == Result::Success);
+  std::vector<std::thread> threads;
+  std::vector<Result> results(static_cast<size_t>(n), Result::InternalError);
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      std::vector<Handle> mine(static_cast<size_t>(n));
+      for (int p = 0; p < n; ++p) mine[static_cast<size_t>(p)] = handles[static_cast<size_t>(p)][static_cast<size_t>(r)];
+      results[static_cast<size_t>(r)] = ranks[static_cast<size_t>(r)]->proxy->connectAll(mine);
+    });
+  for (auto& t : threads) t.join();
+  if (connectResults != nullptr) {
+    *connectResults = results;
+    return ranks;
+  }
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << mkernel::lastError());
+    REQUIRE(results[static_cast<size_t>(r)] == Result::Success);
+    ChRank& k = *ranks[static_cast<size_t>(r)];
+    REQUIRE(k.proxy->registerRegion(k.sendBuf.data(), k.sendBuf.size(), mkernel::net::kPtrHost) == Result::Success);
+    REQUIRE(k.proxy->registerRegion(k.recvBuf.data(), k.recvBuf.size(), mkernel::net::kPtrHost) == Result::Success);
+  }
+  return ranks;
+}
+
+}  // namespace
+
+TEST_CASE("proxy channels: 3 ranks x 4 channels, one producer thread per channel, the same tag on every channel; "
+          "every byte checked") {
+  auto net = testNet();
+  const int n = 3, kChannels = 4, kMsgs = 120, kWindow = 4;
+  const size_t kMaxMsg = 16 << 10, kSlot = kMaxMsg;
+  // Staging: per channel, per peer, kWindow slots.
+  const size_t perChannel = static_cast<size_t>(n) * kWindow * kSlot;
+  auto ranks = makeChannelRanks(net.get(), n, kChannels, kChannels * perChannel);
+  for (auto& r : ranks) {
+    REQUIRE(r->proxy->channels() == kChannels);
+    REQUIRE(r->proxy->start({}) == Result::Success);
+  }
+  // Message m of channel c from src to dst: its size and bytes depend on c, so a message that
+  // crossed channels (the same tag everywhere) would fail the check.
+  auto size = [&](int c, int src, int dst, int m) {
+    return static_cast<size_t>((static_cast<uint64_t>(c * 31 + src * 7919 + dst * 104729 + m * 1299709) % kMaxMsg) + 1);
+  };
+  auto byte = [](int c, int src, int dst, int m, size_t i) { return static_cast<uint8_t>(pattern(src, dst, static_cast<uint64_t>(m), i) + 53 * c); };
+  std::vector<std::string> errors(static_cast<size_t>(n * kChannels));
+  std::vector<std::thread> producers;
+  for (int r = 0; r < n; ++r)
+    for (int c = 0; c < kChannels; ++c)
+      producers.emplace_back([&, r, c] {
+        ChRank& me = *ranks[static_cast<size_t>(r)];
+        ProxyRing* ring = me.rings[static_cast<size_t>(c)].get();
+        ProxyFlags* flags = me.flags[static_cast<size_t>(c)].get();
+        std::string& err = errors[static_cast<size_t>(r * kChannels + c)];
+        uint8_t* sendBase = me.sendBuf.data() + static_cast<size_t>(c) * perChannel;
+        uint8_t* recvBase = me.recvBuf.data() + static_cast<size_t>(c) * perChannel;
+        uint64_t sends = 0, recvs = 0;
+        for (int m = 0; m < kMsgs; m += kWindow) {
+          for (int p = 0; p < n; ++p) {
+            if (p == r) continue;
+            for (int b = 0; b < kWindow; ++b) {
+              uint8_t* dst = recvBase + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
+              if (proxyPost(ring, flags, command(kOpRecv, p, dst, kMaxMsg, 5, kFlagRecvd), kTimeoutNs) != PostStatus::kPosted) {
+                err = "posting a receive failed";
+                return;
+              }
+              ++recvs;
+            }
+            for (int b = 0; b < kWindow; ++b) {
+              uint8_t* src = sendBase + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
+              const size_t sz = size(c, r, p, m + b);
+              for (size_t i = 0; i < sz; ++i) src[i] = byte(c, r, p, m + b, i);
+              if (proxyPost(ring, flags, command(kOpSend, p, src, sz, 5, kFlagSent), kTimeoutNs) != PostStatus::kPosted) {
+                err = "posting a send failed";
+                return;
+              }
+              ++sends;
+            }
+          }
+          if (proxyWaitFlag(flags, kFlagRecvd, recvs, kTimeoutNs) != WaitStatus::kReached ||
+              proxyWaitFlag(flags, kFlagSent, sends, kTimeoutNs) != WaitStatus::kReached) {
+            err = "waiting for completions failed: " + me.proxy->error();
+            return;
+          }
+          for (int p = 0; p < n && err.empty(); ++p) {
+            if (p == r) continue;
+            for (int b = 0; b < kWindow && err.empty(); ++b) {
+              const uint8_t* got = recvBase + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
+              const size_t sz = size(c, p, r, m + b);
+              for (size_t i = 0; i < sz; ++i)
+                if (got[i] != byte(c, p, r, m + b, i)) {
+                  err = "channel " + std::to_string(c) + ", message " + std::to_string(m + b) + " from rank " +
+                        std::to_string(p) + ": byte " + std::to_string(i) + " differs";
+                  break;
+                }
+            }
+          }
+          if (!err.empty()) return;
+        }
+      });
+  for (auto& t : producers) t.join();
+  const uint64_t expect = static_cast<uint64_t>(kMsgs) * static_cast<uint64_t>(n - 1);
+  for (int r = 0; r < n; ++r) {
+    for (int c = 0; c < kChannels; ++c) {
+      INFO("rank " << r << " channel " << c);
+      CHECK(errors[static_cast<size_t>(r * kChannels + c)] == "");
+      CHECK(ranks[static_cast<size_t>(r)]->flags[static_cast<size_t>(c)]->count[kFlagSent] == expect);
+      CHECK(ranks[static_cast<size_t>(r)]->flags[static_cast<size_t>(c)]->count[kFlagRecvd] == expect);
+    }
+    CHECK(ranks[static_cast<size_t>(r)]->proxy->commandsTaken() == 2 * expect * kChannels);
+    CHECK(!ranks[static_cast<size_t>(r)]->proxy->failed());
+  }
+  for (auto& r : ranks) CHECK(r->proxy->stop() == Result::Success);
+}
+
+TEST_CASE("proxy channels: a receive waiting on one channel holds up nothing on another") {
+  auto net = testNet();
+  auto ranks = makeChannelRanks(net.get(), 2, 2, 1 << 20);
+  for (auto& r : ranks) REQUIRE(r->proxy->start({}) == Result::Success);
+  ChRank& a = *ranks[0];
+  ChRank& b = *ranks[1];
+  // Channel 0: rank 0 waits for a message rank 1 has not sent yet.
+  REQUIRE(proxyPost(a.rings[0].get(), a.flags[0].get(), command(kOpRecv, 1, a.recvBuf.data(), 4096, 1, kFlagRecvd), kTimeoutNs) ==
+          PostStatus::kPosted);
+  // Channel 1: 50 messages from rank 1 to rank 0 complete meanwhile, in order.
+  const int kMsgs = 50;
+  for (int m = 0; m < kMsgs; ++m) {
+    uint8_t* dst = a.recvBuf.data() + 8192 + static_cast<size_t>(m) * 1024;
+    uint8_t* src = b.sendBuf.data() + 8192 + static_cast<size_t>(m) * 1024;
+    for (size_t i = 0; i < 1024; ++i) src[i] = pattern(1, 0, static_cast<uint64_t>(m), i);
+    REQUIRE(proxyPost(a.rings[1].get(), a.flags[1].get(), command(kOpRecv, 1, dst, 1024, 1, kFlagRecvd), kTimeoutNs) == PostStatus::kPosted);
+    REQUIRE(proxyPost(b.rings[1].get(), b.flags[1].get(), command(kOpSend, 0, src, 1024, 1, kFlagSent), kTimeoutNs) == PostStatus::kPosted);
+  }
+  CHECK(proxyWaitFlag(a.flags[1].get(), kFlagRecvd, kMsgs, kTimeoutNs) == WaitStatus::kReached);
+  CHECK(proxyWaitFlag(b.flags[1].get(), kFlagSent, kMsgs, kTimeoutNs) == WaitStatus::kReached);
+  for (int m = 0; m < kMsgs; ++m)
+    for (size_t i = 0; i < 1024; ++i)
+      if (a.recvBuf[8192 + static_cast<size_t>(m) * 1024 + i] != pattern(1, 0, static_cast<uint64_t>(m), i)) {
+        FAIL_CHECK("channel 1 message " << m << " byte " << i << " differs");
+        break;
+      }
+  // Channel 0's receive is still waiting, and only now does its sender post.
+  CHECK(a.flags[0]->count[kFlagRecvd] == 0);
+  for (size_t i = 0; i < 4096; ++i) b.sendBuf[i] = pattern(1, 0, 999, i);
+  REQUIRE(proxyPost(b.rings[0].get(), b.flags[0].get(), command(kOpSend, 0, b.sendBuf.data(), 4096, 1, kFlagSent), kTimeoutNs) ==
+          PostStatus::kPosted);
+  CHECK(proxyWaitFlag(a.flags[0].get(), kFlagRecvd, 1, kTimeoutNs) == WaitStatus::kReached);
+  CHECK(std::memcmp(a.recvBuf.data(), b.sendBuf.data(), 4096) == 0);
+  for (auto& r : ranks) CHECK(r->proxy->stop() == Result::Success);
+}
+
+TEST_CASE("proxy channels: ranks that disagree on the channel count are refused at connect") {
+  EnvGuard timeout("MKERNEL_TIMEOUT_S", "2");
+  auto net = testNet();
+  std::vector<Result> results;
+  auto ranks = makeChannelRanks(net.get(), 2, 2, 4096, &results, /*oddRank=*/1, /*oddChannels=*/3);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(results[static_cast<size_t>(r)] == Result::InvalidArgument);
+  }
+  // The message names the counts (the last error of this thread is whichever rank ran last, so
+  // check the text the refusal produces directly).
+  std::vector<Handle> wrong(2);
+  wrong[1] = Handle(mkernel::net::kHandleSize, 0);  // one channel's worth, for a 2-channel proxy
+  CHECK(ranks[0]->proxy->connectAll(wrong) == Result::InvalidArgument);
+  CHECK(std::string(mkernel::lastError()).find("2 channel(s)") != std::string::npos);
+}

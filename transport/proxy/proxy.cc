@@ -21,29 +21,42 @@ const char* opName(uint32_t op) { return op == kOpSend ? "send" : op == kOpRecv 
 }  // namespace
 
 Proxy::Proxy(net::Net* net, int dev, int rank, int nRanks, ProxyRing* ring, ProxyFlags* flags)
+    : Proxy(net, dev, rank, nRanks, std::vector<ProxyChannel>{ProxyChannel{ring, flags}}) {}
+
+Proxy::Proxy(net::Net* net, int dev, int rank, int nRanks, std::vector<ProxyChannel> channels)
     : net_(net),
       dev_(dev),
       rank_(rank),
       nRanks_(nRanks),
-      ring_(ring),
-      flags_(flags),
-      timeoutNs_(static_cast<uint64_t>(std::max<int64_t>(1, paramInt("TIMEOUT_S", 300))) * 1000000000ull),
-      listen_(static_cast<size_t>(nRanks), nullptr),
-      send_(static_cast<size_t>(nRanks), nullptr),
-      recv_(static_cast<size_t>(nRanks), nullptr),
-      sends_(static_cast<size_t>(nRanks)),
-      recvs_(static_cast<size_t>(nRanks)) {}
+      channels_(std::move(channels)),
+      timeoutNs_(static_cast<uint64_t>(std::max<int64_t>(1, paramInt("TIMEOUT_S", 300))) * 1000000000ull) {
+  const size_t links = channels_.size() * static_cast<size_t>(nRanks);
+  listen_.assign(links, nullptr);
+  send_.assign(links, nullptr);
+  recv_.assign(links, nullptr);
+  sends_.resize(links);
+  recvs_.resize(links);
+}
 
 Proxy::~Proxy() { (void)stop(); }
 
+std::string Proxy::who(int c) const {
+  std::string w = "rank " + std::to_string(rank_) + ": proxy";
+  if (channels_.size() > 1) w += " channel " + std::to_string(c);
+  return w;
+}
+
 Result Proxy::listenHandles(std::vector<Handle>* out) {
+  if (channels_.empty()) return MK_ERROR(Result::InvalidUsage, "rank %d: proxy: no channel", rank_);
   out->assign(static_cast<size_t>(nRanks_), Handle());
   for (int p = 0; p < nRanks_; ++p) {
     if (p == rank_) continue;
-    Handle h(net::kHandleSize, 0);
-    Result r = net_->listen(dev_, h.data(), &listen_[static_cast<size_t>(p)]);
-    if (r != Result::Success)
-      return MK_ERROR(r, "rank %d: proxy: listening for rank %d failed: %s", rank_, p, lastError());
+    Handle h(channels_.size() * net::kHandleSize, 0);
+    for (int c = 0; c < channels(); ++c) {
+      Result r = net_->listen(dev_, h.data() + static_cast<size_t>(c) * net::kHandleSize, &listen_[link(c, p)]);
+      if (r != Result::Success)
+        return MK_ERROR(r, "%s: listening for rank %d failed: %s", who(c).c_str(), p, lastError());
+    }
     (*out)[static_cast<size_t>(p)] = std::move(h);
   }
   return Result::Success;
@@ -52,33 +65,41 @@ Result Proxy::listenHandles(std::vector<Handle>* out) {
 Result Proxy::connectAll(const std::vector<Handle>& fromPeers) {
   if (static_cast<int>(fromPeers.size()) != nRanks_)
     return MK_ERROR(Result::InvalidArgument, "rank %d: proxy: %zu handles for %d ranks", rank_, fromPeers.size(), nRanks_);
+  for (int p = 0; p < nRanks_; ++p)
+    if (p != rank_ && fromPeers[static_cast<size_t>(p)].size() != channels_.size() * net::kHandleSize)
+      return MK_ERROR(Result::InvalidArgument,
+                      "rank %d: proxy: handle from rank %d has %zu bytes, expected %zu (%d channel(s); every rank must "
+                      "create the same number)",
+                      rank_, p, fromPeers[static_cast<size_t>(p)].size(), channels_.size() * net::kHandleSize, channels());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeoutNs_);
   for (;;) {
     bool all = true;
-    for (int p = 0; p < nRanks_; ++p) {
-      if (p == rank_) continue;
-      const size_t i = static_cast<size_t>(p);
-      if (send_[i] == nullptr) {
-        if (fromPeers[i].size() != net::kHandleSize)
-          return MK_ERROR(Result::InvalidArgument, "rank %d: proxy: handle from rank %d has %zu bytes", rank_, p,
-                          fromPeers[i].size());
-        Result r = net_->connect(dev_, fromPeers[i].data(), &send_[i]);
-        if (r != Result::Success)
-          return MK_ERROR(r, "rank %d: proxy: connecting to rank %d failed: %s", rank_, p, lastError());
+    for (int c = 0; c < channels(); ++c) {
+      for (int p = 0; p < nRanks_; ++p) {
+        if (p == rank_) continue;
+        const size_t i = link(c, p);
+        if (send_[i] == nullptr) {
+          Result r = net_->connect(dev_, fromPeers[static_cast<size_t>(p)].data() + static_cast<size_t>(c) * net::kHandleSize,
+                                   &send_[i]);
+          if (r != Result::Success)
+            return MK_ERROR(r, "%s: connecting to rank %d failed: %s", who(c).c_str(), p, lastError());
+        }
+        if (recv_[i] == nullptr) {
+          Result r = net_->accept(listen_[i], &recv_[i]);
+          if (r != Result::Success)
+            return MK_ERROR(r, "%s: accepting rank %d failed: %s", who(c).c_str(), p, lastError());
+        }
+        all = all && send_[i] != nullptr && recv_[i] != nullptr;
       }
-      if (recv_[i] == nullptr) {
-        Result r = net_->accept(listen_[i], &recv_[i]);
-        if (r != Result::Success)
-          return MK_ERROR(r, "rank %d: proxy: accepting rank %d failed: %s", rank_, p, lastError());
-      }
-      all = all && send_[i] != nullptr && recv_[i] != nullptr;
     }
     if (all) break;
     if (std::chrono::steady_clock::now() > deadline) {
       std::string missing;
-      for (int p = 0; p < nRanks_; ++p)
-        if (p != rank_ && (send_[static_cast<size_t>(p)] == nullptr || recv_[static_cast<size_t>(p)] == nullptr))
-          missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+      for (int c = 0; c < channels(); ++c)
+        for (int p = 0; p < nRanks_; ++p)
+          if (p != rank_ && (send_[link(c, p)] == nullptr || recv_[link(c, p)] == nullptr))
+            missing += (missing.empty() ? "" : ", ") + std::to_string(p) +
+                       (channels_.size() > 1 ? " (channel " + std::to_string(c) + ")" : "");
       return MK_ERROR(Result::RemoteError, "rank %d: proxy: timed out after MKERNEL_TIMEOUT_S connecting to rank(s) %s",
                       rank_, missing.c_str());
     }
@@ -98,20 +119,23 @@ Result Proxy::registerRegion(void* base, size_t bytes, int ptrType) {
   Region reg;
   reg.base = reinterpret_cast<uintptr_t>(base);
   reg.bytes = bytes;
-  reg.sendMr.assign(static_cast<size_t>(nRanks_), nullptr);
-  reg.recvMr.assign(static_cast<size_t>(nRanks_), nullptr);
-  for (int p = 0; p < nRanks_; ++p) {
-    if (p == rank_) continue;
-    const size_t i = static_cast<size_t>(p);
-    if (send_[i] == nullptr || recv_[i] == nullptr)
-      return MK_ERROR(Result::InvalidUsage, "rank %d: proxy: registerRegion before connectAll", rank_);
-    Result r = net_->regMr(send_[i], base, bytes, ptrType, &reg.sendMr[i]);
-    if (r == Result::Success) r = net_->regMr(recv_[i], base, bytes, ptrType, &reg.recvMr[i]);
-    if (r != Result::Success)
-      return MK_ERROR(r, "rank %d: proxy: registering %zu bytes at %p for rank %d failed: %s", rank_, bytes, base, p,
-                      lastError());
+  reg.sendMr.assign(send_.size(), nullptr);
+  reg.recvMr.assign(recv_.size(), nullptr);
+  regions_.push_back(std::move(reg));  // closeAll() deregisters whatever a failure left behind
+  Region& r0 = regions_.back();
+  for (int c = 0; c < channels(); ++c) {
+    for (int p = 0; p < nRanks_; ++p) {
+      if (p == rank_) continue;
+      const size_t i = link(c, p);
+      if (send_[i] == nullptr || recv_[i] == nullptr)
+        return MK_ERROR(Result::InvalidUsage, "rank %d: proxy: registerRegion before connectAll", rank_);
+      Result r = net_->regMr(send_[i], base, bytes, ptrType, &r0.sendMr[i]);
+      if (r == Result::Success) r = net_->regMr(recv_[i], base, bytes, ptrType, &r0.recvMr[i]);
+      if (r != Result::Success)
+        return MK_ERROR(r, "%s: registering %zu bytes at %p for rank %d failed: %s", who(c).c_str(), bytes, base, p,
+                        lastError());
+    }
   }
-  regions_.push_back(std::move(reg));
   return Result::Success;
 }
 
@@ -127,7 +151,8 @@ Result Proxy::start(const std::vector<int>& cpus) {
     int err = pthread_setaffinity_np(thread_.native_handle(), sizeof(set), &set);
     if (err != 0) MK_WARN("rank %d: proxy: pinning the proxy thread failed: %s", rank_, std::strerror(err));
   }
-  MK_INFO(kLogProxy, "rank %d: proxy started (%d ranks, %zu region(s))", rank_, nRanks_, regions_.size());
+  MK_INFO(kLogProxy, "rank %d: proxy started (%d ranks, %d channel(s), %zu region(s))", rank_, nRanks_, channels(),
+          regions_.size());
   return Result::Success;
 }
 
@@ -151,11 +176,11 @@ void Proxy::fail(const std::string& what) {
   }
   MK_WARN("%s", what.c_str());
   failed_.store(true, std::memory_order_release);
-  __atomic_store_n(&flags_->failed, 1u, __ATOMIC_RELEASE);
+  for (ProxyChannel& ch : channels_) __atomic_store_n(&ch.flags->failed, 1u, __ATOMIC_RELEASE);
 }
 
-std::string Proxy::queueState(int peer) const {
-  const size_t i = static_cast<size_t>(peer);
+std::string Proxy::queueState(int c, int peer) const {
+  const size_t i = link(c, peer);
   std::string out = std::to_string(taken_.load(std::memory_order_relaxed)) + " commands taken, " +
                     std::to_string(done_.load(std::memory_order_relaxed)) + " transfers done";
   for (int dir = 0; dir < 2; ++dir) {
@@ -176,26 +201,27 @@ std::string Proxy::queueState(int peer) const {
   return out;
 }
 
-bool Proxy::mhandleFor(const ProxyCmd& c, void** mh) {
-  const uintptr_t a = static_cast<uintptr_t>(c.addr);
+bool Proxy::mhandleFor(int c, const ProxyCmd& cmd, void** mh) {
+  const uintptr_t a = static_cast<uintptr_t>(cmd.addr);
   for (const Region& reg : regions_) {
-    if (a >= reg.base && c.bytes <= reg.bytes && a - reg.base <= reg.bytes - c.bytes) {
-      *mh = c.op == kOpSend ? reg.sendMr[static_cast<size_t>(c.peer)] : reg.recvMr[static_cast<size_t>(c.peer)];
+    if (a >= reg.base && cmd.bytes <= reg.bytes && a - reg.base <= reg.bytes - cmd.bytes) {
+      *mh = cmd.op == kOpSend ? reg.sendMr[link(c, cmd.peer)] : reg.recvMr[link(c, cmd.peer)];
       return true;
     }
   }
   return false;
 }
 
-bool Proxy::takeCommands() {
-  uint64_t tail = ring_->tail;  // consumer-owned
+bool Proxy::takeCommands(int ch) {
+  ProxyRing* ring = channels_[static_cast<size_t>(ch)].ring;
+  uint64_t tail = ring->tail;  // consumer-owned
   for (int n = 0; n < 64; ++n) {
-    const ProxyCmd& slot = ring_->cmd[tail & (kRingSlots - 1)];
+    const ProxyCmd& slot = ring->cmd[tail & (kRingSlots - 1)];
     if (loadAcquire64(&slot.seq) != tail + 1) break;
     Pending p;
     p.cmd = slot;
     const ProxyCmd& c = p.cmd;
-    const std::string where = "rank " + std::to_string(rank_) + ": proxy: command " + std::to_string(tail) + " (";
+    const std::string where = who(ch) + ": command " + std::to_string(tail) + " (";
     if (c.op != kOpSend && c.op != kOpRecv) {
       fail(where + "op " + std::to_string(c.op) + "): unknown operation");
       return false;
@@ -209,7 +235,7 @@ bool Proxy::takeCommands() {
       fail(where + opName(c.op) + "): completion flag " + std::to_string(c.flag) + " >= " + std::to_string(kMaxFlags));
       return false;
     }
-    if (!mhandleFor(c, &p.mhandle)) {
+    if (!mhandleFor(ch, c, &p.mhandle)) {
       char buf[96];
       std::snprintf(buf, sizeof(buf), "%llu bytes at 0x%llx", static_cast<unsigned long long>(c.bytes),
                     static_cast<unsigned long long>(c.addr));
@@ -217,16 +243,17 @@ bool Proxy::takeCommands() {
            " is outside every registered region");
       return false;
     }
-    (c.op == kOpSend ? sends_ : recvs_)[static_cast<size_t>(c.peer)].push_back(p);
+    (c.op == kOpSend ? sends_ : recvs_)[link(ch, c.peer)].push_back(p);
     ++tail;
-    storeRelease64(&ring_->tail, tail);  // the slot is free: the command was copied out
+    storeRelease64(&ring->tail, tail);  // the slot is free: the command was copied out
     taken_.fetch_add(1, std::memory_order_relaxed);
   }
   return true;
 }
 
-bool Proxy::progressPeer(int peer) {
-  const size_t i = static_cast<size_t>(peer);
+bool Proxy::progressLink(int ch, int peer) {
+  const size_t i = link(ch, peer);
+  ProxyFlags* flags = channels_[static_cast<size_t>(ch)].flags;
   for (int dir = 0; dir < 2; ++dir) {
     std::deque<Pending>& q = dir == 0 ? sends_[i] : recvs_[i];
     // Post in ring order: the first entry the transport refuses (back-pressure) stops the rest.
@@ -242,9 +269,8 @@ bool Proxy::progressPeer(int peer) {
         r = net_->irecv(recv_[i], 1, &data, &size, &tag, &p.mhandle, &p.request);
       }
       if (r != Result::Success) {
-        fail("rank " + std::to_string(rank_) + ": proxy: posting a " + opName(p.cmd.op) + " of " +
-             std::to_string(p.cmd.bytes) + " bytes (tag " + std::to_string(p.cmd.tag) + ") with rank " +
-             std::to_string(peer) + " failed: " + lastError());
+        fail(who(ch) + ": posting a " + opName(p.cmd.op) + " of " + std::to_string(p.cmd.bytes) + " bytes (tag " +
+             std::to_string(p.cmd.tag) + ") with rank " + std::to_string(peer) + " failed: " + lastError());
         return false;
       }
       if (p.request == nullptr) break;
@@ -256,13 +282,13 @@ bool Proxy::progressPeer(int peer) {
       size_t size = 0;
       Result r = net_->test(p.request, &done, &size);
       if (r != Result::Success) {
-        fail("rank " + std::to_string(rank_) + ": proxy: " + opName(p.cmd.op) + " of " + std::to_string(p.cmd.bytes) +
-             " bytes (tag " + std::to_string(p.cmd.tag) + ") with rank " + std::to_string(peer) + " failed: " + lastError() +
-             " [proxy: " + queueState(peer) + "]");
+        fail(who(ch) + ": " + opName(p.cmd.op) + " of " + std::to_string(p.cmd.bytes) + " bytes (tag " +
+             std::to_string(p.cmd.tag) + ") with rank " + std::to_string(peer) + " failed: " + lastError() +
+             " [proxy: " + queueState(ch, peer) + "]");
         return false;
       }
       if (!done) break;
-      uint64_t* counter = &flags_->count[p.cmd.flag];
+      uint64_t* counter = &flags->count[p.cmd.flag];
       storeRelease64(counter, *counter + 1);  // the proxy is the only writer
       done_.fetch_add(1, std::memory_order_relaxed);
       q.pop_front();
@@ -275,10 +301,11 @@ void Proxy::loop() {
   uint32_t idle = 0;
   while (!stop_.load(std::memory_order_acquire) && !failed_.load(std::memory_order_acquire)) {
     const uint64_t before = taken_.load(std::memory_order_relaxed) + done_.load(std::memory_order_relaxed);
-    if (!takeCommands()) break;
     bool ok = true;
-    for (int p = 0; p < nRanks_ && ok; ++p)
-      if (p != rank_) ok = progressPeer(p);
+    for (int c = 0; c < channels() && ok; ++c) ok = takeCommands(c);
+    for (int c = 0; c < channels() && ok; ++c)
+      for (int p = 0; p < nRanks_ && ok; ++p)
+        if (p != rank_) ok = progressLink(c, p);
     if (!ok) break;
     const uint64_t after = taken_.load(std::memory_order_relaxed) + done_.load(std::memory_order_relaxed);
     if (after != before) {
@@ -294,8 +321,7 @@ void Proxy::loop() {
 
 void Proxy::closeAll() {
   for (Region& reg : regions_) {
-    for (int p = 0; p < nRanks_; ++p) {
-      const size_t i = static_cast<size_t>(p);
+    for (size_t i = 0; i < send_.size(); ++i) {
       if (reg.sendMr[i] != nullptr && send_[i] != nullptr) (void)net_->deregMr(send_[i], reg.sendMr[i]);
       if (reg.recvMr[i] != nullptr && recv_[i] != nullptr) (void)net_->deregMr(recv_[i], reg.recvMr[i]);
     }

@@ -10,6 +10,13 @@
 // when its transfer is done. Any transport error, or a command that names an unknown peer or
 // memory outside the registered regions, stops the proxy: ProxyFlags::failed is raised for the
 // producer and error() says which rank, peer and command failed.
+//
+// Channels. A proxy may serve several rings, one per producer (a CTA of the kernel), each with
+// its own flags and its own connection to every peer, as NCCL's channels have. Channel c's
+// commands travel only on channel c's connections, in channel c's ring order, so producers need
+// no order between each other, and a transfer waiting on one channel (a receive whose sender is
+// late) holds up nothing on another. Every rank must create the same number of channels: the
+// handles for a peer carry one listen handle per channel, and connectAll checks their size.
 #pragma once
 
 #include <atomic>
@@ -30,19 +37,28 @@ namespace proxy {
 
 using Handle = std::vector<uint8_t>;  // net::kHandleSize bytes
 
+// One producer's ring and the completion counters the proxy bumps for it.
+struct ProxyChannel {
+  ProxyRing* ring = nullptr;
+  ProxyFlags* flags = nullptr;
+};
+
 class Proxy {
  public:
   // `ring` and `flags` live in memory both sides see (host-mapped for a GPU producer); the caller
   // owns them and zeroes them before start(). `net` outlives the proxy.
   Proxy(net::Net* net, int dev, int rank, int nRanks, ProxyRing* ring, ProxyFlags* flags);
+  // Several channels (at least one; every rank the same number).
+  Proxy(net::Net* net, int dev, int rank, int nRanks, std::vector<ProxyChannel> channels);
   ~Proxy();
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
 
-  // Step 1: one listen handle per peer (entry p goes to rank p; the own entry stays empty).
+  // Step 1: one handle per peer (entry p goes to rank p; the own entry stays empty), holding one
+  // listen handle per channel (channels() x net::kHandleSize bytes).
   Result listenHandles(std::vector<Handle>* out);
   // Step 2: `fromPeers[p]` is the handle rank p made for this rank. Connects to every peer and
-  // accepts every peer's connection, bounded by MKERNEL_TIMEOUT_S.
+  // accepts every peer's connection on every channel, bounded by MKERNEL_TIMEOUT_S.
   Result connectAll(const std::vector<Handle>& fromPeers);
   // Memory commands may point into (host memory, or GPU memory where the transport supports it:
   // net::PtrType). Registered with every connection.
@@ -56,7 +72,9 @@ class Proxy {
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   std::string error() const;
 
-  // Counters for tests and benchmarks.
+  int channels() const { return static_cast<int>(channels_.size()); }
+
+  // Counters for tests and benchmarks (all channels).
   uint64_t commandsTaken() const { return taken_.load(std::memory_order_relaxed); }
   uint64_t transfersDone() const { return done_.load(std::memory_order_relaxed); }
 
@@ -64,8 +82,8 @@ class Proxy {
   struct Region {
     uintptr_t base = 0;
     size_t bytes = 0;
-    std::vector<void*> sendMr;  // per peer
-    std::vector<void*> recvMr;  // per peer
+    std::vector<void*> sendMr;  // per link (link())
+    std::vector<void*> recvMr;  // per link
   };
   struct Pending {
     ProxyCmd cmd;
@@ -73,26 +91,28 @@ class Proxy {
     net::Request* request = nullptr;  // null until the transport accepted it
   };
 
+  // Connections, MRs and queues are per link: channel c, peer p.
+  size_t link(int c, int p) const { return static_cast<size_t>(c) * static_cast<size_t>(nRanks_) + static_cast<size_t>(p); }
   void loop();
-  bool takeCommands();                 // false once failed
-  bool progressPeer(int peer);         // posts and tests that peer's queues; false on error
-  bool mhandleFor(const ProxyCmd& c, void** mh);
-  void fail(const std::string& what);  // records the first error, raises the flags
-  std::string queueState(int peer) const;  // the pending transfers with a peer, for errors
+  bool takeCommands(int c);            // channel c's new commands; false once failed
+  bool progressLink(int c, int peer);  // posts and tests that link's queues; false on error
+  bool mhandleFor(int c, const ProxyCmd& cmd, void** mh);
+  void fail(const std::string& what);  // records the first error, raises every channel's flags
+  std::string queueState(int c, int peer) const;  // the pending transfers of a link, for errors
+  std::string who(int c) const;        // "rank r: proxy" (+ " channel c" with several)
   void closeAll();
 
   net::Net* net_;
   int dev_;
   int rank_;
   int nRanks_;
-  ProxyRing* ring_;
-  ProxyFlags* flags_;
+  std::vector<ProxyChannel> channels_;
   uint64_t timeoutNs_;
-  std::vector<net::ListenComm*> listen_;
+  std::vector<net::ListenComm*> listen_;  // per link
   std::vector<net::SendComm*> send_;
   std::vector<net::RecvComm*> recv_;
   std::vector<Region> regions_;
-  std::vector<std::deque<Pending>> sends_;  // per peer, ring order
+  std::vector<std::deque<Pending>> sends_;  // per link, ring order
   std::vector<std::deque<Pending>> recvs_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
