@@ -167,9 +167,10 @@ class KernelCommunicator final : public Communicator {
   // its ring, flags and net buffers in host-mapped memory.
   std::unique_ptr<net::Net> net_;
   std::unique_ptr<proxy::Proxy> proxy_;
-  proxy::ProxyRing* proxyRing_ = nullptr;
-  proxy::ProxyFlags* proxyFlags_ = nullptr;
-  char* netBuf_ = nullptr;
+  proxy::ProxyRing* proxyRing_ = nullptr;    // hierCtas_ rings (one proxy channel per CTA)
+  proxy::ProxyFlags* proxyFlags_ = nullptr;  // hierCtas_ flag blocks
+  char* netBuf_ = nullptr;                   // hierCtas_ x netBufBytes
+  int hierCtas_ = 1;                         // MKERNEL_HIER_CTAS, agreed by every rank
   bool launched_ = false;
   bool exchanged_ = false;
   bool aborted_ = false;
@@ -362,15 +363,26 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
 
 Result KernelCommunicator::setupProxy() {
   const int G = perNode_, N = opts_.nRanks / G, node = opts_.rank / G, local = opts_.rank % G;
+  // CTAs per hierarchical collective (MKERNEL_HIER_CTAS): at most the kernel's CTAs (each needs
+  // its staged regions) and kMaxHierCtas; the smallest any rank asks for, so that every rank
+  // splits each collective alike and creates as many proxy channels as its rail peers.
+  const int64_t asked = paramInt("HIER_CTAS", 1);
+  if (asked < 1 || asked > kMaxHierCtas)
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_HIER_CTAS=%lld outside 1..%d", static_cast<long long>(asked), kMaxHierCtas);
+  std::vector<int32_t> ctas(static_cast<size_t>(opts_.nRanks), 0);
+  ctas[static_cast<size_t>(opts_.rank)] = static_cast<int32_t>(std::min<int64_t>(asked, params_.nCtas));
+  MK_CHECK(bs_->allGather(ctas.data(), sizeof(int32_t)));
+  hierCtas_ = std::max(1, static_cast<int>(*std::min_element(ctas.begin(), ctas.end())));
+  const size_t C = static_cast<size_t>(hierCtas_);
   void* host = nullptr;
-  MK_CUDA(cudaHostAlloc(&host, sizeof(proxy::ProxyRing), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(proxy ring)");
+  MK_CUDA(cudaHostAlloc(&host, C * sizeof(proxy::ProxyRing), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(proxy rings)");
   proxyRing_ = static_cast<proxy::ProxyRing*>(host);
-  std::memset(host, 0, sizeof(proxy::ProxyRing));
-  MK_CUDA(cudaHostAlloc(&host, sizeof(proxy::ProxyFlags), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(proxy flags)");
+  std::memset(host, 0, C * sizeof(proxy::ProxyRing));
+  MK_CUDA(cudaHostAlloc(&host, C * sizeof(proxy::ProxyFlags), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(proxy flags)");
   proxyFlags_ = static_cast<proxy::ProxyFlags*>(host);
-  std::memset(host, 0, sizeof(proxy::ProxyFlags));
-  const size_t netBytes = 2 * static_cast<size_t>(N + 1) * params_.stagedChunkBytes;  // two net slots
-  MK_CUDA(cudaHostAlloc(&host, netBytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(net buffers)");
+  std::memset(host, 0, C * sizeof(proxy::ProxyFlags));
+  const size_t netBytes = 2 * static_cast<size_t>(N + 1) * params_.stagedChunkBytes;  // one CTA: two net slots
+  MK_CUDA(cudaHostAlloc(&host, C * netBytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(net buffers)");
   netBuf_ = static_cast<char*>(host);
   // The kernel writes host addresses into proxy commands: the mapping must be the identity (UVA).
   for (void* h : {static_cast<void*>(proxyRing_), static_cast<void*>(proxyFlags_), static_cast<void*>(netBuf_)}) {
@@ -387,11 +399,14 @@ Result KernelCommunicator::setupProxy() {
     return MK_ERROR(Result::SystemError, "rank %d: emulated nodes: no transport for the proxy: %s", opts_.rank,
                     lastError());
   net_ = std::move(choice.net);
-  proxy_.reset(new proxy::Proxy(net_.get(), 0, node, N, proxyRing_, proxyFlags_));
+  std::vector<proxy::ProxyChannel> channels;
+  for (size_t c = 0; c < C; ++c) channels.push_back(proxy::ProxyChannel{proxyRing_ + c, proxyFlags_ + c});
+  proxy_.reset(new proxy::Proxy(net_.get(), 0, node, N, channels));
   std::vector<proxy::Handle> mine;
   MK_CHECK(proxy_->listenHandles(&mine));
-  // Every rank's N listen handles (its own slot empty); rank (k, j) connects to (m, j)'s handle k.
-  const size_t hs = net::kHandleSize;
+  // Every rank's N listen handles (its own slot empty; each holds one handle per channel); rank
+  // (k, j) connects to (m, j)'s handle k.
+  const size_t hs = net::kHandleSize * C;
   std::vector<uint8_t> all(static_cast<size_t>(opts_.nRanks) * static_cast<size_t>(N) * hs, 0);
   for (int m = 0; m < N; ++m)
     if (mine[static_cast<size_t>(m)].size() == hs)
@@ -406,16 +421,17 @@ Result KernelCommunicator::setupProxy() {
     fromPeers[static_cast<size_t>(m)].assign(h, h + hs);
   }
   MK_CHECK(proxy_->connectAll(fromPeers));
-  MK_CHECK(proxy_->registerRegion(netBuf_, netBytes, net::kPtrHost));
+  MK_CHECK(proxy_->registerRegion(netBuf_, C * netBytes, net::kPtrHost));
   MK_CHECK(proxy_->start({}));
   params_.proxyRing = proxyRing_;
   params_.proxyFlags = proxyFlags_;
   params_.netBuf = netBuf_;
+  params_.netBufBytes = netBytes;
+  params_.hierCtas = hierCtas_;
   params_.nNodes = N;
   params_.perNode = G;
-  MK_INFO(kLogInit, "rank %d: %s node %d of %d (%d ranks each): proxy on rail %d over %s (%s)", opts_.rank,
-          opts_.emulate ? "emulated" : "host", node,
-          N, G, local, net_->name(), choice.why.c_str());
+  MK_INFO(kLogInit, "rank %d: %s node %d of %d (%d ranks each): proxy on rail %d over %s (%s), %d CTA(s) per collective",
+          opts_.rank, opts_.emulate ? "emulated" : "host", node, N, G, local, net_->name(), choice.why.c_str(), hierCtas_);
   return Result::Success;
 }
 
@@ -444,7 +460,9 @@ Result KernelCommunicator::fillDesc(const CollArgs& a, WorkDesc* d) const {
   }
   d->nCtas = splitCtas(shareBytes(a.coll, a.count, a.dtype, opts_.nRanks), params_.nCtas);
   if (a.coll == CollType::AllReduce && static_cast<Algo>(d->algo) == Algo::OneShot) d->nCtas = 1;
-  if (params_.nNodes > 1) d->nCtas = 1;  // hierarchical: CTA 0 alone posts to the proxy ring
+  // Hierarchical: MKERNEL_HIER_CTAS CTAs, each posting to its own proxy channel. CTAs whose
+  // slice is empty (small counts) return at once, alike on every rank.
+  if (params_.nNodes > 1) d->nCtas = static_cast<int32_t>(hierCtas_);
   if (a.coll == CollType::AllReduce || a.coll == CollType::ReduceScatter || a.coll == CollType::Reduce) {
     MK_CHECK(makeDevRedOp(a.op, a.dtype, opts_.nRanks, a.scalar, &d->redOp));
   }

@@ -21,6 +21,7 @@ namespace mkernel {
 namespace coll {
 
 constexpr int kMaxCtas = 64;         // CTAs of one persistent kernel
+constexpr int kMaxHierCtas = 16;     // CTAs of one hierarchical collective (MKERNEL_HIER_CTAS)
 constexpr int kMaxRanks = 16;        // ranks of one communicator the kernel can address
 constexpr int kMaxOpsPerSlot = 8;    // collectives of one group posted by one doorbell
 constexpr int kEagerSlots = 64;      // ring of slots reused by eager enqueues
@@ -109,8 +110,8 @@ struct alignas(128) DeviceState {
   uint64_t ctaEpoch[kMaxCtas];
   uint64_t ctaConsumed[kMaxCtas];  // dispatch entries each CTA has consumed
   uint64_t ctaChunk[kMaxCtas];     // staged chunks each CTA has run (process ranks: region parity)
-  uint64_t proxySends[2];          // hierarchical path: sends / receives CTA 0 posted to the proxy,
-  uint64_t proxyRecvs[2];          // per net slot (its completion counters are monotonic)
+  uint64_t proxySends[kMaxHierCtas][2];  // hierarchical path: sends / receives each CTA posted to
+  uint64_t proxyRecvs[kMaxHierCtas][2];  // its proxy channel, per net slot (the counters are monotonic)
   uint32_t dispatchSlot[kDispatchDepth];
   uint64_t dispatchSeq;       // entries the leader has published
   uint64_t completedSeq;      // entries fully completed (all needed CTAs reported)

@@ -293,12 +293,14 @@ __device__ bool runStaged(const KernelParams& p, SharedState& sh, const WorkDesc
   return stagedCollective(ex, c, chunkSeq);
 }
 
-// ---- emulated nodes: the hierarchical algorithms of collectives/hier_staged.h, CTA 0 only ---------
+// ---- emulated nodes: the hierarchical algorithms of collectives/hier_staged.h ---------------------
 //
-// Node-local regions are the staged buffers of this node's ranks (staged.h's layout); the
-// inter-node rounds go through this rank's proxy: thread 0 posts the receives, then the sends,
-// into the host-mapped ring and waits for the completion counters (net slot s: flag 2 s sends,
-// 2 s + 1 receives; the totals live in DeviceState so that a relaunched kernel continues them).
+// Each of the op's CTAs (MKERNEL_HIER_CTAS; 1 by default) runs its slice. Node-local regions are
+// the staged buffers of this node's ranks (staged.h's layout, the CTA's own regions); the
+// inter-node rounds go through channel `cta` of this rank's proxy: thread 0 posts the receives,
+// then the sends, into the channel's host-mapped ring and waits for its completion counters (net
+// slot s: flag 2 s sends, 2 s + 1 receives; the totals live in DeviceState so that a relaunched
+// kernel continues them).
 
 struct HierExecutor : CtaMover {
   const KernelParams& p;
@@ -313,8 +315,11 @@ struct HierExecutor : CtaMover {
     return p.stagedBuf[node * p.perNode + local] + stagedRegionOffset(cta, 2 + parity, p.stagedChunkBytes);
   }
   __device__ char* netSend(int slot) const {
-    return p.netBuf + static_cast<uint64_t>(slot) * (1 + static_cast<uint64_t>(p.nNodes)) * p.stagedChunkBytes;
+    return p.netBuf + static_cast<uint64_t>(cta) * p.netBufBytes +
+           static_cast<uint64_t>(slot) * (1 + static_cast<uint64_t>(p.nNodes)) * p.stagedChunkBytes;
   }
+  __device__ proxy::ProxyRing* ring() const { return p.proxyRing + cta; }
+  __device__ proxy::ProxyFlags* flags() const { return p.proxyFlags + cta; }
   __device__ char* netRecv(int slot, int m) const { return netSend(slot) + (1 + static_cast<uint64_t>(m)) * p.stagedChunkBytes; }
   __device__ bool nodeBarrier() {
     return ctaBarrier(p, sh.peers, cta, epoch, kWaitPeerChunk, d.coll, node * p.perNode, p.perNode);
@@ -325,7 +330,7 @@ struct HierExecutor : CtaMover {
     if (threadIdx.x == 0) {
       __threadfence_system();
       bool ok = true;
-      uint64_t sends = p.self->proxySends[slot], recvs = p.self->proxyRecvs[slot];
+      uint64_t sends = p.self->proxySends[cta][slot], recvs = p.self->proxyRecvs[cta][slot];
       for (int pass = 0; pass < 2 && ok; ++pass) {  // receives first, then sends
         for (int m = 0; m < p.nNodes && ok; ++m) {
           const uint64_t bytes = pass == 0 ? recvBytes[m] : sendBytes[m];
@@ -338,12 +343,12 @@ struct HierExecutor : CtaMover {
           c.bytes = bytes;
           c.tag = round;
           c.flag = 2 * static_cast<uint32_t>(slot) + (pass == 0 ? 1u : 0u);
-          ok = proxy::proxyPost(p.proxyRing, p.proxyFlags, c, p.timeoutNs) == proxy::PostStatus::kPosted;
+          ok = proxy::proxyPost(ring(), flags(), c, p.timeoutNs) == proxy::PostStatus::kPosted;
           if (pass == 0) ++recvs; else ++sends;
         }
       }
-      p.self->proxySends[slot] = sends;
-      p.self->proxyRecvs[slot] = recvs;
+      p.self->proxySends[cta][slot] = sends;
+      p.self->proxyRecvs[cta][slot] = recvs;
       if (!ok) recordError(p, cta, -1, kWaitProxy, d.coll, recvs);
       sh.stop = ok ? 0 : 1;
     }
@@ -353,9 +358,9 @@ struct HierExecutor : CtaMover {
   __device__ bool railWait(int slot) {
     if (threadIdx.x == 0) {
       const uint32_t f = 2 * static_cast<uint32_t>(slot);
-      const uint64_t sends = p.self->proxySends[slot], recvs = p.self->proxyRecvs[slot];
-      bool ok = proxy::proxyWaitFlag(p.proxyFlags, f, sends, p.timeoutNs) == proxy::WaitStatus::kReached;
-      ok = ok && proxy::proxyWaitFlag(p.proxyFlags, f + 1, recvs, p.timeoutNs) == proxy::WaitStatus::kReached;
+      const uint64_t sends = p.self->proxySends[cta][slot], recvs = p.self->proxyRecvs[cta][slot];
+      bool ok = proxy::proxyWaitFlag(flags(), f, sends, p.timeoutNs) == proxy::WaitStatus::kReached;
+      ok = ok && proxy::proxyWaitFlag(flags(), f + 1, recvs, p.timeoutNs) == proxy::WaitStatus::kReached;
       if (!ok) recordError(p, cta, -1, kWaitProxy, d.coll, recvs);
       sh.stop = ok ? 0 : 1;
     }
@@ -377,7 +382,9 @@ __device__ bool runHier(const KernelParams& p, SharedState& sh, const WorkDesc& 
   c.elemSize = elemSize(d.dtype);
   c.send = d.sendbuff;
   c.recv = d.recvbuff;
-  c.part = Slice{0, d.count};  // one CTA: the proxy ring has one producer
+  // CTA c of d.nCtas (MKERNEL_HIER_CTAS) takes its slice, with its own proxy channel: one
+  // producer per ring. Every rank splits alike (count and CTAs are shared).
+  c.part = rankSlice(d.count, d.nCtas, cta, sliceAlignElems(elemSize(d.dtype)));
   c.chunkElems = hierChunkElemsFor(c.coll, c.layout, c.elemSize, p.stagedChunkBytes);
   c.overlap = p.hierOverlap != 0;
   HierExecutor ex{{sh, d}, p, cta, epoch, c.node};

@@ -29,12 +29,14 @@ struct KernelParams {
   char* stagedBuf[kMaxRanks];
   uint64_t stagedChunkBytes;
   // Emulated nodes (MKERNEL_RANKS_PER_NODE, collectives/hier_staged.h): nNodes > 1 runs every
-  // collective hierarchically, with CTA 0 posting this rank's inter-node transfers to its proxy
-  // (ring and flags host-mapped) from its net buffers (host-mapped, (nNodes + 1) x
-  // stagedChunkBytes); nNodes = 1 and null pointers otherwise.
-  proxy::ProxyRing* proxyRing;
-  proxy::ProxyFlags* proxyFlags;
-  char* netBuf;
+  // collective hierarchically, split over hierCtas CTAs; CTA c posts its inter-node transfers to
+  // channel c of this rank's proxy (ring and flags host-mapped) from its own net buffers
+  // (host-mapped); nNodes = 1 and null pointers otherwise.
+  proxy::ProxyRing* proxyRing;    // hierCtas rings, one per CTA (a channel of the rank's proxy)
+  proxy::ProxyFlags* proxyFlags;  // hierCtas flag blocks
+  char* netBuf;                   // hierCtas blocks of netBufBytes
+  uint64_t netBufBytes;           // one CTA's net buffers: 2 slots x (nNodes + 1) x stagedChunkBytes
+  int32_t hierCtas;               // MKERNEL_HIER_CTAS: CTAs a hierarchical collective is split over
   int32_t nNodes;
   int32_t perNode;
   int32_t rank;

@@ -39,21 +39,28 @@ constexpr uint64_t kTimeoutNs = 20ull * 1000000000ull;
 // Completion counters: sends and receives of net slot s at 2 s and 2 s + 1.
 constexpr uint32_t kFlagSends = 0, kFlagRecvs = 1;
 
-struct RankState {
+// Per CTA (the kernel's hierarchical path may split a collective over several CTAs,
+// MKERNEL_HIER_CTAS; each has its own regions, net buffers, proxy channel and node barrier).
+struct CtaState {
   std::vector<char> regions;  // in[0], in[1], out[0], out[1]: chunkBytes each
   std::vector<char> net;      // per slot (2): netSend, then netRecv[nNodes]: chunkBytes each
   std::unique_ptr<ProxyRing> ring{new ProxyRing()};
   std::unique_ptr<ProxyFlags> flags{new ProxyFlags()};
-  std::unique_ptr<Proxy> proxy;
   uint64_t sendsPosted[2] = {}, recvsPosted[2] = {};
+};
+
+struct RankState {
+  std::vector<std::unique_ptr<CtaState>> cta;
+  std::unique_ptr<Proxy> proxy;  // one channel per CTA
 };
 
 struct World {
   NodeLayout L;
+  int ctas = 1;
   uint64_t chunkBytes = 0;
   std::vector<std::unique_ptr<RankState>> ranks;
-  mktest::RegionRaces race;                         // per (rank, region 0..3)
-  std::unique_ptr<std::atomic<uint64_t>[]> arrive;  // per rank
+  mktest::RegionRaces race;                         // per (rank, CTA, region 0..3)
+  std::unique_ptr<std::atomic<uint64_t>[]> arrive;  // per (rank, CTA)
   int slowRank = -1;
   bool breakGatherBarrier = false;  // every second node barrier does not wait (negative test)
   bool overlap = true;              // HierCall::overlap (AllReduce pipelined)
@@ -65,33 +72,41 @@ struct World {
     errors.push_back(e);
   }
   int regionOf(const char* p) const {
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      const std::vector<char>& v = ranks[r]->regions;
-      if (p >= v.data() && p < v.data() + v.size())
-        return static_cast<int>(r) * 4 + static_cast<int>(static_cast<uint64_t>(p - v.data()) / chunkBytes);
-    }
+    for (size_t r = 0; r < ranks.size(); ++r)
+      for (int c = 0; c < ctas; ++c) {
+        const std::vector<char>& v = ranks[r]->cta[static_cast<size_t>(c)]->regions;
+        if (p >= v.data() && p < v.data() + v.size())
+          return (static_cast<int>(r) * ctas + c) * 4 + static_cast<int>(static_cast<uint64_t>(p - v.data()) / chunkBytes);
+      }
     return -1;
   }
 };
 
-// n nodes x g local ranks; one Proxy per rank over its rail (peers = the same local rank of every
-// node), connected and registered; not started.
-void makeWorld(World& w, mkernel::net::Net* net, int nNodes, int perNode, uint64_t chunkBytes) {
+// n nodes x g local ranks x `ctas` CTAs; one Proxy per rank over its rail (peers = the same local
+// rank of every node) with a channel per CTA, connected and registered; started.
+void makeWorld(World& w, mkernel::net::Net* net, int nNodes, int perNode, uint64_t chunkBytes, int ctas = 1) {
   w.L.nNodes = nNodes;
   w.L.perNode = perNode;
+  w.ctas = ctas;
   w.chunkBytes = chunkBytes;
   const int n = w.L.nRanks();
-  w.race.reset(n * 4, [&w](const char* p) { return w.regionOf(p); });
-  w.arrive.reset(new std::atomic<uint64_t>[static_cast<size_t>(n)]);
-  for (int i = 0; i < n; ++i) w.arrive[i] = 0;
+  w.race.reset(n * ctas * 4, [&w](const char* p) { return w.regionOf(p); });
+  w.arrive.reset(new std::atomic<uint64_t>[static_cast<size_t>(n * ctas)]);
+  for (int i = 0; i < n * ctas; ++i) w.arrive[i] = 0;
   for (int r = 0; r < n; ++r) {
     w.ranks.emplace_back(new RankState());
     RankState& s = *w.ranks.back();
-    s.regions.assign(4 * chunkBytes, 0);
-    s.net.assign(2 * (1 + static_cast<size_t>(nNodes)) * chunkBytes, 0);
-    std::memset(s.ring.get(), 0, sizeof(ProxyRing));
-    std::memset(s.flags.get(), 0, sizeof(ProxyFlags));
-    s.proxy.reset(new Proxy(net, 0, w.L.nodeOf(r), nNodes, s.ring.get(), s.flags.get()));
+    std::vector<ProxyChannel> channels;
+    for (int c = 0; c < ctas; ++c) {
+      s.cta.emplace_back(new CtaState());
+      CtaState& k = *s.cta.back();
+      k.regions.assign(4 * chunkBytes, 0);
+      k.net.assign(2 * (1 + static_cast<size_t>(nNodes)) * chunkBytes, 0);
+      std::memset(k.ring.get(), 0, sizeof(ProxyRing));
+      std::memset(k.flags.get(), 0, sizeof(ProxyFlags));
+      channels.push_back(ProxyChannel{k.ring.get(), k.flags.get()});
+    }
+    s.proxy.reset(new Proxy(net, 0, w.L.nodeOf(r), nNodes, channels));
   }
   for (int local = 0; local < perNode; ++local) {
     std::vector<std::vector<Handle>> handles(static_cast<size_t>(nNodes));  // [node][peer node]
@@ -113,7 +128,8 @@ void makeWorld(World& w, mkernel::net::Net* net, int nNodes, int perNode, uint64
     }
   }
   for (auto& s : w.ranks) {
-    REQUIRE(s->proxy->registerRegion(s->net.data(), s->net.size(), mkernel::net::kPtrHost) == Result::Success);
+    for (auto& k : s->cta)
+      REQUIRE(s->proxy->registerRegion(k->net.data(), k->net.size(), mkernel::net::kPtrHost) == Result::Success);
     REQUIRE(s->proxy->start({}) == Result::Success);
   }
 }
@@ -121,10 +137,13 @@ void makeWorld(World& w, mkernel::net::Net* net, int nNodes, int perNode, uint64
 struct CpuHierExecutor {
   World* w;
   int rank;
+  int cta = 0;
   uint64_t epoch = 0;
 
-  RankState& me() { return *w->ranks[static_cast<size_t>(rank)]; }
-  char* region(int r, int which) { return w->ranks[static_cast<size_t>(r)]->regions.data() + static_cast<uint64_t>(which) * w->chunkBytes; }
+  CtaState& me() { return *w->ranks[static_cast<size_t>(rank)]->cta[static_cast<size_t>(cta)]; }
+  char* region(int r, int which) {
+    return w->ranks[static_cast<size_t>(r)]->cta[static_cast<size_t>(cta)]->regions.data() + static_cast<uint64_t>(which) * w->chunkBytes;
+  }
   char* in(int local, int parity) { return region(w->L.rankOf(w->L.nodeOf(rank), local), parity); }
   char* out(int local, int parity) { return region(w->L.rankOf(w->L.nodeOf(rank), local), 2 + parity); }
   char* netSlot(int slot) { return me().net.data() + static_cast<uint64_t>(slot) * (1 + static_cast<uint64_t>(w->L.nNodes)) * w->chunkBytes; }
@@ -151,12 +170,12 @@ struct CpuHierExecutor {
   }
   bool nodeBarrier() {
     const uint64_t e = ++epoch;
-    w->arrive[rank].store(e, std::memory_order_release);
+    w->arrive[rank * w->ctas + cta].store(e, std::memory_order_release);
     if (w->breakGatherBarrier && e % 2 == 0) return true;  // arrive, but do not wait
     const int node = w->L.nodeOf(rank);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     for (int q = 0; q < w->L.perNode; ++q) {
-      while (w->arrive[w->L.rankOf(node, q)].load(std::memory_order_acquire) < e) {
+      while (w->arrive[w->L.rankOf(node, q) * w->ctas + cta].load(std::memory_order_acquire) < e) {
         if (std::chrono::steady_clock::now() > deadline) {
           w->error("rank " + std::to_string(rank) + ": node barrier timed out");
           return false;
@@ -168,7 +187,7 @@ struct CpuHierExecutor {
   }
   bool railPost(int round, int slot, const char* const* sendPtr, const uint64_t* sendBytes, char* const* recvPtr,
                 const uint64_t* recvBytes) {
-    RankState& s = me();
+    CtaState& s = me();
     for (int pass = 0; pass < 2; ++pass) {  // receives first, then sends (as the kernel's executor)
       const bool recvPass = pass == 0;
       for (int m = 0; m < w->L.nNodes; ++m) {
@@ -189,7 +208,7 @@ struct CpuHierExecutor {
     return true;
   }
   bool railWait(int slot) {
-    RankState& s = me();
+    CtaState& s = me();
     const uint32_t f = 2 * static_cast<uint32_t>(slot);
     if (proxyWaitFlag(s.flags.get(), f + kFlagSends, s.sendsPosted[slot], kTimeoutNs) != WaitStatus::kReached)
       return fail("sends");
@@ -198,7 +217,8 @@ struct CpuHierExecutor {
     return true;
   }
   bool fail(const char* what) {
-    w->error("rank " + std::to_string(rank) + ": rail exchange (" + what + ") failed: " + me().proxy->error());
+    w->error("rank " + std::to_string(rank) + " CTA " + std::to_string(cta) + ": rail exchange (" + what +
+             ") failed: " + w->ranks[static_cast<size_t>(rank)]->proxy->error());
     return false;
   }
 };
@@ -242,8 +262,9 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
   }
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      CpuHierExecutor ex{&w, r};
+    for (int cta = 0; cta < w.ctas; ++cta)
+    threads.emplace_back([&, r, cta] {
+      CpuHierExecutor ex{&w, r, cta};
       uint64_t seq = 0;
       for (size_t i = 0; i < ops.size(); ++i) {
         Bufs& b = bufs[i][static_cast<size_t>(r)];
@@ -257,7 +278,7 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
         c.elemSize = 4;
         c.send = reinterpret_cast<uint64_t>(b.buf.data() + b.sendOff);
         c.recv = reinterpret_cast<uint64_t>(b.buf.data() + b.recvOff);
-        c.part = Slice{0, ops[i].count};
+        c.part = rankSlice(ops[i].count, w.ctas, cta, sliceAlignElems(4));  // the kernel's split
         c.chunkElems = hierChunkElemsFor(ops[i].coll, w.L, 4, w.chunkBytes);
         c.overlap = w.overlap;
         if (!hierCollective(ex, c, &seq)) return;
@@ -325,11 +346,11 @@ struct Shape {
   uint64_t chunkBytes;
 };
 
-void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = true) {
+void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = true, int ctas = 1) {
   const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
                             CollType::Reduce};
   World w;
-  makeWorld(w, net, sh.nodes, sh.perNode, sh.chunkBytes);
+  makeWorld(w, net, sh.nodes, sh.perNode, sh.chunkBytes, ctas);
   w.overlap = overlap;
   const int n = sh.nodes * sh.perNode;
   std::vector<Op> ops;
@@ -339,7 +360,7 @@ void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = tru
       for (bool inPlace : {false, true}) ops.push_back(Op{c, count, inPlace, (seq++ * 5) % n});
   const std::string mismatch = runOps(w, ops, static_cast<uint64_t>(sh.nodes * 10 + sh.perNode));
   stopAll(w);
-  INFO(sh.nodes << " nodes x " << sh.perNode << ", chunk " << sh.chunkBytes << " B, AllReduce "
+  INFO(sh.nodes << " nodes x " << sh.perNode << ", " << ctas << " CTA(s), chunk " << sh.chunkBytes << " B, AllReduce "
                 << (overlap ? "pipelined" : "sequential"));
   for (const auto& e : w.errors) FAIL_CHECK(e);
   CHECK(mismatch == "");
@@ -359,6 +380,16 @@ TEST_CASE("hier_staged: every collective over 2-3 nodes x 1-3 ranks, proxies ove
   auto net = testNet();
   for (const Shape& sh : {Shape{2, 1, 256}, Shape{3, 2, 768}, Shape{2, 3, 768}, Shape{3, 1, 256}})
     for (bool overlap : {true, false}) everyCollective(net.get(), sh, overlap);
+}
+
+// Several CTAs per rank (MKERNEL_HIER_CTAS): each takes its slice of every collective (the
+// kernel's rankSlice split, so the 1- and 7-element collectives leave CTAs with nothing to do),
+// with its own regions, node barrier, net buffers and proxy channel.
+TEST_CASE("hier_staged: every collective split over 2-3 CTAs per rank, a proxy channel each, exact") {
+  auto net = testNet();
+  for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}})
+    for (int ctas : {2, 3})
+      for (bool overlap : {true, false}) everyCollective(net.get(), sh, overlap, ctas);
 }
 
 TEST_CASE("hier_staged: a slow rank is never overtaken in the node regions (and the check fires when a barrier is broken)", "[vm]") {
