@@ -268,6 +268,12 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2 
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   runSweep(4, 2);
 }
+TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2, split over 3 CTAs (MKERNEL_HIER_CTAS)", "[gpu][hier]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
+  setenv("MKERNEL_HIER_CTAS", "3", 1);  // each CTA its slice and proxy channel (written in session 7)
+  runSweep(4, 2);
+  unsetenv("MKERNEL_HIER_CTAS");
+}
 TEST_CASE("gpu: every collective x dtype x op, 8 ranks as 2 emulated nodes of 4 (hierarchical, proxies)", "[gpu][hier]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   runSweep(8, 4);
