@@ -52,6 +52,15 @@ constexpr int kMaxHierNodes = 16;
 #else
 #define MK_HIER_TEMPLATE
 #endif
+// Each collective's body is its own function on the device: inlined together into one switch,
+// their scratch arrays (HierCtx, HierRail: ~800 B per collective) were all given separate stack
+// slots, and the persistent kernel's frame, which CUDA reserves for every resident thread,
+// grew to 5.4 KB (scripts/spill-report.sh; docs/PERFORMANCE.md, session 7).
+#if defined(__CUDACC__)
+#define MK_HIER_NOINLINE __noinline__
+#else
+#define MK_HIER_NOINLINE
+#endif
 
 struct HierCall {
   CollType coll;
@@ -167,7 +176,7 @@ MKERNEL_HD bool hierExchange(Ex& ex, int round, const HierRail& rail) {
 
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD bool hierAllReduceSequential(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
+MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduceSequential(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
   HierCtx x(c);
   HierRail rail;
   const uint64_t esz = x.esz, align = sliceAlignElems(esz);
@@ -295,7 +304,7 @@ MKERNEL_HD bool hierArPhase3(Ex& ex, HierCtx& x, const HierArChunk& a) {
 
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD bool hierAllReduce(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
+MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduce(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
   if (!c.overlap) return hierAllReduceSequential(ex, c, chunkSeq);
   if (c.part.count == 0) return true;
   HierCtx x(c);
@@ -522,28 +531,24 @@ struct HierReduceSteps : HierStepsBase {
   }
 };
 
+// A two-step collective with its own state (on the device, a function of its own: MK_HIER_NOINLINE).
+MK_HIER_TEMPLATE
+template <class Ex, class Steps>
+MKERNEL_HD MK_HIER_NOINLINE bool hierRunSteps(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
+  Steps st(c);
+  return hierTwoStep(ex, c, chunkSeq, st);
+}
+
 // One collective of call c for this CTA.
 MK_HIER_TEMPLATE
 template <class Ex>
 MKERNEL_HD bool hierCollective(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
   switch (c.coll) {
     case CollType::AllReduce: return hierAllReduce(ex, c, chunkSeq);
-    case CollType::ReduceScatter: {
-      HierReduceScatterSteps st(c);
-      return hierTwoStep(ex, c, chunkSeq, st);
-    }
-    case CollType::AllGather: {
-      HierAllGatherSteps st(c);
-      return hierTwoStep(ex, c, chunkSeq, st);
-    }
-    case CollType::Broadcast: {
-      HierBroadcastSteps st(c);
-      return hierTwoStep(ex, c, chunkSeq, st);
-    }
-    case CollType::Reduce: {
-      HierReduceSteps st(c);
-      return hierTwoStep(ex, c, chunkSeq, st);
-    }
+    case CollType::ReduceScatter: return hierRunSteps<Ex, HierReduceScatterSteps>(ex, c, chunkSeq);
+    case CollType::AllGather: return hierRunSteps<Ex, HierAllGatherSteps>(ex, c, chunkSeq);
+    case CollType::Broadcast: return hierRunSteps<Ex, HierBroadcastSteps>(ex, c, chunkSeq);
+    case CollType::Reduce: return hierRunSteps<Ex, HierReduceSteps>(ex, c, chunkSeq);
   }
   return false;
 }

@@ -369,7 +369,7 @@ struct HierExecutor : CtaMover {
   }
 };
 
-__device__ bool runHier(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta, uint64_t* epoch,
+__device__ __noinline__ bool runHier(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta, uint64_t* epoch,
                         uint64_t* chunkSeq) {
   HierCall c;
   c.coll = static_cast<CollType>(d.coll);
