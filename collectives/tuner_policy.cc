@@ -163,6 +163,16 @@ void TunerCandidates::add(int a, int p) {
   ++n;
 }
 
+// Whether NCCL's tree has fewer latency steps than its ring for an AllReduce: 2 x ((ranks per
+// node - 1) + ceil(log2 nodes)) against 2 x (ranks - 1).
+static bool treeFewerSteps(const TunerSystem& sys) {
+  int log2Nodes = 0;
+  while ((1 << log2Nodes) < sys.nNodes) ++log2Nodes;
+  const int perNode = sys.ranksPerNode > 0 ? sys.ranksPerNode : 1;
+  const int ranks = sys.nRanks > 0 ? sys.nRanks : perNode * sys.nNodes;
+  return (perNode - 1) + log2Nodes < ranks - 1;
+}
+
 TunerCandidates policyCandidates(const TunerSystem& sys, CollType coll, size_t nBytes) {
   TunerCandidates c;
   const SizeClass sc = tunerSizeClass(sys, nBytes);
@@ -181,11 +191,18 @@ TunerCandidates policyCandidates(const TunerSystem& sys, CollType coll, size_t n
         }
         addAlgo(&c, kAlgoRing, po);
         addAlgo(&c, kAlgoTree, po);
-      } else if (sc != SizeClass::Large) {
+      } else if (sc != SizeClass::Large && treeFewerSteps(sys)) {
         c.reason =
             "allreduce across nodes, small/medium: TREE (latency grows with log(nodes), not ranks)";
         addAlgo(&c, kAlgoTree, po);
         addAlgo(&c, kAlgoRing, po);
+      } else if (sc != SizeClass::Large) {
+        // 2 or 3 nodes of one rank: the tree's log(nodes) hops are as many as the ring's, so
+        // nothing favours it (two H200s over the net path, session 7: TREE/LL at 2 KiB 0.74x
+        // of NCCL's own choice).
+        c.reason = "allreduce across few nodes, small/medium: RING (a tree takes as many steps)";
+        addAlgo(&c, kAlgoRing, po);
+        addAlgo(&c, kAlgoTree, po);
       } else {
         if (sys.nvlsAllowed && sys.nvswitch) {
           c.add(kAlgoNvlsTree, kProtoSimple);

@@ -106,6 +106,15 @@ TEST_CASE("policy: across nodes, TREE for latency, RING for bandwidth, PAT for o
   for (int a = 0; a < kA; ++a) noLL128.disable(a, kProtoLL128);
   CHECK(decide(s, CollType::AllReduce, 4 * MiB, noLL128) == Pick{kAlgoTree, kProtoSimple});
 
+  // 2 or 3 nodes of one GPU: a tree takes as many steps as the ring, which keeps NCCL's own
+  // preference (RING first); from 4 nodes of one GPU the tree is shorter (2 < 3 hops).
+  TunerSystem two = system(2, 2, false, false);
+  CHECK(decide(two, CollType::AllReduce, 4 * KiB) == Pick{kAlgoRing, kProtoLL});
+  CHECK(decide(two, CollType::AllReduce, 1 * GiB) == Pick{kAlgoRing, kProtoSimple});
+  CHECK(decide(system(3, 3, false, false), CollType::AllReduce, 4 * KiB) == Pick{kAlgoRing, kProtoLL});
+  CHECK(decide(system(4, 4, false, false), CollType::AllReduce, 4 * KiB) == Pick{kAlgoTree, kProtoLL});
+  CHECK(decide(system(4, 2, false, false), CollType::AllReduce, 4 * KiB) == Pick{kAlgoTree, kProtoLL});  // 1+1 < 3
+
   TunerSystem one = system(4, 4, false, false);  // one GPU per node
   CHECK(decide(one, CollType::AllGather, 64 * KiB) == Pick{kAlgoPat, kProtoSimple});
   CHECK(decide(one, CollType::ReduceScatter, 512 * KiB) == Pick{kAlgoPat, kProtoSimple});
