@@ -41,6 +41,25 @@ struct Rank {
 constexpr int kFlagSent = 0;
 constexpr int kFlagRecvd = 1;
 
+// Connects n proxies (rank r's proxy at proxies[r]) all to all: every rank's listen handles,
+// then every rank's connectAll at the same time (connect/accept are non-blocking on both sides).
+// Returns each rank's result.
+std::vector<Result> connectProxies(const std::vector<Proxy*>& proxies) {
+  const int n = static_cast<int>(proxies.size());
+  std::vector<std::vector<Handle>> handles(static_cast<size_t>(n));  // handles[r][p]: r's, for p
+  for (int r = 0; r < n; ++r) REQUIRE(proxies[static_cast<size_t>(r)]->listenHandles(&handles[static_cast<size_t>(r)]) == Result::Success);
+  std::vector<std::thread> threads;
+  std::vector<Result> results(static_cast<size_t>(n), Result::InternalError);
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      std::vector<Handle> mine(static_cast<size_t>(n));
+      for (int p = 0; p < n; ++p) mine[static_cast<size_t>(p)] = handles[static_cast<size_t>(p)][static_cast<size_t>(r)];
+      results[static_cast<size_t>(r)] = proxies[static_cast<size_t>(r)]->connectAll(mine);
+    });
+  for (auto& t : threads) t.join();
+  return results;
+}
+
 // n ranks fully connected over loopback TCP, `bytes` of staging per direction each; not started.
 std::vector<std::unique_ptr<Rank>> makeRanks(mkernel::net::Net* net, int n, size_t bytes) {
   std::vector<std::unique_ptr<Rank>> ranks;
@@ -52,18 +71,9 @@ std::vector<std::unique_ptr<Rank>> makeRanks(mkernel::net::Net* net, int n, size
     ranks.back()->recvBuf.assign(bytes, 0);
     ranks.back()->proxy.reset(new Proxy(net, 0, r, n, ranks.back()->ring.get(), ranks.back()->flags.get()));
   }
-  std::vector<std::vector<Handle>> handles(static_cast<size_t>(n));  // handles[r][p]: r's, for p
-  for (int r = 0; r < n; ++r) REQUIRE(ranks[static_cast<size_t>(r)]->proxy->listenHandles(&handles[static_cast<size_t>(r)]) == Result::Success);
-  // Every rank connects at the same time (connect/accept are non-blocking on both sides).
-  std::vector<std::thread> threads;
-  std::vector<Result> results(static_cast<size_t>(n), Result::InternalError);
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      std::vector<Handle> mine(static_cast<size_t>(n));
-      for (int p = 0; p < n; ++p) mine[static_cast<size_t>(p)] = handles[static_cast<size_t>(p)][static_cast<size_t>(r)];
-      results[static_cast<size_t>(r)] = ranks[static_cast<size_t>(r)]->proxy->connectAll(mine);
-    });
-  for (auto& t : threads) t.join();
+  std::vector<Proxy*> proxies;
+  for (auto& k : ranks) proxies.push_back(k->proxy.get());
+  const std::vector<Result> results = connectProxies(proxies);
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r << ": " << mkernel::lastError());
     REQUIRE(results[static_cast<size_t>(r)] == Result::Success);
@@ -291,17 +301,9 @@ std::vector<std::unique_ptr<ChRank>> makeChannelRanks(mkernel::net::Net* net, in
     k.recvBuf.assign(bytes, 0);
     k.proxy.reset(new Proxy(net, 0, r, n, chans));
   }
-  std::vector<std::vector<Handle>> handles(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) REQUIRE(ranks[static_cast<size_t>(r)]->proxy->listenHandles(&handles[static_cast<size_t>(r)]) == Result::Success);
-  std::vector<std::thread> threads;
-  std::vector<Result> results(static_cast<size_t>(n), Result::InternalError);
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      std::vector<Handle> mine(static_cast<size_t>(n));
-      for (int p = 0; p < n; ++p) mine[static_cast<size_t>(p)] = handles[static_cast<size_t>(p)][static_cast<size_t>(r)];
-      results[static_cast<size_t>(r)] = ranks[static_cast<size_t>(r)]->proxy->connectAll(mine);
-    });
-  for (auto& t : threads) t.join();
+  std::vector<Proxy*> proxies;
+  for (auto& k : ranks) proxies.push_back(k->proxy.get());
+  const std::vector<Result> results = connectProxies(proxies);
   if (connectResults != nullptr) {
     *connectResults = results;
     return ranks;
