@@ -370,7 +370,7 @@ Result KernelCommunicator::setupProxy() {
   if (asked < 1 || asked > kMaxHierCtas)
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_HIER_CTAS=%lld outside 1..%d", static_cast<long long>(asked), kMaxHierCtas);
   std::vector<int32_t> ctas(static_cast<size_t>(opts_.nRanks), 0);
-  ctas[static_cast<size_t>(opts_.rank)] = static_cast<int32_t>(std::min<int64_t>(asked, params_.nCtas));
+  ctas[static_cast<size_t>(opts_.rank)] = static_cast<int32_t>(std::min<int64_t>(asked, peers_.nCtas));  // params_.nCtas is set later
   MK_CHECK(bs_->allGather(ctas.data(), sizeof(int32_t)));
   hierCtas_ = std::max(1, static_cast<int>(*std::min_element(ctas.begin(), ctas.end())));
   const size_t C = static_cast<size_t>(hierCtas_);
@@ -910,6 +910,7 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->launchMaxBytes = launchMaxBytes_;
   out->launchDirect = launchDirect_;
   out->directSharing = directSharing_;
+  out->hierCtas = params_.nNodes > 1 ? hierCtas_ : 0;
 }
 
 }  // namespace

@@ -164,7 +164,8 @@ std::string runCase(mkgpu::RankCtx& ctx, const Case& k, uint64_t seed, uint8_t* 
   return "unknown collective";
 }
 
-void runSweep(int nRanks, int ranksPerNode = 0) {
+// expectHierCtas > 0: the CTAs each hierarchical collective must have been split over.
+void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0) {
   const std::vector<Case> cases = buildCases(nRanks);
   size_t maxBytes = 0;
   for (const Case& k : cases)
@@ -196,6 +197,9 @@ void runSweep(int nRanks, int ranksPerNode = 0) {
     // The kernel ran every case (its own completion counters).
     mkernel::coll::CollStats st;
     ctx.comm->stats(&st);
+    if (ranksPerNode > 0 && st.hierCtas != (expectHierCtas > 0 ? expectHierCtas : 1))
+      ctx.fail("hierarchical collectives split over " + std::to_string(st.hierCtas) + " CTA(s), want " +
+               std::to_string(expectHierCtas > 0 ? expectHierCtas : 1));
     uint64_t total = 0;
     for (uint64_t v : st.kernelOps) total += v;
     if (total != cases.size()) ctx.fail("kernel completed " + std::to_string(total) + " collectives, enqueued " + std::to_string(cases.size()));
@@ -271,7 +275,7 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2 
 TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2, split over 3 CTAs (MKERNEL_HIER_CTAS)", "[gpu][hier]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   setenv("MKERNEL_HIER_CTAS", "3", 1);  // each CTA its slice and proxy channel (written in session 7)
-  runSweep(4, 2);
+  runSweep(4, 2, 3);
   unsetenv("MKERNEL_HIER_CTAS");
 }
 TEST_CASE("gpu: every collective x dtype x op, 8 ranks as 2 emulated nodes of 4 (hierarchical, proxies)", "[gpu][hier]") {
