@@ -11,7 +11,7 @@
 #      NCCL_NET_PLUGIN=mkernel (TCP); then mkernel's net plugin with its tuner.
 #   3. (2+ GPUs) emulated nodes (MKERNEL_EMULATE=1 MKERNEL_RANKS_PER_NODE, default one rank per
 #      GPU): mkernel's hierarchical all_reduce through proxies over loopback TCP, against run 1's
-#      NCCL numbers (written in session 3, not yet run).
+#      NCCL numbers at the sizes both runs have (first run in session 7).
 #   4. The DDP example with <GPUs> ranks, NCCL against LD_PRELOAD=libmkernel.so: loss compared
 #      (--tol MG_DDP_TOL), step times printed.
 # With one GPU every step runs with one rank (a dry run of the script; NCCL refuses two ranks on
