@@ -272,13 +272,15 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2 
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   runSweep(4, 2);
 }
-TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2, split over 3 CTAs (MKERNEL_HIER_CTAS)", "[gpu][hier]") {
+// The next two have tags of their own: ctest runs each in a fresh process (test_gpu_hier_ctas,
+// test_gpu_hier8), so that the streams of earlier cases do not share hardware queues with theirs.
+TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2, split over 3 CTAs (MKERNEL_HIER_CTAS)", "[gpu][hierctas]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   setenv("MKERNEL_HIER_CTAS", "3", 1);  // each CTA its slice and proxy channel (written in session 7)
   runSweep(4, 2, 3);
   unsetenv("MKERNEL_HIER_CTAS");
 }
-TEST_CASE("gpu: every collective x dtype x op, 8 ranks as 2 emulated nodes of 4 (hierarchical, proxies)", "[gpu][hier]") {
+TEST_CASE("gpu: every collective x dtype x op, 8 ranks as 2 emulated nodes of 4 (hierarchical, proxies)", "[gpu][hier8]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   runSweep(8, 4);
 }
