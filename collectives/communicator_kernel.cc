@@ -251,7 +251,11 @@ Result KernelCommunicator::init() {
   for (auto& ev : slotEvents_) MK_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
   MK_CUDA(cudaEventCreateWithFlags(&launchEvent_, cudaEventDisableTiming), "cudaEventCreate(launch path)");
   MK_CUDA(cudaEventCreateWithFlags(&graphEvent_, cudaEventDisableTiming), "cudaEventCreate(launch path, graphs)");
-  MK_CUDA(cudaDeviceSynchronize(), "cudaDeviceSynchronize after setup");
+  // The memset above ran on the legacy default stream: wait for that stream alone. A device-wide
+  // wait would also wait for every running kernel, and a persistent kernel kept resident by a
+  // captured doorbell (another communicator's) or a thread rank's launch-path kernel waiting for
+  // this rank never finishes first (docs/KERNEL.md, "A product risk").
+  MK_CUDA(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize(legacy stream) after setup");
 
   // Every rank reads what its GPU has left before any rank of this communicator reserves
   // (the exchange is collective), so ranks sharing a GPU split the same budget. Two
@@ -303,7 +307,7 @@ Result KernelCommunicator::init() {
     MK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&traceHost_), sizeof(KernelTraceRecord) * kTraceDepth),
             "cudaMallocHost(trace)");
     MK_CUDA(cudaStreamCreateWithFlags(&traceStream_, cudaStreamNonBlocking), "cudaStreamCreate(trace)");
-    MK_CUDA(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the trace buffer");
+    MK_CUDA(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize(legacy stream) after the trace buffer");
   }
   params_.trace = trace_;
   params_.stagingBytes = oneShotMaxBytes_;
