@@ -52,6 +52,9 @@ struct RankCtx {
   // a collective waits for a peer whose next work CUDA then holds back behind the free (CUDA's
   // implicit synchronization; docs/KERNEL.md, "A product risk"). The tests free here instead.
   std::vector<void*> freeAfter;
+  // Run by the rank's thread after its communicator is finalized (e.g. destroying a CUDA graph
+  // whose replays keep the doorbell's kernel resident until then).
+  std::vector<std::function<void()>> afterFinalize;
   template <class T>
   T* deviceAlloc(size_t bytes) {
     void* p = nullptr;
@@ -132,6 +135,7 @@ inline std::vector<std::string> runRanks(int n, const std::function<void(RankCtx
       cudaStreamSynchronize(ctx.stream);
       if (comm->finalize() != mkernel::Result::Success) ctx.fail(std::string("finalize: ") + mkernel::lastError());
       comm.reset();
+      for (auto& f : ctx.afterFinalize) f();
       cudaStreamDestroy(ctx.stream);
       frees[static_cast<size_t>(r)] = std::move(ctx.freeAfter);
     });

@@ -147,8 +147,11 @@ void graphReplay(const char* waitMode, bool graphLaunch, int ranksPerNode = 0) {
       if (st.kernelLaunches != 1) ctx.fail("captured communicator relaunched its kernel: " + std::to_string(st.kernelLaunches) + " launches");
       if (ar != 18) ctx.fail("kernel counted " + std::to_string(ar) + " AllReduces, want 18");
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    // After finalize: with the doorbell, the graph's kernel is resident until then.
+    ctx.afterFinalize.push_back([exec, graph] {
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    });
   }, size_t(32) << 20, ranksPerNode);
   for (const auto& f : failures) FAIL_CHECK(f);
   CHECK(failures.empty());
