@@ -7,7 +7,8 @@
 # EMU_MODULE_LOADING (default EAGER),
 # EMU_TIMEOUT per run (default 40 s; MKERNEL_TIMEOUT_S=10). One line per run: rc, nccl-tests'
 # "Out of bounds values" verdict, the sizes whose path column is not `mk`, and the average bus
-# bandwidth; the logs of each -t go to $OUT/emulated-t<N>.txt when $OUT is set.
+# bandwidth; the logs of each -t go to $OUT/emulated-t<N>.txt when $OUT is set. A run still going
+# at its limit gets its host threads' stacks dumped (cuda-gdb) into that log before it is killed.
 set -u -o pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-gpu}
@@ -20,6 +21,31 @@ export NCCL_NVLS_ENABLE=0 MKERNEL_EMULATE=1 MKERNEL_TIMEOUT_S=${MKERNEL_TIMEOUT_
 # the first launch of one of nccl-tests' kernels from waiting for the running ones, and 32
 # hardware queues keep streams apart. EMU_MODULE_LOADING=LAZY gives CUDA's default back.
 export CUDA_MODULE_LOADING=${EMU_MODULE_LOADING:-EAGER} CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
+# run_test LIMIT OUTFILE CMD...: runs CMD; if it is still running after LIMIT seconds, dumps every
+# thread's host stack with cuda-gdb (batch attach; the device image has no gdb) into OUTFILE.stacks
+# and kills it (rc 124). Where a run stops without any mkernel timeout, the stacks say which call
+# each rank thread is blocked in. EMU_STACKS=0 skips the dump; EMU_GDB names another debugger.
+run_test() {
+  local limit=$1 outfile=$2 pid i gdb
+  shift 2
+  "$@" >"$outfile" 2>&1 &
+  pid=$!
+  for ((i = 0; i < limit; ++i)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 1
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    gdb=${EMU_GDB:-$(command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)}
+    if [ "${EMU_STACKS:-1}" = 1 ] && [ -n "$gdb" ]; then
+      timeout 90 "$gdb" -p "$pid" -batch -ex "info threads" -ex "thread apply all bt 16" >"$outfile.stacks" 2>&1
+    fi
+    kill -9 "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    return 124
+  fi
+  wait "$pid"
+}
+
 fail=0
 for t in ${EMU_THREADS:-2 4 8}; do
   log=${OUT:-/tmp}/emulated-t$t.txt
@@ -27,10 +53,20 @@ for t in ${EMU_THREADS:-2 4 8}; do
   for x in ${EMU_TESTS:-all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf}; do
     # Line-buffered: a run stopped by the timeout still shows its last lines (nccl-tests prints
     # its errors to stdout, which a pipe would otherwise hold back and the kill would drop).
-    out=$(LD_PRELOAD=$build/lib/libmkernel.so timeout "${EMU_TIMEOUT:-40}" stdbuf -oL -eL "$build/nccl-tests/$x" ${EMU_ARGS:--b 8 -e 64M -f 8} \
-      -g 1 -t "$t" -c 1 2>&1)
+    tmp=$(mktemp /tmp/emu.XXXXXX)
+    # shellcheck disable=SC2086  # EMU_ARGS: words
+    run_test "${EMU_TIMEOUT:-40}" "$tmp" env LD_PRELOAD="$build/lib/libmkernel.so" stdbuf -oL -eL \
+      "$build/nccl-tests/$x" ${EMU_ARGS:--b 8 -e 64M -f 8} -g 1 -t "$t" -c 1
     rc=$?
+    out=$(cat "$tmp")
     printf '%s\n' "== $x -t $t (rc=$rc)" "$out" >>"$log"
+    if [ -s "$tmp.stacks" ]; then
+      # The frames of mkernel, NCCL and CUDA calls first: where each thread waits.
+      { echo "== host stacks of $x -t $t after ${EMU_TIMEOUT:-40} s (cuda-gdb)"; cat "$tmp.stacks"; } >>"$log"
+      echo "-t $t $x: stopped; host stacks in $(basename "$log"); frames in mkernel / NCCL / CUDA calls:"
+      grep -E "^#[0-9]+ .*(mkernel|nccl|cuda|cu[A-Z][a-zA-Z]+|pthread_barrier|Barrier)" "$tmp.stacks" | cut -c1-160 | head -12
+    fi
+    rm -f "$tmp" "$tmp.stacks"
     verdict=$(printf '%s\n' "$out" | grep -m1 "Out of bounds values" | sed 's/^# *//')
     # Data rows: the path column (the patch's last field) must read mk on every size.
     notmk=$(printf '%s\n' "$out" | awk '/^ +[0-9]+ +[0-9]+ /{ if ($1 != 0 && $NF != "mk") printf "%s ", $1 }')
