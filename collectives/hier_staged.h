@@ -379,6 +379,24 @@ struct HierStepsBase {
   MKERNEL_HD bool post(Ex& ex, const HierStep& k) {
     return ex.railPost(k.par, k.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
   }
+  // Slot m * perNode + idx of a node region (one chunk slot each: ReduceScatter, AllGather).
+  MKERNEL_HD char* slotOf(char* region, int m, int idx, const HierStep& k) const {
+    return region + static_cast<uint64_t>(m * x.G + idx) * k.slot;
+  }
+  // Byte offset of this chunk within rank (m, q)'s block of a buffer of nRanks blocks.
+  MKERNEL_HD uint64_t blockOff(int m, int q, const HierStep& k) const {
+    return (static_cast<uint64_t>(c.layout.rankOf(m, q)) * c.count + k.ch.g) * x.esz;
+  }
+  // A round that exchanges one slot with every other node: to node m from P + m * stride, from
+  // node m into its receive slot.
+  MK_HIER_TEMPLATE
+  template <class Ex>
+  MKERNEL_HD void withEveryOtherNode(Ex& ex, const HierStep& k, char* P, uint64_t stride) {
+    for (int m = 0; m < x.N; ++m) {
+      const uint64_t bytes = m == x.k ? 0 : k.slot;
+      rail.set(m, P + static_cast<uint64_t>(m) * stride, bytes, ex.netRecv(k.par, m), bytes);
+    }
+  }
 };
 
 // ReduceScatter (count = elements per rank block; sendbuff holds nNodes x perNode blocks):
@@ -394,20 +412,17 @@ struct HierReduceScatterSteps : HierStepsBase {
   MKERNEL_HD bool a(Ex& ex, const HierStep& k) {
     for (int m = 0; m < x.N; ++m)
       for (int q = 0; q < x.G; ++q) {
-        const uint64_t block = static_cast<uint64_t>(c.layout.rankOf(m, q));
-        x.dsts[0] = ex.in(q, k.par) + static_cast<uint64_t>(m * x.G + x.j) * k.slot;
-        ex.copy(x.dsts, 1, x.send + (block * c.count + k.ch.g) * x.esz, k.slot);
+        x.dsts[0] = slotOf(ex.in(q, k.par), m, x.j, k);
+        ex.copy(x.dsts, 1, x.send + blockOff(m, q, k), k.slot);
       }
     if (!ex.nodeBarrier()) return false;
     char* P = ex.netSend(k.par);
     for (int m = 0; m < x.N; ++m) {
-      for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, k.par) + static_cast<uint64_t>(m * x.G + q) * k.slot;
+      for (int q = 0; q < x.G; ++q) x.srcs[q] = slotOf(ex.in(x.j, k.par), m, q, k);
       x.dsts[0] = P + static_cast<uint64_t>(m) * k.slot;
       ex.reduce(x.dsts, 1, x.srcs, x.G, k.ch.l, true, false);
     }
-    for (int m = 0; m < x.N; ++m)
-      rail.set(m, P + static_cast<uint64_t>(m) * k.slot, m == x.k ? 0 : k.slot, ex.netRecv(k.par, m),
-               m == x.k ? 0 : k.slot);
+    withEveryOtherNode(ex, k, P, k.slot);
     return post(ex, k);
   }
   MK_HIER_TEMPLATE
@@ -435,7 +450,7 @@ struct HierAllGatherSteps : HierStepsBase {
     char* P = ex.netSend(k.par);
     x.dsts[0] = P;
     ex.copy(x.dsts, 1, x.send + k.ch.g * x.esz, k.slot);
-    for (int m = 0; m < x.N; ++m) rail.set(m, P, m == x.k ? 0 : k.slot, ex.netRecv(k.par, m), m == x.k ? 0 : k.slot);
+    withEveryOtherNode(ex, k, P, 0);
     return post(ex, k);
   }
   MK_HIER_TEMPLATE
@@ -444,15 +459,14 @@ struct HierAllGatherSteps : HierStepsBase {
     if (!ex.railWait(k.par)) return false;
     char* P = ex.netSend(k.par);
     for (int m = 0; m < x.N; ++m) {
-      for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, k.par) + static_cast<uint64_t>(m * x.G + x.j) * k.slot;
+      for (int q = 0; q < x.G; ++q) x.dsts[q] = slotOf(ex.out(q, k.par), m, x.j, k);
       ex.copy(x.dsts, x.G, m == x.k ? P : ex.netRecv(k.par, m), k.slot);
     }
     if (!ex.nodeBarrier()) return false;
     for (int m = 0; m < x.N; ++m)
       for (int q = 0; q < x.G; ++q) {
-        const uint64_t block = static_cast<uint64_t>(c.layout.rankOf(m, q));
-        x.dsts[0] = x.recv + (block * c.count + k.ch.g) * x.esz;
-        ex.copy(x.dsts, 1, ex.out(x.j, k.par) + static_cast<uint64_t>(m * x.G + q) * k.slot, k.slot);
+        x.dsts[0] = x.recv + blockOff(m, q, k);
+        ex.copy(x.dsts, 1, slotOf(ex.out(x.j, k.par), m, q, k), k.slot);
       }
     return true;
   }
