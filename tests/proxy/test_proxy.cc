@@ -60,6 +60,24 @@ std::vector<Result> connectProxies(const std::vector<Proxy*>& proxies) {
   return results;
 }
 
+// Connects the ranks' proxies; unless only connecting, requires that every rank succeeded and
+// registers each rank's send and receive staging. R: a rank with `proxy`, `sendBuf`, `recvBuf`.
+template <class R>
+std::vector<Result> connectAndRegister(std::vector<std::unique_ptr<R>>& ranks, bool onlyConnect = false) {
+  std::vector<Proxy*> proxies;
+  for (auto& k : ranks) proxies.push_back(k->proxy.get());
+  const std::vector<Result> results = connectProxies(proxies);
+  if (onlyConnect) return results;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    INFO("rank " << r << ": " << mkernel::lastError());
+    REQUIRE(results[r] == Result::Success);
+    R& k = *ranks[r];
+    REQUIRE(k.proxy->registerRegion(k.sendBuf.data(), k.sendBuf.size(), mkernel::net::kPtrHost) == Result::Success);
+    REQUIRE(k.proxy->registerRegion(k.recvBuf.data(), k.recvBuf.size(), mkernel::net::kPtrHost) == Result::Success);
+  }
+  return results;
+}
+
 // n ranks fully connected over loopback TCP, `bytes` of staging per direction each; not started.
 std::vector<std::unique_ptr<Rank>> makeRanks(mkernel::net::Net* net, int n, size_t bytes) {
   std::vector<std::unique_ptr<Rank>> ranks;
@@ -71,16 +89,7 @@ std::vector<std::unique_ptr<Rank>> makeRanks(mkernel::net::Net* net, int n, size
     ranks.back()->recvBuf.assign(bytes, 0);
     ranks.back()->proxy.reset(new Proxy(net, 0, r, n, ranks.back()->ring.get(), ranks.back()->flags.get()));
   }
-  std::vector<Proxy*> proxies;
-  for (auto& k : ranks) proxies.push_back(k->proxy.get());
-  const std::vector<Result> results = connectProxies(proxies);
-  for (int r = 0; r < n; ++r) {
-    INFO("rank " << r << ": " << mkernel::lastError());
-    REQUIRE(results[static_cast<size_t>(r)] == Result::Success);
-    Rank& k = *ranks[static_cast<size_t>(r)];
-    REQUIRE(k.proxy->registerRegion(k.sendBuf.data(), k.sendBuf.size(), mkernel::net::kPtrHost) == Result::Success);
-    REQUIRE(k.proxy->registerRegion(k.recvBuf.data(), k.recvBuf.size(), mkernel::net::kPtrHost) == Result::Success);
-  }
+  connectAndRegister(ranks);
   return ranks;
 }
 
@@ -301,20 +310,8 @@ std::vector<std::unique_ptr<ChRank>> makeChannelRanks(mkernel::net::Net* net, in
     k.recvBuf.assign(bytes, 0);
     k.proxy.reset(new Proxy(net, 0, r, n, chans));
   }
-  std::vector<Proxy*> proxies;
-  for (auto& k : ranks) proxies.push_back(k->proxy.get());
-  const std::vector<Result> results = connectProxies(proxies);
-  if (connectResults != nullptr) {
-    *connectResults = results;
-    return ranks;
-  }
-  for (int r = 0; r < n; ++r) {
-    INFO("rank " << r << ": " << mkernel::lastError());
-    REQUIRE(results[static_cast<size_t>(r)] == Result::Success);
-    ChRank& k = *ranks[static_cast<size_t>(r)];
-    REQUIRE(k.proxy->registerRegion(k.sendBuf.data(), k.sendBuf.size(), mkernel::net::kPtrHost) == Result::Success);
-    REQUIRE(k.proxy->registerRegion(k.recvBuf.data(), k.recvBuf.size(), mkernel::net::kPtrHost) == Result::Success);
-  }
+  const std::vector<Result> results = connectAndRegister(ranks, connectResults != nullptr);
+  if (connectResults != nullptr) *connectResults = results;
   return ranks;
 }
 
