@@ -526,6 +526,9 @@ Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stre
   if (capture == cudaStreamCaptureStatusInvalidated)
     return MK_ERROR(Result::InvalidUsage, "rank %d: the stream's capture was invalidated", opts_.rank);
   const bool capturing = capture == cudaStreamCaptureStatusActive;
+  MK_TRACE(kLogColl, "rank %d: enqueue of %d op(s) (%s, first count %zu) on stream %p%s", opts_.rank, n,
+           n > 0 ? collName(ops[0].coll) : "-", n > 0 ? ops[0].count : size_t(0), static_cast<void*>(stream),
+           capturing ? ", capturing" : "");
 
   // In order: launch-path ops each get a kernel launch; runs of the others share doorbell slots
   // (up to kMaxOpsPerSlot per slot). Every rank splits a group the same way (the decision
@@ -654,6 +657,8 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capt
   const uint64_t index = ++launchIssued_[d.coll];
   MK_CHECK(launchCollective(params_, d, ctas, launchSeq_, index, direct, stream));
   lastLaunchStream_ = stream;
+  MK_TRACE(kLogColl, "rank %d: %s launched on the launch path (%s, epoch %llu, %d CTAs)", opts_.rank, collName(c),
+           direct ? "direct" : "inbox", static_cast<unsigned long long>(launchSeq_), ctas);
   return Result::Success;
 }
 
