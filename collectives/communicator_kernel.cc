@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -93,22 +94,51 @@ class RelaxedCaptureScope {
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
 };
 
-// Raises the device's stack limit to what the persistent kernel needs, once per device and before
-// any persistent kernel runs there: otherwise a launch that needs more local memory than reserved
-// resizes it, and the resize waits for every running kernel (a peer's persistent kernel: forever).
-Result reserveKernelStack() {
+// Local memory (docs/KERNEL.md, "Local memory"), once per device and process, before any of
+// mkernel's kernels runs there. A launch that needs more local memory than the context holds
+// resizes it, and the resize waits for every kernel running in the context: a peer's kernel that
+// waits for this rank, i.e. until it times out. So:
+// - the stack limit is raised to the kernels' frames (NCCL does the same for its kernels);
+// - CU_CTX_LMEM_RESIZE_TO_MAX keeps what a launch grew: by default the driver shrinks local memory
+//   again after a kernel that needed more than the limit, and the next launch resizes again. ptxas
+//   reports a larger cumulative stack than the frame that cudaFuncGetAttributes gives (the
+//   persistent kernel: 3000 against 2576 bytes, calls included), so every persistent-kernel launch
+//   resized until then;
+// - each kernel is launched once as a no-op (warmKernels) and waited for, so the first resize
+//   happens now. Without the flag (a driver before 12.1) the limit gets kStackSlack more instead.
+constexpr size_t kStackSlack = 1024;
+Result reserveKernelStack(int device) {
   static std::mutex mu;
+  static std::set<int> warmed;
   std::lock_guard<std::mutex> lock(mu);
+  if (warmed.count(device) != 0) return Result::Success;
   size_t need = 0;
   MK_CHECK(persistentKernelLocalBytes(&need));
+  const bool keep = cudrv::keepLocalMemory() == Result::Success;
+  if (!keep) {
+    MK_INFO(kLogInit, "local memory cannot be kept at its largest size (%s); stack limit with %zu bytes of slack",
+            lastError(), kStackSlack);
+    need += kStackSlack;
+  }
   size_t cur = 0;
   cudaError_t err = cudaDeviceGetLimit(&cur, cudaLimitStackSize);
-  if (err == cudaSuccess && cur >= need) return Result::Success;
-  err = cudaDeviceSetLimit(cudaLimitStackSize, need);
+  if (err != cudaSuccess || cur < need) {
+    err = cudaDeviceSetLimit(cudaLimitStackSize, need);
+    if (err != cudaSuccess)
+      return MK_ERROR(Result::UnhandledCudaError, "setting the stack limit to %zu bytes for the persistent kernel failed: %s",
+                      need, cudaGetErrorString(err));
+    MK_INFO(kLogInit, "stack limit raised from %zu to %zu bytes (persistent kernel)", cur, need);
+  }
+  cudaStream_t s = nullptr;
+  err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "setting the stack limit to %zu bytes for the persistent kernel failed: %s",
-                    need, cudaGetErrorString(err));
-  MK_INFO(kLogInit, "stack limit raised from %zu to %zu bytes (persistent kernel)", cur, need);
+    return MK_ERROR(Result::UnhandledCudaError, "cudaStreamCreate(warm-up) failed: %s", cudaGetErrorString(err));
+  const Result warm = warmKernels(s);
+  (void)cudaStreamDestroy(s);
+  MK_CHECK(warm);
+  warmed.insert(device);
+  MK_INFO(kLogInit, "device %d: kernels warmed up, local memory %s", device,
+          keep ? "kept at its largest size (CU_CTX_LMEM_RESIZE_TO_MAX)" : "sized by the stack limit");
   return Result::Success;
 }
 
@@ -221,7 +251,7 @@ Result KernelCommunicator::init() {
   if (waitMode != "kernel" && waitMode != "memop")
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_STREAM_WAIT=%s: expected kernel or memop", waitMode.c_str());
   gateKernel_ = waitMode == "kernel";
-  MK_CHECK(reserveKernelStack());  // also loads the kernels before any persistent kernel runs
+  MK_CHECK(reserveKernelStack(opts_.cudaDev));  // also loads the kernels before any of them runs
   oneShotMaxBytes_ = static_cast<uint64_t>(std::max<int64_t>(0, paramInt("ONESHOT_MAX_BYTES", 32768)));
   const int64_t launchMax = paramInt("LAUNCH_MAX_BYTES", 1048576);
   if (launchMax < 0 || static_cast<uint64_t>(launchMax) > kLaunchInboxBytes)

@@ -22,9 +22,9 @@ struct MemOps {
   std::string why;
 };
 
-Result lookup(const char* name, void** fn, std::string* why) {
+Result lookup(const char* name, void** fn, std::string* why, unsigned int version = 12000) {
   cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  cudaError_t err = cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &q);
+  cudaError_t err = cudaGetDriverEntryPointByVersion(name, fn, version, cudaEnableDefault, &q);
   if (err != cudaSuccess || q != cudaDriverEntryPointSuccess || *fn == nullptr) {
     *why = std::string("CUDA driver entry point ") + name + " unavailable (" +
            (err != cudaSuccess ? cudaGetErrorString(err) : "symbol not found") + ")";
@@ -47,7 +47,35 @@ MemOps& memOps() {
   return ops;
 }
 
+using CtxGetFlagsFn = CUresult (*)(unsigned int*);
+using CtxSetFlagsFn = CUresult (*)(unsigned int);
+
 }  // namespace
+
+Result keepLocalMemory() {
+  static CtxGetFlagsFn getFlags = nullptr;
+  static CtxSetFlagsFn setFlags = nullptr;
+  static Result status = Result::Success;
+  static std::string why;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* g = nullptr;
+    void* s = nullptr;
+    status = lookup("cuCtxGetFlags", &g, &why, 12010);
+    if (status == Result::Success) status = lookup("cuCtxSetFlags", &s, &why, 12010);
+    getFlags = reinterpret_cast<CtxGetFlagsFn>(g);
+    setFlags = reinterpret_cast<CtxSetFlagsFn>(s);
+  });
+  if (status != Result::Success) return MK_ERROR(status, "%s", why.c_str());
+  unsigned int flags = 0;
+  CUresult r = getFlags(&flags);
+  if (r == CUDA_SUCCESS && (flags & CU_CTX_LMEM_RESIZE_TO_MAX) != 0) return Result::Success;
+  if (r == CUDA_SUCCESS) r = setFlags(flags | CU_CTX_LMEM_RESIZE_TO_MAX);
+  if (r != CUDA_SUCCESS)
+    return MK_ERROR(Result::UnhandledCudaError, "setting CU_CTX_LMEM_RESIZE_TO_MAX on the context failed: CUresult %d",
+                    static_cast<int>(r));
+  return Result::Success;
+}
 
 Result loadMemOps() {
   MemOps& ops = memOps();

@@ -1,5 +1,6 @@
 // The CUDA driver entry points mkernel needs beyond the runtime: stream memory operations
-// (cuStreamWriteValue32 / cuStreamWaitValue32), the doorbells of the persistent kernel.
+// (cuStreamWriteValue32 / cuStreamWaitValue32), the doorbells of the persistent kernel, and the
+// context flag that keeps local memory at its largest size (cuCtxGetFlags / cuCtxSetFlags).
 //
 // They are looked up at run time through cudaGetDriverEntryPointByVersion (the runtime finds
 // libcuda itself), so libmkernel.so links no libcuda and loads on hosts without a driver; a
@@ -26,6 +27,13 @@ Result streamWriteValue32(cudaStream_t stream, uint32_t* addr, uint32_t value);
 // (Geq: (int32_t)(*addr - value) >= 0).
 enum class WaitCmp { Eq, Geq };
 Result streamWaitValue32(cudaStream_t stream, uint32_t* addr, uint32_t value, WaitCmp cmp = WaitCmp::Eq);
+
+// Sets CU_CTX_LMEM_RESIZE_TO_MAX on the calling thread's current context (cuCtxGetFlags /
+// cuCtxSetFlags, CUDA 12.1+; the other flags are kept): once a launch has grown the context's local
+// memory, the driver keeps it instead of shrinking it again after that kernel, so that no later
+// launch has to grow it (a resize waits for every running kernel). Error: the entry points are
+// missing or the driver refused.
+Result keepLocalMemory();
 
 }  // namespace cudrv
 }  // namespace coll

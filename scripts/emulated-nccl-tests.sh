@@ -37,7 +37,7 @@ run_test() {
   if kill -0 "$pid" 2>/dev/null; then
     gdb=${EMU_GDB:-$(command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)}
     if [ "${EMU_STACKS:-1}" = 1 ] && [ -n "$gdb" ]; then
-      timeout 90 "$gdb" -p "$pid" -batch -ex "info threads" -ex "thread apply all bt 16" >"$outfile.stacks" 2>&1
+      timeout 90 "$gdb" -p "$pid" -batch -ex "info cuda kernels" -ex "info threads" -ex "thread apply all bt 16" >"$outfile.stacks" 2>&1
     fi
     kill -9 "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null

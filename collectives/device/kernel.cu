@@ -557,6 +557,7 @@ __device__ bool leaderDispatch(const KernelParams& p, SharedState& sh) {
 
 __global__ void __launch_bounds__(kKernelThreads, 1) persistentKernel(KernelParams p) {
   __shared__ SharedState sh;
+  if (p.warmup) return;  // warmKernels
   const int cta = blockIdx.x;
   DeviceState* self = p.self;
   if (threadIdx.x < kMaxRanks) sh.peers[threadIdx.x] = threadIdx.x < p.nRanks ? p.peers[threadIdx.x] : nullptr;
@@ -782,6 +783,7 @@ __device__ __forceinline__ bool launchRun(const KernelParams& p, SharedState& sh
 __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(KernelParams p, WorkDesc d, uint64_t epoch,
                                                                   uint64_t opIndex, int direct) {
   __shared__ SharedState sh;
+  if (p.warmup) return;  // warmKernels
   const bool graph = epoch == 0;
   if (threadIdx.x == 0) {
     sh.stop = stopRequested(p) ? 1 : 0;  // a failed communicator: release the stream
@@ -877,6 +879,21 @@ Result persistentKernelLocalBytes(size_t* out) {
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "attributes of the persistent kernel: %s", cudaGetErrorString(err));
   *out = attr.localSizeBytes > launchLocal ? attr.localSizeBytes : launchLocal;
+  return Result::Success;
+}
+
+Result warmKernels(cudaStream_t stream) {
+  KernelParams p{};
+  p.warmup = 1;
+  dev::persistentKernel<<<1, kKernelThreads, 0, stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) {
+    dev::launchKernel<<<1, kLaunchThreads, 0, stream>>>(p, WorkDesc{}, 0, 0, 0);
+    err = cudaGetLastError();
+  }
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+  if (err != cudaSuccess)
+    return MK_ERROR(Result::UnhandledCudaError, "warm-up launches of the kernels failed: %s", cudaGetErrorString(err));
   return Result::Success;
 }
 

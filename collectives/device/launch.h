@@ -49,6 +49,9 @@ struct KernelParams {
   // so that a test can kill the process in the middle of a collective's data movement.
   uint32_t testStallBarrier;
   uint32_t hierOverlap;  // MKERNEL_HIER_OVERLAP: pipelined hierarchical AllReduce (0: phases in turn)
+  // 1: the kernel returns at once (warmKernels: a launch made only so that the driver sizes the
+  // context's local memory for it while nothing of ours runs).
+  uint32_t warmup;
 };
 
 // Launches the persistent kernel with p.nCtas CTAs of kKernelThreads threads on `stream`.
@@ -65,6 +68,13 @@ Result launchGate(uint32_t* doorbell, HostControl* ctlDev, uint64_t timeoutNs, i
 // running kernel, i.e. forever for a peer's persistent kernel (NCCL sets the limit for the same
 // reason).
 Result persistentKernelLocalBytes(size_t* out);
+
+// Launches the persistent kernel and the launch-path kernel once each, as no-ops (KernelParams::
+// warmup), on `stream`, and waits for them. The first launch of a kernel that needs more local
+// memory than the context holds resizes it, and the resize waits for every kernel running in the
+// context; done at creation, before any of mkernel's kernels runs, it waits for nothing
+// (docs/KERNEL.md, "Local memory").
+Result warmKernels(cudaStream_t stream);
 
 // The launch path (collectives/launch_path.h): launches the small-collective kernel for `d` with
 // nCtas CTAs on the caller's stream; `epoch` is the communicator's launch-path op counter (the

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Repeats one short emulated nccl-tests run (several thread ranks on one GPU, LD_PRELOAD) until
+# it stalls, then shows what the GPU and every host thread are doing (cuda-gdb, batch attach):
+# the kernels resident on the device with their blocks, and each thread's stack. For the stall
+# of docs/RELIABILITY.md ("patched nccl-tests with several thread ranks on one GPU stall").
+#   bash scripts/emu-stall-probe.sh [BUILD]      (BUILD as scripts/emulated-nccl-tests.sh)
+# PROBE_TEST (broadcast_perf), PROBE_THREADS (2), PROBE_ARGS ("-b 8 -e 8 -w 1 -n 1 -c 1"),
+# PROBE_RUNS (30), PROBE_LIMIT seconds per run (10; MKERNEL_TIMEOUT_S defaults to 60 so that the
+# stall is still in place when the debugger attaches). Prints one line per run and, at the first
+# stall, the debugger's report; the log goes to $OUT/stall-probe.txt when $OUT is set.
+set -u -o pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build-gpu}
+NCCL_HOME=${NCCL_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl}
+export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0 MKERNEL_EMULATE=1 MKERNEL_TIMEOUT_S=${MKERNEL_TIMEOUT_S:-60} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+export CUDA_MODULE_LOADING=${CUDA_MODULE_LOADING:-EAGER} CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
+test=${PROBE_TEST:-broadcast_perf}
+log=${OUT:-/tmp}/stall-probe.txt
+gdb=$(command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)
+: >"$log"
+stalls=0
+for ((run = 1; run <= ${PROBE_RUNS:-30}; ++run)); do
+  tmp=$(mktemp /tmp/probe.XXXXXX)
+  t0=$(date +%s%N)
+  # shellcheck disable=SC2086  # PROBE_ARGS: words
+  env LD_PRELOAD="$build/lib/libmkernel.so" stdbuf -oL -eL "$build/nccl-tests/$test" \
+    ${PROBE_ARGS:--b 8 -e 8 -w 1 -n 1 -c 1} -g 1 -t "${PROBE_THREADS:-2}" >"$tmp" 2>&1 &
+  pid=$!
+  for ((i = 0; i < ${PROBE_LIMIT:-10} * 10; ++i)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    stalls=$((stalls + 1))
+    echo "run $run: stalled after ${PROBE_LIMIT:-10} s" | tee -a "$log"
+    {
+      echo "== run $run output"
+      cat "$tmp"
+      echo "== cuda-gdb"
+    } >>"$log"
+    if [ -n "$gdb" ]; then
+      timeout 120 "$gdb" -p "$pid" -batch -ex "info cuda kernels" -ex "info cuda blocks" -ex "info cuda devices" \
+        -ex "thread apply all bt 14" >>"$log" 2>&1
+    fi
+    kill -9 "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    rm -f "$tmp"
+    [ "${PROBE_ALL:-0}" = 1 ] || break
+    continue
+  fi
+  wait "$pid"
+  rc=$?
+  echo "run $run: rc=$rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms" | tee -a "$log"
+  [ "$rc" = 0 ] || cat "$tmp" >>"$log"
+  rm -f "$tmp"
+done
+echo "emu-stall-probe: $test -t ${PROBE_THREADS:-2}: $stalls stall(s) in $((run > ${PROBE_RUNS:-30} ? ${PROBE_RUNS:-30} : run)) run(s)"
+# The debugger's view: resident kernels and blocks, then the frames in CUDA / mkernel / nccl-tests calls.
+sed -n '/== cuda-gdb/,$p' "$log" | grep -E "^ *[*]? *[0-9]+ +[0-9]+ +[0-9]+|Kernel|kernel|grid|^#[0-9]+ .*(mkernel|nccl|cuda|cu[A-Z][a-zA-Z]+|Test|Coll)" |
+  cut -c1-200 | head -60
+[ "$stalls" = 0 ]

@@ -1,0 +1,222 @@
+// mkernel-queueprobe: can kernels that wait for each other, launched by several host threads of
+// one process on one GPU, each on its own stream, all run at once? Thread-emulated ranks need
+// exactly that (docs/KERNEL.md, "Emulated ranks as threads"); patched nccl-tests with 4 thread
+// ranks stalled at its first collective (docs/RELIABILITY.md).
+//
+// Each round, N threads pass a host barrier and each launches `meet` (one CTA: store my flag, wait
+// until every rank's flag holds this round's number, or give up after --timeout-ms) on its
+// stream, then synchronizes it. A round stalls when any kernel gave up. Stream variants:
+//   fresh    new non-blocking streams every round, created one after another by the main thread
+//   touched  as fresh, then the main thread records an event on each stream in turn (the
+//            stream's first work, submitted in host order) before the threads launch
+//   kernel   as fresh, then the main thread runs an empty kernel on each stream and waits
+//   own      every thread creates its stream itself, at the same time as the others
+//   reused   streams made once (fresh) and used by every round
+// Prints a table: variant, rounds, stalled rounds, median round time.
+//   mkernel-queueprobe [--ranks 2,4,8] [--rounds 50] [--timeout-ms 200] [--variants fresh,touched,...]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tools/args.h"
+
+namespace {
+
+#define QP_CHECK(call)                                                                               \
+  do {                                                                                               \
+    cudaError_t e_ = (call);                                                                         \
+    if (e_ != cudaSuccess) {                                                                         \
+      std::fprintf(stderr, "mkernel-queueprobe: %s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), \
+                   __FILE__, __LINE__);                                                              \
+      std::exit(2);                                                                                  \
+    }                                                                                                \
+  } while (0)
+
+__device__ __forceinline__ unsigned long long globalNs() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Rank `me` of n: publishes `epoch`, then waits for every rank's flag to reach it. 256 threads,
+// one CTA, like a launch-path op of mkernel; thread 0 does the exchange.
+__global__ void __launch_bounds__(256, 1) meet(unsigned* flags, int n, int me, unsigned epoch,
+                                               unsigned long long timeoutNs, unsigned* gaveUp) {
+  if (threadIdx.x != 0) return;
+  volatile unsigned* f = flags;
+  __threadfence_system();
+  f[me] = epoch;
+  __threadfence_system();
+  const unsigned long long t0 = globalNs();
+  for (int k = 0; k < n; ++k) {
+    while (f[k] < epoch) {
+      if (globalNs() - t0 > timeoutNs) {
+        atomicAdd(gaveUp, 1u);
+        return;
+      }
+    }
+  }
+}
+
+__global__ void empty() {}
+
+// A reusable spinning barrier for the rank threads and the main thread.
+class SpinBarrier {
+ public:
+  explicit SpinBarrier(int n) : n_(n) {}
+  void wait() {
+    const int gen = gen_.load(std::memory_order_acquire);
+    if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
+      count_.store(0, std::memory_order_relaxed);
+      gen_.fetch_add(1, std::memory_order_acq_rel);
+    } else {
+      while (gen_.load(std::memory_order_acquire) == gen) std::this_thread::yield();
+    }
+  }
+
+ private:
+  const int n_;
+  std::atomic<int> count_{0};
+  std::atomic<int> gen_{0};
+};
+
+struct Row {
+  std::string variant;
+  int ranks = 0, rounds = 0, stalled = 0;
+  double medianMs = 0;
+};
+
+Row probe(const std::string& variant, int n, int rounds, unsigned long long timeoutNs) {
+  unsigned* flags = nullptr;
+  unsigned* gaveUp = nullptr;
+  QP_CHECK(cudaMalloc(&flags, sizeof(unsigned) * n));
+  QP_CHECK(cudaMemset(flags, 0, sizeof(unsigned) * n));
+  QP_CHECK(cudaMallocManaged(&gaveUp, sizeof(unsigned)));
+  *gaveUp = 0;
+  QP_CHECK(cudaDeviceSynchronize());
+  std::vector<cudaStream_t> streams(static_cast<size_t>(n), nullptr);
+  auto makeStreams = [&] {
+    for (auto& s : streams) QP_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  };
+  auto dropStreams = [&] {
+    for (auto& s : streams) {
+      if (s != nullptr) QP_CHECK(cudaStreamDestroy(s));
+      s = nullptr;
+    }
+  };
+  if (variant == "reused") makeStreams();
+  cudaEvent_t ev;
+  QP_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+
+  SpinBarrier start(n + 1), done(n + 1);
+  std::atomic<bool> quit{false};
+  std::atomic<unsigned> epoch{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      QP_CHECK(cudaSetDevice(0));
+      for (;;) {
+        start.wait();
+        if (quit.load()) return;
+        cudaStream_t& s = streams[static_cast<size_t>(r)];
+        if (variant == "own") QP_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        meet<<<1, 256, 0, s>>>(flags, n, r, epoch.load(), timeoutNs, gaveUp);
+        QP_CHECK(cudaGetLastError());
+        QP_CHECK(cudaStreamSynchronize(s));
+        done.wait();
+      }
+    });
+  }
+  Row row;
+  row.variant = variant;
+  row.ranks = n;
+  row.rounds = rounds;
+  std::vector<double> ms;
+  for (int k = 1; k <= rounds; ++k) {
+    if (variant == "fresh" || variant == "touched" || variant == "kernel") makeStreams();
+    if (variant == "touched")
+      for (auto s : streams) QP_CHECK(cudaEventRecord(ev, s));
+    if (variant == "kernel") {
+      for (auto s : streams) empty<<<1, 1, 0, s>>>();
+      QP_CHECK(cudaDeviceSynchronize());
+    }
+    epoch.store(static_cast<unsigned>(k));
+    const unsigned before = *gaveUp;
+    const auto t0 = std::chrono::steady_clock::now();
+    start.wait();
+    done.wait();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (*gaveUp != before) ++row.stalled;
+    if (variant != "reused") dropStreams();
+  }
+  quit.store(true);
+  start.wait();
+  for (auto& t : threads) t.join();
+  dropStreams();
+  std::sort(ms.begin(), ms.end());
+  row.medianMs = ms.empty() ? 0 : ms[ms.size() / 2];
+  QP_CHECK(cudaEventDestroy(ev));
+  QP_CHECK(cudaFree(flags));
+  QP_CHECK(cudaFree(gaveUp));
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> ranks = {2, 4, 8};
+  int rounds = 50;
+  unsigned long long timeoutMs = 200;
+  std::vector<std::string> variants = {"fresh", "touched", "kernel", "own", "reused"};
+  for (int i = 1; i < argc; ++i) {
+    const char* a = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (std::strcmp(a, "--ranks") == 0 && v) {
+      ranks = mktools::parseIntList(v);
+      ++i;
+    } else if (std::strcmp(a, "--rounds") == 0 && v) {
+      rounds = std::atoi(v);
+      ++i;
+    } else if (std::strcmp(a, "--timeout-ms") == 0 && v) {
+      timeoutMs = std::strtoull(v, nullptr, 10);
+      ++i;
+    } else if (std::strcmp(a, "--variants") == 0 && v) {
+      variants = mktools::splitCommas(v);
+      ++i;
+    } else {
+      std::fprintf(stderr,
+                   "usage: mkernel-queueprobe [--ranks 2,4,8] [--rounds 50] [--timeout-ms 200] "
+                   "[--variants fresh,touched,kernel,own,reused]\n");
+      return 2;
+    }
+  }
+  QP_CHECK(cudaSetDevice(0));
+  QP_CHECK(cudaFree(nullptr));
+  const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  const char* loading = std::getenv("CUDA_MODULE_LOADING");
+  std::printf("# mkernel-queueprobe: CUDA_DEVICE_MAX_CONNECTIONS=%s CUDA_MODULE_LOADING=%s, timeout %llu ms\n",
+              conns ? conns : "(unset)", loading ? loading : "(unset)", timeoutMs);
+  std::printf("%-8s %5s %6s %7s %10s\n", "variant", "ranks", "rounds", "stalled", "median_ms");
+  int anyStalled = 0;
+  for (const std::string& v : variants) {
+    if (v != "fresh" && v != "touched" && v != "kernel" && v != "own" && v != "reused") {
+      std::fprintf(stderr, "mkernel-queueprobe: unknown variant %s\n", v.c_str());
+      return 2;
+    }
+    for (int n : ranks) {
+      const Row r = probe(v, n, rounds, timeoutMs * 1000000ull);
+      std::printf("%-8s %5d %6d %7d %10.3f\n", r.variant.c_str(), r.ranks, r.rounds, r.stalled, r.medianMs);
+      std::fflush(stdout);
+      anyStalled |= r.stalled != 0;
+    }
+  }
+  return anyStalled ? 1 : 0;
+}
