@@ -162,6 +162,16 @@ void destroyShimComm(ShimComm* c) {
     releaseShimComm(c, /*abortive=*/false);
     return;
   }
+  std::vector<CommState> coMembers;
+  {
+    Registry& reg = registry();
+    std::shared_lock<std::shared_mutex> lock(reg.mu);
+    for (const void* p : reg.comms) {
+      const ShimComm* o = static_cast<const ShimComm*>(p);
+      if (o != c && o->idHash == c->idHash) coMembers.push_back(o->state.load(std::memory_order_acquire));
+    }
+  }
+  const bool wait = destroyWaitsForRelease(coMembers);
   Reaper& r = reaper();
   auto job = std::unique_ptr<Reaper::Job>(new Reaper::Job{c, std::thread(), false});
   Reaper::Job* j = job.get();
@@ -181,15 +191,14 @@ void destroyShimComm(ShimComm* c) {
     releaseShimComm(c, /*abortive=*/false);
     return;
   }
-  if (r.cv.wait_for(lock, kDestroyGrace, [j] { return j->done; })) {
+  if (wait && r.cv.wait_for(lock, kDestroyGrace, [j] { return j->done; })) {
     lock.unlock();
     j->thread.join();
     return;
   }
-  MK_INFO(
-      kLogInit,
-      "shim: rank %d: ncclCommDestroy returns; the release completes when the peers destroy theirs",
-      c->rank);
+  MK_INFO(kLogInit,
+          "shim: rank %d: ncclCommDestroy returns%s; the release completes when the peers destroy theirs",
+          c->rank, wait ? "" : " at once (members of this communicator in this process are still live)");
   r.jobs.push_back(std::move(job));
   // Reap the finished ones now and then, so that the list stays short.
   for (auto it = r.jobs.begin(); it != r.jobs.end();) {

@@ -80,6 +80,9 @@ struct ShimComm {
       policy;             // per call: mkernel or NCCL (collectives/policy.h)
   GraphPath graphPath = GraphPath::Nccl;  // MKERNEL_GRAPH (shim_select.h)
   uint32_t splitSeq = 0;  // split/shrink count, for unique bootstrap tags
+  // A hash of the unique id the comm was made from: equal for the members of one communicator
+  // (destroyShimComm: co-members in this process).
+  uint64_t idHash = 0;
   std::mutex opsMutex;
   std::vector<CustomOp> ops;  // index = op - ncclNumOps
 
@@ -101,6 +104,18 @@ void releaseShimComm(ShimComm* c, bool abortive);
 // release completes in the background once the peers arrive. Background releases still running
 // when the library unloads are aborted and joined.
 void destroyShimComm(ShimComm* c);
+
+// Whether ncclCommDestroy should wait (a short grace) for its release: not while another member
+// of the same communicator in this process is still live, since one thread destroying the members
+// in turn (NCCL's single-process pattern: ncclCommInitAll, nccl-tests -t/-g) would otherwise wait
+// the grace once per member while the first member's finalize barrier waits for the last.
+// `coMemberStates`: the states of the other comms of this process with the same idHash.
+inline bool destroyWaitsForRelease(const std::vector<CommState>& coMemberStates) {
+  for (CommState s : coMemberStates)
+    if (s == CommState::Ready || s == CommState::Finalized || s == CommState::Revoked || s == CommState::Initializing)
+      return false;
+  return true;
+}
 
 // --- errors ---------------------------------------------------------------------------------
 // Converts a shim result, remembering that the last failure was the shim's own (its message is

@@ -160,6 +160,9 @@ Result countNodes(ShimComm* c, const CommSetup& s) {
 }  // namespace
 
 Result setupComm(ShimComm* c, const CommSetup& s) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the unique id: the communicator's identity here
+  for (char b : s.id.bytes) h = (h ^ static_cast<unsigned char>(b)) * 1099511628211ull;
+  c->idHash = h;
   c->rank = s.rank;
   c->nRanks = s.nRanks;
   c->cudaDev = s.cudaDev;

@@ -2,6 +2,8 @@
 // API, with no real NCCL behind them. Calls mkernel does not run must fail with a message.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -165,6 +167,50 @@ TEST_CASE("emulate: ncclCommInitAll may put every rank on device 0") {
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r) threads.emplace_back([&, r] { ncclCommDestroy(comms[r]); });
   for (std::thread& t : threads) t.join();
+}
+
+// NCCL's single-process teardown (its examples, nccl-tests -t/-g): one thread destroys every
+// rank's comm in turn, outside a group. Each ncclCommDestroy must return without waiting for
+// members that only this same thread will destroy later: until session 8 each waited a 2 s grace,
+// so with 8 ranks the first member's finalize barrier waited 14 s for the last and failed under a
+// short MKERNEL_TIMEOUT_S (nccl-tests -t 8 on the H200: "timed out after 10 s waiting for 1 bytes
+// from peer 7", then a crash at exit).
+TEST_CASE("emulate: one thread destroys 4 ranks in turn, outside a group, without waiting for each") {
+  for (int round = 0; round < 2; ++round) {
+    INFO("round " << round);
+    ncclComm_t comms[4] = {};
+    int devs[4] = {0, 0, 0, 0};
+    REQUIRE(ncclCommInitAll(comms, 4, devs) == ncclSuccess);
+    const size_t n = 1000;
+    std::vector<std::unique_ptr<DevBuf>> bufs;
+    cudaStream_t streams[4];
+    for (int r = 0; r < 4; ++r) {
+      bufs.emplace_back(new DevBuf(n * sizeof(float)));
+      upload(*bufs.back(), std::vector<float>(n, 1.0f));
+      REQUIRE(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking) == cudaSuccess);
+    }
+    REQUIRE(ncclGroupStart() == ncclSuccess);
+    for (int r = 0; r < 4; ++r)
+      REQUIRE(ncclAllReduce(bufs[r]->p, bufs[r]->p, n, ncclFloat32, ncclSum, comms[r], streams[r]) == ncclSuccess);
+    REQUIRE(ncclGroupEnd() == ncclSuccess);
+    for (int r = 0; r < 4; ++r) {
+      REQUIRE(cudaStreamSynchronize(streams[r]) == cudaSuccess);
+      cudaStreamDestroy(streams[r]);
+      CHECK(download<float>(*bufs[r], n) == std::vector<float>(n, 4.0f));
+    }
+    double slowest = 0, total = 0;
+    for (int r = 0; r < 4; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      CHECK(ncclCommDestroy(comms[r]) == ncclSuccess);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      slowest = std::max(slowest, s);
+      total += s;
+    }
+    // Members 0-2 return at once; the last waits at most the grace for the finalize barrier,
+    // which every member has reached by then.
+    INFO("slowest destroy " << slowest << " s, all four " << total << " s");
+    CHECK(total < 2.0);
+  }
 }
 
 TEST_CASE("emulate: what needs the real NCCL fails with ncclInvalidUsage and says why") {

@@ -10,6 +10,7 @@
 
 #include "common/result.h"
 #include "plugin/shim/shim_select.h"
+#include "plugin/shim/shim_comm.h"
 #include "plugin/shim/shim_validate.h"
 
 using mkernel::Result;
@@ -212,4 +213,16 @@ TEST_CASE("select: collectives captured into a CUDA graph go to NCCL unless MKER
   // What the policy forwards stays forwarded.
   CHECK(graphRoute(Route::Forward, true, true, GraphPath::Mkernel) == Route::Forward);
   CHECK(graphRoute(Route::Forward, false, false, GraphPath::Nccl) == Route::Forward);
+}
+
+TEST_CASE("destroy: ncclCommDestroy waits for its release only when no co-member here is live") {
+  using mkernel::shim::CommState;
+  using mkernel::shim::destroyWaitsForRelease;
+  CHECK(destroyWaitsForRelease({}));  // the only member in this process (one rank per process)
+  CHECK(destroyWaitsForRelease({CommState::Destroyed, CommState::Aborted, CommState::InitFailed}));
+  // Members this process will still destroy (perhaps from this same thread): return at once.
+  CHECK_FALSE(destroyWaitsForRelease({CommState::Destroyed, CommState::Ready}));
+  CHECK_FALSE(destroyWaitsForRelease({CommState::Finalized}));
+  CHECK_FALSE(destroyWaitsForRelease({CommState::Revoked}));
+  CHECK_FALSE(destroyWaitsForRelease({CommState::Initializing}));
 }

@@ -12,8 +12,12 @@
 //   kernel   as fresh, then the main thread runs an empty kernel on each stream and waits
 //   own      every thread creates its stream itself, at the same time as the others
 //   reused   streams made once (fresh) and used by every round
-// Prints a table: variant, rounds, stalled rounds, median round time.
+// --gaps G1,G2,...: before the rank streams, the main thread makes G streams that stay alive
+// for the round (so the rank streams come later in the context's order of streams); --strides
+// S1,...: S-1 such streams between consecutive rank streams. Both apply to every variant but own.
+// Prints a table: variant, ranks, gap, stride, rounds, stalled rounds, median round time.
 //   mkernel-queueprobe [--ranks 2,4,8] [--rounds 50] [--timeout-ms 200] [--variants fresh,touched,...]
+//                      [--gaps 0] [--strides 1]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -90,11 +94,11 @@ class SpinBarrier {
 
 struct Row {
   std::string variant;
-  int ranks = 0, rounds = 0, stalled = 0;
+  int ranks = 0, gap = 0, stride = 1, rounds = 0, stalled = 0;
   double medianMs = 0;
 };
 
-Row probe(const std::string& variant, int n, int rounds, unsigned long long timeoutNs) {
+Row probe(const std::string& variant, int n, int gap, int stride, int rounds, unsigned long long timeoutNs) {
   unsigned* flags = nullptr;
   unsigned* gaveUp = nullptr;
   QP_CHECK(cudaMalloc(&flags, sizeof(unsigned) * n));
@@ -103,14 +107,27 @@ Row probe(const std::string& variant, int n, int rounds, unsigned long long time
   *gaveUp = 0;
   QP_CHECK(cudaDeviceSynchronize());
   std::vector<cudaStream_t> streams(static_cast<size_t>(n), nullptr);
+  std::vector<cudaStream_t> fillers;
+  auto filler = [&] {
+    cudaStream_t f = nullptr;
+    QP_CHECK(cudaStreamCreateWithFlags(&f, cudaStreamNonBlocking));
+    fillers.push_back(f);
+  };
   auto makeStreams = [&] {
-    for (auto& s : streams) QP_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (int g = 0; g < gap; ++g) filler();
+    for (size_t k = 0; k < streams.size(); ++k) {
+      if (k > 0)
+        for (int f = 1; f < stride; ++f) filler();
+      QP_CHECK(cudaStreamCreateWithFlags(&streams[k], cudaStreamNonBlocking));
+    }
   };
   auto dropStreams = [&] {
     for (auto& s : streams) {
       if (s != nullptr) QP_CHECK(cudaStreamDestroy(s));
       s = nullptr;
     }
+    for (auto f : fillers) QP_CHECK(cudaStreamDestroy(f));
+    fillers.clear();
   };
   if (variant == "reused") makeStreams();
   cudaEvent_t ev;
@@ -138,6 +155,8 @@ Row probe(const std::string& variant, int n, int rounds, unsigned long long time
   Row row;
   row.variant = variant;
   row.ranks = n;
+  row.gap = gap;
+  row.stride = stride;
   row.rounds = rounds;
   std::vector<double> ms;
   for (int k = 1; k <= rounds; ++k) {
@@ -176,6 +195,7 @@ int main(int argc, char** argv) {
   int rounds = 50;
   unsigned long long timeoutMs = 200;
   std::vector<std::string> variants = {"fresh", "touched", "kernel", "own", "reused"};
+  std::vector<int> gaps = {0}, strides = {1};
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -188,13 +208,19 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(a, "--timeout-ms") == 0 && v) {
       timeoutMs = std::strtoull(v, nullptr, 10);
       ++i;
+    } else if (std::strcmp(a, "--gaps") == 0 && v) {
+      gaps = mktools::parseIntList(v);
+      ++i;
+    } else if (std::strcmp(a, "--strides") == 0 && v) {
+      strides = mktools::parseIntList(v);
+      ++i;
     } else if (std::strcmp(a, "--variants") == 0 && v) {
       variants = mktools::splitCommas(v);
       ++i;
     } else {
       std::fprintf(stderr,
                    "usage: mkernel-queueprobe [--ranks 2,4,8] [--rounds 50] [--timeout-ms 200] "
-                   "[--variants fresh,touched,kernel,own,reused]\n");
+                   "[--variants fresh,touched,kernel,own,reused] [--gaps 0] [--strides 1]\n");
       return 2;
     }
   }
@@ -204,19 +230,26 @@ int main(int argc, char** argv) {
   const char* loading = std::getenv("CUDA_MODULE_LOADING");
   std::printf("# mkernel-queueprobe: CUDA_DEVICE_MAX_CONNECTIONS=%s CUDA_MODULE_LOADING=%s, timeout %llu ms\n",
               conns ? conns : "(unset)", loading ? loading : "(unset)", timeoutMs);
-  std::printf("%-8s %5s %6s %7s %10s\n", "variant", "ranks", "rounds", "stalled", "median_ms");
+  std::printf("%-8s %5s %4s %6s %6s %7s %10s\n", "variant", "ranks", "gap", "stride", "rounds", "stalled", "median_ms");
   int anyStalled = 0;
   for (const std::string& v : variants) {
     if (v != "fresh" && v != "touched" && v != "kernel" && v != "own" && v != "reused") {
       std::fprintf(stderr, "mkernel-queueprobe: unknown variant %s\n", v.c_str());
       return 2;
     }
-    for (int n : ranks) {
-      const Row r = probe(v, n, rounds, timeoutMs * 1000000ull);
-      std::printf("%-8s %5d %6d %7d %10.3f\n", r.variant.c_str(), r.ranks, r.rounds, r.stalled, r.medianMs);
-      std::fflush(stdout);
-      anyStalled |= r.stalled != 0;
-    }
+    for (int n : ranks)
+      for (int gap : gaps)
+        for (int stride : strides) {
+          if (gap < 0 || stride < 1) {
+            std::fprintf(stderr, "mkernel-queueprobe: gaps must be >= 0 and strides >= 1\n");
+            return 2;
+          }
+          const Row r = probe(v, n, gap, stride, rounds, timeoutMs * 1000000ull);
+          std::printf("%-8s %5d %4d %6d %6d %7d %10.3f\n", r.variant.c_str(), r.ranks, r.gap, r.stride, r.rounds,
+                      r.stalled, r.medianMs);
+          std::fflush(stdout);
+          anyStalled |= r.stalled != 0;
+        }
   }
   return anyStalled ? 1 : 0;
 }
