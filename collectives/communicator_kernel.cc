@@ -98,14 +98,17 @@ class RelaxedCaptureScope {
 // mkernel's kernels runs there. A launch that needs more local memory than the context holds
 // resizes it, and the resize waits for every kernel running in the context: a peer's kernel that
 // waits for this rank, i.e. until it times out. So:
-// - the stack limit is raised to the kernels' frames (NCCL does the same for its kernels);
-// - CU_CTX_LMEM_RESIZE_TO_MAX keeps what a launch grew: by default the driver shrinks local memory
-//   again after a kernel that needed more than the limit, and the next launch resizes again. ptxas
-//   reports a larger cumulative stack than the frame that cudaFuncGetAttributes gives (the
-//   persistent kernel: 3000 against 2576 bytes, calls included), so every persistent-kernel launch
-//   resized until then;
-// - each kernel is launched once as a no-op (warmKernels) and waited for, so the first resize
-//   happens now. Without the flag (a driver before 12.1) the limit gets kStackSlack more instead.
+// - the stack limit is raised to what the kernels need (cudaFuncGetAttributes' localSizeBytes,
+//   which is ptxas' cumulative stack, calls included: 3000 bytes for the persistent kernel, whose
+//   own frame is 2576; NCCL sets the limit for its kernels the same way);
+// - CU_CTX_LMEM_RESIZE_TO_MAX keeps what any launch grew (by default the driver shrinks local
+//   memory again after a kernel that needed more than the limit, an application's kernel
+//   included, and the next such launch resizes again);
+// - each kernel is launched once as a no-op (warmKernels) and waited for, so that whatever the
+//   driver does at the first launch after a new limit happens now. Without the flag (a driver
+//   before 12.1) the limit gets kStackSlack more instead.
+// This did not end the first-collective stall of patched nccl-tests with 4 thread ranks on one GPU
+// (docs/RELIABILITY.md): 3 of 5 runs still stalled with it (session 8).
 constexpr size_t kStackSlack = 1024;
 Result reserveKernelStack(int device) {
   static std::mutex mu;
@@ -218,6 +221,12 @@ class KernelCommunicator final : public Communicator {
   uint64_t launchSeq_ = 0;             // launch-path ops issued (the epoch of the next one - 1)
   uint64_t launchIssued_[8] = {};      // ... by CollType (the index the kernel reports)
   cudaEvent_t launchEvent_ = nullptr;  // recorded after the last launch-path op
+  // MKERNEL_LAUNCH_STREAM=own: eager launch-path kernels run on this communicator's own stream,
+  // joined to the caller's by two events (launchIn_: the caller's work before; launchOut_: the
+  // caller's work after waits for the kernel). Null: on the caller's stream.
+  cudaStream_t launchStream_ = nullptr;
+  cudaEvent_t launchIn_ = nullptr;
+  cudaEvent_t launchOut_ = nullptr;
   cudaStream_t lastLaunchStream_ = nullptr;
   // Captured launch-path ops (MKERNEL_GRAPH_LAUNCH): the stream and capture of the last one, so
   // that a capture forked over several streams still orders them (graph namespace, launch_path.h).
@@ -281,6 +290,16 @@ Result KernelCommunicator::init() {
   for (auto& ev : slotEvents_) MK_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
   MK_CUDA(cudaEventCreateWithFlags(&launchEvent_, cudaEventDisableTiming), "cudaEventCreate(launch path)");
   MK_CUDA(cudaEventCreateWithFlags(&graphEvent_, cudaEventDisableTiming), "cudaEventCreate(launch path, graphs)");
+  const std::string launchStream = paramString("LAUNCH_STREAM");
+  if (launchStream != "caller" && launchStream != "own")
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_STREAM=%s: expected caller or own", launchStream.c_str());
+  if (launchStream == "own") {
+    MK_CUDA(cudaStreamCreateWithFlags(&launchStream_, cudaStreamNonBlocking), "cudaStreamCreate(launch path)");
+    MK_CUDA(cudaEventCreateWithFlags(&launchIn_, cudaEventDisableTiming), "cudaEventCreate(launch path, in)");
+    MK_CUDA(cudaEventCreateWithFlags(&launchOut_, cudaEventDisableTiming), "cudaEventCreate(launch path, out)");
+    // Its first work now, while none of this communicator's kernels runs.
+    MK_CHECK(warmKernels(launchStream_));
+  }
   // The memset above ran on the legacy default stream: wait for that stream alone. A device-wide
   // wait would also wait for every running kernel, and a persistent kernel kept resident by a
   // captured doorbell (another communicator's) or a thread rank's launch-path kernel waiting for
@@ -654,6 +673,10 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capt
     }
     lastGraphStream_ = stream;
     lastGraphCapture_ = id;
+  } else if (launchStream_ != nullptr) {
+    // Own stream: every eager launch-path op of this communicator is queued there in order.
+    MK_CUDA(cudaEventRecord(launchIn_, stream), "cudaEventRecord(launch path, in)");
+    MK_CUDA(cudaStreamWaitEvent(launchStream_, launchIn_, 0), "cudaStreamWaitEvent(launch path, in)");
   } else if (lastLaunchStream_ != nullptr && lastLaunchStream_ != stream) {
     if (cudaEventRecord(launchEvent_, lastLaunchStream_) == cudaSuccess) {
       MK_CUDA(cudaStreamWaitEvent(stream, launchEvent_, 0), "cudaStreamWaitEvent(launch path)");
@@ -685,8 +708,13 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capt
   }
   ++launchSeq_;
   const uint64_t index = ++launchIssued_[d.coll];
-  MK_CHECK(launchCollective(params_, d, ctas, launchSeq_, index, direct, stream));
-  lastLaunchStream_ = stream;
+  cudaStream_t runOn = launchStream_ != nullptr ? launchStream_ : stream;
+  MK_CHECK(launchCollective(params_, d, ctas, launchSeq_, index, direct, runOn));
+  if (launchStream_ != nullptr) {
+    MK_CUDA(cudaEventRecord(launchOut_, launchStream_), "cudaEventRecord(launch path, out)");
+    MK_CUDA(cudaStreamWaitEvent(stream, launchOut_, 0), "cudaStreamWaitEvent(launch path, out)");
+  }
+  lastLaunchStream_ = runOn;
   MK_TRACE(kLogColl, "rank %d: %s launched on the launch path (%s, epoch %llu, %d CTAs)", opts_.rank, collName(c),
            direct ? "direct" : "inbox", static_cast<unsigned long long>(launchSeq_), ctas);
   return Result::Success;
@@ -855,6 +883,12 @@ void KernelCommunicator::release(bool orderly) {
   launchEvent_ = nullptr;
   if (graphEvent_) (void)cudaEventDestroy(graphEvent_);
   graphEvent_ = nullptr;
+  for (cudaEvent_t* ev : {&launchIn_, &launchOut_}) {
+    if (*ev) (void)cudaEventDestroy(*ev);
+    *ev = nullptr;
+  }
+  if (launchStream_) (void)cudaStreamDestroy(launchStream_);
+  launchStream_ = nullptr;
   if (stream_) (void)cudaStreamDestroy(stream_);
   if (slots_) (void)cudaFreeHost(slots_);
   if (ctl_) (void)cudaFreeHost(ctl_);

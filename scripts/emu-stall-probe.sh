@@ -5,7 +5,8 @@
 # of docs/RELIABILITY.md ("patched nccl-tests with several thread ranks on one GPU stall").
 #   bash scripts/emu-stall-probe.sh [BUILD]      (BUILD as scripts/emulated-nccl-tests.sh)
 # PROBE_TEST (broadcast_perf), PROBE_THREADS (2), PROBE_ARGS ("-b 8 -e 8 -w 1 -n 1 -c 1"),
-# PROBE_RUNS (30), PROBE_LIMIT seconds per run (10; MKERNEL_TIMEOUT_S defaults to 60 so that the
+# PROBE_PARALLEL_INIT (0: nccl-tests' main thread makes every rank's comm in one group; 1: each
+# rank thread makes its own, nccl-tests -p 1), PROBE_RUNS (30), PROBE_LIMIT seconds per run (10; MKERNEL_TIMEOUT_S defaults to 60 so that the
 # stall is still in place when the debugger attaches). Prints one line per run and, at the first
 # stall, the debugger's report; the log goes to $OUT/stall-probe.txt when $OUT is set.
 set -u -o pipefail
@@ -19,13 +20,13 @@ test=${PROBE_TEST:-broadcast_perf}
 log=${OUT:-/tmp}/stall-probe.txt
 gdb=$(command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)
 : >"$log"
-stalls=0
+stalls=0 ok=0
 for ((run = 1; run <= ${PROBE_RUNS:-30}; ++run)); do
   tmp=$(mktemp /tmp/probe.XXXXXX)
   t0=$(date +%s%N)
   # shellcheck disable=SC2086  # PROBE_ARGS: words
   env LD_PRELOAD="$build/lib/libmkernel.so" stdbuf -oL -eL "$build/nccl-tests/$test" \
-    ${PROBE_ARGS:--b 8 -e 8 -w 1 -n 1 -c 1} -g 1 -t "${PROBE_THREADS:-2}" >"$tmp" 2>&1 &
+    ${PROBE_ARGS:--b 8 -e 8 -w 1 -n 1 -c 1} -p "${PROBE_PARALLEL_INIT:-0}" -g 1 -t "${PROBE_THREADS:-2}" >"$tmp" 2>&1 &
   pid=$!
   for ((i = 0; i < ${PROBE_LIMIT:-10} * 10; ++i)); do
     kill -0 "$pid" 2>/dev/null || break
@@ -40,7 +41,7 @@ for ((run = 1; run <= ${PROBE_RUNS:-30}; ++run)); do
       echo "== cuda-gdb"
     } >>"$log"
     if [ -n "$gdb" ]; then
-      timeout 120 "$gdb" -p "$pid" -batch -ex "info cuda kernels" -ex "info cuda blocks" -ex "info cuda devices" \
+      timeout 120 "$gdb" -p "$pid" -batch -ex "info cuda contexts" -ex "info cuda kernels" -ex "info cuda blocks" -ex "info cuda devices" \
         -ex "thread apply all bt 14" >>"$log" 2>&1
     fi
     kill -9 "$pid" 2>/dev/null
@@ -52,11 +53,13 @@ for ((run = 1; run <= ${PROBE_RUNS:-30}; ++run)); do
   wait "$pid"
   rc=$?
   echo "run $run: rc=$rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms" | tee -a "$log"
+  [ "$rc" = 0 ] && ok=$((ok + 1))
   [ "$rc" = 0 ] || cat "$tmp" >>"$log"
   rm -f "$tmp"
 done
-echo "emu-stall-probe: $test -t ${PROBE_THREADS:-2}: $stalls stall(s) in $((run > ${PROBE_RUNS:-30} ? ${PROBE_RUNS:-30} : run)) run(s)"
+runs=$((run > ${PROBE_RUNS:-30} ? ${PROBE_RUNS:-30} : run))
+echo "emu-stall-probe: $test -t ${PROBE_THREADS:-2}: $ok of $runs run(s) passed, $stalls stalled past ${PROBE_LIMIT:-10} s"
 # The debugger's view: resident kernels and blocks, then the frames in CUDA / mkernel / nccl-tests calls.
 sed -n '/== cuda-gdb/,$p' "$log" | grep -E "^ *[*]? *[0-9]+ +[0-9]+ +[0-9]+|Kernel|kernel|grid|^#[0-9]+ .*(mkernel|nccl|cuda|cu[A-Z][a-zA-Z]+|Test|Coll)" |
   cut -c1-200 | head -60
-[ "$stalls" = 0 ]
+[ "$ok" = "$runs" ]

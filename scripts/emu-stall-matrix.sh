@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One device call against the first-collective stall of several thread ranks on one GPU
+# (docs/RELIABILITY.md): which condition makes it go away.
+#   bash scripts/emu-stall-matrix.sh        (repository root; carry .carry)
+#   1. builds libmkernel.so, mkernel-queueprobe and the patched nccl-tests (scripts/launch-check.sh
+#      with everything else off);
+#   2. mkernel-queueprobe: kernels that wait for each other, one per thread and stream, with the
+#      streams made after G other streams (--gaps) or S-1 apart (--strides): no mkernel involved;
+#   3. scripts/emu-stall-probe.sh, MATRIX_RUNS (6) short runs each of broadcast_perf -t 4 -b 8 -e 8
+#      (MKERNEL_TIMEOUT_S=3), per variant: the default; nccl-tests -p 1 (every thread makes its own
+#      comm instead of the main thread making all four in one group); MKERNEL_LAUNCH_STREAM=own;
+#      CUDA_DEVICE_MAX_CONNECTIONS=8; MKERNEL_LAUNCH_MAX_BYTES=0 (the persistent kernel);
+#   4. one stalled run of the default with MKERNEL_TIMEOUT_S=60, for cuda-gdb's contexts, kernels
+#      and host stacks.
+# Prints a table: variant, runs passed. Logs to $OUT when set.
+set -u -o pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$root/build-gpu
+export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
+echo "== 1. build ($(date +%T))"
+LC_CTEST=none LC_HIER_REPS=0 LC_NCCL_RUN=0 LC_COLLBENCH=0 LC_TORCH=0 LC_JOBS=${MATRIX_JOBS:-32} \
+  LC_TESTS="broadcast_perf all_reduce_perf" bash "$root/scripts/launch-check.sh" >/dev/null 2>&1 ||
+  { echo "build failed"; exit 1; }
+make -C "$build" -j"${MATRIX_JOBS:-32}" mkernel-queueprobe >/dev/null 2>&1 || { echo "queueprobe build failed"; exit 1; }
+
+echo "== 2. mkernel-queueprobe ($(date +%T))"
+timeout 120 "$build/bin/mkernel-queueprobe" --ranks 2,4,8 --variants fresh,touched --gaps 0,1,3,7,15,16,31 \
+  --strides 1,2 --rounds 10 --timeout-ms 50 | tee "${OUT:-/tmp}/queueprobe.txt" | awk 'NR <= 2 || $6 != 0'
+echo "(rows with stalls only; the whole table in queueprobe.txt)"
+
+echo "== 3. emulated broadcast_perf -t 4, first collective ($(date +%T))"
+printf '%-34s %s\n' variant passed | tee "${OUT:-/tmp}/stall-matrix.txt"
+while IFS='|' read -r name envs; do
+  # shellcheck disable=SC2086  # envs: VAR=value words
+  line=$(env $envs MKERNEL_TIMEOUT_S=3 PROBE_LIMIT=10 PROBE_ALL=1 PROBE_RUNS="${MATRIX_RUNS:-6}" PROBE_THREADS=4 \
+    bash "$root/scripts/emu-stall-probe.sh" 2>&1 | grep "^emu-stall-probe:")
+  printf '%-34s %s\n' "$name" "${line#*: }" | tee -a "${OUT:-/tmp}/stall-matrix.txt"
+done <<'EOF'
+default|PROBE_TEST=broadcast_perf
+nccl-tests -p 1|PROBE_PARALLEL_INIT=1
+MKERNEL_LAUNCH_STREAM=own|MKERNEL_LAUNCH_STREAM=own
+CUDA_DEVICE_MAX_CONNECTIONS=8|CUDA_DEVICE_MAX_CONNECTIONS=8
+MKERNEL_LAUNCH_MAX_BYTES=0|MKERNEL_LAUNCH_MAX_BYTES=0
+all_reduce_perf|PROBE_TEST=all_reduce_perf
+EOF
+
+echo "== 4. one stalled default run under cuda-gdb ($(date +%T))"
+MKERNEL_TIMEOUT_S=60 PROBE_LIMIT=8 PROBE_RUNS=4 PROBE_THREADS=4 bash "$root/scripts/emu-stall-probe.sh" 2>&1 | tail -30
