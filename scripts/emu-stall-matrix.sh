@@ -21,7 +21,6 @@ echo "== 1. build ($(date +%T))"
 LC_CTEST=none LC_HIER_REPS=0 LC_NCCL_RUN=0 LC_COLLBENCH=0 LC_TORCH=0 LC_JOBS=${MATRIX_JOBS:-32} \
   LC_TESTS="broadcast_perf all_reduce_perf" bash "$root/scripts/launch-check.sh" >/dev/null 2>&1 ||
   { echo "build failed"; exit 1; }
-make -C "$build" -j"${MATRIX_JOBS:-32}" mkernel-queueprobe >/dev/null 2>&1 || { echo "queueprobe build failed"; exit 1; }
 
 echo "== 2. mkernel-queueprobe ($(date +%T))"
 timeout 120 "$build/bin/mkernel-queueprobe" --ranks 2,4,8 --variants fresh,touched --gaps 0,1,3,7,15,16,31 \

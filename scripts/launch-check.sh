@@ -2,8 +2,8 @@
 # The launch path (docs/KERNEL.md, "Small collectives: the launch path") against NCCL, one
 # device call:
 #   bash scripts/launch-check.sh        (repository root; carry .carry: Catch2 and nccl-tests)
-#   1. builds libmkernel.so, test_shim_gpu and test_gpu_collectives (sm_90), and the patched
-#      nccl-tests from .carry/nccl-tests;
+#   1. builds libmkernel.so, the tools and the GPU test binaries (test_shim_gpu, test_shim_emulate,
+#      test_gpu_*; sm_90), and the patched nccl-tests from .carry/nccl-tests;
 #   1b. (LC_P2PBENCH=1) mkernel-p2pbench: NVLink pull / push / reduce bandwidth of CTA loops and
 #      of the kernel's reduceCopy, both GPUs at once;
 #   2. ctest LC_CTEST (default test_shim_gpu; none skips it), then test_gpu_hier LC_HIER_REPS times (default 3)
@@ -33,8 +33,8 @@ TESTS=${LC_TESTS:-"all_reduce_perf all_gather_perf reduce_scatter_perf broadcast
 fail=0
 
 step "1. build ($NG GPU(s))"
-gpu_build "${LC_JOBS:-16}" mkernel mkernel-collbench mkernel-p2pbench test_shim_gpu test_gpu_collectives test_gpu_kernel \
-  test_gpu_procs
+gpu_build "${LC_JOBS:-16}" mkernel mkernel-collbench mkernel-p2pbench mkernel-queueprobe test_shim_gpu test_shim_emulate \
+  test_gpu_collectives test_gpu_kernel test_gpu_procs
 gpu_build_nccl_tests "$TESTS"
 LIB=$build/lib/libmkernel.so
 export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
