@@ -109,10 +109,28 @@ Result loadPolicyConfig(PolicyConfig* cfg) {
   MK_CHECK(readBytesParam("ONESHOT_MAX_BYTES", &c.oneShotMaxBytes));
   MK_CHECK(readBytesParam("MAX_BYTES", &c.maxBytes));
   MK_CHECK(readBytesParam("RING_CHUNK_BYTES", &c.ringChunkBytes));
+  const std::string crossover = trim(paramString("NCCL_CROSSOVER"));
+  if (strcasecmp(crossover.c_str(), "auto") == 0) {
+    c.ncclCrossover = true;
+  } else if (strcasecmp(crossover.c_str(), "off") == 0) {
+    c.ncclCrossover = false;
+  } else {
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_NCCL_CROSSOVER='%s': expected auto or off", crossover.c_str());
+  }
   if (c.ringChunkBytes == 0)
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_RING_CHUNK_BYTES must be > 0");
   *cfg = c;
   return Result::Success;
+}
+
+size_t ncclCrossoverBytes(CollType c, int nRanks, int nNodes, bool directAccess) {
+  if (nRanks != 2 || nNodes != 1 || !directAccess) return 0;
+  switch (c) {
+    case CollType::Reduce: return size_t(512) << 10;
+    case CollType::Broadcast: return size_t(2) << 20;
+    case CollType::AllReduce: return size_t(512) << 20;
+    default: return 0;
+  }
 }
 
 size_t policyBytes(const PolicyQuery& q) {
@@ -160,6 +178,15 @@ PolicyDecision SelectionPolicy::decide(const PolicyQuery& q) const {
     d.path = ExecPath::Nccl;
     d.reason = "larger than MKERNEL_MAX_BYTES";
     return d;
+  }
+  // Rule 6b: where NCCL measured faster (ncclCrossoverBytes), unless MKERNEL_NCCL_CROSSOVER=off.
+  if (!cfg_.emulate && cfg_.ncclCrossover) {
+    const size_t from = ncclCrossoverBytes(q.coll, q.nRanks, q.nNodes, cfg_.directAccess);
+    if (from != 0 && bytes >= from) {
+      d.path = ExecPath::Nccl;
+      d.reason = "NCCL measured faster from this size (MKERNEL_NCCL_CROSSOVER=auto)";
+      return d;
+    }
   }
   // Rule 7: mkernel, and the algorithm.
   d.path = ExecPath::Mkernel;

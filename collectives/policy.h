@@ -50,6 +50,7 @@ struct PolicyConfig {
   size_t oneShotMaxBytes = 32768;     // MKERNEL_ONESHOT_MAX_BYTES
   size_t maxBytes = 0;                // MKERNEL_MAX_BYTES, 0 = no limit
   size_t ringChunkBytes = 131072;     // MKERNEL_RING_CHUNK_BYTES
+  bool ncclCrossover = true;          // MKERNEL_NCCL_CROSSOVER=auto (true) / off: ncclCrossoverBytes
   // From the communicator (identical on every rank by construction).
   bool emulate = false;        // MKERNEL_EMULATE: no real NCCL behind us
   bool directAccess = true;    // all local ranks read/write each other's memory (NVLink
@@ -65,6 +66,16 @@ Result loadPolicyConfig(PolicyConfig* cfg);
 // Parses MKERNEL_COLLECTIVES / MKERNEL_ALGO syntax (exposed for tests and tools).
 Result parseCollectiveList(const std::string& text, uint32_t* mask);
 Result parseAlgoName(const std::string& text, int* algo);
+
+// Where NCCL measured faster than mkernel's own path, from this size on (policyBytes; 0: nowhere):
+// two ranks, one GPU each, NVLink, one node (two H200s, NCCL 2.28.9, multicast off, nccl-tests
+// -b 8 -e 8G -f 2; docs/PERFORMANCE.md session 7). NCCL/mkernel time there:
+//   Reduce    from 512 KiB: 0.93-0.94x up to 1 MiB, 0.71-0.86x from 2 MiB to 8 GiB;
+//   Broadcast from 2 MiB:   0.88-0.99x (2 MiB to 8 GiB; 1.00x at 32 MiB only);
+//   AllReduce from 512 MiB: 0.99x, then 0.95-0.91x to 8 GiB.
+// Other rank counts, several nodes and emulation were not measured against NCCL this way (or NCCL
+// cannot run): the table applies to 2 ranks on one node with direct access only.
+size_t ncclCrossoverBytes(CollType c, int nRanks, int nNodes, bool directAccess);
 
 struct PolicyQuery {
   CollType coll = CollType::AllReduce;

@@ -68,9 +68,10 @@ grep -q "rc=[1-9]" "$logs/hier.txt" && fail=1  # the loop ran in a pipeline's su
 save ctest.log hier.txt hier-failed.log
 
 step "3. nccl-tests -b ${LC_MIN_BYTES:-8} -e ${LC_MAX_BYTES:-4M} -g $NG: NCCL, mkernel (launch path), mkernel (persistent kernel only)"
-variants=("launch|launch path, default|")
+# mkernel's own path at every size (MKERNEL_NCCL_CROSSOVER=off: no size handed to NCCL).
+variants=("launch|launch path, default|MKERNEL_NCCL_CROSSOVER=off")
 [ "${LC_PERSISTENT:-1}" = 1 ] &&
-  variants+=("persistent|MKERNEL_LAUNCH_MAX_BYTES=0: persistent kernel only|MKERNEL_LAUNCH_MAX_BYTES=0")
+  variants+=("persistent|MKERNEL_LAUNCH_MAX_BYTES=0: persistent kernel only|MKERNEL_LAUNCH_MAX_BYTES=0 MKERNEL_NCCL_CROSSOVER=off")
 if [ "${LC_NCCL_RUN:-1}" = 1 ]; then
   nccl_tests_vs "$TESTS" "${LC_MIN_BYTES:-8}" "${LC_MAX_BYTES:-4M}" 120 "${variants[@]}" || fail=1
   save tables.txt

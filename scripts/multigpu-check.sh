@@ -42,7 +42,10 @@ for t in $TESTS; do
   [ -x "$bin" ] || { echo "missing $bin"; fail=1; continue; }
   args=(-b 8 -e "$MAX" -f 2 -c 1 -g "$NG")
   timeout "${MG_TEST_TIMEOUT:-240}" "$bin" "${args[@]}" >"$logs/nccl-$t.txt" 2>&1 || { echo "$t (NCCL) failed"; fail=1; }
-  LD_PRELOAD=$LIB timeout "${MG_TEST_TIMEOUT:-240}" "$bin" "${args[@]}" >"$logs/mk-$t.txt" 2>&1 ||
+  # mkernel's own path at every size (MG_CROSSOVER=auto: the default policy, which hands the sizes
+  # where NCCL measured faster to NCCL; docs/ALGORITHMS.md rule 6b).
+  MKERNEL_NCCL_CROSSOVER=${MG_CROSSOVER:-off} LD_PRELOAD=$LIB timeout "${MG_TEST_TIMEOUT:-240}" "$bin" "${args[@]}" \
+    >"$logs/mk-$t.txt" 2>&1 ||
     { echo "$t (mkernel) failed"; fail=1; }
   python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t.txt" "$logs/mk-$t.txt" \
     --title "$t, $NG GPU(s), NCCL $(basename "$NCCL_HOME") vs mkernel" --csv "$logs/$t.csv" | tee -a "$logs/tables.txt" ||

@@ -137,6 +137,9 @@ def run_case(py, lib, world, emulate, preload, full, timeout, ranks_per_node=0):
     if preload:
         env["LD_PRELOAD"] = lib
         env["MKERNEL_LIB"] = lib
+        # mkernel's own path at every size: the check is of mkernel, not of the sizes the default
+        # policy hands to NCCL (docs/ALGORITHMS.md, rule 6b).
+        env.setdefault("MKERNEL_NCCL_CROSSOVER", "off")
     if emulate:
         env["MKERNEL_EMULATE"] = "1"
         if ranks_per_node > 0:

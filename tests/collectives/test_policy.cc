@@ -119,6 +119,50 @@ TEST_CASE("policy: MKERNEL_DISABLE, MKERNEL_COLLECTIVES and MKERNEL_MAX_BYTES se
   }
 }
 
+TEST_CASE("policy: where NCCL measured faster (2 ranks, one node) it runs there, unless MKERNEL_NCCL_CROSSOVER=off") {
+  SelectionPolicy pol(envConfig());
+  auto path = [&](CollType c, size_t bytes, int nRanks = 2) {
+    // Float32 counts; AllGather/ReduceScatter count their whole buffer (policyBytes).
+    const size_t per = (c == CollType::AllGather || c == CollType::ReduceScatter) ? 4 * nRanks : 4;
+    return pol.decide(query(c, DataType::Float32, bytes / per, nRanks)).path;
+  };
+  CHECK(path(CollType::Reduce, (512 << 10) - 4) == ExecPath::Mkernel);
+  CHECK(path(CollType::Reduce, 512 << 10) == ExecPath::Nccl);
+  CHECK(path(CollType::Broadcast, (2 << 20) - 4) == ExecPath::Mkernel);
+  CHECK(path(CollType::Broadcast, 2 << 20) == ExecPath::Nccl);
+  CHECK(path(CollType::AllReduce, (size_t(512) << 20) - 4) == ExecPath::Mkernel);
+  CHECK(path(CollType::AllReduce, size_t(512) << 20) == ExecPath::Nccl);
+  CHECK(std::string(pol.decide(query(CollType::Reduce, DataType::Float32, 1 << 20, 2)).reason).find("MKERNEL_NCCL_CROSSOVER") !=
+        std::string::npos);
+  // mkernel measured faster or equal: AllGather and ReduceScatter stay at every size.
+  CHECK(path(CollType::AllGather, size_t(8) << 30) == ExecPath::Mkernel);
+  CHECK(path(CollType::ReduceScatter, size_t(8) << 30) == ExecPath::Mkernel);
+  // Only the measured configuration: 2 ranks on one node.
+  CHECK(path(CollType::Reduce, 64 << 20, 4) == ExecPath::Mkernel);
+  CHECK(path(CollType::Reduce, 64 << 20, 8) == ExecPath::Mkernel);
+  CHECK(ncclCrossoverBytes(CollType::Reduce, 2, 2, true) == 0);
+  CHECK(ncclCrossoverBytes(CollType::Reduce, 2, 1, false) == 0);
+  {
+    PolicyConfig cfg = envConfig();
+    cfg.emulate = true;  // no real NCCL to give it to
+    SelectionPolicy emu(cfg);
+    CHECK(emu.decide(query(CollType::Reduce, DataType::Float32, 1 << 24, 2)).path == ExecPath::Mkernel);
+  }
+  {
+    EnvGuard env;
+    env.set("NCCL_CROSSOVER", "off");
+    SelectionPolicy off(envConfig());
+    CHECK(off.decide(query(CollType::Reduce, DataType::Float32, 1 << 24, 2)).path == ExecPath::Mkernel);
+    CHECK(off.decide(query(CollType::AllReduce, DataType::Float32, size_t(1) << 28, 2)).path == ExecPath::Mkernel);
+  }
+  {
+    EnvGuard env;
+    env.set("NCCL_CROSSOVER", "sometimes");
+    PolicyConfig cfg;
+    CHECK(loadPolicyConfig(&cfg) == Result::InvalidArgument);
+  }
+}
+
 TEST_CASE("policy: MKERNEL_ALGO and MKERNEL_ONESHOT_MAX_BYTES steer the algorithm") {
   {
     EnvGuard env;
