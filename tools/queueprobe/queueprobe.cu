@@ -15,9 +15,11 @@
 // --gaps G1,G2,...: before the rank streams, the main thread makes G streams that stay alive
 // for the round (so the rank streams come later in the context's order of streams); --strides
 // S1,...: S-1 such streams between consecutive rank streams. Both apply to every variant but own.
+// --kernel mkernel: the waiting kernel shaped like mkernel's launch-path kernel (static shared
+// memory, the other threads at a barrier, a host-mapped word polled while waiting).
 // Prints a table: variant, ranks, gap, stride, rounds, stalled rounds, median round time.
 //   mkernel-queueprobe [--ranks 2,4,8] [--rounds 50] [--timeout-ms 200] [--variants fresh,touched,...]
-//                      [--gaps 0] [--strides 1]
+//                      [--gaps 0] [--strides 1] [--kernel plain|mkernel]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -70,6 +72,36 @@ __global__ void __launch_bounds__(256, 1) meet(unsigned* flags, int n, int me, u
   }
 }
 
+// The same exchange shaped like mkernel's launch-path kernel: static shared memory written by
+// every thread, the CTA's other threads waiting at a barrier, and a host-mapped word polled in
+// the wait (mkernel's stop flag).
+__global__ void __launch_bounds__(256, 1) meetLike(unsigned* flags, int n, int me, unsigned epoch,
+                                                   unsigned long long timeoutNs, unsigned* gaveUp,
+                                                   const volatile unsigned* hostStop) {
+  __shared__ volatile unsigned sh[384];
+  for (int i = threadIdx.x; i < 384; i += blockDim.x) sh[i] = epoch + i;
+  __syncthreads();
+  bool ok = true;
+  if (threadIdx.x == 0) {
+    volatile unsigned* f = flags;
+    __threadfence_system();
+    f[me] = epoch;
+    __threadfence_system();
+    const unsigned long long t0 = globalNs();
+    for (int k = 0; k < n && ok; ++k) {
+      while (f[k] < epoch) {
+        if (*hostStop != 0 || globalNs() - t0 > timeoutNs) {
+          atomicAdd(gaveUp, 1u);
+          ok = false;
+          break;
+        }
+      }
+    }
+  }
+  if (!__syncthreads_and(ok)) return;
+  if (sh[threadIdx.x] != epoch + threadIdx.x) atomicAdd(gaveUp, 1u);
+}
+
 __global__ void empty() {}
 
 // A reusable spinning barrier for the rank threads and the main thread.
@@ -98,13 +130,18 @@ struct Row {
   double medianMs = 0;
 };
 
-Row probe(const std::string& variant, int n, int gap, int stride, int rounds, unsigned long long timeoutNs) {
+Row probe(const std::string& variant, int n, int gap, int stride, int rounds, unsigned long long timeoutNs, bool like) {
   unsigned* flags = nullptr;
   unsigned* gaveUp = nullptr;
   QP_CHECK(cudaMalloc(&flags, sizeof(unsigned) * n));
   QP_CHECK(cudaMemset(flags, 0, sizeof(unsigned) * n));
   QP_CHECK(cudaMallocManaged(&gaveUp, sizeof(unsigned)));
   *gaveUp = 0;
+  unsigned* hostStop = nullptr;
+  QP_CHECK(cudaHostAlloc(&hostStop, sizeof(unsigned), cudaHostAllocMapped | cudaHostAllocPortable));
+  *hostStop = 0;
+  unsigned* hostStopDev = nullptr;
+  QP_CHECK(cudaHostGetDevicePointer(&hostStopDev, hostStop, 0));
   QP_CHECK(cudaDeviceSynchronize());
   std::vector<cudaStream_t> streams(static_cast<size_t>(n), nullptr);
   std::vector<cudaStream_t> fillers;
@@ -145,7 +182,11 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
         if (quit.load()) return;
         cudaStream_t& s = streams[static_cast<size_t>(r)];
         if (variant == "own") QP_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-        meet<<<1, 256, 0, s>>>(flags, n, r, epoch.load(), timeoutNs, gaveUp);
+        if (like) {
+          meetLike<<<1, 256, 0, s>>>(flags, n, r, epoch.load(), timeoutNs, gaveUp, hostStopDev);
+        } else {
+          meet<<<1, 256, 0, s>>>(flags, n, r, epoch.load(), timeoutNs, gaveUp);
+        }
         QP_CHECK(cudaGetLastError());
         QP_CHECK(cudaStreamSynchronize(s));
         done.wait();
@@ -185,6 +226,7 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
   QP_CHECK(cudaEventDestroy(ev));
   QP_CHECK(cudaFree(flags));
   QP_CHECK(cudaFree(gaveUp));
+  QP_CHECK(cudaFreeHost(hostStop));
   return row;
 }
 
@@ -196,6 +238,7 @@ int main(int argc, char** argv) {
   unsigned long long timeoutMs = 200;
   std::vector<std::string> variants = {"fresh", "touched", "kernel", "own", "reused"};
   std::vector<int> gaps = {0}, strides = {1};
+  bool like = false;
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -207,6 +250,9 @@ int main(int argc, char** argv) {
       ++i;
     } else if (std::strcmp(a, "--timeout-ms") == 0 && v) {
       timeoutMs = std::strtoull(v, nullptr, 10);
+      ++i;
+    } else if (std::strcmp(a, "--kernel") == 0 && v && (std::strcmp(v, "plain") == 0 || std::strcmp(v, "mkernel") == 0)) {
+      like = std::strcmp(v, "mkernel") == 0;
       ++i;
     } else if (std::strcmp(a, "--gaps") == 0 && v) {
       gaps = mktools::parseIntList(v);
@@ -220,7 +266,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: mkernel-queueprobe [--ranks 2,4,8] [--rounds 50] [--timeout-ms 200] "
-                   "[--variants fresh,touched,kernel,own,reused] [--gaps 0] [--strides 1]\n");
+                   "[--variants fresh,touched,kernel,own,reused] [--gaps 0] [--strides 1] [--kernel plain|mkernel]\n");
       return 2;
     }
   }
@@ -228,8 +274,8 @@ int main(int argc, char** argv) {
   QP_CHECK(cudaFree(nullptr));
   const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   const char* loading = std::getenv("CUDA_MODULE_LOADING");
-  std::printf("# mkernel-queueprobe: CUDA_DEVICE_MAX_CONNECTIONS=%s CUDA_MODULE_LOADING=%s, timeout %llu ms\n",
-              conns ? conns : "(unset)", loading ? loading : "(unset)", timeoutMs);
+  std::printf("# mkernel-queueprobe: CUDA_DEVICE_MAX_CONNECTIONS=%s CUDA_MODULE_LOADING=%s, timeout %llu ms, %s kernel\n",
+              conns ? conns : "(unset)", loading ? loading : "(unset)", timeoutMs, like ? "mkernel-like" : "plain");
   std::printf("%-8s %5s %4s %6s %6s %7s %10s\n", "variant", "ranks", "gap", "stride", "rounds", "stalled", "median_ms");
   int anyStalled = 0;
   for (const std::string& v : variants) {
@@ -244,7 +290,7 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "mkernel-queueprobe: gaps must be >= 0 and strides >= 1\n");
             return 2;
           }
-          const Row r = probe(v, n, gap, stride, rounds, timeoutMs * 1000000ull);
+          const Row r = probe(v, n, gap, stride, rounds, timeoutMs * 1000000ull, like);
           std::printf("%-8s %5d %4d %6d %6d %7d %10.3f\n", r.variant.c_str(), r.ranks, r.gap, r.stride, r.rounds,
                       r.stalled, r.medianMs);
           std::fflush(stdout);
