@@ -159,7 +159,7 @@ void graphReplay(const char* waitMode, bool graphLaunch, int ranksPerNode = 0) {
 
 }  // namespace
 
-TEST_CASE("gpu: CUDA graph capture and replay on the launch path (graph namespace), eager collectives between replays", "[gpu][graph]") {
+TEST_CASE("gpu: CUDA graph capture and replay on the launch path (graph namespace), eager collectives between replays", "[gpu][graph][graphns]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   graphReplay("memop", true);
 }
@@ -169,17 +169,17 @@ TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit ti
   graphReplay("kernel", false);
 }
 
-TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time (doorbell, stream memops)", "[gpu][graph]") {
+TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time (doorbell, stream memops)", "[gpu][graph][graphmemop]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   graphReplay("memop", false);
 }
 
-TEST_CASE("gpu: CUDA graph capture and replay of hierarchical collectives (2 emulated nodes of 2, proxies)", "[gpu][graph][hier]") {
+TEST_CASE("gpu: CUDA graph capture and replay of hierarchical collectives (2 emulated nodes of 2, proxies)", "[gpu][graph][hier][graphhier]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   graphReplay("memop", false, 2);
 }
 
-TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins does not stall its other streams", "[gpu][graph]") {
+TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins does not stall its other streams", "[gpu][graph][graphmalloc]") {
   // CUDA's implicit-synchronization rule (docs/KERNEL.md, "A product risk to measure next"):
   // if a device allocation between two commands of different streams serialized them, the memset
   // below would wait for the resident persistent kernel, which never exits on its own.
