@@ -10,12 +10,9 @@
 # stall is still in place when the debugger attaches). Prints one line per run and, at the first
 # stall, the debugger's report; the log goes to $OUT/stall-probe.txt when $OUT is set.
 set -u -o pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-$root/build-gpu}
-NCCL_HOME=${NCCL_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl}
-export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0 MKERNEL_EMULATE=1 MKERNEL_TIMEOUT_S=${MKERNEL_TIMEOUT_S:-60} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-export CUDA_MODULE_LOADING=${CUDA_MODULE_LOADING:-EAGER} CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
+EMU_DEFAULT_TIMEOUT_S=60
+# shellcheck source=scripts/emu-common.sh
+. "$(dirname "$0")/emu-common.sh"
 test=${PROBE_TEST:-broadcast_perf}
 log=${OUT:-/tmp}/stall-probe.txt
 gdb=$(command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)

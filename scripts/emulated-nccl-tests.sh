@@ -10,17 +10,9 @@
 # bandwidth; the logs of each -t go to $OUT/emulated-t<N>.txt when $OUT is set. A run still going
 # at its limit gets its host threads' stacks dumped (cuda-gdb) into that log before it is killed.
 set -u -o pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-$root/build-gpu}
-NCCL_HOME=${NCCL_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl}
-export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0 MKERNEL_EMULATE=1 MKERNEL_TIMEOUT_S=${MKERNEL_TIMEOUT_S:-10} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-# Ranks sharing a GPU in one process wait for each other inside their kernels, so nothing may
-# wait for the whole device meanwhile (docs/KERNEL.md, "Emulated ranks as threads"): the third
-# nccl-tests patch replaces nccl-tests' cudaDeviceSynchronize calls, eager module loading keeps
-# the first launch of one of nccl-tests' kernels from waiting for the running ones, and 32
-# hardware queues keep streams apart. EMU_MODULE_LOADING=LAZY gives CUDA's default back.
-export CUDA_MODULE_LOADING=${EMU_MODULE_LOADING:-EAGER} CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
+EMU_DEFAULT_TIMEOUT_S=10
+# shellcheck source=scripts/emu-common.sh
+. "$(dirname "$0")/emu-common.sh"
 # run_test LIMIT OUTFILE CMD...: runs CMD; if it is still running after LIMIT seconds, dumps every
 # thread's host stack with cuda-gdb (batch attach; the device image has no gdb) into OUTFILE.stacks
 # and kills it (rc 124). Where a run stops without any mkernel timeout, the stacks say which call

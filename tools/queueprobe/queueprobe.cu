@@ -193,12 +193,7 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
       }
     });
   }
-  Row row;
-  row.variant = variant;
-  row.ranks = n;
-  row.gap = gap;
-  row.stride = stride;
-  row.rounds = rounds;
+  Row row{variant, n, gap, stride, rounds, 0, 0.0};
   std::vector<double> ms;
   for (int k = 1; k <= rounds; ++k) {
     if (variant == "fresh" || variant == "touched" || variant == "kernel") makeStreams();

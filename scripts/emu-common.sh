@@ -1,0 +1,17 @@
+# Shared by the emulation scripts (emulated-nccl-tests.sh, emu-stall-probe.sh): several thread
+# ranks of one process on ONE GPU (MKERNEL_EMULATE=1) under LD_PRELOAD. Source it with `build`'s
+# default in $1 of the caller; set EMU_DEFAULT_TIMEOUT_S first (MKERNEL_TIMEOUT_S unless set).
+# Ranks sharing a GPU in one process wait for each other inside their kernels, so nothing may
+# wait for the whole device meanwhile (docs/KERNEL.md, "Emulated ranks as threads"): the third
+# nccl-tests patch replaces nccl-tests' cudaDeviceSynchronize calls, eager module loading keeps
+# the first launch of one of nccl-tests' kernels from waiting for the running ones, and 32
+# hardware queues keep streams apart. EMU_MODULE_LOADING=LAZY gives CUDA's default back.
+# shellcheck shell=bash
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${1:-$root/build-gpu}
+NCCL_HOME=${NCCL_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl}
+export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0 MKERNEL_EMULATE=1 MKERNEL_TIMEOUT_S=${MKERNEL_TIMEOUT_S:-${EMU_DEFAULT_TIMEOUT_S:-10}}
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+export CUDA_MODULE_LOADING=${EMU_MODULE_LOADING:-${CUDA_MODULE_LOADING:-EAGER}}
+export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
