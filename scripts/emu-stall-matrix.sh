@@ -5,8 +5,9 @@
 #   1. builds libmkernel.so, mkernel-queueprobe and the patched nccl-tests (scripts/launch-check.sh
 #      with everything else off);
 #   2. mkernel-queueprobe: kernels that wait for each other, one per thread and stream, with the
-#      streams made after G other streams (--gaps) or S-1 apart (--strides), plain and shaped like
-#      mkernel's launch-path kernel (--kernel mkernel): no mkernel library involved;
+#      streams made after G other streams (--gaps) or S-1 apart (--strides), made by this
+#      program's static CUDA runtime or by the shared libcudart.so (foreign: nccl-tests' case),
+#      plain and shaped like mkernel's launch-path kernel (--kernel mkernel): no mkernel library;
 #   3. scripts/emu-stall-probe.sh, MATRIX_RUNS (6) short runs each of broadcast_perf -t 4 -b 8 -e 8
 #      (MKERNEL_TIMEOUT_S=3), per variant: the default; nccl-tests -p 1 (every thread makes its own
 #      comm instead of the main thread making all four in one group); MKERNEL_LAUNCH_STREAM=own;
@@ -24,8 +25,10 @@ LC_CTEST=none LC_HIER_REPS=0 LC_NCCL_RUN=0 LC_COLLBENCH=0 LC_TORCH=0 LC_JOBS=${M
   { echo "build failed"; exit 1; }
 
 echo "== 2. mkernel-queueprobe ($(date +%T))"
+# foreign: the streams made and polled by the shared libcudart.so, as nccl-tests' are.
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
 for k in plain mkernel; do
-  timeout 100 "$build/bin/mkernel-queueprobe" --kernel "$k" --ranks 2,4,8 --variants fresh,touched \
+  timeout 100 "$build/bin/mkernel-queueprobe" --kernel "$k" --ranks 2,4,8 --variants fresh,touched,foreign \
     --gaps 0,1,3,7,15,16,31 --strides 1,2 --rounds 10 --timeout-ms 50
 done | tee "${OUT:-/tmp}/queueprobe.txt" | awk '/^#|^variant/ || $6 != 0'
 echo "(rows with stalls only; the whole table in queueprobe.txt)"

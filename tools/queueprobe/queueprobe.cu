@@ -12,6 +12,10 @@
 //   kernel   as fresh, then the main thread runs an empty kernel on each stream and waits
 //   own      every thread creates its stream itself, at the same time as the others
 //   reused   streams made once (fresh) and used by every round
+//   foreign  as fresh, but the streams are made (and polled for completion, in a cudaStreamQuery
+//            loop, as nccl-tests does) by a second CUDA runtime, the shared libcudart.so that
+//            an application links, while this program's static runtime launches the kernels:
+//            the situation of libmkernel.so (static runtime) inside nccl-tests
 // --gaps G1,G2,...: before the rank streams, the main thread makes G streams that stay alive
 // for the round (so the rank streams come later in the context's order of streams); --strides
 // S1,...: S-1 such streams between consecutive rank streams. Both apply to every variant but own.
@@ -21,6 +25,7 @@
 //   mkernel-queueprobe [--ranks 2,4,8] [--rounds 50] [--timeout-ms 200] [--variants fresh,touched,...]
 //                      [--gaps 0] [--strides 1] [--kernel plain|mkernel]
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <atomic>
@@ -124,6 +129,26 @@ class SpinBarrier {
   std::atomic<int> gen_{0};
 };
 
+// The application's CUDA runtime (a second instance beside this program's static one).
+struct ForeignRuntime {
+  cudaError_t (*setDevice)(int) = nullptr;
+  cudaError_t (*streamCreate)(cudaStream_t*, unsigned) = nullptr;
+  cudaError_t (*streamDestroy)(cudaStream_t) = nullptr;
+  cudaError_t (*streamQuery)(cudaStream_t) = nullptr;
+  bool load() {
+    void* h = nullptr;
+    for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"})
+      if ((h = dlopen(name, RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+    if (h == nullptr) return false;
+    setDevice = reinterpret_cast<decltype(setDevice)>(dlsym(h, "cudaSetDevice"));
+    streamCreate = reinterpret_cast<decltype(streamCreate)>(dlsym(h, "cudaStreamCreateWithFlags"));
+    streamDestroy = reinterpret_cast<decltype(streamDestroy)>(dlsym(h, "cudaStreamDestroy"));
+    streamQuery = reinterpret_cast<decltype(streamQuery)>(dlsym(h, "cudaStreamQuery"));
+    return setDevice && streamCreate && streamDestroy && streamQuery;
+  }
+};
+ForeignRuntime gForeign;
+
 struct Row {
   std::string variant;
   int ranks = 0, gap = 0, stride = 1, rounds = 0, stalled = 0;
@@ -150,17 +175,23 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
     QP_CHECK(cudaStreamCreateWithFlags(&f, cudaStreamNonBlocking));
     fillers.push_back(f);
   };
+  const bool foreign = variant == "foreign";
+  if (foreign) QP_CHECK(gForeign.setDevice(0));
   auto makeStreams = [&] {
     for (int g = 0; g < gap; ++g) filler();
     for (size_t k = 0; k < streams.size(); ++k) {
       if (k > 0)
         for (int f = 1; f < stride; ++f) filler();
-      QP_CHECK(cudaStreamCreateWithFlags(&streams[k], cudaStreamNonBlocking));
+      if (foreign) {
+        QP_CHECK(gForeign.streamCreate(&streams[k], cudaStreamNonBlocking));
+      } else {
+        QP_CHECK(cudaStreamCreateWithFlags(&streams[k], cudaStreamNonBlocking));
+      }
     }
   };
   auto dropStreams = [&] {
     for (auto& s : streams) {
-      if (s != nullptr) QP_CHECK(cudaStreamDestroy(s));
+      if (s != nullptr) QP_CHECK(foreign ? gForeign.streamDestroy(s) : cudaStreamDestroy(s));
       s = nullptr;
     }
     for (auto f : fillers) QP_CHECK(cudaStreamDestroy(f));
@@ -177,6 +208,7 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       QP_CHECK(cudaSetDevice(0));
+      if (foreign) QP_CHECK(gForeign.setDevice(0));
       for (;;) {
         start.wait();
         if (quit.load()) return;
@@ -188,7 +220,13 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
           meet<<<1, 256, 0, s>>>(flags, n, r, epoch.load(), timeoutNs, gaveUp);
         }
         QP_CHECK(cudaGetLastError());
-        QP_CHECK(cudaStreamSynchronize(s));
+        if (foreign) {
+          cudaError_t q;
+          while ((q = gForeign.streamQuery(s)) == cudaErrorNotReady) std::this_thread::yield();
+          QP_CHECK(q);
+        } else {
+          QP_CHECK(cudaStreamSynchronize(s));
+        }
         done.wait();
       }
     });
@@ -196,7 +234,7 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
   Row row{variant, n, gap, stride, rounds, 0, 0.0};
   std::vector<double> ms;
   for (int k = 1; k <= rounds; ++k) {
-    if (variant == "fresh" || variant == "touched" || variant == "kernel") makeStreams();
+    if (variant == "fresh" || variant == "touched" || variant == "kernel" || foreign) makeStreams();
     if (variant == "touched")
       for (auto s : streams) QP_CHECK(cudaEventRecord(ev, s));
     if (variant == "kernel") {
@@ -261,7 +299,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: mkernel-queueprobe [--ranks 2,4,8] [--rounds 50] [--timeout-ms 200] "
-                   "[--variants fresh,touched,kernel,own,reused] [--gaps 0] [--strides 1] [--kernel plain|mkernel]\n");
+                   "[--variants fresh,touched,kernel,own,reused,foreign] [--gaps 0] [--strides 1] [--kernel plain|mkernel]\n");
       return 2;
     }
   }
@@ -274,7 +312,11 @@ int main(int argc, char** argv) {
   std::printf("%-8s %5s %4s %6s %6s %7s %10s\n", "variant", "ranks", "gap", "stride", "rounds", "stalled", "median_ms");
   int anyStalled = 0;
   for (const std::string& v : variants) {
-    if (v != "fresh" && v != "touched" && v != "kernel" && v != "own" && v != "reused") {
+    if (v == "foreign" && gForeign.streamCreate == nullptr && !gForeign.load()) {
+      std::fprintf(stderr, "mkernel-queueprobe: variant foreign: no shared libcudart.so to load (%s)\n", dlerror());
+      return 2;
+    }
+    if (v != "fresh" && v != "touched" && v != "kernel" && v != "own" && v != "reused" && v != "foreign") {
       std::fprintf(stderr, "mkernel-queueprobe: unknown variant %s\n", v.c_str());
       return 2;
     }
