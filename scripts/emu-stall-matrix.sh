@@ -12,6 +12,8 @@
 #      (MKERNEL_TIMEOUT_S=3), per variant: the default; nccl-tests -p 1 (every thread makes its own
 #      comm instead of the main thread making all four in one group); MKERNEL_LAUNCH_STREAM=own;
 #      CUDA_DEVICE_MAX_CONNECTIONS=8; MKERNEL_LAUNCH_MAX_BYTES=0 (the persistent kernel);
+#   3b. (MATRIX_SHARED_CUDART=1) a second build of libmkernel.so on the shared CUDA runtime
+#      (-DMKERNEL_CUDART=shared), the same short runs with it;
 #   4. one stalled run of the default with MKERNEL_TIMEOUT_S=60, for cuda-gdb's contexts, kernels
 #      and host stacks.
 # Prints a table: variant, runs passed. Logs to $OUT when set.
@@ -48,6 +50,18 @@ CUDA_DEVICE_MAX_CONNECTIONS=8|CUDA_DEVICE_MAX_CONNECTIONS=8
 MKERNEL_LAUNCH_MAX_BYTES=0|MKERNEL_LAUNCH_MAX_BYTES=0
 all_reduce_perf|PROBE_TEST=all_reduce_perf
 EOF
+
+if [ "${MATRIX_SHARED_CUDART:-0}" = 1 ]; then
+  # libmkernel.so on the application's libcudart.so (one runtime instance in the process, as in
+  # the probe's own runs) instead of its static copy.
+  echo "== 3b. libmkernel.so with the shared CUDA runtime ($(date +%T))"
+  cmake -S "$root" -B "$build-shared" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON -DMKERNEL_CUDART=shared \
+    -DMKERNEL_BUILD_TESTS=OFF >/dev/null 2>&1 && make -C "$build-shared" -j"${MATRIX_JOBS:-32}" mkernel >/dev/null 2>&1 ||
+    { echo "shared-runtime build failed"; exit 1; }
+  line=$(PROBE_LIB="$build-shared/lib/libmkernel.so" MKERNEL_TIMEOUT_S=3 PROBE_LIMIT=10 PROBE_ALL=1 \
+    PROBE_RUNS="${MATRIX_RUNS:-6}" PROBE_THREADS=4 bash "$root/scripts/emu-stall-probe.sh" 2>&1 | grep "^emu-stall-probe:")
+  printf '%-34s %s\n' "MKERNEL_CUDART=shared" "${line#*: }" | tee -a "${OUT:-/tmp}/stall-matrix.txt"
+fi
 
 echo "== 4. one stalled default run under cuda-gdb ($(date +%T))"
 MKERNEL_TIMEOUT_S=60 PROBE_LIMIT=8 PROBE_RUNS=4 PROBE_THREADS=4 bash "$root/scripts/emu-stall-probe.sh" 2>&1 | tail -30
