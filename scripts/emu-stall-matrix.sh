@@ -55,9 +55,11 @@ if [ "${MATRIX_SHARED_CUDART:-0}" = 1 ]; then
   # libmkernel.so on the application's libcudart.so (one runtime instance in the process, as in
   # the probe's own runs) instead of its static copy.
   echo "== 3b. libmkernel.so with the shared CUDA runtime ($(date +%T))"
-  cmake -S "$root" -B "$build-shared" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON -DMKERNEL_CUDART=shared \
-    -DMKERNEL_BUILD_TESTS=OFF >/dev/null 2>&1 && make -C "$build-shared" -j"${MATRIX_JOBS:-32}" mkernel >/dev/null 2>&1 ||
-    { echo "shared-runtime build failed"; exit 1; }
+  if ! { cmake -S "$root" -B "$build-shared" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON -DMKERNEL_CUDART=shared \
+    -DMKERNEL_BUILD_TESTS=OFF >/dev/null 2>&1 && make -C "$build-shared" -j"${MATRIX_JOBS:-32}" mkernel >/dev/null 2>&1; }; then
+    echo "shared-runtime build failed"
+    exit 1
+  fi
   line=$(PROBE_LIB="$build-shared/lib/libmkernel.so" MKERNEL_TIMEOUT_S=3 PROBE_LIMIT=10 PROBE_ALL=1 \
     PROBE_RUNS="${MATRIX_RUNS:-6}" PROBE_THREADS=4 bash "$root/scripts/emu-stall-probe.sh" 2>&1 | grep "^emu-stall-probe:")
   printf '%-34s %s\n' "MKERNEL_CUDART=shared" "${line#*: }" | tee -a "${OUT:-/tmp}/stall-matrix.txt"
