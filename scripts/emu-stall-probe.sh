@@ -15,40 +15,25 @@ EMU_DEFAULT_TIMEOUT_S=60
 . "$(dirname "$0")/emu-common.sh"
 test=${PROBE_TEST:-broadcast_perf}
 log=${OUT:-/tmp}/stall-probe.txt
-gdb=$(command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)
+mkdir -p "${OUT:-/tmp}"
 : >"$log"
 stalls=0 ok=0
 for ((run = 1; run <= ${PROBE_RUNS:-30}; ++run)); do
   tmp=$(mktemp /tmp/probe.XXXXXX)
   t0=$(date +%s%N)
   # shellcheck disable=SC2086  # PROBE_ARGS: words
-  env LD_PRELOAD="${PROBE_LIB:-$build/lib/libmkernel.so}" stdbuf -oL -eL "$build/nccl-tests/$test" \
-    ${PROBE_ARGS:--b 8 -e 8 -w 1 -n 1 -c 1} -p "${PROBE_PARALLEL_INIT:-0}" -g 1 -t "${PROBE_THREADS:-2}" >"$tmp" 2>&1 &
-  pid=$!
-  for ((i = 0; i < ${PROBE_LIMIT:-10} * 10; ++i)); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  if kill -0 "$pid" 2>/dev/null; then
+  run_test "${PROBE_LIMIT:-10}" "$tmp" env LD_PRELOAD="${PROBE_LIB:-$build/lib/libmkernel.so}" stdbuf -oL -eL \
+    "$build/nccl-tests/$test" ${PROBE_ARGS:--b 8 -e 8 -w 1 -n 1 -c 1} -p "${PROBE_PARALLEL_INIT:-0}" -g 1 \
+    -t "${PROBE_THREADS:-2}"
+  rc=$?
+  if [ "$rc" = 124 ]; then
     stalls=$((stalls + 1))
     echo "run $run: stalled after ${PROBE_LIMIT:-10} s" | tee -a "$log"
-    {
-      echo "== run $run output"
-      cat "$tmp"
-      echo "== cuda-gdb"
-    } >>"$log"
-    if [ -n "$gdb" ]; then
-      timeout 120 "$gdb" -p "$pid" -batch -ex "info cuda contexts" -ex "info cuda kernels" -ex "info cuda blocks" -ex "info cuda devices" \
-        -ex "thread apply all bt 14" >>"$log" 2>&1
-    fi
-    kill -9 "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
-    rm -f "$tmp"
+    { echo "== run $run output"; cat "$tmp"; echo "== cuda-gdb"; cat "$tmp.stacks" 2>/dev/null; } >>"$log"
+    rm -f "$tmp" "$tmp.stacks"
     [ "${PROBE_ALL:-0}" = 1 ] || break
     continue
   fi
-  wait "$pid"
-  rc=$?
   echo "run $run: rc=$rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms" | tee -a "$log"
   [ "$rc" = 0 ] && ok=$((ok + 1))
   [ "$rc" = 0 ] || cat "$tmp" >>"$log"

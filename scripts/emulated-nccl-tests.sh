@@ -13,31 +13,6 @@ set -u -o pipefail
 EMU_DEFAULT_TIMEOUT_S=10
 # shellcheck source=scripts/emu-common.sh
 . "$(dirname "$0")/emu-common.sh"
-# run_test LIMIT OUTFILE CMD...: runs CMD; if it is still running after LIMIT seconds, dumps every
-# thread's host stack with cuda-gdb (batch attach; the device image has no gdb) into OUTFILE.stacks
-# and kills it (rc 124). Where a run stops without any mkernel timeout, the stacks say which call
-# each rank thread is blocked in. EMU_STACKS=0 skips the dump; EMU_GDB names another debugger.
-run_test() {
-  local limit=$1 outfile=$2 pid i gdb
-  shift 2
-  "$@" >"$outfile" 2>&1 &
-  pid=$!
-  for ((i = 0; i < limit; ++i)); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 1
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    gdb=${EMU_GDB:-$(command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)}
-    if [ "${EMU_STACKS:-1}" = 1 ] && [ -n "$gdb" ]; then
-      timeout 90 "$gdb" -p "$pid" -batch -ex "info cuda kernels" -ex "info threads" -ex "thread apply all bt 16" >"$outfile.stacks" 2>&1
-    fi
-    kill -9 "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
-    return 124
-  fi
-  wait "$pid"
-}
-
 fail=0
 for t in ${EMU_THREADS:-2 4 8}; do
   log=${OUT:-/tmp}/emulated-t$t.txt
