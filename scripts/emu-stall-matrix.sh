@@ -11,6 +11,7 @@
 #   3. scripts/emu-stall-probe.sh, MATRIX_RUNS (6) short runs each of broadcast_perf -t 4 -b 8 -e 8
 #      (MKERNEL_TIMEOUT_S=3), per variant: the default; nccl-tests -p 1 (every thread makes its own
 #      comm instead of the main thread making all four in one group); MKERNEL_LAUNCH_STREAM=own;
+#      nccl-tests -c 0 (no data setup on the default stream before the first collective);
 #      CUDA_DEVICE_MAX_CONNECTIONS=8; MKERNEL_LAUNCH_MAX_BYTES=0 (the persistent kernel);
 #   3b. (MATRIX_SHARED_CUDART=1) a second build of libmkernel.so on the shared CUDA runtime
 #      (-DMKERNEL_CUDART=shared), the same short runs with it;
@@ -30,8 +31,8 @@ echo "== 2. mkernel-queueprobe ($(date +%T))"
 # foreign: the streams made and polled by the shared libcudart.so, as nccl-tests' are.
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
 for k in plain mkernel; do
-  timeout 100 "$build/bin/mkernel-queueprobe" --kernel "$k" --ranks 2,4,8 --variants fresh,touched,foreign \
-    --gaps 0,1,3,7,15,16,31 --strides 1,2 --rounds 10 --timeout-ms 50
+  timeout 100 "$build/bin/mkernel-queueprobe" --kernel "$k" --ranks 2,4,8 --variants fresh,foreign \
+    --gaps 0,1,7,16 --strides 1,2 --rounds 10 --timeout-ms 50
 done | tee "${OUT:-/tmp}/queueprobe.txt" | awk '/^#|^variant/ || $6 != 0'
 echo "(rows with stalls only; the whole table in queueprobe.txt)"
 
@@ -39,12 +40,13 @@ echo "== 3. emulated broadcast_perf -t 4, first collective ($(date +%T))"
 printf '%-34s %s\n' variant passed | tee "${OUT:-/tmp}/stall-matrix.txt"
 while IFS='|' read -r name envs; do
   # shellcheck disable=SC2086  # envs: VAR=value words
-  line=$(env $envs MKERNEL_TIMEOUT_S=3 PROBE_LIMIT=10 PROBE_ALL=1 PROBE_RUNS="${MATRIX_RUNS:-6}" PROBE_THREADS=4 \
+  line=$(env $envs EMU_STACKS=0 MKERNEL_TIMEOUT_S=3 PROBE_LIMIT=10 PROBE_ALL=1 PROBE_RUNS="${MATRIX_RUNS:-6}" PROBE_THREADS=4 \
     bash "$root/scripts/emu-stall-probe.sh" 2>&1 | grep "^emu-stall-probe:")
   printf '%-34s %s\n' "$name" "${line#*: }" | tee -a "${OUT:-/tmp}/stall-matrix.txt"
 done <<'EOF'
 default|PROBE_TEST=broadcast_perf
 nccl-tests -p 1|PROBE_PARALLEL_INIT=1
+nccl-tests -c 0|PROBE_CHECK=0
 MKERNEL_LAUNCH_STREAM=own|MKERNEL_LAUNCH_STREAM=own
 CUDA_DEVICE_MAX_CONNECTIONS=8|CUDA_DEVICE_MAX_CONNECTIONS=8
 MKERNEL_LAUNCH_MAX_BYTES=0|MKERNEL_LAUNCH_MAX_BYTES=0
@@ -60,7 +62,7 @@ if [ "${MATRIX_SHARED_CUDART:-0}" = 1 ]; then
     echo "shared-runtime build failed"
     exit 1
   fi
-  line=$(PROBE_LIB="$build-shared/lib/libmkernel.so" MKERNEL_TIMEOUT_S=3 PROBE_LIMIT=10 PROBE_ALL=1 \
+  line=$(PROBE_LIB="$build-shared/lib/libmkernel.so" EMU_STACKS=0 MKERNEL_TIMEOUT_S=3 PROBE_LIMIT=10 PROBE_ALL=1 \
     PROBE_RUNS="${MATRIX_RUNS:-6}" PROBE_THREADS=4 bash "$root/scripts/emu-stall-probe.sh" 2>&1 | grep "^emu-stall-probe:")
   printf '%-34s %s\n' "MKERNEL_CUDART=shared" "${line#*: }" | tee -a "${OUT:-/tmp}/stall-matrix.txt"
 fi

@@ -4,7 +4,7 @@
 # the kernels resident on the device with their blocks, and each thread's stack. For the stall
 # of docs/RELIABILITY.md ("patched nccl-tests with several thread ranks on one GPU stall").
 #   bash scripts/emu-stall-probe.sh [BUILD]      (BUILD as scripts/emulated-nccl-tests.sh)
-# PROBE_TEST (broadcast_perf), PROBE_THREADS (2), PROBE_ARGS ("-b 8 -e 8 -w 1 -n 1 -c 1"),
+# PROBE_TEST (broadcast_perf), PROBE_THREADS (2), PROBE_ARGS ("-b 8 -e 8 -w 1 -n 1"), PROBE_CHECK (nccl-tests -c: 1),
 # PROBE_LIB (the libmkernel.so to preload; default BUILD's), PROBE_PARALLEL_INIT (0: nccl-tests' main thread makes every rank's comm in one group; 1: each
 # rank thread makes its own, nccl-tests -p 1), PROBE_RUNS (30), PROBE_LIMIT seconds per run (10; MKERNEL_TIMEOUT_S defaults to 60 so that the
 # stall is still in place when the debugger attaches). Prints one line per run and, at the first
@@ -23,7 +23,7 @@ for ((run = 1; run <= ${PROBE_RUNS:-30}; ++run)); do
   t0=$(date +%s%N)
   # shellcheck disable=SC2086  # PROBE_ARGS: words
   run_test "${PROBE_LIMIT:-10}" "$tmp" env LD_PRELOAD="${PROBE_LIB:-$build/lib/libmkernel.so}" stdbuf -oL -eL \
-    "$build/nccl-tests/$test" ${PROBE_ARGS:--b 8 -e 8 -w 1 -n 1 -c 1} -p "${PROBE_PARALLEL_INIT:-0}" -g 1 \
+    "$build/nccl-tests/$test" ${PROBE_ARGS:--b 8 -e 8 -w 1 -n 1} -c "${PROBE_CHECK:-1}" -p "${PROBE_PARALLEL_INIT:-0}" -g 1 \
     -t "${PROBE_THREADS:-2}"
   rc=$?
   if [ "$rc" = 124 ]; then
