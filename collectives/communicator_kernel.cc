@@ -220,14 +220,14 @@ class KernelCommunicator final : public Communicator {
   int directSharing_ = 1;                  // the most ranks on one GPU, agreed (directTakes)
   uint64_t launchSeq_ = 0;             // launch-path ops issued (the epoch of the next one - 1)
   uint64_t launchIssued_[8] = {};      // ... by CollType (the index the kernel reports)
-  cudaEvent_t launchEvent_ = nullptr;  // recorded after the last launch-path op
+  cudaEvent_t launchEvent_ = nullptr;  // recorded after every eager launch-path op
   // MKERNEL_LAUNCH_STREAM=own: eager launch-path kernels run on this communicator's own stream,
   // joined to the caller's by two events (launchIn_: the caller's work before; launchOut_: the
   // caller's work after waits for the kernel). Null: on the caller's stream.
   cudaStream_t launchStream_ = nullptr;
   cudaEvent_t launchIn_ = nullptr;
   cudaEvent_t launchOut_ = nullptr;
-  cudaStream_t lastLaunchStream_ = nullptr;
+  cudaStream_t lastLaunchStream_ = nullptr;  // set once an eager op ran; never used: it may be destroyed
   // Captured launch-path ops (MKERNEL_GRAPH_LAUNCH): the stream and capture of the last one, so
   // that a capture forked over several streams still orders them (graph namespace, launch_path.h).
   bool graphLaunch_ = false;
@@ -655,11 +655,10 @@ Result KernelCommunicator::copyOneRank(const CollArgs& a, cudaStream_t stream) {
 }
 
 Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capturing, cudaStream_t stream) {
-  // One launch-path op at a time per communicator and namespace (launch_path.h): a change of
-  // stream waits for the previous op.
-  // The event is recorded only then, on the previous stream: it also covers what the application
-  // queued there after that op, which delays this stream a little but cannot deadlock (an event
-  // wait only ever refers to work queued before it).
+  // One launch-path op at a time per communicator and namespace (launch_path.h): each eager op
+  // waits for the previous one, through launchEvent_, recorded after every eager op. It
+  // is never recorded later on the previous stream: the application may have destroyed that
+  // stream since (legal in NCCL's API), and a destroyed stream's handle must not reach CUDA.
   // Captured ops: only within one capture (a stream outside it cannot be waited for while
   // capturing); graphs holding collectives of one communicator must not run concurrently, as
   // with NCCL.
@@ -677,17 +676,10 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capt
     // Own stream: every eager launch-path op of this communicator is queued there in order.
     MK_CUDA(cudaEventRecord(launchIn_, stream), "cudaEventRecord(launch path, in)");
     MK_CUDA(cudaStreamWaitEvent(launchStream_, launchIn_, 0), "cudaStreamWaitEvent(launch path, in)");
-  } else if (lastLaunchStream_ != nullptr && lastLaunchStream_ != stream) {
-    if (cudaEventRecord(launchEvent_, lastLaunchStream_) == cudaSuccess) {
-      MK_CUDA(cudaStreamWaitEvent(stream, launchEvent_, 0), "cudaStreamWaitEvent(launch path)");
-    } else {
-      // The application destroyed that stream: nothing can be ordered after it any more (its
-      // work still runs to completion). Clear the error so that the launch below does not read
-      // it as its own.
-      (void)cudaGetLastError();
-      MK_INFO(kLogColl, "rank %d: the stream of the previous launch-path collective is gone; not waiting for it",
-              opts_.rank);
-    }
+  } else if (lastLaunchStream_ != nullptr) {
+    // Also when the handle is the same: a stream destroyed after the previous op and a new one
+    // may share an address.
+    MK_CUDA(cudaStreamWaitEvent(stream, launchEvent_, 0), "cudaStreamWaitEvent(launch path)");
   }
   WorkDesc d = desc;
   const CollType c = static_cast<CollType>(d.coll);
@@ -714,6 +706,7 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capt
     MK_CUDA(cudaEventRecord(launchOut_, launchStream_), "cudaEventRecord(launch path, out)");
     MK_CUDA(cudaStreamWaitEvent(stream, launchOut_, 0), "cudaStreamWaitEvent(launch path, out)");
   }
+  MK_CUDA(cudaEventRecord(launchEvent_, runOn), "cudaEventRecord(launch path)");
   lastLaunchStream_ = runOn;
   MK_TRACE(kLogColl, "rank %d: %s launched on the launch path (%s, epoch %llu, %d CTAs)", opts_.rank, collName(c),
            direct ? "direct" : "inbox", static_cast<unsigned long long>(launchSeq_), ctas);
@@ -841,14 +834,9 @@ Result KernelCommunicator::finalize() {
   // Posted work first: every eager slot's event (the caller's streams passed its wait).
   for (int s = 0; s < kEagerSlots; ++s)
     if (slotUsed_[s]) drain(slotEvents_[s]);
-  // The last launch-path op (the caller's stream ran the earlier ones before it), and whatever
-  // the application queued on that stream since.
-  if (lastLaunchStream_ != nullptr) {
-    if (cudaEventRecord(launchEvent_, lastLaunchStream_) == cudaSuccess)
-      drain(launchEvent_);
-    else
-      (void)cudaGetLastError();  // that stream is gone (its work still completes)
-  }
+  // The last launch-path op (the earlier ones ran before it). Only through its event: the
+  // application may have destroyed its stream already.
+  if (lastLaunchStream_ != nullptr) drain(launchEvent_);
   // Peers may still poll our flags until they have seen our last barrier arrival.
   Result res = aborted_ ? Result::Success : bs_->barrier();
   ctl_->quit = 1;

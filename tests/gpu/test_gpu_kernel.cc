@@ -186,8 +186,8 @@ TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins 
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   EnvGuard gl("MKERNEL_GRAPH_LAUNCH", "0");  // the doorbell: what keeps a kernel resident
   auto failures = mkgpu::runRanks(1, [&](mkgpu::RankCtx& ctx) {
-    int32_t* buf = nullptr;
-    cudaMalloc(reinterpret_cast<void**>(&buf), 4096);
+    int32_t* buf = ctx.deviceAlloc<int32_t>(4096);
+    if (buf == nullptr) return ctx.fail("cudaMalloc");
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     if (cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return ctx.fail("begin capture");
@@ -217,10 +217,14 @@ TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins 
     }
     cudaStreamSynchronize(other);
     cudaStreamDestroy(other);
-    cudaFree(fresh);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaFree(buf);
+    // cudaFree waits for the whole device, the resident kernel included (which never exits on
+    // its own): free, and destroy the graph, once the communicator is finalized.
+    ctx.freeAfter.push_back(fresh);
+    ctx.freeAfter.push_back(buf);
+    ctx.afterFinalize.push_back([exec, graph] {
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    });
   });
   for (const auto& f : failures) FAIL_CHECK(f);
   CHECK(failures.empty());
