@@ -153,6 +153,7 @@ class KernelCommunicator final : public Communicator {
   Result init();
   Result enqueue(const CollArgs* ops, int n, cudaStream_t stream) override;
   Result asyncError(bool queryDevice) override;
+  void watchLaunch();
   Result abort() override;
   Result finalize() override;
   const CommOptions& options() const override { return opts_; }
@@ -221,6 +222,15 @@ class KernelCommunicator final : public Communicator {
   uint64_t launchSeq_ = 0;             // launch-path ops issued (the epoch of the next one - 1)
   uint64_t launchIssued_[8] = {};      // ... by CollType (the index the kernel reports)
   cudaEvent_t launchEvent_ = nullptr;  // recorded after every eager launch-path op
+  // The launch watch (MKERNEL_LAUNCH_WATCH, watchLaunch): an event recorded just before a watched
+  // op's kernel, that op's epoch, when the last eager op was launched, and the epoch last reported.
+  enum class Watch { Off, First, All };
+  Watch watch_ = Watch::First;
+  cudaEvent_t watchPre_ = nullptr;
+  uint64_t watchEpoch_ = 0;
+  const char* lastLaunchColl_ = "-";
+  std::chrono::steady_clock::time_point lastLaunchAt_{};
+  uint64_t watchReported_ = 0;
   // MKERNEL_LAUNCH_STREAM=own: eager launch-path kernels run on this communicator's own stream,
   // joined to the caller's by two events (launchIn_: the caller's work before; launchOut_: the
   // caller's work after waits for the kernel). Null: on the caller's stream.
@@ -289,6 +299,12 @@ Result KernelCommunicator::init() {
   MK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   for (auto& ev : slotEvents_) MK_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
   MK_CUDA(cudaEventCreateWithFlags(&launchEvent_, cudaEventDisableTiming), "cudaEventCreate(launch path)");
+  const std::string watch = paramString("LAUNCH_WATCH");
+  if (watch != "first" && watch != "all" && watch != "off")
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_WATCH=%s: expected first, all or off", watch.c_str());
+  watch_ = watch == "off" ? Watch::Off : watch == "all" ? Watch::All : Watch::First;
+  if (watch_ != Watch::Off)
+    MK_CUDA(cudaEventCreateWithFlags(&watchPre_, cudaEventDisableTiming), "cudaEventCreate(launch watch)");
   MK_CUDA(cudaEventCreateWithFlags(&graphEvent_, cudaEventDisableTiming), "cudaEventCreate(launch path, graphs)");
   const std::string launchStream = paramString("LAUNCH_STREAM");
   if (launchStream != "caller" && launchStream != "own")
@@ -701,7 +717,13 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capt
   ++launchSeq_;
   const uint64_t index = ++launchIssued_[d.coll];
   cudaStream_t runOn = launchStream_ != nullptr ? launchStream_ : stream;
+  if (watch_ == Watch::All || (watch_ == Watch::First && launchSeq_ == 1)) {
+    MK_CUDA(cudaEventRecord(watchPre_, runOn), "cudaEventRecord(launch watch)");
+    watchEpoch_ = launchSeq_;
+  }
   MK_CHECK(launchCollective(params_, d, ctas, launchSeq_, index, direct, runOn));
+  lastLaunchColl_ = collName(c);
+  lastLaunchAt_ = std::chrono::steady_clock::now();
   if (launchStream_ != nullptr) {
     MK_CUDA(cudaEventRecord(launchOut_, launchStream_), "cudaEventRecord(launch path, out)");
     MK_CUDA(cudaStreamWaitEvent(stream, launchOut_, 0), "cudaStreamWaitEvent(launch path, out)");
@@ -792,7 +814,37 @@ Result KernelCommunicator::asyncError(bool queryDevice) {
     if (q != cudaSuccess && q != cudaErrorNotReady)
       return MK_ERROR(Result::UnhandledCudaError, "rank %d: the persistent kernel failed: %s", opts_.rank, cudaGetErrorString(q));
   }
+  if (queryDevice) watchLaunch();
   return Result::Success;
+}
+
+// The launch watch (MKERNEL_LAUNCH_WATCH): an application polling for errors while a watched
+// launch-path op is still unfinished after half the timeout learns, once per op, what holds it:
+// the caller's stream (its earlier work has not completed), CUDA (the stream is ready, the kernel
+// has not started: another kernel or an implicit synchronization holds it back), or the kernel
+// itself (started, waiting for a peer: that peer's report says why). Several thread ranks on one
+// GPU stall at their first collective in the second way (docs/RELIABILITY.md).
+void KernelCommunicator::watchLaunch() {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock() || watchEpoch_ == 0 || watchEpoch_ != launchSeq_ || watchReported_ == watchEpoch_) return;
+  const double timeout = static_cast<double>(paramInt("TIMEOUT_S", 300));
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - lastLaunchAt_).count();
+  if (waited < std::max(0.5, timeout / 2)) return;
+  if (cudaEventQuery(launchEvent_) != cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return;  // finished (or failed: the error path reports that)
+  }
+  watchReported_ = watchEpoch_;
+  const cudaError_t pre = cudaEventQuery(watchPre_);
+  (void)cudaGetLastError();
+  const bool started = ctl_->launchStarted >= watchEpoch_;
+  const char* where = started ? "its kernel started and waits inside the collective (a peer's report names what for)"
+                      : pre == cudaSuccess
+                          ? "the caller's stream is ready but its kernel has not started: CUDA holds it back "
+                            "(another kernel, or an implicit synchronization such as a device-wide wait or a free)"
+                          : "its kernel has not started: the work queued before it on the caller's stream has not completed";
+  MK_WARN("rank %d: %s (launch path, epoch %llu) unfinished %.1f s after its launch: %s", opts_.rank, lastLaunchColl_,
+          static_cast<unsigned long long>(watchEpoch_), waited, where);
 }
 
 Result KernelCommunicator::abort() {
@@ -869,6 +921,8 @@ void KernelCommunicator::release(bool orderly) {
   }
   if (launchEvent_) (void)cudaEventDestroy(launchEvent_);
   launchEvent_ = nullptr;
+  if (watchPre_) (void)cudaEventDestroy(watchPre_);
+  watchPre_ = nullptr;
   if (graphEvent_) (void)cudaEventDestroy(graphEvent_);
   graphEvent_ = nullptr;
   for (cudaEvent_t* ev : {&launchIn_, &launchOut_}) {

@@ -206,6 +206,7 @@ struct alignas(64) HostControl {
                                      // kernel ran to its end (CTA 0), for the statistics
   volatile uint32_t testStalled;     // MKERNEL_TEST_STALL_BARRIER: 1 once a CTA stopped on purpose
   volatile uint64_t graphLaunchDone[8];  // launch path, captured launches: executions by CollType
+  volatile uint64_t launchStarted;      // launch path: the epoch of the last eager op whose CTA 0 started
 };
 
 }  // namespace coll

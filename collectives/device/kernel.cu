@@ -788,6 +788,8 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(KernelParams p
   if (threadIdx.x == 0) {
     sh.stop = stopRequested(p) ? 1 : 0;  // a failed communicator: release the stream
     sh.epoch = graph ? loadVolatile64(&p.self->graphSeq) + 1 : epoch;
+    // The launch watch (MKERNEL_LAUNCH_WATCH): a posted store into host memory, no round trip.
+    if (!graph && blockIdx.x == 0) p.ctl->launchStarted = epoch;
   }
   if (threadIdx.x < kMaxRanks) sh.peers[threadIdx.x] = threadIdx.x < p.nRanks ? p.peers[threadIdx.x] : nullptr;
   __syncthreads();
