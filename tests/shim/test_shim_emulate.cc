@@ -244,19 +244,33 @@ TEST_CASE("emulate: ncclCommSplit by parity, then collectives on the halves") {
   setenv("MKERNEL_CTAS", "8", 1);
   std::vector<std::vector<int32_t>> got(4);
   std::vector<int> sizes(4, 0);
+  // What each rank's calls returned, and the last error then: a wrong sum with every call
+  // successful (seen once in three runs on the H200, session 9) must say so.
+  std::vector<std::string> said(4);
   runRanks(4, [&](int rank, ncclComm_t comm, cudaStream_t s) {
     ncclComm_t half = nullptr;
-    if (ncclCommSplit(comm, rank % 2, -rank, &half, nullptr) != ncclSuccess || half == nullptr)
+    std::string& log = said[static_cast<size_t>(rank)];
+    const ncclResult_t sr = ncclCommSplit(comm, rank % 2, -rank, &half, nullptr);
+    log += "split " + std::to_string(sr);
+    if (sr != ncclSuccess || half == nullptr) {
+      log += std::string(": ") + ncclGetLastError(comm);
       return;
+    }
     ncclCommCount(half, &sizes[static_cast<size_t>(rank)]);
     DevBuf buf(64 * sizeof(int32_t));
     upload(buf, std::vector<int32_t>(64, rank));
-    ncclAllReduce(buf.p, buf.p, 64, ncclInt32, ncclSum, half, s);
-    cudaStreamSynchronize(s);
+    const ncclResult_t ar = ncclAllReduce(buf.p, buf.p, 64, ncclInt32, ncclSum, half, s);
+    const cudaError_t se = cudaStreamSynchronize(s);
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(half, &async);
+    log += ", allreduce " + std::to_string(ar) + ", stream " + cudaGetErrorString(se) + ", async " +
+           std::to_string(async);
+    if (ar != ncclSuccess || async != ncclSuccess) log += std::string(": ") + ncclGetLastError(half);
     got[static_cast<size_t>(rank)] = download<int32_t>(buf, 64);
     ncclCommDestroy(half);
   });
   for (int rank = 0; rank < 4; ++rank) {
+    INFO("rank " << rank << ": " << said[static_cast<size_t>(rank)]);
     CHECK(sizes[static_cast<size_t>(rank)] == 2);
     CHECK(got[static_cast<size_t>(rank)] ==
           std::vector<int32_t>(64, rank % 2 == 0 ? 0 + 2 : 1 + 3));

@@ -255,6 +255,21 @@ void Bootstrap::Impl::ioLoop(int myRank) {
       if (!(ev & (POLLIN | POLLHUP | POLLERR))) continue;
       FrameHeader fh{};
       Deadline dl = Deadline::in(timeoutSeconds());
+      // A peer that closes between frames has left (its communicator is being destroyed): the
+      // end of its stream, not an error worth a warning at every job's exit. A close inside a
+      // frame still is one.
+      char first = 0;
+      ssize_t peeked = ::recv(in[i].fd, &first, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (peeked == 0) {
+        MK_INFO(kLogBootstrap, "bootstrap rank %d: peer %d closed its connection", myRank, in[i].rank);
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          peerGone[in[i].rank] = true;
+          cv.notify_all();
+        }
+        closeFd(&in[i].fd);
+        continue;
+      }
       Result res = recvAll(in[i].fd, &fh, sizeof(fh), dl, "reading a frame header");
       std::vector<char> msg;
       std::string why;
