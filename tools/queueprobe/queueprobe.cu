@@ -21,9 +21,12 @@
 // S1,...: S-1 such streams between consecutive rank streams. Both apply to every variant but own.
 // --kernel mkernel: the waiting kernel shaped like mkernel's launch-path kernel (static shared
 // memory, the other threads at a barrier, a host-mapped word polled while waiting).
+// --after record: every thread records an event on its stream right after its kernel (mkernel's
+// launch path records one after every op, session 9): does a command queued behind a waiting
+// kernel hold back other streams' kernels? (none: nothing after the kernel, the default.)
 // Prints a table: variant, ranks, gap, stride, rounds, stalled rounds, median round time.
 //   mkernel-queueprobe [--ranks 2,4,8] [--rounds 50] [--timeout-ms 200] [--variants fresh,touched,...]
-//                      [--gaps 0] [--strides 1] [--kernel plain|mkernel]
+//                      [--gaps 0] [--strides 1] [--kernel plain|mkernel] [--after none|record]
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -148,6 +151,7 @@ struct ForeignRuntime {
   }
 };
 ForeignRuntime gForeign;
+bool gRecordAfter = false;  // --after record
 
 struct Row {
   std::string variant;
@@ -209,9 +213,14 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
     threads.emplace_back([&, r] {
       QP_CHECK(cudaSetDevice(0));
       if (foreign) QP_CHECK(gForeign.setDevice(0));
+      cudaEvent_t after = nullptr;
+      if (gRecordAfter) QP_CHECK(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
       for (;;) {
         start.wait();
-        if (quit.load()) return;
+        if (quit.load()) {
+          if (after != nullptr) QP_CHECK(cudaEventDestroy(after));
+          return;
+        }
         cudaStream_t& s = streams[static_cast<size_t>(r)];
         if (variant == "own") QP_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
         if (like) {
@@ -220,6 +229,7 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
           meet<<<1, 256, 0, s>>>(flags, n, r, epoch.load(), timeoutNs, gaveUp);
         }
         QP_CHECK(cudaGetLastError());
+        if (after != nullptr) QP_CHECK(cudaEventRecord(after, s));
         if (foreign) {
           cudaError_t q;
           while ((q = gForeign.streamQuery(s)) == cudaErrorNotReady) std::this_thread::yield();
@@ -296,10 +306,14 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(a, "--variants") == 0 && v) {
       variants = mktools::splitCommas(v);
       ++i;
+    } else if (std::strcmp(a, "--after") == 0 && v && (std::strcmp(v, "none") == 0 || std::strcmp(v, "record") == 0)) {
+      gRecordAfter = std::strcmp(v, "record") == 0;
+      ++i;
     } else {
       std::fprintf(stderr,
                    "usage: mkernel-queueprobe [--ranks 2,4,8] [--rounds 50] [--timeout-ms 200] "
-                   "[--variants fresh,touched,kernel,own,reused,foreign] [--gaps 0] [--strides 1] [--kernel plain|mkernel]\n");
+                   "[--variants fresh,touched,kernel,own,reused,foreign] [--gaps 0] [--strides 1] [--kernel plain|mkernel] "
+                   "[--after none|record]\n");
       return 2;
     }
   }
@@ -307,8 +321,9 @@ int main(int argc, char** argv) {
   QP_CHECK(cudaFree(nullptr));
   const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   const char* loading = std::getenv("CUDA_MODULE_LOADING");
-  std::printf("# mkernel-queueprobe: CUDA_DEVICE_MAX_CONNECTIONS=%s CUDA_MODULE_LOADING=%s, timeout %llu ms, %s kernel\n",
-              conns ? conns : "(unset)", loading ? loading : "(unset)", timeoutMs, like ? "mkernel-like" : "plain");
+  std::printf("# mkernel-queueprobe: CUDA_DEVICE_MAX_CONNECTIONS=%s CUDA_MODULE_LOADING=%s, timeout %llu ms, %s kernel%s\n",
+              conns ? conns : "(unset)", loading ? loading : "(unset)", timeoutMs, like ? "mkernel-like" : "plain",
+              gRecordAfter ? ", an event recorded after each kernel" : "");
   std::printf("%-8s %5s %4s %6s %6s %7s %10s\n", "variant", "ranks", "gap", "stride", "rounds", "stalled", "median_ms");
   int anyStalled = 0;
   for (const std::string& v : variants) {
