@@ -221,13 +221,23 @@ class KernelCommunicator final : public Communicator {
   int directSharing_ = 1;                  // the most ranks on one GPU, agreed (directTakes)
   uint64_t launchSeq_ = 0;             // launch-path ops issued (the epoch of the next one - 1)
   uint64_t launchIssued_[8] = {};      // ... by CollType (the index the kernel reports)
-  cudaEvent_t launchEvent_ = nullptr;  // recorded after every eager launch-path op
+  // Orders eager launch-path ops across caller streams. With one rank of this communicator on
+  // this GPU it is recorded after every op (as NCCL records on the caller's stream at each
+  // launch), so no stream the application may since have destroyed is ever used again. With
+  // several (emulation) nothing is queued behind a launch-path kernel: it waits for its peers,
+  // and a command behind it on a stream that shares a hardware queue with a peer's stream holds
+  // back that peer's kernel (docs/RELIABILITY.md, session 9); it is then recorded only when the
+  // stream changes, on the previous stream (which the application must not have destroyed).
+  cudaEvent_t launchEvent_ = nullptr;
+  bool recordEachOp_ = true;
   // The launch watch (MKERNEL_LAUNCH_WATCH, watchLaunch): an event recorded just before a watched
   // op's kernel, that op's epoch, when the last eager op was launched, and the epoch last reported.
   enum class Watch { Off, First, All };
   Watch watch_ = Watch::First;
   cudaEvent_t watchPre_ = nullptr;
   uint64_t watchEpoch_ = 0;
+  int watchColl_ = 0;
+  uint64_t watchIndex_ = 0;  // its launchIssued_ index: done once launchDone[watchColl_] reaches it
   const char* lastLaunchColl_ = "-";
   std::chrono::steady_clock::time_point lastLaunchAt_{};
   uint64_t watchReported_ = 0;
@@ -350,6 +360,7 @@ Result KernelCommunicator::init() {
   SmBudget::process().reserve(opts_.cudaDev, peers.nCtas);
   reservedCtas_ = peers.nCtas;
   exchanged_ = true;
+  recordEachOp_ = peers_.ranksOnMyDevice <= 1;  // launchEvent_
   for (int r = 0; r < opts_.nRanks; ++r) params_.peers[r] = peers.peers[r];
   params_.self = state_;
   void* dev = nullptr;
@@ -671,10 +682,10 @@ Result KernelCommunicator::copyOneRank(const CollArgs& a, cudaStream_t stream) {
 }
 
 Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capturing, cudaStream_t stream) {
-  // One launch-path op at a time per communicator and namespace (launch_path.h): each eager op
-  // waits for the previous one, through launchEvent_, recorded after every eager op. It
-  // is never recorded later on the previous stream: the application may have destroyed that
-  // stream since (legal in NCCL's API), and a destroyed stream's handle must not reach CUDA.
+  // One launch-path op at a time per communicator and namespace (launch_path.h): an eager op on
+  // another stream than the previous one waits for that op through launchEvent_ (recordEachOp_:
+  // recorded after every op, and waited for by every op, since a destroyed stream and a new one
+  // may share an address).
   // Captured ops: only within one capture (a stream outside it cannot be waited for while
   // capturing); graphs holding collectives of one communicator must not run concurrently, as
   // with NCCL.
@@ -692,10 +703,16 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capt
     // Own stream: every eager launch-path op of this communicator is queued there in order.
     MK_CUDA(cudaEventRecord(launchIn_, stream), "cudaEventRecord(launch path, in)");
     MK_CUDA(cudaStreamWaitEvent(launchStream_, launchIn_, 0), "cudaStreamWaitEvent(launch path, in)");
-  } else if (lastLaunchStream_ != nullptr) {
-    // Also when the handle is the same: a stream destroyed after the previous op and a new one
-    // may share an address.
+  } else if (lastLaunchStream_ != nullptr && recordEachOp_) {
     MK_CUDA(cudaStreamWaitEvent(stream, launchEvent_, 0), "cudaStreamWaitEvent(launch path)");
+  } else if (lastLaunchStream_ != nullptr && lastLaunchStream_ != stream) {
+    if (cudaEventRecord(launchEvent_, lastLaunchStream_) == cudaSuccess) {
+      MK_CUDA(cudaStreamWaitEvent(stream, launchEvent_, 0), "cudaStreamWaitEvent(launch path)");
+    } else {
+      (void)cudaGetLastError();  // that stream is gone: its work still completes, unordered
+      MK_INFO(kLogColl, "rank %d: the stream of the previous launch-path collective is gone; not waiting for it",
+              opts_.rank);
+    }
   }
   WorkDesc d = desc;
   const CollType c = static_cast<CollType>(d.coll);
@@ -720,6 +737,8 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capt
   if (watch_ == Watch::All || (watch_ == Watch::First && launchSeq_ == 1)) {
     MK_CUDA(cudaEventRecord(watchPre_, runOn), "cudaEventRecord(launch watch)");
     watchEpoch_ = launchSeq_;
+    watchColl_ = d.coll;
+    watchIndex_ = index;
   }
   MK_CHECK(launchCollective(params_, d, ctas, launchSeq_, index, direct, runOn));
   lastLaunchColl_ = collName(c);
@@ -728,7 +747,7 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capt
     MK_CUDA(cudaEventRecord(launchOut_, launchStream_), "cudaEventRecord(launch path, out)");
     MK_CUDA(cudaStreamWaitEvent(stream, launchOut_, 0), "cudaStreamWaitEvent(launch path, out)");
   }
-  MK_CUDA(cudaEventRecord(launchEvent_, runOn), "cudaEventRecord(launch path)");
+  if (recordEachOp_) MK_CUDA(cudaEventRecord(launchEvent_, runOn), "cudaEventRecord(launch path)");
   lastLaunchStream_ = runOn;
   MK_TRACE(kLogColl, "rank %d: %s launched on the launch path (%s, epoch %llu, %d CTAs)", opts_.rank, collName(c),
            direct ? "direct" : "inbox", static_cast<unsigned long long>(launchSeq_), ctas);
@@ -830,10 +849,7 @@ void KernelCommunicator::watchLaunch() {
   const double timeout = static_cast<double>(paramInt("TIMEOUT_S", 300));
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - lastLaunchAt_).count();
   if (waited < std::max(0.5, timeout / 2)) return;
-  if (cudaEventQuery(launchEvent_) != cudaErrorNotReady) {
-    (void)cudaGetLastError();
-    return;  // finished (or failed: the error path reports that)
-  }
+  if (ctl_->launchDone[watchColl_] >= watchIndex_ || ctl_->failed) return;  // finished, or failed (reported so)
   watchReported_ = watchEpoch_;
   const cudaError_t pre = cudaEventQuery(watchPre_);
   (void)cudaGetLastError();
@@ -886,9 +902,16 @@ Result KernelCommunicator::finalize() {
   // Posted work first: every eager slot's event (the caller's streams passed its wait).
   for (int s = 0; s < kEagerSlots; ++s)
     if (slotUsed_[s]) drain(slotEvents_[s]);
-  // The last launch-path op (the earlier ones ran before it). Only through its event: the
-  // application may have destroyed its stream already.
-  if (lastLaunchStream_ != nullptr) drain(launchEvent_);
+  // Every eager launch-path op, through what its kernel reports (CTA 0 at its end,
+  // launchDone), never through the caller's streams: the application may have destroyed them
+  // already. (The frees in release() wait for any CTA still finishing.)
+  if (lastLaunchStream_ != nullptr) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+    for (int c = 0; c < kNumCollTypes; ++c)
+      while (ctl_->launchDone[c] < launchIssued_[c] && !ctl_->failed && !ctl_->abortFlag &&
+             std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
   // Peers may still poll our flags until they have seen our last barrier arrival.
   Result res = aborted_ ? Result::Success : bs_->barrier();
   ctl_->quit = 1;
