@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,22 @@ inline void chooseRealNccl() {
     }
 }
 
+// Emulated thread ranks share the GPU: a cudaFree in one rank's thread waits for the whole
+// device, peers' kernels included, and CUDA holds back what other threads issue after it until
+// then (implicit synchronization), so a peer kernel that waits for a rank's next one stalls. A
+// rank thread with `tDeferredFrees` set hands its frees to the test, which frees them once
+// every rank is done.
+struct DeferredFrees {
+  std::mutex mu;
+  std::vector<void*> ptrs;
+  void freeAll() {
+    std::lock_guard<std::mutex> lock(mu);
+    for (void* p : ptrs) cudaFree(p);
+    ptrs.clear();
+  }
+};
+inline thread_local DeferredFrees* tDeferredFrees = nullptr;
+
 struct DevBuf {
   void* p = nullptr;
   size_t bytes = 0;
@@ -34,7 +51,13 @@ struct DevBuf {
     if (cudaMalloc(&p, n) != cudaSuccess) p = nullptr;
   }
   ~DevBuf() {
-    if (p) cudaFree(p);
+    if (p == nullptr) return;
+    if (tDeferredFrees != nullptr) {
+      std::lock_guard<std::mutex> lock(tDeferredFrees->mu);
+      tDeferredFrees->ptrs.push_back(p);
+    } else {
+      cudaFree(p);
+    }
   }
   DevBuf(const DevBuf&) = delete;
   DevBuf& operator=(const DevBuf&) = delete;
@@ -44,9 +67,14 @@ struct DevBuf {
   }
 };
 
+// The copy runs on the legacy default stream, which the tests' non-blocking streams do not wait
+// for, and a copy from pageable memory returns before its DMA has landed: wait for it, or a
+// collective launched next on another stream may read the old contents (a wrong AllReduce in
+// test_shim_emulate's split case, session 9).
 template <typename T>
 void upload(const DevBuf& b, const std::vector<T>& v) {
   cudaMemcpy(b.p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  cudaStreamSynchronize(cudaStreamLegacy);
 }
 
 template <typename T>
@@ -57,7 +85,8 @@ std::vector<T> download(const DevBuf& b, size_t n) {
 }
 
 inline void poison(const DevBuf& b) {
-  cudaMemset(b.p, 0xff, b.bytes);
+  cudaMemset(b.p, 0xff, b.bytes);  // asynchronous, on the legacy stream (upload)
+  cudaStreamSynchronize(cudaStreamLegacy);
 }
 
 inline mkernelStats_t stats() {

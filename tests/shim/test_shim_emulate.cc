@@ -45,18 +45,23 @@ void runRanks(int nRanks, const std::function<void(int, ncclComm_t, cudaStream_t
     INFO("rank " << r << ": " << ncclGetLastError(nullptr));
     REQUIRE(results[static_cast<size_t>(r)] == ncclSuccess);
   }
-  // Catch2's assertions are not thread-safe: ranks record, the main thread checks.
+  // Catch2's assertions are not thread-safe: ranks record, the main thread checks. Device
+  // buffers are freed once every rank is done (DeferredFrees).
+  DeferredFrees frees;
   for (int r = 0; r < nRanks; ++r)
     threads.emplace_back([&, r] {
       cudaSetDevice(0);
+      tDeferredFrees = &frees;
       cudaStream_t stream = nullptr;
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
       body(r, comms[static_cast<size_t>(r)], stream);
       cudaStreamSynchronize(stream);
       cudaStreamDestroy(stream);
+      tDeferredFrees = nullptr;
     });
   for (std::thread& t : threads) t.join();
   threads.clear();
+  frees.freeAll();
   for (int r = 0; r < nRanks; ++r)
     threads.emplace_back([&, r] {
       results[static_cast<size_t>(r)] = ncclCommDestroy(comms[static_cast<size_t>(r)]);
