@@ -807,12 +807,19 @@ Result KernelCommunicator::kernelError() const {
       // The peer's flag as the wait last read it (ErrorRecord keeps its low 32 bits): one behind
       // means the peer never reached this point; further behind, it is stuck earlier.
       const uint32_t behind = static_cast<uint32_t>(e.epoch) - e.observed;
+      // Ranks sharing this GPU (emulation): a peer that never reached this point may have issued
+      // the collective and still not run, CUDA holding its kernel back (docs/RELIABILITY.md); the
+      // launch watch on that rank tells.
+      const char* hint = behind == 1 && peers_.ranksOnMyDevice > 1
+                             ? "; ranks share this GPU: if that rank issued the collective, its kernel has not run "
+                               "(its MKERNEL_LAUNCH_WATCH report says why)"
+                             : "";
       return MK_ERROR(Result::RemoteError,
                       "rank %d (CTA %d): timed out after %llu s waiting for rank %d %s in %s (epoch %llu; rank %d's "
-                      "flag read %llu, %u behind)",
+                      "flag read %llu, %u behind)%s",
                       e.rank, e.cta, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull), e.peer,
                       waitKindName(what), coll, static_cast<unsigned long long>(e.epoch), e.peer,
-                      static_cast<unsigned long long>(e.epoch - behind), behind);
+                      static_cast<unsigned long long>(e.epoch - behind), behind, hint);
     }
     return MK_ERROR(Result::InternalError, "rank %d (CTA %d): timed out after %llu s waiting for %s",
                     e.rank, e.cta, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull), waitKindName(what));
