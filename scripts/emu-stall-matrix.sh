@@ -7,12 +7,16 @@
 #   2. mkernel-queueprobe: kernels that wait for each other, one per thread and stream, with the
 #      streams made after G other streams (--gaps) or S-1 apart (--strides), made by this
 #      program's static CUDA runtime or by the shared libcudart.so (foreign: nccl-tests' case),
-#      plain and shaped like mkernel's launch-path kernel (--kernel mkernel): no mkernel library;
+#      plain and shaped like mkernel's launch-path kernel (--kernel mkernel), with and without
+#      an event recorded behind each kernel (--after), at 32 and 8 hardware queues: no mkernel
+#      library;
 #   3. scripts/emu-stall-probe.sh, MATRIX_RUNS (6) short runs each of broadcast_perf -t 4 -b 8 -e 8
 #      (MKERNEL_TIMEOUT_S=3), per variant: the default; nccl-tests -p 1 (every thread makes its own
 #      comm instead of the main thread making all four in one group); MKERNEL_LAUNCH_STREAM=own;
 #      nccl-tests -c 0 (no data setup on the default stream before the first collective);
 #      CUDA_DEVICE_MAX_CONNECTIONS=8; MKERNEL_LAUNCH_MAX_BYTES=0 (the persistent kernel);
+#      MKERNEL_LAUNCH_WATCH=off (no event before the first kernel); under each row, what the
+#      launch watch said in its stalled runs;
 #   3b. (MATRIX_SHARED_CUDART=1) a second build of libmkernel.so on the shared CUDA runtime
 #      (-DMKERNEL_CUDART=shared), the same short runs with it;
 #   4. one stalled run of the default with MKERNEL_TIMEOUT_S=60, for cuda-gdb's contexts, kernels
@@ -30,9 +34,15 @@ LC_CTEST=none LC_HIER_REPS=0 LC_NCCL_RUN=0 LC_COLLBENCH=0 LC_TORCH=0 LC_JOBS=${M
 echo "== 2. mkernel-queueprobe ($(date +%T))"
 # foreign: the streams made and polled by the shared libcudart.so, as nccl-tests' are.
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
+# --after record: an event recorded behind each waiting kernel (session 9's reading: such a
+# command blocks the hardware queue it shares with peers' streams), at CUDA's 8 queues too.
 for k in plain mkernel; do
-  timeout 100 "$build/bin/mkernel-queueprobe" --kernel "$k" --ranks 2,4,8 --variants fresh,foreign \
-    --gaps 0,1,7,16 --strides 1,2 --rounds 10 --timeout-ms 50
+  for after in none record; do
+    for conns in 32 8; do
+      CUDA_DEVICE_MAX_CONNECTIONS=$conns timeout 100 "$build/bin/mkernel-queueprobe" --kernel "$k" --after "$after" \
+        --ranks 2,4,8 --variants fresh,reused,foreign --gaps 0,7 --strides 1,2 --rounds 10 --timeout-ms 50
+    done
+  done
 done | tee "${OUT:-/tmp}/queueprobe.txt" | awk '/^#|^variant/ || $6 != 0'
 echo "(rows with stalls only; the whole table in queueprobe.txt)"
 
@@ -43,6 +53,9 @@ while IFS='|' read -r name envs; do
   line=$(env $envs EMU_STACKS=0 MKERNEL_TIMEOUT_S=3 PROBE_LIMIT=10 PROBE_ALL=1 PROBE_RUNS="${MATRIX_RUNS:-6}" PROBE_THREADS=4 \
     bash "$root/scripts/emu-stall-probe.sh" 2>&1 | grep "^emu-stall-probe:")
   printf '%-34s %s\n' "$name" "${line#*: }" | tee -a "${OUT:-/tmp}/stall-matrix.txt"
+  # What the launch watch said in this variant's stalled runs: why a rank's kernel did not run.
+  grep -h "unfinished" "${OUT:-/tmp}/stall-probe.txt" 2>/dev/null | sed 's/^.*MKERNEL WARN [^ ]* //; s/rank [0-9]*: //' |
+    sort | uniq -c | sort -rn | head -3 | tee -a "${OUT:-/tmp}/stall-matrix.txt"
 done <<'EOF'
 default|PROBE_TEST=broadcast_perf
 nccl-tests -p 1|PROBE_PARALLEL_INIT=1
@@ -50,6 +63,7 @@ nccl-tests -c 0|PROBE_CHECK=0
 MKERNEL_LAUNCH_STREAM=own|MKERNEL_LAUNCH_STREAM=own
 CUDA_DEVICE_MAX_CONNECTIONS=8|CUDA_DEVICE_MAX_CONNECTIONS=8
 MKERNEL_LAUNCH_MAX_BYTES=0|MKERNEL_LAUNCH_MAX_BYTES=0
+MKERNEL_LAUNCH_WATCH=off|MKERNEL_LAUNCH_WATCH=off
 all_reduce_perf|PROBE_TEST=all_reduce_perf
 EOF
 
