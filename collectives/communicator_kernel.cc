@@ -684,8 +684,10 @@ Result KernelCommunicator::copyOneRank(const CollArgs& a, cudaStream_t stream) {
 Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capturing, cudaStream_t stream) {
   // One launch-path op at a time per communicator and namespace (launch_path.h): an eager op on
   // another stream than the previous one waits for that op through launchEvent_ (recordEachOp_:
-  // recorded after every op, and waited for by every op, since a destroyed stream and a new one
-  // may share an address).
+  // recorded after every op, so the old stream is never used again). A stream destroyed right
+  // after an op and a new one at the same address, while that op still runs, would escape the
+  // wait; waiting at every op would close that too, for half a microsecond of host time per
+  // call, which every caller would pay.
   // Captured ops: only within one capture (a stream outside it cannot be waited for while
   // capturing); graphs holding collectives of one communicator must not run concurrently, as
   // with NCCL.
@@ -703,7 +705,7 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capt
     // Own stream: every eager launch-path op of this communicator is queued there in order.
     MK_CUDA(cudaEventRecord(launchIn_, stream), "cudaEventRecord(launch path, in)");
     MK_CUDA(cudaStreamWaitEvent(launchStream_, launchIn_, 0), "cudaStreamWaitEvent(launch path, in)");
-  } else if (lastLaunchStream_ != nullptr && recordEachOp_) {
+  } else if (lastLaunchStream_ != nullptr && lastLaunchStream_ != stream && recordEachOp_) {
     MK_CUDA(cudaStreamWaitEvent(stream, launchEvent_, 0), "cudaStreamWaitEvent(launch path)");
   } else if (lastLaunchStream_ != nullptr && lastLaunchStream_ != stream) {
     if (cudaEventRecord(launchEvent_, lastLaunchStream_) == cudaSuccess) {
