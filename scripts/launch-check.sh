@@ -17,6 +17,8 @@
 #   3c. (LC_OVERLAP=1) the hierarchical AllReduce's overlap: mkernel-collbench --ranks LC_OVERLAP_RANKS (4)
 #      --ranks-per-node LC_OVERLAP_RPN (2) over the GPUs, MKERNEL_HIER_OVERLAP=1 against =0 (the same
 #      phases one after another), to LC_OVERLAP_MAX bytes (16777216);
+#   3d. (LC_HIER_CTAS_SWEEP="1 2 4") the same hierarchical AllReduce, pipelined, once per
+#      MKERNEL_HIER_CTAS value, and a table of eager medians per size (issue 6's default);
 #   4. (2+ GPUs, unless LC_TORCH=0) scripts/torch_bench.py, 2 processes (process ranks: inboxes through CUDA IPC),
 #      NCCL against mkernel, 8 B to LC_TORCH_MAX_BYTES (1M);
 #   5. (LC_TORCH_CHECK="<torch_check.py options>") scripts/torch_check.py, e.g. "--ranks 2,4 --gpus 2
@@ -104,6 +106,30 @@ if [ "${LC_OVERLAP:-0}" = 1 ]; then
   done
   cat "$logs/overlap.txt"
   save overlap.txt
+fi
+
+if [ -n "${LC_HIER_CTAS_SWEEP:-}" ]; then
+  # Issue 6: the default of MKERNEL_HIER_CTAS from a measured sweep. The same emulated nodes as
+  # 3c, pipelined (MKERNEL_HIER_OVERLAP=1), once per CTA count.
+  step "3d. hierarchical AllReduce: MKERNEL_HIER_CTAS in ${LC_HIER_CTAS_SWEEP}"
+  : >"$logs/hier-ctas.txt"
+  for hc in ${LC_HIER_CTAS_SWEEP}; do
+    MKERNEL_HIER_CTAS=$hc MKERNEL_HIER_OVERLAP=1 MKERNEL_SOCKET_IFNAME=lo MKERNEL_TIMEOUT_S=30 timeout 150 \
+      "$build/bin/mkernel-collbench" --gpus "$NG" --ranks "${LC_OVERLAP_RANKS:-4}" --ranks-per-node "${LC_OVERLAP_RPN:-2}" \
+      --wait memop --min-bytes 4096 --max-bytes "${LC_OVERLAP_MAX:-16777216}" --step 4 --iters "${LC_OVERLAP_ITERS:-50}" 2>&1 |
+      sed "s/^/hier_ctas=$hc: /" >>"$logs/hier-ctas.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "hier_ctas=$hc failed"; fail=1; }
+  done
+  # One line per size: the eager median for each CTA count (collbench's 4th column).
+  awk '$2 ~ /^(memop|launch)$/ {
+         split($1, a, "="); c = a[2]; sub(":", "", c); t[$4, c] = $5
+         if (!(c in seenC)) { seenC[c] = 1; cs[++nc] = c }
+         if (!($4 in seenB)) { seenB[$4] = 1; bs[++nb] = $4 } }
+       END { printf "%12s", "bytes"; for (j = 1; j <= nc; ++j) printf " %10s", "ctas=" cs[j]; print ""
+             for (i = 1; i <= nb; ++i) { printf "%12s", bs[i]
+               for (j = 1; j <= nc; ++j) printf " %10s", ((bs[i], cs[j]) in t) ? t[bs[i], cs[j]] : "-"; print "" } }' \
+    "$logs/hier-ctas.txt" | tee "$logs/hier-ctas-table.txt"
+  save hier-ctas.txt hier-ctas-table.txt
 fi
 
 if [ "$NG" -gt 1 ] && [ -x "$PY" ] && [ "${LC_TORCH:-1}" = 1 ]; then
