@@ -39,6 +39,10 @@ for t in ${EMU_THREADS:-2 4 8}; do
     notmk=$(printf '%s\n' "$out" | awk '/^ +[0-9]+ +[0-9]+ /{ if ($1 != 0 && $NF != "mk") printf "%s ", $1 }')
     avg=$(printf '%s\n' "$out" | grep -m1 "Avg bus bandwidth" | sed 's/^# *//')
     echo "-t $t $x: rc=$rc; ${verdict:-no verdict}; path not mk at: ${notmk:-none}; ${avg:-no average}"
+    # A run that stopped: what the launch watch (MKERNEL_LAUNCH_WATCH) said about its ranks.
+    if [ "$rc" != 0 ]; then
+      printf '%s\n' "$out" | grep "unfinished" | sed 's/^.*MKERNEL WARN [^ ]* /    watch: /' | cut -c1-200 | head -8
+    fi
     { [ "$rc" = 0 ] && [[ "$verdict" == *": 0 OK"* ]] && [ -z "$notmk" ]; } || fail=1
   done
 done
