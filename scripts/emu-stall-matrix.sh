@@ -10,6 +10,9 @@
 #      plain and shaped like mkernel's launch-path kernel (--kernel mkernel), with and without
 #      an event recorded behind each kernel (--after), at 32 and 8 hardware queues: no mkernel
 #      library;
+#   2b. mkernel-emuprobe (tools/emuprobe): nccl-tests -t 4's set-up through libmkernel.so's NCCL
+#      API without nccl-tests, MATRIX_RUNS fresh processes per row, each row changing one thing
+#      (buffers, how the comms are made, the collective, data set-up, rank count);
 #   3. scripts/emu-stall-probe.sh, MATRIX_RUNS (6) short runs each of broadcast_perf -t 4 -b 8 -e 8
 #      (MKERNEL_TIMEOUT_S=3), per variant: the default; nccl-tests -p 1 (every thread makes its own
 #      comm instead of the main thread making all four in one group); MKERNEL_LAUNCH_STREAM=own;
@@ -45,6 +48,39 @@ for k in plain mkernel; do
   done
 done | tee "${OUT:-/tmp}/queueprobe.txt" | awk '/^#|^variant/ || $6 != 0'
 echo "(rows with stalls only; the whole table in queueprobe.txt)"
+
+echo "== 2b. mkernel-emuprobe: nccl-tests' set-up without nccl-tests, one difference at a time ($(date +%T))"
+# Each run a fresh process; MATRIX_RUNS runs per row. The default row is nccl-tests -t 4's set-up:
+# streams first, the comms made by one thread in a group, buffers from the real NCCL's
+# ncclMemAlloc, Broadcast of 8 B. Failed runs' verdicts go to emuprobe-failures.txt.
+printf '%-30s %s\n' "emuprobe variant" "runs passed" | tee -a "${OUT:-/tmp}/stall-matrix.txt"
+: >"${OUT:-/tmp}/emuprobe-failures.txt"
+while IFS='|' read -r name args; do
+  ok=0
+  runs=${MATRIX_RUNS:-6}
+  for ((i = 0; i < runs; ++i)); do
+    # shellcheck disable=SC2086  # args: words
+    verdict=$(MKERNEL_EMULATE=1 MKERNEL_TIMEOUT_S=3 CUDA_VISIBLE_DEVICES=0 CUDA_MODULE_LOADING=EAGER \
+      LD_LIBRARY_PATH="${NCCL_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl}/lib:$build/lib:${LD_LIBRARY_PATH:-}" \
+      timeout 30 "$build/bin/mkernel-emuprobe" $args --timeout-s 10 2>&1 | grep "^mkernel-emuprobe:" | tail -1)
+    if [[ "$verdict" == *": passed"* ]]; then
+      ok=$((ok + 1))
+    else
+      echo "$name: ${verdict:-no verdict (crash or timeout)}" | cut -c1-240 >>"${OUT:-/tmp}/emuprobe-failures.txt"
+    fi
+  done
+  printf '%-30s %s of %s\n' "$name" "$ok" "$runs" | tee -a "${OUT:-/tmp}/stall-matrix.txt"
+done <<'EOF'
+default (nccl-tests -t 4)|--ranks 4 --coll broadcast --init group --alloc nccl
+buffers by cudaMalloc|--ranks 4 --coll broadcast --init group --alloc cuda
+comms by ncclCommInitAll|--ranks 4 --coll broadcast --init all --alloc nccl
+comms by each thread (-p 1)|--ranks 4 --coll broadcast --init threads --alloc nccl
+allreduce|--ranks 4 --coll allreduce --init group --alloc nccl
+data set-up on legacy stream|--ranks 4 --coll broadcast --init group --alloc nccl --data-init
+8 ranks|--ranks 8 --coll broadcast --init group --alloc nccl
+2 ranks|--ranks 2 --coll broadcast --init group --alloc nccl
+EOF
+head -12 "${OUT:-/tmp}/emuprobe-failures.txt"
 
 echo "== 3. emulated broadcast_perf -t 4, first collective ($(date +%T))"
 printf '%-34s %s\n' variant passed | tee "${OUT:-/tmp}/stall-matrix.txt"

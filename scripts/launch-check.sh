@@ -35,7 +35,7 @@ TESTS=${LC_TESTS:-"all_reduce_perf all_gather_perf reduce_scatter_perf broadcast
 fail=0
 
 step "1. build ($NG GPU(s))"
-gpu_build "${LC_JOBS:-16}" mkernel mkernel-collbench mkernel-p2pbench mkernel-queueprobe test_shim_gpu test_shim_emulate \
+gpu_build "${LC_JOBS:-16}" mkernel mkernel-collbench mkernel-p2pbench mkernel-queueprobe mkernel-emuprobe test_shim_gpu test_shim_emulate \
   test_gpu_collectives test_gpu_kernel test_gpu_procs
 gpu_build_nccl_tests "$TESTS"
 LIB=$build/lib/libmkernel.so
