@@ -23,6 +23,10 @@ struct LogState {
   uint64_t mask = kLogAll;
   FILE* file = stderr;
   char host[64] = "?";
+  // NCCL_DEBUG, for lines that go through NCCL's logger: NCCL drops those above its level, so
+  // they are not even formatted (the shim's per-collective TRACE lines, the tuner's per-call
+  // lines). Unset: NCCL's default, WARN.
+  LogLevel ncclLevel = LogLevel::Warn;
 };
 LogState g;
 std::atomic<NcclLogger> gNcclLogger{nullptr};
@@ -69,6 +73,8 @@ void initOnce() {
     if (char* dot = std::strchr(g.host, '.')) *dot = '\0';
     g.level = parseLevel(paramString("DEBUG"));
     g.mask = parseMask(paramString("DEBUG_SUBSYS"));
+    const char* nccl = std::getenv("NCCL_DEBUG");
+    g.ncclLevel = nccl != nullptr ? parseLevel(nccl) : LogLevel::Warn;
     std::string path = paramString("DEBUG_FILE");
     if (!path.empty()) {
       std::string out;
@@ -129,8 +135,9 @@ void setNcclLogger(NcclLogger logger) { gNcclLogger.store(logger, std::memory_or
 void setLogRank(int rank) { tRank = rank; }
 
 bool logEnabled(LogLevel level, uint64_t subsys) {
-  if (gNcclLogger.load(std::memory_order_relaxed) != nullptr) return true;  // NCCL filters
   initOnce();
+  if (gNcclLogger.load(std::memory_order_relaxed) != nullptr)  // NCCL filters the subsystems
+    return level <= LogLevel::Warn || static_cast<int>(level) <= static_cast<int>(g.ncclLevel);
   if (static_cast<int>(level) > static_cast<int>(g.level)) return false;
   return level <= LogLevel::Warn || (g.mask & subsys) != 0;
 }

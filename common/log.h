@@ -1,7 +1,8 @@
 // NCCL-style logging: MKERNEL_DEBUG=VERSION|WARN|INFO|TRACE (default WARN), MKERNEL_DEBUG_FILE,
 // MKERNEL_DEBUG_SUBSYS. One line per event, prefixed "host:pid:tid [rank] MKERNEL <LEVEL>".
 // When NCCL loaded us as a plugin it hands us its logger; lines then go through NCCL's
-// NCCL_DEBUG machinery instead (setNcclLogger).
+// NCCL_DEBUG machinery instead (setNcclLogger), and those above NCCL_DEBUG's level (WARN when
+// unset) are dropped before they are formatted.
 #pragma once
 
 #include <cstdint>

@@ -21,6 +21,12 @@ using Clock = std::chrono::steady_clock;
 std::mutex gLogMutex;
 std::vector<CapturedLog> gLog;
 
+// The harness plays NCCL run with NCCL_DEBUG=INFO: the library formats and hands over only the
+// lines NCCL would print (common/log.cc), and the tests read the INFO ones.
+struct NcclDebugInfo {
+  NcclDebugInfo() { setenv("NCCL_DEBUG", "INFO", /*overwrite=*/0); }
+} gNcclDebugInfo;
+
 // Stands in for NCCL's ncclDebugLog.
 void captureLogger(int level, unsigned long flags, const char* /*file*/, int /*line*/,
                    const char* fmt, ...) {

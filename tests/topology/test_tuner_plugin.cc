@@ -38,6 +38,12 @@ T* sym(const char* name) {
   return t;
 }
 
+// This file plays NCCL run with NCCL_DEBUG=INFO: the library hands over only the lines NCCL would
+// print (common/log.cc), and the tests read INFO ones.
+struct NcclDebugInfo {
+  NcclDebugInfo() { setenv("NCCL_DEBUG", "INFO", /*overwrite=*/0); }
+} gNcclDebugInfo;
+
 std::vector<std::string> gLog;
 void captureLog(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
   char buf[1024];
