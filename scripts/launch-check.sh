@@ -19,6 +19,9 @@
 #      phases one after another), to LC_OVERLAP_MAX bytes (16777216);
 #   3d. (LC_HIER_CTAS_SWEEP="1 2 4") the same hierarchical AllReduce, pipelined, once per
 #      MKERNEL_HIER_CTAS value, and a table of eager medians per size (issue 6's default);
+#   3e. (LC_PROCLAT=1) mkernel-proclat: small AllReduces with LC_PROCLAT_RANKS (2,4,8) process ranks
+#      on GPU 0 under MPS (issue 5's 8-rank latency without one shared CUDA context), then
+#      mkernel-collbench's thread ranks on GPU 0 at the same sizes;
 #   4. (2+ GPUs, unless LC_TORCH=0) scripts/torch_bench.py, 2 processes (process ranks: inboxes through CUDA IPC),
 #      NCCL against mkernel, 8 B to LC_TORCH_MAX_BYTES (1M);
 #   5. (LC_TORCH_CHECK="<torch_check.py options>") scripts/torch_check.py, e.g. "--ranks 2,4 --gpus 2
@@ -35,7 +38,8 @@ TESTS=${LC_TESTS:-"all_reduce_perf all_gather_perf reduce_scatter_perf broadcast
 fail=0
 
 step "1. build ($NG GPU(s))"
-gpu_build "${LC_JOBS:-16}" mkernel mkernel-collbench mkernel-p2pbench mkernel-queueprobe mkernel-emuprobe test_shim_gpu test_shim_emulate \
+gpu_build "${LC_JOBS:-16}" mkernel mkernel-collbench mkernel-p2pbench mkernel-queueprobe mkernel-emuprobe mkernel-proclat \
+  test_shim_gpu test_shim_emulate \
   test_gpu_collectives test_gpu_kernel test_gpu_procs
 gpu_build_nccl_tests "$TESTS"
 LIB=$build/lib/libmkernel.so
@@ -130,6 +134,21 @@ if [ -n "${LC_HIER_CTAS_SWEEP:-}" ]; then
                for (j = 1; j <= nc; ++j) printf " %10s", ((bs[i], cs[j]) in t) ? t[bs[i], cs[j]] : "-"; print "" } }' \
     "$logs/hier-ctas.txt" | tee "$logs/hier-ctas-table.txt"
   save hier-ctas.txt hier-ctas-table.txt
+fi
+
+if [ "${LC_PROCLAT:-0}" = 1 ]; then
+  # Issue 5's 8-rank latency with ranks as processes (one CUDA context each, under MPS on one GPU)
+  # against the thread ranks of mkernel-collbench, which share one context.
+  step "3e. mkernel-proclat: process ranks ${LC_PROCLAT_RANKS:-2,4,8} on GPU 0, 8 B to 32 KiB"
+  CUDA_VISIBLE_DEVICES=0 MKERNEL_EMULATE=1 timeout 240 "$build/bin/mkernel-proclat" --ranks "${LC_PROCLAT_RANKS:-2,4,8}" \
+    --iters "${LC_PROCLAT_ITERS:-1000}" --csv "$logs/proclat.csv" 2>&1 | tee "$logs/proclat.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || fail=1
+  # The same sizes with thread ranks sharing GPU 0 (one CUDA context), in the same call.
+  CUDA_VISIBLE_DEVICES=0 MKERNEL_EMULATE=1 timeout 240 "$build/bin/mkernel-collbench" --gpus 1 \
+    --ranks "${LC_PROCLAT_RANKS:-2,4,8}" --wait launch --min-bytes 8 --max-bytes 32768 --step 4 \
+    --iters "${LC_PROCLAT_ITERS:-1000}" 2>&1 | grep -v "^collbench:" | tee -a "$logs/proclat.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || fail=1
+  save proclat.txt proclat.csv
 fi
 
 if [ "$NG" -gt 1 ] && [ -x "$PY" ] && [ "${LC_TORCH:-1}" = 1 ]; then
