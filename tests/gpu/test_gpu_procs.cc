@@ -49,6 +49,7 @@
 
 #include "collectives/communicator.h"
 #include "common/result.h"
+#include "tools/gpu_count.h"
 #include "transport/bootstrap/bootstrap.h"
 
 using mkernel::Result;
@@ -320,22 +321,6 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
   return 0;
 }
 
-int gpuCount() {
-  // Not through the CUDA runtime: the parent must not create a context before fork().
-  FILE* f = popen("nvidia-smi -L 2>/dev/null | grep -c '^GPU '", "r");
-  if (f == nullptr) return 0;
-  int n = 0;
-  if (std::fscanf(f, "%d", &n) != 1) n = 0;
-  pclose(f);
-  const char* vis = std::getenv("CUDA_VISIBLE_DEVICES");
-  if (vis != nullptr && *vis) {
-    int v = 1;
-    for (const char* p = vis; *p; ++p) v += *p == ',';
-    if (v < n) n = v;
-  }
-  return n;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -357,7 +342,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "test_gpu_procs: --hosts %d does not divide --ranks %d\n", hosts, n);
     return 2;
   }
-  const int nGpus = gpuCount();
+  const int nGpus = mktools::gpuCountNoCuda();
   if (nGpus < 1) {
     std::fprintf(stderr, "test_gpu_procs: no GPU\n");
     return 1;

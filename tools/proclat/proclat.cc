@@ -31,6 +31,7 @@
 #include "collectives/communicator.h"
 #include "common/result.h"
 #include "tools/args.h"
+#include "tools/gpu_count.h"
 #include "transport/bootstrap/bootstrap.h"
 
 using mkernel::Result;
@@ -50,22 +51,6 @@ struct Row {
   size_t bytes = 0;
   double med = 0, p99 = 0, hostUs = 0;
 };
-
-int gpuCount() {
-  int n = 0;
-  FILE* f = popen("nvidia-smi -L 2>/dev/null | grep -c '^GPU '", "r");
-  if (f != nullptr) {
-    if (std::fscanf(f, "%d", &n) != 1) n = 0;
-    pclose(f);
-  }
-  const char* vis = std::getenv("CUDA_VISIBLE_DEVICES");
-  if (vis != nullptr && *vis) {
-    int v = 1;
-    for (const char* p = vis; *p; ++p) v += *p == ',';
-    n = std::min(n, v);
-  }
-  return n;
-}
 
 double percentile(std::vector<float> v, double q) {
   if (v.empty()) return 0;
@@ -232,7 +217,7 @@ int main(int argc, char** argv) {
                  "[--iters 1000] [--csv FILE]\n");
     return 2;
   }
-  const int nGpus = gpuCount();
+  const int nGpus = mktools::gpuCountNoCuda();
   if (nGpus < 1) {
     std::fprintf(stderr, "mkernel-proclat: no GPU\n");
     return 2;
