@@ -49,7 +49,7 @@
 
 #include "collectives/communicator.h"
 #include "common/result.h"
-#include "tools/gpu_count.h"
+#include "tools/proc_ranks.h"
 #include "transport/bootstrap/bootstrap.h"
 
 using mkernel::Result;
@@ -157,16 +157,11 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
   // Set before the communicator reads its parameters: only the rank that will die stops.
   if (killMode == Kill::kMid && rank == n - 1) setenv("MKERNEL_TEST_STALL_BARRIER", "3", 1);
   const int dev = rank % nGpus;
-  if (cudaSetDevice(dev) != cudaSuccess) FAIL("cudaSetDevice(%d)", dev);
   std::unique_ptr<mkernel::bootstrap::Bootstrap> bs;
-  if (mkernel::bootstrap::Bootstrap::create(id, rank, n, &bs) != Result::Success) FAIL("bootstrap: %s", mkernel::lastError());
-  mkernel::coll::CommOptions opts;
-  opts.rank = rank;
-  opts.nRanks = n;
-  opts.cudaDev = dev;
-  opts.emulate = nGpus < n;
   std::unique_ptr<mkernel::coll::Communicator> comm;
-  if (mkernel::coll::Communicator::create(opts, bs.get(), &comm) != Result::Success) FAIL("create: %s", mkernel::lastError());
+  const char* step = "";
+  if (mktools::createProcessRank(rank, n, nGpus, id, &bs, &comm, &step) != Result::Success)
+    FAIL("%s (GPU %d): %s", step, dev, mkernel::lastError());
   cudaStream_t stream;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
 

@@ -31,7 +31,7 @@
 #include "collectives/communicator.h"
 #include "common/result.h"
 #include "tools/args.h"
-#include "tools/gpu_count.h"
+#include "tools/proc_ranks.h"
 #include "transport/bootstrap/bootstrap.h"
 
 using mkernel::Result;
@@ -65,17 +65,10 @@ int child(int rank, int n, int nGpus, const mkernel::bootstrap::UniqueId& id, co
     std::fprintf(stderr, "mkernel-proclat: rank %d: %s: %s\n", rank, what, mkernel::lastError());
     return 1;
   };
-  const int dev = rank % nGpus;
-  if (cudaSetDevice(dev) != cudaSuccess) return fail("cudaSetDevice");
   std::unique_ptr<mkernel::bootstrap::Bootstrap> bs;
-  if (mkernel::bootstrap::Bootstrap::create(id, rank, n, &bs) != Result::Success) return fail("bootstrap");
-  mkernel::coll::CommOptions opts;
-  opts.rank = rank;
-  opts.nRanks = n;
-  opts.cudaDev = dev;
-  opts.emulate = nGpus < n;
   std::unique_ptr<mkernel::coll::Communicator> comm;
-  if (mkernel::coll::Communicator::create(opts, bs.get(), &comm) != Result::Success) return fail("communicator");
+  const char* step = "";
+  if (mktools::createProcessRank(rank, n, nGpus, id, &bs, &comm, &step) != Result::Success) return fail(step);
   cudaStream_t stream = nullptr;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   const size_t maxCount = std::max<size_t>(1, o.maxBytes / 4);
