@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -21,6 +23,24 @@ using mkernel::bootstrap::Bootstrap;
 using mkernel::bootstrap::UniqueId;
 
 namespace {
+
+// Every log line of this test binary goes to a file that a test reads back (set before the first
+// line is logged: the log's settings are read once).
+std::string logPath() { return "/tmp/mk-test-bootstrap-" + std::to_string(getpid()) + ".log"; }
+struct LogToFile {
+  LogToFile() { setenv("MKERNEL_DEBUG_FILE", logPath().c_str(), 1); }
+  ~LogToFile() { std::remove(logPath().c_str()); }
+} gLogToFile;
+
+std::string logText() {
+  std::string text;
+  if (FILE* f = std::fopen(logPath().c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, n);
+    std::fclose(f);
+  }
+  return text;
+}
 
 struct LoopbackEnv {
   LoopbackEnv() { setenv("MKERNEL_SOCKET_IFNAME", "lo", 1); }
@@ -139,6 +159,30 @@ TEST_CASE("bootstrap: a peer that goes away makes recv fail; abort makes it retu
   CHECK(b0->recv(0, 3, &y, sizeof(y)) == Result::RemoteError);  // nothing will come from self
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
   aborter.join();
+}
+
+TEST_CASE("bootstrap: a peer that closes between frames has left: an error for whoever waits on it, no warning") {
+  // Every communicator's destruction closes its connections: a WARN for each (as before session
+  // 9) filled every job's exit with "peer closed the connection while reading a frame header".
+  LoopbackEnv env;
+  UniqueId id;
+  REQUIRE(mkernel::bootstrap::createUniqueId(&id) == Result::Success);
+  std::unique_ptr<Bootstrap> b0, b1;
+  std::thread t([&] { REQUIRE(Bootstrap::create(id, 1, 2, &b1) == Result::Success); });
+  REQUIRE(Bootstrap::create(id, 0, 2, &b0) == Result::Success);
+  t.join();
+  int x = 7, y = 0;
+  REQUIRE(b1->send(0, 5, &x, sizeof(x)) == Result::Success);
+  REQUIRE(b0->recv(1, 5, &y, sizeof(y)) == Result::Success);
+  b1.reset();
+  CHECK(b0->recv(1, 5, &y, sizeof(y)) == Result::RemoteError);
+  const std::string why = mkernel::lastError();
+  CHECK(why.find("peer 1 closed its connection") != std::string::npos);
+  b0.reset();
+  const std::string log = logText();
+  INFO("log:\n" << log);
+  CHECK(log.find("peer 1 closed its connection") != std::string::npos);  // the waiter's error: logged
+  CHECK(log.find("while reading a frame header") == std::string::npos);  // the close itself: not a warning
 }
 
 TEST_CASE("bootstrap: the root rejects malformed hellos and still completes") {
