@@ -1,18 +1,61 @@
-// common/: parameters, errors, and the README's variable table against params.def.
+// common/: parameters, errors, logging through NCCL's logger, and the README's variable table
+// against params.def.
 #include <catch2/catch.hpp>
 
+#include <cstdarg>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/log.h"
 #include "common/param.h"
 #include "common/result.h"
 
 using mkernel::Result;
+
+namespace {
+
+// NCCL_DEBUG as NCCL runs without it (its default level, WARN), for the logging case: the log's
+// settings are read once per process, at its first line.
+struct NoNcclDebug {
+  NoNcclDebug() { unsetenv("NCCL_DEBUG"); }
+} gNoNcclDebug;
+
+std::vector<std::pair<int, std::string>> gNcclLines;
+// Stands in for NCCL's ncclDebugLog.
+void captureNccl(int level, unsigned long /*flags*/, const char* /*file*/, int /*line*/, const char* fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  gNcclLines.emplace_back(level, buf);
+}
+
+}  // namespace
+
+TEST_CASE("log: through NCCL's logger, only the lines NCCL_DEBUG lets through are formatted and handed over") {
+  // A plugin loaded by NCCL logs through NCCL. Lines above NCCL's level would be dropped by NCCL
+  // anyway; formatting and handing them over cost every collective time (the shim's TRACE lines).
+  gNcclLines.clear();
+  mkernel::setNcclLogger(captureNccl);
+  CHECK_FALSE(mkernel::logEnabled(mkernel::LogLevel::Info, mkernel::kLogInit));
+  CHECK_FALSE(mkernel::logEnabled(mkernel::LogLevel::Trace, mkernel::kLogColl));
+  CHECK(mkernel::logEnabled(mkernel::LogLevel::Warn, mkernel::kLogInit));
+  MK_INFO(mkernel::kLogInit, "an info line %d", 1);
+  MK_TRACE(mkernel::kLogColl, "a trace line %d", 2);
+  MK_WARN("a warning %d", 3);
+  mkernel::setNcclLogger(nullptr);
+  REQUIRE(gNcclLines.size() == 1);
+  CHECK(gNcclLines[0].first == static_cast<int>(mkernel::LogLevel::Warn));
+  CHECK(gNcclLines[0].second.find("a warning 3") != std::string::npos);
+}
 
 TEST_CASE("params: default, override, bad value falls back to the default") {
   unsetenv("MKERNEL_TIMEOUT_S");
