@@ -68,6 +68,20 @@ std::vector<Result> runRanks(int n, Fn fn) {
   return res;
 }
 
+// Ranks 0 and 1 of a fresh two-rank bootstrap, connected: rank 1 has sent `value` with `tag` and
+// rank 0 has received it.
+void connectedPair(std::unique_ptr<Bootstrap>* b0, std::unique_ptr<Bootstrap>* b1, int tag, int value) {
+  UniqueId id;
+  REQUIRE(mkernel::bootstrap::createUniqueId(&id) == Result::Success);
+  std::thread t([&] { REQUIRE(Bootstrap::create(id, 1, 2, b1) == Result::Success); });
+  REQUIRE(Bootstrap::create(id, 0, 2, b0) == Result::Success);
+  t.join();
+  REQUIRE((*b1)->send(0, tag, &value, sizeof(value)) == Result::Success);
+  int got = 0;
+  REQUIRE((*b0)->recv(1, tag, &got, sizeof(got)) == Result::Success);
+  CHECK(got == value);
+}
+
 }  // namespace
 
 TEST_CASE("bootstrap: ids are recognised, foreign ids refused") {
@@ -135,17 +149,9 @@ TEST_CASE("bootstrap: a missing rank is a timeout error, not a hang") {
 
 TEST_CASE("bootstrap: a peer that goes away makes recv fail; abort makes it return") {
   LoopbackEnv env;
-  UniqueId id;
-  REQUIRE(mkernel::bootstrap::createUniqueId(&id) == Result::Success);
   std::unique_ptr<Bootstrap> b0, b1;
-  std::thread t([&] { REQUIRE(Bootstrap::create(id, 1, 2, &b1) == Result::Success); });
-  REQUIRE(Bootstrap::create(id, 0, 2, &b0) == Result::Success);
-  t.join();
-  int x = 5;
-  REQUIRE(b1->send(0, 1, &x, sizeof(x)) == Result::Success);
+  connectedPair(&b0, &b1, 1, 5);
   int y = 0;
-  REQUIRE(b0->recv(1, 1, &y, sizeof(y)) == Result::Success);
-  CHECK(y == 5);
   b1.reset();  // the peer's process "dies": its connections close
   auto t0 = std::chrono::steady_clock::now();
   CHECK(b0->recv(1, 1, &y, sizeof(y)) == Result::RemoteError);
@@ -165,15 +171,9 @@ TEST_CASE("bootstrap: a peer that closes between frames has left: an error for w
   // Every communicator's destruction closes its connections: a WARN for each (as before session
   // 9) filled every job's exit with "peer closed the connection while reading a frame header".
   LoopbackEnv env;
-  UniqueId id;
-  REQUIRE(mkernel::bootstrap::createUniqueId(&id) == Result::Success);
   std::unique_ptr<Bootstrap> b0, b1;
-  std::thread t([&] { REQUIRE(Bootstrap::create(id, 1, 2, &b1) == Result::Success); });
-  REQUIRE(Bootstrap::create(id, 0, 2, &b0) == Result::Success);
-  t.join();
-  int x = 7, y = 0;
-  REQUIRE(b1->send(0, 5, &x, sizeof(x)) == Result::Success);
-  REQUIRE(b0->recv(1, 5, &y, sizeof(y)) == Result::Success);
+  connectedPair(&b0, &b1, 5, 7);
+  int y = 0;
   b1.reset();
   CHECK(b0->recv(1, 5, &y, sizeof(y)) == Result::RemoteError);
   const std::string why = mkernel::lastError();
