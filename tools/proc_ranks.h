@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "collectives/communicator.h"
 #include "common/result.h"
@@ -52,5 +53,37 @@ inline mkernel::Result createProcessRank(int rank, int n, int nGpus, const mkern
   *what = "communicator";
   return mkernel::coll::Communicator::create(opts, bs->get(), comm);
 }
+
+// A private CUDA MPS daemon (its own pipe and log directory under /tmp), without which two
+// processes' kernels on one GPU do not run at the same time. start() sets the directory variables
+// the forked ranks inherit; stop() quits the daemon. `what` names the program in messages.
+class PrivateMps {
+ public:
+  bool start(const char* what) {
+    char tmpl[] = "/tmp/mkernel-mps-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) {
+      std::fprintf(stderr, "%s: cannot make a directory for CUDA MPS\n", what);
+      return false;
+    }
+    dir_ = tmpl;
+    setenv("CUDA_MPS_PIPE_DIRECTORY", dir_.c_str(), 1);
+    setenv("CUDA_MPS_LOG_DIRECTORY", dir_.c_str(), 1);
+    if (std::system("nvidia-cuda-mps-control -d") != 0) {
+      std::fprintf(stderr, "%s: ranks sharing a GPU need CUDA MPS, and nvidia-cuda-mps-control -d failed\n", what);
+      dir_.clear();
+      return false;
+    }
+    return true;
+  }
+  void stop(const char* what) {
+    if (dir_.empty()) return;
+    if (std::system("echo quit | nvidia-cuda-mps-control") != 0)
+      std::fprintf(stderr, "%s: stopping the MPS daemon failed\n", what);
+    dir_.clear();
+  }
+
+ private:
+  std::string dir_;
+};
 
 }  // namespace mktools

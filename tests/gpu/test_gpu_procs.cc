@@ -355,18 +355,8 @@ int main(int argc, char** argv) {
   // --kill-mid: 64 KiB inboxes, so that each CTA's 1 MiB of the 32 MiB AllReduce takes 32 chunks
   // (with the default 1 MiB, two: the third barrier would never come). Every rank must agree.
   if (killMode == Kill::kMid) setenv("MKERNEL_STAGED_CHUNK_BYTES", "65536", 1);
-  std::string mpsDir;
-  if (nGpus < n) {
-    char tmpl[] = "/tmp/mkernel-mps-XXXXXX";
-    if (mkdtemp(tmpl) == nullptr) return 1;
-    mpsDir = tmpl;
-    setenv("CUDA_MPS_PIPE_DIRECTORY", mpsDir.c_str(), 1);
-    setenv("CUDA_MPS_LOG_DIRECTORY", mpsDir.c_str(), 1);
-    if (std::system("nvidia-cuda-mps-control -d") != 0) {
-      std::fprintf(stderr, "test_gpu_procs: %d ranks on %d GPU(s) need CUDA MPS, and nvidia-cuda-mps-control -d failed\n", n, nGpus);
-      return 1;
-    }
-  }
+  mktools::PrivateMps mps;  // ranks sharing a GPU
+  if (nGpus < n && !mps.start("test_gpu_procs")) return 1;
   mkernel::bootstrap::UniqueId id;
   if (mkernel::bootstrap::createUniqueId(&id) != Result::Success) {
     std::fprintf(stderr, "createUniqueId: %s\n", mkernel::lastError());
@@ -401,8 +391,7 @@ int main(int argc, char** argv) {
       ++failed;
     }
   }
-  if (!mpsDir.empty() && std::system("echo quit | nvidia-cuda-mps-control") != 0)
-    std::fprintf(stderr, "test_gpu_procs: stopping the MPS daemon failed\n");
+  mps.stop("test_gpu_procs");
   std::printf("test_gpu_procs: %d ranks on %d GPU(s)%s%s%s: %s\n", n, nGpus < n ? nGpus : n,
               nGpus < n ? " (emulated, MPS)" : "", hosts > 1 ? (", as " + std::to_string(hosts) + " hosts").c_str() : "",
               killMode == Kill::kMid     ? ", one killed mid-collective"

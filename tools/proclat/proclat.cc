@@ -220,18 +220,8 @@ int main(int argc, char** argv) {
   int most = 0;
   for (int r : o.ranks) most = std::max(most, r);
   // Processes sharing a GPU need CUDA MPS: a private daemon for this run.
-  std::string mpsDir;
-  if (most > nGpus) {
-    char tmpl[] = "/tmp/mkernel-proclat-mps-XXXXXX";
-    if (mkdtemp(tmpl) == nullptr) return 2;
-    mpsDir = tmpl;
-    setenv("CUDA_MPS_PIPE_DIRECTORY", mpsDir.c_str(), 1);
-    setenv("CUDA_MPS_LOG_DIRECTORY", mpsDir.c_str(), 1);
-    if (std::system("nvidia-cuda-mps-control -d") != 0) {
-      std::fprintf(stderr, "mkernel-proclat: more ranks than GPUs need CUDA MPS, and nvidia-cuda-mps-control -d failed\n");
-      return 2;
-    }
-  }
+  mktools::PrivateMps mps;
+  if (most > nGpus && !mps.start("mkernel-proclat")) return 2;
   std::printf("# AllReduce float sum, process ranks on %d GPU(s) (rank r on GPU r %% %d%s); eager latency = interval\n"
               "# between CUDA events after consecutive back-to-back collectives on rank 0's stream, %d per size\n",
               nGpus, nGpus, most > nGpus ? "; ranks sharing a GPU under CUDA MPS" : "", o.iters);
@@ -249,8 +239,7 @@ int main(int argc, char** argv) {
     }
     std::fflush(stdout);
   }
-  if (!mpsDir.empty() && std::system("echo quit | nvidia-cuda-mps-control") != 0)
-    std::fprintf(stderr, "mkernel-proclat: stopping the MPS daemon failed\n");
+  mps.stop("mkernel-proclat");
   if (!o.csv.empty()) {
     if (FILE* f = std::fopen(o.csv.c_str(), "w")) {
       std::fprintf(f, "ranks,bytes,eager_med_us,eager_p99_us,host_us\n");
