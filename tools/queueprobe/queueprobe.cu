@@ -21,12 +21,21 @@
 // S1,...: S-1 such streams between consecutive rank streams. Both apply to every variant but own.
 // --kernel mkernel: the waiting kernel shaped like mkernel's launch-path kernel (static shared
 // memory, the other threads at a barrier, a host-mapped word polled while waiting).
-// --after record: every thread records an event on its stream right after its kernel (mkernel's
-// launch path records one after every op, session 9): does a command queued behind a waiting
-// kernel hold back other streams' kernels? (none: nothing after the kernel, the default.)
+// --after record|kernel: every thread queues a command on its stream right after its kernel: an
+// event record (mkernel's launch path recorded one after every op in session 9) or an empty
+// kernel (the application's next op): does a command that must wait for a waiting kernel hold
+// back, behind it in a shared hardware queue, another stream's kernel? (none: nothing after
+// the kernel, the default.)
+// --stagger-us U: rank r sleeps r x U microseconds after the common start before launching, so
+// that each rank's commands reach the GPU before the next rank's (as rank threads that arrive
+// at a collective at different times).
+// --fence: every thread waits at a host barrier, once all ranks' kernels are launched, before it
+// queues the --after command: the rule mkernel follows for ranks sharing a GPU (nothing that
+// waits for a collective's end is queued before every co-located rank has queued its start).
 // Prints a table: variant, ranks, gap, stride, rounds, stalled rounds, median round time.
 //   mkernel-queueprobe [--ranks 2,4,8] [--rounds 50] [--timeout-ms 200] [--variants fresh,touched,...]
-//                      [--gaps 0] [--strides 1] [--kernel plain|mkernel] [--after none|record]
+//                      [--gaps 0] [--strides 1] [--kernel plain|mkernel] [--after none|record|kernel]
+//                      [--stagger-us 0] [--fence]
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -151,7 +160,10 @@ struct ForeignRuntime {
   }
 };
 ForeignRuntime gForeign;
-bool gRecordAfter = false;  // --after record
+enum class After { None, Record, Kernel };
+After gAfter = After::None;  // --after
+unsigned gStaggerUs = 0;     // --stagger-us
+bool gFence = false;         // --fence
 
 struct Row {
   std::string variant;
@@ -205,7 +217,7 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
   cudaEvent_t ev;
   QP_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
 
-  SpinBarrier start(n + 1), done(n + 1);
+  SpinBarrier start(n + 1), done(n + 1), launched(n);
   std::atomic<bool> quit{false};
   std::atomic<unsigned> epoch{0};
   std::vector<std::thread> threads;
@@ -214,7 +226,7 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
       QP_CHECK(cudaSetDevice(0));
       if (foreign) QP_CHECK(gForeign.setDevice(0));
       cudaEvent_t after = nullptr;
-      if (gRecordAfter) QP_CHECK(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
+      if (gAfter == After::Record) QP_CHECK(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
       for (;;) {
         start.wait();
         if (quit.load()) {
@@ -223,13 +235,19 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
         }
         cudaStream_t& s = streams[static_cast<size_t>(r)];
         if (variant == "own") QP_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        if (gStaggerUs > 0) std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long long>(r) * gStaggerUs));
         if (like) {
           meetLike<<<1, 256, 0, s>>>(flags, n, r, epoch.load(), timeoutNs, gaveUp, hostStopDev);
         } else {
           meet<<<1, 256, 0, s>>>(flags, n, r, epoch.load(), timeoutNs, gaveUp);
         }
         QP_CHECK(cudaGetLastError());
+        if (gFence) launched.wait();
         if (after != nullptr) QP_CHECK(cudaEventRecord(after, s));
+        if (gAfter == After::Kernel) {
+          empty<<<1, 1, 0, s>>>();
+          QP_CHECK(cudaGetLastError());
+        }
         if (foreign) {
           cudaError_t q;
           while ((q = gForeign.streamQuery(s)) == cudaErrorNotReady) std::this_thread::yield();
@@ -306,14 +324,20 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(a, "--variants") == 0 && v) {
       variants = mktools::splitCommas(v);
       ++i;
-    } else if (std::strcmp(a, "--after") == 0 && v && (std::strcmp(v, "none") == 0 || std::strcmp(v, "record") == 0)) {
-      gRecordAfter = std::strcmp(v, "record") == 0;
+    } else if (std::strcmp(a, "--after") == 0 && v &&
+               (std::strcmp(v, "none") == 0 || std::strcmp(v, "record") == 0 || std::strcmp(v, "kernel") == 0)) {
+      gAfter = std::strcmp(v, "record") == 0 ? After::Record : std::strcmp(v, "kernel") == 0 ? After::Kernel : After::None;
       ++i;
+    } else if (std::strcmp(a, "--stagger-us") == 0 && v) {
+      gStaggerUs = static_cast<unsigned>(std::strtoul(v, nullptr, 10));
+      ++i;
+    } else if (std::strcmp(a, "--fence") == 0) {
+      gFence = true;
     } else {
       std::fprintf(stderr,
                    "usage: mkernel-queueprobe [--ranks 2,4,8] [--rounds 50] [--timeout-ms 200] "
                    "[--variants fresh,touched,kernel,own,reused,foreign] [--gaps 0] [--strides 1] [--kernel plain|mkernel] "
-                   "[--after none|record]\n");
+                   "[--after none|record|kernel] [--stagger-us 0] [--fence]\n");
       return 2;
     }
   }
@@ -321,9 +345,13 @@ int main(int argc, char** argv) {
   QP_CHECK(cudaFree(nullptr));
   const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   const char* loading = std::getenv("CUDA_MODULE_LOADING");
-  std::printf("# mkernel-queueprobe: CUDA_DEVICE_MAX_CONNECTIONS=%s CUDA_MODULE_LOADING=%s, timeout %llu ms, %s kernel%s\n",
+  std::printf("# mkernel-queueprobe: CUDA_DEVICE_MAX_CONNECTIONS=%s CUDA_MODULE_LOADING=%s, timeout %llu ms, %s kernel%s, "
+              "stagger %u us%s\n",
               conns ? conns : "(unset)", loading ? loading : "(unset)", timeoutMs, like ? "mkernel-like" : "plain",
-              gRecordAfter ? ", an event recorded after each kernel" : "");
+              gAfter == After::Record   ? ", an event recorded after each kernel"
+              : gAfter == After::Kernel ? ", an empty kernel queued after each kernel"
+                                        : "",
+              gStaggerUs, gFence ? ", host barrier before the after-command" : "");
   std::printf("%-8s %5s %4s %6s %6s %7s %10s\n", "variant", "ranks", "gap", "stride", "rounds", "stalled", "median_ms");
   int anyStalled = 0;
   for (const std::string& v : variants) {
