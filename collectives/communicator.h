@@ -56,6 +56,19 @@ class Communicator {
   // completion is ordered on `stream`. Legal during CUDA graph capture of `stream`.
   virtual Result enqueue(const CollArgs* ops, int n, cudaStream_t stream) = 0;
 
+  // Thread ranks of this communicator sharing one GPU (emulation) hold each other back when one
+  // queues what waits for a collective's end before a co-located peer has queued its start
+  // (collectives/post_fence.h). Such a communicator is fenced(): each collective is posted in two
+  // steps. enqueueStart() queues one collective's start and holds back what waits for its end;
+  // completeStarts() waits (on the host, bounded by MKERNEL_TIMEOUT_S) until every co-located
+  // rank of this process has posted as many, then queues what was held. enqueue() does both for
+  // each op; a thread driving several such ranks in one group (the shim) calls enqueueStart for
+  // each rank's collective before completeStarts for any. Unfenced: enqueueStart is enqueue and
+  // completeStarts does nothing.
+  virtual bool fenced() const { return false; }
+  virtual Result enqueueStart(const CollArgs& op, cudaStream_t stream) { return enqueue(&op, 1, stream); }
+  virtual Result completeStarts() { return Result::Success; }
+
   // Ok, InProgress, or the error that stopped the communicator (RemoteError on a dead peer).
   // queryDevice = false: only what the kernels recorded in host memory, with no CUDA call, as
   // the shim needs while the caller's stream is being captured (a stream query is refused then

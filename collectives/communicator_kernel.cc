@@ -19,11 +19,13 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "collectives/cuda_driver.h"
 #include "collectives/device/launch.h"
 #include "collectives/peer_memory.h"
+#include "collectives/post_fence.h"
 #include "collectives/proxy_net.h"
 #include "collectives/reduce_host.h"
 #include "collectives/hier_staged.h"
@@ -152,6 +154,9 @@ class KernelCommunicator final : public Communicator {
 
   Result init();
   Result enqueue(const CollArgs* ops, int n, cudaStream_t stream) override;
+  bool fenced() const override { return fence_ != nullptr; }
+  Result enqueueStart(const CollArgs& op, cudaStream_t stream) override;
+  Result completeStarts() override;
   Result asyncError(bool queryDevice) override;
   void watchLaunch();
   Result abort() override;
@@ -162,6 +167,18 @@ class KernelCommunicator final : public Communicator {
   bool testStalled() const override { return ctl_ != nullptr && ctl_->testStalled != 0; }
 
  private:
+  Result checkUsable();
+  Result enqueueLocked(const CollArgs* ops, int n, cudaStream_t stream, bool capturing);
+  Result completeStartsLocked();
+  // What waits for a posted collective's end, queued at once or, while a fenced start is being
+  // posted (holdTails_), held until completeStarts.
+  struct Tail {
+    enum Kind { kDoorbellWait, kSlotRecord, kOwnStreamOut } kind;
+    cudaStream_t stream;
+    int slot;
+  };
+  Result queueTail(const Tail& t);
+  Result runTail(const Tail& t);
   Result fillDesc(const CollArgs& a, WorkDesc* d) const;
   // How an op runs: the doorbell (persistent kernel), the launch path through the inbox, or the
   // launch path's direct mode (thread ranks, above the inbox threshold).
@@ -230,6 +247,17 @@ class KernelCommunicator final : public Communicator {
   // stream changes, on the previous stream (which the application must not have destroyed).
   cudaEvent_t launchEvent_ = nullptr;
   bool recordEachOp_ = true;
+  // Thread ranks sharing this GPU (MKERNEL_POST_FENCE, collectives/post_fence.h): the fence of
+  // this process's co-located ranks (shared, reference-counted), this rank's member index, the
+  // fenced collectives posted, whether the last one still waits for completeStarts, and the
+  // tails held until then.
+  PostFence* fence_ = nullptr;
+  int fenceMember_ = 0;
+  uint64_t fenceSeq_ = 0;
+  bool fencePending_ = false;
+  bool holdTails_ = false;
+  uint64_t startsQueued_ = 0;  // starts queued (kernel launches, doorbell writes): did a post queue one
+  std::vector<Tail> heldTails_;
   // The launch watch (MKERNEL_LAUNCH_WATCH, watchLaunch): an event recorded just before a watched
   // op's kernel, that op's epoch, when the last eager op was launched, and the epoch last reported.
   enum class Watch { Off, First, All };
@@ -361,6 +389,24 @@ Result KernelCommunicator::init() {
   reservedCtas_ = peers.nCtas;
   exchanged_ = true;
   recordEachOp_ = peers_.ranksOnMyDevice <= 1;  // launchEvent_
+  {
+    // Thread ranks sharing this GPU: one PostFence per such set, made by its lowest rank and
+    // handed to the others through the bootstrap (one process: the pointer is valid in each).
+    // Every rank takes part in the exchange; MKERNEL_POST_FENCE=0 (an experiment) makes none.
+    std::vector<uint64_t> fences(static_cast<size_t>(opts_.nRanks), 0);
+    if (paramInt("POST_FENCE", 1) != 0 && peers.nLocalPeers > 1 && peers.localPeers[0] == opts_.rank)
+      fences[static_cast<size_t>(opts_.rank)] =
+          reinterpret_cast<uint64_t>(new PostFence(peers.localPeers, peers.nLocalPeers));
+    MK_CHECK(bs_->allGather(fences.data(), sizeof(uint64_t)));
+    if (peers.nLocalPeers > 1 && fences[static_cast<size_t>(peers.localPeers[0])] != 0) {
+      fence_ = reinterpret_cast<PostFence*>(fences[static_cast<size_t>(peers.localPeers[0])]);
+      for (int m = 0; m < peers.nLocalPeers; ++m)
+        if (peers.localPeers[m] == opts_.rank) fenceMember_ = m;
+      MK_INFO(kLogInit, "rank %d: %d ranks of this communicator share GPU %d in this process: each posts a collective's "
+              "start, then waits for the others' before queueing its end (MKERNEL_POST_FENCE)",
+              opts_.rank, peers.nLocalPeers, opts_.cudaDev);
+    }
+  }
   for (int r = 0; r < opts_.nRanks; ++r) params_.peers[r] = peers.peers[r];
   params_.self = state_;
   void* dev = nullptr;
@@ -590,13 +636,18 @@ Result KernelCommunicator::ensureKernel() {
   return Result::Success;
 }
 
-Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stream) {
-  if (ops == nullptr || n < 0) return MK_ERROR(Result::InvalidArgument, "rank %d: enqueue of %d ops at %p", opts_.rank, n, static_cast<const void*>(ops));
-  std::lock_guard<std::mutex> lock(mu_);
+Result KernelCommunicator::checkUsable() {
   if (finalized_) return MK_ERROR(Result::InvalidUsage, "rank %d: enqueue on a finalized communicator", opts_.rank);
   if (aborted_) return MK_ERROR(Result::InvalidUsage, "rank %d: enqueue on an aborted communicator", opts_.rank);
   if (ctl_->failed) return kernelError();
   MK_CUDA(cudaSetDevice(opts_.cudaDev), "cudaSetDevice");
+  return Result::Success;
+}
+
+Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stream) {
+  if (ops == nullptr || n < 0) return MK_ERROR(Result::InvalidArgument, "rank %d: enqueue of %d ops at %p", opts_.rank, n, static_cast<const void*>(ops));
+  std::lock_guard<std::mutex> lock(mu_);
+  MK_CHECK(checkUsable());
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   MK_CUDA(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
   if (capture == cudaStreamCaptureStatusInvalidated)
@@ -605,38 +656,165 @@ Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stre
   MK_TRACE(kLogColl, "rank %d: enqueue of %d op(s) (%s, first count %zu) on stream %p%s", opts_.rank, n,
            n > 0 ? collName(ops[0].coll) : "-", n > 0 ? ops[0].count : size_t(0), static_cast<void*>(stream),
            capturing ? ", capturing" : "");
+  if (fence_ != nullptr && !capturing) {
+    // Ranks sharing this GPU: one op at a time, each start fenced before its end wait is queued.
+    for (int i = 0; i < n; ++i) {
+      Result r = enqueueLocked(&ops[i], 1, stream, /*capturing=*/false);
+      const Result c = completeStartsLocked();  // also after a failure: queues what was held
+      if (r == Result::Success) r = c;
+      if (r != Result::Success) return r;
+    }
+    foldStats();
+    return Result::Success;
+  }
+  MK_CHECK(enqueueLocked(ops, n, stream, capturing));
+  foldStats();
+  return Result::Success;
+}
 
+Result KernelCommunicator::enqueueStart(const CollArgs& op, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MK_CHECK(checkUsable());
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MK_CUDA(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  if (capture == cudaStreamCaptureStatusInvalidated)
+    return MK_ERROR(Result::InvalidUsage, "rank %d: the stream's capture was invalidated", opts_.rank);
+  const bool capturing = capture == cudaStreamCaptureStatusActive;
+  // Captured ops replay later, without the host: nothing to fence now (docs/KERNEL.md).
+  if (fence_ == nullptr || capturing) {
+    MK_CHECK(enqueueLocked(&op, 1, stream, capturing));
+    foldStats();
+    return Result::Success;
+  }
+  return enqueueLocked(&op, 1, stream, /*capturing=*/false);
+}
+
+Result KernelCommunicator::completeStarts() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result r = completeStartsLocked();
+  foldStats();
+  return r;
+}
+
+// Waits for the co-located ranks to have posted the start this rank posted last, then queues
+// what was held behind it. The held tails are queued whatever the fence says: the caller's stream
+// must not run ahead of the collective (a failed one ends through the kernel's own bounded waits).
+Result KernelCommunicator::completeStartsLocked() {
+  Result res = Result::Success;
+  if (fencePending_) {
+    fencePending_ = false;
+    int lag = -1;
+    const double timeout = static_cast<double>(params_.timeoutNs) / 1e9;
+    const PostFence::Outcome outcome = fence_->wait(
+        fenceMember_, fenceSeq_, timeout, [this] { return ctl_->abortFlag != 0 || ctl_->failed != 0; }, &lag);
+    const unsigned long long seq = static_cast<unsigned long long>(fenceSeq_);
+    switch (outcome) {
+      case PostFence::Outcome::kPassed:
+        break;
+      case PostFence::Outcome::kStopped:
+        res = ctl_->failed ? kernelError()
+                           : MK_ERROR(Result::RemoteError, "rank %d: aborted while waiting for rank %d (same GPU, this process) to post collective %llu",
+                                      opts_.rank, lag, seq);
+        break;
+      case PostFence::Outcome::kLeft:
+        res = MK_ERROR(Result::RemoteError,
+                       "rank %d: rank %d, which shares GPU %d in this process, was finalized or aborted before posting "
+                       "collective %llu of this communicator (ranks must call the same collectives)",
+                       opts_.rank, lag, opts_.cudaDev, seq);
+        break;
+      case PostFence::Outcome::kSameThread:
+        res = MK_ERROR(Result::InvalidUsage,
+                       "rank %d: rank %d shares GPU %d in this process and is driven by this same thread, which has not "
+                       "posted its part of collective %llu: a thread driving several ranks must call their collectives "
+                       "between ncclGroupStart and ncclGroupEnd (as NCCL requires)",
+                       opts_.rank, lag, opts_.cudaDev, seq);
+        break;
+      case PostFence::Outcome::kTimedOut:
+        res = MK_ERROR(Result::RemoteError,
+                       "rank %d: timed out after %.0f s waiting for rank %d, which shares GPU %d in this process, to post "
+                       "collective %llu of this communicator (its thread has not called it; MKERNEL_POST_FENCE)",
+                       opts_.rank, timeout, lag, opts_.cudaDev, seq);
+        break;
+    }
+  }
+  for (const Tail& t : heldTails_) {
+    Result r = runTail(t);
+    if (r != Result::Success && res == Result::Success) res = r;
+  }
+  heldTails_.clear();
+  return res;
+}
+
+Result KernelCommunicator::queueTail(const Tail& t) {
+  if (holdTails_) {
+    heldTails_.push_back(t);
+    return Result::Success;
+  }
+  return runTail(t);
+}
+
+Result KernelCommunicator::runTail(const Tail& t) {
+  switch (t.kind) {
+    case Tail::kDoorbellWait:
+      return cudrv::streamWaitValue32(t.stream, &state_->doorbell[t.slot], kDoorbellDone, cudrv::WaitCmp::Geq);
+    case Tail::kSlotRecord:
+      MK_CUDA(cudaEventRecord(slotEvents_[t.slot], t.stream), "cudaEventRecord(slot)");
+      return Result::Success;
+    case Tail::kOwnStreamOut:
+      MK_CUDA(cudaEventRecord(launchOut_, launchStream_), "cudaEventRecord(launch path, out)");
+      MK_CUDA(cudaStreamWaitEvent(t.stream, launchOut_, 0), "cudaStreamWaitEvent(launch path, out)");
+      return Result::Success;
+  }
+  return Result::Success;
+}
+
+// Posts ops (mu_ held). With a fence and not capturing, exactly one op: its start is queued, what
+// waits for its end held for completeStartsLocked, and the fence told once a start was queued.
+Result KernelCommunicator::enqueueLocked(const CollArgs* ops, int n, cudaStream_t stream, bool capturing) {
+  const bool fenced = fence_ != nullptr && !capturing;
+  const uint64_t startsBefore = startsQueued_;
+  if (fenced) {
+    if (fencePending_ || !heldTails_.empty()) MK_CHECK(completeStartsLocked());  // the previous op's first
+    holdTails_ = true;
+  }
   // In order: launch-path ops each get a kernel launch; runs of the others share doorbell slots
   // (up to kMaxOpsPerSlot per slot). Every rank splits a group the same way (the decision
   // depends only on shared arguments).
   WorkDesc descs[kMaxOpsPerSlot];
   int nOps = 0;
-  for (int i = 0; i < n; ++i) {
+  Result res = Result::Success;
+  for (int i = 0; i < n && res == Result::Success; ++i) {
     if (ops[i].count == 0) continue;  // NCCL: a no-op (the count is the same on every rank)
     WorkDesc d;
-    MK_CHECK(fillDesc(ops[i], &d));
+    res = fillDesc(ops[i], &d);
+    if (res != Result::Success) break;
     const Path path = pathOf(d, capturing);
     if (path != Path::kDoorbell && oneRankCopy(ops[i])) {
-      if (nOps > 0) MK_CHECK(postSlot(descs, nOps, capturing, stream));
+      if (nOps > 0) res = postSlot(descs, nOps, capturing, stream);
       nOps = 0;
-      MK_CHECK(copyOneRank(ops[i], stream));
+      if (res == Result::Success) res = copyOneRank(ops[i], stream);
       continue;
     }
     if (path != Path::kDoorbell) {
-      if (nOps > 0) MK_CHECK(postSlot(descs, nOps, capturing, stream));
+      if (nOps > 0) res = postSlot(descs, nOps, capturing, stream);
       nOps = 0;
-      MK_CHECK(launchOp(d, path == Path::kLaunchDirect, capturing, stream));
+      if (res == Result::Success) res = launchOp(d, path == Path::kLaunchDirect, capturing, stream);
       continue;
     }
     descs[nOps++] = d;
     if (nOps == kMaxOpsPerSlot) {
-      MK_CHECK(postSlot(descs, nOps, capturing, stream));
+      res = postSlot(descs, nOps, capturing, stream);
       nOps = 0;
     }
   }
-  if (nOps > 0) MK_CHECK(postSlot(descs, nOps, capturing, stream));
-  foldStats();
-  return Result::Success;
+  if (res == Result::Success && nOps > 0) res = postSlot(descs, nOps, capturing, stream);
+  holdTails_ = false;
+  if (fenced && startsQueued_ != startsBefore) {
+    // Posted, even if a later call failed: the start is on the stream and the peers wait for it.
+    fence_->posted(fenceMember_, ++fenceSeq_);
+    fencePending_ = true;
+  }
+  return res;
 }
 
 KernelCommunicator::Path KernelCommunicator::pathOf(const WorkDesc& d, bool capturing) const {
@@ -671,6 +849,7 @@ Result KernelCommunicator::copyOneRank(const CollArgs& a, cudaStream_t stream) {
   const size_t bytes = a.count * dataTypeSize(a.dtype);
   if (a.sendbuff != a.recvbuff)
     MK_CUDA(cudaMemcpyAsync(a.recvbuff, a.sendbuff, bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync (one rank)");
+  ++startsQueued_;
   const int c = static_cast<int>(a.coll);
   {
     std::lock_guard<std::mutex> lock(statsMu_);
@@ -731,6 +910,7 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capt
   if (capturing) {
     // Epoch 0: the kernel takes graphSeq + 1 on the device, at every replay.
     MK_CHECK(launchCollective(params_, d, ctas, 0, 0, direct, stream));
+    ++startsQueued_;
     return Result::Success;
   }
   ++launchSeq_;
@@ -743,12 +923,10 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capt
     watchIndex_ = index;
   }
   MK_CHECK(launchCollective(params_, d, ctas, launchSeq_, index, direct, runOn));
+  ++startsQueued_;
   lastLaunchColl_ = collName(c);
   lastLaunchAt_ = std::chrono::steady_clock::now();
-  if (launchStream_ != nullptr) {
-    MK_CUDA(cudaEventRecord(launchOut_, launchStream_), "cudaEventRecord(launch path, out)");
-    MK_CUDA(cudaStreamWaitEvent(stream, launchOut_, 0), "cudaStreamWaitEvent(launch path, out)");
-  }
+  if (launchStream_ != nullptr) MK_CHECK(queueTail({Tail::kOwnStreamOut, stream, 0}));
   if (recordEachOp_) MK_CUDA(cudaEventRecord(launchEvent_, runOn), "cudaEventRecord(launch path)");
   lastLaunchStream_ = runOn;
   MK_TRACE(kLogColl, "rank %d: %s launched on the launch path (%s, epoch %llu, %d CTAs)", opts_.rank, collName(c),
@@ -788,13 +966,16 @@ Result KernelCommunicator::postSlot(const WorkDesc* descs, int nOps, bool captur
   if (gateKernel_) {
     // The persistent kernel's own bounded waits give up (and release the doorbell) first.
     MK_CHECK(launchGate(doorbell, params_.ctl, 2 * params_.timeoutNs, opts_.rank, stream));
+    ++startsQueued_;
   } else {
     // Two memops: Posted overwrites the previous use's Done, and only Done (3) passes the
     // wait (Free 0, Posted 1 and Running 2 are below it), so no third write back to Free.
+    // The wait is the end's: held while a fenced start is posted.
     MK_CHECK(cudrv::streamWriteValue32(stream, doorbell, kDoorbellPosted));
-    MK_CHECK(cudrv::streamWaitValue32(stream, doorbell, kDoorbellDone, cudrv::WaitCmp::Geq));
+    ++startsQueued_;
+    MK_CHECK(queueTail({Tail::kDoorbellWait, stream, slot}));
   }
-  if (!capturing) MK_CUDA(cudaEventRecord(slotEvents_[slot], stream), "cudaEventRecord(slot)");
+  if (!capturing) MK_CHECK(queueTail({Tail::kSlotRecord, stream, slot}));
   return Result::Success;
 }
 
@@ -874,6 +1055,7 @@ void KernelCommunicator::watchLaunch() {
 
 Result KernelCommunicator::abort() {
   aborted_ = true;
+  if (fence_ != nullptr) fence_->leave(fenceMember_);  // co-located peers stop waiting for this rank
   if (ctl_ != nullptr) {
     ctl_->abortFlag = 1;
     ctl_->quit = 1;
@@ -934,6 +1116,11 @@ Result KernelCommunicator::finalize() {
 }
 
 void KernelCommunicator::release(bool orderly) {
+  if (fence_ != nullptr) {
+    fence_->leave(fenceMember_);
+    if (fence_->unref()) delete fence_;
+    fence_ = nullptr;
+  }
   if (!orderly && launched_ && ctl_ != nullptr) {
     ctl_->abortFlag = 1;
     ctl_->quit = 1;

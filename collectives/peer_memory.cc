@@ -212,7 +212,14 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
                       "destroy a communicator or lower MKERNEL_CTAS",
                       sharing, ri.busId, ri.smCount, kReservedSms);
     agreed = std::min(agreed, std::min(ri.wantCtas, fit));
-    if (r == rank) out->ranksOnMyDevice = sharing;
+    if (r == rank) {
+      out->ranksOnMyDevice = sharing;
+      out->nLocalPeers = 0;
+      for (int q = 0; q < nRanks; ++q) {
+        const RankInfo& rq = info[static_cast<size_t>(q)];
+        if (sameGpu(rq, me) && sameProcess(rq, me)) out->localPeers[out->nLocalPeers++] = q;
+      }
+    }
   }
   out->nCtas = std::max(1, agreed);
   // MKERNEL_STAGED=1: staged for thread ranks too (the same on every rank: an environment

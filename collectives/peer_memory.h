@@ -25,6 +25,10 @@ struct PeerSetup {
   DeviceState* peers[kMaxRanks] = {};  // index = rank
   int nCtas = 0;            // CTAs per kernel, identical on every rank
   int ranksOnMyDevice = 0;  // ranks of this communicator sharing this rank's GPU
+  // ... of which threads of this process, this rank included, in rank order (the members of its
+  // PostFence, collectives/post_fence.h)
+  int localPeers[kMaxRanks] = {};
+  int nLocalPeers = 0;
   bool staged = false;      // some rank is another process: collectives go through staging
   char* stagedBuf[kMaxRanks] = {};  // staged: every rank's staging buffer, as mapped here
   void* stagedLocal = nullptr;      // staged: this rank's own (cudaMalloc), freed by closePeers

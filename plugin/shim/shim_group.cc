@@ -63,13 +63,51 @@ ncclResult_t runDeferred(std::vector<DeferredTask>& tasks) {
   return ncclSuccess;
 }
 
+// Fenced communicators (thread ranks sharing a GPU, collectives/post_fence.h) in lockstep: round
+// k queues the start of each such comm's k-th collective, then completes them all (each waits
+// for its co-located peers' starts, then queues its end wait). A thread driving several of those
+// ranks thus queues every rank's start before any rank's end wait, whatever the order of its calls.
+void postFencedOps(const std::vector<ShimComm*>& comms, const std::vector<KernelOp>& ops, ncclResult_t* first) {
+  std::vector<std::vector<const KernelOp*>> perComm(comms.size());
+  size_t rounds = 0;
+  for (size_t c = 0; c < comms.size(); ++c) {
+    for (const KernelOp& op : ops)
+      if (op.comm == comms[c]) perComm[c].push_back(&op);
+    rounds = std::max(rounds, perComm[c].size());
+  }
+  auto note = [first](Result r) {
+    if (r != Result::Success && *first == ncclSuccess) *first = toNccl(r);
+  };
+  for (size_t k = 0; k < rounds; ++k) {
+    std::vector<bool> started(comms.size(), false);
+    for (size_t c = 0; c < comms.size(); ++c) {
+      if (k >= perComm[c].size()) continue;
+      const KernelOp& op = *perComm[c][k];
+      note(op.comm->mk ? op.comm->mk->enqueueStart(op.args, op.stream)
+                       : MK_ERROR(Result::InvalidUsage, "ncclGroupEnd : rank %d's communicator was %s inside the group",
+                                  op.comm->rank, commStateName(op.comm->state.load())));
+      started[c] = op.comm->mk != nullptr;
+    }
+    for (size_t c = 0; c < comms.size(); ++c)
+      if (started[c]) note(comms[c]->mk->completeStarts());
+  }
+}
+
 // Posts the collected mkernel collectives: per comm, in call order, one enqueue per run of
-// consecutive ops on one stream.
+// consecutive ops on one stream; fenced comms in lockstep (postFencedOps).
 ncclResult_t postKernelOps(std::vector<KernelOp>& ops) {
   std::vector<ShimComm*> comms;  // in order of first appearance
+  std::vector<ShimComm*> fenced;
   for (const KernelOp& op : ops)
-    if (std::find(comms.begin(), comms.end(), op.comm) == comms.end()) comms.push_back(op.comm);
+    if (std::find(comms.begin(), comms.end(), op.comm) == comms.end()) {
+      if (op.comm->mk && op.comm->mk->fenced()) {
+        if (std::find(fenced.begin(), fenced.end(), op.comm) == fenced.end()) fenced.push_back(op.comm);
+        continue;
+      }
+      comms.push_back(op.comm);
+    }
   ncclResult_t first = ncclSuccess;
+  if (!fenced.empty()) postFencedOps(fenced, ops, &first);
   std::vector<coll::CollArgs> batch;
   for (ShimComm* comm : comms) {
     cudaStream_t stream = nullptr;

@@ -8,9 +8,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/launch_path.h"
@@ -283,4 +285,69 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2,
 TEST_CASE("gpu: every collective x dtype x op, 8 ranks as 2 emulated nodes of 4 (hierarchical, proxies)", "[gpu][hier8]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   runSweep(8, 4);
+}
+
+// Ranks sharing the GPU that reach their collectives far apart, each queueing three back to back
+// (launch path, launch path, persistent kernel): a rank's second collective, which waits for its
+// first, must not sit in a hardware queue ahead of a late peer's first. The communicator fences
+// each start (collectives/post_fence.h). ctest runs this with one hardware queue for every stream
+// (test_gpu_hol), and once more with the fence off (test_gpu_hol_nofence, MKERNEL_POST_FENCE=0,
+// MKERNEL_TIMEOUT_S=3), which must fail: that is the stall of docs/RELIABILITY.md.
+TEST_CASE("gpu: ranks sharing the GPU arrive 5 ms apart and queue 3 collectives each", "[gpu][hol]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
+  for (int nRanks : {4, 8}) {
+    INFO(nRanks << " ranks");
+    const size_t small = 1000, large = size_t(1) << 20;  // 4 KiB each, 4 MiB (above the launch path)
+    auto failures = mkgpu::runRanks(nRanks, [&](mkgpu::RankCtx& ctx) {
+      const int r = ctx.rank;
+      auto* a = ctx.deviceAlloc<int32_t>(small * sizeof(int32_t));
+      auto* b = ctx.deviceAlloc<int32_t>(small * sizeof(int32_t));
+      auto* c = ctx.deviceAlloc<int32_t>(large * sizeof(int32_t));
+      if (a == nullptr || b == nullptr || c == nullptr) return ctx.fail("cudaMalloc");
+      std::vector<int32_t> va(small, r + 1), vb(small, r == 1 ? 77 : -1), vc(large, 10 * (r + 1));
+      if (!ctx.toDevice(a, va.data(), small * 4) || !ctx.toDevice(b, vb.data(), small * 4) ||
+          !ctx.toDevice(c, vc.data(), large * 4) || cudaStreamSynchronize(ctx.stream) != cudaSuccess)
+        return ctx.fail("upload");
+      ctx.hostReset();
+      ctx.bs->barrier();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5 * r));
+      CollArgs ar{};
+      ar.coll = CollType::AllReduce;
+      ar.dtype = DataType::Int32;
+      ar.op = RedOp::Sum;
+      ar.count = small;
+      ar.sendbuff = a;
+      ar.recvbuff = a;
+      CollArgs bc{};
+      bc.coll = CollType::Broadcast;
+      bc.dtype = DataType::Int32;
+      bc.count = small;
+      bc.root = 1;
+      bc.sendbuff = b;
+      bc.recvbuff = b;
+      CollArgs big = ar;
+      big.count = large;
+      big.sendbuff = c;
+      big.recvbuff = c;
+      for (const CollArgs* op : {&ar, &bc, &big})
+        if (ctx.comm->enqueue(op, 1, ctx.stream) != Result::Success)
+          return ctx.fail(std::string("enqueue: ") + mkernel::lastError());
+      auto* ga = static_cast<const int32_t*>(ctx.fromDevice(a, small * 4));
+      auto* gb = static_cast<const int32_t*>(ctx.fromDevice(b, small * 4));
+      auto* gc = static_cast<const int32_t*>(ctx.fromDevice(c, large * 4));
+      if (ga == nullptr || gb == nullptr || gc == nullptr) return ctx.fail("download");
+      if (cudaStreamSynchronize(ctx.stream) != cudaSuccess) return ctx.fail("stream sync");
+      if (ctx.comm->asyncError() != Result::Success) return ctx.fail(std::string("async: ") + mkernel::lastError());
+      const int32_t sum = nRanks * (nRanks + 1) / 2;
+      for (size_t i = 0; i < small; ++i)
+        if (ga[i] != sum || gb[i] != 77) return ctx.fail("wrong small result at " + std::to_string(i));
+      for (size_t i = 0; i < large; ++i)
+        if (gc[i] != 10 * sum) return ctx.fail("wrong large result at " + std::to_string(i));
+      mkernel::coll::CollStats st;
+      ctx.comm->stats(&st);
+      if (st.kernelLaunches == 0) ctx.fail("the 4 MiB AllReduce did not take the persistent kernel");
+    });
+    for (const auto& f : failures) FAIL_CHECK(f);
+    CHECK(failures.empty());
+  }
 }

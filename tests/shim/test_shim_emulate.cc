@@ -301,3 +301,61 @@ TEST_CASE("emulate: premul-sum across ranks") {
   for (int rank = 0; rank < 2; ++rank)
     CHECK(got[static_cast<size_t>(rank)] == std::vector<float>(128, 1.5f));
 }
+
+// One thread drives four ranks sharing the GPU and queues three collectives per rank in one group,
+// rank by rank. Each rank must post its start of a collective, and may queue what waits for its
+// end only once every co-located rank has posted its start (collectives/post_fence.h): the shim
+// posts the group in lockstep, collective by collective across the ranks. Posted rank by rank
+// instead, rank 0's fence would wait for ranks that only this thread can post later. ctest also
+// runs this with one hardware queue for every stream (test_shim_emulate_hol), where any command
+// waiting for a collective ahead of a peer's start holds that start back.
+TEST_CASE("emulate: one thread, four ranks, three collectives each in one group, rank by rank", "[hol]") {
+  ncclComm_t comms[4] = {};
+  int devs[4] = {0, 0, 0, 0};
+  REQUIRE(ncclCommInitAll(comms, 4, devs) == ncclSuccess);
+  const size_t small = 1000, large = size_t(1) << 20;  // 4 KiB (launch path), 4 MiB (the doorbell)
+  std::vector<std::unique_ptr<DevBuf>> a, b, c;
+  cudaStream_t streams[4];
+  for (int r = 0; r < 4; ++r) {
+    a.emplace_back(new DevBuf(small * sizeof(int32_t)));
+    b.emplace_back(new DevBuf(small * sizeof(int32_t)));
+    c.emplace_back(new DevBuf(large * sizeof(int32_t)));
+    upload(*a.back(), std::vector<int32_t>(small, r + 1));
+    upload(*b.back(), std::vector<int32_t>(small, r == 2 ? 77 : -1));
+    upload(*c.back(), std::vector<int32_t>(large, 10 * (r + 1)));
+    REQUIRE(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking) == cudaSuccess);
+  }
+  mkernelStats_t before{};
+  before.size = sizeof(before);
+  REQUIRE(mkernelGetStats(&before) == 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (int r = 0; r < 4; ++r) {
+    CHECK(ncclAllReduce(a[r]->p, a[r]->p, small, ncclInt32, ncclSum, comms[r], streams[r]) == ncclSuccess);
+    CHECK(ncclBroadcast(b[r]->p, b[r]->p, small, ncclInt32, 2, comms[r], streams[r]) == ncclSuccess);
+    CHECK(ncclAllReduce(c[r]->p, c[r]->p, large, ncclInt32, ncclSum, comms[r], streams[r]) == ncclSuccess);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  INFO(ncclGetLastError(comms[0]));
+  REQUIRE(end == ncclSuccess);
+  for (int r = 0; r < 4; ++r) REQUIRE(cudaStreamSynchronize(streams[r]) == cudaSuccess);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("posted and completed in " << seconds << " s");
+  CHECK(seconds < 10.0);  // MKERNEL_TIMEOUT_S is 60 here: no rank waited for a timeout
+  for (int r = 0; r < 4; ++r) {
+    CHECK(download<int32_t>(*a[r], small) == std::vector<int32_t>(small, 10));
+    CHECK(download<int32_t>(*b[r], small) == std::vector<int32_t>(small, 77));
+    CHECK(download<int32_t>(*c[r], large) == std::vector<int32_t>(large, 100));
+    cudaStreamDestroy(streams[r]);
+  }
+  mkernelStats_t after{};
+  after.size = sizeof(after);
+  REQUIRE(mkernelGetStats(&after) == 0);
+  uint64_t ran = 0;
+  for (int k = 0; k < 5; ++k) ran += after.kernelOps[k] - before.kernelOps[k];
+  CHECK(ran == 12);  // every collective on mkernel's kernels
+  CHECK(after.kernelLaunches > before.kernelLaunches);  // the 4 MiB AllReduces took the doorbell
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (int r = 0; r < 4; ++r) CHECK(ncclCommDestroy(comms[r]) == ncclSuccess);
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+}
