@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -452,6 +453,7 @@ Result KernelCommunicator::init() {
   // ones; the rest keep the persistent kernel's replayable doorbell. Every rank reads the same
   // setting (as MKERNEL_LAUNCH_MAX_BYTES).
   graphLaunch_ = paramInt("GRAPH_LAUNCH", 1) != 0 && launchMaxBytes_ > 0 && !hier;
+  registerStatsFolder(this, [this] { foldStats(); });
   MK_INFO(kLogInit, "rank %d: persistent kernel ready: %d CTAs x %d threads, GPU %d (%d SMs, %d ranks on it)%s",
           opts_.rank, params_.nCtas, kKernelThreads, opts_.cudaDev, sms, peers.ranksOnMyDevice,
           peers.staged ? ", staged (process ranks)" : "");
@@ -1049,8 +1051,15 @@ void KernelCommunicator::watchLaunch() {
                           ? "the caller's stream is ready but its kernel has not started: CUDA holds it back "
                             "(another kernel, or an implicit synchronization such as a device-wide wait or a free)"
                           : "its kernel has not started: the work queued before it on the caller's stream has not completed";
-  MK_WARN("rank %d: %s (launch path, epoch %llu) unfinished %.1f s after its launch: %s", opts_.rank, lastLaunchColl_,
-          static_cast<unsigned long long>(watchEpoch_), waited, where);
+  // Held back by CUDA: does the GPU still start new work elsewhere? An empty kernel on each of 8
+  // fresh streams tells whether only this stream's hardware queue is held (they run) or nothing
+  // new starts anywhere (none runs).
+  char probe[160] = "";
+  if (!started && pre == cudaSuccess)
+    std::snprintf(probe, sizeof(probe), "; an empty kernel launched now on each of 8 fresh streams ran on %d of them within 0.2 s",
+                  probeFreshStreams(8, 0.2));
+  MK_WARN("rank %d: %s (launch path, epoch %llu) unfinished %.1f s after its launch: %s%s", opts_.rank, lastLaunchColl_,
+          static_cast<unsigned long long>(watchEpoch_), waited, where, probe);
 }
 
 Result KernelCommunicator::abort() {
@@ -1116,6 +1125,7 @@ Result KernelCommunicator::finalize() {
 }
 
 void KernelCommunicator::release(bool orderly) {
+  unregisterStatsFolder(this);  // before ctl_ goes: mkernelGetStats no longer reads it
   if (fence_ != nullptr) {
     fence_->leave(fenceMember_);
     if (fence_->unref()) delete fence_;

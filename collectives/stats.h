@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 
 #include "collectives/types.h"
 
@@ -18,6 +19,15 @@ struct GlobalStats {
 };
 
 GlobalStats& globalStats();
+
+// The kernels report finished collectives in host memory; a communicator adds them to
+// globalStats() when it folds (at its next enqueue, stats() or finalize). Each live communicator
+// registers its fold here, and mkernelGetStats runs them all first, so that a collective counts
+// as soon as the stream has passed it. unregisterStatsFolder waits for a fold in progress: after
+// it returns, the fold is never called again.
+void registerStatsFolder(const void* key, std::function<void()> fold);
+void unregisterStatsFolder(const void* key);
+void foldLiveStats();
 
 inline void countKernelOp(CollType c) {
   globalStats().kernelOps[static_cast<int>(c)].fetch_add(1, std::memory_order_relaxed);

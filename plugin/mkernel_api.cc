@@ -10,6 +10,7 @@
 extern "C" int mkernelGetStats(mkernelStats_t* out) {
   if (out == nullptr || out->size < offsetof(mkernelStats_t, kernelOps)) return 1;
   mkernelStats_t full{};
+  mkernel::coll::foldLiveStats();  // collectives finished since each communicator's last fold
   mkernel::coll::GlobalStats& s = mkernel::coll::globalStats();
   for (int i = 0; i < mkernel::coll::kNumCollTypes; ++i) {
     full.kernelOps[i] = s.kernelOps[i].load(std::memory_order_relaxed);

@@ -24,6 +24,8 @@
 #      (-DMKERNEL_CUDART=shared), the same short runs with it;
 #   4. (unless MATRIX_GDB=0) one stalled run of the default with MKERNEL_TIMEOUT_S=60, for
 #      cuda-gdb's contexts, kernels and host stacks.
+# MATRIX_STEPS (default "2 2b 3") picks the steps after the build; MATRIX_ROWS (an extended regular
+# expression, default all) the rows of 2b and 3 by name.
 # About 540 s with MATRIX_RUNS=4 MATRIX_GDB=0 when half the runs stall (one device call).
 # Prints a table: variant, runs passed. Logs to $OUT when set.
 set -u -o pipefail
@@ -35,6 +37,9 @@ LC_CTEST=none LC_HIER_REPS=0 LC_NCCL_RUN=0 LC_COLLBENCH=0 LC_TORCH=0 LC_JOBS=${M
   LC_TESTS="broadcast_perf all_reduce_perf" bash "$root/scripts/launch-check.sh" >/dev/null 2>&1 ||
   { echo "build failed"; exit 1; }
 
+want() { [[ " ${MATRIX_STEPS:-2 2b 3} " == *" $1 "* ]]; }
+row() { [[ "$1" =~ ${MATRIX_ROWS:-.} ]]; }
+if want 2; then
 echo "== 2. mkernel-queueprobe ($(date +%T))"
 # foreign: the streams made and polled by the shared libcudart.so, as nccl-tests' are.
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
@@ -49,7 +54,9 @@ for k in plain mkernel; do
   done
 done | tee "${OUT:-/tmp}/queueprobe.txt" | awk '/^#|^variant/ || $6 != 0'
 echo "(rows with stalls only; the whole table in queueprobe.txt)"
+fi
 
+if want 2b; then
 echo "== 2b. mkernel-emuprobe: nccl-tests' set-up without nccl-tests, one difference at a time ($(date +%T))"
 # Each run a fresh process; MATRIX_RUNS runs per row. The default row is nccl-tests -t 4's set-up:
 # streams first, the comms made by one thread in a group, buffers from the real NCCL's
@@ -57,6 +64,7 @@ echo "== 2b. mkernel-emuprobe: nccl-tests' set-up without nccl-tests, one differ
 printf '%-30s %s\n' "emuprobe variant" "runs passed" | tee -a "${OUT:-/tmp}/stall-matrix.txt"
 : >"${OUT:-/tmp}/emuprobe-failures.txt"
 while IFS='|' read -r name args; do
+  row "$name" || continue
   ok=0
   runs=${MATRIX_RUNS:-6}
   for ((i = 0; i < runs; ++i)); do
@@ -82,10 +90,13 @@ data set-up on legacy stream|--ranks 4 --coll broadcast --init group --alloc ncc
 2 ranks|--ranks 2 --coll broadcast --init group --alloc nccl
 EOF
 head -12 "${OUT:-/tmp}/emuprobe-failures.txt"
+fi
 
+if want 3; then
 echo "== 3. emulated broadcast_perf -t 4, first collective ($(date +%T))"
 printf '%-34s %s\n' variant passed | tee "${OUT:-/tmp}/stall-matrix.txt"
 while IFS='|' read -r name envs; do
+  row "$name" || continue
   # shellcheck disable=SC2086  # envs: VAR=value words
   line=$(env $envs EMU_STACKS=0 MKERNEL_TIMEOUT_S=3 PROBE_LIMIT=10 PROBE_ALL=1 PROBE_RUNS="${MATRIX_RUNS:-6}" PROBE_THREADS=4 \
     bash "$root/scripts/emu-stall-probe.sh" 2>&1 | grep "^emu-stall-probe:")
@@ -103,6 +114,7 @@ MKERNEL_LAUNCH_MAX_BYTES=0|MKERNEL_LAUNCH_MAX_BYTES=0
 MKERNEL_LAUNCH_WATCH=off|MKERNEL_LAUNCH_WATCH=off
 all_reduce_perf|PROBE_TEST=all_reduce_perf
 EOF
+fi
 
 if [ "${MATRIX_SHARED_CUDART:-0}" = 1 ]; then
   # libmkernel.so on the application's libcudart.so (one runtime instance in the process, as in

@@ -13,6 +13,10 @@
 // second barrier keeps every rank's buffers untouched by peers once its stream moves on.
 #include <cuda_runtime.h>
 
+#include <chrono>
+#include <thread>
+#include <vector>
+
 #include "collectives/algo.h"
 #include "collectives/device/launch.h"
 #include "collectives/device/reduce.cuh"
@@ -863,6 +867,35 @@ Result launchGate(uint32_t* doorbell, HostControl* ctlDev, uint64_t timeoutNs, i
     return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching the stream gate kernel failed: %s", rank,
                     cudaGetErrorString(err));
   return Result::Success;
+}
+
+namespace dev {
+__global__ void probeKernel() {}
+}  // namespace dev
+
+int probeFreshStreams(int n, double seconds) {
+  std::vector<cudaStream_t> streams;
+  for (int i = 0; i < n; ++i) {
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) break;
+    dev::probeKernel<<<1, 32, 0, s>>>();
+    streams.push_back(s);
+  }
+  (void)cudaGetLastError();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int ran = 0;
+  std::vector<bool> done(streams.size(), false);
+  while (std::chrono::steady_clock::now() < deadline && ran < static_cast<int>(streams.size())) {
+    for (size_t i = 0; i < streams.size(); ++i)
+      if (!done[i] && cudaStreamQuery(streams[i]) == cudaSuccess) {
+        done[i] = true;
+        ++ran;
+      }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  (void)cudaGetLastError();
+  for (cudaStream_t s : streams) (void)cudaStreamDestroy(s);  // pending work still completes
+  return ran;
 }
 
 Result persistentKernelLocalBytes(size_t* out) {

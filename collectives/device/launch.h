@@ -75,6 +75,9 @@ Result persistentKernelLocalBytes(size_t* out);
 // context; done at creation, before any of mkernel's kernels runs, it waits for nothing
 // (docs/KERNEL.md, "Local memory").
 Result warmKernels(cudaStream_t stream);
+// Diagnosis (the launch watch): launches an empty kernel on each of n fresh streams (new streams
+// take the hardware queues in turn) and returns on how many it ran within `seconds`.
+int probeFreshStreams(int n, double seconds);
 
 // The launch path (collectives/launch_path.h): launches the small-collective kernel for `d` with
 // nCtas CTAs on the caller's stream; `epoch` is the communicator's launch-path op counter (the
