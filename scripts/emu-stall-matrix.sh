@@ -33,9 +33,16 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build-gpu
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
 echo "== 1. build ($(date +%T))"
-LC_CTEST=none LC_HIER_REPS=0 LC_NCCL_RUN=0 LC_COLLBENCH=0 LC_TORCH=0 LC_JOBS=${MATRIX_JOBS:-32} \
-  LC_TESTS="broadcast_perf all_reduce_perf" bash "$root/scripts/launch-check.sh" >/dev/null 2>&1 ||
-  { echo "build failed"; exit 1; }
+if [[ " ${MATRIX_STEPS:-2 2b 3} " == *" 3 "* ]]; then
+  LC_CTEST=none LC_HIER_REPS=0 LC_NCCL_RUN=0 LC_COLLBENCH=0 LC_TORCH=0 LC_JOBS=${MATRIX_JOBS:-32} \
+    LC_TESTS="broadcast_perf all_reduce_perf" bash "$root/scripts/launch-check.sh" >/dev/null 2>&1 ||
+    { echo "build failed"; exit 1; }
+else
+  # No nccl-tests rows: the library and the probes only.
+  { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON -DMKERNEL_BUILD_TESTS=OFF >/dev/null &&
+    make -C "$build" -j"${MATRIX_JOBS:-32}" mkernel mkernel-queueprobe mkernel-emuprobe >/dev/null; } 2>&1 | tail -5
+  [ -x "$build/bin/mkernel-emuprobe" ] || { echo "build failed"; exit 1; }
+fi
 
 want() { [[ " ${MATRIX_STEPS:-2 2b 3} " == *" $1 "* ]]; }
 row() { [[ "$1" =~ ${MATRIX_ROWS:-.} ]]; }
@@ -88,6 +95,10 @@ allreduce|--ranks 4 --coll allreduce --init group --alloc nccl
 data set-up on legacy stream|--ranks 4 --coll broadcast --init group --alloc nccl --data-init
 8 ranks|--ranks 8 --coll broadcast --init group --alloc nccl
 2 ranks|--ranks 2 --coll broadcast --init group --alloc nccl
+VMM mapped by the probe (cumem)|--ranks 4 --coll broadcast --init group --alloc cumem
+device sync after the buffers|--ranks 4 --coll broadcast --init group --alloc nccl --sync-after-alloc
+each rank's stream flushed|--ranks 4 --coll broadcast --init group --alloc nccl --flush
+ncclCommInitAll, cudaMalloc|--ranks 4 --coll broadcast --init all --alloc cuda
 EOF
 head -12 "${OUT:-/tmp}/emuprobe-failures.txt"
 fi

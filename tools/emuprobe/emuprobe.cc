@@ -17,10 +17,17 @@
 //   5. one line: passed, or which ranks' collectives did not finish.
 // --data-init: before each collective, a cudaMemset of the send buffer on the legacy default
 // stream and a wait for that stream (the patched nccl-tests' data setup).
+// --alloc cumem: the buffers mapped as ncclMemAlloc maps them (cuMemCreate, cuMemAddressReserve,
+// cuMemMap, cuMemSetAccess) but by this program, without the real NCCL loaded.
+// --sync-after-alloc: the main thread waits for the whole device once the buffers are made.
+// --flush: every rank thread, before the barrier, sets 4 bytes of its send buffer on its stream
+// (cudaMemsetAsync) and waits for that stream: GPU work on each rank's stream after the buffers
+// are mapped and before any collective.
 // Exit status: 0 passed, 1 a collective did not finish or failed, 2 usage or setup error.
 //   mkernel-emuprobe [--ranks 4] [--coll broadcast|allreduce|allgather|reducescatter|reduce]
-//                    [--bytes 8] [--iters 2] [--init group|all|threads] [--alloc nccl|cuda]
-//                    [--data-init] [--timeout-s 10]
+//                    [--bytes 8] [--iters 2] [--init group|all|threads] [--alloc nccl|cuda|cumem]
+//                    [--data-init] [--sync-after-alloc] [--flush] [--timeout-s 10]
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>
@@ -46,6 +53,8 @@ struct Options {
   std::string init = "group";
   std::string alloc = "nccl";
   bool dataInit = false;
+  bool syncAfterAlloc = false;
+  bool flush = false;
   double timeoutS = 10;
 };
 
@@ -74,8 +83,8 @@ bool parse(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (a == "--data-init") {
-      o->dataInit = true;
+    if (a == "--data-init" || a == "--sync-after-alloc" || a == "--flush") {
+      (a == "--data-init" ? o->dataInit : a == "--flush" ? o->flush : o->syncAfterAlloc) = true;
       continue;
     }
     if (v == nullptr) return false;
@@ -93,7 +102,7 @@ bool parse(int argc, char** argv, Options* o) {
                       o->coll == "reducescatter" || o->coll == "reduce";
   return o->ranks >= 1 && o->ranks <= 64 && o->bytes >= 4 && o->iters >= 1 && collOk &&
          (o->init == "group" || o->init == "all" || o->init == "threads") &&
-         (o->alloc == "nccl" || o->alloc == "cuda") && o->timeoutS > 0;
+         (o->alloc == "nccl" || o->alloc == "cuda" || o->alloc == "cumem") && o->timeoutS > 0;
 }
 
 // The real NCCL's ncclMemAlloc (what nccl-tests calls when libnccl is loaded beside the shim).
@@ -108,6 +117,46 @@ MemAllocFn realMemAlloc(std::string* why) {
   auto fn = reinterpret_cast<MemAllocFn>(dlsym(h, "ncclMemAlloc"));
   if (fn == nullptr) *why = "libnccl has no ncclMemAlloc";
   return fn;
+}
+
+// ncclMemAlloc's mapping, by this program (--alloc cumem): the driver's VMM calls through libcuda.
+bool cuMemAlloc(void** out, size_t bytes) {
+  static void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr) return false;
+  auto get = [](const char* name) { return dlsym(h, name); };
+  auto ctxGetDevice = reinterpret_cast<CUresult (*)(CUdevice*)>(get("cuCtxGetDevice"));
+  auto granularity = reinterpret_cast<CUresult (*)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags)>(
+      get("cuMemGetAllocationGranularity"));
+  auto create = reinterpret_cast<CUresult (*)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                                              unsigned long long)>(get("cuMemCreate"));
+  auto reserve = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long)>(
+      get("cuMemAddressReserve"));
+  auto map = reinterpret_cast<CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)>(
+      get("cuMemMap"));
+  auto access = reinterpret_cast<CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t)>(get("cuMemSetAccess"));
+  if (!ctxGetDevice || !granularity || !create || !reserve || !map || !access) return false;
+  CUdevice dev = 0;
+  if (ctxGetDevice(&dev) != CUDA_SUCCESS) return false;
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t gran = 0;
+  if (granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) != CUDA_SUCCESS || gran == 0) return false;
+  const size_t size = (bytes + gran - 1) / gran * gran;
+  CUmemGenericAllocationHandle handle = 0;
+  CUdeviceptr ptr = 0;
+  if (create(&handle, size, &prop, 0) != CUDA_SUCCESS || reserve(&ptr, size, gran, 0, 0) != CUDA_SUCCESS ||
+      map(ptr, size, 0, handle, 0) != CUDA_SUCCESS)
+    return false;
+  CUmemAccessDesc desc = {};
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = dev;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (access(ptr, size, &desc, 1) != CUDA_SUCCESS) return false;
+  *out = reinterpret_cast<void*>(ptr);
+  return true;
 }
 
 ncclResult_t runColl(const Options& o, void* send, void* recv, ncclComm_t comm, cudaStream_t s) {
@@ -143,7 +192,8 @@ int main(int argc, char** argv) {
   if (!parse(argc, argv, &o)) {
     std::fprintf(stderr,
                  "usage: mkernel-emuprobe [--ranks 4] [--coll broadcast|allreduce|allgather|reducescatter|reduce] "
-                 "[--bytes 8] [--iters 2] [--init group|all|threads] [--alloc nccl|cuda] [--data-init] "
+                 "[--bytes 8] [--iters 2] [--init group|all|threads] [--alloc nccl|cuda|cumem] [--data-init] "
+                 "[--sync-after-alloc] [--flush] "
                  "[--timeout-s 10]\n");
     return 2;
   }
@@ -198,6 +248,7 @@ int main(int argc, char** argv) {
   }
   const size_t bufBytes = o.bytes < 4096 ? 4096 : o.bytes;
   auto allocate = [&](void** p) {
+    if (o.alloc == "cumem") return cuMemAlloc(p, bufBytes);
     return memAlloc != nullptr ? memAlloc(p, bufBytes) == ncclSuccess : cudaMalloc(p, bufBytes) == cudaSuccess;
   };
   std::vector<void*> send(static_cast<size_t>(n), nullptr), recv(static_cast<size_t>(n), nullptr);
@@ -207,6 +258,10 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "mkernel-emuprobe: buffer allocation (%s) failed\n", o.alloc.c_str());
         return 2;
       }
+  if (o.syncAfterAlloc && cudaDeviceSynchronize() != cudaSuccess) {
+    std::fprintf(stderr, "mkernel-emuprobe: cudaDeviceSynchronize after the buffers failed\n");
+    return 2;
+  }
   // 4. The rank threads.
   Barrier barrier(n);
   std::vector<std::string> failures(static_cast<size_t>(n));
@@ -227,6 +282,9 @@ int main(int argc, char** argv) {
       }
       size_t freeMem = 0, total = 0;
       cudaMemGetInfo(&freeMem, &total);
+      if (o.flush && failures[k].empty() &&
+          (cudaMemsetAsync(send[k], 0, 4, streams[k]) != cudaSuccess || cudaStreamSynchronize(streams[k]) != cudaSuccess))
+        failures[k] = "flush failed";
       barrier.wait();
       if (!failures[k].empty()) return;
       const auto t0 = std::chrono::steady_clock::now();
@@ -259,8 +317,9 @@ int main(int argc, char** argv) {
     }
   double worst = 0;
   for (double m : ms) worst = m > worst ? m : worst;
-  std::printf("mkernel-emuprobe: %d ranks, %s %zu B x %d, init %s, alloc %s%s: %s", n, o.coll.c_str(), o.bytes, o.iters,
-              o.init.c_str(), o.alloc.c_str(), o.dataInit ? ", data init" : "",
+  std::printf("mkernel-emuprobe: %d ranks, %s %zu B x %d, init %s, alloc %s%s%s%s: %s", n, o.coll.c_str(), o.bytes, o.iters,
+              o.init.c_str(), o.alloc.c_str(), o.dataInit ? ", data init" : "", o.syncAfterAlloc ? ", device sync" : "",
+              o.flush ? ", flush" : "",
               failed == 0 ? "passed" : "FAILED");
   if (failed == 0)
     std::printf(" (slowest rank %.1f ms)\n", worst);
