@@ -99,6 +99,9 @@ VMM mapped by the probe (cumem)|--ranks 4 --coll broadcast --init group --alloc 
 device sync after the buffers|--ranks 4 --coll broadcast --init group --alloc nccl --sync-after-alloc
 each rank's stream flushed|--ranks 4 --coll broadcast --init group --alloc nccl --flush
 ncclCommInitAll, cudaMalloc|--ranks 4 --coll broadcast --init all --alloc cuda
+VMM + GPUDirect RDMA (cumem-gdr)|--ranks 4 --coll broadcast --init group --alloc cumem-gdr
+NCCL_CUMEM_ENABLE=0 (ncclMemAlloc: cudaMalloc)|--ranks 4 --coll broadcast --init group --alloc nccl --setenv NCCL_CUMEM_ENABLE=0
+CUDA_MODULE_LOADING=LAZY|--ranks 4 --coll broadcast --init group --alloc nccl --setenv CUDA_MODULE_LOADING=LAZY
 EOF
 head -12 "${OUT:-/tmp}/emuprobe-failures.txt"
 fi

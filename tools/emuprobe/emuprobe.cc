@@ -18,7 +18,10 @@
 // --data-init: before each collective, a cudaMemset of the send buffer on the legacy default
 // stream and a wait for that stream (the patched nccl-tests' data setup).
 // --alloc cumem: the buffers mapped as ncclMemAlloc maps them (cuMemCreate, cuMemAddressReserve,
-// cuMemMap, cuMemSetAccess) but by this program, without the real NCCL loaded.
+// cuMemMap, cuMemSetAccess) but by this program, without the real NCCL loaded; cumem-gdr: also
+// GPUDirect-RDMA capable where the device supports it, as ncclMemAlloc asks.
+// --setenv VAR=VALUE (repeatable): set before anything else (e.g. NCCL_CUMEM_ENABLE=0, with which
+// the real ncclMemAlloc falls back to cudaMalloc while NCCL is still loaded and initialized).
 // --sync-after-alloc: the main thread waits for the whole device once the buffers are made.
 // --flush: every rank thread, before the barrier, sets 4 bytes of its send buffer on its stream
 // (cudaMemsetAsync) and waits for that stream: GPU work on each rank's stream after the buffers
@@ -26,7 +29,7 @@
 // Exit status: 0 passed, 1 a collective did not finish or failed, 2 usage or setup error.
 //   mkernel-emuprobe [--ranks 4] [--coll broadcast|allreduce|allgather|reducescatter|reduce]
 //                    [--bytes 8] [--iters 2] [--init group|all|threads] [--alloc nccl|cuda|cumem]
-//                    [--data-init] [--sync-after-alloc] [--flush] [--timeout-s 10]
+//                    [--data-init] [--sync-after-alloc] [--flush] [--setenv VAR=VALUE] [--timeout-s 10]
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -94,6 +97,12 @@ bool parse(int argc, char** argv, Options* o) {
     else if (a == "--iters") o->iters = std::atoi(v);
     else if (a == "--init") o->init = v;
     else if (a == "--alloc") o->alloc = v;
+    else if (a == "--setenv") {
+      const std::string kv = v;
+      const size_t eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) return false;
+      setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+    }
     else if (a == "--timeout-s") o->timeoutS = std::atof(v);
     else return false;
     ++i;
@@ -102,7 +111,7 @@ bool parse(int argc, char** argv, Options* o) {
                       o->coll == "reducescatter" || o->coll == "reduce";
   return o->ranks >= 1 && o->ranks <= 64 && o->bytes >= 4 && o->iters >= 1 && collOk &&
          (o->init == "group" || o->init == "all" || o->init == "threads") &&
-         (o->alloc == "nccl" || o->alloc == "cuda" || o->alloc == "cumem") && o->timeoutS > 0;
+         (o->alloc == "nccl" || o->alloc == "cuda" || o->alloc == "cumem" || o->alloc == "cumem-gdr") && o->timeoutS > 0;
 }
 
 // The real NCCL's ncclMemAlloc (what nccl-tests calls when libnccl is loaded beside the shim).
@@ -120,7 +129,7 @@ MemAllocFn realMemAlloc(std::string* why) {
 }
 
 // ncclMemAlloc's mapping, by this program (--alloc cumem): the driver's VMM calls through libcuda.
-bool cuMemAlloc(void** out, size_t bytes) {
+bool cuMemAlloc(void** out, size_t bytes, bool gdr) {
   static void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (h == nullptr) return false;
   auto get = [](const char* name) { return dlsym(h, name); };
@@ -137,7 +146,12 @@ bool cuMemAlloc(void** out, size_t bytes) {
   if (!ctxGetDevice || !granularity || !create || !reserve || !map || !access) return false;
   CUdevice dev = 0;
   if (ctxGetDevice(&dev) != CUDA_SUCCESS) return false;
+  auto attribute = reinterpret_cast<CUresult (*)(int*, CUdevice_attribute, CUdevice)>(get("cuDeviceGetAttribute"));
+  int gdrOk = 0;
+  if (gdr && attribute != nullptr)
+    (void)attribute(&gdrOk, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev);
   CUmemAllocationProp prop = {};
+  if (gdrOk) prop.allocFlags.gpuDirectRDMACapable = 1;
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = dev;
@@ -192,8 +206,8 @@ int main(int argc, char** argv) {
   if (!parse(argc, argv, &o)) {
     std::fprintf(stderr,
                  "usage: mkernel-emuprobe [--ranks 4] [--coll broadcast|allreduce|allgather|reducescatter|reduce] "
-                 "[--bytes 8] [--iters 2] [--init group|all|threads] [--alloc nccl|cuda|cumem] [--data-init] "
-                 "[--sync-after-alloc] [--flush] "
+                 "[--bytes 8] [--iters 2] [--init group|all|threads] [--alloc nccl|cuda|cumem|cumem-gdr] [--data-init] "
+                 "[--sync-after-alloc] [--flush] [--setenv VAR=VALUE] "
                  "[--timeout-s 10]\n");
     return 2;
   }
@@ -248,7 +262,7 @@ int main(int argc, char** argv) {
   }
   const size_t bufBytes = o.bytes < 4096 ? 4096 : o.bytes;
   auto allocate = [&](void** p) {
-    if (o.alloc == "cumem") return cuMemAlloc(p, bufBytes);
+    if (o.alloc == "cumem" || o.alloc == "cumem-gdr") return cuMemAlloc(p, bufBytes, o.alloc == "cumem-gdr");
     return memAlloc != nullptr ? memAlloc(p, bufBytes) == ncclSuccess : cudaMalloc(p, bufBytes) == cudaSuccess;
   };
   std::vector<void*> send(static_cast<size_t>(n), nullptr), recv(static_cast<size_t>(n), nullptr);
