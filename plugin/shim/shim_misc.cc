@@ -105,11 +105,18 @@ MKERNEL_NCCL_EXPORT void ncclResetDebugInitInternal() {
     real.ncclResetDebugInitInternal();
 }
 
+// In emulation (MKERNEL_EMULATE=1) both are served here with cudaMalloc / cudaFree, even when the
+// real NCCL is loaded (nccl-tests links it): emulation creates no real communicator, so nothing
+// needs NCCL's cuMem allocations, and the real ncclMemAlloc starts NCCL's own CUDA runtime. With
+// that runtime started under CUDA_MODULE_LOADING=EAGER (which emulation needs), thread ranks
+// sharing the GPU stalled at their first collective with the whole GPU taking no new work
+// (mkernel-emuprobe, docs/RELIABILITY.md session 10: 0 of 4 runs passed; with the real NCCL loaded
+// but NCCL_CUMEM_ENABLE=0, 2 of 4; with cuMem buffers mapped without NCCL, 4 of 4).
 MKERNEL_NCCL_EXPORT ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
-  // Handle-less and re-entered from libnccl: always the real allocator when there is one (its
-  // cuMem allocations are what NCCL's registration expects); cudaMalloc without it.
+  // Handle-less and re-entered from libnccl: the real allocator when there is one (its cuMem
+  // allocations are what NCCL's registration expects); cudaMalloc without it, or in emulation.
   const RealNccl& real = realForHandleless();
-  if (real.available) return callReal(&RealNccl::ncclMemAlloc, "ncclMemAlloc", ptr, size);
+  if (real.available && !emulationRequested()) return callReal(&RealNccl::ncclMemAlloc, "ncclMemAlloc", ptr, size);
   if (ptr == nullptr || size == 0)
     return toNccl(MK_ERROR(Result::InvalidArgument,
                            "ncclMemAlloc : invalid argument (ptr %p, size %zu)",
@@ -123,7 +130,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclMemFree(void* ptr) {
   const RealNccl& real = realForHandleless();
-  if (real.available) return callReal(&RealNccl::ncclMemFree, "ncclMemFree", ptr);
+  if (real.available && !emulationRequested()) return callReal(&RealNccl::ncclMemFree, "ncclMemFree", ptr);
   if (ptr == nullptr) return ncclSuccess;
   cudaError_t err = cudaFree(ptr);
   if (err != cudaSuccess)
