@@ -201,6 +201,7 @@ class KernelCommunicator final : public Communicator {
   CommOptions opts_;
   bootstrap::Bootstrap* bs_;
   std::mutex mu_;
+  std::mutex abortMu_;  // abort() against release() freeing what it writes (fence_, ctl_)
   DeviceState* state_ = nullptr;  // device
   void* staging_ = nullptr;       // device
   KernelTraceRecord* trace_ = nullptr;  // device, MKERNEL_KERNEL_TRACE only
@@ -1063,6 +1064,9 @@ void KernelCommunicator::watchLaunch() {
 }
 
 Result KernelCommunicator::abort() {
+  // Another thread may be in finalize() or release() (the shim's exit handler aborts releases
+  // still waiting for peers): the fence and the control block go away under abortMu_ only.
+  std::lock_guard<std::mutex> lock(abortMu_);
   aborted_ = true;
   if (fence_ != nullptr) fence_->leave(fenceMember_);  // co-located peers stop waiting for this rank
   if (ctl_ != nullptr) {
@@ -1126,10 +1130,13 @@ Result KernelCommunicator::finalize() {
 
 void KernelCommunicator::release(bool orderly) {
   unregisterStatsFolder(this);  // before ctl_ goes: mkernelGetStats no longer reads it
-  if (fence_ != nullptr) {
-    fence_->leave(fenceMember_);
-    if (fence_->unref()) delete fence_;
-    fence_ = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(abortMu_);
+    if (fence_ != nullptr) {
+      fence_->leave(fenceMember_);
+      if (fence_->unref()) delete fence_;
+      fence_ = nullptr;
+    }
   }
   if (!orderly && launched_ && ctl_ != nullptr) {
     ctl_->abortFlag = 1;
@@ -1138,6 +1145,7 @@ void KernelCommunicator::release(bool orderly) {
     if (waitKernelExit(5.0) != Result::Success) {
       // The kernel still reads our host memory: leaking it is the only safe choice.
       MK_WARN("rank %d: persistent kernel still running at destruction; leaking its memory", opts_.rank);
+      std::lock_guard<std::mutex> lock(abortMu_);
       ctl_ = nullptr;
       return;  // its SMs stay reserved too: the kernel still holds them
     }
@@ -1162,7 +1170,13 @@ void KernelCommunicator::release(bool orderly) {
   launchStream_ = nullptr;
   if (stream_) (void)cudaStreamDestroy(stream_);
   if (slots_) (void)cudaFreeHost(slots_);
-  if (ctl_) (void)cudaFreeHost(ctl_);
+  HostControl* ctl = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(abortMu_);  // abort() writes into it
+    ctl = ctl_;
+    ctl_ = nullptr;
+  }
+  if (ctl) (void)cudaFreeHost(ctl);
   // Device memory is read by peers' kernels once exchanged: without the finalize barrier a peer
   // may still be polling our flags, so only an orderly finalize frees it then.
   // The proxy reads the ring and net buffers: stopped before they are freed (the kernel is gone).

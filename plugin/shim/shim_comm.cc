@@ -48,6 +48,8 @@ struct Reaper {
     std::unique_lock<std::mutex> lock(mu);
     for (auto& j : jobs) {
       if (j->done) continue;
+      // The release thread may be destroying them right now: only what it has not taken out yet.
+      std::lock_guard<std::mutex> teardown(j->comm->teardownMu);
       if (j->comm->mk) j->comm->mk->abort();
       if (j->comm->bootstrap) j->comm->bootstrap->abort();
     }
@@ -136,7 +138,12 @@ void releaseShimComm(ShimComm* c, bool abortive) {
                 c->rank, resultString(r));
       if (r != Result::Success) c->mk->abort();
     }
-    c->mk.reset();
+    std::unique_ptr<coll::Communicator> gone;
+    {
+      std::lock_guard<std::mutex> teardown(c->teardownMu);  // the exit handler may abort it meanwhile
+      gone = std::move(c->mk);
+    }
+    gone.reset();
   }
   if (c->real != nullptr) {
     const RealNccl& real = realNccl(false);
@@ -150,7 +157,12 @@ void releaseShimComm(ShimComm* c, bool abortive) {
   }
   if (c->bootstrap) {
     if (abortive) c->bootstrap->abort();
-    c->bootstrap.reset();
+    std::unique_ptr<bootstrap::Bootstrap> gone;
+    {
+      std::lock_guard<std::mutex> teardown(c->teardownMu);
+      gone = std::move(c->bootstrap);
+    }
+    gone.reset();
   }
   std::lock_guard<std::mutex> lock(c->opsMutex);
   c->ops.clear();

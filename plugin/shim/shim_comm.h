@@ -85,6 +85,10 @@ struct ShimComm {
   uint64_t idHash = 0;
   std::mutex opsMutex;
   std::vector<CustomOp> ops;  // index = op - ncclNumOps
+  // Held while mk or bootstrap is taken out for destruction (releaseShimComm) and while the exit
+  // handler aborts a release still in progress (the Reaper), so that it never calls into one
+  // that a release thread is destroying (seen on the H200: SIGSEGV in abort at exit, 1 run in 10).
+  std::mutex teardownMu;
 
   ncclComm_t handle() { return reinterpret_cast<ncclComm_t>(this); }
 };
