@@ -331,3 +331,33 @@ TEST_CASE("api: custom-op and p2p entries reject their own bad arguments on NULL
                                  ncclScalarHostImmediate, nullptr) == ncclInvalidArgument);
   CHECK(lastError().find("comm argument is NULL") != std::string::npos);
 }
+
+// In emulation the shim serves ncclMemAlloc itself, even with the real NCCL loaded: the real one
+// starts NCCL's own CUDA runtime, after which co-located thread ranks stalled at their first
+// collective on the H200 (docs/RELIABILITY.md, session 10). Without a GPU, ours fails in its own
+// cudaMalloc, with its own message; without emulation the call goes to the real NCCL.
+TEST_CASE("api: in emulation ncclMemAlloc and ncclMemFree never reach the real NCCL") {
+  const std::string realPath = MKERNEL_REAL_NCCL_SO;
+  void* real = realPath.empty() ? nullptr : dlopen(realPath.c_str(), RTLD_NOW | RTLD_GLOBAL);
+  if (real == nullptr) WARN("no real libnccl.so.2 to load: checking the emulated path alone");
+  setenv("MKERNEL_EMULATE", "1", 1);
+  void* p = nullptr;
+  const ncclResult_t r = ncclMemAlloc(&p, 4096);
+  const bool gpu = r == ncclSuccess;  // a GPU machine: ours allocated
+  if (gpu) {
+    CHECK(p != nullptr);
+    CHECK(ncclMemFree(p) == ncclSuccess);
+  } else {
+    CHECK(r == ncclUnhandledCudaError);
+    INFO(lastError());
+    CHECK(lastError().find("ncclMemAlloc : cudaMalloc(4096) failed") != std::string::npos);
+  }
+  CHECK(ncclMemFree(nullptr) == ncclSuccess);
+  unsetenv("MKERNEL_EMULATE");
+  if (real != nullptr && !gpu) {
+    // Not emulating: forwarded, so the shim's own cudaMalloc message is not what it says.
+    const ncclResult_t fr = ncclMemAlloc(&p, 4096);
+    CHECK(fr != ncclSuccess);
+    CHECK(lastError().find("ncclMemAlloc : cudaMalloc(4096) failed") == std::string::npos);
+  }
+}
