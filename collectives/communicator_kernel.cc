@@ -708,9 +708,19 @@ Result KernelCommunicator::completeStartsLocked() {
     fencePending_ = false;
     int lag = -1;
     const double timeout = static_cast<double>(params_.timeoutNs) / 1e9;
-    const PostFence::Outcome outcome = fence_->wait(
-        fenceMember_, fenceSeq_, timeout, [this] { return ctl_->abortFlag != 0 || ctl_->failed != 0; }, &lag);
     const unsigned long long seq = static_cast<unsigned long long>(fenceSeq_);
+    auto stop = [this] { return ctl_->abortFlag != 0 || ctl_->failed != 0; };
+    // A first stretch of up to 5 s, then a word in the log (a peer thread busy elsewhere, or one
+    // thread calling several co-located ranks' collectives outside a group), then the rest.
+    const double first = std::min(timeout, 5.0);
+    PostFence::Outcome outcome = fence_->wait(fenceMember_, fenceSeq_, first, stop, &lag);
+    if (outcome == PostFence::Outcome::kTimedOut && timeout > first) {
+      MK_WARN("rank %d: collective %llu has waited %.0f s for rank %d, which shares GPU %d in this process, to post its "
+              "part (a thread that drives several such ranks must call their collectives inside a group); waiting up "
+              "to MKERNEL_TIMEOUT_S=%.0f s",
+              opts_.rank, seq, first, lag, opts_.cudaDev, timeout);
+      outcome = fence_->wait(fenceMember_, fenceSeq_, timeout - first, stop, &lag);
+    }
     switch (outcome) {
       case PostFence::Outcome::kPassed:
         break;
