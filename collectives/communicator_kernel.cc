@@ -169,6 +169,7 @@ class KernelCommunicator final : public Communicator {
 
  private:
   Result checkUsable();
+  Result captureOf(cudaStream_t stream, bool* capturing);
   Result enqueueLocked(const CollArgs* ops, int n, cudaStream_t stream, bool capturing);
   Result completeStartsLocked();
   // What waits for a posted collective's end, queued at once or, while a fenced start is being
@@ -639,6 +640,16 @@ Result KernelCommunicator::ensureKernel() {
   return Result::Success;
 }
 
+// Whether `stream` is being captured (an invalidated capture is an error).
+Result KernelCommunicator::captureOf(cudaStream_t stream, bool* capturing) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MK_CUDA(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  if (capture == cudaStreamCaptureStatusInvalidated)
+    return MK_ERROR(Result::InvalidUsage, "rank %d: the stream's capture was invalidated", opts_.rank);
+  *capturing = capture == cudaStreamCaptureStatusActive;
+  return Result::Success;
+}
+
 Result KernelCommunicator::checkUsable() {
   if (finalized_) return MK_ERROR(Result::InvalidUsage, "rank %d: enqueue on a finalized communicator", opts_.rank);
   if (aborted_) return MK_ERROR(Result::InvalidUsage, "rank %d: enqueue on an aborted communicator", opts_.rank);
@@ -651,11 +662,8 @@ Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stre
   if (ops == nullptr || n < 0) return MK_ERROR(Result::InvalidArgument, "rank %d: enqueue of %d ops at %p", opts_.rank, n, static_cast<const void*>(ops));
   std::lock_guard<std::mutex> lock(mu_);
   MK_CHECK(checkUsable());
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  MK_CUDA(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
-  if (capture == cudaStreamCaptureStatusInvalidated)
-    return MK_ERROR(Result::InvalidUsage, "rank %d: the stream's capture was invalidated", opts_.rank);
-  const bool capturing = capture == cudaStreamCaptureStatusActive;
+  bool capturing = false;
+  MK_CHECK(captureOf(stream, &capturing));
   MK_TRACE(kLogColl, "rank %d: enqueue of %d op(s) (%s, first count %zu) on stream %p%s", opts_.rank, n,
            n > 0 ? collName(ops[0].coll) : "-", n > 0 ? ops[0].count : size_t(0), static_cast<void*>(stream),
            capturing ? ", capturing" : "");
@@ -678,11 +686,8 @@ Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stre
 Result KernelCommunicator::enqueueStart(const CollArgs& op, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
   MK_CHECK(checkUsable());
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  MK_CUDA(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
-  if (capture == cudaStreamCaptureStatusInvalidated)
-    return MK_ERROR(Result::InvalidUsage, "rank %d: the stream's capture was invalidated", opts_.rank);
-  const bool capturing = capture == cudaStreamCaptureStatusActive;
+  bool capturing = false;
+  MK_CHECK(captureOf(stream, &capturing));
   // Captured ops replay later, without the host: nothing to fence now (docs/KERNEL.md).
   if (fence_ == nullptr || capturing) {
     MK_CHECK(enqueueLocked(&op, 1, stream, capturing));

@@ -77,6 +77,20 @@ struct RankCtx {
   }
 };
 
+// One collective's arguments.
+inline mkernel::coll::CollArgs collArgs(mkernel::coll::CollType c, mkernel::coll::DataType dt, mkernel::coll::RedOp op,
+                                        const void* send, void* recv, size_t count, int root = 0) {
+  mkernel::coll::CollArgs a{};
+  a.coll = c;
+  a.dtype = dt;
+  a.op = op;
+  a.sendbuff = send;
+  a.recvbuff = recv;
+  a.count = count;
+  a.root = root;
+  return a;
+}
+
 // Also the first CUDA call of every GPU test: more hardware queues than CUDA's default 8 before the
 // context exists (2 streams per rank; docs/KERNEL.md).
 inline bool haveGpu() {

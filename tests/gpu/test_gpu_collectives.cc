@@ -311,24 +311,9 @@ TEST_CASE("gpu: ranks sharing the GPU arrive 5 ms apart and queue 3 collectives 
       ctx.hostReset();
       ctx.bs->barrier();
       std::this_thread::sleep_for(std::chrono::milliseconds(5 * r));
-      CollArgs ar{};
-      ar.coll = CollType::AllReduce;
-      ar.dtype = DataType::Int32;
-      ar.op = RedOp::Sum;
-      ar.count = small;
-      ar.sendbuff = a;
-      ar.recvbuff = a;
-      CollArgs bc{};
-      bc.coll = CollType::Broadcast;
-      bc.dtype = DataType::Int32;
-      bc.count = small;
-      bc.root = 1;
-      bc.sendbuff = b;
-      bc.recvbuff = b;
-      CollArgs big = ar;
-      big.count = large;
-      big.sendbuff = c;
-      big.recvbuff = c;
+      const CollArgs ar = mkgpu::collArgs(CollType::AllReduce, DataType::Int32, RedOp::Sum, a, a, small);
+      const CollArgs bc = mkgpu::collArgs(CollType::Broadcast, DataType::Int32, RedOp::Sum, b, b, small, /*root=*/1);
+      const CollArgs big = mkgpu::collArgs(CollType::AllReduce, DataType::Int32, RedOp::Sum, c, c, large);
       for (const CollArgs* op : {&ar, &bc, &big})
         if (ctx.comm->enqueue(op, 1, ctx.stream) != Result::Success)
           return ctx.fail(std::string("enqueue: ") + mkernel::lastError());

@@ -55,14 +55,7 @@ std::string checkSum(const std::vector<int32_t>& out, int nRanks, int salt) {
 }
 
 CollArgs allReduceSum(const void* send, void* recv, size_t count) {
-  CollArgs a;
-  a.coll = CollType::AllReduce;
-  a.dtype = DataType::Int32;
-  a.op = RedOp::Sum;
-  a.sendbuff = send;
-  a.recvbuff = recv;
-  a.count = count;
-  return a;
+  return mkgpu::collArgs(CollType::AllReduce, DataType::Int32, RedOp::Sum, send, recv, count);
 }
 
 // waitMode: MKERNEL_STREAM_WAIT (gate kernel or stream memops): both must survive capture.
