@@ -27,10 +27,11 @@ void note(const std::string& s) {
   gLog.push_back(s);
 }
 
-// Records each call as "<name>:<what>[:<count>...]".
+// Records each call as "<name>:<what>[:<count>...]"; enqueueStart answers `startResult`.
 class Recorder final : public mkernel::coll::Communicator {
  public:
-  Recorder(std::string name, bool fenced) : name_(std::move(name)), fenced_(fenced) {}
+  Recorder(std::string name, bool fenced, Result startResult = Result::Success)
+      : name_(std::move(name)), fenced_(fenced), startResult_(startResult) {}
   Result enqueue(const CollArgs* ops, int n, cudaStream_t) override {
     std::string s = name_ + ":enqueue";
     for (int i = 0; i < n; ++i) s += ":" + std::to_string(ops[i].count);
@@ -40,7 +41,7 @@ class Recorder final : public mkernel::coll::Communicator {
   bool fenced() const override { return fenced_; }
   Result enqueueStart(const CollArgs& op, cudaStream_t) override {
     note(name_ + ":start:" + std::to_string(op.count));
-    return Result::Success;
+    return startResult_;
   }
   Result completeStarts() override {
     note(name_ + ":complete");
@@ -56,12 +57,13 @@ class Recorder final : public mkernel::coll::Communicator {
  private:
   std::string name_;
   bool fenced_;
+  Result startResult_;
   CommOptions opts_;
 };
 
-mkernel::shim::ShimComm* comm(const std::string& name, bool fenced) {
+mkernel::shim::ShimComm* comm(const std::string& name, bool fenced, Result startResult = Result::Success) {
   mkernel::shim::ShimComm* c = mkernel::shim::newShimComm();
-  c->mk.reset(new Recorder(name, fenced));
+  c->mk.reset(new Recorder(name, fenced, startResult));
   c->state.store(mkernel::shim::CommState::Ready);
   return c;
 }
@@ -105,31 +107,7 @@ TEST_CASE("shim group: fenced ranks driven by one thread are posted in lockstep,
 
 TEST_CASE("shim group: a fenced communicator's failed start still gets its completion, and the group fails") {
   using namespace mkernel::shim;
-  class Failing final : public mkernel::coll::Communicator {
-   public:
-    Result enqueue(const CollArgs*, int, cudaStream_t) override { return Result::Success; }
-    bool fenced() const override { return true; }
-    Result enqueueStart(const CollArgs&, cudaStream_t) override {
-      note("F:start");
-      return Result::RemoteError;
-    }
-    Result completeStarts() override {
-      note("F:complete");
-      return Result::Success;
-    }
-    Result asyncError(bool) override { return Result::Success; }
-    Result abort() override { return Result::Success; }
-    Result finalize() override { return Result::Success; }
-    const CommOptions& options() const override { return opts_; }
-    void stats(CollStats*) const override {}
-    Result kernelTrace(std::vector<uint64_t>*) const override { return Result::InvalidUsage; }
-
-   private:
-    CommOptions opts_;
-  };
-  ShimComm* f = newShimComm();
-  f->mk.reset(new Failing);
-  f->state.store(CommState::Ready);
+  ShimComm* f = comm("F", true, Result::RemoteError);
   ShimComm* a = comm("A", true);
   {
     std::lock_guard<std::mutex> lock(gMu);
@@ -139,7 +117,7 @@ TEST_CASE("shim group: a fenced communicator's failed start still gets its compl
   groupAddKernelOp(f, op(1), nullptr);
   groupAddKernelOp(a, op(2), nullptr);
   CHECK(groupEnd() == ncclRemoteError);
-  const std::vector<std::string> want = {"F:start", "A:start:2", "F:complete", "A:complete"};
+  const std::vector<std::string> want = {"F:start:1", "A:start:2", "F:complete", "A:complete"};
   std::lock_guard<std::mutex> lock(gMu);
   CHECK(gLog == want);
 }
