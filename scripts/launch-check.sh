@@ -25,7 +25,9 @@
 #   4. (2+ GPUs, unless LC_TORCH=0) scripts/torch_bench.py, 2 processes (process ranks: inboxes through CUDA IPC),
 #      NCCL against mkernel, 8 B to LC_TORCH_MAX_BYTES (1M);
 #   5. (LC_TORCH_CHECK="<torch_check.py options>") scripts/torch_check.py, e.g. "--ranks 2,4 --gpus 2
-#      --mps --ranks-per-node 2" (PyTorch emulated 2x2 through the hierarchical path).
+#      --mps --ranks-per-node 2" (PyTorch emulated 2x2 through the hierarchical path);
+#   6. (LC_EMULATED="2 4 8") scripts/emulated-nccl-tests.sh with those thread counts on GPU 0
+#      (LC_EMU_TIMEOUT seconds per run, default 35).
 # NVLink multicast stays off. Logs in build-gpu/logs-launch; tables copied to $OUT.
 set -u -o pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
@@ -167,6 +169,15 @@ if [ -n "${LC_TORCH_CHECK:-}" ] && [ -x "$PY" ]; then
     >"$logs/torch-check.txt" 2>&1 || fail=1
   grep -E "^\[torch_check\]|FAIL|Error|error" "$logs/torch-check.txt" | cut -c1-600 | head -20
   save torch-check.txt
+fi
+if [ -n "${LC_EMULATED:-}" ]; then
+  # e.g. LC_EMULATED="2 4 8": the patched nccl-tests' five tests with that many thread ranks on
+  # GPU 0 (scripts/emulated-nccl-tests.sh; each run must end rc 0 with 0 wrong and mk on every row).
+  step "6. emulated nccl-tests -g 1 -t ${LC_EMULATED} on GPU 0"
+  EMU_THREADS="$LC_EMULATED" EMU_TIMEOUT=${LC_EMU_TIMEOUT:-35} OUT=$logs bash "$root/scripts/emulated-nccl-tests.sh" "$build" \
+    2>&1 | tail -$((5 * $(wc -w <<<"$LC_EMULATED") + 2))
+  [ "${PIPESTATUS[0]}" = 0 ] || fail=1
+  for t in $LC_EMULATED; do save "emulated-t$t.txt"; done
 fi
 echo "launch-check: fail=$fail"
 exit "$fail"
