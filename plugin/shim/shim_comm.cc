@@ -70,16 +70,51 @@ struct Reaper {
 };
 // Created by the first background release.
 LazySingleton<Reaper> gReaper;
-Reaper& reaper() { return gReaper.get(); }
-// Never creates the Reaper (a library that released nothing in the background has none); frees it
-// when every release finished, so that a dlopen/dlclose cycle leaves nothing behind.
+// Process exit or unload: aborts and reaps what is still pending, once. Never creates the Reaper
+// (a library that released nothing in the background has none); frees it when every release
+// finished, so that a dlopen/dlclose cycle leaves nothing behind.
+std::atomic<bool> gReaped{false};
+void reapAtExit() {
+  if (gReaped.exchange(true)) return;
+  Reaper* r = gReaper.peek();
+  if (r != nullptr && r->abortPending()) gReaper.destroy();
+}
+// It should run while CUDA is still up: the releases free CUDA memory, and abortPending() writes
+// into their pinned control blocks. As a static destructor alone it runs from _dl_fini, after
+// every exit handler (an LD_PRELOAD library's destructors are registered before the program's
+// own start-up registers _dl_fini; session 10's core showed it there). Exit handlers run in the
+// reverse order of their registration, so it is registered with atexit when the first background
+// release begins (CUDA is up by then: the communicator used it) and runs from exit() before any
+// handler registered earlier, CUDA's among them. atexit in a shared library also runs at dlclose.
+// (What it cannot help: an application that resets the device while releases still run;
+// destroyShimComm makes the last member's destroy wait for them.)
+std::once_flag gAtExitOnce;
+Reaper& reaper() {
+  std::call_once(gAtExitOnce, [] {
+    if (std::atexit(reapAtExit) != 0)
+      MK_WARN("shim: atexit refused the release reaper; releases still pending at exit are aborted late");
+  });
+  return gReaper.get();
+}
+// The fallback, for a registration that failed: a no-op once reapAtExit ran.
 struct ReaperAtExit {
-  ~ReaperAtExit() {
-    Reaper* r = gReaper.peek();
-    if (r != nullptr && r->abortPending()) gReaper.destroy();
-  }
+  ~ReaperAtExit() { reapAtExit(); }
 } gReaperAtExit;
 constexpr auto kDestroyGrace = std::chrono::seconds(2);
+// How long the last member's destroy waits for the others' releases once past the barrier.
+constexpr auto kSiblingGrace = std::chrono::seconds(10);
+
+// Joins and drops the finished releases. Under r.mu.
+void reapDone(Reaper& r) {
+  for (auto it = r.jobs.begin(); it != r.jobs.end();) {
+    if ((*it)->done) {
+      (*it)->thread.join();
+      it = r.jobs.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
 
 enum class FailureSource : int { None, Shim, Real };
 std::atomic<FailureSource> gLastFailure{FailureSource::None};
@@ -180,7 +215,7 @@ void destroyShimComm(ShimComm* c) {
     std::shared_lock<std::shared_mutex> lock(reg.mu);
     for (const void* p : reg.comms) {
       const ShimComm* o = static_cast<const ShimComm*>(p);
-      if (o != c && o->idHash == c->idHash) coMembers.push_back(o->state.load(std::memory_order_acquire));
+      if (o != c && o->idHash == c->idHash) coMembers.push_back(o->state.load());  // seq_cst: of two racing destroys, the later sees the earlier
     }
   }
   const bool wait = destroyWaitsForRelease(coMembers);
@@ -204,6 +239,23 @@ void destroyShimComm(ShimComm* c) {
     return;
   }
   if (wait && r.cv.wait_for(lock, kDestroyGrace, [j] { return j->done; })) {
+    // The last member of this communicator in this process. Its release passed the finalize
+    // barrier, so every other member's release (in the background, since this one was still live
+    // then) is past it too and ends soon: wait for them as well, so that nothing of the
+    // communicator is left when this returns. Applications free their buffers and may even reset
+    // the device right after destroying their communicators (nccl-tests calls cudaDeviceReset(),
+    // which unmapped the control blocks under releases still running: SIGSEGV at exit, issue 7).
+    const uint64_t id = c->idHash;
+    auto siblingsDone = [&r, id] {
+      for (auto& o : r.jobs)
+        if (!o->done && o->comm->idHash == id) return false;
+      return true;
+    };
+    if (!r.cv.wait_for(lock, kSiblingGrace, siblingsDone))
+      MK_WARN("shim: rank %d: ncclCommDestroy returns while releases of other ranks of this communicator in this "
+              "process still run after %lld s; they complete in the background",
+              c->rank, static_cast<long long>(kSiblingGrace.count()));
+    reapDone(r);
     lock.unlock();
     j->thread.join();
     return;
@@ -212,15 +264,7 @@ void destroyShimComm(ShimComm* c) {
           "shim: rank %d: ncclCommDestroy returns%s; the release completes when the peers destroy theirs",
           c->rank, wait ? "" : " at once (members of this communicator in this process are still live)");
   r.jobs.push_back(std::move(job));
-  // Reap the finished ones now and then, so that the list stays short.
-  for (auto it = r.jobs.begin(); it != r.jobs.end();) {
-    if ((*it)->done) {
-      (*it)->thread.join();
-      it = r.jobs.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  reapDone(r);  // now and then, so that the list stays short
 }
 
 ncclResult_t toNccl(Result r) {
