@@ -225,6 +225,7 @@ class KernelCommunicator final : public Communicator {
   proxy::ProxyFlags* proxyFlags_ = nullptr;  // hierCtas_ flag blocks
   char* netBuf_ = nullptr;                   // hierCtas_ x netBufBytes
   int hierCtas_ = 1;                         // MKERNEL_HIER_CTAS, agreed by every rank
+  uint64_t hierSplitMinBytes_ = 0;           // MKERNEL_HIER_SPLIT_MIN_BYTES, agreed by every rank
   bool launched_ = false;
   bool exchanged_ = false;
   bool aborted_ = false;
@@ -503,6 +504,14 @@ Result KernelCommunicator::setupProxy() {
   ctas[static_cast<size_t>(opts_.rank)] = static_cast<int32_t>(std::min<int64_t>(asked, peers_.nCtas));  // params_.nCtas is set later
   MK_CHECK(bs_->allGather(ctas.data(), sizeof(int32_t)));
   hierCtas_ = std::max(1, static_cast<int>(*std::min_element(ctas.begin(), ctas.end())));
+  // Collectives below MKERNEL_HIER_SPLIT_MIN_BYTES run on one CTA (hierCtasFor): the same
+  // threshold on every rank, the largest asked.
+  const int64_t split = paramInt("HIER_SPLIT_MIN_BYTES", 524288);
+  if (split < 0) return MK_ERROR(Result::InvalidArgument, "MKERNEL_HIER_SPLIT_MIN_BYTES=%lld is negative", static_cast<long long>(split));
+  std::vector<int64_t> splits(static_cast<size_t>(opts_.nRanks), 0);
+  splits[static_cast<size_t>(opts_.rank)] = split;
+  MK_CHECK(bs_->allGather(splits.data(), sizeof(int64_t)));
+  hierSplitMinBytes_ = static_cast<uint64_t>(*std::max_element(splits.begin(), splits.end()));
   const size_t C = static_cast<size_t>(hierCtas_);
   void* host = nullptr;
   MK_CUDA(cudaHostAlloc(&host, C * sizeof(proxy::ProxyRing), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(proxy rings)");
@@ -560,8 +569,11 @@ Result KernelCommunicator::setupProxy() {
   params_.hierCtas = hierCtas_;
   params_.nNodes = N;
   params_.perNode = G;
-  MK_INFO(kLogInit, "rank %d: %s node %d of %d (%d ranks each): proxy on rail %d over %s (%s), %d CTA(s) per collective",
-          opts_.rank, opts_.emulate ? "emulated" : "host", node, N, G, local, net_->name(), choice.why.c_str(), hierCtas_);
+  MK_INFO(kLogInit,
+          "rank %d: %s node %d of %d (%d ranks each): proxy on rail %d over %s (%s), %d CTA(s) per collective from %llu bytes, "
+          "1 below",
+          opts_.rank, opts_.emulate ? "emulated" : "host", node, N, G, local, net_->name(), choice.why.c_str(), hierCtas_,
+          static_cast<unsigned long long>(hierSplitMinBytes_));
   return Result::Success;
 }
 
@@ -590,9 +602,12 @@ Result KernelCommunicator::fillDesc(const CollArgs& a, WorkDesc* d) const {
   }
   d->nCtas = splitCtas(shareBytes(a.coll, a.count, a.dtype, opts_.nRanks), params_.nCtas);
   if (a.coll == CollType::AllReduce && static_cast<Algo>(d->algo) == Algo::OneShot) d->nCtas = 1;
-  // Hierarchical: MKERNEL_HIER_CTAS CTAs, each posting to its own proxy channel. CTAs whose
-  // slice is empty (small counts) return at once, alike on every rank.
-  if (params_.nNodes > 1) d->nCtas = static_cast<int32_t>(hierCtas_);
+  // Hierarchical: MKERNEL_HIER_CTAS CTAs from MKERNEL_HIER_SPLIT_MIN_BYTES, else one; each posts
+  // to its own proxy channel. CTAs whose slice is empty (small counts) return at once, alike on
+  // every rank.
+  if (params_.nNodes > 1)
+    d->nCtas = static_cast<int32_t>(
+        hierCtasFor(directWholeBytes(a.coll, a.count, opts_.nRanks, esz), hierCtas_, hierSplitMinBytes_));
   if (a.coll == CollType::AllReduce || a.coll == CollType::ReduceScatter || a.coll == CollType::Reduce) {
     MK_CHECK(makeDevRedOp(a.op, a.dtype, opts_.nRanks, a.scalar, &d->redOp));
   }

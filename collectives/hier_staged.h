@@ -103,6 +103,18 @@ MKERNEL_HD inline uint64_t hierChunkElemsFor(CollType c, const NodeLayout& L, ui
   return chunkBytes / slots / elemSize / align * align;
 }
 
+// CTAs one hierarchical collective runs on: `hierCtas` (MKERNEL_HIER_CTAS, agreed by every rank)
+// for collectives of at least `splitMinBytes` (MKERNEL_HIER_SPLIT_MIN_BYTES, agreed too) of
+// `wholeBytes` (the largest of its buffers), else 1. CTAs beyond the count skip the collective, on
+// every rank alike (their node barriers, net slots and proxy channels stay where they were).
+// From the sweep on two H200s, 2 emulated nodes of 2 ranks over loopback TCP (docs/PERFORMANCE.md,
+// session 11): 1 CTA was fastest to 256 KiB (4 KiB: 110 us against 130 with 2 and 148 with 3),
+// 3 CTAs from 1 MiB (1 MiB 390 against 453; 4 MiB 1093 against 1363; 16 MiB 3541 against 4401,
+// 2 CTAs 3475).
+MKERNEL_HD inline int hierCtasFor(uint64_t wholeBytes, int hierCtas, uint64_t splitMinBytes) {
+  return wholeBytes >= splitMinBytes ? hierCtas : 1;
+}
+
 // Bytes of one slot of an inbox (the largest part of a chunk of chunkElems elements).
 MKERNEL_HD inline uint64_t hierSlotBytes(const NodeLayout& L, uint64_t chunkElems, uint64_t elemSize) {
   return rankSlice(chunkElems, L.perNode, 0, sliceAlignElems(elemSize)).count * elemSize;

@@ -17,6 +17,7 @@
 
 #include "collectives/launch_path.h"
 #include "collectives/stats.h"
+#include "common/param.h"
 #include "common/result.h"
 #include "tests/gpu/gpu_check.h"
 #include "tests/gpu/gpu_ranks.h"
@@ -199,9 +200,11 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0) {
     // The kernel ran every case (its own completion counters).
     mkernel::coll::CollStats st;
     ctx.comm->stats(&st);
-    if (ranksPerNode > 0 && st.hierCtas != (expectHierCtas > 0 ? expectHierCtas : 1))
+    // Unless the case sets it, MKERNEL_HIER_CTAS's default (params.def; the kernels have more CTAs).
+    const int wantHierCtas = expectHierCtas > 0 ? expectHierCtas : static_cast<int>(mkernel::paramInt("HIER_CTAS", 1));
+    if (ranksPerNode > 0 && st.hierCtas != wantHierCtas)
       ctx.fail("hierarchical collectives split over " + std::to_string(st.hierCtas) + " CTA(s), want " +
-               std::to_string(expectHierCtas > 0 ? expectHierCtas : 1));
+               std::to_string(wantHierCtas));
     uint64_t total = 0;
     for (uint64_t v : st.kernelOps) total += v;
     if (total != cases.size()) ctx.fail("kernel completed " + std::to_string(total) + " collectives, enqueued " + std::to_string(cases.size()));
@@ -279,8 +282,10 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2 
 TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2, split over 3 CTAs (MKERNEL_HIER_CTAS)", "[gpu][hierctas]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   setenv("MKERNEL_HIER_CTAS", "3", 1);  // each CTA its slice and proxy channel (written in session 7)
+  setenv("MKERNEL_HIER_SPLIT_MIN_BYTES", "0", 1);  // every collective split, the small ones too
   runSweep(4, 2, 3);
   unsetenv("MKERNEL_HIER_CTAS");
+  unsetenv("MKERNEL_HIER_SPLIT_MIN_BYTES");
 }
 TEST_CASE("gpu: every collective x dtype x op, 8 ranks as 2 emulated nodes of 4 (hierarchical, proxies)", "[gpu][hier8]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");

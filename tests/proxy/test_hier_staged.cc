@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "collectives/hier_staged.h"
+#include "collectives/launch_path.h"
 #include "common/result.h"
 #include "transport/net/net.h"
 #include "transport/proxy/proxy.h"
@@ -64,6 +65,9 @@ struct World {
   int slowRank = -1;
   bool breakGatherBarrier = false;  // every second node barrier does not wait (negative test)
   bool overlap = true;              // HierCall::overlap (AllReduce pipelined)
+  // hierCtasFor's threshold: ops below it run on CTA 0 alone, the other CTAs skip them (as the
+  // kernel does with MKERNEL_HIER_SPLIT_MIN_BYTES). 0: every op on every CTA.
+  uint64_t splitMinBytes = 0;
   std::vector<std::string> errors;
   std::mutex errorMu;
 
@@ -278,7 +282,10 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
         c.elemSize = 4;
         c.send = reinterpret_cast<uint64_t>(b.buf.data() + b.sendOff);
         c.recv = reinterpret_cast<uint64_t>(b.buf.data() + b.recvOff);
-        c.part = rankSlice(ops[i].count, w.ctas, cta, sliceAlignElems(4));  // the kernel's split
+        // The kernel's split: the op's CTAs (hierCtasFor), each its slice; the rest skip it.
+        const int opCtas = hierCtasFor(directWholeBytes(ops[i].coll, ops[i].count, n, 4), w.ctas, w.splitMinBytes);
+        if (cta >= opCtas) continue;
+        c.part = rankSlice(ops[i].count, opCtas, cta, sliceAlignElems(4));
         c.chunkElems = hierChunkElemsFor(ops[i].coll, w.L, 4, w.chunkBytes);
         c.overlap = w.overlap;
         if (!hierCollective(ex, c, &seq)) return;
@@ -346,12 +353,13 @@ struct Shape {
   uint64_t chunkBytes;
 };
 
-void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = true, int ctas = 1) {
+void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = true, int ctas = 1, uint64_t splitMinBytes = 0) {
   const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
                             CollType::Reduce};
   World w;
   makeWorld(w, net, sh.nodes, sh.perNode, sh.chunkBytes, ctas);
   w.overlap = overlap;
+  w.splitMinBytes = splitMinBytes;
   const int n = sh.nodes * sh.perNode;
   std::vector<Op> ops;
   int seq = 0;
@@ -360,7 +368,7 @@ void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = tru
       for (bool inPlace : {false, true}) ops.push_back(Op{c, count, inPlace, (seq++ * 5) % n});
   const std::string mismatch = runOps(w, ops, static_cast<uint64_t>(sh.nodes * 10 + sh.perNode));
   stopAll(w);
-  INFO(sh.nodes << " nodes x " << sh.perNode << ", " << ctas << " CTA(s), chunk " << sh.chunkBytes << " B, AllReduce "
+  INFO(sh.nodes << " nodes x " << sh.perNode << ", " << ctas << " CTA(s) from " << splitMinBytes << " B, chunk " << sh.chunkBytes << " B, AllReduce "
                 << (overlap ? "pipelined" : "sequential"));
   for (const auto& e : w.errors) FAIL_CHECK(e);
   CHECK(mismatch == "");
@@ -390,6 +398,17 @@ TEST_CASE("hier_staged: every collective split over 2-3 CTAs per rank, a proxy c
   for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}})
     for (int ctas : {2, 3})
       for (bool overlap : {true, false}) everyCollective(net.get(), sh, overlap, ctas);
+}
+
+// MKERNEL_HIER_SPLIT_MIN_BYTES: small collectives on one CTA between split ones, so that CTAs 1..
+// skip some collectives and take part in the next (their barriers, net slots and channels must
+// stay in step with their peers'). 2000 B: the 1-, 7- and 300-element collectives (AllReduce,
+// Broadcast, Reduce) run on CTA 0 alone, the 1001-element ones (and the gathers' larger buffers)
+// on every CTA.
+TEST_CASE("hier_staged: small collectives on one CTA between ones split over 3, exact") {
+  auto net = testNet();
+  for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}})
+    for (bool overlap : {true, false}) everyCollective(net.get(), sh, overlap, 3, 2000);
 }
 
 TEST_CASE("hier_staged: a slow rank is never overtaken in the node regions (and the check fires when a barrier is broken)", "[vm]") {
