@@ -561,7 +561,11 @@ Result KernelCommunicator::setupProxy() {
   }
   MK_CHECK(proxy_->connectAll(fromPeers));
   MK_CHECK(proxy_->registerRegion(netBuf_, C * netBytes, net::kPtrHost));
-  MK_CHECK(proxy_->start({}));
+  // The proxy thread near its NIC (DESIGN.md §6): the placement's CPUs, MKERNEL_PROXY_PIN.
+  std::string pinWhy;
+  const std::vector<int> proxyCpus = coll::proxyCpusFor(opts_.cudaDev, &pinWhy);
+  MK_CHECK(proxy_->start(proxyCpus));
+  MK_INFO(kLogInit | kLogProxy, "rank %d: proxy %s", opts_.rank, pinWhy.c_str());
   params_.proxyRing = proxyRing_;
   params_.proxyFlags = proxyFlags_;
   params_.netBuf = netBuf_;

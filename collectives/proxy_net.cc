@@ -1,10 +1,15 @@
 #include "collectives/proxy_net.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "common/log.h"
+#include "common/param.h"
 #include "topology/placement.h"
+#include "topology/topology.h"
 
 namespace mkernel {
 namespace coll {
@@ -25,6 +30,57 @@ Result createProxyNet(int cudaDev, net::BackendChoice* out) {
   out->why += " [" + order + "]";
   MK_INFO(kLogInit | kLogNet | kLogProxy, "proxy net: %s", out->why.c_str());
   return Result::Success;
+}
+
+std::vector<int> proxyPinCpus(const std::vector<int>& placementCpus, const std::vector<int>& allowed) {
+  std::vector<int> out;
+  for (int c : placementCpus)
+    if (std::find(allowed.begin(), allowed.end(), c) != allowed.end() && std::find(out.begin(), out.end(), c) == out.end())
+      out.push_back(c);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+namespace {
+
+std::vector<int> processCpus() {
+  std::vector<int> out;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
+}  // namespace
+
+std::vector<int> proxyCpusFor(int cudaDev, std::string* why) {
+  if (paramInt("PROXY_PIN", 1) == 0) {
+    *why = "not pinned (MKERNEL_PROXY_PIN=0)";
+    return {};
+  }
+  const topo::NodeModel* model = nullptr;
+  if (topo::localNodeModel(&model) != Result::Success) {
+    *why = std::string("not pinned: no topology (") + lastError() + ")";
+    return {};
+  }
+  if (cudaDev < 0 || cudaDev >= static_cast<int>(model->place.gpus.size())) {
+    *why = "not pinned: GPU " + std::to_string(cudaDev) + " is not in the topology";
+    return {};
+  }
+  const topo::GpuPlacement& g = model->place.gpus[static_cast<size_t>(cudaDev)];
+  const std::vector<int> allowed = processCpus();
+  std::vector<int> cpus = proxyPinCpus(g.proxyCpus, allowed);
+  const std::string where = g.proxyNuma >= 0 ? "NUMA node " + std::to_string(g.proxyNuma) : std::string("all CPUs");
+  if (cpus.empty()) {
+    *why = "not pinned: the placement's CPUs " + topo::formatCpuList(g.proxyCpus) + " (" + where +
+           ") are outside this process's affinity " + topo::formatCpuList(allowed);
+    return {};
+  }
+  *why = "pinned to CPUs " + topo::formatCpuList(cpus) + " (" + where + ", near GPU " + std::to_string(cudaDev) +
+         (g.nic >= 0 ? "'s rail NIC " + model->topo.nics[static_cast<size_t>(g.nic)].name : std::string()) + ")";
+  return cpus;
 }
 
 }  // namespace coll

@@ -4,6 +4,9 @@
 // transfers, and the failure paths: a vanished peer, bad commands, a full ring with no proxy.
 #include <catch2/catch.hpp>
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -456,4 +459,36 @@ TEST_CASE("proxy channels: ranks that disagree on the channel count are refused 
   wrong[1] = Handle(mkernel::net::kHandleSize, 0);  // one channel's worth, for a 2-channel proxy
   CHECK(ranks[0]->proxy->connectAll(wrong) == Result::InvalidArgument);
   CHECK(std::string(mkernel::lastError()).find("2 channel(s)") != std::string::npos);
+}
+
+// The proxy thread's CPU pinning (the topology placement's CPUs, coll::proxyCpusFor): the OS
+// reports the set asked; a set the OS refuses leaves the thread where it was, with a warning.
+TEST_CASE("proxy: start pins its thread to the CPUs asked") {
+  auto net = testNet();
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  REQUIRE(sched_getaffinity(0, sizeof(mine), &mine) == 0);
+  std::vector<int> allowed;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mine)) allowed.push_back(c);
+  REQUIRE(!allowed.empty());
+  {
+    auto pair = makeRanks(net.get(), 2, 4096);
+    const std::vector<int> one = {allowed.back()};
+    REQUIRE(pair[0]->proxy->start(one) == Result::Success);
+    CHECK(pair[0]->proxy->threadCpus() == one);
+    REQUIRE(pair[1]->proxy->start({}) == Result::Success);  // not pinned: the process's set
+    CHECK(pair[1]->proxy->threadCpus() == allowed);
+    for (auto& r : pair) CHECK(r->proxy->stop() == Result::Success);
+    CHECK(pair[0]->proxy->threadCpus().empty());  // stopped
+  }
+  int outside = -1;
+  for (int c = 0; c < CPU_SETSIZE && outside < 0; ++c)
+    if (!CPU_ISSET(c, &mine) && c >= static_cast<int>(sysconf(_SC_NPROCESSORS_CONF))) outside = c;
+  if (outside >= 0) {
+    auto pair = makeRanks(net.get(), 2, 4096);
+    REQUIRE(pair[0]->proxy->start({outside}) == Result::Success);  // a CPU that does not exist
+    CHECK(pair[0]->proxy->threadCpus() == allowed);
+    for (auto& r : pair) CHECK(r->proxy->stop() == Result::Success);
+  }
 }

@@ -3,8 +3,11 @@
 // rail NICs are mlx5_1, then mlx5_0).
 #include <catch2/catch.hpp>
 
+#include <sched.h>
+
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "collectives/proxy_net.h"
 #include "tests/test_host.h"
@@ -46,4 +49,42 @@ TEST_CASE("proxy net: backend choice and the placement's NIC order") {
     CHECK(fallback.why.find("using TCP") != std::string::npos);
   }
   unsetenv("MKERNEL_NET_BACKEND");
+}
+
+// The proxy thread's CPUs (DESIGN.md §6): the placement's set within the process's affinity.
+TEST_CASE("proxy net: the proxy's CPUs come from the placement, within the process's affinity") {
+  using mkernel::coll::proxyPinCpus;
+  CHECK(proxyPinCpus({0, 1, 2, 3}, {2, 3, 4}) == std::vector<int>{2, 3});
+  CHECK(proxyPinCpus({8, 9}, {0, 1}).empty());  // do not meet: not pinned
+  CHECK(proxyPinCpus({3, 1, 3}, {1, 3}) == std::vector<int>{1, 3});
+  CHECK(proxyPinCpus({}, {0, 1}).empty());
+
+  // The fixture topology (set by the case above, or here when run alone): its NICs sit on
+  // socket 0, CPUs 0-7, so every GPU's proxy belongs there.
+  setenv("MKERNEL_TOPO_XML", MKERNEL_TOPO_FIXTURES "/2socket-nics-on-0.xml", 1);
+  setenv("MKERNEL_NVLINK_MATRIX", MKERNEL_TOPO_FIXTURES "/none.nvl", 1);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(sched_getaffinity(0, sizeof(set), &set) == 0);
+  std::vector<int> allowed;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) allowed.push_back(c);
+  const std::vector<int> want = proxyPinCpus({0, 1, 2, 3, 4, 5, 6, 7}, allowed);
+  std::string why;
+  const std::vector<int> got = mkernel::coll::proxyCpusFor(1, &why);
+  INFO(why);
+  CHECK(got == want);
+  if (!want.empty()) {
+    CHECK(why.find("pinned to CPUs") == 0);
+    CHECK(why.find("NUMA node 0") != std::string::npos);
+    CHECK(why.find("rail NIC mlx5_1") != std::string::npos);
+  } else {
+    CHECK(why.find("outside this process's affinity") != std::string::npos);
+  }
+  CHECK(mkernel::coll::proxyCpusFor(7, &why).empty());
+  CHECK(why.find("GPU 7 is not in the topology") != std::string::npos);
+  setenv("MKERNEL_PROXY_PIN", "0", 1);
+  CHECK(mkernel::coll::proxyCpusFor(1, &why).empty());
+  CHECK(why == "not pinned (MKERNEL_PROXY_PIN=0)");
+  unsetenv("MKERNEL_PROXY_PIN");
 }

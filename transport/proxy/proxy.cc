@@ -156,6 +156,17 @@ Result Proxy::start(const std::vector<int>& cpus) {
   return Result::Success;
 }
 
+std::vector<int> Proxy::threadCpus() {
+  std::vector<int> out;
+  if (!thread_.joinable()) return out;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (pthread_getaffinity_np(thread_.native_handle(), sizeof(set), &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
 Result Proxy::stop() {
   stop_.store(true, std::memory_order_release);
   if (thread_.joinable()) thread_.join();

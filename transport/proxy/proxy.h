@@ -63,7 +63,8 @@ class Proxy {
   // Memory commands may point into (host memory, or GPU memory where the transport supports it:
   // net::PtrType). Registered with every connection.
   Result registerRegion(void* base, size_t bytes, int ptrType);
-  // Starts the thread, pinned to `cpus` when not empty (the topology placement's proxy CPUs).
+  // Starts the thread, pinned to `cpus` when not empty (the topology placement's proxy CPUs,
+  // coll::proxyCpusFor); a pinning the OS refuses is a warning, and the thread runs unpinned.
   Result start(const std::vector<int>& cpus);
   // Stops the thread (pending transfers are abandoned) and closes every connection.
   Result stop();
@@ -73,6 +74,8 @@ class Proxy {
   std::string error() const;
 
   int channels() const { return static_cast<int>(channels_.size()); }
+  // The CPUs the proxy thread may run on, as the OS reports them (empty when it is not running).
+  std::vector<int> threadCpus();
 
   // Counters for tests and benchmarks (all channels).
   uint64_t commandsTaken() const { return taken_.load(std::memory_order_relaxed); }
