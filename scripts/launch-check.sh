@@ -22,6 +22,8 @@
 #   3e. (LC_PROCLAT=1) mkernel-proclat: small AllReduces with LC_PROCLAT_RANKS (2,4,8) process ranks
 #      on GPU 0 under MPS (issue 5's 8-rank latency without one shared CUDA context), then
 #      mkernel-collbench's thread ranks on GPU 0 at the same sizes;
+#   3f. (LC_PROXYBENCH=1) mkernel-proxybench: the proxy's per-chunk overhead against the bare TCP
+#      net on loopback, 8 B to LC_PROXYBENCH_MAX (4194304), on this host's cores (no GPU in it);
 #   4. (2+ GPUs, unless LC_TORCH=0) scripts/torch_bench.py, 2 processes (process ranks: inboxes through CUDA IPC),
 #      NCCL against mkernel, 8 B to LC_TORCH_MAX_BYTES (1M);
 #   5. (LC_TORCH_CHECK="<torch_check.py options>") scripts/torch_check.py, e.g. "--ranks 2,4 --gpus 2
@@ -40,7 +42,7 @@ TESTS=${LC_TESTS:-"all_reduce_perf all_gather_perf reduce_scatter_perf broadcast
 fail=0
 
 step "1. build ($NG GPU(s))"
-gpu_build "${LC_JOBS:-16}" mkernel mkernel-collbench mkernel-p2pbench mkernel-queueprobe mkernel-emuprobe mkernel-proclat \
+gpu_build "${LC_JOBS:-16}" mkernel mkernel-collbench mkernel-p2pbench mkernel-queueprobe mkernel-emuprobe mkernel-proclat mkernel-proxybench \
   test_shim_gpu test_shim_emulate \
   test_gpu_collectives test_gpu_kernel test_gpu_procs
 gpu_build_nccl_tests "$TESTS"
@@ -151,6 +153,16 @@ if [ "${LC_PROCLAT:-0}" = 1 ]; then
     --iters "${LC_PROCLAT_ITERS:-1000}" 2>&1 | grep -v "^collbench:" | tee -a "$logs/proclat.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || fail=1
   save proclat.txt proclat.csv
+fi
+
+if [ "${LC_PROXYBENCH:-0}" = 1 ]; then
+  # Issue 6: the proxy's per-chunk overhead, where there are cores enough for the four polling
+  # threads (the 2-core CI machine's figures are mostly scheduling: docs/PERFORMANCE.md).
+  step "3f. mkernel-proxybench: proxy against the bare TCP net, 8 B to ${LC_PROXYBENCH_MAX:-4194304}"
+  MKERNEL_SOCKET_IFNAME=lo MKERNEL_NET_BACKEND=tcp timeout 300 "$build/bin/mkernel-proxybench" \
+    --max-bytes "${LC_PROXYBENCH_MAX:-4194304}" --csv "$logs/proxybench.csv" 2>/dev/null | tee "$logs/proxybench.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || fail=1
+  save proxybench.txt proxybench.csv
 fi
 
 if [ "$NG" -gt 1 ] && [ -x "$PY" ] && [ "${LC_TORCH:-1}" = 1 ]; then
