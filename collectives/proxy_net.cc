@@ -1,11 +1,10 @@
 #include "collectives/proxy_net.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <string>
 #include <vector>
 
+#include "common/cpuset.h"
 #include "common/log.h"
 #include "common/param.h"
 #include "topology/placement.h"
@@ -40,20 +39,6 @@ std::vector<int> proxyPinCpus(const std::vector<int>& placementCpus, const std::
   std::sort(out.begin(), out.end());
   return out;
 }
-
-namespace {
-
-std::vector<int> processCpus() {
-  std::vector<int> out;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return out;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) out.push_back(c);
-  return out;
-}
-
-}  // namespace
 
 std::vector<int> proxyCpusFor(int cudaDev, std::string* why) {
   if (paramInt("PROXY_PIN", 1) == 0) {

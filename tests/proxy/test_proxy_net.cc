@@ -3,13 +3,12 @@
 // rail NICs are mlx5_1, then mlx5_0).
 #include <catch2/catch.hpp>
 
-#include <sched.h>
-
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "collectives/proxy_net.h"
+#include "common/cpuset.h"
 #include "tests/test_host.h"
 
 using mkernel::Result;
@@ -63,12 +62,7 @@ TEST_CASE("proxy net: the proxy's CPUs come from the placement, within the proce
   // socket 0, CPUs 0-7, so every GPU's proxy belongs there.
   setenv("MKERNEL_TOPO_XML", MKERNEL_TOPO_FIXTURES "/2socket-nics-on-0.xml", 1);
   setenv("MKERNEL_NVLINK_MATRIX", MKERNEL_TOPO_FIXTURES "/none.nvl", 1);
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  REQUIRE(sched_getaffinity(0, sizeof(set), &set) == 0);
-  std::vector<int> allowed;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) allowed.push_back(c);
+  const std::vector<int> allowed = mkernel::processCpus();
   const std::vector<int> want = proxyPinCpus({0, 1, 2, 3, 4, 5, 6, 7}, allowed);
   std::string why;
   const std::vector<int> got = mkernel::coll::proxyCpusFor(1, &why);

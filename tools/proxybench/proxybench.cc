@@ -208,31 +208,27 @@ struct NetPair {
           continue;
         }
       }
-      for (auto& r : q) {
-        if (r == nullptr) continue;
-        bool done = false;
-        size_t sizes[1] = {0};
-        if (n->test(r, &done, sizes) != Result::Success) die("net test");
-        if (done) {
-          r = nullptr;
-          --left;
-        }
-      }
+      left -= progress(q);
     }
   }
-  void waitAll(std::vector<net::Request*>& qs) {
-    size_t left = qs.size();
-    while (left > 0)
-      for (auto& q : qs) {
-        if (q == nullptr) continue;
-        bool done = false;
-        size_t sizes[1] = {0};
-        if (n->test(q, &done, sizes) != Result::Success) die("net test");
-        if (done) {
-          q = nullptr;
-          --left;
-        }
+  // Tests every request still in `qs` once; a completed one becomes null. Returns how many completed.
+  size_t progress(std::vector<net::Request*>& qs) {
+    size_t completed = 0;
+    for (auto& q : qs) {
+      if (q == nullptr) continue;
+      bool done = false;
+      size_t sizes[1] = {0};
+      if (n->test(q, &done, sizes) != Result::Success) die("net test");
+      if (done) {
+        q = nullptr;
+        ++completed;
       }
+    }
+    return completed;
+  }
+  void waitAll(std::vector<net::Request*>& qs) {
+    size_t left = std::count_if(qs.begin(), qs.end(), [](net::Request* q) { return q != nullptr; });
+    while (left > 0) left -= progress(qs);
   }
 };
 

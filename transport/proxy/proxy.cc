@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/cpuset.h"
 #include "common/log.h"
 #include "common/param.h"
 
@@ -157,14 +158,11 @@ Result Proxy::start(const std::vector<int>& cpus) {
 }
 
 std::vector<int> Proxy::threadCpus() {
-  std::vector<int> out;
-  if (!thread_.joinable()) return out;
+  if (!thread_.joinable()) return {};
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (pthread_getaffinity_np(thread_.native_handle(), sizeof(set), &set) != 0) return out;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) out.push_back(c);
-  return out;
+  if (pthread_getaffinity_np(thread_.native_handle(), sizeof(set), &set) != 0) return {};
+  return cpuList(set);
 }
 
 Result Proxy::stop() {
