@@ -241,6 +241,28 @@ struct StartLine {
   }
 };
 
+// Median time per chunk over o.reps streams of o.stream chunks: `send` runs on rank 0 from a
+// start line both ranks pass, `receive` on rank 1 until it has every chunk.
+double streamTime(const Options& o, const std::function<void()>& send, const std::function<void()>& receive) {
+  std::vector<double> per;
+  StartLine line;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    double t0 = 0, t1 = 0;
+    both([&](int r) {
+      line.pass(rep + 1);
+      if (r == 0) {
+        t0 = nowUs();
+        send();
+      } else {
+        receive();
+        t1 = nowUs();
+      }
+    });
+    per.push_back((t1 - t0) / o.stream);
+  }
+  return median(per);
+}
+
 struct Row {
   size_t bytes = 0;
   double netRtt = 0, proxyRtt = 0, netStream = 0, proxyStream = 0;
@@ -269,23 +291,9 @@ Row measure(net::Net* n, size_t bytes, const Options& o) {
       }
     });
     row.netRtt = median(rtt);
-    std::vector<double> per;
-    StartLine line;
-    for (int rep = 0; rep < o.reps; ++rep) {
-      double t0 = 0, t1 = 0;
-      both([&](int r) {
-        line.pass(rep + 1);
-        if (r == 0) {
-          t0 = nowUs();
-          p.stream(o.stream, [&](int c) { return p.trySend(0, p.sbuf[0].data() + c * bytes, bytes, 2); });
-        } else {
-          p.stream(o.stream, [&](int c) { return p.tryRecv(1, p.rbuf[1].data() + c * bytes, bytes, 2); });
-          t1 = nowUs();
-        }
-      });
-      per.push_back((t1 - t0) / o.stream);
-    }
-    row.netStream = median(per);
+    row.netStream = streamTime(
+        o, [&] { p.stream(o.stream, [&](int c) { return p.trySend(0, p.sbuf[0].data() + c * bytes, bytes, 2); }); },
+        [&] { p.stream(o.stream, [&](int c) { return p.tryRecv(1, p.rbuf[1].data() + c * bytes, bytes, 2); }); });
     // Rank 0's buffer holds 1s: every chunk rank 1 received must too.
     if (std::any_of(p.rbuf[1].begin(), p.rbuf[1].end(), [](uint8_t v) { return v != 1; }))
       die("net stream of " + std::to_string(bytes) + "-byte chunks: received bytes differ from those sent");
@@ -312,26 +320,16 @@ Row measure(net::Net* n, size_t bytes, const Options& o) {
       }
     });
     row.proxyRtt = median(rtt);
-    std::vector<double> per;
-    StartLine line;
-    for (int rep = 0; rep < o.reps; ++rep) {
-      double t0 = 0, t1 = 0;
-      both([&](int r) {
-        ProxySide& x = p.s[r];
-        line.pass(rep + 1);
-        if (r == 0) {
-          t0 = nowUs();
-          for (int c = 0; c < o.stream; ++c) p.post(0, px::kOpSend, x.send.data() + c * bytes, bytes, 2);
+    row.proxyStream = streamTime(
+        o,
+        [&] {
+          for (int c = 0; c < o.stream; ++c) p.post(0, px::kOpSend, p.s[0].send.data() + c * bytes, bytes, 2);
           p.wait(0, 0);
-        } else {
-          for (int c = 0; c < o.stream; ++c) p.post(1, px::kOpRecv, x.recv.data() + c * bytes, bytes, 2);
+        },
+        [&] {
+          for (int c = 0; c < o.stream; ++c) p.post(1, px::kOpRecv, p.s[1].recv.data() + c * bytes, bytes, 2);
           p.wait(1, 1);
-          t1 = nowUs();
-        }
-      });
-      per.push_back((t1 - t0) / o.stream);
-    }
-    row.proxyStream = median(per);
+        });
     if (std::any_of(p.s[1].recv.begin(), p.s[1].recv.end(), [](uint8_t v) { return v != 1; }))
       die("proxy stream of " + std::to_string(bytes) + "-byte chunks: received bytes differ from those sent");
   }
