@@ -38,6 +38,8 @@ struct CollStats {
   uint64_t forwarded[kNumCollTypes] = {};   // handed to the real NCCL (counted by the shim)
   uint64_t kernelLaunches = 0;              // persistent-kernel (re)launches
   uint64_t launchMaxBytes = 0;              // the launch path's threshold in effect (0: off)
+  uint64_t llMaxBytes = 0;                  // ... its LL mode's, bytes per (source, destination) (0: off)
+  uint64_t llOps = 0;                       // ops issued in LL mode
   bool launchDirect = false;                // ... and above it, eager ops of thread ranks (direct mode)
   int directSharing = 1;                    // the most ranks on one GPU (direct mode's upper end)
   int hierCtas = 0;                         // CTAs per hierarchical collective (0: not hierarchical)

@@ -184,11 +184,11 @@ class KernelCommunicator final : public Communicator {
   Result fillDesc(const CollArgs& a, WorkDesc* d) const;
   // How an op runs: the doorbell (persistent kernel), the launch path through the inbox, or the
   // launch path's direct mode (thread ranks, above the inbox threshold).
-  enum class Path { kDoorbell, kLaunchInbox, kLaunchDirect };
+  enum class Path { kDoorbell, kLaunchInbox, kLaunchDirect, kLaunchLl };
   Path pathOf(const WorkDesc& d, bool capturing) const;
   bool oneRankCopy(const CollArgs& a) const;
   Result copyOneRank(const CollArgs& a, cudaStream_t stream);
-  Result launchOp(const WorkDesc& d, bool direct, bool capturing, cudaStream_t stream);
+  Result launchOp(const WorkDesc& d, Path path, bool capturing, cudaStream_t stream);
   Result postSlot(const WorkDesc* descs, int nOps, bool capturing, cudaStream_t stream);
   Result agreeLaunchCap(int smsLeft);
   Result setupProxy();
@@ -237,6 +237,8 @@ class KernelCommunicator final : public Communicator {
   // The launch path (launch_path.h): eager collectives publishing at most launchMaxBytes_.
   uint64_t launchMaxBytes_ = 0;
   int launchCap_ = 1;                  // CTAs per launch-path op, agreed by all ranks
+  uint64_t llMaxBytes_ = 0;            // MKERNEL_LL_MAX_BYTES, the smallest any rank asked for
+  uint64_t llOps_ = 0;                 // ops issued in LL mode (eager and captured)
   bool launchDirect_ = false;          // MKERNEL_LAUNCH_DIRECT and thread ranks: larger ops too
   uint64_t directMaxBytes_ = kDirectAuto;  // MKERNEL_DIRECT_MAX_BYTES (directTakes)
   int directSharing_ = 1;                  // the most ranks on one GPU, agreed (directTakes)
@@ -485,10 +487,23 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   directSharing_ = 1;
   for (int32_t h : here) directSharing_ = std::max(directSharing_, static_cast<int>(h));
   launchCap_ = std::max(1, static_cast<int>(cap));
+  // LL mode's limit (MKERNEL_LL_MAX_BYTES): the smallest any rank asked for, so that every rank
+  // takes the same ops; off with the launch path.
+  const int64_t llAsked = paramInt("LL_MAX_BYTES", static_cast<int64_t>(kLlMaxPayload));
+  if (llAsked < 0 || static_cast<uint64_t>(llAsked) > kLlMaxPayload)
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_LL_MAX_BYTES=%lld outside 0..%llu", static_cast<long long>(llAsked),
+                    static_cast<unsigned long long>(kLlMaxPayload));
+  std::vector<int64_t> lls(static_cast<size_t>(opts_.nRanks), 0);
+  lls[static_cast<size_t>(opts_.rank)] = launchMaxBytes_ > 0 ? llAsked : 0;
+  MK_CHECK(bs_->allGather(lls.data(), sizeof(int64_t)));
+  int64_t llMax = lls[0];
+  for (int64_t v : lls) llMax = std::min(llMax, v);
+  llMaxBytes_ = static_cast<uint64_t>(llMax);
   // At most kLaunchBytesPerCta per CTA: beyond that the doorbell path's CTAs move it faster.
   launchMaxBytes_ = std::min<uint64_t>(launchMaxBytes_, static_cast<uint64_t>(launchCap_) * kLaunchBytesPerCta);
-  MK_INFO(kLogInit, "rank %d: launch path for eager collectives up to %llu bytes, at most %d CTAs x %d threads per op",
-          opts_.rank, static_cast<unsigned long long>(launchMaxBytes_), launchCap_, kLaunchThreads);
+  MK_INFO(kLogInit, "rank %d: launch path for eager collectives up to %llu bytes (LL mode up to %llu bytes per peer), at most %d CTAs x %d threads per op",
+          opts_.rank, static_cast<unsigned long long>(launchMaxBytes_), static_cast<unsigned long long>(llMaxBytes_),
+          launchCap_, kLaunchThreads);
   return Result::Success;
 }
 
@@ -835,7 +850,7 @@ Result KernelCommunicator::enqueueLocked(const CollArgs* ops, int n, cudaStream_
     if (path != Path::kDoorbell) {
       if (nOps > 0) res = postSlot(descs, nOps, capturing, stream);
       nOps = 0;
-      if (res == Result::Success) res = launchOp(d, path == Path::kLaunchDirect, capturing, stream);
+      if (res == Result::Success) res = launchOp(d, path, capturing, stream);
       continue;
     }
     descs[nOps++] = d;
@@ -862,7 +877,10 @@ KernelCommunicator::Path KernelCommunicator::pathOf(const WorkDesc& d, bool capt
   const CollType c = static_cast<CollType>(d.coll);
   const uint64_t bytes = launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
   // One rank: a copy (or PreMulSum's kernel) at any size; nothing to exchange.
-  if (bytes <= launchMaxBytes_ || opts_.nRanks == 1) return Path::kLaunchInbox;
+  if (opts_.nRanks == 1) return Path::kLaunchInbox;
+  // LL mode (launch_path.h): small ops push 16-byte lines, thread and process ranks alike.
+  if (llTakes(llPayloadBytes(d.count, dataTypeSize(static_cast<DataType>(d.dtype))), llMaxBytes_)) return Path::kLaunchLl;
+  if (bytes <= launchMaxBytes_) return Path::kLaunchInbox;
   if (!launchDirect_) return Path::kDoorbell;
   // Direct mode's upper end applies to eager ops: a captured op on the doorbell would keep the
   // persistent kernel resident for the graph's life (docs/KERNEL.md, "A product risk").
@@ -897,7 +915,9 @@ Result KernelCommunicator::copyOneRank(const CollArgs& a, cudaStream_t stream) {
   return Result::Success;
 }
 
-Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capturing, cudaStream_t stream) {
+Result KernelCommunicator::launchOp(const WorkDesc& desc, Path path, bool capturing, cudaStream_t stream) {
+  const bool direct = path == Path::kLaunchDirect;
+  const int mode = direct ? kLaunchModeDirect : path == Path::kLaunchLl ? kLaunchModeLl : kLaunchModeInbox;
   // One launch-path op at a time per communicator and namespace (launch_path.h): an eager op on
   // another stream than the previous one waits for that op through launchEvent_ (recordEachOp_:
   // recorded after every op, so the old stream is never used again). A stream destroyed right
@@ -936,6 +956,10 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capt
   const CollType c = static_cast<CollType>(d.coll);
   const uint64_t bytes = launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
   int ctas = launchCtas(bytes, launchCap_);
+  if (mode == kLaunchModeLl) {
+    ctas = llCtas(llPayloadBytes(d.count, dataTypeSize(static_cast<DataType>(d.dtype))), launchCap_);
+    ++llOps_;
+  }
   if (direct) {
     // The persistent kernel's split (fillDesc), capped by the CTAs all ranks on a GPU can hold at
     // once. AllReduce: TwoShot, whose in-place use is safe (each part is read and written by its
@@ -946,7 +970,7 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capt
   }
   if (capturing) {
     // Epoch 0: the kernel takes graphSeq + 1 on the device, at every replay.
-    MK_CHECK(launchCollective(params_, d, ctas, 0, 0, direct, stream));
+    MK_CHECK(launchCollective(params_, d, ctas, 0, 0, mode, stream));
     ++startsQueued_;
     return Result::Success;
   }
@@ -959,7 +983,7 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capt
     watchColl_ = d.coll;
     watchIndex_ = index;
   }
-  MK_CHECK(launchCollective(params_, d, ctas, launchSeq_, index, direct, runOn));
+  MK_CHECK(launchCollective(params_, d, ctas, launchSeq_, index, mode, runOn));
   ++startsQueued_;
   lastLaunchColl_ = collName(c);
   lastLaunchAt_ = std::chrono::steady_clock::now();
@@ -967,7 +991,7 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, bool direct, bool capt
   if (recordEachOp_) MK_CUDA(cudaEventRecord(launchEvent_, runOn), "cudaEventRecord(launch path)");
   lastLaunchStream_ = runOn;
   MK_TRACE(kLogColl, "rank %d: %s launched on the launch path (%s, epoch %llu, %d CTAs)", opts_.rank, collName(c),
-           direct ? "direct" : "inbox", static_cast<unsigned long long>(launchSeq_), ctas);
+           direct ? "direct" : mode == kLaunchModeLl ? "LL" : "inbox", static_cast<unsigned long long>(launchSeq_), ctas);
   return Result::Success;
 }
 
@@ -1300,6 +1324,8 @@ void KernelCommunicator::stats(CollStats* out) const {
   }
   out->kernelLaunches = launches_;
   out->launchMaxBytes = launchMaxBytes_;
+  out->llMaxBytes = llMaxBytes_;
+  out->llOps = llOps_;
   out->launchDirect = launchDirect_;
   out->directSharing = directSharing_;
   out->hierCtas = params_.nNodes > 1 ? hierCtas_ : 0;

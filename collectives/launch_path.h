@@ -108,5 +108,80 @@ MKERNEL_HD inline LaunchPart launchPart(CollType c, uint64_t count, int nRanks, 
   return lp;
 }
 
+// ---- LL mode (small ops, session 12) -------------------------------------------------------------
+//
+// The inbox mode above costs two NVLink round trips and two system-scope fences per op: a rank
+// publishes locally, releases a flag, and each peer polls that flag remotely and then reads the
+// data remotely. In LL mode (after NCCL's LL protocol) a rank pushes: it stores its data into
+// each peer's line slot (DeviceState::ll, 16-byte lines: 8 payload bytes and the op's flag in
+// each 8-byte half), and each receiver polls its own memory until both halves of a line carry the
+// flag. One one-way NVLink write per op, no fence, no flag word.
+//
+//   0. CTA 0 stores a token line (flag only) into every peer's token[e & 1][r];
+//   1. every CTA pushes its share of the lines (llCtaLines) to every peer that needs them
+//      (llSends; ReduceScatter: the peer's block);
+//   2. it polls the lines it needs from each source in its own slots, combines them in rank
+//      order 0..n-1 (its own contribution read from its input), writes the output, and zeroes
+//      each line it consumed;
+//   3. CTA 0 waits for every peer's token, and zeroes it.
+//
+// Parity e & 1 is rewritten at op e + 2. Rank r starts op e + 2 after its op e + 1 ended, which
+// received a token (or lines) from every peer k written in k's op e + 1, which k's stream
+// started after k's op e ended: k has read and zeroed everything r wrote at op e. The token
+// exists for the ops in which r receives nothing from k (Broadcast from another root, Reduce on
+// a non-root): without it a non-root could run two Reduces ahead of the root and overwrite lines
+// the root has not read (tests/collectives/test_launch_ll.cc shows both). Since every consumed
+// line is zeroed, a line holds 0 or the current op's flag, so the flag's 32 bits may wrap.
+// It shares the epoch numbering with the other modes and no memory with them.
+
+// Payload bytes at most per (source, destination) pair, and per CTA below which another CTA
+// does not pay for itself.
+constexpr uint64_t kLlBytesPerCta = 8 * 1024;
+
+// Bytes one source sends one destination: count elements (ReduceScatter: the destination's block).
+MKERNEL_HD inline uint64_t llPayloadBytes(uint64_t count, uint64_t elemSize) { return count * elemSize; }
+MKERNEL_HD inline uint64_t llLines(uint64_t payloadBytes) {
+  return (payloadBytes + kLlLinePayload - 1) / kLlLinePayload;
+}
+// Whether LL mode takes an op of payloadBytes with limit MKERNEL_LL_MAX_BYTES (more than one rank).
+MKERNEL_HD inline bool llTakes(uint64_t payloadBytes, uint64_t limit) {
+  return payloadBytes > 0 && payloadBytes <= limit && payloadBytes <= kLlMaxPayload;
+}
+MKERNEL_HD inline int llCtas(uint64_t payloadBytes, int cap) {
+  uint64_t c = (payloadBytes + kLlBytesPerCta - 1) / kLlBytesPerCta;
+  if (c < 1) c = 1;
+  if (c > static_cast<uint64_t>(cap)) c = static_cast<uint64_t>(cap);
+  return static_cast<int>(c);
+}
+// Lines [first, first + count) of CTA `cta` of nCtas (the same split on every rank).
+struct LlRange {
+  uint64_t first;
+  uint64_t count;
+};
+MKERNEL_HD inline LlRange llCtaLines(uint64_t lines, int nCtas, int cta) {
+  const uint64_t per = (lines + static_cast<uint64_t>(nCtas) - 1) / static_cast<uint64_t>(nCtas);
+  uint64_t first = per * static_cast<uint64_t>(cta);
+  if (first > lines) first = lines;
+  uint64_t end = first + per;
+  if (end > lines) end = lines;
+  return LlRange{first, end - first};
+}
+// Whether rank src sends data to rank dst (src != dst).
+MKERNEL_HD inline bool llSends(CollType c, int src, int dst, int root) {
+  if (c == CollType::Broadcast) return src == root;
+  if (c == CollType::Reduce) return dst == root;
+  return true;
+}
+// Byte offset in the source's sendbuff of what it sends dst (ReduceScatter: dst's block) and of
+// its own contribution to its own output (dst = itself).
+MKERNEL_HD inline uint64_t llSendOffset(CollType c, uint64_t count, uint64_t elemSize, int dst) {
+  return c == CollType::ReduceScatter ? static_cast<uint64_t>(dst) * count * elemSize : 0;
+}
+// The flag of op e: never 0, the value of a consumed line.
+MKERNEL_HD inline uint32_t llFlag(uint64_t epoch) {
+  const uint32_t f = static_cast<uint32_t>(epoch);
+  return f == 0 ? 1u : f;
+}
+
 }  // namespace coll
 }  // namespace mkernel

@@ -34,6 +34,13 @@ constexpr int kKernelThreads = 512;  // threads per CTA (half an SM: user kernel
 constexpr int kLaunchMaxCtas = 32;
 constexpr int kLaunchThreads = 256;
 constexpr uint64_t kLaunchInboxBytes = 1024 * 1024;
+// The launch path's LL mode (launch_path.h, "LL"): each rank pushes its data into its peers' line
+// slots, 16-byte lines of 8 payload bytes and the op's flag twice; a slot per (parity, source
+// rank) of this many lines, i.e. at most kLlMaxPayload bytes from one source to one destination.
+constexpr uint64_t kLlLineBytes = 16;
+constexpr uint64_t kLlLinePayload = 8;
+constexpr uint64_t kLlSlotLines = 4096;
+constexpr uint64_t kLlMaxPayload = kLlSlotLines * kLlLinePayload;  // 32 KiB
 
 // Doorbell values. The caller's stream writes Posted and waits until the value is >= Done (only
 // Done is): the same values on every call, so a captured graph replays correctly (DESIGN.md §3).
@@ -101,6 +108,23 @@ struct LaunchSpace {
 constexpr int kLaunchEager = 0;
 constexpr int kLaunchGraph = 1;
 
+// One LL line: two 8-byte halves, each 4 payload bytes and the op's flag (a 16-byte store is not
+// guaranteed to land at once over NVLink; an aligned 8-byte half is, as NCCL's LL protocol relies
+// on). The receiver zeroes each line it consumed, so a line holds 0 or the current op's flag.
+struct alignas(16) LlLine {
+  uint32_t lo, flagLo, hi, flagHi;
+};
+static_assert(sizeof(LlLine) == kLlLineBytes, "LlLine layout");
+
+// One namespace of the LL mode: lines[parity][source] is written by `source` (a peer's push) and
+// read by this rank; token[parity][source] likewise, one line per op from every peer (CTA 0):
+// the per-op dependency that makes parity reuse safe even for ops where this rank receives no
+// data from that peer (Broadcast, Reduce).
+struct LlSpace {
+  LlLine lines[2][kMaxRanks][kLlSlotLines];
+  LlLine token[2][kMaxRanks];
+};
+
 struct alignas(128) DeviceState {
   uint32_t doorbell[kMaxSlots];  // stream memops write here; the leader CTA polls
   CtaFlag arrive[kMaxCtas];      // peers poll
@@ -130,6 +154,7 @@ struct alignas(128) DeviceState {
   // CUDA graphs, whose sequence number the device keeps (graphSeq below: a replay cannot take one
   // from the host). The two never share a flag or a byte, so the two sequences stay independent.
   LaunchSpace launch[2];
+  LlSpace ll[2];  // the LL mode's lines, per namespace as launch[] (2 x 2 MiB)
   // Captured launches: the sequence number of the last one that ran on this rank, how many CTAs
   // of the one running have finished (the last to finish advances graphSeq: by then every CTA of
   // it has read the old value), and how many of each CollType ran (mirrored into HostControl).

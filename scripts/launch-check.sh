@@ -11,9 +11,12 @@
 #   3. (unless LC_NCCL_RUN=0) nccl-tests LC_TESTS (default the five), -b LC_MIN_BYTES (8) -e LC_MAX_BYTES (4M) -f 4 -c 1 -g <GPUs>:
 #      NCCL alone, mkernel (the launch path, the default) and mkernel with
 #      MKERNEL_LAUNCH_MAX_BYTES=0 (everything through the persistent kernel; LC_PERSISTENT=0 skips
-#      it), tables per test (scripts/nccl-tests-table.py: time, busbw, ratio, #wrong);
+#      it), and with LC_LLOFF=1 mkernel without the LL mode (MKERNEL_LL_MAX_BYTES=0), tables per
+#      test (scripts/nccl-tests-table.py: time, busbw, ratio, #wrong);
 #   3b. (unless LC_COLLBENCH=0) mkernel-collbench AllReduce, NCCL / launch / memop in one process: one rank up to 32 KiB,
-#      and (2+ GPUs) one rank per GPU up to LC_COLLBENCH_MAX (4194304);
+#      and (2+ GPUs) one rank per GPU up to LC_COLLBENCH_MAX (4194304), again with the LL mode off
+#      when LC_LLOFF=1; LC_COLLBENCH_EMU="2,4,8": thread ranks emulated on GPU 0 up to 32 KiB, LL
+#      mode on and off;
 #   3c. (LC_OVERLAP=1) the hierarchical AllReduce's overlap: mkernel-collbench --ranks LC_OVERLAP_RANKS (4)
 #      --ranks-per-node LC_OVERLAP_RPN (2) over the GPUs, MKERNEL_HIER_OVERLAP=1 against =0 (the same
 #      phases one after another), to LC_OVERLAP_MAX bytes (16777216);
@@ -80,6 +83,9 @@ save ctest.log hier.txt hier-failed.log
 step "3. nccl-tests -b ${LC_MIN_BYTES:-8} -e ${LC_MAX_BYTES:-4M} -g $NG: NCCL, mkernel (launch path), mkernel (persistent kernel only)"
 # mkernel's own path at every size (MKERNEL_NCCL_CROSSOVER=off: no size handed to NCCL).
 variants=("launch|launch path, default|MKERNEL_NCCL_CROSSOVER=off")
+# LC_LLOFF=1: also the launch path without its LL mode (the inbox mode for small ops).
+[ "${LC_LLOFF:-0}" = 1 ] &&
+  variants+=("inbox|launch path, LL mode off (MKERNEL_LL_MAX_BYTES=0)|MKERNEL_LL_MAX_BYTES=0 MKERNEL_NCCL_CROSSOVER=off")
 [ "${LC_PERSISTENT:-1}" = 1 ] &&
   variants+=("persistent|MKERNEL_LAUNCH_MAX_BYTES=0: persistent kernel only|MKERNEL_LAUNCH_MAX_BYTES=0 MKERNEL_NCCL_CROSSOVER=off")
 if [ "${LC_NCCL_RUN:-1}" = 1 ]; then
@@ -97,6 +103,18 @@ timeout 90 "$build/bin/mkernel-collbench" --ranks 1 --max-bytes 32768 --iters 10
 if [ "$NG" -gt 1 ]; then
   timeout 150 "$build/bin/mkernel-collbench" --gpus "$NG" --ranks "$NG" --max-bytes "${LC_COLLBENCH_MAX:-4194304}" --step 4 \
     --iters 300 --nccl "$NCCL_LIB" 2>>"$logs/collbench.err" | sed 's/^/multi-gpu: /' >>"$logs/collbench.txt" || fail=1
+  if [ "${LC_LLOFF:-0}" = 1 ]; then
+    MKERNEL_LL_MAX_BYTES=0 timeout 150 "$build/bin/mkernel-collbench" --gpus "$NG" --ranks "$NG" --max-bytes "${LC_COLLBENCH_MAX:-4194304}" \
+      --step 4 --iters 300 --wait launch 2>>"$logs/collbench.err" | sed 's/^/multi-gpu, LL off: /' >>"$logs/collbench.txt" || fail=1
+  fi
+fi
+if [ -n "${LC_COLLBENCH_EMU:-}" ]; then
+  # Emulated thread ranks on GPU 0 (issue 5's latency), the launch path with and without LL mode.
+  for ll in 32768 0; do
+    MKERNEL_EMULATE=1 MKERNEL_LL_MAX_BYTES=$ll CUDA_VISIBLE_DEVICES=0 timeout 150 "$build/bin/mkernel-collbench" \
+      --ranks "$LC_COLLBENCH_EMU" --max-bytes 32768 --step 4 --iters 1000 --wait launch 2>>"$logs/collbench.err" |
+      sed "s/^/emulated, LL_MAX_BYTES=$ll: /" >>"$logs/collbench.txt" || fail=1
+  done
 fi
 cat "$logs/collbench.txt"
 save collbench.txt

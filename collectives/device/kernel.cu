@@ -720,11 +720,219 @@ __device__ bool launchDirect(const KernelParams& p, SharedState& sh, const WorkD
   return __syncthreads_and(ok) != 0;
 }
 
+// ---- LL mode (launch_path.h, "LL mode") ----------------------------------------------------------
+
+// Up to 8 bytes of a user buffer (fewer at its end: the rest reads as 0).
+__device__ __forceinline__ uint64_t llLoad8(const char* p, uint64_t avail) {
+  if (avail >= 8 && (reinterpret_cast<uint64_t>(p) & 7) == 0) return *reinterpret_cast<const uint64_t*>(p);
+  uint64_t v = 0;
+  const int m = avail < 8 ? static_cast<int>(avail) : 8;
+  for (int b = 0; b < m; ++b) v |= static_cast<uint64_t>(static_cast<uint8_t>(p[b])) << (8 * b);
+  return v;
+}
+__device__ __forceinline__ void llStore8(char* p, uint64_t v, uint64_t avail) {
+  if (avail >= 8 && (reinterpret_cast<uint64_t>(p) & 7) == 0) {
+    *reinterpret_cast<uint64_t*>(p) = v;
+    return;
+  }
+  const int m = avail < 8 ? static_cast<int>(avail) : 8;
+  for (int b = 0; b < m; ++b) p[b] = static_cast<char>(static_cast<uint8_t>(v >> (8 * b)));
+}
+// One line, both halves carrying the flag (two aligned 8-byte halves in one 16-byte store).
+__device__ __forceinline__ void llPut(LlLine* line, uint64_t v, uint32_t flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line), "r"(static_cast<uint32_t>(v)),
+               "r"(flag), "r"(static_cast<uint32_t>(v >> 32)), "r"(flag)
+               : "memory");
+}
+// Polls a line of this rank's slots until both halves carry `flag`, takes its payload and zeroes
+// it. Bounded like waitGeq: false on stop, abort or timeout (recorded as kWaitLaunchPeer, with
+// the half's flag seen).
+__device__ __noinline__ bool llTake(const KernelParams& p, LlLine* line, uint32_t flag, uint64_t* out, int peer,
+                                    int coll, uint64_t epoch) {
+  uint64_t start = 0;
+  for (uint32_t iter = 1;; ++iter) {
+    uint32_t a, b, c, d;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
+                 : "l"(line)
+                 : "memory");
+    if (b == flag && d == flag) {
+      *out = static_cast<uint64_t>(a) | (static_cast<uint64_t>(c) << 32);
+      asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(line), "r"(0u) : "memory");
+      return true;
+    }
+    if ((iter & 255) == 0) {
+      if (stopRequested(p)) return false;
+      if ((iter & 8191) == 0 && hostStopRequested(p)) return false;
+      const uint64_t now = globalTimerNs();
+      if (start == 0) {
+        start = now;
+      } else if (now - start > p.timeoutNs) {
+        recordError(p, static_cast<int>(blockIdx.x), peer, kWaitLaunchPeer, coll, epoch, b != flag ? b : d);
+        return false;
+      }
+      if (iter > (1u << 16)) __nanosleep(200);
+    }
+  }
+}
+
+// The reducing collectives' receive side: for each of this CTA's lines, every source's 8 bytes in
+// rank order (this rank's own from its input), combined as reduceCopy does (pre on each input,
+// combine left to right, post), written to the output.
+template <typename T, int FAMILY>
+__device__ __noinline__ bool llReduceLines(const KernelParams& p, SharedState& sh, const WorkDesc& d,
+                                           Reducer<T, FAMILY> red, LlRange range, uint64_t payload, int ns, int parity,
+                                           uint32_t flag, uint64_t epoch) {
+  constexpr int kPer = 8 / sizeof(T);
+  const int n = p.nRanks, r = p.rank;
+  const CollType coll = static_cast<CollType>(d.coll);
+  const uint64_t esz = sizeof(T);
+  const char* own = reinterpret_cast<const char*>(d.sendbuff) + llSendOffset(coll, d.count, esz, r);
+  char* recv = reinterpret_cast<char*>(d.recvbuff);
+  for (uint64_t i = range.first + threadIdx.x; i < range.first + range.count; i += blockDim.x) {
+    const uint64_t at = i * kLlLinePayload;
+    T acc[kPer];
+    for (int k = 0; k < n; ++k) {
+      uint64_t v;
+      if (k == r) {
+        v = llLoad8(own + at, payload - at);
+      } else if (!llTake(p, &p.self->ll[ns].lines[parity][k][i], flag, &v, k, d.coll, epoch)) {
+        return false;
+      }
+      T in[kPer];
+      memcpy(in, &v, 8);
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) acc[e] = k == 0 ? red.pre(in[e]) : red.combine(acc[e], red.pre(in[e]));
+    }
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) acc[e] = red.post(acc[e]);
+    uint64_t out;
+    memcpy(&out, acc, 8);
+    llStore8(recv + at, out, payload - at);
+  }
+  return true;
+}
+
+template <typename T>
+__device__ bool llReduceTyped(const KernelParams& p, SharedState& sh, const WorkDesc& d, LlRange range,
+                              uint64_t payload, int ns, int parity, uint32_t flag, uint64_t epoch) {
+  T scalar;
+  if (d.scalarDevPtr) {
+    scalar = loadCg(reinterpret_cast<const T*>(d.scalarDevPtr));
+  } else {
+    memcpy(&scalar, &d.redOp.scalarBits, sizeof(T));
+  }
+  const uint32_t divisor = d.redOp.divisor;
+  const DevRedOpKind kind = d.redOp.kind;
+  if (kind == DevRedOpKind::Prod)
+    return llReduceLines<T, kFamilyProd>(p, sh, d, Reducer<T, kFamilyProd>{scalar, divisor, false, false, false}, range,
+                                         payload, ns, parity, flag, epoch);
+  if (kind == DevRedOpKind::Min || kind == DevRedOpKind::Max)
+    return llReduceLines<T, kFamilyMinMax>(p, sh, d,
+                                           Reducer<T, kFamilyMinMax>{scalar, divisor, false, false, kind == DevRedOpKind::Max},
+                                           range, payload, ns, parity, flag, epoch);
+  return llReduceLines<T, kFamilySum>(
+      p, sh, d,
+      Reducer<T, kFamilySum>{scalar, divisor, kind == DevRedOpKind::PreMulSum, kind == DevRedOpKind::SumPostDiv, false},
+      range, payload, ns, parity, flag, epoch);
+}
+
+__device__ bool llReduceDispatch(const KernelParams& p, SharedState& sh, const WorkDesc& d, LlRange range,
+                                 uint64_t payload, int ns, int parity, uint32_t flag, uint64_t epoch) {
+  switch (static_cast<DataType>(d.dtype)) {
+    case DataType::Int8: return llReduceTyped<int8_t>(p, sh, d, range, payload, ns, parity, flag, epoch);
+    case DataType::Uint8: return llReduceTyped<uint8_t>(p, sh, d, range, payload, ns, parity, flag, epoch);
+    case DataType::Int32: return llReduceTyped<int32_t>(p, sh, d, range, payload, ns, parity, flag, epoch);
+    case DataType::Uint32: return llReduceTyped<uint32_t>(p, sh, d, range, payload, ns, parity, flag, epoch);
+    case DataType::Int64: return llReduceTyped<int64_t>(p, sh, d, range, payload, ns, parity, flag, epoch);
+    case DataType::Uint64: return llReduceTyped<uint64_t>(p, sh, d, range, payload, ns, parity, flag, epoch);
+    case DataType::Float16: return llReduceTyped<__half>(p, sh, d, range, payload, ns, parity, flag, epoch);
+    case DataType::Float32: return llReduceTyped<float>(p, sh, d, range, payload, ns, parity, flag, epoch);
+    case DataType::Float64: return llReduceTyped<double>(p, sh, d, range, payload, ns, parity, flag, epoch);
+    case DataType::Bfloat16: return llReduceTyped<__nv_bfloat16>(p, sh, d, range, payload, ns, parity, flag, epoch);
+    case DataType::Fp8E4M3: return llReduceTyped<__nv_fp8_e4m3>(p, sh, d, range, payload, ns, parity, flag, epoch);
+    case DataType::Fp8E5M2: return llReduceTyped<__nv_fp8_e5m2>(p, sh, d, range, payload, ns, parity, flag, epoch);
+  }
+  return true;
+}
+
+// One LL op, this CTA's share. False when the communicator had failed or a wait failed.
+__device__ bool launchLl(const KernelParams& p, SharedState& sh, const WorkDesc& d, uint64_t epoch, int ns) {
+  const int n = p.nRanks, r = p.rank, cta = blockIdx.x;
+  const CollType coll = static_cast<CollType>(d.coll);
+  const uint64_t esz = elemSize(d.dtype);
+  const uint64_t payload = llPayloadBytes(d.count, esz);
+  const LlRange range = llCtaLines(llLines(payload), gridDim.x, cta);
+  const int parity = static_cast<int>(epoch & 1);
+  const uint32_t flag = llFlag(epoch);
+  const char* send = reinterpret_cast<const char*>(d.sendbuff);
+  char* recv = reinterpret_cast<char*>(d.recvbuff);
+  const int tid = static_cast<int>(threadIdx.x);
+  // 0. The token: this rank has started op e (so it has finished op e - 1).
+  if (cta == 0 && tid < n && tid != r) llPut(&sh.peers[tid]->ll[ns].token[parity][r], 0, flag);
+  // 1. Push.
+  const uint64_t end = range.first + range.count;
+  if (coll == CollType::ReduceScatter) {
+    for (uint64_t i = range.first + threadIdx.x; i < end; i += blockDim.x) {
+      const uint64_t at = i * kLlLinePayload;
+      for (int k = 0; k < n; ++k) {
+        if (k == r) continue;
+        const uint64_t v = llLoad8(send + llSendOffset(coll, d.count, esz, k) + at, payload - at);
+        llPut(&sh.peers[k]->ll[ns].lines[parity][r][i], v, flag);
+      }
+    }
+  } else if (!(coll == CollType::Broadcast && r != d.root) && !(coll == CollType::Reduce && r == d.root)) {
+    for (uint64_t i = range.first + threadIdx.x; i < end; i += blockDim.x) {
+      const uint64_t at = i * kLlLinePayload;
+      const uint64_t v = llLoad8(send + at, payload - at);
+      for (int k = 0; k < n; ++k)
+        if (k != r && llSends(coll, r, k, d.root)) llPut(&sh.peers[k]->ll[ns].lines[parity][r][i], v, flag);
+    }
+  }
+  // 2. Receive.
+  bool ok = true;
+  if (coll == CollType::AllReduce || coll == CollType::ReduceScatter || (coll == CollType::Reduce && r == d.root)) {
+    ok = llReduceDispatch(p, sh, d, range, payload, ns, parity, flag, epoch);
+  } else if (coll == CollType::AllGather) {
+    for (uint64_t i = range.first + threadIdx.x; i < end && ok; i += blockDim.x) {
+      const uint64_t at = i * kLlLinePayload;
+      for (int k = 0; k < n && ok; ++k) {
+        uint64_t v = 0;
+        if (k == r) {
+          v = llLoad8(send + at, payload - at);
+        } else {
+          ok = llTake(p, &p.self->ll[ns].lines[parity][k][i], flag, &v, k, d.coll, epoch);
+        }
+        if (ok) llStore8(recv + static_cast<uint64_t>(k) * payload + at, v, payload - at);
+      }
+    }
+  } else if (coll == CollType::Broadcast) {
+    for (uint64_t i = range.first + threadIdx.x; i < end && ok; i += blockDim.x) {
+      const uint64_t at = i * kLlLinePayload;
+      uint64_t v = 0;
+      if (r == d.root) {
+        if (send == recv) continue;
+        v = llLoad8(send + at, payload - at);
+      } else {
+        ok = llTake(p, &p.self->ll[ns].lines[parity][d.root][i], flag, &v, d.root, d.coll, epoch);
+      }
+      if (ok) llStore8(recv + at, v, payload - at);
+    }
+  }
+  // 3. Every peer's token.
+  if (ok && cta == 0 && tid < n && tid != r) {
+    uint64_t unused;
+    ok = llTake(p, &p.self->ll[ns].token[parity][tid], flag, &unused, tid, d.coll, epoch);
+  }
+  return __syncthreads_and(ok) != 0;
+}
+
 // One launch-path collective, this CTA's share (the kernel below adds the captured launches'
 // sequence numbers around it). ns: the namespace of flags and inboxes (kLaunchEager/kLaunchGraph).
 // False when the communicator had failed or a wait failed.
 __device__ __forceinline__ bool launchRun(const KernelParams& p, SharedState& sh, const WorkDesc& d, uint64_t epoch,
-                                          int ns, int direct) {
+                                          int ns, int mode) {
+  const bool direct = mode == kLaunchModeDirect;
   const int cta = blockIdx.x;
   const int n = p.nRanks, r = p.rank;
   const CollType coll = static_cast<CollType>(d.coll);
@@ -735,7 +943,9 @@ __device__ __forceinline__ bool launchRun(const KernelParams& p, SharedState& sh
   const char* send = reinterpret_cast<const char*>(d.sendbuff);
   char* recv = reinterpret_cast<char*>(d.recvbuff);
   const char* srcs[kMaxRanks];
-  if (direct && n > 1) {
+  if (mode == kLaunchModeLl && n > 1) {
+    if (!launchLl(p, sh, d, epoch, ns)) return false;
+  } else if (direct && n > 1) {
     if (!launchDirect(p, sh, d, cta, epoch, ns)) return false;
   } else if (n == 1) {
     // Nothing to wait for: the op's own copy or reduction (pre/post ops included) in place.
@@ -785,7 +995,7 @@ __device__ __forceinline__ bool launchRun(const KernelParams& p, SharedState& sh
 // read the old value, and the next launch of this communicator starts after this one ended:
 // stream order, launch_path.h). Its flags and inbox are the graph namespace's.
 __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(KernelParams p, WorkDesc d, uint64_t epoch,
-                                                                  uint64_t opIndex, int direct) {
+                                                                  uint64_t opIndex, int mode) {
   __shared__ SharedState sh;
   if (p.warmup) return;  // warmKernels
   const bool graph = epoch == 0;
@@ -798,7 +1008,7 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(KernelParams p
   if (threadIdx.x < kMaxRanks) sh.peers[threadIdx.x] = threadIdx.x < p.nRanks ? p.peers[threadIdx.x] : nullptr;
   __syncthreads();
   const uint64_t e = sh.epoch;
-  const bool ran = launchRun(p, sh, d, e, graph ? kLaunchGraph : kLaunchEager, direct);
+  const bool ran = launchRun(p, sh, d, e, graph ? kLaunchGraph : kLaunchEager, mode);
   if (!graph) {
     // Statistics: a posted store into host memory, no round trip.
     if (ran && blockIdx.x == 0 && threadIdx.x == 0) p.ctl->launchDone[d.coll] = opIndex;
@@ -942,8 +1152,8 @@ Result launchPersistentKernel(const KernelParams& p, cudaStream_t stream) {
 }
 
 Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uint64_t epoch, uint64_t opIndex,
-                        bool direct, cudaStream_t stream) {
-  dev::launchKernel<<<nCtas, kLaunchThreads, 0, stream>>>(p, d, epoch, opIndex, direct ? 1 : 0);
+                        int mode, cudaStream_t stream) {
+  dev::launchKernel<<<nCtas, kLaunchThreads, 0, stream>>>(p, d, epoch, opIndex, mode);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching the launch-path kernel (%d CTAs) failed: %s",

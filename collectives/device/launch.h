@@ -82,11 +82,16 @@ int probeFreshStreams(int n, double seconds);
 // The launch path (collectives/launch_path.h): launches the small-collective kernel for `d` with
 // nCtas CTAs on the caller's stream; `epoch` is the communicator's launch-path op counter (the
 // same on every rank), `opIndex` what the kernel reports in HostControl::launchDone[d.coll].
-// `direct`: thread ranks only, any size: the CTAs exchange buffer addresses instead of data and
-// run the direct algorithm between the user buffers (d.nCtas == nCtas; AllReduce TwoShot), with
-// a second flag at the end (peers read our buffers until then).
+// `mode`: kLaunchModeInbox (publish into the own inbox, peers read it), kLaunchModeDirect (thread
+// ranks only, any size: the CTAs exchange buffer addresses instead of data and run the direct
+// algorithm between the user buffers, d.nCtas == nCtas, AllReduce TwoShot, with a second flag at
+// the end: peers read our buffers until then), kLaunchModeLl (push 16-byte lines into the
+// peers' slots, launch_path.h "LL mode").
+constexpr int kLaunchModeInbox = 0;
+constexpr int kLaunchModeDirect = 1;
+constexpr int kLaunchModeLl = 2;
 Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uint64_t epoch, uint64_t opIndex,
-                        bool direct, cudaStream_t stream);
+                        int mode, cudaStream_t stream);
 
 // Largest number of CTAs of the launch-path kernel one SM can hold (occupancy query).
 Result launchKernelCtasPerSm(int* out);

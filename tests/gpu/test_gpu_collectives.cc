@@ -226,20 +226,33 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0) {
     // Direct mode ends at MKERNEL_DIRECT_MAX_BYTES (auto: launch_path.h's table).
     const char* dm = std::getenv("MKERNEL_DIRECT_MAX_BYTES");
     const uint64_t directMax = dm != nullptr && std::string(dm) != "auto" ? std::strtoull(dm, nullptr, 10) : mkernel::coll::kDirectAuto;
-    uint64_t expectLaunch = 0;
+    // LL mode (launch_path.h) takes what each rank sends each peer up to MKERNEL_LL_MAX_BYTES
+    // (default 32768), whatever the launch threshold; off with it and for emulated nodes.
+    const char* llm = std::getenv("MKERNEL_LL_MAX_BYTES");
+    const uint64_t llAsked = llm != nullptr ? std::strtoull(llm, nullptr, 10) : mkernel::coll::kLlMaxPayload;
+    const uint64_t wantLl = ranksPerNode == 0 && st.launchMaxBytes > 0 ? llAsked : 0;
+    if (st.llMaxBytes != wantLl)
+      ctx.fail("LL mode up to " + std::to_string(st.llMaxBytes) + " bytes, want " + std::to_string(wantLl));
+    uint64_t expectLaunch = 0, expectLl = 0;
     if (ranksPerNode == 0)
       for (const Case& k : cases) {
         const uint64_t esz = mkernel::coll::dataTypeSize(k.dtype);
-        if (mkernel::coll::launchPublishElems(k.coll, k.count, nRanks) * esz <= st.launchMaxBytes ||
+        if (nRanks > 1 && mkernel::coll::llTakes(mkernel::coll::llPayloadBytes(k.count, esz), st.llMaxBytes)) {
+          ++expectLaunch;
+          ++expectLl;
+        } else if (mkernel::coll::launchPublishElems(k.coll, k.count, nRanks) * esz <= st.launchMaxBytes ||
             (st.launchDirect &&
              mkernel::coll::directTakes(k.coll, mkernel::coll::directWholeBytes(k.coll, k.count, nRanks, esz), directMax,
                                         st.directSharing)))
           ++expectLaunch;
       }
     if (ctx.rank == 0)
-      std::printf("%d ranks: launch path up to %llu bytes%s: %llu of %zu cases\n", nRanks,
-                  static_cast<unsigned long long>(st.launchMaxBytes), st.launchDirect ? " (direct mode above)" : "",
-                  static_cast<unsigned long long>(expectLaunch), cases.size());
+      std::printf("%d ranks: launch path up to %llu bytes%s: %llu of %zu cases, %llu of them in LL mode (up to %llu bytes)\n",
+                  nRanks, static_cast<unsigned long long>(st.launchMaxBytes), st.launchDirect ? " (direct mode above)" : "",
+                  static_cast<unsigned long long>(expectLaunch), cases.size(), static_cast<unsigned long long>(expectLl),
+                  static_cast<unsigned long long>(st.llMaxBytes));
+    if (st.llOps != expectLl)
+      ctx.fail("LL mode ran " + std::to_string(st.llOps) + " collectives, want " + std::to_string(expectLl));
     uint64_t launched = 0;
     for (uint64_t v : st.launchOps) launched += v;
     if (launched != expectLaunch)

@@ -1,0 +1,361 @@
+// collectives/launch_path.h, the launch path's LL mode, run by CPU threads: one thread per (rank,
+// CTA) per collective, every rank's collectives in order (a rank's next collective starts once
+// all its CTAs of the previous one ended: its stream's order), the ranks running freely against
+// each other with random delays. Each rank pushes 8-byte halves {4 payload bytes, flag} into its
+// peers' line slots (two halves per line, each stored on its own, as a 16-byte store may land
+// over NVLink), the receiver polls its own slots, takes a line once both halves carry the op's
+// flag and zeroes it; CTA 0 exchanges a token with every peer, exactly as launchLl does. Inputs
+// differ per op, so a line overwritten before it was read, or a stale line taken for a fresh one,
+// gives a wrong result; every output byte is compared with the collective's definition (a
+// byte-wise sum stands for the reduction: what is checked is where every byte goes).
+//
+// The variants that must fail: no tokens (a non-root runs two Reduces ahead of the root and
+// overwrites lines it has not read), and no zeroing with a flag that wraps quickly (a stale
+// line carrying the current flag is taken). With zeroing, a flag that wraps every other op still
+// passes: the flag's 32 bits may wrap.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/launch_path.h"
+#include "tests/collectives/launch_sim.h"
+
+using namespace mkernel::coll;
+
+namespace {
+
+using launchsim::jitter;
+
+struct LlOp {
+  CollType coll;
+  uint64_t count;
+  uint64_t esz;
+  int root;
+};
+
+struct Variant {
+  bool tokens = true;
+  bool zero = true;
+  uint32_t flagPeriod = 0;  // 0: llFlag(e); else e % period + 1 (a flag that wraps)
+  int deadlineS = 20;
+};
+
+// One half of a line: payload in the low 32 bits, flag in the high 32.
+using Half = std::atomic<uint64_t>;
+
+struct World {
+  int n = 0, cap = 1;
+  Variant v;
+  std::vector<LlOp> ops;
+  // lines[((rank * 2 + parity) * n + source) * kLlSlotLines + line] * 2 + half
+  std::unique_ptr<Half[]> lines;
+  std::unique_ptr<Half[]> tokens;  // [(rank * 2 + parity) * n + source] * 2 + half
+  launchsim::Failures failures;
+
+  Half* line(int rank, int parity, int src, uint64_t i) {
+    return &lines[((((static_cast<size_t>(rank) * 2 + static_cast<size_t>(parity)) * static_cast<size_t>(n) +
+                     static_cast<size_t>(src)) * kLlSlotLines) + i) * 2];
+  }
+  Half* token(int rank, int parity, int src) {
+    return &tokens[((static_cast<size_t>(rank) * 2 + static_cast<size_t>(parity)) * static_cast<size_t>(n) +
+                    static_cast<size_t>(src)) * 2];
+  }
+  uint32_t flag(uint64_t e) const { return v.flagPeriod ? static_cast<uint32_t>(e % v.flagPeriod) + 1 : llFlag(e); }
+};
+
+uint8_t inputByte(uint64_t epoch, int rank, uint64_t j) {
+  return static_cast<uint8_t>((epoch * 2654435761ull + static_cast<uint64_t>(rank) * 40503ull + j * 97ull) >> 7);
+}
+uint64_t sendBytes(const LlOp& op, int n) {
+  return (op.coll == CollType::ReduceScatter ? static_cast<uint64_t>(n) : 1) * op.count * op.esz;
+}
+uint64_t recvBytes(const LlOp& op, int n) {
+  return (op.coll == CollType::AllGather ? static_cast<uint64_t>(n) : 1) * op.count * op.esz;
+}
+
+// llLoad8 / llStore8 of the kernel: up to 8 bytes, fewer at the end of the buffer.
+uint64_t load8(const std::vector<uint8_t>& buf, uint64_t at, uint64_t avail) {
+  uint64_t v = 0;
+  for (uint64_t b = 0; b < std::min<uint64_t>(8, avail); ++b) v |= static_cast<uint64_t>(buf[at + b]) << (8 * b);
+  return v;
+}
+void store8(std::vector<uint8_t>& buf, std::vector<std::atomic<int>>& writes, uint64_t at, uint64_t v, uint64_t avail) {
+  for (uint64_t b = 0; b < std::min<uint64_t>(8, avail); ++b) {
+    buf[at + b] = static_cast<uint8_t>(v >> (8 * b));
+    writes[at + b]++;
+  }
+}
+
+void put(Half* h, uint64_t v, uint32_t flag) {
+  // The two halves land separately (and in either order).
+  const uint64_t lo = (v & 0xffffffffull) | (static_cast<uint64_t>(flag) << 32);
+  const uint64_t hi = (v >> 32) | (static_cast<uint64_t>(flag) << 32);
+  if (v & 1) {
+    h[1].store(hi, std::memory_order_release);
+    h[0].store(lo, std::memory_order_release);
+  } else {
+    h[0].store(lo, std::memory_order_release);
+    h[1].store(hi, std::memory_order_release);
+  }
+}
+
+// llTake: polls both halves for `flag`, takes the payload and zeroes the line. With zeroing, a
+// half holding anything but 0 or the flag is a protocol violation (a peer ahead of its time).
+bool take(World& w, Half* h, uint32_t flag, uint64_t* out, const std::string& where) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(w.v.deadlineS);
+  for (uint32_t iter = 0;; ++iter) {
+    const uint64_t a = h[0].load(std::memory_order_acquire), b = h[1].load(std::memory_order_acquire);
+    const uint32_t fa = static_cast<uint32_t>(a >> 32), fb = static_cast<uint32_t>(b >> 32);
+    if (fa == flag && fb == flag) {
+      *out = (a & 0xffffffffull) | ((b & 0xffffffffull) << 32);
+      if (w.v.zero) {
+        h[0].store(0, std::memory_order_relaxed);
+        h[1].store(0, std::memory_order_relaxed);
+      }
+      return true;
+    }
+    if (w.v.zero && ((fa != 0 && fa != flag) || (fb != 0 && fb != flag))) {
+      w.failures.fail(where + ": a line holds flag " + std::to_string(fa != flag ? fa : fb) + " while op flag " +
+                      std::to_string(flag) + " is awaited (overwritten before it was read)");
+      return false;
+    }
+    if (w.failures.stop) return false;
+    if ((iter & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
+      w.failures.fail(where + ": never arrived");
+      return false;
+    }
+    std::this_thread::yield();
+  }
+}
+
+void runCta(World& w, int r, int cta, int nCtas, uint64_t epoch, const std::vector<uint8_t>& send,
+            std::vector<uint8_t>& recv, std::vector<std::atomic<int>>& writes, unsigned seed) {
+  std::mt19937 rng(seed);
+  const LlOp& op = w.ops[epoch - 1];
+  const int n = w.n, parity = static_cast<int>(epoch & 1);
+  const uint32_t flag = w.flag(epoch);
+  const uint64_t payload = llPayloadBytes(op.count, op.esz);
+  const LlRange range = llCtaLines(llLines(payload), nCtas, cta);
+  const std::string tag = "op " + std::to_string(epoch) + " (" + collName(op.coll) + ", " + std::to_string(payload) +
+                          " B) rank " + std::to_string(r) + " CTA " + std::to_string(cta);
+  if (w.v.tokens && cta == 0)
+    for (int k = 0; k < n; ++k)
+      if (k != r) put(w.token(k, parity, r), 0, flag);
+  jitter(rng);
+  for (uint64_t i = range.first; i < range.first + range.count; ++i) {
+    const uint64_t at = i * kLlLinePayload;
+    for (int k = 0; k < n; ++k) {
+      if (k == r || !llSends(op.coll, r, k, op.root)) continue;
+      put(w.line(k, parity, r, i), load8(send, llSendOffset(op.coll, op.count, op.esz, k) + at, payload - at), flag);
+    }
+  }
+  jitter(rng);
+  auto from = [&](int k, uint64_t i, uint64_t* v) {
+    if (k == r) {
+      *v = load8(send, llSendOffset(op.coll, op.count, op.esz, r) + i * kLlLinePayload, payload - i * kLlLinePayload);
+      return true;
+    }
+    return take(w, w.line(r, parity, k, i), flag, v, tag + " line " + std::to_string(i) + " from rank " + std::to_string(k));
+  };
+  for (uint64_t i = range.first; i < range.first + range.count && !w.failures.stop; ++i) {
+    const uint64_t at = i * kLlLinePayload;
+    uint64_t v = 0;
+    switch (op.coll) {
+      case CollType::AllGather:
+        for (int k = 0; k < n; ++k) {
+          if (!from(k, i, &v)) return;
+          store8(recv, writes, static_cast<uint64_t>(k) * payload + at, v, payload - at);
+        }
+        break;
+      case CollType::Broadcast:
+        if (!from(op.root, i, &v)) return;
+        store8(recv, writes, at, v, payload - at);
+        break;
+      case CollType::Reduce:
+        if (r != op.root) break;
+        [[fallthrough]];
+      default: {
+        uint8_t acc[8] = {};
+        for (int k = 0; k < n; ++k) {
+          if (!from(k, i, &v)) return;
+          for (int b = 0; b < 8; ++b) acc[b] = static_cast<uint8_t>(acc[b] + static_cast<uint8_t>(v >> (8 * b)));
+        }
+        uint64_t out = 0;
+        for (int b = 0; b < 8; ++b) out |= static_cast<uint64_t>(acc[b]) << (8 * b);
+        store8(recv, writes, at, out, payload - at);
+      }
+    }
+    if (i % 64 == 0) jitter(rng);
+  }
+  if (w.v.tokens && cta == 0)
+    for (int k = 0; k < n; ++k) {
+      uint64_t unused;
+      if (k != r && !take(w, w.token(r, parity, k), flag, &unused, tag + " token from rank " + std::to_string(k))) return;
+    }
+}
+
+void check(World& w, int r, uint64_t epoch, const std::vector<uint8_t>& recv, const std::vector<std::atomic<int>>& writes) {
+  const LlOp& op = w.ops[epoch - 1];
+  const int n = w.n;
+  const uint64_t payload = op.count * op.esz;
+  const bool writes_ = !(op.coll == CollType::Reduce && r != op.root);
+  for (uint64_t o = 0; o < recv.size(); ++o) {
+    const std::string at = "op " + std::to_string(epoch) + " (" + collName(op.coll) + ", " + std::to_string(payload) +
+                           " B) rank " + std::to_string(r) + ": byte " + std::to_string(o);
+    if (writes[o] != (writes_ ? 1 : 0)) {
+      w.failures.fail(at + " written " + std::to_string(writes[o].load()) + " times");
+      return;
+    }
+    if (!writes_) continue;
+    uint8_t expect = 0;
+    switch (op.coll) {
+      case CollType::AllGather: expect = inputByte(epoch, static_cast<int>(o / payload), o % payload); break;
+      case CollType::Broadcast: expect = inputByte(epoch, op.root, o); break;
+      case CollType::ReduceScatter:
+        for (int k = 0; k < n; ++k) expect = static_cast<uint8_t>(expect + inputByte(epoch, k, static_cast<uint64_t>(r) * payload + o));
+        break;
+      default:
+        for (int k = 0; k < n; ++k) expect = static_cast<uint8_t>(expect + inputByte(epoch, k, o));
+    }
+    if (recv[o] != expect) {
+      w.failures.fail(at + " is " + std::to_string(recv[o]) + ", want " + std::to_string(expect) +
+                      " (a line overwritten before it was read, or a stale one taken)");
+      return;
+    }
+  }
+}
+
+void runRank(World& w, int r) {
+  for (uint64_t epoch = 1; epoch <= w.ops.size() && !w.failures.stop; ++epoch) {
+    const LlOp& op = w.ops[epoch - 1];
+    const int nCtas = llCtas(llPayloadBytes(op.count, op.esz), w.cap);
+    std::vector<uint8_t> send(sendBytes(op, w.n));
+    for (uint64_t j = 0; j < send.size(); ++j) send[j] = inputByte(epoch, r, j);
+    std::vector<uint8_t> recv(recvBytes(op, w.n), 0);
+    std::vector<std::atomic<int>> writes(recv.size());
+    for (auto& x : writes) x = 0;
+    // Stream order: the next op starts after every CTA ended.
+    launchsim::runThreads(nCtas, [&](int c) {
+      runCta(w, r, c, nCtas, epoch, send, recv, writes,
+             static_cast<unsigned>(epoch * 131 + static_cast<uint64_t>(r) * 17 + static_cast<uint64_t>(c)));
+    });
+    if (!w.failures.stop) check(w, r, epoch, recv, writes);
+  }
+}
+
+// `onlyReduceRoot0`: every op a Reduce to rank 0 (the pattern the tokens exist for).
+std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed, Variant v, bool onlyReduceRoot0 = false) {
+  World w;
+  w.n = n;
+  w.cap = cap;
+  w.v = v;
+  std::mt19937 rng(seed);
+  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
+                            CollType::Reduce};
+  const uint64_t eszs[] = {1, 2, 4, 8};
+  for (int i = 0; i < nOps; ++i) {
+    LlOp op;
+    op.coll = onlyReduceRoot0 ? CollType::Reduce : colls[rng() % 5];
+    op.esz = eszs[rng() % 4];
+    const uint64_t maxCount = kLlMaxPayload / op.esz;
+    const uint64_t pick = rng() % 4;
+    op.count = pick == 0 ? 1 + rng() % 7 : pick == 1 ? 1 + rng() % 600 : pick == 2 ? maxCount : 1 + rng() % maxCount;
+    op.root = onlyReduceRoot0 ? 0 : static_cast<int>(rng() % static_cast<unsigned>(n));
+    w.ops.push_back(op);
+  }
+  const size_t nLines = static_cast<size_t>(n) * 2 * static_cast<size_t>(n) * kLlSlotLines * 2;
+  w.lines.reset(new Half[nLines]);
+  for (size_t i = 0; i < nLines; ++i) w.lines[i] = 0;
+  const size_t nTokens = static_cast<size_t>(n) * 2 * static_cast<size_t>(n) * 2;
+  w.tokens.reset(new Half[nTokens]);
+  for (size_t i = 0; i < nTokens; ++i) w.tokens[i] = 0;
+  launchsim::runThreads(n, [&](int r) { runRank(w, r); });
+  return w.failures.list;
+}
+
+}  // namespace
+
+TEST_CASE("LL mode: lines, CTAs and the flag") {
+  CHECK(llLines(1) == 1);
+  CHECK(llLines(8) == 1);
+  CHECK(llLines(9) == 2);
+  CHECK(llLines(kLlMaxPayload) == kLlSlotLines);
+  CHECK(llTakes(8, kLlMaxPayload));
+  CHECK(!llTakes(0, kLlMaxPayload));
+  CHECK(!llTakes(kLlMaxPayload + 1, ~0ull));
+  CHECK(!llTakes(4096, 0));
+  CHECK(!llTakes(4097, 4096));
+  CHECK(llCtas(8, 16) == 1);
+  CHECK(llCtas(kLlMaxPayload, 16) == static_cast<int>(kLlMaxPayload / kLlBytesPerCta));
+  CHECK(llCtas(kLlMaxPayload, 2) == 2);
+  CHECK(llFlag(0) == 1);
+  CHECK(llFlag(1ull << 32) == 1);
+  CHECK(llFlag(7) == 7);
+  CHECK(llSends(CollType::Broadcast, 2, 0, 2));
+  CHECK(!llSends(CollType::Broadcast, 1, 0, 2));
+  CHECK(llSends(CollType::Reduce, 1, 3, 3));
+  CHECK(!llSends(CollType::Reduce, 1, 2, 3));
+  CHECK(llSendOffset(CollType::ReduceScatter, 10, 4, 3) == 120);
+  CHECK(llSendOffset(CollType::AllGather, 10, 4, 3) == 0);
+  // The CTAs' ranges tile the lines.
+  for (uint64_t lines : {1ull, 2ull, 7ull, 4096ull}) {
+    for (int nCtas : {1, 3, 4, 32}) {
+      uint64_t next = 0;
+      for (int c = 0; c < nCtas; ++c) {
+        const LlRange lr = llCtaLines(lines, nCtas, c);
+        if (lr.count == 0) continue;
+        CHECK(lr.first == next);
+        next = lr.first + lr.count;
+      }
+      CHECK(next == lines);
+    }
+  }
+}
+
+TEST_CASE("LL mode: CPU ranks and CTAs, random collectives back to back") {
+  struct Cfg {
+    int n, cap, ops;
+  };
+  for (Cfg c : {Cfg{2, 4, 150}, Cfg{3, 2, 100}, Cfg{4, 4, 80}, Cfg{8, 1, 40}, Cfg{5, 3, 60}}) {
+    INFO("ranks " << c.n << ", CTA cap " << c.cap);
+    const std::vector<std::string> failures = runWorld(c.n, c.cap, c.ops, static_cast<unsigned>(c.n * 977 + c.cap), Variant{});
+    for (const auto& f : failures) FAIL_CHECK(f);
+    CHECK(failures.empty());
+  }
+}
+
+TEST_CASE("LL mode: a flag that wraps every other op is harmless when consumed lines are zeroed") {
+  Variant v;
+  v.flagPeriod = 2;
+  const std::vector<std::string> failures = runWorld(3, 4, 120, 31337u, v);
+  for (const auto& f : failures) FAIL_CHECK(f);
+  CHECK(failures.empty());
+}
+
+TEST_CASE("LL mode: without zeroing, a wrapped flag takes a stale line") {
+  Variant v;
+  v.flagPeriod = 2;
+  v.zero = false;
+  v.deadlineS = 3;
+  const std::vector<std::string> failures = runWorld(3, 4, 120, 4242u, v);
+  REQUIRE(!failures.empty());
+  WARN("caught: " << failures.front());
+  CHECK(failures.front().find("stale one taken") != std::string::npos);
+}
+
+TEST_CASE("LL mode: without the tokens, a non-root runs ahead of the root and overwrites its lines") {
+  Variant v;
+  v.tokens = false;
+  v.deadlineS = 3;
+  const std::vector<std::string> failures = runWorld(3, 2, 200, 777u, v, /*onlyReduceRoot0=*/true);
+  REQUIRE(!failures.empty());
+  WARN("caught: " << failures.front());
+  CHECK(failures.front().find("overwritten") != std::string::npos);
+}
