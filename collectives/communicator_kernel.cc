@@ -489,10 +489,17 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   launchCap_ = std::max(1, static_cast<int>(cap));
   // LL mode's limit (MKERNEL_LL_MAX_BYTES): the smallest any rank asked for, so that every rank
   // takes the same ops; off with the launch path.
-  const int64_t llAsked = paramInt("LL_MAX_BYTES", static_cast<int64_t>(kLlMaxPayload));
-  if (llAsked < 0 || static_cast<uint64_t>(llAsked) > kLlMaxPayload)
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_LL_MAX_BYTES=%lld outside 0..%llu", static_cast<long long>(llAsked),
-                    static_cast<unsigned long long>(kLlMaxPayload));
+  // auto: kLlMaxPayload, or kLlSharedMaxBytes with more than two ranks on this GPU (launch_path.h).
+  const std::string llParam = paramString("LL_MAX_BYTES");
+  int64_t llAsked = ranksHere > 2 ? static_cast<int64_t>(kLlSharedMaxBytes) : static_cast<int64_t>(kLlMaxPayload);
+  if (llParam != "auto") {
+    char* end = nullptr;
+    const long long v = std::strtoll(llParam.c_str(), &end, 10);
+    if (llParam.empty() || *end != '\0' || v < 0 || static_cast<uint64_t>(v) > kLlMaxPayload)
+      return MK_ERROR(Result::InvalidArgument, "MKERNEL_LL_MAX_BYTES=%s: expected auto or 0..%llu", llParam.c_str(),
+                      static_cast<unsigned long long>(kLlMaxPayload));
+    llAsked = v;
+  }
   std::vector<int64_t> lls(static_cast<size_t>(opts_.nRanks), 0);
   lls[static_cast<size_t>(opts_.rank)] = launchMaxBytes_ > 0 ? llAsked : 0;
   MK_CHECK(bs_->allGather(lls.data(), sizeof(int64_t)));

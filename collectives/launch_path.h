@@ -134,9 +134,14 @@ MKERNEL_HD inline LaunchPart launchPart(CollType c, uint64_t count, int nRanks, 
 // line is zeroed, a line holds 0 or the current op's flag, so the flag's 32 bits may wrap.
 // It shares the epoch numbering with the other modes and no memory with them.
 
-// Payload bytes at most per (source, destination) pair, and per CTA below which another CTA
-// does not pay for itself.
+// Payload bytes per CTA below which another CTA does not pay for itself.
 constexpr uint64_t kLlBytesPerCta = 8 * 1024;
+// MKERNEL_LL_MAX_BYTES=auto with more than two ranks on one GPU (emulation): their launches share
+// the SMs (one CTA each with 8 ranks), and pushing 32 KiB to every co-located peer cost more than
+// the inbox mode. One H200, AllReduce, eager µs LL / inbox (session 12, call 2): 4 ranks 8 KiB
+// 26.3 / 29.3, 32 KiB 44.3 / 32.7; 8 ranks 8 KiB 46.1 / 49.9, 32 KiB 75.0 / 52.9; 2 ranks 32 KiB
+// 14.8 / 20.5.
+constexpr uint64_t kLlSharedMaxBytes = 8 * 1024;
 
 // Bytes one source sends one destination: count elements (ReduceScatter: the destination's block).
 MKERNEL_HD inline uint64_t llPayloadBytes(uint64_t count, uint64_t elemSize) { return count * elemSize; }

@@ -857,7 +857,8 @@ __device__ bool llReduceDispatch(const KernelParams& p, SharedState& sh, const W
 }
 
 // One LL op, this CTA's share. False when the communicator had failed or a wait failed.
-__device__ bool launchLl(const KernelParams& p, SharedState& sh, const WorkDesc& d, uint64_t epoch, int ns) {
+__device__ bool launchLl(const KernelParams& p, SharedState& sh, const WorkDesc& d, uint64_t epoch, int ns,
+                         uint64_t traceSeq) {
   const int n = p.nRanks, r = p.rank, cta = blockIdx.x;
   const CollType coll = static_cast<CollType>(d.coll);
   const uint64_t esz = elemSize(d.dtype);
@@ -889,6 +890,7 @@ __device__ bool launchLl(const KernelParams& p, SharedState& sh, const WorkDesc&
         if (k != r && llSends(coll, r, k, d.root)) llPut(&sh.peers[k]->ll[ns].lines[parity][r][i], v, flag);
     }
   }
+  traceAt(p, cta, traceSeq, kTraceStartBarrier);  // (launch path: this thread's pushes issued)
   // 2. Receive.
   bool ok = true;
   if (coll == CollType::AllReduce || coll == CollType::ReduceScatter || (coll == CollType::Reduce && r == d.root)) {
@@ -919,6 +921,7 @@ __device__ bool launchLl(const KernelParams& p, SharedState& sh, const WorkDesc&
       if (ok) llStore8(recv + at, v, payload - at);
     }
   }
+  traceAt(p, cta, traceSeq, kTraceMoved);  // (this thread's lines received and written)
   // 3. Every peer's token.
   if (ok && cta == 0 && tid < n && tid != r) {
     uint64_t unused;
@@ -931,7 +934,7 @@ __device__ bool launchLl(const KernelParams& p, SharedState& sh, const WorkDesc&
 // sequence numbers around it). ns: the namespace of flags and inboxes (kLaunchEager/kLaunchGraph).
 // False when the communicator had failed or a wait failed.
 __device__ __forceinline__ bool launchRun(const KernelParams& p, SharedState& sh, const WorkDesc& d, uint64_t epoch,
-                                          int ns, int mode) {
+                                          int ns, int mode, uint64_t traceSeq) {
   const bool direct = mode == kLaunchModeDirect;
   const int cta = blockIdx.x;
   const int n = p.nRanks, r = p.rank;
@@ -944,7 +947,7 @@ __device__ __forceinline__ bool launchRun(const KernelParams& p, SharedState& sh
   char* recv = reinterpret_cast<char*>(d.recvbuff);
   const char* srcs[kMaxRanks];
   if (mode == kLaunchModeLl && n > 1) {
-    if (!launchLl(p, sh, d, epoch, ns)) return false;
+    if (!launchLl(p, sh, d, epoch, ns, traceSeq)) return false;
   } else if (direct && n > 1) {
     if (!launchDirect(p, sh, d, cta, epoch, ns)) return false;
   } else if (n == 1) {
@@ -999,6 +1002,10 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(KernelParams p
   __shared__ SharedState sh;
   if (p.warmup) return;  // warmKernels
   const bool graph = epoch == 0;
+  // MKERNEL_KERNEL_TRACE, eager ops (record epoch - 1): start, set up, [LL: pushed, received],
+  // collective done, reported (collbench --trace; docs/KERNEL.md, "Kernel trace").
+  const uint64_t traceSeq = graph ? kNoTrace : epoch - 1;
+  traceAt(p, blockIdx.x, traceSeq, kTraceSeen);
   if (threadIdx.x == 0) {
     sh.stop = stopRequested(p) ? 1 : 0;  // a failed communicator: release the stream
     sh.epoch = graph ? loadVolatile64(&p.self->graphSeq) + 1 : epoch;
@@ -1008,10 +1015,13 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(KernelParams p
   if (threadIdx.x < kMaxRanks) sh.peers[threadIdx.x] = threadIdx.x < p.nRanks ? p.peers[threadIdx.x] : nullptr;
   __syncthreads();
   const uint64_t e = sh.epoch;
-  const bool ran = launchRun(p, sh, d, e, graph ? kLaunchGraph : kLaunchEager, mode);
+  traceAt(p, blockIdx.x, traceSeq, kTraceLoaded);
+  const bool ran = launchRun(p, sh, d, e, graph ? kLaunchGraph : kLaunchEager, mode, traceSeq);
+  traceAt(p, blockIdx.x, traceSeq, kTraceEndBarrier);
   if (!graph) {
     // Statistics: a posted store into host memory, no round trip.
     if (ran && blockIdx.x == 0 && threadIdx.x == 0) p.ctl->launchDone[d.coll] = opIndex;
+    traceAt(p, blockIdx.x, traceSeq, kTraceReported);
     return;
   }
   __syncthreads();

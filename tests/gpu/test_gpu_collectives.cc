@@ -227,9 +227,11 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0) {
     const char* dm = std::getenv("MKERNEL_DIRECT_MAX_BYTES");
     const uint64_t directMax = dm != nullptr && std::string(dm) != "auto" ? std::strtoull(dm, nullptr, 10) : mkernel::coll::kDirectAuto;
     // LL mode (launch_path.h) takes what each rank sends each peer up to MKERNEL_LL_MAX_BYTES
-    // (default 32768), whatever the launch threshold; off with it and for emulated nodes.
+    // (auto: 32768, 8192 with more than two ranks on a GPU), whatever the launch threshold; off
+    // with it and for emulated nodes.
     const char* llm = std::getenv("MKERNEL_LL_MAX_BYTES");
-    const uint64_t llAsked = llm != nullptr ? std::strtoull(llm, nullptr, 10) : mkernel::coll::kLlMaxPayload;
+    const uint64_t llAuto = st.directSharing > 2 ? mkernel::coll::kLlSharedMaxBytes : mkernel::coll::kLlMaxPayload;
+    const uint64_t llAsked = llm != nullptr && std::string(llm) != "auto" ? std::strtoull(llm, nullptr, 10) : llAuto;
     const uint64_t wantLl = ranksPerNode == 0 && st.launchMaxBytes > 0 ? llAsked : 0;
     if (st.llMaxBytes != wantLl)
       ctx.fail("LL mode up to " + std::to_string(st.llMaxBytes) + " bytes, want " + std::to_string(wantLl));

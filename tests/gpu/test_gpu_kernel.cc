@@ -386,7 +386,19 @@ void deadPeer(const char* launchMax) {
     int32_t* buf = nullptr;
     cudaMalloc(reinterpret_cast<void**>(&buf), 4096);
     CollArgs a = allReduceSum(buf, buf, 1024);
-    if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success) return ctx.fail("enqueue");
+    // Ranks sharing a GPU in one process (here: every rank on GPU 0) are fenced
+    // (collectives/post_fence.h): the enqueue itself waits, bounded by MKERNEL_TIMEOUT_S, for the
+    // co-located peer to post its part, and says so; it still queues the kernel, whose own
+    // bounded wait then fails the communicator as below. Unfenced, the enqueue returns at once.
+    const Result er = ctx.comm->enqueue(&a, 1, ctx.stream);
+    if (ctx.comm->fenced()) {
+      const std::string emsg = mkernel::lastError();
+      if (er != Result::RemoteError) return ctx.fail("fenced enqueue gave " + std::string(mkernel::resultString(er)));
+      if (emsg.find("rank 1") == std::string::npos || emsg.find("to post collective 1") == std::string::npos)
+        ctx.fail("fenced enqueue's message does not name the peer that never posted: " + emsg);
+    } else if (er != Result::Success) {
+      return ctx.fail("enqueue");
+    }
     auto t0 = std::chrono::steady_clock::now();
     cudaError_t err = cudaStreamSynchronize(ctx.stream);  // must not hang: the kernel drains
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -426,15 +438,34 @@ void abortWhileSpinning(const char* launchMax) {
     cudaMalloc(reinterpret_cast<void**>(&buf), 4096);
     ctx.bs->barrier();  // both ranks allocated before any kernel runs
     CollArgs a = allReduceSum(buf, buf, 1024);
-    if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success) {
-      rank0Done = true;
-      return ctx.fail("enqueue");
+    double abortS = 0;
+    std::chrono::steady_clock::time_point t0;
+    if (ctx.comm->fenced()) {
+      // Fenced (ranks sharing a GPU in one process): the enqueue waits on the host for rank 1 to
+      // post. The abort comes from another thread, as a watchdog's would (PyTorch's calls
+      // ncclCommAbort from its own thread); the enqueue must then return at once, with an error.
+      std::thread watchdog([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        t0 = std::chrono::steady_clock::now();
+        ctx.comm->abort();
+        abortS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      });
+      const Result er = ctx.comm->enqueue(&a, 1, ctx.stream);
+      watchdog.join();
+      const double returnS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (er == Result::Success) ctx.fail("fenced enqueue succeeded although its peer never posted");
+      if (returnS > 1) ctx.fail("fenced enqueue returned " + std::to_string(returnS) + " s after the abort");
+    } else {
+      if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success) {
+        rank0Done = true;
+        return ctx.fail("enqueue");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the kernel spins on rank 1
+      if (cudaStreamQuery(ctx.stream) != cudaErrorNotReady) ctx.fail("the collective finished without its peer");
+      t0 = std::chrono::steady_clock::now();
+      ctx.comm->abort();
+      abortS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the kernel spins on rank 1
-    if (cudaStreamQuery(ctx.stream) != cudaErrorNotReady) ctx.fail("the collective finished without its peer");
-    const auto t0 = std::chrono::steady_clock::now();
-    ctx.comm->abort();
-    const double abortS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const cudaError_t err = cudaStreamSynchronize(ctx.stream);  // the kernel drains the doorbell
     const double drainS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rank0Done = true;
