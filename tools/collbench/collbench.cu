@@ -194,6 +194,57 @@ void baselines(int iters, double* launchUs, double* pairUs, double* tripleUs) {
   cudaStreamDestroy(s);
 }
 
+// Host cost of the CUDA calls a launch-path collective makes, one call at a time: the median of
+// `iters` single calls timed with steady_clock, a stream sync after every 32 (outside the timing)
+// so that no call waits for a full queue. `gpus` > 1 adds cudaSetDevice between two devices, as a
+// thread driving both GPUs in a group (nccl-tests -g 2) does per collective.
+struct BigArg {
+  char bytes[640];  // about KernelParams + WorkDesc + the scalars of launchKernel's signature
+};
+__global__ void bigArgKernel(BigArg) {}
+struct HostCosts {
+  double launchUs = 0, bigLaunchUs = 0, recordUs = 0, capturingUs = 0, setSameUs = 0, setOtherUs = 0;
+};
+HostCosts hostCosts(int iters, int gpus) {
+  HostCosts h;
+  cudaSetDevice(0);
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaEvent_t ev;
+  cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  BigArg arg{};
+  for (int i = 0; i < 20; ++i) bigArgKernel<<<1, 32, 0, s>>>(arg);
+  cudaStreamSynchronize(s);
+  auto measure = [&](auto&& call) {
+    std::vector<float> us;
+    us.reserve(static_cast<size_t>(iters));
+    for (int i = 0; i < iters; ++i) {
+      if (i % 32 == 0) cudaStreamSynchronize(s);
+      const auto t0 = std::chrono::steady_clock::now();
+      call();
+      us.push_back(std::chrono::duration<float, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    cudaStreamSynchronize(s);
+    return percentile(us, 0.5);
+  };
+  h.launchUs = measure([&] { emptyKernel<<<1, 32, 0, s>>>(); });
+  h.bigLaunchUs = measure([&] { bigArgKernel<<<1, 256, 0, s>>>(arg); });
+  h.recordUs = measure([&] { cudaEventRecord(ev, s); });
+  h.capturingUs = measure([&] {
+    cudaStreamCaptureStatus st;
+    cudaStreamIsCapturing(s, &st);
+  });
+  h.setSameUs = measure([&] { cudaSetDevice(0); });
+  if (gpus > 1) {
+    int k = 0;
+    h.setOtherUs = measure([&] { cudaSetDevice(++k & 1); });
+    cudaSetDevice(0);
+  }
+  cudaEventDestroy(ev);
+  cudaStreamDestroy(s);
+  return h;
+}
+
 // The floor of emulated thread ranks on one GPU, no mkernel code: n threads, each with its own
 // stream, launch one empty kernel per round, in step (a spin barrier between rounds, as ranks are
 // by their collectives). The median wall time of a round, from thread 0's barrier exits, is what
@@ -601,6 +652,14 @@ int main(int argc, char** argv) {
   std::printf("# floors, one stream: empty kernel launch %.2f us/op, memop pair (write, wait) %.2f us/op, "
               "memop triple (write, wait, write) %.2f us/op\n",
               launchUs, pairUs, memopUs);
+  {
+    const HostCosts h = hostCosts(2000, opt.gpus);
+    std::printf("# host us per call (median of 2000, one at a time): empty kernel launch %.2f, launch with a 640-byte "
+                "argument %.2f, cudaEventRecord %.2f, cudaStreamIsCapturing %.2f, cudaSetDevice (same) %.2f",
+                h.launchUs, h.bigLaunchUs, h.recordUs, h.capturingUs, h.setSameUs);
+    if (opt.gpus > 1) std::printf(", cudaSetDevice (alternating) %.2f", h.setOtherUs);
+    std::printf("\n");
+  }
   if (opt.gpus == 1) {
     // Several thread ranks on one GPU: how many launches per round the driver lets n threads make.
     std::string floors;
