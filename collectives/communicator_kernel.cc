@@ -196,7 +196,12 @@ class KernelCommunicator final : public Communicator {
   Result ensureKernel();
   Result kernelError() const;
   Result waitKernelExit(double seconds);
-  void foldStats() const;
+  // Folds the kernels' completion counters into the statistics. device: also the launch path's,
+  // which live in device memory (readLaunchCounters: a copy; stats() and mkernelGetStats, not
+  // every enqueue).
+  void foldStats(bool device = false) const;
+  // Copies DeviceState::launchDone and graphOps (8 each) into done / graph.
+  Result readLaunchCounters(uint64_t* done, uint64_t* graph) const;
   void release(bool orderly);
 
   CommOptions opts_;
@@ -207,6 +212,11 @@ class KernelCommunicator final : public Communicator {
   void* staging_ = nullptr;       // device
   KernelTraceRecord* trace_ = nullptr;  // device, MKERNEL_KERNEL_TRACE only
   KernelTraceRecord* traceHost_ = nullptr;  // pinned copy target, allocated with trace_
+  // readLaunchCounters: a pinned target and a stream of its own (stream_ may hold the persistent
+  // kernel; a caller's stream is the caller's).
+  uint64_t* counterHost_ = nullptr;
+  cudaStream_t counterStream_ = nullptr;
+  mutable std::mutex counterMu_;
   cudaStream_t traceStream_ = nullptr;      // the copy's stream (not stream_: the kernel runs there)
   HostControl* ctl_ = nullptr;    // host-mapped
   WorkSlot* slots_ = nullptr;     // host-mapped
@@ -332,6 +342,8 @@ Result KernelCommunicator::init() {
   }
   MK_CUDA(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(DeviceState)), "cudaMalloc(DeviceState)");
   MK_CUDA(cudaMemset(state_, 0, sizeof(DeviceState)), "cudaMemset(DeviceState)");
+  MK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counterHost_), 16 * sizeof(uint64_t)), "cudaMallocHost(counters)");
+  MK_CUDA(cudaStreamCreateWithFlags(&counterStream_, cudaStreamNonBlocking), "cudaStreamCreate(counters)");
   MK_CUDA(cudaMalloc(&staging_, std::max<uint64_t>(oneShotMaxBytes_, 16)), "cudaMalloc(staging)");
   void* host = nullptr;
   MK_CUDA(cudaHostAlloc(&host, sizeof(HostControl), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(control)");
@@ -347,6 +359,7 @@ Result KernelCommunicator::init() {
   if (watch != "first" && watch != "all" && watch != "off")
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_WATCH=%s: expected first, all or off", watch.c_str());
   watch_ = watch == "off" ? Watch::Off : watch == "all" ? Watch::All : Watch::First;
+  params_.launchWatch = watch_ == Watch::Off ? 0u : watch_ == Watch::All ? 2u : 1u;
   if (watch_ != Watch::Off)
     MK_CUDA(cudaEventCreateWithFlags(&watchPre_, cudaEventDisableTiming), "cudaEventCreate(launch watch)");
   MK_CUDA(cudaEventCreateWithFlags(&graphEvent_, cudaEventDisableTiming), "cudaEventCreate(launch path, graphs)");
@@ -458,7 +471,7 @@ Result KernelCommunicator::init() {
   // ones; the rest keep the persistent kernel's replayable doorbell. Every rank reads the same
   // setting (as MKERNEL_LAUNCH_MAX_BYTES).
   graphLaunch_ = paramInt("GRAPH_LAUNCH", 1) != 0 && launchMaxBytes_ > 0 && !hier;
-  registerStatsFolder(this, [this] { foldStats(); });
+  registerStatsFolder(this, [this] { foldStats(/*device=*/true); });
   MK_INFO(kLogInit, "rank %d: persistent kernel ready: %d CTAs x %d threads, GPU %d (%d SMs, %d ranks on it)%s",
           opts_.rank, params_.nCtas, kKernelThreads, opts_.cudaDev, sms, peers.ranksOnMyDevice,
           peers.staged ? ", staged (process ranks)" : "");
@@ -1107,7 +1120,9 @@ void KernelCommunicator::watchLaunch() {
   const double timeout = static_cast<double>(paramInt("TIMEOUT_S", 300));
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - lastLaunchAt_).count();
   if (waited < std::max(0.5, timeout / 2)) return;
-  if (ctl_->launchDone[watchColl_] >= watchIndex_ || ctl_->failed) return;  // finished, or failed (reported so)
+  uint64_t done[8] = {}, graphDone[8] = {};
+  if (readLaunchCounters(done, graphDone) != Result::Success) return;
+  if (done[watchColl_] >= watchIndex_ || ctl_->failed) return;  // finished, or failed (reported so)
   watchReported_ = watchEpoch_;
   const cudaError_t pre = cudaEventQuery(watchPre_);
   (void)cudaGetLastError();
@@ -1172,14 +1187,19 @@ Result KernelCommunicator::finalize() {
   for (int s = 0; s < kEagerSlots; ++s)
     if (slotUsed_[s]) drain(slotEvents_[s]);
   // Every eager launch-path op, through what its kernel reports (CTA 0 at its end,
-  // launchDone), never through the caller's streams: the application may have destroyed them
-  // already. (The frees in release() wait for any CTA still finishing.)
+  // DeviceState::launchDone), never through the caller's streams: the application may have
+  // destroyed them already. (The frees in release() wait for any CTA still finishing.)
   if (lastLaunchStream_ != nullptr) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
-    for (int c = 0; c < kNumCollTypes; ++c)
-      while (ctl_->launchDone[c] < launchIssued_[c] && !ctl_->failed && !ctl_->abortFlag &&
-             std::chrono::steady_clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    auto allDone = [&] {
+      uint64_t done[8] = {}, graphDone[8] = {};
+      if (readLaunchCounters(done, graphDone) != Result::Success) return true;  // reported; nothing to wait for
+      for (int c = 0; c < kNumCollTypes; ++c)
+        if (done[c] < launchIssued_[c]) return false;
+      return true;
+    };
+    while (!allDone() && !ctl_->failed && !ctl_->abortFlag && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   // Peers may still poll our flags until they have seen our last barrier arrival.
   Result res = aborted_ ? Result::Success : bs_->barrier();
@@ -1187,7 +1207,7 @@ Result KernelCommunicator::finalize() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   Result exitRes = waitKernelExit(timeout);
   finalized_ = true;
-  foldStats();
+  foldStats(/*device=*/true);
   release(/*orderly=*/res == Result::Success && exitRes == Result::Success);
   if (res != Result::Success) return res;
   return exitRes;
@@ -1265,6 +1285,13 @@ void KernelCommunicator::release(bool orderly) {
   if (traceStream_) (void)cudaStreamDestroy(traceStream_);
   traceHost_ = nullptr;
   traceStream_ = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(counterMu_);
+    if (counterHost_) (void)cudaFreeHost(counterHost_);
+    if (counterStream_) (void)cudaStreamDestroy(counterStream_);
+    counterHost_ = nullptr;
+    counterStream_ = nullptr;
+  }
   ctl_ = nullptr;
   slots_ = nullptr;
   stream_ = nullptr;
@@ -1295,34 +1322,57 @@ Result KernelCommunicator::kernelTrace(std::vector<uint64_t>* out) const {
   return Result::Success;
 }
 
-void KernelCommunicator::foldStats() const {
+Result KernelCommunicator::readLaunchCounters(uint64_t* done, uint64_t* graph) const {
+  std::lock_guard<std::mutex> lock(counterMu_);
+  if (state_ == nullptr || counterHost_ == nullptr) return Result::InvalidUsage;  // released: nothing to read
+  RelaxedCaptureScope relaxed;  // a copy on our own stream, legal while the caller captures
+  int prev = -1;
+  (void)cudaGetDevice(&prev);
+  if (prev != opts_.cudaDev) (void)cudaSetDevice(opts_.cudaDev);
+  cudaError_t err = cudaMemcpyAsync(counterHost_, state_->launchDone, 8 * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                                    counterStream_);
+  if (err == cudaSuccess)
+    err = cudaMemcpyAsync(counterHost_ + 8, state_->graphOps, 8 * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                          counterStream_);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(counterStream_);
+  if (prev >= 0 && prev != opts_.cudaDev) (void)cudaSetDevice(prev);
+  if (err != cudaSuccess)
+    return MK_ERROR(Result::UnhandledCudaError, "rank %d: reading the launch path's counters: %s", opts_.rank,
+                    cudaGetErrorString(err));
+  std::memcpy(done, counterHost_, 8 * sizeof(uint64_t));
+  std::memcpy(graph, counterHost_ + 8, 8 * sizeof(uint64_t));
+  return Result::Success;
+}
+
+void KernelCommunicator::foldStats(bool device) const {
   if (ctl_ == nullptr) return;
+  uint64_t done[8] = {}, graphDone[8] = {};
+  const bool haveLaunch = device && readLaunchCounters(done, graphDone) == Result::Success;
   std::lock_guard<std::mutex> lock(statsMu_);
   for (int c = 0; c < kNumCollTypes; ++c) {
-    const uint64_t done = ctl_->opsDone[c];
-    if (done > folded_[c]) {
-      globalStats().kernelOps[c].fetch_add(done - folded_[c], std::memory_order_relaxed);
-      folded_[c] = done;
+    const uint64_t opsDone = ctl_->opsDone[c];
+    if (opsDone > folded_[c]) {
+      globalStats().kernelOps[c].fetch_add(opsDone - folded_[c], std::memory_order_relaxed);
+      folded_[c] = opsDone;
     }
+    if (!haveLaunch) continue;
     // The launch path's ops count as the kernel's too (mkernel ran them), and apart.
-    const uint64_t launched = ctl_->launchDone[c];
-    if (launched > foldedLaunch_[c]) {
-      globalStats().kernelOps[c].fetch_add(launched - foldedLaunch_[c], std::memory_order_relaxed);
-      globalStats().launchOps[c].fetch_add(launched - foldedLaunch_[c], std::memory_order_relaxed);
-      foldedLaunch_[c] = launched;
+    if (done[c] > foldedLaunch_[c]) {
+      globalStats().kernelOps[c].fetch_add(done[c] - foldedLaunch_[c], std::memory_order_relaxed);
+      globalStats().launchOps[c].fetch_add(done[c] - foldedLaunch_[c], std::memory_order_relaxed);
+      foldedLaunch_[c] = done[c];
     }
     // ... and so do captured ones, once per execution (graph replays).
-    const uint64_t replayed = ctl_->graphLaunchDone[c];
-    if (replayed > foldedGraph_[c]) {
-      globalStats().kernelOps[c].fetch_add(replayed - foldedGraph_[c], std::memory_order_relaxed);
-      globalStats().launchOps[c].fetch_add(replayed - foldedGraph_[c], std::memory_order_relaxed);
-      foldedGraph_[c] = replayed;
+    if (graphDone[c] > foldedGraph_[c]) {
+      globalStats().kernelOps[c].fetch_add(graphDone[c] - foldedGraph_[c], std::memory_order_relaxed);
+      globalStats().launchOps[c].fetch_add(graphDone[c] - foldedGraph_[c], std::memory_order_relaxed);
+      foldedGraph_[c] = graphDone[c];
     }
   }
 }
 
 void KernelCommunicator::stats(CollStats* out) const {
-  foldStats();
+  foldStats(/*device=*/true);
   std::lock_guard<std::mutex> lock(statsMu_);
   for (int c = 0; c < kNumCollTypes; ++c) {
     out->kernelOps[c] = folded_[c] + foldedLaunch_[c] + foldedGraph_[c] + oneRankCopies_[c];

@@ -161,6 +161,12 @@ struct alignas(128) DeviceState {
   alignas(128) uint64_t graphSeq;
   uint32_t graphCtasDone;
   uint64_t graphOps[8];
+  // The launch path's eager completions: the last op index of each CollType whose kernel ran to
+  // its end (CTA 0). In device memory, as graphOps: a launch-path kernel writes no host memory in
+  // the steady state (a posted write into host memory held each op's end back by several
+  // microseconds on the H200 host, docs/KERNEL.md); the host reads both by a copy when it needs
+  // them (statistics, finalize, the launch watch).
+  alignas(128) uint64_t launchDone[8];
 };
 
 // Kinds of wait that can time out (ErrorRecord::what).
@@ -227,11 +233,9 @@ struct alignas(64) HostControl {
   volatile uint64_t opsDone[8];      // collectives completed, by CollType
   ErrorRecord errors[kMaxCtas];      // one per CTA: no atomics needed on host memory
   ErrorRecord gateError;             // a gate kernel (caller's stream) gave up waiting (kWaitGate)
-  volatile uint64_t launchDone[8];   // launch path: the last op index of each CollType whose
-                                     // kernel ran to its end (CTA 0), for the statistics
   volatile uint32_t testStalled;     // MKERNEL_TEST_STALL_BARRIER: 1 once a CTA stopped on purpose
-  volatile uint64_t graphLaunchDone[8];  // launch path, captured launches: executions by CollType
-  volatile uint64_t launchStarted;      // launch path: the epoch of the last eager op whose CTA 0 started
+  volatile uint64_t launchStarted;   // launch path: the epoch of the last watched eager op whose CTA 0
+                                     // started (MKERNEL_LAUNCH_WATCH: the first op, or every op)
 };
 
 }  // namespace coll

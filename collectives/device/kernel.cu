@@ -1009,8 +1009,10 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(KernelParams p
   if (threadIdx.x == 0) {
     sh.stop = stopRequested(p) ? 1 : 0;  // a failed communicator: release the stream
     sh.epoch = graph ? loadVolatile64(&p.self->graphSeq) + 1 : epoch;
-    // The launch watch (MKERNEL_LAUNCH_WATCH): a posted store into host memory, no round trip.
-    if (!graph && blockIdx.x == 0) p.ctl->launchStarted = epoch;
+    // The launch watch (MKERNEL_LAUNCH_WATCH), for the watched ops only: a posted store into host
+    // memory, whose flush would hold back the kernel's end at every op.
+    if (!graph && blockIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && epoch == 1)))
+      p.ctl->launchStarted = epoch;
   }
   if (threadIdx.x < kMaxRanks) sh.peers[threadIdx.x] = threadIdx.x < p.nRanks ? p.peers[threadIdx.x] : nullptr;
   __syncthreads();
@@ -1019,8 +1021,9 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(KernelParams p
   const bool ran = launchRun(p, sh, d, e, graph ? kLaunchGraph : kLaunchEager, mode, traceSeq);
   traceAt(p, blockIdx.x, traceSeq, kTraceEndBarrier);
   if (!graph) {
-    // Statistics: a posted store into host memory, no round trip.
-    if (ran && blockIdx.x == 0 && threadIdx.x == 0) p.ctl->launchDone[d.coll] = opIndex;
+    // Statistics and finalize: device memory (the host copies it when it needs it).
+    if (ran && blockIdx.x == 0 && threadIdx.x == 0)
+      *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[d.coll]) = opIndex;
     traceAt(p, blockIdx.x, traceSeq, kTraceReported);
     return;
   }
@@ -1030,7 +1033,6 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(KernelParams p
     if (atomicAdd(&p.self->graphCtasDone, 1u) + 1 == gridDim.x) {
       p.self->graphCtasDone = 0;
       p.self->graphOps[d.coll] += 1;
-      p.ctl->graphLaunchDone[d.coll] = p.self->graphOps[d.coll];
       __threadfence();
       *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e;
     }

@@ -49,6 +49,7 @@ struct KernelParams {
   // so that a test can kill the process in the middle of a collective's data movement.
   uint32_t testStallBarrier;
   uint32_t hierOverlap;  // MKERNEL_HIER_OVERLAP: pipelined hierarchical AllReduce (0: phases in turn)
+  uint32_t launchWatch;  // MKERNEL_LAUNCH_WATCH: 0 off, 1 the first launch-path op, 2 every op (launchStarted)
   // 1: the kernel returns at once (warmKernels: a launch made only so that the driver sizes the
   // context's local memory for it while nothing of ours runs).
   uint32_t warmup;
@@ -81,7 +82,7 @@ int probeFreshStreams(int n, double seconds);
 
 // The launch path (collectives/launch_path.h): launches the small-collective kernel for `d` with
 // nCtas CTAs on the caller's stream; `epoch` is the communicator's launch-path op counter (the
-// same on every rank), `opIndex` what the kernel reports in HostControl::launchDone[d.coll].
+// same on every rank), `opIndex` what the kernel reports in DeviceState::launchDone[d.coll].
 // `mode`: kLaunchModeInbox (publish into the own inbox, peers read it), kLaunchModeDirect (thread
 // ranks only, any size: the CTAs exchange buffer addresses instead of data and run the direct
 // algorithm between the user buffers, d.nCtas == nCtas, AllReduce TwoShot, with a second flag at
