@@ -12,7 +12,8 @@
 #      NCCL alone, mkernel (the launch path, the default) and mkernel with
 #      MKERNEL_LAUNCH_MAX_BYTES=0 (everything through the persistent kernel; LC_PERSISTENT=0 skips
 #      it), and with LC_LLOFF=1 mkernel without the LL mode (MKERNEL_LL_MAX_BYTES=0), tables per
-#      test (scripts/nccl-tests-table.py: time, busbw, ratio, #wrong);
+#      test (scripts/nccl-tests-table.py: time, busbw, ratio, #wrong); LC_NT_ITERS: iterations per
+#      size (nccl-tests' -n; its default 20 leaves +-3 us on small -g 2 sizes);
 #   3b. (unless LC_COLLBENCH=0) mkernel-collbench AllReduce, NCCL / launch / memop in one process: one rank up to 32 KiB,
 #      and (2+ GPUs) one rank per GPU up to LC_COLLBENCH_MAX (4194304), again with the LL mode off
 #      when LC_LLOFF=1; LC_COLLBENCH_EMU="2,4,8": thread ranks emulated on GPU 0 up to 32 KiB, LL
@@ -89,7 +90,7 @@ variants=("launch|launch path, default|MKERNEL_NCCL_CROSSOVER=off")
 [ "${LC_PERSISTENT:-1}" = 1 ] &&
   variants+=("persistent|MKERNEL_LAUNCH_MAX_BYTES=0: persistent kernel only|MKERNEL_LAUNCH_MAX_BYTES=0 MKERNEL_NCCL_CROSSOVER=off")
 if [ "${LC_NCCL_RUN:-1}" = 1 ]; then
-  nccl_tests_vs "$TESTS" "${LC_MIN_BYTES:-8}" "${LC_MAX_BYTES:-4M}" 120 "${variants[@]}" || fail=1
+  NT_ITERS=${LC_NT_ITERS:-} nccl_tests_vs "$TESTS" "${LC_MIN_BYTES:-8}" "${LC_MAX_BYTES:-4M}" 120 "${variants[@]}" || fail=1
   save tables.txt
 else
   echo "skipped (LC_NCCL_RUN=0): built only"
