@@ -80,14 +80,17 @@ MKERNEL_HD inline bool directTakes(CollType c, uint64_t wholeBytes, uint64_t lim
   return max == 0 || wholeBytes < max;
 }
 
-// CTAs of one launch-path op: the same on every rank (a function of shared arguments and of the
-// cap the ranks agreed on at creation).
-MKERNEL_HD inline int launchCtas(uint64_t publishBytes, int cap) {
-  uint64_t c = (publishBytes + kLaunchBytesPerCta - 1) / kLaunchBytesPerCta;
+// One CTA per `perCta` bytes, at least one, at most `cap`.
+MKERNEL_HD inline int ctasPer(uint64_t bytes, uint64_t perCta, int cap) {
+  uint64_t c = (bytes + perCta - 1) / perCta;
   if (c < 1) c = 1;
   if (c > static_cast<uint64_t>(cap)) c = static_cast<uint64_t>(cap);
   return static_cast<int>(c);
 }
+
+// CTAs of one launch-path op: the same on every rank (a function of shared arguments and of the
+// cap the ranks agreed on at creation).
+MKERNEL_HD inline int launchCtas(uint64_t publishBytes, int cap) { return ctasPer(publishBytes, kLaunchBytesPerCta, cap); }
 
 // What CTA `cta` of rank `rank` does in one launch-path op. Offsets are in elements.
 struct LaunchPart {
@@ -152,12 +155,7 @@ MKERNEL_HD inline uint64_t llLines(uint64_t payloadBytes) {
 MKERNEL_HD inline bool llTakes(uint64_t payloadBytes, uint64_t limit) {
   return payloadBytes > 0 && payloadBytes <= limit && payloadBytes <= kLlMaxPayload;
 }
-MKERNEL_HD inline int llCtas(uint64_t payloadBytes, int cap) {
-  uint64_t c = (payloadBytes + kLlBytesPerCta - 1) / kLlBytesPerCta;
-  if (c < 1) c = 1;
-  if (c > static_cast<uint64_t>(cap)) c = static_cast<uint64_t>(cap);
-  return static_cast<int>(c);
-}
+MKERNEL_HD inline int llCtas(uint64_t payloadBytes, int cap) { return ctasPer(payloadBytes, kLlBytesPerCta, cap); }
 // Lines [first, first + count) of CTA `cta` of nCtas (the same split on every rank).
 struct LlRange {
   uint64_t first;

@@ -56,8 +56,10 @@ __device__ inline void traceAt(const KernelParams& p, int cta, uint64_t seq, int
 
 // withPre / withPost: apply the op's pre() (PreMulSum) / post() (SumPostDiv). Both true except
 // in the hierarchical path, whose partial sums take pre() once and post() once (hier_staged.h).
-template <typename T>
-__device__ void reduceTyped(const CopyPlan& plan, const WorkDesc& d, bool withPre, bool withPost) {
+// Calls f with the Reducer of d's op for element type T (one instantiation per family) and
+// returns what f returns.
+template <typename T, typename F>
+__device__ __forceinline__ auto withReducer(const WorkDesc& d, bool withPre, bool withPost, F&& f) {
   T scalar;  // PreMulSum: the scalar in the dtype's own encoding, by value or by device pointer
   if (d.scalarDevPtr) {
     scalar = loadCg(reinterpret_cast<const T*>(d.scalarDevPtr));
@@ -66,14 +68,16 @@ __device__ void reduceTyped(const CopyPlan& plan, const WorkDesc& d, bool withPr
   }
   const uint32_t divisor = d.redOp.divisor;
   const DevRedOpKind kind = d.redOp.kind;
-  if (kind == DevRedOpKind::Prod) {
-    reduceCopy<T, kFamilyProd>(plan, Reducer<T, kFamilyProd>{scalar, divisor, false, false, false});
-  } else if (kind == DevRedOpKind::Min || kind == DevRedOpKind::Max) {
-    reduceCopy<T, kFamilyMinMax>(plan, Reducer<T, kFamilyMinMax>{scalar, divisor, false, false, kind == DevRedOpKind::Max});
-  } else {
-    reduceCopy<T, kFamilySum>(plan, Reducer<T, kFamilySum>{scalar, divisor, withPre && kind == DevRedOpKind::PreMulSum,
-                                                             withPost && kind == DevRedOpKind::SumPostDiv, false});
-  }
+  if (kind == DevRedOpKind::Prod) return f(Reducer<T, kFamilyProd>{scalar, divisor, false, false, false});
+  if (kind == DevRedOpKind::Min || kind == DevRedOpKind::Max)
+    return f(Reducer<T, kFamilyMinMax>{scalar, divisor, false, false, kind == DevRedOpKind::Max});
+  return f(Reducer<T, kFamilySum>{scalar, divisor, withPre && kind == DevRedOpKind::PreMulSum,
+                                  withPost && kind == DevRedOpKind::SumPostDiv, false});
+}
+
+template <typename T>
+__device__ void reduceTyped(const CopyPlan& plan, const WorkDesc& d, bool withPre, bool withPost) {
+  withReducer<T>(d, withPre, withPost, [&](auto red) { reduceCopy(plan, red); });
 }
 
 __device__ __noinline__ void reduceDispatch(const CopyPlan& plan, const WorkDesc& d, bool withPre = true,
@@ -816,25 +820,9 @@ __device__ __noinline__ bool llReduceLines(const KernelParams& p, SharedState& s
 template <typename T>
 __device__ bool llReduceTyped(const KernelParams& p, SharedState& sh, const WorkDesc& d, LlRange range,
                               uint64_t payload, int ns, int parity, uint32_t flag, uint64_t epoch) {
-  T scalar;
-  if (d.scalarDevPtr) {
-    scalar = loadCg(reinterpret_cast<const T*>(d.scalarDevPtr));
-  } else {
-    memcpy(&scalar, &d.redOp.scalarBits, sizeof(T));
-  }
-  const uint32_t divisor = d.redOp.divisor;
-  const DevRedOpKind kind = d.redOp.kind;
-  if (kind == DevRedOpKind::Prod)
-    return llReduceLines<T, kFamilyProd>(p, sh, d, Reducer<T, kFamilyProd>{scalar, divisor, false, false, false}, range,
-                                         payload, ns, parity, flag, epoch);
-  if (kind == DevRedOpKind::Min || kind == DevRedOpKind::Max)
-    return llReduceLines<T, kFamilyMinMax>(p, sh, d,
-                                           Reducer<T, kFamilyMinMax>{scalar, divisor, false, false, kind == DevRedOpKind::Max},
-                                           range, payload, ns, parity, flag, epoch);
-  return llReduceLines<T, kFamilySum>(
-      p, sh, d,
-      Reducer<T, kFamilySum>{scalar, divisor, kind == DevRedOpKind::PreMulSum, kind == DevRedOpKind::SumPostDiv, false},
-      range, payload, ns, parity, flag, epoch);
+  return withReducer<T>(d, true, true, [&](auto red) {
+    return llReduceLines(p, sh, d, red, range, payload, ns, parity, flag, epoch);
+  });
 }
 
 __device__ bool llReduceDispatch(const KernelParams& p, SharedState& sh, const WorkDesc& d, LlRange range,
