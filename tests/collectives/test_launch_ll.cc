@@ -9,6 +9,10 @@
 // gives a wrong result; every output byte is compared with the collective's definition (a
 // byte-wise sum stands for the reduction: what is checked is where every byte goes).
 //
+// Graph mode: the op list replays several times, as a captured graph does, and each CTA takes its
+// epoch from the rank's device counter (graphSeq + 1) at its start, some CTAs late; the last CTA
+// of an op to finish advances it, as launchKernel does for captured LL ops.
+//
 // The variants that must fail: no tokens (a non-root runs two Reduces ahead of the root and
 // overwrites lines it has not read), and no zeroing with a flag that wraps quickly (a stale
 // line carrying the current flag is taken). With zeroing, a flag that wraps every other op still
@@ -58,6 +62,10 @@ struct World {
   std::unique_ptr<Half[]> lines;
   std::unique_ptr<Half[]> tokens;  // [(rank * 2 + parity) * n + source] * 2 + half
   launchsim::Failures failures;
+  int replays = 0;  // graph mode: > 0
+  std::unique_ptr<std::atomic<uint64_t>[]> graphSeq;       // [rank]
+  std::unique_ptr<std::atomic<uint32_t>[]> graphCtasDone;  // [rank]
+  const LlOp& op(uint64_t epoch) const { return ops[(epoch - 1) % ops.size()]; }
 
   Half* line(int rank, int parity, int src, uint64_t i) {
     return &lines[((((static_cast<size_t>(rank) * 2 + static_cast<size_t>(parity)) * static_cast<size_t>(n) +
@@ -138,7 +146,7 @@ bool take(World& w, Half* h, uint32_t flag, uint64_t* out, const std::string& wh
 void runCta(World& w, int r, int cta, int nCtas, uint64_t epoch, const std::vector<uint8_t>& send,
             std::vector<uint8_t>& recv, std::vector<std::atomic<int>>& writes, unsigned seed) {
   std::mt19937 rng(seed);
-  const LlOp& op = w.ops[epoch - 1];
+  const LlOp& op = w.op(epoch);
   const int n = w.n, parity = static_cast<int>(epoch & 1);
   const uint32_t flag = w.flag(epoch);
   const uint64_t payload = llPayloadBytes(op.count, op.esz);
@@ -202,7 +210,7 @@ void runCta(World& w, int r, int cta, int nCtas, uint64_t epoch, const std::vect
 }
 
 void check(World& w, int r, uint64_t epoch, const std::vector<uint8_t>& recv, const std::vector<std::atomic<int>>& writes) {
-  const LlOp& op = w.ops[epoch - 1];
+  const LlOp& op = w.op(epoch);
   const int n = w.n;
   const uint64_t payload = op.count * op.esz;
   const bool writes_ = !(op.coll == CollType::Reduce && r != op.root);
@@ -233,8 +241,9 @@ void check(World& w, int r, uint64_t epoch, const std::vector<uint8_t>& recv, co
 }
 
 void runRank(World& w, int r) {
-  for (uint64_t epoch = 1; epoch <= w.ops.size() && !w.failures.stop; ++epoch) {
-    const LlOp& op = w.ops[epoch - 1];
+  const uint64_t total = w.ops.size() * static_cast<uint64_t>(w.replays > 0 ? w.replays : 1);
+  for (uint64_t epoch = 1; epoch <= total && !w.failures.stop; ++epoch) {
+    const LlOp& op = w.op(epoch);
     const int nCtas = llCtas(llPayloadBytes(op.count, op.esz), w.cap);
     std::vector<uint8_t> send(sendBytes(op, w.n));
     for (uint64_t j = 0; j < send.size(); ++j) send[j] = inputByte(epoch, r, j);
@@ -243,19 +252,44 @@ void runRank(World& w, int r) {
     for (auto& x : writes) x = 0;
     // Stream order: the next op starts after every CTA ended.
     launchsim::runThreads(nCtas, [&](int c) {
-      runCta(w, r, c, nCtas, epoch, send, recv, writes,
-             static_cast<unsigned>(epoch * 131 + static_cast<uint64_t>(r) * 17 + static_cast<uint64_t>(c)));
+      const unsigned seed = static_cast<unsigned>(epoch * 131 + static_cast<uint64_t>(r) * 17 + static_cast<uint64_t>(c));
+      if (w.replays == 0) {
+        runCta(w, r, c, nCtas, epoch, send, recv, writes, seed);
+        return;
+      }
+      // Captured: the epoch from the device counter, some CTAs starting late.
+      std::mt19937 rng(seed ^ 0x85ebca6bu);
+      if (c % 2 == 1 && rng() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300 + rng() % 700));
+      const uint64_t e = w.graphSeq[r].load(std::memory_order_acquire) + 1;
+      if (e != epoch) {
+        w.failures.fail("rank " + std::to_string(r) + " CTA " + std::to_string(c) + ": the device sequence gave epoch " +
+                        std::to_string(e) + " for op " + std::to_string(epoch));
+      } else {
+        runCta(w, r, c, nCtas, e, send, recv, writes, seed);
+      }
+      if (w.graphCtasDone[r].fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(nCtas)) {
+        w.graphCtasDone[r].store(0, std::memory_order_relaxed);
+        w.graphSeq[r].store(e, std::memory_order_release);
+      }
     });
     if (!w.failures.stop) check(w, r, epoch, recv, writes);
   }
 }
 
 // `onlyReduceRoot0`: every op a Reduce to rank 0 (the pattern the tokens exist for).
-std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed, Variant v, bool onlyReduceRoot0 = false) {
+std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed, Variant v, bool onlyReduceRoot0 = false,
+                                  int replays = 0) {
   World w;
   w.n = n;
   w.cap = cap;
   w.v = v;
+  w.replays = replays;
+  w.graphSeq.reset(new std::atomic<uint64_t>[static_cast<size_t>(n)]);
+  w.graphCtasDone.reset(new std::atomic<uint32_t>[static_cast<size_t>(n)]);
+  for (int r = 0; r < n; ++r) {
+    w.graphSeq[r] = 0;
+    w.graphCtasDone[r] = 0;
+  }
   std::mt19937 rng(seed);
   const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
                             CollType::Reduce};
@@ -326,6 +360,19 @@ TEST_CASE("LL mode: CPU ranks and CTAs, random collectives back to back") {
   for (Cfg c : {Cfg{2, 4, 150}, Cfg{3, 2, 100}, Cfg{4, 4, 80}, Cfg{8, 1, 40}, Cfg{5, 3, 60}}) {
     INFO("ranks " << c.n << ", CTA cap " << c.cap);
     const std::vector<std::string> failures = runWorld(c.n, c.cap, c.ops, static_cast<unsigned>(c.n * 977 + c.cap), Variant{});
+    for (const auto& f : failures) FAIL_CHECK(f);
+    CHECK(failures.empty());
+  }
+}
+
+TEST_CASE("LL mode: captured collectives replayed, the device numbering them") {
+  struct Cfg {
+    int n, cap, ops, replays;
+  };
+  for (Cfg c : {Cfg{2, 4, 10, 5}, Cfg{3, 4, 8, 4}, Cfg{4, 2, 6, 4}}) {
+    INFO("ranks " << c.n << ", CTA cap " << c.cap << ", " << c.ops << " ops x " << c.replays << " replays");
+    const std::vector<std::string> failures =
+        runWorld(c.n, c.cap, c.ops, static_cast<unsigned>(c.n * 5003 + c.cap), Variant{}, false, c.replays);
     for (const auto& f : failures) FAIL_CHECK(f);
     CHECK(failures.empty());
   }
