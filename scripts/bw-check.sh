@@ -15,7 +15,8 @@
 #      MKERNEL_TIMEOUT_S=BW_HIER_TIMEOUT (8): pass/fail, seconds, and the first error lines;
 #   6. (2+ GPUs, BW_TORCH_MAX set, e.g. 64M) scripts/torch_bench.py, 2 processes, NCCL against
 #      mkernel, 8 B to BW_TORCH_MAX.
-# NVLink multicast stays off. Logs in build-gpu/logs-bw; at most eight files copied to $OUT.
+# NVLink multicast stays off. Logs in build-gpu/logs-bw; at most eight files copied to $OUT, and
+# every log as $OUT/0-bw-check-logs.tgz (gpu-common.sh).
 set -u -o pipefail
 build=${BW_BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}
 logs=$build/logs-bw

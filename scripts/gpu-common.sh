@@ -13,6 +13,14 @@ NG=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 step() { echo "== $* ($(date +%T))"; }
 # save FILE...: copies these files of $logs to $OUT (the device tool brings back at most eight).
 save() { [ -n "${OUT:-}" ] && for f in "$@"; do [ -f "$logs/$f" ] && cp "$logs/$f" "$OUT/"; done; return 0; }
+# At exit, every log of the script also goes to $OUT as one archive. The device tool brings back
+# at most eight files, the first in name order ("0-" sorts before the saved files), so two
+# scripts in one call no longer lose tables (session 12, call 3 lost three).
+bundle_logs() {
+  [ -n "${OUT:-}" ] && tar czf "$OUT/0-$(basename "$0" .sh)-logs.tgz" -C "$logs" . 2>/dev/null
+  return 0
+}
+trap bundle_logs EXIT
 # gpu_build JOBS TARGET...: configures $build (Release, device code, Catch2 from .carry when it is
 # there) and builds the targets; logs in $logs; exits on failure.
 gpu_build() {

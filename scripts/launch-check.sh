@@ -34,7 +34,8 @@
 #      --mps --ranks-per-node 2" (PyTorch emulated 2x2 through the hierarchical path);
 #   6. (LC_EMULATED="2 4 8") scripts/emulated-nccl-tests.sh with those thread counts on GPU 0
 #      (LC_EMU_TIMEOUT seconds per run, default 35).
-# NVLink multicast stays off. Logs in build-gpu/logs-launch; tables copied to $OUT.
+# NVLink multicast stays off. Logs in build-gpu/logs-launch; tables copied to $OUT, and every log
+# as $OUT/0-launch-check-logs.tgz (gpu-common.sh).
 set -u -o pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
 build=${LC_BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}

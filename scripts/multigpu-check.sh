@@ -15,7 +15,8 @@
 #   4. The DDP example with <GPUs> ranks, NCCL against LD_PRELOAD=libmkernel.so: loss compared
 #      (--tol MG_DDP_TOL), step times printed.
 # With one GPU every step runs with one rank (a dry run of the script; NCCL refuses two ranks on
-# one GPU). Logs: build-gpu/logs-multi; the summary and tables are copied to $OUT when set.
+# one GPU). Logs: build-gpu/logs-multi; the summary and tables are copied to $OUT when set,
+# and every log as $OUT/0-multigpu-check-logs.tgz (gpu-common.sh).
 set -u -o pipefail
 build=${MG_BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}
 logs=$build/logs-multi
