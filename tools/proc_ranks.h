@@ -10,6 +10,8 @@
 #include <memory>
 #include <string>
 
+#include <unistd.h>
+
 #include "collectives/communicator.h"
 #include "common/result.h"
 #include "transport/bootstrap/bootstrap.h"
@@ -59,7 +61,23 @@ inline mkernel::Result createProcessRank(int rank, int n, int nGpus, const mkern
 // the forked ranks inherit; stop() quits the daemon. `what` names the program in messages.
 class PrivateMps {
  public:
-  bool start(const char* what) {
+  // The clients of one MPS server share one pool of hardware work queues, each client taking
+  // CUDA_DEVICE_MAX_CONNECTIONS of them for itself (NVIDIA's MPS guide, "CUDA_DEVICE_MAX_CONNECTIONS").
+  // With 32 each, 2 clients on the H200 started and 4 did not: every process's cudaSetDevice
+  // failed with "out of memory", then "busy or unavailable" (session 13). So the forked ranks
+  // get at most kMpsConnections / clientsPerGpu each (and at most what the variable says, 8 if
+  // unset: CUDA's default).
+  static constexpr int kMpsConnections = 64;
+  bool start(const char* what, int clientsPerGpu) {
+    const char* set = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    int conn = set != nullptr && std::atoi(set) > 0 ? std::atoi(set) : 8;
+    const int most = std::max(1, kMpsConnections / std::max(1, clientsPerGpu));
+    if (conn > most) {
+      std::fprintf(stderr, "%s: %d processes per GPU under CUDA MPS: CUDA_DEVICE_MAX_CONNECTIONS=%d for each (was %d)\n",
+                   what, clientsPerGpu, most, conn);
+      conn = most;
+    }
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", std::to_string(conn).c_str(), 1);
     char tmpl[] = "/tmp/mkernel-mps-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) {
       std::fprintf(stderr, "%s: cannot make a directory for CUDA MPS\n", what);
@@ -75,10 +93,20 @@ class PrivateMps {
     }
     return true;
   }
+  // Quits the daemon and waits (up to 10 s) until it no longer answers: `quit` returns at once,
+  // while the daemon and its server still hold the GPU, and a client started meanwhile may
+  // reach the old server as it goes (session 11: every process of proclat's next step failed
+  // cudaSetDevice with "out of memory", then "busy or unavailable").
   void stop(const char* what) {
     if (dir_.empty()) return;
     if (std::system("echo quit | nvidia-cuda-mps-control") != 0)
       std::fprintf(stderr, "%s: stopping the MPS daemon failed\n", what);
+    bool gone = false;
+    for (int i = 0; i < 100 && !gone; ++i) {
+      gone = std::system("echo get_server_list | nvidia-cuda-mps-control >/dev/null 2>&1") != 0;
+      if (!gone) usleep(100 * 1000);
+    }
+    if (!gone) std::fprintf(stderr, "%s: the MPS daemon still answers 10 s after quit\n", what);
     dir_.clear();
   }
 

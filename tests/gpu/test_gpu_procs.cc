@@ -356,7 +356,7 @@ int main(int argc, char** argv) {
   // (with the default 1 MiB, two: the third barrier would never come). Every rank must agree.
   if (killMode == Kill::kMid) setenv("MKERNEL_STAGED_CHUNK_BYTES", "65536", 1);
   mktools::PrivateMps mps;  // ranks sharing a GPU
-  if (nGpus < n && !mps.start("test_gpu_procs")) return 1;
+  if (nGpus < n && !mps.start("test_gpu_procs", (n + nGpus - 1) / nGpus)) return 1;
   mkernel::bootstrap::UniqueId id;
   if (mkernel::bootstrap::createUniqueId(&id) != Result::Success) {
     std::fprintf(stderr, "createUniqueId: %s\n", mkernel::lastError());

@@ -219,9 +219,9 @@ int main(int argc, char** argv) {
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   int most = 0;
   for (int r : o.ranks) most = std::max(most, r);
-  // Processes sharing a GPU need CUDA MPS: a private daemon for this run.
+  // Processes sharing a GPU need CUDA MPS: a private daemon for each step, its clients' hardware
+  // queues capped (PrivateMps::start).
   mktools::PrivateMps mps;
-  if (most > nGpus && !mps.start("mkernel-proclat")) return 2;
   std::printf("# AllReduce float sum, process ranks on %d GPU(s) (rank r on GPU r %% %d%s); eager latency = interval\n"
               "# between CUDA events after consecutive back-to-back collectives on rank 0's stream, %d per size\n",
               nGpus, nGpus, most > nGpus ? "; ranks sharing a GPU under CUDA MPS" : "", o.iters);
@@ -232,14 +232,15 @@ int main(int argc, char** argv) {
   for (int n : o.ranks) {
     std::fprintf(stderr, "mkernel-proclat: %d process ranks ...\n", n);
     std::vector<Row> rows;
+    if (n > nGpus && !mps.start("mkernel-proclat", (n + nGpus - 1) / nGpus)) return 2;
     ok = runRanks(n, nGpus, o, &rows) && ok;
+    mps.stop("mkernel-proclat");
     for (const Row& r : rows) {
       std::printf("%6d %12zu %10.2f %10.2f %9.2f\n", r.ranks, r.bytes, r.med, r.p99, r.hostUs);
       all.push_back(r);
     }
     std::fflush(stdout);
   }
-  mps.stop("mkernel-proclat");
   if (!o.csv.empty()) {
     if (FILE* f = std::fopen(o.csv.c_str(), "w")) {
       std::fprintf(f, "ranks,bytes,eager_med_us,eager_p99_us,host_us\n");
