@@ -502,17 +502,19 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   launchCap_ = std::max(1, static_cast<int>(cap));
   // LL mode's limit (MKERNEL_LL_MAX_BYTES): the smallest any rank asked for, so that every rank
   // takes the same ops; off with the launch path.
-  // auto: kLlMaxPayload, or kLlSharedMaxBytes with more than two ranks on this GPU (launch_path.h).
+  // auto: kLlAutoMaxBytes, or kLlSharedMaxBytes with more than two ranks on this GPU; never more
+  // than the slots hold with this many ranks (llLimit, launch_path.h).
   const std::string llParam = paramString("LL_MAX_BYTES");
-  int64_t llAsked = ranksHere > 2 ? static_cast<int64_t>(kLlSharedMaxBytes) : static_cast<int64_t>(kLlMaxPayload);
+  uint64_t llWant = ~0ull;
   if (llParam != "auto") {
     char* end = nullptr;
     const long long v = std::strtoll(llParam.c_str(), &end, 10);
-    if (llParam.empty() || *end != '\0' || v < 0 || static_cast<uint64_t>(v) > kLlMaxPayload)
-      return MK_ERROR(Result::InvalidArgument, "MKERNEL_LL_MAX_BYTES=%s: expected auto or 0..%llu", llParam.c_str(),
-                      static_cast<unsigned long long>(kLlMaxPayload));
-    llAsked = v;
+    if (llParam.empty() || *end != '\0' || v < 0)
+      return MK_ERROR(Result::InvalidArgument, "MKERNEL_LL_MAX_BYTES=%s: expected auto or a byte count >= 0",
+                      llParam.c_str());
+    llWant = static_cast<uint64_t>(v);
   }
+  const int64_t llAsked = static_cast<int64_t>(llLimit(llWant, opts_.nRanks, ranksHere));
   std::vector<int64_t> lls(static_cast<size_t>(opts_.nRanks), 0);
   lls[static_cast<size_t>(opts_.rank)] = launchMaxBytes_ > 0 ? llAsked : 0;
   MK_CHECK(bs_->allGather(lls.data(), sizeof(int64_t)));
@@ -899,7 +901,8 @@ KernelCommunicator::Path KernelCommunicator::pathOf(const WorkDesc& d, bool capt
   // One rank: a copy (or PreMulSum's kernel) at any size; nothing to exchange.
   if (opts_.nRanks == 1) return Path::kLaunchInbox;
   // LL mode (launch_path.h): small ops push 16-byte lines, thread and process ranks alike.
-  if (llTakes(llPayloadBytes(d.count, dataTypeSize(static_cast<DataType>(d.dtype))), llMaxBytes_)) return Path::kLaunchLl;
+  if (llTakes(llPayloadBytes(d.count, dataTypeSize(static_cast<DataType>(d.dtype))), llMaxBytes_, opts_.nRanks))
+    return Path::kLaunchLl;
   if (bytes <= launchMaxBytes_) return Path::kLaunchInbox;
   if (!launchDirect_) return Path::kDoorbell;
   // Direct mode's upper end applies to eager ops: a captured op on the doorbell would keep the

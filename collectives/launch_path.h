@@ -145,15 +145,36 @@ constexpr uint64_t kLlBytesPerCta = 8 * 1024;
 // 26.3 / 29.3, 32 KiB 44.3 / 32.7; 8 ranks 8 KiB 46.1 / 49.9, 32 KiB 75.0 / 52.9; 2 ranks 32 KiB
 // 14.8 / 20.5.
 constexpr uint64_t kLlSharedMaxBytes = 8 * 1024;
+// MKERNEL_LL_MAX_BYTES=auto with at most two ranks on each GPU, before llMaxPayload(n) caps it.
+// 2 ranks emulated on one H200, AllReduce, eager µs, LL / inbox mode (session 13, call 2):
+// 32 KiB 10.98 / 13.89, 128 KiB 11.33 / 13.86 (with 4 ranks on the GPU, 128 KiB: 121 / 29,
+// hence kLlSharedMaxBytes there). Session 12's two H200s: 32 KiB 12.42 / 17.31.
+constexpr uint64_t kLlAutoMaxBytes = 128 * 1024;
+
+// Lines of one source's slot in a communicator of n ranks (each parity's lines split n ways; the
+// own rank's slot goes unused), and the most payload one source sends one destination in LL mode.
+MKERNEL_HD inline uint64_t llSlotLines(int nRanks) { return kLlSpaceLines / static_cast<uint64_t>(nRanks); }
+MKERNEL_HD inline uint64_t llMaxPayload(int nRanks) { return llSlotLines(nRanks) * kLlLinePayload; }
+// The index in LlSpace::lines[parity] of line i of source k's slot.
+MKERNEL_HD inline uint64_t llSlotLine(uint64_t slotLines, int source, uint64_t i) {
+  return static_cast<uint64_t>(source) * slotLines + i;
+}
 
 // Bytes one source sends one destination: count elements (ReduceScatter: the destination's block).
 MKERNEL_HD inline uint64_t llPayloadBytes(uint64_t count, uint64_t elemSize) { return count * elemSize; }
 MKERNEL_HD inline uint64_t llLines(uint64_t payloadBytes) {
   return (payloadBytes + kLlLinePayload - 1) / kLlLinePayload;
 }
-// Whether LL mode takes an op of payloadBytes with limit MKERNEL_LL_MAX_BYTES (more than one rank).
-MKERNEL_HD inline bool llTakes(uint64_t payloadBytes, uint64_t limit) {
-  return payloadBytes > 0 && payloadBytes <= limit && payloadBytes <= kLlMaxPayload;
+// Whether LL mode takes an op of payloadBytes with limit MKERNEL_LL_MAX_BYTES, n > 1 ranks.
+MKERNEL_HD inline bool llTakes(uint64_t payloadBytes, uint64_t limit, int nRanks) {
+  return payloadBytes > 0 && payloadBytes <= limit && payloadBytes <= llMaxPayload(nRanks);
+}
+// The limit MKERNEL_LL_MAX_BYTES asks for (asked; auto: ~0ull) on a rank with ranksOnGpu ranks on
+// its GPU, in a communicator of n ranks: never above what the slots hold.
+MKERNEL_HD inline uint64_t llLimit(uint64_t asked, int nRanks, int ranksOnGpu) {
+  const uint64_t want = asked != ~0ull ? asked : ranksOnGpu > 2 ? kLlSharedMaxBytes : kLlAutoMaxBytes;
+  const uint64_t most = llMaxPayload(nRanks);
+  return want < most ? want : most;
 }
 MKERNEL_HD inline int llCtas(uint64_t payloadBytes, int cap) { return ctasPer(payloadBytes, kLlBytesPerCta, cap); }
 // Lines [first, first + count) of CTA `cta` of nCtas (the same split on every rank).

@@ -35,12 +35,12 @@ constexpr int kLaunchMaxCtas = 32;
 constexpr int kLaunchThreads = 256;
 constexpr uint64_t kLaunchInboxBytes = 1024 * 1024;
 // The launch path's LL mode (launch_path.h, "LL"): each rank pushes its data into its peers' line
-// slots, 16-byte lines of 8 payload bytes and the op's flag twice; a slot per (parity, source
-// rank) of this many lines, i.e. at most kLlMaxPayload bytes from one source to one destination.
+// slots, 16-byte lines of 8 payload bytes and the op's flag twice. A parity's kLlSpaceLines lines
+// are split evenly among the communicator's n source ranks (llSlotLines): at most
+// llMaxPayload(n) bytes from one source to one destination, 32 KiB with 16 ranks, 256 KiB with 2.
 constexpr uint64_t kLlLineBytes = 16;
 constexpr uint64_t kLlLinePayload = 8;
-constexpr uint64_t kLlSlotLines = 4096;
-constexpr uint64_t kLlMaxPayload = kLlSlotLines * kLlLinePayload;  // 32 KiB
+constexpr uint64_t kLlSpaceLines = 65536;  // per parity: 1 MiB
 
 // Doorbell values. The caller's stream writes Posted and waits until the value is >= Done (only
 // Done is): the same values on every call, so a captured graph replays correctly (DESIGN.md §3).
@@ -121,7 +121,7 @@ static_assert(sizeof(LlLine) == kLlLineBytes, "LlLine layout");
 // the per-op dependency that makes parity reuse safe even for ops where this rank receives no
 // data from that peer (Broadcast, Reduce).
 struct LlSpace {
-  LlLine lines[2][kMaxRanks][kLlSlotLines];
+  LlLine lines[2][kLlSpaceLines];  // source k's slot: [k * llSlotLines(n), (k + 1) * llSlotLines(n))
   LlLine token[2][kMaxRanks];
 };
 

@@ -780,27 +780,39 @@ __device__ __noinline__ bool llTake(const KernelParams& p, LlLine* line, uint32_
   }
 }
 
+// What one CTA of an LL op works with (launchLl).
+struct LlArgs {
+  LlRange range;       // this CTA's lines
+  uint64_t payload;    // bytes from each source to each destination
+  uint64_t slotLines;  // llSlotLines(n): source k's lines start at k * slotLines
+  uint64_t epoch;
+  int ns, parity;
+  uint32_t flag;
+};
+__device__ __forceinline__ LlLine* llOwnLine(const KernelParams& p, const LlArgs& a, int source, uint64_t i) {
+  return &p.self->ll[a.ns].lines[a.parity][llSlotLine(a.slotLines, source, i)];
+}
+
 // The reducing collectives' receive side: for each of this CTA's lines, every source's 8 bytes in
 // rank order (this rank's own from its input), combined as reduceCopy does (pre on each input,
 // combine left to right, post), written to the output.
 template <typename T, int FAMILY>
-__device__ __noinline__ bool llReduceLines(const KernelParams& p, SharedState& sh, const WorkDesc& d,
-                                           Reducer<T, FAMILY> red, LlRange range, uint64_t payload, int ns, int parity,
-                                           uint32_t flag, uint64_t epoch) {
+__device__ __noinline__ bool llReduceLines(const KernelParams& p, const WorkDesc& d, Reducer<T, FAMILY> red,
+                                           LlArgs a) {
   constexpr int kPer = 8 / sizeof(T);
   const int n = p.nRanks, r = p.rank;
   const CollType coll = static_cast<CollType>(d.coll);
   const uint64_t esz = sizeof(T);
   const char* own = reinterpret_cast<const char*>(d.sendbuff) + llSendOffset(coll, d.count, esz, r);
   char* recv = reinterpret_cast<char*>(d.recvbuff);
-  for (uint64_t i = range.first + threadIdx.x; i < range.first + range.count; i += blockDim.x) {
+  for (uint64_t i = a.range.first + threadIdx.x; i < a.range.first + a.range.count; i += blockDim.x) {
     const uint64_t at = i * kLlLinePayload;
     T acc[kPer];
     for (int k = 0; k < n; ++k) {
       uint64_t v;
       if (k == r) {
-        v = llLoad8(own + at, payload - at);
-      } else if (!llTake(p, &p.self->ll[ns].lines[parity][k][i], flag, &v, k, d.coll, epoch)) {
+        v = llLoad8(own + at, a.payload - at);
+      } else if (!llTake(p, llOwnLine(p, a, k, i), a.flag, &v, k, d.coll, a.epoch)) {
         return false;
       }
       T in[kPer];
@@ -812,34 +824,30 @@ __device__ __noinline__ bool llReduceLines(const KernelParams& p, SharedState& s
     for (int e = 0; e < kPer; ++e) acc[e] = red.post(acc[e]);
     uint64_t out;
     memcpy(&out, acc, 8);
-    llStore8(recv + at, out, payload - at);
+    llStore8(recv + at, out, a.payload - at);
   }
   return true;
 }
 
 template <typename T>
-__device__ bool llReduceTyped(const KernelParams& p, SharedState& sh, const WorkDesc& d, LlRange range,
-                              uint64_t payload, int ns, int parity, uint32_t flag, uint64_t epoch) {
-  return withReducer<T>(d, true, true, [&](auto red) {
-    return llReduceLines(p, sh, d, red, range, payload, ns, parity, flag, epoch);
-  });
+__device__ bool llReduceTyped(const KernelParams& p, const WorkDesc& d, LlArgs a) {
+  return withReducer<T>(d, true, true, [&](auto red) { return llReduceLines(p, d, red, a); });
 }
 
-__device__ bool llReduceDispatch(const KernelParams& p, SharedState& sh, const WorkDesc& d, LlRange range,
-                                 uint64_t payload, int ns, int parity, uint32_t flag, uint64_t epoch) {
+__device__ bool llReduceDispatch(const KernelParams& p, const WorkDesc& d, LlArgs a) {
   switch (static_cast<DataType>(d.dtype)) {
-    case DataType::Int8: return llReduceTyped<int8_t>(p, sh, d, range, payload, ns, parity, flag, epoch);
-    case DataType::Uint8: return llReduceTyped<uint8_t>(p, sh, d, range, payload, ns, parity, flag, epoch);
-    case DataType::Int32: return llReduceTyped<int32_t>(p, sh, d, range, payload, ns, parity, flag, epoch);
-    case DataType::Uint32: return llReduceTyped<uint32_t>(p, sh, d, range, payload, ns, parity, flag, epoch);
-    case DataType::Int64: return llReduceTyped<int64_t>(p, sh, d, range, payload, ns, parity, flag, epoch);
-    case DataType::Uint64: return llReduceTyped<uint64_t>(p, sh, d, range, payload, ns, parity, flag, epoch);
-    case DataType::Float16: return llReduceTyped<__half>(p, sh, d, range, payload, ns, parity, flag, epoch);
-    case DataType::Float32: return llReduceTyped<float>(p, sh, d, range, payload, ns, parity, flag, epoch);
-    case DataType::Float64: return llReduceTyped<double>(p, sh, d, range, payload, ns, parity, flag, epoch);
-    case DataType::Bfloat16: return llReduceTyped<__nv_bfloat16>(p, sh, d, range, payload, ns, parity, flag, epoch);
-    case DataType::Fp8E4M3: return llReduceTyped<__nv_fp8_e4m3>(p, sh, d, range, payload, ns, parity, flag, epoch);
-    case DataType::Fp8E5M2: return llReduceTyped<__nv_fp8_e5m2>(p, sh, d, range, payload, ns, parity, flag, epoch);
+    case DataType::Int8: return llReduceTyped<int8_t>(p, d, a);
+    case DataType::Uint8: return llReduceTyped<uint8_t>(p, d, a);
+    case DataType::Int32: return llReduceTyped<int32_t>(p, d, a);
+    case DataType::Uint32: return llReduceTyped<uint32_t>(p, d, a);
+    case DataType::Int64: return llReduceTyped<int64_t>(p, d, a);
+    case DataType::Uint64: return llReduceTyped<uint64_t>(p, d, a);
+    case DataType::Float16: return llReduceTyped<__half>(p, d, a);
+    case DataType::Float32: return llReduceTyped<float>(p, d, a);
+    case DataType::Float64: return llReduceTyped<double>(p, d, a);
+    case DataType::Bfloat16: return llReduceTyped<__nv_bfloat16>(p, d, a);
+    case DataType::Fp8E4M3: return llReduceTyped<__nv_fp8_e4m3>(p, d, a);
+    case DataType::Fp8E5M2: return llReduceTyped<__nv_fp8_e5m2>(p, d, a);
   }
   return true;
 }
@@ -850,61 +858,68 @@ __device__ bool launchLl(const KernelParams& p, SharedState& sh, const WorkDesc&
   const int n = p.nRanks, r = p.rank, cta = blockIdx.x;
   const CollType coll = static_cast<CollType>(d.coll);
   const uint64_t esz = elemSize(d.dtype);
-  const uint64_t payload = llPayloadBytes(d.count, esz);
-  const LlRange range = llCtaLines(llLines(payload), gridDim.x, cta);
-  const int parity = static_cast<int>(epoch & 1);
-  const uint32_t flag = llFlag(epoch);
+  LlArgs a;
+  a.payload = llPayloadBytes(d.count, esz);
+  a.range = llCtaLines(llLines(a.payload), gridDim.x, cta);
+  a.slotLines = llSlotLines(n);
+  a.epoch = epoch;
+  a.ns = ns;
+  a.parity = static_cast<int>(epoch & 1);
+  a.flag = llFlag(epoch);
+  const uint64_t payload = a.payload;
+  const uint32_t flag = a.flag;
+  const uint64_t mine = llSlotLine(a.slotLines, r, 0);  // our slot's first line, in every peer
   const char* send = reinterpret_cast<const char*>(d.sendbuff);
   char* recv = reinterpret_cast<char*>(d.recvbuff);
   const int tid = static_cast<int>(threadIdx.x);
   // 0. The token: this rank has started op e (so it has finished op e - 1).
-  if (cta == 0 && tid < n && tid != r) llPut(&sh.peers[tid]->ll[ns].token[parity][r], 0, flag);
+  if (cta == 0 && tid < n && tid != r) llPut(&sh.peers[tid]->ll[ns].token[a.parity][r], 0, flag);
   // 1. Push.
-  const uint64_t end = range.first + range.count;
+  const uint64_t end = a.range.first + a.range.count;
   if (coll == CollType::ReduceScatter) {
-    for (uint64_t i = range.first + threadIdx.x; i < end; i += blockDim.x) {
+    for (uint64_t i = a.range.first + threadIdx.x; i < end; i += blockDim.x) {
       const uint64_t at = i * kLlLinePayload;
       for (int k = 0; k < n; ++k) {
         if (k == r) continue;
         const uint64_t v = llLoad8(send + llSendOffset(coll, d.count, esz, k) + at, payload - at);
-        llPut(&sh.peers[k]->ll[ns].lines[parity][r][i], v, flag);
+        llPut(&sh.peers[k]->ll[ns].lines[a.parity][mine + i], v, flag);
       }
     }
   } else if (!(coll == CollType::Broadcast && r != d.root) && !(coll == CollType::Reduce && r == d.root)) {
-    for (uint64_t i = range.first + threadIdx.x; i < end; i += blockDim.x) {
+    for (uint64_t i = a.range.first + threadIdx.x; i < end; i += blockDim.x) {
       const uint64_t at = i * kLlLinePayload;
       const uint64_t v = llLoad8(send + at, payload - at);
       for (int k = 0; k < n; ++k)
-        if (k != r && llSends(coll, r, k, d.root)) llPut(&sh.peers[k]->ll[ns].lines[parity][r][i], v, flag);
+        if (k != r && llSends(coll, r, k, d.root)) llPut(&sh.peers[k]->ll[ns].lines[a.parity][mine + i], v, flag);
     }
   }
   traceAt(p, cta, traceSeq, kTraceStartBarrier);  // (launch path: this thread's pushes issued)
   // 2. Receive.
   bool ok = true;
   if (coll == CollType::AllReduce || coll == CollType::ReduceScatter || (coll == CollType::Reduce && r == d.root)) {
-    ok = llReduceDispatch(p, sh, d, range, payload, ns, parity, flag, epoch);
+    ok = llReduceDispatch(p, d, a);
   } else if (coll == CollType::AllGather) {
-    for (uint64_t i = range.first + threadIdx.x; i < end && ok; i += blockDim.x) {
+    for (uint64_t i = a.range.first + threadIdx.x; i < end && ok; i += blockDim.x) {
       const uint64_t at = i * kLlLinePayload;
       for (int k = 0; k < n && ok; ++k) {
         uint64_t v = 0;
         if (k == r) {
           v = llLoad8(send + at, payload - at);
         } else {
-          ok = llTake(p, &p.self->ll[ns].lines[parity][k][i], flag, &v, k, d.coll, epoch);
+          ok = llTake(p, llOwnLine(p, a, k, i), flag, &v, k, d.coll, epoch);
         }
         if (ok) llStore8(recv + static_cast<uint64_t>(k) * payload + at, v, payload - at);
       }
     }
   } else if (coll == CollType::Broadcast) {
-    for (uint64_t i = range.first + threadIdx.x; i < end && ok; i += blockDim.x) {
+    for (uint64_t i = a.range.first + threadIdx.x; i < end && ok; i += blockDim.x) {
       const uint64_t at = i * kLlLinePayload;
       uint64_t v = 0;
       if (r == d.root) {
         if (send == recv) continue;
         v = llLoad8(send + at, payload - at);
       } else {
-        ok = llTake(p, &p.self->ll[ns].lines[parity][d.root][i], flag, &v, d.root, d.coll, epoch);
+        ok = llTake(p, llOwnLine(p, a, d.root, i), flag, &v, d.root, d.coll, epoch);
       }
       if (ok) llStore8(recv + at, v, payload - at);
     }
@@ -913,7 +928,7 @@ __device__ bool launchLl(const KernelParams& p, SharedState& sh, const WorkDesc&
   // 3. Every peer's token.
   if (ok && cta == 0 && tid < n && tid != r) {
     uint64_t unused;
-    ok = llTake(p, &p.self->ll[ns].token[parity][tid], flag, &unused, tid, d.coll, epoch);
+    ok = llTake(p, &p.self->ll[ns].token[a.parity][tid], flag, &unused, tid, d.coll, epoch);
   }
   return __syncthreads_and(ok) != 0;
 }
@@ -985,7 +1000,11 @@ __device__ __forceinline__ bool launchRun(const KernelParams& p, SharedState& sh
 // CTA at its start; the last CTA to finish stores it back (by then every CTA of this launch has
 // read the old value, and the next launch of this communicator starts after this one ended:
 // stream order, launch_path.h). Its flags and inbox are the graph namespace's.
-__global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(KernelParams p, WorkDesc d, uint64_t epoch,
+// p and d are __grid_constant__: the callees take them by reference, and a plain kernel parameter
+// whose address is taken is first copied to local memory (session 12: 27-47 local stores at every
+// op); a grid constant's address is its place in the constant bank.
+__global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_constant__ KernelParams p,
+                                                                  const __grid_constant__ WorkDesc d, uint64_t epoch,
                                                                   uint64_t opIndex, int mode) {
   __shared__ SharedState sh;
   if (p.warmup) return;  // warmKernels

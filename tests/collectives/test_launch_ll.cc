@@ -3,7 +3,7 @@
 // all its CTAs of the previous one ended: its stream's order), the ranks running freely against
 // each other with random delays. Each rank pushes 8-byte halves {4 payload bytes, flag} into its
 // peers' line slots (two halves per line, each stored on its own, as a 16-byte store may land
-// over NVLink), the receiver polls its own slots, takes a line once both halves carry the op's
+// over NVLink; the slots sized by the rank count, up to 256 KiB per op with two ranks), the receiver polls its own slots, takes a line once both halves carry the op's
 // flag and zeroes it; CTA 0 exchanges a token with every peer, exactly as launchLl does. Inputs
 // differ per op, so a line overwritten before it was read, or a stale line taken for a fresh one,
 // gives a wrong result; every output byte is compared with the collective's definition (a
@@ -58,7 +58,7 @@ struct World {
   int n = 0, cap = 1;
   Variant v;
   std::vector<LlOp> ops;
-  // lines[((rank * 2 + parity) * n + source) * kLlSlotLines + line] * 2 + half
+  // lines[(rank * 2 + parity) * kLlSpaceLines + llSlotLine(llSlotLines(n), source, line)] * 2 + half
   std::unique_ptr<Half[]> lines;
   std::unique_ptr<Half[]> tokens;  // [(rank * 2 + parity) * n + source] * 2 + half
   launchsim::Failures failures;
@@ -68,8 +68,8 @@ struct World {
   const LlOp& op(uint64_t epoch) const { return ops[(epoch - 1) % ops.size()]; }
 
   Half* line(int rank, int parity, int src, uint64_t i) {
-    return &lines[((((static_cast<size_t>(rank) * 2 + static_cast<size_t>(parity)) * static_cast<size_t>(n) +
-                     static_cast<size_t>(src)) * kLlSlotLines) + i) * 2];
+    return &lines[((static_cast<size_t>(rank) * 2 + static_cast<size_t>(parity)) * kLlSpaceLines +
+                   llSlotLine(llSlotLines(n), src, i)) * 2];
   }
   Half* token(int rank, int parity, int src) {
     return &tokens[((static_cast<size_t>(rank) * 2 + static_cast<size_t>(parity)) * static_cast<size_t>(n) +
@@ -116,7 +116,9 @@ void put(Half* h, uint64_t v, uint32_t flag) {
 
 // llTake: polls both halves for `flag`, takes the payload and zeroes the line. With zeroing, a
 // half holding anything but 0 or the flag is a protocol violation (a peer ahead of its time).
-bool take(World& w, Half* h, uint32_t flag, uint64_t* out, const std::string& where) {
+// where(): the failure's place, built only on failure.
+template <typename Where>
+bool take(World& w, Half* h, uint32_t flag, uint64_t* out, Where where) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(w.v.deadlineS);
   for (uint32_t iter = 0;; ++iter) {
     const uint64_t a = h[0].load(std::memory_order_acquire), b = h[1].load(std::memory_order_acquire);
@@ -130,13 +132,13 @@ bool take(World& w, Half* h, uint32_t flag, uint64_t* out, const std::string& wh
       return true;
     }
     if (w.v.zero && ((fa != 0 && fa != flag) || (fb != 0 && fb != flag))) {
-      w.failures.fail(where + ": a line holds flag " + std::to_string(fa != flag ? fa : fb) + " while op flag " +
+      w.failures.fail(where() + ": a line holds flag " + std::to_string(fa != flag ? fa : fb) + " while op flag " +
                       std::to_string(flag) + " is awaited (overwritten before it was read)");
       return false;
     }
     if (w.failures.stop) return false;
     if ((iter & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
-      w.failures.fail(where + ": never arrived");
+      w.failures.fail(where() + ": never arrived");
       return false;
     }
     std::this_thread::yield();
@@ -170,7 +172,8 @@ void runCta(World& w, int r, int cta, int nCtas, uint64_t epoch, const std::vect
       *v = load8(send, llSendOffset(op.coll, op.count, op.esz, r) + i * kLlLinePayload, payload - i * kLlLinePayload);
       return true;
     }
-    return take(w, w.line(r, parity, k, i), flag, v, tag + " line " + std::to_string(i) + " from rank " + std::to_string(k));
+    return take(w, w.line(r, parity, k, i), flag, v,
+                [&] { return tag + " line " + std::to_string(i) + " from rank " + std::to_string(k); });
   };
   for (uint64_t i = range.first; i < range.first + range.count && !w.failures.stop; ++i) {
     const uint64_t at = i * kLlLinePayload;
@@ -205,7 +208,8 @@ void runCta(World& w, int r, int cta, int nCtas, uint64_t epoch, const std::vect
   if (w.v.tokens && cta == 0)
     for (int k = 0; k < n; ++k) {
       uint64_t unused;
-      if (k != r && !take(w, w.token(r, parity, k), flag, &unused, tag + " token from rank " + std::to_string(k))) return;
+      if (k != r && !take(w, w.token(r, parity, k), flag, &unused, [&] { return tag + " token from rank " + std::to_string(k); }))
+        return;
     }
 }
 
@@ -215,10 +219,12 @@ void check(World& w, int r, uint64_t epoch, const std::vector<uint8_t>& recv, co
   const uint64_t payload = op.count * op.esz;
   const bool writes_ = !(op.coll == CollType::Reduce && r != op.root);
   for (uint64_t o = 0; o < recv.size(); ++o) {
-    const std::string at = "op " + std::to_string(epoch) + " (" + collName(op.coll) + ", " + std::to_string(payload) +
-                           " B) rank " + std::to_string(r) + ": byte " + std::to_string(o);
+    auto at = [&] {
+      return "op " + std::to_string(epoch) + " (" + collName(op.coll) + ", " + std::to_string(payload) + " B) rank " +
+             std::to_string(r) + ": byte " + std::to_string(o);
+    };
     if (writes[o] != (writes_ ? 1 : 0)) {
-      w.failures.fail(at + " written " + std::to_string(writes[o].load()) + " times");
+      w.failures.fail(at() + " written " + std::to_string(writes[o].load()) + " times");
       return;
     }
     if (!writes_) continue;
@@ -233,7 +239,7 @@ void check(World& w, int r, uint64_t epoch, const std::vector<uint8_t>& recv, co
         for (int k = 0; k < n; ++k) expect = static_cast<uint8_t>(expect + inputByte(epoch, k, o));
     }
     if (recv[o] != expect) {
-      w.failures.fail(at + " is " + std::to_string(recv[o]) + ", want " + std::to_string(expect) +
+      w.failures.fail(at() + " is " + std::to_string(recv[o]) + ", want " + std::to_string(expect) +
                       " (a line overwritten before it was read, or a stale one taken)");
       return;
     }
@@ -298,13 +304,13 @@ std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed, Varia
     LlOp op;
     op.coll = onlyReduceRoot0 ? CollType::Reduce : colls[rng() % 5];
     op.esz = eszs[rng() % 4];
-    const uint64_t maxCount = kLlMaxPayload / op.esz;
+    const uint64_t maxCount = llMaxPayload(n) / op.esz;
     const uint64_t pick = rng() % 4;
     op.count = pick == 0 ? 1 + rng() % 7 : pick == 1 ? 1 + rng() % 600 : pick == 2 ? maxCount : 1 + rng() % maxCount;
     op.root = onlyReduceRoot0 ? 0 : static_cast<int>(rng() % static_cast<unsigned>(n));
     w.ops.push_back(op);
   }
-  const size_t nLines = static_cast<size_t>(n) * 2 * static_cast<size_t>(n) * kLlSlotLines * 2;
+  const size_t nLines = static_cast<size_t>(n) * 2 * kLlSpaceLines * 2;
   w.lines.reset(new Half[nLines]);
   for (size_t i = 0; i < nLines; ++i) w.lines[i] = 0;
   const size_t nTokens = static_cast<size_t>(n) * 2 * static_cast<size_t>(n) * 2;
@@ -320,15 +326,36 @@ TEST_CASE("LL mode: lines, CTAs and the flag") {
   CHECK(llLines(1) == 1);
   CHECK(llLines(8) == 1);
   CHECK(llLines(9) == 2);
-  CHECK(llLines(kLlMaxPayload) == kLlSlotLines);
-  CHECK(llTakes(8, kLlMaxPayload));
-  CHECK(!llTakes(0, kLlMaxPayload));
-  CHECK(!llTakes(kLlMaxPayload + 1, ~0ull));
-  CHECK(!llTakes(4096, 0));
-  CHECK(!llTakes(4097, 4096));
+  // The slots: a parity's lines split among the ranks, the most one source sends one destination.
+  CHECK(llMaxPayload(16) == 32768);
+  CHECK(llMaxPayload(2) == 262144);
+  CHECK(llMaxPayload(4) == 131072);
+  CHECK(llMaxPayload(3) == 21845 * 8);
+  for (int n = 2; n <= kMaxRanks; ++n) {
+    INFO(n << " ranks");
+    CHECK(llLines(llMaxPayload(n)) == llSlotLines(n));
+    // The last source's last line is inside the parity's lines; slots do not overlap.
+    CHECK(llSlotLine(llSlotLines(n), n - 1, llSlotLines(n) - 1) < kLlSpaceLines);
+    CHECK(llSlotLine(llSlotLines(n), 1, 0) == llSlotLine(llSlotLines(n), 0, llSlotLines(n) - 1) + 1);
+    CHECK(llTakes(llMaxPayload(n), ~0ull, n));
+    CHECK(!llTakes(llMaxPayload(n) + 1, ~0ull, n));
+  }
+  CHECK(llTakes(8, 32768, 2));
+  CHECK(!llTakes(0, 32768, 2));
+  CHECK(!llTakes(4096, 0, 2));
+  CHECK(!llTakes(4097, 4096, 2));
+  // The limit: auto by ranks on the GPU, a number as asked, both capped by the slots.
+  CHECK(llLimit(~0ull, 2, 1) == kLlAutoMaxBytes);
+  CHECK(llLimit(~0ull, 4, 4) == kLlSharedMaxBytes);
+  CHECK(llLimit(~0ull, 16, 1) == std::min<uint64_t>(kLlAutoMaxBytes, 32768));
+  CHECK(llLimit(1u << 30, 2, 1) == 262144);
+  CHECK(llLimit(1u << 30, 8, 1) == 65536);
+  CHECK(llLimit(100, 8, 8) == 100);
+  CHECK(llLimit(0, 2, 1) == 0);
   CHECK(llCtas(8, 16) == 1);
-  CHECK(llCtas(kLlMaxPayload, 16) == static_cast<int>(kLlMaxPayload / kLlBytesPerCta));
-  CHECK(llCtas(kLlMaxPayload, 2) == 2);
+  CHECK(llCtas(32768, 16) == static_cast<int>(32768 / kLlBytesPerCta));
+  CHECK(llCtas(32768, 2) == 2);
+  CHECK(llCtas(262144, 32) == 32);
   CHECK(llFlag(0) == 1);
   CHECK(llFlag(1ull << 32) == 1);
   CHECK(llFlag(7) == 7);

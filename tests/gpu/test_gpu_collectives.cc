@@ -70,6 +70,23 @@ std::vector<Case> buildCases(int nRanks) {
       }
     }
   }
+  // Medium: 30 KiB to 240 KiB from each rank to each peer, odd counts (the last LL line partly
+  // filled); with MKERNEL_LL_MAX_BYTES raised (test_gpu_ll_max) the LL mode's larger slots of a
+  // communicator with few ranks, else the inbox or direct mode.
+  const DataType midTypes[] = {DataType::Int8, DataType::Float16, DataType::Float32, DataType::Float64,
+                               DataType::Bfloat16};
+  for (CollType c : colls) {
+    for (DataType dt : midTypes) {
+      for (RedOp op : {RedOp::Sum, RedOp::Avg}) {
+        if (!reduces(c) && op != RedOp::Sum) continue;
+        for (bool inPlace : {false, true}) {
+          Case k{c, dt, op, 30011, inPlace, (seq++) % nRanks, 0, false};
+          if (!inPlace) k.misalign = 1;
+          cases.push_back(k);
+        }
+      }
+    }
+  }
   // Large: two-shot AllReduce, every CTA busy, 16-byte vector path.
   const DataType bigTypes[] = {DataType::Float32, DataType::Bfloat16, DataType::Int8,
                                DataType::Fp8E4M3, DataType::Float64, DataType::Uint64};
@@ -227,11 +244,11 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0) {
     const char* dm = std::getenv("MKERNEL_DIRECT_MAX_BYTES");
     const uint64_t directMax = dm != nullptr && std::string(dm) != "auto" ? std::strtoull(dm, nullptr, 10) : mkernel::coll::kDirectAuto;
     // LL mode (launch_path.h) takes what each rank sends each peer up to MKERNEL_LL_MAX_BYTES
-    // (auto: 32768, 8192 with more than two ranks on a GPU), whatever the launch threshold; off
-    // with it and for emulated nodes.
+    // (auto: kLlAutoMaxBytes, kLlSharedMaxBytes with more than two ranks on a GPU; never more than
+    // the slots hold, llLimit), whatever the launch threshold; off with it and for emulated nodes.
     const char* llm = std::getenv("MKERNEL_LL_MAX_BYTES");
-    const uint64_t llAuto = st.directSharing > 2 ? mkernel::coll::kLlSharedMaxBytes : mkernel::coll::kLlMaxPayload;
-    const uint64_t llAsked = llm != nullptr && std::string(llm) != "auto" ? std::strtoull(llm, nullptr, 10) : llAuto;
+    const uint64_t llAsked = mkernel::coll::llLimit(
+        llm != nullptr && std::string(llm) != "auto" ? std::strtoull(llm, nullptr, 10) : ~0ull, nRanks, st.directSharing);
     const uint64_t wantLl = ranksPerNode == 0 && st.launchMaxBytes > 0 ? llAsked : 0;
     if (st.llMaxBytes != wantLl)
       ctx.fail("LL mode up to " + std::to_string(st.llMaxBytes) + " bytes, want " + std::to_string(wantLl));
@@ -239,7 +256,7 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0) {
     if (ranksPerNode == 0)
       for (const Case& k : cases) {
         const uint64_t esz = mkernel::coll::dataTypeSize(k.dtype);
-        if (nRanks > 1 && mkernel::coll::llTakes(mkernel::coll::llPayloadBytes(k.count, esz), st.llMaxBytes)) {
+        if (nRanks > 1 && mkernel::coll::llTakes(mkernel::coll::llPayloadBytes(k.count, esz), st.llMaxBytes, nRanks)) {
           ++expectLaunch;
           ++expectLl;
         } else if (mkernel::coll::launchPublishElems(k.coll, k.count, nRanks) * esz <= st.launchMaxBytes ||
