@@ -42,7 +42,7 @@ gpu_build_nccl_tests() {
 # LD_PRELOAD=$LIB once per VARIANT ("name|title|VAR=value ..."): one table per variant
 # (scripts/nccl-tests-table.py: time, busbw, speedup, #wrong, path) printed and appended to
 # $logs/tables.txt. LIMIT: seconds per run. NT_ITERS: nccl-tests' -n. Non-zero if any run or table
-# failed.
+# failed. NT_FACTOR: nccl-tests' -f (default 4).
 nccl_tests_vs() {
   local tests=$1 min=$2 max=$3 limit=$4 t bin v name title envs rc=0
   shift 4
@@ -50,7 +50,7 @@ nccl_tests_vs() {
   for t in $tests; do
     bin=$build/nccl-tests/$t
     [ -x "$bin" ] || { echo "missing $bin"; rc=1; continue; }
-    local args=(-b "$min" -e "$max" -f 4 -c 1 -g "$NG")
+    local args=(-b "$min" -e "$max" -f "${NT_FACTOR:-4}" -c 1 -g "$NG")
     # NT_ITERS: iterations per size (nccl-tests' -n, default 20: +-3 us on the small sizes of a
     # -g 2 run, docs/PERFORMANCE.md session 12).
     [ -n "${NT_ITERS:-}" ] && args+=(-n "$NT_ITERS")

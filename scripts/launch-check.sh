@@ -8,16 +8,18 @@
 #      of the kernel's reduceCopy, both GPUs at once;
 #   2. ctest LC_CTEST (default test_shim_gpu; none skips it), then test_gpu_hier LC_HIER_REPS times (default 3)
 #      with MKERNEL_TIMEOUT_S=LC_HIER_TIMEOUT (default 60): pass/fail and seconds of each;
-#   3. (unless LC_NCCL_RUN=0) nccl-tests LC_TESTS (default the five), -b LC_MIN_BYTES (8) -e LC_MAX_BYTES (4M) -f 4 -c 1 -g <GPUs>:
+#   3. (unless LC_NCCL_RUN=0) nccl-tests LC_TESTS (default the five), -b LC_MIN_BYTES (8) -e LC_MAX_BYTES (4M)
+#      -f LC_NT_FACTOR (4) -c 1 -g <GPUs>:
 #      NCCL alone, mkernel (the launch path, the default) and mkernel with
 #      MKERNEL_LAUNCH_MAX_BYTES=0 (everything through the persistent kernel; LC_PERSISTENT=0 skips
-#      it), and with LC_LLOFF=1 mkernel without the LL mode (MKERNEL_LL_MAX_BYTES=0), tables per
+#      it), and once per MKERNEL_LL_MAX_BYTES value of LC_LL_SWEEP (e.g. "262144 0"; LC_LLOFF=1 adds
+#      0: without the LL mode), tables per
 #      test (scripts/nccl-tests-table.py: time, busbw, ratio, #wrong); LC_NT_ITERS: iterations per
 #      size (nccl-tests' -n; its default 20 leaves +-3 us on small -g 2 sizes);
 #   3b. (unless LC_COLLBENCH=0) mkernel-collbench AllReduce, NCCL / launch / memop in one process: one rank up to 32 KiB,
-#      and (2+ GPUs) one rank per GPU up to LC_COLLBENCH_MAX (4194304), again with the LL mode off
-#      when LC_LLOFF=1; LC_COLLBENCH_EMU="2,4,8": thread ranks emulated on GPU 0 up to 32 KiB, LL
-#      mode on and off;
+#      and (2+ GPUs) one rank per GPU up to LC_COLLBENCH_MAX (4194304) by factors of LC_COLLBENCH_STEP (4), again with each LC_LL_SWEEP
+#      value; LC_COLLBENCH_EMU="2,4,8": thread ranks emulated on GPU 0 up to LC_EMU_LL_MAX (32 KiB),
+#      once per MKERNEL_LL_MAX_BYTES of LC_EMU_LL (default "32768 0");
 #   3c. (LC_OVERLAP=1) the hierarchical AllReduce's overlap: mkernel-collbench --ranks LC_OVERLAP_RANKS (4)
 #      --ranks-per-node LC_OVERLAP_RPN (2) over the GPUs, MKERNEL_HIER_OVERLAP=1 against =0 (the same
 #      phases one after another), to LC_OVERLAP_MAX bytes (16777216);
@@ -26,6 +28,8 @@
 #   3e. (LC_PROCLAT=1) mkernel-proclat: small AllReduces with LC_PROCLAT_RANKS (2,4,8) process ranks
 #      on GPU 0 under MPS (issue 5's 8-rank latency without one shared CUDA context), then
 #      mkernel-collbench's thread ranks on GPU 0 at the same sizes;
+#   3g. (LC_EMU_BW="32 64") issue 5's bandwidth: LC_EMU_BW_RANKS (2) emulated ranks on GPU 0,
+#      mkernel-collbench 8 B to LC_EMU_BW_MAX (1 GiB), once per MKERNEL_CTAS value;
 #   3f. (LC_PROXYBENCH=1) mkernel-proxybench: the proxy's per-chunk overhead against the bare TCP
 #      net on loopback, 8 B to LC_PROXYBENCH_MAX (4194304), on this host's cores (no GPU in it);
 #   4. (2+ GPUs, unless LC_TORCH=0) scripts/torch_bench.py, 2 processes (process ranks: inboxes through CUDA IPC),
@@ -85,13 +89,21 @@ save ctest.log hier.txt hier-failed.log
 step "3. nccl-tests -b ${LC_MIN_BYTES:-8} -e ${LC_MAX_BYTES:-4M} -g $NG: NCCL, mkernel (launch path), mkernel (persistent kernel only)"
 # mkernel's own path at every size (MKERNEL_NCCL_CROSSOVER=off: no size handed to NCCL).
 variants=("launch|launch path, default|MKERNEL_NCCL_CROSSOVER=off")
-# LC_LLOFF=1: also the launch path without its LL mode (the inbox mode for small ops).
-[ "${LC_LLOFF:-0}" = 1 ] &&
-  variants+=("inbox|launch path, LL mode off (MKERNEL_LL_MAX_BYTES=0)|MKERNEL_LL_MAX_BYTES=0 MKERNEL_NCCL_CROSSOVER=off")
+# LC_LL_SWEEP="262144 0": also the launch path with each of these MKERNEL_LL_MAX_BYTES (0: without
+# its LL mode, the inbox mode for small ops); LC_LLOFF=1 is LC_LL_SWEEP=0.
+LL_SWEEP=${LC_LL_SWEEP:-}
+[ "${LC_LLOFF:-0}" = 1 ] && LL_SWEEP="$LL_SWEEP 0"
+for ll in $LL_SWEEP; do
+  if [ "$ll" = 0 ]; then
+    variants+=("inbox|launch path, LL mode off (MKERNEL_LL_MAX_BYTES=0)|MKERNEL_LL_MAX_BYTES=0 MKERNEL_NCCL_CROSSOVER=off")
+  else
+    variants+=("ll$ll|launch path, MKERNEL_LL_MAX_BYTES=$ll|MKERNEL_LL_MAX_BYTES=$ll MKERNEL_NCCL_CROSSOVER=off")
+  fi
+done
 [ "${LC_PERSISTENT:-1}" = 1 ] &&
   variants+=("persistent|MKERNEL_LAUNCH_MAX_BYTES=0: persistent kernel only|MKERNEL_LAUNCH_MAX_BYTES=0 MKERNEL_NCCL_CROSSOVER=off")
 if [ "${LC_NCCL_RUN:-1}" = 1 ]; then
-  NT_ITERS=${LC_NT_ITERS:-} nccl_tests_vs "$TESTS" "${LC_MIN_BYTES:-8}" "${LC_MAX_BYTES:-4M}" 120 "${variants[@]}" || fail=1
+  NT_ITERS=${LC_NT_ITERS:-} NT_FACTOR=${LC_NT_FACTOR:-4} nccl_tests_vs "$TESTS" "${LC_MIN_BYTES:-8}" "${LC_MAX_BYTES:-4M}" 120 "${variants[@]}" || fail=1
   save tables.txt
 else
   echo "skipped (LC_NCCL_RUN=0): built only"
@@ -103,18 +115,18 @@ NCCL_LIB=$NCCL_HOME/lib/libnccl.so.2
 timeout 90 "$build/bin/mkernel-collbench" --ranks 1 --max-bytes 32768 --iters 1000 --nccl "$NCCL_LIB" \
   >"$logs/collbench.txt" 2>>"$logs/collbench.err" || fail=1
 if [ "$NG" -gt 1 ]; then
-  timeout 150 "$build/bin/mkernel-collbench" --gpus "$NG" --ranks "$NG" --max-bytes "${LC_COLLBENCH_MAX:-4194304}" --step 4 \
-    --iters 300 --nccl "$NCCL_LIB" 2>>"$logs/collbench.err" | sed 's/^/multi-gpu: /' >>"$logs/collbench.txt" || fail=1
-  if [ "${LC_LLOFF:-0}" = 1 ]; then
-    MKERNEL_LL_MAX_BYTES=0 timeout 150 "$build/bin/mkernel-collbench" --gpus "$NG" --ranks "$NG" --max-bytes "${LC_COLLBENCH_MAX:-4194304}" \
-      --step 4 --iters 300 --wait launch 2>>"$logs/collbench.err" | sed 's/^/multi-gpu, LL off: /' >>"$logs/collbench.txt" || fail=1
-  fi
+  timeout 150 "$build/bin/mkernel-collbench" --gpus "$NG" --ranks "$NG" --max-bytes "${LC_COLLBENCH_MAX:-4194304}" \
+    --step "${LC_COLLBENCH_STEP:-4}" --iters 300 --nccl "$NCCL_LIB" 2>>"$logs/collbench.err" | sed 's/^/multi-gpu: /' >>"$logs/collbench.txt" || fail=1
+  for ll in $LL_SWEEP; do
+    MKERNEL_LL_MAX_BYTES=$ll timeout 150 "$build/bin/mkernel-collbench" --gpus "$NG" --ranks "$NG" --max-bytes "${LC_COLLBENCH_MAX:-4194304}" \
+      --step "${LC_COLLBENCH_STEP:-4}" --iters 300 --wait launch 2>>"$logs/collbench.err" | sed "s/^/multi-gpu, LL_MAX_BYTES=$ll: /" >>"$logs/collbench.txt" || fail=1
+  done
 fi
 if [ -n "${LC_COLLBENCH_EMU:-}" ]; then
   # Emulated thread ranks on GPU 0 (issue 5's latency), the launch path with and without LL mode.
-  for ll in 32768 0; do
+  for ll in ${LC_EMU_LL:-32768 0}; do
     MKERNEL_EMULATE=1 MKERNEL_LL_MAX_BYTES=$ll CUDA_VISIBLE_DEVICES=0 timeout 150 "$build/bin/mkernel-collbench" \
-      --ranks "$LC_COLLBENCH_EMU" --max-bytes 32768 --step 4 --iters 1000 --wait launch 2>>"$logs/collbench.err" |
+      --ranks "$LC_COLLBENCH_EMU" --max-bytes "${LC_EMU_LL_MAX:-32768}" --step 4 --iters 1000 --wait launch 2>>"$logs/collbench.err" |
       sed "s/^/emulated, LL_MAX_BYTES=$ll: /" >>"$logs/collbench.txt" || fail=1
   done
 fi
@@ -173,6 +185,22 @@ if [ "${LC_PROCLAT:-0}" = 1 ]; then
     --iters "${LC_PROCLAT_ITERS:-1000}" 2>&1 | grep -v "^collbench:" | tee -a "$logs/proclat.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || fail=1
   save proclat.txt proclat.csv
+fi
+
+if [ -n "${LC_EMU_BW:-}" ]; then
+  # Issue 5's bandwidth goal (>= 70% of the copy bandwidth from 64 MiB) with emulated ranks on
+  # GPU 0, once per MKERNEL_CTAS value of LC_EMU_BW (e.g. "32 64"), LC_EMU_BW_RANKS (2) ranks,
+  # the default path and the persistent kernel, 8 B to LC_EMU_BW_MAX (1 GiB) by factors of 2.
+  step "3g. emulated ranks ${LC_EMU_BW_RANKS:-2} on GPU 0: MKERNEL_CTAS in ${LC_EMU_BW}"
+  : >"$logs/emu-bw.txt"
+  for c in ${LC_EMU_BW}; do
+    MKERNEL_CTAS=$c MKERNEL_EMULATE=1 CUDA_VISIBLE_DEVICES=0 timeout 200 "$build/bin/mkernel-collbench" --gpus 1 \
+      --ranks "${LC_EMU_BW_RANKS:-2}" --wait launch,memop --min-bytes 8 --max-bytes "${LC_EMU_BW_MAX:-1073741824}" \
+      --step 2 --iters "${LC_EMU_BW_ITERS:-200}" 2>&1 | sed "s/^/ctas=$c: /" >>"$logs/emu-bw.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "MKERNEL_CTAS=$c failed"; fail=1; }
+  done
+  cat "$logs/emu-bw.txt"
+  save emu-bw.txt
 fi
 
 if [ "${LC_PROXYBENCH:-0}" = 1 ]; then
