@@ -146,10 +146,12 @@ constexpr uint64_t kLlBytesPerCta = 8 * 1024;
 // 14.8 / 20.5.
 constexpr uint64_t kLlSharedMaxBytes = 8 * 1024;
 // MKERNEL_LL_MAX_BYTES=auto with at most two ranks on each GPU, before llMaxPayload(n) caps it.
-// 2 ranks emulated on one H200, AllReduce, eager µs, LL / inbox mode (session 13, call 2):
-// 32 KiB 10.98 / 13.89, 128 KiB 11.33 / 13.86 (with 4 ranks on the GPU, 128 KiB: 121 / 29,
-// hence kLlSharedMaxBytes there). Session 12's two H200s: 32 KiB 12.42 / 17.31.
-constexpr uint64_t kLlAutoMaxBytes = 128 * 1024;
+// AllReduce, eager medians in µs, LL / as without it (session 13; collbench, one thread per rank):
+// two H200s (call 4) 8 B 8.26 / 12.19, 128 KiB 11.04 / 16.00, 256 KiB 11.14 / 16.16; 2 ranks
+// emulated on one H200 (calls 2-3) 32 KiB 10.98 / 13.89, 128 KiB 11.33 / 13.86 (with 4 ranks on
+// the GPU, 128 KiB: 121 / 29, hence kLlSharedMaxBytes there). With 2 ranks the slots cap it at
+// 256 KiB; with 4 at 128 KiB, with 8 at 64 KiB (not measured on 4 or 8 GPUs).
+constexpr uint64_t kLlAutoMaxBytes = 256 * 1024;
 
 // Lines of one source's slot in a communicator of n ranks (each parity's lines split n ways; the
 // own rank's slot goes unused), and the most payload one source sends one destination in LL mode.

@@ -42,11 +42,20 @@ gpu_build_nccl_tests() {
 # LD_PRELOAD=$LIB once per VARIANT ("name|title|VAR=value ..."): one table per variant
 # (scripts/nccl-tests-table.py: time, busbw, speedup, #wrong, path) printed and appended to
 # $logs/tables.txt. LIMIT: seconds per run. NT_ITERS: nccl-tests' -n. Non-zero if any run or table
-# failed. NT_FACTOR: nccl-tests' -f (default 4).
+# failed. NT_FACTOR: nccl-tests' -f (default 4). NT_PIN, NT_ROUNDS: below.
 nccl_tests_vs() {
-  local tests=$1 min=$2 max=$3 limit=$4 t bin v name title envs rc=0
+  local tests=$1 min=$2 max=$3 limit=$4 t bin v name title envs rc=0 round sfx pin=()
   shift 4
   : >"$logs/tables.txt"
+  # NT_PIN=1: every run (NCCL's and mkernel's) on GPU 0's local CPUs (sysfs local_cpulist).
+  # nccl-tests -g N drives every GPU from one thread, and the kernel launches that bound its
+  # small sizes cost more from a far core.
+  if [ "${NT_PIN:-0}" = 1 ]; then
+    local bus cpus
+    bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i 0 2>/dev/null | tr 'A-F' 'a-f' | sed 's/^0000//')
+    cpus=$(cat "/sys/bus/pci/devices/$bus/local_cpulist" 2>/dev/null)
+    if [ -n "$cpus" ]; then pin=(taskset -c "$cpus"); echo "nccl-tests pinned to CPUs $cpus (GPU 0, $bus)"; fi
+  fi
   for t in $tests; do
     bin=$build/nccl-tests/$t
     [ -x "$bin" ] || { echo "missing $bin"; rc=1; continue; }
@@ -54,14 +63,20 @@ nccl_tests_vs() {
     # NT_ITERS: iterations per size (nccl-tests' -n, default 20: +-3 us on the small sizes of a
     # -g 2 run, docs/PERFORMANCE.md session 12).
     [ -n "${NT_ITERS:-}" ] && args+=(-n "$NT_ITERS")
-    timeout "$limit" "$bin" "${args[@]}" >"$logs/nccl-$t.txt" 2>&1 || { echo "$t (NCCL) failed"; rc=1; }
-    for v in "$@"; do
-      IFS='|' read -r name title envs <<<"$v"
-      # shellcheck disable=SC2086  # envs: VAR=value words
-      env $envs LD_PRELOAD="$LIB" timeout "$limit" "$bin" "${args[@]}" >"$logs/$name-$t.txt" 2>&1 ||
-        { echo "$t ($name) failed"; tail -5 "$logs/$name-$t.txt"; rc=1; }
-      python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t.txt" "$logs/$name-$t.txt" \
-        --title "$t, $NG GPU(s): NCCL vs mkernel ($title)" | tee -a "$logs/tables.txt" || rc=1
+    # NT_ROUNDS=N: the whole sequence (NCCL, then every variant) N times, a table per round
+    # (files -rK): what one process against another varies (session 13: 9 against 13 us).
+    for round in $(seq 1 "${NT_ROUNDS:-1}"); do
+      sfx=""
+      [ "${NT_ROUNDS:-1}" -gt 1 ] && sfx="-r$round"
+      timeout "$limit" "${pin[@]}" "$bin" "${args[@]}" >"$logs/nccl-$t$sfx.txt" 2>&1 || { echo "$t (NCCL) failed"; rc=1; }
+      for v in "$@"; do
+        IFS='|' read -r name title envs <<<"$v"
+        # shellcheck disable=SC2086  # envs: VAR=value words
+        env $envs LD_PRELOAD="$LIB" timeout "$limit" "${pin[@]}" "$bin" "${args[@]}" >"$logs/$name-$t$sfx.txt" 2>&1 ||
+          { echo "$t ($name) failed"; tail -5 "$logs/$name-$t$sfx.txt"; rc=1; }
+        python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t$sfx.txt" "$logs/$name-$t$sfx.txt" \
+          --title "$t, $NG GPU(s)${sfx:+, round ${sfx#-r}}: NCCL vs mkernel ($title)" | tee -a "$logs/tables.txt" || rc=1
+      done
     done
   done
   return "$rc"

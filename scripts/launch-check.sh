@@ -15,7 +15,8 @@
 #      it), and once per MKERNEL_LL_MAX_BYTES value of LC_LL_SWEEP (e.g. "262144 0"; LC_LLOFF=1 adds
 #      0: without the LL mode), tables per
 #      test (scripts/nccl-tests-table.py: time, busbw, ratio, #wrong); LC_NT_ITERS: iterations per
-#      size (nccl-tests' -n; its default 20 leaves +-3 us on small -g 2 sizes);
+#      size (nccl-tests' -n; its default 20 leaves +-3 us on small -g 2 sizes); LC_NT_PIN=1: every
+#      run on GPU 0's local CPUs; LC_NT_ROUNDS=N: NCCL and the variants N times over, a table each;
 #   3b. (unless LC_COLLBENCH=0) mkernel-collbench AllReduce, NCCL / launch / memop in one process: one rank up to 32 KiB,
 #      and (2+ GPUs) one rank per GPU up to LC_COLLBENCH_MAX (4194304) by factors of LC_COLLBENCH_STEP (4), again with each LC_LL_SWEEP
 #      value; LC_COLLBENCH_EMU="2,4,8": thread ranks emulated on GPU 0 up to LC_EMU_LL_MAX (32 KiB),
@@ -103,7 +104,7 @@ done
 [ "${LC_PERSISTENT:-1}" = 1 ] &&
   variants+=("persistent|MKERNEL_LAUNCH_MAX_BYTES=0: persistent kernel only|MKERNEL_LAUNCH_MAX_BYTES=0 MKERNEL_NCCL_CROSSOVER=off")
 if [ "${LC_NCCL_RUN:-1}" = 1 ]; then
-  NT_ITERS=${LC_NT_ITERS:-} NT_FACTOR=${LC_NT_FACTOR:-4} nccl_tests_vs "$TESTS" "${LC_MIN_BYTES:-8}" "${LC_MAX_BYTES:-4M}" 120 "${variants[@]}" || fail=1
+  NT_ITERS=${LC_NT_ITERS:-} NT_FACTOR=${LC_NT_FACTOR:-4} NT_PIN=${LC_NT_PIN:-0} NT_ROUNDS=${LC_NT_ROUNDS:-1} nccl_tests_vs "$TESTS" "${LC_MIN_BYTES:-8}" "${LC_MAX_BYTES:-4M}" 120 "${variants[@]}" || fail=1
   save tables.txt
 else
   echo "skipped (LC_NCCL_RUN=0): built only"
