@@ -54,7 +54,12 @@ nccl_tests_vs() {
     local bus cpus
     bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i 0 2>/dev/null | tr 'A-F' 'a-f' | sed 's/^0000//')
     cpus=$(cat "/sys/bus/pci/devices/$bus/local_cpulist" 2>/dev/null)
-    if [ -n "$cpus" ]; then pin=(taskset -c "$cpus"); echo "nccl-tests pinned to CPUs $cpus (GPU 0, $bus)"; fi
+    if [ -n "$cpus" ]; then
+      pin=(taskset -c "$cpus")
+      echo "# every run pinned to CPUs $cpus (GPU 0's, $bus)" | tee -a "$logs/tables.txt"
+    else
+      echo "# NT_PIN=1: no CPU list found for GPU 0 (bus '$bus'); runs not pinned" | tee -a "$logs/tables.txt"
+    fi
   fi
   for t in $tests; do
     bin=$build/nccl-tests/$t
