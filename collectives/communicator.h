@@ -43,6 +43,7 @@ struct CollStats {
   bool launchDirect = false;                // ... and above it, eager ops of thread ranks (direct mode)
   int directSharing = 1;                    // the most ranks on one GPU (direct mode's upper end)
   int hierCtas = 0;                         // CTAs per hierarchical collective (0: not hierarchical)
+  bool staged = false;                      // ranks stage through IPC buffers (process ranks; agreed)
 };
 
 class Communicator {

@@ -1389,6 +1389,7 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->launchDirect = launchDirect_;
   out->directSharing = directSharing_;
   out->hierCtas = params_.nNodes > 1 ? hierCtas_ : 0;
+  out->staged = peers_.staged;
 }
 
 }  // namespace

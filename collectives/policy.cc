@@ -123,12 +123,14 @@ Result loadPolicyConfig(PolicyConfig* cfg) {
   return Result::Success;
 }
 
-size_t ncclCrossoverBytes(CollType c, int nRanks, int nNodes, bool directAccess) {
+size_t ncclCrossoverBytes(CollType c, int nRanks, int nNodes, bool directAccess, bool staged) {
   if (nRanks != 2 || nNodes != 1 || !directAccess) return 0;
   switch (c) {
     case CollType::Reduce: return size_t(512) << 10;
     case CollType::Broadcast: return size_t(2) << 20;
-    case CollType::AllReduce: return size_t(512) << 20;
+    case CollType::AllReduce: return staged ? size_t(4) << 20 : size_t(512) << 20;
+    case CollType::AllGather: return staged ? size_t(4) << 20 : 0;
+    case CollType::ReduceScatter: return staged ? size_t(16) << 20 : 0;
     default: return 0;
   }
 }
@@ -181,7 +183,7 @@ PolicyDecision SelectionPolicy::decide(const PolicyQuery& q) const {
   }
   // Rule 6b: where NCCL measured faster (ncclCrossoverBytes), unless MKERNEL_NCCL_CROSSOVER=off.
   if (!cfg_.emulate && cfg_.ncclCrossover) {
-    const size_t from = ncclCrossoverBytes(q.coll, q.nRanks, q.nNodes, cfg_.directAccess);
+    const size_t from = ncclCrossoverBytes(q.coll, q.nRanks, q.nNodes, cfg_.directAccess, cfg_.stagedRanks);
     if (from != 0 && bytes >= from) {
       d.path = ExecPath::Nccl;
       d.reason = "NCCL measured faster from this size (MKERNEL_NCCL_CROSSOVER=auto)";

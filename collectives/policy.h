@@ -55,6 +55,8 @@ struct PolicyConfig {
   bool emulate = false;        // MKERNEL_EMULATE: no real NCCL behind us
   bool directAccess = true;    // all local ranks read/write each other's memory (NVLink
                                // all-to-all, or ranks sharing one GPU); false: Ring only
+  bool stagedRanks = false;    // collectives stage through IPC buffers (process ranks: the
+                               // communicator's peers.staged, agreed at creation)
   bool kernelMultiNode = false;  // the kernel has an inter-node path
   int kernelMaxRanks = 16;       // ranks one kernel addresses (collectives/work.h kMaxRanks)
 };
@@ -73,9 +75,15 @@ Result parseAlgoName(const std::string& text, int* algo);
 //   Reduce    from 512 KiB: 0.93-0.94x up to 1 MiB, 0.71-0.86x from 2 MiB to 8 GiB;
 //   Broadcast from 2 MiB:   0.88-0.99x (2 MiB to 8 GiB; 1.00x at 32 MiB only);
 //   AllReduce from 512 MiB: 0.99x, then 0.95-0.91x to 8 GiB.
+// Process ranks (staged: every collective through the IPC staging buffers), the same two GPUs,
+// PyTorch through the shim (scripts/torch_bench.py, docs/PERFORMANCE.md session 7), NCCL/mkernel:
+//   AllReduce     from 4 MiB:  0.91x at 4 MiB, 0.64x at 16 MiB, 0.71x at 64 MiB (1.32x at 1 MiB);
+//   AllGather     from 4 MiB:  0.84x at 4 MiB, 0.74x at 16 MiB, 0.80x at 64 MiB (1.21x at 1 MiB);
+//   ReduceScatter from 16 MiB: 0.63x at 16 MiB, 0.69x at 64 MiB (1.04x at 4 MiB);
+//   Reduce and Broadcast: not measured with process ranks; the thread ranks' sizes above.
 // Other rank counts, several nodes and emulation were not measured against NCCL this way (or NCCL
 // cannot run): the table applies to 2 ranks on one node with direct access only.
-size_t ncclCrossoverBytes(CollType c, int nRanks, int nNodes, bool directAccess);
+size_t ncclCrossoverBytes(CollType c, int nRanks, int nNodes, bool directAccess, bool staged = false);
 
 struct PolicyQuery {
   CollType coll = CollType::AllReduce;

@@ -124,7 +124,17 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
   int failedRank = -1;
   for (int r = 0; r < s.nRanks && failedRank < 0; ++r)
     if (!ok[static_cast<size_t>(r)]) failedRank = r;
-  if (failedRank < 0) return Result::Success;
+  if (failedRank < 0) {
+    // Process ranks stage every collective: the policy's crossovers for them (policy.h). Agreed
+    // at creation, so the same on every rank; set before the communicator is handed out.
+    coll::CollStats st;
+    c->mk->stats(&st);
+    if (st.staged) {
+      pc.stagedRanks = true;
+      c->policy.reset(new coll::SelectionPolicy(pc));
+    }
+    return Result::Success;
+  }
   if (c->mk) {
     c->mk->abort();
     c->mk.reset();

@@ -142,6 +142,31 @@ TEST_CASE("policy: where NCCL measured faster (2 ranks, one node) it runs there,
   CHECK(path(CollType::Reduce, 64 << 20, 8) == ExecPath::Mkernel);
   CHECK(ncclCrossoverBytes(CollType::Reduce, 2, 2, true) == 0);
   CHECK(ncclCrossoverBytes(CollType::Reduce, 2, 1, false) == 0);
+  // Process ranks (staged): AllReduce and AllGather from 4 MiB, ReduceScatter from 16 MiB.
+  {
+    PolicyConfig cfg = envConfig();
+    cfg.stagedRanks = true;
+    SelectionPolicy staged(cfg);
+    auto spath = [&](CollType c, size_t bytes, int nRanks = 2) {
+      const size_t per = (c == CollType::AllGather || c == CollType::ReduceScatter) ? 4 * nRanks : 4;
+      return staged.decide(query(c, DataType::Float32, bytes / per, nRanks)).path;
+    };
+    CHECK(spath(CollType::AllReduce, (4 << 20) - 4) == ExecPath::Mkernel);
+    CHECK(spath(CollType::AllReduce, 4 << 20) == ExecPath::Nccl);
+    CHECK(spath(CollType::AllGather, (4 << 20) - 8) == ExecPath::Mkernel);
+    CHECK(spath(CollType::AllGather, 4 << 20) == ExecPath::Nccl);
+    CHECK(spath(CollType::ReduceScatter, (16 << 20) - 8) == ExecPath::Mkernel);
+    CHECK(spath(CollType::ReduceScatter, 16 << 20) == ExecPath::Nccl);
+    CHECK(spath(CollType::Reduce, 512 << 10) == ExecPath::Nccl);
+    CHECK(spath(CollType::Broadcast, 2 << 20) == ExecPath::Nccl);
+    // Small ones stay in mkernel; other rank counts are not measured.
+    CHECK(spath(CollType::AllReduce, 1 << 20) == ExecPath::Mkernel);
+    CHECK(spath(CollType::AllReduce, 64 << 20, 4) == ExecPath::Mkernel);
+    // Thread ranks keep their own table.
+    CHECK(path(CollType::AllReduce, 64 << 20) == ExecPath::Mkernel);
+    CHECK(ncclCrossoverBytes(CollType::AllGather, 2, 1, true, false) == 0);
+    CHECK(ncclCrossoverBytes(CollType::AllGather, 2, 1, true, true) == (size_t(4) << 20));
+  }
   {
     PolicyConfig cfg = envConfig();
     cfg.emulate = true;  // no real NCCL to give it to
