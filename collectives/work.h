@@ -40,7 +40,7 @@ constexpr uint64_t kLaunchInboxBytes = 1024 * 1024;
 // llMaxPayload(n) bytes from one source to one destination, 32 KiB with 16 ranks, 256 KiB with 2.
 constexpr uint64_t kLlLineBytes = 16;
 constexpr uint64_t kLlLinePayload = 8;
-constexpr uint64_t kLlSpaceLines = 65536;  // per parity: 1 MiB
+constexpr uint64_t kLlSpaceLines = 65536;  // per parity: 1 MiB of lines, 512 KiB of payload
 
 // Doorbell values. The caller's stream writes Posted and waits until the value is >= Done (only
 // Done is): the same values on every call, so a captured graph replays correctly (DESIGN.md §3).

@@ -868,7 +868,8 @@ __device__ bool launchLl(const KernelParams& p, SharedState& sh, const WorkDesc&
   a.flag = llFlag(epoch);
   const uint64_t payload = a.payload;
   const uint32_t flag = a.flag;
-  const uint64_t mine = llSlotLine(a.slotLines, r, 0);  // our slot's first line, in every peer
+  // Our slot's first line, in every peer. pathOf (llTakes) keeps llLines(payload) <= slotLines.
+  const uint64_t mine = llSlotLine(a.slotLines, r, 0);
   const char* send = reinterpret_cast<const char*>(d.sendbuff);
   char* recv = reinterpret_cast<char*>(d.recvbuff);
   const int tid = static_cast<int>(threadIdx.x);

@@ -3,10 +3,11 @@
 // all its CTAs of the previous one ended: its stream's order), the ranks running freely against
 // each other with random delays. Each rank pushes 8-byte halves {4 payload bytes, flag} into its
 // peers' line slots (two halves per line, each stored on its own, as a 16-byte store may land
-// over NVLink; the slots sized by the rank count, up to 256 KiB per op with two ranks), the receiver polls its own slots, takes a line once both halves carry the op's
-// flag and zeroes it; CTA 0 exchanges a token with every peer, exactly as launchLl does. Inputs
-// differ per op, so a line overwritten before it was read, or a stale line taken for a fresh one,
-// gives a wrong result; every output byte is compared with the collective's definition (a
+// over NVLink; the slots sized by the rank count, up to 256 KiB per op with two ranks), the
+// receiver polls its own slots, takes a line once both halves carry the op's flag and zeroes it;
+// CTA 0 exchanges a token with every peer, exactly as launchLl does. Inputs differ per op, so a
+// line overwritten before it was read, or a stale line taken for a fresh one, gives a wrong
+// result; every output byte is compared with the collective's definition (a
 // byte-wise sum stands for the reduction: what is checked is where every byte goes).
 //
 // Graph mode: the op list replays several times, as a captured graph does, and each CTA takes its
