@@ -121,11 +121,12 @@ TEST_CASE("policy: MKERNEL_DISABLE, MKERNEL_COLLECTIVES and MKERNEL_MAX_BYTES se
 
 TEST_CASE("policy: where NCCL measured faster (2 ranks, one node) it runs there, unless MKERNEL_NCCL_CROSSOVER=off") {
   SelectionPolicy pol(envConfig());
-  auto path = [&](CollType c, size_t bytes, int nRanks = 2) {
-    // Float32 counts; AllGather/ReduceScatter count their whole buffer (policyBytes).
+  // The path `p` picks for `bytes` of float32 (AllGather/ReduceScatter: the whole buffer, policyBytes).
+  auto pathIn = [](const SelectionPolicy& p, CollType c, size_t bytes, int nRanks) {
     const size_t per = (c == CollType::AllGather || c == CollType::ReduceScatter) ? 4 * nRanks : 4;
-    return pol.decide(query(c, DataType::Float32, bytes / per, nRanks)).path;
+    return p.decide(query(c, DataType::Float32, bytes / per, nRanks)).path;
   };
+  auto path = [&](CollType c, size_t bytes, int nRanks = 2) { return pathIn(pol, c, bytes, nRanks); };
   CHECK(path(CollType::Reduce, (512 << 10) - 4) == ExecPath::Mkernel);
   CHECK(path(CollType::Reduce, 512 << 10) == ExecPath::Nccl);
   CHECK(path(CollType::Broadcast, (2 << 20) - 4) == ExecPath::Mkernel);
@@ -147,10 +148,7 @@ TEST_CASE("policy: where NCCL measured faster (2 ranks, one node) it runs there,
     PolicyConfig cfg = envConfig();
     cfg.stagedRanks = true;
     SelectionPolicy staged(cfg);
-    auto spath = [&](CollType c, size_t bytes, int nRanks = 2) {
-      const size_t per = (c == CollType::AllGather || c == CollType::ReduceScatter) ? 4 * nRanks : 4;
-      return staged.decide(query(c, DataType::Float32, bytes / per, nRanks)).path;
-    };
+    auto spath = [&](CollType c, size_t bytes, int nRanks = 2) { return pathIn(staged, c, bytes, nRanks); };
     CHECK(spath(CollType::AllReduce, (4 << 20) - 4) == ExecPath::Mkernel);
     CHECK(spath(CollType::AllReduce, 4 << 20) == ExecPath::Nccl);
     CHECK(spath(CollType::AllGather, (4 << 20) - 8) == ExecPath::Mkernel);
