@@ -70,6 +70,8 @@ class PrivateMps {
   static constexpr int kMpsConnections = 64;
   bool start(const char* what, int clientsPerGpu) {
     const char* set = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    hadConnections_ = set != nullptr;
+    if (set != nullptr) connections_ = set;
     int conn = set != nullptr && std::atoi(set) > 0 ? std::atoi(set) : 8;
     const int most = std::max(1, kMpsConnections / std::max(1, clientsPerGpu));
     if (conn > most) {
@@ -81,6 +83,7 @@ class PrivateMps {
     char tmpl[] = "/tmp/mkernel-mps-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) {
       std::fprintf(stderr, "%s: cannot make a directory for CUDA MPS\n", what);
+      restoreConnections();
       return false;
     }
     dir_ = tmpl;
@@ -89,16 +92,16 @@ class PrivateMps {
     if (std::system("nvidia-cuda-mps-control -d") != 0) {
       std::fprintf(stderr, "%s: ranks sharing a GPU need CUDA MPS, and nvidia-cuda-mps-control -d failed\n", what);
       dir_.clear();
+      restoreConnections();
       return false;
     }
     return true;
   }
-  // Quits the daemon and waits (up to 10 s) until it no longer answers: `quit` returns at once,
-  // while the daemon and its server still hold the GPU, and a client started meanwhile may
-  // reach the old server as it goes (session 11: every process of proclat's next step failed
-  // cudaSetDevice with "out of memory", then "busy or unavailable").
+  // Quits the daemon, waits (up to 10 s) until it no longer answers (`quit` returns at once, and
+  // a next daemon should find the GPU left), and gives CUDA_DEVICE_MAX_CONNECTIONS back its value.
   void stop(const char* what) {
     if (dir_.empty()) return;
+    restoreConnections();
     if (std::system("echo quit | nvidia-cuda-mps-control") != 0)
       std::fprintf(stderr, "%s: stopping the MPS daemon failed\n", what);
     bool gone = false;
@@ -111,7 +114,16 @@ class PrivateMps {
   }
 
  private:
+  void restoreConnections() {
+    if (hadConnections_) {
+      setenv("CUDA_DEVICE_MAX_CONNECTIONS", connections_.c_str(), 1);
+    } else {
+      unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    }
+  }
   std::string dir_;
+  bool hadConnections_ = false;
+  std::string connections_;  // CUDA_DEVICE_MAX_CONNECTIONS before start()
 };
 
 }  // namespace mktools
