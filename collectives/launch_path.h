@@ -139,6 +139,15 @@ MKERNEL_HD inline LaunchPart launchPart(CollType c, uint64_t count, int nRanks, 
 
 // Payload bytes per CTA below which another CTA does not pay for itself.
 constexpr uint64_t kLlBytesPerCta = 8 * 1024;
+// Lines a thread handles at once (the kernel's llLoadBatch / llPutBatch / llTakeBatch): it issues
+// the loads of kLlBatch lines (input, or polls of its own slots) before it uses any of them. One
+// line at a time, each line cost a dependent memory latency in the push and another in the
+// receive: on two H200s (session 12, call 5) push / receive took 1.09 / 1.18 us at 2 KiB (one line
+// per thread) and 1.82 / 2.91 us at 8 KiB (four). With kLaunchThreads = 256, kLlBytesPerCta is
+// one batch per thread, up to kLlAutoMaxBytes over kLaunchMaxCtas CTAs.
+constexpr int kLlBatch = 4;
+static_assert(kLlBytesPerCta == static_cast<uint64_t>(kLlBatch) * kLaunchThreads * kLlLinePayload,
+              "an LL CTA's share is one batch per thread");
 // MKERNEL_LL_MAX_BYTES=auto with more than two ranks on one GPU (emulation): their launches share
 // the SMs (one CTA each with 8 ranks), and pushing 32 KiB to every co-located peer cost more than
 // the inbox mode. One H200, AllReduce, eager µs LL / inbox (session 12, call 2): 4 ranks 8 KiB

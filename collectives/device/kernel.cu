@@ -793,6 +793,77 @@ __device__ __forceinline__ LlLine* llOwnLine(const KernelParams& p, const LlArgs
   return &p.self->ll[a.ns].lines[a.parity][llSlotLine(a.slotLines, source, i)];
 }
 
+// A thread's lines come in batches of kLlBatch (launch_path.h): line base + u * blockDim.x of
+// batch `base`, those below `end`. Each step issues all of the batch's loads before it uses any,
+// so that one memory latency, not kLlBatch of them, is paid per batch.
+__device__ __forceinline__ uint64_t llBatchLine(uint64_t base, int u) {
+  return base + static_cast<uint64_t>(u) * blockDim.x;
+}
+// The batch's payload at byte offset `from` of a buffer (line i at from + i * 8).
+__device__ __forceinline__ void llLoadBatch(const char* from, uint64_t payload, uint64_t base, uint64_t end,
+                                            uint64_t (&v)[kLlBatch]) {
+#pragma unroll
+  for (int u = 0; u < kLlBatch; ++u) {
+    const uint64_t i = llBatchLine(base, u);
+    v[u] = i < end ? llLoad8(from + i * kLlLinePayload, payload - i * kLlLinePayload) : 0;
+  }
+}
+__device__ __forceinline__ void llStoreBatch(char* to, uint64_t payload, uint64_t base, uint64_t end,
+                                             const uint64_t (&v)[kLlBatch]) {
+#pragma unroll
+  for (int u = 0; u < kLlBatch; ++u) {
+    const uint64_t i = llBatchLine(base, u);
+    if (i < end) llStore8(to + i * kLlLinePayload, v[u], payload - i * kLlLinePayload);
+  }
+}
+// Pushes the batch's payload into source slot `mine` of a peer's lines.
+__device__ __forceinline__ void llPutBatch(LlLine* peerLines, uint64_t base, uint64_t end,
+                                           const uint64_t (&v)[kLlBatch], uint32_t flag) {
+#pragma unroll
+  for (int u = 0; u < kLlBatch; ++u) {
+    const uint64_t i = llBatchLine(base, u);
+    if (i < end) llPut(peerLines + i, v[u], flag);
+  }
+}
+// Takes the batch's lines from source k: one poll of each line, all issued together, then llTake
+// for any line still missing its flag. False as llTake.
+__device__ __forceinline__ bool llTakeBatch(const KernelParams& p, const LlArgs& a, int k, uint64_t base,
+                                            uint64_t end, uint64_t (&v)[kLlBatch], int coll) {
+  uint32_t w[kLlBatch][4];
+#pragma unroll
+  for (int u = 0; u < kLlBatch; ++u) {
+    const uint64_t i = llBatchLine(base, u);
+    if (i < end) {
+      asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(w[u][0]), "=r"(w[u][1]), "=r"(w[u][2]), "=r"(w[u][3])
+                   : "l"(llOwnLine(p, a, k, i))
+                   : "memory");
+    } else {
+      w[u][0] = w[u][2] = 0;
+      w[u][1] = w[u][3] = a.flag;
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kLlBatch; ++u) {
+    const uint64_t i = llBatchLine(base, u);
+    if (i >= end) {
+      v[u] = 0;
+    } else if (w[u][1] == a.flag && w[u][3] == a.flag) {
+      v[u] = static_cast<uint64_t>(w[u][0]) | (static_cast<uint64_t>(w[u][2]) << 32);
+      asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(llOwnLine(p, a, k, i)), "r"(0u)
+                   : "memory");
+    } else {
+      // The slow path: spin on this line. Through a temporary, so that v stays in registers
+      // (llTake is not inlined, and an array element whose address it took would live in local
+      // memory on the fast path too).
+      uint64_t t;
+      if (!llTake(p, llOwnLine(p, a, k, i), a.flag, &t, k, coll, a.epoch)) return false;
+      v[u] = t;
+    }
+  }
+  return true;
+}
+
 // The reducing collectives' receive side: for each of this CTA's lines, every source's 8 bytes in
 // rank order (this rank's own from its input), combined as reduceCopy does (pre on each input,
 // combine left to right, post), written to the output.
@@ -805,26 +876,32 @@ __device__ __noinline__ bool llReduceLines(const KernelParams& p, const WorkDesc
   const uint64_t esz = sizeof(T);
   const char* own = reinterpret_cast<const char*>(d.sendbuff) + llSendOffset(coll, d.count, esz, r);
   char* recv = reinterpret_cast<char*>(d.recvbuff);
-  for (uint64_t i = a.range.first + threadIdx.x; i < a.range.first + a.range.count; i += blockDim.x) {
-    const uint64_t at = i * kLlLinePayload;
-    T acc[kPer];
+  const uint64_t end = a.range.first + a.range.count;
+  for (uint64_t base = a.range.first + threadIdx.x; base < end; base += kLlBatch * blockDim.x) {
+    T acc[kLlBatch][kPer];
     for (int k = 0; k < n; ++k) {
-      uint64_t v;
+      uint64_t v[kLlBatch];
       if (k == r) {
-        v = llLoad8(own + at, a.payload - at);
-      } else if (!llTake(p, llOwnLine(p, a, k, i), a.flag, &v, k, d.coll, a.epoch)) {
+        llLoadBatch(own, a.payload, base, end, v);
+      } else if (!llTakeBatch(p, a, k, base, end, v, d.coll)) {
         return false;
       }
-      T in[kPer];
-      memcpy(in, &v, 8);
 #pragma unroll
-      for (int e = 0; e < kPer; ++e) acc[e] = k == 0 ? red.pre(in[e]) : red.combine(acc[e], red.pre(in[e]));
+      for (int u = 0; u < kLlBatch; ++u) {
+        T in[kPer];
+        memcpy(in, &v[u], 8);
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) acc[u][e] = k == 0 ? red.pre(in[e]) : red.combine(acc[u][e], red.pre(in[e]));
+      }
     }
+    uint64_t out[kLlBatch];
 #pragma unroll
-    for (int e = 0; e < kPer; ++e) acc[e] = red.post(acc[e]);
-    uint64_t out;
-    memcpy(&out, acc, 8);
-    llStore8(recv + at, out, a.payload - at);
+    for (int u = 0; u < kLlBatch; ++u) {
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) acc[u][e] = red.post(acc[u][e]);
+      memcpy(&out[u], acc[u], 8);
+    }
+    llStoreBatch(recv, a.payload, base, end, out);
   }
   return true;
 }
@@ -873,25 +950,27 @@ __device__ bool launchLl(const KernelParams& p, SharedState& sh, const WorkDesc&
   const char* send = reinterpret_cast<const char*>(d.sendbuff);
   char* recv = reinterpret_cast<char*>(d.recvbuff);
   const int tid = static_cast<int>(threadIdx.x);
+  const uint64_t first = a.range.first + threadIdx.x;
+  const uint64_t end = a.range.first + a.range.count;
+  const uint64_t step = kLlBatch * blockDim.x;
   // 0. The token: this rank has started op e (so it has finished op e - 1).
   if (cta == 0 && tid < n && tid != r) llPut(&sh.peers[tid]->ll[ns].token[a.parity][r], 0, flag);
-  // 1. Push.
-  const uint64_t end = a.range.first + a.range.count;
+  // 1. Push, a batch at a time.
   if (coll == CollType::ReduceScatter) {
-    for (uint64_t i = a.range.first + threadIdx.x; i < end; i += blockDim.x) {
-      const uint64_t at = i * kLlLinePayload;
+    for (uint64_t base = first; base < end; base += step) {
       for (int k = 0; k < n; ++k) {
         if (k == r) continue;
-        const uint64_t v = llLoad8(send + llSendOffset(coll, d.count, esz, k) + at, payload - at);
-        llPut(&sh.peers[k]->ll[ns].lines[a.parity][mine + i], v, flag);
+        uint64_t v[kLlBatch];
+        llLoadBatch(send + llSendOffset(coll, d.count, esz, k), payload, base, end, v);
+        llPutBatch(&sh.peers[k]->ll[ns].lines[a.parity][mine], base, end, v, flag);
       }
     }
   } else if (!(coll == CollType::Broadcast && r != d.root) && !(coll == CollType::Reduce && r == d.root)) {
-    for (uint64_t i = a.range.first + threadIdx.x; i < end; i += blockDim.x) {
-      const uint64_t at = i * kLlLinePayload;
-      const uint64_t v = llLoad8(send + at, payload - at);
+    for (uint64_t base = first; base < end; base += step) {
+      uint64_t v[kLlBatch];
+      llLoadBatch(send, payload, base, end, v);
       for (int k = 0; k < n; ++k)
-        if (k != r && llSends(coll, r, k, d.root)) llPut(&sh.peers[k]->ll[ns].lines[a.parity][mine + i], v, flag);
+        if (k != r && llSends(coll, r, k, d.root)) llPutBatch(&sh.peers[k]->ll[ns].lines[a.parity][mine], base, end, v, flag);
     }
   }
   traceAt(p, cta, traceSeq, kTraceStartBarrier);  // (launch path: this thread's pushes issued)
@@ -900,29 +979,27 @@ __device__ bool launchLl(const KernelParams& p, SharedState& sh, const WorkDesc&
   if (coll == CollType::AllReduce || coll == CollType::ReduceScatter || (coll == CollType::Reduce && r == d.root)) {
     ok = llReduceDispatch(p, d, a);
   } else if (coll == CollType::AllGather) {
-    for (uint64_t i = a.range.first + threadIdx.x; i < end && ok; i += blockDim.x) {
-      const uint64_t at = i * kLlLinePayload;
+    for (uint64_t base = first; base < end && ok; base += step) {
       for (int k = 0; k < n && ok; ++k) {
-        uint64_t v = 0;
+        uint64_t v[kLlBatch];
         if (k == r) {
-          v = llLoad8(send + at, payload - at);
+          if (send == recv + static_cast<uint64_t>(r) * payload) continue;  // in place: already there
+          llLoadBatch(send, payload, base, end, v);
         } else {
-          ok = llTake(p, llOwnLine(p, a, k, i), flag, &v, k, d.coll, epoch);
+          ok = llTakeBatch(p, a, k, base, end, v, d.coll);
         }
-        if (ok) llStore8(recv + static_cast<uint64_t>(k) * payload + at, v, payload - at);
+        if (ok) llStoreBatch(recv + static_cast<uint64_t>(k) * payload, payload, base, end, v);
       }
     }
-  } else if (coll == CollType::Broadcast) {
-    for (uint64_t i = a.range.first + threadIdx.x; i < end && ok; i += blockDim.x) {
-      const uint64_t at = i * kLlLinePayload;
-      uint64_t v = 0;
+  } else if (coll == CollType::Broadcast && !(r == d.root && send == recv)) {
+    for (uint64_t base = first; base < end && ok; base += step) {
+      uint64_t v[kLlBatch];
       if (r == d.root) {
-        if (send == recv) continue;
-        v = llLoad8(send + at, payload - at);
+        llLoadBatch(send, payload, base, end, v);
       } else {
-        ok = llTake(p, llOwnLine(p, a, d.root, i), flag, &v, d.root, d.coll, epoch);
+        ok = llTakeBatch(p, a, d.root, base, end, v, d.coll);
       }
-      if (ok) llStore8(recv + at, v, payload - at);
+      if (ok) llStoreBatch(recv, payload, base, end, v);
     }
   }
   traceAt(p, cta, traceSeq, kTraceMoved);  // (this thread's lines received and written)
