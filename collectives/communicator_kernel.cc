@@ -301,6 +301,7 @@ class KernelCommunicator final : public Communicator {
   unsigned long long lastGraphCapture_ = 0;
   mutable uint64_t foldedGraph_[kNumCollTypes] = {};  // graphLaunchDone folded into the statistics (statsMu_)
   uint64_t oneRankCopies_[kNumCollTypes] = {};  // launch-path ops done as a cudaMemcpyAsync
+  bool oneRankKernel_ = false;                     // MKERNEL_ONE_RANK=kernel: no cudaMemcpyAsync
   mutable std::mutex statsMu_;
   mutable uint64_t folded_[kNumCollTypes] = {};
   mutable uint64_t foldedLaunch_[kNumCollTypes] = {};
@@ -363,6 +364,10 @@ Result KernelCommunicator::init() {
   if (watch_ != Watch::Off)
     MK_CUDA(cudaEventCreateWithFlags(&watchPre_, cudaEventDisableTiming), "cudaEventCreate(launch watch)");
   MK_CUDA(cudaEventCreateWithFlags(&graphEvent_, cudaEventDisableTiming), "cudaEventCreate(launch path, graphs)");
+  const std::string oneRank = paramString("ONE_RANK");
+  if (oneRank != "copy" && oneRank != "kernel")
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_ONE_RANK=%s: expected copy or kernel", oneRank.c_str());
+  oneRankKernel_ = oneRank == "kernel";
   const std::string launchStream = paramString("LAUNCH_STREAM");
   if (launchStream != "caller" && launchStream != "own")
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_STREAM=%s: expected caller or own", launchStream.c_str());
@@ -918,7 +923,7 @@ KernelCommunicator::Path KernelCommunicator::pathOf(const WorkDesc& d, bool capt
 // in place, nothing), which cudaMemcpyAsync does with less overhead than a kernel, as NCCL's
 // own one-rank path. PreMulSum multiplies, so it takes the launch-path kernel.
 bool KernelCommunicator::oneRankCopy(const CollArgs& a) const {
-  if (opts_.nRanks != 1) return false;
+  if (opts_.nRanks != 1 || oneRankKernel_) return false;
   const bool reduces = a.coll == CollType::AllReduce || a.coll == CollType::ReduceScatter || a.coll == CollType::Reduce;
   return !(reduces && a.op == RedOp::PreMulSum);
 }
@@ -1386,6 +1391,8 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->launchMaxBytes = launchMaxBytes_;
   out->llMaxBytes = llMaxBytes_;
   out->llOps = llOps_;
+  out->oneRankCopies = 0;
+  for (uint64_t v : oneRankCopies_) out->oneRankCopies += v;
   out->launchDirect = launchDirect_;
   out->directSharing = directSharing_;
   out->hierCtas = params_.nNodes > 1 ? hierCtas_ : 0;

@@ -236,7 +236,8 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0) {
     // Above it, thread ranks take the launch path's direct mode unless MKERNEL_LAUNCH_DIRECT=0
     // (these ranks are threads: direct mode is on exactly when the threshold is).
     const char* ld = std::getenv("MKERNEL_LAUNCH_DIRECT");
-    const bool wantDirect = ranksPerNode == 0 && st.launchMaxBytes > 0 && (ld == nullptr || std::atoi(ld) != 0);
+    const bool wantDirect =
+        nRanks > 1 && ranksPerNode == 0 && st.launchMaxBytes > 0 && (ld == nullptr || std::atoi(ld) != 0);
     if (st.launchDirect != wantDirect)
       ctx.fail(std::string("launch path direct mode ") + (st.launchDirect ? "on" : "off") + ", want " +
                (wantDirect ? "on" : "off"));
@@ -256,7 +257,10 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0) {
     if (ranksPerNode == 0)
       for (const Case& k : cases) {
         const uint64_t esz = mkernel::coll::dataTypeSize(k.dtype);
-        if (nRanks > 1 && mkernel::coll::llTakes(mkernel::coll::llPayloadBytes(k.count, esz), st.llMaxBytes, nRanks)) {
+        // One rank: every eager op, any size (a copy, or the launch kernel with MKERNEL_ONE_RANK=kernel).
+        if (nRanks == 1) {
+          if (st.launchMaxBytes > 0) ++expectLaunch;
+        } else if (mkernel::coll::llTakes(mkernel::coll::llPayloadBytes(k.count, esz), st.llMaxBytes, nRanks)) {
           ++expectLaunch;
           ++expectLl;
         } else if (mkernel::coll::launchPublishElems(k.coll, k.count, nRanks) * esz <= st.launchMaxBytes ||
@@ -270,6 +274,17 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0) {
                   nRanks, static_cast<unsigned long long>(st.launchMaxBytes), st.launchDirect ? " (direct mode above)" : "",
                   static_cast<unsigned long long>(expectLaunch), cases.size(), static_cast<unsigned long long>(expectLl),
                   static_cast<unsigned long long>(st.llMaxBytes));
+    // One rank: every eager op but PreMulSum's reductions is a cudaMemcpyAsync, unless
+    // MKERNEL_ONE_RANK=kernel sends them all to the launch kernel.
+    if (nRanks == 1 && st.launchMaxBytes > 0) {
+      const char* one = std::getenv("MKERNEL_ONE_RANK");
+      uint64_t wantCopies = 0;
+      if (one == nullptr || std::string(one) != "kernel")
+        for (const Case& k : cases) wantCopies += reduces(k.coll) && k.op == RedOp::PreMulSum ? 0 : 1;
+      if (st.oneRankCopies != wantCopies)
+        ctx.fail("one rank: " + std::to_string(st.oneRankCopies) + " ops as cudaMemcpyAsync, want " +
+                 std::to_string(wantCopies));
+    }
     if (st.llOps != expectLl)
       ctx.fail("LL mode ran " + std::to_string(st.llOps) + " collectives, want " + std::to_string(expectLl));
     uint64_t launched = 0;
@@ -288,6 +303,10 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0) {
 
 }  // namespace
 
+TEST_CASE("gpu: every collective x dtype x op, 1 rank", "[gpu][r1]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
+  runSweep(1);
+}
 TEST_CASE("gpu: every collective x dtype x op, 2 ranks", "[gpu][r2]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   runSweep(2);

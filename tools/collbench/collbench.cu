@@ -204,6 +204,7 @@ struct BigArg {
 __global__ void bigArgKernel(BigArg) {}
 struct HostCosts {
   double launchUs = 0, bigLaunchUs = 0, recordUs = 0, capturingUs = 0, setSameUs = 0, setOtherUs = 0;
+  double copyUs = 0;  // cudaMemcpyAsync of 8 bytes device to device: the one-rank path's only CUDA call
 };
 HostCosts hostCosts(int iters, int gpus) {
   HostCosts h;
@@ -235,6 +236,13 @@ HostCosts hostCosts(int iters, int gpus) {
     cudaStreamIsCapturing(s, &st);
   });
   h.setSameUs = measure([&] { cudaSetDevice(0); });
+  void* buf = nullptr;
+  if (cudaMalloc(&buf, 16) == cudaSuccess) {
+    char* b = static_cast<char*>(buf);
+    h.copyUs = measure([&] { cudaMemcpyAsync(b + 8, b, 8, cudaMemcpyDeviceToDevice, s); });
+    cudaStreamSynchronize(s);
+    cudaFree(buf);
+  }
   if (gpus > 1) {
     int k = 0;
     h.setOtherUs = measure([&] { cudaSetDevice(++k & 1); });
@@ -655,8 +663,9 @@ int main(int argc, char** argv) {
   {
     const HostCosts h = hostCosts(2000, opt.gpus);
     std::printf("# host us per call (median of 2000, one at a time): empty kernel launch %.2f, launch with a 640-byte "
-                "argument %.2f, cudaEventRecord %.2f, cudaStreamIsCapturing %.2f, cudaSetDevice (same) %.2f",
-                h.launchUs, h.bigLaunchUs, h.recordUs, h.capturingUs, h.setSameUs);
+                "argument %.2f, cudaEventRecord %.2f, cudaStreamIsCapturing %.2f, cudaSetDevice (same) %.2f, "
+                "cudaMemcpyAsync 8 B D2D %.2f",
+                h.launchUs, h.bigLaunchUs, h.recordUs, h.capturingUs, h.setSameUs, h.copyUs);
     if (opt.gpus > 1) std::printf(", cudaSetDevice (alternating) %.2f", h.setOtherUs);
     std::printf("\n");
   }
