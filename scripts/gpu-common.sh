@@ -42,9 +42,9 @@ gpu_build_nccl_tests() {
 # LD_PRELOAD=$LIB once per VARIANT ("name|title|VAR=value ..."): one table per variant
 # (scripts/nccl-tests-table.py: time, busbw, speedup, #wrong, path) printed and appended to
 # $logs/tables.txt. LIMIT: seconds per run. NT_ITERS: nccl-tests' -n. Non-zero if any run or table
-# failed. NT_FACTOR: nccl-tests' -f (default 4). NT_PIN, NT_ROUNDS: below.
+# failed. NT_FACTOR: nccl-tests' -f (default 4). NT_PIN, NT_ROUNDS, NT_MODES: below.
 nccl_tests_vs() {
-  local tests=$1 min=$2 max=$3 limit=$4 t bin v name title envs rc=0 round sfx pin=()
+  local tests=$1 min=$2 max=$3 limit=$4 t bin v name title envs rc=0 round sfx rtitle mode how pin=()
   shift 4
   : >"$logs/tables.txt"
   # NT_PIN=1: every run (NCCL's and mkernel's) on GPU 0's local CPUs (sysfs local_cpulist).
@@ -64,23 +64,35 @@ nccl_tests_vs() {
   for t in $tests; do
     bin=$build/nccl-tests/$t
     [ -x "$bin" ] || { echo "missing $bin"; rc=1; continue; }
-    local args=(-b "$min" -e "$max" -f "${NT_FACTOR:-4}" -c 1 -g "$NG")
-    # NT_ITERS: iterations per size (nccl-tests' -n, default 20: +-3 us on the small sizes of a
-    # -g 2 run, docs/PERFORMANCE.md session 12).
-    [ -n "${NT_ITERS:-}" ] && args+=(-n "$NT_ITERS")
-    # NT_ROUNDS=N: the whole sequence (NCCL, then every variant) N times, a table per round
-    # (files -rK): what one process against another varies (session 13: 9 against 13 us).
-    for round in $(seq 1 "${NT_ROUNDS:-1}"); do
-      sfx=""
-      [ "${NT_ROUNDS:-1}" -gt 1 ] && sfx="-r$round"
-      timeout "$limit" "${pin[@]}" "$bin" "${args[@]}" >"$logs/nccl-$t$sfx.txt" 2>&1 || { echo "$t (NCCL) failed"; rc=1; }
-      for v in "$@"; do
-        IFS='|' read -r name title envs <<<"$v"
-        # shellcheck disable=SC2086  # envs: VAR=value words
-        env $envs LD_PRELOAD="$LIB" timeout "$limit" "${pin[@]}" "$bin" "${args[@]}" >"$logs/$name-$t$sfx.txt" 2>&1 ||
-          { echo "$t ($name) failed"; tail -5 "$logs/$name-$t$sfx.txt"; rc=1; }
-        python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t$sfx.txt" "$logs/$name-$t$sfx.txt" \
-          --title "$t, $NG GPU(s)${sfx:+, round ${sfx#-r}}: NCCL vs mkernel ($title)" | tee -a "$logs/tables.txt" || rc=1
+    # NT_MODES: how the GPUs are driven, one or both of
+    #   g: -g N, one thread launches every GPU's kernel (nccl-tests' usual single-process run);
+    #   t: -t N -g 1, a thread per GPU, each launching its own (as a job's rank per process does).
+    for mode in ${NT_MODES:-g}; do
+      local args=(-b "$min" -e "$max" -f "${NT_FACTOR:-4}" -c 1)
+      case $mode in
+        g) args+=(-g "$NG"); how="-g $NG" ;;
+        t) args+=(-t "$NG" -g 1); how="-t $NG -g 1" ;;
+        *) echo "NT_MODES: unknown mode '$mode' (g or t)"; rc=1; continue ;;
+      esac
+      # NT_ITERS: iterations per size (nccl-tests' -n, default 20: +-3 us on the small sizes of a
+      # -g 2 run, docs/PERFORMANCE.md session 12).
+      [ -n "${NT_ITERS:-}" ] && args+=(-n "$NT_ITERS")
+      # NT_ROUNDS=N: the whole sequence (NCCL, then every variant) N times, a table per round
+      # (files -rK): what one process against another varies (session 13: 9 against 13 us).
+      for round in $(seq 1 "${NT_ROUNDS:-1}"); do
+        sfx="" rtitle=""
+        [ "$mode" != g ] && sfx="-$mode"
+        [ "${NT_ROUNDS:-1}" -gt 1 ] && sfx="$sfx-r$round" rtitle=", round $round"
+        timeout "$limit" "${pin[@]}" "$bin" "${args[@]}" >"$logs/nccl-$t$sfx.txt" 2>&1 || { echo "$t (NCCL) failed"; rc=1; }
+        for v in "$@"; do
+          IFS='|' read -r name title envs <<<"$v"
+          # shellcheck disable=SC2086  # envs: VAR=value words
+          env $envs LD_PRELOAD="$LIB" timeout "$limit" "${pin[@]}" "$bin" "${args[@]}" >"$logs/$name-$t$sfx.txt" 2>&1 ||
+            { echo "$t ($name) failed"; tail -5 "$logs/$name-$t$sfx.txt"; rc=1; }
+          python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t$sfx.txt" "$logs/$name-$t$sfx.txt" \
+            --title "$t, $how$rtitle: NCCL vs mkernel ($title)" |
+            tee -a "$logs/tables.txt" || rc=1
+        done
       done
     done
   done

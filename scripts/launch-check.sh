@@ -17,7 +17,10 @@
 #      test (scripts/nccl-tests-table.py: time, busbw, ratio, #wrong); LC_NT_ITERS: iterations per
 #      size (nccl-tests' -n; its default 20 leaves +-3 us on small -g 2 sizes); LC_NT_PIN=1: every
 #      run on GPU 0's local CPUs; LC_NT_ROUNDS=N: NCCL and the variants N times over, a table each;
-#   3b. (unless LC_COLLBENCH=0) mkernel-collbench AllReduce, NCCL / launch / memop in one process: one rank up to 32 KiB,
+#      LC_NT_MODES ("g", "t" or "g t"): -g <GPUs> (one thread drives every GPU) and/or -t <GPUs> -g 1
+#      (a thread per GPU);
+#   3b. (unless LC_COLLBENCH=0) mkernel-collbench AllReduce, NCCL / launch / memop in one process: one rank up to 32 KiB
+#      (and again with MKERNEL_ONE_RANK=kernel),
 #      and (2+ GPUs) one rank per GPU up to LC_COLLBENCH_MAX (4194304) by factors of LC_COLLBENCH_STEP (4), again with each LC_LL_SWEEP
 #      value; LC_COLLBENCH_EMU="2,4,8": thread ranks emulated on GPU 0 up to LC_EMU_LL_MAX (32 KiB),
 #      once per MKERNEL_LL_MAX_BYTES of LC_EMU_LL (default "32768 0");
@@ -104,7 +107,7 @@ done
 [ "${LC_PERSISTENT:-1}" = 1 ] &&
   variants+=("persistent|MKERNEL_LAUNCH_MAX_BYTES=0: persistent kernel only|MKERNEL_LAUNCH_MAX_BYTES=0 MKERNEL_NCCL_CROSSOVER=off")
 if [ "${LC_NCCL_RUN:-1}" = 1 ]; then
-  NT_ITERS=${LC_NT_ITERS:-} NT_FACTOR=${LC_NT_FACTOR:-4} NT_PIN=${LC_NT_PIN:-0} NT_ROUNDS=${LC_NT_ROUNDS:-1} nccl_tests_vs "$TESTS" "${LC_MIN_BYTES:-8}" "${LC_MAX_BYTES:-4M}" 120 "${variants[@]}" || fail=1
+  NT_ITERS=${LC_NT_ITERS:-} NT_FACTOR=${LC_NT_FACTOR:-4} NT_PIN=${LC_NT_PIN:-0} NT_ROUNDS=${LC_NT_ROUNDS:-1} NT_MODES=${LC_NT_MODES:-g} nccl_tests_vs "$TESTS" "${LC_MIN_BYTES:-8}" "${LC_MAX_BYTES:-4M}" 120 "${variants[@]}" || fail=1
   save tables.txt
 else
   echo "skipped (LC_NCCL_RUN=0): built only"
@@ -115,6 +118,9 @@ step "3b. mkernel-collbench: NCCL, launch, memop"
 NCCL_LIB=$NCCL_HOME/lib/libnccl.so.2
 timeout 90 "$build/bin/mkernel-collbench" --ranks 1 --max-bytes 32768 --iters 1000 --nccl "$NCCL_LIB" \
   >"$logs/collbench.txt" 2>>"$logs/collbench.err" || fail=1
+# One rank through the launch kernel instead of cudaMemcpyAsync, in the same process kind.
+MKERNEL_ONE_RANK=kernel timeout 90 "$build/bin/mkernel-collbench" --ranks 1 --max-bytes 32768 --iters 1000 --wait launch \
+  2>>"$logs/collbench.err" | sed 's/^/one rank, MKERNEL_ONE_RANK=kernel: /' >>"$logs/collbench.txt" || fail=1
 if [ "$NG" -gt 1 ]; then
   timeout 150 "$build/bin/mkernel-collbench" --gpus "$NG" --ranks "$NG" --max-bytes "${LC_COLLBENCH_MAX:-4194304}" \
     --step "${LC_COLLBENCH_STEP:-4}" --iters 300 --nccl "$NCCL_LIB" 2>>"$logs/collbench.err" | sed 's/^/multi-gpu: /' >>"$logs/collbench.txt" || fail=1
