@@ -489,11 +489,16 @@ Result KernelCommunicator::init() {
 // persistent CTAs on this GPU) x launch CTAs per SM, shared by the ranks on it. The minimum over
 // ranks (an all-gather), so that every rank splits each op the same way.
 Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
+  const int64_t asked = paramInt("LAUNCH_CTAS", kLaunchDefaultCtas);
+  if (asked < 1 || asked > kLaunchMaxCtas)
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_CTAS=%lld outside 1..%d", static_cast<long long>(asked),
+                    kLaunchMaxCtas);
   int perSm = 0;
   MK_CHECK(launchKernelCtasPerSm(&perSm));
   const int ranksHere = std::max(1, peers_.ranksOnMyDevice);
   const int freeSms = smsLeft + kReservedSms - ranksHere * params_.nCtas;
-  int32_t cap = static_cast<int32_t>(std::max(1, std::min(kLaunchMaxCtas, freeSms * std::max(perSm, 1) / ranksHere)));
+  int32_t cap = static_cast<int32_t>(
+      std::max(1, std::min(static_cast<int>(asked), freeSms * std::max(perSm, 1) / ranksHere)));
   std::vector<int32_t> caps(static_cast<size_t>(opts_.nRanks), 0);
   caps[static_cast<size_t>(opts_.rank)] = cap;
   MK_CHECK(bs_->allGather(caps.data(), sizeof(int32_t)));

@@ -31,7 +31,8 @@ constexpr int kKernelThreads = 512;  // threads per CTA (half an SM: user kernel
 // The launch path (docs/KERNEL.md, "Small collectives: the launch path"): a short kernel on the
 // caller's stream per small eager collective, one cross-rank flag per CTA, inputs published in a
 // double-buffered inbox of this many bytes per parity.
-constexpr int kLaunchMaxCtas = 32;
+constexpr int kLaunchMaxCtas = 128;     // the flag arrays' size: MKERNEL_LAUNCH_CTAS's upper bound
+constexpr int kLaunchDefaultCtas = 32;  // MKERNEL_LAUNCH_CTAS's default (params.def)
 constexpr int kLaunchThreads = 256;
 constexpr uint64_t kLaunchInboxBytes = 1024 * 1024;
 // The launch path's LL mode (launch_path.h, "LL"): each rank pushes its data into its peers' line

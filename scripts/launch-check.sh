@@ -33,7 +33,7 @@
 #      on GPU 0 under MPS (issue 5's 8-rank latency without one shared CUDA context), then
 #      mkernel-collbench's thread ranks on GPU 0 at the same sizes;
 #   3g. (LC_EMU_BW="32 64") issue 5's bandwidth: LC_EMU_BW_RANKS (2) emulated ranks on GPU 0,
-#      mkernel-collbench 8 B to LC_EMU_BW_MAX (1 GiB), once per MKERNEL_CTAS value;
+#      mkernel-collbench 8 B to LC_EMU_BW_MAX (1 GiB), once per MKERNEL_CTAS value or list of settings;
 #   3f. (LC_PROXYBENCH=1) mkernel-proxybench: the proxy's per-chunk overhead against the bare TCP
 #      net on loopback, 8 B to LC_PROXYBENCH_MAX (4194304), on this host's cores (no GPU in it);
 #   4. (2+ GPUs, unless LC_TORCH=0) scripts/torch_bench.py, 2 processes (process ranks: inboxes through CUDA IPC),
@@ -196,15 +196,23 @@ fi
 
 if [ -n "${LC_EMU_BW:-}" ]; then
   # Issue 5's bandwidth goal (>= 70% of the copy bandwidth from 64 MiB) with emulated ranks on
-  # GPU 0, once per MKERNEL_CTAS value of LC_EMU_BW (e.g. "32 64"), LC_EMU_BW_RANKS (2) ranks,
-  # the default path and the persistent kernel, 8 B to LC_EMU_BW_MAX (1 GiB) by factors of 2.
-  step "3g. emulated ranks ${LC_EMU_BW_RANKS:-2} on GPU 0: MKERNEL_CTAS in ${LC_EMU_BW}"
+  # GPU 0, once per entry of LC_EMU_BW: a number is an MKERNEL_CTAS value (e.g. "32 64"); an entry
+  # with "=" is a comma-separated list of settings (e.g. "MKERNEL_LAUNCH_CTAS=64,MKERNEL_DIRECT_MAX_BYTES=0").
+  # LC_EMU_BW_RANKS (2) ranks, --wait LC_EMU_BW_WAITS (launch,memop: the default path and the
+  # persistent kernel), LC_EMU_BW_MIN (8) to LC_EMU_BW_MAX (1 GiB) bytes by factors of 2.
+  step "3g. emulated ranks ${LC_EMU_BW_RANKS:-2} on GPU 0: ${LC_EMU_BW}"
   : >"$logs/emu-bw.txt"
   for c in ${LC_EMU_BW}; do
-    MKERNEL_CTAS=$c MKERNEL_EMULATE=1 CUDA_VISIBLE_DEVICES=0 timeout 200 "$build/bin/mkernel-collbench" --gpus 1 \
-      --ranks "${LC_EMU_BW_RANKS:-2}" --wait launch,memop --min-bytes 8 --max-bytes "${LC_EMU_BW_MAX:-1073741824}" \
-      --step 2 --iters "${LC_EMU_BW_ITERS:-200}" 2>&1 | sed "s/^/ctas=$c: /" >>"$logs/emu-bw.txt"
-    [ "${PIPESTATUS[0]}" = 0 ] || { echo "MKERNEL_CTAS=$c failed"; fail=1; }
+    case $c in
+      *=*) envs=${c//,/ } ;;
+      *) envs="MKERNEL_CTAS=$c" ;;
+    esac
+    # shellcheck disable=SC2086  # envs: VAR=value words
+    env $envs MKERNEL_EMULATE=1 CUDA_VISIBLE_DEVICES=0 timeout 200 "$build/bin/mkernel-collbench" --gpus 1 \
+      --ranks "${LC_EMU_BW_RANKS:-2}" --wait "${LC_EMU_BW_WAITS:-launch,memop}" --min-bytes "${LC_EMU_BW_MIN:-8}" \
+      --max-bytes "${LC_EMU_BW_MAX:-1073741824}" --step 2 --iters "${LC_EMU_BW_ITERS:-200}" 2>&1 |
+      sed "s/^/$c: /" >>"$logs/emu-bw.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "$c failed"; fail=1; }
   done
   cat "$logs/emu-bw.txt"
   save emu-bw.txt
