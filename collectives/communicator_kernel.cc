@@ -526,7 +526,10 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   }
   const int64_t llAsked = static_cast<int64_t>(llLimit(llWant, opts_.nRanks, ranksHere));
   std::vector<int64_t> lls(static_cast<size_t>(opts_.nRanks), 0);
-  lls[static_cast<size_t>(opts_.rank)] = launchMaxBytes_ > 0 ? llAsked : 0;
+  // Off for emulated nodes (their collectives take the doorbell, pathOf), so that the statistics
+  // report what runs.
+  const bool hier = perNode_ > 0 && perNode_ < opts_.nRanks;
+  lls[static_cast<size_t>(opts_.rank)] = launchMaxBytes_ > 0 && !hier ? llAsked : 0;
   MK_CHECK(bs_->allGather(lls.data(), sizeof(int64_t)));
   int64_t llMax = lls[0];
   for (int64_t v : lls) llMax = std::min(llMax, v);
