@@ -64,15 +64,20 @@ nccl_tests_vs() {
   for t in $tests; do
     bin=$build/nccl-tests/$t
     [ -x "$bin" ] || { echo "missing $bin"; rc=1; continue; }
-    # NT_MODES: how the GPUs are driven, one or both of
+    # NT_MODES: how the GPUs are driven, any of
     #   g: -g N, one thread launches every GPU's kernel (nccl-tests' usual single-process run);
-    #   t: -t N -g 1, a thread per GPU, each launching its own (as a job's rank per process does).
+    #   t: -t N -g 1, a thread per GPU, each launching its own (as a job's rank per process does);
+    #   gG, tG: the same with the timed loop captured in a CUDA graph per GPU and replayed
+    #   NT_GRAPH_LAUNCHES (10) times (-G): the GPU's time per collective, no host launch in it.
     for mode in ${NT_MODES:-g}; do
       local args=(-b "$min" -e "$max" -f "${NT_FACTOR:-4}" -c 1)
       case $mode in
-        g) args+=(-g "$NG"); how="-g $NG" ;;
-        t) args+=(-t "$NG" -g 1); how="-t $NG -g 1" ;;
-        *) echo "NT_MODES: unknown mode '$mode' (g or t)"; rc=1; continue ;;
+        g | gG) args+=(-g "$NG"); how="-g $NG" ;;
+        t | tG) args+=(-t "$NG" -g 1); how="-t $NG -g 1" ;;
+        *) echo "NT_MODES: unknown mode '$mode' (g, t, gG or tG)"; rc=1; continue ;;
+      esac
+      case $mode in
+        *G) args+=(-G "${NT_GRAPH_LAUNCHES:-10}"); how="$how -G ${NT_GRAPH_LAUNCHES:-10}" ;;
       esac
       # NT_ITERS: iterations per size (nccl-tests' -n, default 20: +-3 us on the small sizes of a
       # -g 2 run, docs/PERFORMANCE.md session 12).

@@ -327,8 +327,6 @@ struct NcclApi {
   decltype(&ncclAllReduce) allReduce = nullptr;
   decltype(&ncclCommDestroy) commDestroy = nullptr;
   decltype(&ncclGetErrorString) errorString = nullptr;
-  decltype(&ncclGroupStart) groupStart = nullptr;
-  decltype(&ncclGroupEnd) groupEnd = nullptr;
 };
 
 bool loadNccl(const std::string& lib, NcclApi* api, std::string* why) {
@@ -342,10 +340,7 @@ bool loadNccl(const std::string& lib, NcclApi* api, std::string* why) {
   api->allReduce = reinterpret_cast<decltype(&ncclAllReduce)>(dlsym(h, "ncclAllReduce"));
   api->commDestroy = reinterpret_cast<decltype(&ncclCommDestroy)>(dlsym(h, "ncclCommDestroy"));
   api->errorString = reinterpret_cast<decltype(&ncclGetErrorString)>(dlsym(h, "ncclGetErrorString"));
-  api->groupStart = reinterpret_cast<decltype(&ncclGroupStart)>(dlsym(h, "ncclGroupStart"));
-  api->groupEnd = reinterpret_cast<decltype(&ncclGroupEnd)>(dlsym(h, "ncclGroupEnd"));
-  if (!api->getVersion || !api->commInitAll || !api->allReduce || !api->commDestroy || !api->errorString ||
-      !api->groupStart || !api->groupEnd) {
+  if (!api->getVersion || !api->commInitAll || !api->allReduce || !api->commDestroy || !api->errorString) {
     *why = lib + " lacks an NCCL entry point";
     return false;
   }
@@ -353,9 +348,12 @@ bool loadNccl(const std::string& lib, NcclApi* api, std::string* why) {
 }
 
 // NCCL's AllReduce (float sum, out of place) over the same sizes with one rank per GPU (--gpus),
-// timed as the mkernel rows are: CUDA events between back-to-back calls on rank 0's stream, eager,
-// and (one GPU) in a graph. Several GPUs are driven from this thread in a group, as
-// ncclCommInitAll's users do.
+// driven as the mkernel rows are: one thread per rank, each enqueueing on its own stream, CUDA
+// events between back-to-back calls on rank 0's stream, eager, then captured into a graph of
+// graphOps calls per rank and replayed. (Through session 13 one thread drove every GPU in an
+// NCCL group, as nccl-tests -g N does, while the mkernel rows had a thread per GPU: the host
+// paid two launches per NCCL op and one per mkernel op, so the multi-GPU rows were not a like
+// comparison. docs/PERFORMANCE.md, session 14.)
 bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
   NcclApi api;
   std::string why;
@@ -374,86 +372,93 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
     std::fprintf(stderr, "collbench: ncclCommInitAll: %s\n", api.errorString(r));
     return false;
   }
-  std::vector<cudaStream_t> streams(static_cast<size_t>(nG));
-  std::vector<void*> sends(static_cast<size_t>(nG)), recvs(static_cast<size_t>(nG));
-  for (int d = 0; d < nG; ++d) {
+  Barrier barrier(nG);
+  std::atomic<bool> ok{true};
+  auto rank = [&](int d) {
     cudaSetDevice(d);
-    cudaStreamCreateWithFlags(&streams[static_cast<size_t>(d)], cudaStreamNonBlocking);
-    if (cudaMalloc(&sends[static_cast<size_t>(d)], opt.maxBytes) != cudaSuccess ||
-        cudaMalloc(&recvs[static_cast<size_t>(d)], opt.maxBytes) != cudaSuccess)
-      return false;
-    cudaMemset(sends[static_cast<size_t>(d)], 0, opt.maxBytes);
-  }
-  cudaSetDevice(0);
-  cudaStream_t stream = streams[0];
-  const int iters = opt.iters;
-  std::vector<cudaEvent_t> ev(static_cast<size_t>(iters) + 1);
-  for (auto& e : ev) cudaEventCreate(&e);
-  bool ok = true;
-  auto call = [&](size_t count) {
-    if (nG == 1) {
-      ok = ok && api.allReduce(sends[0], recvs[0], count, ncclFloat, ncclSum, comms[0], stream) == ncclSuccess;
-      return;
-    }
-    ok = ok && api.groupStart() == ncclSuccess;
-    for (int d = 0; d < nG; ++d)
-      ok = ok && api.allReduce(sends[static_cast<size_t>(d)], recvs[static_cast<size_t>(d)], count, ncclFloat, ncclSum,
-                               comms[static_cast<size_t>(d)], streams[static_cast<size_t>(d)]) == ncclSuccess;
-    ok = ok && api.groupEnd() == ncclSuccess;
-  };
-  auto syncAll = [&] {
-    for (int d = 0; d < nG; ++d) cudaStreamSynchronize(streams[static_cast<size_t>(d)]);
-  };
-  for (size_t bytes = opt.minBytes; bytes <= opt.maxBytes && ok; bytes *= opt.step) {
-    const size_t count = std::max<size_t>(1, bytes / 4);
-    for (int i = 0; i < 10; ++i) call(count);
-    syncAll();
-    const auto hostStart = std::chrono::steady_clock::now();
-    cudaEventRecord(ev[0], stream);
-    for (int i = 0; i < iters; ++i) {
-      call(count);
-      cudaEventRecord(ev[static_cast<size_t>(i) + 1], stream);
-    }
-    const double hostUs =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart).count() / iters;
-    syncAll();
-    const std::vector<float> eager = intervals(ev, iters);
-    std::vector<float> graph;
-    if (nG == 1) {  // in a graph: one GPU (several would need a fork/join capture of the group)
+    ncclComm_t comm = comms[static_cast<size_t>(d)];
+    cudaStream_t stream;
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    void *send = nullptr, *recv = nullptr;
+    const bool alloc = cudaMalloc(&send, opt.maxBytes) == cudaSuccess && cudaMalloc(&recv, opt.maxBytes) == cudaSuccess;
+    if (!alloc) ok = false;
+    if (alloc) cudaMemset(send, 0, opt.maxBytes);
+    cudaDeviceSynchronize();
+    barrier.wait();
+    const int iters = opt.iters;
+    std::vector<cudaEvent_t> ev(static_cast<size_t>(iters) + 1);
+    for (auto& e : ev) cudaEventCreate(&e);
+    // Every rank runs every size (a rank that stopped early would leave its peers' NCCL kernels
+    // waiting); after a failure the calls are skipped on all ranks alike (ok is shared and read
+    // between barriers).
+    for (size_t bytes = opt.minBytes; bytes <= opt.maxBytes; bytes *= opt.step) {
+      const bool run = ok.load();
+      const size_t count = std::max<size_t>(1, bytes / 4);
+      bool mine = true;
+      auto call = [&] {
+        mine = mine && api.allReduce(send, recv, count, ncclFloat, ncclSum, comm, stream) == ncclSuccess;
+      };
+      if (run)
+        for (int i = 0; i < 10; ++i) call();
+      cudaStreamSynchronize(stream);
+      barrier.wait();
+      const auto hostStart = std::chrono::steady_clock::now();
+      cudaEventRecord(ev[0], stream);
+      for (int i = 0; i < iters && run; ++i) {
+        call();
+        cudaEventRecord(ev[static_cast<size_t>(i) + 1], stream);
+      }
+      const double hostUs =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart).count() / iters;
+      cudaStreamSynchronize(stream);
+      const std::vector<float> eager = run ? intervals(ev, iters) : std::vector<float>{};
+      barrier.wait();
+      std::vector<float> graph;
       cudaGraph_t g = nullptr;
       cudaGraphExec_t ge = nullptr;
-      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-      cudaEventRecordWithFlags(ev[0], stream, cudaEventRecordExternal);
-      for (int i = 0; i < opt.graphOps; ++i) {
-        call(count);
-        cudaEventRecordWithFlags(ev[static_cast<size_t>(i) + 1], stream, cudaEventRecordExternal);
+      if (run) {
+        cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+        cudaEventRecordWithFlags(ev[0], stream, cudaEventRecordExternal);
+        for (int i = 0; i < opt.graphOps; ++i) {
+          call();
+          cudaEventRecordWithFlags(ev[static_cast<size_t>(i) + 1], stream, cudaEventRecordExternal);
+        }
+        const bool captured = cudaStreamEndCapture(stream, &g) == cudaSuccess;
+        if (!captured || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
+          std::fprintf(stderr, "collbench: rank %d: capturing NCCL's AllReduce failed\n", d);
+          mine = false;
+        } else {
+          cudaGraphLaunch(ge, stream);  // warm-up
+          cudaStreamSynchronize(stream);
+        }
       }
-      if (cudaStreamEndCapture(stream, &g) != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
-        std::fprintf(stderr, "collbench: capturing NCCL's AllReduce failed\n");
-        ok = false;
-        break;
+      barrier.wait();
+      if (ge != nullptr) graph = replayGraph(ge, stream, ev, opt.graphOps, iters);
+      if (ge != nullptr) cudaGraphExecDestroy(ge);
+      if (g != nullptr) cudaGraphDestroy(g);
+      if (!mine) ok = false;
+      if (d == 0 && run && mine) {
+        const Row row = makeRow("nccl" + std::to_string(version), nG, count * 4, eager, graph, hostUs, copyGBps);
+        rows->push_back(row);
+        std::fprintf(stderr, "collbench: NCCL %d, %d rank(s) %12zu B  eager %9.2f us  graph %9.2f us\n", version, nG,
+                     row.bytes, row.eagerMed, row.graphMed);
       }
-      cudaGraphLaunch(ge, stream);  // warm-up
-      cudaStreamSynchronize(stream);
-      graph = replayGraph(ge, stream, ev, opt.graphOps, iters);
-      cudaGraphExecDestroy(ge);
-      cudaGraphDestroy(g);
+      barrier.wait();
     }
-    const Row row = makeRow("nccl" + std::to_string(version), nG, count * 4, eager, graph, hostUs, copyGBps);
-    rows->push_back(row);
-    std::fprintf(stderr, "collbench: NCCL %d, %d rank(s) %12zu B  eager %9.2f us  graph %9.2f us\n", version, nG,
-                 row.bytes, row.eagerMed, row.graphMed);
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
+    for (auto& e : ev) cudaEventDestroy(e);
+    cudaFree(send);
+    cudaFree(recv);
+    cudaStreamDestroy(stream);
+  };
+  std::vector<std::thread> threads;
+  for (int d = 0; d < nG; ++d) threads.emplace_back(rank, d);
+  for (auto& t : threads) t.join();
   for (int d = 0; d < nG; ++d) {
     cudaSetDevice(d);
-    cudaFree(sends[static_cast<size_t>(d)]);
-    cudaFree(recvs[static_cast<size_t>(d)]);
-    cudaStreamDestroy(streams[static_cast<size_t>(d)]);
     api.commDestroy(comms[static_cast<size_t>(d)]);
   }
   cudaSetDevice(0);
-  return ok;
+  return ok.load();
 }
 
 // Runs all sizes for n ranks; rank 0 fills rows.
@@ -656,6 +661,8 @@ int main(int argc, char** argv) {
   }
   std::printf("# AllReduce float sum, thread ranks on %d x %s (%s); D2D copy %.0f GB/s\n", opt.gpus, prop.name,
               opt.gpus == 1 ? "every rank on GPU 0: emulated" : "rank r on GPU r % gpus", copyGBps);
+  if (!opt.nccl.empty())
+    std::printf("# NCCL rows: one rank per GPU, each driven by its own thread, as the mkernel rows' ranks\n");
   std::printf("# mem GB/s = 2 * ranks * bytes / eager median (each input read once, each output written once)\n");
   std::printf("# floors, one stream: empty kernel launch %.2f us/op, memop pair (write, wait) %.2f us/op, "
               "memop triple (write, wait, write) %.2f us/op\n",
