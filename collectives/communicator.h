@@ -73,6 +73,15 @@ class Communicator {
   virtual Result enqueueStart(const CollArgs& op, cudaStream_t stream) { return enqueue(&op, 1, stream); }
   virtual Result completeStarts() { return Result::Success; }
 
+  // Whether `op`, enqueued while its stream is captured into a CUDA graph, takes a path whose
+  // replays need nothing resident (the launch path's kernels, or a one-rank copy) rather than the
+  // persistent kernel's doorbell. A function of the op's shared arguments and of settings agreed
+  // at creation, so the same on every rank (the shim's MKERNEL_GRAPH=auto routes on it).
+  virtual bool capturedWithoutResidency(const CollArgs& op) const {
+    (void)op;
+    return false;
+  }
+
   // Ok, InProgress, or the error that stopped the communicator (RemoteError on a dead peer).
   // queryDevice = false: only what the kernels recorded in host memory, with no CUDA call, as
   // the shim needs while the caller's stream is being captured (a stream query is refused then

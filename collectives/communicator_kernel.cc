@@ -156,6 +156,7 @@ class KernelCommunicator final : public Communicator {
   Result init();
   Result enqueue(const CollArgs* ops, int n, cudaStream_t stream) override;
   bool fenced() const override { return fence_ != nullptr; }
+  bool capturedWithoutResidency(const CollArgs& op) const override;
   Result enqueueStart(const CollArgs& op, cudaStream_t stream) override;
   Result completeStarts() override;
   Result asyncError(bool queryDevice) override;
@@ -925,6 +926,13 @@ KernelCommunicator::Path KernelCommunicator::pathOf(const WorkDesc& d, bool capt
                      directMaxBytes_, directSharing_)
              ? Path::kLaunchDirect
              : Path::kDoorbell;
+}
+
+bool KernelCommunicator::capturedWithoutResidency(const CollArgs& op) const {
+  if (op.count == 0) return true;  // a no-op: nothing is captured
+  WorkDesc d;
+  if (fillDesc(op, &d) != Result::Success) return false;  // (the shim validated it already)
+  return pathOf(d, /*capturing=*/true) != Path::kDoorbell;
 }
 
 // One rank, eager, launch-path size: every collective but PreMulSum is a copy (Avg divides by 1;

@@ -55,7 +55,7 @@ struct CustomOp {
 };
 
 // MKERNEL_GRAPH: where collectives captured into a CUDA graph run (shim_select.h, graphRoute).
-enum class GraphPath { Nccl, Mkernel };
+enum class GraphPath { Auto, Nccl, Mkernel };
 
 struct ShimComm {
   uint64_t magic = kShimCommMagic;  // first member, on purpose
@@ -78,7 +78,7 @@ struct ShimComm {
   std::string mkUnavailable;               // why mk is null
   std::unique_ptr<coll::SelectionPolicy>
       policy;             // per call: mkernel or NCCL (collectives/policy.h)
-  GraphPath graphPath = GraphPath::Nccl;  // MKERNEL_GRAPH (shim_select.h)
+  GraphPath graphPath = GraphPath::Auto;  // MKERNEL_GRAPH (shim_select.h)
   uint32_t splitSeq = 0;  // split/shrink count, for unique bootstrap tags
   // A hash of the unique id the comm was made from: equal for the members of one communicator
   // (destroyShimComm: co-members in this process).

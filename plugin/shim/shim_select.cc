@@ -36,20 +36,27 @@ Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, bool 
   switch (d.path) {
     case coll::ExecPath::Mkernel:
       args->algo = static_cast<int32_t>(d.algo);  // one policy decides the algorithm too
-      *out = graphRoute(Route::Kernel, capturing, comm.real != nullptr, comm.graphPath);
-      if (capturing) {
+      {
+      const bool withoutResidency = capturing && comm.mk->capturedWithoutResidency(*args);
+      *out = graphRoute(Route::Kernel, capturing, comm.real != nullptr, comm.graphPath, withoutResidency);
+      if (capturing && *out == Route::Forward) {
         static std::once_flag once;
         std::call_once(once, [&] {
-          if (*out == Route::Forward)
-            MK_INFO(kLogColl, "shim: collectives captured into CUDA graphs run in the real NCCL (MKERNEL_GRAPH=nccl)");
-          else
-            MK_WARN("shim: a collective captured into a CUDA graph runs in mkernel's persistent kernel, which then "
-                    "stays resident until the communicator is destroyed; device allocations made meanwhile may "
-                    "block (docs/KERNEL.md)%s",
-                    comm.emulate ? " (emulation has no real NCCL to give it to)" : " (MKERNEL_GRAPH=mkernel)");
+          MK_INFO(kLogColl, "shim: %s captured into a CUDA graph runs in the real NCCL (MKERNEL_GRAPH=%s)%s", call.name,
+                  comm.graphPath == GraphPath::Nccl ? "nccl" : "auto",
+                  comm.graphPath == GraphPath::Nccl ? "" : ": mkernel would keep its persistent kernel resident for it");
+        });
+      } else if (capturing && !withoutResidency) {
+        static std::once_flag once;
+        std::call_once(once, [&] {
+          MK_WARN("shim: a collective captured into a CUDA graph runs in mkernel's persistent kernel, which then "
+                  "stays resident until the communicator is destroyed; device allocations made meanwhile may "
+                  "block (docs/KERNEL.md)%s",
+                  comm.emulate ? " (emulation has no real NCCL to give it to)" : " (MKERNEL_GRAPH=mkernel)");
         });
       }
       return Result::Success;
+      }
     case coll::ExecPath::Nccl:
       if (comm.emulate)  // the policy never answers Nccl in emulation; guard the invariant anyway
         return MK_ERROR(Result::InvalidUsage,

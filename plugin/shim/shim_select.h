@@ -18,27 +18,36 @@ namespace shim {
 enum class Route { Kernel, Forward };
 
 // MKERNEL_GRAPH: where collectives go that are enqueued while their stream is being captured into
-// a CUDA graph. A captured mkernel communicator keeps its persistent kernel resident (a replay
-// never passes through the host), and on the H200 an application's device allocation made while
-// it was resident did not return (docs/KERNEL.md, "A product risk"). So by default they go to the
-// real NCCL, which captures its own kernels. Every rank must capture the same collectives, as
-// SPMD programs (torch.compile, CUDA-graph training loops) do. (GraphPath: shim_comm.h.)
+// a CUDA graph. A communicator whose captured collectives take the persistent kernel's doorbell
+// keeps that kernel resident (a replay never passes through the host), and on the H200 an
+// application's device allocation made while it was resident did not return (docs/KERNEL.md,
+// "A product risk"). The launch path's captured kernels need nothing resident (the device numbers
+// the replays). So by default (auto) a captured collective stays in mkernel when the launch path
+// takes it (Communicator::capturedWithoutResidency), and goes to the real NCCL, which captures its
+// own kernels, when it would need the doorbell. nccl: every captured collective to NCCL (the
+// default through session 13); mkernel: every one to mkernel. Every rank must capture the same
+// collectives, as SPMD programs (torch.compile, CUDA-graph training loops) do, and the choice is
+// a function of what they share. (GraphPath: shim_comm.h.)
 
 inline Result parseGraphPath(const std::string& v, GraphPath* out) {
-  if (v == "nccl") {
+  if (v == "auto") {
+    *out = GraphPath::Auto;
+  } else if (v == "nccl") {
     *out = GraphPath::Nccl;
   } else if (v == "mkernel") {
     *out = GraphPath::Mkernel;
   } else {
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_GRAPH=%s: expected nccl or mkernel", v.c_str());
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_GRAPH=%s: expected auto, nccl or mkernel", v.c_str());
   }
   return Result::Success;
 }
 
 // The route of a collective the policy gave `policyRoute`, given whether its stream is being
-// captured, whether a real NCCL communicator is there (not in emulation) and MKERNEL_GRAPH.
-inline Route graphRoute(Route policyRoute, bool capturing, bool haveReal, GraphPath mode) {
-  if (policyRoute == Route::Kernel && capturing && haveReal && mode == GraphPath::Nccl) return Route::Forward;
+// captured, whether a real NCCL communicator is there (not in emulation), MKERNEL_GRAPH, and
+// whether mkernel would capture it without anything resident (auto's criterion).
+inline Route graphRoute(Route policyRoute, bool capturing, bool haveReal, GraphPath mode, bool withoutResidency) {
+  if (policyRoute != Route::Kernel || !capturing || !haveReal) return policyRoute;
+  if (mode == GraphPath::Nccl || (mode == GraphPath::Auto && !withoutResidency)) return Route::Forward;
   return policyRoute;
 }
 

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "plugin/shim/nccl_api.h"
@@ -563,9 +564,16 @@ TEST_CASE("gpu: host cost per call, shim vs the real NCCL (printed)") {
   cudaStreamDestroy(s);
 }
 
-TEST_CASE("gpu: a collective captured into a CUDA graph runs in the real NCCL (MKERNEL_GRAPH=nccl, the default)") {
+// One captured AllReduce under MKERNEL_GRAPH=`mode` (unset: the default), replayed three times:
+// its output checked each time, and a device allocation after the capture returns (the hang the
+// persistent kernel's residency risked, docs/KERNEL.md). Returns how many of the eager call and
+// the captured one ran in mkernel and how many went to NCCL.
+static std::pair<uint64_t, uint64_t> capturedAllReduce(const char* mode) {
   // MKERNEL_GRAPH is read when the communicator is created (shim_select.h, graphRoute).
-  unsetenv("MKERNEL_GRAPH");
+  if (mode == nullptr)
+    unsetenv("MKERNEL_GRAPH");
+  else
+    setenv("MKERNEL_GRAPH", mode, 1);
   ncclComm_t comm = oneRankComm();
   const size_t n = 4096;
   DevBuf in(n * sizeof(float)), out(n * sizeof(float));
@@ -590,7 +598,6 @@ TEST_CASE("gpu: a collective captured into a CUDA graph runs in the real NCCL (M
     REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
     CHECK(download<float>(out, n) == host);
   }
-  // A device allocation after the capture returns (the hang this default avoids, docs/KERNEL.md).
   void* fresh = nullptr;
   CHECK(cudaMalloc(&fresh, 1 << 20) == cudaSuccess);
   cudaFree(fresh);
@@ -598,8 +605,20 @@ TEST_CASE("gpu: a collective captured into a CUDA graph runs in the real NCCL (M
   cudaGraphDestroy(graph);
   cudaStreamDestroy(s);
   CHECK(ncclCommDestroy(comm) == ncclSuccess);
+  unsetenv("MKERNEL_GRAPH");
   const mkernelStats_t after = stats();
-  CHECK(ranSince(before, kAllReduce) == 2);   // the eager call and the captured one, each once
-  CHECK(kernelSince(before, kAllReduce) == 1);  // only the eager one ran in the kernel
-  CHECK(after.forwardedOps[kAllReduce] - before.forwardedOps[kAllReduce] == 1);
+  CHECK(ranSince(before, kAllReduce) == 2);  // the eager call and the captured one, each once
+  return {kernelSince(before, kAllReduce), after.forwardedOps[kAllReduce] - before.forwardedOps[kAllReduce]};
+}
+
+TEST_CASE("gpu: a captured collective the launch path takes stays in mkernel (MKERNEL_GRAPH=auto, the default)") {
+  const auto ran = capturedAllReduce(nullptr);
+  CHECK(ran.first == 2);  // eager and captured, both in mkernel
+  CHECK(ran.second == 0);
+}
+
+TEST_CASE("gpu: with MKERNEL_GRAPH=nccl a captured collective runs in the real NCCL") {
+  const auto ran = capturedAllReduce("nccl");
+  CHECK(ran.first == 1);  // only the eager one ran in mkernel
+  CHECK(ran.second == 1);
 }

@@ -192,7 +192,7 @@ TEST_CASE("validate: premul-sum host scalars convert from every datatype") {
   CHECK(scalarToDouble(&d, static_cast<ncclDataType_t>(42), &v) == Result::InvalidArgument);
 }
 
-TEST_CASE("select: collectives captured into a CUDA graph go to NCCL unless MKERNEL_GRAPH=mkernel") {
+TEST_CASE("select: captured collectives follow MKERNEL_GRAPH (auto: mkernel where nothing stays resident, else NCCL)") {
   using mkernel::shim::GraphPath;
   using mkernel::shim::Route;
   using mkernel::shim::graphRoute;
@@ -201,18 +201,25 @@ TEST_CASE("select: collectives captured into a CUDA graph go to NCCL unless MKER
   CHECK(mode == GraphPath::Nccl);
   REQUIRE(mkernel::shim::parseGraphPath("mkernel", &mode) == mkernel::Result::Success);
   CHECK(mode == GraphPath::Mkernel);
+  REQUIRE(mkernel::shim::parseGraphPath("auto", &mode) == mkernel::Result::Success);
+  CHECK(mode == GraphPath::Auto);
   CHECK(mkernel::shim::parseGraphPath("kernel", &mode) == mkernel::Result::InvalidArgument);
-  CHECK(std::string(mkernel::lastError()).find("MKERNEL_GRAPH=kernel") != std::string::npos);
   CHECK(mkernel::shim::parseGraphPath("", &mode) == mkernel::Result::InvalidArgument);
-  // Captured, with a real NCCL and the default: forwarded.
-  CHECK(graphRoute(Route::Kernel, true, true, GraphPath::Nccl) == Route::Forward);
-  // Not captured, or MKERNEL_GRAPH=mkernel, or no real NCCL (emulation): the policy's route.
-  CHECK(graphRoute(Route::Kernel, false, true, GraphPath::Nccl) == Route::Kernel);
-  CHECK(graphRoute(Route::Kernel, true, true, GraphPath::Mkernel) == Route::Kernel);
-  CHECK(graphRoute(Route::Kernel, true, false, GraphPath::Nccl) == Route::Kernel);
-  // What the policy forwards stays forwarded.
-  CHECK(graphRoute(Route::Forward, true, true, GraphPath::Mkernel) == Route::Forward);
-  CHECK(graphRoute(Route::Forward, false, false, GraphPath::Nccl) == Route::Forward);
+  // nccl: every captured collective the policy gave the kernel goes to NCCL, eager ones stay.
+  CHECK(graphRoute(Route::Kernel, true, true, GraphPath::Nccl, true) == Route::Forward);
+  CHECK(graphRoute(Route::Kernel, false, true, GraphPath::Nccl, false) == Route::Kernel);
+  // mkernel: captured ones stay, even those that would need the persistent kernel.
+  CHECK(graphRoute(Route::Kernel, true, true, GraphPath::Mkernel, false) == Route::Kernel);
+  // auto: captured ones stay where the launch path takes them, else NCCL.
+  CHECK(graphRoute(Route::Kernel, true, true, GraphPath::Auto, true) == Route::Kernel);
+  CHECK(graphRoute(Route::Kernel, true, true, GraphPath::Auto, false) == Route::Forward);
+  CHECK(graphRoute(Route::Kernel, false, true, GraphPath::Auto, false) == Route::Kernel);
+  // No real NCCL (emulation): always the kernel.
+  CHECK(graphRoute(Route::Kernel, true, false, GraphPath::Nccl, false) == Route::Kernel);
+  CHECK(graphRoute(Route::Kernel, true, false, GraphPath::Auto, false) == Route::Kernel);
+  // The policy's forwards stay forwards.
+  CHECK(graphRoute(Route::Forward, true, true, GraphPath::Mkernel, true) == Route::Forward);
+  CHECK(graphRoute(Route::Forward, false, false, GraphPath::Nccl, false) == Route::Forward);
 }
 
 TEST_CASE("destroy: ncclCommDestroy waits for its release only when no co-member here is live") {
