@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Each kernel's own GPU time, by Nsight Compute (ncu), on one GPU with one rank: no peer to wait
+# for, so ncu can run every kernel alone (a rank's kernel that waits for a peer GPU's cannot be).
+#   bash scripts/kernel-profile.sh        (repository root; on the device machine)
+# Builds mkernel-collbench and profiles its one-rank AllReduce from 8 B to KP_MAX_BYTES (32 KiB)
+# three ways, KP_ITERS (20) eager ops and a graph of as many per size:
+#   - mkernel's launch kernel (MKERNEL_ONE_RANK=kernel: the launch path's kernel frame, no
+#     exchange), and collbench's empty-kernel floors (emptyKernel, bigArgKernel) in that run;
+#   - NCCL's one-rank AllReduce (whatever kernel NCCL launches for it);
+# then prints, per kernel name, the count and the median / min of gpu__time_duration, with the
+# registers, block and grid size ncu reports. Raw CSV in build-gpu/logs-profile, copied to $OUT.
+set -u -o pipefail
+build=${KP_BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}
+logs=$build/logs-profile
+# shellcheck source=scripts/gpu-common.sh
+. "$(dirname "$0")/gpu-common.sh"
+NCU=${KP_NCU:-/usr/local/cuda/bin/ncu}
+[ -x "$NCU" ] || { echo "kernel-profile: no ncu at $NCU"; exit 1; }
+fail=0
+
+step "1. build"
+gpu_build "${KP_JOBS:-16}" mkernel-collbench
+export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
+
+metrics=gpu__time_duration.sum,launch__registers_per_thread,launch__block_size,launch__grid_size
+profile() {  # NAME ENV... -- COLLBENCH ARGS...: one ncu run into $logs/NAME.csv
+  local name=$1 envs=()
+  shift
+  while [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  step "2. ncu: $name"
+  env "${envs[@]}" timeout 300 "$NCU" --csv --print-units base --metrics "$metrics" \
+    -k 'regex:launchKernel|ncclDevKernel|ncclKernel|emptyKernel|bigArgKernel|persistentKernel' \
+    "$build/bin/mkernel-collbench" "$@" >"$logs/$name.csv" 2>"$logs/$name.err" ||
+    { echo "$name: ncu failed"; tail -5 "$logs/$name.err"; fail=1; }
+  grep -m3 -i "ERR_NVGPUCTRPERM\|permission" "$logs/$name.err" && fail=1
+}
+args=(--ranks 1 --max-bytes "${KP_MAX_BYTES:-32768}" --step 8 --iters "${KP_ITERS:-20}")
+profile mkernel-kernel MKERNEL_ONE_RANK=kernel -- "${args[@]}" --wait launch
+profile nccl MKERNEL_ONE_RANK=copy -- "${args[@]}" --wait launch --nccl "$NCCL_HOME/lib/libnccl.so.2"
+
+step "3. table"
+python3 - "$logs"/mkernel-kernel.csv "$logs"/nccl.csv <<'EOF' | tee "$logs/table.txt"
+import csv, statistics, sys
+for path in sys.argv[1:]:
+    rows = {}
+    with open(path) as f:
+        lines = [l for l in f if l.startswith('"')]
+    for r in csv.DictReader(lines):
+        key = r["Kernel Name"].split("(")[0][:60]
+        d = rows.setdefault(key, {"t": [], "info": {}})
+        m, v = r["Metric Name"], r["Metric Value"].replace(",", "")
+        if m == "gpu__time_duration.sum":
+            d["t"].append(float(v) / 1000.0)
+        else:
+            d["info"][m.split("__")[1]] = v
+    print(f"# {path.split('/')[-1]}: gpu__time_duration per kernel, us")
+    print(f"{'kernel':60s} {'n':>5s} {'median':>8s} {'min':>8s}  regs block grid")
+    for k, d in sorted(rows.items()):
+        if not d["t"]:
+            continue
+        i = d["info"]
+        print(f"{k:60s} {len(d['t']):5d} {statistics.median(d['t']):8.2f} {min(d['t']):8.2f}  "
+              f"{i.get('registers_per_thread', '-')} {i.get('block_size', '-')} {i.get('grid_size', '-')}")
+EOF
+[ "${PIPESTATUS[0]}" = 0 ] || fail=1
+save table.txt mkernel-kernel.csv nccl.csv
+echo "kernel-profile: fail=$fail"
+exit "$fail"
