@@ -6,9 +6,11 @@
 # three ways, KP_ITERS (20) eager ops and a graph of as many per size:
 #   - mkernel's launch kernel (MKERNEL_ONE_RANK=kernel: the launch path's kernel frame, no
 #     exchange), and collbench's empty-kernel floors (emptyKernel, bigArgKernel) in that run;
-#   - NCCL's one-rank AllReduce (whatever kernel NCCL launches for it);
-# then prints, per kernel name, the count and the median / min of gpu__time_duration, with the
-# registers, block and grid size ncu reports. Raw CSV in build-gpu/logs-profile, copied to $OUT.
+#   - (KP_NCCL=1) NCCL's one-rank AllReduce (whatever kernel NCCL launches for it);
+# each with ncu's cache control in KP_CACHE ("all none": caches flushed before every kernel, as
+# ncu does by default, and not); then prints, per kernel name, the count and the median / min of
+# gpu__time_duration, with the registers, block and grid size ncu reports. Raw CSV in
+# build-gpu/logs-profile, copied to $OUT.
 set -u -o pipefail
 build=${KP_BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}
 logs=$build/logs-profile
@@ -23,24 +25,34 @@ gpu_build "${KP_JOBS:-16}" mkernel-collbench
 export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
 
 metrics=gpu__time_duration.sum,launch__registers_per_thread,launch__block_size,launch__grid_size
-profile() {  # NAME ENV... -- COLLBENCH ARGS...: one ncu run into $logs/NAME.csv
-  local name=$1 envs=()
+profile() {  # NAME CACHE ENV... -- COLLBENCH ARGS...: one ncu run into $logs/NAME.csv
+  local name=$1 cache=$2 envs=()
+  shift
   shift
   while [ "$1" != -- ]; do envs+=("$1"); shift; done
   shift
   step "2. ncu: $name"
-  env "${envs[@]}" timeout 300 "$NCU" --csv --print-units base --metrics "$metrics" \
+  env "${envs[@]}" timeout 300 "$NCU" --csv --print-units base --cache-control "$cache" --metrics "$metrics" \
     -k 'regex:launchKernel|ncclDevKernel|ncclKernel|emptyKernel|bigArgKernel|persistentKernel' \
     "$build/bin/mkernel-collbench" "$@" >"$logs/$name.csv" 2>"$logs/$name.err" ||
     { echo "$name: ncu failed"; tail -5 "$logs/$name.err"; fail=1; }
   grep -m3 -i "ERR_NVGPUCTRPERM\|permission" "$logs/$name.err" && fail=1
 }
 args=(--ranks 1 --max-bytes "${KP_MAX_BYTES:-32768}" --step 8 --iters "${KP_ITERS:-20}")
-profile mkernel-kernel MKERNEL_ONE_RANK=kernel -- "${args[@]}" --wait launch
-profile nccl MKERNEL_ONE_RANK=copy -- "${args[@]}" --wait launch --nccl "$NCCL_HOME/lib/libnccl.so.2"
+csvs=()
+for cache in ${KP_CACHE:-all none}; do
+  profile "mkernel-kernel-cache-$cache" "$cache" MKERNEL_ONE_RANK=kernel -- "${args[@]}" --wait launch
+  csvs+=("$logs/mkernel-kernel-cache-$cache.csv")
+  # NCCL 2.28.9's one-rank AllReduce launched no kernel in session 14 (a copy, as mkernel's
+  # default), so its run adds only the floors again: KP_NCCL=1 to have it anyway.
+  if [ "${KP_NCCL:-0}" = 1 ]; then
+    profile "nccl-cache-$cache" "$cache" MKERNEL_ONE_RANK=copy -- "${args[@]}" --wait launch --nccl "$NCCL_HOME/lib/libnccl.so.2"
+    csvs+=("$logs/nccl-cache-$cache.csv")
+  fi
+done
 
 step "3. table"
-python3 - "$logs"/mkernel-kernel.csv "$logs"/nccl.csv <<'EOF' | tee "$logs/table.txt"
+python3 - "${csvs[@]}" <<'EOF' | tee "$logs/table.txt"
 import csv, statistics, sys
 for path in sys.argv[1:]:
     rows = {}
@@ -64,6 +76,6 @@ for path in sys.argv[1:]:
               f"{i.get('registers_per_thread', '-')} {i.get('block_size', '-')} {i.get('grid_size', '-')}")
 EOF
 [ "${PIPESTATUS[0]}" = 0 ] || fail=1
-save table.txt mkernel-kernel.csv nccl.csv
+save table.txt
 echo "kernel-profile: fail=$fail"
 exit "$fail"
