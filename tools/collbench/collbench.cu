@@ -347,6 +347,25 @@ bool loadNccl(const std::string& lib, NcclApi* api, std::string* why) {
   return true;
 }
 
+// One rank's stream, its two buffers of maxBytes (the input zeroed) and iters + 1 timing events,
+// on the current device, which is synchronized before it returns. False when an allocation
+// failed (the rest is made anyway, for the caller to free).
+struct RankBufs {
+  cudaStream_t stream = nullptr;
+  void* send = nullptr;
+  void* recv = nullptr;
+  std::vector<cudaEvent_t> ev;
+};
+bool makeRankBufs(size_t maxBytes, int iters, RankBufs* b) {
+  cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking);
+  const bool ok = cudaMalloc(&b->send, maxBytes) == cudaSuccess && cudaMalloc(&b->recv, maxBytes) == cudaSuccess;
+  if (ok) cudaMemset(b->send, 0, maxBytes);
+  b->ev.resize(static_cast<size_t>(iters) + 1);
+  for (auto& e : b->ev) cudaEventCreate(&e);
+  cudaDeviceSynchronize();
+  return ok;
+}
+
 // NCCL's AllReduce (float sum, out of place) over the same sizes with one rank per GPU (--gpus),
 // driven as the mkernel rows are: one thread per rank, each enqueueing on its own stream, CUDA
 // events between back-to-back calls on rank 0's stream, eager, then captured into a graph of
@@ -377,17 +396,10 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
   auto rank = [&](int d) {
     cudaSetDevice(d);
     ncclComm_t comm = comms[static_cast<size_t>(d)];
-    cudaStream_t stream;
-    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-    void *send = nullptr, *recv = nullptr;
-    const bool alloc = cudaMalloc(&send, opt.maxBytes) == cudaSuccess && cudaMalloc(&recv, opt.maxBytes) == cudaSuccess;
-    if (!alloc) ok = false;
-    if (alloc) cudaMemset(send, 0, opt.maxBytes);
-    cudaDeviceSynchronize();
+    RankBufs b;
+    if (!makeRankBufs(opt.maxBytes, opt.iters, &b)) ok = false;
     barrier.wait();
     const int iters = opt.iters;
-    std::vector<cudaEvent_t> ev(static_cast<size_t>(iters) + 1);
-    for (auto& e : ev) cudaEventCreate(&e);
     // Every rank runs every size (a rank that stopped early would leave its peers' NCCL kernels
     // waiting); after a failure the calls are skipped on all ranks alike (ok is shared and read
     // between barriers).
@@ -396,44 +408,44 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
       const size_t count = std::max<size_t>(1, bytes / 4);
       bool mine = true;
       auto call = [&] {
-        mine = mine && api.allReduce(send, recv, count, ncclFloat, ncclSum, comm, stream) == ncclSuccess;
+        mine = mine && api.allReduce(b.send, b.recv, count, ncclFloat, ncclSum, comm, b.stream) == ncclSuccess;
       };
       if (run)
         for (int i = 0; i < 10; ++i) call();
-      cudaStreamSynchronize(stream);
+      cudaStreamSynchronize(b.stream);
       barrier.wait();
       const auto hostStart = std::chrono::steady_clock::now();
-      cudaEventRecord(ev[0], stream);
+      cudaEventRecord(b.ev[0], b.stream);
       for (int i = 0; i < iters && run; ++i) {
         call();
-        cudaEventRecord(ev[static_cast<size_t>(i) + 1], stream);
+        cudaEventRecord(b.ev[static_cast<size_t>(i) + 1], b.stream);
       }
       const double hostUs =
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart).count() / iters;
-      cudaStreamSynchronize(stream);
-      const std::vector<float> eager = run ? intervals(ev, iters) : std::vector<float>{};
+      cudaStreamSynchronize(b.stream);
+      const std::vector<float> eager = run ? intervals(b.ev, iters) : std::vector<float>{};
       barrier.wait();
       std::vector<float> graph;
       cudaGraph_t g = nullptr;
       cudaGraphExec_t ge = nullptr;
       if (run) {
-        cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-        cudaEventRecordWithFlags(ev[0], stream, cudaEventRecordExternal);
+        cudaStreamBeginCapture(b.stream, cudaStreamCaptureModeThreadLocal);
+        cudaEventRecordWithFlags(b.ev[0], b.stream, cudaEventRecordExternal);
         for (int i = 0; i < opt.graphOps; ++i) {
           call();
-          cudaEventRecordWithFlags(ev[static_cast<size_t>(i) + 1], stream, cudaEventRecordExternal);
+          cudaEventRecordWithFlags(b.ev[static_cast<size_t>(i) + 1], b.stream, cudaEventRecordExternal);
         }
-        const bool captured = cudaStreamEndCapture(stream, &g) == cudaSuccess;
+        const bool captured = cudaStreamEndCapture(b.stream, &g) == cudaSuccess;
         if (!captured || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
           std::fprintf(stderr, "collbench: rank %d: capturing NCCL's AllReduce failed\n", d);
           mine = false;
         } else {
-          cudaGraphLaunch(ge, stream);  // warm-up
-          cudaStreamSynchronize(stream);
+          cudaGraphLaunch(ge, b.stream);  // warm-up
+          cudaStreamSynchronize(b.stream);
         }
       }
       barrier.wait();
-      if (ge != nullptr) graph = replayGraph(ge, stream, ev, opt.graphOps, iters);
+      if (ge != nullptr) graph = replayGraph(ge, b.stream, b.ev, opt.graphOps, iters);
       if (ge != nullptr) cudaGraphExecDestroy(ge);
       if (g != nullptr) cudaGraphDestroy(g);
       if (!mine) ok = false;
@@ -445,10 +457,10 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
       }
       barrier.wait();
     }
-    for (auto& e : ev) cudaEventDestroy(e);
-    cudaFree(send);
-    cudaFree(recv);
-    cudaStreamDestroy(stream);
+    for (auto& e : b.ev) cudaEventDestroy(e);
+    cudaFree(b.send);
+    cudaFree(b.recv);
+    cudaStreamDestroy(b.stream);
   };
   std::vector<std::thread> threads;
   for (int d = 0; d < nG; ++d) threads.emplace_back(rank, d);
@@ -488,19 +500,15 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
       co.ranksPerNode = opt.ranksPerNode;
       std::unique_ptr<mkernel::coll::Communicator> comm;
       if (mkernel::coll::Communicator::create(co, bs.get(), &comm) != Result::Success) return fail("create");
-      cudaStream_t stream;
-      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-      void *send = nullptr, *recv = nullptr;
-      if (cudaMalloc(&send, opt.maxBytes) != cudaSuccess || cudaMalloc(&recv, opt.maxBytes) != cudaSuccess)
-        return fail("cudaMalloc " + std::to_string(opt.maxBytes));
-      cudaMemset(send, 0, opt.maxBytes);
-      cudaDeviceSynchronize();
+      RankBufs b;
+      if (!makeRankBufs(opt.maxBytes, opt.iters, &b)) return fail("cudaMalloc " + std::to_string(opt.maxBytes));
+      cudaStream_t stream = b.stream;
+      void *send = b.send, *recv = b.recv;
+      std::vector<cudaEvent_t>& ev = b.ev;
       // Every rank's allocations are done before any rank's kernel runs (a rank thread blocked in
       // the driver while its peers' kernels wait for it would stall them until the timeout).
       barrier.wait();
       const int iters = opt.iters;
-      std::vector<cudaEvent_t> ev(static_cast<size_t>(iters) + 1);
-      for (auto& e : ev) cudaEventCreate(&e);
       for (size_t bytes = opt.minBytes; bytes <= opt.maxBytes; bytes *= opt.step) {
         CollArgs a;
         a.dtype = mkernel::coll::DataType::Float32;
