@@ -144,7 +144,9 @@ constexpr uint64_t kLlBytesPerCta = 8 * 1024;
 // line at a time, each line cost a dependent memory latency in the push and another in the
 // receive: on two H200s (session 12, call 5) push / receive took 1.09 / 1.18 us at 2 KiB (one line
 // per thread) and 1.82 / 2.91 us at 8 KiB (four). With kLaunchThreads = 256, kLlBytesPerCta is
-// one batch per thread, up to kLlAutoMaxBytes over kLaunchMaxCtas CTAs.
+// one batch per thread, up to kLlAutoMaxBytes over 32 CTAs. Measured after the change (session
+// 14, two H200s): push 1.7-1.9 / receive 2.2-2.9 us from 8 B to 128 KiB, as before it in session
+// 13: the per-line latency was not what dominates (docs/KERNEL.md, LL mode).
 constexpr int kLlBatch = 4;
 static_assert(kLlBytesPerCta == static_cast<uint64_t>(kLlBatch) * kLaunchThreads * kLlLinePayload,
               "an LL CTA's share is one batch per thread");
