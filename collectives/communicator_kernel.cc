@@ -365,6 +365,10 @@ Result KernelCommunicator::init() {
   if (watch_ != Watch::Off)
     MK_CUDA(cudaEventCreateWithFlags(&watchPre_, cudaEventDisableTiming), "cudaEventCreate(launch watch)");
   MK_CUDA(cudaEventCreateWithFlags(&graphEvent_, cudaEventDisableTiming), "cudaEventCreate(launch path, graphs)");
+  const std::string epilogue = paramString("GRAPH_EPILOGUE");
+  if (epilogue != "fenced" && epilogue != "light")
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_GRAPH_EPILOGUE=%s: expected fenced or light", epilogue.c_str());
+  params_.graphEpilogueLight = epilogue == "light" ? 1u : 0u;
   const std::string oneRank = paramString("ONE_RANK");
   if (oneRank != "copy" && oneRank != "kernel")
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_ONE_RANK=%s: expected copy or kernel", oneRank.c_str());

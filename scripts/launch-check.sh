@@ -13,7 +13,7 @@
 #      NCCL alone, mkernel (the launch path, the default) and mkernel with
 #      MKERNEL_LAUNCH_MAX_BYTES=0 (everything through the persistent kernel; LC_PERSISTENT=0 skips
 #      it), and once per MKERNEL_LL_MAX_BYTES value of LC_LL_SWEEP (e.g. "262144 0"; LC_LLOFF=1 adds
-#      0: without the LL mode), tables per
+#      0: without the LL mode), and once per entry of LC_ENV_VARIANTS ("name:VAR=value,..."), tables per
 #      test (scripts/nccl-tests-table.py: time, busbw, ratio, #wrong); LC_NT_ITERS: iterations per
 #      size (nccl-tests' -n; its default 20 leaves +-3 us on small -g 2 sizes); LC_NT_PIN=1: every
 #      run on GPU 0's local CPUs; LC_NT_ROUNDS=N: NCCL and the variants N times over, a table each;
@@ -103,6 +103,10 @@ for ll in $LL_SWEEP; do
   else
     variants+=("ll$ll|launch path, MKERNEL_LL_MAX_BYTES=$ll|MKERNEL_LL_MAX_BYTES=$ll MKERNEL_NCCL_CROSSOVER=off")
   fi
+done
+# LC_ENV_VARIANTS="name:VAR=value,VAR2=value ...": more mkernel variants, one per entry.
+for ev in ${LC_ENV_VARIANTS:-}; do
+  variants+=("${ev%%:*}|${ev#*:}|$(tr ',' ' ' <<<"${ev#*:}")")
 done
 [ "${LC_PERSISTENT:-1}" = 1 ] &&
   variants+=("persistent|MKERNEL_LAUNCH_MAX_BYTES=0: persistent kernel only|MKERNEL_LAUNCH_MAX_BYTES=0 MKERNEL_NCCL_CROSSOVER=off")

@@ -1093,7 +1093,8 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
   traceAt(p, blockIdx.x, traceSeq, kTraceSeen);
   if (threadIdx.x == 0) {
     sh.stop = stopRequested(p) ? 1 : 0;  // a failed communicator: release the stream
-    sh.epoch = graph ? loadVolatile64(&p.self->graphSeq) + 1 : epoch;
+    sh.epoch = !graph ? epoch
+               : (p.graphEpilogueLight ? loadAcquireGpu(&p.self->graphSeq) : loadVolatile64(&p.self->graphSeq)) + 1;
     // The launch watch (MKERNEL_LAUNCH_WATCH), for the watched ops only: a posted store into host
     // memory, whose flush would hold back the kernel's end at every op.
     if (!graph && blockIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && epoch == 1)))
@@ -1113,14 +1114,27 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
     return;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(&p.self->graphCtasDone, 1u) + 1 == gridDim.x) {
-      p.self->graphCtasDone = 0;
+  if (threadIdx.x != 0) return;
+  if (p.graphEpilogueLight) {
+    // MKERNEL_GRAPH_EPILOGUE=light. The only order the numbering needs within this launch: every
+    // CTA read graphSeq (an acquire load, above) before the last CTA stores the new value. The
+    // acquire load keeps each CTA's atomicAdd after its read, and the last CTA's acquire atomic
+    // keeps its store after every other CTA's add. The next launch sees the stores without fences:
+    // it starts after this kernel has completed (stream order, or an event across streams). One
+    // CTA (every LL op up to 8 KiB) needs no counter at all.
+    if (gridDim.x == 1 || atomicAddAcquireGpu(&p.self->graphCtasDone, 1u) + 1 == gridDim.x) {
+      if (gridDim.x > 1) p.self->graphCtasDone = 0;
       p.self->graphOps[d.coll] += 1;
-      __threadfence();
       *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e;
     }
+    return;
+  }
+  __threadfence();
+  if (atomicAdd(&p.self->graphCtasDone, 1u) + 1 == gridDim.x) {
+    p.self->graphCtasDone = 0;
+    p.self->graphOps[d.coll] += 1;
+    __threadfence();
+    *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e;
   }
 }
 

@@ -53,6 +53,8 @@ struct KernelParams {
   // 1: the kernel returns at once (warmKernels: a launch made only so that the driver sizes the
   // context's local memory for it while nothing of ours runs).
   uint32_t warmup;
+  // MKERNEL_GRAPH_EPILOGUE=light: a captured launch numbers its replay without fences (launchKernel).
+  uint32_t graphEpilogueLight;
 };
 
 // Launches the persistent kernel with p.nCtas CTAs of kKernelThreads threads on `stream`.
