@@ -6,6 +6,7 @@
 # three ways, KP_ITERS (20) eager ops and a graph of as many per size:
 #   - mkernel's launch kernel (MKERNEL_ONE_RANK=kernel: the launch path's kernel frame, no
 #     exchange), and collbench's empty-kernel floors (emptyKernel, bigArgKernel) in that run;
+#   - (KP_VARIANT="VAR=value ...") the launch kernel again with those settings;
 #   - (KP_NCCL=1) NCCL's one-rank AllReduce (whatever kernel NCCL launches for it);
 # each with ncu's cache control in KP_CACHE ("all none": caches flushed before every kernel, as
 # ncu does by default, and not); then prints, per kernel name, the count and the median / min of
@@ -43,6 +44,13 @@ csvs=()
 for cache in ${KP_CACHE:-all none}; do
   profile "mkernel-kernel-cache-$cache" "$cache" MKERNEL_ONE_RANK=kernel -- "${args[@]}" --wait launch
   csvs+=("$logs/mkernel-kernel-cache-$cache.csv")
+  # KP_VARIANT="VAR=value ...": the same run again with these settings (e.g.
+  # MKERNEL_GRAPH_EPILOGUE=light), in the same call.
+  if [ -n "${KP_VARIANT:-}" ]; then
+    # shellcheck disable=SC2086  # VAR=value words
+    profile "mkernel-kernel-variant-cache-$cache" "$cache" MKERNEL_ONE_RANK=kernel $KP_VARIANT -- "${args[@]}" --wait launch
+    csvs+=("$logs/mkernel-kernel-variant-cache-$cache.csv")
+  fi
   # NCCL 2.28.9's one-rank AllReduce launched no kernel in session 14 (a copy, as mkernel's
   # default), so its run adds only the floors again: KP_NCCL=1 to have it anyway.
   if [ "${KP_NCCL:-0}" = 1 ]; then
