@@ -34,9 +34,8 @@ Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, bool 
   q.nNodes = comm.nNodes;
   coll::PolicyDecision d = comm.policy ? comm.policy->select(q) : coll::PolicyDecision();
   switch (d.path) {
-    case coll::ExecPath::Mkernel:
+    case coll::ExecPath::Mkernel: {
       args->algo = static_cast<int32_t>(d.algo);  // one policy decides the algorithm too
-      {
       const bool withoutResidency = capturing && comm.mk->capturedWithoutResidency(*args);
       *out = graphRoute(Route::Kernel, capturing, comm.real != nullptr, comm.graphPath, withoutResidency);
       if (capturing && *out == Route::Forward) {
@@ -56,7 +55,7 @@ Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, bool 
         });
       }
       return Result::Success;
-      }
+    }
     case coll::ExecPath::Nccl:
       if (comm.emulate)  // the policy never answers Nccl in emulation; guard the invariant anyway
         return MK_ERROR(Result::InvalidUsage,
