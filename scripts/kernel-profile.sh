@@ -12,6 +12,10 @@
 # ncu does by default, and not); then prints, per kernel name, the count and the median / min of
 # gpu__time_duration, with the registers, block and grid size ncu reports. Raw CSV in
 # build-gpu/logs-profile, copied to $OUT.
+#   (KP_DETAILS=N) then ncu's full set (--set full: source counters and warp-state sampling)
+# over N eager launch kernels of 8 B (one rank, caches kept), KP_DETAILS_SKIP (10)
+# launches in: the details page (details.txt) and the SASS lines with the most stall samples
+# (hot.txt; scripts/ncu-hot.py), where the launch kernel's time goes before any exchange.
 set -u -o pipefail
 build=${KP_BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}
 logs=$build/logs-profile
@@ -85,5 +89,24 @@ for path in sys.argv[1:]:
 EOF
 [ "${PIPESTATUS[0]}" = 0 ] || fail=1
 save table.txt
+
+if [ "${KP_DETAILS:-0}" != 0 ]; then
+  step "4. ncu --set full: $KP_DETAILS launch kernels"
+  rep=$logs/details
+  MKERNEL_ONE_RANK=kernel timeout 300 "$NCU" --set full --import-source yes --cache-control none \
+    -k regex:launchKernel --launch-skip "${KP_DETAILS_SKIP:-10}" --launch-count "$KP_DETAILS" \
+    -f -o "$rep" "$build/bin/mkernel-collbench" --ranks 1 --max-bytes 8 --iters 20 --wait launch \
+    >"$logs/details.out" 2>&1 || { echo "details: ncu failed"; tail -5 "$logs/details.out"; fail=1; }
+  if [ -f "$rep.ncu-rep" ]; then
+    "$NCU" -i "$rep.ncu-rep" --page details --print-details all >"$logs/details.txt" 2>&1 || fail=1
+    "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass >"$logs/source.csv" 2>"$logs/source.err" ||
+      { echo "details: no source page"; tail -3 "$logs/source.err"; }
+    python3 "$(dirname "$0")/ncu-hot.py" "$logs/source.csv" "${KP_HOT_LINES:-40}" | tee "$logs/hot.txt" || fail=1
+    grep -E "Duration|Registers Per|Local Memory|Stack Size|Warp Cycles Per Issued|Issued Ipc|Executed Instructions|L1/TEX Hit|L2 Hit|Achieved Occupancy" \
+      "$logs/details.txt" | head -60
+    save details.txt
+    save hot.txt
+  fi
+fi
 echo "kernel-profile: fail=$fail"
 exit "$fail"
