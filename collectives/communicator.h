@@ -97,7 +97,8 @@ class Communicator {
   virtual void stats(CollStats* out) const = 0;
 
   // MKERNEL_KERNEL_TRACE=1: the persistent kernel's per-group timestamps (KernelTraceRecord of
-  // collectives/work.h, flattened: seq, then kTracePoints times), written records only, by seq.
+  // collectives/work.h, flattened: seq, kTracePoints times in ns, kTracePoints clock64 stamps),
+  // written records only, by seq.
   // Call when the communicator is idle. InvalidUsage when tracing is off.
   virtual Result kernelTrace(std::vector<uint64_t>* out) const = 0;
 

@@ -1346,6 +1346,7 @@ Result KernelCommunicator::kernelTrace(std::vector<uint64_t>* out) const {
     if (r.seq == 0) continue;
     out->push_back(r.seq);
     for (int i = 0; i < kTracePoints; ++i) out->push_back(r.t[i]);
+    for (int i = 0; i < kTracePoints; ++i) out->push_back(r.c[i]);
   }
   return Result::Success;
 }

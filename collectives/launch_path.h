@@ -166,7 +166,11 @@ constexpr uint64_t kLlAutoMaxBytes = 256 * 1024;
 
 // Lines of one source's slot in a communicator of n ranks (each parity's lines split n ways; the
 // own rank's slot goes unused), and the most payload one source sends one destination in LL mode.
-MKERNEL_HD inline uint64_t llSlotLines(int nRanks) { return kLlSpaceLines / static_cast<uint64_t>(nRanks); }
+// (A 32-bit division: the kernel computes it at every LL op.)
+static_assert(kLlSpaceLines <= 0xffffffffull, "llSlotLines divides in 32 bits");
+MKERNEL_HD inline uint64_t llSlotLines(int nRanks) {
+  return static_cast<uint32_t>(kLlSpaceLines) / static_cast<uint32_t>(nRanks);
+}
 MKERNEL_HD inline uint64_t llMaxPayload(int nRanks) { return llSlotLines(nRanks) * kLlLinePayload; }
 // The index in LlSpace::lines[parity] of line i of source k's slot.
 MKERNEL_HD inline uint64_t llSlotLine(uint64_t slotLines, int source, uint64_t i) {
@@ -196,6 +200,7 @@ struct LlRange {
   uint64_t count;
 };
 MKERNEL_HD inline LlRange llCtaLines(uint64_t lines, int nCtas, int cta) {
+  if (nCtas == 1) return LlRange{0, lines};  // every op up to kLlBytesPerCta: no division
   const uint64_t per = (lines + static_cast<uint64_t>(nCtas) - 1) / static_cast<uint64_t>(nCtas);
   uint64_t first = per * static_cast<uint64_t>(cta);
   if (first > lines) first = lines;

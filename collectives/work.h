@@ -184,9 +184,11 @@ enum WaitKind : uint32_t {
   kWaitLaunchPeerEnd = 9,  // direct launch path: the peer has not finished reading our buffers
 };
 
-// Per-group timestamps of CTA 0 (ns, %globaltimer), recorded when MKERNEL_KERNEL_TRACE=1 into a
-// device ring of kTraceDepth records indexed by dispatch sequence: where a collective's time goes
-// (mkernel-collbench --trace prints the medians of the intervals).
+// Per-group timestamps of CTA 0, recorded when MKERNEL_KERNEL_TRACE=1 into a device ring of
+// kTraceDepth records indexed by dispatch sequence: where a collective's time goes
+// (mkernel-collbench --trace prints the medians of the intervals). Each stamp twice: %globaltimer
+// (ns, comparable across kernels, but it advances in steps of about 1 us on an H200) and the SM's
+// clock64 (cycles, only comparable within one CTA's kernel: the stages inside it).
 enum TracePoint : int {
   kTraceSeen = 0,          // the leader found the Posted doorbell
   kTraceLoaded = 1,        // CTA 0 has the group's descriptors
@@ -198,7 +200,8 @@ enum TracePoint : int {
 };
 struct KernelTraceRecord {
   uint64_t seq;  // dispatch sequence + 1 (0: never written)
-  uint64_t t[kTracePoints];
+  uint64_t t[kTracePoints];  // %globaltimer, ns
+  uint64_t c[kTracePoints];  // clock64 of CTA 0's SM, cycles
 };
 constexpr int kTraceDepth = 4096;
 

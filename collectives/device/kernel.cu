@@ -49,6 +49,7 @@ __device__ inline void traceAt(const KernelParams& p, int cta, uint64_t seq, int
   if (p.trace == nullptr || cta != 0 || threadIdx.x != 0 || seq == kNoTrace) return;
   KernelTraceRecord* r = &p.trace[seq % kTraceDepth];
   r->t[point] = globalTimerNs();
+  r->c[point] = clock64();
   if (point == kTraceSeen) r->seq = seq + 1;
 }
 
@@ -929,32 +930,43 @@ __device__ bool llReduceDispatch(const KernelParams& p, const WorkDesc& d, LlArg
   return true;
 }
 
-// One LL op, this CTA's share. False when the communicator had failed or a wait failed.
-__device__ bool launchLl(const KernelParams& p, SharedState& sh, const WorkDesc& d, uint64_t epoch, int ns,
-                         uint64_t traceSeq) {
-  const int n = p.nRanks, r = p.rank, cta = blockIdx.x;
-  const CollType coll = static_cast<CollType>(d.coll);
-  const uint64_t esz = elemSize(d.dtype);
+// What CTA blockIdx.x of an LL op works with (launch_path.h). One CTA (every op up to
+// kLlBytesPerCta) divides nothing.
+__device__ __forceinline__ LlArgs llArgs(const KernelParams& p, const WorkDesc& d, uint64_t epoch, int ns) {
   LlArgs a;
-  a.payload = llPayloadBytes(d.count, esz);
-  a.range = llCtaLines(llLines(a.payload), gridDim.x, cta);
-  a.slotLines = llSlotLines(n);
+  a.payload = llPayloadBytes(d.count, elemSize(d.dtype));
+  a.range = llCtaLines(llLines(a.payload), gridDim.x, blockIdx.x);
+  a.slotLines = llSlotLines(p.nRanks);
   a.epoch = epoch;
   a.ns = ns;
   a.parity = static_cast<int>(epoch & 1);
   a.flag = llFlag(epoch);
+  return a;
+}
+
+// LL phases 0 and 1 (launch_path.h), this CTA's share: the token, and every line it pushes. The
+// launch kernel runs them before anything else (session 15): the peers' receives wait for these
+// stores and for nothing else of this kernel, so the frame's own setup (the shared state, the
+// stop flag's mirror, the barrier) overlaps the NVLink crossing instead of preceding it. Peers'
+// addresses come from the kernel's parameters (no shared state is set up yet). stop: the
+// communicator has failed, nothing is stored; its loads are issued before stop is tested, so that
+// the stop flag's latency and the input's overlap.
+__device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d, const LlArgs& a, bool stop) {
+  const int n = p.nRanks, r = p.rank, cta = blockIdx.x;
+  const CollType coll = static_cast<CollType>(d.coll);
+  const uint64_t esz = elemSize(d.dtype);
   const uint64_t payload = a.payload;
   const uint32_t flag = a.flag;
+  const int ns = a.ns;
   // Our slot's first line, in every peer. pathOf (llTakes) keeps llLines(payload) <= slotLines.
   const uint64_t mine = llSlotLine(a.slotLines, r, 0);
   const char* send = reinterpret_cast<const char*>(d.sendbuff);
-  char* recv = reinterpret_cast<char*>(d.recvbuff);
   const int tid = static_cast<int>(threadIdx.x);
   const uint64_t first = a.range.first + threadIdx.x;
   const uint64_t end = a.range.first + a.range.count;
   const uint64_t step = kLlBatch * blockDim.x;
   // 0. The token: this rank has started op e (so it has finished op e - 1).
-  if (cta == 0 && tid < n && tid != r) llPut(&sh.peers[tid]->ll[ns].token[a.parity][r], 0, flag);
+  if (!stop && cta == 0 && tid < n && tid != r) llPut(&p.peers[tid]->ll[ns].token[a.parity][r], 0, flag);
   // 1. Push, a batch at a time.
   if (coll == CollType::ReduceScatter) {
     for (uint64_t base = first; base < end; base += step) {
@@ -962,18 +974,33 @@ __device__ bool launchLl(const KernelParams& p, SharedState& sh, const WorkDesc&
         if (k == r) continue;
         uint64_t v[kLlBatch];
         llLoadBatch(send + llSendOffset(coll, d.count, esz, k), payload, base, end, v);
-        llPutBatch(&sh.peers[k]->ll[ns].lines[a.parity][mine], base, end, v, flag);
+        if (!stop) llPutBatch(&p.peers[k]->ll[ns].lines[a.parity][mine], base, end, v, flag);
       }
     }
   } else if (!(coll == CollType::Broadcast && r != d.root) && !(coll == CollType::Reduce && r == d.root)) {
     for (uint64_t base = first; base < end; base += step) {
       uint64_t v[kLlBatch];
       llLoadBatch(send, payload, base, end, v);
-      for (int k = 0; k < n; ++k)
-        if (k != r && llSends(coll, r, k, d.root)) llPutBatch(&sh.peers[k]->ll[ns].lines[a.parity][mine], base, end, v, flag);
+      for (int k = 0; k < n && !stop; ++k)
+        if (k != r && llSends(coll, r, k, d.root)) llPutBatch(&p.peers[k]->ll[ns].lines[a.parity][mine], base, end, v, flag);
     }
   }
-  traceAt(p, cta, traceSeq, kTraceStartBarrier);  // (launch path: this thread's pushes issued)
+}
+
+// LL phases 2 and 3 of one op, this CTA's share (llPush ran phases 0 and 1 at the kernel's
+// start). False when the communicator had failed or a wait failed.
+__device__ bool launchLl(const KernelParams& p, const WorkDesc& d, uint64_t epoch, int ns, uint64_t traceSeq) {
+  const int n = p.nRanks, r = p.rank, cta = blockIdx.x;
+  const CollType coll = static_cast<CollType>(d.coll);
+  const LlArgs a = llArgs(p, d, epoch, ns);
+  const uint64_t payload = a.payload;
+  const uint32_t flag = a.flag;
+  const char* send = reinterpret_cast<const char*>(d.sendbuff);
+  char* recv = reinterpret_cast<char*>(d.recvbuff);
+  const int tid = static_cast<int>(threadIdx.x);
+  const uint64_t first = a.range.first + threadIdx.x;
+  const uint64_t end = a.range.first + a.range.count;
+  const uint64_t step = kLlBatch * blockDim.x;
   // 2. Receive.
   bool ok = true;
   if (coll == CollType::AllReduce || coll == CollType::ReduceScatter || (coll == CollType::Reduce && r == d.root)) {
@@ -1022,16 +1049,14 @@ __device__ __forceinline__ bool launchRun(const KernelParams& p, SharedState& sh
   const CollType coll = static_cast<CollType>(d.coll);
   const uint64_t esz = elemSize(d.dtype);
   const bool reduce = coll == CollType::AllReduce || coll == CollType::ReduceScatter || coll == CollType::Reduce;
-  const LaunchPart lp = launchPart(coll, d.count, n, r, d.root, gridDim.x, cta, esz);
   if (sh.stop) return false;
+  if (mode == kLaunchModeLl && n > 1) return launchLl(p, d, epoch, ns, traceSeq);
+  if (direct && n > 1) return launchDirect(p, sh, d, cta, epoch, ns);
+  const LaunchPart lp = launchPart(coll, d.count, n, r, d.root, gridDim.x, cta, esz);
   const char* send = reinterpret_cast<const char*>(d.sendbuff);
   char* recv = reinterpret_cast<char*>(d.recvbuff);
   const char* srcs[kMaxRanks];
-  if (mode == kLaunchModeLl && n > 1) {
-    if (!launchLl(p, sh, d, epoch, ns, traceSeq)) return false;
-  } else if (direct && n > 1) {
-    if (!launchDirect(p, sh, d, cta, epoch, ns)) return false;
-  } else if (n == 1) {
+  if (n == 1) {
     // Nothing to wait for: the op's own copy or reduction (pre/post ops included) in place.
     srcs[0] = send + lp.part.offset * esz;
     launchMove(sh, d, reduce, srcs, 1, recv + lp.part.offset * esz, lp.part.count, esz);
@@ -1091,8 +1116,21 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
   // collective done, reported (collbench --trace; docs/KERNEL.md, "Kernel trace").
   const uint64_t traceSeq = graph ? kNoTrace : epoch - 1;
   traceAt(p, blockIdx.x, traceSeq, kTraceSeen);
+  // Every thread reads the stop flag and (captured) the sequence number itself, so that an LL op
+  // can push before the CTA's first barrier (llPush); plain volatile loads, which the input's
+  // loads need not wait for. graphSeq holds the same value for every thread of every CTA during
+  // this launch: only the previous launch wrote it, this one started after that one ended, and
+  // this one's last CTA stores the next value only after every CTA passed its end barrier.
+  const bool stop = stopRequested(p);  // a failed communicator: release the stream
+  if (mode == kLaunchModeLl && p.nRanks > 1) {
+    const uint64_t e0 = !graph ? epoch : loadVolatile64(&p.self->graphSeq) + 1;
+    llPush(p, d, llArgs(p, d, e0, graph ? kLaunchGraph : kLaunchEager), stop);
+  }
+  traceAt(p, blockIdx.x, traceSeq, kTraceLoaded);  // (LL: this thread's pushes issued)
   if (threadIdx.x == 0) {
-    sh.stop = stopRequested(p) ? 1 : 0;  // a failed communicator: release the stream
+    sh.stop = stop ? 1 : 0;
+    // The value the epilogue numbers this launch with: with the light epilogue an acquire load,
+    // which keeps this CTA's atomicAdd on graphCtasDone after it (launchKernel's end).
     sh.epoch = !graph ? epoch
                : (p.graphEpilogueLight ? loadAcquireGpu(&p.self->graphSeq) : loadVolatile64(&p.self->graphSeq)) + 1;
     // The launch watch (MKERNEL_LAUNCH_WATCH), for the watched ops only: a posted store into host
@@ -1103,7 +1141,7 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
   if (threadIdx.x < kMaxRanks) sh.peers[threadIdx.x] = threadIdx.x < p.nRanks ? p.peers[threadIdx.x] : nullptr;
   __syncthreads();
   const uint64_t e = sh.epoch;
-  traceAt(p, blockIdx.x, traceSeq, kTraceLoaded);
+  traceAt(p, blockIdx.x, traceSeq, kTraceStartBarrier);  // (set up)
   const bool ran = launchRun(p, sh, d, e, graph ? kLaunchGraph : kLaunchEager, mode, traceSeq);
   traceAt(p, blockIdx.x, traceSeq, kTraceEndBarrier);
   if (!graph) {

@@ -84,8 +84,10 @@ struct Row {
   double eagerMed, eagerP99, graphMed, graphP99;  // microseconds
   double hostUs;  // rank 0's host time per eager enqueue (wall clock of the eager loop / iters)
   // --trace: medians (us) of the kernel's stage intervals over the eager loop (docs/KERNEL.md):
-  // seen->loaded, loaded->start barrier, ->moved, ->end barrier, ->reported, reported->next seen.
-  double stageUs[6] = {};
+  // seen->loaded, loaded->start barrier, ->moved, ->end barrier, ->reported (SM cycles),
+  // reported->next seen (%globaltimer), seen->reported (cycles); the SM clock that converted them.
+  double stageUs[7] = {};
+  double smGHz = 0;
   size_t traced = 0;
   double memGBps, pctCopy;
 };
@@ -300,23 +302,42 @@ double threadLaunchFloorUs(int n, int rounds) {
 }
 
 // Medians of the stage intervals of the last `last` traced groups (flattened KernelTraceRecords,
-// by seq). Intervals with a missing stamp (0) are skipped.
-void traceStages(const std::vector<uint64_t>& flat, size_t last, double* stageUs, size_t* used) {
+// by seq: seq, kTracePoints %globaltimer stamps, kTracePoints clock64 stamps). The stages inside
+// a kernel are measured in SM cycles (%globaltimer moves in steps of about 1 us on an H200),
+// converted at the clock the records themselves show: their cycles over their nanoseconds from
+// first to last stamp, summed over every record (*smGHz). The gap between kernels is %globaltimer's
+// (cycles of two kernels need not share a clock). Intervals with a missing stamp (0) are skipped.
+// stageUs[0..4]: the five stages; [5]: reported -> next group seen; [6]: seen -> reported.
+void traceStages(const std::vector<uint64_t>& flat, size_t last, double* stageUs, double* smGHz, size_t* used) {
   using mkernel::coll::kTracePoints;
-  const size_t rec = 1 + kTracePoints;
+  constexpr int kLast = kTracePoints - 1;
+  const size_t rec = 1 + 2 * kTracePoints;
   const size_t n = flat.size() / rec;
   const size_t first = n > last ? n - last : 0;
-  std::vector<float> d[6];
+  double cycles = 0, ns = 0;
   for (size_t i = first; i < n; ++i) {
     const uint64_t* t = &flat[i * rec + 1];
-    for (int k = 0; k < 5; ++k)
-      if (t[k] != 0 && t[k + 1] >= t[k]) d[k].push_back(static_cast<float>(t[k + 1] - t[k]) * 1e-3f);
-    if (i + 1 < n && flat[(i + 1) * rec] == flat[i * rec] + 1) {  // consecutive groups
-      const uint64_t nextSeen = flat[(i + 1) * rec + 1];
-      if (t[5] != 0 && nextSeen >= t[5]) d[5].push_back(static_cast<float>(nextSeen - t[5]) * 1e-3f);
+    const uint64_t* c = t + kTracePoints;
+    if (t[0] != 0 && t[kLast] > t[0] && c[0] != 0 && c[kLast] > c[0]) {
+      cycles += static_cast<double>(c[kLast] - c[0]);
+      ns += static_cast<double>(t[kLast] - t[0]);
     }
   }
-  for (int k = 0; k < 6; ++k) stageUs[k] = percentile(d[k], 0.5);
+  *smGHz = ns > 0 ? cycles / ns : 0;
+  const double usPerCycle = cycles > 0 ? 1e-3 / *smGHz : 0;
+  std::vector<float> d[7];
+  for (size_t i = first; i < n; ++i) {
+    const uint64_t* t = &flat[i * rec + 1];
+    const uint64_t* c = t + kTracePoints;
+    for (int k = 0; k < kLast; ++k)
+      if (c[k] != 0 && c[k + 1] >= c[k]) d[k].push_back(static_cast<float>(static_cast<double>(c[k + 1] - c[k]) * usPerCycle));
+    if (c[0] != 0 && c[kLast] >= c[0]) d[6].push_back(static_cast<float>(static_cast<double>(c[kLast] - c[0]) * usPerCycle));
+    if (i + 1 < n && flat[(i + 1) * rec] == flat[i * rec] + 1) {  // consecutive groups
+      const uint64_t nextSeen = flat[(i + 1) * rec + 1];
+      if (t[kLast] != 0 && nextSeen >= t[kLast]) d[5].push_back(static_cast<float>(nextSeen - t[kLast]) * 1e-3f);
+    }
+  }
+  for (int k = 0; k < 7; ++k) stageUs[k] = percentile(d[k], 0.5);
   *used = n - first;
 }
 
@@ -529,12 +550,13 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         const double hostUs =
             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart).count() / iters;
         cudaStreamSynchronize(stream);
-        double stageUs[6] = {};
+        double stageUs[7] = {};
+        double smGHz = 0;
         size_t traced = 0;
         if (opt.trace && r == 0) {
           std::vector<uint64_t> flat;
           if (comm->kernelTrace(&flat) != Result::Success) return fail("kernelTrace");
-          traceStages(flat, static_cast<size_t>(iters), stageUs, &traced);
+          traceStages(flat, static_cast<size_t>(iters), stageUs, &smGHz, &traced);
         }
         const std::vector<float> eager = intervals(ev, iters);
         barrier.wait();
@@ -559,7 +581,8 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         if (comm->asyncError() != Result::Success) return fail("asyncError");
         if (r == 0) {
           Row row = makeRow(opt.mode, n, a.count * 4, eager, graph, hostUs, copyGBps);
-          for (int k = 0; k < 6; ++k) row.stageUs[k] = stageUs[k];
+          for (int k = 0; k < 7; ++k) row.stageUs[k] = stageUs[k];
+          row.smGHz = smGHz;
           row.traced = traced;
           rows->push_back(row);
           std::fprintf(stderr, "collbench: %s %d ranks %12zu B  eager %9.2f us  graph %9.2f us  host %7.2f us/op  %8.1f GB/s\n",
@@ -705,12 +728,15 @@ int main(int argc, char** argv) {
                 r.graphMed, r.graphP99, r.hostUs, r.memGBps, r.pctCopy);
   if (opt.trace) {
     std::printf("# kernel trace (rank 0, CTA 0, medians in us over the eager loop): seen->loaded, loaded->start barrier,\n"
-                "# start barrier->data moved, moved->end barrier, end barrier->reported, reported->next group seen\n");
-    std::printf("%10s %5s %12s %8s %8s %8s %8s %8s %8s %7s\n", "wait", "ranks", "bytes", "load", "start", "move", "end",
-                "report", "gap", "groups");
+                "# start barrier->data moved, moved->end barrier, end barrier->reported, seen->reported (SM cycles at\n"
+                "# the clock sm_GHz the records show), reported->next group seen (%%globaltimer); the launch kernel's\n"
+                "# columns: start->pushed (LL mode), ->set up, ->received, ->peers' tokens, ->end\n");
+    std::printf("%10s %5s %12s %8s %8s %8s %8s %8s %8s %8s %7s %7s\n", "wait", "ranks", "bytes", "load", "start", "move", "end",
+                "report", "kernel", "gap", "sm_GHz", "groups");
     for (const Row& r : rows)
-      std::printf("%10s %5d %12zu %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %7zu\n", r.wait.c_str(), r.ranks, r.bytes,
-                  r.stageUs[0], r.stageUs[1], r.stageUs[2], r.stageUs[3], r.stageUs[4], r.stageUs[5], r.traced);
+      std::printf("%10s %5d %12zu %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.2f %7.3f %7zu\n", r.wait.c_str(), r.ranks, r.bytes,
+                  r.stageUs[0], r.stageUs[1], r.stageUs[2], r.stageUs[3], r.stageUs[4], r.stageUs[6], r.stageUs[5],
+                  r.smGHz, r.traced);
   }
   if (!opt.csv.empty()) {
     FILE* f = std::fopen(opt.csv.c_str(), "w");
