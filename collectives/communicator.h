@@ -40,6 +40,7 @@ struct CollStats {
   uint64_t launchMaxBytes = 0;              // the launch path's threshold in effect (0: off)
   uint64_t llMaxBytes = 0;                  // ... its LL mode's, bytes per (source, destination) (0: off)
   uint64_t llOps = 0;                       // ops issued in LL mode
+  uint64_t llBatchOps = 0;                  // ... of which in a batch of a group's ops (MKERNEL_LL_BATCH)
   uint64_t oneRankCopies = 0;               // one rank: ops done as a cudaMemcpyAsync (MKERNEL_ONE_RANK)
   bool launchDirect = false;                // ... and above it, eager ops of thread ranks (direct mode)
   int directSharing = 1;                    // the most ranks on one GPU (direct mode's upper end)

@@ -190,6 +190,11 @@ class KernelCommunicator final : public Communicator {
   bool oneRankCopy(const CollArgs& a) const;
   Result copyOneRank(const CollArgs& a, cudaStream_t stream);
   Result launchOp(const WorkDesc& d, Path path, bool capturing, cudaStream_t stream);
+  Result launchBatch(const WorkDesc* descs, int n, bool capturing, cudaStream_t stream);
+  Result launchOrder(bool capturing, cudaStream_t stream);
+  Result launchQueued(cudaStream_t runOn, cudaStream_t stream, CollType last);
+  bool batchable(const WorkDesc& d, Path path) const;
+  bool batchableArgs(const CollArgs& a) const;
   Result postSlot(const WorkDesc* descs, int nOps, bool capturing, cudaStream_t stream);
   Result agreeLaunchCap(int smsLeft);
   Result setupProxy();
@@ -250,6 +255,8 @@ class KernelCommunicator final : public Communicator {
   int launchCap_ = 1;                  // CTAs per launch-path op, agreed by all ranks
   uint64_t llMaxBytes_ = 0;            // MKERNEL_LL_MAX_BYTES, the smallest any rank asked for
   uint64_t llOps_ = 0;                 // ops issued in LL mode (eager and captured)
+  uint64_t llBatchOps_ = 0;            // ... of which in an LL batch (launchBatch)
+  bool llBatch_ = true;                // MKERNEL_LL_BATCH
   bool launchDirect_ = false;          // MKERNEL_LAUNCH_DIRECT and thread ranks: larger ops too
   uint64_t directMaxBytes_ = kDirectAuto;  // MKERNEL_DIRECT_MAX_BYTES (directTakes)
   int directSharing_ = 1;                  // the most ranks on one GPU, agreed (directTakes)
@@ -373,6 +380,7 @@ Result KernelCommunicator::init() {
   if (oneRank != "copy" && oneRank != "kernel")
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_ONE_RANK=%s: expected copy or kernel", oneRank.c_str());
   oneRankKernel_ = oneRank == "kernel";
+  llBatch_ = paramInt("LL_BATCH", 1) != 0;
   const std::string launchStream = paramString("LAUNCH_STREAM");
   if (launchStream != "caller" && launchStream != "own")
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_STREAM=%s: expected caller or own", launchStream.c_str());
@@ -742,9 +750,14 @@ Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stre
            n > 0 ? collName(ops[0].coll) : "-", n > 0 ? ops[0].count : size_t(0), static_cast<void*>(stream),
            capturing ? ", capturing" : "");
   if (fence_ != nullptr && !capturing) {
-    // Ranks sharing this GPU: one op at a time, each start fenced before its end wait is queued.
-    for (int i = 0; i < n; ++i) {
-      Result r = enqueueLocked(&ops[i], 1, stream, /*capturing=*/false);
+    // Ranks sharing this GPU: one launch at a time (an op, or a run of ops that make one LL
+    // batch), each start fenced before its end wait is queued.
+    for (int i = 0; i < n;) {
+      int run = 1;
+      if (batchableArgs(ops[i]))
+        while (run < kMaxOpsPerSlot && i + run < n && batchableArgs(ops[i + run])) ++run;
+      Result r = enqueueLocked(&ops[i], run, stream, /*capturing=*/false);
+      i += run;
       const Result c = completeStartsLocked();  // also after a failure: queues what was held
       if (r == Result::Success) r = c;
       if (r != Result::Success) return r;
@@ -860,8 +873,9 @@ Result KernelCommunicator::runTail(const Tail& t) {
   return Result::Success;
 }
 
-// Posts ops (mu_ held). With a fence and not capturing, exactly one op: its start is queued, what
-// waits for its end held for completeStartsLocked, and the fence told once a start was queued.
+// Posts ops (mu_ held). With a fence and not capturing, exactly one launch (one op, or the ops of
+// one LL batch): its start is queued, what waits for its end held for completeStartsLocked, and
+// the fence told once a start was queued.
 Result KernelCommunicator::enqueueLocked(const CollArgs* ops, int n, cudaStream_t stream, bool capturing) {
   const bool fenced = fence_ != nullptr && !capturing;
   const uint64_t startsBefore = startsQueued_;
@@ -872,15 +886,33 @@ Result KernelCommunicator::enqueueLocked(const CollArgs* ops, int n, cudaStream_
   // In order: launch-path ops each get a kernel launch; runs of the others share doorbell slots
   // (up to kMaxOpsPerSlot per slot). Every rank splits a group the same way (the decision
   // depends only on shared arguments).
+  // Consecutive LL ops of one CTA each (batchable) are held in `batch` and launched as one
+  // kernel (launchBatch) when the run ends; a run of one takes launchOp.
   WorkDesc descs[kMaxOpsPerSlot];
   int nOps = 0;
+  WorkDesc batch[kMaxOpsPerSlot];
+  int nBatch = 0;
   Result res = Result::Success;
+  auto flushBatch = [&]() {
+    if (nBatch == 1) res = launchOp(batch[0], Path::kLaunchLl, capturing, stream);
+    if (nBatch > 1) res = launchBatch(batch, nBatch, capturing, stream);
+    nBatch = 0;
+  };
   for (int i = 0; i < n && res == Result::Success; ++i) {
     if (ops[i].count == 0) continue;  // NCCL: a no-op (the count is the same on every rank)
     WorkDesc d;
     res = fillDesc(ops[i], &d);
     if (res != Result::Success) break;
     const Path path = pathOf(d, capturing);
+    if (batchable(d, path)) {
+      if (nOps > 0) res = postSlot(descs, nOps, capturing, stream);
+      nOps = 0;
+      batch[nBatch++] = d;
+      if (nBatch == kMaxOpsPerSlot && res == Result::Success) flushBatch();
+      continue;
+    }
+    if (nBatch > 0) flushBatch();
+    if (res != Result::Success) break;
     if (path != Path::kDoorbell && oneRankCopy(ops[i])) {
       if (nOps > 0) res = postSlot(descs, nOps, capturing, stream);
       nOps = 0;
@@ -899,6 +931,7 @@ Result KernelCommunicator::enqueueLocked(const CollArgs* ops, int n, cudaStream_
       nOps = 0;
     }
   }
+  if (res == Result::Success && nBatch > 0) flushBatch();
   if (res == Result::Success && nOps > 0) res = postSlot(descs, nOps, capturing, stream);
   holdTails_ = false;
   if (fenced && startsQueued_ != startsBefore) {
@@ -963,9 +996,8 @@ Result KernelCommunicator::copyOneRank(const CollArgs& a, cudaStream_t stream) {
   return Result::Success;
 }
 
-Result KernelCommunicator::launchOp(const WorkDesc& desc, Path path, bool capturing, cudaStream_t stream) {
-  const bool direct = path == Path::kLaunchDirect;
-  const int mode = direct ? kLaunchModeDirect : path == Path::kLaunchLl ? kLaunchModeLl : kLaunchModeInbox;
+// Before a launch-path launch on `stream`: the order against the previous one.
+Result KernelCommunicator::launchOrder(bool capturing, cudaStream_t stream) {
   // One launch-path op at a time per communicator and namespace (launch_path.h): an eager op on
   // another stream than the previous one waits for that op through launchEvent_ (recordEachOp_:
   // recorded after every op, so the old stream is never used again). A stream destroyed right
@@ -1000,6 +1032,75 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, Path path, bool captur
               opts_.rank);
     }
   }
+  return Result::Success;
+}
+
+// After an eager launch-path launch on runOn (the caller's stream, or the own one): what the
+// next launch orders itself after, and the caller's stream's wait on the own one.
+Result KernelCommunicator::launchQueued(cudaStream_t runOn, cudaStream_t stream, CollType last) {
+  lastLaunchColl_ = collName(last);
+  lastLaunchAt_ = std::chrono::steady_clock::now();
+  if (launchStream_ != nullptr) MK_CHECK(queueTail({Tail::kOwnStreamOut, stream, 0}));
+  if (recordEachOp_) MK_CUDA(cudaEventRecord(launchEvent_, runOn), "cudaEventRecord(launch path)");
+  lastLaunchStream_ = runOn;
+  return Result::Success;
+}
+
+// Whether an op joins an LL batch: LL mode, one CTA, MKERNEL_LL_BATCH on. The same answer on
+// every rank (pathOf and llCtas depend only on arguments every rank shares).
+bool KernelCommunicator::batchable(const WorkDesc& d, Path path) const {
+  return llBatch_ && path == Path::kLaunchLl &&
+         llCtas(llPayloadBytes(d.count, dataTypeSize(static_cast<DataType>(d.dtype))), launchCap_) == 1;
+}
+
+// The same for an eager op's arguments (the fenced enqueue's runs); a no-op is not batchable.
+bool KernelCommunicator::batchableArgs(const CollArgs& a) const {
+  if (!llBatch_ || a.count == 0) return false;
+  WorkDesc d;
+  if (fillDesc(a, &d) != Result::Success) return false;
+  return batchable(d, pathOf(d, /*capturing=*/false));
+}
+
+// n > 1 batchable ops of one group as one launch (launchLlBatch): the communicator's next n
+// launch-path ops, in order.
+Result KernelCommunicator::launchBatch(const WorkDesc* descs, int n, bool capturing, cudaStream_t stream) {
+  MK_CHECK(launchOrder(capturing, stream));
+  LlBatch b{};
+  b.nOps = n;
+  for (int i = 0; i < n; ++i) b.ops[i] = descs[i];
+  llOps_ += static_cast<uint64_t>(n);
+  llBatchOps_ += static_cast<uint64_t>(n);
+  if (capturing) {
+    b.epoch = 0;  // the device numbers them from graphSeq at every replay
+    MK_CHECK(launchLlBatch(params_, b, stream));
+    startsQueued_ += static_cast<uint64_t>(n);
+    return Result::Success;
+  }
+  b.epoch = launchSeq_ + 1;
+  for (int i = 0; i < n; ++i) {
+    ++launchSeq_;
+    b.opIndex[i] = ++launchIssued_[descs[i].coll];
+  }
+  cudaStream_t runOn = launchStream_ != nullptr ? launchStream_ : stream;
+  if (watch_ == Watch::All || (watch_ == Watch::First && b.epoch == 1)) {
+    // The watch follows the batch's last op (its kernel stamps that number when it starts).
+    MK_CUDA(cudaEventRecord(watchPre_, runOn), "cudaEventRecord(launch watch)");
+    watchEpoch_ = launchSeq_;
+    watchColl_ = descs[n - 1].coll;
+    watchIndex_ = b.opIndex[n - 1];
+  }
+  MK_CHECK(launchLlBatch(params_, b, runOn));
+  startsQueued_ += static_cast<uint64_t>(n);
+  MK_CHECK(launchQueued(runOn, stream, static_cast<CollType>(descs[n - 1].coll)));
+  MK_TRACE(kLogColl, "rank %d: %d collectives launched as one LL batch (epochs %llu-%llu)", opts_.rank, n,
+           static_cast<unsigned long long>(b.epoch), static_cast<unsigned long long>(launchSeq_));
+  return Result::Success;
+}
+
+Result KernelCommunicator::launchOp(const WorkDesc& desc, Path path, bool capturing, cudaStream_t stream) {
+  const bool direct = path == Path::kLaunchDirect;
+  const int mode = direct ? kLaunchModeDirect : path == Path::kLaunchLl ? kLaunchModeLl : kLaunchModeInbox;
+  MK_CHECK(launchOrder(capturing, stream));
   WorkDesc d = desc;
   const CollType c = static_cast<CollType>(d.coll);
   const uint64_t bytes = launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
@@ -1033,11 +1134,7 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, Path path, bool captur
   }
   MK_CHECK(launchCollective(params_, d, ctas, launchSeq_, index, mode, runOn));
   ++startsQueued_;
-  lastLaunchColl_ = collName(c);
-  lastLaunchAt_ = std::chrono::steady_clock::now();
-  if (launchStream_ != nullptr) MK_CHECK(queueTail({Tail::kOwnStreamOut, stream, 0}));
-  if (recordEachOp_) MK_CUDA(cudaEventRecord(launchEvent_, runOn), "cudaEventRecord(launch path)");
-  lastLaunchStream_ = runOn;
+  MK_CHECK(launchQueued(runOn, stream, c));
   MK_TRACE(kLogColl, "rank %d: %s launched on the launch path (%s, epoch %llu, %d CTAs)", opts_.rank, collName(c),
            direct ? "direct" : mode == kLaunchModeLl ? "LL" : "inbox", static_cast<unsigned long long>(launchSeq_), ctas);
   return Result::Success;
@@ -1412,6 +1509,7 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->launchMaxBytes = launchMaxBytes_;
   out->llMaxBytes = llMaxBytes_;
   out->llOps = llOps_;
+  out->llBatchOps = llBatchOps_;
   out->oneRankCopies = 0;
   for (uint64_t v : oneRankCopies_) out->oneRankCopies += v;
   out->launchDirect = launchDirect_;

@@ -82,6 +82,8 @@ nccl_tests_vs() {
       # NT_ITERS: iterations per size (nccl-tests' -n, default 20: +-3 us on the small sizes of a
       # -g 2 run, docs/PERFORMANCE.md session 12).
       [ -n "${NT_ITERS:-}" ] && args+=(-n "$NT_ITERS")
+      # NT_AGG=K: K collectives per iteration in one group (nccl-tests' -m; times are per collective).
+      if [ -n "${NT_AGG:-}" ]; then args+=(-m "$NT_AGG"); how="$how -m $NT_AGG"; fi
       # NT_ROUNDS=N: the whole sequence (NCCL, then every variant) N times, a table per round
       # (files -rK): what one process against another varies (session 13: 9 against 13 us).
       for round in $(seq 1 "${NT_ROUNDS:-1}"); do

@@ -19,6 +19,7 @@
 #      run on GPU 0's local CPUs; LC_NT_ROUNDS=N: NCCL and the variants N times over, a table each;
 #      LC_NT_MODES (any of g t gG tG, default g): -g <GPUs> (one thread drives every GPU), -t <GPUs> -g 1
 #      (a thread per GPU), and either in CUDA graphs (-G LC_NT_GRAPH_LAUNCHES, default 10);
+#      LC_NT_AGG=K: K collectives per iteration in one group (nccl-tests' -m);
 #   3b. (unless LC_COLLBENCH=0) mkernel-collbench AllReduce, NCCL / launch / memop in one process: one rank up to 32 KiB
 #      (and again with MKERNEL_ONE_RANK=kernel),
 #      and (2+ GPUs) one rank per GPU up to LC_COLLBENCH_MAX (4194304) by factors of LC_COLLBENCH_STEP (4), again with each LC_LL_SWEEP
@@ -111,7 +112,7 @@ done
 [ "${LC_PERSISTENT:-1}" = 1 ] &&
   variants+=("persistent|MKERNEL_LAUNCH_MAX_BYTES=0: persistent kernel only|MKERNEL_LAUNCH_MAX_BYTES=0 MKERNEL_NCCL_CROSSOVER=off")
 if [ "${LC_NCCL_RUN:-1}" = 1 ]; then
-  NT_ITERS=${LC_NT_ITERS:-} NT_FACTOR=${LC_NT_FACTOR:-4} NT_PIN=${LC_NT_PIN:-0} NT_ROUNDS=${LC_NT_ROUNDS:-1} NT_MODES=${LC_NT_MODES:-g} NT_GRAPH_LAUNCHES=${LC_NT_GRAPH_LAUNCHES:-10} nccl_tests_vs "$TESTS" "${LC_MIN_BYTES:-8}" "${LC_MAX_BYTES:-4M}" 120 "${variants[@]}" || fail=1
+  NT_ITERS=${LC_NT_ITERS:-} NT_AGG=${LC_NT_AGG:-} NT_FACTOR=${LC_NT_FACTOR:-4} NT_PIN=${LC_NT_PIN:-0} NT_ROUNDS=${LC_NT_ROUNDS:-1} NT_MODES=${LC_NT_MODES:-g} NT_GRAPH_LAUNCHES=${LC_NT_GRAPH_LAUNCHES:-10} nccl_tests_vs "$TESTS" "${LC_MIN_BYTES:-8}" "${LC_MAX_BYTES:-4M}" 120 "${variants[@]}" || fail=1
   save tables.txt
 else
   echo "skipped (LC_NCCL_RUN=0): built only"

@@ -1176,6 +1176,45 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
   }
 }
 
+// A group's run of one-CTA LL ops in one launch (launch_path.h, "LL batches"): op i of the batch
+// is the communicator's launch-path op e0 + i, run after op i - 1 has ended (its receives and its
+// peers' tokens), which is what the LL protocol needs between consecutive ops of one rank. Only
+// LL code: no shared state, no other mode. One CTA, so the graph epilogue needs no counter.
+__global__ void __launch_bounds__(kLaunchThreads, 1) launchLlBatchKernel(const __grid_constant__ KernelParams p,
+                                                                         const __grid_constant__ LlBatch b) {
+  if (p.warmup) return;  // warmKernels
+  const bool graph = b.epoch == 0;
+  const int ns = graph ? kLaunchGraph : kLaunchEager;
+  const bool stop = stopRequested(p);
+  // Captured: graphSeq is the same for every thread during this launch (launchKernel).
+  const uint64_t e0 = !graph ? b.epoch : loadVolatile64(&p.self->graphSeq) + 1;
+  // The launch watch (launchKernel's), for the batch's last op: the number the host watches.
+  if (!graph && threadIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && b.epoch == 1)))
+    p.ctl->launchStarted = b.epoch + static_cast<uint64_t>(b.nOps) - 1;
+  bool ok = !stop;
+  for (int i = 0; i < b.nOps && ok; ++i) {
+    const uint64_t e = e0 + static_cast<uint64_t>(i);
+    const uint64_t traceSeq = graph ? kNoTrace : e - 1;
+    traceAt(p, 0, traceSeq, kTraceSeen);
+    llPush(p, b.ops[i], llArgs(p, b.ops[i], e, ns), false);
+    traceAt(p, 0, traceSeq, kTraceLoaded);
+    traceAt(p, 0, traceSeq, kTraceStartBarrier);
+    ok = launchLl(p, b.ops[i], e, ns, traceSeq);  // the same answer in every thread
+    traceAt(p, 0, traceSeq, kTraceEndBarrier);
+    if (ok && !graph && threadIdx.x == 0)
+      *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[b.ops[i].coll]) = b.opIndex[i];
+    traceAt(p, 0, traceSeq, kTraceReported);
+  }
+  if (!graph || threadIdx.x != 0) return;
+  // The graph epilogue of a one-CTA launch (launchKernel's, for every op of the batch, run or
+  // failed, as there): the batch's last number. Thread 0 stores it after its own read; every other
+  // thread read graphSeq before the last op's final barrier (a stopped batch uses no number).
+  if (!p.graphEpilogueLight) __threadfence();
+  for (int i = 0; i < b.nOps; ++i) p.self->graphOps[b.ops[i].coll] += 1;
+  if (!p.graphEpilogueLight) __threadfence();
+  *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e0 + static_cast<uint64_t>(b.nOps) - 1;
+}
+
 // ---- the gate: the caller's side of the doorbell protocol as a one-thread kernel ----------------
 
 // On the caller's stream, in place of the three stream memops (MKERNEL_STREAM_WAIT=kernel): it
@@ -1265,10 +1304,14 @@ Result persistentKernelLocalBytes(size_t* out) {
   cudaError_t err = cudaFuncGetAttributes(&attr, dev::gateKernel);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "attributes of the gate kernel: %s", cudaGetErrorString(err));
+  err = cudaFuncGetAttributes(&attr, dev::launchLlBatchKernel);
+  if (err != cudaSuccess)
+    return MK_ERROR(Result::UnhandledCudaError, "attributes of the LL batch kernel: %s", cudaGetErrorString(err));
+  const size_t batchLocal = attr.localSizeBytes;
   err = cudaFuncGetAttributes(&attr, dev::launchKernel);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "attributes of the launch-path kernel: %s", cudaGetErrorString(err));
-  const size_t launchLocal = attr.localSizeBytes;
+  const size_t launchLocal = attr.localSizeBytes > batchLocal ? attr.localSizeBytes : batchLocal;
   err = cudaFuncGetAttributes(&attr, dev::persistentKernel);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "attributes of the persistent kernel: %s", cudaGetErrorString(err));
@@ -1283,6 +1326,10 @@ Result warmKernels(cudaStream_t stream) {
   cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess) {
     dev::launchKernel<<<1, kLaunchThreads, 0, stream>>>(p, WorkDesc{}, 0, 0, 0);
+    err = cudaGetLastError();
+  }
+  if (err == cudaSuccess) {
+    dev::launchLlBatchKernel<<<1, kLaunchThreads, 0, stream>>>(p, LlBatch{});
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
@@ -1307,6 +1354,15 @@ Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uin
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching the launch-path kernel (%d CTAs) failed: %s",
                     p.rank, nCtas, cudaGetErrorString(err));
+  return Result::Success;
+}
+
+Result launchLlBatch(const KernelParams& p, const LlBatch& b, cudaStream_t stream) {
+  dev::launchLlBatchKernel<<<1, kLaunchThreads, 0, stream>>>(p, b);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching a batch of %d LL collectives failed: %s", p.rank,
+                    b.nOps, cudaGetErrorString(err));
   return Result::Success;
 }
 

@@ -72,7 +72,7 @@ Result launchGate(uint32_t* doorbell, HostControl* ctlDev, uint64_t timeoutNs, i
 // reason).
 Result persistentKernelLocalBytes(size_t* out);
 
-// Launches the persistent kernel and the launch-path kernel once each, as no-ops (KernelParams::
+// Launches the persistent kernel and the launch-path kernels once each, as no-ops (KernelParams::
 // warmup), on `stream`, and waits for them. The first launch of a kernel that needs more local
 // memory than the context holds resizes it, and the resize waits for every kernel running in the
 // context; done at creation, before any of mkernel's kernels runs, it waits for nothing
@@ -95,6 +95,18 @@ constexpr int kLaunchModeDirect = 1;
 constexpr int kLaunchModeLl = 2;
 Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uint64_t epoch, uint64_t opIndex,
                         int mode, cudaStream_t stream);
+
+// A run of a group's LL ops that each take one CTA (launch_path.h, "LL batches"), launched as one
+// kernel of one CTA: op i is the communicator's launch-path op epoch + i (epoch 0: captured, the
+// device numbers them from graphSeq), reporting opIndex[i] in launchDone[ops[i].coll].
+struct LlBatch {
+  WorkDesc ops[kMaxOpsPerSlot];
+  uint64_t opIndex[kMaxOpsPerSlot];
+  uint64_t epoch;
+  int32_t nOps;
+  int32_t reserved;
+};
+Result launchLlBatch(const KernelParams& p, const LlBatch& b, cudaStream_t stream);
 
 // Largest number of CTAs of the launch-path kernel one SM can hold (occupancy query).
 Result launchKernelCtasPerSm(int* out);

@@ -150,6 +150,126 @@ void graphReplay(const char* waitMode, bool graphLaunch, int ranksPerNode = 0) {
   CHECK(failures.empty());
 }
 
+// What a mixed-test collective's output element i must be (int32, sum; inputs rankInput with the
+// item's salt): empty when res matches, else what differs. Reduce: only the root's is checked.
+std::string mixedWrong(CollType coll, size_t count, int root, int salt, int rank, int n, const std::vector<int32_t>& res) {
+  for (size_t i = 0; i < res.size(); ++i) {
+    int64_t want = 0;
+    switch (coll) {
+      case CollType::AllReduce: want = expectedSum(n, salt, i); break;
+      case CollType::Reduce:
+        if (rank != root) return "";
+        want = expectedSum(n, salt, i);
+        break;
+      case CollType::ReduceScatter: want = expectedSum(n, salt, rank * count + i); break;
+      case CollType::AllGather: want = static_cast<int32_t>(i / count) + 1 + salt + static_cast<int64_t>(i % count); break;
+      case CollType::Broadcast: want = root + 1 + salt + static_cast<int64_t>(i); break;
+    }
+    if (res[i] != static_cast<int32_t>(want))
+      return std::string(mkernel::coll::collName(coll)) + " count " + std::to_string(count) + " element " +
+             std::to_string(i) + " = " + std::to_string(res[i]) + ", want " + std::to_string(want);
+  }
+  return "";
+}
+
+// LL batches (MKERNEL_LL_BATCH, launch_path.h): groups of 2-8 small collectives of every kind
+// (int32, 1-2048 elements from each rank to each peer: one CTA each), each group one launch per
+// rank. capture: each group is captured into a graph and replayed 3 times with new inputs, an eager
+// group between replays. Every output is checked, and CollStats::llBatchOps must count every op
+// (the captured ones once, at capture) with MKERNEL_LL_BATCH=1, none with 0.
+void llBatches(int n, bool capture, bool batchOn) {
+  EnvGuard batch("MKERNEL_LL_BATCH", batchOn ? "1" : "0");
+  constexpr int kGroups = 24, kMaxGroup = 8, kReplays = 3;
+  constexpr size_t kMaxCount = 2048;
+  auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
+    std::vector<int32_t*> ins(kMaxGroup), outs(kMaxGroup);
+    for (int b = 0; b < kMaxGroup; ++b) {
+      ins[b] = ctx.deviceAlloc<int32_t>(kMaxCount * 4 * n);
+      outs[b] = ctx.deviceAlloc<int32_t>(kMaxCount * 4 * n);
+      if (ins[b] == nullptr || outs[b] == nullptr) return ctx.fail("cudaMalloc");
+    }
+    if (ctx.bs->barrier() != Result::Success) return ctx.fail("bootstrap barrier after allocation");
+    uint64_t rng = 777;  // same sequence on every rank
+    uint64_t ops = 0;
+    struct Item { CollType coll; size_t count; int root; };
+    for (int g = 0; g < kGroups; ++g) {
+      const int k = 2 + static_cast<int>(mkgpu::splitmix(rng) % (kMaxGroup - 1));
+      std::vector<Item> items;
+      std::vector<CollArgs> args;
+      for (int j = 0; j < k; ++j) {
+        Item it{static_cast<CollType>(mkgpu::splitmix(rng) % 5), 1 + mkgpu::splitmix(rng) % kMaxCount,
+                static_cast<int>(mkgpu::splitmix(rng) % n)};
+        CollArgs a = allReduceSum(ins[j], outs[j], it.count);
+        a.coll = it.coll;
+        a.root = it.root;
+        items.push_back(it);
+        args.push_back(a);
+      }
+      // Uploads inputs with this salt, runs `run`, checks every output.
+      auto round = [&](int salt, const std::function<bool()>& run, const std::string& what) -> bool {
+        ctx.hostReset();
+        for (int j = 0; j < k; ++j) {
+          const size_t sendCount = items[j].coll == CollType::ReduceScatter ? items[j].count * n : items[j].count;
+          std::vector<int32_t> in = rankInput(ctx.rank, salt + j, sendCount);
+          if (!ctx.toDevice(ins[j], in.data(), sendCount * 4)) return ctx.fail("upload"), false;
+          cudaMemsetAsync(outs[j], 0xff, kMaxCount * 4 * n, ctx.stream);
+        }
+        if (!run()) return ctx.fail(what + ": " + mkernel::lastError()), false;
+        std::vector<const void*> staged(k);
+        for (int j = 0; j < k; ++j) {
+          const size_t recvCount = items[j].coll == CollType::AllGather ? items[j].count * n : items[j].count;
+          staged[j] = ctx.fromDevice(outs[j], recvCount * 4);
+          if (staged[j] == nullptr) return ctx.fail("download"), false;
+        }
+        if (cudaStreamSynchronize(ctx.stream) != cudaSuccess) return ctx.fail(what + ": stream sync"), false;
+        for (int j = 0; j < k; ++j) {
+          const size_t recvCount = items[j].coll == CollType::AllGather ? items[j].count * n : items[j].count;
+          std::vector<int32_t> res(recvCount);
+          std::memcpy(res.data(), staged[j], recvCount * 4);
+          const std::string w = mixedWrong(items[j].coll, items[j].count, items[j].root, salt + j, ctx.rank, n, res);
+          if (!w.empty()) return ctx.fail(what + ", op " + std::to_string(j) + " of " + std::to_string(k) + ": " + w), false;
+        }
+        return true;
+      };
+      auto eager = [&] { return ctx.comm->enqueue(args.data(), k, ctx.stream) == Result::Success; };
+      const std::string name = "group " + std::to_string(g);
+      ops += static_cast<uint64_t>(k);
+      if (!capture) {
+        if (!round(100 * g, eager, name)) return;
+        continue;
+      }
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      if (cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return ctx.fail("begin capture");
+      const Result er = ctx.comm->enqueue(args.data(), k, ctx.stream);
+      if (cudaStreamEndCapture(ctx.stream, &graph) != cudaSuccess || er != Result::Success)
+        return ctx.fail(name + ": capture failed: " + mkernel::lastError());
+      if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return ctx.fail(name + ": instantiate");
+      bool ok = true;
+      for (int rep = 0; rep < kReplays && ok; ++rep) {
+        ok = round(100 * g + 10 * rep, [&] { return cudaGraphLaunch(exec, ctx.stream) == cudaSuccess; },
+                   name + " replay " + std::to_string(rep));
+        // An eager group between replays (the eager namespace, numbered by the host).
+        if (ok && rep == 1) {
+          ok = round(100 * g + 50, eager, name + " eager between replays");
+          ops += static_cast<uint64_t>(k);
+        }
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      if (!ok) return;
+    }
+    mkernel::coll::CollStats st;
+    ctx.comm->stats(&st);
+    const uint64_t want = batchOn ? ops : 0;
+    if (st.llBatchOps != want)
+      ctx.fail("llBatchOps " + std::to_string(st.llBatchOps) + ", want " + std::to_string(want) + " (" +
+               std::to_string(ops) + " ops issued, llOps " + std::to_string(st.llOps) + ")");
+  });
+  for (const auto& f : failures) FAIL_CHECK(f);
+  CHECK(failures.empty());
+}
+
 }  // namespace
 
 TEST_CASE("gpu: CUDA graph capture and replay on the launch path (graph namespace), eager collectives between replays", "[gpu][graph][graphns]") {
@@ -331,23 +451,7 @@ TEST_CASE("gpu: 1200 mixed collectives back to back, groups, no host sync in bet
         if (staged == nullptr) return ctx.fail("download: staging full");
         cudaStreamSynchronize(ctx.stream);
         std::memcpy(res.data(), staged, recvCount * 4);
-        std::string w;
-        for (size_t i = 0; i < recvCount && w.empty(); ++i) {
-          int64_t want = 0;
-          switch (it.coll) {
-            case CollType::AllReduce: want = expectedSum(n, it.salt, i); break;
-            case CollType::Reduce:
-              if (ctx.rank != it.root) { i = recvCount; continue; }
-              want = expectedSum(n, it.salt, i);
-              break;
-            case CollType::ReduceScatter: want = expectedSum(n, it.salt, ctx.rank * it.count + i); break;
-            case CollType::AllGather: want = static_cast<int32_t>(i / it.count) + 1 + it.salt + static_cast<int64_t>(i % it.count); break;
-            case CollType::Broadcast: want = it.root + 1 + it.salt + static_cast<int64_t>(i); break;
-          }
-          if (res[i] != static_cast<int32_t>(want))
-            w = std::string(mkernel::coll::collName(it.coll)) + " count " + std::to_string(it.count) + " element " +
-                std::to_string(i) + " = " + std::to_string(res[i]) + ", want " + std::to_string(want);
-        }
+        const std::string w = mixedWrong(it.coll, it.count, it.root, it.salt, ctx.rank, n, res);
         if (!w.empty()) return ctx.fail("iteration " + std::to_string(it.salt) + ": " + w);
       }
     }
@@ -498,4 +602,22 @@ TEST_CASE("gpu: abort while the kernel spins on a missing peer returns at once a
 TEST_CASE("gpu: abort while the kernel spins on a missing peer returns at once and releases the stream (persistent kernel)", "[gpu]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   abortWhileSpinning("0");
+}
+
+TEST_CASE("gpu: groups of small collectives as LL batches (2 and 4 ranks, eager)", "[gpu][llbatch]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  llBatches(2, false, true);
+  llBatches(4, false, true);
+}
+
+TEST_CASE("gpu: groups of small collectives as LL batches, captured and replayed (2 and 4 ranks)", "[gpu][llbatch]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  llBatches(2, true, true);
+  llBatches(4, true, true);
+}
+
+TEST_CASE("gpu: the same groups with MKERNEL_LL_BATCH=0 (a launch per collective)", "[gpu][llbatch]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  llBatches(2, false, false);
+  llBatches(2, true, false);
 }
