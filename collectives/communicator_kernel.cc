@@ -194,7 +194,8 @@ class KernelCommunicator final : public Communicator {
   Result launchOrder(bool capturing, cudaStream_t stream);
   Result launchQueued(cudaStream_t runOn, cudaStream_t stream, CollType last);
   bool batchable(const WorkDesc& d, Path path) const;
-  bool batchableArgs(const CollArgs& a) const;
+  bool batchableArgs(const CollArgs& a, uint64_t* lines) const;
+  static uint64_t opLines(const WorkDesc& d);
   Result postSlot(const WorkDesc* descs, int nOps, bool capturing, cudaStream_t stream);
   Result agreeLaunchCap(int smsLeft);
   Result setupProxy();
@@ -256,7 +257,8 @@ class KernelCommunicator final : public Communicator {
   uint64_t llMaxBytes_ = 0;            // MKERNEL_LL_MAX_BYTES, the smallest any rank asked for
   uint64_t llOps_ = 0;                 // ops issued in LL mode (eager and captured)
   uint64_t llBatchOps_ = 0;            // ... of which in an LL batch (launchBatch)
-  bool llBatch_ = true;                // MKERNEL_LL_BATCH
+  enum class LlBatchMode { Off, Serial, Exchange };
+  LlBatchMode llBatch_ = LlBatchMode::Serial;  // MKERNEL_LL_BATCH
   bool launchDirect_ = false;          // MKERNEL_LAUNCH_DIRECT and thread ranks: larger ops too
   uint64_t directMaxBytes_ = kDirectAuto;  // MKERNEL_DIRECT_MAX_BYTES (directTakes)
   int directSharing_ = 1;                  // the most ranks on one GPU, agreed (directTakes)
@@ -380,7 +382,10 @@ Result KernelCommunicator::init() {
   if (oneRank != "copy" && oneRank != "kernel")
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_ONE_RANK=%s: expected copy or kernel", oneRank.c_str());
   oneRankKernel_ = oneRank == "kernel";
-  llBatch_ = paramInt("LL_BATCH", 1) != 0;
+  const std::string llBatch = paramString("LL_BATCH");
+  if (llBatch != "off" && llBatch != "serial" && llBatch != "exchange")
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_LL_BATCH=%s: expected off, serial or exchange", llBatch.c_str());
+  llBatch_ = llBatch == "off" ? LlBatchMode::Off : llBatch == "exchange" ? LlBatchMode::Exchange : LlBatchMode::Serial;
   const std::string launchStream = paramString("LAUNCH_STREAM");
   if (launchStream != "caller" && launchStream != "own")
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_STREAM=%s: expected caller or own", launchStream.c_str());
@@ -753,9 +758,14 @@ Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stre
     // Ranks sharing this GPU: one launch at a time (an op, or a run of ops that make one LL
     // batch), each start fenced before its end wait is queued.
     for (int i = 0; i < n;) {
+      // The run enqueueLocked makes one LL batch of (the same rules: kMaxOpsPerSlot, one slot's lines).
       int run = 1;
-      if (batchableArgs(ops[i]))
-        while (run < kMaxOpsPerSlot && i + run < n && batchableArgs(ops[i + run])) ++run;
+      uint64_t lines = 0;
+      if (batchableArgs(ops[i], &lines))
+        for (uint64_t more = 0; run < kMaxOpsPerSlot && i + run < n && batchableArgs(ops[i + run], &more) &&
+                                lines + more <= llSlotLines(opts_.nRanks);
+             ++run)
+          lines += more;
       Result r = enqueueLocked(&ops[i], run, stream, /*capturing=*/false);
       i += run;
       const Result c = completeStartsLocked();  // also after a failure: queues what was held
@@ -892,11 +902,13 @@ Result KernelCommunicator::enqueueLocked(const CollArgs* ops, int n, cudaStream_
   int nOps = 0;
   WorkDesc batch[kMaxOpsPerSlot];
   int nBatch = 0;
+  uint64_t batchLines = 0;
   Result res = Result::Success;
   auto flushBatch = [&]() {
     if (nBatch == 1) res = launchOp(batch[0], Path::kLaunchLl, capturing, stream);
     if (nBatch > 1) res = launchBatch(batch, nBatch, capturing, stream);
     nBatch = 0;
+    batchLines = 0;
   };
   for (int i = 0; i < n && res == Result::Success; ++i) {
     if (ops[i].count == 0) continue;  // NCCL: a no-op (the count is the same on every rank)
@@ -907,7 +919,10 @@ Result KernelCommunicator::enqueueLocked(const CollArgs* ops, int n, cudaStream_
     if (batchable(d, path)) {
       if (nOps > 0) res = postSlot(descs, nOps, capturing, stream);
       nOps = 0;
+      // One exchange holds what one slot holds (every rank splits the same way).
+      if (nBatch > 0 && batchLines + opLines(d) > llSlotLines(opts_.nRanks) && res == Result::Success) flushBatch();
       batch[nBatch++] = d;
+      batchLines += opLines(d);
       if (nBatch == kMaxOpsPerSlot && res == Result::Success) flushBatch();
       continue;
     }
@@ -1049,25 +1064,55 @@ Result KernelCommunicator::launchQueued(cudaStream_t runOn, cudaStream_t stream,
 // Whether an op joins an LL batch: LL mode, one CTA, MKERNEL_LL_BATCH on. The same answer on
 // every rank (pathOf and llCtas depend only on arguments every rank shares).
 bool KernelCommunicator::batchable(const WorkDesc& d, Path path) const {
-  return llBatch_ && path == Path::kLaunchLl &&
+  return llBatch_ != LlBatchMode::Off && path == Path::kLaunchLl &&
          llCtas(llPayloadBytes(d.count, dataTypeSize(static_cast<DataType>(d.dtype))), launchCap_) == 1;
 }
 
-// The same for an eager op's arguments (the fenced enqueue's runs); a no-op is not batchable.
-bool KernelCommunicator::batchableArgs(const CollArgs& a) const {
-  if (!llBatch_ || a.count == 0) return false;
+// The same for an eager op's arguments (the fenced enqueue's runs), with its lines; a no-op is not
+// batchable.
+bool KernelCommunicator::batchableArgs(const CollArgs& a, uint64_t* lines) const {
+  if (llBatch_ == LlBatchMode::Off || a.count == 0) return false;
   WorkDesc d;
   if (fillDesc(a, &d) != Result::Success) return false;
+  *lines = opLines(d);
   return batchable(d, pathOf(d, /*capturing=*/false));
 }
 
-// n > 1 batchable ops of one group as one launch (launchLlBatch): the communicator's next n
-// launch-path ops, in order.
+// LL lines an op takes in each slot.
+uint64_t KernelCommunicator::opLines(const WorkDesc& d) {
+  return llLines(llPayloadBytes(d.count, dataTypeSize(static_cast<DataType>(d.dtype))));
+}
+
+// The bytes an op reads on this rank ([send, send + *sendBytes)) and writes ([recv, ...)).
+static void opRanges(const WorkDesc& d, int nRanks, uint64_t* sendBytes, uint64_t* recvBytes) {
+  const uint64_t block = d.count * dataTypeSize(static_cast<DataType>(d.dtype));
+  const CollType c = static_cast<CollType>(d.coll);
+  *sendBytes = c == CollType::ReduceScatter ? block * static_cast<uint64_t>(nRanks) : block;
+  *recvBytes = c == CollType::AllGather ? block * static_cast<uint64_t>(nRanks) : block;
+}
+
+// n > 1 batchable ops of one group as one launch and one LL exchange (launchLlBatch): one
+// launch-path number for all of them, their lines one after another in each slot.
 Result KernelCommunicator::launchBatch(const WorkDesc* descs, int n, bool capturing, cudaStream_t stream) {
   MK_CHECK(launchOrder(capturing, stream));
   LlBatch b{};
   b.nOps = n;
-  for (int i = 0; i < n; ++i) b.ops[i] = descs[i];
+  b.exchange = llBatch_ == LlBatchMode::Exchange ? 1 : 0;
+  uint64_t line = 0;
+  for (int i = 0; i < n; ++i) {
+    b.ops[i] = descs[i];
+    b.lineBase[i] = static_cast<uint32_t>(line);
+    line += opLines(descs[i]);
+    // An op that reads what an earlier op of the batch writes (on this rank) pushes after it.
+    uint64_t sendBytes = 0, recvBytes = 0;
+    opRanges(descs[i], opts_.nRanks, &sendBytes, &recvBytes);
+    for (int j = 0; j < i; ++j) {
+      uint64_t js = 0, jr = 0;
+      opRanges(descs[j], opts_.nRanks, &js, &jr);
+      if (descs[i].sendbuff < descs[j].recvbuff + jr && descs[j].recvbuff < descs[i].sendbuff + sendBytes)
+        b.deferMask |= 1u << i;
+    }
+  }
   llOps_ += static_cast<uint64_t>(n);
   llBatchOps_ += static_cast<uint64_t>(n);
   if (capturing) {
@@ -1076,14 +1121,13 @@ Result KernelCommunicator::launchBatch(const WorkDesc* descs, int n, bool captur
     startsQueued_ += static_cast<uint64_t>(n);
     return Result::Success;
   }
+  // exchange: one launch-path number for the batch; serial: one per op.
   b.epoch = launchSeq_ + 1;
-  for (int i = 0; i < n; ++i) {
-    ++launchSeq_;
-    b.opIndex[i] = ++launchIssued_[descs[i].coll];
-  }
+  launchSeq_ += b.exchange ? 1 : static_cast<uint64_t>(n);
+  for (int i = 0; i < n; ++i) b.opIndex[i] = ++launchIssued_[descs[i].coll];
   cudaStream_t runOn = launchStream_ != nullptr ? launchStream_ : stream;
   if (watch_ == Watch::All || (watch_ == Watch::First && b.epoch == 1)) {
-    // The watch follows the batch's last op (its kernel stamps that number when it starts).
+    // The watch follows the batch's last op (its kernel stamps the batch's number when it starts).
     MK_CUDA(cudaEventRecord(watchPre_, runOn), "cudaEventRecord(launch watch)");
     watchEpoch_ = launchSeq_;
     watchColl_ = descs[n - 1].coll;
@@ -1092,8 +1136,9 @@ Result KernelCommunicator::launchBatch(const WorkDesc* descs, int n, bool captur
   MK_CHECK(launchLlBatch(params_, b, runOn));
   startsQueued_ += static_cast<uint64_t>(n);
   MK_CHECK(launchQueued(runOn, stream, static_cast<CollType>(descs[n - 1].coll)));
-  MK_TRACE(kLogColl, "rank %d: %d collectives launched as one LL batch (epochs %llu-%llu)", opts_.rank, n,
-           static_cast<unsigned long long>(b.epoch), static_cast<unsigned long long>(launchSeq_));
+  MK_TRACE(kLogColl, "rank %d: %d collectives launched as one LL batch (%s, epoch %llu, %llu lines, deferred 0x%x)",
+           opts_.rank, n, b.exchange ? "one exchange" : "serial", static_cast<unsigned long long>(b.epoch),
+           static_cast<unsigned long long>(line), b.deferMask);
   return Result::Success;
 }
 

@@ -786,12 +786,13 @@ struct LlArgs {
   LlRange range;       // this CTA's lines
   uint64_t payload;    // bytes from each source to each destination
   uint64_t slotLines;  // llSlotLines(n): source k's lines start at k * slotLines
+  uint64_t lineBase;   // where the op's lines start in each slot (an LL batch's later ops: after the earlier ones')
   uint64_t epoch;
   int ns, parity;
   uint32_t flag;
 };
 __device__ __forceinline__ LlLine* llOwnLine(const KernelParams& p, const LlArgs& a, int source, uint64_t i) {
-  return &p.self->ll[a.ns].lines[a.parity][llSlotLine(a.slotLines, source, i)];
+  return &p.self->ll[a.ns].lines[a.parity][llSlotLine(a.slotLines, source, a.lineBase + i)];
 }
 
 // A thread's lines come in batches of kLlBatch (launch_path.h): line base + u * blockDim.x of
@@ -937,6 +938,7 @@ __device__ __forceinline__ LlArgs llArgs(const KernelParams& p, const WorkDesc& 
   a.payload = llPayloadBytes(d.count, elemSize(d.dtype));
   a.range = llCtaLines(llLines(a.payload), gridDim.x, blockIdx.x);
   a.slotLines = llSlotLines(p.nRanks);
+  a.lineBase = 0;
   a.epoch = epoch;
   a.ns = ns;
   a.parity = static_cast<int>(epoch & 1);
@@ -950,8 +952,9 @@ __device__ __forceinline__ LlArgs llArgs(const KernelParams& p, const WorkDesc& 
 // stop flag's mirror, the barrier) overlaps the NVLink crossing instead of preceding it. Peers'
 // addresses come from the kernel's parameters (no shared state is set up yet). stop: the
 // communicator has failed, nothing is stored; its loads are issued before stop is tested, so that
-// the stop flag's latency and the input's overlap.
-__device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d, const LlArgs& a, bool stop) {
+// the stop flag's latency and the input's overlap. token: phase 0 too (an LL batch's first op only).
+__device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d, const LlArgs& a, bool stop,
+                                      bool token = true) {
   const int n = p.nRanks, r = p.rank, cta = blockIdx.x;
   const CollType coll = static_cast<CollType>(d.coll);
   const uint64_t esz = elemSize(d.dtype);
@@ -959,14 +962,14 @@ __device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d,
   const uint32_t flag = a.flag;
   const int ns = a.ns;
   // Our slot's first line, in every peer. pathOf (llTakes) keeps llLines(payload) <= slotLines.
-  const uint64_t mine = llSlotLine(a.slotLines, r, 0);
+  const uint64_t mine = llSlotLine(a.slotLines, r, a.lineBase);
   const char* send = reinterpret_cast<const char*>(d.sendbuff);
   const int tid = static_cast<int>(threadIdx.x);
   const uint64_t first = a.range.first + threadIdx.x;
   const uint64_t end = a.range.first + a.range.count;
   const uint64_t step = kLlBatch * blockDim.x;
   // 0. The token: this rank has started op e (so it has finished op e - 1).
-  if (!stop && cta == 0 && tid < n && tid != r) llPut(&p.peers[tid]->ll[ns].token[a.parity][r], 0, flag);
+  if (token && !stop && cta == 0 && tid < n && tid != r) llPut(&p.peers[tid]->ll[ns].token[a.parity][r], 0, flag);
   // 1. Push, a batch at a time.
   if (coll == CollType::ReduceScatter) {
     for (uint64_t base = first; base < end; base += step) {
@@ -987,17 +990,14 @@ __device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d,
   }
 }
 
-// LL phases 2 and 3 of one op, this CTA's share (llPush ran phases 0 and 1 at the kernel's
-// start). False when the communicator had failed or a wait failed.
-__device__ bool launchLl(const KernelParams& p, const WorkDesc& d, uint64_t epoch, int ns, uint64_t traceSeq) {
-  const int n = p.nRanks, r = p.rank, cta = blockIdx.x;
+// LL phase 2 of one op, this CTA's share: its lines received, combined and written. This
+// thread's answer (no barrier); false when a wait failed.
+__device__ bool llReceive(const KernelParams& p, const WorkDesc& d, const LlArgs& a) {
+  const int n = p.nRanks, r = p.rank;
   const CollType coll = static_cast<CollType>(d.coll);
-  const LlArgs a = llArgs(p, d, epoch, ns);
   const uint64_t payload = a.payload;
-  const uint32_t flag = a.flag;
   const char* send = reinterpret_cast<const char*>(d.sendbuff);
   char* recv = reinterpret_cast<char*>(d.recvbuff);
-  const int tid = static_cast<int>(threadIdx.x);
   const uint64_t first = a.range.first + threadIdx.x;
   const uint64_t end = a.range.first + a.range.count;
   const uint64_t step = kLlBatch * blockDim.x;
@@ -1029,12 +1029,24 @@ __device__ bool launchLl(const KernelParams& p, const WorkDesc& d, uint64_t epoc
       if (ok) llStoreBatch(recv, payload, base, end, v);
     }
   }
-  traceAt(p, cta, traceSeq, kTraceMoved);  // (this thread's lines received and written)
-  // 3. Every peer's token.
-  if (ok && cta == 0 && tid < n && tid != r) {
-    uint64_t unused;
-    ok = llTake(p, &p.self->ll[ns].token[a.parity][tid], flag, &unused, tid, d.coll, epoch);
-  }
+  return ok;
+}
+
+// LL phase 3: every peer's token of this exchange (CTA 0's threads below n). This thread's answer.
+__device__ bool llTokens(const KernelParams& p, const LlArgs& a, int coll) {
+  const int tid = static_cast<int>(threadIdx.x);
+  if (blockIdx.x != 0 || tid >= p.nRanks || tid == p.rank) return true;
+  uint64_t unused;
+  return llTake(p, &p.self->ll[a.ns].token[a.parity][tid], a.flag, &unused, tid, coll, a.epoch);
+}
+
+// LL phases 2 and 3 of one op, this CTA's share (llPush ran phases 0 and 1 at the kernel's
+// start). False when the communicator had failed or a wait failed.
+__device__ bool launchLl(const KernelParams& p, const WorkDesc& d, uint64_t epoch, int ns, uint64_t traceSeq) {
+  const LlArgs a = llArgs(p, d, epoch, ns);
+  bool ok = llReceive(p, d, a);
+  traceAt(p, blockIdx.x, traceSeq, kTraceMoved);  // (this thread's lines received and written)
+  if (ok) ok = llTokens(p, a, d.coll);
   return __syncthreads_and(ok) != 0;
 }
 
@@ -1176,43 +1188,90 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
   }
 }
 
-// A group's run of one-CTA LL ops in one launch (launch_path.h, "LL batches"): op i of the batch
-// is the communicator's launch-path op e0 + i, run after op i - 1 has ended (its receives and its
-// peers' tokens), which is what the LL protocol needs between consecutive ops of one rank. Only
-// LL code: no shared state, no other mode. One CTA, so the graph epilogue needs no counter.
+// MKERNEL_LL_BATCH=exchange: the batch's ops as one LL exchange (launch_path.h, "LL batches"):
+// number e, one flag, one token per peer for the whole batch; op i's lines start at line
+// b.lineBase[i] of each slot, after the earlier ops'. Each rank pushes every op's lines, then
+// receives every op in order, except that an op whose input overlaps an earlier op's output on
+// this rank (b.deferMask, set by this rank's host) pushes only after the earlier ops are received
+// and written: what happens when is this rank's choice, since the peers only poll lines. (No cycle:
+// an op waits only for ops before it.) ok: the CTA's common answer so far. Returns the CTA's.
+__device__ bool llBatchExchange(const KernelParams& p, const LlBatch& b, uint64_t e, int ns, uint64_t traceSeq, bool ok,
+                                bool eager) {
+  auto args = [&](int i) {
+    LlArgs a = llArgs(p, b.ops[i], e, ns);
+    a.lineBase = b.lineBase[i];
+    return a;
+  };
+  int received = 0;
+  for (int i = 0; i < b.nOps; ++i) {
+    if ((b.deferMask >> i) & 1u) {
+      for (; received < i; ++received)
+        if (ok) ok = llReceive(p, b.ops[received], args(received));
+      ok = __syncthreads_and(ok) != 0;  // the earlier outputs written before this op's input is read
+    }
+    if (ok) llPush(p, b.ops[i], args(i), false, i == 0);
+  }
+  traceAt(p, 0, traceSeq, kTraceLoaded);  // (pushed)
+  traceAt(p, 0, traceSeq, kTraceStartBarrier);
+  for (; received < b.nOps; ++received)
+    if (ok) ok = llReceive(p, b.ops[received], args(received));
+  traceAt(p, 0, traceSeq, kTraceMoved);
+  if (ok) ok = llTokens(p, args(0), b.ops[0].coll);
+  ok = __syncthreads_and(ok) != 0;
+  traceAt(p, 0, traceSeq, kTraceEndBarrier);
+  if (ok && eager && threadIdx.x == 0)
+    for (int i = 0; i < b.nOps; ++i)
+      *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[b.ops[i].coll]) = b.opIndex[i];
+  return ok;
+}
+
+// A group's run of one-CTA LL ops in one launch (launch_path.h, "LL batches"). MKERNEL_LL_BATCH=
+// serial (b.exchange 0): op i is the communicator's launch-path op e0 + i, run after op i - 1 has
+// ended (its receives and its peers' tokens), which is what the LL protocol needs between
+// consecutive ops of one rank. exchange (b.exchange 1): llBatchExchange, one number for the
+// batch. Only LL code: no shared state, no other mode. One CTA, so the graph epilogue needs no
+// counter.
 __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlBatchKernel(const __grid_constant__ KernelParams p,
                                                                          const __grid_constant__ LlBatch b) {
   if (p.warmup) return;  // warmKernels
   const bool graph = b.epoch == 0;
   const int ns = graph ? kLaunchGraph : kLaunchEager;
-  const bool stop = stopRequested(p);
   // Captured: graphSeq is the same for every thread during this launch (launchKernel).
   const uint64_t e0 = !graph ? b.epoch : loadVolatile64(&p.self->graphSeq) + 1;
-  // The launch watch (launchKernel's), for the batch's last op: the number the host watches.
+  const uint64_t eLast = e0 + (b.exchange ? 0 : static_cast<uint64_t>(b.nOps) - 1);
+  // The launch watch (launchKernel's): the batch's last number, which the host watches.
   if (!graph && threadIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && b.epoch == 1)))
-    p.ctl->launchStarted = b.epoch + static_cast<uint64_t>(b.nOps) - 1;
-  bool ok = !stop;
-  for (int i = 0; i < b.nOps && ok; ++i) {
-    const uint64_t e = e0 + static_cast<uint64_t>(i);
-    const uint64_t traceSeq = graph ? kNoTrace : e - 1;
+    p.ctl->launchStarted = eLast;
+  // One answer for the CTA (the exchange's deferred pushes wait at barriers every thread reaches).
+  bool ok = __syncthreads_or(stopRequested(p)) == 0;
+  if (b.exchange) {
+    const uint64_t traceSeq = graph ? kNoTrace : e0 - 1;
     traceAt(p, 0, traceSeq, kTraceSeen);
-    llPush(p, b.ops[i], llArgs(p, b.ops[i], e, ns), false);
-    traceAt(p, 0, traceSeq, kTraceLoaded);
-    traceAt(p, 0, traceSeq, kTraceStartBarrier);
-    ok = launchLl(p, b.ops[i], e, ns, traceSeq);  // the same answer in every thread
-    traceAt(p, 0, traceSeq, kTraceEndBarrier);
-    if (ok && !graph && threadIdx.x == 0)
-      *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[b.ops[i].coll]) = b.opIndex[i];
+    ok = llBatchExchange(p, b, e0, ns, traceSeq, ok, !graph);
     traceAt(p, 0, traceSeq, kTraceReported);
+  } else {
+    for (int i = 0; i < b.nOps && ok; ++i) {
+      const uint64_t e = e0 + static_cast<uint64_t>(i);
+      const uint64_t traceSeq = graph ? kNoTrace : e - 1;
+      traceAt(p, 0, traceSeq, kTraceSeen);
+      llPush(p, b.ops[i], llArgs(p, b.ops[i], e, ns), false);
+      traceAt(p, 0, traceSeq, kTraceLoaded);
+      traceAt(p, 0, traceSeq, kTraceStartBarrier);
+      ok = launchLl(p, b.ops[i], e, ns, traceSeq);  // the same answer in every thread
+      traceAt(p, 0, traceSeq, kTraceEndBarrier);
+      if (ok && !graph && threadIdx.x == 0)
+        *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[b.ops[i].coll]) = b.opIndex[i];
+      traceAt(p, 0, traceSeq, kTraceReported);
+    }
   }
   if (!graph || threadIdx.x != 0) return;
   // The graph epilogue of a one-CTA launch (launchKernel's, for every op of the batch, run or
   // failed, as there): the batch's last number. Thread 0 stores it after its own read; every other
-  // thread read graphSeq before the last op's final barrier (a stopped batch uses no number).
+  // thread read graphSeq before the last barrier it passed (a stopped batch uses no number).
   if (!p.graphEpilogueLight) __threadfence();
   for (int i = 0; i < b.nOps; ++i) p.self->graphOps[b.ops[i].coll] += 1;
   if (!p.graphEpilogueLight) __threadfence();
-  *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e0 + static_cast<uint64_t>(b.nOps) - 1;
+  *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = eLast;
 }
 
 // ---- the gate: the caller's side of the doorbell protocol as a one-thread kernel ----------------

@@ -97,13 +97,19 @@ Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uin
                         int mode, cudaStream_t stream);
 
 // A run of a group's LL ops that each take one CTA (launch_path.h, "LL batches"), launched as one
-// kernel of one CTA: op i is the communicator's launch-path op epoch + i (epoch 0: captured, the
-// device numbers them from graphSeq), reporting opIndex[i] in launchDone[ops[i].coll].
+// kernel of one CTA. exchange 0 (MKERNEL_LL_BATCH=serial): op i is the communicator's launch-path
+// op epoch + i, each its own exchange. exchange 1 (=exchange): one exchange, number `epoch`, op
+// i's lines from line lineBase[i] of each slot; bit i of deferMask: op i's input overlaps an
+// earlier op's output on this rank (it pushes after those are written). epoch 0: captured, the
+// device numbers from graphSeq. Op i reports opIndex[i] in launchDone[ops[i].coll].
 struct LlBatch {
   WorkDesc ops[kMaxOpsPerSlot];
   uint64_t opIndex[kMaxOpsPerSlot];
+  uint32_t lineBase[kMaxOpsPerSlot];
   uint64_t epoch;
   int32_t nOps;
+  uint32_t deferMask;
+  int32_t exchange;
   int32_t reserved;
 };
 Result launchLlBatch(const KernelParams& p, const LlBatch& b, cudaStream_t stream);

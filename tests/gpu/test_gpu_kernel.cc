@@ -174,11 +174,13 @@ std::string mixedWrong(CollType coll, size_t count, int root, int salt, int rank
 
 // LL batches (MKERNEL_LL_BATCH, launch_path.h): groups of 2-8 small collectives of every kind
 // (int32, 1-2048 elements from each rank to each peer: one CTA each), each group one launch per
-// rank. capture: each group is captured into a graph and replayed 3 times with new inputs, an eager
+// rank; every fourth group chains in-place AllReduces of one buffer instead. mode: MKERNEL_LL_BATCH
+// (serial, exchange or off). capture: each group is captured into a graph and replayed 3 times with new inputs, an eager
 // group between replays. Every output is checked, and CollStats::llBatchOps must count every op
-// (the captured ones once, at capture) with MKERNEL_LL_BATCH=1, none with 0.
-void llBatches(int n, bool capture, bool batchOn) {
-  EnvGuard batch("MKERNEL_LL_BATCH", batchOn ? "1" : "0");
+// (the captured ones once, at capture) when batching is on, none when off.
+void llBatches(int n, bool capture, const char* mode) {
+  EnvGuard batch("MKERNEL_LL_BATCH", mode);
+  const bool batchOn = std::string(mode) != "off";
   constexpr int kGroups = 24, kMaxGroup = 8, kReplays = 3;
   constexpr size_t kMaxCount = 2048;
   auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
@@ -206,7 +208,8 @@ void llBatches(int n, bool capture, bool batchOn) {
         args.push_back(a);
       }
       // Uploads inputs with this salt, runs `run`, checks every output.
-      auto round = [&](int salt, const std::function<bool()>& run, const std::string& what) -> bool {
+      std::function<bool(int, const std::function<bool()>&, const std::string&)> round =
+          [&](int salt, const std::function<bool()>& run, const std::string& what) -> bool {
         ctx.hostReset();
         for (int j = 0; j < k; ++j) {
           const size_t sendCount = items[j].coll == CollType::ReduceScatter ? items[j].count * n : items[j].count;
@@ -231,8 +234,35 @@ void llBatches(int n, bool capture, bool batchOn) {
         }
         return true;
       };
+      // Every fourth group: k in-place AllReduces of one buffer, each reading the one before's
+      // output (the batch defers their pushes); after them element i is n^(k-1) x the sum.
+      const bool chain = g % 4 == 3;
+      const size_t chainCount = items[0].count;
+      if (chain) {
+        args.assign(static_cast<size_t>(k), allReduceSum(ins[0], ins[0], chainCount));
+        round = [&, k](int salt, const std::function<bool()>& run, const std::string& what) -> bool {
+          ctx.hostReset();
+          std::vector<int32_t> in = rankInput(ctx.rank, salt, chainCount);
+          if (!ctx.toDevice(ins[0], in.data(), chainCount * 4)) return ctx.fail("upload"), false;
+          if (!run()) return ctx.fail(what + ": " + mkernel::lastError()), false;
+          const void* staged = ctx.fromDevice(ins[0], chainCount * 4);
+          if (staged == nullptr || cudaStreamSynchronize(ctx.stream) != cudaSuccess) return ctx.fail(what + ": download"), false;
+          std::vector<int32_t> res(chainCount);
+          std::memcpy(res.data(), staged, chainCount * 4);
+          int64_t scale = 1;
+          for (int j = 1; j < k; ++j) scale *= n;
+          for (size_t i = 0; i < chainCount; ++i) {
+            const int32_t want = static_cast<int32_t>(scale * expectedSum(n, salt, i));
+            if (res[i] != want)
+              return ctx.fail(what + ": " + std::to_string(k) + " chained in-place AllReduces, element " + std::to_string(i) +
+                              " = " + std::to_string(res[i]) + ", want " + std::to_string(want)),
+                     false;
+          }
+          return true;
+        };
+      }
       auto eager = [&] { return ctx.comm->enqueue(args.data(), k, ctx.stream) == Result::Success; };
-      const std::string name = "group " + std::to_string(g);
+      const std::string name = "group " + std::to_string(g) + (chain ? " (chained in place)" : "");
       ops += static_cast<uint64_t>(k);
       if (!capture) {
         if (!round(100 * g, eager, name)) return;
@@ -604,20 +634,28 @@ TEST_CASE("gpu: abort while the kernel spins on a missing peer returns at once a
   abortWhileSpinning("0");
 }
 
-TEST_CASE("gpu: groups of small collectives as LL batches (2 and 4 ranks, eager)", "[gpu][llbatch]") {
+TEST_CASE("gpu: groups of small collectives as LL batches, serial (2 and 4 ranks, eager)", "[gpu][llbatch]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
-  llBatches(2, false, true);
-  llBatches(4, false, true);
+  llBatches(2, false, "serial");
+  llBatches(4, false, "serial");
 }
 
-TEST_CASE("gpu: groups of small collectives as LL batches, captured and replayed (2 and 4 ranks)", "[gpu][llbatch]") {
+TEST_CASE("gpu: groups of small collectives as LL batches, serial, captured and replayed (2 and 4 ranks)", "[gpu][llbatch]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
-  llBatches(2, true, true);
-  llBatches(4, true, true);
+  llBatches(2, true, "serial");
+  llBatches(4, true, "serial");
 }
 
-TEST_CASE("gpu: the same groups with MKERNEL_LL_BATCH=0 (a launch per collective)", "[gpu][llbatch]") {
+TEST_CASE("gpu: the same groups with MKERNEL_LL_BATCH=off (a launch per collective)", "[gpu][llbatch]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
-  llBatches(2, false, false);
-  llBatches(2, true, false);
+  llBatches(2, false, "off");
+  llBatches(2, true, "off");
+}
+
+TEST_CASE("gpu: groups of small collectives as one LL exchange (MKERNEL_LL_BATCH=exchange), eager and captured", "[gpu][llexchange]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  llBatches(2, false, "exchange");
+  llBatches(4, false, "exchange");
+  llBatches(2, true, "exchange");
+  llBatches(4, true, "exchange");
 }
