@@ -14,6 +14,13 @@
 // epoch from the rank's device counter (graphSeq + 1) at its start, some CTAs late; the last CTA
 // of an op to finish advances it, as launchKernel does for captured LL ops.
 //
+// LL batches (MKERNEL_LL_BATCH=exchange, the kernel's llBatchExchange): a batch of 2-8 one-CTA
+// ops is ONE exchange (one epoch, flag and token), op i's lines from lineBase[i] of each slot; a
+// rank pushes every op, then receives them in order, except that an op reading an earlier op's
+// output (an in-place AllReduce chained on it) pushes only after the earlier ops are received.
+// Must fail: without that deferral (the chained op pushes its input before it is computed), and
+// without the line offsets (every op's lines at the slot's start).
+//
 // The variants that must fail: no tokens (a non-root runs two Reduces ahead of the root and
 // overwrites lines it has not read), and no zeroing with a flag that wraps quickly (a stale
 // line carrying the current flag is taken). With zeroing, a flag that wraps every other op still
@@ -321,6 +328,220 @@ std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed, Varia
   return w.failures.list;
 }
 
+// ---- LL batches as one exchange ------------------------------------------------------------
+
+struct BatchVariant {
+  bool defer = true;    // a chained op pushes after the ops before it are received
+  bool offsets = true;  // op i's lines from lineBase[i] (false: every op from line 0)
+  int deadlineS = 20;
+};
+
+struct BatchOp {
+  LlOp op;
+  bool chained = false;  // AllReduce in place on the previous op's output buffer
+};
+
+// What rank r's output of `op` must be, given every rank's input (byte-wise sums for reductions).
+std::vector<uint8_t> reference(const LlOp& op, int n, int r, const std::vector<std::vector<uint8_t>>& in) {
+  const uint64_t payload = op.count * op.esz;
+  std::vector<uint8_t> out(recvBytes(op, n), 0);
+  for (uint64_t o = 0; o < out.size(); ++o) {
+    switch (op.coll) {
+      case CollType::AllGather: out[o] = in[o / payload][o % payload]; break;
+      case CollType::Broadcast: out[o] = in[static_cast<size_t>(op.root)][o]; break;
+      case CollType::ReduceScatter:
+        for (int k = 0; k < n; ++k) out[o] = static_cast<uint8_t>(out[o] + in[static_cast<size_t>(k)][static_cast<uint64_t>(r) * payload + o]);
+        break;
+      default:
+        for (int k = 0; k < n; ++k) out[o] = static_cast<uint8_t>(out[o] + in[static_cast<size_t>(k)][o]);
+    }
+  }
+  return out;
+}
+
+// One rank's batch, number `epoch`, as llBatchExchange runs it (one CTA: one thread here).
+// bufs[i]: op i's {send, recv}; a chained op's are both the previous op's recv.
+void runBatch(World& w, const BatchVariant& bv, int r, uint64_t epoch, const std::vector<BatchOp>& ops,
+              const std::vector<uint64_t>& lineBase, std::vector<std::vector<uint8_t>*>& send,
+              std::vector<std::vector<uint8_t>*>& recv, unsigned seed) {
+  std::mt19937 rng(seed);
+  const int n = w.n, parity = static_cast<int>(epoch & 1);
+  const uint32_t flag = w.flag(epoch);
+  auto tag = [&](size_t i) {
+    return "batch " + std::to_string(epoch) + " op " + std::to_string(i) + " (" + collName(ops[i].op.coll) + ") rank " +
+           std::to_string(r);
+  };
+  for (int k = 0; k < n; ++k)
+    if (k != r) put(w.token(k, parity, r), 0, flag);
+  auto push = [&](size_t j) {
+    const LlOp& op = ops[j].op;
+    const uint64_t payload = llPayloadBytes(op.count, op.esz), base = bv.offsets ? lineBase[j] : 0;
+    for (uint64_t i = 0; i < llLines(payload); ++i) {
+      const uint64_t at = i * kLlLinePayload;
+      for (int k = 0; k < n; ++k)
+        if (k != r && llSends(op.coll, r, k, op.root))
+          put(w.line(k, parity, r, base + i), load8(*send[j], llSendOffset(op.coll, op.count, op.esz, k) + at, payload - at), flag);
+    }
+  };
+  auto receive = [&](size_t j) {
+    const LlOp& op = ops[j].op;
+    const uint64_t payload = llPayloadBytes(op.count, op.esz), base = bv.offsets ? lineBase[j] : 0;
+    std::vector<std::atomic<int>> writes(recv[j]->size());
+    auto from = [&](int k, uint64_t i, uint64_t* v) {
+      if (k == r) {
+        *v = load8(*send[j], llSendOffset(op.coll, op.count, op.esz, r) + i * kLlLinePayload, payload - i * kLlLinePayload);
+        return true;
+      }
+      return take(w, w.line(r, parity, k, base + i), flag, v,
+                  [&] { return tag(j) + " line " + std::to_string(i) + " from rank " + std::to_string(k); });
+    };
+    for (uint64_t i = 0; i < llLines(payload); ++i) {
+      const uint64_t at = i * kLlLinePayload;
+      uint64_t v = 0;
+      if (op.coll == CollType::AllGather) {
+        for (int k = 0; k < n; ++k) {
+          if (!from(k, i, &v)) return false;
+          store8(*recv[j], writes, static_cast<uint64_t>(k) * payload + at, v, payload - at);
+        }
+      } else if (op.coll == CollType::Broadcast) {
+        if (!from(op.root, i, &v)) return false;
+        store8(*recv[j], writes, at, v, payload - at);
+      } else if (!(op.coll == CollType::Reduce && r != op.root)) {
+        uint8_t acc[8] = {};
+        for (int k = 0; k < n; ++k) {
+          if (!from(k, i, &v)) return false;
+          for (int b = 0; b < 8; ++b) acc[b] = static_cast<uint8_t>(acc[b] + static_cast<uint8_t>(v >> (8 * b)));
+        }
+        uint64_t out = 0;
+        for (int b = 0; b < 8; ++b) out |= static_cast<uint64_t>(acc[b]) << (8 * b);
+        store8(*recv[j], writes, at, out, payload - at);
+      }
+    }
+    return true;
+  };
+  size_t received = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (bv.defer && ops[i].chained)
+      for (; received < i; ++received)
+        if (!receive(received)) return;
+    push(i);
+    jitter(rng, 50);
+  }
+  for (; received < ops.size(); ++received)
+    if (!receive(received)) return;
+  for (int k = 0; k < n; ++k) {
+    uint64_t unused;
+    if (k != r && !take(w, w.token(r, parity, k), flag, &unused, [&] { return tag(0) + " token from rank " + std::to_string(k); }))
+      return;
+  }
+}
+
+// nBatches batches of 2-8 random one-CTA ops (within one slot's lines), about a third of the
+// later ops chained in place on the op before; every rank's every output against reference().
+std::vector<std::string> runBatchWorld(int n, int nBatches, unsigned seed, BatchVariant bv) {
+  World w;
+  w.n = n;
+  w.v.deadlineS = bv.deadlineS;
+  std::mt19937 rng(seed);
+  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
+                            CollType::Reduce};
+  const uint64_t eszs[] = {1, 2, 4, 8};
+  std::vector<std::vector<BatchOp>> batches;
+  std::vector<std::vector<uint64_t>> bases;
+  for (int b = 0; b < nBatches; ++b) {
+    const int k = 2 + static_cast<int>(rng() % 7);
+    std::vector<BatchOp> ops;
+    std::vector<uint64_t> base;
+    uint64_t lines = 0;
+    for (int i = 0; i < k; ++i) {
+      BatchOp bo;
+      bo.chained = i > 0 && rng() % 3 == 0 && ops.back().op.coll == CollType::AllReduce;
+      if (bo.chained) {
+        bo.op = ops.back().op;  // the same buffer, count and type
+      } else {
+        bo.op.coll = colls[rng() % 5];
+        bo.op.esz = eszs[rng() % 4];
+        bo.op.count = 1 + rng() % (kLlBytesPerCta / bo.op.esz);  // one CTA
+        bo.op.root = static_cast<int>(rng() % static_cast<unsigned>(n));
+      }
+      const uint64_t l = llLines(llPayloadBytes(bo.op.count, bo.op.esz));
+      if (lines + l > llSlotLines(n)) break;  // what one slot holds (launchBatch's rule)
+      base.push_back(lines);
+      lines += l;
+      ops.push_back(bo);
+    }
+    batches.push_back(ops);
+    bases.push_back(base);
+  }
+  const size_t nLines = static_cast<size_t>(n) * 2 * kLlSpaceLines * 2;
+  w.lines.reset(new Half[nLines]);
+  for (size_t i = 0; i < nLines; ++i) w.lines[i] = 0;
+  const size_t nTokens = static_cast<size_t>(n) * 2 * static_cast<size_t>(n) * 2;
+  w.tokens.reset(new Half[nTokens]);
+  for (size_t i = 0; i < nTokens; ++i) w.tokens[i] = 0;
+  // Every rank's buffers of every op, and the expected outputs, computed op by op in order.
+  const size_t nb = batches.size();
+  std::vector<std::vector<std::vector<std::vector<uint8_t>>>> sendBufs(nb), recvBufs(nb), want(nb);  // [b][i][rank]
+  for (size_t b = 0; b < nb; ++b) {
+    const size_t k = batches[b].size();
+    sendBufs[b].resize(k);
+    recvBufs[b].resize(k);
+    want[b].resize(k);
+    for (size_t i = 0; i < k; ++i) {
+      const LlOp& op = batches[b][i].op;
+      std::vector<std::vector<uint8_t>> in(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        if (batches[b][i].chained) {
+          in[static_cast<size_t>(r)] = want[b][i - 1][static_cast<size_t>(r)];
+        } else {
+          in[static_cast<size_t>(r)].resize(sendBytes(op, n));
+          for (uint64_t j = 0; j < in[static_cast<size_t>(r)].size(); ++j)
+            in[static_cast<size_t>(r)][j] = inputByte(b * 16 + i + 1, r, j);
+        }
+        recvBufs[b][i].push_back(std::vector<uint8_t>(recvBytes(op, n), 0));
+      }
+      sendBufs[b][i] = in;
+      for (int r = 0; r < n; ++r) {
+        // Reduce's non-roots write nothing: their output stays as it was (zeros, or a chain's input).
+        want[b][i].push_back(op.coll == CollType::Reduce && r != op.root ? recvBufs[b][i][static_cast<size_t>(r)]
+                                                                          : reference(op, n, r, in));
+      }
+    }
+  }
+  launchsim::runThreads(n, [&](int r) {
+    const size_t rs = static_cast<size_t>(r);
+    for (size_t b = 0; b < nb && !w.failures.stop; ++b) {
+      const size_t k = batches[b].size();
+      // Chained ops run in place on the previous op's output: the same buffer for both.
+      std::vector<std::vector<uint8_t>*> send(k), recv(k);
+      for (size_t i = 0; i < k; ++i) {
+        if (batches[b][i].chained) {
+          send[i] = recv[i] = recv[i - 1];
+        } else {
+          send[i] = &sendBufs[b][i][rs];
+          recv[i] = &recvBufs[b][i][rs];
+        }
+      }
+      runBatch(w, bv, r, b + 1, batches[b], bases[b], send, recv, static_cast<unsigned>(b * 131 + rs * 17));
+      if (w.failures.stop) return;
+      for (size_t i = 0; i < k; ++i) {
+        // A chain's buffer holds its last op's output: check the op that ends each chain.
+        if (i + 1 < k && batches[b][i + 1].chained) continue;
+        if (*recv[i] != want[b][i][rs]) {
+          size_t o = 0;
+          while (o < recv[i]->size() && (*recv[i])[o] == want[b][i][rs][o]) ++o;
+          w.failures.fail("batch " + std::to_string(b + 1) + " op " + std::to_string(i) + " (" +
+                          collName(batches[b][i].op.coll) + (batches[b][i].chained ? ", chained" : "") + ") rank " +
+                          std::to_string(r) + ": byte " + std::to_string(o) + " is " + std::to_string((*recv[i])[o]) +
+                          ", want " + std::to_string(want[b][i][rs][o]));
+          return;
+        }
+      }
+    }
+  });
+  return w.failures.list;
+}
+
 }  // namespace
 
 TEST_CASE("LL mode: lines, CTAs and the flag") {
@@ -433,4 +654,32 @@ TEST_CASE("LL mode: without the tokens, a non-root runs ahead of the root and ov
   REQUIRE(!failures.empty());
   WARN("caught: " << failures.front());
   CHECK(failures.front().find("overwritten") != std::string::npos);
+}
+
+TEST_CASE("LL batches as one exchange: random one-CTA ops, chains in place, one token per batch") {
+  for (int n : {2, 3, 4, 8}) {
+    INFO(n << " ranks");
+    const std::vector<std::string> failures = runBatchWorld(n, n == 8 ? 40 : 80, static_cast<unsigned>(n * 7919), BatchVariant{});
+    for (const auto& f : failures) FAIL_CHECK(f);
+    CHECK(failures.empty());
+  }
+}
+
+TEST_CASE("LL batches as one exchange: without the deferral, a chained op pushes its input before it is computed") {
+  BatchVariant bv;
+  bv.defer = false;
+  bv.deadlineS = 3;
+  const std::vector<std::string> failures = runBatchWorld(3, 80, 1234u, bv);
+  REQUIRE(!failures.empty());
+  WARN("caught: " << failures.front());
+  CHECK(failures.front().find("chained") != std::string::npos);
+}
+
+TEST_CASE("LL batches as one exchange: without the line offsets, the ops' lines collide") {
+  BatchVariant bv;
+  bv.offsets = false;
+  bv.deadlineS = 3;
+  const std::vector<std::string> failures = runBatchWorld(3, 80, 5678u, bv);
+  REQUIRE(!failures.empty());
+  WARN("caught: " << failures.front());
 }
