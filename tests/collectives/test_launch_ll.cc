@@ -84,6 +84,15 @@ struct World {
                     static_cast<size_t>(src)) * 2];
   }
   uint32_t flag(uint64_t e) const { return v.flagPeriod ? static_cast<uint32_t>(e % v.flagPeriod) + 1 : llFlag(e); }
+  // Every rank's line slots and tokens, both parities, zeroed (n set).
+  void allocate() {
+    const size_t nLines = static_cast<size_t>(n) * 2 * kLlSpaceLines * 2;
+    lines.reset(new Half[nLines]);
+    for (size_t i = 0; i < nLines; ++i) lines[i] = 0;
+    const size_t nTokens = static_cast<size_t>(n) * 2 * static_cast<size_t>(n) * 2;
+    tokens.reset(new Half[nTokens]);
+    for (size_t i = 0; i < nTokens; ++i) tokens[i] = 0;
+  }
 };
 
 uint8_t inputByte(uint64_t epoch, int rank, uint64_t j) {
@@ -318,12 +327,7 @@ std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed, Varia
     op.root = onlyReduceRoot0 ? 0 : static_cast<int>(rng() % static_cast<unsigned>(n));
     w.ops.push_back(op);
   }
-  const size_t nLines = static_cast<size_t>(n) * 2 * kLlSpaceLines * 2;
-  w.lines.reset(new Half[nLines]);
-  for (size_t i = 0; i < nLines; ++i) w.lines[i] = 0;
-  const size_t nTokens = static_cast<size_t>(n) * 2 * static_cast<size_t>(n) * 2;
-  w.tokens.reset(new Half[nTokens]);
-  for (size_t i = 0; i < nTokens; ++i) w.tokens[i] = 0;
+  w.allocate();
   launchsim::runThreads(n, [&](int r) { runRank(w, r); });
   return w.failures.list;
 }
@@ -473,12 +477,7 @@ std::vector<std::string> runBatchWorld(int n, int nBatches, unsigned seed, Batch
     batches.push_back(ops);
     bases.push_back(base);
   }
-  const size_t nLines = static_cast<size_t>(n) * 2 * kLlSpaceLines * 2;
-  w.lines.reset(new Half[nLines]);
-  for (size_t i = 0; i < nLines; ++i) w.lines[i] = 0;
-  const size_t nTokens = static_cast<size_t>(n) * 2 * static_cast<size_t>(n) * 2;
-  w.tokens.reset(new Half[nTokens]);
-  for (size_t i = 0; i < nTokens; ++i) w.tokens[i] = 0;
+  w.allocate();
   // Every rank's buffers of every op, and the expected outputs, computed op by op in order.
   const size_t nb = batches.size();
   std::vector<std::vector<std::vector<std::vector<uint8_t>>>> sendBufs(nb), recvBufs(nb), want(nb);  // [b][i][rank]
@@ -543,6 +542,13 @@ std::vector<std::string> runBatchWorld(int n, int nBatches, unsigned seed, Batch
 }
 
 }  // namespace
+
+// A variant that must fail: it did, and (needle non-empty) the first failure says so.
+void requireCaught(const std::vector<std::string>& failures, const std::string& needle) {
+  REQUIRE(!failures.empty());
+  WARN("caught: " << failures.front());
+  if (!needle.empty()) CHECK(failures.front().find(needle) != std::string::npos);
+}
 
 TEST_CASE("LL mode: lines, CTAs and the flag") {
   CHECK(llLines(1) == 1);
@@ -640,20 +646,14 @@ TEST_CASE("LL mode: without zeroing, a wrapped flag takes a stale line") {
   v.flagPeriod = 2;
   v.zero = false;
   v.deadlineS = 3;
-  const std::vector<std::string> failures = runWorld(3, 4, 120, 4242u, v);
-  REQUIRE(!failures.empty());
-  WARN("caught: " << failures.front());
-  CHECK(failures.front().find("stale one taken") != std::string::npos);
+  requireCaught(runWorld(3, 4, 120, 4242u, v), "stale one taken");
 }
 
 TEST_CASE("LL mode: without the tokens, a non-root runs ahead of the root and overwrites its lines") {
   Variant v;
   v.tokens = false;
   v.deadlineS = 3;
-  const std::vector<std::string> failures = runWorld(3, 2, 200, 777u, v, /*onlyReduceRoot0=*/true);
-  REQUIRE(!failures.empty());
-  WARN("caught: " << failures.front());
-  CHECK(failures.front().find("overwritten") != std::string::npos);
+  requireCaught(runWorld(3, 2, 200, 777u, v, /*onlyReduceRoot0=*/true), "overwritten");
 }
 
 TEST_CASE("LL batches as one exchange: random one-CTA ops, chains in place, one token per batch") {
@@ -669,17 +669,12 @@ TEST_CASE("LL batches as one exchange: without the deferral, a chained op pushes
   BatchVariant bv;
   bv.defer = false;
   bv.deadlineS = 3;
-  const std::vector<std::string> failures = runBatchWorld(3, 80, 1234u, bv);
-  REQUIRE(!failures.empty());
-  WARN("caught: " << failures.front());
-  CHECK(failures.front().find("chained") != std::string::npos);
+  requireCaught(runBatchWorld(3, 80, 1234u, bv), "chained");
 }
 
 TEST_CASE("LL batches as one exchange: without the line offsets, the ops' lines collide") {
   BatchVariant bv;
   bv.offsets = false;
   bv.deadlineS = 3;
-  const std::vector<std::string> failures = runBatchWorld(3, 80, 5678u, bv);
-  REQUIRE(!failures.empty());
-  WARN("caught: " << failures.front());
+  requireCaught(runBatchWorld(3, 80, 5678u, bv), "");
 }
