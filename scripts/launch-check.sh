@@ -20,7 +20,8 @@
 #      LC_NT_MODES (any of g t gG tG, default g): -g <GPUs> (one thread drives every GPU), -t <GPUs> -g 1
 #      (a thread per GPU), and either in CUDA graphs (-G LC_NT_GRAPH_LAUNCHES, default 10);
 #      LC_NT_AGG=K: K collectives per iteration in one group (nccl-tests' -m);
-#   3b. (unless LC_COLLBENCH=0) mkernel-collbench AllReduce, NCCL / launch / memop in one process: one rank up to 32 KiB
+#   3b. (unless LC_COLLBENCH=0) mkernel-collbench AllReduce, NCCL / launch / memop in one process (LC_COLLBENCH_GROUP=K:
+#      also groups of K, per MKERNEL_LL_BATCH in LC_COLLBENCH_BATCH, with the kernel trace): one rank up to 32 KiB
 #      (and again with MKERNEL_ONE_RANK=kernel),
 #      and (2+ GPUs) one rank per GPU up to LC_COLLBENCH_MAX (4194304) by factors of LC_COLLBENCH_STEP (4), again with each LC_LL_SWEEP
 #      value; LC_COLLBENCH_EMU="2,4,8": thread ranks emulated on GPU 0 up to LC_EMU_LL_MAX (32 KiB),
@@ -129,6 +130,18 @@ MKERNEL_ONE_RANK=kernel timeout 90 "$build/bin/mkernel-collbench" --ranks 1 --ma
 if [ "$NG" -gt 1 ]; then
   timeout 150 "$build/bin/mkernel-collbench" --gpus "$NG" --ranks "$NG" --max-bytes "${LC_COLLBENCH_MAX:-4194304}" \
     --step "${LC_COLLBENCH_STEP:-4}" --iters 300 --nccl "$NCCL_LIB" 2>>"$logs/collbench.err" | sed 's/^/multi-gpu: /' >>"$logs/collbench.txt" || fail=1
+  # LC_COLLBENCH_GROUP="K": again with each timed call a group of K AllReduces, once per
+  # MKERNEL_LL_BATCH value of LC_COLLBENCH_BATCH (default "serial exchange off"), NCCL's groups too.
+  if [ -n "${LC_COLLBENCH_GROUP:-}" ]; then
+    for lb in ${LC_COLLBENCH_BATCH:-serial exchange off}; do
+      nccl=()
+      [ "$lb" = serial ] && nccl=(--nccl "$NCCL_LIB")  # NCCL's groups once
+      MKERNEL_LL_BATCH=$lb timeout 150 "$build/bin/mkernel-collbench" --gpus "$NG" --ranks "$NG" --max-bytes "${LC_COLLBENCH_MAX:-4194304}" \
+        --step "${LC_COLLBENCH_STEP:-4}" --iters 300 --wait launch --group "$LC_COLLBENCH_GROUP" --trace 1 \
+        "${nccl[@]}" 2>>"$logs/collbench.err" |
+        sed "s/^/multi-gpu, group $LC_COLLBENCH_GROUP, LL_BATCH=$lb: /" >>"$logs/collbench.txt" || fail=1
+    done
+  fi
   for ll in $LL_SWEEP; do
     MKERNEL_LL_MAX_BYTES=$ll timeout 150 "$build/bin/mkernel-collbench" --gpus "$NG" --ranks "$NG" --max-bytes "${LC_COLLBENCH_MAX:-4194304}" \
       --step "${LC_COLLBENCH_STEP:-4}" --iters 300 --wait launch 2>>"$logs/collbench.err" | sed "s/^/multi-gpu, LL_MAX_BYTES=$ll: /" >>"$logs/collbench.txt" || fail=1

@@ -53,8 +53,18 @@ struct Options {
   std::string nccl;    // --nccl LIB: the real NCCL's AllReduce in the same run
   int gpus = 1;        // --gpus N: rank r runs on GPU r % N (N = 1: every rank on GPU 0, emulated)
   int ranksPerNode = 0;  // --ranks-per-node K: emulated nodes of K ranks (the hierarchical path)
+  // --group K: every timed call is a group of K AllReduces on the same buffers (NCCL: between
+  // ncclGroupStart and ncclGroupEnd; mkernel: one enqueue of K ops, MKERNEL_LL_BATCH); times are
+  // per collective (a group's interval / K), as nccl-tests -m reports them.
+  int group = 1;
   std::string csv;
 };
+
+// Per collective: every interval of a group of k divided by k.
+std::vector<float> perOp(std::vector<float> v, int k) {
+  for (float& x : v) x /= static_cast<float>(k);
+  return v;
+}
 
 class Barrier {
  public:
@@ -348,6 +358,8 @@ struct NcclApi {
   decltype(&ncclAllReduce) allReduce = nullptr;
   decltype(&ncclCommDestroy) commDestroy = nullptr;
   decltype(&ncclGetErrorString) errorString = nullptr;
+  decltype(&ncclGroupStart) groupStart = nullptr;
+  decltype(&ncclGroupEnd) groupEnd = nullptr;
 };
 
 bool loadNccl(const std::string& lib, NcclApi* api, std::string* why) {
@@ -361,7 +373,10 @@ bool loadNccl(const std::string& lib, NcclApi* api, std::string* why) {
   api->allReduce = reinterpret_cast<decltype(&ncclAllReduce)>(dlsym(h, "ncclAllReduce"));
   api->commDestroy = reinterpret_cast<decltype(&ncclCommDestroy)>(dlsym(h, "ncclCommDestroy"));
   api->errorString = reinterpret_cast<decltype(&ncclGetErrorString)>(dlsym(h, "ncclGetErrorString"));
-  if (!api->getVersion || !api->commInitAll || !api->allReduce || !api->commDestroy || !api->errorString) {
+  api->groupStart = reinterpret_cast<decltype(&ncclGroupStart)>(dlsym(h, "ncclGroupStart"));
+  api->groupEnd = reinterpret_cast<decltype(&ncclGroupEnd)>(dlsym(h, "ncclGroupEnd"));
+  if (!api->getVersion || !api->commInitAll || !api->allReduce || !api->commDestroy || !api->errorString ||
+      !api->groupStart || !api->groupEnd) {
     *why = lib + " lacks an NCCL entry point";
     return false;
   }
@@ -429,7 +444,10 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
       const size_t count = std::max<size_t>(1, bytes / 4);
       bool mine = true;
       auto call = [&] {
-        mine = mine && api.allReduce(b.send, b.recv, count, ncclFloat, ncclSum, comm, b.stream) == ncclSuccess;
+        if (opt.group > 1) mine = mine && api.groupStart() == ncclSuccess;
+        for (int k = 0; k < opt.group; ++k)
+          mine = mine && api.allReduce(b.send, b.recv, count, ncclFloat, ncclSum, comm, b.stream) == ncclSuccess;
+        if (opt.group > 1) mine = mine && api.groupEnd() == ncclSuccess;
       };
       if (run)
         for (int i = 0; i < 10; ++i) call();
@@ -441,10 +459,10 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
         call();
         cudaEventRecord(b.ev[static_cast<size_t>(i) + 1], b.stream);
       }
-      const double hostUs =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart).count() / iters;
+      const double hostUs = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart).count() /
+                            iters / opt.group;
       cudaStreamSynchronize(b.stream);
-      const std::vector<float> eager = run ? intervals(b.ev, iters) : std::vector<float>{};
+      const std::vector<float> eager = run ? perOp(intervals(b.ev, iters), opt.group) : std::vector<float>{};
       barrier.wait();
       std::vector<float> graph;
       cudaGraph_t g = nullptr;
@@ -466,7 +484,7 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
         }
       }
       barrier.wait();
-      if (ge != nullptr) graph = replayGraph(ge, b.stream, b.ev, opt.graphOps, iters);
+      if (ge != nullptr) graph = perOp(replayGraph(ge, b.stream, b.ev, opt.graphOps, iters), opt.group);
       if (ge != nullptr) cudaGraphExecDestroy(ge);
       if (g != nullptr) cudaGraphDestroy(g);
       if (!mine) ok = false;
@@ -536,19 +554,21 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         a.count = std::max<size_t>(1, bytes / 4);
         a.sendbuff = send;
         a.recvbuff = recv;
+        const std::vector<CollArgs> grp(static_cast<size_t>(opt.group), a);  // --group: one enqueue of them
+        const int ng = opt.group;
         // Warm-up (and the kernel launch) outside the timing.
         for (int i = 0; i < 10; ++i)
-          if (comm->enqueue(&a, 1, stream) != Result::Success) return fail("enqueue");
+          if (comm->enqueue(grp.data(), ng, stream) != Result::Success) return fail("enqueue");
         cudaStreamSynchronize(stream);
         barrier.wait();
         const auto hostStart = std::chrono::steady_clock::now();
         cudaEventRecord(ev[0], stream);
         for (int i = 0; i < iters; ++i) {
-          if (comm->enqueue(&a, 1, stream) != Result::Success) return fail("enqueue");
+          if (comm->enqueue(grp.data(), ng, stream) != Result::Success) return fail("enqueue");
           cudaEventRecord(ev[static_cast<size_t>(i) + 1], stream);
         }
         const double hostUs =
-            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart).count() / iters;
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart).count() / iters / ng;
         cudaStreamSynchronize(stream);
         double stageUs[7] = {};
         double smGHz = 0;
@@ -558,7 +578,7 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           if (comm->kernelTrace(&flat) != Result::Success) return fail("kernelTrace");
           traceStages(flat, static_cast<size_t>(iters), stageUs, &smGHz, &traced);
         }
-        const std::vector<float> eager = intervals(ev, iters);
+        const std::vector<float> eager = perOp(intervals(ev, iters), ng);
         barrier.wait();
         // Graph: graphOps collectives with an event between each, replayed until >= iters samples.
         cudaGraph_t g = nullptr;
@@ -567,7 +587,7 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         cudaEventRecordWithFlags(ev[0], stream, cudaEventRecordExternal);
         bool capOk = true;
         for (int i = 0; i < opt.graphOps; ++i) {
-          capOk = capOk && comm->enqueue(&a, 1, stream) == Result::Success;
+          capOk = capOk && comm->enqueue(grp.data(), ng, stream) == Result::Success;
           cudaEventRecordWithFlags(ev[static_cast<size_t>(i) + 1], stream, cudaEventRecordExternal);
         }
         if (cudaStreamEndCapture(stream, &g) != cudaSuccess || !capOk) return fail("capture");
@@ -575,7 +595,7 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         cudaGraphLaunch(ge, stream);  // warm-up
         cudaStreamSynchronize(stream);
         barrier.wait();
-        const std::vector<float> graph = replayGraph(ge, stream, ev, opt.graphOps, iters);
+        const std::vector<float> graph = perOp(replayGraph(ge, stream, ev, opt.graphOps, iters), ng);
         cudaGraphExecDestroy(ge);
         cudaGraphDestroy(g);
         if (comm->asyncError() != Result::Success) return fail("asyncError");
@@ -606,7 +626,9 @@ int usage() {
   std::fprintf(stderr,
                "usage: mkernel-collbench [--ranks 2,4,8] [--min-bytes 8] [--max-bytes 1073741824] "
                "[--step 8] [--iters 1000] [--wait launch,memop,kernel] [--trace 1] [--nccl libnccl.so.2] [--gpus 1] "
-               "[--ranks-per-node K] [--csv FILE]\n"
+               "[--ranks-per-node K] [--group K] [--csv FILE]\n"
+               "  --group K (1-8): every timed call a group of K AllReduces (NCCL: ncclGroupStart/End; mkernel: one\n"
+               "  enqueue, MKERNEL_LL_BATCH), times per collective\n"
                "  --ranks-per-node K: emulated nodes of K ranks, every collective through the hierarchical path and\n"
                "  the proxies (set MKERNEL_SOCKET_IFNAME=lo); MKERNEL_HIER_OVERLAP=0 runs its phases in turn\n");
   return 2;
@@ -631,9 +653,10 @@ int main(int argc, char** argv) {
     else if (a == "--nccl") opt.nccl = v;
     else if (a == "--gpus") opt.gpus = std::atoi(v);
     else if (a == "--ranks-per-node") opt.ranksPerNode = std::atoi(v);
+    else if (a == "--group") opt.group = std::atoi(v);
     else return usage();
   }
-  if (opt.step < 2 || opt.minBytes < 1 || opt.iters < 1 || opt.gpus < 1) return usage();
+  if (opt.step < 2 || opt.minBytes < 1 || opt.iters < 1 || opt.gpus < 1 || opt.group < 1 || opt.group > 8) return usage();
   if (opt.trace) setenv("MKERNEL_KERNEL_TRACE", "1", 1);
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 0);
   // 2 streams per rank (caller + internal): more hardware queues than CUDA's default 8, so that a
@@ -692,6 +715,9 @@ int main(int argc, char** argv) {
   }
   std::printf("# AllReduce float sum, thread ranks on %d x %s (%s); D2D copy %.0f GB/s\n", opt.gpus, prop.name,
               opt.gpus == 1 ? "every rank on GPU 0: emulated" : "rank r on GPU r % gpus", copyGBps);
+  if (opt.group > 1)
+    std::printf("# --group %d: each timed call a group of %d AllReduces on the same buffers; times per collective\n",
+                opt.group, opt.group);
   if (!opt.nccl.empty())
     std::printf("# NCCL rows: one rank per GPU, each driven by its own thread, as the mkernel rows' ranks\n");
   std::printf("# mem GB/s = 2 * ranks * bytes / eager median (each input read once, each output written once)\n");
