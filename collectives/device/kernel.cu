@@ -992,7 +992,7 @@ __device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d,
 
 // LL phase 2 of one op, this CTA's share: its lines received, combined and written. This
 // thread's answer (no barrier); false when a wait failed.
-__device__ bool llReceive(const KernelParams& p, const WorkDesc& d, const LlArgs& a) {
+__device__ __noinline__ bool llReceive(const KernelParams& p, const WorkDesc& d, LlArgs a) {
   const int n = p.nRanks, r = p.rank;
   const CollType coll = static_cast<CollType>(d.coll);
   const uint64_t payload = a.payload;
@@ -1038,6 +1038,12 @@ __device__ bool llTokens(const KernelParams& p, const LlArgs& a, int coll) {
   if (blockIdx.x != 0 || tid >= p.nRanks || tid == p.rank) return true;
   uint64_t unused;
   return llTake(p, &p.self->ll[a.ns].token[a.parity][tid], a.flag, &unused, tid, coll, a.epoch);
+}
+
+// llPush as one out-of-line copy, for the batch kernel's several call sites (inlined at each, the
+// pushes' code made that kernel spill).
+__device__ __noinline__ void llPushCall(const KernelParams& p, const WorkDesc& d, LlArgs a, bool token) {
+  llPush(p, d, a, false, token);
 }
 
 // LL phases 2 and 3 of one op, this CTA's share (llPush ran phases 0 and 1 at the kernel's
@@ -1195,8 +1201,8 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
 // this rank (b.deferMask, set by this rank's host) pushes only after the earlier ops are received
 // and written: what happens when is this rank's choice, since the peers only poll lines. (No cycle:
 // an op waits only for ops before it.) ok: the CTA's common answer so far. Returns the CTA's.
-__device__ bool llBatchExchange(const KernelParams& p, const LlBatch& b, uint64_t e, int ns, uint64_t traceSeq, bool ok,
-                                bool eager) {
+__device__ __noinline__ bool llBatchExchange(const KernelParams& p, const LlBatch& b, uint64_t e, int ns,
+                                             uint64_t traceSeq, bool ok, bool eager) {
   auto args = [&](int i) {
     LlArgs a = llArgs(p, b.ops[i], e, ns);
     a.lineBase = b.lineBase[i];
@@ -1209,7 +1215,7 @@ __device__ bool llBatchExchange(const KernelParams& p, const LlBatch& b, uint64_
         if (ok) ok = llReceive(p, b.ops[received], args(received));
       ok = __syncthreads_and(ok) != 0;  // the earlier outputs written before this op's input is read
     }
-    if (ok) llPush(p, b.ops[i], args(i), false, i == 0);
+    if (ok) llPushCall(p, b.ops[i], args(i), i == 0);
   }
   traceAt(p, 0, traceSeq, kTraceLoaded);  // (pushed)
   traceAt(p, 0, traceSeq, kTraceStartBarrier);
@@ -1223,6 +1229,24 @@ __device__ bool llBatchExchange(const KernelParams& p, const LlBatch& b, uint64_
     for (int i = 0; i < b.nOps; ++i)
       *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[b.ops[i].coll]) = b.opIndex[i];
   return ok;
+}
+
+// MKERNEL_LL_BATCH=serial: op i is number e0 + i, each its own exchange, after op i - 1 ended.
+__device__ __noinline__ void llBatchSerial(const KernelParams& p, const LlBatch& b, uint64_t e0, int ns, bool ok,
+                                           bool eager) {
+  for (int i = 0; i < b.nOps && ok; ++i) {
+    const uint64_t e = e0 + static_cast<uint64_t>(i);
+    const uint64_t traceSeq = eager ? e - 1 : kNoTrace;
+    traceAt(p, 0, traceSeq, kTraceSeen);
+    llPushCall(p, b.ops[i], llArgs(p, b.ops[i], e, ns), true);
+    traceAt(p, 0, traceSeq, kTraceLoaded);
+    traceAt(p, 0, traceSeq, kTraceStartBarrier);
+    ok = launchLl(p, b.ops[i], e, ns, traceSeq);  // the same answer in every thread
+    traceAt(p, 0, traceSeq, kTraceEndBarrier);
+    if (ok && eager && threadIdx.x == 0)
+      *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[b.ops[i].coll]) = b.opIndex[i];
+    traceAt(p, 0, traceSeq, kTraceReported);
+  }
 }
 
 // A group's run of one-CTA LL ops in one launch (launch_path.h, "LL batches"). MKERNEL_LL_BATCH=
@@ -1250,19 +1274,7 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlBatchKernel(const _
     ok = llBatchExchange(p, b, e0, ns, traceSeq, ok, !graph);
     traceAt(p, 0, traceSeq, kTraceReported);
   } else {
-    for (int i = 0; i < b.nOps && ok; ++i) {
-      const uint64_t e = e0 + static_cast<uint64_t>(i);
-      const uint64_t traceSeq = graph ? kNoTrace : e - 1;
-      traceAt(p, 0, traceSeq, kTraceSeen);
-      llPush(p, b.ops[i], llArgs(p, b.ops[i], e, ns), false);
-      traceAt(p, 0, traceSeq, kTraceLoaded);
-      traceAt(p, 0, traceSeq, kTraceStartBarrier);
-      ok = launchLl(p, b.ops[i], e, ns, traceSeq);  // the same answer in every thread
-      traceAt(p, 0, traceSeq, kTraceEndBarrier);
-      if (ok && !graph && threadIdx.x == 0)
-        *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[b.ops[i].coll]) = b.opIndex[i];
-      traceAt(p, 0, traceSeq, kTraceReported);
-    }
+    llBatchSerial(p, b, e0, ns, ok, !graph);
   }
   if (!graph || threadIdx.x != 0) return;
   // The graph epilogue of a one-CTA launch (launchKernel's, for every op of the batch, run or
