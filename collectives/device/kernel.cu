@@ -992,7 +992,7 @@ __device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d,
 
 // LL phase 2 of one op, this CTA's share: its lines received, combined and written. This
 // thread's answer (no barrier); false when a wait failed.
-__device__ __noinline__ bool llReceive(const KernelParams& p, const WorkDesc& d, LlArgs a) {
+__device__ __forceinline__ bool llReceive(const KernelParams& p, const WorkDesc& d, const LlArgs& a) {
   const int n = p.nRanks, r = p.rank;
   const CollType coll = static_cast<CollType>(d.coll);
   const uint64_t payload = a.payload;
@@ -1040,10 +1040,13 @@ __device__ bool llTokens(const KernelParams& p, const LlArgs& a, int coll) {
   return llTake(p, &p.self->ll[a.ns].token[a.parity][tid], a.flag, &unused, tid, coll, a.epoch);
 }
 
-// llPush as one out-of-line copy, for the batch kernel's several call sites (inlined at each, the
-// pushes' code made that kernel spill).
+// llPush and llReceive as one out-of-line copy each, for the batch kernel's several call sites
+// (inlined at each, they made that kernel spill; launchKernel inlines its one of each).
 __device__ __noinline__ void llPushCall(const KernelParams& p, const WorkDesc& d, LlArgs a, bool token) {
   llPush(p, d, a, false, token);
+}
+__device__ __noinline__ bool llReceiveCall(const KernelParams& p, const WorkDesc& d, LlArgs a) {
+  return llReceive(p, d, a);
 }
 
 // LL phases 2 and 3 of one op, this CTA's share (llPush ran phases 0 and 1 at the kernel's
@@ -1212,7 +1215,7 @@ __device__ __noinline__ bool llBatchExchange(const KernelParams& p, const LlBatc
   for (int i = 0; i < b.nOps; ++i) {
     if ((b.deferMask >> i) & 1u) {
       for (; received < i; ++received)
-        if (ok) ok = llReceive(p, b.ops[received], args(received));
+        if (ok) ok = llReceiveCall(p, b.ops[received], args(received));
       ok = __syncthreads_and(ok) != 0;  // the earlier outputs written before this op's input is read
     }
     if (ok) llPushCall(p, b.ops[i], args(i), i == 0);
@@ -1220,7 +1223,7 @@ __device__ __noinline__ bool llBatchExchange(const KernelParams& p, const LlBatc
   traceAt(p, 0, traceSeq, kTraceLoaded);  // (pushed)
   traceAt(p, 0, traceSeq, kTraceStartBarrier);
   for (; received < b.nOps; ++received)
-    if (ok) ok = llReceive(p, b.ops[received], args(received));
+    if (ok) ok = llReceiveCall(p, b.ops[received], args(received));
   traceAt(p, 0, traceSeq, kTraceMoved);
   if (ok) ok = llTokens(p, args(0), b.ops[0].coll);
   ok = __syncthreads_and(ok) != 0;
@@ -1238,10 +1241,14 @@ __device__ __noinline__ void llBatchSerial(const KernelParams& p, const LlBatch&
     const uint64_t e = e0 + static_cast<uint64_t>(i);
     const uint64_t traceSeq = eager ? e - 1 : kNoTrace;
     traceAt(p, 0, traceSeq, kTraceSeen);
-    llPushCall(p, b.ops[i], llArgs(p, b.ops[i], e, ns), true);
+    const LlArgs a = llArgs(p, b.ops[i], e, ns);
+    llPushCall(p, b.ops[i], a, true);
     traceAt(p, 0, traceSeq, kTraceLoaded);
     traceAt(p, 0, traceSeq, kTraceStartBarrier);
-    ok = launchLl(p, b.ops[i], e, ns, traceSeq);  // the same answer in every thread
+    ok = llReceiveCall(p, b.ops[i], a);  // launchLl's phases 2 and 3
+    traceAt(p, 0, traceSeq, kTraceMoved);
+    if (ok) ok = llTokens(p, a, b.ops[i].coll);
+    ok = __syncthreads_and(ok) != 0;  // the same answer in every thread
     traceAt(p, 0, traceSeq, kTraceEndBarrier);
     if (ok && eager && threadIdx.x == 0)
       *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[b.ops[i].coll]) = b.opIndex[i];
