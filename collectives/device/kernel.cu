@@ -1049,14 +1049,21 @@ __device__ __noinline__ bool llReceiveCall(const KernelParams& p, const WorkDesc
   return llReceive(p, d, a);
 }
 
-// LL phases 2 and 3 of one op, this CTA's share (llPush ran phases 0 and 1 at the kernel's
-// start). False when the communicator had failed or a wait failed.
-__device__ bool launchLl(const KernelParams& p, const WorkDesc& d, uint64_t epoch, int ns, uint64_t traceSeq) {
-  const LlArgs a = llArgs(p, d, epoch, ns);
-  bool ok = llReceive(p, d, a);
+// LL phases 2 and 3 of one op, this CTA's share (llPush ran phases 0 and 1 before). The same
+// answer in every thread: false when a wait failed. kOutOfLine: the receive through llReceiveCall
+// (the batch kernel), else inlined (launchKernel).
+template <bool kOutOfLine>
+__device__ __forceinline__ bool llFinish(const KernelParams& p, const WorkDesc& d, const LlArgs& a, uint64_t traceSeq) {
+  bool ok = kOutOfLine ? llReceiveCall(p, d, a) : llReceive(p, d, a);
   traceAt(p, blockIdx.x, traceSeq, kTraceMoved);  // (this thread's lines received and written)
   if (ok) ok = llTokens(p, a, d.coll);
   return __syncthreads_and(ok) != 0;
+}
+
+// One LL op's phases 2 and 3 in launchKernel (llPush ran phases 0 and 1 at the kernel's start).
+// False when the communicator had failed or a wait failed.
+__device__ bool launchLl(const KernelParams& p, const WorkDesc& d, uint64_t epoch, int ns, uint64_t traceSeq) {
+  return llFinish<false>(p, d, llArgs(p, d, epoch, ns), traceSeq);
 }
 
 // One launch-path collective, this CTA's share (the kernel below adds the captured launches'
@@ -1245,10 +1252,7 @@ __device__ __noinline__ void llBatchSerial(const KernelParams& p, const LlBatch&
     llPushCall(p, b.ops[i], a, true);
     traceAt(p, 0, traceSeq, kTraceLoaded);
     traceAt(p, 0, traceSeq, kTraceStartBarrier);
-    ok = llReceiveCall(p, b.ops[i], a);  // launchLl's phases 2 and 3
-    traceAt(p, 0, traceSeq, kTraceMoved);
-    if (ok) ok = llTokens(p, a, b.ops[i].coll);
-    ok = __syncthreads_and(ok) != 0;  // the same answer in every thread
+    ok = llFinish<true>(p, b.ops[i], a, traceSeq);
     traceAt(p, 0, traceSeq, kTraceEndBarrier);
     if (ok && eager && threadIdx.x == 0)
       *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[b.ops[i].coll]) = b.opIndex[i];
