@@ -258,7 +258,7 @@ class KernelCommunicator final : public Communicator {
   uint64_t llOps_ = 0;                 // ops issued in LL mode (eager and captured)
   uint64_t llBatchOps_ = 0;            // ... of which in an LL batch (launchBatch)
   enum class LlBatchMode { Off, Serial, Exchange };
-  LlBatchMode llBatch_ = LlBatchMode::Serial;  // MKERNEL_LL_BATCH
+  LlBatchMode llBatch_ = LlBatchMode::Exchange;  // MKERNEL_LL_BATCH
   bool launchDirect_ = false;          // MKERNEL_LAUNCH_DIRECT and thread ranks: larger ops too
   uint64_t directMaxBytes_ = kDirectAuto;  // MKERNEL_DIRECT_MAX_BYTES (directTakes)
   int directSharing_ = 1;                  // the most ranks on one GPU, agreed (directTakes)
@@ -1061,11 +1061,12 @@ Result KernelCommunicator::launchQueued(cudaStream_t runOn, cudaStream_t stream,
   return Result::Success;
 }
 
-// Whether an op joins an LL batch: LL mode, one CTA, MKERNEL_LL_BATCH on. The same answer on
-// every rank (pathOf and llCtas depend only on arguments every rank shares).
+// Whether an op joins an LL batch: LL mode, MKERNEL_LL_BATCH on (serial: ops of one CTA only).
+// The same answer on every rank (pathOf and llCtas depend only on arguments every rank shares).
 bool KernelCommunicator::batchable(const WorkDesc& d, Path path) const {
   return llBatch_ != LlBatchMode::Off && path == Path::kLaunchLl &&
-         llCtas(llPayloadBytes(d.count, dataTypeSize(static_cast<DataType>(d.dtype))), launchCap_) == 1;
+         (llBatch_ == LlBatchMode::Exchange ||
+          llCtas(llPayloadBytes(d.count, dataTypeSize(static_cast<DataType>(d.dtype))), launchCap_) == 1);
 }
 
 // The same for an eager op's arguments (the fenced enqueue's runs), with its lines; a no-op is not
@@ -1099,25 +1100,36 @@ Result KernelCommunicator::launchBatch(const WorkDesc* descs, int n, bool captur
   b.nOps = n;
   b.exchange = llBatch_ == LlBatchMode::Exchange ? 1 : 0;
   uint64_t line = 0;
+  LlBatchMem mem[kMaxOpsPerSlot] = {};
   for (int i = 0; i < n; ++i) {
     b.ops[i] = descs[i];
     b.lineBase[i] = static_cast<uint32_t>(line);
-    line += opLines(descs[i]);
-    // An op that reads what an earlier op of the batch writes (on this rank) pushes after it.
-    uint64_t sendBytes = 0, recvBytes = 0;
-    opRanges(descs[i], opts_.nRanks, &sendBytes, &recvBytes);
-    for (int j = 0; j < i; ++j) {
-      uint64_t js = 0, jr = 0;
-      opRanges(descs[j], opts_.nRanks, &js, &jr);
-      if (descs[i].sendbuff < descs[j].recvbuff + jr && descs[j].recvbuff < descs[i].sendbuff + sendBytes)
-        b.deferMask |= 1u << i;
-    }
+    mem[i].lines = opLines(descs[i]);
+    line += mem[i].lines;
+    mem[i].send = descs[i].sendbuff;
+    mem[i].recv = descs[i].recvbuff;
+    opRanges(descs[i], opts_.nRanks, &mem[i].sendBytes, &mem[i].recvBytes);
+    // A twin (llPlanWaves): the same descriptor as an earlier op (fillDesc zeroes it whole), out of place.
+    mem[i].twin = -1;
+    if (!llOverlap(mem[i].send, mem[i].sendBytes, mem[i].recv, mem[i].recvBytes))
+      for (int j = 0; j < i && mem[i].twin < 0; ++j)
+        if (std::memcmp(&descs[i], &descs[j], sizeof(WorkDesc)) == 0) mem[i].twin = j;
+  }
+  // exchange: the ops in waves by what each reads and writes on this rank (launch_path.h), over
+  // as many CTAs as the batch's payload takes (llCtas, as one op of it all would; the waves meet
+  // at barriers over the grid). serial: one CTA.
+  const int ctas = b.exchange ? llCtas(line * kLlLinePayload, launchCap_) : 1;
+  const LlWaves waves = llPlanWaves(mem, n, ctas * (kLaunchThreads / 32));
+  b.waveMask = waves.startMask;
+  for (int i = 0; i < n; ++i) {
+    b.warpFirst[i] = waves.warpFirst[i];
+    b.warpCount[i] = waves.warpCount[i];
   }
   llOps_ += static_cast<uint64_t>(n);
   llBatchOps_ += static_cast<uint64_t>(n);
   if (capturing) {
     b.epoch = 0;  // the device numbers them from graphSeq at every replay
-    MK_CHECK(launchLlBatch(params_, b, stream));
+    MK_CHECK(launchLlBatch(params_, b, ctas, stream));
     startsQueued_ += static_cast<uint64_t>(n);
     return Result::Success;
   }
@@ -1133,12 +1145,13 @@ Result KernelCommunicator::launchBatch(const WorkDesc* descs, int n, bool captur
     watchColl_ = descs[n - 1].coll;
     watchIndex_ = b.opIndex[n - 1];
   }
-  MK_CHECK(launchLlBatch(params_, b, runOn));
+  MK_CHECK(launchLlBatch(params_, b, ctas, runOn));
   startsQueued_ += static_cast<uint64_t>(n);
   MK_CHECK(launchQueued(runOn, stream, static_cast<CollType>(descs[n - 1].coll)));
-  MK_TRACE(kLogColl, "rank %d: %d collectives launched as one LL batch (%s, epoch %llu, %llu lines, deferred 0x%x)",
+  MK_TRACE(kLogColl,
+           "rank %d: %d collectives launched as one LL batch (%s, epoch %llu, %llu lines, %d CTA(s), %d wave(s))",
            opts_.rank, n, b.exchange ? "one exchange" : "serial", static_cast<unsigned long long>(b.epoch),
-           static_cast<unsigned long long>(line), b.deferMask);
+           static_cast<unsigned long long>(line), ctas, waves.waves);
   return Result::Success;
 }
 

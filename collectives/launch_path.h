@@ -242,5 +242,79 @@ MKERNEL_HD inline uint32_t llFlag(uint64_t epoch) {
   return f == 0 ? 1u : f;
 }
 
+// MKERNEL_LL_BATCH=exchange (session 16): a batch's ops in waves. The ops of one wave run at the
+// same time, each on its own warps of the batch's CTA (push, then receive, then the next wave
+// after a barrier). Serially, with one thread group running the ops one after another, a group
+// of 8 cost 8 times one op's latency-bound frame (4.4 us per op on two H200s, session 16 call 1).
+// Op i starts a new wave when its order against an op of the current wave matters on this rank:
+// it reads what that op writes, or writes what that op reads or writes (an op reads its input
+// again in its receive: its own contribution). Except a twin: the same collective as that op,
+// with the same arguments and buffers, out of place (its input and output apart): both read the
+// same input, which neither writes, and write the same bytes to the same output, since the
+// reduction order is the same (nccl-tests -m repeats ops on one buffer when few fit in it). The plan is each rank's own (its buffers), which
+// is safe because an op waits for the peers' pushes of that op only, and a rank pushes op i once
+// its waves before i are done, which wait only for lower ops: by induction every op is pushed.
+// A wave holds at most `warps` ops (the batch kernel's grid: warps over every CTA); each op of
+// a wave gets a warp, the spare warps are shared in proportion to the ops' lines, and what
+// rounding leaves goes one at a time to the op with the most lines per warp.
+struct LlBatchMem {
+  uint64_t send, sendBytes;  // what the op reads on this rank
+  uint64_t recv, recvBytes;  // what it writes
+  uint64_t lines;            // its lines per slot
+  int twin;                  // the first earlier op it is a twin of (above), or -1
+};
+struct LlWaves {
+  uint32_t startMask;                    // bit i: op i starts a wave (after a barrier)
+  uint16_t warpFirst[kMaxOpsPerSlot];    // op i's warps in its wave
+  uint16_t warpCount[kMaxOpsPerSlot];
+  int waves;
+};
+inline bool llOverlap(uint64_t a, uint64_t aBytes, uint64_t b, uint64_t bBytes) {
+  return aBytes > 0 && bBytes > 0 && a < b + bBytes && b < a + aBytes;
+}
+// split false: every op in one wave regardless of its memory (for the CPU test's variant that
+// must fail).
+inline LlWaves llPlanWaves(const LlBatchMem* ops, int nOps, int warps, bool split = true) {
+  LlWaves w{};
+  int first = 0;
+  auto close = [&](int end) {  // warps for ops [first, end)
+    ++w.waves;
+    const uint64_t spare = static_cast<uint64_t>(warps - (end - first));
+    uint64_t lines = 0, given = 0;
+    for (int i = first; i < end; ++i) lines += ops[i].lines;
+    for (int i = first; i < end; ++i) {
+      const uint64_t share = lines > 0 ? spare * ops[i].lines / lines : 0;
+      w.warpCount[i] = static_cast<uint16_t>(1 + share);
+      given += share;
+    }
+    for (; given < spare; ++given) {
+      int best = first;
+      for (int i = first + 1; i < end; ++i)
+        if (ops[i].lines * w.warpCount[best] > ops[best].lines * w.warpCount[i]) best = i;
+      ++w.warpCount[best];
+    }
+    int at = 0;
+    for (int i = first; i < end; ++i) {
+      w.warpFirst[i] = static_cast<uint16_t>(at);
+      at += w.warpCount[i];
+    }
+  };
+  for (int i = 1; i < nOps; ++i) {
+    bool conflict = i - first >= warps;
+    for (int j = first; j < i && split && !conflict; ++j)
+      conflict = !(ops[i].twin >= 0 && (ops[i].twin == j || ops[j].twin == ops[i].twin)) &&
+                 (llOverlap(ops[i].send, ops[i].sendBytes, ops[j].recv, ops[j].recvBytes) ||
+                 llOverlap(ops[i].recv, ops[i].recvBytes, ops[j].send, ops[j].sendBytes) ||
+                  llOverlap(ops[i].recv, ops[i].recvBytes, ops[j].recv, ops[j].recvBytes));
+    if (conflict) {
+      close(i);
+      first = i;
+      w.startMask |= 1u << i;
+    }
+  }
+  if (nOps > 0) close(nOps);
+  return w;
+}
+
 }  // namespace coll
 }  // namespace mkernel

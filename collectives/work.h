@@ -162,6 +162,10 @@ struct alignas(128) DeviceState {
   alignas(128) uint64_t graphSeq;
   uint32_t graphCtasDone;
   uint64_t graphOps[8];
+  // An LL batch's barrier between waves over its CTAs (launchLlBatchKernel): arrivals in the
+  // running launch, and CTAs that left it (the last resets both: the next launch starts at 0).
+  alignas(128) uint32_t batchArrive;
+  uint32_t batchLeft;
   // The launch path's eager completions: the last op index of each CollType whose kernel ran to
   // its end (CTA 0). In device memory, as graphOps: a launch-path kernel writes no host memory in
   // the steady state (a posted write into host memory held each op's end back by several

@@ -790,40 +790,42 @@ struct LlArgs {
   uint64_t epoch;
   int ns, parity;
   uint32_t flag;
+  uint32_t tid, nthr;  // this thread among the op's threads (the CTA's, or an LL batch op's warps)
 };
 __device__ __forceinline__ LlLine* llOwnLine(const KernelParams& p, const LlArgs& a, int source, uint64_t i) {
   return &p.self->ll[a.ns].lines[a.parity][llSlotLine(a.slotLines, source, a.lineBase + i)];
 }
 
-// A thread's lines come in batches of kLlBatch (launch_path.h): line base + u * blockDim.x of
-// batch `base`, those below `end`. Each step issues all of the batch's loads before it uses any,
-// so that one memory latency, not kLlBatch of them, is paid per batch.
-__device__ __forceinline__ uint64_t llBatchLine(uint64_t base, int u) {
-  return base + static_cast<uint64_t>(u) * blockDim.x;
+// A thread's lines come in batches of kLlBatch (launch_path.h): line base + u * stride of batch
+// `base` (stride: the op's threads, LlArgs::nthr), those below `end`. Each step issues all of the
+// batch's loads before it uses any, so that one memory latency, not kLlBatch of them, is paid per
+// batch.
+__device__ __forceinline__ uint64_t llBatchLine(uint64_t base, int u, uint32_t stride) {
+  return base + static_cast<uint64_t>(u) * stride;
 }
 // The batch's payload at byte offset `from` of a buffer (line i at from + i * 8).
 __device__ __forceinline__ void llLoadBatch(const char* from, uint64_t payload, uint64_t base, uint64_t end,
-                                            uint64_t (&v)[kLlBatch]) {
+                                            uint32_t stride, uint64_t (&v)[kLlBatch]) {
 #pragma unroll
   for (int u = 0; u < kLlBatch; ++u) {
-    const uint64_t i = llBatchLine(base, u);
+    const uint64_t i = llBatchLine(base, u, stride);
     v[u] = i < end ? llLoad8(from + i * kLlLinePayload, payload - i * kLlLinePayload) : 0;
   }
 }
 __device__ __forceinline__ void llStoreBatch(char* to, uint64_t payload, uint64_t base, uint64_t end,
-                                             const uint64_t (&v)[kLlBatch]) {
+                                             uint32_t stride, const uint64_t (&v)[kLlBatch]) {
 #pragma unroll
   for (int u = 0; u < kLlBatch; ++u) {
-    const uint64_t i = llBatchLine(base, u);
+    const uint64_t i = llBatchLine(base, u, stride);
     if (i < end) llStore8(to + i * kLlLinePayload, v[u], payload - i * kLlLinePayload);
   }
 }
 // Pushes the batch's payload into source slot `mine` of a peer's lines.
-__device__ __forceinline__ void llPutBatch(LlLine* peerLines, uint64_t base, uint64_t end,
+__device__ __forceinline__ void llPutBatch(LlLine* peerLines, uint64_t base, uint64_t end, uint32_t stride,
                                            const uint64_t (&v)[kLlBatch], uint32_t flag) {
 #pragma unroll
   for (int u = 0; u < kLlBatch; ++u) {
-    const uint64_t i = llBatchLine(base, u);
+    const uint64_t i = llBatchLine(base, u, stride);
     if (i < end) llPut(peerLines + i, v[u], flag);
   }
 }
@@ -834,7 +836,7 @@ __device__ __forceinline__ bool llTakeBatch(const KernelParams& p, const LlArgs&
   uint32_t w[kLlBatch][4];
 #pragma unroll
   for (int u = 0; u < kLlBatch; ++u) {
-    const uint64_t i = llBatchLine(base, u);
+    const uint64_t i = llBatchLine(base, u, a.nthr);
     if (i < end) {
       asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                    : "=r"(w[u][0]), "=r"(w[u][1]), "=r"(w[u][2]), "=r"(w[u][3])
@@ -847,7 +849,7 @@ __device__ __forceinline__ bool llTakeBatch(const KernelParams& p, const LlArgs&
   }
 #pragma unroll
   for (int u = 0; u < kLlBatch; ++u) {
-    const uint64_t i = llBatchLine(base, u);
+    const uint64_t i = llBatchLine(base, u, a.nthr);
     if (i >= end) {
       v[u] = 0;
     } else if (w[u][1] == a.flag && w[u][3] == a.flag) {
@@ -866,67 +868,106 @@ __device__ __forceinline__ bool llTakeBatch(const KernelParams& p, const LlArgs&
   return true;
 }
 
-// The reducing collectives' receive side: for each of this CTA's lines, every source's 8 bytes in
-// rank order (this rank's own from its input), combined as reduceCopy does (pre on each input,
-// combine left to right, post), written to the output.
+// An LL op's reduction, resolved once per op (llRedOf): its dtype and op, and the PreMulSum
+// scalar's bits (loaded when it is given by device pointer).
+struct LlRed {
+  uint64_t scalarBits;
+  uint32_t divisor;
+  int32_t dtype;
+  DevRedOpKind kind;
+};
+__device__ __forceinline__ LlRed llRedOf(const WorkDesc& d) {
+  LlRed o;
+  o.dtype = d.dtype;
+  o.kind = d.redOp.kind;
+  o.divisor = d.redOp.divisor;
+  o.scalarBits = d.redOp.scalarBits;
+  if (d.scalarDevPtr) {
+    const void* sp = reinterpret_cast<const void*>(d.scalarDevPtr);
+    switch (elemSize(d.dtype)) {
+      case 1: o.scalarBits = loadCg(static_cast<const uint8_t*>(sp)); break;
+      case 2: o.scalarBits = loadCg(static_cast<const uint16_t*>(sp)); break;
+      case 4: o.scalarBits = loadCg(static_cast<const uint32_t*>(sp)); break;
+      default: o.scalarBits = loadCg(static_cast<const uint64_t*>(sp)); break;
+    }
+  }
+  return o;
+}
+
+// One 8-byte word of a reduction in type T: acc = pre(v) (first) or combine(acc, pre(v)), then
+// post() (last), as reduceCopy combines (docs/REDUCTIONS.md).
 template <typename T, int FAMILY>
-__device__ __noinline__ bool llReduceLines(const KernelParams& p, const WorkDesc& d, Reducer<T, FAMILY> red,
-                                           LlArgs a) {
+__device__ __forceinline__ uint64_t llStepAs(uint64_t acc, uint64_t v, bool first, bool last, const LlRed& o) {
   constexpr int kPer = 8 / sizeof(T);
+  T scalar;
+  memcpy(&scalar, &o.scalarBits, sizeof(T));
+  const Reducer<T, FAMILY> red{scalar, o.divisor, o.kind == DevRedOpKind::PreMulSum,
+                               o.kind == DevRedOpKind::SumPostDiv, o.kind == DevRedOpKind::Max};
+  T a[kPer], x[kPer];
+  memcpy(a, &acc, 8);
+  memcpy(x, &v, 8);
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    a[e] = first ? red.pre(x[e]) : red.combine(a[e], red.pre(x[e]));
+    if (last) a[e] = red.post(a[e]);
+  }
+  memcpy(&acc, a, 8);
+  return acc;
+}
+template <typename T>
+__device__ __forceinline__ uint64_t llStepTyped(uint64_t acc, uint64_t v, bool first, bool last, const LlRed& o) {
+  if (o.kind == DevRedOpKind::Prod) return llStepAs<T, kFamilyProd>(acc, v, first, last, o);
+  if (o.kind == DevRedOpKind::Min || o.kind == DevRedOpKind::Max)
+    return llStepAs<T, kFamilyMinMax>(acc, v, first, last, o);
+  return llStepAs<T, kFamilySum>(acc, v, first, last, o);
+}
+// The dtype x op dispatch of the LL reductions, one word at a time (session 16). It replaced a
+// receive loop instantiated per dtype and op family and called out of line, whose SASS kept the
+// op's and the kernel's parameters behind generic loads and its registers in local memory: the
+// loop that moves the lines is now one, inlined, and only this step depends on the type.
+__device__ __noinline__ uint64_t llStep(uint64_t acc, uint64_t v, bool first, bool last, LlRed o) {
+  switch (static_cast<DataType>(o.dtype)) {
+    case DataType::Int8: return llStepTyped<int8_t>(acc, v, first, last, o);
+    case DataType::Uint8: return llStepTyped<uint8_t>(acc, v, first, last, o);
+    case DataType::Int32: return llStepTyped<int32_t>(acc, v, first, last, o);
+    case DataType::Uint32: return llStepTyped<uint32_t>(acc, v, first, last, o);
+    case DataType::Int64: return llStepTyped<int64_t>(acc, v, first, last, o);
+    case DataType::Uint64: return llStepTyped<uint64_t>(acc, v, first, last, o);
+    case DataType::Float16: return llStepTyped<__half>(acc, v, first, last, o);
+    case DataType::Float32: return llStepTyped<float>(acc, v, first, last, o);
+    case DataType::Float64: return llStepTyped<double>(acc, v, first, last, o);
+    case DataType::Bfloat16: return llStepTyped<__nv_bfloat16>(acc, v, first, last, o);
+    case DataType::Fp8E4M3: return llStepTyped<__nv_fp8_e4m3>(acc, v, first, last, o);
+    case DataType::Fp8E5M2: return llStepTyped<__nv_fp8_e5m2>(acc, v, first, last, o);
+  }
+  return acc;
+}
+
+// The reducing collectives' receive side: for each of this thread's lines, every source's 8 bytes
+// in rank order (this rank's own from its input), combined as reduceCopy does (pre on each input,
+// combine left to right, post), written to the output. False when a wait failed.
+__device__ __forceinline__ bool llReduceLines(const KernelParams& p, const WorkDesc& d, const LlArgs& a) {
   const int n = p.nRanks, r = p.rank;
   const CollType coll = static_cast<CollType>(d.coll);
-  const uint64_t esz = sizeof(T);
+  const uint64_t esz = elemSize(d.dtype);
+  const LlRed o = llRedOf(d);
   const char* own = reinterpret_cast<const char*>(d.sendbuff) + llSendOffset(coll, d.count, esz, r);
   char* recv = reinterpret_cast<char*>(d.recvbuff);
   const uint64_t end = a.range.first + a.range.count;
-  for (uint64_t base = a.range.first + threadIdx.x; base < end; base += kLlBatch * blockDim.x) {
-    T acc[kLlBatch][kPer];
+  for (uint64_t base = a.range.first + a.tid; base < end; base += kLlBatch * a.nthr) {
+    uint64_t acc[kLlBatch] = {};
     for (int k = 0; k < n; ++k) {
       uint64_t v[kLlBatch];
       if (k == r) {
-        llLoadBatch(own, a.payload, base, end, v);
+        llLoadBatch(own, a.payload, base, end, a.nthr, v);
       } else if (!llTakeBatch(p, a, k, base, end, v, d.coll)) {
         return false;
       }
 #pragma unroll
-      for (int u = 0; u < kLlBatch; ++u) {
-        T in[kPer];
-        memcpy(in, &v[u], 8);
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) acc[u][e] = k == 0 ? red.pre(in[e]) : red.combine(acc[u][e], red.pre(in[e]));
-      }
+      for (int u = 0; u < kLlBatch; ++u)
+        if (llBatchLine(base, u, a.nthr) < end) acc[u] = llStep(acc[u], v[u], k == 0, k == n - 1, o);
     }
-    uint64_t out[kLlBatch];
-#pragma unroll
-    for (int u = 0; u < kLlBatch; ++u) {
-#pragma unroll
-      for (int e = 0; e < kPer; ++e) acc[u][e] = red.post(acc[u][e]);
-      memcpy(&out[u], acc[u], 8);
-    }
-    llStoreBatch(recv, a.payload, base, end, out);
-  }
-  return true;
-}
-
-template <typename T>
-__device__ bool llReduceTyped(const KernelParams& p, const WorkDesc& d, LlArgs a) {
-  return withReducer<T>(d, true, true, [&](auto red) { return llReduceLines(p, d, red, a); });
-}
-
-__device__ bool llReduceDispatch(const KernelParams& p, const WorkDesc& d, LlArgs a) {
-  switch (static_cast<DataType>(d.dtype)) {
-    case DataType::Int8: return llReduceTyped<int8_t>(p, d, a);
-    case DataType::Uint8: return llReduceTyped<uint8_t>(p, d, a);
-    case DataType::Int32: return llReduceTyped<int32_t>(p, d, a);
-    case DataType::Uint32: return llReduceTyped<uint32_t>(p, d, a);
-    case DataType::Int64: return llReduceTyped<int64_t>(p, d, a);
-    case DataType::Uint64: return llReduceTyped<uint64_t>(p, d, a);
-    case DataType::Float16: return llReduceTyped<__half>(p, d, a);
-    case DataType::Float32: return llReduceTyped<float>(p, d, a);
-    case DataType::Float64: return llReduceTyped<double>(p, d, a);
-    case DataType::Bfloat16: return llReduceTyped<__nv_bfloat16>(p, d, a);
-    case DataType::Fp8E4M3: return llReduceTyped<__nv_fp8_e4m3>(p, d, a);
-    case DataType::Fp8E5M2: return llReduceTyped<__nv_fp8_e5m2>(p, d, a);
+    llStoreBatch(recv, a.payload, base, end, a.nthr, acc);
   }
   return true;
 }
@@ -943,6 +984,8 @@ __device__ __forceinline__ LlArgs llArgs(const KernelParams& p, const WorkDesc& 
   a.ns = ns;
   a.parity = static_cast<int>(epoch & 1);
   a.flag = llFlag(epoch);
+  a.tid = threadIdx.x;
+  a.nthr = blockDim.x;
   return a;
 }
 
@@ -964,10 +1007,11 @@ __device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d,
   // Our slot's first line, in every peer. pathOf (llTakes) keeps llLines(payload) <= slotLines.
   const uint64_t mine = llSlotLine(a.slotLines, r, a.lineBase);
   const char* send = reinterpret_cast<const char*>(d.sendbuff);
-  const int tid = static_cast<int>(threadIdx.x);
-  const uint64_t first = a.range.first + threadIdx.x;
+  const int tid = static_cast<int>(a.tid);
+  const uint64_t first = a.range.first + a.tid;
   const uint64_t end = a.range.first + a.range.count;
-  const uint64_t step = kLlBatch * blockDim.x;
+  const uint32_t stride = a.nthr;
+  const uint64_t step = kLlBatch * stride;
   // 0. The token: this rank has started op e (so it has finished op e - 1).
   if (token && !stop && cta == 0 && tid < n && tid != r) llPut(&p.peers[tid]->ll[ns].token[a.parity][r], 0, flag);
   // 1. Push, a batch at a time.
@@ -976,16 +1020,17 @@ __device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d,
       for (int k = 0; k < n; ++k) {
         if (k == r) continue;
         uint64_t v[kLlBatch];
-        llLoadBatch(send + llSendOffset(coll, d.count, esz, k), payload, base, end, v);
-        if (!stop) llPutBatch(&p.peers[k]->ll[ns].lines[a.parity][mine], base, end, v, flag);
+        llLoadBatch(send + llSendOffset(coll, d.count, esz, k), payload, base, end, stride, v);
+        if (!stop) llPutBatch(&p.peers[k]->ll[ns].lines[a.parity][mine], base, end, stride, v, flag);
       }
     }
   } else if (!(coll == CollType::Broadcast && r != d.root) && !(coll == CollType::Reduce && r == d.root)) {
     for (uint64_t base = first; base < end; base += step) {
       uint64_t v[kLlBatch];
-      llLoadBatch(send, payload, base, end, v);
+      llLoadBatch(send, payload, base, end, stride, v);
       for (int k = 0; k < n && !stop; ++k)
-        if (k != r && llSends(coll, r, k, d.root)) llPutBatch(&p.peers[k]->ll[ns].lines[a.parity][mine], base, end, v, flag);
+        if (k != r && llSends(coll, r, k, d.root))
+          llPutBatch(&p.peers[k]->ll[ns].lines[a.parity][mine], base, end, stride, v, flag);
     }
   }
 }
@@ -998,35 +1043,36 @@ __device__ __forceinline__ bool llReceive(const KernelParams& p, const WorkDesc&
   const uint64_t payload = a.payload;
   const char* send = reinterpret_cast<const char*>(d.sendbuff);
   char* recv = reinterpret_cast<char*>(d.recvbuff);
-  const uint64_t first = a.range.first + threadIdx.x;
+  const uint64_t first = a.range.first + a.tid;
   const uint64_t end = a.range.first + a.range.count;
-  const uint64_t step = kLlBatch * blockDim.x;
+  const uint32_t stride = a.nthr;
+  const uint64_t step = kLlBatch * stride;
   // 2. Receive.
   bool ok = true;
   if (coll == CollType::AllReduce || coll == CollType::ReduceScatter || (coll == CollType::Reduce && r == d.root)) {
-    ok = llReduceDispatch(p, d, a);
+    ok = llReduceLines(p, d, a);
   } else if (coll == CollType::AllGather) {
     for (uint64_t base = first; base < end && ok; base += step) {
       for (int k = 0; k < n && ok; ++k) {
         uint64_t v[kLlBatch];
         if (k == r) {
           if (send == recv + static_cast<uint64_t>(r) * payload) continue;  // in place: already there
-          llLoadBatch(send, payload, base, end, v);
+          llLoadBatch(send, payload, base, end, stride, v);
         } else {
           ok = llTakeBatch(p, a, k, base, end, v, d.coll);
         }
-        if (ok) llStoreBatch(recv + static_cast<uint64_t>(k) * payload, payload, base, end, v);
+        if (ok) llStoreBatch(recv + static_cast<uint64_t>(k) * payload, payload, base, end, stride, v);
       }
     }
   } else if (coll == CollType::Broadcast && !(r == d.root && send == recv)) {
     for (uint64_t base = first; base < end && ok; base += step) {
       uint64_t v[kLlBatch];
       if (r == d.root) {
-        llLoadBatch(send, payload, base, end, v);
+        llLoadBatch(send, payload, base, end, stride, v);
       } else {
         ok = llTakeBatch(p, a, d.root, base, end, v, d.coll);
       }
-      if (ok) llStoreBatch(recv, payload, base, end, v);
+      if (ok) llStoreBatch(recv, payload, base, end, stride, v);
     }
   }
   return ok;
@@ -1040,21 +1086,10 @@ __device__ bool llTokens(const KernelParams& p, const LlArgs& a, int coll) {
   return llTake(p, &p.self->ll[a.ns].token[a.parity][tid], a.flag, &unused, tid, coll, a.epoch);
 }
 
-// llPush and llReceive as one out-of-line copy each, for the batch kernel's several call sites
-// (inlined at each, they made that kernel spill; launchKernel inlines its one of each).
-__device__ __noinline__ void llPushCall(const KernelParams& p, const WorkDesc& d, LlArgs a, bool token) {
-  llPush(p, d, a, false, token);
-}
-__device__ __noinline__ bool llReceiveCall(const KernelParams& p, const WorkDesc& d, LlArgs a) {
-  return llReceive(p, d, a);
-}
-
 // LL phases 2 and 3 of one op, this CTA's share (llPush ran phases 0 and 1 before). The same
-// answer in every thread: false when a wait failed. kOutOfLine: the receive through llReceiveCall
-// (the batch kernel), else inlined (launchKernel).
-template <bool kOutOfLine>
+// answer in every thread: false when a wait failed.
 __device__ __forceinline__ bool llFinish(const KernelParams& p, const WorkDesc& d, const LlArgs& a, uint64_t traceSeq) {
-  bool ok = kOutOfLine ? llReceiveCall(p, d, a) : llReceive(p, d, a);
+  bool ok = llReceive(p, d, a);
   traceAt(p, blockIdx.x, traceSeq, kTraceMoved);  // (this thread's lines received and written)
   if (ok) ok = llTokens(p, a, d.coll);
   return __syncthreads_and(ok) != 0;
@@ -1063,7 +1098,7 @@ __device__ __forceinline__ bool llFinish(const KernelParams& p, const WorkDesc& 
 // One LL op's phases 2 and 3 in launchKernel (llPush ran phases 0 and 1 at the kernel's start).
 // False when the communicator had failed or a wait failed.
 __device__ bool launchLl(const KernelParams& p, const WorkDesc& d, uint64_t epoch, int ns, uint64_t traceSeq) {
-  return llFinish<false>(p, d, llArgs(p, d, epoch, ns), traceSeq);
+  return llFinish(p, d, llArgs(p, d, epoch, ns), traceSeq);
 }
 
 // One launch-path collective, this CTA's share (the kernel below adds the captured launches'
@@ -1204,55 +1239,97 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
   }
 }
 
+// The barrier between an LL batch's waves over every CTA of its grid. The batch's CTAs are
+// resident together (at most launchCap_ of them, which agreeLaunchCap bounds by what the SMs hold
+// with every co-located rank's), so a CTA may wait for the others, as grid.sync() does: each
+// CTA's writes, then its arrival (thread 0: fence, add), then a wait for every CTA's arrival at
+// this barrier (`target`: gridDim.x per barrier so far). ok: the CTA's answer so far (the same in
+// every thread). Returns the CTA's answer; false also when the communicator stopped.
+__device__ __noinline__ bool llGridBarrier(const KernelParams& p, uint32_t target, bool ok) {
+  __shared__ int passed;
+  ok = __syncthreads_and(ok) != 0;  // this CTA's writes of the wave done
+  if (gridDim.x == 1) return ok;
+  if (threadIdx.x == 0) {
+    __threadfence();  // the CTA's writes (observed through the barrier) before its arrival
+    atomicAdd(&p.self->batchArrive, 1u);
+    int good = 1;
+    for (uint32_t iter = 1; loadAcquireGpu32(&p.self->batchArrive) < target; ++iter)
+      if ((iter & 255) == 0 && stopRequested(p)) {
+        good = 0;
+        break;
+      }
+    passed = good;
+  }
+  __syncthreads();
+  return ok && passed != 0;
+}
+
 // MKERNEL_LL_BATCH=exchange: the batch's ops as one LL exchange (launch_path.h, "LL batches"):
 // number e, one flag, one token per peer for the whole batch; op i's lines start at line
-// b.lineBase[i] of each slot, after the earlier ops'. Each rank pushes every op's lines, then
-// receives every op in order, except that an op whose input overlaps an earlier op's output on
-// this rank (b.deferMask, set by this rank's host) pushes only after the earlier ops are received
-// and written: what happens when is this rank's choice, since the peers only poll lines. (No cycle:
-// an op waits only for ops before it.) ok: the CTA's common answer so far. Returns the CTA's.
-__device__ __noinline__ bool llBatchExchange(const KernelParams& p, const LlBatch& b, uint64_t e, int ns,
-                                             uint64_t traceSeq, bool ok, bool eager) {
-  auto args = [&](int i) {
-    LlArgs a = llArgs(p, b.ops[i], e, ns);
-    a.lineBase = b.lineBase[i];
-    return a;
-  };
-  int received = 0;
-  for (int i = 0; i < b.nOps; ++i) {
-    if ((b.deferMask >> i) & 1u) {
-      for (; received < i; ++received)
-        if (ok) ok = llReceiveCall(p, b.ops[received], args(received));
-      ok = __syncthreads_and(ok) != 0;  // the earlier outputs written before this op's input is read
+// b.lineBase[i] of each slot, after the earlier ops'. The ops run in waves (llPlanWaves, this
+// rank's host): the ops of a wave at the same time, op i on warps [warpFirst[i], + warpCount[i])
+// of the grid (push, then receive), a barrier over the grid's CTAs between waves (llGridBarrier),
+// so that a later op's reads and writes of this rank's memory come after an earlier op's that
+// they overlap. ok: the CTA's common answer so far. Returns the CTA's.
+__device__ __forceinline__ bool llBatchExchange(const KernelParams& p, const LlBatch& b, uint64_t e, int ns,
+                                                uint64_t traceSeq, bool ok, bool eager) {
+  const int n = p.nRanks, r = p.rank;
+  const int tid = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x), warp = tid / 32;
+  const uint32_t flag = llFlag(e);
+  // Phase 0, the batch's token: this rank has started exchange e (so it has finished e - 1).
+  if (ok && tid < n && tid != r) llPut(&p.peers[tid]->ll[ns].token[static_cast<int>(e & 1)][r], 0, flag);
+  uint32_t barriers = 0;
+  for (int first = 0; first < b.nOps;) {
+    int end = first + 1;
+    while (end < b.nOps && !((b.waveMask >> end) & 1u)) ++end;
+    int mine = -1;
+    for (int i = first; i < end; ++i)
+      if (warp >= b.warpFirst[i] && warp < b.warpFirst[i] + b.warpCount[i]) mine = i;
+    if (ok && mine >= 0) {
+      LlArgs a = llArgs(p, b.ops[mine], e, ns);
+      a.range = LlRange{0, llLines(a.payload)};  // the whole op, over its warps in any CTA
+      a.lineBase = b.lineBase[mine];
+      a.tid = static_cast<uint32_t>(tid - 32 * b.warpFirst[mine]);
+      a.nthr = 32u * b.warpCount[mine];
+      llPush(p, b.ops[mine], a, false, false);
+      if (first == 0) {  // (thread 0's op of the first wave pushed; no set-up follows)
+        traceAt(p, blockIdx.x, traceSeq, kTraceLoaded);
+        traceAt(p, blockIdx.x, traceSeq, kTraceStartBarrier);
+      }
+      ok = llReceive(p, b.ops[mine], a);
     }
-    if (ok) llPushCall(p, b.ops[i], args(i), i == 0);
+    if (end < b.nOps) ok = llGridBarrier(p, ++barriers * gridDim.x, ok);  // this wave's reads and writes done
+    first = end;
   }
-  traceAt(p, 0, traceSeq, kTraceLoaded);  // (pushed)
-  traceAt(p, 0, traceSeq, kTraceStartBarrier);
-  for (; received < b.nOps; ++received)
-    if (ok) ok = llReceiveCall(p, b.ops[received], args(received));
-  traceAt(p, 0, traceSeq, kTraceMoved);
-  if (ok) ok = llTokens(p, args(0), b.ops[0].coll);
+  traceAt(p, blockIdx.x, traceSeq, kTraceMoved);  // (every wave received)
+  if (ok) ok = llTokens(p, llArgs(p, b.ops[0], e, ns), b.ops[0].coll);
   ok = __syncthreads_and(ok) != 0;
-  traceAt(p, 0, traceSeq, kTraceEndBarrier);
-  if (ok && eager && threadIdx.x == 0)
+  traceAt(p, blockIdx.x, traceSeq, kTraceEndBarrier);
+  if (ok && eager && tid == 0)
     for (int i = 0; i < b.nOps; ++i)
       *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[b.ops[i].coll]) = b.opIndex[i];
+  // The barrier's counters back to 0 for the next launch: by the last CTA to leave (every CTA has
+  // then passed every barrier of this one).
+  if (barriers > 0 && gridDim.x > 1 && threadIdx.x == 0 &&
+      atomicAddAcquireGpu(&p.self->batchLeft, 1u) + 1 == gridDim.x) {
+    p.self->batchArrive = 0;
+    p.self->batchLeft = 0;
+  }
   return ok;
 }
 
 // MKERNEL_LL_BATCH=serial: op i is number e0 + i, each its own exchange, after op i - 1 ended.
-__device__ __noinline__ void llBatchSerial(const KernelParams& p, const LlBatch& b, uint64_t e0, int ns, bool ok,
-                                           bool eager) {
+__device__ __forceinline__ void llBatchSerial(const KernelParams& p, const LlBatch& b, uint64_t e0, int ns, bool ok,
+                                              bool eager) {
   for (int i = 0; i < b.nOps && ok; ++i) {
     const uint64_t e = e0 + static_cast<uint64_t>(i);
     const uint64_t traceSeq = eager ? e - 1 : kNoTrace;
     traceAt(p, 0, traceSeq, kTraceSeen);
     const LlArgs a = llArgs(p, b.ops[i], e, ns);
-    llPushCall(p, b.ops[i], a, true);
+    llPush(p, b.ops[i], a, false);
     traceAt(p, 0, traceSeq, kTraceLoaded);
     traceAt(p, 0, traceSeq, kTraceStartBarrier);
-    ok = llFinish<true>(p, b.ops[i], a, traceSeq);
+    ok = llFinish(p, b.ops[i], a, traceSeq);
     traceAt(p, 0, traceSeq, kTraceEndBarrier);
     if (ok && eager && threadIdx.x == 0)
       *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[b.ops[i].coll]) = b.opIndex[i];
@@ -1260,38 +1337,44 @@ __device__ __noinline__ void llBatchSerial(const KernelParams& p, const LlBatch&
   }
 }
 
-// A group's run of one-CTA LL ops in one launch (launch_path.h, "LL batches"). MKERNEL_LL_BATCH=
-// serial (b.exchange 0): op i is the communicator's launch-path op e0 + i, run after op i - 1 has
-// ended (its receives and its peers' tokens), which is what the LL protocol needs between
+// A group's run of LL ops in one launch (launch_path.h, "LL batches"). MKERNEL_LL_BATCH=serial
+// (b.exchange 0; one CTA): op i is the communicator's launch-path op e0 + i, run after op i - 1
+// has ended (its receives and its peers' tokens), which is what the LL protocol needs between
 // consecutive ops of one rank. exchange (b.exchange 1): llBatchExchange, one number for the
-// batch. Only LL code: no shared state, no other mode. One CTA, so the graph epilogue needs no
-// counter.
+// batch, over the grid's CTAs. Only LL code: no shared state, no other mode.
 __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlBatchKernel(const __grid_constant__ KernelParams p,
                                                                          const __grid_constant__ LlBatch b) {
   if (p.warmup) return;  // warmKernels
   const bool graph = b.epoch == 0;
   const int ns = graph ? kLaunchGraph : kLaunchEager;
-  // Captured: graphSeq is the same for every thread during this launch (launchKernel).
-  const uint64_t e0 = !graph ? b.epoch : loadVolatile64(&p.self->graphSeq) + 1;
+  // Captured: graphSeq is the same for every thread during this launch (launchKernel). Thread 0
+  // of each CTA reads it with acquire, which keeps the epilogue's counter after its read (below).
+  const uint64_t e0 =
+      !graph ? b.epoch
+             : (threadIdx.x == 0 ? loadAcquireGpu(&p.self->graphSeq) : loadVolatile64(&p.self->graphSeq)) + 1;
   const uint64_t eLast = e0 + (b.exchange ? 0 : static_cast<uint64_t>(b.nOps) - 1);
   // The launch watch (launchKernel's): the batch's last number, which the host watches.
-  if (!graph && threadIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && b.epoch == 1)))
+  if (!graph && blockIdx.x == 0 && threadIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && b.epoch == 1)))
     p.ctl->launchStarted = eLast;
-  // One answer for the CTA (the exchange's deferred pushes wait at barriers every thread reaches).
+  // One answer for the CTA (the exchange's waves meet at barriers every thread reaches).
   bool ok = __syncthreads_or(stopRequested(p)) == 0;
   if (b.exchange) {
     const uint64_t traceSeq = graph ? kNoTrace : e0 - 1;
-    traceAt(p, 0, traceSeq, kTraceSeen);
+    traceAt(p, blockIdx.x, traceSeq, kTraceSeen);
     ok = llBatchExchange(p, b, e0, ns, traceSeq, ok, !graph);
-    traceAt(p, 0, traceSeq, kTraceReported);
+    traceAt(p, blockIdx.x, traceSeq, kTraceReported);
   } else {
     llBatchSerial(p, b, e0, ns, ok, !graph);
   }
   if (!graph || threadIdx.x != 0) return;
-  // The graph epilogue of a one-CTA launch (launchKernel's, for every op of the batch, run or
-  // failed, as there): the batch's last number. Thread 0 stores it after its own read; every other
-  // thread read graphSeq before the last barrier it passed (a stopped batch uses no number).
+  // The graph epilogue (launchKernel's, for every op of the batch, run or failed, as there): the
+  // batch's last number, stored by the last CTA to finish. Every thread read graphSeq before the
+  // last barrier it passed (a stopped batch uses no number); thread 0's acquire read keeps its
+  // CTA's add on the counter after it, and the last CTA's acquire add keeps the store after
+  // every other CTA's add. One CTA needs no counter.
   if (!p.graphEpilogueLight) __threadfence();
+  if (gridDim.x > 1 && atomicAddAcquireGpu(&p.self->graphCtasDone, 1u) + 1 != gridDim.x) return;
+  if (gridDim.x > 1) p.self->graphCtasDone = 0;
   for (int i = 0; i < b.nOps; ++i) p.self->graphOps[b.ops[i].coll] += 1;
   if (!p.graphEpilogueLight) __threadfence();
   *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = eLast;
@@ -1439,20 +1522,24 @@ Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uin
   return Result::Success;
 }
 
-Result launchLlBatch(const KernelParams& p, const LlBatch& b, cudaStream_t stream) {
-  dev::launchLlBatchKernel<<<1, kLaunchThreads, 0, stream>>>(p, b);
+Result launchLlBatch(const KernelParams& p, const LlBatch& b, int nCtas, cudaStream_t stream) {
+  dev::launchLlBatchKernel<<<nCtas, kLaunchThreads, 0, stream>>>(p, b);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching a batch of %d LL collectives failed: %s", p.rank,
-                    b.nOps, cudaGetErrorString(err));
+    return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching a batch of %d LL collectives (%d CTAs) failed: %s",
+                    p.rank, b.nOps, nCtas, cudaGetErrorString(err));
   return Result::Success;
 }
 
 Result launchKernelCtasPerSm(int* out) {
+  int batch = 0;
   cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, dev::launchKernel, kLaunchThreads, 0);
+  if (err == cudaSuccess)
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&batch, dev::launchLlBatchKernel, kLaunchThreads, 0);
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "occupancy query of the launch-path kernel failed: %s",
+    return MK_ERROR(Result::UnhandledCudaError, "occupancy query of the launch-path kernels failed: %s",
                     cudaGetErrorString(err));
+  if (batch < *out) *out = batch;  // an LL batch takes up to as many CTAs as one op
   return Result::Success;
 }
 

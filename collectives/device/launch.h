@@ -96,25 +96,30 @@ constexpr int kLaunchModeLl = 2;
 Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uint64_t epoch, uint64_t opIndex,
                         int mode, cudaStream_t stream);
 
-// A run of a group's LL ops that each take one CTA (launch_path.h, "LL batches"), launched as one
-// kernel of one CTA. exchange 0 (MKERNEL_LL_BATCH=serial): op i is the communicator's launch-path
-// op epoch + i, each its own exchange. exchange 1 (=exchange): one exchange, number `epoch`, op
-// i's lines from line lineBase[i] of each slot; bit i of deferMask: op i's input overlaps an
-// earlier op's output on this rank (it pushes after those are written). epoch 0: captured, the
-// device numbers from graphSeq. Op i reports opIndex[i] in launchDone[ops[i].coll].
+// A run of a group's LL ops (launch_path.h, "LL batches"), launched as one kernel of nCtas CTAs.
+// exchange 0 (MKERNEL_LL_BATCH=serial; one CTA, ops of one CTA each): op i is the
+// communicator's launch-path op epoch + i, each its own exchange. exchange 1 (=exchange): one
+// exchange, number `epoch`, op i's lines from line lineBase[i] of each slot, the ops in waves
+// (llPlanWaves, this rank's plan; more than one wave only with one CTA): bit i of waveMask starts
+// a wave at op i, whose warps are [warpFirst[i], + warpCount[i]) of the grid's. epoch 0:
+// captured, the device numbers from graphSeq. Op i reports opIndex[i] in
+// launchDone[ops[i].coll].
 struct LlBatch {
   WorkDesc ops[kMaxOpsPerSlot];
   uint64_t opIndex[kMaxOpsPerSlot];
   uint32_t lineBase[kMaxOpsPerSlot];
+  uint16_t warpFirst[kMaxOpsPerSlot];
+  uint16_t warpCount[kMaxOpsPerSlot];
   uint64_t epoch;
   int32_t nOps;
-  uint32_t deferMask;
+  uint32_t waveMask;
   int32_t exchange;
   int32_t reserved;
 };
-Result launchLlBatch(const KernelParams& p, const LlBatch& b, cudaStream_t stream);
+Result launchLlBatch(const KernelParams& p, const LlBatch& b, int nCtas, cudaStream_t stream);
 
-// Largest number of CTAs of the launch-path kernel one SM can hold (occupancy query).
+// Largest number of CTAs of the launch-path kernels (an op's, an LL batch's) one SM can hold
+// (occupancy query; the smaller of the two).
 Result launchKernelCtasPerSm(int* out);
 
 // Largest number of CTAs of the persistent kernel one SM can hold (occupancy query).

@@ -15,11 +15,15 @@
 // of an op to finish advances it, as launchKernel does for captured LL ops.
 //
 // LL batches (MKERNEL_LL_BATCH=exchange, the kernel's llBatchExchange): a batch of 2-8 one-CTA
-// ops is ONE exchange (one epoch, flag and token), op i's lines from lineBase[i] of each slot; a
-// rank pushes every op, then receives them in order, except that an op reading an earlier op's
-// output (an in-place AllReduce chained on it) pushes only after the earlier ops are received.
-// Must fail: without that deferral (the chained op pushes its input before it is computed), and
-// without the line offsets (every op's lines at the slot's start).
+// ops is ONE exchange (one epoch, flag and token), op i's lines from lineBase[i] of each slot,
+// run in the waves of llPlanWaves (the rank's own plan, from its buffers' addresses). The ops of a
+// wave run at once on the GPU; here a rank pushes them in a random order, then receives them in
+// a random order, and passes to the next wave. Besides independent ops, a batch has ops that
+// depend on the one before on this rank: an in-place AllReduce chained on its output (reads what
+// it wrote), an AllReduce into the same output (writes what it wrote: the later must win), and an
+// AllReduce into its input (writes what it reads). Must fail: every op in one wave (the chained
+// op pushes its input before it is computed, or an order is lost), and without the line offsets
+// (every op's lines at the slot's start).
 //
 // The variants that must fail: no tokens (a non-root runs two Reduces ahead of the root and
 // overwrites lines it has not read), and no zeroing with a flag that wraps quickly (a stale
@@ -335,14 +339,18 @@ std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed, Varia
 // ---- LL batches as one exchange ------------------------------------------------------------
 
 struct BatchVariant {
-  bool defer = true;    // a chained op pushes after the ops before it are received
+  bool waves = true;    // llPlanWaves splits the batch where an op depends on one before (false: one wave)
   bool offsets = true;  // op i's lines from lineBase[i] (false: every op from line 0)
   int deadlineS = 20;
 };
 
 struct BatchOp {
+  enum Kind { kFresh, kChained, kSameOutput, kIntoInput, kTwin };
   LlOp op;
-  bool chained = false;  // AllReduce in place on the previous op's output buffer
+  // kChained: AllReduce in place on the previous op's output buffer. kSameOutput: AllReduce of a
+  // fresh input into the previous op's output buffer. kIntoInput: AllReduce of a fresh input into
+  // the previous op's input buffer. kTwin: the previous op again, on its buffers (out of place).
+  Kind kind = kFresh;
 };
 
 // What rank r's output of `op` must be, given every rank's input (byte-wise sums for reductions).
@@ -364,7 +372,7 @@ std::vector<uint8_t> reference(const LlOp& op, int n, int r, const std::vector<s
 }
 
 // One rank's batch, number `epoch`, as llBatchExchange runs it (one CTA: one thread here).
-// bufs[i]: op i's {send, recv}; a chained op's are both the previous op's recv.
+// send[i], recv[i]: op i's buffers on this rank (those of a dependent op are the op before's).
 void runBatch(World& w, const BatchVariant& bv, int r, uint64_t epoch, const std::vector<BatchOp>& ops,
               const std::vector<uint64_t>& lineBase, std::vector<std::vector<uint8_t>*>& send,
               std::vector<std::vector<uint8_t>*>& recv, unsigned seed) {
@@ -423,16 +431,33 @@ void runBatch(World& w, const BatchVariant& bv, int r, uint64_t epoch, const std
     }
     return true;
   };
-  size_t received = 0;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    if (bv.defer && ops[i].chained)
-      for (; received < i; ++received)
-        if (!receive(received)) return;
-    push(i);
-    jitter(rng, 50);
+  // This rank's waves, from its buffers (the host's launchBatch, with the kernel's warp count).
+  std::vector<LlBatchMem> mem(ops.size());
+  for (size_t j = 0; j < ops.size(); ++j) {
+    mem[j].send = reinterpret_cast<uintptr_t>(send[j]->data());
+    mem[j].sendBytes = sendBytes(ops[j].op, n);
+    mem[j].recv = reinterpret_cast<uintptr_t>(recv[j]->data());
+    mem[j].recvBytes = recvBytes(ops[j].op, n);
+    mem[j].lines = llLines(llPayloadBytes(ops[j].op.count, ops[j].op.esz));
+    mem[j].twin = ops[j].kind == BatchOp::kTwin ? static_cast<int>(j) - 1 : -1;
+    while (mem[j].twin >= 0 && ops[static_cast<size_t>(mem[j].twin)].kind == BatchOp::kTwin) --mem[j].twin;
   }
-  for (; received < ops.size(); ++received)
-    if (!receive(received)) return;
+  const LlWaves waves = llPlanWaves(mem.data(), static_cast<int>(ops.size()), kLaunchThreads / 32, bv.waves);
+  for (size_t first = 0; first < ops.size();) {
+    size_t end = first + 1;
+    while (end < ops.size() && !((waves.startMask >> end) & 1u)) ++end;
+    std::vector<size_t> order;
+    for (size_t j = first; j < end; ++j) order.push_back(j);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (size_t j : order) {
+      push(j);
+      jitter(rng, 50);
+    }
+    std::shuffle(order.begin(), order.end(), rng);
+    for (size_t j : order)
+      if (!receive(j)) return;
+    first = end;
+  }
   for (int k = 0; k < n; ++k) {
     uint64_t unused;
     if (k != r && !take(w, w.token(r, parity, k), flag, &unused, [&] { return tag(0) + " token from rank " + std::to_string(k); }))
@@ -440,8 +465,8 @@ void runBatch(World& w, const BatchVariant& bv, int r, uint64_t epoch, const std
   }
 }
 
-// nBatches batches of 2-8 random one-CTA ops (within one slot's lines), about a third of the
-// later ops chained in place on the op before; every rank's every output against reference().
+// nBatches batches of 2-8 random one-CTA ops (within one slot's lines), some of the later ops
+// depending on the op before (BatchOp's kinds); every rank's every output against reference().
 std::vector<std::string> runBatchWorld(int n, int nBatches, unsigned seed, BatchVariant bv) {
   World w;
   w.n = n;
@@ -459,9 +484,21 @@ std::vector<std::string> runBatchWorld(int n, int nBatches, unsigned seed, Batch
     uint64_t lines = 0;
     for (int i = 0; i < k; ++i) {
       BatchOp bo;
-      bo.chained = i > 0 && rng() % 3 == 0 && ops.back().op.coll == CollType::AllReduce;
-      if (bo.chained) {
-        bo.op = ops.back().op;  // the same buffer, count and type
+      // An op of the previous one's shape reading or writing its buffers: AllReduce after an op
+      // whose input and output are count elements (AllReduce, Broadcast, Reduce).
+      const CollType prev = i > 0 ? ops.back().op.coll : CollType::AllGather;
+      const bool shaped = prev == CollType::AllReduce || prev == CollType::Broadcast || prev == CollType::Reduce;
+      const unsigned pick = static_cast<unsigned>(rng() % 6);
+      const bool outOfPlace = i > 0 && (ops.back().kind == BatchOp::kFresh || ops.back().kind == BatchOp::kTwin);
+      if (outOfPlace && pick == 5) {
+        bo.kind = BatchOp::kTwin;
+        bo.op = ops.back().op;
+      } else if (shaped && pick < 3) {
+        bo.kind = pick == 0 && prev == CollType::AllReduce ? BatchOp::kChained
+                  : pick == 1                               ? BatchOp::kSameOutput
+                                                            : BatchOp::kIntoInput;
+        bo.op = ops.back().op;  // the same count and type
+        bo.op.coll = CollType::AllReduce;
       } else {
         bo.op.coll = colls[rng() % 5];
         bo.op.esz = eszs[rng() % 4];
@@ -490,8 +527,10 @@ std::vector<std::string> runBatchWorld(int n, int nBatches, unsigned seed, Batch
       const LlOp& op = batches[b][i].op;
       std::vector<std::vector<uint8_t>> in(static_cast<size_t>(n));
       for (int r = 0; r < n; ++r) {
-        if (batches[b][i].chained) {
+        if (batches[b][i].kind == BatchOp::kChained) {
           in[static_cast<size_t>(r)] = want[b][i - 1][static_cast<size_t>(r)];
+        } else if (batches[b][i].kind == BatchOp::kTwin) {
+          in[static_cast<size_t>(r)] = sendBufs[b][i - 1][static_cast<size_t>(r)];
         } else {
           in[static_cast<size_t>(r)].resize(sendBytes(op, n));
           for (uint64_t j = 0; j < in[static_cast<size_t>(r)].size(); ++j)
@@ -511,26 +550,33 @@ std::vector<std::string> runBatchWorld(int n, int nBatches, unsigned seed, Batch
     const size_t rs = static_cast<size_t>(r);
     for (size_t b = 0; b < nb && !w.failures.stop; ++b) {
       const size_t k = batches[b].size();
-      // Chained ops run in place on the previous op's output: the same buffer for both.
+      // The ops that depend on the one before share its buffers.
       std::vector<std::vector<uint8_t>*> send(k), recv(k);
       for (size_t i = 0; i < k; ++i) {
-        if (batches[b][i].chained) {
-          send[i] = recv[i] = recv[i - 1];
-        } else {
-          send[i] = &sendBufs[b][i][rs];
-          recv[i] = &recvBufs[b][i][rs];
+        send[i] = &sendBufs[b][i][rs];
+        recv[i] = &recvBufs[b][i][rs];
+        switch (batches[b][i].kind) {
+          case BatchOp::kChained: send[i] = recv[i] = recv[i - 1]; break;
+          case BatchOp::kSameOutput: recv[i] = recv[i - 1]; break;
+          case BatchOp::kIntoInput: recv[i] = send[i - 1]; break;
+          case BatchOp::kTwin: send[i] = send[i - 1], recv[i] = recv[i - 1]; break;
+          case BatchOp::kFresh: break;
         }
       }
       runBatch(w, bv, r, b + 1, batches[b], bases[b], send, recv, static_cast<unsigned>(b * 131 + rs * 17));
       if (w.failures.stop) return;
+      static const char* const kinds[] = {"", ", chained", ", same output as the op before",
+                                          ", into the input of the op before", ", twin of the op before"};
       for (size_t i = 0; i < k; ++i) {
-        // A chain's buffer holds its last op's output: check the op that ends each chain.
-        if (i + 1 < k && batches[b][i + 1].chained) continue;
+        // A buffer holds the output of the last op that writes it: check that op.
+        bool overwritten = false;
+        for (size_t j = i + 1; j < k; ++j) overwritten = overwritten || recv[j] == recv[i];
+        if (overwritten) continue;
         if (*recv[i] != want[b][i][rs]) {
           size_t o = 0;
           while (o < recv[i]->size() && (*recv[i])[o] == want[b][i][rs][o]) ++o;
           w.failures.fail("batch " + std::to_string(b + 1) + " op " + std::to_string(i) + " (" +
-                          collName(batches[b][i].op.coll) + (batches[b][i].chained ? ", chained" : "") + ") rank " +
+                          collName(batches[b][i].op.coll) + kinds[batches[b][i].kind] + ") rank " +
                           std::to_string(r) + ": byte " + std::to_string(o) + " is " + std::to_string((*recv[i])[o]) +
                           ", want " + std::to_string(want[b][i][rs][o]));
           return;
@@ -665,11 +711,66 @@ TEST_CASE("LL batches as one exchange: random one-CTA ops, chains in place, one 
   }
 }
 
-TEST_CASE("LL batches as one exchange: without the deferral, a chained op pushes its input before it is computed") {
+TEST_CASE("LL batches as one exchange: in one wave, an op that depends on the one before reads or writes out of order") {
   BatchVariant bv;
-  bv.defer = false;
+  bv.waves = false;
   bv.deadlineS = 3;
-  requireCaught(runBatchWorld(3, 80, 1234u, bv), "chained");
+  const std::vector<std::string> failures = runBatchWorld(3, 80, 1234u, bv);
+  requireCaught(failures, "");
+  // (Which dependent op fails first depends on the threads' timing.)
+  CHECK((failures.front().find("chained") != std::string::npos ||
+         failures.front().find("the op before") != std::string::npos));
+}
+
+TEST_CASE("LL batches: the waves split where an op depends on one of the current wave, and share the warps") {
+  auto mem = [](uint64_t send, uint64_t recv, uint64_t lines) {
+    return LlBatchMem{send, 64, recv, 64, lines, -1};
+  };
+  // Independent ops: one wave, one warp each, the spare warps to the op with the most lines.
+  LlBatchMem a[3] = {mem(0x1000, 0x2000, 1), mem(0x3000, 0x4000, 100), mem(0x5000, 0x6000, 1)};
+  LlWaves w = llPlanWaves(a, 3, 8);
+  CHECK(w.startMask == 0);
+  CHECK(w.waves == 1);
+  CHECK(w.warpCount[0] == 1);
+  CHECK(w.warpCount[1] == 6);
+  CHECK(w.warpCount[2] == 1);
+  CHECK(w.warpFirst[1] == 1);
+  CHECK(w.warpFirst[2] == 7);
+  // Op 1 reads op 0's output, op 2 writes op 1's input, op 3 writes op 2's output: a wave each.
+  // Op 4's input [0x2040, 0x2080) touches op 3's output [0x2000, 0x2040) without overlapping it.
+  LlBatchMem b[5] = {mem(0x1000, 0x2000, 4), mem(0x2000, 0x7000, 4), mem(0x8000, 0x2000, 4),
+                     mem(0x9000, 0x2000, 4), mem(0x2040, 0xa000, 4)};
+  w = llPlanWaves(b, 5, 8);
+  CHECK(w.startMask == ((1u << 1) | (1u << 2) | (1u << 3)));
+  CHECK(w.waves == 4);
+  CHECK(w.warpCount[3] == 4);
+  CHECK(w.warpCount[4] == 4);
+  CHECK(w.warpFirst[4] == 4);
+  // More ops than warps: a new wave.
+  LlBatchMem c[3] = {mem(0x1000, 0x2000, 1), mem(0x3000, 0x4000, 1), mem(0x5000, 0x6000, 1)};
+  w = llPlanWaves(c, 3, 2);
+  CHECK(w.startMask == (1u << 2));
+  CHECK(w.warpCount[2] == 2);
+  // split false: one wave whatever the memory.
+  CHECK(llPlanWaves(b, 5, 8, false).startMask == 0);
+  // Twins: op 1 repeats op 0 (one wave, though it writes op 0's output), op 2 repeats it too, and
+  // op 3, on op 0's output but not its twin, starts a wave.
+  LlBatchMem t[4] = {mem(0x1000, 0x2000, 4), mem(0x1000, 0x2000, 4), mem(0x1000, 0x2000, 4), mem(0x1000, 0x2000, 4)};
+  t[1].twin = 0;
+  t[2].twin = 0;
+  w = llPlanWaves(t, 4, 8);
+  CHECK(w.startMask == (1u << 3));
+  CHECK(w.waves == 2);
+  // A grid of 32 CTAs (256 warps): shares in proportion to the lines, every warp used once.
+  LlBatchMem d[4] = {mem(0x1000, 0x2000, 1), mem(0x3000, 0x4000, 16384), mem(0x5000, 0x6000, 8192),
+                     mem(0x7000, 0x8000, 3)};
+  w = llPlanWaves(d, 4, 256);
+  CHECK(w.waves == 1);
+  CHECK(w.warpCount[0] == 1);
+  CHECK(w.warpCount[3] == 1);
+  CHECK(w.warpCount[1] + w.warpCount[2] == 254);
+  CHECK(w.warpCount[1] >= 168);  // 16384 of 24580 lines: two thirds of the 252 spare warps
+  CHECK(w.warpFirst[3] == 255);
 }
 
 TEST_CASE("LL batches as one exchange: without the line offsets, the ops' lines collide") {
