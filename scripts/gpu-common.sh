@@ -68,9 +68,14 @@ nccl_tests_vs() {
     #   g: -g N, one thread launches every GPU's kernel (nccl-tests' usual single-process run);
     #   t: -t N -g 1, a thread per GPU, each launching its own (as a job's rank per process does);
     #   gG, tG: the same with the timed loop captured in a CUDA graph per GPU and replayed
-    #   NT_GRAPH_LAUNCHES (10) times (-G): the GPU's time per collective, no host launch in it.
+    #   NT_GRAPH_LAUNCHES (10) times (-G): the GPU's time per collective, no host launch in it;
+    #   any of them followed by mK (e.g. tGm8): K collectives per iteration in one group (-m K),
+    #   whatever NT_AGG says.
     for mode in ${NT_MODES:-g}; do
-      local args=(-b "$min" -e "$max" -f "${NT_FACTOR:-4}" -c 1)
+      local args=(-b "$min" -e "$max" -f "${NT_FACTOR:-4}" -c 1) agg=${NT_AGG:-}
+      case $mode in
+        *m[0-9]*) agg=${mode##*m} mode=${mode%m*} ;;
+      esac
       case $mode in
         g | gG) args+=(-g "$NG"); how="-g $NG" ;;
         t | tG) args+=(-t "$NG" -g 1); how="-t $NG -g 1" ;;
@@ -83,12 +88,13 @@ nccl_tests_vs() {
       # -g 2 run, docs/PERFORMANCE.md session 12).
       [ -n "${NT_ITERS:-}" ] && args+=(-n "$NT_ITERS")
       # NT_AGG=K: K collectives per iteration in one group (nccl-tests' -m; times are per collective).
-      if [ -n "${NT_AGG:-}" ]; then args+=(-m "$NT_AGG"); how="$how -m $NT_AGG"; fi
+      if [ -n "$agg" ]; then args+=(-m "$agg"); how="$how -m $agg"; fi
       # NT_ROUNDS=N: the whole sequence (NCCL, then every variant) N times, a table per round
       # (files -rK): what one process against another varies (session 13: 9 against 13 us).
       for round in $(seq 1 "${NT_ROUNDS:-1}"); do
         sfx="" rtitle=""
         [ "$mode" != g ] && sfx="-$mode"
+        [ -n "$agg" ] && sfx="$sfx-m$agg"
         [ "${NT_ROUNDS:-1}" -gt 1 ] && sfx="$sfx-r$round" rtitle=", round $round"
         timeout "$limit" "${pin[@]}" "$bin" "${args[@]}" >"$logs/nccl-$t$sfx.txt" 2>&1 || { echo "$t (NCCL) failed"; rc=1; }
         for v in "$@"; do

@@ -19,7 +19,7 @@
 #      run on GPU 0's local CPUs; LC_NT_ROUNDS=N: NCCL and the variants N times over, a table each;
 #      LC_NT_MODES (any of g t gG tG, default g): -g <GPUs> (one thread drives every GPU), -t <GPUs> -g 1
 #      (a thread per GPU), and either in CUDA graphs (-G LC_NT_GRAPH_LAUNCHES, default 10);
-#      LC_NT_AGG=K: K collectives per iteration in one group (nccl-tests' -m);
+#      LC_NT_AGG=K: K collectives per iteration in one group (nccl-tests' -m; a mode followed by mK, e.g. tGm8, for that mode);
 #   3b. (unless LC_COLLBENCH=0) mkernel-collbench AllReduce, NCCL / launch / memop in one process (LC_COLLBENCH_GROUP=K:
 #      also groups of K, per MKERNEL_LL_BATCH in LC_COLLBENCH_BATCH, with the kernel trace): one rank up to 32 KiB
 #      (and again with MKERNEL_ONE_RANK=kernel),

@@ -53,9 +53,10 @@ struct Options {
   std::string nccl;    // --nccl LIB: the real NCCL's AllReduce in the same run
   int gpus = 1;        // --gpus N: rank r runs on GPU r % N (N = 1: every rank on GPU 0, emulated)
   int ranksPerNode = 0;  // --ranks-per-node K: emulated nodes of K ranks (the hierarchical path)
-  // --group K: every timed call is a group of K AllReduces on the same buffers (NCCL: between
-  // ncclGroupStart and ncclGroupEnd; mkernel: one enqueue of K ops, MKERNEL_LL_BATCH); times are
-  // per collective (a group's interval / K), as nccl-tests -m reports them.
+  // --group K: every timed call is a group of K AllReduces (NCCL: between ncclGroupStart and
+  // ncclGroupEnd; mkernel: one enqueue of K ops, MKERNEL_LL_BATCH), op k on its own window of the
+  // buffers (groupWindow), as nccl-tests -m shifts each op of a group; times are per collective
+  // (a group's interval / K), as nccl-tests -m reports them.
   int group = 1;
   std::string csv;
 };
@@ -383,6 +384,10 @@ bool loadNccl(const std::string& lib, NcclApi* api, std::string* why) {
   return true;
 }
 
+// Where op k of a --group of ops of `bytes` each starts in the rank's buffers: windows one after
+// another, 256-byte aligned.
+size_t groupWindow(size_t bytes, int k) { return static_cast<size_t>(k) * ((bytes + 255) / 256 * 256); }
+
 // One rank's stream, its two buffers of maxBytes (the input zeroed) and iters + 1 timing events,
 // on the current device, which is synchronized before it returns. False when an allocation
 // failed (the rest is made anyway, for the caller to free).
@@ -433,7 +438,7 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
     cudaSetDevice(d);
     ncclComm_t comm = comms[static_cast<size_t>(d)];
     RankBufs b;
-    if (!makeRankBufs(opt.maxBytes, opt.iters, &b)) ok = false;
+    if (!makeRankBufs(groupWindow(opt.maxBytes, opt.group), opt.iters, &b)) ok = false;
     barrier.wait();
     const int iters = opt.iters;
     // Every rank runs every size (a rank that stopped early would leave its peers' NCCL kernels
@@ -446,7 +451,9 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
       auto call = [&] {
         if (opt.group > 1) mine = mine && api.groupStart() == ncclSuccess;
         for (int k = 0; k < opt.group; ++k)
-          mine = mine && api.allReduce(b.send, b.recv, count, ncclFloat, ncclSum, comm, b.stream) == ncclSuccess;
+          mine = mine && api.allReduce(static_cast<char*>(b.send) + groupWindow(bytes, k),
+                                       static_cast<char*>(b.recv) + groupWindow(bytes, k), count, ncclFloat, ncclSum,
+                                       comm, b.stream) == ncclSuccess;
         if (opt.group > 1) mine = mine && api.groupEnd() == ncclSuccess;
       };
       if (run)
@@ -540,7 +547,8 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
       std::unique_ptr<mkernel::coll::Communicator> comm;
       if (mkernel::coll::Communicator::create(co, bs.get(), &comm) != Result::Success) return fail("create");
       RankBufs b;
-      if (!makeRankBufs(opt.maxBytes, opt.iters, &b)) return fail("cudaMalloc " + std::to_string(opt.maxBytes));
+      if (!makeRankBufs(groupWindow(opt.maxBytes, opt.group), opt.iters, &b))
+        return fail("cudaMalloc " + std::to_string(groupWindow(opt.maxBytes, opt.group)));
       cudaStream_t stream = b.stream;
       void *send = b.send, *recv = b.recv;
       std::vector<cudaEvent_t>& ev = b.ev;
@@ -554,8 +562,12 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         a.count = std::max<size_t>(1, bytes / 4);
         a.sendbuff = send;
         a.recvbuff = recv;
-        const std::vector<CollArgs> grp(static_cast<size_t>(opt.group), a);  // --group: one enqueue of them
+        std::vector<CollArgs> grp(static_cast<size_t>(opt.group), a);  // --group: one enqueue of them
         const int ng = opt.group;
+        for (int k = 0; k < ng; ++k) {
+          grp[static_cast<size_t>(k)].sendbuff = static_cast<char*>(send) + groupWindow(bytes, k);
+          grp[static_cast<size_t>(k)].recvbuff = static_cast<char*>(recv) + groupWindow(bytes, k);
+        }
         // Warm-up (and the kernel launch) outside the timing.
         for (int i = 0; i < 10; ++i)
           if (comm->enqueue(grp.data(), ng, stream) != Result::Success) return fail("enqueue");
@@ -716,7 +728,8 @@ int main(int argc, char** argv) {
   std::printf("# AllReduce float sum, thread ranks on %d x %s (%s); D2D copy %.0f GB/s\n", opt.gpus, prop.name,
               opt.gpus == 1 ? "every rank on GPU 0: emulated" : "rank r on GPU r % gpus", copyGBps);
   if (opt.group > 1)
-    std::printf("# --group %d: each timed call a group of %d AllReduces on the same buffers; times per collective\n",
+    std::printf("# --group %d: each timed call a group of %d AllReduces, each on its own window of the buffers; "
+                "times per collective\n",
                 opt.group, opt.group);
   if (!opt.nccl.empty())
     std::printf("# NCCL rows: one rank per GPU, each driven by its own thread, as the mkernel rows' ranks\n");
