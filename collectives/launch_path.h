@@ -137,22 +137,24 @@ MKERNEL_HD inline LaunchPart launchPart(CollType c, uint64_t count, int nRanks, 
 // line is zeroed, a line holds 0 or the current op's flag, so the flag's 32 bits may wrap.
 // It shares the epoch numbering with the other modes and no memory with them.
 
-// LL batches (session 15, MKERNEL_LL_BATCH). A group's consecutive LL ops of one CTA each (at most
+// LL batches (sessions 15-16, MKERNEL_LL_BATCH). A group's consecutive LL ops (at most
 // kMaxOpsPerSlot, and together at most what one slot holds: llSlotLines(n) lines) go out as one
-// kernel launch of one CTA (launchLlBatchKernel). The run is the same on every rank: it depends
-// only on the ops' coll, count and dtype, which every rank shares.
-//   serial: op i of the batch is launch-path op e + i, run as above after op i - 1 ended. The
-//     argument above holds unchanged: between consecutive ops of one rank nothing differs from
-//     two launches on one stream but the launch.
-//   exchange: the batch is ONE exchange, number e: one flag, one token per peer, each op's lines
-//     after the earlier ops' in every slot (lineBase). Phases 0-3 as above, over all the batch's
-//     lines; the argument above holds with "op" read as "exchange" (the batch takes one number,
-//     so exchanges still alternate parity). Within it, when a rank pushes an op and when it
-//     receives one is its own choice (peers only poll lines), so an op whose input overlaps an
-//     earlier op's output on this rank pushes after the earlier ops are received and written
-//     (deferMask, this rank's host); that only waits for lower ops, so no two ranks wait on each
-//     other. Outputs are written in op order (a later op's overlapping output wins, as NCCL runs a
-//     group in order), and every input is read before any later op writes.
+// kernel launch (launchLlBatchKernel). The run is the same on every rank: it depends only on the
+// ops' coll, count and dtype, which every rank shares.
+//   serial (ops of one CTA each, one CTA): op i of the batch is launch-path op e + i, run as above
+//     after op i - 1 ended. The argument above holds unchanged: between consecutive ops of one
+//     rank nothing differs from two launches on one stream but the launch.
+//   exchange (the default): the batch is ONE exchange, number e: one flag, one token per peer,
+//     each op's lines after the earlier ops' in every slot (lineBase), over a grid of llCtas(the
+//     batch's payload) CTAs. Phases 0-3 as above, over all the batch's lines; the argument above
+//     holds with "op" read as "exchange" (the batch takes one number, so exchanges still alternate
+//     parity; the next launch starts after every CTA of this one ended). Within it, when a rank
+//     pushes an op and when it receives one is its own choice (peers only poll lines; any thread
+//     may take any line), so the ops run in waves of this rank's choosing (llPlanWaves below):
+//     the ops of a wave at once on their own warps, a grid barrier between waves. A wave waits
+//     only for lower ops, so no two ranks wait on each other. Outputs are written in op order (a
+//     later op's overlapping output wins, as NCCL runs a group in order), and every input is read
+//     before any later op writes it.
 
 // Payload bytes per CTA below which another CTA does not pay for itself.
 constexpr uint64_t kLlBytesPerCta = 8 * 1024;

@@ -240,7 +240,7 @@ void llBatches(int n, bool capture, const char* mode) {
         return true;
       };
       // Every fourth group: k in-place AllReduces of one buffer, each reading the one before's
-      // output (the batch defers their pushes); after them element i is n^(k-1) x the sum.
+      // output (each a wave of its own in an exchange batch); after them element i is n^(k-1) x the sum.
       const bool chain = g % 4 == 3;
       const size_t chainCount = items[0].count;
       if (chain) {
