@@ -184,13 +184,18 @@ constexpr uint64_t kLlSharedMaxBytes = 8 * 1024;
 constexpr uint64_t kLlAutoMaxBytes = 256 * 1024;
 
 // Lines of one source's slot in a communicator of n ranks (each parity's lines split n ways; the
-// own rank's slot goes unused), and the most payload one source sends one destination in LL mode.
+// own rank's slot goes unused): what one exchange carries from one source to one destination
+// (an LL batch's ops together). And the most payload one op sends one destination in LL mode.
 // (A 32-bit division: the kernel computes it at every LL op.)
 static_assert(kLlSpaceLines <= 0xffffffffull, "llSlotLines divides in 32 bits");
+static_assert(kLlOpSpaceLines <= kLlSpaceLines, "an op fits a slot");
 MKERNEL_HD inline uint64_t llSlotLines(int nRanks) {
   return static_cast<uint32_t>(kLlSpaceLines) / static_cast<uint32_t>(nRanks);
 }
-MKERNEL_HD inline uint64_t llMaxPayload(int nRanks) { return llSlotLines(nRanks) * kLlLinePayload; }
+MKERNEL_HD inline uint64_t llMaxPayload(int nRanks) {
+  return static_cast<uint64_t>(static_cast<uint32_t>(kLlOpSpaceLines) / static_cast<uint32_t>(nRanks)) *
+         kLlLinePayload;
+}
 // The index in LlSpace::lines[parity] of line i of source k's slot.
 MKERNEL_HD inline uint64_t llSlotLine(uint64_t slotLines, int source, uint64_t i) {
   return static_cast<uint64_t>(source) * slotLines + i;

@@ -37,11 +37,14 @@ constexpr int kLaunchThreads = 256;
 constexpr uint64_t kLaunchInboxBytes = 1024 * 1024;
 // The launch path's LL mode (launch_path.h, "LL"): each rank pushes its data into its peers' line
 // slots, 16-byte lines of 8 payload bytes and the op's flag twice. A parity's kLlSpaceLines lines
-// are split evenly among the communicator's n source ranks (llSlotLines): at most
-// llMaxPayload(n) bytes from one source to one destination, 32 KiB with 16 ranks, 256 KiB with 2.
+// are split evenly among the communicator's n source ranks (llSlotLines): what one exchange (an
+// op, or an LL batch of ops) carries from one source to one destination, 2 MiB with 2 ranks. One
+// op carries at most llMaxPayload(n) bytes, a quarter of that (kLlOpSpaceLines): 32 KiB with 16
+// ranks, 256 KiB with 2 (session 16 made the space 4x larger, for batches of ops of 128 KiB).
 constexpr uint64_t kLlLineBytes = 16;
 constexpr uint64_t kLlLinePayload = 8;
-constexpr uint64_t kLlSpaceLines = 65536;  // per parity: 1 MiB of lines, 512 KiB of payload
+constexpr uint64_t kLlSpaceLines = 262144;  // per parity: 4 MiB of lines, 2 MiB of payload
+constexpr uint64_t kLlOpSpaceLines = 65536;  // what one op's limit is computed from
 
 // Doorbell values. The caller's stream writes Posted and waits until the value is >= Done (only
 // Done is): the same values on every call, so a captured graph replays correctly (DESIGN.md §3).

@@ -607,7 +607,7 @@ TEST_CASE("LL mode: lines, CTAs and the flag") {
   CHECK(llMaxPayload(3) == 21845 * 8);
   for (int n = 2; n <= kMaxRanks; ++n) {
     INFO(n << " ranks");
-    CHECK(llLines(llMaxPayload(n)) == llSlotLines(n));
+    CHECK(llLines(llMaxPayload(n)) <= llSlotLines(n) / 4);  // an op takes at most a quarter of a slot
     // The last source's last line is inside the parity's lines; slots do not overlap.
     CHECK(llSlotLine(llSlotLines(n), n - 1, llSlotLines(n) - 1) < kLlSpaceLines);
     CHECK(llSlotLine(llSlotLines(n), 1, 0) == llSlotLine(llSlotLines(n), 0, llSlotLines(n) - 1) + 1);
