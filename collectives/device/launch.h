@@ -100,8 +100,8 @@ Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uin
 // exchange 0 (MKERNEL_LL_BATCH=serial; one CTA, ops of one CTA each): op i is the
 // communicator's launch-path op epoch + i, each its own exchange. exchange 1 (=exchange): one
 // exchange, number `epoch`, op i's lines from line lineBase[i] of each slot, the ops in waves
-// (llPlanWaves, this rank's plan; more than one wave only with one CTA): bit i of waveMask starts
-// a wave at op i, whose warps are [warpFirst[i], + warpCount[i]) of the grid's. epoch 0:
+// (llPlanWaves, this rank's plan; a barrier over the grid between waves): bit i of waveMask
+// starts a wave at op i, whose warps are [warpFirst[i], + warpCount[i]) of the grid's. epoch 0:
 // captured, the device numbers from graphSeq. Op i reports opIndex[i] in
 // launchDone[ops[i].coll].
 struct LlBatch {
