@@ -973,11 +973,13 @@ __device__ __forceinline__ bool llReduceLines(const KernelParams& p, const WorkD
 }
 
 // What CTA blockIdx.x of an LL op works with (launch_path.h). One CTA (every op up to
-// kLlBytesPerCta) divides nothing.
-__device__ __forceinline__ LlArgs llArgs(const KernelParams& p, const WorkDesc& d, uint64_t epoch, int ns) {
+// kLlBytesPerCta) divides nothing. wholeOp: every line of the op (an LL batch's op, whose warps
+// may be in any CTA), no division either.
+__device__ __forceinline__ LlArgs llArgs(const KernelParams& p, const WorkDesc& d, uint64_t epoch, int ns,
+                                         bool wholeOp = false) {
   LlArgs a;
   a.payload = llPayloadBytes(d.count, elemSize(d.dtype));
-  a.range = llCtaLines(llLines(a.payload), gridDim.x, blockIdx.x);
+  a.range = wholeOp ? LlRange{0, llLines(a.payload)} : llCtaLines(llLines(a.payload), gridDim.x, blockIdx.x);
   a.slotLines = llSlotLines(p.nRanks);
   a.lineBase = 0;
   a.epoch = epoch;
@@ -1286,8 +1288,7 @@ __device__ __forceinline__ bool llBatchExchange(const KernelParams& p, const LlB
     for (int i = first; i < end; ++i)
       if (warp >= b.warpFirst[i] && warp < b.warpFirst[i] + b.warpCount[i]) mine = i;
     if (ok && mine >= 0) {
-      LlArgs a = llArgs(p, b.ops[mine], e, ns);
-      a.range = LlRange{0, llLines(a.payload)};  // the whole op, over its warps in any CTA
+      LlArgs a = llArgs(p, b.ops[mine], e, ns, /*wholeOp=*/true);
       a.lineBase = b.lineBase[mine];
       a.tid = static_cast<uint32_t>(tid - 32 * b.warpFirst[mine]);
       a.nthr = 32u * b.warpCount[mine];
@@ -1302,7 +1303,7 @@ __device__ __forceinline__ bool llBatchExchange(const KernelParams& p, const LlB
     first = end;
   }
   traceAt(p, blockIdx.x, traceSeq, kTraceMoved);  // (every wave received)
-  if (ok) ok = llTokens(p, llArgs(p, b.ops[0], e, ns), b.ops[0].coll);
+  if (ok) ok = llTokens(p, llArgs(p, b.ops[0], e, ns, /*wholeOp=*/true), b.ops[0].coll);
   ok = __syncthreads_and(ok) != 0;
   traceAt(p, blockIdx.x, traceSeq, kTraceEndBarrier);
   if (ok && eager && tid == 0)
