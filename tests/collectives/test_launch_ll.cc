@@ -761,6 +761,12 @@ TEST_CASE("LL batches: the waves split where an op depends on one of the current
   w = llPlanWaves(t, 4, 8);
   CHECK(w.startMask == (1u << 3));
   CHECK(w.waves == 2);
+  // A twin is no twin of an op of an earlier wave: op 2 repeats op 0, but op 1 wrote op 0's input
+  // in between, so op 2 (reading it) waits for op 1.
+  LlBatchMem u[3] = {mem(0x1000, 0x2000, 4), mem(0x5000, 0x1000, 4), mem(0x1000, 0x2000, 4)};
+  u[2].twin = 0;
+  w = llPlanWaves(u, 3, 8);
+  CHECK(w.startMask == ((1u << 1) | (1u << 2)));
   // A grid of 32 CTAs (256 warps): shares in proportion to the lines, every warp used once.
   LlBatchMem d[4] = {mem(0x1000, 0x2000, 1), mem(0x3000, 0x4000, 16384), mem(0x5000, 0x6000, 8192),
                      mem(0x7000, 0x8000, 3)};
