@@ -250,17 +250,19 @@ MKERNEL_HD inline uint32_t llFlag(uint64_t epoch) {
 }
 
 // MKERNEL_LL_BATCH=exchange (session 16): a batch's ops in waves. The ops of one wave run at the
-// same time, each on its own warps of the batch's CTA (push, then receive, then the next wave
-// after a barrier). Serially, with one thread group running the ops one after another, a group
-// of 8 cost 8 times one op's latency-bound frame (4.4 us per op on two H200s, session 16 call 1).
+// same time, each on its own warps of the batch's grid (push, then receive, then the next wave
+// after a barrier over the grid). Serially, with one thread group running the ops one after
+// another, a group of 8 cost 8 times one op's latency-bound frame (4.4 us per op on two H200s,
+// session 16 call 1).
 // Op i starts a new wave when its order against an op of the current wave matters on this rank:
 // it reads what that op writes, or writes what that op reads or writes (an op reads its input
 // again in its receive: its own contribution). Except a twin: the same collective as that op,
 // with the same arguments and buffers, out of place (its input and output apart): both read the
 // same input, which neither writes, and write the same bytes to the same output, since the
-// reduction order is the same (nccl-tests -m repeats ops on one buffer when few fit in it). The plan is each rank's own (its buffers), which
-// is safe because an op waits for the peers' pushes of that op only, and a rank pushes op i once
-// its waves before i are done, which wait only for lower ops: by induction every op is pushed.
+// reduction order is the same (nccl-tests -m repeats ops on one buffer when few fit in it). The
+// plan is each rank's own (its buffers), which is safe because an op waits for the peers' pushes
+// of that op only, and a rank pushes op i once its waves before i are done, which wait only for
+// lower ops: by induction every op is pushed.
 // A wave holds at most `warps` ops (the batch kernel's grid: warps over every CTA); each op of
 // a wave gets a warp, the spare warps are shared in proportion to the ops' lines, and what
 // rounding leaves goes one at a time to the op with the most lines per warp.
