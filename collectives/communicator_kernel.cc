@@ -1106,24 +1106,30 @@ Result KernelCommunicator::launchBatch(const WorkDesc* descs, int n, bool captur
     b.lineBase[i] = static_cast<uint32_t>(line);
     mem[i].lines = opLines(descs[i]);
     line += mem[i].lines;
-    mem[i].send = descs[i].sendbuff;
-    mem[i].recv = descs[i].recvbuff;
-    opRanges(descs[i], opts_.nRanks, &mem[i].sendBytes, &mem[i].recvBytes);
-    // A twin (llPlanWaves): the same descriptor as an earlier op (fillDesc zeroes it whole), out of place.
-    mem[i].twin = -1;
-    if (!llOverlap(mem[i].send, mem[i].sendBytes, mem[i].recv, mem[i].recvBytes))
-      for (int j = 0; j < i && mem[i].twin < 0; ++j)
-        if (std::memcmp(&descs[i], &descs[j], sizeof(WorkDesc)) == 0) mem[i].twin = j;
   }
   // exchange: the ops in waves by what each reads and writes on this rank (launch_path.h), over
   // as many CTAs as the batch's payload takes (llCtas, as one op of it all would; the waves meet
-  // at barriers over the grid). serial: one CTA.
-  const int ctas = b.exchange ? llCtas(line * kLlLinePayload, launchCap_) : 1;
-  const LlWaves waves = llPlanWaves(mem, n, ctas * (kLaunchThreads / 32));
-  b.waveMask = waves.startMask;
-  for (int i = 0; i < n; ++i) {
-    b.warpFirst[i] = waves.warpFirst[i];
-    b.warpCount[i] = waves.warpCount[i];
+  // at barriers over the grid). serial: one CTA, the ops one after another, no plan.
+  int ctas = 1;
+  LlWaves waves{};
+  if (b.exchange) {
+    for (int i = 0; i < n; ++i) {
+      mem[i].send = descs[i].sendbuff;
+      mem[i].recv = descs[i].recvbuff;
+      opRanges(descs[i], opts_.nRanks, &mem[i].sendBytes, &mem[i].recvBytes);
+      // A twin (llPlanWaves): the same descriptor as an earlier op (fillDesc zeroes it whole), out of place.
+      mem[i].twin = -1;
+      if (!llOverlap(mem[i].send, mem[i].sendBytes, mem[i].recv, mem[i].recvBytes))
+        for (int j = 0; j < i && mem[i].twin < 0; ++j)
+          if (std::memcmp(&descs[i], &descs[j], sizeof(WorkDesc)) == 0) mem[i].twin = j;
+    }
+    ctas = llCtas(line * kLlLinePayload, launchCap_);
+    waves = llPlanWaves(mem, n, ctas * (kLaunchThreads / 32));
+    b.waveMask = waves.startMask;
+    static_assert(sizeof(b.warpFirst) == sizeof(waves.warpFirst) && sizeof(b.warpCount) == sizeof(waves.warpCount),
+                  "LlBatch and LlWaves share the warp arrays' layout");
+    std::memcpy(b.warpFirst, waves.warpFirst, sizeof(b.warpFirst));
+    std::memcpy(b.warpCount, waves.warpCount, sizeof(b.warpCount));
   }
   llOps_ += static_cast<uint64_t>(n);
   llBatchOps_ += static_cast<uint64_t>(n);
