@@ -46,6 +46,7 @@ struct CollStats {
   int directSharing = 1;                    // the most ranks on one GPU (direct mode's upper end)
   int hierCtas = 0;                         // CTAs per hierarchical collective (0: not hierarchical)
   bool staged = false;                      // ranks stage through IPC buffers (process ranks; agreed)
+  int pdl = 0;                              // MKERNEL_PDL in effect: 0 off, 1 wait, 2 early
 };
 
 class Communicator {

@@ -378,6 +378,17 @@ Result KernelCommunicator::init() {
   if (epilogue != "fenced" && epilogue != "light")
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_GRAPH_EPILOGUE=%s: expected fenced or light", epilogue.c_str());
   params_.graphEpilogueLight = epilogue == "light" ? 1u : 0u;
+  const std::string pdl = paramString("PDL");
+  if (pdl != "off" && pdl != "wait" && pdl != "early")
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_PDL=%s: expected off, wait or early", pdl.c_str());
+  int ccMajor = 0;
+  MK_CUDA(cudaDeviceGetAttribute(&ccMajor, cudaDevAttrComputeCapabilityMajor, opts_.cudaDev),
+          "compute capability query");
+  // Programmatic dependent launch needs sm_90; early is narrowed after agreeLaunchCap.
+  params_.pdl = ccMajor < 9 || pdl == "off" ? 0u : pdl == "wait" ? 1u : 2u;
+  if (ccMajor < 9 && pdl != "off")
+    MK_INFO(kLogInit, "rank %d: MKERNEL_PDL=%s ignored: GPU %d is sm_%d0, programmatic launch needs sm_90",
+            opts_.rank, pdl.c_str(), opts_.cudaDev, ccMajor);
   const std::string oneRank = paramString("ONE_RANK");
   if (oneRank != "copy" && oneRank != "kernel")
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_ONE_RANK=%s: expected copy or kernel", oneRank.c_str());
@@ -486,6 +497,13 @@ Result KernelCommunicator::init() {
   params_.nRanks = opts_.nRanks;
   params_.nCtas = peers.nCtas;
   MK_CHECK(agreeLaunchCap(smsLeft));
+  // MKERNEL_PDL=early lets this rank's next launch-path kernel become resident while the current
+  // one runs. With ranks sharing a GPU that kernel could hold the SMs a co-located peer's current
+  // kernel needs, and the two would wait for each other: there it is wait only.
+  if (params_.pdl == 2 && directSharing_ > 1) {
+    params_.pdl = 1;
+    MK_INFO(kLogInit, "rank %d: MKERNEL_PDL=early is wait here: %d ranks share a GPU", opts_.rank, directSharing_);
+  }
   // Direct mode needs every peer's user buffers addressable: thread ranks of one process (not
   // staged), one node. The same on every rank (staged is agreed, nNodes is the layout).
   launchDirect_ = paramInt("LAUNCH_DIRECT", 1) != 0 && launchMaxBytes_ > 0 && !peers.staged && !hier &&
@@ -1578,6 +1596,7 @@ void KernelCommunicator::stats(CollStats* out) const {
   for (uint64_t v : oneRankCopies_) out->oneRankCopies += v;
   out->launchDirect = launchDirect_;
   out->directSharing = directSharing_;
+  out->pdl = static_cast<int>(params_.pdl);
   out->hierCtas = params_.nNodes > 1 ? hierCtas_ : 0;
   out->staged = peers_.staged;
 }

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "collectives/algo.h"
@@ -1164,6 +1165,24 @@ __device__ __forceinline__ bool launchRun(const KernelParams& p, SharedState& sh
   return true;
 }
 
+// MKERNEL_PDL (launchPath): a launch-path kernel launched with programmatic stream serialization
+// may start before the work ahead of it on the stream (the previous collective's kernel, or the
+// application's) has completed; griddepcontrol.wait returns once that work has completed and its
+// memory is visible, so it comes before anything the kernel reads: after it, the kernel sees
+// what a plain launch would see at its start (every comment below that says "this launch started
+// after that one ended" holds). pdl 2 then lets the stream's next programmatic launch (our next
+// collective) become resident at once, to wait in its own pdlEnter instead of being launched
+// after this kernel ends: what it saves is the launch latency between consecutive collectives.
+// A kernel launched without the attribute passes griddepcontrol.wait at once.
+__device__ __forceinline__ void pdlEnter(const KernelParams& p) {
+#if __CUDA_ARCH__ >= 900
+  if (p.pdl != 0) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (p.pdl == 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
+#endif
+}
+
 // epoch 0: a launch captured into a CUDA graph. Its sequence number is graphSeq + 1, read by each
 // CTA at its start; the last CTA to finish stores it back (by then every CTA of this launch has
 // read the old value, and the next launch of this communicator starts after this one ended:
@@ -1176,6 +1195,7 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
                                                                   uint64_t opIndex, int mode) {
   __shared__ SharedState sh;
   if (p.warmup) return;  // warmKernels
+  pdlEnter(p);
   const bool graph = epoch == 0;
   // MKERNEL_KERNEL_TRACE, eager ops (record epoch - 1): start, set up, [LL: pushed, received],
   // collective done, reported (collbench --trace; docs/KERNEL.md, "Kernel trace").
@@ -1346,6 +1366,7 @@ __device__ __forceinline__ void llBatchSerial(const KernelParams& p, const LlBat
 __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlBatchKernel(const __grid_constant__ KernelParams p,
                                                                          const __grid_constant__ LlBatch b) {
   if (p.warmup) return;  // warmKernels
+  pdlEnter(p);
   const bool graph = b.epoch == 0;
   const int ns = graph ? kLaunchGraph : kLaunchEager;
   // Captured: graphSeq is the same for every thread during this launch (launchKernel). Thread 0
@@ -1513,10 +1534,33 @@ Result launchPersistentKernel(const KernelParams& p, cudaStream_t stream) {
   return Result::Success;
 }
 
+namespace {
+// A launch-path kernel: with MKERNEL_PDL, through cudaLaunchKernelEx with programmatic stream
+// serialization (the kernel then waits for the stream's earlier work itself: pdlEnter).
+template <typename... Params, typename... Args>
+cudaError_t launchPath(void (*kernel)(Params...), const KernelParams& p, int nCtas, cudaStream_t stream,
+                       Args&&... args) {
+  if (p.pdl == 0) {
+    kernel<<<nCtas, kLaunchThreads, 0, stream>>>(std::forward<Args>(args)...);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(nCtas));
+  cfg.blockDim = dim3(kLaunchThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+}  // namespace
+
 Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uint64_t epoch, uint64_t opIndex,
                         int mode, cudaStream_t stream) {
-  dev::launchKernel<<<nCtas, kLaunchThreads, 0, stream>>>(p, d, epoch, opIndex, mode);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = launchPath(dev::launchKernel, p, nCtas, stream, p, d, epoch, opIndex, mode);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching the launch-path kernel (%d CTAs) failed: %s",
                     p.rank, nCtas, cudaGetErrorString(err));
@@ -1524,8 +1568,7 @@ Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uin
 }
 
 Result launchLlBatch(const KernelParams& p, const LlBatch& b, int nCtas, cudaStream_t stream) {
-  dev::launchLlBatchKernel<<<nCtas, kLaunchThreads, 0, stream>>>(p, b);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = launchPath(dev::launchLlBatchKernel, p, nCtas, stream, p, b);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching a batch of %d LL collectives (%d CTAs) failed: %s",
                     p.rank, b.nOps, nCtas, cudaGetErrorString(err));

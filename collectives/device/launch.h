@@ -55,6 +55,11 @@ struct KernelParams {
   uint32_t warmup;
   // MKERNEL_GRAPH_EPILOGUE=light: a captured launch numbers its replay without fences (launchKernel).
   uint32_t graphEpilogueLight;
+  // MKERNEL_PDL (programmatic dependent launch, sm_90): 0 off; 1 the launch-path kernels are
+  // launched with programmatic stream serialization and wait for the work before them
+  // (griddepcontrol.wait) before they read anything; 2 they also let the next such launch on the
+  // stream become resident at once (griddepcontrol.launch_dependents), one rank per GPU only.
+  uint32_t pdl;
 };
 
 // Launches the persistent kernel with p.nCtas CTAs of kKernelThreads threads on `stream`.

@@ -1,5 +1,6 @@
 // Emulated thread ranks for the GPU tier: N threads, each with its own Bootstrap over loopback,
-// its own Communicator (CommOptions.emulate, all on GPU 0) and its own stream. Catch2 is not
+// its own Communicator (CommOptions.emulate, all on GPU 0, or rank r on GPU r mod the device
+// count with MKGPU_SPREAD=1) and its own stream. Catch2 is not
 // thread-safe, so rank threads collect failures as strings and the main thread checks them.
 #pragma once
 
@@ -22,6 +23,7 @@ namespace mkgpu {
 struct RankCtx {
   int rank = 0;
   int nRanks = 0;
+  int device = 0;  // the rank's GPU (current in its thread)
   mkernel::coll::Communicator* comm = nullptr;
   mkernel::bootstrap::Bootstrap* bs = nullptr;
   cudaStream_t stream = nullptr;
@@ -115,17 +117,22 @@ inline std::vector<std::string> runRanks(int n, const std::function<void(RankCtx
     if (cudaMallocHost(reinterpret_cast<void**>(&p), hostBytes) != cudaSuccess) return {"cudaMallocHost failed"};
   mkernel::bootstrap::UniqueId id;
   if (mkernel::bootstrap::createUniqueId(&id) != mkernel::Result::Success) return {"createUniqueId failed"};
+  // MKGPU_SPREAD=1: the ranks over every visible GPU (one per GPU when there are enough).
+  int nDev = 1;
+  const char* spread = std::getenv("MKGPU_SPREAD");
+  if (spread != nullptr && std::atoi(spread) != 0 && (cudaGetDeviceCount(&nDev) != cudaSuccess || nDev < 1)) nDev = 1;
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       RankCtx ctx;
       ctx.rank = r;
       ctx.nRanks = n;
+      ctx.device = r % nDev;
       ctx.failures = &failures;
       ctx.failMu = &failMu;
       ctx.hostBase = pinned[static_cast<size_t>(r)];
       ctx.hostCap = hostBytes;
-      cudaSetDevice(0);
+      cudaSetDevice(ctx.device);
       std::unique_ptr<mkernel::bootstrap::Bootstrap> bs;
       if (mkernel::bootstrap::Bootstrap::create(id, r, n, &bs) != mkernel::Result::Success) {
         ctx.fail(std::string("bootstrap: ") + mkernel::lastError());
@@ -134,7 +141,7 @@ inline std::vector<std::string> runRanks(int n, const std::function<void(RankCtx
       mkernel::coll::CommOptions opts;
       opts.rank = r;
       opts.nRanks = n;
-      opts.cudaDev = 0;
+      opts.cudaDev = ctx.device;
       opts.emulate = true;
       opts.ranksPerNode = ranksPerNode;
       std::unique_ptr<mkernel::coll::Communicator> comm;
@@ -155,8 +162,11 @@ inline std::vector<std::string> runRanks(int n, const std::function<void(RankCtx
     });
   }
   for (auto& t : threads) t.join();
-  for (auto& v : frees)
-    for (void* p : v) cudaFree(p);
+  for (int r = 0; r < n; ++r) {
+    cudaSetDevice(r % nDev);
+    for (void* p : frees[static_cast<size_t>(r)]) cudaFree(p);
+  }
+  cudaSetDevice(0);
   for (auto p : pinned) cudaFreeHost(p);
   return failures;
 }

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -707,6 +708,154 @@ TEST_CASE("gpu: abort while the kernel spins on a missing peer returns at once a
 TEST_CASE("gpu: abort while the kernel spins on a missing peer returns at once and releases the stream (persistent kernel)", "[gpu]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   abortWhileSpinning("0");
+}
+
+// A chain of dependent collectives back to back, no host sync until the end (MKERNEL_PDL): each
+// AllReduce (uint32 sum, wrapping) reads what the one before wrote, in place, ping-pong between
+// buffers, in groups of two that share an input, with device-to-device copies (work that is not
+// a kernel) between; sizes from 8 B (LL) through 400 KB (the inbox mode) and 4 MB (direct mode or
+// the persistent kernel). A kernel that read its input before the work ahead of it on the stream
+// had completed would read the value before, 1/n of the right one. captured: the chain is
+// captured once and replayed, the model applied per replay. The host keeps every rank's buffers
+// and checks all of them at the end. It also checks that MKERNEL_PDL is in effect as asked:
+// early only with one rank per GPU (MKGPU_SPREAD=1 on a machine with as many GPUs), wait otherwise.
+void pdlChain(int n, bool captured) {
+  constexpr int kBufs = 3, kSteps = 240, kCapturedSteps = 40, kReplays = 4;
+  const size_t counts[] = {2, 1000, 16384, 100000, 1000000};
+  const size_t maxCount = 1000000;
+  using Buf = std::vector<uint32_t>;
+  auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
+    std::vector<uint32_t*> dev(kBufs);
+    for (auto& d : dev)
+      if ((d = ctx.deviceAlloc<uint32_t>(maxCount * 4)) == nullptr) return ctx.fail("cudaMalloc");
+    // The model: every rank's three buffers.
+    std::vector<std::vector<Buf>> model(static_cast<size_t>(n), std::vector<Buf>(kBufs, Buf(maxCount)));
+    for (int q = 0; q < n; ++q)
+      for (int b = 0; b < kBufs; ++b)
+        for (size_t i = 0; i < maxCount; ++i)
+          model[q][b][i] = static_cast<uint32_t>(q * 7919 + b * 104729 + i * 31 + 1);
+    for (int b = 0; b < kBufs; ++b)
+      if (!ctx.toDevice(dev[b], model[ctx.rank][b].data(), maxCount * 4)) return ctx.fail("upload: staging full");
+    cudaStreamSynchronize(ctx.stream);
+    ctx.hostReset();
+    if (ctx.bs->barrier() != Result::Success) return ctx.fail("bootstrap barrier after upload");
+    auto allReduce = [&](int from, int to, size_t c) {
+      for (size_t i = 0; i < c; ++i) {
+        uint32_t sum = 0;
+        for (int q = 0; q < n; ++q) sum += model[q][from][i];
+        for (int q = 0; q < n; ++q) model[q][to][i] = sum;
+      }
+    };
+    uint64_t rng = 2026;  // the same steps on every rank
+    uint64_t ops = 0;
+    // One step: kind 0 an AllReduce from -> to (to == from: in place), 1 a group of two
+    // AllReduces from the same input, 2 a copy then an AllReduce of the copy.
+    auto step = [&](bool applyModelOnly, int kind, int from, int to, int other, size_t c) -> bool {
+      if (applyModelOnly) {
+        if (kind == 1) {
+          // Both read `from` (neither writes it): `other` gets what `to` gets.
+          allReduce(from, to, c);
+          for (int q = 0; q < n; ++q) std::copy(model[q][to].begin(), model[q][to].begin() + c, model[q][other].begin());
+        } else if (kind == 2) {
+          for (int q = 0; q < n; ++q) std::copy(model[q][from].begin(), model[q][from].begin() + c, model[q][to].begin());
+          allReduce(to, to, c);
+        } else {
+          allReduce(from, to, c);
+        }
+        return true;
+      }
+      if (kind == 1) {
+        CollArgs g[2] = {mkgpu::collArgs(CollType::AllReduce, DataType::Uint32, RedOp::Sum, dev[from], dev[to], c),
+                         mkgpu::collArgs(CollType::AllReduce, DataType::Uint32, RedOp::Sum, dev[from], dev[other], c)};
+        ops += 2;
+        return ctx.comm->enqueue(g, 2, ctx.stream) == Result::Success;
+      }
+      if (kind == 2 &&
+          cudaMemcpyAsync(dev[to], dev[from], c * 4, cudaMemcpyDeviceToDevice, ctx.stream) != cudaSuccess)
+        return false;
+      CollArgs a = mkgpu::collArgs(CollType::AllReduce, DataType::Uint32, RedOp::Sum, dev[kind == 2 ? to : from],
+                                   dev[to], c);
+      ++ops;
+      return ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success;
+    };
+    struct Step { int kind, from, to, other; size_t c; };
+    std::vector<Step> steps;
+    for (int s = 0; s < (captured ? kCapturedSteps : kSteps); ++s) {
+      Step st;
+      st.kind = static_cast<int>(mkgpu::splitmix(rng) % 3);
+      st.from = static_cast<int>(mkgpu::splitmix(rng) % kBufs);
+      st.to = static_cast<int>(mkgpu::splitmix(rng) % kBufs);
+      st.other = 3 - st.from - st.to;  // kind 1: the third buffer
+      if (st.kind != 0 && st.to == st.from) st.to = (st.from + 1) % kBufs;
+      if (st.kind == 1) st.other = 3 - st.from - st.to;
+      // Mostly small (the launch path's LL mode, what PDL is for), now and then large.
+      // Captured: none beyond the launch path (a captured doorbell keeps the kernel resident).
+      const uint64_t r = mkgpu::splitmix(rng) % (captured ? 15 : 16);
+      st.c = counts[r < 5 ? 0 : r < 10 ? 1 : r < 13 ? 2 : r < 15 ? 3 : 4];
+      steps.push_back(st);
+    }
+    if (!captured) {
+      for (const Step& st : steps)
+        if (!step(false, st.kind, st.from, st.to, st.other, st.c))
+          return ctx.fail(std::string("enqueue: ") + mkernel::lastError());
+      for (const Step& st : steps) step(true, st.kind, st.from, st.to, st.other, st.c);
+    } else {
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      if (cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+        return ctx.fail("begin capture");
+      bool ok = true;
+      for (const Step& st : steps) ok = ok && step(false, st.kind, st.from, st.to, st.other, st.c);
+      if (cudaStreamEndCapture(ctx.stream, &graph) != cudaSuccess || !ok)
+        return ctx.fail(std::string("capture failed: ") + mkernel::lastError());
+      if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return ctx.fail("instantiate");
+      ctx.afterFinalize.push_back([graph, exec] {
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      });
+      for (int rep = 0; rep < kReplays; ++rep) {
+        if (cudaGraphLaunch(exec, ctx.stream) != cudaSuccess) return ctx.fail("graph launch");
+        for (const Step& st : steps) step(true, st.kind, st.from, st.to, st.other, st.c);
+      }
+    }
+    std::vector<const void*> staged(kBufs);
+    for (int b = 0; b < kBufs; ++b)
+      if ((staged[b] = ctx.fromDevice(dev[b], maxCount * 4)) == nullptr) return ctx.fail("download: staging full");
+    if (cudaStreamSynchronize(ctx.stream) != cudaSuccess)
+      return ctx.fail(std::string("stream: ") + cudaGetErrorString(cudaGetLastError()));
+    for (int b = 0; b < kBufs; ++b) {
+      const uint32_t* got = static_cast<const uint32_t*>(staged[b]);
+      for (size_t i = 0; i < maxCount; ++i)
+        if (got[i] != model[ctx.rank][b][i])
+          return ctx.fail("buffer " + std::to_string(b) + " element " + std::to_string(i) + " = " +
+                          std::to_string(got[i]) + ", want " + std::to_string(model[ctx.rank][b][i]));
+    }
+    mkernel::coll::CollStats st;
+    ctx.comm->stats(&st);
+    const char* env = std::getenv("MKERNEL_PDL");
+    const std::string asked = env != nullptr ? env : "off";
+    const int want = asked == "off" ? 0 : asked == "wait" || st.directSharing > 1 ? 1 : 2;
+    if (st.pdl != want)
+      ctx.fail("MKERNEL_PDL=" + asked + " with " + std::to_string(st.directSharing) + " rank(s) per GPU: mode " +
+               std::to_string(st.pdl) + ", want " + std::to_string(want));
+    uint64_t launched = 0;
+    for (uint64_t v : st.launchOps) launched += v;
+    if (ctx.rank == 0)
+      std::printf("PDL chain, %d ranks (%d per GPU), %s: mode %d, %llu collectives, %llu on the launch path (%llu LL)\n",
+                  n, st.directSharing, captured ? "captured" : "eager", st.pdl,
+                  static_cast<unsigned long long>(ops * (captured ? kReplays : 1)),
+                  static_cast<unsigned long long>(launched), static_cast<unsigned long long>(st.llOps));
+    if (launched == 0) ctx.fail("no collective took the launch path");
+  });
+  for (const auto& f : failures) FAIL_CHECK(f);
+  CHECK(failures.empty());
+}
+
+TEST_CASE("gpu: a chain of dependent collectives and copies back to back, eager and captured (MKERNEL_PDL)", "[gpu][pdl]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  pdlChain(2, false);
+  pdlChain(2, true);
+  pdlChain(4, false);
 }
 
 TEST_CASE("gpu: groups of small collectives as LL batches, serial (2 and 4 ranks, eager)", "[gpu][llbatch]") {
