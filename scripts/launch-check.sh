@@ -6,6 +6,8 @@
 #      test_gpu_*; sm_90), and the patched nccl-tests from .carry/nccl-tests;
 #   1b. (LC_P2PBENCH=1) mkernel-p2pbench: NVLink pull / push / reduce bandwidth of CTA loops and
 #      of the kernel's reduceCopy, both GPUs at once;
+#   1c. (LC_LATBENCH=1) mkernel-latbench: kernel-to-kernel gaps (plain, PDL wait, PDL early; eager and
+#      graphs), NVLink ping-pong, a frame-free two-GPU flag exchange per kernel (LC_LATBENCH_ARGS);
 #   2. ctest LC_CTEST (default test_shim_gpu; none skips it), then test_gpu_hier LC_HIER_REPS times (default 3)
 #      with MKERNEL_TIMEOUT_S=LC_HIER_TIMEOUT (default 60): pass/fail and seconds of each;
 #   3. (unless LC_NCCL_RUN=0) nccl-tests LC_TESTS (default the five), -b LC_MIN_BYTES (8) -e LC_MAX_BYTES (4M)
@@ -57,7 +59,7 @@ TESTS=${LC_TESTS:-"all_reduce_perf all_gather_perf reduce_scatter_perf broadcast
 fail=0
 
 step "1. build ($NG GPU(s))"
-gpu_build "${LC_JOBS:-16}" mkernel mkernel-collbench mkernel-p2pbench mkernel-queueprobe mkernel-emuprobe mkernel-proclat mkernel-proxybench \
+gpu_build "${LC_JOBS:-16}" mkernel mkernel-collbench mkernel-p2pbench mkernel-latbench mkernel-queueprobe mkernel-emuprobe mkernel-proclat mkernel-proxybench \
   test_shim_gpu test_shim_emulate \
   test_gpu_collectives test_gpu_kernel test_gpu_procs
 gpu_build_nccl_tests "$TESTS"
@@ -69,6 +71,13 @@ if [ "${LC_P2PBENCH:-0}" = 1 ]; then
   timeout 120 "$build/bin/mkernel-p2pbench" >"$logs/p2pbench.txt" 2>&1 || fail=1
   cat "$logs/p2pbench.txt"
   save p2pbench.txt
+fi
+
+if [ "${LC_LATBENCH:-0}" = 1 ]; then
+  step "1c. mkernel-latbench"
+  timeout 120 "$build/bin/mkernel-latbench" ${LC_LATBENCH_ARGS:-} >"$logs/latbench.txt" 2>&1 || fail=1
+  cat "$logs/latbench.txt"
+  save latbench.txt
 fi
 
 CTESTS=${LC_CTEST:-'^test_shim_gpu$'}

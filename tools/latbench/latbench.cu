@@ -1,0 +1,310 @@
+// mkernel-latbench: the latency floors under a small collective, each the median of --reps runs:
+//
+//   gap       K back-to-back one-CTA kernels on one stream, each storing one word: plain launches,
+//             PDL wait (programmatic stream serialization, griddepcontrol.wait first) and PDL early
+//             (also griddepcontrol.launch_dependents at its start); eager (one host thread) and
+//             as one CUDA graph of K kernels. us per kernel.
+//   pingpong  (2 GPUs) one thread per GPU bouncing a counter N times in one kernel each: push (the
+//             writer stores into the reader's memory, the reader polls its own) and pull (the
+//             writer stores into its own memory, the reader polls the writer's over NVLink).
+//             One-way us = round-trip time / 2, by %globaltimer.
+//   exchange  (2 GPUs) K kernels per GPU, a host thread each, each kernel storing its number into
+//             the peer's flag and spinning on its own until the peer's arrives: the frame-free
+//             floor of a kernel-per-op two-rank LL collective. plain / PDL wait / PDL early,
+//             eager and in CUDA graphs. us per op (CUDA events on each GPU's stream).
+//
+//   mkernel-latbench [--kernels 2000] [--round-trips 20000] [--reps 5]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+#define CK(x)                                                                                  \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "mkernel-latbench: %s failed: %s\n", #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+__device__ __forceinline__ void pdlEnter(int pdl) {
+#if __CUDA_ARCH__ >= 900
+  if (pdl != 0) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (pdl == 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
+#endif
+}
+
+__device__ __forceinline__ uint64_t globalTimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void storeSys(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t loadSys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__global__ void gapKernel(uint64_t* word, int pdl) {
+  pdlEnter(pdl);
+  if (threadIdx.x == 0) *word += 1;
+}
+
+// Its number: the next value of a counter in its own GPU's memory (stream order keeps one kernel
+// at a time on it), so that graph replays keep counting.
+__global__ void exchangeKernel(uint64_t* counter, uint64_t* peerFlag, const uint64_t* myFlag, int pdl) {
+  pdlEnter(pdl);
+  if (threadIdx.x != 0) return;
+  const uint64_t e = *counter + 1;
+  *counter = e;
+  storeSys(peerFlag, e);
+  while (loadSys(myFlag) < e) {
+  }
+}
+
+// first: GPU 0's side (it starts each round trip). out: where this side writes, in: where it polls.
+__global__ void pingKernel(uint64_t* out, const uint64_t* in, int iters, int first, uint64_t base, uint64_t* ns) {
+  if (threadIdx.x != 0) return;
+  const uint64_t t0 = globalTimer();
+  for (int i = 1; i <= iters; ++i) {
+    const uint64_t v = base + static_cast<uint64_t>(i);
+    if (first) storeSys(out, v);
+    while (loadSys(in) < v) {
+    }
+    if (!first) storeSys(out, v);
+  }
+  *ns = globalTimer() - t0;
+}
+
+cudaError_t launch(void (*k)(uint64_t*, int), cudaStream_t s, int pdl, uint64_t* word) {
+  if (pdl == 0) {
+    k<<<1, 32, 0, s>>>(word, pdl);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(1);
+  cfg.blockDim = dim3(32);
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, k, word, pdl);
+}
+
+cudaError_t launchExchange(cudaStream_t s, int pdl, uint64_t* counter, uint64_t* peerFlag, const uint64_t* myFlag) {
+  if (pdl == 0) {
+    exchangeKernel<<<1, 32, 0, s>>>(counter, peerFlag, myFlag, pdl);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(1);
+  cfg.blockDim = dim3(32);
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, exchangeKernel, counter, peerFlag, myFlag, pdl);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+const char* kPdlName[3] = {"plain", "pdl-wait", "pdl-early"};
+
+// Gap: one GPU, one stream.
+void gapRows(int kernels, int reps) {
+  CK(cudaSetDevice(0));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  uint64_t* word;
+  CK(cudaMalloc(&word, 8));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int graph = 0; graph <= 1; ++graph)
+    for (int pdl = 0; pdl <= 2; ++pdl) {
+      cudaGraphExec_t exec = nullptr;
+      if (graph) {
+        cudaGraph_t g;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        for (int k = 0; k < kernels; ++k) CK(launch(gapKernel, s, pdl, word));
+        CK(cudaStreamEndCapture(s, &g));
+        CK(cudaGraphInstantiate(&exec, g, 0));
+        CK(cudaGraphDestroy(g));
+        CK(cudaGraphLaunch(exec, s));  // warm-up
+      } else {
+        for (int k = 0; k < 100; ++k) CK(launch(gapKernel, s, pdl, word));
+      }
+      CK(cudaStreamSynchronize(s));
+      std::vector<double> us;
+      for (int r = 0; r < reps; ++r) {
+        CK(cudaEventRecord(a, s));
+        if (graph)
+          CK(cudaGraphLaunch(exec, s));
+        else
+          for (int k = 0; k < kernels; ++k) CK(launch(gapKernel, s, pdl, word));
+        CK(cudaEventRecord(b, s));
+        CK(cudaEventSynchronize(b));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        us.push_back(1000.0 * ms / kernels);
+      }
+      if (exec) CK(cudaGraphExecDestroy(exec));
+      std::printf("gap        %-6s %-10s %8.2f us per kernel\n", graph ? "graph" : "eager", kPdlName[pdl], median(us));
+    }
+  CK(cudaFree(word));
+  CK(cudaStreamDestroy(s));
+}
+
+struct Gpu {
+  cudaStream_t s;
+  uint64_t* flag;     // 64-byte block: [0] exchange flag, [8] ping flag
+  uint64_t* counter;
+  uint64_t* ns;
+  cudaEvent_t a, b;
+};
+
+void pingRows(Gpu* g, int iters, int reps) {
+  for (int pull = 0; pull <= 1; ++pull) {
+    std::vector<double> us;
+    for (int r = 0; r < reps + 1; ++r) {
+      const uint64_t base = static_cast<uint64_t>(pull * (reps + 1) + r) * static_cast<uint64_t>(iters);
+      for (int d = 0; d < 2; ++d) {
+        CK(cudaSetDevice(d));
+        // push: write the peer's word, poll our own; pull: write our own, poll the peer's.
+        uint64_t* out = pull ? g[d].flag + 8 : g[1 - d].flag + 8;
+        const uint64_t* in = pull ? g[1 - d].flag + 8 : g[d].flag + 8;
+        pingKernel<<<1, 32, 0, g[d].s>>>(out, in, iters, d == 0, base, g[d].ns);
+        CK(cudaGetLastError());
+      }
+      uint64_t ns = 0;
+      for (int d = 0; d < 2; ++d) {
+        CK(cudaSetDevice(d));
+        CK(cudaStreamSynchronize(g[d].s));
+      }
+      CK(cudaSetDevice(0));
+      CK(cudaMemcpy(&ns, g[0].ns, 8, cudaMemcpyDeviceToHost));
+      if (r > 0) us.push_back(ns / 1000.0 / iters / 2);  // run 0 warms up
+    }
+    std::printf("pingpong   %-6s %-10s %8.3f us one way (%d round trips)\n", pull ? "pull" : "push", "", median(us), iters);
+  }
+}
+
+void exchangeRows(Gpu* g, int kernels, int reps) {
+  for (int graph = 0; graph <= 1; ++graph)
+    for (int pdl = 0; pdl <= 2; ++pdl) {
+      std::vector<double> us[2];
+      cudaGraphExec_t exec[2] = {nullptr, nullptr};
+      std::atomic<int> ready{0};
+      auto body = [&](int d) {
+        CK(cudaSetDevice(d));
+        uint64_t* peer = g[1 - d].flag;
+        const uint64_t* mine = g[d].flag;
+        if (graph) {
+          cudaGraph_t gr;
+          CK(cudaStreamBeginCapture(g[d].s, cudaStreamCaptureModeThreadLocal));
+          for (int k = 0; k < kernels; ++k) CK(launchExchange(g[d].s, pdl, g[d].counter, peer, mine));
+          CK(cudaStreamEndCapture(g[d].s, &gr));
+          CK(cudaGraphInstantiate(&exec[d], gr, 0));
+          CK(cudaGraphDestroy(gr));
+        }
+        for (int r = 0; r < reps + 1; ++r) {
+          // Both threads start each run together.
+          ready.fetch_add(1);
+          while (ready.load() < 2 * (r + 1)) {
+          }
+          CK(cudaEventRecord(g[d].a, g[d].s));
+          if (graph)
+            CK(cudaGraphLaunch(exec[d], g[d].s));
+          else
+            for (int k = 0; k < kernels; ++k) CK(launchExchange(g[d].s, pdl, g[d].counter, peer, mine));
+          CK(cudaEventRecord(g[d].b, g[d].s));
+          CK(cudaEventSynchronize(g[d].b));
+          float ms = 0;
+          CK(cudaEventElapsedTime(&ms, g[d].a, g[d].b));
+          if (r > 0) us[d].push_back(1000.0 * ms / kernels);
+        }
+        if (exec[d]) CK(cudaGraphExecDestroy(exec[d]));
+      };
+      std::thread t0(body, 0), t1(body, 1);
+      t0.join();
+      t1.join();
+      std::printf("exchange   %-6s %-10s %8.2f us per op (GPU 0), %.2f (GPU 1)\n", graph ? "graph" : "eager",
+                  kPdlName[pdl], median(us[0]), median(us[1]));
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int kernels = 2000, iters = 20000, reps = 5;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--kernels" && i + 1 < argc) kernels = std::atoi(argv[++i]);
+    else if (a == "--round-trips" && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: mkernel-latbench [--kernels 2000] [--round-trips 20000] [--reps 5]\n");
+      return 2;
+    }
+  }
+  if (kernels < 1 || iters < 1 || reps < 1) {
+    std::fprintf(stderr, "mkernel-latbench: --kernels, --round-trips and --reps must be positive\n");
+    return 2;
+  }
+  int n = 0;
+  CK(cudaGetDeviceCount(&n));
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("# mkernel-latbench: %s, %d GPU(s), %d kernels per run, median of %d runs\n", prop.name, n, kernels, reps);
+  gapRows(kernels, reps);
+  if (n < 2) {
+    std::printf("# pingpong and exchange need 2 GPUs: skipped\n");
+    return 0;
+  }
+  Gpu g[2];
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaSetDevice(d));
+    int can = 0;
+    CK(cudaDeviceCanAccessPeer(&can, d, 1 - d));
+    if (!can) {
+      std::printf("# GPU %d cannot access GPU %d: pingpong and exchange skipped\n", d, 1 - d);
+      return 0;
+    }
+    CK(cudaDeviceEnablePeerAccess(1 - d, 0));
+    CK(cudaStreamCreateWithFlags(&g[d].s, cudaStreamNonBlocking));
+    CK(cudaMalloc(&g[d].flag, 128));
+    CK(cudaMemset(g[d].flag, 0, 128));
+    CK(cudaMalloc(&g[d].counter, 8));
+    CK(cudaMemset(g[d].counter, 0, 8));
+    CK(cudaMalloc(&g[d].ns, 8));
+    CK(cudaEventCreate(&g[d].a));
+    CK(cudaEventCreate(&g[d].b));
+    CK(cudaDeviceSynchronize());
+  }
+  pingRows(g, iters, reps);
+  exchangeRows(g, kernels, reps);
+  return 0;
+}
