@@ -1198,9 +1198,23 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
   pdlEnter(p);
   const bool graph = epoch == 0;
   // MKERNEL_KERNEL_TRACE, eager ops (record epoch - 1): start, set up, [LL: pushed, received],
-  // collective done, reported (collbench --trace; docs/KERNEL.md, "Kernel trace").
-  const uint64_t traceSeq = graph ? kNoTrace : epoch - 1;
-  traceAt(p, blockIdx.x, traceSeq, kTraceSeen);
+  // collective done, reported (collbench --trace; docs/KERNEL.md, "Kernel trace"). With
+  // MKERNEL_KERNEL_TRACE=2 captured ops instead (record: their graph number - 1, read here first;
+  // the start stamp is taken before that read).
+  uint64_t traceSeq = kNoTrace;
+  if (p.trace != nullptr && (p.traceGraph != 0) == graph) {
+    if (!graph) {
+      traceSeq = epoch - 1;
+      traceAt(p, blockIdx.x, traceSeq, kTraceSeen);
+    } else if (blockIdx.x == 0 && threadIdx.x == 0) {
+      const uint64_t t0 = globalTimerNs(), c0 = clock64();
+      traceSeq = loadVolatile64(&p.self->graphSeq);
+      KernelTraceRecord* r = &p.trace[traceSeq % kTraceDepth];
+      r->t[kTraceSeen] = t0;
+      r->c[kTraceSeen] = c0;
+      r->seq = traceSeq + 1;
+    }
+  }
   // Every thread reads the stop flag and (captured) the sequence number itself, so that an LL op
   // can push before the CTA's first barrier (llPush); plain volatile loads, which the input's
   // loads need not wait for. graphSeq holds the same value for every thread of every CTA during
@@ -1250,6 +1264,7 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
       p.self->graphOps[d.coll] += 1;
       *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e;
     }
+    traceAt(p, blockIdx.x, traceSeq, kTraceReported);
     return;
   }
   __threadfence();
@@ -1259,6 +1274,7 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
     __threadfence();
     *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e;
   }
+  traceAt(p, blockIdx.x, traceSeq, kTraceReported);
 }
 
 // The barrier between an LL batch's waves over every CTA of its grid. The batch's CTAs are

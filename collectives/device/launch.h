@@ -24,6 +24,7 @@ struct KernelParams {
   uint64_t timeoutNs;             // MKERNEL_TIMEOUT_S
   uint64_t idleExitNs;            // MKERNEL_IDLE_EXIT_US
   KernelTraceRecord* trace;       // kTraceDepth records in device memory, or nullptr (no tracing)
+  uint32_t traceGraph;            // MKERNEL_KERNEL_TRACE=2: launch-path kernels trace captured ops, not eager ones
   // Process ranks (collectives/staged.h): every rank's staging buffer as this process maps it
   // (CUDA IPC), all nullptr when the ranks are threads of one process.
   char* stagedBuf[kMaxRanks];

@@ -49,7 +49,10 @@ struct Options {
   // through the persistent kernel, stream-memop doorbell), kernel (the same with the gate kernel).
   std::vector<std::string> waits{"launch", "memop"};
   std::string mode;  // the one being run
-  bool trace = false;  // MKERNEL_KERNEL_TRACE: where the time of a collective goes
+  // --trace 1 (MKERNEL_KERNEL_TRACE=1): where the time of an eager collective goes; --trace 2
+  // (MKERNEL_KERNEL_TRACE=2): of a captured one, in a graph of graphOps collectives back to back
+  // with no event between them (as nccl-tests -G captures), whose time per op is graphRunUs.
+  int trace = 0;
   std::string nccl;    // --nccl LIB: the real NCCL's AllReduce in the same run
   int gpus = 1;        // --gpus N: rank r runs on GPU r % N (N = 1: every rank on GPU 0, emulated)
   int ranksPerNode = 0;  // --ranks-per-node K: emulated nodes of K ranks (the hierarchical path)
@@ -100,6 +103,7 @@ struct Row {
   double stageUs[7] = {};
   double smGHz = 0;
   size_t traced = 0;
+  double graphRunUs = 0;  // --trace 2: per op, the event-free graph's replays
   double memGBps, pctCopy;
 };
 
@@ -585,7 +589,7 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         double stageUs[7] = {};
         double smGHz = 0;
         size_t traced = 0;
-        if (opt.trace && r == 0) {
+        if (opt.trace == 1 && r == 0) {
           std::vector<uint64_t> flat;
           if (comm->kernelTrace(&flat) != Result::Success) return fail("kernelTrace");
           traceStages(flat, static_cast<size_t>(iters), stageUs, &smGHz, &traced);
@@ -610,12 +614,41 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         const std::vector<float> graph = perOp(replayGraph(ge, stream, ev, opt.graphOps, iters), ng);
         cudaGraphExecDestroy(ge);
         cudaGraphDestroy(g);
+        // --trace 2: graphOps collectives back to back, no event between them, replayed; the
+        // kernel traces these captured ops (MKERNEL_KERNEL_TRACE=2).
+        double graphRunUs = 0;
+        if (opt.trace == 2) {
+          cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+          for (int i = 0; i < opt.graphOps; ++i)
+            capOk = capOk && comm->enqueue(grp.data(), ng, stream) == Result::Success;
+          if (cudaStreamEndCapture(stream, &g) != cudaSuccess || !capOk) return fail("capture (trace 2)");
+          if (cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) return fail("instantiate (trace 2)");
+          cudaGraphLaunch(ge, stream);  // warm-up
+          cudaStreamSynchronize(stream);
+          barrier.wait();
+          const int replays = std::max(1, iters / opt.graphOps);
+          cudaEventRecord(ev[0], stream);
+          for (int k = 0; k < replays; ++k) cudaGraphLaunch(ge, stream);
+          cudaEventRecord(ev[1], stream);
+          cudaStreamSynchronize(stream);
+          float ms = 0;
+          cudaEventElapsedTime(&ms, ev[0], ev[1]);
+          graphRunUs = 1000.0 * ms / (static_cast<double>(replays) * opt.graphOps * ng);
+          cudaGraphExecDestroy(ge);
+          cudaGraphDestroy(g);
+          if (r == 0) {
+            std::vector<uint64_t> flat;
+            if (comm->kernelTrace(&flat) != Result::Success) return fail("kernelTrace");
+            traceStages(flat, static_cast<size_t>(replays * opt.graphOps), stageUs, &smGHz, &traced);
+          }
+        }
         if (comm->asyncError() != Result::Success) return fail("asyncError");
         if (r == 0) {
           Row row = makeRow(opt.mode, n, a.count * 4, eager, graph, hostUs, copyGBps);
           for (int k = 0; k < 7; ++k) row.stageUs[k] = stageUs[k];
           row.smGHz = smGHz;
           row.traced = traced;
+          row.graphRunUs = graphRunUs;
           rows->push_back(row);
           std::fprintf(stderr, "collbench: %s %d ranks %12zu B  eager %9.2f us  graph %9.2f us  host %7.2f us/op  %8.1f GB/s\n",
                        row.wait.c_str(), n, row.bytes, row.eagerMed, row.graphMed, row.hostUs, row.memGBps);
@@ -637,7 +670,7 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
 int usage() {
   std::fprintf(stderr,
                "usage: mkernel-collbench [--ranks 2,4,8] [--min-bytes 8] [--max-bytes 1073741824] "
-               "[--step 8] [--iters 1000] [--wait launch,memop,kernel] [--trace 1] [--nccl libnccl.so.2] [--gpus 1] "
+               "[--step 8] [--iters 1000] [--wait launch,memop,kernel] [--trace 1|2] [--nccl libnccl.so.2] [--gpus 1] "
                "[--ranks-per-node K] [--group K] [--csv FILE]\n"
                "  --group K (1-8): every timed call a group of K AllReduces (NCCL: ncclGroupStart/End; mkernel: one\n"
                "  enqueue, MKERNEL_LL_BATCH), times per collective\n"
@@ -661,7 +694,7 @@ int main(int argc, char** argv) {
     else if (a == "--iters") opt.iters = std::atoi(v);
     else if (a == "--csv") opt.csv = v;
     else if (a == "--wait") opt.waits = mktools::splitCommas(v);
-    else if (a == "--trace") opt.trace = std::atoi(v) != 0;
+    else if (a == "--trace") opt.trace = std::atoi(v);
     else if (a == "--nccl") opt.nccl = v;
     else if (a == "--gpus") opt.gpus = std::atoi(v);
     else if (a == "--ranks-per-node") opt.ranksPerNode = std::atoi(v);
@@ -669,7 +702,8 @@ int main(int argc, char** argv) {
     else return usage();
   }
   if (opt.step < 2 || opt.minBytes < 1 || opt.iters < 1 || opt.gpus < 1 || opt.group < 1 || opt.group > 8) return usage();
-  if (opt.trace) setenv("MKERNEL_KERNEL_TRACE", "1", 1);
+  if (opt.trace < 0 || opt.trace > 2) return usage();
+  if (opt.trace) setenv("MKERNEL_KERNEL_TRACE", opt.trace == 2 ? "2" : "1", 1);
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 0);
   // 2 streams per rank (caller + internal): more hardware queues than CUDA's default 8, so that a
   // stream waiting on its doorbell does not hold up another rank's post (before any CUDA call).
@@ -766,16 +800,20 @@ int main(int argc, char** argv) {
     std::printf("%10s %5d %12zu %10.2f %10.2f %10.2f %10.2f %8.2f %10.1f %7.1f\n", r.wait.c_str(), r.ranks, r.bytes, r.eagerMed, r.eagerP99,
                 r.graphMed, r.graphP99, r.hostUs, r.memGBps, r.pctCopy);
   if (opt.trace) {
-    std::printf("# kernel trace (rank 0, CTA 0, medians in us over the eager loop): seen->loaded, loaded->start barrier,\n"
+    if (opt.trace == 2)
+      std::printf("# --trace 2: the trace of captured collectives, %d back to back per graph, no event between them;\n"
+                  "# graph_run = their time per op (CUDA events around the replays)\n", opt.graphOps);
+    std::printf("# kernel trace (rank 0, CTA 0, medians in us over the %s loop): seen->loaded, loaded->start barrier,\n"
                 "# start barrier->data moved, moved->end barrier, end barrier->reported, seen->reported (SM cycles at\n"
                 "# the clock sm_GHz the records show), reported->next group seen (%%globaltimer); the launch kernel's\n"
-                "# columns: start->pushed (LL mode), ->set up, ->received, ->peers' tokens, ->end\n");
-    std::printf("%10s %5s %12s %8s %8s %8s %8s %8s %8s %8s %7s %7s\n", "wait", "ranks", "bytes", "load", "start", "move", "end",
-                "report", "kernel", "gap", "sm_GHz", "groups");
+                "# columns: start->pushed (LL mode), ->set up, ->received, ->peers' tokens, ->end\n",
+                opt.trace == 2 ? "graph" : "eager");
+    std::printf("%10s %5s %12s %8s %8s %8s %8s %8s %8s %8s %7s %7s %9s\n", "wait", "ranks", "bytes", "load", "start", "move",
+                "end", "report", "kernel", "gap", "sm_GHz", "groups", "graph_run");
     for (const Row& r : rows)
-      std::printf("%10s %5d %12zu %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.2f %7.3f %7zu\n", r.wait.c_str(), r.ranks, r.bytes,
-                  r.stageUs[0], r.stageUs[1], r.stageUs[2], r.stageUs[3], r.stageUs[4], r.stageUs[6], r.stageUs[5],
-                  r.smGHz, r.traced);
+      std::printf("%10s %5d %12zu %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.2f %7.3f %7zu %9.2f\n", r.wait.c_str(), r.ranks,
+                  r.bytes, r.stageUs[0], r.stageUs[1], r.stageUs[2], r.stageUs[3], r.stageUs[4], r.stageUs[6],
+                  r.stageUs[5], r.smGHz, r.traced, r.graphRunUs);
   }
   if (!opt.csv.empty()) {
     FILE* f = std::fopen(opt.csv.c_str(), "w");
