@@ -636,10 +636,14 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           graphRunUs = 1000.0 * ms / (static_cast<double>(replays) * opt.graphOps * ng);
           cudaGraphExecDestroy(ge);
           cudaGraphDestroy(g);
-          if (r == 0) {
-            std::vector<uint64_t> flat;
-            if (comm->kernelTrace(&flat) != Result::Success) return fail("kernelTrace");
-            traceStages(flat, static_cast<size_t>(replays * opt.graphOps), stageUs, &smGHz, &traced);
+          std::vector<uint64_t> flat;
+          if (comm->kernelTrace(&flat) != Result::Success) return fail("kernelTrace");
+          traceStages(flat, static_cast<size_t>(replays * opt.graphOps), stageUs, &smGHz, &traced);
+          if (r != 0) {  // the other ranks' traces here, rank 0's in the table
+            std::lock_guard<std::mutex> lock(mu);
+            std::printf("# graph trace, rank %d, %zu B: load %.3f start %.3f move %.3f end %.3f report %.3f kernel %.3f gap %.2f\n",
+                        r, a.count * 4, stageUs[0], stageUs[1], stageUs[2], stageUs[3], stageUs[4], stageUs[6],
+                        stageUs[5]);
           }
         }
         if (comm->asyncError() != Result::Success) return fail("asyncError");

@@ -12,6 +12,8 @@
 //             the peer's flag and spinning on its own until the peer's arrives: the frame-free
 //             floor of a kernel-per-op two-rank LL collective. plain / PDL wait / PDL early,
 //             eager and in CUDA graphs. us per op (CUDA events on each GPU's stream).
+//   exch-ll   the same the LL way, on 256 threads: an 8-byte input, one 16-byte volatile line
+//             with two flag halves, a poll of the own line, its zeroing, the output, a barrier.
 //
 //   mkernel-latbench [--kernels 2000] [--round-trips 20000] [--reps 5]
 #include <cuda_runtime.h>
@@ -78,6 +80,37 @@ __global__ void exchangeKernel(uint64_t* counter, uint64_t* peerFlag, const uint
   }
 }
 
+// The same exchange the LL way (launch_path.h, "LL mode"), on 256 threads: thread 0 loads 8 bytes
+// of input, stores them with the op's number as one 16-byte volatile line into the peer's slot,
+// polls its own slot's line until both flag halves carry the number, zeroes it, stores the sum
+// into the output; then a barrier over the CTA.
+struct LlSlot {
+  uint32_t w[4];
+};
+__global__ void __launch_bounds__(256) exchangeLlKernel(uint64_t* counter, LlSlot* peerLine, LlSlot* myLine,
+                                                        const uint64_t* in, uint64_t* out, int pdl) {
+  pdlEnter(pdl);
+  if (threadIdx.x == 0) {
+    const uint64_t e = *counter + 1;
+    *counter = e;
+    const uint32_t flag = static_cast<uint32_t>(e);
+    const uint64_t v = *in;
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(peerLine), "r"(static_cast<uint32_t>(v)),
+                 "r"(flag), "r"(static_cast<uint32_t>(v >> 32)), "r"(flag)
+                 : "memory");
+    uint32_t a, b, c, d;
+    do {
+      asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
+                   : "l"(myLine)
+                   : "memory");
+    } while (b != flag || d != flag);
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(myLine), "r"(0u) : "memory");
+    *out = v + (static_cast<uint64_t>(a) | (static_cast<uint64_t>(c) << 32));
+  }
+  __syncthreads();
+}
+
 // first: GPU 0's side (it starts each round trip). out: where this side writes, in: where it polls.
 __global__ void pingKernel(uint64_t* out, const uint64_t* in, int iters, int first, uint64_t base, uint64_t* ns) {
   if (threadIdx.x != 0) return;
@@ -109,9 +142,22 @@ cudaError_t launch(void (*k)(uint64_t*, int), cudaStream_t s, int pdl, uint64_t*
   return cudaLaunchKernelEx(&cfg, k, word, pdl);
 }
 
-cudaError_t launchExchange(cudaStream_t s, int pdl, uint64_t* counter, uint64_t* peerFlag, const uint64_t* myFlag) {
+struct ExArgs {
+  uint64_t* counter;
+  uint64_t* peerFlag;
+  const uint64_t* myFlag;
+  LlSlot* peerLine;
+  LlSlot* myLine;
+  const uint64_t* in;
+  uint64_t* out;
+};
+
+cudaError_t launchExchange(cudaStream_t s, int pdl, int ll, const ExArgs& x) {
   if (pdl == 0) {
-    exchangeKernel<<<1, 32, 0, s>>>(counter, peerFlag, myFlag, pdl);
+    if (ll)
+      exchangeLlKernel<<<1, 256, 0, s>>>(x.counter, x.peerLine, x.myLine, x.in, x.out, pdl);
+    else
+      exchangeKernel<<<1, 32, 0, s>>>(x.counter, x.peerFlag, x.myFlag, pdl);
     return cudaGetLastError();
   }
   cudaLaunchAttribute attr[1];
@@ -119,11 +165,12 @@ cudaError_t launchExchange(cudaStream_t s, int pdl, uint64_t* counter, uint64_t*
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(1);
-  cfg.blockDim = dim3(32);
+  cfg.blockDim = dim3(ll ? 256 : 32);
   cfg.stream = s;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, exchangeKernel, counter, peerFlag, myFlag, pdl);
+  if (ll) return cudaLaunchKernelEx(&cfg, exchangeLlKernel, x.counter, x.peerLine, x.myLine, x.in, x.out, pdl);
+  return cudaLaunchKernelEx(&cfg, exchangeKernel, x.counter, x.peerFlag, x.myFlag, pdl);
 }
 
 double median(std::vector<double> v) {
@@ -180,8 +227,9 @@ void gapRows(int kernels, int reps) {
 
 struct Gpu {
   cudaStream_t s;
-  uint64_t* flag;     // 64-byte block: [0] exchange flag, [8] ping flag
+  uint64_t* flag;     // 128-byte block: [0] exchange flag, [8] ping flag, [12] LL line
   uint64_t* counter;
+  uint64_t* io;       // [0] input, [1] output
   uint64_t* ns;
   cudaEvent_t a, b;
 };
@@ -213,6 +261,7 @@ void pingRows(Gpu* g, int iters, int reps) {
 }
 
 void exchangeRows(Gpu* g, int kernels, int reps) {
+  for (int ll = 0; ll <= 1; ++ll)
   for (int graph = 0; graph <= 1; ++graph)
     for (int pdl = 0; pdl <= 2; ++pdl) {
       std::vector<double> us[2];
@@ -220,12 +269,18 @@ void exchangeRows(Gpu* g, int kernels, int reps) {
       std::atomic<int> ready{0};
       auto body = [&](int d) {
         CK(cudaSetDevice(d));
-        uint64_t* peer = g[1 - d].flag;
-        const uint64_t* mine = g[d].flag;
+        ExArgs x;
+        x.counter = g[d].counter;
+        x.peerFlag = g[1 - d].flag;
+        x.myFlag = g[d].flag;
+        x.peerLine = reinterpret_cast<LlSlot*>(g[1 - d].flag + 12);
+        x.myLine = reinterpret_cast<LlSlot*>(g[d].flag + 12);
+        x.in = g[d].io;
+        x.out = g[d].io + 1;
         if (graph) {
           cudaGraph_t gr;
           CK(cudaStreamBeginCapture(g[d].s, cudaStreamCaptureModeThreadLocal));
-          for (int k = 0; k < kernels; ++k) CK(launchExchange(g[d].s, pdl, g[d].counter, peer, mine));
+          for (int k = 0; k < kernels; ++k) CK(launchExchange(g[d].s, pdl, ll, x));
           CK(cudaStreamEndCapture(g[d].s, &gr));
           CK(cudaGraphInstantiate(&exec[d], gr, 0));
           CK(cudaGraphDestroy(gr));
@@ -239,7 +294,7 @@ void exchangeRows(Gpu* g, int kernels, int reps) {
           if (graph)
             CK(cudaGraphLaunch(exec[d], g[d].s));
           else
-            for (int k = 0; k < kernels; ++k) CK(launchExchange(g[d].s, pdl, g[d].counter, peer, mine));
+            for (int k = 0; k < kernels; ++k) CK(launchExchange(g[d].s, pdl, ll, x));
           CK(cudaEventRecord(g[d].b, g[d].s));
           CK(cudaEventSynchronize(g[d].b));
           float ms = 0;
@@ -251,8 +306,8 @@ void exchangeRows(Gpu* g, int kernels, int reps) {
       std::thread t0(body, 0), t1(body, 1);
       t0.join();
       t1.join();
-      std::printf("exchange   %-6s %-10s %8.2f us per op (GPU 0), %.2f (GPU 1)\n", graph ? "graph" : "eager",
-                  kPdlName[pdl], median(us[0]), median(us[1]));
+      std::printf("%-10s %-6s %-10s %8.2f us per op (GPU 0), %.2f (GPU 1)\n", ll ? "exch-ll" : "exchange",
+                  graph ? "graph" : "eager", kPdlName[pdl], median(us[0]), median(us[1]));
     }
 }
 
@@ -299,6 +354,8 @@ int main(int argc, char** argv) {
     CK(cudaMemset(g[d].flag, 0, 128));
     CK(cudaMalloc(&g[d].counter, 8));
     CK(cudaMemset(g[d].counter, 0, 8));
+    CK(cudaMalloc(&g[d].io, 16));
+    CK(cudaMemset(g[d].io, 0, 16));
     CK(cudaMalloc(&g[d].ns, 8));
     CK(cudaEventCreate(&g[d].a));
     CK(cudaEventCreate(&g[d].b));
