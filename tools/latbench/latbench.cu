@@ -15,7 +15,8 @@
 //   exch-ll   the same the LL way, on 256 threads: an 8-byte input, one 16-byte volatile line
 //             with two flag halves, a poll of the own line, its zeroing, the output, a barrier.
 //
-//   mkernel-latbench [--kernels 2000] [--round-trips 20000] [--reps 5]
+//   mkernel-latbench [--kernels 2000] [--round-trips 20000] [--reps 5] [--same-gpu]
+//   --same-gpu: both sides on GPU 0 (two streams), the floors of emulated ranks.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -180,6 +181,10 @@ double median(std::vector<double> v) {
 
 const char* kPdlName[3] = {"plain", "pdl-wait", "pdl-early"};
 
+// The two sides' GPUs: 0 and 1, or both 0 with --same-gpu (two streams of one GPU: the floors
+// without NVLink, for emulated ranks).
+int gSide[2] = {0, 1};
+
 // Gap: one GPU, one stream.
 void gapRows(int kernels, int reps) {
   CK(cudaSetDevice(0));
@@ -240,7 +245,7 @@ void pingRows(Gpu* g, int iters, int reps) {
     for (int r = 0; r < reps + 1; ++r) {
       const uint64_t base = static_cast<uint64_t>(pull * (reps + 1) + r) * static_cast<uint64_t>(iters);
       for (int d = 0; d < 2; ++d) {
-        CK(cudaSetDevice(d));
+        CK(cudaSetDevice(gSide[d]));
         // push: write the peer's word, poll our own; pull: write our own, poll the peer's.
         uint64_t* out = pull ? g[d].flag + 8 : g[1 - d].flag + 8;
         const uint64_t* in = pull ? g[1 - d].flag + 8 : g[d].flag + 8;
@@ -249,10 +254,10 @@ void pingRows(Gpu* g, int iters, int reps) {
       }
       uint64_t ns = 0;
       for (int d = 0; d < 2; ++d) {
-        CK(cudaSetDevice(d));
+        CK(cudaSetDevice(gSide[d]));
         CK(cudaStreamSynchronize(g[d].s));
       }
-      CK(cudaSetDevice(0));
+      CK(cudaSetDevice(gSide[0]));
       CK(cudaMemcpy(&ns, g[0].ns, 8, cudaMemcpyDeviceToHost));
       if (r > 0) us.push_back(ns / 1000.0 / iters / 2);  // run 0 warms up
     }
@@ -268,7 +273,7 @@ void exchangeRows(Gpu* g, int kernels, int reps) {
       cudaGraphExec_t exec[2] = {nullptr, nullptr};
       std::atomic<int> ready{0};
       auto body = [&](int d) {
-        CK(cudaSetDevice(d));
+        CK(cudaSetDevice(gSide[d]));
         ExArgs x;
         x.counter = g[d].counter;
         x.peerFlag = g[1 - d].flag;
@@ -315,13 +320,15 @@ void exchangeRows(Gpu* g, int kernels, int reps) {
 
 int main(int argc, char** argv) {
   int kernels = 2000, iters = 20000, reps = 5;
+  bool sameGpu = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--kernels" && i + 1 < argc) kernels = std::atoi(argv[++i]);
+    if (a == "--same-gpu") sameGpu = true;
+    else if (a == "--kernels" && i + 1 < argc) kernels = std::atoi(argv[++i]);
     else if (a == "--round-trips" && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: mkernel-latbench [--kernels 2000] [--round-trips 20000] [--reps 5]\n");
+      std::fprintf(stderr, "usage: mkernel-latbench [--kernels 2000] [--round-trips 20000] [--reps 5] [--same-gpu]\n");
       return 2;
     }
   }
@@ -335,20 +342,25 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("# mkernel-latbench: %s, %d GPU(s), %d kernels per run, median of %d runs\n", prop.name, n, kernels, reps);
   gapRows(kernels, reps);
-  if (n < 2) {
-    std::printf("# pingpong and exchange need 2 GPUs: skipped\n");
+  if (sameGpu) {
+    gSide[1] = 0;
+    std::printf("# --same-gpu: both sides of pingpong and exchange on GPU 0, two streams\n");
+  } else if (n < 2) {
+    std::printf("# pingpong and exchange need 2 GPUs (or --same-gpu): skipped\n");
     return 0;
   }
   Gpu g[2];
   for (int d = 0; d < 2; ++d) {
-    CK(cudaSetDevice(d));
-    int can = 0;
-    CK(cudaDeviceCanAccessPeer(&can, d, 1 - d));
-    if (!can) {
-      std::printf("# GPU %d cannot access GPU %d: pingpong and exchange skipped\n", d, 1 - d);
-      return 0;
+    CK(cudaSetDevice(gSide[d]));
+    if (!sameGpu) {
+      int can = 0;
+      CK(cudaDeviceCanAccessPeer(&can, d, 1 - d));
+      if (!can) {
+        std::printf("# GPU %d cannot access GPU %d: pingpong and exchange skipped\n", d, 1 - d);
+        return 0;
+      }
+      CK(cudaDeviceEnablePeerAccess(1 - d, 0));
     }
-    CK(cudaDeviceEnablePeerAccess(1 - d, 0));
     CK(cudaStreamCreateWithFlags(&g[d].s, cudaStreamNonBlocking));
     CK(cudaMalloc(&g[d].flag, 128));
     CK(cudaMemset(g[d].flag, 0, 128));
