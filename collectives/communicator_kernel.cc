@@ -389,6 +389,10 @@ Result KernelCommunicator::init() {
   if (ccMajor < 9 && pdl != "off")
     MK_INFO(kLogInit, "rank %d: MKERNEL_PDL=%s ignored: GPU %d is sm_%d0, programmatic launch needs sm_90",
             opts_.rank, pdl.c_str(), opts_.cudaDev, ccMajor);
+  const std::string llKernel = paramString("LL_KERNEL");
+  if (llKernel != "own" && llKernel != "shared")
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_LL_KERNEL=%s: expected own or shared", llKernel.c_str());
+  params_.llOwnKernel = llKernel == "own" ? 1u : 0u;
   const std::string oneRank = paramString("ONE_RANK");
   if (oneRank != "copy" && oneRank != "kernel")
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_ONE_RANK=%s: expected copy or kernel", oneRank.c_str());

@@ -1277,6 +1277,80 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
   traceAt(p, blockIdx.x, traceSeq, kTraceReported);
 }
 
+// MKERNEL_LL_KERNEL=own (the default, session 17): a launch-path LL op in a kernel of its own,
+// without launchKernel's frame (the shared state, the peers' table copied into it, the mode
+// dispatch, a second llArgs): the token and pushes first, one barrier that agrees on the stop flag,
+// the receive and the tokens (llFinish), the numbering. The same protocol, slots, flags and
+// numbers as launchKernel's LL mode (the two may follow each other on a communicator). Session 17
+// measured launchKernel's LL op at 5.0-5.2 us from start to end on one H200 with two emulated
+// ranks, where a bare kernel doing the same exchange takes under 1 us (mkernel-latbench exch-ll,
+// docs/PERFORMANCE.md).
+__global__ void __launch_bounds__(kLaunchThreads, 1) launchLlKernel(const __grid_constant__ KernelParams p,
+                                                                    const __grid_constant__ WorkDesc d,
+                                                                    uint64_t epoch, uint64_t opIndex) {
+  if (p.warmup) return;  // warmKernels
+  pdlEnter(p);
+  const bool graph = epoch == 0;
+  const int ns = graph ? kLaunchGraph : kLaunchEager;
+  // The trace as launchKernel's (eager ops, or captured ones with MKERNEL_KERNEL_TRACE=2).
+  uint64_t traceSeq = kNoTrace;
+  if (p.trace != nullptr && (p.traceGraph != 0) == graph) {
+    if (!graph) {
+      traceSeq = epoch - 1;
+      traceAt(p, blockIdx.x, traceSeq, kTraceSeen);
+    } else if (blockIdx.x == 0 && threadIdx.x == 0) {
+      const uint64_t t0 = globalTimerNs(), c0 = clock64();
+      traceSeq = loadVolatile64(&p.self->graphSeq);
+      KernelTraceRecord* r = &p.trace[traceSeq % kTraceDepth];
+      r->t[kTraceSeen] = t0;
+      r->c[kTraceSeen] = c0;
+      r->seq = traceSeq + 1;
+    }
+  }
+  // Captured: the number graphSeq + 1, the same for every thread of every CTA (launchKernel);
+  // thread 0 reads it with acquire for the light epilogue's counter (below).
+  const bool stop = stopRequested(p);
+  const uint64_t e =
+      !graph ? epoch
+             : (threadIdx.x == 0 && p.graphEpilogueLight ? loadAcquireGpu(&p.self->graphSeq)
+                                                         : loadVolatile64(&p.self->graphSeq)) + 1;
+  const LlArgs a = llArgs(p, d, e, ns, /*wholeOp=*/gridDim.x == 1);
+  llPush(p, d, a, stop);
+  traceAt(p, blockIdx.x, traceSeq, kTraceLoaded);  // (this thread's pushes issued)
+  if (!graph && blockIdx.x == 0 && threadIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && epoch == 1)))
+    p.ctl->launchStarted = epoch;
+  // One answer for the CTA: a thread that saw the stop flag pushed nothing.
+  bool ok = __syncthreads_or(stop) == 0;
+  traceAt(p, blockIdx.x, traceSeq, kTraceStartBarrier);
+  if (ok) ok = llFinish(p, d, a, traceSeq);
+  traceAt(p, blockIdx.x, traceSeq, kTraceEndBarrier);
+  if (!graph) {
+    if (ok && blockIdx.x == 0 && threadIdx.x == 0)
+      *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[d.coll]) = opIndex;
+    traceAt(p, blockIdx.x, traceSeq, kTraceReported);
+    return;
+  }
+  // launchKernel's graph epilogue, after every thread's last use of e (llFinish's barrier; a
+  // stopped CTA passed the barrier above).
+  if (threadIdx.x != 0) return;
+  if (p.graphEpilogueLight) {
+    if (gridDim.x == 1 || atomicAddAcquireGpu(&p.self->graphCtasDone, 1u) + 1 == gridDim.x) {
+      if (gridDim.x > 1) p.self->graphCtasDone = 0;
+      p.self->graphOps[d.coll] += 1;
+      *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e;
+    }
+  } else {
+    __threadfence();
+    if (atomicAdd(&p.self->graphCtasDone, 1u) + 1 == gridDim.x) {
+      p.self->graphCtasDone = 0;
+      p.self->graphOps[d.coll] += 1;
+      __threadfence();
+      *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e;
+    }
+  }
+  traceAt(p, blockIdx.x, traceSeq, kTraceReported);
+}
+
 // The barrier between an LL batch's waves over every CTA of its grid. The batch's CTAs are
 // resident together (at most launchCap_ of them, which agreeLaunchCap bounds by what the SMs hold
 // with every co-located rank's), so a CTA may wait for the others, as grid.sync() does: each
@@ -1510,7 +1584,11 @@ Result persistentKernelLocalBytes(size_t* out) {
   err = cudaFuncGetAttributes(&attr, dev::launchLlBatchKernel);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "attributes of the LL batch kernel: %s", cudaGetErrorString(err));
-  const size_t batchLocal = attr.localSizeBytes;
+  size_t batchLocal = attr.localSizeBytes;
+  err = cudaFuncGetAttributes(&attr, dev::launchLlKernel);
+  if (err != cudaSuccess)
+    return MK_ERROR(Result::UnhandledCudaError, "attributes of the LL kernel: %s", cudaGetErrorString(err));
+  if (attr.localSizeBytes > batchLocal) batchLocal = attr.localSizeBytes;
   err = cudaFuncGetAttributes(&attr, dev::launchKernel);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "attributes of the launch-path kernel: %s", cudaGetErrorString(err));
@@ -1533,6 +1611,10 @@ Result warmKernels(cudaStream_t stream) {
   }
   if (err == cudaSuccess) {
     dev::launchLlBatchKernel<<<1, kLaunchThreads, 0, stream>>>(p, LlBatch{});
+    err = cudaGetLastError();
+  }
+  if (err == cudaSuccess) {
+    dev::launchLlKernel<<<1, kLaunchThreads, 0, stream>>>(p, WorkDesc{}, 0, 0);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
@@ -1576,7 +1658,9 @@ cudaError_t launchPath(void (*kernel)(Params...), const KernelParams& p, int nCt
 
 Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uint64_t epoch, uint64_t opIndex,
                         int mode, cudaStream_t stream) {
-  cudaError_t err = launchPath(dev::launchKernel, p, nCtas, stream, p, d, epoch, opIndex, mode);
+  cudaError_t err = mode == kLaunchModeLl && p.nRanks > 1 && p.llOwnKernel
+                        ? launchPath(dev::launchLlKernel, p, nCtas, stream, p, d, epoch, opIndex)
+                        : launchPath(dev::launchKernel, p, nCtas, stream, p, d, epoch, opIndex, mode);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching the launch-path kernel (%d CTAs) failed: %s",
                     p.rank, nCtas, cudaGetErrorString(err));
@@ -1596,6 +1680,10 @@ Result launchKernelCtasPerSm(int* out) {
   cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, dev::launchKernel, kLaunchThreads, 0);
   if (err == cudaSuccess)
     err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&batch, dev::launchLlBatchKernel, kLaunchThreads, 0);
+  int own = 0;
+  if (err == cudaSuccess)
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&own, dev::launchLlKernel, kLaunchThreads, 0);
+  if (err == cudaSuccess && own < batch) batch = own;
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "occupancy query of the launch-path kernels failed: %s",
                     cudaGetErrorString(err));

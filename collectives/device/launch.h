@@ -61,6 +61,8 @@ struct KernelParams {
   // (griddepcontrol.wait) before they read anything; 2 they also let the next such launch on the
   // stream become resident at once (griddepcontrol.launch_dependents), one rank per GPU only.
   uint32_t pdl;
+  // MKERNEL_LL_KERNEL (host only): 1 = a launch-path LL op takes launchLlKernel, 0 = launchKernel.
+  uint32_t llOwnKernel;
 };
 
 // Launches the persistent kernel with p.nCtas CTAs of kKernelThreads threads on `stream`.
