@@ -957,10 +957,15 @@ __device__ __forceinline__ bool llReduceLines(const KernelParams& p, const WorkD
   const uint64_t end = a.range.first + a.range.count;
   for (uint64_t base = a.range.first + a.tid; base < end; base += kLlBatch * a.nthr) {
     uint64_t acc[kLlBatch] = {};
+    // The own input's loads first, whatever this rank's place in the order: the polls below are
+    // volatile asm, which the compiler does not move loads across (session 17).
+    uint64_t mine[kLlBatch];
+    llLoadBatch(own, a.payload, base, end, a.nthr, mine);
     for (int k = 0; k < n; ++k) {
       uint64_t v[kLlBatch];
       if (k == r) {
-        llLoadBatch(own, a.payload, base, end, a.nthr, v);
+#pragma unroll
+        for (int u = 0; u < kLlBatch; ++u) v[u] = mine[u];
       } else if (!llTakeBatch(p, a, k, base, end, v, d.coll)) {
         return false;
       }
@@ -1081,10 +1086,13 @@ __device__ __forceinline__ bool llReceive(const KernelParams& p, const WorkDesc&
   return ok;
 }
 
-// LL phase 3: every peer's token of this exchange (CTA 0's threads below n). This thread's answer.
+// LL phase 3: every peer's token of this exchange (CTA 0's threads 32 + peer, or peer in a CTA of
+// one warp). This thread's answer. The pollers are in the second warp so that, for the small ops
+// whose lines all belong to the first, they wait for the tokens while it receives (in the first
+// warp the two waits would run one after the other: session 17).
 __device__ bool llTokens(const KernelParams& p, const LlArgs& a, int coll) {
-  const int tid = static_cast<int>(threadIdx.x);
-  if (blockIdx.x != 0 || tid >= p.nRanks || tid == p.rank) return true;
+  const int tid = static_cast<int>(threadIdx.x) - (blockDim.x >= 64 ? 32 : 0);
+  if (blockIdx.x != 0 || tid < 0 || tid >= p.nRanks || tid == p.rank) return true;
   uint64_t unused;
   return llTake(p, &p.self->ll[a.ns].token[a.parity][tid], a.flag, &unused, tid, coll, a.epoch);
 }
@@ -1307,13 +1315,11 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlKernel(const __grid
       r->seq = traceSeq + 1;
     }
   }
-  // Captured: the number graphSeq + 1, the same for every thread of every CTA (launchKernel);
-  // thread 0 reads it with acquire for the light epilogue's counter (below).
+  // Captured: the number graphSeq + 1, the same for every thread of every CTA (launchKernel). A
+  // plain volatile load, so that the input's loads (llPush) need not wait for it as they would for
+  // an acquire; the epilogue's counter (several CTAs) has a fence before it instead.
   const bool stop = stopRequested(p);
-  const uint64_t e =
-      !graph ? epoch
-             : (threadIdx.x == 0 && p.graphEpilogueLight ? loadAcquireGpu(&p.self->graphSeq)
-                                                         : loadVolatile64(&p.self->graphSeq)) + 1;
+  const uint64_t e = !graph ? epoch : loadVolatile64(&p.self->graphSeq) + 1;
   const LlArgs a = llArgs(p, d, e, ns, /*wholeOp=*/gridDim.x == 1);
   llPush(p, d, a, stop);
   traceAt(p, blockIdx.x, traceSeq, kTraceLoaded);  // (this thread's pushes issued)
@@ -1334,6 +1340,10 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlKernel(const __grid
   // stopped CTA passed the barrier above).
   if (threadIdx.x != 0) return;
   if (p.graphEpilogueLight) {
+    // One CTA: its store of graphSeq follows the reads of the same word in program order. Several:
+    // the fence keeps this CTA's reads (before the barriers above) before its add, and the last
+    // CTA's acquire add keeps its store after every other CTA's add.
+    if (gridDim.x > 1) __threadfence();
     if (gridDim.x == 1 || atomicAddAcquireGpu(&p.self->graphCtasDone, 1u) + 1 == gridDim.x) {
       if (gridDim.x > 1) p.self->graphCtasDone = 0;
       p.self->graphOps[d.coll] += 1;

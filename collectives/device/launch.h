@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "collectives/work.h"
@@ -14,17 +15,39 @@
 namespace mkernel {
 namespace coll {
 
+// The kernels' parameters, read through the constant cache: the launch-path kernels' hot fields
+// come first, in one 64-byte line (then the peers' table), because each launch's parameters are
+// new memory to the SM's constant cache, and every line a kernel first touches is a miss it waits
+// for before the branch that needs it (session 17: the LL path read warmup, pdl, the trace pointer,
+// rank and nRanks from five lines spread over 450 bytes, and then the peers).
 struct KernelParams {
-  DeviceState* peers[kMaxRanks];  // every rank's DeviceState, as this process addresses it
+  // ---- hot: the launch-path kernels' first reads ----
   DeviceState* self;              // == peers[rank]
-  const WorkSlot* slots;          // host-mapped, device address
+  KernelTraceRecord* trace;       // kTraceDepth records in device memory, or nullptr (no tracing)
+  int32_t rank;
+  int32_t nRanks;
+  // 1: the kernel returns at once (warmKernels: a launch made only so that the driver sizes the
+  // context's local memory for it while nothing of ours runs).
+  uint32_t warmup;
+  // MKERNEL_PDL (programmatic dependent launch, sm_90): 0 off; 1 the launch-path kernels are
+  // launched with programmatic stream serialization and wait for the work before them
+  // (griddepcontrol.wait) before they read anything; 2 they also let the next such launch on the
+  // stream become resident at once (griddepcontrol.launch_dependents), one rank per GPU only.
+  uint32_t pdl;
+  // MKERNEL_GRAPH_EPILOGUE=light: a captured launch numbers its replay without fences (launchKernel).
+  uint32_t graphEpilogueLight;
+  uint32_t launchWatch;  // MKERNEL_LAUNCH_WATCH: 0 off, 1 the first launch-path op, 2 every op (launchStarted)
+  uint32_t traceGraph;   // MKERNEL_KERNEL_TRACE=2: launch-path kernels trace captured ops, not eager ones
+  // MKERNEL_LL_KERNEL (host only): 1 = a launch-path LL op takes launchLlKernel, 0 = launchKernel.
+  uint32_t llOwnKernel;
   HostControl* ctl;               // host-mapped, device address
+  uint64_t timeoutNs;             // MKERNEL_TIMEOUT_S
+  DeviceState* peers[kMaxRanks];  // every rank's DeviceState, as this process addresses it
+  // ---- the rest ----
+  const WorkSlot* slots;          // host-mapped, device address
   void* staging;                  // this rank's one-shot staging buffer (in-place AllReduce)
   uint64_t stagingBytes;
-  uint64_t timeoutNs;             // MKERNEL_TIMEOUT_S
   uint64_t idleExitNs;            // MKERNEL_IDLE_EXIT_US
-  KernelTraceRecord* trace;       // kTraceDepth records in device memory, or nullptr (no tracing)
-  uint32_t traceGraph;            // MKERNEL_KERNEL_TRACE=2: launch-path kernels trace captured ops, not eager ones
   // Process ranks (collectives/staged.h): every rank's staging buffer as this process maps it
   // (CUDA IPC), all nullptr when the ranks are threads of one process.
   char* stagedBuf[kMaxRanks];
@@ -40,8 +63,6 @@ struct KernelParams {
   int32_t hierCtas;               // MKERNEL_HIER_CTAS: CTAs a hierarchical collective is split over
   int32_t nNodes;
   int32_t perNode;
-  int32_t rank;
-  int32_t nRanks;
   int32_t nCtas;
   int32_t staged;                 // 1: process ranks, collectives go through stagedBuf
   // Test hook (MKERNEL_TEST_STALL_BARRIER, 0 = off): every CTA of this rank stops moving data at
@@ -50,20 +71,8 @@ struct KernelParams {
   // so that a test can kill the process in the middle of a collective's data movement.
   uint32_t testStallBarrier;
   uint32_t hierOverlap;  // MKERNEL_HIER_OVERLAP: pipelined hierarchical AllReduce (0: phases in turn)
-  uint32_t launchWatch;  // MKERNEL_LAUNCH_WATCH: 0 off, 1 the first launch-path op, 2 every op (launchStarted)
-  // 1: the kernel returns at once (warmKernels: a launch made only so that the driver sizes the
-  // context's local memory for it while nothing of ours runs).
-  uint32_t warmup;
-  // MKERNEL_GRAPH_EPILOGUE=light: a captured launch numbers its replay without fences (launchKernel).
-  uint32_t graphEpilogueLight;
-  // MKERNEL_PDL (programmatic dependent launch, sm_90): 0 off; 1 the launch-path kernels are
-  // launched with programmatic stream serialization and wait for the work before them
-  // (griddepcontrol.wait) before they read anything; 2 they also let the next such launch on the
-  // stream become resident at once (griddepcontrol.launch_dependents), one rank per GPU only.
-  uint32_t pdl;
-  // MKERNEL_LL_KERNEL (host only): 1 = a launch-path LL op takes launchLlKernel, 0 = launchKernel.
-  uint32_t llOwnKernel;
 };
+static_assert(offsetof(KernelParams, peers) == 64, "KernelParams: the hot fields fill the first 64-byte line");
 
 // Launches the persistent kernel with p.nCtas CTAs of kKernelThreads threads on `stream`.
 Result launchPersistentKernel(const KernelParams& p, cudaStream_t stream);
