@@ -833,7 +833,7 @@ void pdlChain(int n, bool captured) {
     mkernel::coll::CollStats st;
     ctx.comm->stats(&st);
     const char* env = std::getenv("MKERNEL_PDL");
-    const std::string asked = env != nullptr ? env : "off";
+    const std::string asked = env != nullptr ? env : "wait";  // params.def's default
     const int want = asked == "off" ? 0 : asked == "wait" || st.directSharing > 1 ? 1 : 2;
     if (st.pdl != want)
       ctx.fail("MKERNEL_PDL=" + asked + " with " + std::to_string(st.directSharing) + " rank(s) per GPU: mode " +
