@@ -489,7 +489,8 @@ Result KernelCommunicator::init() {
     MK_CUDA(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize(legacy stream) after the trace buffer");
   }
   params_.trace = trace_;
-  params_.traceGraph = paramInt("KERNEL_TRACE", 0) == 2 ? 1u : 0u;
+  const int64_t traceMode = paramInt("KERNEL_TRACE", 0);
+  params_.traceGraph = traceMode == 2 ? 1u : traceMode == 3 ? 2u : 0u;
   params_.stagingBytes = oneShotMaxBytes_;
   params_.timeoutNs = static_cast<uint64_t>(std::max<int64_t>(1, paramInt("TIMEOUT_S", 300))) * 1000000000ull;
   params_.idleExitNs = static_cast<uint64_t>(std::max<int64_t>(0, paramInt("IDLE_EXIT_US", 50))) * 1000ull;

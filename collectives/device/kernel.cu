@@ -54,6 +54,18 @@ __device__ inline void traceAt(const KernelParams& p, int cta, uint64_t seq, int
   if (point == kTraceSeen) r->seq = seq + 1;
 }
 
+// traceAt after a value has arrived (MKERNEL_KERNEL_TRACE=3): the value is stored into the stamp's
+// slot first, and a store waits for its data, so the stamp's clocks are read after it (in-order
+// issue); the stamp then overwrites it.
+__device__ inline void traceAfter(const KernelParams& p, int cta, uint64_t seq, int point, uint64_t dep) {
+  if (p.trace == nullptr || cta != 0 || threadIdx.x != 0 || seq == kNoTrace) return;
+  KernelTraceRecord* r = &p.trace[seq % kTraceDepth];
+  *reinterpret_cast<volatile uint64_t*>(&r->t[point]) = dep;
+  asm volatile("" ::: "memory");
+  r->t[point] = globalTimerNs();
+  r->c[point] = clock64();
+}
+
 // ---- dtype x op dispatch (the only place that instantiates reduceCopy) ------------------------
 
 // withPre / withPost: apply the op's pre() (PreMulSum) / post() (SumPostDiv). Both true except
@@ -792,6 +804,9 @@ struct LlArgs {
   int ns, parity;
   uint32_t flag;
   uint32_t tid, nthr;  // this thread among the op's threads (the CTA's, or an LL batch op's warps)
+  // MKERNEL_KERNEL_TRACE=3 (launchLlKernel, captured ops): the record the receive's own stamps go
+  // to (receive begun, first poll answered, line taken, combined and stored), else kNoTrace.
+  uint64_t detailSeq;
 };
 __device__ __forceinline__ LlLine* llOwnLine(const KernelParams& p, const LlArgs& a, int source, uint64_t i) {
   return &p.self->ll[a.ns].lines[a.parity][llSlotLine(a.slotLines, source, a.lineBase + i)];
@@ -848,6 +863,11 @@ __device__ __forceinline__ bool llTakeBatch(const KernelParams& p, const LlArgs&
       w[u][1] = w[u][3] = a.flag;
     }
   }
+  if (a.detailSeq != kNoTrace) {
+    // The first poll's answer (the compare waits for it), then the stamp.
+    const bool hit = w[0][1] == a.flag && w[0][3] == a.flag;
+    traceAfter(p, blockIdx.x, a.detailSeq, kTraceStartBarrier, hit ? 1 : 2);
+  }
 #pragma unroll
   for (int u = 0; u < kLlBatch; ++u) {
     const uint64_t i = llBatchLine(base, u, a.nthr);
@@ -866,6 +886,7 @@ __device__ __forceinline__ bool llTakeBatch(const KernelParams& p, const LlArgs&
       v[u] = t;
     }
   }
+  traceAfter(p, blockIdx.x, a.detailSeq, kTraceMoved, v[0]);
   return true;
 }
 
@@ -955,6 +976,7 @@ __device__ __forceinline__ bool llReduceLines(const KernelParams& p, const WorkD
   const char* own = reinterpret_cast<const char*>(d.sendbuff) + llSendOffset(coll, d.count, esz, r);
   char* recv = reinterpret_cast<char*>(d.recvbuff);
   const uint64_t end = a.range.first + a.range.count;
+  traceAt(p, blockIdx.x, a.detailSeq, kTraceLoaded);  // (MKERNEL_KERNEL_TRACE=3: receive begun)
   for (uint64_t base = a.range.first + a.tid; base < end; base += kLlBatch * a.nthr) {
     uint64_t acc[kLlBatch] = {};
     // The own input's loads first, whatever this rank's place in the order: the polls below are
@@ -975,6 +997,7 @@ __device__ __forceinline__ bool llReduceLines(const KernelParams& p, const WorkD
     }
     llStoreBatch(recv, a.payload, base, end, a.nthr, acc);
   }
+  traceAt(p, blockIdx.x, a.detailSeq, kTraceEndBarrier);  // (MKERNEL_KERNEL_TRACE=3: combined, stored)
   return true;
 }
 
@@ -994,6 +1017,7 @@ __device__ __forceinline__ LlArgs llArgs(const KernelParams& p, const WorkDesc& 
   a.flag = llFlag(epoch);
   a.tid = threadIdx.x;
   a.nthr = blockDim.x;
+  a.detailSeq = kNoTrace;
   return a;
 }
 
@@ -1320,16 +1344,20 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlKernel(const __grid
   // an acquire; the epilogue's counter (several CTAs) has a fence before it instead.
   const bool stop = stopRequested(p);
   const uint64_t e = !graph ? epoch : loadVolatile64(&p.self->graphSeq) + 1;
-  const LlArgs a = llArgs(p, d, e, ns, /*wholeOp=*/gridDim.x == 1);
+  LlArgs a = llArgs(p, d, e, ns, /*wholeOp=*/gridDim.x == 1);
   llPush(p, d, a, stop);
-  traceAt(p, blockIdx.x, traceSeq, kTraceLoaded);  // (this thread's pushes issued)
+  // MKERNEL_KERNEL_TRACE=3: the receive's own stamps (llReduceLines, llTakeBatch) instead of the
+  // stages'; only seen and reported stay.
+  const uint64_t stageSeq = p.traceGraph == 2 ? kNoTrace : traceSeq;
+  if (p.traceGraph == 2) a.detailSeq = traceSeq;
+  traceAt(p, blockIdx.x, stageSeq, kTraceLoaded);  // (this thread's pushes issued)
   if (!graph && blockIdx.x == 0 && threadIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && epoch == 1)))
     p.ctl->launchStarted = epoch;
   // One answer for the CTA: a thread that saw the stop flag pushed nothing.
   bool ok = __syncthreads_or(stop) == 0;
-  traceAt(p, blockIdx.x, traceSeq, kTraceStartBarrier);
-  if (ok) ok = llFinish(p, d, a, traceSeq);
-  traceAt(p, blockIdx.x, traceSeq, kTraceEndBarrier);
+  traceAt(p, blockIdx.x, stageSeq, kTraceStartBarrier);
+  if (ok) ok = llFinish(p, d, a, stageSeq);
+  traceAt(p, blockIdx.x, stageSeq, kTraceEndBarrier);
   if (!graph) {
     if (ok && blockIdx.x == 0 && threadIdx.x == 0)
       *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[d.coll]) = opIndex;

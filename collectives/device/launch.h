@@ -37,7 +37,7 @@ struct KernelParams {
   // MKERNEL_GRAPH_EPILOGUE=light: a captured launch numbers its replay without fences (launchKernel).
   uint32_t graphEpilogueLight;
   uint32_t launchWatch;  // MKERNEL_LAUNCH_WATCH: 0 off, 1 the first launch-path op, 2 every op (launchStarted)
-  uint32_t traceGraph;   // MKERNEL_KERNEL_TRACE=2: launch-path kernels trace captured ops, not eager ones
+  uint32_t traceGraph;   // MKERNEL_KERNEL_TRACE=2 (1) or 3 (2: the LL receive's detail): launch-path kernels trace captured ops, not eager ones
   // MKERNEL_LL_KERNEL (host only): 1 = a launch-path LL op takes launchLlKernel, 0 = launchKernel.
   uint32_t llOwnKernel;
   HostControl* ctl;               // host-mapped, device address

@@ -617,7 +617,7 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         // --trace 2: graphOps collectives back to back, no event between them, replayed; the
         // kernel traces these captured ops (MKERNEL_KERNEL_TRACE=2).
         double graphRunUs = 0;
-        if (opt.trace == 2) {
+        if (opt.trace >= 2) {
           cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
           for (int i = 0; i < opt.graphOps; ++i)
             capOk = capOk && comm->enqueue(grp.data(), ng, stream) == Result::Success;
@@ -674,7 +674,7 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
 int usage() {
   std::fprintf(stderr,
                "usage: mkernel-collbench [--ranks 2,4,8] [--min-bytes 8] [--max-bytes 1073741824] "
-               "[--step 8] [--iters 1000] [--wait launch,memop,kernel] [--trace 1|2] [--nccl libnccl.so.2] [--gpus 1] "
+               "[--step 8] [--iters 1000] [--wait launch,memop,kernel] [--trace 1|2|3] [--nccl libnccl.so.2] [--gpus 1] "
                "[--ranks-per-node K] [--group K] [--csv FILE]\n"
                "  --group K (1-8): every timed call a group of K AllReduces (NCCL: ncclGroupStart/End; mkernel: one\n"
                "  enqueue, MKERNEL_LL_BATCH), times per collective\n"
@@ -706,8 +706,8 @@ int main(int argc, char** argv) {
     else return usage();
   }
   if (opt.step < 2 || opt.minBytes < 1 || opt.iters < 1 || opt.gpus < 1 || opt.group < 1 || opt.group > 8) return usage();
-  if (opt.trace < 0 || opt.trace > 2) return usage();
-  if (opt.trace) setenv("MKERNEL_KERNEL_TRACE", opt.trace == 2 ? "2" : "1", 1);
+  if (opt.trace < 0 || opt.trace > 3) return usage();
+  if (opt.trace) setenv("MKERNEL_KERNEL_TRACE", std::to_string(opt.trace).c_str(), 1);
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 0);
   // 2 streams per rank (caller + internal): more hardware queues than CUDA's default 8, so that a
   // stream waiting on its doorbell does not hold up another rank's post (before any CUDA call).
@@ -804,14 +804,17 @@ int main(int argc, char** argv) {
     std::printf("%10s %5d %12zu %10.2f %10.2f %10.2f %10.2f %8.2f %10.1f %7.1f\n", r.wait.c_str(), r.ranks, r.bytes, r.eagerMed, r.eagerP99,
                 r.graphMed, r.graphP99, r.hostUs, r.memGBps, r.pctCopy);
   if (opt.trace) {
-    if (opt.trace == 2)
-      std::printf("# --trace 2: the trace of captured collectives, %d back to back per graph, no event between them;\n"
-                  "# graph_run = their time per op (CUDA events around the replays)\n", opt.graphOps);
+    if (opt.trace >= 2)
+      std::printf("# --trace %d: the trace of captured collectives, %d back to back per graph, no event between them;\n"
+                  "# graph_run = their time per op (CUDA events around the replays)%s\n", opt.trace, opt.graphOps,
+                  opt.trace == 3 ? ";\n# --trace 3 (the LL kernel's receive): columns load..report = start->receive begun,\n"
+                                   "# ->first poll answered, ->line taken, ->combined and stored, ->end"
+                                   : "");
     std::printf("# kernel trace (rank 0, CTA 0, medians in us over the %s loop): seen->loaded, loaded->start barrier,\n"
                 "# start barrier->data moved, moved->end barrier, end barrier->reported, seen->reported (SM cycles at\n"
                 "# the clock sm_GHz the records show), reported->next group seen (%%globaltimer); the launch kernel's\n"
                 "# columns: start->pushed (LL mode), ->set up, ->received, ->peers' tokens, ->end\n",
-                opt.trace == 2 ? "graph" : "eager");
+                opt.trace >= 2 ? "graph" : "eager");
     std::printf("%10s %5s %12s %8s %8s %8s %8s %8s %8s %8s %7s %7s %9s\n", "wait", "ranks", "bytes", "load", "start", "move",
                 "end", "report", "kernel", "gap", "sm_GHz", "groups", "graph_run");
     for (const Row& r : rows)
