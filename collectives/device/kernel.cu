@@ -820,38 +820,42 @@ __device__ __forceinline__ uint64_t llBatchLine(uint64_t base, int u, uint32_t s
   return base + static_cast<uint64_t>(u) * stride;
 }
 // The batch's payload at byte offset `from` of a buffer (line i at from + i * 8).
+template <int B = kLlBatch>
 __device__ __forceinline__ void llLoadBatch(const char* from, uint64_t payload, uint64_t base, uint64_t end,
-                                            uint32_t stride, uint64_t (&v)[kLlBatch]) {
+                                            uint32_t stride, uint64_t (&v)[B]) {
 #pragma unroll
-  for (int u = 0; u < kLlBatch; ++u) {
+  for (int u = 0; u < B; ++u) {
     const uint64_t i = llBatchLine(base, u, stride);
     v[u] = i < end ? llLoad8(from + i * kLlLinePayload, payload - i * kLlLinePayload) : 0;
   }
 }
+template <int B = kLlBatch>
 __device__ __forceinline__ void llStoreBatch(char* to, uint64_t payload, uint64_t base, uint64_t end,
-                                             uint32_t stride, const uint64_t (&v)[kLlBatch]) {
+                                             uint32_t stride, const uint64_t (&v)[B]) {
 #pragma unroll
-  for (int u = 0; u < kLlBatch; ++u) {
+  for (int u = 0; u < B; ++u) {
     const uint64_t i = llBatchLine(base, u, stride);
     if (i < end) llStore8(to + i * kLlLinePayload, v[u], payload - i * kLlLinePayload);
   }
 }
 // Pushes the batch's payload into source slot `mine` of a peer's lines.
+template <int B = kLlBatch>
 __device__ __forceinline__ void llPutBatch(LlLine* peerLines, uint64_t base, uint64_t end, uint32_t stride,
-                                           const uint64_t (&v)[kLlBatch], uint32_t flag) {
+                                           const uint64_t (&v)[B], uint32_t flag) {
 #pragma unroll
-  for (int u = 0; u < kLlBatch; ++u) {
+  for (int u = 0; u < B; ++u) {
     const uint64_t i = llBatchLine(base, u, stride);
     if (i < end) llPut(peerLines + i, v[u], flag);
   }
 }
 // Takes the batch's lines from source k: one poll of each line, all issued together, then llTake
 // for any line still missing its flag. False as llTake.
+template <int B = kLlBatch>
 __device__ __forceinline__ bool llTakeBatch(const KernelParams& p, const LlArgs& a, int k, uint64_t base,
-                                            uint64_t end, uint64_t (&v)[kLlBatch], int coll) {
-  uint32_t w[kLlBatch][4];
+                                            uint64_t end, uint64_t (&v)[B], int coll) {
+  uint32_t w[B][4];
 #pragma unroll
-  for (int u = 0; u < kLlBatch; ++u) {
+  for (int u = 0; u < B; ++u) {
     const uint64_t i = llBatchLine(base, u, a.nthr);
     if (i < end) {
       asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -869,7 +873,7 @@ __device__ __forceinline__ bool llTakeBatch(const KernelParams& p, const LlArgs&
     traceAfter(p, blockIdx.x, a.detailSeq, kTraceStartBarrier, hit ? 1 : 2);
   }
 #pragma unroll
-  for (int u = 0; u < kLlBatch; ++u) {
+  for (int u = 0; u < B; ++u) {
     const uint64_t i = llBatchLine(base, u, a.nthr);
     if (i >= end) {
       v[u] = 0;
@@ -968,6 +972,7 @@ __device__ __noinline__ uint64_t llStep(uint64_t acc, uint64_t v, bool first, bo
 // The reducing collectives' receive side: for each of this thread's lines, every source's 8 bytes
 // in rank order (this rank's own from its input), combined as reduceCopy does (pre on each input,
 // combine left to right, post), written to the output. False when a wait failed.
+template <int B = kLlBatch>
 __device__ __forceinline__ bool llReduceLines(const KernelParams& p, const WorkDesc& d, const LlArgs& a) {
   const int n = p.nRanks, r = p.rank;
   const CollType coll = static_cast<CollType>(d.coll);
@@ -977,25 +982,25 @@ __device__ __forceinline__ bool llReduceLines(const KernelParams& p, const WorkD
   char* recv = reinterpret_cast<char*>(d.recvbuff);
   const uint64_t end = a.range.first + a.range.count;
   traceAt(p, blockIdx.x, a.detailSeq, kTraceLoaded);  // (MKERNEL_KERNEL_TRACE=3: receive begun)
-  for (uint64_t base = a.range.first + a.tid; base < end; base += kLlBatch * a.nthr) {
-    uint64_t acc[kLlBatch] = {};
+  for (uint64_t base = a.range.first + a.tid; base < end; base += B * a.nthr) {
+    uint64_t acc[B] = {};
     // The own input's loads first, whatever this rank's place in the order: the polls below are
     // volatile asm, which the compiler does not move loads across (session 17).
-    uint64_t mine[kLlBatch];
-    llLoadBatch(own, a.payload, base, end, a.nthr, mine);
+    uint64_t mine[B];
+    llLoadBatch<B>(own, a.payload, base, end, a.nthr, mine);
     for (int k = 0; k < n; ++k) {
-      uint64_t v[kLlBatch];
+      uint64_t v[B];
       if (k == r) {
 #pragma unroll
-        for (int u = 0; u < kLlBatch; ++u) v[u] = mine[u];
-      } else if (!llTakeBatch(p, a, k, base, end, v, d.coll)) {
+        for (int u = 0; u < B; ++u) v[u] = mine[u];
+      } else if (!llTakeBatch<B>(p, a, k, base, end, v, d.coll)) {
         return false;
       }
 #pragma unroll
-      for (int u = 0; u < kLlBatch; ++u)
+      for (int u = 0; u < B; ++u)
         if (llBatchLine(base, u, a.nthr) < end) acc[u] = llStep(acc[u], v[u], k == 0, k == n - 1, o);
     }
-    llStoreBatch(recv, a.payload, base, end, a.nthr, acc);
+    llStoreBatch<B>(recv, a.payload, base, end, a.nthr, acc);
   }
   traceAt(p, blockIdx.x, a.detailSeq, kTraceEndBarrier);  // (MKERNEL_KERNEL_TRACE=3: combined, stored)
   return true;
@@ -1028,6 +1033,7 @@ __device__ __forceinline__ LlArgs llArgs(const KernelParams& p, const WorkDesc& 
 // addresses come from the kernel's parameters (no shared state is set up yet). stop: the
 // communicator has failed, nothing is stored; its loads are issued before stop is tested, so that
 // the stop flag's latency and the input's overlap. token: phase 0 too (an LL batch's first op only).
+template <int B = kLlBatch>
 __device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d, const LlArgs& a, bool stop,
                                       bool token = true) {
   const int n = p.nRanks, r = p.rank, cta = blockIdx.x;
@@ -1043,7 +1049,7 @@ __device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d,
   const uint64_t first = a.range.first + a.tid;
   const uint64_t end = a.range.first + a.range.count;
   const uint32_t stride = a.nthr;
-  const uint64_t step = kLlBatch * stride;
+  const uint64_t step = B * stride;
   // 0. The token: this rank has started op e (so it has finished op e - 1).
   if (token && !stop && cta == 0 && tid < n && tid != r) llPut(&p.peers[tid]->ll[ns].token[a.parity][r], 0, flag);
   // 1. Push, a batch at a time.
@@ -1051,24 +1057,25 @@ __device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d,
     for (uint64_t base = first; base < end; base += step) {
       for (int k = 0; k < n; ++k) {
         if (k == r) continue;
-        uint64_t v[kLlBatch];
-        llLoadBatch(send + llSendOffset(coll, d.count, esz, k), payload, base, end, stride, v);
-        if (!stop) llPutBatch(&p.peers[k]->ll[ns].lines[a.parity][mine], base, end, stride, v, flag);
+        uint64_t v[B];
+        llLoadBatch<B>(send + llSendOffset(coll, d.count, esz, k), payload, base, end, stride, v);
+        if (!stop) llPutBatch<B>(&p.peers[k]->ll[ns].lines[a.parity][mine], base, end, stride, v, flag);
       }
     }
   } else if (!(coll == CollType::Broadcast && r != d.root) && !(coll == CollType::Reduce && r == d.root)) {
     for (uint64_t base = first; base < end; base += step) {
-      uint64_t v[kLlBatch];
-      llLoadBatch(send, payload, base, end, stride, v);
+      uint64_t v[B];
+      llLoadBatch<B>(send, payload, base, end, stride, v);
       for (int k = 0; k < n && !stop; ++k)
         if (k != r && llSends(coll, r, k, d.root))
-          llPutBatch(&p.peers[k]->ll[ns].lines[a.parity][mine], base, end, stride, v, flag);
+          llPutBatch<B>(&p.peers[k]->ll[ns].lines[a.parity][mine], base, end, stride, v, flag);
     }
   }
 }
 
 // LL phase 2 of one op, this CTA's share: its lines received, combined and written. This
 // thread's answer (no barrier); false when a wait failed.
+template <int B = kLlBatch>
 __device__ __forceinline__ bool llReceive(const KernelParams& p, const WorkDesc& d, const LlArgs& a) {
   const int n = p.nRanks, r = p.rank;
   const CollType coll = static_cast<CollType>(d.coll);
@@ -1078,33 +1085,33 @@ __device__ __forceinline__ bool llReceive(const KernelParams& p, const WorkDesc&
   const uint64_t first = a.range.first + a.tid;
   const uint64_t end = a.range.first + a.range.count;
   const uint32_t stride = a.nthr;
-  const uint64_t step = kLlBatch * stride;
+  const uint64_t step = B * stride;
   // 2. Receive.
   bool ok = true;
   if (coll == CollType::AllReduce || coll == CollType::ReduceScatter || (coll == CollType::Reduce && r == d.root)) {
-    ok = llReduceLines(p, d, a);
+    ok = llReduceLines<B>(p, d, a);
   } else if (coll == CollType::AllGather) {
     for (uint64_t base = first; base < end && ok; base += step) {
       for (int k = 0; k < n && ok; ++k) {
-        uint64_t v[kLlBatch];
+        uint64_t v[B];
         if (k == r) {
           if (send == recv + static_cast<uint64_t>(r) * payload) continue;  // in place: already there
-          llLoadBatch(send, payload, base, end, stride, v);
+          llLoadBatch<B>(send, payload, base, end, stride, v);
         } else {
-          ok = llTakeBatch(p, a, k, base, end, v, d.coll);
+          ok = llTakeBatch<B>(p, a, k, base, end, v, d.coll);
         }
-        if (ok) llStoreBatch(recv + static_cast<uint64_t>(k) * payload, payload, base, end, stride, v);
+        if (ok) llStoreBatch<B>(recv + static_cast<uint64_t>(k) * payload, payload, base, end, stride, v);
       }
     }
   } else if (coll == CollType::Broadcast && !(r == d.root && send == recv)) {
     for (uint64_t base = first; base < end && ok; base += step) {
-      uint64_t v[kLlBatch];
+      uint64_t v[B];
       if (r == d.root) {
-        llLoadBatch(send, payload, base, end, stride, v);
+        llLoadBatch<B>(send, payload, base, end, stride, v);
       } else {
-        ok = llTakeBatch(p, a, d.root, base, end, v, d.coll);
+        ok = llTakeBatch<B>(p, a, d.root, base, end, v, d.coll);
       }
-      if (ok) llStoreBatch(recv, payload, base, end, stride, v);
+      if (ok) llStoreBatch<B>(recv, payload, base, end, stride, v);
     }
   }
   return ok;
@@ -1123,8 +1130,9 @@ __device__ bool llTokens(const KernelParams& p, const LlArgs& a, int coll) {
 
 // LL phases 2 and 3 of one op, this CTA's share (llPush ran phases 0 and 1 before). The same
 // answer in every thread: false when a wait failed.
+template <int B = kLlBatch>
 __device__ __forceinline__ bool llFinish(const KernelParams& p, const WorkDesc& d, const LlArgs& a, uint64_t traceSeq) {
-  bool ok = llReceive(p, d, a);
+  bool ok = llReceive<B>(p, d, a);
   traceAt(p, blockIdx.x, traceSeq, kTraceMoved);  // (this thread's lines received and written)
   if (ok) ok = llTokens(p, a, d.coll);
   return __syncthreads_and(ok) != 0;
@@ -1345,7 +1353,14 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlKernel(const __grid
   const bool stop = stopRequested(p);
   const uint64_t e = !graph ? epoch : loadVolatile64(&p.self->graphSeq) + 1;
   LlArgs a = llArgs(p, d, e, ns, /*wholeOp=*/gridDim.x == 1);
-  llPush(p, d, a, stop);
+  // At most a line per thread (up to 2 KiB per source with 256 threads): the loops without
+  // kLlBatch's unrolling, a quarter of the code to run (session 17: an 8-byte op spent most of its
+  // time between consecutive stamps of a few instructions, the code the CTA's SM had to fetch).
+  const bool tiny = a.range.count <= a.nthr;
+  if (tiny)
+    llPush<1>(p, d, a, stop);
+  else
+    llPush(p, d, a, stop);
   // MKERNEL_KERNEL_TRACE=3: the receive's own stamps (llReduceLines, llTakeBatch) instead of the
   // stages'; only seen and reported stay.
   const uint64_t stageSeq = p.traceGraph == 2 ? kNoTrace : traceSeq;
@@ -1356,7 +1371,7 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlKernel(const __grid
   // One answer for the CTA: a thread that saw the stop flag pushed nothing.
   bool ok = __syncthreads_or(stop) == 0;
   traceAt(p, blockIdx.x, stageSeq, kTraceStartBarrier);
-  if (ok) ok = llFinish(p, d, a, stageSeq);
+  if (ok) ok = tiny ? llFinish<1>(p, d, a, stageSeq) : llFinish(p, d, a, stageSeq);
   traceAt(p, blockIdx.x, stageSeq, kTraceEndBarrier);
   if (!graph) {
     if (ok && blockIdx.x == 0 && threadIdx.x == 0)
