@@ -1223,6 +1223,53 @@ __device__ __forceinline__ void pdlEnter(const KernelParams& p) {
 #endif
 }
 
+// The launch-path kernels' trace record and first stamp (MKERNEL_KERNEL_TRACE): eager ops, record
+// epoch - 1; with MKERNEL_KERNEL_TRACE=2 or 3 captured ops instead, record their graph number - 1,
+// which CTA 0's thread 0 reads here (its start stamp taken before that read). kNoTrace otherwise.
+__device__ __forceinline__ uint64_t launchTraceBegin(const KernelParams& p, bool graph, uint64_t epoch) {
+  if (p.trace == nullptr || (p.traceGraph != 0) != graph) return kNoTrace;
+  if (!graph) {
+    traceAt(p, blockIdx.x, epoch - 1, kTraceSeen);
+    return epoch - 1;
+  }
+  if (blockIdx.x != 0 || threadIdx.x != 0) return kNoTrace;
+  const uint64_t t0 = globalTimerNs(), c0 = clock64();
+  const uint64_t seq = loadVolatile64(&p.self->graphSeq);
+  KernelTraceRecord* r = &p.trace[seq % kTraceDepth];
+  r->t[kTraceSeen] = t0;
+  r->c[kTraceSeen] = c0;
+  r->seq = seq + 1;
+  return seq;
+}
+
+// A captured launch-path op's numbering at its end (thread 0 of each CTA, after every thread of its
+// CTA has read graphSeq): the last CTA to finish counts the op in graphOps and stores its number e.
+// MKERNEL_GRAPH_EPILOGUE=light: the only order the numbering needs within this launch is that every
+// CTA read graphSeq before the last CTA stores the new value. fenceFirst: the CTA read it with a
+// plain load, and a fence keeps that read before its add (several CTAs); otherwise it was an
+// acquire load, which does. The last CTA's acquire add keeps its store after every other CTA's add.
+// The next launch sees the stores without fences: it starts after this kernel has completed (stream
+// order, or an event across streams). One CTA (every LL op up to 8 KiB) needs no counter at all:
+// its store follows the reads of the same word. fenced: two __threadfence and a plain atomic.
+__device__ __forceinline__ void graphEpilogue(const KernelParams& p, int coll, uint64_t e, bool fenceFirst) {
+  if (p.graphEpilogueLight) {
+    if (gridDim.x > 1 && fenceFirst) __threadfence();
+    if (gridDim.x == 1 || atomicAddAcquireGpu(&p.self->graphCtasDone, 1u) + 1 == gridDim.x) {
+      if (gridDim.x > 1) p.self->graphCtasDone = 0;
+      p.self->graphOps[coll] += 1;
+      *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e;
+    }
+    return;
+  }
+  __threadfence();
+  if (atomicAdd(&p.self->graphCtasDone, 1u) + 1 == gridDim.x) {
+    p.self->graphCtasDone = 0;
+    p.self->graphOps[coll] += 1;
+    __threadfence();
+    *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e;
+  }
+}
+
 // epoch 0: a launch captured into a CUDA graph. Its sequence number is graphSeq + 1, read by each
 // CTA at its start; the last CTA to finish stores it back (by then every CTA of this launch has
 // read the old value, and the next launch of this communicator starts after this one ended:
@@ -1238,23 +1285,8 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
   pdlEnter(p);
   const bool graph = epoch == 0;
   // MKERNEL_KERNEL_TRACE, eager ops (record epoch - 1): start, set up, [LL: pushed, received],
-  // collective done, reported (collbench --trace; docs/KERNEL.md, "Kernel trace"). With
-  // MKERNEL_KERNEL_TRACE=2 captured ops instead (record: their graph number - 1, read here first;
-  // the start stamp is taken before that read).
-  uint64_t traceSeq = kNoTrace;
-  if (p.trace != nullptr && (p.traceGraph != 0) == graph) {
-    if (!graph) {
-      traceSeq = epoch - 1;
-      traceAt(p, blockIdx.x, traceSeq, kTraceSeen);
-    } else if (blockIdx.x == 0 && threadIdx.x == 0) {
-      const uint64_t t0 = globalTimerNs(), c0 = clock64();
-      traceSeq = loadVolatile64(&p.self->graphSeq);
-      KernelTraceRecord* r = &p.trace[traceSeq % kTraceDepth];
-      r->t[kTraceSeen] = t0;
-      r->c[kTraceSeen] = c0;
-      r->seq = traceSeq + 1;
-    }
-  }
+  // collective done, reported (collbench --trace; docs/KERNEL.md, "Kernel trace").
+  const uint64_t traceSeq = launchTraceBegin(p, graph, epoch);
   // Every thread reads the stop flag and (captured) the sequence number itself, so that an LL op
   // can push before the CTA's first barrier (llPush); plain volatile loads, which the input's
   // loads need not wait for. graphSeq holds the same value for every thread of every CTA during
@@ -1292,28 +1324,8 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
   }
   __syncthreads();
   if (threadIdx.x != 0) return;
-  if (p.graphEpilogueLight) {
-    // MKERNEL_GRAPH_EPILOGUE=light. The only order the numbering needs within this launch: every
-    // CTA read graphSeq (an acquire load, above) before the last CTA stores the new value. The
-    // acquire load keeps each CTA's atomicAdd after its read, and the last CTA's acquire atomic
-    // keeps its store after every other CTA's add. The next launch sees the stores without fences:
-    // it starts after this kernel has completed (stream order, or an event across streams). One
-    // CTA (every LL op up to 8 KiB) needs no counter at all.
-    if (gridDim.x == 1 || atomicAddAcquireGpu(&p.self->graphCtasDone, 1u) + 1 == gridDim.x) {
-      if (gridDim.x > 1) p.self->graphCtasDone = 0;
-      p.self->graphOps[d.coll] += 1;
-      *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e;
-    }
-    traceAt(p, blockIdx.x, traceSeq, kTraceReported);
-    return;
-  }
-  __threadfence();
-  if (atomicAdd(&p.self->graphCtasDone, 1u) + 1 == gridDim.x) {
-    p.self->graphCtasDone = 0;
-    p.self->graphOps[d.coll] += 1;
-    __threadfence();
-    *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e;
-  }
+  // (light: thread 0 read graphSeq with acquire, above)
+  graphEpilogue(p, d.coll, e, /*fenceFirst=*/false);
   traceAt(p, blockIdx.x, traceSeq, kTraceReported);
 }
 
@@ -1332,21 +1344,8 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlKernel(const __grid
   pdlEnter(p);
   const bool graph = epoch == 0;
   const int ns = graph ? kLaunchGraph : kLaunchEager;
-  // The trace as launchKernel's (eager ops, or captured ones with MKERNEL_KERNEL_TRACE=2).
-  uint64_t traceSeq = kNoTrace;
-  if (p.trace != nullptr && (p.traceGraph != 0) == graph) {
-    if (!graph) {
-      traceSeq = epoch - 1;
-      traceAt(p, blockIdx.x, traceSeq, kTraceSeen);
-    } else if (blockIdx.x == 0 && threadIdx.x == 0) {
-      const uint64_t t0 = globalTimerNs(), c0 = clock64();
-      traceSeq = loadVolatile64(&p.self->graphSeq);
-      KernelTraceRecord* r = &p.trace[traceSeq % kTraceDepth];
-      r->t[kTraceSeen] = t0;
-      r->c[kTraceSeen] = c0;
-      r->seq = traceSeq + 1;
-    }
-  }
+  // The trace as launchKernel's (eager ops, or captured ones with MKERNEL_KERNEL_TRACE=2 or 3).
+  const uint64_t traceSeq = launchTraceBegin(p, graph, epoch);
   // Captured: the number graphSeq + 1, the same for every thread of every CTA (launchKernel). A
   // plain volatile load, so that the input's loads (llPush) need not wait for it as they would for
   // an acquire; the epilogue's counter (several CTAs) has a fence before it instead.
@@ -1382,25 +1381,7 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlKernel(const __grid
   // launchKernel's graph epilogue, after every thread's last use of e (llFinish's barrier; a
   // stopped CTA passed the barrier above).
   if (threadIdx.x != 0) return;
-  if (p.graphEpilogueLight) {
-    // One CTA: its store of graphSeq follows the reads of the same word in program order. Several:
-    // the fence keeps this CTA's reads (before the barriers above) before its add, and the last
-    // CTA's acquire add keeps its store after every other CTA's add.
-    if (gridDim.x > 1) __threadfence();
-    if (gridDim.x == 1 || atomicAddAcquireGpu(&p.self->graphCtasDone, 1u) + 1 == gridDim.x) {
-      if (gridDim.x > 1) p.self->graphCtasDone = 0;
-      p.self->graphOps[d.coll] += 1;
-      *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e;
-    }
-  } else {
-    __threadfence();
-    if (atomicAdd(&p.self->graphCtasDone, 1u) + 1 == gridDim.x) {
-      p.self->graphCtasDone = 0;
-      p.self->graphOps[d.coll] += 1;
-      __threadfence();
-      *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e;
-    }
-  }
+  graphEpilogue(p, d.coll, e, /*fenceFirst=*/true);  // (graphSeq read with a plain load, above)
   traceAt(p, blockIdx.x, traceSeq, kTraceReported);
 }
 

@@ -126,9 +126,12 @@ __global__ void pingKernel(uint64_t* out, const uint64_t* in, int iters, int fir
   *ns = globalTimer() - t0;
 }
 
-cudaError_t launch(void (*k)(uint64_t*, int), cudaStream_t s, int pdl, uint64_t* word) {
+// One CTA of `threads` on s: a plain launch (pdl 0), or cudaLaunchKernelEx with programmatic
+// stream serialization (the kernel's pdlEnter waits).
+template <typename... Params, typename... Args>
+cudaError_t launchOne(void (*k)(Params...), cudaStream_t s, int pdl, int threads, Args... args) {
   if (pdl == 0) {
-    k<<<1, 32, 0, s>>>(word, pdl);
+    k<<<1, threads, 0, s>>>(args...);
     return cudaGetLastError();
   }
   cudaLaunchAttribute attr[1];
@@ -136,11 +139,15 @@ cudaError_t launch(void (*k)(uint64_t*, int), cudaStream_t s, int pdl, uint64_t*
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(1);
-  cfg.blockDim = dim3(32);
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.stream = s;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, k, word, pdl);
+  return cudaLaunchKernelEx(&cfg, k, args...);
+}
+
+cudaError_t launch(void (*k)(uint64_t*, int), cudaStream_t s, int pdl, uint64_t* word) {
+  return launchOne(k, s, pdl, 32, word, pdl);
 }
 
 struct ExArgs {
@@ -154,24 +161,8 @@ struct ExArgs {
 };
 
 cudaError_t launchExchange(cudaStream_t s, int pdl, int ll, const ExArgs& x) {
-  if (pdl == 0) {
-    if (ll)
-      exchangeLlKernel<<<1, 256, 0, s>>>(x.counter, x.peerLine, x.myLine, x.in, x.out, pdl);
-    else
-      exchangeKernel<<<1, 32, 0, s>>>(x.counter, x.peerFlag, x.myFlag, pdl);
-    return cudaGetLastError();
-  }
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(1);
-  cfg.blockDim = dim3(ll ? 256 : 32);
-  cfg.stream = s;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  if (ll) return cudaLaunchKernelEx(&cfg, exchangeLlKernel, x.counter, x.peerLine, x.myLine, x.in, x.out, pdl);
-  return cudaLaunchKernelEx(&cfg, exchangeKernel, x.counter, x.peerFlag, x.myFlag, pdl);
+  if (ll) return launchOne(exchangeLlKernel, s, pdl, 256, x.counter, x.peerLine, x.myLine, x.in, x.out, pdl);
+  return launchOne(exchangeKernel, s, pdl, 32, x.counter, x.peerFlag, x.myFlag, pdl);
 }
 
 double median(std::vector<double> v) {
