@@ -47,6 +47,8 @@ struct CollStats {
   int hierCtas = 0;                         // CTAs per hierarchical collective (0: not hierarchical)
   bool staged = false;                      // ranks stage through IPC buffers (process ranks; agreed)
   int pdl = 0;                              // MKERNEL_PDL in effect: 0 off, 1 wait, 2 early
+  int directThreads = 0;                    // threads per CTA of a direct-mode op (MKERNEL_DIRECT_KERNEL; 0: no direct mode)
+  int directCtas = 0;                       // ... and its most CTAs (the cap agreed at creation)
 };
 
 class Communicator {

@@ -254,6 +254,7 @@ class KernelCommunicator final : public Communicator {
   // The launch path (launch_path.h): eager collectives publishing at most launchMaxBytes_.
   uint64_t launchMaxBytes_ = 0;
   int launchCap_ = 1;                  // CTAs per launch-path op, agreed by all ranks
+  int directCap_ = 1;                  // ... per direct-mode op (launchDirectKernel's, or launchCap_)
   uint64_t llMaxBytes_ = 0;            // MKERNEL_LL_MAX_BYTES, the smallest any rank asked for
   uint64_t llOps_ = 0;                 // ops issued in LL mode (eager and captured)
   uint64_t llBatchOps_ = 0;            // ... of which in an LL batch (launchBatch)
@@ -392,7 +393,10 @@ Result KernelCommunicator::init() {
   const std::string llKernel = paramString("LL_KERNEL");
   if (llKernel != "own" && llKernel != "shared")
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_LL_KERNEL=%s: expected own or shared", llKernel.c_str());
-  params_.llOwnKernel = llKernel == "own" ? 1u : 0u;
+  const std::string directKernel = paramString("DIRECT_KERNEL");
+  if (directKernel != "own" && directKernel != "shared")
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_DIRECT_KERNEL=%s: expected own or shared", directKernel.c_str());
+  params_.ownKernels = (llKernel == "own" ? kOwnKernelLl : 0u) | (directKernel == "own" ? kOwnKernelDirect : 0u);
   const std::string oneRank = paramString("ONE_RANK");
   if (oneRank != "copy" && oneRank != "kernel")
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_ONE_RANK=%s: expected copy or kernel", oneRank.c_str());
@@ -529,22 +533,30 @@ Result KernelCommunicator::init() {
 // all ranks sharing a GPU must fit at once on the SMs that the persistent kernels (possibly
 // resident) leave: (SMs left for persistent kernels + the ones kept free - this communicator's
 // persistent CTAs on this GPU) x launch CTAs per SM, shared by the ranks on it. The minimum over
-// ranks (an all-gather), so that every rank splits each op the same way.
+// ranks (an all-gather), so that every rank splits each op the same way. Direct-mode ops in their
+// own kernel (MKERNEL_DIRECT_KERNEL=own) get the same count from that kernel's CTAs per SM.
 Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   const int64_t asked = paramInt("LAUNCH_CTAS", kLaunchDefaultCtas);
   if (asked < 1 || asked > kLaunchMaxCtas)
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_CTAS=%lld outside 1..%d", static_cast<long long>(asked),
                     kLaunchMaxCtas);
-  int perSm = 0;
+  int perSm = 0, perSmDirect = 0;
   MK_CHECK(launchKernelCtasPerSm(&perSm));
+  MK_CHECK(directKernelCtasPerSm(&perSmDirect));
   const int ranksHere = std::max(1, peers_.ranksOnMyDevice);
   const int freeSms = smsLeft + kReservedSms - ranksHere * params_.nCtas;
-  int32_t cap = static_cast<int32_t>(
-      std::max(1, std::min(static_cast<int>(asked), freeSms * std::max(perSm, 1) / ranksHere)));
-  std::vector<int32_t> caps(static_cast<size_t>(opts_.nRanks), 0);
-  caps[static_cast<size_t>(opts_.rank)] = cap;
-  MK_CHECK(bs_->allGather(caps.data(), sizeof(int32_t)));
-  for (int32_t c : caps) cap = std::min(cap, c);
+  auto capFor = [&](int ctasPerSm) {
+    return static_cast<int32_t>(std::max(1, std::min(static_cast<int>(asked), freeSms * std::max(ctasPerSm, 1) / ranksHere)));
+  };
+  std::vector<int32_t> caps(2 * static_cast<size_t>(opts_.nRanks), 0);
+  caps[2 * static_cast<size_t>(opts_.rank)] = capFor(perSm);
+  caps[2 * static_cast<size_t>(opts_.rank) + 1] = (params_.ownKernels & kOwnKernelDirect) != 0 ? capFor(perSmDirect) : 0;
+  MK_CHECK(bs_->allGather(caps.data(), 2 * sizeof(int32_t)));
+  int32_t cap = caps[0], directCap = caps[1];
+  for (int k = 0; k < opts_.nRanks; ++k) {
+    cap = std::min(cap, caps[2 * static_cast<size_t>(k)]);
+    directCap = std::min(directCap, caps[2 * static_cast<size_t>(k) + 1]);
+  }
   // The most ranks on one GPU (direct mode's upper end, directTakes): the same on every rank.
   std::vector<int32_t> here(static_cast<size_t>(opts_.nRanks), 0);
   here[static_cast<size_t>(opts_.rank)] = ranksHere;
@@ -552,6 +564,9 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   directSharing_ = 1;
   for (int32_t h : here) directSharing_ = std::max(directSharing_, static_cast<int>(h));
   launchCap_ = std::max(1, static_cast<int>(cap));
+  // A rank with MKERNEL_DIRECT_KERNEL=shared sent 0: then direct mode keeps launchKernel's count
+  // everywhere (the kernel is each rank's own choice; the split must be the same on every rank).
+  directCap_ = directCap > 0 ? static_cast<int>(directCap) : launchCap_;
   // LL mode's limit (MKERNEL_LL_MAX_BYTES): the smallest any rank asked for, so that every rank
   // takes the same ops; off with the launch path.
   // auto: kLlAutoMaxBytes, or kLlSharedMaxBytes with more than two ranks on this GPU; never more
@@ -578,9 +593,10 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   llMaxBytes_ = static_cast<uint64_t>(llMax);
   // At most kLaunchBytesPerCta per CTA: beyond that the doorbell path's CTAs move it faster.
   launchMaxBytes_ = std::min<uint64_t>(launchMaxBytes_, static_cast<uint64_t>(launchCap_) * kLaunchBytesPerCta);
-  MK_INFO(kLogInit, "rank %d: launch path for eager collectives up to %llu bytes (LL mode up to %llu bytes per peer), at most %d CTAs x %d threads per op",
+  MK_INFO(kLogInit, "rank %d: launch path for eager collectives up to %llu bytes (LL mode up to %llu bytes per peer), at most %d CTAs x %d threads per op; direct mode at most %d CTAs x %d threads",
           opts_.rank, static_cast<unsigned long long>(launchMaxBytes_), static_cast<unsigned long long>(llMaxBytes_),
-          launchCap_, kLaunchThreads);
+          launchCap_, kLaunchThreads, directCap_,
+          (params_.ownKernels & kOwnKernelDirect) != 0 ? kDirectThreads : kLaunchThreads);
   return Result::Success;
 }
 
@@ -1201,7 +1217,7 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, Path path, bool captur
     // The persistent kernel's split (fillDesc), capped by the CTAs all ranks on a GPU can hold at
     // once. AllReduce: TwoShot, whose in-place use is safe (each part is read and written by its
     // owner only).
-    ctas = splitCtas(shareBytes(c, d.count, static_cast<DataType>(d.dtype), opts_.nRanks), launchCap_);
+    ctas = splitCtas(shareBytes(c, d.count, static_cast<DataType>(d.dtype), opts_.nRanks), directCap_);
     d.nCtas = ctas;
     if (c == CollType::AllReduce) d.algo = static_cast<int32_t>(Algo::TwoShot);
   }
@@ -1603,6 +1619,8 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->launchDirect = launchDirect_;
   out->directSharing = directSharing_;
   out->pdl = static_cast<int>(params_.pdl);
+  out->directThreads = !launchDirect_ ? 0 : (params_.ownKernels & kOwnKernelDirect) != 0 ? kDirectThreads : kLaunchThreads;
+  out->directCtas = launchDirect_ ? directCap_ : 0;
   out->hierCtas = params_.nNodes > 1 ? hierCtas_ : 0;
   out->staged = peers_.staged;
 }

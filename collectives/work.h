@@ -34,6 +34,12 @@ constexpr int kKernelThreads = 512;  // threads per CTA (half an SM: user kernel
 constexpr int kLaunchMaxCtas = 128;     // the flag arrays' size: MKERNEL_LAUNCH_CTAS's upper bound
 constexpr int kLaunchDefaultCtas = 32;  // MKERNEL_LAUNCH_CTAS's default (params.def)
 constexpr int kLaunchThreads = 256;
+// launchDirectKernel's threads per CTA (MKERNEL_DIRECT_KERNEL=own): direct mode's large ops, whose
+// rate is the loads a CTA keeps in flight (docs/KERNEL.md, "The direct-mode kernel").
+constexpr int kDirectThreads = 512;
+// KernelParams::ownKernels (host only): the launch-path ops that take a kernel of their own.
+constexpr uint32_t kOwnKernelLl = 1;
+constexpr uint32_t kOwnKernelDirect = 2;
 constexpr uint64_t kLaunchInboxBytes = 1024 * 1024;
 // The launch path's LL mode (launch_path.h, "LL"): each rank pushes its data into its peers' line
 // slots, 16-byte lines of 8 payload bytes and the op's flag twice. A parity's kLlSpaceLines lines

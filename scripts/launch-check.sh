@@ -226,7 +226,8 @@ if [ -n "${LC_EMU_BW:-}" ]; then
   # GPU 0, once per entry of LC_EMU_BW: a number is an MKERNEL_CTAS value (e.g. "32 64"); an entry
   # with "=" is a comma-separated list of settings (e.g. "MKERNEL_LAUNCH_CTAS=64,MKERNEL_DIRECT_MAX_BYTES=0").
   # LC_EMU_BW_RANKS (2) ranks, --wait LC_EMU_BW_WAITS (launch,memop: the default path and the
-  # persistent kernel), LC_EMU_BW_MIN (8) to LC_EMU_BW_MAX (1 GiB) bytes by factors of 2.
+  # persistent kernel), LC_EMU_BW_MIN (8) to LC_EMU_BW_MAX (1 GiB) bytes by factors of 2. RANKS=k in an
+  # entry's settings runs that entry with k ranks (e.g. "RANKS=4,MKERNEL_DIRECT_MAX_BYTES=0").
   step "3g. emulated ranks ${LC_EMU_BW_RANKS:-2} on GPU 0: ${LC_EMU_BW}"
   : >"$logs/emu-bw.txt"
   for c in ${LC_EMU_BW}; do
@@ -234,9 +235,13 @@ if [ -n "${LC_EMU_BW:-}" ]; then
       *=*) envs=${c//,/ } ;;
       *) envs="MKERNEL_CTAS=$c" ;;
     esac
+    # RANKS=k among the settings: this entry's rank count instead of LC_EMU_BW_RANKS.
+    ranks=${LC_EMU_BW_RANKS:-2}
+    for e in $envs; do case $e in RANKS=*) ranks=${e#RANKS=} ;; esac; done
+    envs=$(for e in $envs; do case $e in RANKS=*) ;; *) printf '%s ' "$e" ;; esac; done)
     # shellcheck disable=SC2086  # envs: VAR=value words
     env $envs MKERNEL_EMULATE=1 CUDA_VISIBLE_DEVICES=0 timeout 200 "$build/bin/mkernel-collbench" --gpus 1 \
-      --ranks "${LC_EMU_BW_RANKS:-2}" --wait "${LC_EMU_BW_WAITS:-launch,memop}" --min-bytes "${LC_EMU_BW_MIN:-8}" \
+      --ranks "$ranks" --wait "${LC_EMU_BW_WAITS:-launch,memop}" --min-bytes "${LC_EMU_BW_MIN:-8}" \
       --max-bytes "${LC_EMU_BW_MAX:-1073741824}" --step 2 --iters "${LC_EMU_BW_ITERS:-200}" 2>&1 |
       sed "s/^/$c: /" >>"$logs/emu-bw.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || { echo "$c failed"; fail=1; }

@@ -1147,6 +1147,8 @@ __device__ bool launchLl(const KernelParams& p, const WorkDesc& d, uint64_t epoc
 // One launch-path collective, this CTA's share (the kernel below adds the captured launches'
 // sequence numbers around it). ns: the namespace of flags and inboxes (kLaunchEager/kLaunchGraph).
 // False when the communicator had failed or a wait failed.
+// kDirectOnly: launchDirectKernel's instance, direct mode only (n > 1: launchDirect_ needs peers).
+template <bool kDirectOnly>
 __device__ __forceinline__ bool launchRun(const KernelParams& p, SharedState& sh, const WorkDesc& d, uint64_t epoch,
                                           int ns, int mode, uint64_t traceSeq) {
   const bool direct = mode == kLaunchModeDirect;
@@ -1156,6 +1158,7 @@ __device__ __forceinline__ bool launchRun(const KernelParams& p, SharedState& sh
   const uint64_t esz = elemSize(d.dtype);
   const bool reduce = coll == CollType::AllReduce || coll == CollType::ReduceScatter || coll == CollType::Reduce;
   if (sh.stop) return false;
+  if (kDirectOnly) return launchDirect(p, sh, d, cta, epoch, ns);
   if (mode == kLaunchModeLl && n > 1) return launchLl(p, d, epoch, ns, traceSeq);
   if (direct && n > 1) return launchDirect(p, sh, d, cta, epoch, ns);
   const LaunchPart lp = launchPart(coll, d.count, n, r, d.root, gridDim.x, cta, esz);
@@ -1277,10 +1280,10 @@ __device__ __forceinline__ void graphEpilogue(const KernelParams& p, int coll, u
 // p and d are __grid_constant__: the callees take them by reference, and a plain kernel parameter
 // whose address is taken is first copied to local memory (session 12: 27-47 local stores at every
 // op); a grid constant's address is its place in the constant bank.
-__global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_constant__ KernelParams p,
-                                                                  const __grid_constant__ WorkDesc d, uint64_t epoch,
-                                                                  uint64_t opIndex, int mode) {
-  __shared__ SharedState sh;
+// The body of launchKernel and of launchDirectKernel (kDirectOnly: mode is kLaunchModeDirect).
+template <bool kDirectOnly>
+__device__ __forceinline__ void launchBody(const KernelParams& p, const WorkDesc& d, uint64_t epoch, uint64_t opIndex,
+                                           int mode, SharedState& sh) {
   if (p.warmup) return;  // warmKernels
   pdlEnter(p);
   const bool graph = epoch == 0;
@@ -1293,7 +1296,7 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
   // this launch: only the previous launch wrote it, this one started after that one ended, and
   // this one's last CTA stores the next value only after every CTA passed its end barrier.
   const bool stop = stopRequested(p);  // a failed communicator: release the stream
-  if (mode == kLaunchModeLl && p.nRanks > 1) {
+  if (!kDirectOnly && mode == kLaunchModeLl && p.nRanks > 1) {
     const uint64_t e0 = !graph ? epoch : loadVolatile64(&p.self->graphSeq) + 1;
     llPush(p, d, llArgs(p, d, e0, graph ? kLaunchGraph : kLaunchEager), stop);
   }
@@ -1313,7 +1316,7 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
   __syncthreads();
   const uint64_t e = sh.epoch;
   traceAt(p, blockIdx.x, traceSeq, kTraceStartBarrier);  // (set up)
-  const bool ran = launchRun(p, sh, d, e, graph ? kLaunchGraph : kLaunchEager, mode, traceSeq);
+  const bool ran = launchRun<kDirectOnly>(p, sh, d, e, graph ? kLaunchGraph : kLaunchEager, mode, traceSeq);
   traceAt(p, blockIdx.x, traceSeq, kTraceEndBarrier);
   if (!graph) {
     // Statistics and finalize: device memory (the host copies it when it needs it).
@@ -1327,6 +1330,26 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
   // (light: thread 0 read graphSeq with acquire, above)
   graphEpilogue(p, d.coll, e, /*fenceFirst=*/false);
   traceAt(p, blockIdx.x, traceSeq, kTraceReported);
+}
+
+__global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_constant__ KernelParams p,
+                                                                  const __grid_constant__ WorkDesc d, uint64_t epoch,
+                                                                  uint64_t opIndex, int mode) {
+  __shared__ SharedState sh;
+  launchBody<false>(p, d, epoch, opIndex, mode, sh);
+}
+
+// MKERNEL_DIRECT_KERNEL=own (the default, session 18): a direct-mode op (the large collectives of
+// thread ranks, launch_path.h) in a kernel of its own with kDirectThreads threads per CTA, twice
+// launchKernel's: direct mode moves whole buffers, and a CTA's loads in flight are what its rate
+// is bound by (reduceCopy, copyBytes: kUnroll 16-byte vectors per thread and source). launchKernel
+// carries the LL and inbox modes too, whose registers (146 per thread) allow 256 threads per SM.
+// The same protocol, flags, mailboxes and numbering as launchKernel's direct mode.
+__global__ void __launch_bounds__(kDirectThreads, 1) launchDirectKernel(const __grid_constant__ KernelParams p,
+                                                                        const __grid_constant__ WorkDesc d,
+                                                                        uint64_t epoch, uint64_t opIndex) {
+  __shared__ SharedState sh;
+  launchBody<true>(p, d, epoch, opIndex, kLaunchModeDirect, sh);
 }
 
 // MKERNEL_LL_KERNEL=own (the default, session 17): a launch-path LL op in a kernel of its own,
@@ -1623,6 +1646,10 @@ Result persistentKernelLocalBytes(size_t* out) {
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "attributes of the LL kernel: %s", cudaGetErrorString(err));
   if (attr.localSizeBytes > batchLocal) batchLocal = attr.localSizeBytes;
+  err = cudaFuncGetAttributes(&attr, dev::launchDirectKernel);
+  if (err != cudaSuccess)
+    return MK_ERROR(Result::UnhandledCudaError, "attributes of the direct-mode kernel: %s", cudaGetErrorString(err));
+  if (attr.localSizeBytes > batchLocal) batchLocal = attr.localSizeBytes;
   err = cudaFuncGetAttributes(&attr, dev::launchKernel);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "attributes of the launch-path kernel: %s", cudaGetErrorString(err));
@@ -1651,6 +1678,10 @@ Result warmKernels(cudaStream_t stream) {
     dev::launchLlKernel<<<1, kLaunchThreads, 0, stream>>>(p, WorkDesc{}, 0, 0);
     err = cudaGetLastError();
   }
+  if (err == cudaSuccess) {
+    dev::launchDirectKernel<<<1, kDirectThreads, 0, stream>>>(p, WorkDesc{}, 0, 0);
+    err = cudaGetLastError();
+  }
   if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "warm-up launches of the kernels failed: %s", cudaGetErrorString(err));
@@ -1670,10 +1701,10 @@ namespace {
 // A launch-path kernel: with MKERNEL_PDL, through cudaLaunchKernelEx with programmatic stream
 // serialization (the kernel then waits for the stream's earlier work itself: pdlEnter).
 template <typename... Params, typename... Args>
-cudaError_t launchPath(void (*kernel)(Params...), const KernelParams& p, int nCtas, cudaStream_t stream,
+cudaError_t launchPath(void (*kernel)(Params...), const KernelParams& p, int nCtas, int threads, cudaStream_t stream,
                        Args&&... args) {
   if (p.pdl == 0) {
-    kernel<<<nCtas, kLaunchThreads, 0, stream>>>(std::forward<Args>(args)...);
+    kernel<<<nCtas, threads, 0, stream>>>(std::forward<Args>(args)...);
     return cudaGetLastError();
   }
   cudaLaunchAttribute attr[1];
@@ -1681,7 +1712,7 @@ cudaError_t launchPath(void (*kernel)(Params...), const KernelParams& p, int nCt
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(nCtas));
-  cfg.blockDim = dim3(kLaunchThreads);
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
   cfg.attrs = attr;
@@ -1692,9 +1723,13 @@ cudaError_t launchPath(void (*kernel)(Params...), const KernelParams& p, int nCt
 
 Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uint64_t epoch, uint64_t opIndex,
                         int mode, cudaStream_t stream) {
-  cudaError_t err = mode == kLaunchModeLl && p.nRanks > 1 && p.llOwnKernel
-                        ? launchPath(dev::launchLlKernel, p, nCtas, stream, p, d, epoch, opIndex)
-                        : launchPath(dev::launchKernel, p, nCtas, stream, p, d, epoch, opIndex, mode);
+  cudaError_t err;
+  if (mode == kLaunchModeLl && p.nRanks > 1 && (p.ownKernels & kOwnKernelLl) != 0)
+    err = launchPath(dev::launchLlKernel, p, nCtas, kLaunchThreads, stream, p, d, epoch, opIndex);
+  else if (mode == kLaunchModeDirect && (p.ownKernels & kOwnKernelDirect) != 0)
+    err = launchPath(dev::launchDirectKernel, p, nCtas, kDirectThreads, stream, p, d, epoch, opIndex);
+  else
+    err = launchPath(dev::launchKernel, p, nCtas, kLaunchThreads, stream, p, d, epoch, opIndex, mode);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching the launch-path kernel (%d CTAs) failed: %s",
                     p.rank, nCtas, cudaGetErrorString(err));
@@ -1702,7 +1737,7 @@ Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uin
 }
 
 Result launchLlBatch(const KernelParams& p, const LlBatch& b, int nCtas, cudaStream_t stream) {
-  cudaError_t err = launchPath(dev::launchLlBatchKernel, p, nCtas, stream, p, b);
+  cudaError_t err = launchPath(dev::launchLlBatchKernel, p, nCtas, kLaunchThreads, stream, p, b);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching a batch of %d LL collectives (%d CTAs) failed: %s",
                     p.rank, b.nOps, nCtas, cudaGetErrorString(err));
@@ -1722,6 +1757,14 @@ Result launchKernelCtasPerSm(int* out) {
     return MK_ERROR(Result::UnhandledCudaError, "occupancy query of the launch-path kernels failed: %s",
                     cudaGetErrorString(err));
   if (batch < *out) *out = batch;  // an LL batch takes up to as many CTAs as one op
+  return Result::Success;
+}
+
+Result directKernelCtasPerSm(int* out) {
+  cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, dev::launchDirectKernel, kDirectThreads, 0);
+  if (err != cudaSuccess)
+    return MK_ERROR(Result::UnhandledCudaError, "occupancy query of the direct-mode kernel failed: %s",
+                    cudaGetErrorString(err));
   return Result::Success;
 }
 

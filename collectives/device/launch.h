@@ -38,8 +38,10 @@ struct KernelParams {
   uint32_t graphEpilogueLight;
   uint32_t launchWatch;  // MKERNEL_LAUNCH_WATCH: 0 off, 1 the first launch-path op, 2 every op (launchStarted)
   uint32_t traceGraph;   // MKERNEL_KERNEL_TRACE=2 (1) or 3 (2: the LL receive's detail): launch-path kernels trace captured ops, not eager ones
-  // MKERNEL_LL_KERNEL (host only): 1 = a launch-path LL op takes launchLlKernel, 0 = launchKernel.
-  uint32_t llOwnKernel;
+  // Host only: which launch-path ops take a kernel of their own rather than launchKernel, bits of
+  // kOwnKernelLl (MKERNEL_LL_KERNEL=own: launchLlKernel) and kOwnKernelDirect
+  // (MKERNEL_DIRECT_KERNEL=own: launchDirectKernel).
+  uint32_t ownKernels;
   HostControl* ctl;               // host-mapped, device address
   uint64_t timeoutNs;             // MKERNEL_TIMEOUT_S
   DeviceState* peers[kMaxRanks];  // every rank's DeviceState, as this process addresses it
@@ -138,6 +140,8 @@ Result launchLlBatch(const KernelParams& p, const LlBatch& b, int nCtas, cudaStr
 // Largest number of CTAs of the launch-path kernels (an op's, an LL batch's) one SM can hold
 // (occupancy query; the smaller of the two).
 Result launchKernelCtasPerSm(int* out);
+// The same for launchDirectKernel (kDirectThreads threads per CTA; MKERNEL_DIRECT_KERNEL=own).
+Result directKernelCtasPerSm(int* out);
 
 // Largest number of CTAs of the persistent kernel one SM can hold (occupancy query).
 Result persistentKernelCtasPerSm(int* out);

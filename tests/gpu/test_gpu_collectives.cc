@@ -105,6 +105,36 @@ std::vector<Case> buildCases(int nRanks) {
   return cases;
 }
 
+// Direct mode's bulk (test_gpu_direct, test_gpu_direct_shared: MKERNEL_DIRECT_MAX_BYTES=0, so
+// that every op above the launch threshold takes it with any number of ranks on the GPU): about
+// 4 MiB of each rank's input, enough for every CTA of the op (one per 64 KiB of a rank's share, up
+// to the cap), odd counts (the element loop after the 16-byte vectors), every collective, narrow
+// and wide types, in and out of place, misaligned sends.
+std::vector<Case> buildDirectCases(int nRanks) {
+  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::Reduce,
+                            CollType::AllGather, CollType::Broadcast};
+  const DataType types[] = {DataType::Float32, DataType::Bfloat16, DataType::Int8, DataType::Fp8E5M2,
+                            DataType::Float64, DataType::Int32};
+  std::vector<Case> cases;
+  int seq = 0;
+  for (CollType c : colls) {
+    for (DataType dt : types) {
+      for (RedOp op : {RedOp::Sum, RedOp::Max, RedOp::PreMulSum}) {
+        if (!reduces(c) && op != RedOp::Sum) continue;
+        const size_t esz = mkernel::coll::dataTypeSize(dt);
+        for (bool inPlace : {false, true}) {
+          size_t count = (size_t(4) << 20) / esz + 3;
+          if (c == CollType::AllGather || c == CollType::ReduceScatter) count = count / static_cast<size_t>(nRanks) + 1;
+          Case k{c, dt, op, count, inPlace, (seq++) % nRanks, 0, false};
+          if (!inPlace && seq % 3 == 0) k.misalign = 1;
+          cases.push_back(k);
+        }
+      }
+    }
+  }
+  return cases;
+}
+
 std::string caseName(const Case& k) {
   return std::string(mkernel::coll::collName(k.coll)) + "/" + mkernel::coll::dataTypeName(k.dtype) + "/" +
          mkernel::coll::redOpName(k.op) + " count=" + std::to_string(k.count) +
@@ -185,8 +215,9 @@ std::string runCase(mkgpu::RankCtx& ctx, const Case& k, uint64_t seed, uint8_t* 
 }
 
 // expectHierCtas > 0: the CTAs each hierarchical collective must have been split over.
-void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0) {
-  const std::vector<Case> cases = buildCases(nRanks);
+// direct: buildDirectCases' bulk instead of buildCases' sweep.
+void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool direct = false) {
+  const std::vector<Case> cases = direct ? buildDirectCases(nRanks) : buildCases(nRanks);
   size_t maxBytes = 0;
   for (const Case& k : cases)
     maxBytes = std::max(maxBytes, k.count * static_cast<size_t>(nRanks) * mkernel::coll::dataTypeSize(k.dtype));
@@ -241,6 +272,15 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0) {
     if (st.launchDirect != wantDirect)
       ctx.fail(std::string("launch path direct mode ") + (st.launchDirect ? "on" : "off") + ", want " +
                (wantDirect ? "on" : "off"));
+    // Direct mode's kernel (MKERNEL_DIRECT_KERNEL): its own of 512 threads per CTA unless shared.
+    const char* dk = std::getenv("MKERNEL_DIRECT_KERNEL");
+    const int wantThreads = !wantDirect ? 0 : dk != nullptr && std::string(dk) == "shared" ? 256 : 512;
+    if (st.directThreads != wantThreads)
+      ctx.fail("direct mode runs " + std::to_string(st.directThreads) + " threads per CTA, want " +
+               std::to_string(wantThreads));
+    if (direct && ctx.rank == 0)
+      std::printf("%d ranks: direct mode in CTAs of %d threads, at most %d CTAs per op\n", nRanks, st.directThreads,
+                  st.directCtas);
     // Direct mode ends at MKERNEL_DIRECT_MAX_BYTES (auto: launch_path.h's table).
     const char* dm = std::getenv("MKERNEL_DIRECT_MAX_BYTES");
     const uint64_t directMax = dm != nullptr && std::string(dm) != "auto" ? std::strtoull(dm, nullptr, 10) : mkernel::coll::kDirectAuto;
@@ -318,6 +358,17 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks", "[gpu]") {
 TEST_CASE("gpu: every collective x dtype x op, 8 ranks", "[gpu][r8]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   runSweep(8);
+}
+// Direct mode's large ops, its own kernel or launchKernel (MKERNEL_DIRECT_KERNEL): ctest runs these
+// with MKERNEL_DIRECT_MAX_BYTES=0 (test_gpu_direct, test_gpu_direct_shared), and the sweep checks
+// that every op above the launch threshold took the launch path.
+TEST_CASE("gpu: direct mode, every collective, 4 MiB per rank, 2 ranks", "[gpu][direct]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
+  runSweep(2, 0, 0, true);
+}
+TEST_CASE("gpu: direct mode, every collective, 4 MiB per rank, 4 ranks", "[gpu][direct]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
+  runSweep(4, 0, 0, true);
 }
 
 // Emulated nodes (MKERNEL_RANKS_PER_NODE): every collective runs hierarchically
