@@ -397,11 +397,6 @@ Result KernelCommunicator::init() {
   if (directKernel != "own" && directKernel != "shared")
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_DIRECT_KERNEL=%s: expected own or shared", directKernel.c_str());
   params_.ownKernels = (llKernel == "own" ? kOwnKernelLl : 0u) | (directKernel == "own" ? kOwnKernelDirect : 0u);
-  const int64_t directChunk = paramInt("DIRECT_CHUNK_BYTES", 0);
-  if (directChunk < 0 || directChunk > (int64_t(1) << 30))
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_DIRECT_CHUNK_BYTES=%lld outside 0..%lld",
-                    static_cast<long long>(directChunk), static_cast<long long>(int64_t(1) << 30));
-  params_.directChunkBytes = static_cast<uint64_t>(directChunk);
   const std::string oneRank = paramString("ONE_RANK");
   if (oneRank != "copy" && oneRank != "kernel")
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_ONE_RANK=%s: expected copy or kernel", oneRank.c_str());
@@ -1225,9 +1220,6 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, Path path, bool captur
     ctas = splitCtas(shareBytes(c, d.count, static_cast<DataType>(d.dtype), opts_.nRanks), directCap_);
     d.nCtas = ctas;
     if (c == CollType::AllReduce) d.algo = static_cast<int32_t>(Algo::TwoShot);
-    if ((params_.ownKernels & kOwnKernelDirect) != 0)
-      d.chunkElems = directChunkElems(c, d.count, opts_.nRanks, opts_.rank, dataTypeSize(static_cast<DataType>(d.dtype)),
-                                      ctas, params_.directChunkBytes);
   }
   if (capturing) {
     // Epoch 0: the kernel takes graphSeq + 1 on the device, at every replay.

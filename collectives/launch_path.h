@@ -80,21 +80,6 @@ MKERNEL_HD inline bool directTakes(CollType c, uint64_t wholeBytes, uint64_t lim
   return max == 0 || wholeBytes < max;
 }
 
-// Direct mode's chunks in turn (WorkDesc::chunkElems, launchDirectKernel): chunks of chunkBytes
-// (MKERNEL_DIRECT_CHUNK_BYTES, rounded down to whole slice alignments) when rank `rank`'s range of
-// the op (its rank slice of an AllReduce, Broadcast or Reduce; the block of a ReduceScatter or
-// AllGather) holds at least kDirectChunkRounds of them per CTA; else 0 (one contiguous part per
-// CTA). Only that rank's CTAs split its range, so ranks may differ.
-MKERNEL_HD inline int32_t directChunkElems(CollType c, uint64_t count, int nRanks, int rank, uint64_t elemSize,
-                                           int nCtas, uint64_t chunkBytes) {
-  const uint64_t align = sliceAlignElems(elemSize);
-  const uint64_t chunk = chunkBytes / elemSize / align * align;
-  if (chunk == 0 || chunk > 0x7fffffffull) return 0;
-  const bool sliced = c == CollType::AllReduce || c == CollType::Broadcast || c == CollType::Reduce;
-  const uint64_t range = sliced ? rankSlice(count, nRanks, rank, align).count : count;
-  return range / chunk >= kDirectChunkRounds * static_cast<uint64_t>(nCtas < 1 ? 1 : nCtas) ? static_cast<int32_t>(chunk) : 0;
-}
-
 // One CTA per `perCta` bytes, at least one, at most `cap`.
 MKERNEL_HD inline int ctasPer(uint64_t bytes, uint64_t perCta, int cap) {
   uint64_t c = (bytes + perCta - 1) / perCta;

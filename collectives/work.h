@@ -37,8 +37,6 @@ constexpr int kLaunchThreads = 256;
 // launchDirectKernel's threads per CTA (MKERNEL_DIRECT_KERNEL=own): direct mode's large ops, whose
 // rate is the loads a CTA keeps in flight (docs/KERNEL.md, "The direct-mode kernel").
 constexpr int kDirectThreads = 512;
-// Direct mode's chunks in turn (MKERNEL_DIRECT_CHUNK_BYTES) from this many chunks per CTA.
-constexpr uint64_t kDirectChunkRounds = 4;
 // KernelParams::ownKernels (host only): the launch-path ops that take a kernel of their own.
 constexpr uint32_t kOwnKernelLl = 1;
 constexpr uint32_t kOwnKernelDirect = 2;
@@ -75,9 +73,7 @@ struct alignas(16) WorkDesc {
   uint64_t sendbuff;
   uint64_t recvbuff;
   int32_t nCtas;  // CTAs that take part (the same on every rank: a function of count/dtype)
-  // Direct mode in launchDirectKernel: each CTA takes chunks of this many elements of its rank's
-  // range in turn (MKERNEL_DIRECT_CHUNK_BYTES; directChunkElems, launch_path.h); 0: one part each.
-  int32_t chunkElems;
+  int32_t reserved;
   uint64_t scalarDevPtr;  // PreMulSum scalar as a device pointer to one element (0: redOp's)
   DevRedOp redOp;         // makeDevRedOp() (collectives/reduce_host.h): NCCL's device op
 };

@@ -154,25 +154,26 @@ __device__ inline uint64_t elemSize(int32_t dtype) {
   }
 }
 
-// The range of elements this rank handles in the direct algorithm of collective d: its rank slice,
-// or everything (one-shot AllReduce, ReduceScatter's block r, AllGather's own input).
-__device__ inline Slice directRange(const KernelParams& p, const WorkDesc& d) {
-  const CollType coll = static_cast<CollType>(d.coll);
-  const size_t align = sliceAlignElems(elemSize(d.dtype));
-  if ((coll == CollType::AllReduce && static_cast<Algo>(d.algo) == Algo::TwoShot) || coll == CollType::Broadcast ||
-      coll == CollType::Reduce)
-    return rankSlice(d.count, p.nRanks, p.rank, align);
-  return Slice{0, d.count};
-}
-
-// Fills sh.plan for elements [start, start + count) of collective d's direct algorithm (thread 0
-// only; start within directRange). Returns false when count is 0.
-__device__ bool planRange(const KernelParams& p, SharedState& sh, const WorkDesc& d, uint64_t start, uint64_t count) {
+// Fills sh.plan for collective d (thread 0 only). Returns false when the CTA has nothing to move.
+__device__ bool planCollective(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta) {
   CopyPlan& plan = sh.plan;
   const CollType coll = static_cast<CollType>(d.coll);
   const uint64_t esz = elemSize(d.dtype);
+  const size_t align = sliceAlignElems(esz);
   const int n = p.nRanks, r = p.rank;
-  plan.count = count;
+  // The range of elements this rank handles (its rank slice, or everything), split among CTAs
+  // exactly as every peer splits it.
+  Slice mine;
+  if (coll == CollType::AllReduce && static_cast<Algo>(d.algo) == Algo::TwoShot) {
+    mine = rankSlice(d.count, n, r, align);
+  } else if (coll == CollType::Broadcast || coll == CollType::Reduce) {
+    mine = rankSlice(d.count, n, r, align);
+  } else {
+    mine = Slice{0, d.count};
+  }
+  Slice part = rankSlice(mine.count, d.nCtas, cta, align);
+  const uint64_t start = mine.offset + part.offset;
+  plan.count = part.count;
   plan.nSrc = plan.nDst = 0;
   const uint64_t myDst = sh.peerDst[r];
   switch (coll) {
@@ -208,14 +209,6 @@ __device__ bool planRange(const KernelParams& p, SharedState& sh, const WorkDesc
   for (int i = 0; i < plan.nDst; ++i) al = al && aligned16(reinterpret_cast<uint64_t>(plan.dst[i]));
   plan.aligned = al;
   return plan.count > 0;
-}
-
-// Fills sh.plan for CTA cta's part of collective d (thread 0 only): its share of directRange, split
-// among the CTAs as every peer splits its own. Returns false when the CTA has nothing to move.
-__device__ bool planCollective(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta) {
-  const Slice mine = directRange(p, d);
-  const Slice part = rankSlice(mine.count, d.nCtas, cta, sliceAlignElems(elemSize(d.dtype)));
-  return planRange(p, sh, d, mine.offset + part.offset, part.count);
 }
 
 // ---- process ranks: the staged algorithm of collectives/staged.h, run by one CTA -------------------
@@ -701,7 +694,6 @@ __device__ void launchMove(SharedState& sh, const WorkDesc& d, bool reduce, cons
 // and waits for every peer's launchEnd[c] >= e: until then peers may still read our input or write
 // our output. The mailbox of op e is overwritten only at a later op, which starts after this
 // rank's op e passed the end flags, i.e. after every peer's CTA c finished op e.
-template <bool kChunks>
 __device__ bool launchDirect(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta, uint64_t epoch,
                              int ns) {
   const int n = p.nRanks, r = p.rank;
@@ -723,42 +715,19 @@ __device__ bool launchDirect(const KernelParams& p, SharedState& sh, const WorkD
     sh.peerDst[peer] = __ldcg(&mb->dst);
   }
   __syncthreads();
-  // The CTA's parts of this rank's range: one contiguous part, or (launchDirectKernel, d.chunkElems
-  // > 0: MKERNEL_DIRECT_CHUNK_BYTES) chunks cta, cta + nCtas, ... of it in turn, so that the CTAs
-  // move through the buffers side by side. Only this rank's CTAs touch its range (its rank slice or
-  // block in every buffer), so the split is its own: the peers' end flags cover the kernel as a
-  // whole (each CTA waits for the same CTA of every peer, and every CTA of every rank waits).
+  if (threadIdx.x == 0) sh.stop = planCollective(p, sh, d, cta) ? 0 : 1;
+  __syncthreads();
   const CollType coll = static_cast<CollType>(d.coll);
-  const bool copy = coll == CollType::Broadcast || coll == CollType::AllGather;
-  for (uint64_t k = 0;; ++k) {
-    if (threadIdx.x == 0) {
-      bool any = false;
-      if constexpr (kChunks) {
-        const uint64_t chunk = static_cast<uint64_t>(d.chunkElems);
-        if (chunk == 0) {
-          any = k == 0 && planCollective(p, sh, d, cta);
-        } else {
-          const Slice mine = directRange(p, d);
-          const uint64_t off = (static_cast<uint64_t>(cta) + k * static_cast<uint64_t>(d.nCtas)) * chunk;
-          any = off < mine.count &&
-                planRange(p, sh, d, mine.offset + off, mine.count - off < chunk ? mine.count - off : chunk);
-        }
-      } else {
-        any = k == 0 && planCollective(p, sh, d, cta);
-      }
-      if (any && copy) sh.plan.count *= elemSize(d.dtype);  // copyBytes counts bytes
-      sh.stop = any ? 0 : 1;
-    }
-    __syncthreads();
-    if (sh.stop) break;
-    if (copy) {
+  if (!sh.stop) {
+    if (coll == CollType::Broadcast || coll == CollType::AllGather) {
+      if (threadIdx.x == 0) sh.plan.count *= elemSize(d.dtype);  // copyBytes counts bytes
+      __syncthreads();
       copyBytes(sh.plan);
     } else {
       reduceDispatch(sh.plan, d);
     }
-    __syncthreads();  // every thread is done with sh.plan and sh.stop before thread 0 rewrites them
-    if (!kChunks) break;
   }
+  __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();  // our remote stores (TwoShot, Broadcast, Reduce) before the flag
     storeRelease(&p.self->launch[ns].end[cta].epoch, epoch);
@@ -1189,9 +1158,9 @@ __device__ __forceinline__ bool launchRun(const KernelParams& p, SharedState& sh
   const uint64_t esz = elemSize(d.dtype);
   const bool reduce = coll == CollType::AllReduce || coll == CollType::ReduceScatter || coll == CollType::Reduce;
   if (sh.stop) return false;
-  if (kDirectOnly) return launchDirect<true>(p, sh, d, cta, epoch, ns);
+  if (kDirectOnly) return launchDirect(p, sh, d, cta, epoch, ns);
   if (mode == kLaunchModeLl && n > 1) return launchLl(p, d, epoch, ns, traceSeq);
-  if (direct && n > 1) return launchDirect<false>(p, sh, d, cta, epoch, ns);
+  if (direct && n > 1) return launchDirect(p, sh, d, cta, epoch, ns);
   const LaunchPart lp = launchPart(coll, d.count, n, r, d.root, gridDim.x, cta, esz);
   const char* send = reinterpret_cast<const char*>(d.sendbuff);
   char* recv = reinterpret_cast<char*>(d.recvbuff);

@@ -73,8 +73,6 @@ struct KernelParams {
   // so that a test can kill the process in the middle of a collective's data movement.
   uint32_t testStallBarrier;
   uint32_t hierOverlap;  // MKERNEL_HIER_OVERLAP: pipelined hierarchical AllReduce (0: phases in turn)
-  // MKERNEL_DIRECT_CHUNK_BYTES (host only: launchOp sets WorkDesc::chunkElems from it).
-  uint64_t directChunkBytes;
 };
 static_assert(offsetof(KernelParams, peers) == 64, "KernelParams: the hot fields fill the first 64-byte line");
 

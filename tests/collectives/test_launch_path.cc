@@ -244,45 +244,6 @@ TEST_CASE("launch path: slicing and CTA counts") {
   }
 }
 
-// Direct mode's chunks in turn (launchDirectKernel's loop over k, WorkDesc::chunkElems): whole
-// slice alignments, only from kDirectChunkRounds chunks per CTA, and the chunks the CTAs take
-// cover the rank's range exactly once.
-TEST_CASE("launch path: direct mode's chunks in turn tile the rank's range") {
-  CHECK(directChunkElems(CollType::AllReduce, 1 << 20, 2, 0, 4, 32, 0) == 0);        // off
-  CHECK(directChunkElems(CollType::AllReduce, 1 << 20, 2, 0, 4, 32, 4096) == 1024);  // 512 Ki elements: 16 per CTA
-  CHECK(directChunkElems(CollType::AllReduce, 1 << 20, 2, 0, 4, 32, 16384) == 4096); // exactly 4 per CTA
-  CHECK(directChunkElems(CollType::AllReduce, 1 << 20, 2, 0, 4, 32, 32768) == 0);    // 2 per CTA: one part each
-  CHECK(directChunkElems(CollType::AllGather, 1 << 20, 2, 0, 4, 32, 32768) == 8192); // the block, not a slice
-  CHECK(directChunkElems(CollType::AllReduce, 1 << 20, 2, 0, 8, 1, 1000) == 124);    // rounded down to 16 bytes
-  CHECK(directChunkElems(CollType::AllReduce, 1 << 20, 2, 0, 8, 1, 8) == 0);         // under one alignment
-  for (CollType c : {CollType::AllReduce, CollType::ReduceScatter, CollType::Broadcast}) {
-    for (uint64_t count : {4099ull, 1000003ull}) {
-      for (int n : {2, 3}) {
-        for (int nCtas : {1, 5, 32}) {
-          for (int r = 0; r < n; ++r) {
-            const uint64_t chunk = static_cast<uint64_t>(directChunkElems(c, count, n, r, 2, nCtas, 512));
-            const bool sliced = c != CollType::ReduceScatter;
-            const Slice mine = sliced ? rankSlice(count, n, r, sliceAlignElems(2)) : Slice{0, count};
-            if (chunk == 0) {
-              CHECK(mine.count / 256 < kDirectChunkRounds * static_cast<uint64_t>(nCtas));
-              continue;
-            }
-            std::vector<int> seen(mine.count, 0);
-            for (int cta = 0; cta < nCtas; ++cta)
-              for (uint64_t k = 0;; ++k) {
-                const uint64_t off = (static_cast<uint64_t>(cta) + k * static_cast<uint64_t>(nCtas)) * chunk;
-                if (off >= mine.count) break;
-                const uint64_t len = std::min(chunk, mine.count - off);
-                for (uint64_t i = off; i < off + len; ++i) ++seen[i];
-              }
-            CHECK(std::count(seen.begin(), seen.end(), 1) == static_cast<long>(mine.count));
-          }
-        }
-      }
-    }
-  }
-}
-
 TEST_CASE("launch path: CPU ranks and CTAs, random collectives back to back, one barrier each") {
   struct Cfg {
     int n, cap, ops;
