@@ -49,6 +49,8 @@ struct CollStats {
   int pdl = 0;                              // MKERNEL_PDL in effect: 0 off, 1 wait, 2 early
   int directThreads = 0;                    // threads per CTA of a direct-mode op (MKERNEL_DIRECT_KERNEL; 0: no direct mode)
   int directCtas = 0;                       // ... and its most CTAs (the cap agreed at creation)
+  bool sharedDirect = false;                // ranks sharing a GPU: small persistent kernels, direct mode at every size (MKERNEL_SHARED_CTAS)
+  int persistentCtas = 0;                   // CTAs of the persistent kernel when it runs
 };
 
 class Communicator {

@@ -438,9 +438,22 @@ Result KernelCommunicator::init() {
     return MK_ERROR(Result::InvalidArgument,
                     "MKERNEL_RANKS_PER_NODE=%d: %d ranks are not whole nodes of that size (at most %d nodes)",
                     opts_.ranksPerNode, opts_.nRanks, kMaxHierNodes);
+  // MKERNEL_SHARED_CTAS: only where direct mode takes the large collectives (thread ranks, the
+  // launch path and its direct mode on, no emulated nodes; exchangePeers drops it for staged ones).
+  const std::string sharedParam = paramString("SHARED_CTAS");
+  int sharedCtas = -1;
+  if (sharedParam != "auto") {
+    char* end = nullptr;
+    const long long v = std::strtoll(sharedParam.c_str(), &end, 10);
+    if (sharedParam.empty() || *end != '\0' || v < 0 || v > kMaxCtas)
+      return MK_ERROR(Result::InvalidArgument, "MKERNEL_SHARED_CTAS=%s: expected auto or 0..%d", sharedParam.c_str(),
+                      kMaxCtas);
+    sharedCtas = static_cast<int>(v);
+  }
+  if (paramInt("LAUNCH_DIRECT", 1) == 0 || launchMaxBytes_ == 0 || emulatedNodes) sharedCtas = 0;
   MK_CHECK(exchangePeers(bs_, opts_.rank, opts_.nRanks, opts_.cudaDev, state_, static_cast<int>(want),
                          smsLeft, opts_.emulate, static_cast<uint64_t>(stagedChunk) / 16 * 16, emulatedNodes,
-                         &peers_));
+                         sharedCtas, &peers_));
   PeerSetup& peers = peers_;
   // Ranks on several hosts (one node per host, exchangePeers) run hierarchically too, through
   // the same proxies, over verbs or TCP between the hosts. Emulated nodes keep their own size.
@@ -545,12 +558,18 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   MK_CHECK(directKernelCtasPerSm(&perSmDirect));
   const int ranksHere = std::max(1, peers_.ranksOnMyDevice);
   const int freeSms = smsLeft + kReservedSms - ranksHere * params_.nCtas;
-  auto capFor = [&](int ctasPerSm) {
-    return static_cast<int32_t>(std::max(1, std::min(static_cast<int>(asked), freeSms * std::max(ctasPerSm, 1) / ranksHere)));
+  auto capFor = [&](int ctasPerSm, int64_t want) {
+    return static_cast<int32_t>(std::max(1, std::min(static_cast<int>(want), freeSms * std::max(ctasPerSm, 1) / ranksHere)));
   };
+  // Direct mode's CTAs, a power of two: one H200, session 18, AllReduce of 64 MiB to 1 GiB with 2
+  // emulated ranks at 64 CTAs each 77-93% of the copy bandwidth, at 60 CTAs 69-78%; 4 ranks at 32
+  // CTAs 78-93%, at 29 69-81% (every CTA's part then starts at a power-of-two fraction of the
+  // range). With ranks sharing a GPU in direct mode (MKERNEL_SHARED_CTAS), as many as fit.
+  const int64_t askedDirect = peers_.sharedDirect ? kLaunchMaxCtas : asked;
   std::vector<int32_t> caps(2 * static_cast<size_t>(opts_.nRanks), 0);
-  caps[2 * static_cast<size_t>(opts_.rank)] = capFor(perSm);
-  caps[2 * static_cast<size_t>(opts_.rank) + 1] = (params_.ownKernels & kOwnKernelDirect) != 0 ? capFor(perSmDirect) : 0;
+  caps[2 * static_cast<size_t>(opts_.rank)] = capFor(perSm, asked);
+  caps[2 * static_cast<size_t>(opts_.rank) + 1] =
+      (params_.ownKernels & kOwnKernelDirect) != 0 ? capFor(perSmDirect, askedDirect) : 0;
   MK_CHECK(bs_->allGather(caps.data(), 2 * sizeof(int32_t)));
   int32_t cap = caps[0], directCap = caps[1];
   for (int k = 0; k < opts_.nRanks; ++k) {
@@ -567,6 +586,7 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   // A rank with MKERNEL_DIRECT_KERNEL=shared sent 0: then direct mode keeps launchKernel's count
   // everywhere (the kernel is each rank's own choice; the split must be the same on every rank).
   directCap_ = directCap > 0 ? static_cast<int>(directCap) : launchCap_;
+  while ((directCap_ & (directCap_ - 1)) != 0) directCap_ &= directCap_ - 1;  // the power of two below
   // LL mode's limit (MKERNEL_LL_MAX_BYTES): the smallest any rank asked for, so that every rank
   // takes the same ops; off with the launch path.
   // auto: kLlAutoMaxBytes, or kLlSharedMaxBytes with more than two ranks on this GPU; never more
@@ -1015,7 +1035,7 @@ KernelCommunicator::Path KernelCommunicator::pathOf(const WorkDesc& d, bool capt
   // persistent kernel resident for the graph's life (docs/KERNEL.md, "A product risk").
   if (capturing) return Path::kLaunchDirect;
   return directTakes(c, directWholeBytes(c, d.count, opts_.nRanks, dataTypeSize(static_cast<DataType>(d.dtype))),
-                     directMaxBytes_, directSharing_)
+                     directMaxBytes_, directSharing_, peers_.sharedDirect)
              ? Path::kLaunchDirect
              : Path::kDoorbell;
 }
@@ -1621,6 +1641,8 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->pdl = static_cast<int>(params_.pdl);
   out->directThreads = !launchDirect_ ? 0 : (params_.ownKernels & kOwnKernelDirect) != 0 ? kDirectThreads : kLaunchThreads;
   out->directCtas = launchDirect_ ? directCap_ : 0;
+  out->sharedDirect = peers_.sharedDirect;
+  out->persistentCtas = params_.nCtas;
   out->hierCtas = params_.nNodes > 1 ? hierCtas_ : 0;
   out->staged = peers_.staged;
 }

@@ -68,16 +68,31 @@ MKERNEL_HD inline uint64_t directWholeBytes(CollType c, uint64_t count, int nRan
 // kernel moved large ops much faster (one H200, AllReduce, session 7: 2 ranks, 16 MiB 52 us
 // direct against 64, 128 MiB 292 against 215; 4 ranks, 256 KiB 37 against 51, 2 MiB 96 against
 // 51; 8 ranks, 256 KiB 54 against 62, 2 MiB 132 against 76): auto ends direct mode there at
-// 32 MiB (2 ranks per GPU) and 1 MiB (more).
+// 32 MiB (2 ranks per GPU) and 1 MiB (more). sharedDirect (MKERNEL_SHARED_CTAS, session 18): those
+// ranks' persistent kernels are kept small and their direct-mode kernels hold the GPU (64 CTAs of
+// 512 threads each for 2 ranks): auto has no upper end then (a 64 MiB AllReduce of 2 ranks 85.6 us,
+// 77% of the copy bandwidth, against the persistent kernel's 125 us).
 constexpr uint64_t kDirectAuto = ~uint64_t(0);
-MKERNEL_HD inline bool directTakes(CollType c, uint64_t wholeBytes, uint64_t limit, int sharing = 1) {
+MKERNEL_HD inline bool directTakes(CollType c, uint64_t wholeBytes, uint64_t limit, int sharing = 1,
+                                   bool sharedDirect = false) {
   uint64_t max = limit;
+  if (limit == kDirectAuto && sharing > 1 && sharedDirect) return true;
   if (limit == kDirectAuto) {
     max = directAutoMaxBytes(c);
     const uint64_t shared = sharing <= 1 ? 0 : sharing == 2 ? uint64_t(32) << 20 : uint64_t(1) << 20;
     if (shared != 0 && (max == 0 || shared < max)) max = shared;
   }
   return max == 0 || wholeBytes < max;
+}
+
+// MKERNEL_SHARED_CTAS=auto: the persistent kernel's CTAs per rank when `sharing` thread ranks share
+// a GPU and their large collectives run in direct mode: together 4 SMs (2 each for 2 ranks, 1 for
+// 3 or 4), so that every rank's direct-mode kernel gets a power-of-two count of whole SMs (64 and
+// 32 on an H200); 0 (off) with more than 4, where the direct-mode kernels would get 8 SMs each and
+// the persistent kernel moves large ops faster (docs/KERNEL.md, "The direct-mode kernel").
+constexpr int kSharedPersistentSms = 4;
+MKERNEL_HD inline int sharedPersistentCtas(int sharing) {
+  return sharing < 2 || sharing > 4 ? 0 : (kSharedPersistentSms / sharing > 0 ? kSharedPersistentSms / sharing : 1);
 }
 
 // One CTA per `perCta` bytes, at least one, at most `cap`.

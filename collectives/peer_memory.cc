@@ -11,6 +11,7 @@
 
 #include "collectives/hier_staged.h"
 #include "collectives/hierarchical.h"
+#include "collectives/launch_path.h"
 #include "collectives/sm_budget.h"
 #include "collectives/staged.h"
 #include "common/log.h"
@@ -27,6 +28,8 @@ struct RankInfo {
   int32_t cudaDev;
   int32_t wantCtas;
   int32_t smCount;
+  int32_t sharedCtas;  // MKERNEL_SHARED_CTAS: -1 auto, 0 off, N
+  int32_t reserved;
   char busId[32];  // cudaDeviceGetPCIBusId: the same GPU in every process, whatever its index there
 };
 
@@ -140,7 +143,7 @@ void closePeers(PeerSetup* setup, bool freeLocal) {
 
 Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev,
                      DeviceState* local, int wantCtas, int smCount, bool emulate,
-                     uint64_t stagedChunkBytes, bool needStaged, PeerSetup* out) {
+                     uint64_t stagedChunkBytes, bool needStaged, int sharedCtas, PeerSetup* out) {
   std::vector<RankInfo> info(static_cast<size_t>(nRanks));
   RankInfo& me = info[static_cast<size_t>(rank)];
   std::memset(&me, 0, sizeof(me));
@@ -148,6 +151,7 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
   me.pid = static_cast<int32_t>(getpid());
   me.cudaDev = cudaDev;
   me.wantCtas = wantCtas;
+  me.sharedCtas = sharedCtas;
   me.smCount = smCount;
   cudaError_t err = cudaDeviceGetPCIBusId(me.busId, sizeof(me.busId) - 1, cudaDev);
   if (err != cudaSuccess)
@@ -156,6 +160,7 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
   MK_CHECK(bs->allGather(info.data(), sizeof(RankInfo)));
 
   int agreed = kMaxCtas;
+  int mostSharing = 1;  // the most ranks on one GPU of this host
   bool mpsWarned = false;
   out->staged = false;
   out->hostPerNode = 0;
@@ -203,6 +208,7 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
     // smCount is what the rank's GPU has left for this communicator (SmBudget: the SMs, less
     // the few kept free for callers' own kernels, less what this process's other communicators
     // hold there); the ranks sharing it split it.
+    mostSharing = std::max(mostSharing, sharing);
     int fit = ri.smCount / sharing;
     if (fit < 1)
       return MK_ERROR(Result::InvalidUsage,
@@ -239,13 +245,29 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
                     "MKERNEL_STAGED_CHUNK_BYTES=%llu is too small for %d ranks (at least %llu bytes)",
                     static_cast<unsigned long long>(stagedChunkBytes), nRanks,
                     static_cast<unsigned long long>(16ull * static_cast<unsigned long long>(nRanks)));
+  // MKERNEL_SHARED_CTAS: thread ranks of one process sharing a GPU (never staged: those are process
+  // ranks, emulated nodes or several hosts) keep small persistent kernels. The smallest any rank
+  // asks for, off if any rank has it off; every rank computes the same from the same table.
+  out->sharedDirect = false;
+  if (!out->staged && mostSharing > 1) {
+    int per = kMaxCtas;
+    for (int r = 0; r < nRanks; ++r) {
+      const int32_t s = info[static_cast<size_t>(r)].sharedCtas;
+      per = std::min(per, s < 0 ? sharedPersistentCtas(mostSharing) : static_cast<int>(s));
+    }
+    if (per > 0) {
+      out->nCtas = std::min(out->nCtas, per);
+      out->sharedDirect = true;
+    }
+  }
   Result res = mapPeers(bs, rank, nRanks, cudaDev, local, info, stagedChunkBytes, out);
   if (res != Result::Success) {
     closePeers(out, /*freeLocal=*/true);
     return res;
   }
-  MK_INFO(kLogInit, "rank %d: %d peers exchanged, %d CTAs per kernel, %d ranks on GPU %s%s%s", rank, nRanks,
+  MK_INFO(kLogInit, "rank %d: %d peers exchanged, %d CTAs per kernel, %d ranks on GPU %s%s%s%s", rank, nRanks,
           out->nCtas, out->ranksOnMyDevice, me.busId,
+          out->sharedDirect ? ", ranks sharing a GPU: large collectives in direct mode (MKERNEL_SHARED_CTAS)" : "",
           out->staged ? ", process ranks: staged collectives through CUDA IPC" : "",
           out->hostPerNode > 0 ? ", several hosts: hierarchical, through the proxies" : "");
   return Result::Success;

@@ -30,6 +30,9 @@ struct PeerSetup {
   int localPeers[kMaxRanks] = {};
   int nLocalPeers = 0;
   bool staged = false;      // some rank is another process: collectives go through staging
+  // Thread ranks sharing a GPU with small persistent kernels (MKERNEL_SHARED_CTAS): their large
+  // collectives run in direct mode at every size, on the SMs the persistent kernels leave.
+  bool sharedDirect = false;
   char* stagedBuf[kMaxRanks] = {};  // staged: every rank's staging buffer, as mapped here
   void* stagedLocal = nullptr;      // staged: this rank's own (cudaMalloc), freed by closePeers
   uint64_t stagedBytes = 0;
@@ -52,9 +55,13 @@ struct PeerSetup {
 // `needStaged`: staged even for thread ranks (emulated nodes: the node-local phases of the
 // hierarchical path use the staging buffers). Ranks on several hosts must be grouped by host,
 // the same number on each (hostPerNode); they are staged too.
+// `sharedCtas` (MKERNEL_SHARED_CTAS, collectives/communicator_kernel.cc): thread ranks of one
+// process sharing a GPU, whose large collectives take the launch path's direct mode, keep their
+// persistent kernels at this many CTAs each (-1: auto, sharedPersistentCtas of launch_path.h; 0: off), leaving the
+// SMs to the direct-mode kernels; then `sharedDirect` is set. The smallest any rank asks for.
 Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev,
                      DeviceState* local, int wantCtas, int smCount, bool emulate,
-                     uint64_t stagedChunkBytes, bool needStaged, PeerSetup* out);
+                     uint64_t stagedChunkBytes, bool needStaged, int sharedCtas, PeerSetup* out);
 
 // Closes the IPC mappings of a staged communicator and frees its staging buffer (no-op for
 // thread ranks). Only once no kernel of this process uses them and, for the local buffer, once

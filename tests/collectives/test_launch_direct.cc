@@ -239,4 +239,16 @@ TEST_CASE("launch path, direct mode: its upper end (MKERNEL_DIRECT_MAX_BYTES)") 
   CHECK_FALSE(directTakes(CollType::AllGather, MiB, kDirectAuto, 4));
   CHECK_FALSE(directTakes(CollType::ReduceScatter, 32 * MiB, kDirectAuto, 2));
   CHECK(directTakes(CollType::AllReduce, uint64_t(1) << 30, 0, 8));
+  // ... with their persistent kernels kept small (MKERNEL_SHARED_CTAS): auto has no upper end; a
+  // number still applies.
+  for (CollType c : {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather})
+    CHECK(directTakes(c, uint64_t(8) << 30, kDirectAuto, 2, true));
+  CHECK(directTakes(CollType::AllGather, uint64_t(1) << 30, kDirectAuto, 4, true));
+  CHECK_FALSE(directTakes(CollType::AllReduce, 4 * MiB, 4 * MiB, 2, true));
+  // sharedPersistentCtas (auto): 4 SMs for the persistent kernels of 2 to 4 ranks, off otherwise.
+  CHECK(sharedPersistentCtas(1) == 0);
+  CHECK(sharedPersistentCtas(2) == 2);
+  CHECK(sharedPersistentCtas(3) == 1);
+  CHECK(sharedPersistentCtas(4) == 1);
+  CHECK(sharedPersistentCtas(8) == 0);
 }

@@ -278,9 +278,24 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
     if (st.directThreads != wantThreads)
       ctx.fail("direct mode runs " + std::to_string(st.directThreads) + " threads per CTA, want " +
                std::to_string(wantThreads));
-    if (direct && ctx.rank == 0)
-      std::printf("%d ranks: direct mode in CTAs of %d threads, at most %d CTAs per op\n", nRanks, st.directThreads,
-                  st.directCtas);
+    // Ranks sharing the GPU keep small persistent kernels and run large ops in direct mode
+    // (MKERNEL_SHARED_CTAS: auto for 2 to 4 ranks on a GPU, a number for any, 0 off).
+    const char* sc = std::getenv("MKERNEL_SHARED_CTAS");
+    const bool scAuto = sc == nullptr || std::string(sc) == "auto";
+    const bool wantShared = wantDirect && st.directSharing > 1 &&
+                            (scAuto ? mkernel::coll::sharedPersistentCtas(st.directSharing) > 0 : std::atoi(sc) > 0);
+    if (st.sharedDirect != wantShared)
+      ctx.fail(std::string("ranks sharing the GPU in direct mode: ") + (st.sharedDirect ? "yes" : "no") + ", want " +
+               (wantShared ? "yes" : "no"));
+    if (wantShared && scAuto && st.persistentCtas != mkernel::coll::sharedPersistentCtas(st.directSharing))
+      ctx.fail("persistent kernel of " + std::to_string(st.persistentCtas) + " CTAs, want " +
+               std::to_string(mkernel::coll::sharedPersistentCtas(st.directSharing)));
+    if (st.directCtas & (st.directCtas - 1))
+      ctx.fail("direct mode's CTAs " + std::to_string(st.directCtas) + ": not a power of two");
+    if (ctx.rank == 0)
+      std::printf("%d ranks: direct mode in CTAs of %d threads, at most %d CTAs per op; persistent kernel %d CTAs%s\n",
+                  nRanks, st.directThreads, st.directCtas, st.persistentCtas,
+                  st.sharedDirect ? " (ranks sharing the GPU: direct mode at every size)" : "");
     // Direct mode ends at MKERNEL_DIRECT_MAX_BYTES (auto: launch_path.h's table).
     const char* dm = std::getenv("MKERNEL_DIRECT_MAX_BYTES");
     const uint64_t directMax = dm != nullptr && std::string(dm) != "auto" ? std::strtoull(dm, nullptr, 10) : mkernel::coll::kDirectAuto;
@@ -306,7 +321,7 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
         } else if (mkernel::coll::launchPublishElems(k.coll, k.count, nRanks) * esz <= st.launchMaxBytes ||
             (st.launchDirect &&
              mkernel::coll::directTakes(k.coll, mkernel::coll::directWholeBytes(k.coll, k.count, nRanks, esz), directMax,
-                                        st.directSharing)))
+                                        st.directSharing, st.sharedDirect)))
           ++expectLaunch;
       }
     if (ctx.rank == 0)
@@ -402,6 +417,8 @@ TEST_CASE("gpu: every collective x dtype x op, 8 ranks as 2 emulated nodes of 4 
 // MKERNEL_TIMEOUT_S=3), which must fail: that is the stall of docs/RELIABILITY.md.
 TEST_CASE("gpu: ranks sharing the GPU arrive 5 ms apart and queue 3 collectives each", "[gpu][hol]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
+  // The third collective must take the doorbell: no small persistent kernels for direct mode.
+  setenv("MKERNEL_SHARED_CTAS", "0", 1);
   for (int nRanks : {4, 8}) {
     INFO(nRanks << " ranks");
     const size_t small = 1000, large = size_t(1) << 20;  // 4 KiB each, 4 MiB (above the launch path)
@@ -442,4 +459,5 @@ TEST_CASE("gpu: ranks sharing the GPU arrive 5 ms apart and queue 3 collectives 
     for (const auto& f : failures) FAIL_CHECK(f);
     CHECK(failures.empty());
   }
+  unsetenv("MKERNEL_SHARED_CTAS");
 }

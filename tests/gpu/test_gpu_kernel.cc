@@ -452,6 +452,7 @@ TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins 
 TEST_CASE("gpu: a second communicator gets the SMs the first left; none left is a clean error", "[gpu]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   EnvGuard ctas("MKERNEL_CTAS", "64");  // 2 ranks x 64 CTAs: every SM persistent kernels may use
+  EnvGuard shared("MKERNEL_SHARED_CTAS", "0");  // (not kept small for direct mode)
   auto failures = mkgpu::runRanks(2, [&](mkgpu::RankCtx& ctx) {
     if (ctx.rank == 0) {
       auto inner = mkgpu::runRanks(2, [](mkgpu::RankCtx&) {});

@@ -312,7 +312,10 @@ TEST_CASE("emulate: premul-sum across ranks") {
 TEST_CASE("emulate: one thread, four ranks, three collectives each in one group, rank by rank", "[hol]") {
   ncclComm_t comms[4] = {};
   int devs[4] = {0, 0, 0, 0};
+  // The 4 MiB AllReduces must take the doorbell: no small persistent kernels for direct mode.
+  setenv("MKERNEL_SHARED_CTAS", "0", 1);
   REQUIRE(ncclCommInitAll(comms, 4, devs) == ncclSuccess);
+  unsetenv("MKERNEL_SHARED_CTAS");
   const size_t small = 1000, large = size_t(1) << 20;  // 4 KiB (launch path), 4 MiB (the doorbell)
   std::vector<std::unique_ptr<DevBuf>> a, b, c;
   cudaStream_t streams[4];
