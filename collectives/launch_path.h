@@ -70,8 +70,8 @@ MKERNEL_HD inline uint64_t directWholeBytes(CollType c, uint64_t count, int nRan
 // 51; 8 ranks, 256 KiB 54 against 62, 2 MiB 132 against 76): auto ends direct mode there at
 // 32 MiB (2 ranks per GPU) and 1 MiB (more). sharedDirect (MKERNEL_SHARED_CTAS, session 18): those
 // ranks' persistent kernels are kept small and their direct-mode kernels hold the GPU (64 CTAs of
-// 512 threads each for 2 ranks): auto has no upper end then (a 64 MiB AllReduce of 2 ranks 85.6 us,
-// 77% of the copy bandwidth, against the persistent kernel's 125 us).
+// 512 threads each for 2 ranks): auto has no upper end then (one H200, a 64 MiB AllReduce of 2
+// ranks 81.9 us, 77% of the copy bandwidth, against the persistent kernel's 125 us).
 constexpr uint64_t kDirectAuto = ~uint64_t(0);
 MKERNEL_HD inline bool directTakes(CollType c, uint64_t wholeBytes, uint64_t limit, int sharing = 1,
                                    bool sharedDirect = false) {

@@ -1343,7 +1343,7 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
 // thread ranks, launch_path.h) in a kernel of its own with kDirectThreads threads per CTA, twice
 // launchKernel's: direct mode moves whole buffers, and a CTA's loads in flight are what its rate
 // is bound by (reduceCopy, copyBytes: kUnroll 16-byte vectors per thread and source). launchKernel
-// carries the LL and inbox modes too, whose registers (146 per thread) allow 256 threads per SM.
+// carries the LL and inbox modes too, whose registers (152 per thread) allow 256 threads per SM.
 // The same protocol, flags, mailboxes and numbering as launchKernel's direct mode.
 __global__ void __launch_bounds__(kDirectThreads, 1) launchDirectKernel(const __grid_constant__ KernelParams p,
                                                                         const __grid_constant__ WorkDesc d,
