@@ -12,6 +12,10 @@
 # FILTER (a regular expression, default "reduceCopy|copyBytes|reduceDispatch|Kernel") selects
 # the rows. cuobjdump and nvdisasm come from NVIDIA's PyPI wheels (nvidia-cuda-cuobjdump,
 # nvidia-cuda-nvdisasm) when the CUDA installation lacks them; SPILL_TOOLS=DIR overrides.
+# SPILL_CHECK=1 (scripts/test.sh's stage): exits 1 when a data mover (reduceCopy, copyBytes) of
+# any kernel has more local-memory traffic in its body than scripts/spill-baseline.txt allows
+# (SPILL_BASELINE=FILE overrides), as launchDirectKernel's did in session 18 when a loop around
+# its call left it too few registers (the op ran at half speed on the device).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -31,15 +35,18 @@ if [ -z "$tools" ]; then
     fi
   fi
 fi
-# The CMake build's flags for kernel.cu (CMakeLists.txt), sm_90 SASS only.
+# The CMake build's flags for kernel.cu (CMakeLists.txt), sm_90 SASS only. SPILL_REUSE=1: the SASS
+# of the previous run in SPILL_WORK (another filter or baseline without compiling again).
+if [ "${SPILL_REUSE:-0}" != 1 ] || [ ! -s "$work/kernel.sass" ]; then
 "$CUDA_HOME/bin/nvcc" -DMKERNEL_HAVE_DEVICE_CODE=1 -I"$root" -O3 -DNDEBUG --generate-code=arch=compute_90,code=sm_90 \
   --extended-lambda -std=c++17 -Xptxas -v -x cu -c "$root/collectives/device/kernel.cu" -o "$work/kernel.o" \
   >"$work/ptxas.log" 2>&1 || { tail -20 "$work/ptxas.log"; exit 1; }
 rm -f "$work"/kernel.*.cubin
 (cd "$work" && "$tools/cuobjdump" -xelf all kernel.o >/dev/null)
 "$tools/nvdisasm" -c "$work"/kernel.*sm_90.cubin >"$work/kernel.sass"
-python3 - "$work/kernel.sass" "${1:-reduceCopy|copyBytes|reduceDispatch|Kernel}" <<'EOF'
-import re, subprocess, sys
+fi
+SPILL_ROOT=$root python3 - "$work/kernel.sass" "${1:-reduceCopy|copyBytes|reduceDispatch|Kernel}" <<'EOF'
+import os, re, subprocess, sys
 sass, pattern = sys.argv[1], re.compile(sys.argv[2])
 funcs, order, cur = {}, [], None
 for line in open(sass):
@@ -76,6 +83,12 @@ def demangle(s):
         return subprocess.run(['c++filt'], input=s, capture_output=True, text=True).stdout.strip()
     except OSError:
         return s
+bad = []
+allowed = {}
+for line in open(os.environ.get('SPILL_BASELINE') or os.environ['SPILL_ROOT'] + '/scripts/spill-baseline.txt'):
+    if line.strip() and not line.startswith('#'):
+        k, f, n = line.rstrip('\n').split('\t')
+        allowed[(k, f)] = int(n)
 print(f"{'kernel':18s} {'function':60s} {'STL':>5s} {'LDL':>5s} {'spill':>5s} {'body':>5s} {'instr':>6s}")
 for name in order:
     if not funcs[name]:
@@ -88,5 +101,15 @@ for name in order:
         continue
     stl, ldl, spill, body, n = count(funcs[name])
     print(f"{kernel:18s} {func[:60]:60s} {stl:5d} {ldl:5d} {spill:5d} {body:5d} {n:6d}")
+    if body > allowed.get((kernel, func), 0) and re.search(r'reduceCopy|copyBytes', func):
+        bad.append(f"{kernel} {func}: {body} local-memory accesses in its body "
+                   f"(allowed {allowed.get((kernel, func), 0)}, scripts/spill-baseline.txt)")
+if os.environ.get('SPILL_CHECK') == '1':
+    movers = sum(1 for name in order if re.search(r'reduceCopy|copyBytes', name))
+    if movers == 0:
+        sys.exit("spill-report: no data mover found in the SASS (the check would pass vacuously)")
+    if bad:
+        sys.exit("spill-report: data movers spill to local memory:\n  " + "\n  ".join(bad))
+    print(f"spill-report: no data mover spills beyond scripts/spill-baseline.txt ({movers} mover instances checked)")
 EOF
 grep -A2 "Compiling entry function" "$work/ptxas.log" | grep -E "entry|spill|Used" | sed 's/ptxas info    : //' | grep -v "Function properties" || true

@@ -19,6 +19,10 @@ stage() {  # stage NAME CMD...: runs CMD, records its outcome and time
 
 mk_install_deps || exit 1
 stage "build (sm_90 + host)" mk_build "$BUILD" -DMKERNEL_CUDA_ARCH=90
+# The data movers' SASS: no local memory in their loops (scripts/spill-report.sh; a regression
+# there halves a collective's speed and no CPU test sees it).
+[ $fail = 0 ] && stage "device code: movers without spills" env SPILL_CHECK=1 SPILL_WORK="$BUILD/spill" \
+    bash scripts/spill-report.sh 'reduceCopy|copyBytes'
 if [ $fail = 0 ]; then
   stage "unit + proc + soak tiers" ctest --test-dir "$BUILD" -LE 'gpu|verbs' --output-on-failure -j 2
   if mk_have_gpu; then
