@@ -439,7 +439,8 @@ Result KernelCommunicator::init() {
                     "MKERNEL_RANKS_PER_NODE=%d: %d ranks are not whole nodes of that size (at most %d nodes)",
                     opts_.ranksPerNode, opts_.nRanks, kMaxHierNodes);
   // MKERNEL_SHARED_CTAS: only where direct mode takes the large collectives (thread ranks, the
-  // launch path and its direct mode on, no emulated nodes; exchangePeers drops it for staged ones).
+  // launch path and its direct mode on, no emulated nodes; exchangePeers drops it for staged ones)
+  // and captured ones too (MKERNEL_GRAPH_LAUNCH=0 gives those to the persistent kernel).
   const std::string sharedParam = paramString("SHARED_CTAS");
   int sharedCtas = -1;
   if (sharedParam != "auto") {
@@ -450,7 +451,8 @@ Result KernelCommunicator::init() {
                       kMaxCtas);
     sharedCtas = static_cast<int>(v);
   }
-  if (paramInt("LAUNCH_DIRECT", 1) == 0 || launchMaxBytes_ == 0 || emulatedNodes) sharedCtas = 0;
+  if (paramInt("LAUNCH_DIRECT", 1) == 0 || paramInt("GRAPH_LAUNCH", 1) == 0 || launchMaxBytes_ == 0 || emulatedNodes)
+    sharedCtas = 0;
   MK_CHECK(exchangePeers(bs_, opts_.rank, opts_.nRanks, opts_.cudaDev, state_, static_cast<int>(want),
                          smsLeft, opts_.emulate, static_cast<uint64_t>(stagedChunk) / 16 * 16, emulatedNodes,
                          sharedCtas, &peers_));

@@ -282,7 +282,8 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
     // (MKERNEL_SHARED_CTAS: auto for 2 to 4 ranks on a GPU, a number for any, 0 off).
     const char* sc = std::getenv("MKERNEL_SHARED_CTAS");
     const bool scAuto = sc == nullptr || std::string(sc) == "auto";
-    const bool wantShared = wantDirect && st.directSharing > 1 &&
+    const char* gl = std::getenv("MKERNEL_GRAPH_LAUNCH");
+    const bool wantShared = wantDirect && st.directSharing > 1 && (gl == nullptr || std::atoi(gl) != 0) &&
                             (scAuto ? mkernel::coll::sharedPersistentCtas(st.directSharing) > 0 : std::atoi(sc) > 0);
     if (st.sharedDirect != wantShared)
       ctx.fail(std::string("ranks sharing the GPU in direct mode: ") + (st.sharedDirect ? "yes" : "no") + ", want " +
