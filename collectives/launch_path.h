@@ -92,7 +92,7 @@ MKERNEL_HD inline bool directTakes(CollType c, uint64_t wholeBytes, uint64_t lim
 // the persistent kernel moves large ops faster (docs/KERNEL.md, "The direct-mode kernel").
 constexpr int kSharedPersistentSms = 4;
 MKERNEL_HD inline int sharedPersistentCtas(int sharing) {
-  return sharing < 2 || sharing > 4 ? 0 : (kSharedPersistentSms / sharing > 0 ? kSharedPersistentSms / sharing : 1);
+  return sharing < 2 || sharing > kSharedPersistentSms ? 0 : kSharedPersistentSms / sharing;
 }
 
 // One CTA per `perCta` bytes, at least one, at most `cap`.
