@@ -270,13 +270,19 @@ HostCosts hostCosts(int iters, int gpus) {
   return h;
 }
 
-// The floor of emulated thread ranks on one GPU, no mkernel code: n threads, each with its own
-// stream, launch one empty kernel per round, in step (a spin barrier between rounds, as ranks are
-// by their collectives). The median wall time of a round, from thread 0's barrier exits, is what
-// n launches from n threads cost when they contend for the driver at once: no collective of n
-// thread ranks can take less, whatever the protocol inside the kernel (issue 5's goal: 8 us with
-// 8 ranks).
-double threadLaunchFloorUs(int n, int rounds) {
+// The floors of emulated thread ranks on one GPU, no mkernel code: n threads, each with its own
+// stream, make the calls of `kind` once per round, in step (a spin barrier between rounds, as
+// ranks are by their collectives). The median wall time of a round, from thread 0's barrier exits,
+// is what those calls cost when n threads contend for the driver at once (issue 5's goal: 8 us
+// with 8 ranks). Kinds:
+//   kFloorLaunch    each thread launches an empty kernel (a launch-path collective's one call);
+//   kFloorRecord    each thread records an event on its stream;
+//   kFloorFused     each thread records an event, thread 0 then makes its stream wait for the
+//                   others' and launches one empty kernel and records an event, and every other
+//                   thread's stream waits for that one (a fused launch's calls, after a barrier);
+//   kFloorBarrier   no CUDA call: the barrier alone.
+enum FloorKind { kFloorLaunch, kFloorRecord, kFloorFused, kFloorBarrier };
+double threadFloorUs(int n, int rounds, FloorKind kind) {
   std::atomic<int> arrived{0};
   std::atomic<int> generation{0};
   auto barrier = [&]() {
@@ -290,18 +296,41 @@ double threadLaunchFloorUs(int n, int rounds) {
     }
   };
   std::vector<float> roundUs;
+  std::vector<cudaEvent_t> in(static_cast<size_t>(n)), out(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int t = 0; t < n; ++t)
     threads.emplace_back([&, t] {
       cudaSetDevice(0);
       cudaStream_t s;
       cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      cudaEventCreateWithFlags(&in[static_cast<size_t>(t)], cudaEventDisableTiming);
+      cudaEventCreateWithFlags(&out[static_cast<size_t>(t)], cudaEventDisableTiming);
       for (int i = 0; i < 20; ++i) emptyKernel<<<1, 32, 0, s>>>();
       cudaStreamSynchronize(s);
       barrier();
       auto last = std::chrono::steady_clock::now();
       for (int r = 0; r < rounds; ++r) {
-        emptyKernel<<<1, 32, 0, s>>>();
+        switch (kind) {
+          case kFloorLaunch:
+            emptyKernel<<<1, 32, 0, s>>>();
+            break;
+          case kFloorRecord:
+            cudaEventRecord(in[static_cast<size_t>(t)], s);
+            break;
+          case kFloorFused:
+            cudaEventRecord(in[static_cast<size_t>(t)], s);
+            barrier();
+            if (t == 0) {
+              for (int q = 1; q < n; ++q) cudaStreamWaitEvent(s, in[static_cast<size_t>(q)], 0);
+              emptyKernel<<<1, 32, 0, s>>>();
+              cudaEventRecord(out[0], s);
+            }
+            barrier();
+            if (t != 0) cudaStreamWaitEvent(s, out[0], 0);
+            break;
+          case kFloorBarrier:
+            break;
+        }
         barrier();
         if (t == 0) {
           const auto now = std::chrono::steady_clock::now();
@@ -310,6 +339,9 @@ double threadLaunchFloorUs(int n, int rounds) {
         }
       }
       cudaStreamSynchronize(s);
+      barrier();  // every thread's waits are queued before any event goes
+      cudaEventDestroy(in[static_cast<size_t>(t)]);
+      cudaEventDestroy(out[static_cast<size_t>(t)]);
       cudaStreamDestroy(s);
     });
   for (auto& th : threads) th.join();
@@ -785,17 +817,25 @@ int main(int argc, char** argv) {
     std::printf("\n");
   }
   if (opt.gpus == 1) {
-    // Several thread ranks on one GPU: how many launches per round the driver lets n threads make.
-    std::string floors;
-    for (int n : opt.ranks) {
-      if (n < 2) continue;
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%s%d: %.2f", floors.empty() ? "" : ", ", n, threadLaunchFloorUs(n, 2000));
-      floors += buf;
+    // Several thread ranks on one GPU: what n threads calling the driver at once cost per round.
+    const struct {
+      FloorKind kind;
+      const char* what;
+    } kinds[] = {{kFloorLaunch, "each launching an empty kernel on its own stream"},
+                 {kFloorRecord, "each recording an event on its own stream"},
+                 {kFloorFused, "a fused launch's calls (each records, one waits for all and launches, all wait for it)"},
+                 {kFloorBarrier, "no CUDA call (the barrier alone)"}};
+    for (const auto& k : kinds) {
+      std::string floors;
+      for (int n : opt.ranks) {
+        if (n < 2) continue;
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%s%d: %.2f", floors.empty() ? "" : ", ", n, threadFloorUs(n, 2000, k.kind));
+        floors += buf;
+      }
+      if (!floors.empty())
+        std::printf("# floors, n threads %s, in step: us per round for n = %s\n", k.what, floors.c_str());
     }
-    if (!floors.empty())
-      std::printf("# floors, n threads each launching an empty kernel on its own stream, in step: us per round for n = %s\n",
-                  floors.c_str());
   }
   std::printf("# host_us = rank 0's host time per eager enqueue; latencies in us\n");
   std::printf("%10s %5s %12s %10s %10s %10s %10s %8s %10s %7s\n", "wait", "ranks", "bytes", "eager_med", "eager_p99", "graph_med",
