@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/cuda_driver.h"
 #include "collectives/launch_path.h"
 #include "collectives/stats.h"
 #include "common/param.h"
@@ -461,4 +462,121 @@ TEST_CASE("gpu: ranks sharing the GPU arrive 5 ms apart and queue 3 collectives 
     CHECK(failures.empty());
   }
   unsetenv("MKERNEL_SHARED_CTAS");
+}
+
+// MKERNEL_FUSED_LAUNCH (collectives/fused_launch.h): the ranks sharing the GPU run a small eager
+// op as one launch, ordered on each rank's stream by events. 1,000 ops of every collective
+// (int32, out of place, AllReduce in place too, 1 to 2,048 elements: LL ops of one CTA), each
+// checked on every rank. Every 97th op the last rank's stream is held (a stream wait on a host
+// word) and its input is uploaded behind the hold, after its buffer was poisoned: the fused
+// kernel must wait for that upload. The rank releases the hold only after its call returned, so
+// the call must not wait for the GPU either. Then 100 ops in groups driven by one thread each
+// (enqueueStart, as the shim's ncclGroupEnd for several co-located ranks), which cannot fuse.
+// With MKERNEL_FUSED_WAIT_US at 20 s every single-thread op fuses, whatever the threads' timing,
+// so the counts are exact.
+TEST_CASE("gpu: fused launches of the ranks sharing the GPU, held streams, groups", "[gpu][fused]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
+  setenv("MKERNEL_FUSED_WAIT_US", "20000000", 1);
+  const CollType colls[] = {CollType::AllReduce, CollType::AllGather, CollType::ReduceScatter, CollType::Broadcast,
+                            CollType::Reduce};
+  const size_t counts[] = {1, 7, 100, 257, 2048};
+  const int iters = 1000, grouped = 100;
+  for (int nRanks : {2, 4, 8}) {
+    INFO(nRanks << " ranks");
+    auto failures = mkgpu::runRanks(nRanks, [&](mkgpu::RankCtx& ctx) {
+      const int n = ctx.nRanks, r = ctx.rank;
+      const size_t maxElems = 2048 * static_cast<size_t>(n);
+      auto* send = ctx.deviceAlloc<int32_t>(maxElems * 4);
+      auto* recv = ctx.deviceAlloc<int32_t>(maxElems * 4);
+      uint32_t* hold = nullptr;
+      void* holdDev = nullptr;
+      if (send == nullptr || recv == nullptr) return ctx.fail("cudaMalloc");
+      if (cudaHostAlloc(reinterpret_cast<void**>(&hold), sizeof(uint32_t), cudaHostAllocMapped) != cudaSuccess ||
+          cudaHostGetDevicePointer(&holdDev, hold, 0) != cudaSuccess)
+        return ctx.fail("host-mapped word");
+      *hold = 0;
+      ctx.afterFinalize.push_back([hold] { cudaFreeHost(hold); });
+      mkernel::coll::CollStats st0;
+      ctx.comm->stats(&st0);
+      if (!st0.fusedLaunch) return ctx.fail("fused launches are off");
+      if (ctx.bs->barrier() != Result::Success) return ctx.fail("bootstrap barrier");
+      std::vector<int32_t> in(maxElems);
+      for (int i = 0; i < iters + grouped; ++i) {
+        const CollType c = colls[i % 5];
+        const size_t count = counts[(i / 5) % 5];
+        const int root = i % n;
+        const bool inPlace = c == CollType::AllReduce && (i / 25) % 2 == 1;
+        const size_t sendCount = c == CollType::ReduceScatter ? count * static_cast<size_t>(n) : count;
+        const size_t recvCount = c == CollType::AllGather ? count * static_cast<size_t>(n) : count;
+        auto value = [i](int q, size_t j) { return static_cast<int32_t>((q + 1) * 7 + (i * 13 + static_cast<int>(j)) % 1000); };
+        for (size_t j = 0; j < sendCount; ++j) in[j] = value(r, j);
+        const bool held = i < iters && i % 97 == 13 && r == n - 1;
+        ctx.hostReset();
+        int32_t* src = inPlace ? recv : send;
+        if (cudaMemsetAsync(recv, 0xff, maxElems * 4, ctx.stream) != cudaSuccess ||
+            cudaMemsetAsync(send, 0x7f, maxElems * 4, ctx.stream) != cudaSuccess)
+          return ctx.fail("poison");
+        if (held && mkernel::coll::cudrv::streamWaitValue32(ctx.stream, static_cast<uint32_t*>(holdDev),
+                                                            static_cast<uint32_t>(i + 1),
+                                                            mkernel::coll::cudrv::WaitCmp::Geq) != Result::Success)
+          return ctx.fail("stream wait");
+        if (!ctx.toDevice(src, in.data(), sendCount * 4)) return ctx.fail("upload");
+        if (!held && cudaStreamSynchronize(ctx.stream) != cudaSuccess) return ctx.fail("upload sync");
+        const CollArgs a = mkgpu::collArgs(c, DataType::Int32, RedOp::Sum, src, recv, count, root);
+        const Result res = i < iters ? ctx.comm->enqueue(&a, 1, ctx.stream)
+                                     : ctx.comm->enqueueStart(a, ctx.stream);
+        if (res != Result::Success) return ctx.fail("op " + std::to_string(i) + ": enqueue: " + mkernel::lastError());
+        if (i >= iters && ctx.comm->completeStarts() != Result::Success)
+          return ctx.fail("op " + std::to_string(i) + ": completeStarts: " + mkernel::lastError());
+        if (held) *reinterpret_cast<volatile uint32_t*>(hold) = static_cast<uint32_t>(i + 1);
+        auto* out = static_cast<const int32_t*>(ctx.fromDevice(recv, recvCount * 4));
+        if (out == nullptr || cudaStreamSynchronize(ctx.stream) != cudaSuccess) return ctx.fail("download");
+        for (size_t j = 0; j < recvCount; ++j) {
+          int64_t want = 0;
+          switch (c) {
+            case CollType::AllReduce:
+              for (int q = 0; q < n; ++q) want += value(q, j);
+              break;
+            case CollType::ReduceScatter:
+              for (int q = 0; q < n; ++q) want += value(q, static_cast<size_t>(r) * count + j);
+              break;
+            case CollType::Reduce:
+              if (r != root) {
+                want = -1;  // untouched (0xff bytes)
+              } else {
+                for (int q = 0; q < n; ++q) want += value(q, j);
+              }
+              break;
+            case CollType::AllGather:
+              want = value(static_cast<int>(j / count), j % count);
+              break;
+            case CollType::Broadcast:
+              want = value(root, j);
+              break;
+          }
+          if (out[j] != static_cast<int32_t>(want))
+            return ctx.fail("op " + std::to_string(i) + " (" + mkernel::coll::collName(c) + ", count " +
+                            std::to_string(count) + (i % 97 == 13 ? ", last rank's stream held" : "") +
+                            (i >= iters ? ", grouped" : "") + "): element " + std::to_string(j) + " is " +
+                            std::to_string(out[j]) + ", want " + std::to_string(want));
+        }
+      }
+      if (ctx.comm->asyncError() != Result::Success) return ctx.fail(std::string("async: ") + mkernel::lastError());
+      mkernel::coll::CollStats st;
+      ctx.comm->stats(&st);
+      uint64_t total = 0;
+      for (uint64_t v : st.kernelOps) total += v;
+      const uint64_t all = static_cast<uint64_t>(iters + grouped);
+      if (total != all) ctx.fail("kernels completed " + std::to_string(total) + " ops, want " + std::to_string(all));
+      if (st.fusedOps != static_cast<uint64_t>(iters))
+        ctx.fail(std::to_string(st.fusedOps) + " ops ran fused, want " + std::to_string(iters));
+      if (st.llOps != all) ctx.fail(std::to_string(st.llOps) + " LL ops, want " + std::to_string(all));
+      if (r == 0)
+        std::printf("%d ranks: %llu of %d single ops fused (every 97th behind a held stream), %d grouped ops not\n", n,
+                    static_cast<unsigned long long>(st.fusedOps), iters, grouped);
+    });
+    for (const auto& f : failures) FAIL_CHECK(f);
+    CHECK(failures.empty());
+  }
+  unsetenv("MKERNEL_FUSED_WAIT_US");
 }
