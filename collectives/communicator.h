@@ -41,8 +41,6 @@ struct CollStats {
   uint64_t llMaxBytes = 0;                  // ... its LL mode's, bytes per (source, destination) (0: off)
   uint64_t llOps = 0;                       // ops issued in LL mode
   uint64_t llBatchOps = 0;                  // ... of which in a batch of a group's ops (MKERNEL_LL_BATCH)
-  uint64_t fusedOps = 0;                    // ... of which in a fused launch of the ranks sharing a GPU (MKERNEL_FUSED_LAUNCH)
-  bool fusedLaunch = false;                 // this rank takes part in fused launches
   uint64_t oneRankCopies = 0;               // one rank: ops done as a cudaMemcpyAsync (MKERNEL_ONE_RANK)
   bool launchDirect = false;                // ... and above it, eager ops of thread ranks (direct mode)
   int directSharing = 1;                    // the most ranks on one GPU (direct mode's upper end)
@@ -65,8 +63,7 @@ class Communicator {
                        std::unique_ptr<Communicator>* out);
 
   // Posts n collectives (one group, or n = 1) in the order of `stream`. Returns once posted;
-  // completion is ordered on `stream` (an op that ran in a fused launch, MKERNEL_FUSED_LAUNCH,
-  // has completed when this returns). Legal during CUDA graph capture of `stream`.
+  // completion is ordered on `stream`. Legal during CUDA graph capture of `stream`.
   virtual Result enqueue(const CollArgs* ops, int n, cudaStream_t stream) = 0;
 
   // Thread ranks of this communicator sharing one GPU (emulation) hold each other back when one

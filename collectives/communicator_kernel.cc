@@ -25,7 +25,6 @@
 #include "collectives/communicator.h"
 #include "collectives/cuda_driver.h"
 #include "collectives/device/launch.h"
-#include "collectives/fused_launch.h"
 #include "collectives/peer_memory.h"
 #include "collectives/post_fence.h"
 #include "collectives/proxy_net.h"
@@ -174,11 +173,6 @@ class KernelCommunicator final : public Communicator {
   Result captureOf(cudaStream_t stream, bool* capturing);
   Result enqueueLocked(const CollArgs* ops, int n, cudaStream_t stream, bool capturing);
   Result completeStartsLocked();
-  // A fused launch (collectives/fused_launch.h) for one eager op of a fenced rank: *ran is true
-  // when the round fused (the op is then queued: this rank's stream waits for it); false for an
-  // op that is not fusable or a round that went separate (the caller posts it as usual). mayWait: this thread may wait for the
-  // co-located ranks (enqueue); false for a group that drives several of them (enqueueStart).
-  Result tryFused(const CollArgs& op, cudaStream_t stream, bool mayWait, bool* ran);
   // What waits for a posted collective's end, queued at once or, while a fenced start is being
   // posted (holdTails_), held until completeStarts.
   struct Tail {
@@ -289,14 +283,6 @@ class KernelCommunicator final : public Communicator {
   uint64_t fenceSeq_ = 0;
   bool fencePending_ = false;
   bool holdTails_ = false;
-  // MKERNEL_FUSED_LAUNCH (collectives/fused_launch.h): the fused launches of this set of
-  // co-located ranks (shared with the fence, made by its lowest rank), the fusable ops this rank
-  // has met (its round), and the ops that ran fused.
-  FusedLaunch* fused_ = nullptr;
-  uint64_t fusedRound_ = 0;
-  uint64_t fusedOps_ = 0;
-  double fusedWaitUs_ = 500.0;  // MKERNEL_FUSED_WAIT_US
-  cudaEvent_t fusedIn_ = nullptr;  // recorded on the caller's stream before each round this rank takes part in
   uint64_t startsQueued_ = 0;  // starts queued (kernel launches, doorbell writes): did a post queue one
   std::vector<Tail> heldTails_;
   // The launch watch (MKERNEL_LAUNCH_WATCH, watchLaunch): an event recorded just before a watched
@@ -495,23 +481,6 @@ Result KernelCommunicator::init() {
       MK_INFO(kLogInit, "rank %d: %d ranks of this communicator share GPU %d in this process: each posts a collective's "
               "start, then waits for the others' before queueing its end (MKERNEL_POST_FENCE)",
               opts_.rank, peers.nLocalPeers, opts_.cudaDev);
-    }
-    // The fused launches of the same set (MKERNEL_FUSED_LAUNCH, the lowest rank's setting), made
-    // and handed round the same way; only with a fence (its rounds rely on the fence's order).
-    std::vector<uint64_t> fusedPtrs(static_cast<size_t>(opts_.nRanks), 0);
-    if (fence_ != nullptr && peers.localPeers[0] == opts_.rank && paramInt("FUSED_LAUNCH", 1) != 0 &&
-        peers.nLocalPeers <= kMaxFused) {
-      FusedLaunch* f = nullptr;
-      MK_CHECK(FusedLaunch::create(peers.nLocalPeers, &f));
-      fusedPtrs[static_cast<size_t>(opts_.rank)] = reinterpret_cast<uint64_t>(f);
-    }
-    MK_CHECK(bs_->allGather(fusedPtrs.data(), sizeof(uint64_t)));
-    if (fence_ != nullptr && fusedPtrs[static_cast<size_t>(peers.localPeers[0])] != 0) {
-      fused_ = reinterpret_cast<FusedLaunch*>(fusedPtrs[static_cast<size_t>(peers.localPeers[0])]);
-      fusedWaitUs_ = static_cast<double>(std::max<int64_t>(0, paramInt("FUSED_WAIT_US", 500)));
-      MK_CUDA(cudaEventCreateWithFlags(&fusedIn_, cudaEventDisableTiming), "cudaEventCreate(fused launch)");
-      MK_INFO(kLogInit, "rank %d: small eager collectives of the %d ranks sharing GPU %d run as one launch "
-              "(MKERNEL_FUSED_LAUNCH)", opts_.rank, peers.nLocalPeers, opts_.cudaDev);
     }
   }
   for (int r = 0; r < opts_.nRanks; ++r) params_.peers[r] = peers.peers[r];
@@ -851,13 +820,6 @@ Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stre
     // Ranks sharing this GPU: one launch at a time (an op, or a run of ops that make one LL
     // batch), each start fenced before its end wait is queued.
     for (int i = 0; i < n;) {
-      // A single op may run fused (a group's ops keep their LL batches).
-      bool ran = false;
-      if (n == 1) MK_CHECK(tryFused(ops[i], stream, /*mayWait=*/true, &ran));
-      if (ran) {
-        ++i;
-        continue;
-      }
       // The run enqueueLocked makes one LL batch of (the same rules: kMaxOpsPerSlot, one slot's lines).
       int run = 1;
       uint64_t lines = 0;
@@ -880,53 +842,6 @@ Result KernelCommunicator::enqueue(const CollArgs* ops, int n, cudaStream_t stre
   return Result::Success;
 }
 
-Result KernelCommunicator::tryFused(const CollArgs& op, cudaStream_t stream, bool mayWait, bool* ran) {
-  *ran = false;
-  if (fused_ == nullptr || op.count == 0) return Result::Success;
-  WorkDesc d;
-  MK_CHECK(fillDesc(op, &d));
-  // Fusable: an eager LL op of one CTA (every member decides alike: shared arguments, agreed caps).
-  if (pathOf(d, /*capturing=*/false) != Path::kLaunchLl ||
-      llCtas(llPayloadBytes(d.count, dataTypeSize(static_cast<DataType>(d.dtype))), launchCap_) != 1)
-    return Result::Success;
-  // This rank can take part unless it drives several co-located ranks in one group (it cannot
-  // wait for them) or runs launch-path kernels on its own stream (MKERNEL_LAUNCH_STREAM=own).
-  const bool able = mayWait && launchStream_ == nullptr;
-  const uint64_t round = ++fusedRound_;
-  if (able) {
-    // In order after this rank's previous launch-path op (on another stream: launchOrder's
-    // event), then the point the fused kernel starts after.
-    MK_CHECK(launchOrder(/*capturing=*/false, stream));
-    MK_CUDA(cudaEventRecord(fusedIn_, stream), "cudaEventRecord(fused launch, in)");
-  }
-  const FusedLaunch::Entry e{&params_, d, launchSeq_ + 1, launchIssued_[d.coll] + 1, stream, fusedIn_};
-  bool launcher = false;
-  auto stop = [this] { return ctl_->abortFlag != 0 || ctl_->failed != 0; };
-  if (fused_->arrive(fenceMember_, round, able, e, fusedWaitUs_, &launcher, stop) != FusedLaunch::Decision::kFused) {
-    if (able) lastLaunchStream_ = stream;  // (launchOrder ordered this stream after the previous op)
-    return Result::Success;
-  }
-  // Fused: the numbers the kernel uses, as launchOp would have taken them.
-  ++launchSeq_;
-  ++launchIssued_[d.coll];
-  ++llOps_;
-  ++fusedOps_;
-  const CollType c = static_cast<CollType>(d.coll);
-  if (launcher) {
-    MK_CHECK(fused_->launch(fenceMember_, round));
-  } else {
-    MK_CHECK(fused_->join(fenceMember_, round, static_cast<double>(params_.timeoutNs) / 1e9));
-  }
-  lastLaunchStream_ = stream;  // this stream now waits for the op (launchOrder orders the next one after it)
-  lastLaunchColl_ = collName(c);
-  lastLaunchAt_ = std::chrono::steady_clock::now();
-  MK_TRACE(kLogColl, "rank %d: %s ran in a fused launch of the ranks sharing this GPU (round %llu, epoch %llu%s)",
-           opts_.rank, collName(c), static_cast<unsigned long long>(round), static_cast<unsigned long long>(launchSeq_),
-           launcher ? ", launched here" : "");
-  *ran = true;
-  return Result::Success;
-}
-
 Result KernelCommunicator::enqueueStart(const CollArgs& op, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
   MK_CHECK(checkUsable());
@@ -938,10 +853,6 @@ Result KernelCommunicator::enqueueStart(const CollArgs& op, cudaStream_t stream)
     foldStats();
     return Result::Success;
   }
-  // A thread driving several co-located ranks in one group cannot wait for them here: the round
-  // (if the op is fusable) goes separate.
-  bool ran = false;
-  MK_CHECK(tryFused(op, stream, /*mayWait=*/false, &ran));
   return enqueueLocked(&op, 1, stream, /*capturing=*/false);
 }
 
@@ -1562,10 +1473,6 @@ void KernelCommunicator::release(bool orderly) {
       if (fence_->unref()) delete fence_;
       fence_ = nullptr;
     }
-    if (fused_ != nullptr) {
-      if (fused_->unref()) delete fused_;
-      fused_ = nullptr;
-    }
   }
   if (!orderly && launched_ && ctl_ != nullptr) {
     ctl_->abortFlag = 1;
@@ -1587,8 +1494,6 @@ void KernelCommunicator::release(bool orderly) {
   }
   if (launchEvent_) (void)cudaEventDestroy(launchEvent_);
   launchEvent_ = nullptr;
-  if (fusedIn_) (void)cudaEventDestroy(fusedIn_);
-  fusedIn_ = nullptr;
   if (watchPre_) (void)cudaEventDestroy(watchPre_);
   watchPre_ = nullptr;
   if (graphEvent_) (void)cudaEventDestroy(graphEvent_);
@@ -1731,8 +1636,6 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->llMaxBytes = llMaxBytes_;
   out->llOps = llOps_;
   out->llBatchOps = llBatchOps_;
-  out->fusedOps = fusedOps_;
-  out->fusedLaunch = fused_ != nullptr;
   out->oneRankCopies = 0;
   for (uint64_t v : oneRankCopies_) out->oneRankCopies += v;
   out->launchDirect = launchDirect_;

@@ -804,9 +804,6 @@ struct LlArgs {
   int ns, parity;
   uint32_t flag;
   uint32_t tid, nthr;  // this thread among the op's threads (the CTA's, or an LL batch op's warps)
-  // This CTA among the op's CTAs (blockIdx.x; 0 in a fused launch, where each CTA is a whole op of
-  // another rank): CTA 0 sends and polls the tokens.
-  int cta;
   // MKERNEL_KERNEL_TRACE=3 (launchLlKernel, captured ops): the record the receive's own stamps go
   // to (receive begun, first poll answered, line taken, combined and stored), else kNoTrace.
   uint64_t detailSeq;
@@ -1025,7 +1022,6 @@ __device__ __forceinline__ LlArgs llArgs(const KernelParams& p, const WorkDesc& 
   a.flag = llFlag(epoch);
   a.tid = threadIdx.x;
   a.nthr = blockDim.x;
-  a.cta = static_cast<int>(blockIdx.x);
   a.detailSeq = kNoTrace;
   return a;
 }
@@ -1040,7 +1036,7 @@ __device__ __forceinline__ LlArgs llArgs(const KernelParams& p, const WorkDesc& 
 template <int B = kLlBatch>
 __device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d, const LlArgs& a, bool stop,
                                       bool token = true) {
-  const int n = p.nRanks, r = p.rank, cta = a.cta;
+  const int n = p.nRanks, r = p.rank, cta = blockIdx.x;
   const CollType coll = static_cast<CollType>(d.coll);
   const uint64_t esz = elemSize(d.dtype);
   const uint64_t payload = a.payload;
@@ -1127,7 +1123,7 @@ __device__ __forceinline__ bool llReceive(const KernelParams& p, const WorkDesc&
 // warp the two waits would run one after the other: session 17).
 __device__ bool llTokens(const KernelParams& p, const LlArgs& a, int coll) {
   const int tid = static_cast<int>(threadIdx.x) - (blockDim.x >= 64 ? 32 : 0);
-  if (a.cta != 0 || tid < 0 || tid >= p.nRanks || tid == p.rank) return true;
+  if (blockIdx.x != 0 || tid < 0 || tid >= p.nRanks || tid == p.rank) return true;
   uint64_t unused;
   return llTake(p, &p.self->ll[a.ns].token[a.parity][tid], a.flag, &unused, tid, coll, a.epoch);
 }
@@ -1412,38 +1408,6 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlKernel(const __grid
   traceAt(p, blockIdx.x, traceSeq, kTraceReported);
 }
 
-// MKERNEL_FUSED_LAUNCH (collectives/fused_launch.h): one eager LL op of one CTA for each of the
-// f.n thread ranks of this process that share this GPU, in one launch made by the last of them to
-// call. CTA m is member m's whole op: launchLlKernel's body with member m's parameters, as CTA 0
-// of its op (it sends and polls the tokens), with the same slots, flags, numbers and report. The
-// CTAs of the launch are each other's peers: every member's push and receive run at once, all
-// resident together (f.n <= kMaxFused CTAs).
-__global__ void __launch_bounds__(kLaunchThreads, 1) launchLlFusedKernel(const __grid_constant__ LlFused f) {
-  if (f.warmup) return;  // warmKernels
-  const int m = static_cast<int>(blockIdx.x);
-  const KernelParams& p = f.p[m];
-  const WorkDesc& d = f.d[m];
-  const uint64_t e = f.epoch[m];
-  const uint64_t traceSeq = p.trace != nullptr && p.traceGraph == 0 ? e - 1 : kNoTrace;
-  traceAt(p, 0, traceSeq, kTraceSeen);
-  const bool stop = stopRequested(p);
-  LlArgs a = llArgs(p, d, e, kLaunchEager, /*wholeOp=*/true);
-  a.cta = 0;
-  const bool tiny = a.range.count <= a.nthr;
-  if (tiny)
-    llPush<1>(p, d, a, stop);
-  else
-    llPush(p, d, a, stop);
-  traceAt(p, 0, traceSeq, kTraceLoaded);
-  if (threadIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && e == 1))) p.ctl->launchStarted = e;
-  bool ok = __syncthreads_or(stop) == 0;
-  traceAt(p, 0, traceSeq, kTraceStartBarrier);
-  if (ok) ok = tiny ? llFinish<1>(p, d, a, traceSeq) : llFinish(p, d, a, traceSeq);
-  traceAt(p, 0, traceSeq, kTraceEndBarrier);
-  if (ok && threadIdx.x == 0) *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[d.coll]) = f.opIndex[m];
-  traceAt(p, 0, traceSeq, kTraceReported);
-}
-
 // The barrier between an LL batch's waves over every CTA of its grid. The batch's CTAs are
 // resident together (at most launchCap_ of them, which agreeLaunchCap bounds by what the SMs hold
 // with every co-located rank's), so a CTA may wait for the others, as grid.sync() does: each
@@ -1682,10 +1646,6 @@ Result persistentKernelLocalBytes(size_t* out) {
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "attributes of the LL kernel: %s", cudaGetErrorString(err));
   if (attr.localSizeBytes > batchLocal) batchLocal = attr.localSizeBytes;
-  err = cudaFuncGetAttributes(&attr, dev::launchLlFusedKernel);
-  if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "attributes of the fused LL kernel: %s", cudaGetErrorString(err));
-  if (attr.localSizeBytes > batchLocal) batchLocal = attr.localSizeBytes;
   err = cudaFuncGetAttributes(&attr, dev::launchDirectKernel);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "attributes of the direct-mode kernel: %s", cudaGetErrorString(err));
@@ -1720,12 +1680,6 @@ Result warmKernels(cudaStream_t stream) {
   }
   if (err == cudaSuccess) {
     dev::launchDirectKernel<<<1, kDirectThreads, 0, stream>>>(p, WorkDesc{}, 0, 0);
-    err = cudaGetLastError();
-  }
-  if (err == cudaSuccess) {
-    LlFused f{};
-    f.warmup = 1;
-    dev::launchLlFusedKernel<<<1, kLaunchThreads, 0, stream>>>(f);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
@@ -1787,15 +1741,6 @@ Result launchLlBatch(const KernelParams& p, const LlBatch& b, int nCtas, cudaStr
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching a batch of %d LL collectives (%d CTAs) failed: %s",
                     p.rank, b.nOps, nCtas, cudaGetErrorString(err));
-  return Result::Success;
-}
-
-Result launchLlFused(const LlFused& f, cudaStream_t stream) {
-  dev::launchLlFusedKernel<<<f.n, kLaunchThreads, 0, stream>>>(f);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "launching the fused LL kernel of %d ranks failed: %s", f.n,
-                    cudaGetErrorString(err));
   return Result::Success;
 }
 

@@ -137,22 +137,6 @@ struct LlBatch {
 };
 Result launchLlBatch(const KernelParams& p, const LlBatch& b, int nCtas, cudaStream_t stream);
 
-// A fused launch (MKERNEL_FUSED_LAUNCH, collectives/fused_launch.h): the eager LL op of one CTA of
-// each of the n thread ranks of this process that share this GPU, CTA m being member m's whole op
-// with its parameters p[m], its op d[m], number epoch[m] and report opIndex[m]. 8 x KernelParams
-// and the rest: 4,304 bytes of parameters, within the 32 KB CUDA 12.1+ allows on sm_70 and later.
-constexpr int kMaxFused = 8;
-struct LlFused {
-  KernelParams p[kMaxFused];
-  WorkDesc d[kMaxFused];
-  uint64_t epoch[kMaxFused];
-  uint64_t opIndex[kMaxFused];
-  int32_t n;
-  uint32_t warmup;  // 1: return at once (warmKernels)
-};
-static_assert(sizeof(LlFused) <= 32764, "LlFused: a kernel's parameters");
-Result launchLlFused(const LlFused& f, cudaStream_t stream);
-
 // Largest number of CTAs of the launch-path kernels (an op's, an LL batch's) one SM can hold
 // (occupancy query; the smaller of the two).
 Result launchKernelCtasPerSm(int* out);

@@ -79,14 +79,6 @@ void postFencedOps(const std::vector<ShimComm*>& comms, const std::vector<Kernel
     if (r != Result::Success && *first == ncclSuccess) *first = toNccl(r);
   };
   for (size_t k = 0; k < rounds; ++k) {
-    // One fenced comm in this group (a thread per rank): enqueue, which is enqueueStart and
-    // completeStarts in one, and may run the op fused with the co-located ranks' (the thread can
-    // wait for them: collectives/fused_launch.h).
-    if (comms.size() == 1 && comms[0]->mk) {
-      const KernelOp& op = *perComm[0][k];
-      note(comms[0]->mk->enqueue(&op.args, 1, op.stream));
-      continue;
-    }
     std::vector<bool> started(comms.size(), false);
     for (size_t c = 0; c < comms.size(); ++c) {
       if (k >= perComm[c].size()) continue;

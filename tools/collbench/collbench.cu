@@ -608,9 +608,6 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         for (int i = 0; i < 10; ++i)
           if (comm->enqueue(grp.data(), ng, stream) != Result::Success) return fail("enqueue");
         cudaStreamSynchronize(stream);
-        // Ops of the timed loop that ran in a fused launch (MKERNEL_FUSED_LAUNCH), for the progress line.
-        mkernel::coll::CollStats st0;
-        comm->stats(&st0);
         barrier.wait();
         const auto hostStart = std::chrono::steady_clock::now();
         cudaEventRecord(ev[0], stream);
@@ -630,9 +627,6 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           traceStages(flat, static_cast<size_t>(iters), stageUs, &smGHz, &traced);
         }
         const std::vector<float> eager = perOp(intervals(ev, iters), ng);
-        mkernel::coll::CollStats st1;
-        comm->stats(&st1);
-        const uint64_t fusedOps = st1.fusedOps - st0.fusedOps;
         barrier.wait();
         // Graph: graphOps collectives with an event between each, replayed until >= iters samples.
         cudaGraph_t g = nullptr;
@@ -692,9 +686,8 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           row.traced = traced;
           row.graphRunUs = graphRunUs;
           rows->push_back(row);
-          std::fprintf(stderr, "collbench: %s %d ranks %12zu B  eager %9.2f us  graph %9.2f us  host %7.2f us/op  %8.1f GB/s%s\n",
-                       row.wait.c_str(), n, row.bytes, row.eagerMed, row.graphMed, row.hostUs, row.memGBps,
-                       fusedOps > 0 ? ("  fused " + std::to_string(fusedOps) + "/" + std::to_string(iters * ng)).c_str() : "");
+          std::fprintf(stderr, "collbench: %s %d ranks %12zu B  eager %9.2f us  graph %9.2f us  host %7.2f us/op  %8.1f GB/s\n",
+                       row.wait.c_str(), n, row.bytes, row.eagerMed, row.graphMed, row.hostUs, row.memGBps);
         }
         barrier.wait();
       }
