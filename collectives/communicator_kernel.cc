@@ -559,7 +559,14 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   MK_CHECK(launchKernelCtasPerSm(&perSm));
   MK_CHECK(directKernelCtasPerSm(&perSmDirect));
   const int ranksHere = std::max(1, peers_.ranksOnMyDevice);
-  const int freeSms = smsLeft + kReservedSms - ranksHere * params_.nCtas;
+  // Ranks sharing a GPU in direct mode (MKERNEL_SHARED_CTAS) whose direct mode has no upper end
+  // (auto, or MKERNEL_DIRECT_MAX_BYTES=0): no collective takes the doorbell (pathOf: eager ones are
+  // LL, inbox or direct; captured ones the launch path, MKERNEL_GRAPH_LAUNCH being on), so the
+  // persistent kernels never run and hold no SM. Otherwise every co-located rank's may be resident
+  // (a stream's doorbell queued behind a launch-path op keeps it alive) and the launch-path
+  // kernels must fit beside them.
+  const bool doorbellUnused = peers_.sharedDirect && (directMaxBytes_ == kDirectAuto || directMaxBytes_ == 0);
+  const int freeSms = smsLeft + kReservedSms - (doorbellUnused ? 0 : ranksHere * params_.nCtas);
   auto capFor = [&](int ctasPerSm, int64_t want) {
     return static_cast<int32_t>(std::max(1, std::min(static_cast<int>(want), freeSms * std::max(ctasPerSm, 1) / ranksHere)));
   };

@@ -86,13 +86,16 @@ MKERNEL_HD inline bool directTakes(CollType c, uint64_t wholeBytes, uint64_t lim
 }
 
 // MKERNEL_SHARED_CTAS=auto: the persistent kernel's CTAs per rank when `sharing` thread ranks share
-// a GPU and their large collectives run in direct mode: together 4 SMs (2 each for 2 ranks, 1 for
-// 3 or 4), so that every rank's direct-mode kernel gets a power-of-two count of whole SMs (64 and
-// 32 on an H200); 0 (off) with more than 4, where the direct-mode kernels would get 8 SMs each and
-// the persistent kernel moves large ops faster (docs/KERNEL.md, "The direct-mode kernel").
+// a GPU and their large collectives run in direct mode: together 4 SMs for 2 to 4 ranks (2 each
+// for 2 ranks, 1 for 3 or 4), 1 each for more. With direct mode's auto upper end no collective of
+// theirs takes the doorbell (pathOf), so the persistent kernel never runs and the direct-mode
+// kernels may take every SM (agreeLaunchCap): 64, 32 and 16 CTAs per rank for 2, 4 and 8 ranks
+// on an H200, powers of two; its CTAs are what it would run with if a numeric
+// MKERNEL_DIRECT_MAX_BYTES sent an op to it (docs/KERNEL.md, "The direct-mode kernel").
 constexpr int kSharedPersistentSms = 4;
 MKERNEL_HD inline int sharedPersistentCtas(int sharing) {
-  return sharing < 2 || sharing > kSharedPersistentSms ? 0 : kSharedPersistentSms / sharing;
+  if (sharing < 2) return 0;
+  return sharing <= kSharedPersistentSms ? kSharedPersistentSms / sharing : 1;
 }
 
 // One CTA per `perCta` bytes, at least one, at most `cap`.

@@ -245,10 +245,13 @@ TEST_CASE("launch path, direct mode: its upper end (MKERNEL_DIRECT_MAX_BYTES)") 
     CHECK(directTakes(c, uint64_t(8) << 30, kDirectAuto, 2, true));
   CHECK(directTakes(CollType::AllGather, uint64_t(1) << 30, kDirectAuto, 4, true));
   CHECK_FALSE(directTakes(CollType::AllReduce, 4 * MiB, 4 * MiB, 2, true));
-  // sharedPersistentCtas (auto): 4 SMs for the persistent kernels of 2 to 4 ranks, off otherwise.
+  // sharedPersistentCtas (auto): 4 SMs for the persistent kernels of 2 to 4 ranks, 1 CTA each for
+  // more, off for one rank on a GPU.
   CHECK(sharedPersistentCtas(1) == 0);
   CHECK(sharedPersistentCtas(2) == 2);
   CHECK(sharedPersistentCtas(3) == 1);
   CHECK(sharedPersistentCtas(4) == 1);
-  CHECK(sharedPersistentCtas(8) == 0);
+  CHECK(sharedPersistentCtas(5) == 1);
+  CHECK(sharedPersistentCtas(8) == 1);
+  CHECK(sharedPersistentCtas(16) == 1);
 }

@@ -293,6 +293,19 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
                std::to_string(mkernel::coll::sharedPersistentCtas(st.directSharing)));
     if (st.directCtas & (st.directCtas - 1))
       ctx.fail("direct mode's CTAs " + std::to_string(st.directCtas) + ": not a power of two");
+    // ... and with no upper end to direct mode (auto, or 0) the persistent kernels never run
+    // (agreeLaunchCap): the direct-mode kernels (512 threads, one CTA per SM) share every SM.
+    const char* dmax = std::getenv("MKERNEL_DIRECT_MAX_BYTES");
+    if (wantShared && st.directThreads == 512 &&
+        (dmax == nullptr || std::string(dmax) == "auto" || std::string(dmax) == "0")) {
+      cudaDeviceProp prop{};
+      cudaGetDeviceProperties(&prop, ctx.device);
+      int want = std::min(mkernel::coll::kLaunchMaxCtas, prop.multiProcessorCount / st.directSharing);
+      while (want & (want - 1)) want &= want - 1;
+      if (st.directCtas != want)
+        ctx.fail("direct mode's CTAs " + std::to_string(st.directCtas) + ", want " + std::to_string(want) + " (" +
+                 std::to_string(prop.multiProcessorCount) + " SMs, " + std::to_string(st.directSharing) + " ranks)");
+    }
     if (ctx.rank == 0)
       std::printf("%d ranks: direct mode in CTAs of %d threads, at most %d CTAs per op; persistent kernel %d CTAs%s\n",
                   nRanks, st.directThreads, st.directCtas, st.persistentCtas,
