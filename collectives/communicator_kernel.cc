@@ -451,6 +451,9 @@ Result KernelCommunicator::init() {
                       kMaxCtas);
     sharedCtas = static_cast<int>(v);
   }
+  // auto with a numeric upper end to direct mode (MKERNEL_DIRECT_MAX_BYTES): -2, which keeps more
+  // than four ranks per GPU off (sharedPersistentCtas).
+  if (sharedCtas == -1 && directMaxBytes_ != kDirectAuto && directMaxBytes_ != 0) sharedCtas = -2;
   if (paramInt("LAUNCH_DIRECT", 1) == 0 || paramInt("GRAPH_LAUNCH", 1) == 0 || launchMaxBytes_ == 0 || emulatedNodes)
     sharedCtas = 0;
   MK_CHECK(exchangePeers(bs_, opts_.rank, opts_.nRanks, opts_.cudaDev, state_, static_cast<int>(want),

@@ -87,15 +87,17 @@ MKERNEL_HD inline bool directTakes(CollType c, uint64_t wholeBytes, uint64_t lim
 
 // MKERNEL_SHARED_CTAS=auto: the persistent kernel's CTAs per rank when `sharing` thread ranks share
 // a GPU and their large collectives run in direct mode: together 4 SMs for 2 to 4 ranks (2 each
-// for 2 ranks, 1 for 3 or 4), 1 each for more. With direct mode's auto upper end no collective of
-// theirs takes the doorbell (pathOf), so the persistent kernel never runs and the direct-mode
-// kernels may take every SM (agreeLaunchCap): 64, 32 and 16 CTAs per rank for 2, 4 and 8 ranks
-// on an H200, powers of two; its CTAs are what it would run with if a numeric
-// MKERNEL_DIRECT_MAX_BYTES sent an op to it (docs/KERNEL.md, "The direct-mode kernel").
+// for 2 ranks, 1 for 3 or 4), 1 each for more. directUnbounded: direct mode has no upper end
+// (MKERNEL_DIRECT_MAX_BYTES auto or 0), so no collective of theirs takes the doorbell (pathOf),
+// the persistent kernel never runs and the direct-mode kernels may take every SM (agreeLaunchCap):
+// 64, 32 and 16 CTAs per rank for 2, 4 and 8 ranks on an H200, powers of two. With a numeric upper
+// end, more than 4 ranks keep it off (0): the ops above that end take the persistent kernel, which
+// then keeps its full size (session 18's arrangement; docs/KERNEL.md, "The direct-mode kernel").
 constexpr int kSharedPersistentSms = 4;
-MKERNEL_HD inline int sharedPersistentCtas(int sharing) {
+MKERNEL_HD inline int sharedPersistentCtas(int sharing, bool directUnbounded = true) {
   if (sharing < 2) return 0;
-  return sharing <= kSharedPersistentSms ? kSharedPersistentSms / sharing : 1;
+  if (sharing <= kSharedPersistentSms) return kSharedPersistentSms / sharing;
+  return directUnbounded ? 1 : 0;
 }
 
 // One CTA per `perCta` bytes, at least one, at most `cap`.

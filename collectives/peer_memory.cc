@@ -253,7 +253,9 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
     int per = kMaxCtas;
     for (int r = 0; r < nRanks; ++r) {
       const int32_t s = info[static_cast<size_t>(r)].sharedCtas;
-      per = std::min(per, s < 0 ? sharedPersistentCtas(mostSharing) : static_cast<int>(s));
+      per = std::min(per, s == -1   ? sharedPersistentCtas(mostSharing)
+                          : s == -2 ? sharedPersistentCtas(mostSharing, /*directUnbounded=*/false)
+                                    : static_cast<int>(s));
     }
     if (per > 0) {
       out->nCtas = std::min(out->nCtas, per);

@@ -57,7 +57,8 @@ struct PeerSetup {
 // the same number on each (hostPerNode); they are staged too.
 // `sharedCtas` (MKERNEL_SHARED_CTAS, collectives/communicator_kernel.cc): thread ranks of one
 // process sharing a GPU, whose large collectives take the launch path's direct mode, keep their
-// persistent kernels at this many CTAs each (-1: auto, sharedPersistentCtas of launch_path.h; 0: off), leaving the
+// persistent kernels at this many CTAs each (-1: auto, sharedPersistentCtas of launch_path.h; -2:
+// auto with an upper end to direct mode, sharedPersistentCtas(.., false); 0: off), leaving the
 // SMs to the direct-mode kernels; then `sharedDirect` is set. The smallest any rank asks for.
 Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev,
                      DeviceState* local, int wantCtas, int smCount, bool emulate,

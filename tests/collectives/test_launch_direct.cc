@@ -263,4 +263,9 @@ TEST_CASE("launch path, direct mode: its upper end (MKERNEL_DIRECT_MAX_BYTES)") 
   CHECK(sharedPersistentCtas(5) == 1);
   CHECK(sharedPersistentCtas(8) == 1);
   CHECK(sharedPersistentCtas(16) == 1);
+  // ... with a numeric MKERNEL_DIRECT_MAX_BYTES, more than 4 ranks keep the full persistent kernel.
+  CHECK(sharedPersistentCtas(2, false) == 2);
+  CHECK(sharedPersistentCtas(4, false) == 1);
+  CHECK(sharedPersistentCtas(5, false) == 0);
+  CHECK(sharedPersistentCtas(8, false) == 0);
 }

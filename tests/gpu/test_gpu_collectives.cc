@@ -283,21 +283,22 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
     const char* sc = std::getenv("MKERNEL_SHARED_CTAS");
     const bool scAuto = sc == nullptr || std::string(sc) == "auto";
     const char* gl = std::getenv("MKERNEL_GRAPH_LAUNCH");
+    // auto: more than four ranks per GPU only without an upper end to direct mode (auto or 0).
+    const char* dmaxEnv = std::getenv("MKERNEL_DIRECT_MAX_BYTES");
+    const bool directUnbounded = dmaxEnv == nullptr || std::string(dmaxEnv) == "auto" || std::string(dmaxEnv) == "0";
+    const int autoCtas = mkernel::coll::sharedPersistentCtas(st.directSharing, directUnbounded);
     const bool wantShared = wantDirect && st.directSharing > 1 && (gl == nullptr || std::atoi(gl) != 0) &&
-                            (scAuto ? mkernel::coll::sharedPersistentCtas(st.directSharing) > 0 : std::atoi(sc) > 0);
+                            (scAuto ? autoCtas > 0 : std::atoi(sc) > 0);
     if (st.sharedDirect != wantShared)
       ctx.fail(std::string("ranks sharing the GPU in direct mode: ") + (st.sharedDirect ? "yes" : "no") + ", want " +
                (wantShared ? "yes" : "no"));
-    if (wantShared && scAuto && st.persistentCtas != mkernel::coll::sharedPersistentCtas(st.directSharing))
-      ctx.fail("persistent kernel of " + std::to_string(st.persistentCtas) + " CTAs, want " +
-               std::to_string(mkernel::coll::sharedPersistentCtas(st.directSharing)));
+    if (wantShared && scAuto && st.persistentCtas != autoCtas)
+      ctx.fail("persistent kernel of " + std::to_string(st.persistentCtas) + " CTAs, want " + std::to_string(autoCtas));
     if (st.directCtas & (st.directCtas - 1))
       ctx.fail("direct mode's CTAs " + std::to_string(st.directCtas) + ": not a power of two");
     // ... and with no upper end to direct mode (auto, or 0) the persistent kernels never run
     // (agreeLaunchCap): the direct-mode kernels (512 threads, one CTA per SM) share every SM.
-    const char* dmax = std::getenv("MKERNEL_DIRECT_MAX_BYTES");
-    if (wantShared && st.directThreads == 512 &&
-        (dmax == nullptr || std::string(dmax) == "auto" || std::string(dmax) == "0")) {
+    if (wantShared && st.directThreads == 512 && directUnbounded) {
       cudaDeviceProp prop{};
       cudaGetDeviceProperties(&prop, ctx.device);
       int want = std::min(mkernel::coll::kLaunchMaxCtas, prop.multiProcessorCount / st.directSharing);
