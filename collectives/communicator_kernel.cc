@@ -262,6 +262,8 @@ class KernelCommunicator final : public Communicator {
   LlBatchMode llBatch_ = LlBatchMode::Exchange;  // MKERNEL_LL_BATCH
   bool launchDirect_ = false;          // MKERNEL_LAUNCH_DIRECT and thread ranks: larger ops too
   uint64_t directMaxBytes_ = kDirectAuto;  // MKERNEL_DIRECT_MAX_BYTES (directTakes)
+  // Direct mode has no upper end with ranks sharing a GPU in direct mode (auto, or 0).
+  bool directUnbounded() const { return directMaxBytes_ == kDirectAuto || directMaxBytes_ == 0; }
   int directSharing_ = 1;                  // the most ranks on one GPU, agreed (directTakes)
   uint64_t launchSeq_ = 0;             // launch-path ops issued (the epoch of the next one - 1)
   uint64_t launchIssued_[8] = {};      // ... by CollType (the index the kernel reports)
@@ -453,7 +455,7 @@ Result KernelCommunicator::init() {
   }
   // auto with a numeric upper end to direct mode (MKERNEL_DIRECT_MAX_BYTES): -2, which keeps more
   // than four ranks per GPU off (sharedPersistentCtas).
-  if (sharedCtas == -1 && directMaxBytes_ != kDirectAuto && directMaxBytes_ != 0) sharedCtas = -2;
+  if (sharedCtas == -1 && !directUnbounded()) sharedCtas = -2;
   if (paramInt("LAUNCH_DIRECT", 1) == 0 || paramInt("GRAPH_LAUNCH", 1) == 0 || launchMaxBytes_ == 0 || emulatedNodes)
     sharedCtas = 0;
   MK_CHECK(exchangePeers(bs_, opts_.rank, opts_.nRanks, opts_.cudaDev, state_, static_cast<int>(want),
@@ -568,7 +570,7 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   // persistent kernels never run and hold no SM. Otherwise every co-located rank's may be resident
   // (a stream's doorbell queued behind a launch-path op keeps it alive) and the launch-path
   // kernels must fit beside them.
-  const bool doorbellUnused = peers_.sharedDirect && (directMaxBytes_ == kDirectAuto || directMaxBytes_ == 0);
+  const bool doorbellUnused = peers_.sharedDirect && directUnbounded();
   const int freeSms = smsLeft + kReservedSms - (doorbellUnused ? 0 : ranksHere * params_.nCtas);
   auto capFor = [&](int ctasPerSm, int64_t want) {
     return static_cast<int32_t>(std::max(1, std::min(static_cast<int>(want), freeSms * std::max(ctasPerSm, 1) / ranksHere)));
