@@ -313,8 +313,8 @@ __global__ void floorServerKernel(const volatile uint64_t* post, volatile uint64
     }
     if (threadIdx.x == 0) {
       uint64_t g;
-      while ((g = *go) < round) {
-      }
+      while ((g = *go) < round)
+        if (*quit != 0) g = ~uint64_t{0};  // (the host gave up: a stalled round)
       if (g == ~uint64_t{0}) return;
       __threadfence_system();
       done[m * 8] = round;
@@ -341,6 +341,7 @@ double threadFloorUs(int n, int rounds, FloorKind kind) {
   // kFloorServer*: host-mapped post and done words (a 64-byte line each), the quit word, the
   // kernel's device-memory word, and the kernel on a stream of its own.
   const bool server = kind == kFloorServer || kind == kFloorServerIdle;
+  std::atomic<bool> stalled{false};
   uint64_t* words = nullptr;  // post[k * 8], done[k * 8] at words + 64 * 8, quit at words + 128 * 8
   uint64_t* go = nullptr;
   cudaStream_t serverStream = nullptr;
@@ -398,8 +399,18 @@ double threadFloorUs(int n, int rounds, FloorKind kind) {
             volatile uint64_t* done = words + 64 * 8 + t * 8;
             std::atomic_thread_fence(std::memory_order_seq_cst);
             *post = static_cast<uint64_t>(r) + 1;
-            while (*done < static_cast<uint64_t>(r) + 1) {
-            }
+            // Bounded (2 s): a stalled round says where it stopped and ends the floor.
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+            while (*done < static_cast<uint64_t>(r) + 1 && !stalled.load(std::memory_order_relaxed))
+              if (std::chrono::steady_clock::now() > deadline && !stalled.exchange(true)) {
+                uint64_t g = 0;
+                cudaMemcpy(&g, go, sizeof g, cudaMemcpyDeviceToHost);
+                std::fprintf(stderr, "collbench: server floor, %d threads: thread %d stalled at round %d (its post %llu, "
+                             "done %llu; the kernel's round %llu; kernel %s)\n",
+                             n, t, r + 1, static_cast<unsigned long long>(*post), static_cast<unsigned long long>(*done),
+                             static_cast<unsigned long long>(g), cudaGetErrorString(cudaStreamQuery(serverStream)));
+              }
+            if (stalled.load(std::memory_order_relaxed)) *reinterpret_cast<volatile uint32_t*>(words + 128 * 8) = 1;
             if (kind == kFloorServerIdle) cudaEventRecord(in[static_cast<size_t>(t)], s);
             break;
           }
@@ -425,7 +436,7 @@ double threadFloorUs(int n, int rounds, FloorKind kind) {
     cudaFree(go);
     cudaFreeHost(words);
   }
-  return percentile(roundUs, 0.5);
+  return stalled.load() ? -1.0 : percentile(roundUs, 0.5);
 }
 
 // Medians of the stage intervals of the last `last` traced groups (flattened KernelTraceRecords,
@@ -937,8 +948,10 @@ int main(int argc, char** argv) {
         std::snprintf(buf, sizeof buf, "%s%d: %.2f", floors.empty() ? "" : ", ", n, threadFloorUs(n, 2000, k.kind));
         floors += buf;
       }
-      if (!floors.empty())
+      if (!floors.empty()) {
         std::printf("# floors, n threads %s, in step: us per round for n = %s\n", k.what, floors.c_str());
+        std::fflush(stdout);  // (each as it comes: a floor that stalls leaves the ones before it)
+      }
     }
   }
   std::printf("# host_us = rank 0's host time per eager enqueue; latencies in us\n");
