@@ -280,49 +280,8 @@ HostCosts hostCosts(int iters, int gpus) {
 //   kFloorFused     each thread records an event, thread 0 then makes its stream wait for the
 //                   others' and launches one empty kernel and records an event, and every other
 //                   thread's stream waits for that one (a fused launch's calls, after a barrier);
-//   kFloorBarrier   no CUDA call: the barrier alone;
-//   kFloorServer    no launch: one resident kernel of n CTAs serves the threads through host-mapped
-//                   words. Each thread writes its round number into its post word and polls its
-//                   done word; CTA 0 polls every post word, and once all hold the round tells the
-//                   CTAs (device memory), each of which writes its thread's done word. What a
-//                   collective that returns once complete, with no stream call, would pay
-//                   besides its own exchange (docs/KERNEL.md, "A server kernel");
-//   kFloorServerIdle the same, each thread first polling cudaStreamQuery until its stream is idle
-//                   and recording an event on it after the round (collbench's per-op record, which
-//                   the next round's query then waits for).
-enum FloorKind { kFloorLaunch, kFloorRecord, kFloorFused, kFloorBarrier, kFloorServer, kFloorServerIdle };
-
-// kFloorServer's kernel: CTA m answers thread m; CTA 0's thread k polls post[k * 8].
-__global__ void floorServerKernel(const volatile uint64_t* post, volatile uint64_t* done, const volatile uint32_t* quit,
-                                  volatile uint64_t* go, int n) {
-  const int m = static_cast<int>(blockIdx.x);
-  for (uint64_t round = 1;; ++round) {
-    if (m == 0) {
-      __shared__ int stop;
-      if (threadIdx.x == 0) stop = 0;
-      __syncthreads();
-      if (static_cast<int>(threadIdx.x) < n)
-        while (post[threadIdx.x * 8] < round)
-          if (*quit != 0) {
-            stop = 1;
-            break;
-          }
-      __syncthreads();
-      if (threadIdx.x == 0) *go = stop != 0 ? ~uint64_t{0} : round;
-      if (stop != 0) return;
-    }
-    if (threadIdx.x == 0) {
-      uint64_t g;
-      while ((g = *go) < round)
-        if (*quit != 0) g = ~uint64_t{0};  // (the host gave up: a stalled round)
-      if (g == ~uint64_t{0}) return;
-      __threadfence_system();
-      done[m * 8] = round;
-    }
-    __syncthreads();
-  }
-}
-
+//   kFloorBarrier   no CUDA call: the barrier alone.
+enum FloorKind { kFloorLaunch, kFloorRecord, kFloorFused, kFloorBarrier };
 double threadFloorUs(int n, int rounds, FloorKind kind) {
   std::atomic<int> arrived{0};
   std::atomic<int> generation{0};
@@ -338,25 +297,6 @@ double threadFloorUs(int n, int rounds, FloorKind kind) {
   };
   std::vector<float> roundUs;
   std::vector<cudaEvent_t> in(static_cast<size_t>(n)), out(static_cast<size_t>(n));
-  // kFloorServer*: host-mapped post and done words (a 64-byte line each), the quit word, the
-  // kernel's device-memory word, and the kernel on a stream of its own.
-  const bool server = kind == kFloorServer || kind == kFloorServerIdle;
-  std::atomic<bool> stalled{false};
-  uint64_t* words = nullptr;  // post[k * 8], done[k * 8] at words + 64 * 8, quit at words + 128 * 8
-  uint64_t* go = nullptr;
-  cudaStream_t serverStream = nullptr;
-  if (server) {
-    cudaSetDevice(0);
-    if (n > 32 || cudaHostAlloc(&words, 136 * 8 * sizeof(uint64_t), cudaHostAllocMapped) != cudaSuccess) return 0;
-    std::memset(words, 0, 136 * 8 * sizeof(uint64_t));
-    cudaMalloc(&go, sizeof(uint64_t));
-    cudaMemset(go, 0, sizeof(uint64_t));
-    cudaStreamCreateWithFlags(&serverStream, cudaStreamNonBlocking);
-    uint64_t* dWords = nullptr;
-    cudaHostGetDevicePointer(reinterpret_cast<void**>(&dWords), words, 0);
-    floorServerKernel<<<n, 32, 0, serverStream>>>(dWords, dWords + 64 * 8, reinterpret_cast<uint32_t*>(dWords + 128 * 8),
-                                                  go, n);
-  }
   std::vector<std::thread> threads;
   for (int t = 0; t < n; ++t)
     threads.emplace_back([&, t] {
@@ -390,30 +330,6 @@ double threadFloorUs(int n, int rounds, FloorKind kind) {
             break;
           case kFloorBarrier:
             break;
-          case kFloorServer:
-          case kFloorServerIdle: {
-            if (kind == kFloorServerIdle)
-              while (cudaStreamQuery(s) == cudaErrorNotReady) {
-              }
-            volatile uint64_t* post = words + t * 8;
-            volatile uint64_t* done = words + 64 * 8 + t * 8;
-            std::atomic_thread_fence(std::memory_order_seq_cst);
-            *post = static_cast<uint64_t>(r) + 1;
-            // Bounded (2 s): a stalled round says where it stopped and ends the floor.
-            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-            while (*done < static_cast<uint64_t>(r) + 1 && !stalled.load(std::memory_order_relaxed))
-              if (std::chrono::steady_clock::now() > deadline && !stalled.exchange(true)) {
-                uint64_t g = 0;
-                cudaMemcpy(&g, go, sizeof g, cudaMemcpyDeviceToHost);
-                std::fprintf(stderr, "collbench: server floor, %d threads: thread %d stalled at round %d (its post %llu, "
-                             "done %llu; the kernel's round %llu; kernel %s)\n",
-                             n, t, r + 1, static_cast<unsigned long long>(*post), static_cast<unsigned long long>(*done),
-                             static_cast<unsigned long long>(g), cudaGetErrorString(cudaStreamQuery(serverStream)));
-              }
-            if (stalled.load(std::memory_order_relaxed)) *reinterpret_cast<volatile uint32_t*>(words + 128 * 8) = 1;
-            if (kind == kFloorServerIdle) cudaEventRecord(in[static_cast<size_t>(t)], s);
-            break;
-          }
         }
         barrier();
         if (t == 0) {
@@ -429,14 +345,7 @@ double threadFloorUs(int n, int rounds, FloorKind kind) {
       cudaStreamDestroy(s);
     });
   for (auto& th : threads) th.join();
-  if (server) {
-    *reinterpret_cast<volatile uint32_t*>(words + 128 * 8) = 1;
-    cudaStreamSynchronize(serverStream);
-    cudaStreamDestroy(serverStream);
-    cudaFree(go);
-    cudaFreeHost(words);
-  }
-  return stalled.load() ? -1.0 : percentile(roundUs, 0.5);
+  return percentile(roundUs, 0.5);
 }
 
 // Medians of the stage intervals of the last `last` traced groups (flattened KernelTraceRecords,
@@ -937,9 +846,7 @@ int main(int argc, char** argv) {
     } kinds[] = {{kFloorLaunch, "each launching an empty kernel on its own stream"},
                  {kFloorRecord, "each recording an event on its own stream"},
                  {kFloorFused, "a fused launch's calls (each records, one waits for all and launches, all wait for it)"},
-                 {kFloorBarrier, "no CUDA call (the barrier alone)"},
-                 {kFloorServer, "each posting to a resident kernel of n CTAs through host-mapped words and polling for its answer"},
-                 {kFloorServerIdle, "the same, each first polling cudaStreamQuery until its stream is idle and recording an event after"}};
+                 {kFloorBarrier, "no CUDA call (the barrier alone)"}};
     for (const auto& k : kinds) {
       std::string floors;
       for (int n : opt.ranks) {
@@ -948,10 +855,8 @@ int main(int argc, char** argv) {
         std::snprintf(buf, sizeof buf, "%s%d: %.2f", floors.empty() ? "" : ", ", n, threadFloorUs(n, 2000, k.kind));
         floors += buf;
       }
-      if (!floors.empty()) {
+      if (!floors.empty())
         std::printf("# floors, n threads %s, in step: us per round for n = %s\n", k.what, floors.c_str());
-        std::fflush(stdout);  // (each as it comes: a floor that stalls leaves the ones before it)
-      }
     }
   }
   std::printf("# host_us = rank 0's host time per eager enqueue; latencies in us\n");
