@@ -645,9 +645,9 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           }
           cudaStreamSynchronize(stream);
           if (!callsOk) return fail("one-rank host split");
-          std::printf("# one rank, %zu B: host us per call (median of 2000, alternating on one thread): enqueue %.2f, "
+          std::printf("# one rank (%s), %zu B: host us per call (median of 2000, alternating on one thread): enqueue %.2f, "
                       "cudaMemcpyAsync %.2f\n",
-                      a.count * 4, percentile(enq, 0.5), percentile(cpy, 0.5));
+                      opt.mode.c_str(), a.count * 4, percentile(enq, 0.5), percentile(cpy, 0.5));
         }
         barrier.wait();
         // Graph: graphOps collectives with an event between each, replayed until >= iters samples.
