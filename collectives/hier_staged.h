@@ -74,6 +74,13 @@ struct HierCall {
   uint64_t chunkElems;   // hierChunkElemsFor()
   bool overlap = true;   // pipeline the phases of consecutive chunks (false: one after another,
                          // the same code: MKERNEL_HIER_OVERLAP=0, for the comparison)
+  // CTA roles (MKERNEL_HIER_ROLES, pipelined AllReduce only; hierAllReduceRoles below). With
+  // role != kHierRoleNone, `part` is the lane's slice, which all of the lane's CTAs share.
+  int role = 0;                // HierRole
+  int roleIndex = 0;           // worker w of `workers`, reducer r of `reducers`
+  int workers = 0, reducers = 0;
+  uint64_t roleChunks = 0;     // chunks this lane ran in roles before this collective
+  uint64_t roleOps = 0;        // role collectives (of at least one chunk) this lane ran before
 };
 
 // Elements of a chunk: an inbox holds perNode slots of the largest part of a chunk, so a chunk
@@ -565,12 +572,238 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierRunSteps(Ex& ex, const HierCall& c, uint64_
   return hierTwoStep(ex, c, chunkSeq, st);
 }
 
+// ---- CTA roles (MKERNEL_HIER_ROLES): the pipelined AllReduce on specialised CTAs -----------------
+//
+// Issue 6's SM specialisation. The data-parallel form above runs every phase of a chunk on one
+// CTA, so the reduction over the nodes (B) waits behind that CTA's NVLink work and the other way
+// round. With roles, each lane (one of the collective's hierCtasFor slices, with proxy channel
+// `lane`) has 1 + W + R CTAs:
+//   sender          posts every rail round of the lane (the channel's only producer, as in the
+//                   data-parallel form: the sender of lane l is CTA l); no data
+//   worker w of W   phases 1 and 3 (NVLink) of sub-slice w of every part: its own node barrier
+//                   and staging regions (those of its CTA index, as any CTA's)
+//   reducer r of R  waits for round 0 and reduces sub-slice r of t_k over the nodes (post())
+// handing chunks on through the lane's monotonic counters (DeviceState::hierRole):
+//   Open     sender, once per collective: the lane's net buffers now belong to this collective
+//            (the channel's earlier rounds are complete: the sender waited for them)
+//   Ready    worker w's own, per chunk: its sub-slice of part j is reduced into P (netSend(slot))
+//   R0       sender, per chunk: round 0 posted (targets published for the reducers)
+//   Reduced  reducer r's own, per chunk: its sub-slice of t_k is reduced over the nodes
+//   R1       sender, per chunk: round 1 posted (targets published for the workers)
+//   Freed    each worker, once per collective: done reading the lane's net buffers
+// Chunk i of the collective is lane chunk s = roleChunks + i, on net slot s & 1, and the sender
+// posts in the order r0(0), then r1(i) after r0(i + 1): on every rank alike, so that sends and
+// receives between two ranks stay in the same order. Rounds carry tag 2 * round + slot.
+// Why one round per slot is in flight: r0(i + 2) waits for Ready(i + 2) from every worker, which
+// each signals after its phase 3 of chunk i, which waited for r1(i) to complete; r1(i) waits for
+// Reduced(i), which every reducer signals after r0(i) completed and its reduction read the slot.
+// So a slot's buffers are refilled only after every reader of the chunk two before is done, and
+// the published targets of a slot count exactly that slot's rounds up to the one waited for.
+// The workers keep the data-parallel form's order of node barriers (phase 1 of chunk i + 1
+// before phase 3 of chunk i), so its region argument above holds for each worker index.
+enum HierRole : int { kHierRoleNone = 0, kHierRoleSender = 1, kHierRoleWorker = 2, kHierRoleReducer = 3 };
+// Ready and Reduced are one counter per worker / reducer: a shared count would let a worker that
+// is a chunk ahead stand in for one that is a chunk behind (the first version did; the CPU test
+// caught it).
+enum HierRoleCounter : int {
+  kRoleOpen = 0,
+  kRoleR0 = 1,
+  kRoleR1 = 2,
+  kRoleFreed = 3,
+  kRoleReady = 4,                              // + worker index
+  kRoleReduced = kRoleReady + kMaxHierRoleCtas,  // + reducer index
+  kHierRoleCounters = kRoleReduced + kMaxHierRoleCtas
+};
+static_assert(kHierRoleCounters <= static_cast<int>(sizeof(DeviceState::HierRoleLane::counter) / sizeof(uint64_t)),
+              "DeviceState::HierRoleLane holds every role counter");
+
+// CTAs a collective in roles needs: every lane's sender, workers and reducers.
+MKERNEL_HD inline int hierRoleCtas(int lanes, int workers, int reducers) { return lanes * (1 + workers + reducers); }
+
+// What CTA cta plays, for `lanes` lanes of `workers` + 1 + `reducers` CTAs: CTA l < lanes is lane
+// l's sender; the others lane by lane, workers first.
+struct HierRoleOf {
+  int role, lane, index;
+  MKERNEL_HD HierRoleOf(int cta, int lanes, int workers, int reducers) {
+    if (cta < lanes) {
+      role = kHierRoleSender;
+      lane = cta;
+      index = 0;
+      return;
+    }
+    const int per = workers + reducers, k = cta - lanes;
+    lane = k / per;
+    index = k % per;
+    role = index < workers ? kHierRoleWorker : kHierRoleReducer;
+    if (role == kHierRoleReducer) index -= workers;
+  }
+};
+
+// Chunks of this CTA's part (0 for an empty part).
+MKERNEL_HD inline uint64_t hierChunksOf(const HierCall& c) {
+  return c.part.count == 0 || c.chunkElems == 0 ? 0 : (c.part.count + c.chunkElems - 1) / c.chunkElems;
+}
+
+// Worker w's elements of a part of `count` elements: slice w of the largest part a full chunk has,
+// cut at count. Fixed bounds, not a slice of each chunk's own parts: workers run up to a chunk
+// apart, and P (the lane's net buffer) is shared; with bounds that moved with a short last chunk,
+// a worker's phase 1 of chunk i + 2 overwrote P where another was still reading chunk i (the CPU
+// test caught it).
+MKERNEL_HD inline Slice hierRoleSub(const HierCall& c, uint64_t count) {
+  const uint64_t align = sliceAlignElems(c.elemSize);
+  const uint64_t cap = rankSlice(c.chunkElems, c.layout.perNode, 0, align).count;
+  const Slice s = rankSlice(cap, c.workers, c.roleIndex, align);
+  Slice out;
+  out.offset = s.offset < count ? s.offset : count;
+  const uint64_t end = s.offset + s.count < count ? s.offset + s.count : count;
+  out.count = end - out.offset;
+  return out;
+}
+
+// Worker: phase 1 of chunk a for its sub-slice of every part, on regions of parity a.par, into
+// netSend(slot); then Ready.
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierRoleWorker1(Ex& ex, const HierCall& c, HierCtx& x, const HierArChunk& a, int slot) {
+  const uint64_t esz = x.esz, align = sliceAlignElems(esz);
+  const uint64_t slotBytes = hierSlotBytes(c.layout, c.chunkElems, esz);
+  for (int q = 0; q < x.G; ++q) {
+    const Slice s = rankSlice(a.ch.l, x.G, q, align);
+    const Slice sub = hierRoleSub(c, s.count);
+    x.dsts[0] = ex.in(q, a.par) + static_cast<uint64_t>(x.j) * slotBytes + sub.offset * esz;
+    ex.copy(x.dsts, 1, x.send + (a.ch.g + s.offset + sub.offset) * esz, sub.count * esz);
+  }
+  if (!ex.nodeBarrier()) return false;
+  const Slice sub = hierRoleSub(c, a.mine.count);
+  for (int q = 0; q < x.G; ++q)
+    x.srcs[q] = ex.in(x.j, a.par) + static_cast<uint64_t>(q) * slotBytes + sub.offset * esz;
+  x.dsts[0] = ex.netSend(slot) + sub.offset * esz;
+  ex.reduce(x.dsts, 1, x.srcs, x.G, sub.count, true, false);
+  ex.roleAdd(kRoleReady + c.roleIndex);
+  return true;
+}
+
+// Until every worker's (kRoleReady) or every reducer's (kRoleReduced) own counter reaches `target`.
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierRoleWaitAll(Ex& ex, int first, int n, uint64_t target) {
+  for (int i = 0; i < n; ++i)
+    if (!ex.roleWait(first + i, target)) return false;
+  return true;
+}
+
+// Worker: phase 3 of chunk a for its sub-slice [lo, hi) of part j (the pieces of it that came from
+// each node), once round 1 of the chunk is complete; then its sub-slice of every part out.
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierRoleWorker3(Ex& ex, const HierCall& c, HierCtx& x, const HierArChunk& a, int slot) {
+  const uint64_t esz = x.esz, align = sliceAlignElems(esz);
+  if (!ex.railWaitPublished(1, slot)) return false;
+  const Slice sub = hierRoleSub(c, a.mine.count);
+  const uint64_t lo = sub.offset, hi = sub.offset + sub.count;
+  char* P = ex.netSend(slot);
+  for (int m = 0; m < x.N; ++m) {
+    const Slice t = rankSlice(a.mine.count, x.N, m, align);
+    const uint64_t b = t.offset > lo ? t.offset : lo, e = t.offset + t.count < hi ? t.offset + t.count : hi;
+    if (b >= e) continue;
+    for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, a.par) + (a.mine.offset + b) * esz;
+    ex.copy(x.dsts, x.G, m == x.k ? P + b * esz : ex.netRecv(slot, m) + (b - t.offset) * esz, (e - b) * esz);
+  }
+  if (!ex.nodeBarrier()) return false;
+  for (int q = 0; q < x.G; ++q) {
+    const Slice s = rankSlice(a.ch.l, x.G, q, align);
+    const Slice qs = hierRoleSub(c, s.count);
+    x.dsts[0] = x.recv + (a.ch.g + s.offset + qs.offset) * esz;
+    ex.copy(x.dsts, 1, ex.out(x.j, a.par) + (s.offset + qs.offset) * esz, qs.count * esz);
+  }
+  return true;
+}
+
+// Sender: round `round` of chunk a on net slot `slot` (tag 2 * round + slot), its targets
+// published, then R0 or R1.
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierRoleRound(Ex& ex, HierCtx& x, HierRail& rail, const HierArChunk& a, int round, int slot) {
+  const uint64_t esz = x.esz, align = sliceAlignElems(esz);
+  char* P = ex.netSend(slot);
+  for (int m = 0; m < x.N; ++m) {
+    const Slice t = rankSlice(a.mine.count, x.N, m, align);
+    if (round == 0)
+      rail.set(m, P + t.offset * esz, m == x.k ? 0 : t.count * esz, ex.netRecv(slot, m), m == x.k ? 0 : a.tk.count * esz);
+    else
+      rail.set(m, P + a.tk.offset * esz, m == x.k ? 0 : a.tk.count * esz, ex.netRecv(slot, m), m == x.k ? 0 : t.count * esz);
+  }
+  if (!ex.railPost(2 * round + slot, slot, rail.src, rail.sendBytes, rail.dst, rail.recvBytes)) return false;
+  ex.railPublish(round, slot);
+  ex.roleAdd(round == 0 ? kRoleR0 : kRoleR1);
+  return true;
+}
+
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduceRoles(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
+  const uint64_t chunks = hierChunksOf(c);
+  if (chunks == 0) return true;
+  HierCtx x(c);
+  HierRail rail;
+  const uint64_t seq0 = *chunkSeq, s0 = c.roleChunks;
+  *chunkSeq += chunks;
+  const int W = c.workers, R = c.reducers;
+  auto slotOf = [s0](uint64_t i) { return static_cast<int>((s0 + i) & 1); };
+  if (c.role == kHierRoleSender) {
+    ex.roleAdd(kRoleOpen);
+    if (!hierRoleWaitAll(ex, kRoleReady, W, s0 + 1)) return false;
+    if (!hierRoleRound(ex, x, rail, HierArChunk(c, x, 0, seq0), 0, slotOf(0))) return false;
+    for (uint64_t i = 0; i < chunks; ++i) {
+      if (i + 1 < chunks) {
+        if (!hierRoleWaitAll(ex, kRoleReady, W, s0 + i + 2)) return false;
+        if (!hierRoleRound(ex, x, rail, HierArChunk(c, x, i + 1, seq0 + i + 1), 0, slotOf(i + 1))) return false;
+      }
+      if (!hierRoleWaitAll(ex, kRoleReduced, R, s0 + i + 1)) return false;
+      if (!hierRoleRound(ex, x, rail, HierArChunk(c, x, i, seq0 + i), 1, slotOf(i))) return false;
+    }
+    // Every transfer of the lane complete and every worker done with the net buffers: the channel
+    // and the buffers are free for whatever this CTA runs next. (One count for all workers is
+    // enough here: none can count the next collective before this wait ends and Open follows.)
+    return ex.roleWait(kRoleFreed, static_cast<uint64_t>(W) * (c.roleOps + 1)) && ex.railWait(0) && ex.railWait(1);
+  }
+  if (c.role == kHierRoleReducer) {
+    const uint64_t esz = x.esz, align = sliceAlignElems(esz);
+    for (uint64_t i = 0; i < chunks; ++i) {
+      const int slot = slotOf(i);
+      if (!ex.roleWait(kRoleR0, s0 + i + 1) || !ex.railWaitPublished(0, slot)) return false;
+      const HierArChunk a(c, x, i, seq0 + i);
+      const Slice sub = rankSlice(a.tk.count, c.reducers, c.roleIndex, align);
+      char* P = ex.netSend(slot);
+      for (int m = 0; m < x.N; ++m)
+        x.srcs[m] = m == x.k ? P + (a.tk.offset + sub.offset) * esz : ex.netRecv(slot, m) + sub.offset * esz;
+      x.dsts[0] = P + (a.tk.offset + sub.offset) * esz;
+      ex.reduce(x.dsts, 1, x.srcs, x.N, sub.count, false, true);
+      ex.roleAdd(kRoleReduced + c.roleIndex);
+    }
+    return true;
+  }
+  // Worker.
+  if (!ex.roleWait(kRoleOpen, c.roleOps + 1)) return false;
+  if (!hierRoleWorker1(ex, c, x, HierArChunk(c, x, 0, seq0), slotOf(0))) return false;
+  for (uint64_t i = 0; i < chunks; ++i) {
+    if (i + 1 < chunks && !hierRoleWorker1(ex, c, x, HierArChunk(c, x, i + 1, seq0 + i + 1), slotOf(i + 1)))
+      return false;
+    if (!ex.roleWait(kRoleR1, s0 + i + 1)) return false;
+    if (!hierRoleWorker3(ex, c, x, HierArChunk(c, x, i, seq0 + i), slotOf(i))) return false;
+  }
+  ex.roleAdd(kRoleFreed);
+  return true;
+}
+
 // One collective of call c for this CTA.
 MK_HIER_TEMPLATE
 template <class Ex>
 MKERNEL_HD bool hierCollective(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
   switch (c.coll) {
-    case CollType::AllReduce: return hierAllReduce(ex, c, chunkSeq);
+    case CollType::AllReduce:
+      if (c.role != kHierRoleNone) return hierAllReduceRoles(ex, c, chunkSeq);
+      return hierAllReduce(ex, c, chunkSeq);
     case CollType::ReduceScatter: return hierRunSteps<Ex, HierReduceScatterSteps>(ex, c, chunkSeq);
     case CollType::AllGather: return hierRunSteps<Ex, HierAllGatherSteps>(ex, c, chunkSeq);
     case CollType::Broadcast: return hierRunSteps<Ex, HierBroadcastSteps>(ex, c, chunkSeq);

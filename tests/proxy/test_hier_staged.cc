@@ -57,7 +57,14 @@ struct RankState {
 
 struct World {
   NodeLayout L;
-  int ctas = 1;
+  int ctas = 1;   // CTAs per rank (regions, node barriers, channels)
+  int lanes = 1;  // hierCtasFor's CTAs (MKERNEL_HIER_CTAS); = ctas unless in CTA roles
+  // CTA roles (MKERNEL_HIER_ROLES): workers and reducers per lane of a pipelined AllReduce (0: off);
+  // ctas is then hierRoleCtas(lanes, workers, reducers).
+  int workers = 0, reducers = 0;
+  bool breakRoleWait = false;  // workers do not wait for round 1's post (negative test)
+  std::unique_ptr<std::atomic<uint64_t>[]> roleCounter;  // per (rank, lane, counter)
+  std::unique_ptr<std::atomic<uint64_t>[]> roleTarget;   // per (rank, lane, round, slot, sends/recvs)
   uint64_t chunkBytes = 0;
   std::vector<std::unique_ptr<RankState>> ranks;
   mktest::RegionRaces race;                         // per (rank, CTA, region 0..3)
@@ -92,8 +99,13 @@ void makeWorld(World& w, mkernel::net::Net* net, int nNodes, int perNode, uint64
   w.L.nNodes = nNodes;
   w.L.perNode = perNode;
   w.ctas = ctas;
+  if (w.workers == 0) w.lanes = ctas;
   w.chunkBytes = chunkBytes;
   const int n = w.L.nRanks();
+  w.roleCounter.reset(new std::atomic<uint64_t>[static_cast<size_t>(n * kMaxHierCtas * kHierRoleCounters)]);
+  for (int i = 0; i < n * kMaxHierCtas * kHierRoleCounters; ++i) w.roleCounter[i] = 0;
+  w.roleTarget.reset(new std::atomic<uint64_t>[static_cast<size_t>(n * kMaxHierCtas * 8)]);
+  for (int i = 0; i < n * kMaxHierCtas * 8; ++i) w.roleTarget[i] = 0;
   w.race.reset(n * ctas * 4, [&w](const char* p) { return w.regionOf(p); });
   w.arrive.reset(new std::atomic<uint64_t>[static_cast<size_t>(n * ctas)]);
   for (int i = 0; i < n * ctas; ++i) w.arrive[i] = 0;
@@ -143,8 +155,9 @@ struct CpuHierExecutor {
   int rank;
   int cta = 0;
   uint64_t epoch = 0;
+  int lane = 0;  // the channel and net buffers: CTA `lane`'s (the CTA's own unless in CTA roles)
 
-  CtaState& me() { return *w->ranks[static_cast<size_t>(rank)]->cta[static_cast<size_t>(cta)]; }
+  CtaState& me() { return *w->ranks[static_cast<size_t>(rank)]->cta[static_cast<size_t>(lane)]; }
   char* region(int r, int which) {
     return w->ranks[static_cast<size_t>(r)]->cta[static_cast<size_t>(cta)]->regions.data() + static_cast<uint64_t>(which) * w->chunkBytes;
   }
@@ -211,14 +224,40 @@ struct CpuHierExecutor {
     }
     return true;
   }
-  bool railWait(int slot) {
+  bool railWaitCounts(int slot, uint64_t sends, uint64_t recvs) {
     CtaState& s = me();
     const uint32_t f = 2 * static_cast<uint32_t>(slot);
-    if (proxyWaitFlag(s.flags.get(), f + kFlagSends, s.sendsPosted[slot], kTimeoutNs) != WaitStatus::kReached)
-      return fail("sends");
-    if (proxyWaitFlag(s.flags.get(), f + kFlagRecvs, s.recvsPosted[slot], kTimeoutNs) != WaitStatus::kReached)
-      return fail("receives");
+    if (proxyWaitFlag(s.flags.get(), f + kFlagSends, sends, kTimeoutNs) != WaitStatus::kReached) return fail("sends");
+    if (proxyWaitFlag(s.flags.get(), f + kFlagRecvs, recvs, kTimeoutNs) != WaitStatus::kReached) return fail("receives");
     return true;
+  }
+  bool railWait(int slot) { return railWaitCounts(slot, me().sendsPosted[slot], me().recvsPosted[slot]); }
+  // CTA roles: the lane's counters and the targets its sender published.
+  std::atomic<uint64_t>& counter(int k) { return w->roleCounter[(rank * kMaxHierCtas + lane) * kHierRoleCounters + k]; }
+  std::atomic<uint64_t>& target(int round, int slot, int which) {
+    return w->roleTarget[(rank * kMaxHierCtas + lane) * 8 + round * 4 + slot * 2 + which];
+  }
+  void roleAdd(int k) { counter(k).fetch_add(1, std::memory_order_acq_rel); }
+  bool roleWait(int k, uint64_t want) {
+    if (w->breakRoleWait && k == kRoleR1) return true;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (counter(k).load(std::memory_order_acquire) < want) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        w->error("rank " + std::to_string(rank) + " CTA " + std::to_string(cta) + ": role counter " + std::to_string(k) +
+                 " stuck at " + std::to_string(counter(k).load()) + ", want " + std::to_string(want));
+        return false;
+      }
+      std::this_thread::yield();
+    }
+    return true;
+  }
+  void railPublish(int round, int slot) {
+    target(round, slot, 0).store(me().sendsPosted[slot], std::memory_order_release);
+    target(round, slot, 1).store(me().recvsPosted[slot], std::memory_order_release);
+  }
+  bool railWaitPublished(int round, int slot) {
+    return railWaitCounts(slot, target(round, slot, 0).load(std::memory_order_acquire),
+                          target(round, slot, 1).load(std::memory_order_acquire));
   }
   bool fail(const char* what) {
     w->error("rank " + std::to_string(rank) + " CTA " + std::to_string(cta) + ": rail exchange (" + what +
@@ -269,7 +308,7 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
     for (int cta = 0; cta < w.ctas; ++cta)
     threads.emplace_back([&, r, cta] {
       CpuHierExecutor ex{&w, r, cta};
-      uint64_t seq = 0;
+      uint64_t seq = 0, roleChunks = 0, roleOps = 0;
       for (size_t i = 0; i < ops.size(); ++i) {
         Bufs& b = bufs[i][static_cast<size_t>(r)];
         HierCall c;
@@ -283,11 +322,29 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
         c.send = reinterpret_cast<uint64_t>(b.buf.data() + b.sendOff);
         c.recv = reinterpret_cast<uint64_t>(b.buf.data() + b.recvOff);
         // The kernel's split: the op's CTAs (hierCtasFor), each its slice; the rest skip it.
-        const int opCtas = hierCtasFor(directWholeBytes(ops[i].coll, ops[i].count, n, 4), w.ctas, w.splitMinBytes);
-        if (cta >= opCtas) continue;
-        c.part = rankSlice(ops[i].count, opCtas, cta, sliceAlignElems(4));
+        const int opCtas = hierCtasFor(directWholeBytes(ops[i].coll, ops[i].count, n, 4), w.lanes, w.splitMinBytes);
         c.chunkElems = hierChunkElemsFor(ops[i].coll, w.L, 4, w.chunkBytes);
         c.overlap = w.overlap;
+        if (w.workers > 0 && ops[i].coll == CollType::AllReduce && w.overlap) {
+          // CTA roles, as runHier: lane l of opCtas takes slice l; the other lanes' CTAs skip it.
+          const HierRoleOf ro(cta, w.lanes, w.workers, w.reducers);
+          if (ro.lane >= opCtas) continue;
+          c.part = rankSlice(ops[i].count, opCtas, ro.lane, sliceAlignElems(4));
+          c.role = ro.role;
+          c.roleIndex = ro.index;
+          c.workers = w.workers;
+          c.reducers = w.reducers;
+          c.roleChunks = roleChunks;
+          c.roleOps = roleOps;
+          ex.lane = ro.lane;
+          if (!hierCollective(ex, c, &seq)) return;
+          roleChunks += hierChunksOf(c);
+          roleOps += hierChunksOf(c) > 0 ? 1 : 0;
+          continue;
+        }
+        if (cta >= opCtas) continue;
+        c.part = rankSlice(ops[i].count, opCtas, cta, sliceAlignElems(4));
+        ex.lane = cta;
         if (!hierCollective(ex, c, &seq)) return;
       }
     });
@@ -353,11 +410,21 @@ struct Shape {
   uint64_t chunkBytes;
 };
 
-void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = true, int ctas = 1, uint64_t splitMinBytes = 0) {
+// roles: workers and reducers per lane (MKERNEL_HIER_ROLES; {0, 0}: off); ctas is then the lanes.
+struct Roles {
+  int workers = 0, reducers = 0;
+};
+
+void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = true, int ctas = 1, uint64_t splitMinBytes = 0,
+                     Roles roles = Roles()) {
   const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
                             CollType::Reduce};
   World w;
-  makeWorld(w, net, sh.nodes, sh.perNode, sh.chunkBytes, ctas);
+  w.workers = roles.workers;
+  w.reducers = roles.reducers;
+  w.lanes = ctas;
+  makeWorld(w, net, sh.nodes, sh.perNode, sh.chunkBytes,
+            roles.workers > 0 ? hierRoleCtas(ctas, roles.workers, roles.reducers) : ctas);
   w.overlap = overlap;
   w.splitMinBytes = splitMinBytes;
   const int n = sh.nodes * sh.perNode;
@@ -369,7 +436,7 @@ void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = tru
   const std::string mismatch = runOps(w, ops, static_cast<uint64_t>(sh.nodes * 10 + sh.perNode));
   stopAll(w);
   INFO(sh.nodes << " nodes x " << sh.perNode << ", " << ctas << " CTA(s) from " << splitMinBytes << " B, chunk " << sh.chunkBytes << " B, AllReduce "
-                << (overlap ? "pipelined" : "sequential"));
+                << (overlap ? "pipelined" : "sequential") << ", roles " << roles.workers << "," << roles.reducers);
   for (const auto& e : w.errors) FAIL_CHECK(e);
   CHECK(mismatch == "");
   CHECK(w.race.races() == 0);
@@ -409,6 +476,50 @@ TEST_CASE("hier_staged: small collectives on one CTA between ones split over 3, 
   auto net = testNet();
   for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}})
     for (bool overlap : {true, false}) everyCollective(net.get(), sh, overlap, 3, 2000);
+}
+
+// CTA roles (MKERNEL_HIER_ROLES): the pipelined AllReduce on a sender, W workers and R reducers
+// per lane, handing chunks on through the lane's counters; the other collectives stay
+// data-parallel on the lanes' first CTAs (the senders), between and after the AllReduces.
+TEST_CASE("hier_staged: AllReduce in CTA roles (1 sender, 1-2 workers, 1-3 reducers per lane), every collective between, exact") {
+  auto net = testNet();
+  const Roles roles[] = {{1, 1}, {2, 1}, {1, 2}, {2, 3}};
+  for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}, Shape{2, 3, 768}, Shape{2, 1, 256}})
+    for (const Roles& r : roles) everyCollective(net.get(), sh, true, 1, 0, r);
+  // Two and three lanes; and three with the small collectives on lane 0 alone.
+  for (const Roles& r : roles) {
+    everyCollective(net.get(), Shape{2, 2, 512}, true, 2, 0, r);
+    everyCollective(net.get(), Shape{3, 2, 768}, true, 3, 2000, r);
+  }
+}
+
+// A slow rank (200 us per data movement) lets the other CTAs run ahead as far as the counters
+// allow; with the workers not waiting for round 1's post the result must go wrong (the test can
+// fail), as they then read a net slot that is still being filled.
+TEST_CASE("hier_staged: CTA roles with a slow rank, and a broken role wait is caught") {
+  auto net = testNet();
+  for (bool broken : {false, true})
+    for (const Roles& r : {Roles{1, 1}, Roles{2, 2}}) {
+      World w;
+      w.workers = r.workers;
+      w.reducers = r.reducers;
+      w.lanes = 1;
+      w.slowRank = 1;
+      w.breakRoleWait = broken;
+      makeWorld(w, net.get(), 2, 2, 512, hierRoleCtas(1, r.workers, r.reducers));
+      std::vector<Op> ops = {{CollType::AllReduce, 1001, false, 0}, {CollType::AllReduce, 1001, true, 0},
+                             {CollType::ReduceScatter, 300, false, 0}, {CollType::AllReduce, 777, false, 0}};
+      const std::string mismatch = runOps(w, ops, 11);
+      stopAll(w);
+      INFO((broken ? "workers skip the round-1 wait: " : "intact: ") << r.workers << "," << r.reducers << ": " << mismatch);
+      if (!broken) {
+        for (const auto& e : w.errors) FAIL_CHECK(e);
+        CHECK(mismatch == "");
+        CHECK(w.race.races() == 0);
+      } else {
+        CHECK((mismatch != "" || w.race.races() > 0 || !w.errors.empty()));
+      }
+    }
 }
 
 TEST_CASE("hier_staged: a slow rank is never overtaken in the node regions (and the check fires when a barrier is broken)", "[vm]") {
