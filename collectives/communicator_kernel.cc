@@ -73,6 +73,7 @@ const char* waitKindName(uint32_t what) {
     case kWaitProxy: return "the proxy's inter-node transfers";
     case kWaitLaunchPeer: return "to publish its inputs (launch path)";
     case kWaitLaunchPeerEnd: return "to finish the collective (launch path, direct)";
+    case kWaitHierRole: return "another CTA of its lane (hierarchical AllReduce in CTA roles)";
   }
   return "?";
 }
@@ -199,6 +200,7 @@ class KernelCommunicator final : public Communicator {
   Result postSlot(const WorkDesc* descs, int nOps, bool capturing, cudaStream_t stream);
   Result agreeLaunchCap(int smsLeft);
   Result setupProxy();
+  Result agreeHierRoles();
   Result takeEagerSlot(int* slot);
   Result ensureKernel();
   Result kernelError() const;
@@ -243,6 +245,7 @@ class KernelCommunicator final : public Communicator {
   char* netBuf_ = nullptr;                   // hierCtas_ x netBufBytes
   int hierCtas_ = 1;                         // MKERNEL_HIER_CTAS, agreed by every rank
   uint64_t hierSplitMinBytes_ = 0;           // MKERNEL_HIER_SPLIT_MIN_BYTES, agreed by every rank
+  int hierWorkers_ = 0, hierReducers_ = 0;   // MKERNEL_HIER_ROLES (rank 0's), 0: data-parallel CTAs
   bool launched_ = false;
   bool exchanged_ = false;
   bool aborted_ = false;
@@ -634,6 +637,44 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   return Result::Success;
 }
 
+// MKERNEL_HIER_ROLES: "off" (or 0), or "W,R": the pipelined hierarchical AllReduce runs each lane
+// on one sender, W worker and R reducer CTAs (collectives/hier_staged.h, "CTA roles"). Rank 0's
+// value is every rank's: the CTAs' roles must match their peers'. Needs MKERNEL_HIER_OVERLAP=1 and
+// hierCtas_ x (1 + W + R) CTAs in the persistent kernel.
+Result KernelCommunicator::agreeHierRoles() {
+  const std::string v = paramString("HIER_ROLES");
+  int32_t wr[2] = {0, 0};
+  if (!v.empty() && v != "off" && v != "0") {
+    int w = 0, r = 0;
+    char tail = 0;
+    if (std::sscanf(v.c_str(), "%d,%d%c", &w, &r, &tail) != 2 || w < 1 || w > kMaxHierRoleCtas || r < 1 ||
+        r > kMaxHierRoleCtas)
+      return MK_ERROR(Result::InvalidArgument, "MKERNEL_HIER_ROLES=%s: want off, or W,R (workers and reducers per lane, 1..%d each)",
+                      v.c_str(), kMaxHierRoleCtas);
+    wr[0] = w;
+    wr[1] = r;
+  }
+  std::vector<int32_t> all(2 * static_cast<size_t>(opts_.nRanks), 0);
+  std::memcpy(&all[2 * static_cast<size_t>(opts_.rank)], wr, sizeof(wr));
+  MK_CHECK(bs_->allGather(all.data(), sizeof(wr)));
+  hierWorkers_ = all[0];
+  hierReducers_ = all[1];
+  if (hierWorkers_ == 0) return Result::Success;
+  if (paramInt("HIER_OVERLAP", 1) == 0) {
+    MK_INFO(kLogInit, "rank %d: MKERNEL_HIER_ROLES=%d,%d ignored: MKERNEL_HIER_OVERLAP=0 runs the phases in turn on one CTA",
+            opts_.rank, hierWorkers_, hierReducers_);
+    hierWorkers_ = hierReducers_ = 0;
+    return Result::Success;
+  }
+  const int need = hierRoleCtas(hierCtas_, hierWorkers_, hierReducers_);
+  if (need > peers_.nCtas)
+    return MK_ERROR(Result::InvalidArgument,
+                    "rank %d: MKERNEL_HIER_ROLES=%d,%d with %d lane(s) (MKERNEL_HIER_CTAS) needs %d CTAs; the persistent "
+                    "kernel has %d (MKERNEL_CTAS)",
+                    opts_.rank, hierWorkers_, hierReducers_, hierCtas_, need, peers_.nCtas);
+  return Result::Success;
+}
+
 Result KernelCommunicator::setupProxy() {
   const int G = perNode_, N = opts_.nRanks / G, node = opts_.rank / G, local = opts_.rank % G;
   // CTAs per hierarchical collective (MKERNEL_HIER_CTAS): at most the kernel's CTAs (each needs
@@ -654,6 +695,7 @@ Result KernelCommunicator::setupProxy() {
   splits[static_cast<size_t>(opts_.rank)] = split;
   MK_CHECK(bs_->allGather(splits.data(), sizeof(int64_t)));
   hierSplitMinBytes_ = static_cast<uint64_t>(*std::max_element(splits.begin(), splits.end()));
+  MK_CHECK(agreeHierRoles());
   const size_t C = static_cast<size_t>(hierCtas_);
   void* host = nullptr;
   MK_CUDA(cudaHostAlloc(&host, C * sizeof(proxy::ProxyRing), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(proxy rings)");
@@ -713,13 +755,18 @@ Result KernelCommunicator::setupProxy() {
   params_.netBuf = netBuf_;
   params_.netBufBytes = netBytes;
   params_.hierCtas = hierCtas_;
+  params_.hierWorkers = hierWorkers_;
+  params_.hierReducers = hierReducers_;
   params_.nNodes = N;
   params_.perNode = G;
   MK_INFO(kLogInit,
           "rank %d: %s node %d of %d (%d ranks each): proxy on rail %d over %s (%s), %d CTA(s) per collective from %llu bytes, "
-          "1 below",
+          "1 below; AllReduce %s",
           opts_.rank, opts_.emulate ? "emulated" : "host", node, N, G, local, net_->name(), choice.why.c_str(), hierCtas_,
-          static_cast<unsigned long long>(hierSplitMinBytes_));
+          static_cast<unsigned long long>(hierSplitMinBytes_),
+          hierWorkers_ == 0 ? "on data-parallel CTAs"
+                            : ("in CTA roles: each lane 1 sender, " + std::to_string(hierWorkers_) + " worker(s), " +
+                               std::to_string(hierReducers_) + " reducer(s)").c_str());
   return Result::Success;
 }
 
@@ -751,9 +798,15 @@ Result KernelCommunicator::fillDesc(const CollArgs& a, WorkDesc* d) const {
   // Hierarchical: MKERNEL_HIER_CTAS CTAs from MKERNEL_HIER_SPLIT_MIN_BYTES, else one; each posts
   // to its own proxy channel. CTAs whose slice is empty (small counts) return at once, alike on
   // every rank.
-  if (params_.nNodes > 1)
+  if (params_.nNodes > 1) {
     d->nCtas = static_cast<int32_t>(
         hierCtasFor(directWholeBytes(a.coll, a.count, opts_.nRanks, esz), hierCtas_, hierSplitMinBytes_));
+    // CTA roles: every lane's CTAs take part (those of lanes beyond the op's skip it in the kernel).
+    if (hierWorkers_ > 0 && a.coll == CollType::AllReduce) {
+      d->hierLanes = d->nCtas;
+      d->nCtas = hierRoleCtas(hierCtas_, hierWorkers_, hierReducers_);
+    }
+  }
   if (a.coll == CollType::AllReduce || a.coll == CollType::ReduceScatter || a.coll == CollType::Reduce) {
     MK_CHECK(makeDevRedOp(a.op, a.dtype, opts_.nRanks, a.scalar, &d->redOp));
   }
@@ -1658,6 +1711,8 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->sharedDirect = peers_.sharedDirect;
   out->persistentCtas = params_.nCtas;
   out->hierCtas = params_.nNodes > 1 ? hierCtas_ : 0;
+  out->hierWorkers = params_.nNodes > 1 ? hierWorkers_ : 0;
+  out->hierReducers = params_.nNodes > 1 ? hierReducers_ : 0;
   out->staged = peers_.staged;
 }
 

@@ -22,6 +22,7 @@ namespace coll {
 
 constexpr int kMaxCtas = 64;         // CTAs of one persistent kernel
 constexpr int kMaxHierCtas = 16;     // CTAs of one hierarchical collective (MKERNEL_HIER_CTAS)
+constexpr int kMaxHierRoleCtas = 8;  // workers, and reducers, per lane (MKERNEL_HIER_ROLES)
 constexpr int kMaxRanks = 16;        // ranks of one communicator the kernel can address
 constexpr int kMaxOpsPerSlot = 8;    // collectives of one group posted by one doorbell
 constexpr int kEagerSlots = 64;      // ring of slots reused by eager enqueues
@@ -73,7 +74,7 @@ struct alignas(16) WorkDesc {
   uint64_t sendbuff;
   uint64_t recvbuff;
   int32_t nCtas;  // CTAs that take part (the same on every rank: a function of count/dtype)
-  int32_t reserved;
+  int32_t hierLanes;  // hierarchical AllReduce in CTA roles (MKERNEL_HIER_ROLES): its lanes; 0 otherwise
   uint64_t scalarDevPtr;  // PreMulSum scalar as a device pointer to one element (0: redOp's)
   DevRedOp redOp;         // makeDevRedOp() (collectives/reduce_host.h): NCCL's device op
 };
@@ -146,6 +147,9 @@ struct alignas(128) DeviceState {
   uint64_t ctaChunk[kMaxCtas];     // staged chunks each CTA has run (process ranks: region parity)
   uint64_t proxySends[kMaxHierCtas][2];  // hierarchical path: sends / receives each CTA posted to
   uint64_t proxyRecvs[kMaxHierCtas][2];  // its proxy channel, per net slot (the counters are monotonic)
+  // CTA roles (MKERNEL_HIER_ROLES, collectives/hier_staged.h): per CTA, the chunks and the
+  // collectives its lane ran in roles (the bases of the lane's counters).
+  uint64_t ctaRole[kMaxCtas][2];
   uint32_t dispatchSlot[kDispatchDepth];
   uint64_t dispatchSeq;       // entries the leader has published
   uint64_t completedSeq;      // entries fully completed (all needed CTAs reported)
@@ -181,6 +185,12 @@ struct alignas(128) DeviceState {
   // microseconds on the H200 host, docs/KERNEL.md); the host reads both by a copy when it needs
   // them (statistics, finalize, the launch watch).
   alignas(128) uint64_t launchDone[8];
+  // CTA roles: each lane's counters (HierRoleCounter) and the targets its sender published for
+  // rounds 0 and 1 on net slots 0 and 1 (the channel's sends, receives).
+  struct alignas(128) HierRoleLane {
+    uint64_t counter[24];  // kHierRoleCounters (20) used
+    uint64_t target[2][2][2];
+  } hierRole[kMaxHierCtas];
 };
 
 // Kinds of wait that can time out (ErrorRecord::what).
@@ -195,6 +205,7 @@ enum WaitKind : uint32_t {
   kWaitProxy = 7,      // hierarchical: the proxy did not complete this rank's inter-node transfers
   kWaitLaunchPeer = 8, // launch path: the peer has not published its inputs of this collective
   kWaitLaunchPeerEnd = 9,  // direct launch path: the peer has not finished reading our buffers
+  kWaitHierRole = 10,      // hierarchical AllReduce in CTA roles: another CTA of this rank's lane
 };
 
 // Per-group timestamps of CTA 0, recorded when MKERNEL_KERNEL_TRACE=1 into a device ring of

@@ -329,6 +329,7 @@ struct HierExecutor : CtaMover {
   int cta;
   uint64_t* epoch;
   int node;
+  int lane;  // the proxy channel and net buffers: this CTA's own, or (CTA roles) its lane's
 
   __device__ char* in(int local, int parity) const {
     return p.stagedBuf[node * p.perNode + local] + stagedRegionOffset(cta, parity, p.stagedChunkBytes);
@@ -337,11 +338,11 @@ struct HierExecutor : CtaMover {
     return p.stagedBuf[node * p.perNode + local] + stagedRegionOffset(cta, 2 + parity, p.stagedChunkBytes);
   }
   __device__ char* netSend(int slot) const {
-    return p.netBuf + static_cast<uint64_t>(cta) * p.netBufBytes +
+    return p.netBuf + static_cast<uint64_t>(lane) * p.netBufBytes +
            static_cast<uint64_t>(slot) * (1 + static_cast<uint64_t>(p.nNodes)) * p.stagedChunkBytes;
   }
-  __device__ proxy::ProxyRing* ring() const { return p.proxyRing + cta; }
-  __device__ proxy::ProxyFlags* flags() const { return p.proxyFlags + cta; }
+  __device__ proxy::ProxyRing* ring() const { return p.proxyRing + lane; }
+  __device__ proxy::ProxyFlags* flags() const { return p.proxyFlags + lane; }
   __device__ char* netRecv(int slot, int m) const { return netSend(slot) + (1 + static_cast<uint64_t>(m)) * p.stagedChunkBytes; }
   __device__ bool nodeBarrier() {
     return ctaBarrier(p, sh.peers, cta, epoch, kWaitPeerChunk, d.coll, node * p.perNode, p.perNode);
@@ -352,7 +353,7 @@ struct HierExecutor : CtaMover {
     if (threadIdx.x == 0) {
       __threadfence_system();
       bool ok = true;
-      uint64_t sends = p.self->proxySends[cta][slot], recvs = p.self->proxyRecvs[cta][slot];
+      uint64_t sends = p.self->proxySends[lane][slot], recvs = p.self->proxyRecvs[lane][slot];
       for (int pass = 0; pass < 2 && ok; ++pass) {  // receives first, then sends
         for (int m = 0; m < p.nNodes && ok; ++m) {
           const uint64_t bytes = pass == 0 ? recvBytes[m] : sendBytes[m];
@@ -369,24 +370,56 @@ struct HierExecutor : CtaMover {
           if (pass == 0) ++recvs; else ++sends;
         }
       }
-      p.self->proxySends[cta][slot] = sends;
-      p.self->proxyRecvs[cta][slot] = recvs;
+      p.self->proxySends[lane][slot] = sends;
+      p.self->proxyRecvs[lane][slot] = recvs;
       if (!ok) recordError(p, cta, -1, kWaitProxy, d.coll, recvs);
       sh.stop = ok ? 0 : 1;
     }
     __syncthreads();
     return sh.stop == 0;
   }
+  // Thread 0: until the channel's completion counters of `slot` reach sends and recvs.
+  __device__ bool railWaitCounts(int slot, uint64_t sends, uint64_t recvs) {
+    const uint32_t f = 2 * static_cast<uint32_t>(slot);
+    bool ok = proxy::proxyWaitFlag(flags(), f, sends, p.timeoutNs) == proxy::WaitStatus::kReached;
+    ok = ok && proxy::proxyWaitFlag(flags(), f + 1, recvs, p.timeoutNs) == proxy::WaitStatus::kReached;
+    if (!ok) recordError(p, cta, -1, kWaitProxy, d.coll, recvs);
+    return ok;
+  }
   __device__ bool railWait(int slot) {
-    if (threadIdx.x == 0) {
-      const uint32_t f = 2 * static_cast<uint32_t>(slot);
-      const uint64_t sends = p.self->proxySends[cta][slot], recvs = p.self->proxyRecvs[cta][slot];
-      bool ok = proxy::proxyWaitFlag(flags(), f, sends, p.timeoutNs) == proxy::WaitStatus::kReached;
-      ok = ok && proxy::proxyWaitFlag(flags(), f + 1, recvs, p.timeoutNs) == proxy::WaitStatus::kReached;
-      if (!ok) recordError(p, cta, -1, kWaitProxy, d.coll, recvs);
-      sh.stop = ok ? 0 : 1;
-    }
+    if (threadIdx.x == 0)
+      sh.stop = railWaitCounts(slot, p.self->proxySends[lane][slot], p.self->proxyRecvs[lane][slot]) ? 0 : 1;
     __syncthreads();  // the received bytes are read after thread 0 saw them land
+    return sh.stop == 0;
+  }
+  // CTA roles (collectives/hier_staged.h): the lane's counters in device memory.
+  __device__ void roleAdd(int k) {
+    __syncthreads();  // the CTA's writes (device and host-mapped memory) precede the count
+    if (threadIdx.x == 0) {
+      __threadfence_system();
+      atomicAdd(reinterpret_cast<unsigned long long*>(&p.self->hierRole[lane].counter[k]), 1ull);
+    }
+  }
+  __device__ bool roleWait(int k, uint64_t target) {
+    if (threadIdx.x == 0)
+      sh.stop = waitGeq(p, &p.self->hierRole[lane].counter[k], target, cta, -1, kWaitHierRole, d.coll) ? 0 : 1;
+    __syncthreads();
+    return sh.stop == 0;
+  }
+  // Sender: what its channel counts on `slot` so far, as the targets of `round` (read after the
+  // round's R0 / R1 count, which roleAdd orders after these stores).
+  __device__ void railPublish(int round, int slot) {
+    if (threadIdx.x == 0) {
+      p.self->hierRole[lane].target[round][slot][0] = p.self->proxySends[lane][slot];
+      p.self->hierRole[lane].target[round][slot][1] = p.self->proxyRecvs[lane][slot];
+    }
+  }
+  __device__ bool railWaitPublished(int round, int slot) {
+    if (threadIdx.x == 0) {
+      const uint64_t* t = p.self->hierRole[lane].target[round][slot];
+      sh.stop = railWaitCounts(slot, __ldcg(t), __ldcg(t + 1)) ? 0 : 1;
+    }
+    __syncthreads();
     return sh.stop == 0;
   }
 };
@@ -406,10 +439,34 @@ __device__ __noinline__ bool runHier(const KernelParams& p, SharedState& sh, con
   c.recv = d.recvbuff;
   // CTA c of d.nCtas (MKERNEL_HIER_CTAS) takes its slice, with its own proxy channel: one
   // producer per ring. Every rank splits alike (count and CTAs are shared).
-  c.part = rankSlice(d.count, d.nCtas, cta, sliceAlignElems(elemSize(d.dtype)));
   c.chunkElems = hierChunkElemsFor(c.coll, c.layout, c.elemSize, p.stagedChunkBytes);
   c.overlap = p.hierOverlap != 0;
-  HierExecutor ex{{sh, d}, p, cta, epoch, c.node};
+  if (d.hierLanes > 0) {
+    // CTA roles (MKERNEL_HIER_ROLES): lane l of d.hierLanes takes slice l; the CTAs of lanes the
+    // collective does not use skip it (their counters stay where they were, on every rank alike).
+    const HierRoleOf r(cta, p.hierCtas, p.hierWorkers, p.hierReducers);
+    if (r.lane >= d.hierLanes) return true;
+    c.part = rankSlice(d.count, d.hierLanes, r.lane, sliceAlignElems(c.elemSize));
+    c.role = r.role;
+    c.roleIndex = r.index;
+    c.workers = p.hierWorkers;
+    c.reducers = p.hierReducers;
+    uint64_t* mine = p.self->ctaRole[cta];
+    c.roleChunks = mine[0];
+    c.roleOps = mine[1];
+    HierExecutor ex{{sh, d}, p, cta, epoch, c.node, r.lane};
+    const bool ok = hierCollective(ex, c, chunkSeq);
+    __syncthreads();  // every thread read mine[] above
+    if (threadIdx.x == 0) {
+      const uint64_t chunks = hierChunksOf(c);
+      mine[0] += chunks;
+      mine[1] += chunks > 0 ? 1 : 0;
+    }
+    __syncthreads();
+    return ok;
+  }
+  c.part = rankSlice(d.count, d.nCtas, cta, sliceAlignElems(elemSize(d.dtype)));
+  HierExecutor ex{{sh, d}, p, cta, epoch, c.node, cta};
   return hierCollective(ex, c, chunkSeq);
 }
 
