@@ -31,6 +31,8 @@
 #   3c. (LC_OVERLAP=1) the hierarchical AllReduce's overlap: mkernel-collbench --ranks LC_OVERLAP_RANKS (4)
 #      --ranks-per-node LC_OVERLAP_RPN (2) over the GPUs, MKERNEL_HIER_OVERLAP=1 against =0 (the same
 #      phases one after another), to LC_OVERLAP_MAX bytes (16777216);
+#   3h. (LC_HIER_ROLES_SWEEP="off 1,1 2,1") the same, once per MKERNEL_HIER_ROLES value, with
+#      MKERNEL_HIER_CTAS=LC_HIER_ROLES_CTAS (unset: its default); a table of eager medians;
 #   3d. (LC_HIER_CTAS_SWEEP="1 2 4") the same hierarchical AllReduce, pipelined, once per
 #      MKERNEL_HIER_CTAS value, and a table of eager medians per size (issue 6's default);
 #   3e. (LC_PROCLAT=1) mkernel-proclat: small AllReduces with LC_PROCLAT_RANKS (2,4,8) process ranks
@@ -204,6 +206,33 @@ if [ -n "${LC_HIER_CTAS_SWEEP:-}" ]; then
                for (j = 1; j <= nc; ++j) printf " %10s", ((bs[i], cs[j]) in t) ? t[bs[i], cs[j]] : "-"; print "" } }' \
     "$logs/hier-ctas.txt" | tee "$logs/hier-ctas-table.txt"
   save hier-ctas.txt hier-ctas-table.txt
+fi
+
+if [ -n "${LC_HIER_ROLES_SWEEP:-}" ]; then
+  # Issue 6: CTA roles for the pipelined hierarchical AllReduce (MKERNEL_HIER_ROLES=W,R: 1 sender,
+  # W workers, R reducers per lane; off: data-parallel CTAs), the same emulated nodes as 3c, with
+  # MKERNEL_HIER_CTAS=LC_HIER_ROLES_CTAS lanes (default: the variable's default), once per value.
+  step "3h. hierarchical AllReduce: MKERNEL_HIER_ROLES in ${LC_HIER_ROLES_SWEEP}"
+  : >"$logs/hier-roles.txt"
+  for hr in ${LC_HIER_ROLES_SWEEP}; do
+    env ${LC_HIER_ROLES_CTAS:+MKERNEL_HIER_CTAS=$LC_HIER_ROLES_CTAS} MKERNEL_HIER_ROLES=$hr MKERNEL_HIER_OVERLAP=1 \
+      MKERNEL_SOCKET_IFNAME=lo MKERNEL_TIMEOUT_S=30 timeout 150 \
+      "$build/bin/mkernel-collbench" --gpus "$NG" --ranks "${LC_OVERLAP_RANKS:-4}" --ranks-per-node "${LC_OVERLAP_RPN:-2}" \
+      --wait memop --min-bytes 4096 --max-bytes "${LC_OVERLAP_MAX:-16777216}" --step 4 --iters "${LC_OVERLAP_ITERS:-50}" 2>&1 |
+      sed "s/^/roles=$hr: /" >>"$logs/hier-roles.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "roles=$hr failed"; fail=1; }
+  done
+  # One line per size: the eager median for each value (collbench's 4th column).
+  awk '$2 ~ /^(memop|launch)$/ {
+         split($1, a, "="); c = a[2]; sub(":", "", c); t[$4, c] = $5
+         if (!(c in seenC)) { seenC[c] = 1; cs[++nc] = c }
+         if (!($4 in seenB)) { seenB[$4] = 1; bs[++nb] = $4 } }
+       END { printf "%12s", "bytes"; for (j = 1; j <= nc; ++j) printf " %10s", "roles=" cs[j]; print ""
+             for (i = 1; i <= nb; ++i) { printf "%12s", bs[i]
+               for (j = 1; j <= nc; ++j) printf " %10s", ((bs[i], cs[j]) in t) ? t[bs[i], cs[j]] : "-"; print "" } }' \
+    "$logs/hier-roles.txt" | tee "$logs/hier-roles-table.txt"
+  grep -E "failed|error|Error" "$logs/hier-roles.txt" | head -5
+  save hier-roles.txt hier-roles-table.txt
 fi
 
 if [ "${LC_PROCLAT:-0}" = 1 ]; then

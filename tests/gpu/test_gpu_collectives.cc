@@ -253,6 +253,13 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
     if (ranksPerNode > 0 && st.hierCtas != wantHierCtas)
       ctx.fail("hierarchical collectives split over " + std::to_string(st.hierCtas) + " CTA(s), want " +
                std::to_string(wantHierCtas));
+    // MKERNEL_HIER_ROLES=W,R: the AllReduces ran in CTA roles.
+    int wantWorkers = 0, wantReducers = 0;
+    const std::string roles = mkernel::paramString("HIER_ROLES");
+    if (ranksPerNode > 0 && std::sscanf(roles.c_str(), "%d,%d", &wantWorkers, &wantReducers) == 2 &&
+        (st.hierWorkers != wantWorkers || st.hierReducers != wantReducers))
+      ctx.fail("AllReduce CTA roles " + std::to_string(st.hierWorkers) + "," + std::to_string(st.hierReducers) +
+               ", want " + roles);
     uint64_t total = 0;
     for (uint64_t v : st.kernelOps) total += v;
     if (total != cases.size()) ctx.fail("kernel completed " + std::to_string(total) + " collectives, enqueued " + std::to_string(cases.size()));
@@ -418,6 +425,22 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2,
   runSweep(4, 2, 3);
   unsetenv("MKERNEL_HIER_CTAS");
   unsetenv("MKERNEL_HIER_SPLIT_MIN_BYTES");
+}
+// CTA roles (MKERNEL_HIER_ROLES, collectives/hier_staged.h): the AllReduces on a sender, W workers
+// and R reducers per lane, the other collectives data-parallel between them. Two lanes of 1 + 2 + 2
+// CTAs with every collective split; then the default lanes (MKERNEL_HIER_CTAS, small collectives
+// on lane 0 alone) of 1 + 1 + 1.
+TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2, AllReduce in CTA roles", "[gpu][hierroles]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
+  setenv("MKERNEL_HIER_ROLES", "2,2", 1);
+  setenv("MKERNEL_HIER_CTAS", "2", 1);
+  setenv("MKERNEL_HIER_SPLIT_MIN_BYTES", "0", 1);
+  runSweep(4, 2, 2);
+  unsetenv("MKERNEL_HIER_CTAS");
+  unsetenv("MKERNEL_HIER_SPLIT_MIN_BYTES");
+  setenv("MKERNEL_HIER_ROLES", "1,1", 1);
+  runSweep(4, 2);
+  unsetenv("MKERNEL_HIER_ROLES");
 }
 TEST_CASE("gpu: every collective x dtype x op, 8 ranks as 2 emulated nodes of 4 (hierarchical, proxies)", "[gpu][hier8]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -141,6 +142,13 @@ void graphReplay(const char* waitMode, bool graphLaunch, int ranksPerNode = 0) {
       if (st.kernelLaunches != 1) ctx.fail("captured communicator relaunched its kernel: " + std::to_string(st.kernelLaunches) + " launches");
       if (ar != 18) ctx.fail("kernel counted " + std::to_string(ar) + " AllReduces, want 18");
     }
+    // MKERNEL_HIER_ROLES=W,R (test_gpu_graph_hier_roles): the captured AllReduces ran in CTA roles.
+    int wantW = 0, wantR = 0;
+    const char* roles = std::getenv("MKERNEL_HIER_ROLES");
+    if (ranksPerNode > 0 && roles != nullptr && std::sscanf(roles, "%d,%d", &wantW, &wantR) == 2 &&
+        (st.hierWorkers != wantW || st.hierReducers != wantR))
+      ctx.fail("AllReduce CTA roles " + std::to_string(st.hierWorkers) + "," + std::to_string(st.hierReducers) +
+               ", want " + roles);
     // After finalize: with the doorbell, the graph's kernel is resident until then.
     ctx.afterFinalize.push_back([exec, graph] {
       cudaGraphExecDestroy(exec);
