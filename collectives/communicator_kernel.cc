@@ -799,10 +799,10 @@ Result KernelCommunicator::fillDesc(const CollArgs& a, WorkDesc* d) const {
   // to its own proxy channel. CTAs whose slice is empty (small counts) return at once, alike on
   // every rank.
   if (params_.nNodes > 1) {
-    d->nCtas = static_cast<int32_t>(
-        hierCtasFor(directWholeBytes(a.coll, a.count, opts_.nRanks, esz), hierCtas_, hierSplitMinBytes_));
+    const uint64_t whole = directWholeBytes(a.coll, a.count, opts_.nRanks, esz);
+    d->nCtas = static_cast<int32_t>(hierCtasFor(whole, hierCtas_, hierSplitMinBytes_));
     // CTA roles: every lane's CTAs take part (those of lanes beyond the op's skip it in the kernel).
-    if (hierWorkers_ > 0 && a.coll == CollType::AllReduce) {
+    if (hierRolesFor(a.coll, whole, hierWorkers_, hierSplitMinBytes_)) {
       d->hierLanes = d->nCtas;
       d->nCtas = hierRoleCtas(hierCtas_, hierWorkers_, hierReducers_);
     }

@@ -122,6 +122,15 @@ MKERNEL_HD inline int hierCtasFor(uint64_t wholeBytes, int hierCtas, uint64_t sp
   return wholeBytes >= splitMinBytes ? hierCtas : 1;
 }
 
+// Whether an AllReduce whose largest buffer holds `wholeBytes` runs in CTA roles
+// (MKERNEL_HIER_ROLES, "CTA roles" below): roles on (workers > 0) and the collective split like a
+// large one (wholeBytes >= MKERNEL_HIER_SPLIT_MIN_BYTES). Smaller AllReduces, a chunk or a few
+// long, have nothing for the roles to overlap; they stay data-parallel on lane 0's first CTA (the
+// roles' handoffs cost them 15-45 us each in session 21's sweep on one H200).
+MKERNEL_HD inline bool hierRolesFor(CollType coll, uint64_t wholeBytes, int workers, uint64_t splitMinBytes) {
+  return workers > 0 && coll == CollType::AllReduce && wholeBytes >= splitMinBytes;
+}
+
 // Bytes of one slot of an inbox (the largest part of a chunk of chunkElems elements).
 MKERNEL_HD inline uint64_t hierSlotBytes(const NodeLayout& L, uint64_t chunkElems, uint64_t elemSize) {
   return rankSlice(chunkElems, L.perNode, 0, sliceAlignElems(elemSize)).count * elemSize;
@@ -592,13 +601,18 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierRunSteps(Ex& ex, const HierCall& c, uint64_
 //   R1       sender, per chunk: round 1 posted (targets published for the workers)
 //   Freed    each worker, once per collective: done reading the lane's net buffers
 // Chunk i of the collective is lane chunk s = roleChunks + i, on net slot s & 1, and the sender
-// posts in the order r0(0), then r1(i) after r0(i + 1): on every rank alike, so that sends and
-// receives between two ranks stay in the same order. Rounds carry tag 2 * round + slot.
+// posts in the order r0(0), then r1(i) before r0(i + 1) (the data-parallel form's order): on every
+// rank alike, so that sends and receives between two ranks stay in the same order. Rounds carry
+// tag 2 * round + slot. The first version posted r0(i + 1) before r1(i); then r1(i + 1) queued
+// behind r0(i + 2), which waits for a worker's phase 3 of chunk i and phase 1 of chunk i + 2, so
+// the rail idled for both NVLink phases of every chunk: one lane in roles ran as slowly as the
+// phases in turn (64 MiB, 2 x 2 nodes on one H200: 26.5 ms against 17.8 pipelined; session 21).
 // Why one round per slot is in flight: r0(i + 2) waits for Ready(i + 2) from every worker, which
 // each signals after its phase 3 of chunk i, which waited for r1(i) to complete; r1(i) waits for
 // Reduced(i), which every reducer signals after r0(i) completed and its reduction read the slot.
 // So a slot's buffers are refilled only after every reader of the chunk two before is done, and
-// the published targets of a slot count exactly that slot's rounds up to the one waited for.
+// the published targets of a slot count exactly that slot's rounds up to the one waited for (a
+// slot's next round of the same kind is posted only after each of them read its target).
 // The workers keep the data-parallel form's order of node barriers (phase 1 of chunk i + 1
 // before phase 3 of chunk i), so its region argument above holds for each worker index.
 enum HierRole : int { kHierRoleNone = 0, kHierRoleSender = 1, kHierRoleWorker = 2, kHierRoleReducer = 3 };
@@ -755,12 +769,12 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduceRoles(Ex& ex, const HierCall& c, u
     if (!hierRoleWaitAll(ex, kRoleReady, W, s0 + 1)) return false;
     if (!hierRoleRound(ex, x, rail, HierArChunk(c, x, 0, seq0), 0, slotOf(0))) return false;
     for (uint64_t i = 0; i < chunks; ++i) {
+      if (!hierRoleWaitAll(ex, kRoleReduced, R, s0 + i + 1)) return false;
+      if (!hierRoleRound(ex, x, rail, HierArChunk(c, x, i, seq0 + i), 1, slotOf(i))) return false;
       if (i + 1 < chunks) {
         if (!hierRoleWaitAll(ex, kRoleReady, W, s0 + i + 2)) return false;
         if (!hierRoleRound(ex, x, rail, HierArChunk(c, x, i + 1, seq0 + i + 1), 0, slotOf(i + 1))) return false;
       }
-      if (!hierRoleWaitAll(ex, kRoleReduced, R, s0 + i + 1)) return false;
-      if (!hierRoleRound(ex, x, rail, HierArChunk(c, x, i, seq0 + i), 1, slotOf(i))) return false;
     }
     // Every transfer of the lane complete and every worker done with the net buffers: the channel
     // and the buffers are free for whatever this CTA runs next. (One count for all workers is

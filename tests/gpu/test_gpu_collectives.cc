@@ -428,8 +428,9 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2,
 }
 // CTA roles (MKERNEL_HIER_ROLES, collectives/hier_staged.h): the AllReduces on a sender, W workers
 // and R reducers per lane, the other collectives data-parallel between them. Two lanes of 1 + 2 + 2
-// CTAs with every collective split; then the default lanes (MKERNEL_HIER_CTAS, small collectives
-// on lane 0 alone) of 1 + 1 + 1.
+// CTAs with every collective split (every AllReduce in roles); then the default lanes
+// (MKERNEL_HIER_CTAS) of 1 + 1 + 1 from 16 KiB (hierRolesFor: the AllReduces of 4099 elements of
+// 4 bytes and more in roles, the smaller ones data-parallel on CTA 0 between them).
 TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2, AllReduce in CTA roles", "[gpu][hierroles]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   setenv("MKERNEL_HIER_ROLES", "2,2", 1);
@@ -439,7 +440,9 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2,
   unsetenv("MKERNEL_HIER_CTAS");
   unsetenv("MKERNEL_HIER_SPLIT_MIN_BYTES");
   setenv("MKERNEL_HIER_ROLES", "1,1", 1);
+  setenv("MKERNEL_HIER_SPLIT_MIN_BYTES", "16384", 1);
   runSweep(4, 2);
+  unsetenv("MKERNEL_HIER_SPLIT_MIN_BYTES");
   unsetenv("MKERNEL_HIER_ROLES");
 }
 TEST_CASE("gpu: every collective x dtype x op, 8 ranks as 2 emulated nodes of 4 (hierarchical, proxies)", "[gpu][hier8]") {

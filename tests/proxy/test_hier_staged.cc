@@ -325,7 +325,8 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
         const int opCtas = hierCtasFor(directWholeBytes(ops[i].coll, ops[i].count, n, 4), w.lanes, w.splitMinBytes);
         c.chunkElems = hierChunkElemsFor(ops[i].coll, w.L, 4, w.chunkBytes);
         c.overlap = w.overlap;
-        if (w.workers > 0 && ops[i].coll == CollType::AllReduce && w.overlap) {
+        if (w.overlap && hierRolesFor(ops[i].coll, directWholeBytes(ops[i].coll, ops[i].count, n, 4), w.workers,
+                                      w.splitMinBytes)) {
           // CTA roles, as runHier: lane l of opCtas takes slice l; the other lanes' CTAs skip it.
           const HierRoleOf ro(cta, w.lanes, w.workers, w.reducers);
           if (ro.lane >= opCtas) continue;
@@ -486,7 +487,8 @@ TEST_CASE("hier_staged: AllReduce in CTA roles (1 sender, 1-2 workers, 1-3 reduc
   const Roles roles[] = {{1, 1}, {2, 1}, {1, 2}, {2, 3}};
   for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}, Shape{2, 3, 768}, Shape{2, 1, 256}})
     for (const Roles& r : roles) everyCollective(net.get(), sh, true, 1, 0, r);
-  // Two and three lanes; and three with the small collectives on lane 0 alone.
+  // Two and three lanes; and three with the small collectives on lane 0 alone (the AllReduces
+  // among them data-parallel there, between the large ones in roles: hierRolesFor).
   for (const Roles& r : roles) {
     everyCollective(net.get(), Shape{2, 2, 512}, true, 2, 0, r);
     everyCollective(net.get(), Shape{3, 2, 768}, true, 3, 2000, r);
