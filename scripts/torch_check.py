@@ -27,6 +27,7 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -142,6 +143,13 @@ def run_case(py, lib, world, emulate, preload, full, timeout, ranks_per_node=0):
         env.setdefault("MKERNEL_NCCL_CROSSOVER", "off")
     if emulate:
         env["MKERNEL_EMULATE"] = "1"
+        # Every rank is a client of GPU 0's MPS server, and the clients share one pool of hardware
+        # queues: each takes CUDA_DEVICE_MAX_CONNECTIONS (launch-check.sh exports 32), and four
+        # with 32 fail cudaSetDevice with "out of memory" (docs/RELIABILITY.md, session 13). At
+        # most 64 / clients each, as mkernel-proclat's ranks.
+        cap = max(1, 64 // max(1, world))
+        if int(env.get("CUDA_DEVICE_MAX_CONNECTIONS", "8")) > cap:
+            env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(cap)
         if ranks_per_node > 0:
             env["MKERNEL_RANKS_PER_NODE"] = str(ranks_per_node)
             env.setdefault("MKERNEL_SOCKET_IFNAME", "lo")
@@ -197,6 +205,9 @@ def main():
     ap.add_argument("--ranks-per-node", type=int, default=0,
                     help="emulated cases: nodes of this many ranks (MKERNEL_RANKS_PER_NODE), the hierarchical path")
     ap.add_argument("--timeout", type=float, default=240)
+    ap.add_argument("--show", default="", metavar="REGEX",
+                    help="print the workers' output lines that match REGEX (e.g. with MKERNEL_DEBUG=INFO, "
+                         "'CTA.roles' shows the hierarchical AllReduce's form), once per distinct line")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
@@ -259,6 +270,13 @@ def main():
                     ok = ok and same
                     if not nok:
                         logs += nlogs
+            if args.show:
+                shown = set()
+                for text in logs:
+                    for line in text.splitlines():
+                        if re.search(args.show, line) and line not in shown:
+                            shown.add(line)
+                            print(f"[torch_check] ranks={world}: {line[:400]}", flush=True)
             case["ok"] = ok
             if not ok:
                 case["log_tail"] = "\n".join(l[-3000:] for l in logs)
