@@ -126,7 +126,9 @@ MKERNEL_HD inline int hierCtasFor(uint64_t wholeBytes, int hierCtas, uint64_t sp
 // (MKERNEL_HIER_ROLES, "CTA roles" below): roles on (workers > 0) and the collective split like a
 // large one (wholeBytes >= MKERNEL_HIER_SPLIT_MIN_BYTES). Smaller AllReduces, a chunk or a few
 // long, have nothing for the roles to overlap; they stay data-parallel on lane 0's first CTA (the
-// roles' handoffs cost them 15-45 us each in session 21's sweep on one H200).
+// roles' handoffs cost them 10-60 us each in session 21's first sweep on one H200). The roles are
+// off by default: in that sweep they gave nothing over three data-parallel lanes
+// (docs/ALGORITHMS.md, "CTA roles").
 MKERNEL_HD inline bool hierRolesFor(CollType coll, uint64_t wholeBytes, int workers, uint64_t splitMinBytes) {
   return workers > 0 && coll == CollType::AllReduce && wholeBytes >= splitMinBytes;
 }
