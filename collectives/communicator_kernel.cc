@@ -243,6 +243,7 @@ class KernelCommunicator final : public Communicator {
   proxy::ProxyRing* proxyRing_ = nullptr;    // hierCtas_ rings (one proxy channel per CTA)
   proxy::ProxyFlags* proxyFlags_ = nullptr;  // hierCtas_ flag blocks
   char* netBuf_ = nullptr;                   // hierCtas_ x netBufBytes
+  bool netBufGpu_ = false;                   // netBuf_ in GPU memory (coll::proxyMemoryFor), else host-mapped
   int hierCtas_ = 1;                         // MKERNEL_HIER_CTAS, agreed by every rank
   uint64_t hierSplitMinBytes_ = 0;           // MKERNEL_HIER_SPLIT_MIN_BYTES, agreed by every rank
   int hierWorkers_ = 0, hierReducers_ = 0;   // MKERNEL_HIER_ROLES (rank 0's), 0: data-parallel CTAs
@@ -704,17 +705,6 @@ Result KernelCommunicator::setupProxy() {
   MK_CUDA(cudaHostAlloc(&host, C * sizeof(proxy::ProxyFlags), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(proxy flags)");
   proxyFlags_ = static_cast<proxy::ProxyFlags*>(host);
   std::memset(host, 0, C * sizeof(proxy::ProxyFlags));
-  const size_t netBytes = 2 * static_cast<size_t>(N + 1) * params_.stagedChunkBytes;  // one CTA: two net slots
-  MK_CUDA(cudaHostAlloc(&host, C * netBytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(net buffers)");
-  netBuf_ = static_cast<char*>(host);
-  // The kernel writes host addresses into proxy commands: the mapping must be the identity (UVA).
-  for (void* h : {static_cast<void*>(proxyRing_), static_cast<void*>(proxyFlags_), static_cast<void*>(netBuf_)}) {
-    void* dev = nullptr;
-    MK_CUDA(cudaHostGetDevicePointer(&dev, h, 0), "cudaHostGetDevicePointer(proxy memory)");
-    if (dev != h)
-      return MK_ERROR(Result::SystemError, "rank %d: emulated nodes need unified addressing (host %p is device %p)",
-                      opts_.rank, h, dev);
-  }
   // The proxy's transport: verbs when an RDMA device is usable (this GPU's rail NICs first, from the
   // topology placement), else TCP; MKERNEL_NET_BACKEND=ib|tcp forces one (transport/net/backend.h).
   net::BackendChoice choice;
@@ -722,6 +712,35 @@ Result KernelCommunicator::setupProxy() {
     return MK_ERROR(Result::SystemError, "rank %d: emulated nodes: no transport for the proxy: %s", opts_.rank,
                     lastError());
   net_ = std::move(choice.net);
+  // Its net buffers in GPU memory where the backend registers it, else host-mapped
+  // (MKERNEL_PROXY_GDR, coll::proxyMemoryFor).
+  net::DeviceProps props;
+  MK_CHECK(net_->getProperties(0, &props));
+  int ordering = 0;
+  if (cudaDeviceGetAttribute(&ordering, cudaDevAttrGPUDirectRDMAWritesOrdering, opts_.cudaDev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    ordering = 0;  // unknown: flush
+  }
+  coll::ProxyMemory mem;
+  if (coll::proxyMemoryFor(paramString("PROXY_GDR"), props.ptrSupport, net_->name(), ordering, &mem) != Result::Success)
+    return MK_ERROR(Result::InvalidArgument, "rank %d: %s", opts_.rank, lastError());
+  const size_t netBytes = 2 * static_cast<size_t>(N + 1) * params_.stagedChunkBytes;  // one CTA: two net slots
+  netBufGpu_ = mem.gpu;
+  if (mem.gpu) {
+    MK_CUDA(cudaMalloc(&host, C * netBytes), "cudaMalloc(net buffers)");
+  } else {
+    MK_CUDA(cudaHostAlloc(&host, C * netBytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(net buffers)");
+  }
+  netBuf_ = static_cast<char*>(host);
+  // The kernel writes host addresses into proxy commands: the mapping must be the identity (UVA).
+  for (void* h : {static_cast<void*>(proxyRing_), static_cast<void*>(proxyFlags_), mem.gpu ? nullptr : static_cast<void*>(netBuf_)}) {
+    if (h == nullptr) continue;
+    void* dev = nullptr;
+    MK_CUDA(cudaHostGetDevicePointer(&dev, h, 0), "cudaHostGetDevicePointer(proxy memory)");
+    if (dev != h)
+      return MK_ERROR(Result::SystemError, "rank %d: emulated nodes need unified addressing (host %p is device %p)",
+                      opts_.rank, h, dev);
+  }
   std::vector<proxy::ProxyChannel> channels;
   for (size_t c = 0; c < C; ++c) channels.push_back(proxy::ProxyChannel{proxyRing_ + c, proxyFlags_ + c});
   proxy_.reset(new proxy::Proxy(net_.get(), 0, node, N, channels));
@@ -744,7 +763,11 @@ Result KernelCommunicator::setupProxy() {
     fromPeers[static_cast<size_t>(m)].assign(h, h + hs);
   }
   MK_CHECK(proxy_->connectAll(fromPeers));
-  MK_CHECK(proxy_->registerRegion(netBuf_, C * netBytes, net::kPtrHost));
+  if (proxy_->registerRegion(netBuf_, C * netBytes, mem.gpu ? net::kPtrCuda : net::kPtrHost) != Result::Success)
+    return MK_ERROR(Result::SystemError, "rank %d: the proxy's net buffers in %s: %s%s", opts_.rank, mem.why.c_str(),
+                    lastError(), mem.gpu ? "; MKERNEL_PROXY_GDR=0 keeps them in host memory" : "");
+  proxy_->setFlushReceives(mem.flush);
+  MK_INFO(kLogInit | kLogProxy, "rank %d: proxy net buffers (%zu bytes) in %s", opts_.rank, C * netBytes, mem.why.c_str());
   // The proxy thread near its NIC (DESIGN.md §6): the placement's CPUs, MKERNEL_PROXY_PIN.
   std::string pinWhy;
   const std::vector<int> proxyCpus = coll::proxyCpusFor(opts_.cudaDev, &pinWhy);
@@ -1586,7 +1609,7 @@ void KernelCommunicator::release(bool orderly) {
   net_.reset();
   if (proxyRing_) (void)cudaFreeHost(proxyRing_);
   if (proxyFlags_) (void)cudaFreeHost(proxyFlags_);
-  if (netBuf_) (void)cudaFreeHost(netBuf_);
+  if (netBuf_) (void)(netBufGpu_ ? cudaFree(netBuf_) : cudaFreeHost(netBuf_));
   proxyRing_ = nullptr;
   proxyFlags_ = nullptr;
   netBuf_ = nullptr;

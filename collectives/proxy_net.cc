@@ -31,6 +31,30 @@ Result createProxyNet(int cudaDev, net::BackendChoice* out) {
   return Result::Success;
 }
 
+Result proxyMemoryFor(const std::string& gdr, int ptrSupport, const char* backend, int rdmaWritesOrdering,
+                      ProxyMemory* out) {
+  *out = ProxyMemory();
+  if (gdr != "auto" && gdr != "0" && gdr != "1")
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_PROXY_GDR=%s: want auto, 0 or 1", gdr.c_str());
+  const bool can = (ptrSupport & net::kPtrCuda) != 0;
+  if (gdr == "0" || (gdr == "auto" && !can)) {
+    out->why = gdr == "0" ? "host memory (MKERNEL_PROXY_GDR=0)"
+                          : std::string("host memory (") + backend + " cannot register GPU memory)";
+    return Result::Success;
+  }
+  if (!can)
+    return MK_ERROR(Result::InvalidArgument,
+                    "MKERNEL_PROXY_GDR=1: the proxy's backend %s cannot register GPU memory (no DMA-BUF or "
+                    "nvidia-peermem); MKERNEL_PROXY_GDR=auto keeps its buffers in host memory",
+                    backend);
+  out->gpu = true;
+  out->flush = rdmaWritesOrdering < 100;  // cudaGPUDirectRDMAWritesOrderingOwner
+  out->why = std::string("GPU memory registered with ") + backend +
+             (out->flush ? " (each receive flushed: this GPU does not order the NIC's writes for its kernels)"
+                         : " (no flush: this GPU orders the NIC's writes for its kernels)");
+  return Result::Success;
+}
+
 std::vector<int> proxyPinCpus(const std::vector<int>& placementCpus, const std::vector<int>& allowed) {
   std::vector<int> out;
   for (int c : placementCpus)

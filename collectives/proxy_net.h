@@ -27,5 +27,23 @@ std::vector<int> proxyPinCpus(const std::vector<int>& placementCpus, const std::
 // says which and the set, for the INFO line.
 std::vector<int> proxyCpusFor(int cudaDev, std::string* why);
 
+// Where the proxy's net buffers live (MKERNEL_PROXY_GDR; docs/PROXY.md, "GPU memory"). In GPU
+// memory, registered with the backend, when the backend can register CUDA memory (ptrSupport has
+// net::kPtrCuda: verbs with DMA-BUF or nvidia-peermem) and the variable allows it: the NIC then
+// reads and writes them directly, and the kernel's copies stay in HBM. Otherwise in host-mapped
+// memory, which the kernel reads and writes over PCIe and the backend from the host (the proxy
+// stages through host memory; TCP can do nothing else).
+struct ProxyMemory {
+  bool gpu = false;    // net buffers in GPU memory, registered as net::kPtrCuda
+  bool flush = false;  // the proxy flushes each receive before its flag (Proxy::setFlushReceives)
+  std::string why;     // for the INFO line
+};
+// gdr: MKERNEL_PROXY_GDR ("auto", "1": GPU memory or an error, "0": host memory). ptrSupport:
+// the backend's DeviceProps::ptrSupport; backend: its name. rdmaWritesOrdering: the GPU's
+// cudaDevAttrGPUDirectRDMAWritesOrdering; from 100 (cudaGPUDirectRDMAWritesOrderingOwner) the
+// NIC's writes reach the GPU's own kernels in order and need no flush, below it they do.
+Result proxyMemoryFor(const std::string& gdr, int ptrSupport, const char* backend, int rdmaWritesOrdering,
+                      ProxyMemory* out);
+
 }  // namespace coll
 }  // namespace mkernel

@@ -17,6 +17,7 @@
 
 #include "common/cpuset.h"
 #include "common/result.h"
+#include "transport/net/ib/ib_net.h"
 #include "transport/net/net.h"
 #include "transport/proxy/proxy.h"
 #include "tests/proxy/proxy_test_net.h"
@@ -190,6 +191,70 @@ TEST_CASE("proxy: 3 ranks all-to-all, 600 messages per pair of random size throu
     CHECK(ranks[static_cast<size_t>(r)]->flags->count[kFlagSent] == expect);
     CHECK(ranks[static_cast<size_t>(r)]->flags->count[kFlagRecvd] == expect);
     CHECK(ranks[static_cast<size_t>(r)]->proxy->commandsTaken() == 2 * expect);
+    CHECK(!ranks[static_cast<size_t>(r)]->proxy->failed());
+  }
+  for (auto& r : ranks) CHECK(r->proxy->stop() == Result::Success);
+}
+
+// Receives flushed before their flag (Proxy::setFlushReceives: GPU memory the NIC writes without
+// the GPU's ordering). On verbs (the VM tier) the flush is a real RDMA READ: the backend is told
+// to flush host memory too, so every non-empty receive must go through one, and the data must
+// still be every byte right; on TCP the transport needs none and the count stays 0.
+TEST_CASE("proxy: receives flushed through the transport before their flag is raised") {
+  auto net = testNet();
+  auto* ib = dynamic_cast<mkernel::net::ib::IbNet*>(net.get());
+  if (ib != nullptr) ib->setFlushHostMemoryForTesting(true);
+  const int n = 2, kMsgs = 200;
+  const size_t kSlot = 20000;
+  auto ranks = makeRanks(net.get(), n, 4 * kSlot);
+  for (auto& r : ranks) {
+    r->proxy->setFlushReceives(true);
+    REQUIRE(r->proxy->start({}) == Result::Success);
+  }
+  // Sizes 0 (no flush: nothing landed), 1 and up to kSlot; message m in slot m % 4.
+  auto size = [](int src, int m) { return m % 9 == 0 ? size_t(0) : static_cast<size_t>((src * 7919 + m * 104729) % kSlot) + 1; };
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<uint64_t> nonEmpty(static_cast<size_t>(n), 0);
+  std::vector<std::thread> gpus;
+  for (int r = 0; r < n; ++r)
+    gpus.emplace_back([&, r] {
+      Rank& me = *ranks[static_cast<size_t>(r)];
+      const int p = 1 - r;
+      for (int m = 0; m < kMsgs; ++m) {
+        uint8_t* dst = me.recvBuf.data() + static_cast<size_t>(m % 4) * kSlot;
+        uint8_t* src = me.sendBuf.data() + static_cast<size_t>(m % 4) * kSlot;
+        const size_t out = size(r, m), in = size(p, m);
+        for (size_t i = 0; i < out; ++i) src[i] = pattern(r, p, static_cast<uint64_t>(m), i);
+        if (in > 0) ++nonEmpty[static_cast<size_t>(r)];
+        if (proxyPost(me.ring.get(), me.flags.get(), command(kOpRecv, p, dst, kSlot, 3, kFlagRecvd), kTimeoutNs) != PostStatus::kPosted ||
+            proxyPost(me.ring.get(), me.flags.get(), command(kOpSend, p, src, out, 3, kFlagSent), kTimeoutNs) != PostStatus::kPosted) {
+          errors[static_cast<size_t>(r)] = "posting failed";
+          return;
+        }
+        // One message in flight per direction: its slot is checked before it comes round again.
+        const uint64_t want = static_cast<uint64_t>(m) + 1;
+        if (proxyWaitFlag(me.flags.get(), kFlagRecvd, want, kTimeoutNs) != WaitStatus::kReached ||
+            proxyWaitFlag(me.flags.get(), kFlagSent, want, kTimeoutNs) != WaitStatus::kReached) {
+          errors[static_cast<size_t>(r)] = "waiting failed: " + me.proxy->error();
+          return;
+        }
+        for (size_t i = 0; i < in; ++i)
+          if (dst[i] != pattern(p, r, static_cast<uint64_t>(m), i)) {
+            errors[static_cast<size_t>(r)] = "message " + std::to_string(m) + ": byte " + std::to_string(i) + " differs";
+            return;
+          }
+      }
+    });
+  for (auto& t : gpus) t.join();
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << " over " << net->name());
+    CHECK(errors[static_cast<size_t>(r)] == "");
+    const uint64_t flushed = ranks[static_cast<size_t>(r)]->proxy->receivesFlushed();
+    if (ib != nullptr) {
+      CHECK(flushed == nonEmpty[static_cast<size_t>(r)]);
+    } else {
+      CHECK(flushed == 0);
+    }
     CHECK(!ranks[static_cast<size_t>(r)]->proxy->failed());
   }
   for (auto& r : ranks) CHECK(r->proxy->stop() == Result::Success);

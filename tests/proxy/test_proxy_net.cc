@@ -82,3 +82,38 @@ TEST_CASE("proxy net: the proxy's CPUs come from the placement, within the proce
   CHECK(why == "not pinned (MKERNEL_PROXY_PIN=0)");
   unsetenv("MKERNEL_PROXY_PIN");
 }
+
+// MKERNEL_PROXY_GDR: the proxy's net buffers in GPU memory only where the backend registers GPU
+// memory, flushed where the GPU does not order the NIC's writes; host memory otherwise.
+TEST_CASE("proxy net: the net buffers' memory follows the backend's pointer support and MKERNEL_PROXY_GDR") {
+  using mkernel::coll::ProxyMemory;
+  using mkernel::coll::proxyMemoryFor;
+  namespace net = mkernel::net;
+  const int tcp = net::kPtrHost, ibGpu = net::kPtrHost | net::kPtrCuda | net::kPtrDmaBuf;
+  ProxyMemory m;
+  // TCP: host memory, whatever the GPU.
+  REQUIRE(proxyMemoryFor("auto", tcp, "TCP", 100, &m) == Result::Success);
+  CHECK(!m.gpu);
+  CHECK(!m.flush);
+  CHECK(m.why == "host memory (TCP cannot register GPU memory)");
+  // Verbs with DMA-BUF: GPU memory; no flush on a GPU that orders the NIC's writes (owner, 100;
+  // all devices, 200), a flush below (none, 0).
+  REQUIRE(proxyMemoryFor("auto", ibGpu, "IB", 100, &m) == Result::Success);
+  CHECK((m.gpu && !m.flush));
+  REQUIRE(proxyMemoryFor("auto", ibGpu, "IB", 200, &m) == Result::Success);
+  CHECK((m.gpu && !m.flush));
+  REQUIRE(proxyMemoryFor("auto", ibGpu, "IB", 0, &m) == Result::Success);
+  CHECK((m.gpu && m.flush));
+  CHECK(m.why.find("GPU memory registered with IB (each receive flushed") == 0);
+  // 0: host memory even where GPU memory would do; 1: GPU memory, or an error naming the way out.
+  REQUIRE(proxyMemoryFor("0", ibGpu, "IB", 0, &m) == Result::Success);
+  CHECK((!m.gpu && !m.flush));
+  CHECK(m.why == "host memory (MKERNEL_PROXY_GDR=0)");
+  REQUIRE(proxyMemoryFor("1", ibGpu, "IB", 100, &m) == Result::Success);
+  CHECK(m.gpu);
+  CHECK(proxyMemoryFor("1", tcp, "TCP", 100, &m) == Result::InvalidArgument);
+  CHECK(std::string(mkernel::lastError()).find("MKERNEL_PROXY_GDR=auto keeps its buffers in host memory") != std::string::npos);
+  CHECK(!m.gpu);
+  CHECK(proxyMemoryFor("yes", ibGpu, "IB", 100, &m) == Result::InvalidArgument);
+  CHECK(std::string(mkernel::lastError()).find("want auto, 0 or 1") != std::string::npos);
+}

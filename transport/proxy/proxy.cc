@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -287,16 +288,44 @@ bool Proxy::progressLink(int ch, int peer) {
     // Complete in posting order (net::Net completes a comm's requests in order).
     while (!q.empty() && q.front().request != nullptr) {
       Pending& p = q.front();
-      bool done = false;
-      size_t size = 0;
-      Result r = net_->test(p.request, &done, &size);
-      if (r != Result::Success) {
-        fail(who(ch) + ": " + opName(p.cmd.op) + " of " + std::to_string(p.cmd.bytes) + " bytes (tag " +
-             std::to_string(p.cmd.tag) + ") with rank " + std::to_string(peer) + " failed: " + lastError() +
-             " [proxy: " + queueState(ch, peer) + "]");
-        return false;
+      if (!p.arrived) {
+        bool done = false;
+        size_t size = 0;
+        Result r = net_->test(p.request, &done, &size);
+        if (r != Result::Success) {
+          fail(who(ch) + ": " + opName(p.cmd.op) + " of " + std::to_string(p.cmd.bytes) + " bytes (tag " +
+               std::to_string(p.cmd.tag) + ") with rank " + std::to_string(peer) + " failed: " + lastError() +
+               " [proxy: " + queueState(ch, peer) + "]");
+          return false;
+        }
+        if (!done) break;
+        p.arrived = true;
+        if (dir == 1 && flushReceives_ && size > 0) {
+          // The flush reads through the NIC after the received bytes; its completion orders them
+          // before the flag below (the request is null where the transport needs no flush).
+          void* data = reinterpret_cast<void*>(static_cast<uintptr_t>(p.cmd.addr));
+          const int bytes = static_cast<int>(std::min<size_t>(size, static_cast<size_t>(INT32_MAX)));
+          r = net_->iflush(recv_[i], 1, &data, &bytes, &p.mhandle, &p.flush);
+          if (r != Result::Success) {
+            fail(who(ch) + ": flushing a receive of " + std::to_string(size) + " bytes (tag " + std::to_string(p.cmd.tag) +
+                 ") from rank " + std::to_string(peer) + " failed: " + lastError());
+            return false;
+          }
+        }
       }
-      if (!done) break;
+      if (p.flush != nullptr) {
+        bool done = false;
+        size_t size = 0;
+        Result r = net_->test(p.flush, &done, &size);
+        if (r != Result::Success) {
+          fail(who(ch) + ": the flush of a receive (tag " + std::to_string(p.cmd.tag) + ") from rank " +
+               std::to_string(peer) + " failed: " + lastError());
+          return false;
+        }
+        if (!done) break;
+        p.flush = nullptr;
+        flushed_.fetch_add(1, std::memory_order_relaxed);
+      }
       uint64_t* counter = &flags->count[p.cmd.flag];
       storeRelease64(counter, *counter + 1);  // the proxy is the only writer
       done_.fetch_add(1, std::memory_order_relaxed);

@@ -63,6 +63,13 @@ class Proxy {
   // Memory commands may point into (host memory, or GPU memory where the transport supports it:
   // net::PtrType). Registered with every connection.
   Result registerRegion(void* base, size_t bytes, int ptrType);
+  // Receives into memory that the NIC writes without the GPU's ordering (GPU memory registered
+  // through DMA-BUF or nvidia-peermem, on a GPU whose GPUDirect RDMA writes are not ordered for
+  // its own kernels): after each receive completes, a transport flush (net::Net::iflush, a read
+  // through the NIC, as NCCL's proxy does) before its flag is raised, so that the kernel waiting
+  // on the flag reads the bytes that landed. Transports that need none answer with no request.
+  // Before start().
+  void setFlushReceives(bool on) { flushReceives_ = on; }
   // Starts the thread, pinned to `cpus` when not empty (the topology placement's proxy CPUs,
   // coll::proxyCpusFor); a pinning the OS refuses is a warning, and the thread runs unpinned.
   Result start(const std::vector<int>& cpus);
@@ -80,6 +87,8 @@ class Proxy {
   // Counters for tests and benchmarks (all channels).
   uint64_t commandsTaken() const { return taken_.load(std::memory_order_relaxed); }
   uint64_t transfersDone() const { return done_.load(std::memory_order_relaxed); }
+  // Receives whose flush went through a transport request (setFlushReceives).
+  uint64_t receivesFlushed() const { return flushed_.load(std::memory_order_relaxed); }
 
  private:
   struct Region {
@@ -92,6 +101,8 @@ class Proxy {
     ProxyCmd cmd;
     void* mhandle = nullptr;
     net::Request* request = nullptr;  // null until the transport accepted it
+    bool arrived = false;             // the transfer completed (request consumed by test)
+    net::Request* flush = nullptr;    // a receive's flush in flight (setFlushReceives)
   };
 
   // Connections, MRs and queues are per link: channel c, peer p.
@@ -122,6 +133,8 @@ class Proxy {
   std::atomic<bool> failed_{false};
   std::atomic<uint64_t> taken_{0};
   std::atomic<uint64_t> done_{0};
+  std::atomic<uint64_t> flushed_{0};
+  bool flushReceives_ = false;
   mutable std::mutex errorMu_;
   std::string error_;
 };
