@@ -184,6 +184,19 @@ if [ "${LC_OVERLAP:-0}" = 1 ]; then
   save overlap.txt
 fi
 
+# sweep_table LABEL FILE: the collbench runs of a sweep, each line prefixed "<name>=<value>: ", as
+# one line per size with the eager median (collbench's 4th column) of each value, a column per
+# value headed LABEL=value. A value that ran twice keeps its last run.
+sweep_table() {
+  awk -v label="$1" '$2 ~ /^(memop|launch)$/ {
+         split($1, a, "="); c = a[2]; sub(":", "", c); t[$4, c] = $5
+         if (!(c in seenC)) { seenC[c] = 1; cs[++nc] = c }
+         if (!($4 in seenB)) { seenB[$4] = 1; bs[++nb] = $4 } }
+       END { printf "%12s", "bytes"; for (j = 1; j <= nc; ++j) printf " %10s", label "=" cs[j]; print ""
+             for (i = 1; i <= nb; ++i) { printf "%12s", bs[i]
+               for (j = 1; j <= nc; ++j) printf " %10s", ((bs[i], cs[j]) in t) ? t[bs[i], cs[j]] : "-"; print "" } }' "$2"
+}
+
 if [ -n "${LC_HIER_CTAS_SWEEP:-}" ]; then
   # Issue 6: the default of MKERNEL_HIER_CTAS from a measured sweep. The same emulated nodes as
   # 3c, pipelined (MKERNEL_HIER_OVERLAP=1), once per CTA count.
@@ -196,15 +209,7 @@ if [ -n "${LC_HIER_CTAS_SWEEP:-}" ]; then
       sed "s/^/hier_ctas=$hc: /" >>"$logs/hier-ctas.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || { echo "hier_ctas=$hc failed"; fail=1; }
   done
-  # One line per size: the eager median for each CTA count (collbench's 4th column).
-  awk '$2 ~ /^(memop|launch)$/ {
-         split($1, a, "="); c = a[2]; sub(":", "", c); t[$4, c] = $5
-         if (!(c in seenC)) { seenC[c] = 1; cs[++nc] = c }
-         if (!($4 in seenB)) { seenB[$4] = 1; bs[++nb] = $4 } }
-       END { printf "%12s", "bytes"; for (j = 1; j <= nc; ++j) printf " %10s", "ctas=" cs[j]; print ""
-             for (i = 1; i <= nb; ++i) { printf "%12s", bs[i]
-               for (j = 1; j <= nc; ++j) printf " %10s", ((bs[i], cs[j]) in t) ? t[bs[i], cs[j]] : "-"; print "" } }' \
-    "$logs/hier-ctas.txt" | tee "$logs/hier-ctas-table.txt"
+  sweep_table ctas "$logs/hier-ctas.txt" | tee "$logs/hier-ctas-table.txt"
   save hier-ctas.txt hier-ctas-table.txt
 fi
 
@@ -222,15 +227,7 @@ if [ -n "${LC_HIER_ROLES_SWEEP:-}" ]; then
       sed "s/^/roles=$hr: /" >>"$logs/hier-roles.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || { echo "roles=$hr failed"; fail=1; }
   done
-  # One line per size: the eager median for each value (collbench's 4th column).
-  awk '$2 ~ /^(memop|launch)$/ {
-         split($1, a, "="); c = a[2]; sub(":", "", c); t[$4, c] = $5
-         if (!(c in seenC)) { seenC[c] = 1; cs[++nc] = c }
-         if (!($4 in seenB)) { seenB[$4] = 1; bs[++nb] = $4 } }
-       END { printf "%12s", "bytes"; for (j = 1; j <= nc; ++j) printf " %10s", "roles=" cs[j]; print ""
-             for (i = 1; i <= nb; ++i) { printf "%12s", bs[i]
-               for (j = 1; j <= nc; ++j) printf " %10s", ((bs[i], cs[j]) in t) ? t[bs[i], cs[j]] : "-"; print "" } }' \
-    "$logs/hier-roles.txt" | tee "$logs/hier-roles-table.txt"
+  sweep_table roles "$logs/hier-roles.txt" | tee "$logs/hier-roles-table.txt"
   grep -E "failed|error|Error" "$logs/hier-roles.txt" | head -5
   save hier-roles.txt hier-roles-table.txt
 fi
