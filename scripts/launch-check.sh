@@ -184,6 +184,23 @@ if [ "${LC_OVERLAP:-0}" = 1 ]; then
   save overlap.txt
 fi
 
+# hier_sweep VAR PREFIX FILE VALUE...: 3c's hierarchical AllReduce (emulated nodes, pipelined)
+# once per VALUE of MKERNEL_<VAR>, with SWEEP_ENV's assignments too; each run's lines go to FILE
+# prefixed "PREFIX=VALUE: ". A run that fails sets fail=1.
+hier_sweep() {
+  local var=$1 prefix=$2 file=$3 v
+  shift 3
+  : >"$file"
+  for v in "$@"; do
+    # shellcheck disable=SC2086
+    env ${SWEEP_ENV:-} "MKERNEL_$var=$v" MKERNEL_HIER_OVERLAP=1 MKERNEL_SOCKET_IFNAME=lo MKERNEL_TIMEOUT_S=30 timeout 150 \
+      "$build/bin/mkernel-collbench" --gpus "$NG" --ranks "${LC_OVERLAP_RANKS:-4}" --ranks-per-node "${LC_OVERLAP_RPN:-2}" \
+      --wait memop --min-bytes 4096 --max-bytes "${LC_OVERLAP_MAX:-16777216}" --step 4 --iters "${LC_OVERLAP_ITERS:-50}" 2>&1 |
+      sed "s/^/$prefix=$v: /" >>"$file"
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "$prefix=$v failed"; fail=1; }
+  done
+}
+
 # sweep_table LABEL FILE: the collbench runs of a sweep, each line prefixed "<name>=<value>: ", as
 # one line per size with the eager median (collbench's 4th column) of each value, a column per
 # value headed LABEL=value. A value that ran twice keeps its last run.
@@ -201,14 +218,8 @@ if [ -n "${LC_HIER_CTAS_SWEEP:-}" ]; then
   # Issue 6: the default of MKERNEL_HIER_CTAS from a measured sweep. The same emulated nodes as
   # 3c, pipelined (MKERNEL_HIER_OVERLAP=1), once per CTA count.
   step "3d. hierarchical AllReduce: MKERNEL_HIER_CTAS in ${LC_HIER_CTAS_SWEEP}"
-  : >"$logs/hier-ctas.txt"
-  for hc in ${LC_HIER_CTAS_SWEEP}; do
-    MKERNEL_HIER_CTAS=$hc MKERNEL_HIER_OVERLAP=1 MKERNEL_SOCKET_IFNAME=lo MKERNEL_TIMEOUT_S=30 timeout 150 \
-      "$build/bin/mkernel-collbench" --gpus "$NG" --ranks "${LC_OVERLAP_RANKS:-4}" --ranks-per-node "${LC_OVERLAP_RPN:-2}" \
-      --wait memop --min-bytes 4096 --max-bytes "${LC_OVERLAP_MAX:-16777216}" --step 4 --iters "${LC_OVERLAP_ITERS:-50}" 2>&1 |
-      sed "s/^/hier_ctas=$hc: /" >>"$logs/hier-ctas.txt"
-    [ "${PIPESTATUS[0]}" = 0 ] || { echo "hier_ctas=$hc failed"; fail=1; }
-  done
+  # shellcheck disable=SC2086
+  hier_sweep HIER_CTAS hier_ctas "$logs/hier-ctas.txt" ${LC_HIER_CTAS_SWEEP}
   sweep_table ctas "$logs/hier-ctas.txt" | tee "$logs/hier-ctas-table.txt"
   save hier-ctas.txt hier-ctas-table.txt
 fi
@@ -218,15 +229,9 @@ if [ -n "${LC_HIER_ROLES_SWEEP:-}" ]; then
   # W workers, R reducers per lane; off: data-parallel CTAs), the same emulated nodes as 3c, with
   # MKERNEL_HIER_CTAS=LC_HIER_ROLES_CTAS lanes (default: the variable's default), once per value.
   step "3h. hierarchical AllReduce: MKERNEL_HIER_ROLES in ${LC_HIER_ROLES_SWEEP}"
-  : >"$logs/hier-roles.txt"
-  for hr in ${LC_HIER_ROLES_SWEEP}; do
-    env ${LC_HIER_ROLES_CTAS:+MKERNEL_HIER_CTAS=$LC_HIER_ROLES_CTAS} MKERNEL_HIER_ROLES=$hr MKERNEL_HIER_OVERLAP=1 \
-      MKERNEL_SOCKET_IFNAME=lo MKERNEL_TIMEOUT_S=30 timeout 150 \
-      "$build/bin/mkernel-collbench" --gpus "$NG" --ranks "${LC_OVERLAP_RANKS:-4}" --ranks-per-node "${LC_OVERLAP_RPN:-2}" \
-      --wait memop --min-bytes 4096 --max-bytes "${LC_OVERLAP_MAX:-16777216}" --step 4 --iters "${LC_OVERLAP_ITERS:-50}" 2>&1 |
-      sed "s/^/roles=$hr: /" >>"$logs/hier-roles.txt"
-    [ "${PIPESTATUS[0]}" = 0 ] || { echo "roles=$hr failed"; fail=1; }
-  done
+  # shellcheck disable=SC2086
+  SWEEP_ENV=${LC_HIER_ROLES_CTAS:+MKERNEL_HIER_CTAS=$LC_HIER_ROLES_CTAS} \
+    hier_sweep HIER_ROLES roles "$logs/hier-roles.txt" ${LC_HIER_ROLES_SWEEP}
   sweep_table roles "$logs/hier-roles.txt" | tee "$logs/hier-roles-table.txt"
   grep -E "failed|error|Error" "$logs/hier-roles.txt" | head -5
   save hier-roles.txt hier-roles-table.txt
