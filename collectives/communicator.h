@@ -46,6 +46,7 @@ struct CollStats {
   int directSharing = 1;                    // the most ranks on one GPU (direct mode's upper end)
   int hierCtas = 0;                         // CTAs per hierarchical collective (0: not hierarchical)
   int hierWorkers = 0, hierReducers = 0;    // MKERNEL_HIER_ROLES in effect: per lane of an AllReduce (0: data-parallel)
+  int hierRail = 0;                         // MKERNEL_HIER_RAIL in effect (HierRailAlgo: 0 direct, 1 ring, 2 rhd)
   bool staged = false;                      // ranks stage through IPC buffers (process ranks; agreed)
   int pdl = 0;                              // MKERNEL_PDL in effect: 0 off, 1 wait, 2 early
   int directThreads = 0;                    // threads per CTA of a direct-mode op (MKERNEL_DIRECT_KERNEL; 0: no direct mode)

@@ -201,6 +201,7 @@ class KernelCommunicator final : public Communicator {
   Result agreeLaunchCap(int smsLeft);
   Result setupProxy();
   Result agreeHierRoles();
+  Result agreeHierRail();
   Result takeEagerSlot(int* slot);
   Result ensureKernel();
   Result kernelError() const;
@@ -247,6 +248,7 @@ class KernelCommunicator final : public Communicator {
   int hierCtas_ = 1;                         // MKERNEL_HIER_CTAS, agreed by every rank
   uint64_t hierSplitMinBytes_ = 0;           // MKERNEL_HIER_SPLIT_MIN_BYTES, agreed by every rank
   int hierWorkers_ = 0, hierReducers_ = 0;   // MKERNEL_HIER_ROLES (rank 0's), 0: data-parallel CTAs
+  int hierRail_ = coll::kRailDirect;          // MKERNEL_HIER_RAIL (rank 0's, for this node count)
   bool launched_ = false;
   bool exchanged_ = false;
   bool aborted_ = false;
@@ -676,6 +678,34 @@ Result KernelCommunicator::agreeHierRoles() {
   return Result::Success;
 }
 
+// MKERNEL_HIER_RAIL: direct, ring or rhd (collectives/hier_staged.h, "The AllReduce's exchange
+// among the rail"). Rank 0's value is every rank's: the steps of a chunk must match the peers'.
+// rhd on a node count that is not a power of two runs ring; ring and rhd turn CTA roles off (the
+// roles' sender posts the direct form's two rounds).
+Result KernelCommunicator::agreeHierRail() {
+  static const char* const kNames[] = {"direct", "ring", "rhd"};
+  const std::string v = paramString("HIER_RAIL");
+  int32_t asked = -1;
+  for (int i = 0; i < 3; ++i)
+    if (v == kNames[i]) asked = i;
+  if (v.empty()) asked = coll::kRailDirect;
+  if (asked < 0) return MK_ERROR(Result::InvalidArgument, "MKERNEL_HIER_RAIL=%s: want direct, ring or rhd", v.c_str());
+  std::vector<int32_t> all(static_cast<size_t>(opts_.nRanks), 0);
+  all[static_cast<size_t>(opts_.rank)] = asked;
+  MK_CHECK(bs_->allGather(all.data(), sizeof(int32_t)));
+  const int N = opts_.nRanks / perNode_;
+  hierRail_ = coll::hierRailFor(all[0], N);
+  if (hierRail_ != all[0])
+    MK_INFO(kLogInit, "rank %d: MKERNEL_HIER_RAIL=rhd needs a power-of-two node count; %d nodes exchange in a ring",
+            opts_.rank, N);
+  if (hierRail_ != coll::kRailDirect && hierWorkers_ > 0) {
+    MK_INFO(kLogInit, "rank %d: MKERNEL_HIER_ROLES=%d,%d ignored: CTA roles exchange directly, MKERNEL_HIER_RAIL=%s runs on data-parallel CTAs",
+            opts_.rank, hierWorkers_, hierReducers_, kNames[hierRail_]);
+    hierWorkers_ = hierReducers_ = 0;
+  }
+  return Result::Success;
+}
+
 Result KernelCommunicator::setupProxy() {
   const int G = perNode_, N = opts_.nRanks / G, node = opts_.rank / G, local = opts_.rank % G;
   // CTAs per hierarchical collective (MKERNEL_HIER_CTAS): at most the kernel's CTAs (each needs
@@ -697,6 +727,7 @@ Result KernelCommunicator::setupProxy() {
   MK_CHECK(bs_->allGather(splits.data(), sizeof(int64_t)));
   hierSplitMinBytes_ = static_cast<uint64_t>(*std::max_element(splits.begin(), splits.end()));
   MK_CHECK(agreeHierRoles());
+  MK_CHECK(agreeHierRail());
   const size_t C = static_cast<size_t>(hierCtas_);
   void* host = nullptr;
   MK_CUDA(cudaHostAlloc(&host, C * sizeof(proxy::ProxyRing), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(proxy rings)");
@@ -780,13 +811,15 @@ Result KernelCommunicator::setupProxy() {
   params_.hierCtas = hierCtas_;
   params_.hierWorkers = hierWorkers_;
   params_.hierReducers = hierReducers_;
+  params_.hierRail = hierRail_;
   params_.nNodes = N;
   params_.perNode = G;
   MK_INFO(kLogInit,
           "rank %d: %s node %d of %d (%d ranks each): proxy on rail %d over %s (%s), %d CTA(s) per collective from %llu bytes, "
-          "1 below; AllReduce %s",
+          "1 below; AllReduce exchange among the rail %s, %s",
           opts_.rank, opts_.emulate ? "emulated" : "host", node, N, G, local, net_->name(), choice.why.c_str(), hierCtas_,
           static_cast<unsigned long long>(hierSplitMinBytes_),
+          hierRail_ == coll::kRailRing ? "ring" : hierRail_ == coll::kRailRhd ? "rhd (recursive halving/doubling)" : "direct",
           hierWorkers_ == 0 ? "on data-parallel CTAs"
                             : ("in CTA roles: each lane 1 sender, " + std::to_string(hierWorkers_) + " worker(s), " +
                                std::to_string(hierReducers_) + " reducer(s)").c_str());
@@ -1736,6 +1769,7 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->hierCtas = params_.nNodes > 1 ? hierCtas_ : 0;
   out->hierWorkers = params_.nNodes > 1 ? hierWorkers_ : 0;
   out->hierReducers = params_.nNodes > 1 ? hierReducers_ : 0;
+  out->hierRail = params_.nNodes > 1 ? hierRail_ : 0;
   out->staged = peers_.staged;
 }
 

@@ -33,6 +33,18 @@ double bytesPerUs(double gbps) { return gbps * 1e3; }
 
 }  // namespace
 
+int railStepsFor(int rail, int nodes) {
+  const int N = std::max(1, nodes);
+  if (N == 1) return 0;
+  const bool pow2 = (N & (N - 1)) == 0;
+  switch (rail) {
+    case 0: return 2;
+    case 1: return 2 * (N - 1);
+    case 2: return pow2 ? 2 * ceilLog2(N) : 2 * (N - 1);
+    default: return std::min(2 * (N - 1), 2 * ceilLog2(N));
+  }
+}
+
 AllReduceCost predictAllReduce(const CostParams& p, double bytes) {
   AllReduceCost c;
   const int N = std::max(1, p.nodes), G = std::max(1, p.gpusPerNode), R = N * G;
@@ -75,12 +87,11 @@ AllReduceCost predictAllReduce(const CostParams& p, double bytes) {
 
   // mkernel, hierarchical: NVLink reduce-scatter and all-gather ((G-1)/G of the bytes each, out
   // of every GPU's NVLink), and an AllReduce of bytes/G among the N rail peers over each GPU's
-  // share of the node's NICs (2 (N-1)/N of it on the wire, ring or recursive halving-doubling:
-  // whichever has fewer steps).
+  // share of the node's NICs (2 (N-1)/N of it on the wire; steps: railStepsFor).
   const double railGBps = nodeNet / G;
   const double tIntra = G > 1 ? (G - 1.0) / G * bytes / bytesPerUs(p.nvlinkGBps) : 0.0;
   const double tInter = N > 1 ? 2.0 * (N - 1.0) / N * (bytes / G) / bytesPerUs(railGBps) : 0.0;
-  const int interSteps = N > 1 ? std::min(2 * (N - 1), 2 * ceilLog2(N)) : 0;
+  const int interSteps = railStepsFor(p.rail, N);
   const double lat = p.mkOverheadUs + (G > 1 ? 2.0 * p.mkIntraStepUs : 0.0) + interSteps * p.mkInterStepUs;
   c.mkSerialUs = lat + 2.0 * tIntra + tInter;
   // Overlapped: the two NVLink phases share the GPU's NVLink, the inter-node phase its NIC.

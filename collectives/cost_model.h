@@ -30,7 +30,16 @@ struct CostParams {
   double mkOverheadUs = 8.0;      // per call: doorbell -> kernel -> done (the goal)
   double mkIntraStepUs = 1.0;     // one NVLink barrier / flag round trip
   double mkInterStepUs = 4.0;     // one inter-node step: GPU -> proxy ring -> RDMA -> flag
+  // The rail exchange's steps per AllReduce (MKERNEL_HIER_RAIL): kRailBest = the fewer of ring's
+  // 2 (N - 1) and recursive halving/doubling's 2 log2 N (the published predictions); 0 direct (2
+  // steps at any N; its N - 1 transfers per step are not charged), 1 ring, 2 rhd (a node count
+  // that is not a power of two: ring, as the kernel runs it). The wire bytes are the same.
+  int rail = kRailBest;
+  static constexpr int kRailBest = -1;
 };
+
+// Inter-node steps of one AllReduce among N nodes for rail (CostParams::rail).
+int railStepsFor(int rail, int nodes);
 
 struct AllReduceCost {
   double ncclRingUs = 0, ncclTreeUs = 0;  // best protocol of each

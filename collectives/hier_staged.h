@@ -15,12 +15,15 @@
 //   2 inter  among the rail (ranks (m, j) for every node m), P in nNodes sub-parts
 //            t_m = rankSlice(|P|, nNodes, m): round 1 sends t_m to node m and receives t_k from
 //            every other node; reduce t_k over the nodes in order 0..nNodes-1 (post() applied);
-//            round 2 sends the reduced t_k to every other node and receives their t_m
+//            round 2 sends the reduced t_k to every other node and receives their t_m (the
+//            direct form; MKERNEL_HIER_RAIL=ring or rhd exchange the same blocks in N - 1 or
+//            log2 N steps of one peer each: "The AllReduce's exchange among the rail" below)
 //   3 intra  push every t_m of part j into the out region of every local rank (at part j's
 //            offset); node barrier; copy this rank's out region into its recvbuff
 //
 // Reduction order: local ranks 0..perNode-1 within a node, then nodes 0..nNodes-1, the order
-// hierarchical.h fixes (integers equal the flat algorithms' bits).
+// hierarchical.h fixes (integers equal the flat algorithms' bits); the ring and rhd exchanges
+// reduce over the nodes in their own order.
 //
 // Within one collective, done one chunk after another, reuse would need no parity (unlike
 // staged.h's single barrier per chunk): a rank pushes chunk i+1 into a peer's inbox only after the
@@ -74,6 +77,7 @@ struct HierCall {
   uint64_t chunkElems;   // hierChunkElemsFor()
   bool overlap = true;   // pipeline the phases of consecutive chunks (false: one after another,
                          // the same code: MKERNEL_HIER_OVERLAP=0, for the comparison)
+  int rail = 0;          // HierRailAlgo (MKERNEL_HIER_RAIL): the AllReduce's exchange among the rail
   // CTA roles (MKERNEL_HIER_ROLES, pipelined AllReduce only; hierAllReduceRoles below). With
   // role != kHierRoleNone, `part` is the lane's slice, which all of the lane's CTAs share.
   int role = 0;                // HierRole
@@ -197,75 +201,111 @@ struct HierChunk {
 // barriers per chunk would let one region do within a collective, but not across collectives:
 // the next collective's first push could reach a local rank still reading its inbox).
 
-// One round among the rail on slot 0, posted and waited for.
-MK_HIER_TEMPLATE
-template <class Ex>
-MKERNEL_HD bool hierExchange(Ex& ex, int round, const HierRail& rail) {
-  return ex.railPost(round, 0, rail.src, rail.sendBytes, rail.dst, rail.recvBytes) && ex.railWait(0);
+// The AllReduce's exchange among the rail (phase 2; MKERNEL_HIER_RAIL). P, the rank's part j of
+// the chunk, is cut into nNodes blocks t_m = rankSlice(|P|, nNodes, m); node m ends up owning t_m
+// reduced over every node (reduce-scatter steps), then every node gets every t_m (all-gather
+// steps). The same bytes cross the rail in all three forms, (N - 1) / N of |P| each way per node;
+// they differ in how many steps a chunk takes and how many peers a step talks to:
+//   direct  1 + 1 steps, each with every other node at once (the form of sessions 1-21): step 0
+//           sends t_m to node m and receives t_k from every other node into netRecv(par, m); the
+//           reduction runs over nodes 0..N-1 in order; step 1 sends the reduced t_k to every other
+//           node, which receives it into netRecv(par, k)
+//   ring    (N - 1) + (N - 1) steps, each one send to node k + 1 and one receive from node k - 1
+//           (NCCL's ring among the nodes): reduce-scatter step s sends block k - s - 1 and
+//           receives block k - s - 2, which it reduces into P (the predecessor's partial first);
+//           all-gather step s sends block k - s and receives block k - s - 1 into P (mod N)
+//   rhd     log2 N + log2 N steps (N a power of two): recursive halving, step s with partner
+//           k ^ (N >> (s + 1)): send the partner's half of the blocks this node still reduces,
+//           receive the partner's share of its own half and reduce it into P (the lower node's
+//           operand first); then recursive doubling, step s with partner k ^ (1 << s): send the
+//           2^s blocks this node holds, receive the partner's into P
+// Each step waits for the one before it (its send is what that step reduced or received). One
+// step per slot is in flight, and a step carries its index as tag, so the steps of chunk i and
+// chunk i + 1 in flight together (different slots) never share one: chunk i + 1's step 0 is posted
+// while chunk i is in its all-gather steps (index >= 1). Ring and rhd change the reduction's order
+// among the nodes (results equal up to floating-point order, as NCCL's algorithms differ; integers
+// exact); every node still gets the bits its block's owner computed.
+enum HierRailAlgo : int { kRailDirect = 0, kRailRing = 1, kRailRhd = 2 };
+
+MKERNEL_HD inline int hierLog2(int n) {
+  int l = 0;
+  while ((1 << l) < n) ++l;
+  return l;
+}
+// Reduce-scatter steps of one chunk (as many all-gather steps follow); rhd needs N a power of two
+// (the host falls back to ring otherwise: hierRailFor).
+MKERNEL_HD inline int hierRailHalf(int rail, int nNodes) {
+  return rail == kRailRing ? nNodes - 1 : rail == kRailRhd ? hierLog2(nNodes) : 1;
+}
+// The rail algorithm a communicator of nNodes nodes runs for MKERNEL_HIER_RAIL = `asked`: rhd on a
+// node count that is not a power of two runs ring.
+MKERNEL_HD inline int hierRailFor(int asked, int nNodes) {
+  return asked == kRailRhd && (nNodes & (nNodes - 1)) != 0 ? kRailRing : asked;
 }
 
-MK_HIER_TEMPLATE
-template <class Ex>
-MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduceSequential(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
-  HierCtx x(c);
-  HierRail rail;
-  const uint64_t esz = x.esz, align = sliceAlignElems(esz);
-  const uint64_t slotBytes = hierSlotBytes(c.layout, c.chunkElems, esz);
-  for (uint64_t o = 0; o < c.part.count; o += c.chunkElems) {
-    const HierChunk ch(c, o);
-    const int par = static_cast<int>((*chunkSeq)++ & 1);
-    // 1: intra-node reduce-scatter
-    for (int q = 0; q < x.G; ++q) {
-      const Slice s = rankSlice(ch.l, x.G, q, align);
-      x.dsts[0] = ex.in(q, par) + static_cast<uint64_t>(x.j) * slotBytes;
-      ex.copy(x.dsts, 1, x.send + (ch.g + s.offset) * esz, s.count * esz);
-    }
-    if (!ex.nodeBarrier()) return false;
-    const Slice mine = rankSlice(ch.l, x.G, x.j, align);
-    char* P = ex.netSend(0);
-    for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, par) + static_cast<uint64_t>(q) * slotBytes;
-    x.dsts[0] = P;
-    ex.reduce(x.dsts, 1, x.srcs, x.G, mine.count, true, false);
-    // 2: inter-node, among the rail: reduce-scatter of part j over the nodes, then all-gather
-    const Slice tk = rankSlice(mine.count, x.N, x.k, align);
-    for (int m = 0; m < x.N; ++m) {
-      const Slice t = rankSlice(mine.count, x.N, m, align);
-      rail.set(m, P + t.offset * esz, m == x.k ? 0 : t.count * esz, ex.netRecv(0, m), m == x.k ? 0 : tk.count * esz);
-    }
-    if (!hierExchange(ex, 0, rail)) return false;
-    for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P + tk.offset * esz : ex.netRecv(0, m);
-    x.dsts[0] = P + tk.offset * esz;
-    ex.reduce(x.dsts, 1, x.srcs, x.N, tk.count, false, true);
-    for (int m = 0; m < x.N; ++m) {
-      const Slice t = rankSlice(mine.count, x.N, m, align);
-      rail.set(m, P + tk.offset * esz, m == x.k ? 0 : tk.count * esz, ex.netRecv(0, m), m == x.k ? 0 : t.count * esz);
-    }
-    if (!hierExchange(ex, 1, rail)) return false;
-    // 3: intra-node all-gather of part j
-    for (int m = 0; m < x.N; ++m) {
-      const Slice t = rankSlice(mine.count, x.N, m, align);
-      for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, par) + (mine.offset + t.offset) * esz;
-      ex.copy(x.dsts, x.G, m == x.k ? P + tk.offset * esz : ex.netRecv(0, m), t.count * esz);
-    }
-    if (!ex.nodeBarrier()) return false;
-    x.dsts[0] = x.recv + ch.g * esz;
-    ex.copy(x.dsts, 1, ex.out(x.j, par), ch.bytes);
+// Blocks first .. first + n - 1 of a part of `count` elements cut into N: one contiguous range.
+MKERNEL_HD inline Slice hierBlocks(uint64_t count, int N, int first, int n, uint64_t align) {
+  const Slice a = rankSlice(count, N, first, align), b = rankSlice(count, N, first + n - 1, align);
+  Slice s;
+  s.offset = a.offset;
+  s.count = b.offset + b.count - a.offset;
+  return s;
+}
+
+// One step of the ring or rhd exchange for node k: one send (elements `send` of P to node `to`)
+// and one receive (elements `recv` from node `from`); a reduce-scatter step receives into
+// netRecv(par, from) and reduces that into P at `recv` (lowFirst: the received operand first),
+// an all-gather step receives straight into P at `recv`.
+struct HierRailStep {
+  int to, from;
+  Slice send, recv;
+  bool reduce, lowFirst, last;  // last: the final reduce-scatter step (post() applied)
+};
+
+MKERNEL_HD inline HierRailStep hierRailStep(int rail, int N, int k, int st, uint64_t count, uint64_t align) {
+  HierRailStep r;
+  const int half = hierRailHalf(rail, N);
+  r.reduce = st < half;
+  r.last = st == half - 1;
+  const int s = r.reduce ? st : st - half;
+  if (rail == kRailRing) {
+    r.to = (k + 1) % N;
+    r.from = (k + N - 1) % N;
+    r.lowFirst = true;
+    const int sb = r.reduce ? k - s - 1 : k - s;  // the block sent; the one received precedes it
+    r.send = hierBlocks(count, N, ((sb % N) + N) % N, 1, align);
+    r.recv = hierBlocks(count, N, (((sb - 1) % N) + N) % N, 1, align);
+    return r;
   }
-  return true;
+  const int h = r.reduce ? N >> (s + 1) : 1 << s;
+  const int p = k ^ h;
+  r.to = r.from = p;
+  r.lowFirst = p < k;
+  if (r.reduce) {  // keep the half of this node's group that holds k, send the partner's half
+    r.send = hierBlocks(count, N, p & ~(h - 1), h, align);
+    r.recv = hierBlocks(count, N, k & ~(h - 1), h, align);
+  } else {  // send the h blocks held, receive the partner's h
+    r.send = hierBlocks(count, N, k & ~(h - 1), h, align);
+    r.recv = hierBlocks(count, N, p & ~(h - 1), h, align);
+  }
+  return r;
 }
 
-// The pipelined AllReduce (c.overlap): the phases of chunk i as four steps, on regions of parity
+// The pipelined AllReduce (c.overlap): the phases of chunk i as three steps, on regions of parity
 // par = i & 1 and on the net buffers of slot par.
-//   A(i)   intra reduce-scatter into netSend(par) (one node barrier), then round 0 posted
-//   B(i)   round 0 waited for, the reduction over the nodes, round 1 posted
-//   C(i)   round 1 waited for, intra all-gather (one node barrier), copy into recvbuff
-// in the order A(0); then for each i: B(i), A(i + 1), C(i). So round 1 of chunk i travels while
-// this CTA works on phase 1 of chunk i + 1, and round 0 of chunk i + 1 while it works on phase 3
-// of chunk i. Every rank makes the same node barriers in the same order. Regions alternate by
-// parity (unlike the sequential form): a rank writes in(q, par) for chunk i + 2 after the first
+//   A(i)   intra reduce-scatter into netSend(par) (one node barrier), then rail step 0 posted
+//   B(i)   the rail's reduce-scatter steps, each waited for and reduced, the next one posted; it
+//          returns with the first all-gather step in flight
+//   C(i)   the rail's all-gather steps waited for (each posting the next), intra all-gather (one
+//          node barrier), copy into recvbuff
+// in the order A(0); then for each i: B(i), A(i + 1), C(i). So the all-gather of chunk i travels
+// while this CTA works on phase 1 of chunk i + 1, and step 0 of chunk i + 1 while it works on the
+// rest of chunk i. Every rank makes the same node barriers in the same order. Regions alternate by
+// parity (unlike a sequential form): a rank writes in(q, par) for chunk i + 2 after the first
 // barrier of chunk i + 2, which q reaches after its reduction of chunk i, and out(q, par) for
 // chunk i + 2 after the second barrier of chunk i + 1, which q reaches after copying chunk i out;
-// net slot par is reused by chunk i + 2 once C(i) has waited for its last round.
+// net slot par is reused by chunk i + 2 once C(i) has waited for its last step. In turn
+// (MKERNEL_HIER_OVERLAP=0) the same steps run A(i), B(i), C(i).
 struct HierArChunk {
   HierChunk ch;
   Slice mine, tk;
@@ -274,6 +314,54 @@ struct HierArChunk {
       : ch(c, i * c.chunkElems), mine(rankSlice(ch.l, x.G, x.j, sliceAlignElems(x.esz))),
         tk(rankSlice(mine.count, x.N, x.k, sliceAlignElems(x.esz))), par(static_cast<int>(seq & 1)) {}
 };
+
+// Rail step st of chunk a posted (tag st).
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierArRailPost(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail, const HierArChunk& a, int st) {
+  const uint64_t esz = x.esz, align = sliceAlignElems(esz);
+  char* P = ex.netSend(a.par);
+  if (c.rail == kRailDirect) {
+    for (int m = 0; m < x.N; ++m) {
+      const Slice t = rankSlice(a.mine.count, x.N, m, align);
+      const uint64_t other = m == x.k ? 0 : 1;
+      if (st == 0)
+        rail.set(m, P + t.offset * esz, other * t.count * esz, ex.netRecv(a.par, m), other * a.tk.count * esz);
+      else
+        rail.set(m, P + a.tk.offset * esz, other * a.tk.count * esz, ex.netRecv(a.par, m), other * t.count * esz);
+    }
+  } else {
+    const HierRailStep r = hierRailStep(c.rail, x.N, x.k, st, a.mine.count, align);
+    for (int m = 0; m < x.N; ++m) rail.set(m, P, 0, P, 0);
+    rail.src[r.to] = P + r.send.offset * esz;
+    rail.sendBytes[r.to] = r.send.count * esz;
+    rail.dst[r.from] = r.reduce ? ex.netRecv(a.par, r.from) : P + r.recv.offset * esz;
+    rail.recvBytes[r.from] = r.recv.count * esz;
+  }
+  return ex.railPost(st, a.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
+}
+
+// Rail step st of chunk a waited for, and (reduce-scatter steps) what it received reduced into P.
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierArRailLand(Ex& ex, const HierCall& c, HierCtx& x, const HierArChunk& a, int st) {
+  const uint64_t esz = x.esz, align = sliceAlignElems(esz);
+  if (!ex.railWait(a.par)) return false;
+  if (st >= hierRailHalf(c.rail, x.N)) return true;
+  char* P = ex.netSend(a.par);
+  if (c.rail == kRailDirect) {
+    for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P + a.tk.offset * esz : ex.netRecv(a.par, m);
+    x.dsts[0] = P + a.tk.offset * esz;
+    ex.reduce(x.dsts, 1, x.srcs, x.N, a.tk.count, false, true);
+    return true;
+  }
+  const HierRailStep r = hierRailStep(c.rail, x.N, x.k, st, a.mine.count, align);
+  x.dsts[0] = P + r.recv.offset * esz;
+  x.srcs[r.lowFirst ? 0 : 1] = ex.netRecv(a.par, r.from);
+  x.srcs[r.lowFirst ? 1 : 0] = x.dsts[0];
+  ex.reduce(x.dsts, 1, x.srcs, 2, r.recv.count, false, r.last);
+  return true;
+}
 
 MK_HIER_TEMPLATE
 template <class Ex>
@@ -290,41 +378,37 @@ MKERNEL_HD bool hierArPhase1(Ex& ex, const HierCall& c, HierCtx& x, HierRail& ra
   for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, a.par) + static_cast<uint64_t>(q) * slotBytes;
   x.dsts[0] = P;
   ex.reduce(x.dsts, 1, x.srcs, x.G, a.mine.count, true, false);
-  for (int m = 0; m < x.N; ++m) {
-    const Slice t = rankSlice(a.mine.count, x.N, m, align);
-    rail.set(m, P + t.offset * esz, m == x.k ? 0 : t.count * esz, ex.netRecv(a.par, m),
-             m == x.k ? 0 : a.tk.count * esz);
-  }
-  return ex.railPost(0, a.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
+  return hierArRailPost(ex, c, x, rail, a, 0);
+}
+
+// B(i): the rail's reduce-scatter steps; the first all-gather step posted.
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierArRound1(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail, const HierArChunk& a) {
+  const int half = hierRailHalf(c.rail, x.N);
+  for (int st = 0; st < half; ++st)
+    if (!hierArRailLand(ex, c, x, a, st) || !hierArRailPost(ex, c, x, rail, a, st + 1)) return false;
+  return true;
 }
 
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD bool hierArRound1(Ex& ex, HierCtx& x, HierRail& rail, const HierArChunk& a) {
+MKERNEL_HD bool hierArPhase3(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail, const HierArChunk& a) {
   const uint64_t esz = x.esz, align = sliceAlignElems(esz);
-  if (!ex.railWait(a.par)) return false;
+  const int half = hierRailHalf(c.rail, x.N);
+  for (int st = half; st < 2 * half; ++st)
+    if (!hierArRailLand(ex, c, x, a, st) || (st + 1 < 2 * half && !hierArRailPost(ex, c, x, rail, a, st + 1)))
+      return false;
   char* P = ex.netSend(a.par);
-  for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P + a.tk.offset * esz : ex.netRecv(a.par, m);
-  x.dsts[0] = P + a.tk.offset * esz;
-  ex.reduce(x.dsts, 1, x.srcs, x.N, a.tk.count, false, true);
-  for (int m = 0; m < x.N; ++m) {
-    const Slice t = rankSlice(a.mine.count, x.N, m, align);
-    rail.set(m, P + a.tk.offset * esz, m == x.k ? 0 : a.tk.count * esz, ex.netRecv(a.par, m),
-             m == x.k ? 0 : t.count * esz);
-  }
-  return ex.railPost(1, a.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
-}
-
-MK_HIER_TEMPLATE
-template <class Ex>
-MKERNEL_HD bool hierArPhase3(Ex& ex, HierCtx& x, const HierArChunk& a) {
-  const uint64_t esz = x.esz, align = sliceAlignElems(esz);
-  if (!ex.railWait(a.par)) return false;
-  char* P = ex.netSend(a.par);
-  for (int m = 0; m < x.N; ++m) {
-    const Slice t = rankSlice(a.mine.count, x.N, m, align);
-    for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, a.par) + (a.mine.offset + t.offset) * esz;
-    ex.copy(x.dsts, x.G, m == x.k ? P + a.tk.offset * esz : ex.netRecv(a.par, m), t.count * esz);
+  if (c.rail == kRailDirect) {
+    for (int m = 0; m < x.N; ++m) {
+      const Slice t = rankSlice(a.mine.count, x.N, m, align);
+      for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, a.par) + (a.mine.offset + t.offset) * esz;
+      ex.copy(x.dsts, x.G, m == x.k ? P + a.tk.offset * esz : ex.netRecv(a.par, m), t.count * esz);
+    }
+  } else {  // the all-gather steps left the whole part in P
+    for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, a.par) + a.mine.offset * esz;
+    ex.copy(x.dsts, x.G, P, a.mine.count * esz);
   }
   if (!ex.nodeBarrier()) return false;
   x.dsts[0] = x.recv + a.ch.g * esz;
@@ -335,19 +419,26 @@ MKERNEL_HD bool hierArPhase3(Ex& ex, HierCtx& x, const HierArChunk& a) {
 MK_HIER_TEMPLATE
 template <class Ex>
 MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduce(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
-  if (!c.overlap) return hierAllReduceSequential(ex, c, chunkSeq);
   if (c.part.count == 0) return true;
   HierCtx x(c);
   HierRail rail;
   const uint64_t chunks = (c.part.count + c.chunkElems - 1) / c.chunkElems;
   const uint64_t seq0 = *chunkSeq;
   *chunkSeq += chunks;
+  if (!c.overlap) {
+    for (uint64_t i = 0; i < chunks; ++i) {
+      const HierArChunk a(c, x, i, seq0 + i);
+      if (!hierArPhase1(ex, c, x, rail, a) || !hierArRound1(ex, c, x, rail, a) || !hierArPhase3(ex, c, x, rail, a))
+        return false;
+    }
+    return true;
+  }
   if (!hierArPhase1(ex, c, x, rail, HierArChunk(c, x, 0, seq0))) return false;
   for (uint64_t i = 0; i < chunks; ++i) {
     const HierArChunk a(c, x, i, seq0 + i);
-    if (!hierArRound1(ex, x, rail, a)) return false;
+    if (!hierArRound1(ex, c, x, rail, a)) return false;
     if (i + 1 < chunks && !hierArPhase1(ex, c, x, rail, HierArChunk(c, x, i + 1, seq0 + i + 1))) return false;
-    if (!hierArPhase3(ex, x, a)) return false;
+    if (!hierArPhase3(ex, c, x, rail, a)) return false;
   }
   return true;
 }

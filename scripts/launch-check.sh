@@ -33,6 +33,9 @@
 #      phases one after another), to LC_OVERLAP_MAX bytes (16777216);
 #   3h. (LC_HIER_ROLES_SWEEP="off 1,1 2,1") the same, once per MKERNEL_HIER_ROLES value, with
 #      MKERNEL_HIER_CTAS=LC_HIER_ROLES_CTAS (unset: its default); a table of eager medians;
+#   3r. (LC_HIER_RAIL_SWEEP="direct ring rhd") the same, once per MKERNEL_HIER_RAIL value (the
+#      AllReduce's exchange among the rail; LC_OVERLAP_RANKS=8 LC_OVERLAP_RPN=2 for 4 nodes), a table;
+#      LC_HIER_RAIL_OVERLAP=0 runs the phases in turn instead;
 #   3d. (LC_HIER_CTAS_SWEEP="1 2 4") the same hierarchical AllReduce, pipelined, once per
 #      MKERNEL_HIER_CTAS value, and a table of eager medians per size (issue 6's default);
 #   3e. (LC_PROCLAT=1) mkernel-proclat: small AllReduces with LC_PROCLAT_RANKS (2,4,8) process ranks
@@ -184,16 +187,16 @@ if [ "${LC_OVERLAP:-0}" = 1 ]; then
   save overlap.txt
 fi
 
-# hier_sweep VAR PREFIX FILE VALUE...: 3c's hierarchical AllReduce (emulated nodes, pipelined)
-# once per VALUE of MKERNEL_<VAR>, with SWEEP_ENV's assignments too; each run's lines go to FILE
-# prefixed "PREFIX=VALUE: ". A run that fails sets fail=1.
+# hier_sweep VAR PREFIX FILE VALUE...: 3c's hierarchical AllReduce (emulated nodes, pipelined
+# unless SWEEP_OVERLAP=0) once per VALUE of MKERNEL_<VAR>, with SWEEP_ENV's assignments too; each
+# run's lines go to FILE prefixed "PREFIX=VALUE: ". A run that fails sets fail=1.
 hier_sweep() {
   local var=$1 prefix=$2 file=$3 v
   shift 3
   : >"$file"
   for v in "$@"; do
     # shellcheck disable=SC2086
-    env ${SWEEP_ENV:-} "MKERNEL_$var=$v" MKERNEL_HIER_OVERLAP=1 MKERNEL_SOCKET_IFNAME=lo MKERNEL_TIMEOUT_S=30 timeout 150 \
+    env ${SWEEP_ENV:-} "MKERNEL_$var=$v" MKERNEL_HIER_OVERLAP="${SWEEP_OVERLAP:-1}" MKERNEL_SOCKET_IFNAME=lo MKERNEL_TIMEOUT_S=30 timeout 150 \
       "$build/bin/mkernel-collbench" --gpus "$NG" --ranks "${LC_OVERLAP_RANKS:-4}" --ranks-per-node "${LC_OVERLAP_RPN:-2}" \
       --wait memop --min-bytes 4096 --max-bytes "${LC_OVERLAP_MAX:-16777216}" --step 4 --iters "${LC_OVERLAP_ITERS:-50}" 2>&1 |
       sed "s/^/$prefix=$v: /" >>"$file"
@@ -235,6 +238,17 @@ if [ -n "${LC_HIER_ROLES_SWEEP:-}" ]; then
   sweep_table roles "$logs/hier-roles.txt" | tee "$logs/hier-roles-table.txt"
   grep -E "failed|error|Error" "$logs/hier-roles.txt" | head -5
   save hier-roles.txt hier-roles-table.txt
+fi
+
+if [ -n "${LC_HIER_RAIL_SWEEP:-}" ]; then
+  # Issue 6: the AllReduce's exchange among the rail (MKERNEL_HIER_RAIL: direct, ring, rhd), the
+  # same emulated nodes as 3c (LC_OVERLAP_RANKS / LC_OVERLAP_RPN), once per value.
+  step "3r. hierarchical AllReduce: MKERNEL_HIER_RAIL in ${LC_HIER_RAIL_SWEEP} (overlap ${LC_HIER_RAIL_OVERLAP:-1})"
+  # shellcheck disable=SC2086
+  SWEEP_OVERLAP=${LC_HIER_RAIL_OVERLAP:-1} hier_sweep HIER_RAIL rail "$logs/hier-rail.txt" ${LC_HIER_RAIL_SWEEP}
+  sweep_table rail "$logs/hier-rail.txt" | tee "$logs/hier-rail-table.txt"
+  grep -E "failed|error|Error" "$logs/hier-rail.txt" | head -5
+  save hier-rail.txt hier-rail-table.txt
 fi
 
 if [ "${LC_PROCLAT:-0}" = 1 ]; then

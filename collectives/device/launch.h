@@ -77,6 +77,7 @@ struct KernelParams {
   // (collectives/hier_staged.h); 0, 0: the data-parallel form.
   int32_t hierWorkers;
   int32_t hierReducers;
+  int32_t hierRail;  // MKERNEL_HIER_RAIL (coll::HierRailAlgo): the AllReduce's exchange among the rail
 };
 static_assert(offsetof(KernelParams, peers) == 64, "KernelParams: the hot fields fill the first 64-byte line");
 

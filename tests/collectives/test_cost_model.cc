@@ -9,6 +9,7 @@
 using mkernel::coll::AllReduceCost;
 using mkernel::coll::CostParams;
 using mkernel::coll::predictAllReduce;
+using mkernel::coll::railStepsFor;
 
 TEST_CASE("cost model: NCCL's tree latency for 2 nodes x 8 GPUs is its tuner's formula") {
   CostParams p;  // 2 x 8
@@ -59,4 +60,31 @@ TEST_CASE("cost model: overlap never loses, costs grow with size and nodes, over
   CHECK(predictAllReduce(slow, 8).speedup < predictAllReduce(p, 8).speedup);
   CHECK(predictAllReduce(slow, 8).speedup < 1.0);
   CHECK(predictAllReduce(p, 8).speedup > 1.0);
+}
+
+// MKERNEL_HIER_RAIL's forms: the same wire bytes, steps 2 (direct), 2 (N - 1) (ring) and 2 log2 N
+// (rhd; ring when N is not a power of two); the published predictions take the fewer of ring and rhd.
+TEST_CASE("cost model: the rail exchange's steps per form, and what they cost") {
+  CHECK(railStepsFor(0, 64) == 2);
+  CHECK(railStepsFor(1, 64) == 126);
+  CHECK(railStepsFor(2, 64) == 12);
+  CHECK(railStepsFor(2, 6) == 10);  // rhd on 6 nodes runs ring
+  CHECK(railStepsFor(CostParams::kRailBest, 6) == 6);
+  CHECK(railStepsFor(1, 1) == 0);
+  for (int r : {0, 1, 2}) CHECK(railStepsFor(r, 2) == 2);  // on 2 nodes the three are one exchange
+  CostParams p;
+  p.nodes = 64;
+  double us[3];
+  for (int r = 0; r < 3; ++r) {
+    p.rail = r;
+    us[r] = predictAllReduce(p, 8.0).mkPipelinedUs;
+  }
+  CHECK(us[0] < us[2]);
+  CHECK(us[2] < us[1]);
+  CHECK(us[1] - us[0] == Approx(124 * p.mkInterStepUs));
+  p.rail = 1;
+  const double ringBig = predictAllReduce(p, 1 << 30).mkPipelinedUs;
+  p.rail = 0;
+  const double directBig = predictAllReduce(p, 1 << 30).mkPipelinedUs;
+  CHECK(ringBig - directBig == Approx(124 * p.mkInterStepUs));  // bandwidth terms equal
 }

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/hier_staged.h"
 #include "collectives/launch_path.h"
 #include "collectives/stats.h"
 #include "common/param.h"
@@ -260,6 +261,15 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
         (st.hierWorkers != wantWorkers || st.hierReducers != wantReducers))
       ctx.fail("AllReduce CTA roles " + std::to_string(st.hierWorkers) + "," + std::to_string(st.hierReducers) +
                ", want " + roles);
+    // MKERNEL_HIER_RAIL: the AllReduces' rail exchange in effect (rhd on a node count that is not
+    // a power of two: ring).
+    const std::string rail = mkernel::paramString("HIER_RAIL");
+    if (ranksPerNode > 0 && !rail.empty()) {
+      const int asked = rail == "ring" ? mkernel::coll::kRailRing : rail == "rhd" ? mkernel::coll::kRailRhd : mkernel::coll::kRailDirect;
+      const int want = mkernel::coll::hierRailFor(asked, nRanks / ranksPerNode);
+      if (st.hierRail != want)
+        ctx.fail("AllReduce rail exchange " + std::to_string(st.hierRail) + ", want " + std::to_string(want) + " (" + rail + ")");
+    }
     uint64_t total = 0;
     for (uint64_t v : st.kernelOps) total += v;
     if (total != cases.size()) ctx.fail("kernel completed " + std::to_string(total) + " collectives, enqueued " + std::to_string(cases.size()));
@@ -444,6 +454,20 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2,
   runSweep(4, 2);
   unsetenv("MKERNEL_HIER_SPLIT_MIN_BYTES");
   unsetenv("MKERNEL_HIER_ROLES");
+}
+// MKERNEL_HIER_RAIL (collectives/hier_staged.h, "The AllReduce's exchange among the rail"): the
+// AllReduces' rail exchange as a ring over 3 and 4 emulated nodes and by recursive halving and
+// doubling over 4 (2 + 2 steps per chunk), the other collectives direct between them.
+TEST_CASE("gpu: every collective x dtype x op, 6-8 ranks as 3-4 emulated nodes of 2, AllReduce rail ring and rhd", "[gpu][hierrail]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
+  for (const char* rail : {"ring", "rhd"}) {
+    INFO("MKERNEL_HIER_RAIL=" << rail);
+    setenv("MKERNEL_HIER_RAIL", rail, 1);
+    runSweep(8, 2);
+  }
+  setenv("MKERNEL_HIER_RAIL", "ring", 1);
+  runSweep(6, 2);
+  unsetenv("MKERNEL_HIER_RAIL");
 }
 TEST_CASE("gpu: every collective x dtype x op, 8 ranks as 2 emulated nodes of 4 (hierarchical, proxies)", "[gpu][hier8]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");

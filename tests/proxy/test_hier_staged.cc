@@ -72,6 +72,7 @@ struct World {
   int slowRank = -1;
   bool breakGatherBarrier = false;  // every second node barrier does not wait (negative test)
   bool overlap = true;              // HierCall::overlap (AllReduce pipelined)
+  int rail = kRailDirect;           // MKERNEL_HIER_RAIL (HierRailAlgo; hierRailFor applied per layout)
   // hierCtasFor's threshold: ops below it run on CTA 0 alone, the other CTAs skip them (as the
   // kernel does with MKERNEL_HIER_SPLIT_MIN_BYTES). 0: every op on every CTA.
   uint64_t splitMinBytes = 0;
@@ -325,6 +326,7 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
         const int opCtas = hierCtasFor(directWholeBytes(ops[i].coll, ops[i].count, n, 4), w.lanes, w.splitMinBytes);
         c.chunkElems = hierChunkElemsFor(ops[i].coll, w.L, 4, w.chunkBytes);
         c.overlap = w.overlap;
+        c.rail = hierRailFor(w.rail, w.L.nNodes);
         if (w.overlap && hierRolesFor(ops[i].coll, directWholeBytes(ops[i].coll, ops[i].count, n, 4), w.workers,
                                       w.splitMinBytes)) {
           // CTA roles, as runHier: lane l of opCtas takes slice l; the other lanes' CTAs skip it.
@@ -417,7 +419,7 @@ struct Roles {
 };
 
 void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = true, int ctas = 1, uint64_t splitMinBytes = 0,
-                     Roles roles = Roles()) {
+                     Roles roles = Roles(), int rail = kRailDirect) {
   const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
                             CollType::Reduce};
   World w;
@@ -428,6 +430,7 @@ void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = tru
             roles.workers > 0 ? hierRoleCtas(ctas, roles.workers, roles.reducers) : ctas);
   w.overlap = overlap;
   w.splitMinBytes = splitMinBytes;
+  w.rail = rail;
   const int n = sh.nodes * sh.perNode;
   std::vector<Op> ops;
   int seq = 0;
@@ -437,7 +440,8 @@ void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = tru
   const std::string mismatch = runOps(w, ops, static_cast<uint64_t>(sh.nodes * 10 + sh.perNode));
   stopAll(w);
   INFO(sh.nodes << " nodes x " << sh.perNode << ", " << ctas << " CTA(s) from " << splitMinBytes << " B, chunk " << sh.chunkBytes << " B, AllReduce "
-                << (overlap ? "pipelined" : "sequential") << ", roles " << roles.workers << "," << roles.reducers);
+                << (overlap ? "pipelined" : "sequential") << ", roles " << roles.workers << "," << roles.reducers
+                << ", rail " << hierRailFor(rail, sh.nodes));
   for (const auto& e : w.errors) FAIL_CHECK(e);
   CHECK(mismatch == "");
   CHECK(w.race.races() == 0);
@@ -492,6 +496,94 @@ TEST_CASE("hier_staged: AllReduce in CTA roles (1 sender, 1-2 workers, 1-3 reduc
   for (const Roles& r : roles) {
     everyCollective(net.get(), Shape{2, 2, 512}, true, 2, 0, r);
     everyCollective(net.get(), Shape{3, 2, 768}, true, 3, 2000, r);
+  }
+}
+
+// The ring and rhd schedules of hierRailStep, run in lockstep for N = 2..16 nodes on bitmasks
+// (node k contributes bit k to every element): every send meets a receive of the same range on the
+// peer, no node's contribution is reduced in twice, node k owns block k whole after the
+// reduce-scatter steps, every node holds every block whole after the all-gather steps, and the
+// nodes send 2 (N - 1) parts in all, as in the direct form.
+TEST_CASE("hier_staged: ring and rhd rail schedules reduce every node in once and gather every block") {
+  for (int rail : {int(kRailRing), int(kRailRhd)})
+    for (int N = 2; N <= 16; ++N) {
+      if (hierRailFor(rail, N) != rail) {
+        CHECK(rail == kRailRhd);
+        CHECK(hierRailFor(rail, N) == kRailRing);  // not a power of two
+        continue;
+      }
+      for (uint64_t count : {uint64_t(1), uint64_t(5), uint64_t(37), uint64_t(1000)}) {
+        const uint64_t align = 4;
+        const uint64_t full = (uint64_t(1) << N) - 1;
+        std::vector<std::vector<uint64_t>> P(static_cast<size_t>(N), std::vector<uint64_t>(count));
+        for (int k = 0; k < N; ++k) std::fill(P[static_cast<size_t>(k)].begin(), P[static_cast<size_t>(k)].end(), uint64_t(1) << k);
+        const int half = hierRailHalf(rail, N);
+        CHECK(half == (rail == kRailRing ? N - 1 : hierLog2(N)));
+        std::vector<uint64_t> sent(static_cast<size_t>(N), 0);
+        for (int st = 0; st < 2 * half; ++st) {
+          std::vector<HierRailStep> r;
+          for (int k = 0; k < N; ++k) r.push_back(hierRailStep(rail, N, k, st, count, align));
+          std::vector<std::vector<uint64_t>> msg(static_cast<size_t>(N));
+          for (int k = 0; k < N; ++k) {
+            const HierRailStep& a = r[static_cast<size_t>(k)];
+            const HierRailStep& b = r[static_cast<size_t>(a.to)];
+            INFO("rail " << rail << ", N " << N << ", count " << count << ", step " << st << ", node " << k);
+            REQUIRE(a.to != k);
+            REQUIRE(b.from == k);  // the peer receives from this node in the same step
+            REQUIRE(b.recv.offset == a.send.offset);
+            REQUIRE(b.recv.count == a.send.count);
+            CHECK(a.reduce == (st < half));
+            CHECK(a.last == (st == half - 1));
+            msg[static_cast<size_t>(a.to)].assign(P[static_cast<size_t>(k)].begin() + static_cast<long>(a.send.offset),
+                                                  P[static_cast<size_t>(k)].begin() + static_cast<long>(a.send.offset + a.send.count));
+            sent[static_cast<size_t>(k)] += a.send.count;
+          }
+          for (int k = 0; k < N; ++k) {
+            const HierRailStep& a = r[static_cast<size_t>(k)];
+            for (uint64_t e = 0; e < a.recv.count; ++e) {
+              uint64_t& dst = P[static_cast<size_t>(k)][a.recv.offset + e];
+              const uint64_t got = msg[static_cast<size_t>(k)][e];
+              if (a.reduce) {
+                INFO("rail " << rail << ", N " << N << ", step " << st << ", node " << k << ", element " << a.recv.offset + e);
+                REQUIRE((dst & got) == 0);  // a contribution reduced in twice
+                dst |= got;
+              } else {
+                dst = got;
+              }
+            }
+          }
+          if (st == half - 1)
+            for (int k = 0; k < N; ++k) {
+              const Slice t = rankSlice(count, N, k, align);
+              for (uint64_t e = t.offset; e < t.offset + t.count; ++e) {
+                INFO("rail " << rail << ", N " << N << ", count " << count << ": node " << k << " element " << e);
+                REQUIRE(P[static_cast<size_t>(k)][e] == full);
+              }
+            }
+        }
+        for (int k = 0; k < N; ++k) {
+          for (uint64_t e = 0; e < count; ++e) {
+            INFO("rail " << rail << ", N " << N << ", count " << count << ": node " << k << " element " << e);
+            REQUIRE(P[static_cast<size_t>(k)][e] == full);
+          }
+        }
+        uint64_t total = 0;
+        for (uint64_t b : sent) total += b;
+        CHECK(total == 2 * static_cast<uint64_t>(N - 1) * count);  // the direct form's bytes
+      }
+    }
+}
+
+// MKERNEL_HIER_RAIL=ring and rhd: the AllReduce's exchange in N - 1 or log2 N steps of one peer
+// each, pipelined and in turn, over 2-8 nodes (rhd on 3 nodes runs ring), among every other
+// collective (which exchange directly), and split over CTAs with small ones on CTA 0 alone.
+TEST_CASE("hier_staged: AllReduce with a ring and a recursive halving/doubling exchange among 2-8 nodes, exact") {
+  auto net = testNet();
+  for (int rail : {int(kRailRing), int(kRailRhd)}) {
+    for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}, Shape{4, 1, 256}, Shape{4, 2, 512}, Shape{3, 1, 256}})
+      for (bool overlap : {true, false}) everyCollective(net.get(), sh, overlap, 1, 0, Roles(), rail);
+    everyCollective(net.get(), Shape{8, 1, 512}, true, 1, 0, Roles(), rail);
+    everyCollective(net.get(), Shape{4, 2, 512}, true, 3, 2000, Roles(), rail);
   }
 }
 
