@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Issue 6's rail exchange (MKERNEL_HIER_RAIL: direct, ring, rhd; collectives/hier_staged.h,
+# docs/ALGORITHMS.md) in one device call:
+#   bash scripts/rail-check.sh        (repository root; carry .carry for Catch2)
+#   1. builds libmkernel.so, mkernel-collbench and test_gpu_collectives (sm_90);
+#   2. test_gpu_hier_rail (every collective x dtype x op, ring and rhd over 3-4 emulated nodes)
+#      RC_TEST_REPS times (default 2): pass/fail and seconds of each;
+#   3. the hierarchical AllReduce on emulated nodes of one GPU (mkernel-collbench --ranks-per-node,
+#      the proxies over loopback TCP), for each layout of RC_LAYOUTS ("8:2 6:2": ranks:per node),
+#      each MKERNEL_HIER_RAIL of RC_RAILS ("direct ring rhd"), pipelined and in turn (RC_OVERLAPS,
+#      "1 0"), RC_ROUNDS (2) rounds interleaved; RC_ITERS (200) iterations per size, 4 KiB to
+#      RC_MAX (16 MiB) by 4. A table per layout: the eager median of each (rail, overlap) as
+#      "round 1/round 2/...", in us; the raw lines in rail-sweep.txt;
+#   4. (RC_TORCH="<torch_check.py options>", e.g. "--ranks 8 --gpus 1 --mps --ranks-per-node 2")
+#      scripts/torch_check.py once per MKERNEL_HIER_RAIL of RC_TORCH_RAILS ("ring rhd"), with
+#      MKERNEL_DEBUG=INFO, showing each rank's "exchange among the rail" line; RC_TORCH_TIMEOUT (300) s each.
+# NVLink multicast stays off (gpu-common.sh). Logs in build-gpu/logs-rail; tables to $OUT.
+set -u -o pipefail
+export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
+build=${RC_BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}
+logs=$build/logs-rail
+# shellcheck source=scripts/gpu-common.sh
+. "$(dirname "$0")/gpu-common.sh"
+PY=${RC_PYTHON:-/opt/torch/.venv/bin/python}
+fail=0
+
+step "1. build"
+gpu_build "${RC_JOBS:-16}" mkernel mkernel-collbench test_gpu_collectives
+LIB=$build/lib/libmkernel.so
+export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
+
+step "2. test_gpu_hier_rail x ${RC_TEST_REPS:-2}"
+: >"$logs/tests.txt"
+for i in $(seq 1 "${RC_TEST_REPS:-2}"); do
+  t0=$(date +%s%N)
+  MKERNEL_TIMEOUT_S=60 timeout 200 "$build/tests/gpu/test_gpu_collectives" --order lex "[hierrail]" >"$logs/hier-rail-$i.log" 2>&1
+  rc=$?
+  [ "$rc" = 0 ] || { fail=1; grep -E "FAILED|failed|with expansion" "$logs/hier-rail-$i.log" | head -5; }
+  echo "test_gpu_hier_rail run $i: rc=$rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms" | tee -a "$logs/tests.txt"
+done
+save tests.txt
+
+step "3. hierarchical AllReduce: layouts ${RC_LAYOUTS:-8:2 6:2}, MKERNEL_HIER_RAIL in ${RC_RAILS:-direct ring rhd}, overlap ${RC_OVERLAPS:-1 0}, ${RC_ROUNDS:-2} rounds"
+: >"$logs/rail-sweep.txt"
+for layout in ${RC_LAYOUTS:-8:2 6:2}; do
+  ranks=${layout%:*} rpn=${layout#*:}
+  for round in $(seq 1 "${RC_ROUNDS:-2}"); do
+    for ov in ${RC_OVERLAPS:-1 0}; do
+      for rail in ${RC_RAILS:-direct ring rhd}; do
+        tag="$ranks:$rpn/$rail/ov$ov/r$round"
+        MKERNEL_HIER_RAIL=$rail MKERNEL_HIER_OVERLAP=$ov MKERNEL_SOCKET_IFNAME=lo MKERNEL_TIMEOUT_S=30 timeout 200 \
+          "$build/bin/mkernel-collbench" --gpus 1 --ranks "$ranks" --ranks-per-node "$rpn" --wait memop \
+          --min-bytes 4096 --max-bytes "${RC_MAX:-16777216}" --step 4 --iters "${RC_ITERS:-200}" 2>&1 |
+          sed "s|^|$tag: |" >>"$logs/rail-sweep.txt"
+        [ "${PIPESTATUS[0]}" = 0 ] || { echo "$tag failed"; fail=1; }
+      done
+    done
+  done
+done
+# One table per layout: rows are sizes, a column per (rail, overlap) with each round's eager median.
+awk '$2 ~ /^memop$/ && $1 ~ /\/r[0-9]+:$/ {
+       split($1, a, "/"); lay = a[1]; col = a[2] "/" a[3]; r = a[4]; sub(":", "", r); sub("r", "", r)
+       key = lay SUBSEP col SUBSEP $4
+       m = int($5 + 0.5); if (key in v) m = v[key] "/" m; v[key] = m
+       if (!(lay in seenL)) { seenL[lay] = 1; ls[++nl] = lay }
+       if (!((lay, col) in seenC)) { seenC[lay, col] = 1; cs[lay, ++nc[lay]] = col }
+       if (!((lay, $4) in seenB)) { seenB[lay, $4] = 1; bs[lay, ++nb[lay]] = $4 } }
+     END { for (l = 1; l <= nl; ++l) { L = ls[l]; split(L, rr, ":")
+             printf "\n%s ranks as %d nodes of %s (eager median per round, us; ov1 pipelined, ov0 in turn)\n", rr[1], rr[1] / rr[2], rr[2]
+             printf "%10s", "bytes"; for (j = 1; j <= nc[L]; ++j) printf " %17s", cs[L, j]; print ""
+             for (i = 1; i <= nb[L]; ++i) { B = bs[L, i]; printf "%10s", B
+               for (j = 1; j <= nc[L]; ++j) printf " %17s", ((L, cs[L, j], B) in v) ? v[L, cs[L, j], B] : "-"; print "" } } }' \
+  "$logs/rail-sweep.txt" | tee "$logs/rail-table.txt"
+grep -E "failed|error|Error" "$logs/rail-sweep.txt" | head -5
+save rail-table.txt rail-sweep.txt
+
+if [ -n "${RC_TORCH:-}" ] && [ -x "$PY" ]; then
+  : >"$logs/torch-check.txt"
+  for rail in ${RC_TORCH_RAILS:-ring rhd}; do
+    step "4. torch_check $RC_TORCH, MKERNEL_HIER_RAIL=$rail"
+    # shellcheck disable=SC2086
+    MKERNEL_DEBUG=INFO MKERNEL_HIER_RAIL=$rail timeout "${RC_TORCH_TIMEOUT:-300}" "$PY" "$root/scripts/torch_check.py" --lib "$LIB" $RC_TORCH --timeout 180 \
+      --show "exchange among the rail" >>"$logs/torch-check.txt" 2>&1 || fail=1
+    grep -E "^\[torch_check\]|FAIL|Error|error|exchange among" "$logs/torch-check.txt" | cut -c1-300 | tail -12
+  done
+  save torch-check.txt
+fi
+echo "rail-check: fail=$fail"
+exit "$fail"
