@@ -306,6 +306,18 @@ MKERNEL_HD inline HierRailStep hierRailStep(int rail, int N, int k, int st, uint
 // chunk i + 2 after the second barrier of chunk i + 1, which q reaches after copying chunk i out;
 // net slot par is reused by chunk i + 2 once C(i) has waited for its last step. In turn
 // (MKERNEL_HIER_OVERLAP=0) the same steps run A(i), B(i), C(i).
+//
+// Woven (ring and rhd, pipelined). B(i) is a chain of N - 1 (or log2 N) steps, each a proxy round
+// trip that the CTA can only wait for; in the plain order the CTA idles through all but one of
+// them, and one lane of ring ran 1.5x the direct form's time at 64 MiB (docs/PERFORMANCE.md,
+// session 22). Woven, C(i) follows each of chunk i's all-gather steps with one reduce-scatter
+// step of chunk i + 1, whose step 0 A(i + 1) posted: A(0), B(0), then for each i: A(i + 1),
+// C(i) with B(i + 1) inside it. Two chains are then in flight, one per net slot, and the node
+// barriers come in the same order as before (A(i + 1) before C(i)), so the region argument above
+// holds. Every rank posts in the same fixed order (no step is taken early because it happened to
+// complete), so the sends and receives between two ranks stay in step; chunk i's steps carry tags
+// half..2 half - 1 and chunk i + 1's 0..half - 1, so the two never share a tag. B(i + 1) ends
+// with its first all-gather step posted, as in the plain order.
 struct HierArChunk {
   HierChunk ch;
   Slice mine, tk;
@@ -391,14 +403,22 @@ MKERNEL_HD bool hierArRound1(Ex& ex, const HierCall& c, HierCtx& x, HierRail& ra
   return true;
 }
 
+// C(i): the rail's all-gather steps of chunk a, then phase 3. With `next` (the woven pipeline
+// below), each all-gather step of a is followed by reduce-scatter step st - half of the next chunk,
+// so that B(next) is done by the time C(a) is.
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD bool hierArPhase3(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail, const HierArChunk& a) {
+MKERNEL_HD bool hierArPhase3(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail, const HierArChunk& a,
+                             const HierArChunk* next = nullptr) {
   const uint64_t esz = x.esz, align = sliceAlignElems(esz);
   const int half = hierRailHalf(c.rail, x.N);
-  for (int st = half; st < 2 * half; ++st)
+  for (int st = half; st < 2 * half; ++st) {
     if (!hierArRailLand(ex, c, x, a, st) || (st + 1 < 2 * half && !hierArRailPost(ex, c, x, rail, a, st + 1)))
       return false;
+    if (next != nullptr &&
+        (!hierArRailLand(ex, c, x, *next, st - half) || !hierArRailPost(ex, c, x, rail, *next, st - half + 1)))
+      return false;
+  }
   char* P = ex.netSend(a.par);
   if (c.rail == kRailDirect) {
     for (int m = 0; m < x.N; ++m) {
@@ -433,12 +453,17 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduce(Ex& ex, const HierCall& c, uint64
     }
     return true;
   }
+  // Ring and rhd weave two chunks' chains of steps (hierArPhase3's `next`); direct has one step
+  // each way and keeps the plain order.
+  const bool weave = c.rail != kRailDirect;
   if (!hierArPhase1(ex, c, x, rail, HierArChunk(c, x, 0, seq0))) return false;
   for (uint64_t i = 0; i < chunks; ++i) {
     const HierArChunk a(c, x, i, seq0 + i);
-    if (!hierArRound1(ex, c, x, rail, a)) return false;
-    if (i + 1 < chunks && !hierArPhase1(ex, c, x, rail, HierArChunk(c, x, i + 1, seq0 + i + 1))) return false;
-    if (!hierArPhase3(ex, c, x, rail, a)) return false;
+    if ((!weave || i == 0) && !hierArRound1(ex, c, x, rail, a)) return false;
+    const bool more = i + 1 < chunks;
+    const HierArChunk next(c, x, more ? i + 1 : i, seq0 + (more ? i + 1 : i));
+    if (more && !hierArPhase1(ex, c, x, rail, next)) return false;
+    if (!hierArPhase3(ex, c, x, rail, a, weave && more ? &next : nullptr)) return false;
   }
   return true;
 }

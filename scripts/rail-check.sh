@@ -6,7 +6,8 @@
 #   2. test_gpu_hier_rail (every collective x dtype x op, ring and rhd over 3-4 emulated nodes)
 #      RC_TEST_REPS times (default 2): pass/fail and seconds of each;
 #   3. the hierarchical AllReduce on emulated nodes of one GPU (mkernel-collbench --ranks-per-node,
-#      the proxies over loopback TCP), for each layout of RC_LAYOUTS ("8:2 6:2": ranks:per node),
+#      the proxies over loopback TCP), for each layout of RC_LAYOUTS ("8:2 6:2": ranks:per node, or
+#      ranks:per node:lanes to set MKERNEL_HIER_CTAS for that layout, e.g. "8:2:1 8:2:3"),
 #      each MKERNEL_HIER_RAIL of RC_RAILS ("direct ring rhd"), pipelined and in turn (RC_OVERLAPS,
 #      "1 0"), RC_ROUNDS (2) rounds interleaved; RC_ITERS (200) iterations per size, 4 KiB to
 #      RC_MAX (16 MiB) by 4. A table per layout: the eager median of each (rail, overlap) as
@@ -43,13 +44,13 @@ save tests.txt
 step "3. hierarchical AllReduce: layouts ${RC_LAYOUTS:-8:2 6:2}, MKERNEL_HIER_RAIL in ${RC_RAILS:-direct ring rhd}, overlap ${RC_OVERLAPS:-1 0}, ${RC_ROUNDS:-2} rounds"
 : >"$logs/rail-sweep.txt"
 for layout in ${RC_LAYOUTS:-8:2 6:2}; do
-  ranks=${layout%:*} rpn=${layout#*:}
+  IFS=: read -r ranks rpn lanes <<<"$layout"
   for round in $(seq 1 "${RC_ROUNDS:-2}"); do
     for ov in ${RC_OVERLAPS:-1 0}; do
       for rail in ${RC_RAILS:-direct ring rhd}; do
-        tag="$ranks:$rpn/$rail/ov$ov/r$round"
-        MKERNEL_HIER_RAIL=$rail MKERNEL_HIER_OVERLAP=$ov MKERNEL_SOCKET_IFNAME=lo MKERNEL_TIMEOUT_S=30 timeout 200 \
-          "$build/bin/mkernel-collbench" --gpus 1 --ranks "$ranks" --ranks-per-node "$rpn" --wait memop \
+        tag="$layout/$rail/ov$ov/r$round"
+        env ${lanes:+MKERNEL_HIER_CTAS=$lanes} MKERNEL_HIER_RAIL=$rail MKERNEL_HIER_OVERLAP=$ov MKERNEL_SOCKET_IFNAME=lo \
+          MKERNEL_TIMEOUT_S=30 timeout 200 "$build/bin/mkernel-collbench" --gpus 1 --ranks "$ranks" --ranks-per-node "$rpn" --wait memop \
           --min-bytes 4096 --max-bytes "${RC_MAX:-16777216}" --step 4 --iters "${RC_ITERS:-200}" 2>&1 |
           sed "s|^|$tag: |" >>"$logs/rail-sweep.txt"
         [ "${PIPESTATUS[0]}" = 0 ] || { echo "$tag failed"; fail=1; }
@@ -66,7 +67,7 @@ awk '$2 ~ /^memop$/ && $1 ~ /\/r[0-9]+:$/ {
        if (!((lay, col) in seenC)) { seenC[lay, col] = 1; cs[lay, ++nc[lay]] = col }
        if (!((lay, $4) in seenB)) { seenB[lay, $4] = 1; bs[lay, ++nb[lay]] = $4 } }
      END { for (l = 1; l <= nl; ++l) { L = ls[l]; split(L, rr, ":")
-             printf "\n%s ranks as %d nodes of %s (eager median per round, us; ov1 pipelined, ov0 in turn)\n", rr[1], rr[1] / rr[2], rr[2]
+             printf "\n%s ranks as %d nodes of %s%s (eager median per round, us; ov1 pipelined, ov0 in turn)\n", rr[1], rr[1] / rr[2], rr[2], (3 in rr) ? ", " rr[3] " lane(s)" : ""
              printf "%10s", "bytes"; for (j = 1; j <= nc[L]; ++j) printf " %17s", cs[L, j]; print ""
              for (i = 1; i <= nb[L]; ++i) { B = bs[L, i]; printf "%10s", B
                for (j = 1; j <= nc[L]; ++j) printf " %17s", ((L, cs[L, j], B) in v) ? v[L, cs[L, j], B] : "-"; print "" } } }' \
