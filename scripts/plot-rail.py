@@ -2,7 +2,7 @@
 """Plots scripts/rail-check.sh sweeps (MKERNEL_HIER_RAIL: direct, ring, rhd; pipelined and in
 turn) as a PNG: for each layout of each file, the time of the direct form pipelined over the time
 of every (form, overlap) against the message size (above 1: faster than direct pipelined), one
-panel per (file, layout). Each point is the mean of the eager medians of the file's rounds.
+panel per (file, layout), three to a row. Each point is the mean of the eager medians of the file's rounds.
 
   python3 scripts/plot-rail.py OUT.png RAIL-SWEEP.txt[=LABEL] ... [--title TEXT]
 
@@ -57,9 +57,13 @@ def main():
     if not panels or not all(("direct", 1) in s for _, s in panels):
         print("plot-rail.py: no sweep with the direct form pipelined in the input", file=sys.stderr)
         return 1
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    cols = min(3, len(panels))
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4.4 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
     styles = {"direct": "C0", "ring": "C1", "rhd": "C2"}
-    for ax, (name, series) in zip(axes[0], panels):
+    for ax, (name, series) in zip(axes.flat, panels):
         base = {b: sum(v) / len(v) for b, v in series[("direct", 1)].items()}
         for (form, ov), points in sorted(series.items()):
             xs = sorted(b for b in points if b in base)
