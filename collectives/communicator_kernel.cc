@@ -816,7 +816,7 @@ Result KernelCommunicator::setupProxy() {
   params_.perNode = G;
   MK_INFO(kLogInit,
           "rank %d: %s node %d of %d (%d ranks each): proxy on rail %d over %s (%s), %d CTA(s) per collective from %llu bytes, "
-          "1 below; AllReduce exchange among the rail %s, %s",
+          "1 below; AllReduce/ReduceScatter/AllGather exchange among the rail %s, AllReduce %s",
           opts_.rank, opts_.emulate ? "emulated" : "host", node, N, G, local, net_->name(), choice.why.c_str(), hierCtas_,
           static_cast<unsigned long long>(hierSplitMinBytes_),
           hierRail_ == coll::kRailRing ? "ring" : hierRail_ == coll::kRailRhd ? "rhd (recursive halving/doubling)" : "direct",

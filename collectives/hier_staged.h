@@ -201,7 +201,9 @@ struct HierChunk {
 // barriers per chunk would let one region do within a collective, but not across collectives:
 // the next collective's first push could reach a local rank still reading its inbox).
 
-// The AllReduce's exchange among the rail (phase 2; MKERNEL_HIER_RAIL). P, the rank's part j of
+// The AllReduce's exchange among the rail (phase 2; MKERNEL_HIER_RAIL; ReduceScatter and
+// AllGather run its reduce-scatter or all-gather half alone, over N uniform blocks of one chunk
+// each: HierStepsBase::chain below). P, the rank's part j of
 // the chunk, is cut into nNodes blocks t_m = rankSlice(|P|, nNodes, m); node m ends up owning t_m
 // reduced over every node (reduce-scatter steps), then every node gets every t_m (all-gather
 // steps). The same bytes cross the rail in all three forms, (N - 1) / N of |P| each way per node;
@@ -243,10 +245,17 @@ MKERNEL_HD inline int hierRailFor(int asked, int nNodes) {
   return asked == kRailRhd && (nNodes & (nNodes - 1)) != 0 ? kRailRing : asked;
 }
 
-// Blocks first .. first + n - 1 of a part of `count` elements cut into N: one contiguous range.
-MKERNEL_HD inline Slice hierBlocks(uint64_t count, int N, int first, int n, uint64_t align) {
-  const Slice a = rankSlice(count, N, first, align), b = rankSlice(count, N, first + n - 1, align);
+// Blocks first .. first + n - 1 of a part of `count` elements cut into N (rankSlice), or, with
+// `block` > 0, of N blocks of `block` elements each (ReduceScatter and AllGather: one chunk per
+// node): one contiguous range.
+MKERNEL_HD inline Slice hierBlocks(uint64_t count, int N, int first, int n, uint64_t align, uint64_t block = 0) {
   Slice s;
+  if (block > 0) {
+    s.offset = static_cast<uint64_t>(first) * block;
+    s.count = static_cast<uint64_t>(n) * block;
+    return s;
+  }
+  const Slice a = rankSlice(count, N, first, align), b = rankSlice(count, N, first + n - 1, align);
   s.offset = a.offset;
   s.count = b.offset + b.count - a.offset;
   return s;
@@ -262,7 +271,8 @@ struct HierRailStep {
   bool reduce, lowFirst, last;  // last: the final reduce-scatter step (post() applied)
 };
 
-MKERNEL_HD inline HierRailStep hierRailStep(int rail, int N, int k, int st, uint64_t count, uint64_t align) {
+MKERNEL_HD inline HierRailStep hierRailStep(int rail, int N, int k, int st, uint64_t count, uint64_t align,
+                                            uint64_t block = 0) {
   HierRailStep r;
   const int half = hierRailHalf(rail, N);
   r.reduce = st < half;
@@ -273,8 +283,8 @@ MKERNEL_HD inline HierRailStep hierRailStep(int rail, int N, int k, int st, uint
     r.from = (k + N - 1) % N;
     r.lowFirst = true;
     const int sb = r.reduce ? k - s - 1 : k - s;  // the block sent; the one received precedes it
-    r.send = hierBlocks(count, N, ((sb % N) + N) % N, 1, align);
-    r.recv = hierBlocks(count, N, (((sb - 1) % N) + N) % N, 1, align);
+    r.send = hierBlocks(count, N, ((sb % N) + N) % N, 1, align, block);
+    r.recv = hierBlocks(count, N, (((sb - 1) % N) + N) % N, 1, align, block);
     return r;
   }
   const int h = r.reduce ? N >> (s + 1) : 1 << s;
@@ -282,11 +292,11 @@ MKERNEL_HD inline HierRailStep hierRailStep(int rail, int N, int k, int st, uint
   r.to = r.from = p;
   r.lowFirst = p < k;
   if (r.reduce) {  // keep the half of this node's group that holds k, send the partner's half
-    r.send = hierBlocks(count, N, p & ~(h - 1), h, align);
-    r.recv = hierBlocks(count, N, k & ~(h - 1), h, align);
+    r.send = hierBlocks(count, N, p & ~(h - 1), h, align, block);
+    r.recv = hierBlocks(count, N, k & ~(h - 1), h, align, block);
   } else {  // send the h blocks held, receive the partner's h
-    r.send = hierBlocks(count, N, k & ~(h - 1), h, align);
-    r.recv = hierBlocks(count, N, p & ~(h - 1), h, align);
+    r.send = hierBlocks(count, N, k & ~(h - 1), h, align, block);
+    r.recv = hierBlocks(count, N, p & ~(h - 1), h, align, block);
   }
   return r;
 }
@@ -327,6 +337,36 @@ struct HierArChunk {
         tk(rankSlice(mine.count, x.N, x.k, sliceAlignElems(x.esz))), par(static_cast<int>(seq & 1)) {}
 };
 
+// Ring / rhd step st on net slot `par` (P = netSend(par), a part of `count` elements, or N
+// uniform blocks of `block`), posted with `tag`; and, once waited for, its reduction (reduce-
+// scatter steps: what came into netRecv(par, from) reduced into P, post() on the last).
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD bool hierRailStepPost(Ex& ex, HierCtx& x, HierRail& rail, int algo, int st, int tag, int par, uint64_t count,
+                                 uint64_t block) {
+  const uint64_t esz = x.esz;
+  char* P = ex.netSend(par);
+  const HierRailStep r = hierRailStep(algo, x.N, x.k, st, count, sliceAlignElems(esz), block);
+  for (int m = 0; m < x.N; ++m) rail.set(m, P, 0, P, 0);
+  rail.src[r.to] = P + r.send.offset * esz;
+  rail.sendBytes[r.to] = r.send.count * esz;
+  rail.dst[r.from] = r.reduce ? ex.netRecv(par, r.from) : P + r.recv.offset * esz;
+  rail.recvBytes[r.from] = r.recv.count * esz;
+  return ex.railPost(tag, par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
+}
+
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD void hierRailStepReduce(Ex& ex, HierCtx& x, int algo, int st, int par, uint64_t count, uint64_t block) {
+  const uint64_t esz = x.esz;
+  const HierRailStep r = hierRailStep(algo, x.N, x.k, st, count, sliceAlignElems(esz), block);
+  if (!r.reduce) return;
+  x.dsts[0] = ex.netSend(par) + r.recv.offset * esz;
+  x.srcs[r.lowFirst ? 0 : 1] = ex.netRecv(par, r.from);
+  x.srcs[r.lowFirst ? 1 : 0] = x.dsts[0];
+  ex.reduce(x.dsts, 1, x.srcs, 2, r.recv.count, false, r.last);
+}
+
 // Rail step st of chunk a posted (tag st).
 MK_HIER_TEMPLATE
 template <class Ex>
@@ -342,22 +382,16 @@ MKERNEL_HD bool hierArRailPost(Ex& ex, const HierCall& c, HierCtx& x, HierRail& 
       else
         rail.set(m, P + a.tk.offset * esz, other * a.tk.count * esz, ex.netRecv(a.par, m), other * t.count * esz);
     }
-  } else {
-    const HierRailStep r = hierRailStep(c.rail, x.N, x.k, st, a.mine.count, align);
-    for (int m = 0; m < x.N; ++m) rail.set(m, P, 0, P, 0);
-    rail.src[r.to] = P + r.send.offset * esz;
-    rail.sendBytes[r.to] = r.send.count * esz;
-    rail.dst[r.from] = r.reduce ? ex.netRecv(a.par, r.from) : P + r.recv.offset * esz;
-    rail.recvBytes[r.from] = r.recv.count * esz;
+    return ex.railPost(st, a.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
   }
-  return ex.railPost(st, a.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
+  return hierRailStepPost(ex, x, rail, c.rail, st, st, a.par, a.mine.count, 0);
 }
 
 // Rail step st of chunk a waited for, and (reduce-scatter steps) what it received reduced into P.
 MK_HIER_TEMPLATE
 template <class Ex>
 MKERNEL_HD bool hierArRailLand(Ex& ex, const HierCall& c, HierCtx& x, const HierArChunk& a, int st) {
-  const uint64_t esz = x.esz, align = sliceAlignElems(esz);
+  const uint64_t esz = x.esz;
   if (!ex.railWait(a.par)) return false;
   if (st >= hierRailHalf(c.rail, x.N)) return true;
   char* P = ex.netSend(a.par);
@@ -367,11 +401,7 @@ MKERNEL_HD bool hierArRailLand(Ex& ex, const HierCall& c, HierCtx& x, const Hier
     ex.reduce(x.dsts, 1, x.srcs, x.N, a.tk.count, false, true);
     return true;
   }
-  const HierRailStep r = hierRailStep(c.rail, x.N, x.k, st, a.mine.count, align);
-  x.dsts[0] = P + r.recv.offset * esz;
-  x.srcs[r.lowFirst ? 0 : 1] = ex.netRecv(a.par, r.from);
-  x.srcs[r.lowFirst ? 1 : 0] = x.dsts[0];
-  ex.reduce(x.dsts, 1, x.srcs, 2, r.recv.count, false, r.last);
+  hierRailStepReduce(ex, x, c.rail, st, a.par, a.mine.count, 0);
   return true;
 }
 
@@ -533,6 +563,26 @@ struct HierStepsBase {
   MKERNEL_HD uint64_t blockOff(int m, int q, const HierStep& k) const {
     return (static_cast<uint64_t>(c.layout.rankOf(m, q)) * c.count + k.ch.g) * x.esz;
   }
+  // Ring / rhd (MKERNEL_HIER_RAIL; ReduceScatter and AllGather): the chunk's N blocks of k.ch.l
+  // elements in P, steps first .. last - 1 of hierRailStep's schedule, tagged 2 * step + parity
+  // (chunk i + 1's first step is posted while chunk i's chain runs). post: step `first`;
+  // chain: each step waited for (and reduced), the next posted, the last waited for.
+  MKERNEL_HD bool chained() const { return c.rail != kRailDirect; }
+  MK_HIER_TEMPLATE
+  template <class Ex>
+  MKERNEL_HD bool postStep(Ex& ex, const HierStep& k, int st) {
+    return hierRailStepPost(ex, x, rail, c.rail, st, 2 * st + k.par, k.par, static_cast<uint64_t>(x.N) * k.ch.l, k.ch.l);
+  }
+  MK_HIER_TEMPLATE
+  template <class Ex>
+  MKERNEL_HD bool chain(Ex& ex, const HierStep& k, int first, int last) {
+    for (int st = first; st < last; ++st) {
+      if (!ex.railWait(k.par)) return false;
+      hierRailStepReduce(ex, x, c.rail, st, k.par, static_cast<uint64_t>(x.N) * k.ch.l, k.ch.l);
+      if (st + 1 < last && !postStep(ex, k, st + 1)) return false;
+    }
+    return true;
+  }
   // A round that exchanges one slot with every other node: to node m from P + m * stride, from
   // node m into its receive slot.
   MK_HIER_TEMPLATE
@@ -545,6 +595,11 @@ struct HierStepsBase {
   }
 };
 
+// ReduceScatter and AllGather with MKERNEL_HIER_RAIL=ring or rhd: the round below becomes the
+// reduce-scatter (ReduceScatter) or all-gather (AllGather) steps of the AllReduce's schedule,
+// over N blocks of the chunk in P (block m: node m's), A posting the first and B running the
+// chain; B(i)'s chain runs while chunk i + 1's first step, which A(i + 1) posted, travels.
+//
 // ReduceScatter (count = elements per rank block; sendbuff holds nNodes x perNode blocks):
 //   A  intra: push the chunk of block (m, q), for every node m, into slot m*perNode + j of local
 //      rank q's inbox; node barrier; for every node m, reduce slots m*perNode + 0..perNode-1
@@ -568,14 +623,21 @@ struct HierReduceScatterSteps : HierStepsBase {
       x.dsts[0] = P + static_cast<uint64_t>(m) * k.slot;
       ex.reduce(x.dsts, 1, x.srcs, x.G, k.ch.l, true, false);
     }
+    if (chained()) return postStep(ex, k, 0);
     withEveryOtherNode(ex, k, P, k.slot);
     return post(ex, k);
   }
   MK_HIER_TEMPLATE
   template <class Ex>
   MKERNEL_HD bool b(Ex& ex, const HierStep& k) {
-    if (!ex.railWait(k.par)) return false;
     char* P = ex.netSend(k.par);
+    if (chained()) {  // the reduce-scatter steps leave part k reduced over the nodes (post()) in P
+      if (!chain(ex, k, 0, hierRailHalf(c.rail, x.N))) return false;
+      x.dsts[0] = x.recv + k.ch.g * x.esz;
+      ex.copy(x.dsts, 1, P + static_cast<uint64_t>(x.k) * k.slot, k.slot);
+      return true;
+    }
+    if (!ex.railWait(k.par)) return false;
     for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P + static_cast<uint64_t>(x.k) * k.slot : ex.netRecv(k.par, m);
     x.dsts[0] = x.recv + k.ch.g * x.esz;
     ex.reduce(x.dsts, 1, x.srcs, x.N, k.ch.l, false, true);
@@ -594,19 +656,21 @@ struct HierAllGatherSteps : HierStepsBase {
   template <class Ex>
   MKERNEL_HD bool a(Ex& ex, const HierStep& k) {
     char* P = ex.netSend(k.par);
-    x.dsts[0] = P;
+    x.dsts[0] = chained() ? P + static_cast<uint64_t>(x.k) * k.slot : P;  // ring / rhd: block k of P
     ex.copy(x.dsts, 1, x.send + k.ch.g * x.esz, k.slot);
+    if (chained()) return postStep(ex, k, hierRailHalf(c.rail, x.N));  // the all-gather steps
     withEveryOtherNode(ex, k, P, 0);
     return post(ex, k);
   }
   MK_HIER_TEMPLATE
   template <class Ex>
   MKERNEL_HD bool b(Ex& ex, const HierStep& k) {
-    if (!ex.railWait(k.par)) return false;
+    const int half = hierRailHalf(c.rail, x.N);
+    if (chained() ? !chain(ex, k, half, 2 * half) : !ex.railWait(k.par)) return false;
     char* P = ex.netSend(k.par);
     for (int m = 0; m < x.N; ++m) {
       for (int q = 0; q < x.G; ++q) x.dsts[q] = slotOf(ex.out(q, k.par), m, x.j, k);
-      ex.copy(x.dsts, x.G, m == x.k ? P : ex.netRecv(k.par, m), k.slot);
+      ex.copy(x.dsts, x.G, chained() ? P + static_cast<uint64_t>(m) * k.slot : m == x.k ? P : ex.netRecv(k.par, m), k.slot);
     }
     if (!ex.nodeBarrier()) return false;
     for (int m = 0; m < x.N; ++m)

@@ -456,8 +456,9 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2,
   unsetenv("MKERNEL_HIER_ROLES");
 }
 // MKERNEL_HIER_RAIL (collectives/hier_staged.h, "The AllReduce's exchange among the rail"): the
-// AllReduces' rail exchange as a ring over 3 and 4 emulated nodes and by recursive halving and
-// doubling over 4 (2 + 2 steps per chunk), the other collectives direct between them.
+// rail exchange of the AllReduces, ReduceScatters and AllGathers as a ring over 3 and 4 emulated
+// nodes and by recursive halving and doubling over 4 (2 + 2 steps per AllReduce chunk), Broadcast
+// and Reduce direct between them.
 TEST_CASE("gpu: every collective x dtype x op, 6-8 ranks as 3-4 emulated nodes of 2, AllReduce rail ring and rhd", "[gpu][hierrail]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   for (const char* rail : {"ring", "rhd"}) {

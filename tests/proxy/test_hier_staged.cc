@@ -512,7 +512,11 @@ TEST_CASE("hier_staged: ring and rhd rail schedules reduce every node in once an
         CHECK(hierRailFor(rail, N) == kRailRing);  // not a power of two
         continue;
       }
-      for (uint64_t count : {uint64_t(1), uint64_t(5), uint64_t(37), uint64_t(1000)}) {
+      for (int uniform = 0; uniform < 2; ++uniform)
+      for (uint64_t size : {uint64_t(1), uint64_t(5), uint64_t(37), uint64_t(1000)}) {
+        // AllReduce: a part of `size` elements cut by rankSlice; ReduceScatter / AllGather: N
+        // uniform blocks of `size` elements (hierBlocks' block).
+        const uint64_t block = uniform ? size : 0, count = uniform ? size * static_cast<uint64_t>(N) : size;
         const uint64_t align = 4;
         const uint64_t full = (uint64_t(1) << N) - 1;
         std::vector<std::vector<uint64_t>> P(static_cast<size_t>(N), std::vector<uint64_t>(count));
@@ -522,7 +526,7 @@ TEST_CASE("hier_staged: ring and rhd rail schedules reduce every node in once an
         std::vector<uint64_t> sent(static_cast<size_t>(N), 0);
         for (int st = 0; st < 2 * half; ++st) {
           std::vector<HierRailStep> r;
-          for (int k = 0; k < N; ++k) r.push_back(hierRailStep(rail, N, k, st, count, align));
+          for (int k = 0; k < N; ++k) r.push_back(hierRailStep(rail, N, k, st, count, align, block));
           std::vector<std::vector<uint64_t>> msg(static_cast<size_t>(N));
           for (int k = 0; k < N; ++k) {
             const HierRailStep& a = r[static_cast<size_t>(k)];
@@ -554,7 +558,7 @@ TEST_CASE("hier_staged: ring and rhd rail schedules reduce every node in once an
           }
           if (st == half - 1)
             for (int k = 0; k < N; ++k) {
-              const Slice t = rankSlice(count, N, k, align);
+              const Slice t = hierBlocks(count, N, k, 1, align, block);
               for (uint64_t e = t.offset; e < t.offset + t.count; ++e) {
                 INFO("rail " << rail << ", N " << N << ", count " << count << ": node " << k << " element " << e);
                 REQUIRE(P[static_cast<size_t>(k)][e] == full);
@@ -577,7 +581,7 @@ TEST_CASE("hier_staged: ring and rhd rail schedules reduce every node in once an
 // MKERNEL_HIER_RAIL=ring and rhd: the AllReduce's exchange in N - 1 or log2 N steps of one peer
 // each, pipelined and in turn, over 2-8 nodes (rhd on 3 nodes runs ring), among every other
 // collective (which exchange directly), and split over CTAs with small ones on CTA 0 alone.
-TEST_CASE("hier_staged: AllReduce with a ring and a recursive halving/doubling exchange among 2-8 nodes, exact") {
+TEST_CASE("hier_staged: AllReduce, ReduceScatter and AllGather with a ring and a recursive halving/doubling exchange among 2-8 nodes, exact") {
   auto net = testNet();
   for (int rail : {int(kRailRing), int(kRailRhd)}) {
     for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}, Shape{4, 1, 256}, Shape{4, 2, 512}, Shape{3, 1, 256}})
