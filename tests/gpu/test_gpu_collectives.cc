@@ -144,8 +144,10 @@ std::string caseName(const Case& k) {
 }
 
 // One case on one rank: upload, enqueue, wait, check. Returns "" or the failure.
+// roundings: the most partial results the algorithm rounds on an element's way to its output
+// (mkgpu::tolerance; 1 for the flat algorithms).
 std::string runCase(mkgpu::RankCtx& ctx, const Case& k, uint64_t seed, uint8_t* sendDev, uint8_t* recvDev,
-                    void* scalarDev) {
+                    void* scalarDev, int roundings = 1) {
   const int n = ctx.nRanks, r = ctx.rank;
   const size_t esz = mkernel::coll::dataTypeSize(k.dtype);
   const size_t sendCount = k.coll == CollType::ReduceScatter ? k.count * static_cast<size_t>(n) : k.count;
@@ -195,11 +197,12 @@ std::string runCase(mkgpu::RankCtx& ctx, const Case& k, uint64_t seed, uint8_t* 
 
   switch (k.coll) {
     case CollType::AllReduce:
-      return mkgpu::checkReduced(k.dtype, k.op, kScalar, n, in, 0, out.data(), k.count);
+      return mkgpu::checkReduced(k.dtype, k.op, kScalar, n, in, 0, out.data(), k.count, roundings);
     case CollType::ReduceScatter:
-      return mkgpu::checkReduced(k.dtype, k.op, kScalar, n, in, static_cast<size_t>(r) * k.count, out.data(), k.count);
+      return mkgpu::checkReduced(k.dtype, k.op, kScalar, n, in, static_cast<size_t>(r) * k.count, out.data(), k.count,
+                                 roundings);
     case CollType::Reduce:
-      if (r == k.root) return mkgpu::checkReduced(k.dtype, k.op, kScalar, n, in, 0, out.data(), k.count);
+      if (r == k.root) return mkgpu::checkReduced(k.dtype, k.op, kScalar, n, in, 0, out.data(), k.count, roundings);
       if (k.inPlace) return out == mine ? "" : "non-root in-place buffer changed";
       for (uint8_t b : out)
         if (b != 0xff) return "non-root recvbuff written";
@@ -223,6 +226,15 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
   for (const Case& k : cases)
     maxBytes = std::max(maxBytes, k.count * static_cast<size_t>(nRanks) * mkernel::coll::dataTypeSize(k.dtype));
   maxBytes += 256;
+  // The hierarchical path rounds each node's partial result, then each step that combines nodes:
+  // one for the direct rail exchange, N - 1 for ring or rhd (MKERNEL_HIER_RAIL).
+  const std::string rail = mkernel::paramString("HIER_RAIL");
+  const int askedRail = rail == "ring" ? mkernel::coll::kRailRing : rail == "rhd" ? mkernel::coll::kRailRhd : mkernel::coll::kRailDirect;
+  int roundings = 1;
+  if (ranksPerNode > 0) {
+    const int N = nRanks / ranksPerNode;
+    roundings = N + (mkernel::coll::hierRailFor(askedRail, N) == mkernel::coll::kRailDirect ? 1 : N - 1);
+  }
   auto failures = mkgpu::runRanks(nRanks, [&](mkgpu::RankCtx& ctx) {
     // Freed after every rank's communicator is finalized (RankCtx::freeAfter): a rank that
     // finished its sweep early must not cudaFree while a peer's kernel is still in a collective.
@@ -234,7 +246,7 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
     if (ctx.bs->barrier() != Result::Success) return ctx.fail("bootstrap barrier after allocation");
     int bad = 0;
     for (size_t i = 0; i < cases.size() && bad < 5; ++i) {
-      std::string why = runCase(ctx, cases[i], i + 1, sendDev, recvDev, scalarDev);
+      std::string why = runCase(ctx, cases[i], i + 1, sendDev, recvDev, scalarDev, roundings);
       if (!why.empty()) {
         ctx.fail(caseName(cases[i]) + ": " + why);
         ++bad;
@@ -263,10 +275,8 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
                ", want " + roles);
     // MKERNEL_HIER_RAIL: the AllReduces' rail exchange in effect (rhd on a node count that is not
     // a power of two: ring).
-    const std::string rail = mkernel::paramString("HIER_RAIL");
     if (ranksPerNode > 0 && !rail.empty()) {
-      const int asked = rail == "ring" ? mkernel::coll::kRailRing : rail == "rhd" ? mkernel::coll::kRailRhd : mkernel::coll::kRailDirect;
-      const int want = mkernel::coll::hierRailFor(asked, nRanks / ranksPerNode);
+      const int want = mkernel::coll::hierRailFor(askedRail, nRanks / ranksPerNode);
       if (st.hierRail != want)
         ctx.fail("AllReduce rail exchange " + std::to_string(st.hierRail) + ", want " + std::to_string(want) + " (" + rail + ")");
     }
