@@ -45,6 +45,13 @@ int railStepsFor(int rail, int nodes) {
   }
 }
 
+int railMessagesFor(int rail, int nodes) {
+  const int N = std::max(1, nodes);
+  if (N == 1) return 0;
+  if (rail == 0) return 2 * (N - 1);
+  return railStepsFor(rail, N);  // ring, rhd and the best of them: one message per step
+}
+
 AllReduceCost predictAllReduce(const CostParams& p, double bytes) {
   AllReduceCost c;
   const int N = std::max(1, p.nodes), G = std::max(1, p.gpusPerNode), R = N * G;
@@ -92,7 +99,8 @@ AllReduceCost predictAllReduce(const CostParams& p, double bytes) {
   const double tIntra = G > 1 ? (G - 1.0) / G * bytes / bytesPerUs(p.nvlinkGBps) : 0.0;
   const double tInter = N > 1 ? 2.0 * (N - 1.0) / N * (bytes / G) / bytesPerUs(railGBps) : 0.0;
   const int interSteps = railStepsFor(p.rail, N);
-  const double lat = p.mkOverheadUs + (G > 1 ? 2.0 * p.mkIntraStepUs : 0.0) + interSteps * p.mkInterStepUs;
+  const double lat = p.mkOverheadUs + (G > 1 ? 2.0 * p.mkIntraStepUs : 0.0) + interSteps * p.mkInterStepUs +
+                     railMessagesFor(p.rail, N) * p.mkMsgUs;
   c.mkSerialUs = lat + 2.0 * tIntra + tInter;
   // Overlapped: the two NVLink phases share the GPU's NVLink, the inter-node phase its NIC.
   c.mkPipelinedUs = lat + std::max(2.0 * tIntra, tInter);

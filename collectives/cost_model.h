@@ -36,10 +36,17 @@ struct CostParams {
   // that is not a power of two: ring, as the kernel runs it). The wire bytes are the same.
   int rail = kRailBest;
   static constexpr int kRailBest = -1;
+  // Per message a rank sends among the rail (railMessagesFor), on top of the per-step term: the
+  // direct form's fan-out. 0 in the published predictions; on emulated nodes over loopback TCP it
+  // was 24 us (docs/MODEL.md, session 22), which is host CPU time, not a NIC's.
+  double mkMsgUs = 0.0;
 };
 
 // Inter-node steps of one AllReduce among N nodes for rail (CostParams::rail).
 int railStepsFor(int rail, int nodes);
+// Messages one rank sends among the rail per AllReduce chunk: direct and ring 2 (N - 1), rhd
+// 2 log2 N (ring's when N is not a power of two); kRailBest: as the form railStepsFor picks.
+int railMessagesFor(int rail, int nodes);
 
 struct AllReduceCost {
   double ncclRingUs = 0, ncclTreeUs = 0;  // best protocol of each

@@ -9,6 +9,7 @@
 using mkernel::coll::AllReduceCost;
 using mkernel::coll::CostParams;
 using mkernel::coll::predictAllReduce;
+using mkernel::coll::railMessagesFor;
 using mkernel::coll::railStepsFor;
 
 TEST_CASE("cost model: NCCL's tree latency for 2 nodes x 8 GPUs is its tuner's formula") {
@@ -87,4 +88,36 @@ TEST_CASE("cost model: the rail exchange's steps per form, and what they cost") 
   p.rail = 0;
   const double directBig = predictAllReduce(p, 1 << 30).mkPipelinedUs;
   CHECK(ringBig - directBig == Approx(124 * p.mkInterStepUs));  // bandwidth terms equal
+}
+
+// The per-message term (CostParams::mkMsgUs): messages per rank and chunk, and what the term adds.
+TEST_CASE("cost model: the rail exchange's messages per form, and the per-message term") {
+  CHECK(railMessagesFor(0, 4) == 6);   // direct: 2 steps x 3 peers
+  CHECK(railMessagesFor(1, 4) == 6);   // ring: 6 steps x 1
+  CHECK(railMessagesFor(2, 4) == 4);   // rhd: 4 steps x 1
+  CHECK(railMessagesFor(2, 6) == 10);  // rhd on 6 nodes runs ring
+  CHECK(railMessagesFor(0, 64) == 126);
+  CHECK(railMessagesFor(0, 1) == 0);
+  CostParams p;
+  p.nodes = 4;
+  p.rail = 0;
+  const double without = predictAllReduce(p, 8.0).mkPipelinedUs;
+  p.mkMsgUs = 24.0;
+  CHECK(predictAllReduce(p, 8.0).mkPipelinedUs - without == Approx(6 * 24.0));
+  // Session 22's fit on emulated nodes (docs/MODEL.md): 13.5 us per step and 24 us per message
+  // put rhd 21 us below direct and ring 54 us above it at N = 4, as measured at 4 KiB (227, 206,
+  // 281 us); at N = 3 ring 27 us above direct, as measured (155.5 against 182.5 us).
+  p.mkInterStepUs = 13.5;
+  double us[3];
+  for (int r = 0; r < 3; ++r) {
+    p.rail = r;
+    us[r] = predictAllReduce(p, 8.0).mkPipelinedUs;
+  }
+  CHECK(us[2] - us[0] == Approx(-21.0));
+  CHECK(us[1] - us[0] == Approx(54.0));
+  p.nodes = 3;
+  p.rail = 1;
+  const double ring3 = predictAllReduce(p, 8.0).mkPipelinedUs;
+  p.rail = 0;
+  CHECK(ring3 - predictAllReduce(p, 8.0).mkPipelinedUs == Approx(27.0));
 }
