@@ -819,7 +819,9 @@ Result KernelCommunicator::setupProxy() {
           "1 below; AllReduce/ReduceScatter/AllGather exchange among the rail %s, AllReduce %s",
           opts_.rank, opts_.emulate ? "emulated" : "host", node, N, G, local, net_->name(), choice.why.c_str(), hierCtas_,
           static_cast<unsigned long long>(hierSplitMinBytes_),
-          hierRail_ == coll::kRailRing ? "ring" : hierRail_ == coll::kRailRhd ? "rhd (recursive halving/doubling)" : "direct",
+          hierRail_ == coll::kRailRing   ? "ring (Broadcast/Reduce: binomial tree)"
+          : hierRail_ == coll::kRailRhd ? "rhd (recursive halving/doubling; Broadcast/Reduce: binomial tree)"
+                                        : "direct",
           hierWorkers_ == 0 ? "on data-parallel CTAs"
                             : ("in CTA roles: each lane 1 sender, " + std::to_string(hierWorkers_) + " worker(s), " +
                                std::to_string(hierReducers_) + " reducer(s)").c_str());

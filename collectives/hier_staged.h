@@ -77,7 +77,7 @@ struct HierCall {
   uint64_t chunkElems;   // hierChunkElemsFor()
   bool overlap = true;   // pipeline the phases of consecutive chunks (false: one after another,
                          // the same code: MKERNEL_HIER_OVERLAP=0, for the comparison)
-  int rail = 0;          // HierRailAlgo (MKERNEL_HIER_RAIL): the AllReduce's exchange among the rail
+  int rail = 0;          // HierRailAlgo (MKERNEL_HIER_RAIL): the exchange among the rail
   // CTA roles (MKERNEL_HIER_ROLES, pipelined AllReduce only; hierAllReduceRoles below). With
   // role != kHierRoleNone, `part` is the lane's slice, which all of the lane's CTAs share.
   int role = 0;                // HierRole
@@ -540,6 +540,34 @@ MKERNEL_HD bool hierTwoStep(Ex& ex, const HierCall& c, uint64_t* chunkSeq, Steps
   return true;
 }
 
+// Broadcast and Reduce with MKERNEL_HIER_RAIL=ring or rhd: a binomial tree among the rail's
+// nodes rooted at the root's node kr, ceil(log2 N) steps for any N (v = (k - kr) mod N):
+//   Broadcast  step s: every node with v < 2^s sends the chunk to v + 2^s (if < N), which
+//              receives it into its net send buffer and forwards it in later steps
+//   Reduce     step s: every node whose low s + 1 bits of v are 2^s sends its partial to
+//              v - 2^s; every node whose low s + 1 bits are 0 receives v + 2^s's partial (if
+//              < N) and reduces it into its own (its own first); the root's last step applies
+//              post()
+// The root's NIC then carries log2 N copies instead of N - 1. A ring's chain would need as many
+// chunks in flight as nodes to pipeline, and the chunk pipeline has two net slots, so both forms
+// run this tree for these two collectives.
+struct HierTreeStep {
+  int to = -1, from = -1;  // -1: none this step
+};
+MKERNEL_HD inline HierTreeStep hierTreeStep(bool reduce, int N, int k, int kr, int s) {
+  const int v = (k - kr + N) % N, bit = 1 << s;
+  HierTreeStep t;
+  if (!reduce) {
+    if (v < bit && v + bit < N) t.to = (k + bit) % N;
+    else if (v >= bit && v < 2 * bit) t.from = (k - bit + N) % N;
+  } else {
+    const int low = v & (2 * bit - 1);
+    if (low == bit) t.to = (k - bit + N) % N;
+    else if (low == 0 && v + bit < N) t.from = (k + bit) % N;
+  }
+  return t;
+}
+
 // What every two-step collective below keeps: the call, its context, the rail round being built,
 // and (Broadcast, Reduce) the root's node and local index.
 struct HierStepsBase {
@@ -582,6 +610,21 @@ struct HierStepsBase {
       if (st + 1 < last && !postStep(ex, k, st + 1)) return false;
     }
     return true;
+  }
+  // Broadcast / Reduce tree step st (hierTreeStep) posted: the chunk (k.ch.bytes) from P to the
+  // child or parent; received into P (Broadcast) or netRecv(par, from) (Reduce).
+  MK_HIER_TEMPLATE
+  template <class Ex>
+  MKERNEL_HD bool postTree(Ex& ex, const HierStep& k, int st, bool reduce) {
+    char* P = ex.netSend(k.par);
+    const HierTreeStep t = hierTreeStep(reduce, x.N, x.k, kr, st);
+    for (int m = 0; m < x.N; ++m) rail.set(m, P, 0, P, 0);
+    if (t.to >= 0) rail.sendBytes[t.to] = k.ch.bytes;
+    if (t.from >= 0) {
+      rail.dst[t.from] = reduce ? ex.netRecv(k.par, t.from) : P;
+      rail.recvBytes[t.from] = k.ch.bytes;
+    }
+    return ex.railPost(2 * st + k.par, k.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
   }
   // A round that exchanges one slot with every other node: to node m from P + m * stride, from
   // node m into its receive slot.
@@ -698,6 +741,7 @@ struct HierBroadcastSteps : HierStepsBase {
       x.dsts[0] = P;
       ex.copy(x.dsts, 1, x.send + k.ch.g * x.esz, k.ch.bytes);
     }
+    if (chained()) return postTree(ex, k, 0, false);
     for (int m = 0; m < x.N; ++m)
       rail.set(m, P, (x.k == kr && m != x.k) ? k.ch.bytes : 0, ex.netRecv(k.par, m),
                (x.k != kr && m == kr) ? k.ch.bytes : 0);
@@ -707,9 +751,11 @@ struct HierBroadcastSteps : HierStepsBase {
   template <class Ex>
   MKERNEL_HD bool b(Ex& ex, const HierStep& k) {
     if (x.j == jr) {
-      if (!ex.railWait(k.par)) return false;
+      const int steps = hierLog2(x.N);
+      for (int st = 0; st < (chained() ? steps : 1); ++st)
+        if (!ex.railWait(k.par) || (chained() && st + 1 < steps && !postTree(ex, k, st + 1, false))) return false;
       for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, k.par);
-      ex.copy(x.dsts, x.G, x.k == kr ? ex.netSend(k.par) : ex.netRecv(k.par, kr), k.ch.bytes);
+      ex.copy(x.dsts, x.G, x.k == kr || chained() ? ex.netSend(k.par) : ex.netRecv(k.par, kr), k.ch.bytes);
     }
     if (!ex.nodeBarrier()) return false;
     x.dsts[0] = x.recv + k.ch.g * x.esz;
@@ -736,6 +782,7 @@ struct HierReduceSteps : HierStepsBase {
     for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, k.par) + static_cast<uint64_t>(q) * k.slot;
     x.dsts[0] = P;
     ex.reduce(x.dsts, 1, x.srcs, x.G, k.ch.l, true, false);
+    if (chained()) return postTree(ex, k, 0, true);
     for (int m = 0; m < x.N; ++m)
       rail.set(m, P, (x.k != kr && m == kr) ? k.slot : 0, ex.netRecv(k.par, m), (x.k == kr && m != x.k) ? k.slot : 0);
     return post(ex, k);
@@ -744,6 +791,26 @@ struct HierReduceSteps : HierStepsBase {
   template <class Ex>
   MKERNEL_HD bool b(Ex& ex, const HierStep& k) {
     if (x.j != jr) return true;
+    if (chained()) {  // the tree's steps, each received partial reduced into P; the root's last with post()
+      char* P = ex.netSend(k.par);
+      const int steps = hierLog2(x.N);
+      for (int st = 0; st < steps; ++st) {
+        if (!ex.railWait(k.par)) return false;
+        const HierTreeStep t = hierTreeStep(true, x.N, x.k, kr, st);
+        if (t.from >= 0) {
+          x.srcs[0] = P;
+          x.srcs[1] = ex.netRecv(k.par, t.from);
+          x.dsts[0] = P;
+          ex.reduce(x.dsts, 1, x.srcs, 2, k.ch.l, false, x.k == kr && st == steps - 1);
+        }
+        if (st + 1 < steps && !postTree(ex, k, st + 1, true)) return false;
+      }
+      if (x.k == kr) {
+        x.dsts[0] = x.recv + k.ch.g * x.esz;
+        ex.copy(x.dsts, 1, P, k.slot);
+      }
+      return true;
+    }
     if (!ex.railWait(k.par)) return false;
     if (x.k == kr) {
       char* P = ex.netSend(k.par);

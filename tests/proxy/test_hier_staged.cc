@@ -578,10 +578,55 @@ TEST_CASE("hier_staged: ring and rhd rail schedules reduce every node in once an
     }
 }
 
+// The binomial tree of Broadcast and Reduce (hierTreeStep) for every N in 2..16 and every root
+// node: every send meets its receive in the same step; Broadcast: only holders send and only
+// non-holders receive, everyone holds the chunk at the end and the root sends ceil(log2 N) times;
+// Reduce: every partial is reduced in exactly once and the root ends with every node's.
+TEST_CASE("hier_staged: the binomial tree of Broadcast and Reduce reaches every node once") {
+  for (int N = 2; N <= 16; ++N)
+    for (int kr = 0; kr < N; ++kr) {
+      const int steps = hierLog2(N);
+      std::vector<bool> has(static_cast<size_t>(N), false);
+      has[static_cast<size_t>(kr)] = true;
+      std::vector<uint32_t> part(static_cast<size_t>(N));
+      for (int k = 0; k < N; ++k) part[static_cast<size_t>(k)] = 1u << k;
+      int rootSends = 0;
+      for (int st = 0; st < steps; ++st) {
+        INFO("N " << N << ", root node " << kr << ", step " << st);
+        std::vector<bool> nextHas = has;
+        std::vector<uint32_t> nextPart = part;
+        for (int k = 0; k < N; ++k) {
+          const HierTreeStep b = hierTreeStep(false, N, k, kr, st), r = hierTreeStep(true, N, k, kr, st);
+          if (b.to >= 0) {
+            REQUIRE(hierTreeStep(false, N, b.to, kr, st).from == k);
+            REQUIRE(has[static_cast<size_t>(k)]);
+            REQUIRE(!has[static_cast<size_t>(b.to)]);
+            nextHas[static_cast<size_t>(b.to)] = true;
+            if (k == kr) ++rootSends;
+          }
+          if (b.from >= 0) REQUIRE(hierTreeStep(false, N, b.from, kr, st).to == k);
+          if (r.to >= 0) {
+            REQUIRE(hierTreeStep(true, N, r.to, kr, st).from == k);
+            REQUIRE(k != kr);
+            REQUIRE((part[static_cast<size_t>(r.to)] & part[static_cast<size_t>(k)]) == 0);
+            nextPart[static_cast<size_t>(r.to)] |= part[static_cast<size_t>(k)];
+            nextPart[static_cast<size_t>(k)] = 0;  // sent on: never used again
+          }
+          if (r.from >= 0) REQUIRE(hierTreeStep(true, N, r.from, kr, st).to == k);
+        }
+        has = nextHas;
+        part = nextPart;
+      }
+      for (int k = 0; k < N; ++k) CHECK(has[static_cast<size_t>(k)]);
+      CHECK(part[static_cast<size_t>(kr)] == (N == 32 ? ~0u : (1u << N) - 1));
+      CHECK(rootSends == steps);
+    }
+}
+
 // MKERNEL_HIER_RAIL=ring and rhd: the AllReduce's exchange in N - 1 or log2 N steps of one peer
 // each, pipelined and in turn, over 2-8 nodes (rhd on 3 nodes runs ring), among every other
 // collective (which exchange directly), and split over CTAs with small ones on CTA 0 alone.
-TEST_CASE("hier_staged: AllReduce, ReduceScatter and AllGather with a ring and a recursive halving/doubling exchange among 2-8 nodes, exact") {
+TEST_CASE("hier_staged: every collective with a ring / recursive halving-doubling exchange (Broadcast and Reduce: a binomial tree) among 2-8 nodes, exact") {
   auto net = testNet();
   for (int rail : {int(kRailRing), int(kRailRhd)}) {
     for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}, Shape{4, 1, 256}, Shape{4, 2, 512}, Shape{3, 1, 256}})
