@@ -725,7 +725,8 @@ struct HierAllGatherSteps : HierStepsBase {
   }
 };
 
-// Broadcast from root (kr, jr):
+// Broadcast from root (kr, jr) (with MKERNEL_HIER_RAIL=ring or rhd the rail round is the
+// binomial tree of hierTreeStep, received into the net send buffer and forwarded from it):
 //   A  rail jr: the root copies its chunk into the net send buffer; post: the root sends it to
 //      (m, jr) for every other node m, which receives it into its slot kr (other rails: nothing)
 //   B  rail jr: push the chunk into every local rank's out region; node barrier; every rank
@@ -764,7 +765,8 @@ struct HierBroadcastSteps : HierStepsBase {
   }
 };
 
-// Reduce to root (kr, jr):
+// Reduce to root (kr, jr) (with MKERNEL_HIER_RAIL=ring or rhd: hierTreeStep's tree, each node
+// reducing its children's partials into its own before sending it to its parent):
 //   A  intra: push the chunk into slot j of local rank jr's inbox; node barrier; rank (m, jr) of
 //      every node reduces its node's slots (pre()) into its net send buffer; post: it to the
 //      root, which receives every other node's partial (other rails: nothing)
