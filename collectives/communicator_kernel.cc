@@ -683,12 +683,8 @@ Result KernelCommunicator::agreeHierRoles() {
 // rhd on a node count that is not a power of two runs ring; ring and rhd turn CTA roles off (the
 // roles' sender posts the direct form's two rounds).
 Result KernelCommunicator::agreeHierRail() {
-  static const char* const kNames[] = {"direct", "ring", "rhd"};
   const std::string v = paramString("HIER_RAIL");
-  int32_t asked = -1;
-  for (int i = 0; i < 3; ++i)
-    if (v == kNames[i]) asked = i;
-  if (v.empty()) asked = coll::kRailDirect;
+  const int32_t asked = coll::hierRailByName(v);
   if (asked < 0) return MK_ERROR(Result::InvalidArgument, "MKERNEL_HIER_RAIL=%s: want direct, ring or rhd", v.c_str());
   std::vector<int32_t> all(static_cast<size_t>(opts_.nRanks), 0);
   all[static_cast<size_t>(opts_.rank)] = asked;
@@ -700,7 +696,7 @@ Result KernelCommunicator::agreeHierRail() {
             opts_.rank, N);
   if (hierRail_ != coll::kRailDirect && hierWorkers_ > 0) {
     MK_INFO(kLogInit, "rank %d: MKERNEL_HIER_ROLES=%d,%d ignored: CTA roles exchange directly, MKERNEL_HIER_RAIL=%s runs on data-parallel CTAs",
-            opts_.rank, hierWorkers_, hierReducers_, kNames[hierRail_]);
+            opts_.rank, hierWorkers_, hierReducers_, coll::hierRailName(hierRail_));
     hierWorkers_ = hierReducers_ = 0;
   }
   return Result::Success;

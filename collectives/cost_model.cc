@@ -1,4 +1,5 @@
 #include "collectives/cost_model.h"
+#include "collectives/hier_staged.h"
 
 #include <algorithm>
 #include <limits>
@@ -38,9 +39,9 @@ int railStepsFor(int rail, int nodes) {
   if (N == 1) return 0;
   const bool pow2 = (N & (N - 1)) == 0;
   switch (rail) {
-    case 0: return 2;
-    case 1: return 2 * (N - 1);
-    case 2: return pow2 ? 2 * ceilLog2(N) : 2 * (N - 1);
+    case kRailDirect: return 2;
+    case kRailRing: return 2 * (N - 1);
+    case kRailRhd: return pow2 ? 2 * ceilLog2(N) : 2 * (N - 1);
     default: return std::min(2 * (N - 1), 2 * ceilLog2(N));
   }
 }
@@ -48,7 +49,7 @@ int railStepsFor(int rail, int nodes) {
 int railMessagesFor(int rail, int nodes) {
   const int N = std::max(1, nodes);
   if (N == 1) return 0;
-  if (rail == 0) return 2 * (N - 1);
+  if (rail == kRailDirect) return 2 * (N - 1);
   return railStepsFor(rail, N);  // ring, rhd and the best of them: one message per step
 }
 

@@ -39,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "collectives/algo.h"
 #include "collectives/hierarchical.h"
@@ -238,6 +239,14 @@ MKERNEL_HD inline int hierLog2(int n) {
 // (the host falls back to ring otherwise: hierRailFor).
 MKERNEL_HD inline int hierRailHalf(int rail, int nNodes) {
   return rail == kRailRing ? nNodes - 1 : rail == kRailRhd ? hierLog2(nNodes) : 1;
+}
+// MKERNEL_HIER_RAIL's names (host code: the communicator, the GPU tier, mkernel-model).
+inline const char* hierRailName(int rail) { return rail == kRailRing ? "ring" : rail == kRailRhd ? "rhd" : "direct"; }
+// The HierRailAlgo named `name` (empty: direct); -1 for an unknown name.
+inline int hierRailByName(const std::string& name) {
+  for (int r : {kRailDirect, kRailRing, kRailRhd})
+    if (name == hierRailName(r)) return r;
+  return name.empty() ? kRailDirect : -1;
 }
 // The rail algorithm a communicator of nNodes nodes runs for MKERNEL_HIER_RAIL = `asked`: rhd on a
 // node count that is not a power of two runs ring.

@@ -125,7 +125,7 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
   // The hierarchical path rounds each node's partial result, then each step that combines nodes:
   // one for the direct rail exchange, N - 1 for ring or rhd (MKERNEL_HIER_RAIL).
   const std::string rail = mkernel::paramString("HIER_RAIL");
-  const int askedRail = rail == "ring" ? mkernel::coll::kRailRing : rail == "rhd" ? mkernel::coll::kRailRhd : mkernel::coll::kRailDirect;
+  const int askedRail = std::max(0, mkernel::coll::hierRailByName(rail));  // the communicator rejects a bad name
   int roundings = 1;
   if (ranksPerNode > 0) {
     const int N = nRanks / ranksPerNode;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collectives/cost_model.h"
+#include "collectives/hier_staged.h"
 #include "tools/args.h"
 
 namespace {
@@ -51,11 +52,8 @@ int main(int argc, char** argv) {
     else if (a == "--mk-msg-us") base.mkMsgUs = std::atof(v);
     else if (a == "--rail") {
       const std::string r = v;
-      if (r == "best") base.rail = mkernel::coll::CostParams::kRailBest;
-      else if (r == "direct") base.rail = 0;
-      else if (r == "ring") base.rail = 1;
-      else if (r == "rhd") base.rail = 2;
-      else return usage();
+      base.rail = r == "best" ? mkernel::coll::CostParams::kRailBest : mkernel::coll::hierRailByName(r);
+      if (r.empty() || (r != "best" && base.rail < 0)) return usage();
     } else if (a == "--min-bytes") minBytes = std::atof(v);
     else if (a == "--max-bytes") maxBytes = std::atof(v);
     else if (a == "--csv") csv = v;
@@ -76,7 +74,7 @@ int main(int argc, char** argv) {
               "# mkernel per-call %.1f us, NVLink step %.1f us, inter-node step %.1f us, per rail message %.1f us, rail exchange %s;\n"
               "# NCCL 2.28.9 tuner latencies\n",
               base.nvlinkGBps, base.nicsPerNode, base.nicGBps, base.mkOverheadUs, base.mkIntraStepUs, base.mkInterStepUs, base.mkMsgUs,
-              base.rail == 0 ? "direct" : base.rail == 1 ? "ring" : base.rail == 2 ? "rhd" : "best of ring and rhd");
+              base.rail < 0 ? "best of ring and rhd" : mkernel::coll::hierRailName(base.rail));
   std::printf("%6s %5s %10s %11s %11s %13s %11s %11s %8s\n", "nodes", "gpus", "bytes", "nccl_us", "nccl_algo",
               "mk_pipe_us", "mk_serial", "ratio", "");
   for (int n : nodes) {
