@@ -680,8 +680,7 @@ Result KernelCommunicator::agreeHierRoles() {
 
 // MKERNEL_HIER_RAIL: direct, ring or rhd (collectives/hier_staged.h, "The AllReduce's exchange
 // among the rail"). Rank 0's value is every rank's: the steps of a chunk must match the peers'.
-// rhd on a node count that is not a power of two runs ring; ring and rhd turn CTA roles off (the
-// roles' sender posts the direct form's two rounds).
+// rhd on a node count that is not a power of two runs ring. Every form runs in CTA roles too.
 Result KernelCommunicator::agreeHierRail() {
   const std::string v = paramString("HIER_RAIL");
   const int32_t asked = coll::hierRailByName(v);
@@ -694,11 +693,6 @@ Result KernelCommunicator::agreeHierRail() {
   if (hierRail_ != all[0])
     MK_INFO(kLogInit, "rank %d: MKERNEL_HIER_RAIL=rhd needs a power-of-two node count; %d nodes exchange in a ring",
             opts_.rank, N);
-  if (hierRail_ != coll::kRailDirect && hierWorkers_ > 0) {
-    MK_INFO(kLogInit, "rank %d: MKERNEL_HIER_ROLES=%d,%d ignored: CTA roles exchange directly, MKERNEL_HIER_RAIL=%s runs on data-parallel CTAs",
-            opts_.rank, hierWorkers_, hierReducers_, coll::hierRailName(hierRail_));
-    hierWorkers_ = hierReducers_ = 0;
-  }
   return Result::Success;
 }
 

@@ -364,53 +364,69 @@ MKERNEL_HD bool hierRailStepPost(Ex& ex, HierCtx& x, HierRail& rail, int algo, i
   return ex.railPost(tag, par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
 }
 
+// Piece `piece` of `pieces` (CTA roles: reducer r of R; else 0 of 1) of that reduction.
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD void hierRailStepReduce(Ex& ex, HierCtx& x, int algo, int st, int par, uint64_t count, uint64_t block) {
-  const uint64_t esz = x.esz;
-  const HierRailStep r = hierRailStep(algo, x.N, x.k, st, count, sliceAlignElems(esz), block);
+MKERNEL_HD void hierRailStepReduce(Ex& ex, HierCtx& x, int algo, int st, int par, uint64_t count, uint64_t block,
+                                   int piece = 0, int pieces = 1) {
+  const uint64_t esz = x.esz, align = sliceAlignElems(esz);
+  const HierRailStep r = hierRailStep(algo, x.N, x.k, st, count, align, block);
   if (!r.reduce) return;
-  x.dsts[0] = ex.netSend(par) + r.recv.offset * esz;
-  x.srcs[r.lowFirst ? 0 : 1] = ex.netRecv(par, r.from);
+  const Slice sub = rankSlice(r.recv.count, pieces, piece, align);
+  x.dsts[0] = ex.netSend(par) + (r.recv.offset + sub.offset) * esz;
+  x.srcs[r.lowFirst ? 0 : 1] = ex.netRecv(par, r.from) + sub.offset * esz;
   x.srcs[r.lowFirst ? 1 : 0] = x.dsts[0];
-  ex.reduce(x.dsts, 1, x.srcs, 2, r.recv.count, false, r.last);
+  ex.reduce(x.dsts, 1, x.srcs, 2, sub.count, false, r.last);
 }
 
-// Rail step st of chunk a posted (tag st).
+// Rail step st of chunk a posted on net slot `slot` with `tag` (the data-parallel form: a.par and
+// st; CTA roles: the lane's slot, and 2 * st + slot).
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD bool hierArRailPost(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail, const HierArChunk& a, int st) {
+MKERNEL_HD bool hierArRailPost(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail, const HierArChunk& a, int st,
+                               int slot, int tag) {
   const uint64_t esz = x.esz, align = sliceAlignElems(esz);
-  char* P = ex.netSend(a.par);
+  char* P = ex.netSend(slot);
   if (c.rail == kRailDirect) {
     for (int m = 0; m < x.N; ++m) {
       const Slice t = rankSlice(a.mine.count, x.N, m, align);
       const uint64_t other = m == x.k ? 0 : 1;
       if (st == 0)
-        rail.set(m, P + t.offset * esz, other * t.count * esz, ex.netRecv(a.par, m), other * a.tk.count * esz);
+        rail.set(m, P + t.offset * esz, other * t.count * esz, ex.netRecv(slot, m), other * a.tk.count * esz);
       else
-        rail.set(m, P + a.tk.offset * esz, other * a.tk.count * esz, ex.netRecv(a.par, m), other * t.count * esz);
+        rail.set(m, P + a.tk.offset * esz, other * a.tk.count * esz, ex.netRecv(slot, m), other * t.count * esz);
     }
-    return ex.railPost(st, a.par, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
+    return ex.railPost(tag, slot, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
   }
-  return hierRailStepPost(ex, x, rail, c.rail, st, st, a.par, a.mine.count, 0);
+  return hierRailStepPost(ex, x, rail, c.rail, st, tag, slot, a.mine.count, 0);
+}
+
+// The reduce-scatter step st of chunk a (landed on net slot `slot`) reduced into P: direct, t_k
+// over the nodes 0..N-1 in order (post() applied); ring and rhd, hierRailStepReduce. Piece `piece`
+// of `pieces` of it (CTA roles: reducer r of R).
+MK_HIER_TEMPLATE
+template <class Ex>
+MKERNEL_HD void hierArRailReduce(Ex& ex, const HierCall& c, HierCtx& x, const HierArChunk& a, int st, int slot,
+                                 int piece = 0, int pieces = 1) {
+  const uint64_t esz = x.esz;
+  if (c.rail != kRailDirect) {
+    hierRailStepReduce(ex, x, c.rail, st, slot, a.mine.count, 0, piece, pieces);
+    return;
+  }
+  const Slice sub = rankSlice(a.tk.count, pieces, piece, sliceAlignElems(esz));
+  char* P = ex.netSend(slot);
+  for (int m = 0; m < x.N; ++m)
+    x.srcs[m] = m == x.k ? P + (a.tk.offset + sub.offset) * esz : ex.netRecv(slot, m) + sub.offset * esz;
+  x.dsts[0] = P + (a.tk.offset + sub.offset) * esz;
+  ex.reduce(x.dsts, 1, x.srcs, x.N, sub.count, false, true);
 }
 
 // Rail step st of chunk a waited for, and (reduce-scatter steps) what it received reduced into P.
 MK_HIER_TEMPLATE
 template <class Ex>
 MKERNEL_HD bool hierArRailLand(Ex& ex, const HierCall& c, HierCtx& x, const HierArChunk& a, int st) {
-  const uint64_t esz = x.esz;
   if (!ex.railWait(a.par)) return false;
-  if (st >= hierRailHalf(c.rail, x.N)) return true;
-  char* P = ex.netSend(a.par);
-  if (c.rail == kRailDirect) {
-    for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P + a.tk.offset * esz : ex.netRecv(a.par, m);
-    x.dsts[0] = P + a.tk.offset * esz;
-    ex.reduce(x.dsts, 1, x.srcs, x.N, a.tk.count, false, true);
-    return true;
-  }
-  hierRailStepReduce(ex, x, c.rail, st, a.par, a.mine.count, 0);
+  if (st < hierRailHalf(c.rail, x.N)) hierArRailReduce(ex, c, x, a, st, a.par);
   return true;
 }
 
@@ -429,7 +445,7 @@ MKERNEL_HD bool hierArPhase1(Ex& ex, const HierCall& c, HierCtx& x, HierRail& ra
   for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, a.par) + static_cast<uint64_t>(q) * slotBytes;
   x.dsts[0] = P;
   ex.reduce(x.dsts, 1, x.srcs, x.G, a.mine.count, true, false);
-  return hierArRailPost(ex, c, x, rail, a, 0);
+  return hierArRailPost(ex, c, x, rail, a, 0, a.par, 0);
 }
 
 // B(i): the rail's reduce-scatter steps; the first all-gather step posted.
@@ -438,7 +454,7 @@ template <class Ex>
 MKERNEL_HD bool hierArRound1(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail, const HierArChunk& a) {
   const int half = hierRailHalf(c.rail, x.N);
   for (int st = 0; st < half; ++st)
-    if (!hierArRailLand(ex, c, x, a, st) || !hierArRailPost(ex, c, x, rail, a, st + 1)) return false;
+    if (!hierArRailLand(ex, c, x, a, st) || !hierArRailPost(ex, c, x, rail, a, st + 1, a.par, st + 1)) return false;
   return true;
 }
 
@@ -452,10 +468,12 @@ MKERNEL_HD bool hierArPhase3(Ex& ex, const HierCall& c, HierCtx& x, HierRail& ra
   const uint64_t esz = x.esz, align = sliceAlignElems(esz);
   const int half = hierRailHalf(c.rail, x.N);
   for (int st = half; st < 2 * half; ++st) {
-    if (!hierArRailLand(ex, c, x, a, st) || (st + 1 < 2 * half && !hierArRailPost(ex, c, x, rail, a, st + 1)))
+    if (!hierArRailLand(ex, c, x, a, st) ||
+        (st + 1 < 2 * half && !hierArRailPost(ex, c, x, rail, a, st + 1, a.par, st + 1)))
       return false;
     if (next != nullptr &&
-        (!hierArRailLand(ex, c, x, *next, st - half) || !hierArRailPost(ex, c, x, rail, *next, st - half + 1)))
+        (!hierArRailLand(ex, c, x, *next, st - half) ||
+         !hierArRailPost(ex, c, x, rail, *next, st - half + 1, next->par, st - half + 1)))
       return false;
   }
   char* P = ex.netSend(a.par);
@@ -847,32 +865,41 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierRunSteps(Ex& ex, const HierCall& c, uint64_
 // CTA, so the reduction over the nodes (B) waits behind that CTA's NVLink work and the other way
 // round. With roles, each lane (one of the collective's hierCtasFor slices, with proxy channel
 // `lane`) has 1 + W + R CTAs:
-//   sender          posts every rail round of the lane (the channel's only producer, as in the
-//                   data-parallel form: the sender of lane l is CTA l); no data
+//   sender          posts every rail step of the lane (the channel's only producer, as in the
+//                   data-parallel form: the sender of lane l is CTA l), and waits for the
+//                   all-gather steps that the next step depends on; no data
 //   worker w of W   phases 1 and 3 (NVLink) of sub-slice w of every part: its own node barrier
 //                   and staging regions (those of its CTA index, as any CTA's)
-//   reducer r of R  waits for round 0 and reduces sub-slice r of t_k over the nodes (post())
+//   reducer r of R  waits for each reduce-scatter step and reduces sub-slice r of what it
+//                   brought into P (direct: t_k over the nodes; ring and rhd: the step's block)
 // handing chunks on through the lane's monotonic counters (DeviceState::hierRole):
 //   Open     sender, once per collective: the lane's net buffers now belong to this collective
 //            (the channel's earlier rounds are complete: the sender waited for them)
 //   Ready    worker w's own, per chunk: its sub-slice of part j is reduced into P (netSend(slot))
-//   R0       sender, per chunk: round 0 posted (targets published for the reducers)
-//   Reduced  reducer r's own, per chunk: its sub-slice of t_k is reduced over the nodes
-//   R1       sender, per chunk: round 1 posted (targets published for the workers)
+//   R0       sender, per reduce-scatter step: posted (targets published for the reducers)
+//   Reduced  reducer r's own, per reduce-scatter step: its sub-slice of it is reduced
+//   R1       sender, per chunk: the last all-gather step posted (targets published for the workers)
 //   Freed    each worker, once per collective: done reading the lane's net buffers
-// Chunk i of the collective is lane chunk s = roleChunks + i, on net slot s & 1, and the sender
-// posts in the order r0(0), then r1(i) before r0(i + 1) (the data-parallel form's order): on every
-// rank alike, so that sends and receives between two ranks stay in the same order. Rounds carry
-// tag 2 * round + slot. The first version posted r0(i + 1) before r1(i); then r1(i + 1) queued
+// Every MKERNEL_HIER_RAIL form runs in roles: a chunk is the rail's 2 half steps (direct: 1 + 1,
+// the "rounds" r0 and r1 below; ring: N - 1 + N - 1; rhd: log2 N + log2 N), and R0 / Reduced count
+// reduce-scatter steps, half per chunk (the communicator's rail, hence half, is fixed).
+// Chunk i of the collective is lane chunk s = roleChunks + i, on net slot s & 1. The sender posts
+// the steps in the data-parallel form's order, woven: chunk 0's reduce-scatter steps; then for
+// each i, step 0 of chunk i + 1 (after Ready(i + 1)), and each all-gather step of chunk i followed
+// by the next reduce-scatter step of chunk i + 1. Direct, that is r0(0), then r1(i) before r0(i + 1);
+// on every rank alike, so that sends and receives between two ranks stay in the same order. Step
+// st carries tag 2 * st + slot. The first version posted r0(i + 1) before r1(i); then r1(i + 1) queued
 // behind r0(i + 2), which waits for a worker's phase 3 of chunk i and phase 1 of chunk i + 2, so
 // the rail idled for both NVLink phases of every chunk: one lane in roles ran as slowly as the
 // phases in turn (64 MiB, 2 x 2 nodes on one H200: 26.5 ms against 17.8 pipelined; session 21).
-// Why one round per slot is in flight: r0(i + 2) waits for Ready(i + 2) from every worker, which
-// each signals after its phase 3 of chunk i, which waited for r1(i) to complete; r1(i) waits for
-// Reduced(i), which every reducer signals after r0(i) completed and its reduction read the slot.
-// So a slot's buffers are refilled only after every reader of the chunk two before is done, and
-// the published targets of a slot count exactly that slot's rounds up to the one waited for (a
-// slot's next round of the same kind is posted only after each of them read its target).
+// Why one step per slot is in flight: a slot's next step is posted after the one before landed
+// (all-gather: the sender waited for it; reduce-scatter: every reducer waited for it and reduced
+// it), except step 0 of chunk i + 2, which waits for Ready(i + 2) from every worker, which each
+// signals after its phase 3 of chunk i, which waited for chunk i's last step to complete; that
+// step was posted after every reduce-scatter step of chunk i had been reduced. So a slot's
+// buffers are refilled only after every reader of the chunk two before is done, and the
+// published targets of a slot count exactly that slot's steps up to the one waited for (a slot's
+// next step of the same kind is posted only after each waiter read its target).
 // The workers keep the data-parallel form's order of node barriers (phase 1 of chunk i + 1
 // before phase 3 of chunk i), so its region argument above holds for each worker index.
 enum HierRole : int { kHierRoleNone = 0, kHierRoleSender = 1, kHierRoleWorker = 2, kHierRoleReducer = 3 };
@@ -966,8 +993,9 @@ MKERNEL_HD bool hierRoleWaitAll(Ex& ex, int first, int n, uint64_t target) {
   return true;
 }
 
-// Worker: phase 3 of chunk a for its sub-slice [lo, hi) of part j (the pieces of it that came from
-// each node), once round 1 of the chunk is complete; then its sub-slice of every part out.
+// Worker: phase 3 of chunk a for its sub-slice [lo, hi) of part j, once the chunk's last rail step
+// is complete (direct: the pieces of it that came from each node; ring and rhd: the whole part is
+// in P); then its sub-slice of every part out.
 MK_HIER_TEMPLATE
 template <class Ex>
 MKERNEL_HD bool hierRoleWorker3(Ex& ex, const HierCall& c, HierCtx& x, const HierArChunk& a, int slot) {
@@ -976,12 +1004,17 @@ MKERNEL_HD bool hierRoleWorker3(Ex& ex, const HierCall& c, HierCtx& x, const Hie
   const Slice sub = hierRoleSub(c, a.mine.count);
   const uint64_t lo = sub.offset, hi = sub.offset + sub.count;
   char* P = ex.netSend(slot);
-  for (int m = 0; m < x.N; ++m) {
-    const Slice t = rankSlice(a.mine.count, x.N, m, align);
-    const uint64_t b = t.offset > lo ? t.offset : lo, e = t.offset + t.count < hi ? t.offset + t.count : hi;
-    if (b >= e) continue;
-    for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, a.par) + (a.mine.offset + b) * esz;
-    ex.copy(x.dsts, x.G, m == x.k ? P + b * esz : ex.netRecv(slot, m) + (b - t.offset) * esz, (e - b) * esz);
+  if (c.rail != kRailDirect) {
+    for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, a.par) + (a.mine.offset + lo) * esz;
+    ex.copy(x.dsts, x.G, P + lo * esz, (hi - lo) * esz);
+  } else {
+    for (int m = 0; m < x.N; ++m) {
+      const Slice t = rankSlice(a.mine.count, x.N, m, align);
+      const uint64_t b = t.offset > lo ? t.offset : lo, e = t.offset + t.count < hi ? t.offset + t.count : hi;
+      if (b >= e) continue;
+      for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, a.par) + (a.mine.offset + b) * esz;
+      ex.copy(x.dsts, x.G, m == x.k ? P + b * esz : ex.netRecv(slot, m) + (b - t.offset) * esz, (e - b) * esz);
+    }
   }
   if (!ex.nodeBarrier()) return false;
   for (int q = 0; q < x.G; ++q) {
@@ -993,23 +1026,22 @@ MKERNEL_HD bool hierRoleWorker3(Ex& ex, const HierCall& c, HierCtx& x, const Hie
   return true;
 }
 
-// Sender: round `round` of chunk a on net slot `slot` (tag 2 * round + slot), its targets
-// published, then R0 or R1.
+// Sender: rail step st of chunk a posted on net slot `slot` (tag 2 * st + slot), and its targets
+// published: a reduce-scatter step's for the reducers (then R0), the last all-gather step's for the
+// workers (then R1). The steps between are the sender's own to wait for.
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD bool hierRoleRound(Ex& ex, HierCtx& x, HierRail& rail, const HierArChunk& a, int round, int slot) {
-  const uint64_t esz = x.esz, align = sliceAlignElems(esz);
-  char* P = ex.netSend(slot);
-  for (int m = 0; m < x.N; ++m) {
-    const Slice t = rankSlice(a.mine.count, x.N, m, align);
-    if (round == 0)
-      rail.set(m, P + t.offset * esz, m == x.k ? 0 : t.count * esz, ex.netRecv(slot, m), m == x.k ? 0 : a.tk.count * esz);
-    else
-      rail.set(m, P + a.tk.offset * esz, m == x.k ? 0 : a.tk.count * esz, ex.netRecv(slot, m), m == x.k ? 0 : t.count * esz);
+MKERNEL_HD bool hierRoleStep(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail, const HierArChunk& a, int st,
+                             int slot) {
+  const int half = hierRailHalf(c.rail, x.N);
+  if (!hierArRailPost(ex, c, x, rail, a, st, slot, 2 * st + slot)) return false;
+  if (st < half) {
+    ex.railPublish(0, slot);
+    ex.roleAdd(kRoleR0);
+  } else if (st == 2 * half - 1) {
+    ex.railPublish(1, slot);
+    ex.roleAdd(kRoleR1);
   }
-  if (!ex.railPost(2 * round + slot, slot, rail.src, rail.sendBytes, rail.dst, rail.recvBytes)) return false;
-  ex.railPublish(round, slot);
-  ex.roleAdd(round == 0 ? kRoleR0 : kRoleR1);
   return true;
 }
 
@@ -1022,18 +1054,30 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduceRoles(Ex& ex, const HierCall& c, u
   HierRail rail;
   const uint64_t seq0 = *chunkSeq, s0 = c.roleChunks;
   *chunkSeq += chunks;
-  const int W = c.workers, R = c.reducers;
+  const int W = c.workers, R = c.reducers, half = hierRailHalf(c.rail, x.N);
   auto slotOf = [s0](uint64_t i) { return static_cast<int>((s0 + i) & 1); };
+  // R0 and each reducer's Reduced count reduce-scatter steps: step st of chunk i is the lane's
+  // (s0 + i) * half + st + 1-th (the rail, hence half, is the communicator's).
+  auto rsCount = [s0, half](uint64_t i, int st) { return (s0 + i) * static_cast<uint64_t>(half) + static_cast<uint64_t>(st) + 1; };
   if (c.role == kHierRoleSender) {
+    // Step st of chunk i posted; and before it, step st - 1 landed: a reduce-scatter step once
+    // every reducer has reduced it, an all-gather step once complete (its receive is what the
+    // next one sends). The last all-gather step is the workers' to wait for.
+    auto post = [&](uint64_t i, int st) { return hierRoleStep(ex, c, x, rail, HierArChunk(c, x, i, seq0 + i), st, slotOf(i)); };
+    auto landPost = [&](uint64_t i, int st) {
+      const bool landed = st - 1 < half ? hierRoleWaitAll(ex, kRoleReduced, R, rsCount(i, st - 1)) : ex.railWait(slotOf(i));
+      return landed && post(i, st);
+    };
     ex.roleAdd(kRoleOpen);
-    if (!hierRoleWaitAll(ex, kRoleReady, W, s0 + 1)) return false;
-    if (!hierRoleRound(ex, x, rail, HierArChunk(c, x, 0, seq0), 0, slotOf(0))) return false;
+    if (!hierRoleWaitAll(ex, kRoleReady, W, s0 + 1) || !post(0, 0)) return false;
+    for (int st = 1; st <= half; ++st)
+      if (!landPost(0, st)) return false;
     for (uint64_t i = 0; i < chunks; ++i) {
-      if (!hierRoleWaitAll(ex, kRoleReduced, R, s0 + i + 1)) return false;
-      if (!hierRoleRound(ex, x, rail, HierArChunk(c, x, i, seq0 + i), 1, slotOf(i))) return false;
-      if (i + 1 < chunks) {
-        if (!hierRoleWaitAll(ex, kRoleReady, W, s0 + i + 2)) return false;
-        if (!hierRoleRound(ex, x, rail, HierArChunk(c, x, i + 1, seq0 + i + 1), 0, slotOf(i + 1))) return false;
+      const bool more = i + 1 < chunks;
+      if (more && (!hierRoleWaitAll(ex, kRoleReady, W, s0 + i + 2) || !post(i + 1, 0))) return false;
+      for (int st = half; st < 2 * half; ++st) {
+        if (st + 1 < 2 * half && !landPost(i, st + 1)) return false;
+        if (more && !landPost(i + 1, st - half + 1)) return false;
       }
     }
     // Every transfer of the lane complete and every worker done with the net buffers: the channel
@@ -1042,18 +1086,14 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduceRoles(Ex& ex, const HierCall& c, u
     return ex.roleWait(kRoleFreed, static_cast<uint64_t>(W) * (c.roleOps + 1)) && ex.railWait(0) && ex.railWait(1);
   }
   if (c.role == kHierRoleReducer) {
-    const uint64_t esz = x.esz, align = sliceAlignElems(esz);
     for (uint64_t i = 0; i < chunks; ++i) {
       const int slot = slotOf(i);
-      if (!ex.roleWait(kRoleR0, s0 + i + 1) || !ex.railWaitPublished(0, slot)) return false;
       const HierArChunk a(c, x, i, seq0 + i);
-      const Slice sub = rankSlice(a.tk.count, c.reducers, c.roleIndex, align);
-      char* P = ex.netSend(slot);
-      for (int m = 0; m < x.N; ++m)
-        x.srcs[m] = m == x.k ? P + (a.tk.offset + sub.offset) * esz : ex.netRecv(slot, m) + sub.offset * esz;
-      x.dsts[0] = P + (a.tk.offset + sub.offset) * esz;
-      ex.reduce(x.dsts, 1, x.srcs, x.N, sub.count, false, true);
-      ex.roleAdd(kRoleReduced + c.roleIndex);
+      for (int st = 0; st < half; ++st) {
+        if (!ex.roleWait(kRoleR0, rsCount(i, st)) || !ex.railWaitPublished(0, slot)) return false;
+        hierArRailReduce(ex, c, x, a, st, slot, c.roleIndex, R);
+        ex.roleAdd(kRoleReduced + c.roleIndex);
+      }
     }
     return true;
   }

@@ -3,11 +3,14 @@
 # docs/ALGORITHMS.md) in one device call:
 #   bash scripts/rail-check.sh        (repository root; carry .carry for Catch2)
 #   1. builds libmkernel.so, mkernel-collbench and test_gpu_collectives (sm_90);
-#   2. test_gpu_hier_rail (every collective x dtype x op, ring and rhd over 3-4 emulated nodes)
-#      RC_TEST_REPS times (default 2): pass/fail and seconds of each;
+#   2. the Catch tags of RC_TESTS ("hierrail hierrailroles": test_gpu_hier_rail, every collective x
+#      dtype x op, ring and rhd over 3-4 emulated nodes; test_gpu_hier_rail_roles, the same with the
+#      AllReduce in CTA roles) RC_TEST_REPS times each (default 2): pass/fail and seconds of each;
 #   3. the hierarchical AllReduce on emulated nodes of one GPU (mkernel-collbench --ranks-per-node,
 #      the proxies over loopback TCP), for each layout of RC_LAYOUTS ("8:2 6:2": ranks:per node, or
-#      ranks:per node:lanes to set MKERNEL_HIER_CTAS for that layout, e.g. "8:2:1 8:2:3"),
+#      ranks:per node:lanes to set MKERNEL_HIER_CTAS for that layout, e.g. "8:2:1 8:2:3", or
+#      ranks:per node:lanes:W,R to run it in CTA roles too, MKERNEL_HIER_ROLES=W,R, e.g. "8:2:1:2,2";
+#      the roles take the AllReduces from MKERNEL_HIER_SPLIT_MIN_BYTES, 512 KiB by default),
 #      each MKERNEL_HIER_RAIL of RC_RAILS ("direct ring rhd"), pipelined and in turn (RC_OVERLAPS,
 #      "1 0"), RC_ROUNDS (2) rounds interleaved; RC_ITERS (200) iterations per size, 4 KiB to
 #      RC_MAX (16 MiB) by 4. A table per layout: the eager median of each (rail, overlap) as
@@ -30,26 +33,28 @@ gpu_build "${RC_JOBS:-16}" mkernel mkernel-collbench test_gpu_collectives
 LIB=$build/lib/libmkernel.so
 export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
 
-step "2. test_gpu_hier_rail x ${RC_TEST_REPS:-2}"
+step "2. [${RC_TESTS:-hierrail hierrailroles}] x ${RC_TEST_REPS:-2}"
 : >"$logs/tests.txt"
 for i in $(seq 1 "${RC_TEST_REPS:-2}"); do
-  t0=$(date +%s%N)
-  MKERNEL_TIMEOUT_S=60 timeout 200 "$build/tests/gpu/test_gpu_collectives" --order lex "[hierrail]" >"$logs/hier-rail-$i.log" 2>&1
-  rc=$?
-  [ "$rc" = 0 ] || { fail=1; grep -E "FAILED|failed|with expansion" "$logs/hier-rail-$i.log" | head -5; }
-  echo "test_gpu_hier_rail run $i: rc=$rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms" | tee -a "$logs/tests.txt"
+  for tag in ${RC_TESTS:-hierrail hierrailroles}; do
+    t0=$(date +%s%N)
+    MKERNEL_TIMEOUT_S=60 timeout 200 "$build/tests/gpu/test_gpu_collectives" --order lex "[$tag]" >"$logs/$tag-$i.log" 2>&1
+    rc=$?
+    [ "$rc" = 0 ] || { fail=1; grep -E "FAILED|failed|with expansion" "$logs/$tag-$i.log" | head -5; }
+    echo "[$tag] run $i: rc=$rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms" | tee -a "$logs/tests.txt"
+  done
 done
 save tests.txt
 
 step "3. hierarchical AllReduce: layouts ${RC_LAYOUTS:-8:2 6:2}, MKERNEL_HIER_RAIL in ${RC_RAILS:-direct ring rhd}, overlap ${RC_OVERLAPS:-1 0}, ${RC_ROUNDS:-2} rounds"
 : >"$logs/rail-sweep.txt"
 for layout in ${RC_LAYOUTS:-8:2 6:2}; do
-  IFS=: read -r ranks rpn lanes <<<"$layout"
+  IFS=: read -r ranks rpn lanes roles <<<"$layout"
   for round in $(seq 1 "${RC_ROUNDS:-2}"); do
     for ov in ${RC_OVERLAPS:-1 0}; do
       for rail in ${RC_RAILS:-direct ring rhd}; do
         tag="$layout/$rail/ov$ov/r$round"
-        env ${lanes:+MKERNEL_HIER_CTAS=$lanes} MKERNEL_HIER_RAIL=$rail MKERNEL_HIER_OVERLAP=$ov MKERNEL_SOCKET_IFNAME=lo \
+        env ${lanes:+MKERNEL_HIER_CTAS=$lanes} ${roles:+MKERNEL_HIER_ROLES=$roles} MKERNEL_HIER_RAIL=$rail MKERNEL_HIER_OVERLAP=$ov MKERNEL_SOCKET_IFNAME=lo \
           MKERNEL_TIMEOUT_S=30 timeout 200 "$build/bin/mkernel-collbench" --gpus 1 --ranks "$ranks" --ranks-per-node "$rpn" --wait memop \
           --min-bytes 4096 --max-bytes "${RC_MAX:-16777216}" --step 4 --iters "${RC_ITERS:-200}" 2>&1 |
           sed "s|^|$tag: |" >>"$logs/rail-sweep.txt"
@@ -67,7 +72,7 @@ awk '$2 ~ /^memop$/ && $1 ~ /\/r[0-9]+:$/ {
        if (!((lay, col) in seenC)) { seenC[lay, col] = 1; cs[lay, ++nc[lay]] = col }
        if (!((lay, $4) in seenB)) { seenB[lay, $4] = 1; bs[lay, ++nb[lay]] = $4 } }
      END { for (l = 1; l <= nl; ++l) { L = ls[l]; split(L, rr, ":")
-             printf "\n%s ranks as %d nodes of %s%s (eager median per round, us; ov1 pipelined, ov0 in turn)\n", rr[1], rr[1] / rr[2], rr[2], (3 in rr) ? ", " rr[3] " lane(s)" : ""
+             printf "\n%s ranks as %d nodes of %s%s%s (eager median per round, us; ov1 pipelined, ov0 in turn)\n", rr[1], rr[1] / rr[2], rr[2], (3 in rr) ? ", " rr[3] " lane(s)" : "", (4 in rr) ? ", CTA roles " rr[4] : ""
              printf "%10s", "bytes"; for (j = 1; j <= nc[L]; ++j) printf " %17s", cs[L, j]; print ""
              for (i = 1; i <= nb[L]; ++i) { B = bs[L, i]; printf "%10s", B
                for (j = 1; j <= nc[L]; ++j) printf " %17s", ((L, cs[L, j], B) in v) ? v[L, cs[L, j], B] : "-"; print "" } } }' \

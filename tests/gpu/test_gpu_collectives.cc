@@ -363,8 +363,8 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2,
 }
 // MKERNEL_HIER_RAIL (collectives/hier_staged.h, "The AllReduce's exchange among the rail"): the
 // rail exchange of the AllReduces, ReduceScatters and AllGathers as a ring over 3 and 4 emulated
-// nodes and by recursive halving and doubling over 4 (2 + 2 steps per AllReduce chunk), Broadcast
-// and Reduce direct between them.
+// nodes and by recursive halving and doubling over 4 (2 + 2 steps per AllReduce chunk); Broadcast
+// and Reduce on the binomial tree among the nodes.
 TEST_CASE("gpu: every collective x dtype x op, 6-8 ranks as 3-4 emulated nodes of 2, AllReduce rail ring and rhd", "[gpu][hierrail]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   for (const char* rail : {"ring", "rhd"}) {
@@ -374,6 +374,34 @@ TEST_CASE("gpu: every collective x dtype x op, 6-8 ranks as 3-4 emulated nodes o
   }
   setenv("MKERNEL_HIER_RAIL", "ring", 1);
   runSweep(6, 2);
+  unsetenv("MKERNEL_HIER_RAIL");
+}
+// CTA roles with the ring and rhd exchanges: the sender posts each chunk's N - 1 (log2 N) reduce-
+// scatter steps, each reduced by the reducers before the next, and its all-gather steps woven with
+// the next chunk's. Ring over 4 nodes in two lanes of 1 + 2 + 2 CTAs with every AllReduce in roles;
+// rhd over 4 in one lane of 1 + 1 + 2 from 16 KiB; ring over 3 in the default lanes of 1 + 1 + 1
+// from 16 KiB (the smaller AllReduces data-parallel between).
+TEST_CASE("gpu: every collective x dtype x op, 6-8 ranks as 3-4 emulated nodes of 2, AllReduce in CTA roles with rail ring and rhd", "[gpu][hierrailroles]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
+  struct Run {
+    const char* rail;
+    int ranks;
+    const char* roles;
+    int lanes;  // 0: MKERNEL_HIER_CTAS's default
+    const char* splitMin;
+  };
+  for (const Run& r : {Run{"ring", 8, "2,2", 2, "0"}, Run{"rhd", 8, "1,2", 1, "16384"}, Run{"ring", 6, "1,1", 0, "16384"}}) {
+    INFO("MKERNEL_HIER_RAIL=" << r.rail << ", " << r.ranks << " ranks, MKERNEL_HIER_ROLES=" << r.roles << ", lanes "
+                              << r.lanes << ", split from " << r.splitMin);
+    setenv("MKERNEL_HIER_RAIL", r.rail, 1);
+    setenv("MKERNEL_HIER_ROLES", r.roles, 1);
+    setenv("MKERNEL_HIER_SPLIT_MIN_BYTES", r.splitMin, 1);
+    if (r.lanes > 0) setenv("MKERNEL_HIER_CTAS", std::to_string(r.lanes).c_str(), 1);
+    runSweep(r.ranks, 2, r.lanes);
+    unsetenv("MKERNEL_HIER_CTAS");
+  }
+  unsetenv("MKERNEL_HIER_SPLIT_MIN_BYTES");
+  unsetenv("MKERNEL_HIER_ROLES");
   unsetenv("MKERNEL_HIER_RAIL");
 }
 TEST_CASE("gpu: every collective x dtype x op, 8 ranks as 2 emulated nodes of 4 (hierarchical, proxies)", "[gpu][hier8]") {

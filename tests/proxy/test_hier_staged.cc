@@ -62,7 +62,7 @@ struct World {
   // CTA roles (MKERNEL_HIER_ROLES): workers and reducers per lane of a pipelined AllReduce (0: off);
   // ctas is then hierRoleCtas(lanes, workers, reducers).
   int workers = 0, reducers = 0;
-  bool breakRoleWait = false;  // workers do not wait for round 1's post (negative test)
+  bool breakRoleWait = false;  // workers do not wait for R1, the last rail step's post (negative test)
   std::unique_ptr<std::atomic<uint64_t>[]> roleCounter;  // per (rank, lane, counter)
   std::unique_ptr<std::atomic<uint64_t>[]> roleTarget;   // per (rank, lane, round, slot, sends/recvs)
   uint64_t chunkBytes = 0;
@@ -636,25 +636,46 @@ TEST_CASE("hier_staged: every collective with a ring / recursive halving-doublin
   }
 }
 
+// CTA roles with MKERNEL_HIER_RAIL=ring and rhd: the sender posts a chunk's N - 1 (log2 N)
+// reduce-scatter steps, each reduced by the reducers before the next, then its all-gather steps,
+// woven with the next chunk's; over 2-8 nodes (rhd on 3 nodes runs ring), one lane and three (the
+// small collectives on lane 0 alone, data-parallel there), every collective between.
+TEST_CASE("hier_staged: AllReduce in CTA roles with a ring / recursive halving-doubling exchange among 2-8 nodes, exact") {
+  auto net = testNet();
+  for (int rail : {int(kRailRing), int(kRailRhd)}) {
+    for (const Roles& r : {Roles{1, 1}, Roles{2, 3}})
+      for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}, Shape{4, 1, 256}, Shape{4, 2, 512}})
+        everyCollective(net.get(), sh, true, 1, 0, r, rail);
+    everyCollective(net.get(), Shape{8, 1, 512}, true, 1, 0, Roles{2, 2}, rail);
+    everyCollective(net.get(), Shape{4, 2, 512}, true, 3, 2000, Roles{1, 2}, rail);
+  }
+}
+
 // A slow rank (200 us per data movement) lets the other CTAs run ahead as far as the counters
-// allow; with the workers not waiting for round 1's post the result must go wrong (the test can
-// fail), as they then read a net slot that is still being filled.
+// allow; with the workers not waiting for the last rail step's post the result must go wrong (the
+// test can fail), as they then read a net slot that is still being filled. Direct on 2 x 2; ring
+// and rhd on 4 x 1, where a chunk is 3 + 3 (2 + 2) steps of which the sender waits for all but the
+// last.
 TEST_CASE("hier_staged: CTA roles with a slow rank, and a broken role wait is caught") {
   auto net = testNet();
+  for (int rail : {int(kRailDirect), int(kRailRing), int(kRailRhd)})
   for (bool broken : {false, true})
     for (const Roles& r : {Roles{1, 1}, Roles{2, 2}}) {
       World w;
       w.workers = r.workers;
       w.reducers = r.reducers;
       w.lanes = 1;
-      w.slowRank = 1;
       w.breakRoleWait = broken;
-      makeWorld(w, net.get(), 2, 2, 512, hierRoleCtas(1, r.workers, r.reducers));
+      w.rail = rail;
+      const Shape sh = rail == kRailDirect ? Shape{2, 2, 512} : Shape{4, 1, 256};
+      w.slowRank = rail == kRailDirect ? 1 : 3;
+      makeWorld(w, net.get(), sh.nodes, sh.perNode, sh.chunkBytes, hierRoleCtas(1, r.workers, r.reducers));
       std::vector<Op> ops = {{CollType::AllReduce, 1001, false, 0}, {CollType::AllReduce, 1001, true, 0},
                              {CollType::ReduceScatter, 300, false, 0}, {CollType::AllReduce, 777, false, 0}};
       const std::string mismatch = runOps(w, ops, 11);
       stopAll(w);
-      INFO((broken ? "workers skip the round-1 wait: " : "intact: ") << r.workers << "," << r.reducers << ": " << mismatch);
+      INFO("rail " << hierRailName(rail) << ", " << (broken ? "workers skip the last step's wait: " : "intact: ")
+                   << r.workers << "," << r.reducers << ": " << mismatch);
       if (!broken) {
         for (const auto& e : w.errors) FAIL_CHECK(e);
         CHECK(mismatch == "");
