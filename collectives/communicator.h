@@ -47,6 +47,9 @@ struct CollStats {
   int hierCtas = 0;                         // CTAs per hierarchical collective (0: not hierarchical)
   int hierWorkers = 0, hierReducers = 0;    // MKERNEL_HIER_ROLES in effect: per lane of an AllReduce (0: data-parallel)
   int hierRail = 0;                         // MKERNEL_HIER_RAIL in effect (HierRailAlgo: 0 direct, 1 ring, 2 rhd)
+  // The hierarchical AllReduce in turn (MKERNEL_HIER_OVERLAP=0): CTA 0's chunks, and the time they
+  // spent in the node phases and in the rail phase (collectives/hier_staged.h, "Phase times")
+  uint64_t hierTurnChunks = 0, hierTurnNodeNs = 0, hierTurnRailNs = 0;
   bool staged = false;                      // ranks stage through IPC buffers (process ranks; agreed)
   int pdl = 0;                              // MKERNEL_PDL in effect: 0 off, 1 wait, 2 early
   int directThreads = 0;                    // threads per CTA of a direct-mode op (MKERNEL_DIRECT_KERNEL; 0: no direct mode)

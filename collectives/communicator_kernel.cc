@@ -211,7 +211,7 @@ class KernelCommunicator final : public Communicator {
   // every enqueue).
   void foldStats(bool device = false) const;
   // Copies DeviceState::launchDone and graphOps (8 each) into done / graph.
-  Result readLaunchCounters(uint64_t* done, uint64_t* graph) const;
+  Result readLaunchCounters(uint64_t* done, uint64_t* graph, uint64_t* hierTurn = nullptr) const;
   void release(bool orderly);
 
   CommOptions opts_;
@@ -323,6 +323,7 @@ class KernelCommunicator final : public Communicator {
   bool oneRankKernel_ = false;                     // MKERNEL_ONE_RANK=kernel: no cudaMemcpyAsync
   mutable std::mutex statsMu_;
   mutable uint64_t folded_[kNumCollTypes] = {};
+  mutable uint64_t hierTurn_[3] = {};  // DeviceState::hierTurn at the last stats() (statsMu_)
   mutable uint64_t foldedLaunch_[kNumCollTypes] = {};
 };
 
@@ -362,7 +363,7 @@ Result KernelCommunicator::init() {
   }
   MK_CUDA(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(DeviceState)), "cudaMalloc(DeviceState)");
   MK_CUDA(cudaMemset(state_, 0, sizeof(DeviceState)), "cudaMemset(DeviceState)");
-  MK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counterHost_), 16 * sizeof(uint64_t)), "cudaMallocHost(counters)");
+  MK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counterHost_), 19 * sizeof(uint64_t)), "cudaMallocHost(counters)");
   MK_CUDA(cudaStreamCreateWithFlags(&counterStream_, cudaStreamNonBlocking), "cudaStreamCreate(counters)");
   MK_CUDA(cudaMalloc(&staging_, std::max<uint64_t>(oneShotMaxBytes_, 16)), "cudaMalloc(staging)");
   void* host = nullptr;
@@ -1687,7 +1688,7 @@ Result KernelCommunicator::kernelTrace(std::vector<uint64_t>* out) const {
   return Result::Success;
 }
 
-Result KernelCommunicator::readLaunchCounters(uint64_t* done, uint64_t* graph) const {
+Result KernelCommunicator::readLaunchCounters(uint64_t* done, uint64_t* graph, uint64_t* hierTurn) const {
   std::lock_guard<std::mutex> lock(counterMu_);
   if (state_ == nullptr || counterHost_ == nullptr) return Result::InvalidUsage;  // released: nothing to read
   RelaxedCaptureScope relaxed;  // a copy on our own stream, legal while the caller captures
@@ -1699,6 +1700,8 @@ Result KernelCommunicator::readLaunchCounters(uint64_t* done, uint64_t* graph) c
   if (err == cudaSuccess)
     err = cudaMemcpyAsync(counterHost_ + 8, state_->graphOps, 8 * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                           counterStream_);
+  if (err == cudaSuccess && hierTurn != nullptr)
+    err = cudaMemcpyAsync(counterHost_ + 16, state_->hierTurn, 3 * sizeof(uint64_t), cudaMemcpyDeviceToHost, counterStream_);
   if (err == cudaSuccess) err = cudaStreamSynchronize(counterStream_);
   if (prev >= 0 && prev != opts_.cudaDev) (void)cudaSetDevice(prev);
   if (err != cudaSuccess)
@@ -1706,14 +1709,16 @@ Result KernelCommunicator::readLaunchCounters(uint64_t* done, uint64_t* graph) c
                     cudaGetErrorString(err));
   std::memcpy(done, counterHost_, 8 * sizeof(uint64_t));
   std::memcpy(graph, counterHost_ + 8, 8 * sizeof(uint64_t));
+  if (hierTurn != nullptr) std::memcpy(hierTurn, counterHost_ + 16, 3 * sizeof(uint64_t));
   return Result::Success;
 }
 
 void KernelCommunicator::foldStats(bool device) const {
   if (ctl_ == nullptr) return;
-  uint64_t done[8] = {}, graphDone[8] = {};
-  const bool haveLaunch = device && readLaunchCounters(done, graphDone) == Result::Success;
+  uint64_t done[8] = {}, graphDone[8] = {}, turn[3] = {};
+  const bool haveLaunch = device && readLaunchCounters(done, graphDone, params_.nNodes > 1 ? turn : nullptr) == Result::Success;
   std::lock_guard<std::mutex> lock(statsMu_);
+  if (haveLaunch && params_.nNodes > 1) std::memcpy(hierTurn_, turn, sizeof(turn));
   for (int c = 0; c < kNumCollTypes; ++c) {
     const uint64_t opsDone = ctl_->opsDone[c];
     if (opsDone > folded_[c]) {
@@ -1762,6 +1767,9 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->hierWorkers = params_.nNodes > 1 ? hierWorkers_ : 0;
   out->hierReducers = params_.nNodes > 1 ? hierReducers_ : 0;
   out->hierRail = params_.nNodes > 1 ? hierRail_ : 0;
+  out->hierTurnChunks = hierTurn_[0];
+  out->hierTurnNodeNs = hierTurn_[1];
+  out->hierTurnRailNs = hierTurn_[2];
   out->staged = peers_.staged;
 }
 

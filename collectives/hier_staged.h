@@ -197,6 +197,8 @@ struct HierChunk {
 //        complete (false on a transport failure or timeout)
 //        A rank's sends to m and m's receives from it are posted in the same order per round;
 //        at most one round per slot is in flight, and the two slots' rounds differ in tag.
+//   void phaseMark(int mark)                    Phase times (below): a no-op unless the executor
+//        times the AllReduce in turn
 // Uniform control flow across the CTA's threads; false when a wait failed. Every collective
 // alternates regions by *chunkSeq's parity (the argument of staged.h; AllReduce's two node
 // barriers per chunk would let one region do within a collective, but not across collectives:
@@ -229,6 +231,17 @@ struct HierChunk {
 // among the nodes (results equal up to floating-point order, as NCCL's algorithms differ; integers
 // exact); every node still gets the bits its block's owner computed.
 enum HierRailAlgo : int { kRailDirect = 0, kRailRing = 1, kRailRhd = 2 };
+
+// Phase times (issue 6's overlap measure). In turn (MKERNEL_HIER_OVERLAP=0) a chunk's phases run
+// one after another on its CTA, so marks between them time each: the node phases are chunk start
+// to rail start (phase 1: the NVLink reduce-scatter, and step 0 posted) plus rail end to chunk end
+// (phase 3: the NVLink all-gather and the copy out); the rail phase is rail start to rail end (the
+// reduce-scatter steps waited for and reduced, the all-gather steps waited for). The kernel's
+// executor sums them for CTA 0 (DeviceState::hierTurn; CollStats::hierTurn*); mkernel-collbench
+// prints them per op, and scripts/overlap-table.py sets the pipelined time against them: the
+// share of the shorter phase that the pipeline hides. Pipelined, the marks are not made (C(i)'s
+// rail end is another chunk's middle).
+enum HierPhaseMark : int { kPhaseChunkStart = 0, kPhaseRailStart = 1, kPhaseRailEnd = 2, kPhaseChunkEnd = 3 };
 
 MKERNEL_HD inline int hierLog2(int n) {
   int l = 0;
@@ -476,6 +489,7 @@ MKERNEL_HD bool hierArPhase3(Ex& ex, const HierCall& c, HierCtx& x, HierRail& ra
          !hierArRailPost(ex, c, x, rail, *next, st - half + 1, next->par, st - half + 1)))
       return false;
   }
+  ex.phaseMark(kPhaseRailEnd);
   char* P = ex.netSend(a.par);
   if (c.rail == kRailDirect) {
     for (int m = 0; m < x.N; ++m) {
@@ -505,8 +519,11 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduce(Ex& ex, const HierCall& c, uint64
   if (!c.overlap) {
     for (uint64_t i = 0; i < chunks; ++i) {
       const HierArChunk a(c, x, i, seq0 + i);
-      if (!hierArPhase1(ex, c, x, rail, a) || !hierArRound1(ex, c, x, rail, a) || !hierArPhase3(ex, c, x, rail, a))
-        return false;
+      ex.phaseMark(kPhaseChunkStart);
+      if (!hierArPhase1(ex, c, x, rail, a)) return false;
+      ex.phaseMark(kPhaseRailStart);
+      if (!hierArRound1(ex, c, x, rail, a) || !hierArPhase3(ex, c, x, rail, a)) return false;
+      ex.phaseMark(kPhaseChunkEnd);
     }
     return true;
   }

@@ -185,6 +185,11 @@ struct alignas(128) DeviceState {
   // microseconds on the H200 host, docs/KERNEL.md); the host reads both by a copy when it needs
   // them (statistics, finalize, the launch watch).
   alignas(128) uint64_t launchDone[8];
+  // The hierarchical AllReduce in turn (MKERNEL_HIER_OVERLAP=0), CTA 0's phase times
+  // (collectives/hier_staged.h, "Phase times"): chunks timed, and their node-phase and
+  // rail-phase nanoseconds (%globaltimer); hierMark is the running chunk's last mark.
+  alignas(128) uint64_t hierTurn[3];
+  uint64_t hierMark;
   // CTA roles: each lane's counters (HierRoleCounter) and the targets its sender published for
   // rounds 0 and 1 on net slots 0 and 1 (the channel's sends, receives).
   struct alignas(128) HierRoleLane {

@@ -30,7 +30,8 @@
 #      once per MKERNEL_LL_MAX_BYTES of LC_EMU_LL (default "32768 0");
 #   3c. (LC_OVERLAP=1) the hierarchical AllReduce's overlap: mkernel-collbench --ranks LC_OVERLAP_RANKS (4)
 #      --ranks-per-node LC_OVERLAP_RPN (2) over the GPUs, MKERNEL_HIER_OVERLAP=1 against =0 (the same
-#      phases one after another), to LC_OVERLAP_MAX bytes (16777216);
+#      phases one after another), to LC_OVERLAP_MAX bytes (16777216), and scripts/overlap-table.py's
+#      share of the shorter phase hidden (the in-turn run's phase times; one lane: MKERNEL_HIER_CTAS=1);
 #   3h. (LC_HIER_ROLES_SWEEP="off 1,1 2,1") the same, once per MKERNEL_HIER_ROLES value, with
 #      MKERNEL_HIER_CTAS=LC_HIER_ROLES_CTAS (unset: its default); a table of eager medians;
 #   3r. (LC_HIER_RAIL_SWEEP="direct ring rhd") the same, once per MKERNEL_HIER_RAIL value (the
@@ -180,11 +181,13 @@ if [ "${LC_OVERLAP:-0}" = 1 ]; then
     MKERNEL_HIER_OVERLAP=$ov MKERNEL_SOCKET_IFNAME=lo MKERNEL_TIMEOUT_S=30 timeout 150 "$build/bin/mkernel-collbench" \
       --gpus "$NG" --ranks "${LC_OVERLAP_RANKS:-4}" --ranks-per-node "${LC_OVERLAP_RPN:-2}" --wait memop \
       --min-bytes 4096 --max-bytes "${LC_OVERLAP_MAX:-16777216}" --step 4 --iters "${LC_OVERLAP_ITERS:-50}" 2>&1 |
-      sed "s/^/overlap=$ov: /" >>"$logs/overlap.txt"
+      sed "s|^|${LC_OVERLAP_RANKS:-4}:${LC_OVERLAP_RPN:-2}/${MKERNEL_HIER_RAIL:-direct}/ov$ov/r1: |" >>"$logs/overlap.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || { echo "overlap=$ov failed"; fail=1; }
   done
   cat "$logs/overlap.txt"
-  save overlap.txt
+  # The in-turn run's phase times against the pipelined time (scripts/overlap-table.py).
+  python3 "$root/scripts/overlap-table.py" "$logs/overlap.txt" | tee "$logs/overlap-table.txt"
+  save overlap.txt overlap-table.txt
 fi
 
 # hier_sweep VAR PREFIX FILE VALUE...: 3c's hierarchical AllReduce (emulated nodes, pipelined

@@ -14,7 +14,9 @@
 #      each MKERNEL_HIER_RAIL of RC_RAILS ("direct ring rhd"), pipelined and in turn (RC_OVERLAPS,
 #      "1 0"), RC_ROUNDS (2) rounds interleaved; RC_ITERS (200) iterations per size, 4 KiB to
 #      RC_MAX (16 MiB) by 4. A table per layout: the eager median of each (rail, overlap) as
-#      "round 1/round 2/...", in us; the raw lines in rail-sweep.txt;
+#      "round 1/round 2/...", in us; the raw lines in rail-sweep.txt; and scripts/overlap-table.py's
+#      table (overlap-table.txt): the in-turn runs' phase times against the pipelined time, the
+#      share of the shorter phase hidden (issue 6's goal: 80%; meant for one lane, "R:G:1");
 #   4. (RC_TORCH="<torch_check.py options>", e.g. "--ranks 8 --gpus 1 --mps --ranks-per-node 2")
 #      scripts/torch_check.py once per MKERNEL_HIER_RAIL of RC_TORCH_RAILS ("ring rhd"), with
 #      MKERNEL_DEBUG=INFO, showing each rank's "exchange among the rail" line; RC_TORCH_TIMEOUT (300) s each.
@@ -78,7 +80,10 @@ awk '$2 ~ /^memop$/ && $1 ~ /\/r[0-9]+:$/ {
                for (j = 1; j <= nc[L]; ++j) printf " %17s", ((L, cs[L, j], B) in v) ? v[L, cs[L, j], B] : "-"; print "" } } }' \
   "$logs/rail-sweep.txt" | tee "$logs/rail-table.txt"
 grep -E "failed|error|Error" "$logs/rail-sweep.txt" | head -5
-save rail-table.txt rail-sweep.txt
+# Issue 6's overlap measure: the in-turn runs' phase times (CTA 0, %globaltimer) against the
+# pipelined time, per layout, rail and round (one lane: layouts "R:G:1").
+python3 "$root/scripts/overlap-table.py" "$logs/rail-sweep.txt" | tee "$logs/overlap-table.txt"
+save rail-table.txt rail-sweep.txt overlap-table.txt
 
 if [ -n "${RC_TORCH:-}" ] && [ -x "$PY" ]; then
   : >"$logs/torch-check.txt"

@@ -392,6 +392,19 @@ struct HierExecutor : CtaMover {
     __syncthreads();  // the received bytes are read after thread 0 saw them land
     return sh.stop == 0;
   }
+  // Phase times (collectives/hier_staged.h): CTA 0's AllReduce chunks in turn, into
+  // DeviceState::hierTurn (device memory; the host reads it by a copy, as launchDone).
+  __device__ void phaseMark(int mark) {
+    if (p.hierOverlap != 0 || cta != 0) return;
+    __syncthreads();  // the phase's work is done on every thread
+    if (threadIdx.x == 0) {
+      DeviceState* s = p.self;
+      const uint64_t t = dev::globalTimerNs();
+      if (mark != kPhaseChunkStart) s->hierTurn[mark == kPhaseRailEnd ? 2 : 1] += t - s->hierMark;
+      if (mark == kPhaseChunkEnd) ++s->hierTurn[0];
+      s->hierMark = t;
+    }
+  }
   // CTA roles (collectives/hier_staged.h): the lane's counters in device memory.
   __device__ void roleAdd(int k) {
     __syncthreads();  // the CTA's writes (device and host-mapped memory) precede the count

@@ -176,6 +176,16 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
       if (st.hierRail != want)
         ctx.fail("AllReduce rail exchange " + std::to_string(st.hierRail) + ", want " + std::to_string(want) + " (" + rail + ")");
     }
+    // Phase times (collectives/hier_staged.h): CTA 0 times its AllReduce chunks in turn
+    // (MKERNEL_HIER_OVERLAP=0), with both phases non-zero, and none pipelined.
+    if (ranksPerNode > 0) {
+      const bool inTurn = mkernel::paramInt("HIER_OVERLAP", 1) == 0;
+      if (inTurn && (st.hierTurnChunks == 0 || st.hierTurnNodeNs == 0 || st.hierTurnRailNs == 0))
+        ctx.fail("in turn, but CTA 0 timed " + std::to_string(st.hierTurnChunks) + " AllReduce chunks (node " +
+                 std::to_string(st.hierTurnNodeNs) + " ns, rail " + std::to_string(st.hierTurnRailNs) + " ns)");
+      if (!inTurn && st.hierTurnChunks != 0)
+        ctx.fail("pipelined, but CTA 0 timed " + std::to_string(st.hierTurnChunks) + " chunks in turn");
+    }
     uint64_t total = 0;
     for (uint64_t v : st.kernelOps) total += v;
     if (total != cases.size()) ctx.fail("kernel completed " + std::to_string(total) + " collectives, enqueued " + std::to_string(cases.size()));

@@ -48,6 +48,11 @@ struct CtaState {
   std::unique_ptr<ProxyRing> ring{new ProxyRing()};
   std::unique_ptr<ProxyFlags> flags{new ProxyFlags()};
   uint64_t sendsPosted[2] = {}, recvsPosted[2] = {};
+  // Phase times (CTA 0, AllReduce in turn; the kernel's DeviceState::hierTurn): the marks in the
+  // order made, chunks timed, and node / rail nanoseconds.
+  std::vector<int> marks;
+  uint64_t turn[3] = {};
+  std::chrono::steady_clock::time_point lastMark;
 };
 
 struct RankState {
@@ -170,6 +175,17 @@ struct CpuHierExecutor {
 
   void slow() {
     if (rank == w->slowRank) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  // As the kernel's executor: CTA 0's AllReduce chunks in turn only.
+  void phaseMark(int mark) {
+    if (w->overlap || cta != 0) return;
+    CtaState& s = *w->ranks[static_cast<size_t>(rank)]->cta[0];
+    const auto t = std::chrono::steady_clock::now();
+    const uint64_t ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t - s.lastMark).count());
+    if (mark != kPhaseChunkStart) s.turn[mark == kPhaseRailEnd ? 2 : 1] += ns;
+    if (mark == kPhaseChunkEnd) ++s.turn[0];
+    s.lastMark = t;
+    s.marks.push_back(mark);
   }
 
   void copy(char* const* dsts, int nDst, const char* src, uint64_t bytes) {
@@ -733,6 +749,52 @@ TEST_CASE("hier_staged: ring and rhd exchanges with a slow rank, woven chains, e
         CHECK(mismatch == "");
         CHECK(w.race.races() == 0);
       }
+}
+
+// Phase times (issue 6's overlap measure): in turn, CTA 0 marks every AllReduce chunk's phases in
+// order (chunk start, rail start, rail end, chunk end) and nothing else; pipelined, it marks none.
+// With a slow rail (every data movement of rank 3 takes 200 us, so its peers wait in the rail
+// steps) the rail phase of its peers must come out longer than its own node phases are short.
+TEST_CASE("hier_staged: phase times of the AllReduce in turn: every chunk marked in order, none pipelined") {
+  auto net = testNet();
+  for (int rail : {int(kRailDirect), int(kRailRing)})
+    for (bool overlap : {false, true}) {
+      World w;
+      makeWorld(w, net.get(), 4, 1, 256, 2);
+      w.overlap = overlap;
+      w.rail = rail;
+      w.splitMinBytes = 2000;
+      w.slowRank = 3;
+      std::vector<Op> ops = {{CollType::AllReduce, 1001, false, 0}, {CollType::AllGather, 100, false, 0},
+                             {CollType::AllReduce, 300, true, 0}, {CollType::AllReduce, 7, false, 0}};
+      const std::string mismatch = runOps(w, ops, 3);
+      stopAll(w);
+      INFO("rail " << hierRailName(rail) << (overlap ? ", pipelined" : ", in turn") << ": " << mismatch);
+      for (const auto& e : w.errors) FAIL_CHECK(e);
+      CHECK(mismatch == "");
+      // CTA 0's AllReduce chunks: the 1001-element op split over 2 CTAs (4004 B >= 2000), the
+      // others on CTA 0 alone.
+      const uint64_t ce = hierChunkElemsFor(CollType::AllReduce, w.L, 4, 256);
+      uint64_t want = 0;
+      for (const Op& op : ops) {
+        if (op.coll != CollType::AllReduce) continue;
+        const int opCtas = hierCtasFor(op.count * 4, 2, 2000);
+        want += (rankSlice(op.count, opCtas, 0, sliceAlignElems(4)).count + ce - 1) / ce;
+      }
+      for (int r = 0; r < 4; ++r) {
+        const CtaState& s = *w.ranks[static_cast<size_t>(r)]->cta[0];
+        INFO("rank " << r);
+        if (overlap) {
+          CHECK(s.marks.empty());
+          continue;
+        }
+        REQUIRE(s.marks.size() == 4 * want);
+        for (size_t i = 0; i < s.marks.size(); ++i) CHECK(s.marks[i] == static_cast<int>(i % 4));
+        CHECK(s.turn[0] == want);
+        CHECK(s.turn[1] > 0);
+        if (r != 3) CHECK(s.turn[2] > s.turn[1]);  // waiting for rank 3 is rail time
+      }
+    }
 }
 
 // Hidden ([.stress]): the GPU tier's order of work on one layout, long. Session 4 saw the GPU's

@@ -608,6 +608,9 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         for (int i = 0; i < 10; ++i)
           if (comm->enqueue(grp.data(), ng, stream) != Result::Success) return fail("enqueue");
         cudaStreamSynchronize(stream);
+        // Emulated nodes in turn (MKERNEL_HIER_OVERLAP=0): CTA 0's phase times over the timed loop.
+        mkernel::coll::CollStats turn0;
+        if (r == 0 && opt.ranksPerNode > 0) comm->stats(&turn0);
         barrier.wait();
         const auto hostStart = std::chrono::steady_clock::now();
         cudaEventRecord(ev[0], stream);
@@ -618,6 +621,17 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         const double hostUs =
             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart).count() / iters / ng;
         cudaStreamSynchronize(stream);
+        if (r == 0 && opt.ranksPerNode > 0) {
+          mkernel::coll::CollStats turn1;
+          comm->stats(&turn1);
+          const uint64_t chunks = turn1.hierTurnChunks - turn0.hierTurnChunks;
+          const double ops = static_cast<double>(iters) * ng;
+          if (chunks > 0)
+            std::printf("# phases in turn, %d ranks, %zu B: node %.2f us, rail %.2f us per op (rank 0, CTA 0; %.1f chunks "
+                        "per op)\n",
+                        n, a.count * 4, (turn1.hierTurnNodeNs - turn0.hierTurnNodeNs) / 1e3 / ops,
+                        (turn1.hierTurnRailNs - turn0.hierTurnRailNs) / 1e3 / ops, static_cast<double>(chunks) / ops);
+        }
         double stageUs[7] = {};
         double smGHz = 0;
         size_t traced = 0;

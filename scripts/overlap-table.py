@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Issue 6's overlap measure from a sweep of mkernel-collbench on emulated nodes, pipelined
+(MKERNEL_HIER_OVERLAP=1) and in turn (=0), in the same run.
+
+    python3 scripts/overlap-table.py rail-sweep.txt [more files]
+
+Input: the lines scripts/rail-check.sh (step 3) writes, each prefixed "LAYOUT/RAIL/ovO/rROUND: ":
+collbench's table rows ("memop RANKS BYTES EAGER_MED ...") and, from the in-turn runs, its
+"# phases in turn, R ranks, B B: node X us, rail Y us per op (...)" lines: CTA 0 of rank 0 timing
+each AllReduce chunk's phases with %globaltimer (collectives/hier_staged.h, "Phase times").
+
+Per (layout, rail, round, bytes): t_turn and t_pipe (eager medians, us), the node and rail phases
+of the in-turn run (us per op), and
+    covered = (node + rail) / t_turn     how much of the in-turn time the two phases account for
+    hidden  = (t_turn - t_pipe) / min(node, rail)
+              the share of the shorter phase that the pipeline hides (the goal: at least 80%).
+With several lanes (MKERNEL_HIER_CTAS > 1) the lanes run at once even in turn, so t_turn is not
+node + rail; the measure is meant for one lane (layout "R:G:1"). Exit status 0; a row without
+both runs is left out.
+"""
+import re
+import sys
+
+ROW = re.compile(r"^(\S+)/(\S+)/ov([01])/r(\d+): +memop +(\d+) +(\d+) +([0-9.]+)")
+PHASE = re.compile(r"^(\S+)/(\S+)/ov0/r(\d+): # phases in turn, (\d+) ranks, (\d+) B: node ([0-9.]+) us, rail ([0-9.]+) us")
+
+
+def main(paths):
+    med = {}    # (layout, rail, round, bytes, ov) -> eager median
+    phase = {}  # (layout, rail, round, bytes) -> (node, rail)
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                m = ROW.match(line)
+                if m:
+                    lay, rail, ov, rnd, _, b, t = m.groups()
+                    med[(lay, rail, int(rnd), int(b), int(ov))] = float(t)
+                    continue
+                m = PHASE.match(line)
+                if m:
+                    lay, rail, rnd, _, b, node, rl = m.groups()
+                    phase[(lay, rail, int(rnd), int(b))] = (float(node), float(rl))
+    rows = []
+    for (lay, rail, rnd, b), (node, rl) in sorted(phase.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][3], kv[0][2])):
+        t0 = med.get((lay, rail, rnd, b, 0))
+        t1 = med.get((lay, rail, rnd, b, 1))
+        if t0 is None or t1 is None:
+            continue
+        short = min(node, rl)
+        hidden = (t0 - t1) / short if short > 0 else float("nan")
+        rows.append((lay, rail, rnd, b, t0, t1, node, rl, (node + rl) / t0, hidden))
+    if not rows:
+        print("overlap-table: no (in turn, pipelined) pairs with phase times")
+        return 0
+    print("# hidden = (t_turn - t_pipe) / min(node, rail); covered = (node + rail) / t_turn; us per op")
+    print("%-12s %-7s %5s %10s %10s %10s %10s %10s %8s %8s" %
+          ("layout", "rail", "round", "bytes", "t_turn", "t_pipe", "node", "rail_ph", "covered", "hidden"))
+    for lay, rail, rnd, b, t0, t1, node, rl, cov, hid in rows:
+        print("%-12s %-7s %5d %10d %10.1f %10.1f %10.1f %10.1f %7.0f%% %7.0f%%" %
+              (lay, rail, rnd, b, t0, t1, node, rl, 100 * cov, 100 * hid))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        print(__doc__)
+        sys.exit(2)
+    sys.exit(main(sys.argv[1:]))
