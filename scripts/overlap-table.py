@@ -5,12 +5,14 @@
     python3 scripts/overlap-table.py rail-sweep.txt [more files]
 
 Input: the lines scripts/rail-check.sh (step 3) writes, each prefixed "LAYOUT/RAIL/ovO/rROUND: ":
-collbench's table rows ("memop RANKS BYTES EAGER_MED ...") and, from the in-turn runs, its
-"# phases in turn, R ranks, B B: node X us, rail Y us per op (...)" lines: CTA 0 of rank 0 timing
-each AllReduce chunk's phases with %globaltimer (collectives/hier_staged.h, "Phase times").
+collbench's table rows ("memop RANKS BYTES EAGER_MED ..."), its "# hierarchical, R ranks, B B:
+eager mean T us" lines (pipelined runs), and from the in-turn runs its "# phases in turn, R ranks,
+B B: eager mean T us; node X us, rail Y us per op (...)" lines: CTA 0 of rank 0 timing each
+AllReduce chunk's phases with %globaltimer (collectives/hier_staged.h, "Phase times").
 
-Per (layout, rail, round, bytes): t_turn and t_pipe (eager medians, us), the node and rail phases
-of the in-turn run (us per op), and
+Per (layout, rail, round, bytes): t_turn and t_pipe (the eager means over the same loop the phase
+times are summed over, us; the medians of the table rows where a run printed no mean, as before
+session 23's ebb9012), the node and rail phases of the in-turn run (us per op), and
     covered = (node + rail) / t_turn     how much of the in-turn time the two phases account for
     hidden  = (t_turn - t_pipe) / min(node, rail)
               the share of the shorter phase that the pipeline hides (the goal: at least 80%).
@@ -22,11 +24,14 @@ import re
 import sys
 
 ROW = re.compile(r"^(\S+)/(\S+)/ov([01])/r(\d+): +memop +(\d+) +(\d+) +([0-9.]+)")
-PHASE = re.compile(r"^(\S+)/(\S+)/ov0/r(\d+): # phases in turn, (\d+) ranks, (\d+) B: node ([0-9.]+) us, rail ([0-9.]+) us")
+MEAN = re.compile(r"^(\S+)/(\S+)/ov([01])/r(\d+): # (?:hierarchical|phases in turn), \d+ ranks, (\d+) B: eager mean ([0-9.]+) us")
+PHASE = re.compile(r"^(\S+)/(\S+)/ov0/r(\d+): # phases in turn, (\d+) ranks, (\d+) B: (?:eager mean [0-9.]+ us; )?"
+                   r"node ([0-9.]+) us, rail ([0-9.]+) us")
 
 
 def main(paths):
     med = {}    # (layout, rail, round, bytes, ov) -> eager median
+    mean = {}   # the same -> eager mean
     phase = {}  # (layout, rail, round, bytes) -> (node, rail)
     for path in paths:
         with open(path) as f:
@@ -36,28 +41,34 @@ def main(paths):
                     lay, rail, ov, rnd, _, b, t = m.groups()
                     med[(lay, rail, int(rnd), int(b), int(ov))] = float(t)
                     continue
+                m = MEAN.match(line)
+                if m:
+                    lay, rail, ov, rnd, b, t = m.groups()
+                    mean[(lay, rail, int(rnd), int(b), int(ov))] = float(t)
                 m = PHASE.match(line)
                 if m:
                     lay, rail, rnd, _, b, node, rl = m.groups()
                     phase[(lay, rail, int(rnd), int(b))] = (float(node), float(rl))
     rows = []
     for (lay, rail, rnd, b), (node, rl) in sorted(phase.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][3], kv[0][2])):
-        t0 = med.get((lay, rail, rnd, b, 0))
-        t1 = med.get((lay, rail, rnd, b, 1))
+        k0, k1 = (lay, rail, rnd, b, 0), (lay, rail, rnd, b, 1)
+        means = k0 in mean and k1 in mean
+        t0 = mean[k0] if means else med.get(k0)
+        t1 = mean[k1] if means else med.get(k1)
         if t0 is None or t1 is None:
             continue
         short = min(node, rl)
         hidden = (t0 - t1) / short if short > 0 else float("nan")
-        rows.append((lay, rail, rnd, b, t0, t1, node, rl, (node + rl) / t0, hidden))
+        rows.append((lay, rail, rnd, b, t0, t1, node, rl, (node + rl) / t0, hidden, "mean" if means else "median"))
     if not rows:
         print("overlap-table: no (in turn, pipelined) pairs with phase times")
         return 0
     print("# hidden = (t_turn - t_pipe) / min(node, rail); covered = (node + rail) / t_turn; us per op")
-    print("%-12s %-7s %5s %10s %10s %10s %10s %10s %8s %8s" %
-          ("layout", "rail", "round", "bytes", "t_turn", "t_pipe", "node", "rail_ph", "covered", "hidden"))
-    for lay, rail, rnd, b, t0, t1, node, rl, cov, hid in rows:
-        print("%-12s %-7s %5d %10d %10.1f %10.1f %10.1f %10.1f %7.0f%% %7.0f%%" %
-              (lay, rail, rnd, b, t0, t1, node, rl, 100 * cov, 100 * hid))
+    print("%-12s %-7s %5s %10s %10s %10s %10s %10s %8s %8s %7s" %
+          ("layout", "rail", "round", "bytes", "t_turn", "t_pipe", "node", "rail_ph", "covered", "hidden", "t_is"))
+    for lay, rail, rnd, b, t0, t1, node, rl, cov, hid, kind in rows:
+        print("%-12s %-7s %5d %10d %10.1f %10.1f %10.1f %10.1f %7.0f%% %7.0f%% %7s" %
+              (lay, rail, rnd, b, t0, t1, node, rl, 100 * cov, 100 * hid, kind))
     return 0
 
 

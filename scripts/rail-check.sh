@@ -6,6 +6,7 @@
 #   2. the Catch tags of RC_TESTS ("hierrail hierrailroles": test_gpu_hier_rail, every collective x
 #      dtype x op, ring and rhd over 3-4 emulated nodes; test_gpu_hier_rail_roles, the same with the
 #      AllReduce in CTA roles) RC_TEST_REPS times each (default 2): pass/fail and seconds of each;
+#      RC_TESTS="" runs none and does not build the GPU tier (a sweep alone builds in less time);
 #   3. the hierarchical AllReduce on emulated nodes of one GPU (mkernel-collbench --ranks-per-node,
 #      the proxies over loopback TCP), for each layout of RC_LAYOUTS ("8:2 6:2": ranks:per node, or
 #      ranks:per node:lanes to set MKERNEL_HIER_CTAS for that layout, e.g. "8:2:1 8:2:3", or
@@ -31,14 +32,16 @@ PY=${RC_PYTHON:-/opt/torch/.venv/bin/python}
 fail=0
 
 step "1. build"
-gpu_build "${RC_JOBS:-16}" mkernel mkernel-collbench test_gpu_collectives
+tests=${RC_TESTS-hierrail hierrailroles}
+# shellcheck disable=SC2046
+gpu_build "${RC_JOBS:-16}" mkernel mkernel-collbench $([ -n "$tests" ] && echo test_gpu_collectives)
 LIB=$build/lib/libmkernel.so
 export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
 
-step "2. [${RC_TESTS:-hierrail hierrailroles}] x ${RC_TEST_REPS:-2}"
+step "2. [$tests] x ${RC_TEST_REPS:-2}"
 : >"$logs/tests.txt"
 for i in $(seq 1 "${RC_TEST_REPS:-2}"); do
-  for tag in ${RC_TESTS:-hierrail hierrailroles}; do
+  for tag in $tests; do
     t0=$(date +%s%N)
     MKERNEL_TIMEOUT_S=60 timeout 200 "$build/tests/gpu/test_gpu_collectives" --order lex "[$tag]" >"$logs/$tag-$i.log" 2>&1
     rc=$?
