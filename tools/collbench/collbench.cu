@@ -639,7 +639,7 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           const double ops = static_cast<double>(iters) * ng;
           double mean = 0;
           for (float v : eager) mean += v;
-          mean /= eager.empty() ? 1.0 : static_cast<double>(eager.size());
+          mean = mean * 1e3 / (eager.empty() ? 1.0 : static_cast<double>(eager.size()));  // ms -> us
           if (chunks > 0)
             std::printf("# phases in turn, %d ranks, %zu B: eager mean %.2f us; node %.2f us, rail %.2f us per op (rank 0, "
                         "CTA 0; %.1f chunks per op)\n",
