@@ -103,8 +103,9 @@ AllReduceCost predictAllReduce(const CostParams& p, double bytes) {
   const double lat = p.mkOverheadUs + (G > 1 ? 2.0 * p.mkIntraStepUs : 0.0) + interSteps * p.mkInterStepUs +
                      railMessagesFor(p.rail, N) * p.mkMsgUs;
   c.mkSerialUs = lat + 2.0 * tIntra + tInter;
-  // Overlapped: the two NVLink phases share the GPU's NVLink, the inter-node phase its NIC.
-  c.mkPipelinedUs = lat + std::max(2.0 * tIntra, tInter);
+  // Overlapped: the two NVLink phases share the GPU's NVLink, the inter-node phase its NIC; the
+  // pipeline hides `hidden` of the shorter (1: all of it).
+  c.mkPipelinedUs = lat + std::max(2.0 * tIntra, tInter) + (1.0 - p.hidden) * std::min(2.0 * tIntra, tInter);
   c.speedup = c.ncclUs / c.mkPipelinedUs;
   return c;
 }

@@ -40,6 +40,11 @@ struct CostParams {
   // direct form's fan-out. 0 in the published predictions; on emulated nodes over loopback TCP it
   // was 24 us (docs/MODEL.md, session 22), which is host CPU time, not a NIC's.
   double mkMsgUs = 0.0;
+  // The share of the shorter of the two (NVLink, rail) phases that the pipeline hides: 1 (the
+  // max-of-phases rule) in the published predictions; timed by phase on emulated nodes of one
+  // H200 it was 0.34-0.73 at 4-16 MiB (docs/MODEL.md, session 23), where the phases share the GPU
+  // and the host's cores. mkPipelinedUs = lat + max + (1 - hidden) x min.
+  double hidden = 1.0;
 };
 
 // Inter-node steps of one AllReduce among N nodes for rail (CostParams::rail).

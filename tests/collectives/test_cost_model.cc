@@ -121,3 +121,21 @@ TEST_CASE("cost model: the rail exchange's messages per form, and the per-messag
   p.rail = 0;
   CHECK(ring3 - predictAllReduce(p, 8.0).mkPipelinedUs == Approx(27.0));
 }
+
+// CostParams::hidden: the pipelined time is the longer phase plus the unhidden part of the
+// shorter; 1 keeps the max-of-phases rule, 0 is the serial time.
+TEST_CASE("cost model: the share of the shorter phase the pipeline hides") {
+  CostParams p;
+  p.nodes = 8;
+  const double bytes = 64.0 * (1 << 20);
+  const AllReduceCost all = predictAllReduce(p, bytes);
+  p.hidden = 0.0;
+  const AllReduceCost none = predictAllReduce(p, bytes);
+  CHECK(none.mkPipelinedUs == Approx(all.mkSerialUs));
+  CHECK(none.mkSerialUs == Approx(all.mkSerialUs));
+  p.hidden = 0.5;
+  const AllReduceCost half = predictAllReduce(p, bytes);
+  CHECK(half.mkPipelinedUs == Approx((all.mkPipelinedUs + all.mkSerialUs) / 2));
+  CHECK(half.speedup < all.speedup);
+  CHECK(all.mkPipelinedUs < all.mkSerialUs);  // a case where the shorter phase is not empty
+}

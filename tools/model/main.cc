@@ -1,7 +1,7 @@
 // mkernel-model: the cost model's predictions as a table (docs/MODEL.md).
 //   mkernel-model [--nodes 2,8,64] [--gpus 8] [--nvlink-gbps 346] [--nic-gbps 48] [--nics 8]
 //                 [--mk-overhead-us 8] [--mk-intra-us 1] [--mk-inter-us 4]
-//                 [--rail best|direct|ring|rhd] [--mk-msg-us 0] [--min-bytes 8] [--max-bytes 4294967296] [--csv FILE]
+//                 [--rail best|direct|ring|rhd] [--mk-msg-us 0] [--hidden 1] [--min-bytes 8] [--max-bytes 4294967296] [--csv FILE]
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -26,7 +26,7 @@ int usage() {
   std::fprintf(stderr,
                "usage: mkernel-model [--nodes 2,8,64] [--gpus 8] [--nvlink-gbps 346] [--nic-gbps 48] [--nics 8]\n"
                "                     [--mk-overhead-us 8] [--mk-intra-us 1] [--mk-inter-us 4]\n"
-               "                     [--rail best|direct|ring|rhd] [--mk-msg-us 0] [--min-bytes 8] [--max-bytes 4294967296] [--csv FILE]\n");
+               "                     [--rail best|direct|ring|rhd] [--mk-msg-us 0] [--hidden 1] [--min-bytes 8] [--max-bytes 4294967296] [--csv FILE]\n");
   return 2;
 }
 
@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
     else if (a == "--mk-intra-us") base.mkIntraStepUs = std::atof(v);
     else if (a == "--mk-inter-us") base.mkInterStepUs = std::atof(v);
     else if (a == "--mk-msg-us") base.mkMsgUs = std::atof(v);
+    else if (a == "--hidden") base.hidden = std::atof(v);
     else if (a == "--rail") {
       const std::string r = v;
       base.rail = r == "best" ? mkernel::coll::CostParams::kRailBest : mkernel::coll::hierRailByName(r);
@@ -60,7 +61,7 @@ int main(int argc, char** argv) {
     else return usage();
   }
   if (nodes.empty() || base.gpusPerNode < 1 || base.nvlinkGBps <= 0 || base.nicGBps <= 0 || base.nicsPerNode < 1 ||
-      minBytes < 1 || maxBytes < minBytes)
+      minBytes < 1 || maxBytes < minBytes || base.hidden < 0 || base.hidden > 1)
     return usage();
   for (int n : nodes)
     if (n < 1) return usage();
@@ -71,10 +72,11 @@ int main(int argc, char** argv) {
   }
   if (out) std::fprintf(out, "nodes,gpus,bytes,nccl_ring_us,nccl_tree_us,nccl_us,nccl_choice,mk_pipelined_us,mk_serial_us,speedup\n");
   std::printf("# AllReduce, alpha-beta model (docs/MODEL.md): NVLink %.0f GB/s per GPU, %d x %.0f GB/s NICs per node,\n"
-              "# mkernel per-call %.1f us, NVLink step %.1f us, inter-node step %.1f us, per rail message %.1f us, rail exchange %s;\n"
+              "# mkernel per-call %.1f us, NVLink step %.1f us, inter-node step %.1f us, per rail message %.1f us, rail exchange %s,\n"
+              "# the pipeline hiding %.0f%% of the shorter phase;\n"
               "# NCCL 2.28.9 tuner latencies\n",
               base.nvlinkGBps, base.nicsPerNode, base.nicGBps, base.mkOverheadUs, base.mkIntraStepUs, base.mkInterStepUs, base.mkMsgUs,
-              base.rail < 0 ? "best of ring and rhd" : mkernel::coll::hierRailName(base.rail));
+              base.rail < 0 ? "best of ring and rhd" : mkernel::coll::hierRailName(base.rail), 100.0 * base.hidden);
   std::printf("%6s %5s %10s %11s %11s %13s %11s %11s %8s\n", "nodes", "gpus", "bytes", "nccl_us", "nccl_algo",
               "mk_pipe_us", "mk_serial", "ratio", "");
   for (int n : nodes) {
