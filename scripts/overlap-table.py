@@ -2,7 +2,7 @@
 """Issue 6's overlap measure from a sweep of mkernel-collbench on emulated nodes, pipelined
 (MKERNEL_HIER_OVERLAP=1) and in turn (=0), in the same run.
 
-    python3 scripts/overlap-table.py rail-sweep.txt [more files]
+    python3 scripts/overlap-table.py rail-sweep.txt [more files] [--min-bytes N] [--plot OUT.png]
 
 Input: the lines scripts/rail-check.sh (step 3) writes, each prefixed "LAYOUT/RAIL/ovO/rROUND: ":
 collbench's table rows ("memop RANKS BYTES EAGER_MED ..."), its "# hierarchical, R ranks, B B:
@@ -18,7 +18,9 @@ session 23's ebb9012), the node and rail phases of the in-turn run (us per op), 
               the share of the shorter phase that the pipeline hides (the goal: at least 80%).
 With several lanes (MKERNEL_HIER_CTAS > 1) the lanes run at once even in turn, so t_turn is not
 node + rail; the measure is meant for one lane (layout "R:G:1"). Exit status 0; a row without
-both runs is left out.
+both runs is left out. --plot OUT.png also draws hidden against the size, a line per (layout,
+rail) through the mean of the rounds, each round a dot, and the goal's 80% (needs matplotlib);
+--min-bytes leaves out the smaller sizes (their phases are a few us, the noise's order).
 """
 import re
 import sys
@@ -29,7 +31,40 @@ PHASE = re.compile(r"^(\S+)/(\S+)/ov0/r(\d+): # phases in turn, (\d+) ranks, (\d
                    r"node ([0-9.]+) us, rail ([0-9.]+) us")
 
 
-def main(paths):
+def plot(rows, out):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("overlap-table: matplotlib is not installed; no plot", file=sys.stderr)
+        return 2
+    series = {}
+    for lay, rail, _, b, *_, hid, _ in rows:
+        series.setdefault((lay, rail), {}).setdefault(b, []).append(100 * hid)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for i, ((lay, rail), pts) in enumerate(sorted(series.items())):
+        xs = sorted(pts)
+        color = "C%d" % i
+        ax.plot(xs, [sum(pts[b]) / len(pts[b]) for b in xs], marker="o", color=color,
+                label="%s, %s" % (lay, rail))
+        for b in xs:
+            ax.scatter([b] * len(pts[b]), pts[b], color=color, s=10, alpha=0.5)
+    ax.axhline(80, color="grey", linestyle="--", linewidth=1, label="goal: 80%")
+    ax.axhline(0, color="grey", linewidth=0.6)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("bytes per rank")
+    ax.set_ylabel("hidden share of the shorter phase, %")
+    ax.set_title("the pipeline's overlap, timed by phase (in turn vs pipelined, same run)", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print("overlap-table: wrote %s" % out)
+    return 0
+
+
+def main(paths, out=None, minBytes=0):
     med = {}    # (layout, rail, round, bytes, ov) -> eager median
     mean = {}   # the same -> eager mean
     phase = {}  # (layout, rail, round, bytes) -> (node, rail)
@@ -55,7 +90,7 @@ def main(paths):
         means = k0 in mean and k1 in mean
         t0 = mean[k0] if means else med.get(k0)
         t1 = mean[k1] if means else med.get(k1)
-        if t0 is None or t1 is None:
+        if t0 is None or t1 is None or b < minBytes:
             continue
         short = min(node, rl)
         hidden = (t0 - t1) / short if short > 0 else float("nan")
@@ -69,11 +104,33 @@ def main(paths):
     for lay, rail, rnd, b, t0, t1, node, rl, cov, hid, kind in rows:
         print("%-12s %-7s %5d %10d %10.1f %10.1f %10.1f %10.1f %7.0f%% %7.0f%% %7s" %
               (lay, rail, rnd, b, t0, t1, node, rl, 100 * cov, 100 * hid, kind))
+    if out:
+        return plot(rows, out)
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
+    args = sys.argv[1:]
+    out = None
+    if "--plot" in args:
+        k = args.index("--plot")
+        if k + 1 >= len(args):
+            print(__doc__)
+            sys.exit(2)
+        out = args[k + 1]
+        del args[k:k + 2]
+    if not args:
         print(__doc__)
         sys.exit(2)
-    sys.exit(main(sys.argv[1:]))
+    minBytes = 0
+    if "--min-bytes" in args:
+        k = args.index("--min-bytes")
+        if k + 1 >= len(args):
+            print(__doc__)
+            sys.exit(2)
+        minBytes = int(args[k + 1])
+        del args[k:k + 2]
+    if not args:
+        print(__doc__)
+        sys.exit(2)
+    sys.exit(main(args, out, minBytes))

@@ -7,14 +7,15 @@ panel per (file, layout), three to a row. Each point is the mean of the eager me
   python3 scripts/plot-rail.py OUT.png RAIL-SWEEP.txt[=LABEL] ... [--title TEXT]
 
 RAIL-SWEEP.txt is rail-check.sh's raw rail-sweep.txt (lines "R:G/form/ovO/rN: ... memop ranks
-bytes eager_med ..."; R:G:L with lanes). Needs matplotlib; without it, says so and exits 2.
+bytes eager_med ..."; R:G:L with lanes, R:G:L:W,R in CTA roles, a panel of its own). Needs
+matplotlib; without it, says so and exits 2.
 """
 import argparse
 import re
 import sys
 from collections import defaultdict
 
-LINE = re.compile(r"^(\d+):(\d+)(?::(\d+))?/(\w+)/ov(\d)/r(\d+):\s+memop\s+\d+\s+(\d+)\s+([\d.]+)\s")
+LINE = re.compile(r"^(\d+):(\d+)(?::(\d+))?(?::(\d+,\d+))?/(\w+)/ov(\d)/r(\d+):\s+memop\s+\d+\s+(\d+)\s+([\d.]+)\s")
 
 
 def human(n):
@@ -25,13 +26,13 @@ def human(n):
 
 
 def parse(path):
-    """{(ranks, perNode, lanes or 0): {(form, overlap): {bytes: [eager medians of the rounds]}}}"""
+    """{(ranks, perNode, lanes or 0, roles or ""): {(form, overlap): {bytes: [eager medians of the rounds]}}}"""
     out = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for line in open(path):
         m = LINE.match(line)
         if m:
-            ranks, rpn, lanes, form, ov, _, nbytes, eager = m.groups()
-            out[(int(ranks), int(rpn), int(lanes or 0))][(form, int(ov))][int(nbytes)].append(float(eager))
+            ranks, rpn, lanes, roles, form, ov, _, nbytes, eager = m.groups()
+            out[(int(ranks), int(rpn), int(lanes or 0), roles or "")][(form, int(ov))][int(nbytes)].append(float(eager))
     return out
 
 
@@ -53,7 +54,8 @@ def main():
         path, _, label = spec.partition("=")
         for layout, series in sorted(parse(path).items(), reverse=True):
             lanes = f", {layout[2]} lane(s)" if layout[2] else ""
-            panels.append((f"{label or path}: {layout[0] // layout[1]} nodes x {layout[1]}{lanes}", series))
+            roles = f", CTA roles {layout[3]}" if layout[3] else ""
+            panels.append((f"{label or path}: {layout[0] // layout[1]} nodes x {layout[1]}{lanes}{roles}", series))
     if not panels or not all(("direct", 1) in s for _, s in panels):
         print("plot-rail.py: no sweep with the direct form pipelined in the input", file=sys.stderr)
         return 1
