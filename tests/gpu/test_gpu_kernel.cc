@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/hier_staged.h"
 #include "common/result.h"
 #include "tests/gpu/gpu_check.h"
 #include "tests/gpu/gpu_ranks.h"
@@ -149,6 +150,10 @@ void graphReplay(const char* waitMode, bool graphLaunch, int ranksPerNode = 0) {
         (st.hierWorkers != wantW || st.hierReducers != wantR))
       ctx.fail("AllReduce CTA roles " + std::to_string(st.hierWorkers) + "," + std::to_string(st.hierReducers) +
                ", want " + roles);
+    // MKERNEL_HIER_RAIL (test_gpu_graph_hier_rail_roles): the rail exchange in effect.
+    const char* rail = std::getenv("MKERNEL_HIER_RAIL");
+    if (ranksPerNode > 0 && rail != nullptr && st.hierRail != mkernel::coll::hierRailByName(rail))
+      ctx.fail("rail exchange " + std::to_string(st.hierRail) + ", want " + rail);
     // After finalize: with the doorbell, the graph's kernel is resident until then.
     ctx.afterFinalize.push_back([exec, graph] {
       cudaGraphExecDestroy(exec);
