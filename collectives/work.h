@@ -191,7 +191,8 @@ struct alignas(128) DeviceState {
   alignas(128) uint64_t hierTurn[3];
   uint64_t hierMark;
   // CTA roles: each lane's counters (HierRoleCounter) and the targets its sender published for
-  // rounds 0 and 1 on net slots 0 and 1 (the channel's sends, receives).
+  // its reduce-scatter steps (0) and its chunks' last all-gather steps (1) on net slots 0 and 1
+  // (the channel's sends, receives).
   struct alignas(128) HierRoleLane {
     uint64_t counter[24];  // kHierRoleCounters (20) used
     uint64_t target[2][2][2];
