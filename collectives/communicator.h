@@ -50,6 +50,9 @@ struct CollStats {
   // The hierarchical AllReduce in turn (MKERNEL_HIER_OVERLAP=0): CTA 0's chunks, and the time they
   // spent in the node phases and in the rail phase (collectives/hier_staged.h, "Phase times")
   uint64_t hierTurnChunks = 0, hierTurnNodeNs = 0, hierTurnRailNs = 0;
+  // CTA 0's waits in every hierarchical collective, pipelined or in turn: for its rail transfers
+  // and at its node barriers (DeviceState::hierWait)
+  uint64_t hierWaitRailNs = 0, hierWaitNodeNs = 0;
   bool staged = false;                      // ranks stage through IPC buffers (process ranks; agreed)
   int pdl = 0;                              // MKERNEL_PDL in effect: 0 off, 1 wait, 2 early
   int directThreads = 0;                    // threads per CTA of a direct-mode op (MKERNEL_DIRECT_KERNEL; 0: no direct mode)

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -210,7 +211,8 @@ class KernelCommunicator final : public Communicator {
   // which live in device memory (readLaunchCounters: a copy; stats() and mkernelGetStats, not
   // every enqueue).
   void foldStats(bool device = false) const;
-  // Copies DeviceState::launchDone and graphOps (8 each) into done / graph.
+  // Copies DeviceState::launchDone and graphOps (8 each) into done / graph, and with hierTurn
+  // DeviceState::hierTurn, hierMark and hierWait (6, contiguous) into it.
   Result readLaunchCounters(uint64_t* done, uint64_t* graph, uint64_t* hierTurn = nullptr) const;
   void release(bool orderly);
 
@@ -323,7 +325,7 @@ class KernelCommunicator final : public Communicator {
   bool oneRankKernel_ = false;                     // MKERNEL_ONE_RANK=kernel: no cudaMemcpyAsync
   mutable std::mutex statsMu_;
   mutable uint64_t folded_[kNumCollTypes] = {};
-  mutable uint64_t hierTurn_[3] = {};  // DeviceState::hierTurn at the last stats() (statsMu_)
+  mutable uint64_t hierTurn_[6] = {};  // DeviceState::hierTurn, hierMark, hierWait at the last stats() (statsMu_)
   mutable uint64_t foldedLaunch_[kNumCollTypes] = {};
 };
 
@@ -363,7 +365,7 @@ Result KernelCommunicator::init() {
   }
   MK_CUDA(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(DeviceState)), "cudaMalloc(DeviceState)");
   MK_CUDA(cudaMemset(state_, 0, sizeof(DeviceState)), "cudaMemset(DeviceState)");
-  MK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counterHost_), 19 * sizeof(uint64_t)), "cudaMallocHost(counters)");
+  MK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counterHost_), 22 * sizeof(uint64_t)), "cudaMallocHost(counters)");
   MK_CUDA(cudaStreamCreateWithFlags(&counterStream_, cudaStreamNonBlocking), "cudaStreamCreate(counters)");
   MK_CUDA(cudaMalloc(&staging_, std::max<uint64_t>(oneShotMaxBytes_, 16)), "cudaMalloc(staging)");
   void* host = nullptr;
@@ -1688,6 +1690,9 @@ Result KernelCommunicator::kernelTrace(std::vector<uint64_t>* out) const {
   return Result::Success;
 }
 
+static_assert(offsetof(DeviceState, hierWait) == offsetof(DeviceState, hierTurn) + 4 * sizeof(uint64_t),
+              "readLaunchCounters copies hierTurn, hierMark and hierWait as one run");
+
 Result KernelCommunicator::readLaunchCounters(uint64_t* done, uint64_t* graph, uint64_t* hierTurn) const {
   std::lock_guard<std::mutex> lock(counterMu_);
   if (state_ == nullptr || counterHost_ == nullptr) return Result::InvalidUsage;  // released: nothing to read
@@ -1701,7 +1706,7 @@ Result KernelCommunicator::readLaunchCounters(uint64_t* done, uint64_t* graph, u
     err = cudaMemcpyAsync(counterHost_ + 8, state_->graphOps, 8 * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                           counterStream_);
   if (err == cudaSuccess && hierTurn != nullptr)
-    err = cudaMemcpyAsync(counterHost_ + 16, state_->hierTurn, 3 * sizeof(uint64_t), cudaMemcpyDeviceToHost, counterStream_);
+    err = cudaMemcpyAsync(counterHost_ + 16, state_->hierTurn, 6 * sizeof(uint64_t), cudaMemcpyDeviceToHost, counterStream_);
   if (err == cudaSuccess) err = cudaStreamSynchronize(counterStream_);
   if (prev >= 0 && prev != opts_.cudaDev) (void)cudaSetDevice(prev);
   if (err != cudaSuccess)
@@ -1709,13 +1714,13 @@ Result KernelCommunicator::readLaunchCounters(uint64_t* done, uint64_t* graph, u
                     cudaGetErrorString(err));
   std::memcpy(done, counterHost_, 8 * sizeof(uint64_t));
   std::memcpy(graph, counterHost_ + 8, 8 * sizeof(uint64_t));
-  if (hierTurn != nullptr) std::memcpy(hierTurn, counterHost_ + 16, 3 * sizeof(uint64_t));
+  if (hierTurn != nullptr) std::memcpy(hierTurn, counterHost_ + 16, 6 * sizeof(uint64_t));
   return Result::Success;
 }
 
 void KernelCommunicator::foldStats(bool device) const {
   if (ctl_ == nullptr) return;
-  uint64_t done[8] = {}, graphDone[8] = {}, turn[3] = {};
+  uint64_t done[8] = {}, graphDone[8] = {}, turn[6] = {};
   const bool haveLaunch = device && readLaunchCounters(done, graphDone, params_.nNodes > 1 ? turn : nullptr) == Result::Success;
   std::lock_guard<std::mutex> lock(statsMu_);
   if (haveLaunch && params_.nNodes > 1) std::memcpy(hierTurn_, turn, sizeof(turn));
@@ -1770,6 +1775,8 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->hierTurnChunks = hierTurn_[0];
   out->hierTurnNodeNs = hierTurn_[1];
   out->hierTurnRailNs = hierTurn_[2];
+  out->hierWaitRailNs = hierTurn_[4];
+  out->hierWaitNodeNs = hierTurn_[5];
   out->staged = peers_.staged;
 }
 

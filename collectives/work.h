@@ -190,6 +190,10 @@ struct alignas(128) DeviceState {
   // rail-phase nanoseconds (%globaltimer); hierMark is the running chunk's last mark.
   alignas(128) uint64_t hierTurn[3];
   uint64_t hierMark;
+  // CTA 0's waits in every hierarchical collective, pipelined or in turn (nanoseconds, thread 0's
+  // %globaltimer around them): for its rail transfers (proxy completion flags) and at its node
+  // barriers. What the pipeline leaves exposed (docs/PERFORMANCE.md, session 24).
+  uint64_t hierWait[2];
   // CTA roles: each lane's counters (HierRoleCounter) and the targets its sender published for
   // its reduce-scatter steps (0) and its chunks' last all-gather steps (1) on net slots 0 and 1
   // (the channel's sends, receives).

@@ -8,7 +8,9 @@ Input: the lines scripts/rail-check.sh (step 3) writes, each prefixed "LAYOUT/RA
 collbench's table rows ("memop RANKS BYTES EAGER_MED ..."), its "# hierarchical, R ranks, B B:
 eager mean T us" lines (pipelined runs), and from the in-turn runs its "# phases in turn, R ranks,
 B B: eager mean T us; node X us, rail Y us per op (...)" lines: CTA 0 of rank 0 timing each
-AllReduce chunk's phases with %globaltimer (collectives/hier_staged.h, "Phase times").
+AllReduce chunk's phases with %globaltimer (collectives/hier_staged.h, "Phase times"). Since
+session 24 both kinds of line end "; waits: rail W us, node V us per op": CTA 0's time waiting for
+its rail transfers and at node barriers (DeviceState::hierWait), printed as extra columns.
 
 Per (layout, rail, round, bytes): t_turn and t_pipe (the eager means over the same loop the phase
 times are summed over, us; the medians of the table rows where a run printed no mean, as before
@@ -27,6 +29,8 @@ import sys
 
 ROW = re.compile(r"^(\S+)/(\S+)/ov([01])/r(\d+): +memop +(\d+) +(\d+) +([0-9.]+)")
 MEAN = re.compile(r"^(\S+)/(\S+)/ov([01])/r(\d+): # (?:hierarchical|phases in turn), \d+ ranks, (\d+) B: eager mean ([0-9.]+) us")
+WAITS = re.compile(r"^(\S+)/(\S+)/ov([01])/r(\d+): # (?:hierarchical|phases in turn), \d+ ranks, (\d+) B: .*; "
+                   r"waits: rail ([0-9.]+) us, node ([0-9.]+) us")
 PHASE = re.compile(r"^(\S+)/(\S+)/ov0/r(\d+): # phases in turn, (\d+) ranks, (\d+) B: (?:eager mean [0-9.]+ us; )?"
                    r"node ([0-9.]+) us, rail ([0-9.]+) us")
 
@@ -68,6 +72,7 @@ def main(paths, out=None, minBytes=0):
     med = {}    # (layout, rail, round, bytes, ov) -> eager median
     mean = {}   # the same -> eager mean
     phase = {}  # (layout, rail, round, bytes) -> (node, rail)
+    waits = {}  # (layout, rail, round, bytes, ov) -> (rail wait, node-barrier wait), CTA 0
     for path in paths:
         with open(path) as f:
             for line in f:
@@ -80,6 +85,10 @@ def main(paths, out=None, minBytes=0):
                 if m:
                     lay, rail, ov, rnd, b, t = m.groups()
                     mean[(lay, rail, int(rnd), int(b), int(ov))] = float(t)
+                m = WAITS.match(line)
+                if m:
+                    lay, rail, ov, rnd, b, wr, wn = m.groups()
+                    waits[(lay, rail, int(rnd), int(b), int(ov))] = (float(wr), float(wn))
                 m = PHASE.match(line)
                 if m:
                     lay, rail, rnd, _, b, node, rl = m.groups()
@@ -99,11 +108,25 @@ def main(paths, out=None, minBytes=0):
         print("overlap-table: no (in turn, pipelined) pairs with phase times")
         return 0
     print("# hidden = (t_turn - t_pipe) / min(node, rail); covered = (node + rail) / t_turn; us per op")
-    print("%-12s %-7s %5s %10s %10s %10s %10s %10s %8s %8s %7s" %
-          ("layout", "rail", "round", "bytes", "t_turn", "t_pipe", "node", "rail_ph", "covered", "hidden", "t_is"))
+    haveWaits = any((r[0], r[1], r[2], r[3], ov) in waits for r in rows for ov in (0, 1))
+    if haveWaits:
+        print("# CTA 0's waits (collbench from session 24): wr = for the rail, wn = at node barriers; busy = t - wr - wn,"
+              " its own copies and reductions; _t in turn, _p pipelined")
+    head = "%-12s %-13s %5s %10s %10s %10s %10s %10s %8s %8s %7s" % (
+        "layout", "rail", "round", "bytes", "t_turn", "t_pipe", "node", "rail_ph", "covered", "hidden", "t_is")
+    if haveWaits:
+        head += " %9s %9s %9s %9s %9s %9s" % ("busy_t", "busy_p", "wr_t", "wr_p", "wn_t", "wn_p")
+    print(head)
     for lay, rail, rnd, b, t0, t1, node, rl, cov, hid, kind in rows:
-        print("%-12s %-7s %5d %10d %10.1f %10.1f %10.1f %10.1f %7.0f%% %7.0f%% %7s" %
-              (lay, rail, rnd, b, t0, t1, node, rl, 100 * cov, 100 * hid, kind))
+        line = "%-12s %-13s %5d %10d %10.1f %10.1f %10.1f %10.1f %7.0f%% %7.0f%% %7s" % (
+            lay, rail, rnd, b, t0, t1, node, rl, 100 * cov, 100 * hid, kind)
+        if haveWaits:
+            w0, w1 = waits.get((lay, rail, rnd, b, 0)), waits.get((lay, rail, rnd, b, 1))
+            cell = lambda v: "%9.1f" % v if v is not None else "%9s" % "-"
+            line += " " + " ".join(cell(v) for v in (
+                t0 - sum(w0) if w0 else None, t1 - sum(w1) if w1 else None,
+                w0[0] if w0 else None, w1[0] if w1 else None, w0[1] if w0 else None, w1[1] if w1 else None))
+        print(line)
     if out:
         return plot(rows, out)
     return 0

@@ -7,12 +7,17 @@
 #      dtype x op, ring and rhd over 3-4 emulated nodes; test_gpu_hier_rail_roles, the same with the
 #      AllReduce in CTA roles) RC_TEST_REPS times each (default 2): pass/fail and seconds of each;
 #      RC_TESTS="" runs none and does not build the GPU tier (a sweep alone builds in less time);
+#      RC_CTEST='REGEX' then runs those GPU-tier ctests (building test_gpu_kernel too), e.g.
+#      'hier_inturn|graph_hier';
 #   3. the hierarchical AllReduce on emulated nodes of one GPU (mkernel-collbench --ranks-per-node,
 #      the proxies over loopback TCP), for each layout of RC_LAYOUTS ("8:2 6:2": ranks:per node, or
 #      ranks:per node:lanes to set MKERNEL_HIER_CTAS for that layout, e.g. "8:2:1 8:2:3", or
 #      ranks:per node:lanes:W,R to run it in CTA roles too, MKERNEL_HIER_ROLES=W,R, e.g. "8:2:1:2,2";
 #      the roles take the AllReduces from MKERNEL_HIER_SPLIT_MIN_BYTES, 512 KiB by default),
-#      each MKERNEL_HIER_RAIL of RC_RAILS ("direct ring rhd"), pipelined and in turn (RC_OVERLAPS,
+#      each MKERNEL_HIER_RAIL of RC_RAILS ("direct ring rhd"), each variant of RC_VARIANTS ("-":
+#      as is; "NAME:WORD,..." adds VAR=value words to the environment and --flag=value words to
+#      collbench's arguments, its runs shown as rail "RAIL+NAME", e.g. "- bsync:--sync=blocking"),
+#      pipelined and in turn (RC_OVERLAPS,
 #      "1 0"), RC_ROUNDS (2) rounds interleaved; RC_ITERS (200) iterations per size, 4 KiB to
 #      RC_MAX (16 MiB) by 4. A table per layout: the eager median of each (rail, overlap) as
 #      "round 1/round 2/...", in us; the raw lines in rail-sweep.txt; and scripts/overlap-table.py's
@@ -34,7 +39,8 @@ fail=0
 step "1. build"
 tests=${RC_TESTS-hierrail hierrailroles}
 # shellcheck disable=SC2046
-gpu_build "${RC_JOBS:-16}" mkernel mkernel-collbench $([ -n "$tests" ] && echo test_gpu_collectives)
+gpu_build "${RC_JOBS:-16}" mkernel mkernel-collbench $([ -n "$tests$RC_CTEST" ] && echo test_gpu_collectives) \
+  $([ -n "${RC_CTEST:-}" ] && echo test_gpu_kernel)
 LIB=$build/lib/libmkernel.so
 export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
 
@@ -49,21 +55,42 @@ for i in $(seq 1 "${RC_TEST_REPS:-2}"); do
     echo "[$tag] run $i: rc=$rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms" | tee -a "$logs/tests.txt"
   done
 done
+if [ -n "${RC_CTEST:-}" ]; then
+  step "2b. ctest -R '$RC_CTEST'"
+  (cd "$build" && ctest -R "$RC_CTEST" --output-on-failure) >"$logs/ctest.txt" 2>&1 || fail=1
+  grep -E "Test +#|tests passed|FAILED|with expansion" "$logs/ctest.txt" | tee -a "$logs/tests.txt"
+fi
 save tests.txt
 
-step "3. hierarchical AllReduce: layouts ${RC_LAYOUTS:-8:2 6:2}, MKERNEL_HIER_RAIL in ${RC_RAILS:-direct ring rhd}, overlap ${RC_OVERLAPS:-1 0}, ${RC_ROUNDS:-2} rounds"
+step "3. hierarchical AllReduce: layouts ${RC_LAYOUTS:-8:2 6:2}, MKERNEL_HIER_RAIL in ${RC_RAILS:-direct ring rhd}, variants ${RC_VARIANTS:--}, overlap ${RC_OVERLAPS:-1 0}, ${RC_ROUNDS:-2} rounds"
 : >"$logs/rail-sweep.txt"
 for layout in ${RC_LAYOUTS:-8:2 6:2}; do
   IFS=: read -r ranks rpn lanes roles <<<"$layout"
   for round in $(seq 1 "${RC_ROUNDS:-2}"); do
     for ov in ${RC_OVERLAPS:-1 0}; do
       for rail in ${RC_RAILS:-direct ring rhd}; do
-        tag="$layout/$rail/ov$ov/r$round"
-        env ${lanes:+MKERNEL_HIER_CTAS=$lanes} ${roles:+MKERNEL_HIER_ROLES=$roles} MKERNEL_HIER_RAIL=$rail MKERNEL_HIER_OVERLAP=$ov MKERNEL_SOCKET_IFNAME=lo \
-          MKERNEL_TIMEOUT_S=30 timeout 200 "$build/bin/mkernel-collbench" --gpus 1 --ranks "$ranks" --ranks-per-node "$rpn" --wait memop \
-          --min-bytes 4096 --max-bytes "${RC_MAX:-16777216}" --step 4 --iters "${RC_ITERS:-200}" 2>&1 |
-          sed "s|^|$tag: |" >>"$logs/rail-sweep.txt"
-        [ "${PIPESTATUS[0]}" = 0 ] || { echo "$tag failed"; fail=1; }
+        for variant in ${RC_VARIANTS:--}; do
+          # A variant "NAME:WORD,WORD": VAR=value words go to the environment, --flag words to
+          # collbench; its runs show as rail "RAIL+NAME". "-": none.
+          vname="" venv=() vargs=()
+          if [ "$variant" != - ]; then
+            vname=+${variant%%:*}
+            IFS=, read -ra words <<<"${variant#*:}"
+            for w in "${words[@]}"; do
+              case $w in
+                --*) vargs+=("${w%%=*}" "${w#*=}") ;;
+                *=*) venv+=("$w") ;;
+              esac
+            done
+          fi
+          tag="$layout/$rail$vname/ov$ov/r$round"
+          env ${lanes:+MKERNEL_HIER_CTAS=$lanes} ${roles:+MKERNEL_HIER_ROLES=$roles} MKERNEL_HIER_RAIL=$rail \
+            MKERNEL_HIER_OVERLAP=$ov MKERNEL_SOCKET_IFNAME=lo MKERNEL_TIMEOUT_S=30 "${venv[@]}" \
+            timeout 200 "$build/bin/mkernel-collbench" --gpus 1 --ranks "$ranks" --ranks-per-node "$rpn" --wait memop \
+            --min-bytes 4096 --max-bytes "${RC_MAX:-16777216}" --step 4 --iters "${RC_ITERS:-200}" "${vargs[@]}" 2>&1 |
+            sed "s|^|$tag: |" >>"$logs/rail-sweep.txt"
+          [ "${PIPESTATUS[0]}" = 0 ] || { echo "$tag failed"; fail=1; }
+        done
       done
     done
   done

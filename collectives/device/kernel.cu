@@ -344,8 +344,16 @@ struct HierExecutor : CtaMover {
   __device__ proxy::ProxyRing* ring() const { return p.proxyRing + lane; }
   __device__ proxy::ProxyFlags* flags() const { return p.proxyFlags + lane; }
   __device__ char* netRecv(int slot, int m) const { return netSend(slot) + (1 + static_cast<uint64_t>(m)) * p.stagedChunkBytes; }
+  // CTA 0's waits (DeviceState::hierWait): thread 0's %globaltimer around them.
+  __device__ uint64_t waitStart() const { return cta == 0 && threadIdx.x == 0 ? dev::globalTimerNs() : 0; }
+  __device__ void waitEnd(int k, uint64_t t0) const {
+    if (cta == 0 && threadIdx.x == 0) p.self->hierWait[k] += dev::globalTimerNs() - t0;
+  }
   __device__ bool nodeBarrier() {
-    return ctaBarrier(p, sh.peers, cta, epoch, kWaitPeerChunk, d.coll, node * p.perNode, p.perNode);
+    const uint64_t t0 = waitStart();
+    const bool ok = ctaBarrier(p, sh.peers, cta, epoch, kWaitPeerChunk, d.coll, node * p.perNode, p.perNode);
+    waitEnd(1, t0);
+    return ok;
   }
   __device__ bool railPost(int round, int slot, const char* const* sendPtr, const uint64_t* sendBytes,
                            char* const* recvPtr, const uint64_t* recvBytes) {
@@ -387,8 +395,10 @@ struct HierExecutor : CtaMover {
     return ok;
   }
   __device__ bool railWait(int slot) {
+    const uint64_t t0 = waitStart();
     if (threadIdx.x == 0)
       sh.stop = railWaitCounts(slot, p.self->proxySends[lane][slot], p.self->proxyRecvs[lane][slot]) ? 0 : 1;
+    waitEnd(0, t0);
     __syncthreads();  // the received bytes are read after thread 0 saw them land
     return sh.stop == 0;
   }
@@ -428,10 +438,12 @@ struct HierExecutor : CtaMover {
     }
   }
   __device__ bool railWaitPublished(int round, int slot) {
+    const uint64_t t0 = waitStart();
     if (threadIdx.x == 0) {
       const uint64_t* t = p.self->hierRole[lane].target[round][slot];
       sh.stop = railWaitCounts(slot, __ldcg(t), __ldcg(t + 1)) ? 0 : 1;
     }
+    waitEnd(0, t0);
     __syncthreads();
     return sh.stop == 0;
   }

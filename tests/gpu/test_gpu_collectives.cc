@@ -185,6 +185,9 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
                  std::to_string(st.hierTurnNodeNs) + " ns, rail " + std::to_string(st.hierTurnRailNs) + " ns)");
       if (!inTurn && st.hierTurnChunks != 0)
         ctx.fail("pipelined, but CTA 0 timed " + std::to_string(st.hierTurnChunks) + " chunks in turn");
+      // CTA 0's waits (DeviceState::hierWait), in both modes: every case crossed the rail, each
+      // wait a proxy round trip of microseconds.
+      if (st.hierWaitRailNs == 0) ctx.fail("CTA 0 timed no wait for the rail");
     }
     uint64_t total = 0;
     for (uint64_t v : st.kernelOps) total += v;

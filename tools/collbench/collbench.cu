@@ -62,6 +62,11 @@ struct Options {
   // (a group's interval / K), as nccl-tests -m reports them.
   int group = 1;
   std::string csv;
+  // --sync spin|yield|blocking: how the rank threads wait for their streams
+  // (cudaSetDeviceFlags(cudaDeviceSchedule*) on every GPU; default: CUDA's, which spins with more
+  // cores than contexts). On emulated nodes eight spinning rank threads share the host's cores with
+  // the proxies that play the NICs (docs/PERFORMANCE.md, session 24).
+  std::string sync;
 };
 
 // Per collective: every interval of a group of k divided by k.
@@ -640,13 +645,18 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           double mean = 0;
           for (float v : eager) mean += v;
           mean = mean * 1e3 / (eager.empty() ? 1.0 : static_cast<double>(eager.size()));  // ms -> us
+          // CTA 0's waits, both modes: for the rail and at node barriers (DeviceState::hierWait).
+          char waits[96];
+          std::snprintf(waits, sizeof(waits), "; waits: rail %.2f us, node %.2f us per op",
+                        (turn1.hierWaitRailNs - turn0.hierWaitRailNs) / 1e3 / ops,
+                        (turn1.hierWaitNodeNs - turn0.hierWaitNodeNs) / 1e3 / ops);
           if (chunks > 0)
             std::printf("# phases in turn, %d ranks, %zu B: eager mean %.2f us; node %.2f us, rail %.2f us per op (rank 0, "
-                        "CTA 0; %.1f chunks per op)\n",
+                        "CTA 0; %.1f chunks per op)%s\n",
                         n, a.count * 4, mean, (turn1.hierTurnNodeNs - turn0.hierTurnNodeNs) / 1e3 / ops,
-                        (turn1.hierTurnRailNs - turn0.hierTurnRailNs) / 1e3 / ops, static_cast<double>(chunks) / ops);
+                        (turn1.hierTurnRailNs - turn0.hierTurnRailNs) / 1e3 / ops, static_cast<double>(chunks) / ops, waits);
           else
-            std::printf("# hierarchical, %d ranks, %zu B: eager mean %.2f us\n", n, a.count * 4, mean);
+            std::printf("# hierarchical, %d ranks, %zu B: eager mean %.2f us (rank 0, CTA 0)%s\n", n, a.count * 4, mean, waits);
         }
         if (n == 1 && ng == 1 && bytes == opt.minBytes) {
           // One rank (issue 5's one-rank overhead): an enqueue's host time against the
@@ -750,11 +760,13 @@ int usage() {
   std::fprintf(stderr,
                "usage: mkernel-collbench [--ranks 2,4,8] [--min-bytes 8] [--max-bytes 1073741824] "
                "[--step 8] [--iters 1000] [--wait launch,memop,kernel] [--trace 1|2|3] [--nccl libnccl.so.2] [--gpus 1] "
-               "[--ranks-per-node K] [--group K] [--csv FILE]\n"
+               "[--ranks-per-node K] [--group K] [--sync spin|yield|blocking] [--csv FILE]\n"
                "  --group K (1-8): every timed call a group of K AllReduces (NCCL: ncclGroupStart/End; mkernel: one\n"
                "  enqueue, MKERNEL_LL_BATCH), times per collective\n"
                "  --ranks-per-node K: emulated nodes of K ranks, every collective through the hierarchical path and\n"
-               "  the proxies (set MKERNEL_SOCKET_IFNAME=lo); MKERNEL_HIER_OVERLAP=0 runs its phases in turn\n");
+               "  the proxies (set MKERNEL_SOCKET_IFNAME=lo); MKERNEL_HIER_OVERLAP=0 runs its phases in turn\n"
+               "  --sync: how rank threads wait for their streams (cudaDeviceScheduleSpin/Yield/BlockingSync;\n"
+               "  default: CUDA's choice)\n");
   return 2;
 }
 
@@ -778,10 +790,12 @@ int main(int argc, char** argv) {
     else if (a == "--gpus") opt.gpus = std::atoi(v);
     else if (a == "--ranks-per-node") opt.ranksPerNode = std::atoi(v);
     else if (a == "--group") opt.group = std::atoi(v);
+    else if (a == "--sync") opt.sync = v;
     else return usage();
   }
   if (opt.step < 2 || opt.minBytes < 1 || opt.iters < 1 || opt.gpus < 1 || opt.group < 1 || opt.group > 8) return usage();
   if (opt.trace < 0 || opt.trace > 3) return usage();
+  if (!opt.sync.empty() && opt.sync != "spin" && opt.sync != "yield" && opt.sync != "blocking") return usage();
   if (opt.trace) setenv("MKERNEL_KERNEL_TRACE", std::to_string(opt.trace).c_str(), 1);
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 0);
   // 2 streams per rank (caller + internal): more hardware queues than CUDA's default 8, so that a
@@ -795,6 +809,19 @@ int main(int argc, char** argv) {
   if (opt.gpus > nDev) {
     std::fprintf(stderr, "mkernel-collbench: --gpus %d but this machine has %d\n", opt.gpus, nDev);
     return 1;
+  }
+  if (!opt.sync.empty()) {
+    const unsigned flag = opt.sync == "spin" ? cudaDeviceScheduleSpin
+                          : opt.sync == "yield" ? cudaDeviceScheduleYield : cudaDeviceScheduleBlockingSync;
+    for (int d = 0; d < nDev; ++d) {
+      cudaSetDevice(d);
+      if (cudaSetDeviceFlags(flag) != cudaSuccess) {
+        std::fprintf(stderr, "mkernel-collbench: --sync %s: cudaSetDeviceFlags on GPU %d: %s\n", opt.sync.c_str(), d,
+                     cudaGetErrorString(cudaGetLastError()));
+        return 1;
+      }
+    }
+    std::fprintf(stderr, "collbench: rank threads wait for their streams with --sync %s\n", opt.sync.c_str());
   }
   cudaSetDevice(0);
   cudaDeviceProp prop;
