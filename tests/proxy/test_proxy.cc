@@ -260,6 +260,194 @@ TEST_CASE("proxy: receives flushed through the transport before their flag is ra
   for (auto& r : ranks) CHECK(r->proxy->stop() == Result::Success);
 }
 
+// ---- staged regions (MKERNEL_PROXY_GDR=stage): copies through a host mirror ---------------------
+
+namespace {
+
+// A stager that copies late: the bytes move only on the `lag`-th done() query of a copy, so a
+// proxy that sent from the mirror before its copy completed, or raised a receive's flag before
+// the copy out, would move or show stale bytes. `failAt` > 0: that start() fails.
+struct LazyStager : Stager {
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+    int polls;
+    bool toHost;
+  };
+  int lag = 3;
+  uint64_t failAt = 0;
+  std::vector<Copy> copies;
+  uint64_t toHost = 0, toRegion = 0, notReady = 0;
+  Result start(void* dst, const void* src, size_t bytes, bool host, uint64_t* ticket) override {
+    if (failAt != 0 && copies.size() + 1 == failAt) return MK_ERROR(Result::UnhandledCudaError, "the test's copy %llu fails",
+                                                                    static_cast<unsigned long long>(failAt));
+    copies.push_back(Copy{dst, src, bytes, 0, host});
+    *ticket = copies.size() - 1;
+    return Result::Success;
+  }
+  Result done(uint64_t ticket, bool* done) override {
+    Copy& c = copies.at(ticket);
+    *done = ++c.polls >= lag;
+    if (!*done) {
+      ++notReady;
+      return Result::Success;
+    }
+    std::memcpy(c.dst, c.src, c.bytes);
+    ++(c.toHost ? toHost : toRegion);
+    return Result::Success;
+  }
+};
+
+// Rank with its send and receive areas staged: the transport sees only the mirrors.
+struct StagedRank : Rank {
+  std::vector<uint8_t> sendMirror, recvMirror;
+  LazyStager stager;
+};
+
+std::vector<std::unique_ptr<StagedRank>> makeStagedRanks(mkernel::net::Net* net, int n, size_t bytes, int lag,
+                                                         uint64_t failAt = 0) {
+  std::vector<std::unique_ptr<StagedRank>> ranks;
+  for (int r = 0; r < n; ++r) {
+    ranks.emplace_back(new StagedRank());
+    StagedRank& k = *ranks.back();
+    std::memset(k.ring.get(), 0, sizeof(ProxyRing));
+    std::memset(k.flags.get(), 0, sizeof(ProxyFlags));
+    k.sendBuf.assign(bytes, 0);
+    k.recvBuf.assign(bytes, 0);
+    k.sendMirror.assign(bytes, 0);
+    k.recvMirror.assign(bytes, 0);
+    k.stager.lag = lag;
+    k.stager.failAt = r == 0 ? failAt : 0;
+    k.proxy.reset(new Proxy(net, 0, r, n, k.ring.get(), k.flags.get()));
+  }
+  connectAndRegister(ranks, /*onlyConnect=*/true);
+  for (auto& k : ranks) {
+    REQUIRE(k->proxy->registerStaged(k->sendBuf.data(), bytes, k->sendMirror.data(), &k->stager) == Result::Success);
+    REQUIRE(k->proxy->registerStaged(k->recvBuf.data(), bytes, k->recvMirror.data(), &k->stager) == Result::Success);
+  }
+  return ranks;
+}
+
+}  // namespace
+
+TEST_CASE("proxy: staged regions: sends copied into the host mirror before they leave, receives copied out before "
+          "their flag; every byte checked") {
+  auto net = testNet();
+  const int n = 3, kMsgs = 152, kWindow = 4;  // kMsgs: whole windows
+  const size_t kSlot = 24 << 10;
+  // Copies that complete on the first query, and copies that take five.
+  for (int lag : {1, 5}) {
+    INFO("copies complete on query " << lag);
+    auto ranks = makeStagedRanks(net.get(), n, static_cast<size_t>(n) * kWindow * kSlot, lag);
+    for (auto& r : ranks) REQUIRE(r->proxy->start({}) == Result::Success);
+    auto size = [&](int src, int dst, int m) {
+      return m % 11 == 0 ? size_t(0) : static_cast<size_t>((src * 7919 + dst * 104729 + m * 1299709) % kSlot) + 1;
+    };
+    std::vector<std::string> errors(static_cast<size_t>(n));
+    std::vector<uint64_t> nonEmptyIn(static_cast<size_t>(n), 0), nonEmptyOut(static_cast<size_t>(n), 0);
+    std::vector<std::thread> gpus;
+    for (int r = 0; r < n; ++r)
+      gpus.emplace_back([&, r] {
+        StagedRank& me = *ranks[static_cast<size_t>(r)];
+        std::string& err = errors[static_cast<size_t>(r)];
+        uint64_t sends = 0, recvs = 0;
+        for (int m = 0; m < kMsgs && err.empty(); m += kWindow) {
+          for (int p = 0; p < n && err.empty(); ++p) {
+            if (p == r) continue;
+            for (int b = 0; b < kWindow; ++b) {
+              uint8_t* dst = me.recvBuf.data() + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
+              std::memset(dst, 0xee, kSlot);  // poison: a flag before the copy out shows it
+              uint8_t* src = me.sendBuf.data() + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
+              const size_t out = size(r, p, m + b);
+              for (size_t i = 0; i < out; ++i) src[i] = pattern(r, p, static_cast<uint64_t>(m + b), i);
+              if (out > 0) ++nonEmptyOut[static_cast<size_t>(r)];
+              if (size(p, r, m + b) > 0) ++nonEmptyIn[static_cast<size_t>(r)];
+              if (proxyPost(me.ring.get(), me.flags.get(), command(kOpRecv, p, dst, kSlot, 5, kFlagRecvd), kTimeoutNs) != PostStatus::kPosted ||
+                  proxyPost(me.ring.get(), me.flags.get(), command(kOpSend, p, src, out, 5, kFlagSent), kTimeoutNs) != PostStatus::kPosted) {
+                err = "posting failed";
+                break;
+              }
+              ++sends;
+              ++recvs;
+            }
+          }
+          if (!err.empty()) break;
+          if (proxyWaitFlag(me.flags.get(), kFlagRecvd, recvs, kTimeoutNs) != WaitStatus::kReached ||
+              proxyWaitFlag(me.flags.get(), kFlagSent, sends, kTimeoutNs) != WaitStatus::kReached) {
+            err = "waiting failed: " + me.proxy->error();
+            break;
+          }
+          for (int p = 0; p < n && err.empty(); ++p) {
+            if (p == r) continue;
+            for (int b = 0; b < kWindow && err.empty(); ++b) {
+              const uint8_t* got = me.recvBuf.data() + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
+              const size_t in = size(p, r, m + b);
+              for (size_t i = 0; i < in; ++i)
+                if (got[i] != pattern(p, r, static_cast<uint64_t>(m + b), i)) {
+                  err = "message " + std::to_string(m + b) + " from rank " + std::to_string(p) + ": byte " +
+                        std::to_string(i) + " is " + std::to_string(got[i]);
+                  break;
+                }
+            }
+          }
+        }
+      });
+    for (auto& t : gpus) t.join();
+    for (auto& r : ranks) CHECK(r->proxy->stop() == Result::Success);  // the stagers are read below
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r << " over " << net->name());
+      const StagedRank& k = *ranks[static_cast<size_t>(r)];
+      CHECK(errors[static_cast<size_t>(r)] == "");
+      CHECK(!k.proxy->failed());
+      // One copy per non-empty transfer, each way; none for empty ones.
+      CHECK(k.stager.toHost == nonEmptyOut[static_cast<size_t>(r)]);
+      CHECK(k.stager.toRegion == nonEmptyIn[static_cast<size_t>(r)]);
+      CHECK(k.proxy->copiesStaged() == nonEmptyOut[static_cast<size_t>(r)] + nonEmptyIn[static_cast<size_t>(r)]);
+      if (lag > 1) CHECK(k.stager.notReady >= static_cast<uint64_t>(lag - 1) * k.proxy->copiesStaged());
+      CHECK(k.proxy->transfersDone() == 2 * static_cast<uint64_t>(kMsgs) * (n - 1));
+    }
+  }
+}
+
+TEST_CASE("proxy: a staged copy that fails stops the proxy with a message; the producer is told") {
+  auto net = testNet();
+  auto ranks = makeStagedRanks(net.get(), 2, 1 << 16, 2, /*failAt=*/3);
+  for (auto& r : ranks) REQUIRE(r->proxy->start({}) == Result::Success);
+  StagedRank& a = *ranks[0];
+  StagedRank& b = *ranks[1];
+  for (int m = 0; m < 4; ++m)
+    REQUIRE(proxyPost(b.ring.get(), b.flags.get(), command(kOpRecv, 0, b.recvBuf.data() + m * 4096, 4096, 1, kFlagRecvd),
+                      kTimeoutNs) == PostStatus::kPosted);
+  WaitStatus w = WaitStatus::kReached;
+  for (int m = 0; m < 4 && w == WaitStatus::kReached; ++m) {
+    REQUIRE(proxyPost(a.ring.get(), a.flags.get(), command(kOpSend, 1, a.sendBuf.data(), 4096, 1, kFlagSent), kTimeoutNs) ==
+            PostStatus::kPosted);
+    w = proxyWaitFlag(a.flags.get(), kFlagSent, static_cast<uint64_t>(m) + 1, kTimeoutNs);
+  }
+  CHECK(w == WaitStatus::kProxyFailed);
+  CHECK(a.proxy->transfersDone() == 2);  // the third send's copy failed to start
+  INFO(a.proxy->error());
+  CHECK(a.proxy->error().find("copying a send's bytes into the host mirror (4096 bytes, tag 1, rank 1) failed to start: "
+                              "the test's copy 3 fails") != std::string::npos);
+  for (auto& r : ranks) CHECK(r->proxy->stop() == Result::Success);
+}
+
+TEST_CASE("proxy: registerStaged needs a mirror and a stager, one stager per proxy, before start") {
+  auto net = testNet();
+  auto ranks = makeRanks(net.get(), 2, 4096);
+  Rank& a = *ranks[0];
+  std::vector<uint8_t> region(4096), mirror(4096);
+  LazyStager s1, s2;
+  CHECK(a.proxy->registerStaged(region.data(), region.size(), nullptr, &s1) == Result::InvalidArgument);
+  CHECK(a.proxy->registerStaged(region.data(), region.size(), mirror.data(), nullptr) == Result::InvalidArgument);
+  CHECK(a.proxy->registerStaged(region.data(), region.size(), mirror.data(), &s1) == Result::Success);
+  CHECK(a.proxy->registerStaged(region.data(), region.size(), mirror.data(), &s2) == Result::InvalidUsage);
+  REQUIRE(a.proxy->start({}) == Result::Success);
+  CHECK(a.proxy->registerStaged(region.data(), region.size(), mirror.data(), &s1) == Result::InvalidUsage);
+  for (auto& r : ranks) CHECK(r->proxy->stop() == Result::Success);
+}
+
 TEST_CASE("proxy: a peer that vanishes mid-stream fails the waiting rank within the timeout, naming the peer") {
   EnvGuard timeout("MKERNEL_TIMEOUT_S", "3");
   auto net = testNet();
