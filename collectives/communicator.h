@@ -53,9 +53,6 @@ struct CollStats {
   // CTA 0's waits in every hierarchical collective, pipelined or in turn: for its rail transfers
   // and at its node barriers (DeviceState::hierWait)
   uint64_t hierWaitRailNs = 0, hierWaitNodeNs = 0;
-  // MKERNEL_PROXY_GDR=stage: the proxy's copies between the GPU net buffers and their host mirror
-  // (proxy::Proxy::copiesStaged; 0 otherwise)
-  uint64_t proxyCopies = 0;
   bool staged = false;                      // ranks stage through IPC buffers (process ranks; agreed)
   int pdl = 0;                              // MKERNEL_PDL in effect: 0 off, 1 wait, 2 early
   int directThreads = 0;                    // threads per CTA of a direct-mode op (MKERNEL_DIRECT_KERNEL; 0: no direct mode)

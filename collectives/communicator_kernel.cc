@@ -29,7 +29,6 @@
 #include "collectives/peer_memory.h"
 #include "collectives/post_fence.h"
 #include "collectives/proxy_net.h"
-#include "collectives/proxy_stage.h"
 #include "collectives/reduce_host.h"
 #include "collectives/hier_staged.h"
 #include "collectives/launch_path.h"
@@ -247,8 +246,6 @@ class KernelCommunicator final : public Communicator {
   proxy::ProxyRing* proxyRing_ = nullptr;    // hierCtas_ rings (one proxy channel per CTA)
   proxy::ProxyFlags* proxyFlags_ = nullptr;  // hierCtas_ flag blocks
   char* netBuf_ = nullptr;                   // hierCtas_ x netBufBytes
-  char* netMirror_ = nullptr;                // MKERNEL_PROXY_GDR=stage: netBuf_'s host mirror
-  std::unique_ptr<CudaStager> stager_;       // ... and the proxy's copies to and from it
   bool netBufGpu_ = false;                   // netBuf_ in GPU memory (coll::proxyMemoryFor), else host-mapped
   int hierCtas_ = 1;                         // MKERNEL_HIER_CTAS, agreed by every rank
   uint64_t hierSplitMinBytes_ = 0;           // MKERNEL_HIER_SPLIT_MIN_BYTES, agreed by every rank
@@ -790,16 +787,9 @@ Result KernelCommunicator::setupProxy() {
     fromPeers[static_cast<size_t>(m)].assign(h, h + hs);
   }
   MK_CHECK(proxy_->connectAll(fromPeers));
-  if (mem.stage) {
-    MK_CUDA(cudaHostAlloc(&host, C * netBytes, cudaHostAllocPortable), "cudaHostAlloc(net buffers' host mirror)");
-    netMirror_ = static_cast<char*>(host);
-    stager_.reset(new CudaStager(opts_.cudaDev));
-  }
-  const Result reg = mem.stage ? proxy_->registerStaged(netBuf_, C * netBytes, netMirror_, stager_.get())
-                               : proxy_->registerRegion(netBuf_, C * netBytes, mem.gpu ? net::kPtrCuda : net::kPtrHost);
-  if (reg != Result::Success)
+  if (proxy_->registerRegion(netBuf_, C * netBytes, mem.gpu ? net::kPtrCuda : net::kPtrHost) != Result::Success)
     return MK_ERROR(Result::SystemError, "rank %d: the proxy's net buffers in %s: %s%s", opts_.rank, mem.why.c_str(),
-                    lastError(), mem.gpu && !mem.stage ? "; MKERNEL_PROXY_GDR=0 keeps them in host memory" : "");
+                    lastError(), mem.gpu ? "; MKERNEL_PROXY_GDR=0 keeps them in host memory" : "");
   proxy_->setFlushReceives(mem.flush);
   MK_INFO(kLogInit | kLogProxy, "rank %d: proxy net buffers (%zu bytes) in %s", opts_.rank, C * netBytes, mem.why.c_str());
   // The proxy thread near its NIC (DESIGN.md §6): the placement's CPUs, MKERNEL_PROXY_PIN.
@@ -1644,10 +1634,7 @@ void KernelCommunicator::release(bool orderly) {
   // The proxy reads the ring and net buffers: stopped before they are freed (the kernel is gone).
   if (proxy_) (void)proxy_->stop();
   proxy_.reset();
-  stager_.reset();  // after the proxy, its only caller; waits for the copies still running
   net_.reset();
-  if (netMirror_) (void)cudaFreeHost(netMirror_);
-  netMirror_ = nullptr;
   if (proxyRing_) (void)cudaFreeHost(proxyRing_);
   if (proxyFlags_) (void)cudaFreeHost(proxyFlags_);
   if (netBuf_) (void)(netBufGpu_ ? cudaFree(netBuf_) : cudaFreeHost(netBuf_));
@@ -1790,7 +1777,6 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->hierTurnRailNs = hierTurn_[2];
   out->hierWaitRailNs = hierTurn_[4];
   out->hierWaitNodeNs = hierTurn_[5];
-  out->proxyCopies = proxy_ ? proxy_->copiesStaged() : 0;
   out->staged = peers_.staged;
 }
 

@@ -34,14 +34,8 @@ Result createProxyNet(int cudaDev, net::BackendChoice* out) {
 Result proxyMemoryFor(const std::string& gdr, int ptrSupport, const char* backend, int rdmaWritesOrdering,
                       ProxyMemory* out) {
   *out = ProxyMemory();
-  if (gdr != "auto" && gdr != "0" && gdr != "1" && gdr != "stage")
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_PROXY_GDR=%s: want auto, 0, 1 or stage", gdr.c_str());
-  if (gdr == "stage") {
-    out->gpu = out->stage = true;
-    out->why = std::string("GPU memory, staged by the proxy through a host mirror that ") + backend +
-               " sends from and receives into (MKERNEL_PROXY_GDR=stage)";
-    return Result::Success;
-  }
+  if (gdr != "auto" && gdr != "0" && gdr != "1")
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_PROXY_GDR=%s: want auto, 0 or 1", gdr.c_str());
   const bool can = (ptrSupport & net::kPtrCuda) != 0;
   if (gdr == "0" || (gdr == "auto" && !can)) {
     out->why = gdr == "0" ? "host memory (MKERNEL_PROXY_GDR=0)"

@@ -33,20 +33,12 @@ std::vector<int> proxyCpusFor(int cudaDev, std::string* why);
 // reads and writes them directly, and the kernel's copies stay in HBM. Otherwise in host-mapped
 // memory, which the kernel reads and writes over PCIe and the backend from the host (the proxy
 // stages through host memory; TCP can do nothing else).
-//
-// MKERNEL_PROXY_GDR=stage keeps them in GPU memory on any backend and registers a host mirror
-// instead: the proxy copies each send's bytes into the mirror before the transport sends them and
-// each receive's bytes out of it before raising the flag (coll::CudaStager, copy engines). The
-// kernel's copies then stay in HBM, as with GPUDirect, and PCIe carries only the rail's bytes, moved
-// by copy engines instead of the kernel's loads and stores.
 struct ProxyMemory {
-  bool gpu = false;    // net buffers in GPU memory, registered as net::kPtrCuda (or staged)
-  bool stage = false;  // ... not registered: a host mirror is, and the proxy copies (gpu is true)
+  bool gpu = false;    // net buffers in GPU memory, registered as net::kPtrCuda
   bool flush = false;  // the proxy flushes each receive before its flag (Proxy::setFlushReceives)
   std::string why;     // for the INFO line
 };
-// gdr: MKERNEL_PROXY_GDR ("auto", "1": GPU memory or an error, "0": host memory, "stage": GPU
-// memory staged by the proxy through a host mirror). ptrSupport:
+// gdr: MKERNEL_PROXY_GDR ("auto", "1": GPU memory or an error, "0": host memory). ptrSupport:
 // the backend's DeviceProps::ptrSupport; backend: its name. rdmaWritesOrdering: the GPU's
 // cudaDevAttrGPUDirectRDMAWritesOrdering; from 100 (cudaGPUDirectRDMAWritesOrderingOwner) the
 // NIC's writes reach the GPU's own kernels in order and need no flush, below it they do.

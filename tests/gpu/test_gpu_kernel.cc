@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "collectives/hier_staged.h"
-#include "collectives/proxy_stage.h"
 #include "common/result.h"
 #include "tests/gpu/gpu_check.h"
 #include "tests/gpu/gpu_ranks.h"
@@ -410,65 +409,6 @@ TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit ti
 TEST_CASE("gpu: CUDA graph capture and replay of hierarchical collectives (2 emulated nodes of 2, proxies)", "[gpu][graph][hier][graphhier]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   graphReplay("memop", false, 2);
-}
-
-TEST_CASE("gpu: the proxy's copies (MKERNEL_PROXY_GDR=stage) run while another thread captures a graph in global mode",
-          "[gpu][stager]") {
-  // PyTorch captures in cudaStreamCaptureModeGlobal, which forbids other threads' unsafe calls
-  // (an event query among them) and invalidates the capture when one is made, unless the calling
-  // thread is relaxed: coll::CudaStager relaxes the proxy thread on its first copy.
-  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
-  REQUIRE(cudaSetDevice(0) == cudaSuccess);
-  const size_t bytes = 4 << 20;
-  std::vector<uint8_t> pattern(bytes), back(bytes, 0);
-  for (size_t i = 0; i < bytes; ++i) pattern[i] = static_cast<uint8_t>(i * 7 + (i >> 12));
-  void *dev = nullptr, *dev2 = nullptr, *mirror = nullptr, *scratch = nullptr;
-  REQUIRE(cudaMalloc(&dev, bytes) == cudaSuccess);
-  REQUIRE(cudaMalloc(&dev2, bytes) == cudaSuccess);
-  REQUIRE(cudaMalloc(&scratch, 4096) == cudaSuccess);
-  REQUIRE(cudaHostAlloc(&mirror, bytes, cudaHostAllocPortable) == cudaSuccess);
-  REQUIRE(cudaMemcpy(dev, pattern.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess);
-  REQUIRE(cudaMemset(dev2, 0, bytes) == cudaSuccess);
-  cudaStream_t cap = nullptr;
-  REQUIRE(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking) == cudaSuccess);
-  std::string err;
-  {
-    mkernel::coll::CudaStager stager(0);
-    REQUIRE(cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal) == cudaSuccess);
-    REQUIRE(cudaMemsetAsync(scratch, 1, 4096, cap) == cudaSuccess);
-    std::thread proxy([&] {
-      // To the host, then back into another GPU buffer: each copy polled until done (5 s bound).
-      for (int dir = 0; dir < 2 && err.empty(); ++dir) {
-        uint64_t t = 0;
-        const bool toHost = dir == 0;
-        if (stager.start(toHost ? mirror : dev2, toHost ? dev : mirror, bytes, toHost, &t) != Result::Success) {
-          err = std::string("start: ") + mkernel::lastError();
-          return;
-        }
-        bool done = false;
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-        while (!done && err.empty()) {
-          if (stager.done(t, &done) != Result::Success) err = std::string("done: ") + mkernel::lastError();
-          if (!done && std::chrono::steady_clock::now() > deadline) err = "a copy did not complete in 5 s";
-        }
-      }
-    });
-    proxy.join();
-    cudaGraph_t graph = nullptr;
-    const cudaError_t end = cudaStreamEndCapture(cap, &graph);
-    INFO("proxy thread: " << err);
-    CHECK(err.empty());
-    CHECK(end == cudaSuccess);  // the copies did not invalidate the capture
-    if (graph != nullptr) (void)cudaGraphDestroy(graph);
-  }  // ~CudaStager: its streams and events
-  CHECK(std::memcmp(mirror, pattern.data(), bytes) == 0);
-  REQUIRE(cudaMemcpy(back.data(), dev2, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
-  CHECK(back == pattern);
-  (void)cudaStreamDestroy(cap);
-  (void)cudaFree(dev);
-  (void)cudaFree(dev2);
-  (void)cudaFree(scratch);
-  (void)cudaFreeHost(mirror);
 }
 
 TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins does not stall its other streams", "[gpu][graph][graphmalloc]") {

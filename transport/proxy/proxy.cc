@@ -115,40 +115,27 @@ Result Proxy::connectAll(const std::vector<Handle>& fromPeers) {
   return Result::Success;
 }
 
-Result Proxy::registerRegion(void* base, size_t bytes, int ptrType) { return addRegion(base, bytes, ptrType, nullptr); }
-
-Result Proxy::registerStaged(void* base, size_t bytes, void* mirror, Stager* stager) {
-  if (mirror == nullptr || stager == nullptr)
-    return MK_ERROR(Result::InvalidArgument, "rank %d: proxy: a staged region needs a host mirror and a stager", rank_);
-  if (stager_ != nullptr && stager_ != stager)
-    return MK_ERROR(Result::InvalidUsage, "rank %d: proxy: one stager per proxy", rank_);
-  stager_ = stager;
-  return addRegion(base, bytes, net::kPtrHost, mirror);
-}
-
-Result Proxy::addRegion(void* base, size_t bytes, int ptrType, void* mirror) {
+Result Proxy::registerRegion(void* base, size_t bytes, int ptrType) {
   if (thread_.joinable())
     return MK_ERROR(Result::InvalidUsage, "rank %d: proxy: regions must be registered before start()", rank_);
   Region reg;
   reg.base = reinterpret_cast<uintptr_t>(base);
   reg.bytes = bytes;
-  reg.mirror = reinterpret_cast<uintptr_t>(mirror);
   reg.sendMr.assign(send_.size(), nullptr);
   reg.recvMr.assign(recv_.size(), nullptr);
   regions_.push_back(std::move(reg));  // closeAll() deregisters whatever a failure left behind
   Region& r0 = regions_.back();
-  void* moved = mirror != nullptr ? mirror : base;  // what the transport reads and writes
   for (int c = 0; c < channels(); ++c) {
     for (int p = 0; p < nRanks_; ++p) {
       if (p == rank_) continue;
       const size_t i = link(c, p);
       if (send_[i] == nullptr || recv_[i] == nullptr)
         return MK_ERROR(Result::InvalidUsage, "rank %d: proxy: registerRegion before connectAll", rank_);
-      Result r = net_->regMr(send_[i], moved, bytes, ptrType, &r0.sendMr[i]);
-      if (r == Result::Success) r = net_->regMr(recv_[i], moved, bytes, ptrType, &r0.recvMr[i]);
+      Result r = net_->regMr(send_[i], base, bytes, ptrType, &r0.sendMr[i]);
+      if (r == Result::Success) r = net_->regMr(recv_[i], base, bytes, ptrType, &r0.recvMr[i]);
       if (r != Result::Success)
-        return MK_ERROR(r, "%s: registering %zu bytes at %p%s for rank %d failed: %s", who(c).c_str(), bytes, moved,
-                        mirror != nullptr ? " (a staged region's host mirror)" : "", p, lastError());
+        return MK_ERROR(r, "%s: registering %zu bytes at %p for rank %d failed: %s", who(c).c_str(), bytes, base, p,
+                        lastError());
     }
   }
   return Result::Success;
@@ -218,61 +205,21 @@ std::string Proxy::queueState(int c, int peer) const {
         break;
       }
       out += " [command " + std::to_string(p.cmd.seq - 1) + ", tag " + std::to_string(p.cmd.tag) + ", " +
-             std::to_string(p.cmd.bytes) + " B, " + (p.request != nullptr ? "posted" : p.staged && p.copyStarted && !p.copied ? "in its mirror copy" : "not posted") +
-             "]";
+             std::to_string(p.cmd.bytes) + " B, " + (p.request != nullptr ? "posted" : "not posted") + "]";
     }
   }
   return out;
 }
 
-bool Proxy::resolve(int c, Pending* p) {
-  const ProxyCmd& cmd = p->cmd;
+bool Proxy::mhandleFor(int c, const ProxyCmd& cmd, void** mh) {
   const uintptr_t a = static_cast<uintptr_t>(cmd.addr);
   for (const Region& reg : regions_) {
     if (a >= reg.base && cmd.bytes <= reg.bytes && a - reg.base <= reg.bytes - cmd.bytes) {
-      p->mhandle = cmd.op == kOpSend ? reg.sendMr[link(c, cmd.peer)] : reg.recvMr[link(c, cmd.peer)];
-      p->staged = reg.mirror != 0;
-      p->data = reinterpret_cast<void*>(p->staged ? reg.mirror + (a - reg.base) : a);
+      *mh = cmd.op == kOpSend ? reg.sendMr[link(c, cmd.peer)] : reg.recvMr[link(c, cmd.peer)];
       return true;
     }
   }
   return false;
-}
-
-bool Proxy::stageCopy(int c, int peer, Pending* p, bool* done) {
-  *done = false;
-  void* addr = reinterpret_cast<void*>(static_cast<uintptr_t>(p->cmd.addr));
-  const bool send = p->cmd.op == kOpSend;
-  const size_t bytes = send ? p->cmd.bytes : p->size;
-  const char* what = send ? "a send's bytes into the host mirror" : "a receive's bytes out of the host mirror";
-  if (!p->copyStarted) {
-    p->copyStarted = true;
-    if (bytes == 0) {  // nothing to move
-      *done = p->copied = true;
-      return true;
-    }
-    Result r = send ? stager_->start(p->data, addr, bytes, true, &p->ticket)
-                    : stager_->start(addr, p->data, bytes, false, &p->ticket);
-    if (r != Result::Success) {
-      fail(who(c) + ": copying " + what + " (" + std::to_string(bytes) + " bytes, tag " + std::to_string(p->cmd.tag) +
-           ", rank " + std::to_string(peer) + ") failed to start: " + lastError());
-      return false;
-    }
-  }
-  if (p->copied) {
-    *done = true;
-    return true;
-  }
-  if (stager_->done(p->ticket, done) != Result::Success) {
-    fail(who(c) + ": copying " + what + " (" + std::to_string(bytes) + " bytes, tag " + std::to_string(p->cmd.tag) +
-         ", rank " + std::to_string(peer) + ") failed: " + lastError());
-    return false;
-  }
-  if (*done) {
-    p->copied = true;
-    staged_.fetch_add(1, std::memory_order_relaxed);
-  }
-  return true;
 }
 
 bool Proxy::takeCommands(int ch) {
@@ -298,7 +245,7 @@ bool Proxy::takeCommands(int ch) {
       fail(where + opName(c.op) + "): completion flag " + std::to_string(c.flag) + " >= " + std::to_string(kMaxFlags));
       return false;
     }
-    if (!resolve(ch, &p)) {
+    if (!mhandleFor(ch, c, &p.mhandle)) {
       char buf[96];
       std::snprintf(buf, sizeof(buf), "%llu bytes at 0x%llx", static_cast<unsigned long long>(c.bytes),
                     static_cast<unsigned long long>(c.addr));
@@ -319,21 +266,10 @@ bool Proxy::progressLink(int ch, int peer) {
   ProxyFlags* flags = channels_[static_cast<size_t>(ch)].flags;
   for (int dir = 0; dir < 2; ++dir) {
     std::deque<Pending>& q = dir == 0 ? sends_[i] : recvs_[i];
-    // A staged send's bytes go to the mirror first: every queued send's copy starts at once (the
-    // producer posted the command after its data), and its post waits for the copy below.
-    bool copied = false;
-    if (dir == 0)
-      for (Pending& p : q)
-        if (p.staged && !p.copyStarted && !stageCopy(ch, peer, &p, &copied)) return false;
-    // Post in ring order: the first entry the transport refuses (back-pressure), or a staged send
-    // whose copy is still running, stops the rest.
+    // Post in ring order: the first entry the transport refuses (back-pressure) stops the rest.
     for (Pending& p : q) {
       if (p.request != nullptr) continue;
-      if (dir == 0 && p.staged) {
-        if (!stageCopy(ch, peer, &p, &copied)) return false;
-        if (!copied) break;
-      }
-      void* data = p.data;
+      void* data = reinterpret_cast<void*>(static_cast<uintptr_t>(p.cmd.addr));
       Result r;
       if (dir == 0) {
         r = net_->isend(send_[i], data, p.cmd.bytes, p.cmd.tag, p.mhandle, &p.request);
@@ -364,11 +300,10 @@ bool Proxy::progressLink(int ch, int peer) {
         }
         if (!done) break;
         p.arrived = true;
-        p.size = size;
         if (dir == 1 && flushReceives_ && size > 0) {
           // The flush reads through the NIC after the received bytes; its completion orders them
           // before the flag below (the request is null where the transport needs no flush).
-          void* data = p.data;
+          void* data = reinterpret_cast<void*>(static_cast<uintptr_t>(p.cmd.addr));
           const int bytes = static_cast<int>(std::min<size_t>(size, static_cast<size_t>(INT32_MAX)));
           r = net_->iflush(recv_[i], 1, &data, &bytes, &p.mhandle, &p.flush);
           if (r != Result::Success) {
@@ -391,10 +326,6 @@ bool Proxy::progressLink(int ch, int peer) {
         p.flush = nullptr;
         flushed_.fetch_add(1, std::memory_order_relaxed);
       }
-      if (dir == 1 && p.staged) {  // the received bytes into the staged region before the flag
-        if (!stageCopy(ch, peer, &p, &copied)) return false;
-        if (!copied) break;
-      }
       uint64_t* counter = &flags->count[p.cmd.flag];
       storeRelease64(counter, *counter + 1);  // the proxy is the only writer
       done_.fetch_add(1, std::memory_order_relaxed);
@@ -407,16 +338,14 @@ bool Proxy::progressLink(int ch, int peer) {
 void Proxy::loop() {
   uint32_t idle = 0;
   while (!stop_.load(std::memory_order_acquire) && !failed_.load(std::memory_order_acquire)) {
-    const uint64_t before = taken_.load(std::memory_order_relaxed) + done_.load(std::memory_order_relaxed) +
-                            staged_.load(std::memory_order_relaxed);
+    const uint64_t before = taken_.load(std::memory_order_relaxed) + done_.load(std::memory_order_relaxed);
     bool ok = true;
     for (int c = 0; c < channels() && ok; ++c) ok = takeCommands(c);
     for (int c = 0; c < channels() && ok; ++c)
       for (int p = 0; p < nRanks_ && ok; ++p)
         if (p != rank_) ok = progressLink(c, p);
     if (!ok) break;
-    const uint64_t after = taken_.load(std::memory_order_relaxed) + done_.load(std::memory_order_relaxed) +
-                           staged_.load(std::memory_order_relaxed);
+    const uint64_t after = taken_.load(std::memory_order_relaxed) + done_.load(std::memory_order_relaxed);
     if (after != before) {
       idle = 0;
     } else if (++idle > 4096) {

@@ -37,22 +37,6 @@ namespace proxy {
 
 using Handle = std::vector<uint8_t>;  // net::kHandleSize bytes
 
-// Copies for a staged region (Proxy::registerStaged; MKERNEL_PROXY_GDR=stage, docs/PROXY.md):
-// between memory the transport does not register (GPU memory on TCP) and its host mirror, which
-// the transport sends from and receives into. Asynchronous: start() issues a copy and done() says
-// whether it has completed. Only the proxy thread calls them. The kernel communicator's
-// implementation is collectives/proxy_stage.h (cudaMemcpyAsync on streams of its own, an event per
-// copy); the CPU tests use memcpy.
-class Stager {
- public:
-  virtual ~Stager() = default;
-  // Starts copying `bytes` from src to dst: toHost, a send's bytes out of the staged region into
-  // the mirror; else a receive's bytes from the mirror into the region. *ticket names the copy.
-  virtual Result start(void* dst, const void* src, size_t bytes, bool toHost, uint64_t* ticket) = 0;
-  // *done: the copy has completed (its bytes are in dst). A ticket answered done is spent.
-  virtual Result done(uint64_t ticket, bool* done) = 0;
-};
-
 // One producer's ring and the completion counters the proxy bumps for it.
 struct ProxyChannel {
   ProxyRing* ring = nullptr;
@@ -79,13 +63,6 @@ class Proxy {
   // Memory commands may point into (host memory, or GPU memory where the transport supports it:
   // net::PtrType). Registered with every connection.
   Result registerRegion(void* base, size_t bytes, int ptrType);
-  // A staged region: commands may point into [base, base + bytes), memory the transport does not
-  // register (GPU memory on TCP); `mirror`, host memory of the same size, is registered in its
-  // place (net::kPtrHost) and carries the bytes at the same offsets. Before a send is posted the
-  // proxy copies its bytes into the mirror, and after a receive completes it copies them from the
-  // mirror into the region, before the flag is raised; `stager` (it outlives the proxy) makes the
-  // copies. Before start(); one stager per proxy.
-  Result registerStaged(void* base, size_t bytes, void* mirror, Stager* stager);
   // Receives into memory that the NIC writes without the GPU's ordering (GPU memory registered
   // through DMA-BUF or nvidia-peermem, on a GPU whose GPUDirect RDMA writes are not ordered for
   // its own kernels): after each receive completes, a transport flush (net::Net::iflush, a read
@@ -112,14 +89,11 @@ class Proxy {
   uint64_t transfersDone() const { return done_.load(std::memory_order_relaxed); }
   // Receives whose flush went through a transport request (setFlushReceives).
   uint64_t receivesFlushed() const { return flushed_.load(std::memory_order_relaxed); }
-  // Copies between staged regions and their mirrors (registerStaged), both directions.
-  uint64_t copiesStaged() const { return staged_.load(std::memory_order_relaxed); }
 
  private:
   struct Region {
     uintptr_t base = 0;
     size_t bytes = 0;
-    uintptr_t mirror = 0;       // a staged region's host mirror (registerStaged), else 0
     std::vector<void*> sendMr;  // per link (link())
     std::vector<void*> recvMr;  // per link
   };
@@ -129,11 +103,6 @@ class Proxy {
     net::Request* request = nullptr;  // null until the transport accepted it
     bool arrived = false;             // the transfer completed (request consumed by test)
     net::Request* flush = nullptr;    // a receive's flush in flight (setFlushReceives)
-    void* data = nullptr;             // what the transport reads or writes: cmd.addr, or its mirror
-    size_t size = 0;                  // a receive's bytes, once arrived
-    bool staged = false;              // in a staged region: a copy before the send, after the receive
-    bool copyStarted = false, copied = false;
-    uint64_t ticket = 0;              // the copy (Stager::start)
   };
 
   // Connections, MRs and queues are per link: channel c, peer p.
@@ -141,11 +110,7 @@ class Proxy {
   void loop();
   bool takeCommands(int c);            // channel c's new commands; false once failed
   bool progressLink(int c, int peer);  // posts and tests that link's queues; false on error
-  Result addRegion(void* base, size_t bytes, int ptrType, void* mirror);
-  // The region of p.cmd: its memory handle, transport address and staging; false outside every one.
-  bool resolve(int c, Pending* p);
-  // A staged transfer's copy started, and whether it has completed (*done); false on error.
-  bool stageCopy(int c, int peer, Pending* p, bool* done);
+  bool mhandleFor(int c, const ProxyCmd& cmd, void** mh);
   void fail(const std::string& what);  // records the first error, raises every channel's flags
   std::string queueState(int c, int peer) const;  // the pending transfers of a link, for errors
   std::string who(int c) const;        // "rank r: proxy" (+ " channel c" with several)
@@ -169,9 +134,7 @@ class Proxy {
   std::atomic<uint64_t> taken_{0};
   std::atomic<uint64_t> done_{0};
   std::atomic<uint64_t> flushed_{0};
-  std::atomic<uint64_t> staged_{0};
   bool flushReceives_ = false;
-  Stager* stager_ = nullptr;
   mutable std::mutex errorMu_;
   std::string error_;
 };
