@@ -643,10 +643,10 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   return Result::Success;
 }
 
-// MKERNEL_HIER_ROLES: "off" (or 0), or "W,R": the pipelined hierarchical AllReduce runs each lane
-// on one sender, W worker and R reducer CTAs (collectives/hier_staged.h, "CTA roles"). Rank 0's
-// value is every rank's: the CTAs' roles must match their peers'. Needs MKERNEL_HIER_OVERLAP=1 and
-// hierCtas_ x (1 + W + R) CTAs in the persistent kernel.
+// MKERNEL_HIER_ROLES: "off" (or 0), or "W,R": the hierarchical AllReduce runs each lane on one
+// sender, W worker and R reducer CTAs (collectives/hier_staged.h, "CTA roles"), pipelined, or in
+// turn with MKERNEL_HIER_OVERLAP=0 (since session 24). Rank 0's value is every rank's: the CTAs'
+// roles must match their peers'. Needs hierCtas_ x (1 + W + R) CTAs in the persistent kernel.
 Result KernelCommunicator::agreeHierRoles() {
   const std::string v = paramString("HIER_ROLES");
   int32_t wr[2] = {0, 0};
@@ -666,12 +666,6 @@ Result KernelCommunicator::agreeHierRoles() {
   hierWorkers_ = all[0];
   hierReducers_ = all[1];
   if (hierWorkers_ == 0) return Result::Success;
-  if (paramInt("HIER_OVERLAP", 1) == 0) {
-    MK_INFO(kLogInit, "rank %d: MKERNEL_HIER_ROLES=%d,%d ignored: MKERNEL_HIER_OVERLAP=0 runs the phases in turn on one CTA",
-            opts_.rank, hierWorkers_, hierReducers_);
-    hierWorkers_ = hierReducers_ = 0;
-    return Result::Success;
-  }
   const int need = hierRoleCtas(hierCtas_, hierWorkers_, hierReducers_);
   if (need > peers_.nCtas)
     return MK_ERROR(Result::InvalidArgument,

@@ -79,7 +79,7 @@ struct HierCall {
   bool overlap = true;   // pipeline the phases of consecutive chunks (false: one after another,
                          // the same code: MKERNEL_HIER_OVERLAP=0, for the comparison)
   int rail = 0;          // HierRailAlgo (MKERNEL_HIER_RAIL): the exchange among the rail
-  // CTA roles (MKERNEL_HIER_ROLES, pipelined AllReduce only; hierAllReduceRoles below). With
+  // CTA roles (MKERNEL_HIER_ROLES, AllReduce only; hierAllReduceRoles below). With
   // role != kHierRoleNone, `part` is the lane's slice, which all of the lane's CTAs share.
   int role = 0;                // HierRole
   int roleIndex = 0;           // worker w of `workers`, reducer r of `reducers`
@@ -876,7 +876,7 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierRunSteps(Ex& ex, const HierCall& c, uint64_
   return hierTwoStep(ex, c, chunkSeq, st);
 }
 
-// ---- CTA roles (MKERNEL_HIER_ROLES): the pipelined AllReduce on specialised CTAs -----------------
+// ---- CTA roles (MKERNEL_HIER_ROLES): the AllReduce on specialised CTAs ----------------------------
 //
 // Issue 6's SM specialisation. The data-parallel form above runs every phase of a chunk on one
 // CTA, so the reduction over the nodes (B) waits behind that CTA's NVLink work and the other way
@@ -919,6 +919,12 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierRunSteps(Ex& ex, const HierCall& c, uint64_
 // next step of the same kind is posted only after each waiter read its target).
 // The workers keep the data-parallel form's order of node barriers (phase 1 of chunk i + 1
 // before phase 3 of chunk i), so its region argument above holds for each worker index.
+// In turn (c.overlap false, MKERNEL_HIER_OVERLAP=0; session 24), the same code with the phases of
+// consecutive chunks kept apart, for issue 6's comparison: a worker runs phase 3 of chunk i before
+// phase 1 of chunk i + 1, and the sender posts step 0 of chunk i + 1 only after chunk i's last
+// all-gather step is complete and Ready(i + 1) (so after every worker's phase 3 of chunk i); the
+// reducers are unchanged. Every wait of the pipelined order is still made, so its arguments hold.
+// The sender of lane 0 (CTA 0) marks the phase times (hierAllReduceRoles).
 enum HierRole : int { kHierRoleNone = 0, kHierRoleSender = 1, kHierRoleWorker = 2, kHierRoleReducer = 3 };
 // Ready and Reduced are one counter per worker / reducer: a shared count would let a worker that
 // is a chunk ahead stand in for one that is a chunk behind (the first version did; the CPU test
@@ -1086,21 +1092,43 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduceRoles(Ex& ex, const HierCall& c, u
       return landed && post(i, st);
     };
     ex.roleAdd(kRoleOpen);
-    if (!hierRoleWaitAll(ex, kRoleReady, W, s0 + 1) || !post(0, 0)) return false;
-    for (int st = 1; st <= half; ++st)
-      if (!landPost(0, st)) return false;
-    for (uint64_t i = 0; i < chunks; ++i) {
-      const bool more = i + 1 < chunks;
-      if (more && (!hierRoleWaitAll(ex, kRoleReady, W, s0 + i + 2) || !post(i + 1, 0))) return false;
-      for (int st = half; st < 2 * half; ++st) {
-        if (st + 1 < 2 * half && !landPost(i, st + 1)) return false;
-        if (more && !landPost(i + 1, st - half + 1)) return false;
+    const uint64_t freed = static_cast<uint64_t>(W) * (c.roleOps + 1);
+    if (!c.overlap) {
+      // In turn (MKERNEL_HIER_OVERLAP=0, issue 6's comparison): chunk i's rail starts once the
+      // workers have reduced it into P (Ready; in turn they start it only after their phase 3 of
+      // chunk i - 1) and ends when its last all-gather step is complete, which the sender waits
+      // for too. Phase times (CTA 0: lane 0's sender): the node phases are the waits for Ready
+      // (phase 3 of the chunk before, phase 1 of this one) and, after the last chunk, for Freed
+      // (its phase 3); the rail phase is the steps, with the reducers' work between them.
+      for (uint64_t i = 0; i < chunks; ++i) {
+        ex.phaseMark(kPhaseChunkStart);
+        if (!hierRoleWaitAll(ex, kRoleReady, W, s0 + i + 1)) return false;
+        ex.phaseMark(kPhaseRailStart);
+        if (!post(i, 0)) return false;
+        for (int st = 1; st < 2 * half; ++st)
+          if (!landPost(i, st)) return false;
+        if (!ex.railWait(slotOf(i))) return false;
+        ex.phaseMark(kPhaseRailEnd);
+        if (i + 1 == chunks && !ex.roleWait(kRoleFreed, freed)) return false;
+        ex.phaseMark(kPhaseChunkEnd);
+      }
+    } else {
+      if (!hierRoleWaitAll(ex, kRoleReady, W, s0 + 1) || !post(0, 0)) return false;
+      for (int st = 1; st <= half; ++st)
+        if (!landPost(0, st)) return false;
+      for (uint64_t i = 0; i < chunks; ++i) {
+        const bool more = i + 1 < chunks;
+        if (more && (!hierRoleWaitAll(ex, kRoleReady, W, s0 + i + 2) || !post(i + 1, 0))) return false;
+        for (int st = half; st < 2 * half; ++st) {
+          if (st + 1 < 2 * half && !landPost(i, st + 1)) return false;
+          if (more && !landPost(i + 1, st - half + 1)) return false;
+        }
       }
     }
     // Every transfer of the lane complete and every worker done with the net buffers: the channel
     // and the buffers are free for whatever this CTA runs next. (One count for all workers is
     // enough here: none can count the next collective before this wait ends and Open follows.)
-    return ex.roleWait(kRoleFreed, static_cast<uint64_t>(W) * (c.roleOps + 1)) && ex.railWait(0) && ex.railWait(1);
+    return ex.roleWait(kRoleFreed, freed) && ex.railWait(0) && ex.railWait(1);
   }
   if (c.role == kHierRoleReducer) {
     for (uint64_t i = 0; i < chunks; ++i) {
@@ -1114,14 +1142,17 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduceRoles(Ex& ex, const HierCall& c, u
     }
     return true;
   }
-  // Worker.
+  // Worker: phase 1 of chunk i + 1 before phase 3 of chunk i; in turn, after it.
   if (!ex.roleWait(kRoleOpen, c.roleOps + 1)) return false;
   if (!hierRoleWorker1(ex, c, x, HierArChunk(c, x, 0, seq0), slotOf(0))) return false;
   for (uint64_t i = 0; i < chunks; ++i) {
-    if (i + 1 < chunks && !hierRoleWorker1(ex, c, x, HierArChunk(c, x, i + 1, seq0 + i + 1), slotOf(i + 1)))
+    const bool more = i + 1 < chunks;
+    if (c.overlap && more && !hierRoleWorker1(ex, c, x, HierArChunk(c, x, i + 1, seq0 + i + 1), slotOf(i + 1)))
       return false;
     if (!ex.roleWait(kRoleR1, s0 + i + 1)) return false;
     if (!hierRoleWorker3(ex, c, x, HierArChunk(c, x, i, seq0 + i), slotOf(i))) return false;
+    if (!c.overlap && more && !hierRoleWorker1(ex, c, x, HierArChunk(c, x, i + 1, seq0 + i + 1), slotOf(i + 1)))
+      return false;
   }
   ex.roleAdd(kRoleFreed);
   return true;

@@ -64,7 +64,7 @@ struct World {
   NodeLayout L;
   int ctas = 1;   // CTAs per rank (regions, node barriers, channels)
   int lanes = 1;  // hierCtasFor's CTAs (MKERNEL_HIER_CTAS); = ctas unless in CTA roles
-  // CTA roles (MKERNEL_HIER_ROLES): workers and reducers per lane of a pipelined AllReduce (0: off);
+  // CTA roles (MKERNEL_HIER_ROLES): workers and reducers per lane of an AllReduce (0: off);
   // ctas is then hierRoleCtas(lanes, workers, reducers).
   int workers = 0, reducers = 0;
   bool breakRoleWait = false;  // workers do not wait for R1, the last rail step's post (negative test)
@@ -343,7 +343,7 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
         c.chunkElems = hierChunkElemsFor(ops[i].coll, w.L, 4, w.chunkBytes);
         c.overlap = w.overlap;
         c.rail = hierRailFor(w.rail, w.L.nNodes);
-        if (w.overlap && hierRolesFor(ops[i].coll, directWholeBytes(ops[i].coll, ops[i].count, n, 4), w.workers,
+        if (hierRolesFor(ops[i].coll, directWholeBytes(ops[i].coll, ops[i].count, n, 4), w.workers,
                                       w.splitMinBytes)) {
           // CTA roles, as runHier: lane l of opCtas takes slice l; the other lanes' CTAs skip it.
           const HierRoleOf ro(cta, w.lanes, w.workers, w.reducers);
@@ -515,6 +515,18 @@ TEST_CASE("hier_staged: AllReduce in CTA roles (1 sender, 1-2 workers, 1-3 reduc
   }
 }
 
+// The same code in turn (MKERNEL_HIER_OVERLAP=0, session 24: issue 6's comparison for the roles):
+// each chunk's phase 1, rail and phase 3 before the next chunk's; with direct, ring and rhd.
+TEST_CASE("hier_staged: AllReduce in CTA roles in turn (the overlap's comparison), every collective between, exact") {
+  auto net = testNet();
+  for (int rail : {int(kRailDirect), int(kRailRing), int(kRailRhd)})
+    for (const Roles& r : {Roles{1, 1}, Roles{2, 3}}) {
+      everyCollective(net.get(), Shape{2, 2, 512}, false, 1, 0, r, rail);
+      everyCollective(net.get(), Shape{4, 2, 512}, false, 1, 0, r, rail);
+    }
+  everyCollective(net.get(), Shape{3, 2, 768}, false, 3, 2000, Roles{1, 2});
+}
+
 // The ring and rhd schedules of hierRailStep, run in lockstep for N = 2..16 nodes on bitmasks
 // (node k contributes bit k to every element): every send meets a receive of the same range on the
 // peer, no node's contribution is reduced in twice, node k owns block k whole after the
@@ -673,8 +685,9 @@ TEST_CASE("hier_staged: AllReduce in CTA roles with a ring / recursive halving-d
 // and rhd on 4 x 1, where a chunk is 3 + 3 (2 + 2) steps of which the sender waits for all but the
 // last.
 namespace {
-void rolesSlowRank(mkernel::net::Net* net, int rail, const Roles& r, bool broken) {
+void rolesSlowRank(mkernel::net::Net* net, int rail, const Roles& r, bool broken, bool overlap = true) {
   World w;
+  w.overlap = overlap;
   w.workers = r.workers;
   w.reducers = r.reducers;
   w.lanes = 1;
@@ -687,8 +700,9 @@ void rolesSlowRank(mkernel::net::Net* net, int rail, const Roles& r, bool broken
                          {CollType::ReduceScatter, 300, false, 0}, {CollType::AllReduce, 777, false, 0}};
   const std::string mismatch = runOps(w, ops, 11);
   stopAll(w);
-  INFO("rail " << hierRailName(rail) << ", " << (broken ? "workers skip the last step's wait: " : "intact: ")
-               << r.workers << "," << r.reducers << ": " << mismatch);
+  INFO("rail " << hierRailName(rail) << (overlap ? ", pipelined, " : ", in turn, ")
+               << (broken ? "workers skip the last step's wait: " : "intact: ") << r.workers << "," << r.reducers << ": "
+               << mismatch);
   if (!broken) {
     for (const auto& e : w.errors) FAIL_CHECK(e);
     CHECK(mismatch == "");
@@ -704,6 +718,8 @@ TEST_CASE("hier_staged: CTA roles with a slow rank, and a broken role wait is ca
   for (int rail : {int(kRailDirect), int(kRailRing), int(kRailRhd)})
     for (bool broken : {false, true})
       for (const Roles& r : {Roles{1, 1}, Roles{2, 2}}) rolesSlowRank(net.get(), rail, r, broken);
+  // In turn, intact.
+  for (int rail : {int(kRailDirect), int(kRailRing), int(kRailRhd)}) rolesSlowRank(net.get(), rail, Roles{2, 2}, false, false);
 }
 
 // The same, intact, with ring and rhd: the [vm] tier runs it on verbs (rxe), every step of the
@@ -804,6 +820,48 @@ TEST_CASE("hier_staged: phase times of the AllReduce in turn: every chunk marked
         CHECK(s.turn[0] == want);
         CHECK(s.turn[1] > 0);
         if (r != 3) CHECK(s.turn[2] > s.turn[1]);  // waiting for rank 3 is rail time
+      }
+    }
+}
+
+// Phase times in CTA roles in turn: CTA 0, lane 0's sender, marks every AllReduce chunk of its lane
+// in order, those in roles (1001 elements, from splitMinBytes) and the small ones it runs
+// data-parallel alike; node and rail both non-zero; pipelined, none.
+TEST_CASE("hier_staged: phase times of the AllReduce in CTA roles in turn: the sender marks every chunk in order") {
+  auto net = testNet();
+  for (int rail : {int(kRailDirect), int(kRailRhd)})
+    for (bool overlap : {false, true}) {
+      World w;
+      w.workers = 1;
+      w.reducers = 2;
+      w.lanes = 1;
+      makeWorld(w, net.get(), 2, 2, 512, hierRoleCtas(1, 1, 2));
+      w.overlap = overlap;
+      w.rail = rail;
+      w.splitMinBytes = 2000;
+      std::vector<Op> ops = {{CollType::AllReduce, 1001, false, 0}, {CollType::AllGather, 100, false, 0},
+                             {CollType::AllReduce, 300, true, 0}, {CollType::AllReduce, 2001, true, 0}};
+      const std::string mismatch = runOps(w, ops, 5);
+      stopAll(w);
+      INFO("rail " << hierRailName(rail) << (overlap ? ", pipelined" : ", in turn") << ": " << mismatch);
+      for (const auto& e : w.errors) FAIL_CHECK(e);
+      CHECK(mismatch == "");
+      const uint64_t ce = hierChunkElemsFor(CollType::AllReduce, w.L, 4, 512);
+      uint64_t want = 0;
+      for (const Op& op : ops)
+        if (op.coll == CollType::AllReduce) want += (op.count + ce - 1) / ce;
+      for (int r = 0; r < 4; ++r) {
+        const CtaState& s = *w.ranks[static_cast<size_t>(r)]->cta[0];
+        INFO("rank " << r);
+        if (overlap) {
+          CHECK(s.marks.empty());
+          continue;
+        }
+        REQUIRE(s.marks.size() == 4 * want);
+        for (size_t i = 0; i < s.marks.size(); ++i) CHECK(s.marks[i] == static_cast<int>(i % 4));
+        CHECK(s.turn[0] == want);
+        CHECK(s.turn[1] > 0);
+        CHECK(s.turn[2] > 0);
       }
     }
 }
