@@ -17,10 +17,10 @@
 #      each MKERNEL_HIER_RAIL of RC_RAILS ("direct ring rhd"), each variant of RC_VARIANTS ("-":
 #      as is; "NAME:WORD,..." adds VAR=value words to the environment and --flag=value words to
 #      collbench's arguments, its runs shown as rail "RAIL+NAME", e.g. "- bsync:--sync=blocking"),
-#      pipelined and in turn (RC_OVERLAPS,
-#      "1 0"), RC_ROUNDS (2) rounds interleaved; RC_ITERS (200) iterations per size, 4 KiB to
-#      RC_MAX (16 MiB) by 4. A table per layout: the eager median of each (rail, overlap) as
-#      "round 1/round 2/...", in us; the raw lines in rail-sweep.txt; and scripts/overlap-table.py's
+#      pipelined and in turn (RC_OVERLAPS, "1 0"), RC_ROUNDS (2) rounds interleaved; RC_ITERS
+#      (200) iterations per size, RC_MIN (4 KiB) to RC_MAX (16 MiB) by 4. A table per layout: the
+#      eager median of each (rail, overlap) as "round 1/round 2/...", in us; the raw lines in
+#      rail-sweep.txt; and scripts/overlap-table.py's
 #      table (overlap-table.txt): the in-turn runs' phase times against the pipelined time, the
 #      share of the shorter phase hidden (issue 6's goal: 80%; meant for one lane, "R:G:1");
 #   4. (RC_TORCH="<torch_check.py options>", e.g. "--ranks 8 --gpus 1 --mps --ranks-per-node 2")
@@ -87,7 +87,7 @@ for layout in ${RC_LAYOUTS:-8:2 6:2}; do
           env ${lanes:+MKERNEL_HIER_CTAS=$lanes} ${roles:+MKERNEL_HIER_ROLES=$roles} MKERNEL_HIER_RAIL=$rail \
             MKERNEL_HIER_OVERLAP=$ov MKERNEL_SOCKET_IFNAME=lo MKERNEL_TIMEOUT_S=30 "${venv[@]}" \
             timeout 200 "$build/bin/mkernel-collbench" --gpus 1 --ranks "$ranks" --ranks-per-node "$rpn" --wait memop \
-            --min-bytes 4096 --max-bytes "${RC_MAX:-16777216}" --step 4 --iters "${RC_ITERS:-200}" "${vargs[@]}" 2>&1 |
+            --min-bytes "${RC_MIN:-4096}" --max-bytes "${RC_MAX:-16777216}" --step 4 --iters "${RC_ITERS:-200}" "${vargs[@]}" 2>&1 |
             sed "s|^|$tag: |" >>"$logs/rail-sweep.txt"
           [ "${PIPESTATUS[0]}" = 0 ] || { echo "$tag failed"; fail=1; }
         done
