@@ -438,11 +438,14 @@ struct RankBufs {
   void* recv = nullptr;
   std::vector<cudaEvent_t> ev;
 };
-bool makeRankBufs(size_t maxBytes, int iters, RankBufs* b) {
+// events: the most intervals timed on the stream at once, max(--iters, graphOps): a captured graph
+// records graphOps + 1 of them (with --iters below graphOps, 16, the vector was too short and the
+// capture wrote past it: a segfault in session 24).
+bool makeRankBufs(size_t maxBytes, int events, RankBufs* b) {
   cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking);
   const bool ok = cudaMalloc(&b->send, maxBytes) == cudaSuccess && cudaMalloc(&b->recv, maxBytes) == cudaSuccess;
   if (ok) cudaMemset(b->send, 0, maxBytes);
-  b->ev.resize(static_cast<size_t>(iters) + 1);
+  b->ev.resize(static_cast<size_t>(events) + 1);
   for (auto& e : b->ev) cudaEventCreate(&e);
   cudaDeviceSynchronize();
   return ok;
@@ -479,7 +482,7 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
     cudaSetDevice(d);
     ncclComm_t comm = comms[static_cast<size_t>(d)];
     RankBufs b;
-    if (!makeRankBufs(groupWindow(opt.maxBytes, opt.group), opt.iters, &b)) ok = false;
+    if (!makeRankBufs(groupWindow(opt.maxBytes, opt.group), std::max(opt.iters, opt.graphOps), &b)) ok = false;
     barrier.wait();
     const int iters = opt.iters;
     // Every rank runs every size (a rank that stopped early would leave its peers' NCCL kernels
@@ -588,7 +591,7 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
       std::unique_ptr<mkernel::coll::Communicator> comm;
       if (mkernel::coll::Communicator::create(co, bs.get(), &comm) != Result::Success) return fail("create");
       RankBufs b;
-      if (!makeRankBufs(groupWindow(opt.maxBytes, opt.group), opt.iters, &b))
+      if (!makeRankBufs(groupWindow(opt.maxBytes, opt.group), std::max(opt.iters, opt.graphOps), &b))
         return fail("cudaMalloc " + std::to_string(groupWindow(opt.maxBytes, opt.group)));
       cudaStream_t stream = b.stream;
       void *send = b.send, *recv = b.recv;
