@@ -10,7 +10,9 @@ eager mean T us" lines (pipelined runs), and from the in-turn runs its "# phases
 B B: eager mean T us; node X us, rail Y us per op (...)" lines: CTA 0 of rank 0 timing each
 AllReduce chunk's phases with %globaltimer (collectives/hier_staged.h, "Phase times"). Since
 session 24 both kinds of line end "; waits: rail W us, node V us per op": CTA 0's time waiting for
-its rail transfers and at node barriers (DeviceState::hierWait), printed as extra columns.
+its rail transfers and at node barriers (DeviceState::hierWait), printed as extra columns. In CTA
+roles (layouts "R:G:lanes:W,R") CTA 0 is lane 0's sender: it has no node barriers, and its waits
+for the workers' and reducers' counters count as busy.
 
 Per (layout, rail, round, bytes): t_turn and t_pipe (the eager means over the same loop the phase
 times are summed over, us; the medians of the table rows where a run printed no mean, as before
