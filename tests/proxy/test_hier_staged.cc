@@ -722,11 +722,12 @@ TEST_CASE("hier_staged: CTA roles with a slow rank, and a broken role wait is ca
   for (int rail : {int(kRailDirect), int(kRailRing), int(kRailRhd)}) rolesSlowRank(net.get(), rail, Roles{2, 2}, false, false);
 }
 
-// The same, intact, with ring and rhd: the [vm] tier runs it on verbs (rxe), every step of the
-// roles' sender an RDMA transfer.
+// The same, intact, with ring and rhd, pipelined and in turn: the [vm] tier runs it on verbs
+// (rxe), every step of the roles' sender an RDMA transfer.
 TEST_CASE("hier_staged: CTA roles with ring and rhd exchanges and a slow rank, exact", "[vm]") {
   auto net = testNet();
-  for (int rail : {int(kRailRing), int(kRailRhd)}) rolesSlowRank(net.get(), rail, Roles{2, 2}, false);
+  for (int rail : {int(kRailRing), int(kRailRhd)})
+    for (bool overlap : {true, false}) rolesSlowRank(net.get(), rail, Roles{2, 2}, false, overlap);
 }
 
 TEST_CASE("hier_staged: a slow rank is never overtaken in the node regions (and the check fires when a barrier is broken)", "[vm]") {
