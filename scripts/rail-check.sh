@@ -39,7 +39,7 @@ fail=0
 step "1. build"
 tests=${RC_TESTS-hierrail hierrailroles}
 # shellcheck disable=SC2046
-gpu_build "${RC_JOBS:-16}" mkernel mkernel-collbench $([ -n "$tests$RC_CTEST" ] && echo test_gpu_collectives) \
+gpu_build "${RC_JOBS:-16}" mkernel mkernel-collbench $([ -n "$tests${RC_CTEST:-}" ] && echo test_gpu_collectives) \
   $([ -n "${RC_CTEST:-}" ] && echo test_gpu_kernel)
 LIB=$build/lib/libmkernel.so
 export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
