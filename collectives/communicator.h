@@ -53,6 +53,9 @@ struct CollStats {
   // CTA 0's waits in every hierarchical collective, pipelined or in turn: for its rail transfers
   // and at its node barriers (DeviceState::hierWait)
   uint64_t hierWaitRailNs = 0, hierWaitNodeNs = 0;
+  // ... and CTA 0's own work, by kind (HierBusy: copies, copies through its net buffers,
+  // reductions, reductions through its net buffers, posts to the proxy), the same timing
+  uint64_t hierBusyNs[5] = {};
   bool staged = false;                      // ranks stage through IPC buffers (process ranks; agreed)
   int pdl = 0;                              // MKERNEL_PDL in effect: 0 off, 1 wait, 2 early
   int directThreads = 0;                    // threads per CTA of a direct-mode op (MKERNEL_DIRECT_KERNEL; 0: no direct mode)

@@ -46,6 +46,10 @@ namespace mkernel {
 namespace coll {
 namespace {
 
+// DeviceState::hierTurn (3), hierMark, hierWait (2) and hierBusy (kHierBusyKinds): one run that
+// readLaunchCounters copies.
+constexpr int kHierCounters = 11;
+
 // Bytes per CTA below which adding CTAs does not pay (their barrier costs more than their copy).
 constexpr uint64_t kBytesPerCta = 64 * 1024;
 
@@ -212,7 +216,7 @@ class KernelCommunicator final : public Communicator {
   // every enqueue).
   void foldStats(bool device = false) const;
   // Copies DeviceState::launchDone and graphOps (8 each) into done / graph, and with hierTurn
-  // DeviceState::hierTurn, hierMark and hierWait (6, contiguous) into it.
+  // DeviceState::hierTurn, hierMark, hierWait and hierBusy (11, contiguous) into it.
   Result readLaunchCounters(uint64_t* done, uint64_t* graph, uint64_t* hierTurn = nullptr) const;
   void release(bool orderly);
 
@@ -325,7 +329,7 @@ class KernelCommunicator final : public Communicator {
   bool oneRankKernel_ = false;                     // MKERNEL_ONE_RANK=kernel: no cudaMemcpyAsync
   mutable std::mutex statsMu_;
   mutable uint64_t folded_[kNumCollTypes] = {};
-  mutable uint64_t hierTurn_[6] = {};  // DeviceState::hierTurn, hierMark, hierWait at the last stats() (statsMu_)
+  mutable uint64_t hierTurn_[kHierCounters] = {};  // DeviceState::hierTurn, hierMark, hierWait, hierBusy at the last stats() (statsMu_)
   mutable uint64_t foldedLaunch_[kNumCollTypes] = {};
 };
 
@@ -365,7 +369,7 @@ Result KernelCommunicator::init() {
   }
   MK_CUDA(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(DeviceState)), "cudaMalloc(DeviceState)");
   MK_CUDA(cudaMemset(state_, 0, sizeof(DeviceState)), "cudaMemset(DeviceState)");
-  MK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counterHost_), 22 * sizeof(uint64_t)), "cudaMallocHost(counters)");
+  MK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counterHost_), (16 + kHierCounters) * sizeof(uint64_t)), "cudaMallocHost(counters)");
   MK_CUDA(cudaStreamCreateWithFlags(&counterStream_, cudaStreamNonBlocking), "cudaStreamCreate(counters)");
   MK_CUDA(cudaMalloc(&staging_, std::max<uint64_t>(oneShotMaxBytes_, 16)), "cudaMalloc(staging)");
   void* host = nullptr;
@@ -529,6 +533,7 @@ Result KernelCommunicator::init() {
   params_.idleExitNs = static_cast<uint64_t>(std::max<int64_t>(0, paramInt("IDLE_EXIT_US", 50))) * 1000ull;
   params_.testStallBarrier = static_cast<uint32_t>(std::max<int64_t>(0, paramInt("TEST_STALL_BARRIER", 0)));
   params_.hierOverlap = paramInt("HIER_OVERLAP", 1) != 0 ? 1u : 0u;
+  params_.proxyBatch = paramInt("PROXY_BATCH", 1) != 0 ? 1u : 0u;
   if (params_.testStallBarrier != 0)
     MK_WARN("rank %d: MKERNEL_TEST_STALL_BARRIER=%u: a test hook; this rank's staged collectives stop at that barrier "
             "until the communicator is aborted", opts_.rank, params_.testStallBarrier);
@@ -1684,8 +1689,11 @@ Result KernelCommunicator::kernelTrace(std::vector<uint64_t>* out) const {
   return Result::Success;
 }
 
-static_assert(offsetof(DeviceState, hierWait) == offsetof(DeviceState, hierTurn) + 4 * sizeof(uint64_t),
-              "readLaunchCounters copies hierTurn, hierMark and hierWait as one run");
+static_assert(offsetof(DeviceState, hierWait) == offsetof(DeviceState, hierTurn) + 4 * sizeof(uint64_t) &&
+                  offsetof(DeviceState, hierBusy) == offsetof(DeviceState, hierTurn) + 6 * sizeof(uint64_t) &&
+                  6 + kHierBusyKinds == kHierCounters,
+              "readLaunchCounters copies hierTurn, hierMark, hierWait and hierBusy as one run");
+static_assert(sizeof(CollStats::hierBusyNs) == kHierBusyKinds * sizeof(uint64_t), "CollStats::hierBusyNs has every HierBusy");
 
 Result KernelCommunicator::readLaunchCounters(uint64_t* done, uint64_t* graph, uint64_t* hierTurn) const {
   std::lock_guard<std::mutex> lock(counterMu_);
@@ -1700,7 +1708,7 @@ Result KernelCommunicator::readLaunchCounters(uint64_t* done, uint64_t* graph, u
     err = cudaMemcpyAsync(counterHost_ + 8, state_->graphOps, 8 * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                           counterStream_);
   if (err == cudaSuccess && hierTurn != nullptr)
-    err = cudaMemcpyAsync(counterHost_ + 16, state_->hierTurn, 6 * sizeof(uint64_t), cudaMemcpyDeviceToHost, counterStream_);
+    err = cudaMemcpyAsync(counterHost_ + 16, state_->hierTurn, kHierCounters * sizeof(uint64_t), cudaMemcpyDeviceToHost, counterStream_);
   if (err == cudaSuccess) err = cudaStreamSynchronize(counterStream_);
   if (prev >= 0 && prev != opts_.cudaDev) (void)cudaSetDevice(prev);
   if (err != cudaSuccess)
@@ -1708,13 +1716,13 @@ Result KernelCommunicator::readLaunchCounters(uint64_t* done, uint64_t* graph, u
                     cudaGetErrorString(err));
   std::memcpy(done, counterHost_, 8 * sizeof(uint64_t));
   std::memcpy(graph, counterHost_ + 8, 8 * sizeof(uint64_t));
-  if (hierTurn != nullptr) std::memcpy(hierTurn, counterHost_ + 16, 6 * sizeof(uint64_t));
+  if (hierTurn != nullptr) std::memcpy(hierTurn, counterHost_ + 16, kHierCounters * sizeof(uint64_t));
   return Result::Success;
 }
 
 void KernelCommunicator::foldStats(bool device) const {
   if (ctl_ == nullptr) return;
-  uint64_t done[8] = {}, graphDone[8] = {}, turn[6] = {};
+  uint64_t done[8] = {}, graphDone[8] = {}, turn[kHierCounters] = {};
   const bool haveLaunch = device && readLaunchCounters(done, graphDone, params_.nNodes > 1 ? turn : nullptr) == Result::Success;
   std::lock_guard<std::mutex> lock(statsMu_);
   if (haveLaunch && params_.nNodes > 1) std::memcpy(hierTurn_, turn, sizeof(turn));
@@ -1771,6 +1779,7 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->hierTurnRailNs = hierTurn_[2];
   out->hierWaitRailNs = hierTurn_[4];
   out->hierWaitNodeNs = hierTurn_[5];
+  for (int k = 0; k < kHierBusyKinds; ++k) out->hierBusyNs[k] = hierTurn_[6 + k];
   out->staged = peers_.staged;
 }
 

@@ -147,6 +147,10 @@ struct alignas(128) DeviceState {
   uint64_t ctaChunk[kMaxCtas];     // staged chunks each CTA has run (process ranks: region parity)
   uint64_t proxySends[kMaxHierCtas][2];  // hierarchical path: sends / receives each CTA posted to
   uint64_t proxyRecvs[kMaxHierCtas][2];  // its proxy channel, per net slot (the counters are monotonic)
+  // ... and what it knows of its channel's ring (proxy::ProxyProducer: commands posted, the
+  // proxy's tail as last read), so that a post reads no host memory while the ring has room.
+  uint64_t proxyHead[kMaxHierCtas];
+  uint64_t proxyTailSeen[kMaxHierCtas];
   // CTA roles (MKERNEL_HIER_ROLES, collectives/hier_staged.h): per CTA, the chunks and the
   // collectives its lane ran in roles (the bases of the lane's counters).
   uint64_t ctaRole[kMaxCtas][2];
@@ -194,6 +198,10 @@ struct alignas(128) DeviceState {
   // %globaltimer around them): for its rail transfers (proxy completion flags) and at its node
   // barriers. What the pipeline leaves exposed (docs/PERFORMANCE.md, session 24).
   uint64_t hierWait[2];
+  // ... and where CTA 0's own work goes, in every hierarchical collective (the same timing):
+  // copies, copies from or into its net buffers, reductions, reductions from or into its net
+  // buffers, and its posts to the proxy (HierBusy).
+  uint64_t hierBusy[5];
   // CTA roles: each lane's counters (HierRoleCounter) and the targets its sender published for
   // its reduce-scatter steps (0) and its chunks' last all-gather steps (1) on net slots 0 and 1
   // (the channel's sends, receives).
@@ -201,6 +209,16 @@ struct alignas(128) DeviceState {
     uint64_t counter[24];  // kHierRoleCounters (20) used
     uint64_t target[2][2][2];
   } hierRole[kMaxHierCtas];
+};
+
+// DeviceState::hierBusy's entries (CollStats::hierBusyNs).
+enum HierBusy : int {
+  kBusyCopy = 0,      // copies within device memory (the node's staging regions, the buffers)
+  kBusyCopyNet = 1,   // copies from or into the CTA's net buffers (host-mapped unless GPUDirect)
+  kBusyReduce = 2,
+  kBusyReduceNet = 3,
+  kBusyPost = 4,      // the rail's posts: commands written into the proxy's ring
+  kHierBusyKinds = 5
 };
 
 // Kinds of wait that can time out (ErrorRecord::what).

@@ -12,7 +12,9 @@ AllReduce chunk's phases with %globaltimer (collectives/hier_staged.h, "Phase ti
 session 24 both kinds of line end "; waits: rail W us, node V us per op": CTA 0's time waiting for
 its rail transfers and at node barriers (DeviceState::hierWait), printed as extra columns. In CTA
 roles (layouts "R:G:lanes:W,R") CTA 0 is lane 0's sender: it has no node barriers, and its waits
-for the workers' and reducers' counters count as busy.
+for the workers' and reducers' counters count as busy. Since session 25 the lines also end
+"; work: copy C / CN net, reduce R / RN net, post P us per op" (DeviceState::hierBusy): CTA 0's own
+work by kind, shown for the in-turn run as loc_t (C + R), net_t (CN + RN) and post_t.
 
 Per (layout, rail, round, bytes): t_turn and t_pipe (the eager means over the same loop the phase
 times are summed over, us; the medians of the table rows where a run printed no mean, as before
@@ -33,6 +35,8 @@ ROW = re.compile(r"^(\S+)/(\S+)/ov([01])/r(\d+): +memop +(\d+) +(\d+) +([0-9.]+)
 MEAN = re.compile(r"^(\S+)/(\S+)/ov([01])/r(\d+): # (?:hierarchical|phases in turn), \d+ ranks, (\d+) B: eager mean ([0-9.]+) us")
 WAITS = re.compile(r"^(\S+)/(\S+)/ov([01])/r(\d+): # (?:hierarchical|phases in turn), \d+ ranks, (\d+) B: .*; "
                    r"waits: rail ([0-9.]+) us, node ([0-9.]+) us")
+WORK = re.compile(r"^(\S+)/(\S+)/ov([01])/r(\d+): # (?:hierarchical|phases in turn), \d+ ranks, (\d+) B: .*; "
+                  r"work: copy ([0-9.]+) / ([0-9.]+) net, reduce ([0-9.]+) / ([0-9.]+) net, post ([0-9.]+) us")
 PHASE = re.compile(r"^(\S+)/(\S+)/ov0/r(\d+): # phases in turn, (\d+) ranks, (\d+) B: (?:eager mean [0-9.]+ us; )?"
                    r"node ([0-9.]+) us, rail ([0-9.]+) us")
 
@@ -75,6 +79,7 @@ def main(paths, out=None, minBytes=0):
     mean = {}   # the same -> eager mean
     phase = {}  # (layout, rail, round, bytes) -> (node, rail)
     waits = {}  # (layout, rail, round, bytes, ov) -> (rail wait, node-barrier wait), CTA 0
+    work = {}   # the same -> (copy, copy net, reduce, reduce net, post), CTA 0
     for path in paths:
         with open(path) as f:
             for line in f:
@@ -91,6 +96,10 @@ def main(paths, out=None, minBytes=0):
                 if m:
                     lay, rail, ov, rnd, b, wr, wn = m.groups()
                     waits[(lay, rail, int(rnd), int(b), int(ov))] = (float(wr), float(wn))
+                m = WORK.match(line)
+                if m:
+                    lay, rail, ov, rnd, b = m.groups()[:5]
+                    work[(lay, rail, int(rnd), int(b), int(ov))] = tuple(float(v) for v in m.groups()[5:])
                 m = PHASE.match(line)
                 if m:
                     lay, rail, rnd, _, b, node, rl = m.groups()
@@ -116,8 +125,14 @@ def main(paths, out=None, minBytes=0):
               " its own copies and reductions; _t in turn, _p pipelined")
     head = "%-12s %-13s %5s %10s %10s %10s %10s %10s %8s %8s %7s" % (
         "layout", "rail", "round", "bytes", "t_turn", "t_pipe", "node", "rail_ph", "covered", "hidden", "t_is")
+    haveWork = any((r[0], r[1], r[2], r[3], 0) in work for r in rows)
+    if haveWork:
+        print("# CTA 0's own work in turn (collbench from session 25): loc_t = copies and reductions in device memory,"
+              " net_t = those through its net buffers, post_t = its posts to the proxy")
     if haveWaits:
         head += " %9s %9s %9s %9s %9s %9s" % ("busy_t", "busy_p", "wr_t", "wr_p", "wn_t", "wn_p")
+    if haveWork:
+        head += " %9s %9s %9s" % ("loc_t", "net_t", "post_t")
     print(head)
     for lay, rail, rnd, b, t0, t1, node, rl, cov, hid, kind in rows:
         line = "%-12s %-13s %5d %10d %10.1f %10.1f %10.1f %10.1f %7.0f%% %7.0f%% %7s" % (
@@ -128,6 +143,10 @@ def main(paths, out=None, minBytes=0):
             line += " " + " ".join(cell(v) for v in (
                 t0 - sum(w0) if w0 else None, t1 - sum(w1) if w1 else None,
                 w0[0] if w0 else None, w1[0] if w1 else None, w0[1] if w0 else None, w1[1] if w1 else None))
+        if haveWork:
+            k = work.get((lay, rail, rnd, b, 0))
+            line += " " + " ".join("%9.1f" % v if k else "%9s" % "-" for v in (
+                (k[0] + k[2], k[1] + k[3], k[4]) if k else (0, 0, 0)))
         print(line)
     if out:
         return plot(rows, out)

@@ -324,6 +324,8 @@ __device__ bool runStaged(const KernelParams& p, SharedState& sh, const WorkDesc
 // slot s: flag 2 s sends, 2 s + 1 receives; the totals live in DeviceState so that a relaunched
 // kernel continues them).
 
+static_assert(2 * kMaxRanks <= proxy::kRingSlots, "a rail round's commands (a send and a receive per node) fit the ring");
+
 struct HierExecutor : CtaMover {
   const KernelParams& p;
   int cta;
@@ -355,13 +357,56 @@ struct HierExecutor : CtaMover {
     waitEnd(1, t0);
     return ok;
   }
+  // CTA 0's own work (DeviceState::hierBusy), timed as its waits: is a pointer in the net buffers?
+  __device__ bool isNet(const void* ptr) const {
+    const char* c = static_cast<const char*>(ptr);
+    return c >= p.netBuf && c < p.netBuf + static_cast<uint64_t>(p.hierCtas) * p.netBufBytes;
+  }
+  __device__ void busyEnd(int k, uint64_t t0) const {
+    if (cta == 0 && threadIdx.x == 0) p.self->hierBusy[k] += dev::globalTimerNs() - t0;
+  }
+  __device__ void copy(char* const* dsts, int nDst, const char* src, uint64_t bytes) {
+    if (bytes == 0) return;
+    const uint64_t t0 = waitStart();
+    bool net = false;
+    if (cta == 0 && threadIdx.x == 0) {
+      net = isNet(src);
+      for (int k = 0; k < nDst; ++k) net = net || isNet(dsts[k]);
+    }
+    CtaMover::copy(dsts, nDst, src, bytes);
+    busyEnd(net ? kBusyCopyNet : kBusyCopy, t0);
+  }
+  __device__ void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems,
+                         bool withPre = true, bool withPost = true) {
+    if (elems == 0) return;
+    const uint64_t t0 = waitStart();
+    bool net = false;
+    if (cta == 0 && threadIdx.x == 0) {
+      for (int k = 0; k < nSrc; ++k) net = net || isNet(srcs[k]);
+      for (int k = 0; k < nDst; ++k) net = net || isNet(dsts[k]);
+    }
+    CtaMover::reduce(dsts, nDst, srcs, nSrc, elems, withPre, withPost);
+    busyEnd(net ? kBusyReduceNet : kBusyReduce, t0);
+  }
+  // The round's commands go to the ring as one batch (proxy::proxyReserve/Write/Publish): one
+  // release fence, and no read of the host-mapped ring while it has room (the producer's head and
+  // the tail it last saw live in DeviceState).
   __device__ bool railPost(int round, int slot, const char* const* sendPtr, const uint64_t* sendBytes,
                            char* const* recvPtr, const uint64_t* recvBytes) {
+    const uint64_t t0 = waitStart();
     __syncthreads();  // the CTA's writes into the net buffer precede thread 0's posts
     if (threadIdx.x == 0) {
-      __threadfence_system();
-      bool ok = true;
+      // proxyPublish's release fence, after this barrier, orders every thread's writes into the
+      // net buffer before the commands' seq (the barrier-then-fence pattern of a flag store).
       uint64_t sends = p.self->proxySends[lane][slot], recvs = p.self->proxyRecvs[lane][slot];
+      uint32_t n = 0;
+      for (int m = 0; m < p.nNodes; ++m) n += (recvBytes[m] != 0 ? 1u : 0u) + (sendBytes[m] != 0 ? 1u : 0u);
+      // MKERNEL_PROXY_BATCH=0 (for comparison): one proxyPost per command, as before session 25.
+      const bool batch = p.proxyBatch != 0;
+      if (!batch) __threadfence_system();
+      proxy::ProxyProducer pr{p.self->proxyHead[lane], p.self->proxyTailSeen[lane]};
+      bool ok = !batch || proxy::proxyReserve(ring(), flags(), &pr, n, p.timeoutNs) == proxy::PostStatus::kPosted;
+      uint32_t i = 0;
       for (int pass = 0; pass < 2 && ok; ++pass) {  // receives first, then sends
         for (int m = 0; m < p.nNodes && ok; ++m) {
           const uint64_t bytes = pass == 0 ? recvBytes[m] : sendBytes[m];
@@ -374,16 +419,25 @@ struct HierExecutor : CtaMover {
           c.bytes = bytes;
           c.tag = round;
           c.flag = 2 * static_cast<uint32_t>(slot) + (pass == 0 ? 1u : 0u);
-          ok = proxy::proxyPost(ring(), flags(), c, p.timeoutNs) == proxy::PostStatus::kPosted;
-          if (pass == 0) ++recvs; else ++sends;
+          if (batch)
+            proxy::proxyWrite(ring(), pr, i++, c);
+          else
+            ok = proxy::proxyPost(ring(), flags(), c, p.timeoutNs) == proxy::PostStatus::kPosted;
+          if (ok) {
+            if (pass == 0) ++recvs; else ++sends;
+          }
         }
       }
+      if (batch && ok) proxy::proxyPublish(ring(), &pr, n);
       p.self->proxySends[lane][slot] = sends;
       p.self->proxyRecvs[lane][slot] = recvs;
+      p.self->proxyHead[lane] = pr.head;
+      p.self->proxyTailSeen[lane] = pr.tailSeen;
       if (!ok) recordError(p, cta, -1, kWaitProxy, d.coll, recvs);
       sh.stop = ok ? 0 : 1;
     }
     __syncthreads();
+    busyEnd(kBusyPost, t0);
     return sh.stop == 0;
   }
   // Thread 0: until the channel's completion counters of `slot` reach sends and recvs.

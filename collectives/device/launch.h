@@ -73,6 +73,7 @@ struct KernelParams {
   // so that a test can kill the process in the middle of a collective's data movement.
   uint32_t testStallBarrier;
   uint32_t hierOverlap;  // MKERNEL_HIER_OVERLAP: pipelined hierarchical AllReduce (0: phases in turn)
+  uint32_t proxyBatch;   // MKERNEL_PROXY_BATCH: a rail round's commands as one batch (0: one at a time)
   // MKERNEL_HIER_ROLES: workers and reducers per lane of a hierarchical AllReduce in CTA roles
   // (collectives/hier_staged.h); 0, 0: the data-parallel form.
   int32_t hierWorkers;

@@ -188,6 +188,9 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
       // CTA 0's waits (DeviceState::hierWait), in both modes: every case crossed the rail, each
       // wait a proxy round trip of microseconds.
       if (st.hierWaitRailNs == 0) ctx.fail("CTA 0 timed no wait for the rail");
+      // ... and its own work (DeviceState::hierBusy): CTA 0 posts lane 0's rail steps, in CTA roles
+      // (as its sender) and without.
+      if (st.hierBusyNs[mkernel::coll::kBusyPost] == 0) ctx.fail("CTA 0 timed no post to the proxy");
     }
     uint64_t total = 0;
     for (uint64_t v : st.kernelOps) total += v;

@@ -48,6 +48,7 @@ struct CtaState {
   std::unique_ptr<ProxyRing> ring{new ProxyRing()};
   std::unique_ptr<ProxyFlags> flags{new ProxyFlags()};
   uint64_t sendsPosted[2] = {}, recvsPosted[2] = {};
+  ProxyProducer producer{0, 0};  // the kernel keeps it in DeviceState (proxyHead, proxyTailSeen)
   // Phase times (CTA 0, AllReduce in turn; the kernel's DeviceState::hierTurn): the marks in the
   // order made, chunks timed, and node / rail nanoseconds.
   std::vector<int> marks;
@@ -222,6 +223,11 @@ struct CpuHierExecutor {
   bool railPost(int round, int slot, const char* const* sendPtr, const uint64_t* sendBytes, char* const* recvPtr,
                 const uint64_t* recvBytes) {
     CtaState& s = me();
+    // One batch per round, as the kernel's executor: reserve, write, publish.
+    uint32_t n = 0;
+    for (int m = 0; m < w->L.nNodes; ++m) n += (recvBytes[m] != 0 ? 1u : 0u) + (sendBytes[m] != 0 ? 1u : 0u);
+    if (proxyReserve(s.ring.get(), s.flags.get(), &s.producer, n, kTimeoutNs) != PostStatus::kPosted) return fail("post");
+    uint32_t i = 0;
     for (int pass = 0; pass < 2; ++pass) {  // receives first, then sends (as the kernel's executor)
       const bool recvPass = pass == 0;
       for (int m = 0; m < w->L.nNodes; ++m) {
@@ -234,11 +240,11 @@ struct CpuHierExecutor {
         c.bytes = bytes;
         c.tag = round;
         c.flag = 2 * static_cast<uint32_t>(slot) + (recvPass ? kFlagRecvs : kFlagSends);
-        if (proxyPost(s.ring.get(), s.flags.get(), c, kTimeoutNs) != PostStatus::kPosted)
-          return fail(recvPass ? "post recv" : "post send");
+        proxyWrite(s.ring.get(), s.producer, i++, c);
         ++(recvPass ? s.recvsPosted[slot] : s.sendsPosted[slot]);
       }
     }
+    proxyPublish(s.ring.get(), &s.producer, n);
     return true;
   }
   bool railWaitCounts(int slot, uint64_t sends, uint64_t recvs) {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -325,6 +326,97 @@ TEST_CASE("proxy: bad commands stop the proxy with a message; nothing is sent") 
     CHECK(r0.proxy->transfersDone() == 0);
     for (auto& r : pair) CHECK(r->proxy->stop() == Result::Success);
   }
+}
+
+// The batch API (proxyReserve / proxyWrite / proxyPublish, the kernel's railPost) against a
+// consumer thread that reads the ring as Proxy does: acquire a slot's seq, copy the command out,
+// release tail. Batches of 1 to 256 commands, 40,000 in all, wrap the ring many times; every
+// command arrives once, in order, whole; and the producer reads the tail only when its cached
+// value says there is no room.
+TEST_CASE("proxy ring: batches through a producer's cached head and tail") {
+  std::unique_ptr<ProxyRing> ring(new ProxyRing());
+  std::unique_ptr<ProxyFlags> flags(new ProxyFlags());
+  std::memset(ring.get(), 0, sizeof(ProxyRing));
+  std::memset(flags.get(), 0, sizeof(ProxyFlags));
+  constexpr uint64_t kTotal = 40000;
+  std::atomic<uint64_t> bad{0};
+  std::thread consumer([&] {
+    uint64_t tail = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (tail < kTotal && std::chrono::steady_clock::now() < deadline) {
+      const ProxyCmd& slot = ring->cmd[tail & (kRingSlots - 1)];
+      if (loadAcquire64(&slot.seq) != tail + 1) {
+        std::this_thread::yield();
+        continue;
+      }
+      // Command k: op and flag by parity, peer k % 7, addr k, bytes 3k + 1, tag k % 1000.
+      const uint64_t k = tail;
+      if (slot.op != (k % 2 ? kOpSend : kOpRecv) || slot.peer != static_cast<int32_t>(k % 7) || slot.addr != k ||
+          slot.bytes != 3 * k + 1 || slot.tag != static_cast<int32_t>(k % 1000) || slot.flag != k % 2)
+        bad.fetch_add(1);
+      ++tail;
+      storeRelease64(&ring->tail, tail);
+    }
+  });
+  ProxyProducer pr{0, 0};
+  uint64_t posted = 0, tailReads = 0;  // reserves that read the tail again
+  uint32_t n = 1;
+  while (posted < kTotal) {
+    n = static_cast<uint32_t>(std::min<uint64_t>(kTotal - posted, n % kRingSlots + 1));
+    const uint64_t seen = pr.tailSeen;
+    REQUIRE(proxyReserve(ring.get(), flags.get(), &pr, n, kTimeoutNs) == PostStatus::kPosted);
+    if (pr.tailSeen != seen) ++tailReads;
+    for (uint32_t i = 0; i < n; ++i) {
+      const uint64_t k = posted + i;
+      proxyWrite(ring.get(), pr, i, command(k % 2 ? kOpSend : kOpRecv, static_cast<int>(k % 7),
+                                            reinterpret_cast<const void*>(k), 3 * k + 1, static_cast<int>(k % 1000),
+                                            static_cast<uint32_t>(k % 2)));
+    }
+    proxyPublish(ring.get(), &pr, n);
+    posted += n;
+    CHECK(ring->head == posted);
+    n = n * 7 + 3;  // the next batch: this % kRingSlots + 1, a spread of sizes
+  }
+  consumer.join();
+  CHECK(bad.load() == 0);
+  CHECK(ring->tail == kTotal);
+  CHECK(pr.head == kTotal);
+  CHECK(tailReads > 0);  // the ring wrapped: the tail was read again
+
+  {  // The tail is read only when the cached one says there is no room.
+    std::unique_ptr<ProxyRing> r2(new ProxyRing());
+    std::memset(r2.get(), 0, sizeof(ProxyRing));
+    ProxyProducer q{0, 0};
+    REQUIRE(proxyReserve(r2.get(), flags.get(), &q, 100, kTimeoutNs) == PostStatus::kPosted);
+    proxyPublish(r2.get(), &q, 100);
+    storeRelease64(&r2->tail, 7);  // the consumer took 7; the producer does not know yet
+    REQUIRE(proxyReserve(r2.get(), flags.get(), &q, 156, kTimeoutNs) == PostStatus::kPosted);
+    CHECK(q.tailSeen == 0);  // 100 + 156 fit the cached view: no read
+    proxyPublish(r2.get(), &q, 156);
+    REQUIRE(proxyReserve(r2.get(), flags.get(), &q, 7, kTimeoutNs) == PostStatus::kPosted);
+    CHECK(q.tailSeen == 7);  // no room in the cached view: read, and the 7 fit
+    CHECK(r2->cmd[255].seq == 256);
+    CHECK(r2->head == 256);
+  }
+
+  // No consumer now: a batch that cannot fit gives up at once; one that fits only once the tail
+  // moves waits for it, then fits.
+  CHECK(proxyReserve(ring.get(), flags.get(), &pr, kRingSlots + 1, kTimeoutNs) == PostStatus::kTimedOut);
+  REQUIRE(proxyReserve(ring.get(), flags.get(), &pr, kRingSlots, kTimeoutNs) == PostStatus::kPosted);
+  for (uint32_t i = 0; i < kRingSlots; ++i) proxyWrite(ring.get(), pr, i, command(kOpSend, 1, nullptr, 8, 0, 0));
+  proxyPublish(ring.get(), &pr, kRingSlots);
+  CHECK(proxyReserve(ring.get(), flags.get(), &pr, 1, 20ull * 1000000) == PostStatus::kTimedOut);
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    storeRelease64(&ring->tail, kTotal + 5);
+  });
+  CHECK(proxyReserve(ring.get(), flags.get(), &pr, 5, kTimeoutNs) == PostStatus::kPosted);  // after the 30 ms
+  late.join();
+  CHECK(pr.tailSeen == kTotal + 5);
+  CHECK(proxyReserve(ring.get(), flags.get(), &pr, 6, 20ull * 1000000) == PostStatus::kTimedOut);  // 5 free: never 6
+  // A failed proxy ends the wait at once.
+  flags->failed = 1;
+  CHECK(proxyReserve(ring.get(), flags.get(), &pr, 6, kTimeoutNs) == PostStatus::kProxyFailed);
 }
 
 TEST_CASE("proxy: a full ring with no proxy running: the producer gives up after its timeout") {

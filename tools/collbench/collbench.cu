@@ -649,10 +649,18 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           for (float v : eager) mean += v;
           mean = mean * 1e3 / (eager.empty() ? 1.0 : static_cast<double>(eager.size()));  // ms -> us
           // CTA 0's waits, both modes: for the rail and at node barriers (DeviceState::hierWait).
-          char waits[96];
-          std::snprintf(waits, sizeof(waits), "; waits: rail %.2f us, node %.2f us per op",
+          // Its own work by kind (DeviceState::hierBusy): copies and reductions, within device
+          // memory / through its net buffers, and its posts to the proxy.
+          double busy[mkernel::coll::kHierBusyKinds];
+          for (int k = 0; k < mkernel::coll::kHierBusyKinds; ++k)
+            busy[k] = (turn1.hierBusyNs[k] - turn0.hierBusyNs[k]) / 1e3 / ops;
+          char waits[256];
+          std::snprintf(waits, sizeof(waits),
+                        "; waits: rail %.2f us, node %.2f us per op; work: copy %.2f / %.2f net, reduce %.2f / %.2f net, "
+                        "post %.2f us per op",
                         (turn1.hierWaitRailNs - turn0.hierWaitRailNs) / 1e3 / ops,
-                        (turn1.hierWaitNodeNs - turn0.hierWaitNodeNs) / 1e3 / ops);
+                        (turn1.hierWaitNodeNs - turn0.hierWaitNodeNs) / 1e3 / ops, busy[0], busy[1], busy[2], busy[3],
+                        busy[4]);
           if (chunks > 0)
             std::printf("# phases in turn, %d ranks, %zu B: eager mean %.2f us; node %.2f us, rail %.2f us per op (rank 0, "
                         "CTA 0; %.1f chunks per op)%s\n",

@@ -117,29 +117,87 @@ MK_PROXY_HD inline void proxyBackoff() {
 
 enum class PostStatus { kPosted, kTimedOut, kProxyFailed };
 
-// Producer side. Posts one command (its seq field is ignored: the slot gets its own), waiting
-// while the ring is full.
-// Gives up after timeoutNs, or at once when the proxy has failed. Single producer per ring.
-MK_PROXY_HD inline PostStatus proxyPost(ProxyRing* ring, const ProxyFlags* flags, const ProxyCmd& cmd,
-                                        uint64_t timeoutNs) {
-  const uint64_t pos = ring->head;
+// What the producer knows of its ring, kept where it can read it cheaply: on a GPU, device memory
+// (DeviceState), since every read of the host-mapped ring is a round trip over PCIe. `head` is the
+// commands it has posted (ring->head mirrors it for the host), `tailSeen` the consumer's tail as
+// last read: the ring is read again only when that says there is no room.
+struct ProxyProducer {
+  uint64_t head;
+  uint64_t tailSeen;
+};
+
+MK_PROXY_HD inline void storeRelaxed64(uint64_t* p, uint64_t v) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#else
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+#endif
+}
+
+// A release fence at system scope: the stores before it are visible to whoever acquires a store
+// after it (the seq fields below).
+MK_PROXY_HD inline void fenceRelease() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+#else
+  std::atomic_thread_fence(std::memory_order_release);
+#endif
+}
+
+// Producer side, a batch of n commands (n <= kRingSlots) in three calls:
+//   proxyReserve   waits until n slots are free (gives up after timeoutNs, or at once when the
+//                  proxy has failed);
+//   proxyWrite     writes command i of the batch into its slot, all but seq;
+//   proxyPublish   one release fence, then every slot's seq, then ring->head.
+// One fence and no read of the ring per batch when there is room, where proxyPost pays a read of
+// head and tail and a release store per command. Single producer per ring.
+MK_PROXY_HD inline PostStatus proxyReserve(const ProxyRing* ring, const ProxyFlags* flags, ProxyProducer* pr, uint32_t n,
+                                           uint64_t timeoutNs) {
+  if (n > kRingSlots) return PostStatus::kTimedOut;  // could never fit
   uint64_t start = 0;
-  while (pos - loadAcquire64(&ring->tail) >= kRingSlots) {
+  while (pr->head + n - pr->tailSeen > kRingSlots) {
+    pr->tailSeen = loadAcquire64(&ring->tail);
+    if (pr->head + n - pr->tailSeen <= kRingSlots) break;
     if (loadRelaxed32(&flags->failed)) return PostStatus::kProxyFailed;
     const uint64_t now = proxyNowNs();
     if (start == 0) start = now;
     if (now - start > timeoutNs) return PostStatus::kTimedOut;
     proxyBackoff();
   }
-  ProxyCmd* slot = &ring->cmd[pos & (kRingSlots - 1)];
+  return PostStatus::kPosted;
+}
+
+MK_PROXY_HD inline void proxyWrite(ProxyRing* ring, const ProxyProducer& pr, uint32_t i, const ProxyCmd& cmd) {
+  ProxyCmd* slot = &ring->cmd[(pr.head + i) & (kRingSlots - 1)];
   slot->op = cmd.op;
   slot->peer = cmd.peer;
   slot->addr = cmd.addr;
   slot->bytes = cmd.bytes;
   slot->tag = cmd.tag;
   slot->flag = cmd.flag;
-  storeRelease64(&slot->seq, pos + 1);  // after the fields: the consumer acquires seq first
-  ring->head = pos + 1;
+}
+
+MK_PROXY_HD inline void proxyPublish(ProxyRing* ring, ProxyProducer* pr, uint32_t n) {
+  if (n == 0) return;
+  fenceRelease();  // the fields (and whatever the commands point at) before any seq
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t pos = pr->head + i;
+    storeRelaxed64(&ring->cmd[pos & (kRingSlots - 1)].seq, pos + 1);
+  }
+  pr->head += n;
+  ring->head = pr->head;
+}
+
+// Producer side. Posts one command (its seq field is ignored: the slot gets its own), waiting
+// while the ring is full; reads ring->head and ring->tail (a batch through ProxyProducer does
+// not). Gives up after timeoutNs, or at once when the proxy has failed. Single producer per ring.
+MK_PROXY_HD inline PostStatus proxyPost(ProxyRing* ring, const ProxyFlags* flags, const ProxyCmd& cmd,
+                                        uint64_t timeoutNs) {
+  ProxyProducer pr{ring->head, 0};
+  const PostStatus st = proxyReserve(ring, flags, &pr, 1, timeoutNs);
+  if (st != PostStatus::kPosted) return st;
+  proxyWrite(ring, pr, 0, cmd);
+  proxyPublish(ring, &pr, 1);
   return PostStatus::kPosted;
 }
 
