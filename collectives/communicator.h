@@ -53,6 +53,8 @@ struct CollStats {
   // CTA 0's waits in every hierarchical collective, pipelined or in turn: for its rail transfers
   // and at its node barriers (DeviceState::hierWait)
   uint64_t hierWaitRailNs = 0, hierWaitNodeNs = 0;
+  // ... and, in CTA roles (CTA 0 is lane 0's sender), for the workers' and reducers' counters
+  uint64_t hierWaitRoleNs = 0;
   // ... and CTA 0's own work, by kind (HierBusy: copies, copies through its net buffers,
   // reductions, reductions through its net buffers, posts to the proxy), the same timing
   uint64_t hierBusyNs[5] = {};

@@ -46,9 +46,9 @@ namespace mkernel {
 namespace coll {
 namespace {
 
-// DeviceState::hierTurn (3), hierMark, hierWait (2) and hierBusy (kHierBusyKinds): one run that
+// DeviceState::hierTurn (3), hierMark, hierWait (3) and hierBusy (kHierBusyKinds): one run that
 // readLaunchCounters copies.
-constexpr int kHierCounters = 11;
+constexpr int kHierCounters = 12;
 
 // Bytes per CTA below which adding CTAs does not pay (their barrier costs more than their copy).
 constexpr uint64_t kBytesPerCta = 64 * 1024;
@@ -216,7 +216,7 @@ class KernelCommunicator final : public Communicator {
   // every enqueue).
   void foldStats(bool device = false) const;
   // Copies DeviceState::launchDone and graphOps (8 each) into done / graph, and with hierTurn
-  // DeviceState::hierTurn, hierMark, hierWait and hierBusy (11, contiguous) into it.
+  // DeviceState::hierTurn, hierMark, hierWait and hierBusy (kHierCounters, contiguous) into it.
   Result readLaunchCounters(uint64_t* done, uint64_t* graph, uint64_t* hierTurn = nullptr) const;
   void release(bool orderly);
 
@@ -1690,8 +1690,8 @@ Result KernelCommunicator::kernelTrace(std::vector<uint64_t>* out) const {
 }
 
 static_assert(offsetof(DeviceState, hierWait) == offsetof(DeviceState, hierTurn) + 4 * sizeof(uint64_t) &&
-                  offsetof(DeviceState, hierBusy) == offsetof(DeviceState, hierTurn) + 6 * sizeof(uint64_t) &&
-                  6 + kHierBusyKinds == kHierCounters,
+                  offsetof(DeviceState, hierBusy) == offsetof(DeviceState, hierTurn) + 7 * sizeof(uint64_t) &&
+                  7 + kHierBusyKinds == kHierCounters,
               "readLaunchCounters copies hierTurn, hierMark, hierWait and hierBusy as one run");
 static_assert(sizeof(CollStats::hierBusyNs) == kHierBusyKinds * sizeof(uint64_t), "CollStats::hierBusyNs has every HierBusy");
 
@@ -1779,7 +1779,8 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->hierTurnRailNs = hierTurn_[2];
   out->hierWaitRailNs = hierTurn_[4];
   out->hierWaitNodeNs = hierTurn_[5];
-  for (int k = 0; k < kHierBusyKinds; ++k) out->hierBusyNs[k] = hierTurn_[6 + k];
+  out->hierWaitRoleNs = hierTurn_[6];
+  for (int k = 0; k < kHierBusyKinds; ++k) out->hierBusyNs[k] = hierTurn_[7 + k];
   out->staged = peers_.staged;
 }
 

@@ -195,9 +195,10 @@ struct alignas(128) DeviceState {
   alignas(128) uint64_t hierTurn[3];
   uint64_t hierMark;
   // CTA 0's waits in every hierarchical collective, pipelined or in turn (nanoseconds, thread 0's
-  // %globaltimer around them): for its rail transfers (proxy completion flags) and at its node
-  // barriers. What the pipeline leaves exposed (docs/PERFORMANCE.md, session 24).
-  uint64_t hierWait[2];
+  // %globaltimer around them): for its rail transfers (proxy completion flags), at its node
+  // barriers, and (CTA roles, where CTA 0 is lane 0's sender) for the workers' and reducers'
+  // counters. What the pipeline leaves exposed (docs/PERFORMANCE.md, sessions 24 and 25).
+  uint64_t hierWait[3];
   // ... and where CTA 0's own work goes, in every hierarchical collective (the same timing):
   // copies, copies from or into its net buffers, reductions, reductions from or into its net
   // buffers, and its posts to the proxy (HierBusy).

@@ -11,8 +11,9 @@ B B: eager mean T us; node X us, rail Y us per op (...)" lines: CTA 0 of rank 0 
 AllReduce chunk's phases with %globaltimer (collectives/hier_staged.h, "Phase times"). Since
 session 24 both kinds of line end "; waits: rail W us, node V us per op": CTA 0's time waiting for
 its rail transfers and at node barriers (DeviceState::hierWait), printed as extra columns. In CTA
-roles (layouts "R:G:lanes:W,R") CTA 0 is lane 0's sender: it has no node barriers, and its waits
-for the workers' and reducers' counters count as busy. Since session 25 the lines also end
+roles (layouts "R:G:lanes:W,R") CTA 0 is lane 0's sender: it has no node barriers; its waits
+for the workers' and reducers' counters counted as busy until session 25, whose lines add ", role W
+us" after the node wait, taken out of busy. Since session 25 the lines also end
 "; work: copy C / CN net, reduce R / RN net, post P us per op" (DeviceState::hierBusy): CTA 0's own
 work by kind, shown for the in-turn run as loc_t (C + R), net_t (CN + RN) and post_t.
 
@@ -34,7 +35,7 @@ import sys
 ROW = re.compile(r"^(\S+)/(\S+)/ov([01])/r(\d+): +memop +(\d+) +(\d+) +([0-9.]+)")
 MEAN = re.compile(r"^(\S+)/(\S+)/ov([01])/r(\d+): # (?:hierarchical|phases in turn), \d+ ranks, (\d+) B: eager mean ([0-9.]+) us")
 WAITS = re.compile(r"^(\S+)/(\S+)/ov([01])/r(\d+): # (?:hierarchical|phases in turn), \d+ ranks, (\d+) B: .*; "
-                   r"waits: rail ([0-9.]+) us, node ([0-9.]+) us")
+                   r"waits: rail ([0-9.]+) us, node ([0-9.]+) us(?:, role ([0-9.]+) us)?")
 WORK = re.compile(r"^(\S+)/(\S+)/ov([01])/r(\d+): # (?:hierarchical|phases in turn), \d+ ranks, (\d+) B: .*; "
                   r"work: copy ([0-9.]+) / ([0-9.]+) net, reduce ([0-9.]+) / ([0-9.]+) net, post ([0-9.]+) us")
 PHASE = re.compile(r"^(\S+)/(\S+)/ov0/r(\d+): # phases in turn, (\d+) ranks, (\d+) B: (?:eager mean [0-9.]+ us; )?"
@@ -94,8 +95,8 @@ def main(paths, out=None, minBytes=0):
                     mean[(lay, rail, int(rnd), int(b), int(ov))] = float(t)
                 m = WAITS.match(line)
                 if m:
-                    lay, rail, ov, rnd, b, wr, wn = m.groups()
-                    waits[(lay, rail, int(rnd), int(b), int(ov))] = (float(wr), float(wn))
+                    lay, rail, ov, rnd, b, wr, wn, wo = m.groups()
+                    waits[(lay, rail, int(rnd), int(b), int(ov))] = (float(wr), float(wn), float(wo or 0))
                 m = WORK.match(line)
                 if m:
                     lay, rail, ov, rnd, b = m.groups()[:5]
@@ -121,8 +122,9 @@ def main(paths, out=None, minBytes=0):
     print("# hidden = (t_turn - t_pipe) / min(node, rail); covered = (node + rail) / t_turn; us per op")
     haveWaits = any((r[0], r[1], r[2], r[3], ov) in waits for r in rows for ov in (0, 1))
     if haveWaits:
-        print("# CTA 0's waits (collbench from session 24): wr = for the rail, wn = at node barriers; busy = t - wr - wn,"
-              " its own copies and reductions; _t in turn, _p pipelined")
+        print("# CTA 0's waits (collbench from session 24): wr = for the rail, wn = at node barriers; busy = t - wr - wn"
+              " (- its waits for the other roles, CTA roles, collbench from session 25), its own copies, reductions and"
+              " posts; _t in turn, _p pipelined")
     head = "%-12s %-13s %5s %10s %10s %10s %10s %10s %8s %8s %7s" % (
         "layout", "rail", "round", "bytes", "t_turn", "t_pipe", "node", "rail_ph", "covered", "hidden", "t_is")
     haveWork = any((r[0], r[1], r[2], r[3], 0) in work for r in rows)

@@ -478,8 +478,10 @@ struct HierExecutor : CtaMover {
     }
   }
   __device__ bool roleWait(int k, uint64_t target) {
+    const uint64_t t0 = waitStart();
     if (threadIdx.x == 0)
       sh.stop = waitGeq(p, &p.self->hierRole[lane].counter[k], target, cta, -1, kWaitHierRole, d.coll) ? 0 : 1;
+    waitEnd(2, t0);
     __syncthreads();
     return sh.stop == 0;
   }

@@ -191,6 +191,8 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
       // ... and its own work (DeviceState::hierBusy): CTA 0 posts lane 0's rail steps, in CTA roles
       // (as its sender) and without.
       if (st.hierBusyNs[mkernel::coll::kBusyPost] == 0) ctx.fail("CTA 0 timed no post to the proxy");
+      // In CTA roles the sender (CTA 0) waits for the workers' Ready before each chunk's rail.
+      if (st.hierWorkers > 0 && st.hierWaitRoleNs == 0) ctx.fail("CTA roles, but CTA 0 timed no wait for the workers");
     }
     uint64_t total = 0;
     for (uint64_t v : st.kernelOps) total += v;

@@ -656,10 +656,11 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
             busy[k] = (turn1.hierBusyNs[k] - turn0.hierBusyNs[k]) / 1e3 / ops;
           char waits[256];
           std::snprintf(waits, sizeof(waits),
-                        "; waits: rail %.2f us, node %.2f us per op; work: copy %.2f / %.2f net, reduce %.2f / %.2f net, "
-                        "post %.2f us per op",
+                        "; waits: rail %.2f us, node %.2f us, role %.2f us per op; work: copy %.2f / %.2f net, reduce "
+                        "%.2f / %.2f net, post %.2f us per op",
                         (turn1.hierWaitRailNs - turn0.hierWaitRailNs) / 1e3 / ops,
-                        (turn1.hierWaitNodeNs - turn0.hierWaitNodeNs) / 1e3 / ops, busy[0], busy[1], busy[2], busy[3],
+                        (turn1.hierWaitNodeNs - turn0.hierWaitNodeNs) / 1e3 / ops,
+                        (turn1.hierWaitRoleNs - turn0.hierWaitRoleNs) / 1e3 / ops, busy[0], busy[1], busy[2], busy[3],
                         busy[4]);
           if (chunks > 0)
             std::printf("# phases in turn, %d ranks, %zu B: eager mean %.2f us; node %.2f us, rail %.2f us per op (rank 0, "
