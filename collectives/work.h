@@ -136,6 +136,16 @@ struct LlSpace {
   LlLine token[2][kMaxRanks];
 };
 
+// DeviceState::hierBusy's entries (CollStats::hierBusyNs).
+enum HierBusy : int {
+  kBusyCopy = 0,      // copies within device memory (the node's staging regions, the buffers)
+  kBusyCopyNet = 1,   // copies from or into the CTA's net buffers (host-mapped unless GPUDirect)
+  kBusyReduce = 2,
+  kBusyReduceNet = 3,
+  kBusyPost = 4,      // the rail's posts: commands written into the proxy's ring
+  kHierBusyKinds = 5
+};
+
 struct alignas(128) DeviceState {
   uint32_t doorbell[kMaxSlots];  // stream memops write here; the leader CTA polls
   CtaFlag arrive[kMaxCtas];      // peers poll
@@ -202,7 +212,7 @@ struct alignas(128) DeviceState {
   // ... and where CTA 0's own work goes, in every hierarchical collective (the same timing):
   // copies, copies from or into its net buffers, reductions, reductions from or into its net
   // buffers, and its posts to the proxy (HierBusy).
-  uint64_t hierBusy[5];
+  uint64_t hierBusy[kHierBusyKinds];
   // CTA roles: each lane's counters (HierRoleCounter) and the targets its sender published for
   // its reduce-scatter steps (0) and its chunks' last all-gather steps (1) on net slots 0 and 1
   // (the channel's sends, receives).
@@ -210,16 +220,6 @@ struct alignas(128) DeviceState {
     uint64_t counter[24];  // kHierRoleCounters (20) used
     uint64_t target[2][2][2];
   } hierRole[kMaxHierCtas];
-};
-
-// DeviceState::hierBusy's entries (CollStats::hierBusyNs).
-enum HierBusy : int {
-  kBusyCopy = 0,      // copies within device memory (the node's staging regions, the buffers)
-  kBusyCopyNet = 1,   // copies from or into the CTA's net buffers (host-mapped unless GPUDirect)
-  kBusyReduce = 2,
-  kBusyReduceNet = 3,
-  kBusyPost = 4,      // the rail's posts: commands written into the proxy's ring
-  kHierBusyKinds = 5
 };
 
 // Kinds of wait that can time out (ErrorRecord::what).
