@@ -534,6 +534,7 @@ Result KernelCommunicator::init() {
   params_.testStallBarrier = static_cast<uint32_t>(std::max<int64_t>(0, paramInt("TEST_STALL_BARRIER", 0)));
   params_.hierOverlap = paramInt("HIER_OVERLAP", 1) != 0 ? 1u : 0u;
   params_.proxyBatch = paramInt("PROXY_BATCH", 1) != 0 ? 1u : 0u;
+  params_.hierKeepOwn = paramInt("HIER_KEEP_OWN", 1) != 0 ? 1u : 0u;
   if (params_.testStallBarrier != 0)
     MK_WARN("rank %d: MKERNEL_TEST_STALL_BARRIER=%u: a test hook; this rank's staged collectives stop at that barrier "
             "until the communicator is aborted", opts_.rank, params_.testStallBarrier);

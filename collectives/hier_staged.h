@@ -79,6 +79,8 @@ struct HierCall {
   bool overlap = true;   // pipeline the phases of consecutive chunks (false: one after another,
                          // the same code: MKERNEL_HIER_OVERLAP=0, for the comparison)
   int rail = 0;          // HierRailAlgo (MKERNEL_HIER_RAIL): the exchange among the rail
+  bool keepOwn = true;   // MKERNEL_HIER_KEEP_OWN: this rank's own piece of the rail reduction stays
+                         // in device memory (hierArKeepOwn below; false: through P, as before)
   // CTA roles (MKERNEL_HIER_ROLES, AllReduce only; hierAllReduceRoles below). With
   // role != kHierRoleNone, `part` is the lane's slice, which all of the lane's CTAs share.
   int role = 0;                // HierRole
@@ -359,6 +361,24 @@ struct HierArChunk {
         tk(rankSlice(mine.count, x.N, x.k, sliceAlignElems(x.esz))), par(static_cast<int>(seq & 1)) {}
 };
 
+// Direct rail, data-parallel form (MKERNEL_HIER_KEEP_OWN, session 26): t_k, the piece of part j
+// that this rank reduces over the nodes, never leaves the rank, so it need not pass through P
+// (netSend: host-mapped unless GPUDirect). Phase 1 reduces it in place into this rank's own slot
+// of its inbox, in(j, par) slot j; the rail's reduction reads it there and writes the result at
+// once to P (for the all-gather step) and to every local rank's out(q, par) at its place; phase 3
+// then copies only the pieces that came from the other nodes. Per chunk that takes two reads and
+// one write of t_k off the net buffers (with N = 2 nodes, half of the reads), at the cost of
+// phase 1's reduction in up to three pieces. By the region argument above: in(j, par) of chunk i
+// is next written for chunk i + 2, after every rank passed the node barrier of A(i + 1), which
+// this rank reaches after B(i); and out(q, par) of chunk i, written in B(i) after C(i - 1), whose
+// second barrier q passes after copying chunk i - 2 out, is read by q after the second barrier of
+// C(i), as the pieces phase 3 writes. CTA roles keep the older form (their reducers and workers
+// meet through P). The rail's reduction writes G + 1 destinations, so G < kMaxRanks (a
+// communicator of kMaxRanks ranks on one node is not hierarchical anyway).
+MKERNEL_HD inline bool hierArKeepOwn(const HierCall& c) {
+  return c.keepOwn && c.rail == kRailDirect && c.role == 0 /* kHierRoleNone */ && c.layout.perNode < kMaxRanks;
+}
+
 // Ring / rhd step st on net slot `par` (P = netSend(par), a part of `count` elements, or N
 // uniform blocks of `block`), posted with `tag`; and, once waited for, its reduction (reduce-
 // scatter steps: what came into netRecv(par, from) reduced into P, post() on the last).
@@ -428,9 +448,22 @@ MKERNEL_HD void hierArRailReduce(Ex& ex, const HierCall& c, HierCtx& x, const Hi
   }
   const Slice sub = rankSlice(a.tk.count, pieces, piece, sliceAlignElems(esz));
   char* P = ex.netSend(slot);
+  char* mineP = P + (a.tk.offset + sub.offset) * esz;
+  if (hierArKeepOwn(c)) {
+    // t_k from slot j of in(j, par) (phase 1 left it there), the result to every local out(q, par)
+    // and to P in one pass.
+    const uint64_t at = (a.mine.offset + a.tk.offset + sub.offset) * esz;
+    char* own = ex.in(x.j, a.par) + static_cast<uint64_t>(x.j) * hierSlotBytes(c.layout, c.chunkElems, esz) +
+                (a.tk.offset + sub.offset) * esz;
+    for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? own : ex.netRecv(slot, m) + sub.offset * esz;
+    for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, a.par) + at;
+    x.dsts[x.G] = mineP;
+    ex.reduce(x.dsts, x.G + 1, x.srcs, x.N, sub.count, false, true);
+    return;
+  }
   for (int m = 0; m < x.N; ++m)
-    x.srcs[m] = m == x.k ? P + (a.tk.offset + sub.offset) * esz : ex.netRecv(slot, m) + sub.offset * esz;
-  x.dsts[0] = P + (a.tk.offset + sub.offset) * esz;
+    x.srcs[m] = m == x.k ? mineP : ex.netRecv(slot, m) + sub.offset * esz;
+  x.dsts[0] = mineP;
   ex.reduce(x.dsts, 1, x.srcs, x.N, sub.count, false, true);
 }
 
@@ -455,9 +488,18 @@ MKERNEL_HD bool hierArPhase1(Ex& ex, const HierCall& c, HierCtx& x, HierRail& ra
   }
   if (!ex.nodeBarrier()) return false;
   char* P = ex.netSend(a.par);
-  for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, a.par) + static_cast<uint64_t>(q) * slotBytes;
-  x.dsts[0] = P;
-  ex.reduce(x.dsts, 1, x.srcs, x.G, a.mine.count, true, false);
+  // Part j reduced over the node: [0, lo) and [hi, mine) into P, t_k = [lo, hi) into P as well, or
+  // (hierArKeepOwn) in place into slot j of in(j, par).
+  const bool keep = hierArKeepOwn(c);
+  const uint64_t lo = keep ? a.tk.offset : a.mine.count, hi = keep ? a.tk.offset + a.tk.count : a.mine.count;
+  const uint64_t cut[4] = {0, lo, hi, a.mine.count};
+  for (int r = 0; r < 3; ++r) {
+    const uint64_t b = cut[r], e = cut[r + 1];
+    if (b >= e) continue;
+    for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, a.par) + static_cast<uint64_t>(q) * slotBytes + b * esz;
+    x.dsts[0] = r == 1 ? ex.in(x.j, a.par) + static_cast<uint64_t>(x.j) * slotBytes + b * esz : P + b * esz;
+    ex.reduce(x.dsts, 1, x.srcs, x.G, e - b, true, false);
+  }
   return hierArRailPost(ex, c, x, rail, a, 0, a.par, 0);
 }
 
@@ -492,7 +534,9 @@ MKERNEL_HD bool hierArPhase3(Ex& ex, const HierCall& c, HierCtx& x, HierRail& ra
   ex.phaseMark(kPhaseRailEnd);
   char* P = ex.netSend(a.par);
   if (c.rail == kRailDirect) {
+    const bool keep = hierArKeepOwn(c);  // t_k is in every out(q, par) already
     for (int m = 0; m < x.N; ++m) {
+      if (keep && m == x.k) continue;
       const Slice t = rankSlice(a.mine.count, x.N, m, align);
       for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, a.par) + (a.mine.offset + t.offset) * esz;
       ex.copy(x.dsts, x.G, m == x.k ? P + a.tk.offset * esz : ex.netRecv(a.par, m), t.count * esz);

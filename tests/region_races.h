@@ -1,7 +1,9 @@
 // Catches a read of a staging region that overlaps a write of it, for the CPU tests of the staged
 // algorithms (tests/collectives/test_staged.cc, tests/proxy/test_hier_staged.cc): a generation
 // counter per region, odd while a write lasts; a read that starts on an odd value, or ends on a
-// different one than it started on, overlapped a write.
+// different one than it started on, overlapped a write. A movement that reads and writes the same
+// region (a reduction in place) overlapped another's write if the counter moved between its read
+// and its own write's start, or away from its own write's value before that write ended.
 #pragma once
 
 #include <atomic>
@@ -40,14 +42,22 @@ class RegionRaces {
       for (int k = 0; k < nDst; ++k) {
         const int region = r_->regionOf_(dsts[k]);
         if (region < 0) continue;
-        r_->gen_[region].fetch_add(1, std::memory_order_acq_rel);
+        bool counted = false;  // a second destination in the same region: one write of it
+        for (int w : writes_) counted = counted || w == region;
+        if (counted) continue;
+        const uint64_t g = r_->gen_[region].fetch_add(1, std::memory_order_acq_rel);
+        for (Read& rd : reads_)
+          if (rd.region == region) {
+            if (g != rd.before) r_->races_++;
+            rd.before = g + 1;  // in place: what the counter must still be when the write ends
+          }
         writes_.push_back(region);
       }
     }
     ~Movement() {
-      for (int region : writes_) r_->gen_[region].fetch_add(1, std::memory_order_acq_rel);
       for (const auto& rd : reads_)
         if (r_->gen_[rd.region].load(std::memory_order_acquire) != rd.before) r_->races_++;
+      for (int region : writes_) r_->gen_[region].fetch_add(1, std::memory_order_acq_rel);
     }
     Movement(const Movement&) = delete;
     Movement& operator=(const Movement&) = delete;

@@ -523,6 +523,7 @@ __device__ __noinline__ bool runHier(const KernelParams& p, SharedState& sh, con
   c.chunkElems = hierChunkElemsFor(c.coll, c.layout, c.elemSize, p.stagedChunkBytes);
   c.overlap = p.hierOverlap != 0;
   c.rail = p.hierRail;
+  c.keepOwn = p.hierKeepOwn != 0;
   if (d.hierLanes > 0) {
     // CTA roles (MKERNEL_HIER_ROLES): lane l of d.hierLanes takes slice l; the CTAs of lanes the
     // collective does not use skip it (their counters stay where they were, on every rank alike).

@@ -78,6 +78,7 @@ struct World {
   int slowRank = -1;
   bool breakGatherBarrier = false;  // every second node barrier does not wait (negative test)
   bool overlap = true;              // HierCall::overlap (AllReduce pipelined)
+  bool keepOwn = true;              // HierCall::keepOwn (MKERNEL_HIER_KEEP_OWN)
   int rail = kRailDirect;           // MKERNEL_HIER_RAIL (HierRailAlgo; hierRailFor applied per layout)
   // hierCtasFor's threshold: ops below it run on CTA 0 alone, the other CTAs skip them (as the
   // kernel does with MKERNEL_HIER_SPLIT_MIN_BYTES). 0: every op on every CTA.
@@ -349,6 +350,7 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
         c.chunkElems = hierChunkElemsFor(ops[i].coll, w.L, 4, w.chunkBytes);
         c.overlap = w.overlap;
         c.rail = hierRailFor(w.rail, w.L.nNodes);
+        c.keepOwn = w.keepOwn;
         if (hierRolesFor(ops[i].coll, directWholeBytes(ops[i].coll, ops[i].count, n, 4), w.workers,
                                       w.splitMinBytes)) {
           // CTA roles, as runHier: lane l of opCtas takes slice l; the other lanes' CTAs skip it.
@@ -441,7 +443,7 @@ struct Roles {
 };
 
 void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = true, int ctas = 1, uint64_t splitMinBytes = 0,
-                     Roles roles = Roles(), int rail = kRailDirect) {
+                     Roles roles = Roles(), int rail = kRailDirect, bool keepOwn = true) {
   const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
                             CollType::Reduce};
   World w;
@@ -453,6 +455,7 @@ void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = tru
   w.overlap = overlap;
   w.splitMinBytes = splitMinBytes;
   w.rail = rail;
+  w.keepOwn = keepOwn;
   const int n = sh.nodes * sh.perNode;
   std::vector<Op> ops;
   int seq = 0;
@@ -463,7 +466,7 @@ void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = tru
   stopAll(w);
   INFO(sh.nodes << " nodes x " << sh.perNode << ", " << ctas << " CTA(s) from " << splitMinBytes << " B, chunk " << sh.chunkBytes << " B, AllReduce "
                 << (overlap ? "pipelined" : "sequential") << ", roles " << roles.workers << "," << roles.reducers
-                << ", rail " << hierRailFor(rail, sh.nodes));
+                << ", rail " << hierRailFor(rail, sh.nodes) << (keepOwn ? "" : ", own piece through P"));
   for (const auto& e : w.errors) FAIL_CHECK(e);
   CHECK(mismatch == "");
   CHECK(w.race.races() == 0);
@@ -482,6 +485,15 @@ TEST_CASE("hier_staged: every collective over 2-3 nodes x 1-3 ranks, proxies ove
   auto net = testNet();
   for (const Shape& sh : {Shape{2, 1, 256}, Shape{3, 2, 768}, Shape{2, 3, 768}, Shape{3, 1, 256}})
     for (bool overlap : {true, false}) everyCollective(net.get(), sh, overlap);
+}
+
+// MKERNEL_HIER_KEEP_OWN=0 (the comparison form): the direct AllReduce's own piece of the rail
+// reduction through the net send buffer, as before session 26. The cases above run the default,
+// which keeps it in the out regions.
+TEST_CASE("hier_staged: every collective with the own piece through the net buffer (MKERNEL_HIER_KEEP_OWN=0), exact") {
+  auto net = testNet();
+  for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}})
+    for (bool overlap : {true, false}) everyCollective(net.get(), sh, overlap, 1, 0, Roles(), kRailDirect, false);
 }
 
 // Several CTAs per rank (MKERNEL_HIER_CTAS): each takes its slice of every collective (the
