@@ -216,6 +216,63 @@ std::vector<Op> randomOps(test::Rng& rng, int n, int count) {
 
 }  // namespace
 
+// tests/region_races.h itself, on one thread with movements nested by hand: what it must count and
+// what it must not. Session 26 taught it reductions in place (hier_staged.h's hierArKeepOwn).
+TEST_CASE("region races: plain reads and writes, reductions in place, and writes that overlap them") {
+  std::vector<char> mem(4 * 64);
+  mktest::RegionRaces r;
+  auto fresh = [&] {
+    r.reset(4, [&mem](const char* p) {
+      return p >= mem.data() && p < mem.data() + mem.size() ? static_cast<int>((p - mem.data()) / 64) : -1;
+    });
+  };
+  char* a = mem.data();
+  char* b = mem.data() + 64;
+  char* outside = nullptr;
+  const char* readA[1] = {a};
+  const char* readB[1] = {b};
+  char* writeA[2] = {a, a + 16};  // two destinations in region 0: one write of it
+  char* writeB[1] = {b};
+  char* writeNone[1] = {outside};
+  using Movement = mktest::RegionRaces::Movement;
+
+  fresh();
+  { Movement m(&r, readA, 1, writeB, 1); }
+  { Movement m(&r, readB, 1, writeA, 2); }
+  { Movement m(&r, readA, 1, writeA, 2); }  // in place, alone
+  { Movement m(&r, readA, 1, writeA, 1); }
+  { Movement m(&r, readA, 1, writeNone, 1); }
+  CHECK(r.races() == 0);
+
+  fresh();  // a plain read of a region while another movement writes it
+  {
+    Movement w(&r, readB, 1, writeA, 1);
+    Movement m(&r, readA, 1, writeB, 1);
+  }
+  CHECK(r.races() > 0);
+
+  fresh();  // a write of the region that begins and ends inside a reduction in place
+  {
+    Movement m(&r, readA, 1, writeA, 1);
+    { Movement w(&r, readB, 1, writeA, 1); }
+  }
+  CHECK(r.races() > 0);
+
+  fresh();  // a reduction in place that begins inside another movement's write of the region
+  {
+    Movement w(&r, readB, 1, writeA, 1);
+    { Movement m(&r, readA, 1, writeA, 1); }
+  }
+  CHECK(r.races() > 0);
+
+  fresh();  // a plain read of a region during another's reduction in place of it
+  {
+    Movement m(&r, readA, 1, writeA, 1);
+    { Movement rd(&r, readA, 1, writeB, 1); }
+  }
+  CHECK(r.races() > 0);
+}
+
 TEST_CASE("staged: region layout and chunk sizes") {
   CHECK(stagedRegionOffset(0, 0, 4096) == 0);
   CHECK(stagedRegionOffset(0, 3, 4096) == 3 * 4096);
