@@ -28,6 +28,10 @@ node + rail; the measure is meant for one lane (layout "R:G:1"). Exit status 0; 
 both runs is left out. --plot OUT.png also draws hidden against the size, a line per (layout,
 rail) through the mean of the rounds, each round a dot, and the goal's 80% (needs matplotlib);
 --min-bytes leaves out the smaller sizes (their phases are a few us, the noise's order).
+
+Several files (several device calls' sweeps) are read as one: each file's rounds are numbered on
+after the previous file's. A last table (since session 26) gives, per (layout, rail, bytes), the
+rounds, the median of hidden over them, its range and how many rounds reached the goal's 80%.
 """
 import re
 import sys
@@ -81,9 +85,16 @@ def main(paths, out=None, minBytes=0):
     phase = {}  # (layout, rail, round, bytes) -> (node, rail)
     waits = {}  # (layout, rail, round, bytes, ov) -> (rail wait, node-barrier wait), CTA 0
     work = {}   # the same -> (copy, copy net, reduce, reduce net, post), CTA 0
+    offset = 0  # rounds of the files before this one
     for path in paths:
+        last = 0
         with open(path) as f:
             for line in f:
+                # Each file's rounds after the previous file's: rewrite "/rN: " as "/r(offset + N): ".
+                r = re.match(r"^(\S+/\S+/ov[01]/r)(\d+)(: .*)$", line, re.S)
+                if r:
+                    last = max(last, int(r.group(2)))
+                    line = r.group(1) + str(offset + int(r.group(2))) + r.group(3)
                 m = ROW.match(line)
                 if m:
                     lay, rail, ov, rnd, _, b, t = m.groups()
@@ -105,6 +116,7 @@ def main(paths, out=None, minBytes=0):
                 if m:
                     lay, rail, rnd, _, b, node, rl = m.groups()
                     phase[(lay, rail, int(rnd), int(b))] = (float(node), float(rl))
+        offset += last
     rows = []
     for (lay, rail, rnd, b), (node, rl) in sorted(phase.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][3], kv[0][2])):
         k0, k1 = (lay, rail, rnd, b, 0), (lay, rail, rnd, b, 1)
@@ -150,9 +162,28 @@ def main(paths, out=None, minBytes=0):
             line += " " + " ".join("%9.1f" % v if k else "%9s" % "-" for v in (
                 (k[0] + k[2], k[1] + k[3], k[4]) if k else (0, 0, 0)))
         print(line)
+    summary(rows)
     if out:
         return plot(rows, out)
     return 0
+
+
+def summary(rows):
+    """Per (layout, rail, bytes): the rounds, the median of hidden, its range, the rounds >= 80%."""
+    groups = {}
+    for lay, rail, _, b, _, _, _, _, _, hid, _ in rows:
+        if hid == hid:  # not nan
+            groups.setdefault((lay, rail, b), []).append(hid)
+    if not groups:
+        return
+    print("# over the rounds: the median of hidden, its range, and the rounds at or above the goal's 80%")
+    print("%-12s %-13s %10s %6s %8s %8s %8s %6s" % ("layout", "rail", "bytes", "rounds", "median", "min", "max", ">=80%"))
+    for (lay, rail, b), hs in sorted(groups.items()):
+        s = sorted(hs)
+        n = len(s)
+        medh = s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+        print("%-12s %-13s %10d %6d %7.0f%% %7.0f%% %7.0f%% %6d" % (
+            lay, rail, b, n, 100 * medh, 100 * s[0], 100 * s[-1], sum(1 for h in s if h >= 0.8)))
 
 
 if __name__ == "__main__":
