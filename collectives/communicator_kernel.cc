@@ -534,7 +534,6 @@ Result KernelCommunicator::init() {
   params_.testStallBarrier = static_cast<uint32_t>(std::max<int64_t>(0, paramInt("TEST_STALL_BARRIER", 0)));
   params_.hierOverlap = paramInt("HIER_OVERLAP", 1) != 0 ? 1u : 0u;
   params_.proxyBatch = paramInt("PROXY_BATCH", 1) != 0 ? 1u : 0u;
-  params_.hierKeepOwn = paramInt("HIER_KEEP_OWN", 1) != 0 ? 1u : 0u;
   if (params_.testStallBarrier != 0)
     MK_WARN("rank %d: MKERNEL_TEST_STALL_BARRIER=%u: a test hook; this rank's staged collectives stop at that barrier "
             "until the communicator is aborted", opts_.rank, params_.testStallBarrier);
@@ -805,11 +804,12 @@ Result KernelCommunicator::setupProxy() {
   params_.hierWorkers = hierWorkers_;
   params_.hierReducers = hierReducers_;
   params_.hierRail = hierRail_;
+  params_.hierKeepOwn = paramInt("HIER_KEEP_OWN", 1) != 0 ? 1u : 0u;
   params_.nNodes = N;
   params_.perNode = G;
   MK_INFO(kLogInit,
           "rank %d: %s node %d of %d (%d ranks each): proxy on rail %d over %s (%s), %d CTA(s) per collective from %llu bytes, "
-          "1 below; AllReduce/ReduceScatter/AllGather exchange among the rail %s, AllReduce %s",
+          "1 below; AllReduce/ReduceScatter/AllGather exchange among the rail %s, AllReduce %s%s",
           opts_.rank, opts_.emulate ? "emulated" : "host", node, N, G, local, net_->name(), choice.why.c_str(), hierCtas_,
           static_cast<unsigned long long>(hierSplitMinBytes_),
           hierRail_ == coll::kRailRing   ? "ring (Broadcast/Reduce: binomial tree)"
@@ -817,7 +817,11 @@ Result KernelCommunicator::setupProxy() {
                                         : "direct",
           hierWorkers_ == 0 ? "on data-parallel CTAs"
                             : ("in CTA roles: each lane 1 sender, " + std::to_string(hierWorkers_) + " worker(s), " +
-                               std::to_string(hierReducers_) + " reducer(s)").c_str());
+                               std::to_string(hierReducers_) + " reducer(s)").c_str(),
+          hierRail_ != coll::kRailDirect ? ""
+          : params_.hierKeepOwn != 0     ? "; data-parallel, each rank's own block stays in device memory"
+                                         : "; data-parallel, each rank's own block through the net send buffer "
+                                           "(MKERNEL_HIER_KEEP_OWN=0)");
   return Result::Success;
 }
 
