@@ -255,6 +255,7 @@ class KernelCommunicator final : public Communicator {
   uint64_t hierSplitMinBytes_ = 0;           // MKERNEL_HIER_SPLIT_MIN_BYTES, agreed by every rank
   int hierWorkers_ = 0, hierReducers_ = 0;   // MKERNEL_HIER_ROLES (rank 0's), 0: data-parallel CTAs
   int hierRail_ = coll::kRailDirect;          // MKERNEL_HIER_RAIL (rank 0's, for this node count)
+  int hierAhead_ = 2;                         // MKERNEL_HIER_AHEAD (rank 0's)
   bool launched_ = false;
   bool exchanged_ = false;
   bool aborted_ = false;
@@ -681,17 +682,24 @@ Result KernelCommunicator::agreeHierRoles() {
 }
 
 // MKERNEL_HIER_RAIL: direct, ring or rhd (collectives/hier_staged.h, "The AllReduce's exchange
-// among the rail"). Rank 0's value is every rank's: the steps of a chunk must match the peers'.
-// rhd on a node count that is not a power of two runs ring. Every form runs in CTA roles too.
+// among the rail"), and MKERNEL_HIER_AHEAD: 1 or 2 chunks (the pipelined direct AllReduce's
+// look-ahead, hierAllReduce). Rank 0's values are every rank's: the steps of a chunk, and the
+// order of the rounds, must match the peers'. rhd on a node count that is not a power of two runs
+// ring. Every rail form runs in CTA roles too.
 Result KernelCommunicator::agreeHierRail() {
   const std::string v = paramString("HIER_RAIL");
   const int32_t asked = coll::hierRailByName(v);
   if (asked < 0) return MK_ERROR(Result::InvalidArgument, "MKERNEL_HIER_RAIL=%s: want direct, ring or rhd", v.c_str());
-  std::vector<int32_t> all(static_cast<size_t>(opts_.nRanks), 0);
-  all[static_cast<size_t>(opts_.rank)] = asked;
-  MK_CHECK(bs_->allGather(all.data(), sizeof(int32_t)));
+  const int64_t ahead = paramInt("HIER_AHEAD", 2);
+  if (ahead < 1 || ahead > 2)
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_HIER_AHEAD=%lld: want 1 or 2 (chunks)", static_cast<long long>(ahead));
+  std::vector<int32_t> all(2 * static_cast<size_t>(opts_.nRanks), 0);
+  all[2 * static_cast<size_t>(opts_.rank)] = asked;
+  all[2 * static_cast<size_t>(opts_.rank) + 1] = static_cast<int32_t>(ahead);
+  MK_CHECK(bs_->allGather(all.data(), 2 * sizeof(int32_t)));
   const int N = opts_.nRanks / perNode_;
   hierRail_ = coll::hierRailFor(all[0], N);
+  hierAhead_ = all[1];
   if (hierRail_ != all[0])
     MK_INFO(kLogInit, "rank %d: MKERNEL_HIER_RAIL=rhd needs a power-of-two node count; %d nodes exchange in a ring",
             opts_.rank, N);
@@ -747,7 +755,8 @@ Result KernelCommunicator::setupProxy() {
   coll::ProxyMemory mem;
   if (coll::proxyMemoryFor(paramString("PROXY_GDR"), props.ptrSupport, net_->name(), ordering, &mem) != Result::Success)
     return MK_ERROR(Result::InvalidArgument, "rank %d: %s", opts_.rank, lastError());
-  const size_t netBytes = 2 * static_cast<size_t>(N + 1) * params_.stagedChunkBytes;  // one CTA: two net slots
+  // One CTA (lane): kHierNetSlots net slots, each a send buffer and a receive buffer per node.
+  const size_t netBytes = static_cast<size_t>(coll::kHierNetSlots) * static_cast<size_t>(N + 1) * params_.stagedChunkBytes;
   netBufGpu_ = mem.gpu;
   if (mem.gpu) {
     MK_CUDA(cudaMalloc(&host, C * netBytes), "cudaMalloc(net buffers)");
@@ -805,11 +814,12 @@ Result KernelCommunicator::setupProxy() {
   params_.hierReducers = hierReducers_;
   params_.hierRail = hierRail_;
   params_.hierKeepOwn = paramInt("HIER_KEEP_OWN", 1) != 0 ? 1u : 0u;
+  params_.hierAhead = hierAhead_;
   params_.nNodes = N;
   params_.perNode = G;
   MK_INFO(kLogInit,
           "rank %d: %s node %d of %d (%d ranks each): proxy on rail %d over %s (%s), %d CTA(s) per collective from %llu bytes, "
-          "1 below; AllReduce/ReduceScatter/AllGather exchange among the rail %s, AllReduce %s%s",
+          "1 below; AllReduce/ReduceScatter/AllGather exchange among the rail %s, AllReduce %s%s%s",
           opts_.rank, opts_.emulate ? "emulated" : "host", node, N, G, local, net_->name(), choice.why.c_str(), hierCtas_,
           static_cast<unsigned long long>(hierSplitMinBytes_),
           hierRail_ == coll::kRailRing   ? "ring (Broadcast/Reduce: binomial tree)"
@@ -818,10 +828,13 @@ Result KernelCommunicator::setupProxy() {
           hierWorkers_ == 0 ? "on data-parallel CTAs"
                             : ("in CTA roles: each lane 1 sender, " + std::to_string(hierWorkers_) + " worker(s), " +
                                std::to_string(hierReducers_) + " reducer(s)").c_str(),
-          hierRail_ != coll::kRailDirect ? ""
-          : params_.hierKeepOwn != 0     ? "; data-parallel, each rank's own block stays in device memory"
-                                         : "; data-parallel, each rank's own block through the net send buffer "
-                                           "(MKERNEL_HIER_KEEP_OWN=0)");
+          hierRail_ != coll::kRailDirect || hierWorkers_ != 0 ? ""
+          : params_.hierKeepOwn != 0 ? "; data-parallel, each rank's own block stays in device memory"
+                                     : "; data-parallel, each rank's own block through the net send buffer "
+                                       "(MKERNEL_HIER_KEEP_OWN=0)",
+          hierRail_ != coll::kRailDirect || hierWorkers_ != 0 ? ""
+          : hierAhead_ == 2 ? ", pipelined two chunks ahead (three net slots)"
+                            : ", pipelined one chunk ahead (MKERNEL_HIER_AHEAD=1)");
   return Result::Success;
 }
 

@@ -32,8 +32,10 @@
 // it has copied its out region of chunk i away. Across collectives that fails (the next
 // collective's first push follows no barrier the peer passed after its reads), and the pipelined
 // forms (MKERNEL_HIER_OVERLAP, below) reorder the phases, so every collective alternates regions
-// by the CTA's chunk parity. Net buffers are this rank's own, two
-// slots: a round's transfers complete before the buffers of its slot are read or refilled.
+// by the CTA's chunk parity. Net buffers are this rank's own, kHierNetSlots (3) slots: a round's
+// transfers complete before the buffers of its slot are read or refilled. The AllReduce takes slot
+// seq % 3 for the chunk of sequence number seq (three chunks in flight on the rail:
+// MKERNEL_HIER_AHEAD below); the other collectives take seq & 1.
 // (tests/proxy/test_hier_staged.cc breaks the second barrier on purpose and checks that the race
 // check sees it.)
 #pragma once
@@ -81,6 +83,8 @@ struct HierCall {
   int rail = 0;          // HierRailAlgo (MKERNEL_HIER_RAIL): the exchange among the rail
   bool keepOwn = true;   // MKERNEL_HIER_KEEP_OWN: this rank's own piece of the rail reduction stays
                          // in device memory (hierArKeepOwn below; false: through P, as before)
+  int ahead = 2;         // MKERNEL_HIER_AHEAD: chunks the pipelined direct AllReduce starts before it
+                         // finishes one (1 or 2; hierAllReduce below)
   // CTA roles (MKERNEL_HIER_ROLES, AllReduce only; hierAllReduceRoles below). With
   // role != kHierRoleNone, `part` is the lane's slice, which all of the lane's CTAs share.
   int role = 0;                // HierRole
@@ -185,7 +189,7 @@ struct HierChunk {
 //   char* in(int local, int parity), char* out(int local, int parity)
 //                                               node-local regions, chunkBytes each
 //   char* netSend(int slot)                     this rank's net send buffer (chunkBytes), registered;
-//                                               two of them (slot 0, 1), and of the receive slots
+//                                               kHierNetSlots of them, and of the receive slots
 //   char* netRecv(int slot, int node)           one chunkBytes receive slot per node, registered
 //   void copy(char* const* dsts, int nDst, const char* src, uint64_t bytes)
 //   void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems,
@@ -198,7 +202,7 @@ struct HierChunk {
 //   bool railWait(int slot)                     until every transfer posted with that slot is
 //        complete (false on a transport failure or timeout)
 //        A rank's sends to m and m's receives from it are posted in the same order per round;
-//        at most one round per slot is in flight, and the two slots' rounds differ in tag.
+//        at most one round per slot is in flight, and the rounds in flight differ in tag.
 //   void phaseMark(int mark)                    Phase times (below): a no-op unless the executor
 //        times the AllReduce in turn
 // Uniform control flow across the CTA's threads; false when a wait failed. Every collective
@@ -326,20 +330,35 @@ MKERNEL_HD inline HierRailStep hierRailStep(int rail, int N, int k, int st, uint
 }
 
 // The pipelined AllReduce (c.overlap): the phases of chunk i as three steps, on regions of parity
-// par = i & 1 and on the net buffers of slot par.
-//   A(i)   intra reduce-scatter into netSend(par) (one node barrier), then rail step 0 posted
+// par = i & 1 and on the net buffers of slot i % 3 (kHierNetSlots; i counts the CTA's chunks).
+//   A(i)   intra reduce-scatter into netSend(slot) (one node barrier), then rail step 0 posted
 //   B(i)   the rail's reduce-scatter steps, each waited for and reduced, the next one posted; it
 //          returns with the first all-gather step in flight
 //   C(i)   the rail's all-gather steps waited for (each posting the next), intra all-gather (one
 //          node barrier), copy into recvbuff
-// in the order A(0); then for each i: B(i), A(i + 1), C(i). So the all-gather of chunk i travels
-// while this CTA works on phase 1 of chunk i + 1, and step 0 of chunk i + 1 while it works on the
-// rest of chunk i. Every rank makes the same node barriers in the same order. Regions alternate by
-// parity (unlike a sequential form): a rank writes in(q, par) for chunk i + 2 after the first
-// barrier of chunk i + 2, which q reaches after its reduction of chunk i, and out(q, par) for
-// chunk i + 2 after the second barrier of chunk i + 1, which q reaches after copying chunk i out;
-// net slot par is reused by chunk i + 2 once C(i) has waited for its last step. In turn
-// (MKERNEL_HIER_OVERLAP=0) the same steps run A(i), B(i), C(i).
+// One chunk ahead (MKERNEL_HIER_AHEAD=1; ring and rhd, below), in the order A(0); then for each
+// i: B(i), A(i + 1), C(i). So the all-gather of chunk i travels while this CTA works on phase 1
+// of chunk i + 1, and step 0 of chunk i + 1 while it works on the rest of chunk i. Every rank
+// makes the same node barriers in the same order. Regions alternate by parity (unlike a
+// sequential form): a rank writes in(q, par) for chunk i + 2 after the first barrier of chunk
+// i + 1, which q reaches after its reduction of chunk i, and out(q, par) for chunk i + 2 after the
+// second barrier of chunk i + 1, which q reaches after copying chunk i out; net slot i % 3 is
+// reused by chunk i + 3 once C(i) has waited for its last step. In turn (MKERNEL_HIER_OVERLAP=0)
+// the same steps run A(i), B(i), C(i).
+//
+// Two chunks ahead (MKERNEL_HIER_AHEAD=2, the direct rail): A(0), A(1); then for each i: B(i),
+// A(i + 2), C(i). One ahead, nothing travels while B(i) reduces (step 0 of chunk i has landed,
+// step 1 of chunk i - 1 was waited for in C(i - 1)), so the rail idles for the rail reduction of
+// every chunk; two ahead, step 0 of chunk i + 1 travels through it, and the CTA's posts run two
+// chunks before its waits. The node barriers come in the order A(0), A(1), then A(i + 2), C(i)
+// for each i, the same on every rank. The regions still alternate by parity: a rank writes its
+// slot of in(q, par) for chunk i + 2 after the first barrier of chunk i + 1, which q reaches
+// after reducing chunk i's inbox in A(i) (slot j of in(j, par), which hierArKeepOwn reads again
+// in B(i), only rank j writes, after its B(i)); it writes out(q, par) for chunk i + 2 in B(i + 2)
+// and C(i + 2), after the second barrier of chunk i + 1, which q reaches after copying chunk i
+// out. Net slot i % 3 is next used by A(i + 3), after C(i) waited for its last step and copied
+// from it. Three rounds are then in flight at most (step 1 of chunk i, step 0 of chunks i + 1 and
+// i + 2); the direct rounds carry tag 2 * slot + step, so no two of them share one.
 //
 // Woven (ring and rhd, pipelined). B(i) is a chain of N - 1 (or log2 N) steps, each a proxy round
 // trip that the CTA can only wait for; in the plain order the CTA idles through all but one of
@@ -355,11 +374,18 @@ MKERNEL_HD inline HierRailStep hierRailStep(int rail, int N, int k, int st, uint
 struct HierArChunk {
   HierChunk ch;
   Slice mine, tk;
-  int par;
+  int par;   // node regions
+  int slot;  // net buffers (the data-parallel form; CTA roles pick their own)
   MKERNEL_HD HierArChunk(const HierCall& c, const HierCtx& x, uint64_t i, uint64_t seq)
       : ch(c, i * c.chunkElems), mine(rankSlice(ch.l, x.G, x.j, sliceAlignElems(x.esz))),
-        tk(rankSlice(mine.count, x.N, x.k, sliceAlignElems(x.esz))), par(static_cast<int>(seq & 1)) {}
+        tk(rankSlice(mine.count, x.N, x.k, sliceAlignElems(x.esz))), par(static_cast<int>(seq & 1)),
+        slot(static_cast<int>(seq % kHierNetSlots)) {}
 };
+// The tag of the data-parallel form's rail step st of chunk a: direct, 2 * slot + st (up to three
+// rounds in flight, two ahead); ring and rhd, st (two chains in flight, hierArPhase3's `next`).
+MKERNEL_HD inline int hierArTag(const HierCall& c, const HierArChunk& a, int st) {
+  return c.rail == kRailDirect ? 2 * a.slot + st : st;
+}
 
 // Direct rail, data-parallel form (MKERNEL_HIER_KEEP_OWN, session 26): t_k, the piece of part j
 // that this rank reduces over the nodes, never leaves the rank, so it need not pass through P
@@ -412,8 +438,8 @@ MKERNEL_HD void hierRailStepReduce(Ex& ex, HierCtx& x, int algo, int st, int par
   ex.reduce(x.dsts, 1, x.srcs, 2, sub.count, false, r.last);
 }
 
-// Rail step st of chunk a posted on net slot `slot` with `tag` (the data-parallel form: a.par and
-// st; CTA roles: the lane's slot, and 2 * st + slot).
+// Rail step st of chunk a posted on net slot `slot` with `tag` (the data-parallel form: a.slot and
+// hierArTag; CTA roles: the lane's slot, and 2 * st + slot).
 MK_HIER_TEMPLATE
 template <class Ex>
 MKERNEL_HD bool hierArRailPost(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail, const HierArChunk& a, int st,
@@ -471,8 +497,8 @@ MKERNEL_HD void hierArRailReduce(Ex& ex, const HierCall& c, HierCtx& x, const Hi
 MK_HIER_TEMPLATE
 template <class Ex>
 MKERNEL_HD bool hierArRailLand(Ex& ex, const HierCall& c, HierCtx& x, const HierArChunk& a, int st) {
-  if (!ex.railWait(a.par)) return false;
-  if (st < hierRailHalf(c.rail, x.N)) hierArRailReduce(ex, c, x, a, st, a.par);
+  if (!ex.railWait(a.slot)) return false;
+  if (st < hierRailHalf(c.rail, x.N)) hierArRailReduce(ex, c, x, a, st, a.slot);
   return true;
 }
 
@@ -487,7 +513,7 @@ MKERNEL_HD bool hierArPhase1(Ex& ex, const HierCall& c, HierCtx& x, HierRail& ra
     ex.copy(x.dsts, 1, x.send + (a.ch.g + s.offset) * esz, s.count * esz);
   }
   if (!ex.nodeBarrier()) return false;
-  char* P = ex.netSend(a.par);
+  char* P = ex.netSend(a.slot);
   // Part j reduced over the node: [0, lo) and [hi, mine) into P, t_k = [lo, hi) into P as well, or
   // (hierArKeepOwn) in place into slot j of in(j, par).
   const bool keep = hierArKeepOwn(c);
@@ -500,7 +526,7 @@ MKERNEL_HD bool hierArPhase1(Ex& ex, const HierCall& c, HierCtx& x, HierRail& ra
     x.dsts[0] = r == 1 ? ex.in(x.j, a.par) + static_cast<uint64_t>(x.j) * slotBytes + b * esz : P + b * esz;
     ex.reduce(x.dsts, 1, x.srcs, x.G, e - b, true, false);
   }
-  return hierArRailPost(ex, c, x, rail, a, 0, a.par, 0);
+  return hierArRailPost(ex, c, x, rail, a, 0, a.slot, hierArTag(c, a, 0));
 }
 
 // B(i): the rail's reduce-scatter steps; the first all-gather step posted.
@@ -509,7 +535,8 @@ template <class Ex>
 MKERNEL_HD bool hierArRound1(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail, const HierArChunk& a) {
   const int half = hierRailHalf(c.rail, x.N);
   for (int st = 0; st < half; ++st)
-    if (!hierArRailLand(ex, c, x, a, st) || !hierArRailPost(ex, c, x, rail, a, st + 1, a.par, st + 1)) return false;
+    if (!hierArRailLand(ex, c, x, a, st) || !hierArRailPost(ex, c, x, rail, a, st + 1, a.slot, hierArTag(c, a, st + 1)))
+      return false;
   return true;
 }
 
@@ -524,22 +551,22 @@ MKERNEL_HD bool hierArPhase3(Ex& ex, const HierCall& c, HierCtx& x, HierRail& ra
   const int half = hierRailHalf(c.rail, x.N);
   for (int st = half; st < 2 * half; ++st) {
     if (!hierArRailLand(ex, c, x, a, st) ||
-        (st + 1 < 2 * half && !hierArRailPost(ex, c, x, rail, a, st + 1, a.par, st + 1)))
+        (st + 1 < 2 * half && !hierArRailPost(ex, c, x, rail, a, st + 1, a.slot, hierArTag(c, a, st + 1))))
       return false;
     if (next != nullptr &&
         (!hierArRailLand(ex, c, x, *next, st - half) ||
-         !hierArRailPost(ex, c, x, rail, *next, st - half + 1, next->par, st - half + 1)))
+         !hierArRailPost(ex, c, x, rail, *next, st - half + 1, next->slot, hierArTag(c, *next, st - half + 1))))
       return false;
   }
   ex.phaseMark(kPhaseRailEnd);
-  char* P = ex.netSend(a.par);
+  char* P = ex.netSend(a.slot);
   if (c.rail == kRailDirect) {
     const bool keep = hierArKeepOwn(c);  // t_k is in every out(q, par) already
     for (int m = 0; m < x.N; ++m) {
       if (keep && m == x.k) continue;
       const Slice t = rankSlice(a.mine.count, x.N, m, align);
       for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, a.par) + (a.mine.offset + t.offset) * esz;
-      ex.copy(x.dsts, x.G, m == x.k ? P + a.tk.offset * esz : ex.netRecv(a.par, m), t.count * esz);
+      ex.copy(x.dsts, x.G, m == x.k ? P + a.tk.offset * esz : ex.netRecv(a.slot, m), t.count * esz);
     }
   } else {  // the all-gather steps left the whole part in P
     for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, a.par) + a.mine.offset * esz;
@@ -572,8 +599,19 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduce(Ex& ex, const HierCall& c, uint64
     return true;
   }
   // Ring and rhd weave two chunks' chains of steps (hierArPhase3's `next`); direct has one step
-  // each way and keeps the plain order.
+  // each way, and runs one or two chunks ahead (c.ahead).
   const bool weave = c.rail != kRailDirect;
+  if (!weave && c.ahead >= 2) {
+    for (uint64_t i = 0; i < chunks && i < 2; ++i)
+      if (!hierArPhase1(ex, c, x, rail, HierArChunk(c, x, i, seq0 + i))) return false;
+    for (uint64_t i = 0; i < chunks; ++i) {
+      const HierArChunk a(c, x, i, seq0 + i);
+      if (!hierArRound1(ex, c, x, rail, a)) return false;
+      if (i + 2 < chunks && !hierArPhase1(ex, c, x, rail, HierArChunk(c, x, i + 2, seq0 + i + 2))) return false;
+      if (!hierArPhase3(ex, c, x, rail, a)) return false;
+    }
+    return true;
+  }
   if (!hierArPhase1(ex, c, x, rail, HierArChunk(c, x, 0, seq0))) return false;
   for (uint64_t i = 0; i < chunks; ++i) {
     const HierArChunk a(c, x, i, seq0 + i);

@@ -23,6 +23,7 @@ namespace coll {
 constexpr int kMaxCtas = 64;         // CTAs of one persistent kernel
 constexpr int kMaxHierCtas = 16;     // CTAs of one hierarchical collective (MKERNEL_HIER_CTAS)
 constexpr int kMaxHierRoleCtas = 8;  // workers, and reducers, per lane (MKERNEL_HIER_ROLES)
+constexpr int kHierNetSlots = 3;     // net slots of a lane (collectives/hier_staged.h)
 constexpr int kMaxRanks = 16;        // ranks of one communicator the kernel can address
 constexpr int kMaxOpsPerSlot = 8;    // collectives of one group posted by one doorbell
 constexpr int kEagerSlots = 64;      // ring of slots reused by eager enqueues
@@ -155,8 +156,9 @@ struct alignas(128) DeviceState {
   uint64_t ctaEpoch[kMaxCtas];
   uint64_t ctaConsumed[kMaxCtas];  // dispatch entries each CTA has consumed
   uint64_t ctaChunk[kMaxCtas];     // staged chunks each CTA has run (process ranks: region parity)
-  uint64_t proxySends[kMaxHierCtas][2];  // hierarchical path: sends / receives each CTA posted to
-  uint64_t proxyRecvs[kMaxHierCtas][2];  // its proxy channel, per net slot (the counters are monotonic)
+  uint64_t proxySends[kMaxHierCtas][kHierNetSlots];  // hierarchical path: sends / receives each CTA
+  uint64_t proxyRecvs[kMaxHierCtas][kHierNetSlots];  // posted to its proxy channel, per net slot
+                                                     // (the counters are monotonic)
   // ... and what it knows of its channel's ring (proxy::ProxyProducer: commands posted, the
   // proxy's tail as last read), so that a post reads no host memory while the ring has room.
   uint64_t proxyHead[kMaxHierCtas];

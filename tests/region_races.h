@@ -1,16 +1,20 @@
-// Catches a read of a staging region that overlaps a write of it, for the CPU tests of the staged
-// algorithms (tests/collectives/test_staged.cc, tests/proxy/test_hier_staged.cc): a generation
-// counter per region, odd while a write lasts; a read that starts on an odd value, or ends on a
-// different one than it started on, overlapped a write. A movement that reads and writes the same
-// region (a reduction in place) overlapped another's write if the counter moved between its read
-// and its own write's start, or away from its own write's value before that write ended.
+// Catches a read of staging memory that overlaps a write of the same bytes, for the CPU tests of
+// the staged algorithms (tests/collectives/test_staged.cc, tests/proxy/test_hier_staged.cc): every
+// movement (a copy or a reduction) registers the byte ranges it reads and writes while it lasts;
+// one that starts while another live movement writes bytes it reads or writes, or reads or writes
+// bytes it writes, overlapped it in time: a race. A movement's own reads and writes (a reduction
+// in place) do not race with each other. Only memory in the checked regions counts (regionOf).
+// Byte ranges, not whole regions (before session 27): several ranks write their own slots of one
+// inbox while its owner reads another slot (hier_staged.h, MKERNEL_HIER_AHEAD=2), which is no race.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <list>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "collectives/types.h"
@@ -18,62 +22,62 @@
 namespace mktest {
 
 class RegionRaces {
+  struct Range {
+    const char* b;
+    const char* e;
+  };
+  struct Live {
+    std::vector<Range> reads, writes;
+  };
+  static bool overlaps(const std::vector<Range>& a, const std::vector<Range>& b) {
+    for (const Range& x : a)
+      for (const Range& y : b)
+        if (x.b < y.e && y.b < x.e) return true;
+    return false;
+  }
+
  public:
-  // regionOf(p): the region p points into, or -1 (not a checked region).
+  // regionOf(p): the region p points into, or -1 (not checked memory). nRegions is kept for the
+  // callers' sake; the check works on byte ranges.
   void reset(int nRegions, std::function<int(const char*)> regionOf) {
-    gen_.reset(new std::atomic<uint64_t>[static_cast<size_t>(nRegions)]);
-    for (int i = 0; i < nRegions; ++i) gen_[i] = 0;
+    (void)nRegions;
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.clear();
     regionOf_ = std::move(regionOf);
     races_ = 0;
   }
   int races() const { return races_.load(); }
 
-  // One data movement's reads and writes, for as long as it lives.
+  // One data movement's reads and writes, `bytes` at each pointer, for as long as it lives.
   class Movement {
    public:
-    Movement(RegionRaces* r, const char* const* srcs, int nSrc, char* const* dsts, int nDst) : r_(r) {
-      for (int k = 0; k < nSrc; ++k) {
-        const int region = r_->regionOf_(srcs[k]);
-        if (region < 0) continue;
-        const uint64_t g = r_->gen_[region].load(std::memory_order_acquire);
-        if (g & 1) r_->races_++;
-        reads_.push_back({region, g});
+    Movement(RegionRaces* r, const char* const* srcs, int nSrc, char* const* dsts, int nDst, uint64_t bytes) : r_(r) {
+      Live me;
+      for (int k = 0; k < nSrc; ++k)
+        if (r_->regionOf_(srcs[k]) >= 0) me.reads.push_back({srcs[k], srcs[k] + bytes});
+      for (int k = 0; k < nDst; ++k)
+        if (r_->regionOf_(dsts[k]) >= 0) me.writes.push_back({dsts[k], dsts[k] + bytes});
+      std::lock_guard<std::mutex> lock(r_->mu_);
+      for (const Live& o : r_->live_) {
+        if (overlaps(me.writes, o.reads) || overlaps(me.writes, o.writes) || overlaps(me.reads, o.writes)) r_->races_++;
       }
-      for (int k = 0; k < nDst; ++k) {
-        const int region = r_->regionOf_(dsts[k]);
-        if (region < 0) continue;
-        bool counted = false;  // a second destination in the same region: one write of it
-        for (int w : writes_) counted = counted || w == region;
-        if (counted) continue;
-        const uint64_t g = r_->gen_[region].fetch_add(1, std::memory_order_acq_rel);
-        for (Read& rd : reads_)
-          if (rd.region == region) {
-            if (g != rd.before) r_->races_++;
-            rd.before = g + 1;  // in place: what the counter must still be when the write ends
-          }
-        writes_.push_back(region);
-      }
+      it_ = r_->live_.insert(r_->live_.end(), std::move(me));
     }
     ~Movement() {
-      for (const auto& rd : reads_)
-        if (r_->gen_[rd.region].load(std::memory_order_acquire) != rd.before) r_->races_++;
-      for (int region : writes_) r_->gen_[region].fetch_add(1, std::memory_order_acq_rel);
+      std::lock_guard<std::mutex> lock(r_->mu_);
+      r_->live_.erase(it_);
     }
     Movement(const Movement&) = delete;
     Movement& operator=(const Movement&) = delete;
 
    private:
-    struct Read {
-      int region;
-      uint64_t before;
-    };
     RegionRaces* r_;
-    std::vector<Read> reads_;
-    std::vector<int> writes_;
+    std::list<Live>::iterator it_;
   };
 
  private:
-  std::unique_ptr<std::atomic<uint64_t>[]> gen_;
+  std::mutex mu_;
+  std::list<Live> live_;
   std::function<int(const char*)> regionOf_;
   std::atomic<int> races_{0};
 };

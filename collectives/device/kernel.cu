@@ -321,10 +321,11 @@ __device__ bool runStaged(const KernelParams& p, SharedState& sh, const WorkDesc
 // the staged buffers of this node's ranks (staged.h's layout, the CTA's own regions); the
 // inter-node rounds go through channel `cta` of this rank's proxy: thread 0 posts the receives,
 // then the sends, into the channel's host-mapped ring and waits for its completion counters (net
-// slot s: flag 2 s sends, 2 s + 1 receives; the totals live in DeviceState so that a relaunched
-// kernel continues them).
+// slot s < kHierNetSlots: flag 2 s sends, 2 s + 1 receives; the totals live in DeviceState so that
+// a relaunched kernel continues them).
 
 static_assert(2 * kMaxRanks <= proxy::kRingSlots, "a rail round's commands (a send and a receive per node) fit the ring");
+static_assert(2 * kHierNetSlots <= static_cast<int>(proxy::kMaxFlags), "two completion counters per net slot");
 
 struct HierExecutor : CtaMover {
   const KernelParams& p;
@@ -524,6 +525,7 @@ __device__ __noinline__ bool runHier(const KernelParams& p, SharedState& sh, con
   c.overlap = p.hierOverlap != 0;
   c.rail = p.hierRail;
   c.keepOwn = p.hierKeepOwn != 0;
+  c.ahead = p.hierAhead;
   if (d.hierLanes > 0) {
     // CTA roles (MKERNEL_HIER_ROLES): lane l of d.hierLanes takes slice l; the CTAs of lanes the
     // collective does not use skip it (their counters stay where they were, on every rank alike).

@@ -69,14 +69,14 @@ struct CpuExecutor {
 
   void copy(char* const* dsts, int nDst, const char* src, uint64_t bytes) {
     if (bytes == 0) return;
-    mktest::RegionRaces::Movement m(&w->race, &src, 1, dsts, nDst);
+    mktest::RegionRaces::Movement m(&w->race, &src, 1, dsts, nDst, bytes);
     slow();
     for (int k = 0; k < nDst; ++k) std::memcpy(dsts[k], src, bytes);
   }
   // uint32 sums with wrap-around: exact, so any order gives the same bits.
   void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems) {
     if (elems == 0) return;
-    mktest::RegionRaces::Movement m(&w->race, srcs, nSrc, dsts, nDst);
+    mktest::RegionRaces::Movement m(&w->race, srcs, nSrc, dsts, nDst, elems * 4);
     slow();
     auto same = [](uint32_t v) { return v; };
     mktest::sumU32(dsts, nDst, srcs, nSrc, elems, same, same);
@@ -217,7 +217,9 @@ std::vector<Op> randomOps(test::Rng& rng, int n, int count) {
 }  // namespace
 
 // tests/region_races.h itself, on one thread with movements nested by hand: what it must count and
-// what it must not. Session 26 taught it reductions in place (hier_staged.h's hierArKeepOwn).
+// what it must not. Session 26 taught it reductions in place (hier_staged.h's hierArKeepOwn);
+// session 27 byte ranges (16 bytes at each pointer here), so that movements of different slots of
+// one region do not race (MKERNEL_HIER_AHEAD=2).
 TEST_CASE("region races: plain reads and writes, reductions in place, and writes that overlap them") {
   std::vector<char> mem(4 * 64);
   mktest::RegionRaces r;
@@ -237,40 +239,53 @@ TEST_CASE("region races: plain reads and writes, reductions in place, and writes
   using Movement = mktest::RegionRaces::Movement;
 
   fresh();
-  { Movement m(&r, readA, 1, writeB, 1); }
-  { Movement m(&r, readB, 1, writeA, 2); }
-  { Movement m(&r, readA, 1, writeA, 2); }  // in place, alone
-  { Movement m(&r, readA, 1, writeA, 1); }
-  { Movement m(&r, readA, 1, writeNone, 1); }
+  { Movement m(&r, readA, 1, writeB, 1, 16); }
+  { Movement m(&r, readB, 1, writeA, 2, 16); }
+  { Movement m(&r, readA, 1, writeA, 2, 16); }  // in place, alone
+  { Movement m(&r, readA, 1, writeA, 1, 16); }
+  { Movement m(&r, readA, 1, writeNone, 1, 16); }
   CHECK(r.races() == 0);
 
   fresh();  // a plain read of a region while another movement writes it
   {
-    Movement w(&r, readB, 1, writeA, 1);
-    Movement m(&r, readA, 1, writeB, 1);
+    Movement w(&r, readB, 1, writeA, 1, 16);
+    Movement m(&r, readA, 1, writeB, 1, 16);
   }
   CHECK(r.races() > 0);
 
   fresh();  // a write of the region that begins and ends inside a reduction in place
   {
-    Movement m(&r, readA, 1, writeA, 1);
-    { Movement w(&r, readB, 1, writeA, 1); }
+    Movement m(&r, readA, 1, writeA, 1, 16);
+    { Movement w(&r, readB, 1, writeA, 1, 16); }
   }
   CHECK(r.races() > 0);
 
   fresh();  // a reduction in place that begins inside another movement's write of the region
   {
-    Movement w(&r, readB, 1, writeA, 1);
-    { Movement m(&r, readA, 1, writeA, 1); }
+    Movement w(&r, readB, 1, writeA, 1, 16);
+    { Movement m(&r, readA, 1, writeA, 1, 16); }
   }
   CHECK(r.races() > 0);
 
   fresh();  // a plain read of a region during another's reduction in place of it
   {
-    Movement m(&r, readA, 1, writeA, 1);
-    { Movement rd(&r, readA, 1, writeB, 1); }
+    Movement m(&r, readA, 1, writeA, 1, 16);
+    { Movement rd(&r, readA, 1, writeB, 1, 16); }
   }
   CHECK(r.races() > 0);
+
+  fresh();  // movements of different bytes of one region at once: a slot read, another written
+  {
+    const char* readSlot0[1] = {a};
+    char* writeSlot2[1] = {a + 32};
+    char* writeSlot0[1] = {a + 8};  // overlaps the read's 16 bytes
+    const char* readNone[1] = {outside};
+    Movement m(&r, readSlot0, 1, writeNone, 1, 16);
+    { Movement w(&r, readNone, 1, writeSlot2, 1, 16); }
+    CHECK(r.races() == 0);
+    { Movement w(&r, readNone, 1, writeSlot0, 1, 16); }
+  }
+  CHECK(r.races() == 1);
 }
 
 TEST_CASE("staged: region layout and chunk sizes") {

@@ -44,10 +44,15 @@ constexpr uint32_t kFlagSends = 0, kFlagRecvs = 1;
 // MKERNEL_HIER_CTAS; each has its own regions, net buffers, proxy channel and node barrier).
 struct CtaState {
   std::vector<char> regions;  // in[0], in[1], out[0], out[1]: chunkBytes each
-  std::vector<char> net;      // per slot (2): netSend, then netRecv[nNodes]: chunkBytes each
+  std::vector<char> net;      // per slot (kHierNetSlots): netSend, then netRecv[nNodes]: chunkBytes each
   std::unique_ptr<ProxyRing> ring{new ProxyRing()};
   std::unique_ptr<ProxyFlags> flags{new ProxyFlags()};
-  uint64_t sendsPosted[2] = {}, recvsPosted[2] = {};
+  uint64_t sendsPosted[kHierNetSlots] = {}, recvsPosted[kHierNetSlots] = {};
+  // The rail protocol (outside CTA roles, where the sender posts and other CTAs wait): the tag of
+  // the round in flight on each slot, -1 when none. A slot takes one round at a time, and the
+  // rounds in flight differ in tag.
+  int inFlightTag[kHierNetSlots] = {-1, -1, -1};
+  int maxInFlight = 0;  // the most rounds in flight at once
   ProxyProducer producer{0, 0};  // the kernel keeps it in DeviceState (proxyHead, proxyTailSeen)
   // Phase times (CTA 0, AllReduce in turn; the kernel's DeviceState::hierTurn): the marks in the
   // order made, chunks timed, and node / rail nanoseconds.
@@ -79,6 +84,7 @@ struct World {
   bool breakGatherBarrier = false;  // every second node barrier does not wait (negative test)
   bool overlap = true;              // HierCall::overlap (AllReduce pipelined)
   bool keepOwn = true;              // HierCall::keepOwn (MKERNEL_HIER_KEEP_OWN)
+  int ahead = 2;                    // HierCall::ahead (MKERNEL_HIER_AHEAD)
   int rail = kRailDirect;           // MKERNEL_HIER_RAIL (HierRailAlgo; hierRailFor applied per layout)
   // hierCtasFor's threshold: ops below it run on CTA 0 alone, the other CTAs skip them (as the
   // kernel does with MKERNEL_HIER_SPLIT_MIN_BYTES). 0: every op on every CTA.
@@ -125,7 +131,7 @@ void makeWorld(World& w, mkernel::net::Net* net, int nNodes, int perNode, uint64
       s.cta.emplace_back(new CtaState());
       CtaState& k = *s.cta.back();
       k.regions.assign(4 * chunkBytes, 0);
-      k.net.assign(2 * (1 + static_cast<size_t>(nNodes)) * chunkBytes, 0);
+      k.net.assign(static_cast<size_t>(kHierNetSlots) * (1 + static_cast<size_t>(nNodes)) * chunkBytes, 0);
       std::memset(k.ring.get(), 0, sizeof(ProxyRing));
       std::memset(k.flags.get(), 0, sizeof(ProxyFlags));
       channels.push_back(ProxyChannel{k.ring.get(), k.flags.get()});
@@ -192,14 +198,14 @@ struct CpuHierExecutor {
 
   void copy(char* const* dsts, int nDst, const char* src, uint64_t bytes) {
     if (bytes == 0) return;
-    mktest::RegionRaces::Movement m(&w->race, &src, 1, dsts, nDst);
+    mktest::RegionRaces::Movement m(&w->race, &src, 1, dsts, nDst, bytes);
     slow();
     for (int k = 0; k < nDst; ++k) std::memmove(dsts[k], src, bytes);
   }
   void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems, bool applyPre,
               bool applyPost) {
     if (elems == 0) return;
-    mktest::RegionRaces::Movement m(&w->race, srcs, nSrc, dsts, nDst);
+    mktest::RegionRaces::Movement m(&w->race, srcs, nSrc, dsts, nDst, elems * 4);
     slow();
     mktest::sumU32(dsts, nDst, srcs, nSrc, elems, [&](uint32_t v) { return applyPre ? pre(v) : v; },
                    [&](uint32_t y) { return applyPost ? post(y) : y; });
@@ -224,6 +230,21 @@ struct CpuHierExecutor {
   bool railPost(int round, int slot, const char* const* sendPtr, const uint64_t* sendBytes, char* const* recvPtr,
                 const uint64_t* recvBytes) {
     CtaState& s = me();
+    if (w->workers == 0) {
+      int busy = 1;
+      for (int k = 0; k < kHierNetSlots; ++k) {
+        if (k == slot) continue;
+        if (s.inFlightTag[k] >= 0) ++busy;
+        if (s.inFlightTag[k] == round)
+          w->error("rank " + std::to_string(rank) + ": tag " + std::to_string(round) + " posted on slot " +
+                   std::to_string(slot) + " while slot " + std::to_string(k) + "'s round of that tag is in flight");
+      }
+      if (s.inFlightTag[slot] >= 0)
+        w->error("rank " + std::to_string(rank) + ": a round posted on slot " + std::to_string(slot) +
+                 " before its round of tag " + std::to_string(s.inFlightTag[slot]) + " was waited for");
+      s.inFlightTag[slot] = round;
+      s.maxInFlight = std::max(s.maxInFlight, busy);
+    }
     // One batch per round, as the kernel's executor: reserve, write, publish.
     uint32_t n = 0;
     for (int m = 0; m < w->L.nNodes; ++m) n += (recvBytes[m] != 0 ? 1u : 0u) + (sendBytes[m] != 0 ? 1u : 0u);
@@ -255,7 +276,10 @@ struct CpuHierExecutor {
     if (proxyWaitFlag(s.flags.get(), f + kFlagRecvs, recvs, kTimeoutNs) != WaitStatus::kReached) return fail("receives");
     return true;
   }
-  bool railWait(int slot) { return railWaitCounts(slot, me().sendsPosted[slot], me().recvsPosted[slot]); }
+  bool railWait(int slot) {
+    me().inFlightTag[slot] = -1;
+    return railWaitCounts(slot, me().sendsPosted[slot], me().recvsPosted[slot]);
+  }
   // CTA roles: the lane's counters and the targets its sender published.
   std::atomic<uint64_t>& counter(int k) { return w->roleCounter[(rank * kMaxHierCtas + lane) * kHierRoleCounters + k]; }
   std::atomic<uint64_t>& target(int round, int slot, int which) {
@@ -351,6 +375,7 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
         c.overlap = w.overlap;
         c.rail = hierRailFor(w.rail, w.L.nNodes);
         c.keepOwn = w.keepOwn;
+        c.ahead = w.ahead;
         if (hierRolesFor(ops[i].coll, directWholeBytes(ops[i].coll, ops[i].count, n, 4), w.workers,
                                       w.splitMinBytes)) {
           // CTA roles, as runHier: lane l of opCtas takes slice l; the other lanes' CTAs skip it.
@@ -443,7 +468,7 @@ struct Roles {
 };
 
 void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = true, int ctas = 1, uint64_t splitMinBytes = 0,
-                     Roles roles = Roles(), int rail = kRailDirect, bool keepOwn = true) {
+                     Roles roles = Roles(), int rail = kRailDirect, bool keepOwn = true, int ahead = 2) {
   const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
                             CollType::Reduce};
   World w;
@@ -456,6 +481,7 @@ void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = tru
   w.splitMinBytes = splitMinBytes;
   w.rail = rail;
   w.keepOwn = keepOwn;
+  w.ahead = ahead;
   const int n = sh.nodes * sh.perNode;
   std::vector<Op> ops;
   int seq = 0;
@@ -464,12 +490,21 @@ void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = tru
       for (bool inPlace : {false, true}) ops.push_back(Op{c, count, inPlace, (seq++ * 5) % n});
   const std::string mismatch = runOps(w, ops, static_cast<uint64_t>(sh.nodes * 10 + sh.perNode));
   stopAll(w);
+  // Rounds in flight at once on CTA 0 (outside CTA roles): one in turn; pipelined, two (one chunk
+  // ahead, and the other collectives), three (the direct AllReduce two ahead).
+  int inFlight = 0;
+  for (const auto& r : w.ranks) inFlight = std::max(inFlight, r->cta[0]->maxInFlight);
+  const int wantInFlight = !overlap ? 1 : hierRailFor(rail, sh.nodes) == kRailDirect && ahead >= 2 ? 3 : 2;
   INFO(sh.nodes << " nodes x " << sh.perNode << ", " << ctas << " CTA(s) from " << splitMinBytes << " B, chunk " << sh.chunkBytes << " B, AllReduce "
                 << (overlap ? "pipelined" : "sequential") << ", roles " << roles.workers << "," << roles.reducers
-                << ", rail " << hierRailFor(rail, sh.nodes) << (keepOwn ? "" : ", own piece through P"));
+                << ", rail " << hierRailFor(rail, sh.nodes) << (keepOwn ? "" : ", own piece through P") << ", "
+                << ahead << " chunk(s) ahead");
   for (const auto& e : w.errors) FAIL_CHECK(e);
   CHECK(mismatch == "");
   CHECK(w.race.races() == 0);
+  // (Split over several CTAs, a CTA's slice of the largest AllReduce may be too few chunks to
+  // reach three.)
+  if (roles.workers == 0) CHECK((ctas == 1 ? inFlight == wantInFlight : inFlight <= wantInFlight));
 }
 
 }  // namespace
@@ -494,6 +529,14 @@ TEST_CASE("hier_staged: every collective with the own piece through the net buff
   auto net = testNet();
   for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}})
     for (bool overlap : {true, false}) everyCollective(net.get(), sh, overlap, 1, 0, Roles(), kRailDirect, false);
+}
+
+// MKERNEL_HIER_AHEAD=1 (the comparison order): the pipelined direct AllReduce one chunk ahead, as
+// before session 27 (A(0); B(i), A(i + 1), C(i)). The cases above run two ahead.
+TEST_CASE("hier_staged: every collective with the AllReduce one chunk ahead (MKERNEL_HIER_AHEAD=1), exact") {
+  auto net = testNet();
+  for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}, Shape{2, 1, 256}})
+    for (bool keepOwn : {true, false}) everyCollective(net.get(), sh, true, 1, 0, Roles(), kRailDirect, keepOwn, 1);
 }
 
 // Several CTAs per rank (MKERNEL_HIER_CTAS): each takes its slice of every collective (the
