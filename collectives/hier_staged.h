@@ -675,8 +675,8 @@ MKERNEL_HD bool hierTwoStep(Ex& ex, const HierCall& c, uint64_t* chunkSeq, Steps
 //              < N) and reduces it into its own (its own first); the root's last step applies
 //              post()
 // The root's NIC then carries log2 N copies instead of N - 1. A ring's chain would need as many
-// chunks in flight as nodes to pipeline, and the chunk pipeline has two net slots, so both forms
-// run this tree for these two collectives.
+// chunks in flight as nodes to pipeline, and the two-step pipeline keeps two chunks in flight (net
+// slots by parity), so both forms run this tree for these two collectives.
 struct HierTreeStep {
   int to = -1, from = -1;  // -1: none this step
 };
