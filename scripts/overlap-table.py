@@ -3,6 +3,7 @@
 (MKERNEL_HIER_OVERLAP=1) and in turn (=0), in the same run.
 
     python3 scripts/overlap-table.py rail-sweep.txt [more files] [--min-bytes N] [--plot OUT.png]
+                                     [--baseline VARIANT]
 
 Input: the lines scripts/rail-check.sh (step 3) writes, each prefixed "LAYOUT/RAIL/ovO/rROUND: ":
 collbench's table rows ("memop RANKS BYTES EAGER_MED ..."), its "# hierarchical, R ranks, B B:
@@ -32,6 +33,12 @@ rail) through the mean of the rounds, each round a dot, and the goal's 80% (need
 Several files (several device calls' sweeps) are read as one: each file's rounds are numbered on
 after the previous file's. A last table (since session 26) gives, per (layout, rail, bytes), the
 rounds, the median of hidden over them, its range and how many rounds reached the goal's 80%.
+
+--baseline VARIANT (since session 27) adds an A/B table for sweeps with RC_VARIANTS (rail columns
+"RAIL+NAME"): per (layout, bytes, pipelined or in turn) and variant, the median over the rounds of
+its eager medians, its ratio to the median of "RAIL+VARIANT" in the same file set, and, where the
+runs printed CTA 0's waits, the medians over the rounds of its busy time, rail waits and
+node-barrier waits (us per op, from the eager means).
 """
 import re
 import sys
@@ -79,7 +86,7 @@ def plot(rows, out):
     return 0
 
 
-def main(paths, out=None, minBytes=0):
+def main(paths, out=None, minBytes=0, baseline=None):
     med = {}    # (layout, rail, round, bytes, ov) -> eager median
     mean = {}   # the same -> eager mean
     phase = {}  # (layout, rail, round, bytes) -> (node, rail)
@@ -163,9 +170,47 @@ def main(paths, out=None, minBytes=0):
                 (k[0] + k[2], k[1] + k[3], k[4]) if k else (0, 0, 0)))
         print(line)
     summary(rows)
+    if baseline:
+        ab(med, mean, waits, baseline, minBytes)
     if out:
         return plot(rows, out)
     return 0
+
+
+def median(v):
+    s = sorted(v)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def ab(med, mean, waits, base, minBytes):
+    """--baseline: each variant's median eager time over the rounds, against variant `base`'s."""
+    groups = {}  # (layout, bytes, ov) -> rail column -> {round: eager median}
+    for (lay, rail, rnd, b, ov), t in med.items():
+        if b >= minBytes:
+            groups.setdefault((lay, b, ov), {}).setdefault(rail, {})[rnd] = t
+    print("# --baseline %s: the median over the rounds of each variant's eager medians (us), its ratio to %s's;"
+          " CTA 0's busy, rail and node-barrier waits, medians over the rounds (us per op)" % (base, base))
+    print("%-12s %10s %-9s %-13s %6s %10s %7s %9s %9s %9s" % (
+        "layout", "bytes", "mode", "rail", "rounds", "median", "ratio", "busy", "wr", "wn"))
+    for (lay, b, ov), cols in sorted(groups.items()):
+        for rail in sorted(cols):
+            ref = cols.get(rail.split("+", 1)[0] + "+" + base)
+            if ref is None:
+                continue
+            m, mr = median(cols[rail].values()), median(ref.values())
+            busy, wr, wn = [], [], []
+            for rnd in cols[rail]:
+                k = (lay, rail, rnd, b, ov)
+                if k in waits and k in mean:
+                    w = waits[k]
+                    busy.append(mean[k] - sum(w))
+                    wr.append(w[0])
+                    wn.append(w[1])
+            cell = lambda v: "%9.0f" % median(v) if v else "%9s" % "-"
+            print("%-12s %10d %-9s %-13s %6d %10.0f %7.3f %s %s %s" % (
+                lay, b, "pipelined" if ov else "in turn", rail, len(cols[rail]), m, m / mr if mr > 0 else float("nan"),
+                cell(busy), cell(wr), cell(wn)))
 
 
 def summary(rows):
@@ -207,7 +252,15 @@ if __name__ == "__main__":
             sys.exit(2)
         minBytes = int(args[k + 1])
         del args[k:k + 2]
+    baseline = None
+    if "--baseline" in args:
+        k = args.index("--baseline")
+        if k + 1 >= len(args):
+            print(__doc__)
+            sys.exit(2)
+        baseline = args[k + 1]
+        del args[k:k + 2]
     if not args:
         print(__doc__)
         sys.exit(2)
-    sys.exit(main(args, out, minBytes))
+    sys.exit(main(args, out, minBytes, baseline))

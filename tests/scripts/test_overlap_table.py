@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""scripts/overlap-table.py on session 27's recorded sweeps (docs/data): the numbers
+docs/PERFORMANCE.md quotes from it (the hidden share's medians over six rounds, and the A/B
+ratios of --baseline), and what it prints without a baseline column.
+
+    python3 tests/scripts/test_overlap_table.py REPO_ROOT
+"""
+import re
+import subprocess
+import sys
+
+
+def run(root, *args):
+    files = ["%s/docs/data/h200-2026-12-02-s27-call%d-rail-sweep.txt" % (root, c) for c in (2, 3)]
+    return subprocess.run([sys.executable, root + "/scripts/overlap-table.py"] + files + list(args),
+                          check=True, capture_output=True, text=True).stdout
+
+
+def row(out, pattern):
+    hits = [l.split() for l in out.splitlines() if re.match(pattern, l)]
+    if len(hits) != 1:
+        raise AssertionError("%d lines match %r in:\n%s" % (len(hits), pattern, out))
+    return hits[0]
+
+
+def main(root):
+    failures = []
+
+    def check(what, got, want):
+        if got != want:
+            failures.append("%s: %r, want %r" % (what, got, want))
+
+    out = run(root, "--min-bytes", "16777216", "--baseline", "a1")
+    # The summary: layout, rail, bytes, rounds, median, min, max, rounds >= 80%.
+    s = row(out, r"^4:2:1 +direct\+a2 +16777216 +6 ")
+    check("2 x 2 two ahead, hidden", s[4:8], ["102%", "95%", "126%", "6"])
+    s = row(out, r"^8:2:1 +direct\+a2 +16777216 +6 ")
+    check("4 x 2 two ahead, hidden", s[4:8], ["63%", "38%", "77%", "0"])
+    # The A/B table: layout, bytes, mode, rail, rounds, median, ratio, busy, wr, wn.
+    s = row(out, r"^4:2:1 +16777216 +pipelined +direct\+a2 ")
+    check("2 x 2 pipelined, two ahead against one", s[4:7], ["6", "3976", "0.837"])
+    s = row(out, r"^8:2:1 +16777216 +pipelined +direct\+a2 ")
+    check("4 x 2 pipelined, two ahead against one", s[4:10], ["6", "9079", "0.954", "3445", "4652", "826"])
+    s = row(out, r"^8:2:1 +16777216 +pipelined +direct\+a1 ")
+    check("the baseline against itself", s[6], "1.000")
+    if re.search(r"^\S+ +4194304 ", out, re.M):
+        failures.append("--min-bytes 16777216 let a 4 MiB row through")
+
+    out = run(root, "--baseline", "a1")
+    s = row(out, r"^8:2:1 +4194304 +pipelined +direct\+a2 ")
+    check("4 x 2 pipelined at 4 MiB, two ahead against one", s[4:7], ["3", "2664", "1.107"])
+
+    out = run(root, "--baseline", "nosuchvariant")
+    if re.search(r"direct\+a[12] +\d+ +\d+ +[0-9.]+ ", out.split("# --baseline")[1]):
+        failures.append("a baseline no column has printed rows")
+
+    for f in failures:
+        print("FAIL: " + f)
+    print("test_overlap_table: %s" % ("passed" if not failures else "%d failed" % len(failures)))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "."))
