@@ -225,41 +225,29 @@ def summary(rows):
     print("%-12s %-13s %10s %6s %8s %8s %8s %6s" % ("layout", "rail", "bytes", "rounds", "median", "min", "max", ">=80%"))
     for (lay, rail, b), hs in sorted(groups.items()):
         s = sorted(hs)
-        n = len(s)
-        medh = s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
         print("%-12s %-13s %10d %6d %7.0f%% %7.0f%% %7.0f%% %6d" % (
-            lay, rail, b, n, 100 * medh, 100 * s[0], 100 * s[-1], sum(1 for h in s if h >= 0.8)))
+            lay, rail, b, len(s), 100 * median(s), 100 * s[0], 100 * s[-1], sum(1 for h in s if h >= 0.8)))
+
+
+def option(args, name, convert):
+    """Takes "--name VALUE" out of args: convert(VALUE), None when absent; exits with the usage
+    when the value is missing."""
+    if name not in args:
+        return None
+    k = args.index(name)
+    if k + 1 >= len(args):
+        print(__doc__)
+        sys.exit(2)
+    value = convert(args[k + 1])
+    del args[k:k + 2]
+    return value
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    out = None
-    if "--plot" in args:
-        k = args.index("--plot")
-        if k + 1 >= len(args):
-            print(__doc__)
-            sys.exit(2)
-        out = args[k + 1]
-        del args[k:k + 2]
-    if not args:
-        print(__doc__)
-        sys.exit(2)
-    minBytes = 0
-    if "--min-bytes" in args:
-        k = args.index("--min-bytes")
-        if k + 1 >= len(args):
-            print(__doc__)
-            sys.exit(2)
-        minBytes = int(args[k + 1])
-        del args[k:k + 2]
-    baseline = None
-    if "--baseline" in args:
-        k = args.index("--baseline")
-        if k + 1 >= len(args):
-            print(__doc__)
-            sys.exit(2)
-        baseline = args[k + 1]
-        del args[k:k + 2]
+    out = option(args, "--plot", str)
+    minBytes = option(args, "--min-bytes", int) or 0
+    baseline = option(args, "--baseline", str)
     if not args:
         print(__doc__)
         sys.exit(2)

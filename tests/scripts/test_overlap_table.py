@@ -6,14 +6,14 @@ ratios of --baseline), and what it prints without a baseline column.
     python3 tests/scripts/test_overlap_table.py REPO_ROOT
 """
 import re
-import subprocess
 import sys
+
+from script_test import report, run_script
 
 
 def run(root, *args):
     files = ["%s/docs/data/h200-2026-12-02-s27-call%d-rail-sweep.txt" % (root, c) for c in (2, 3)]
-    return subprocess.run([sys.executable, root + "/scripts/overlap-table.py"] + files + list(args),
-                          check=True, capture_output=True, text=True).stdout
+    return run_script(root, "overlap-table.py", *(files + list(args)))
 
 
 def row(out, pattern):
@@ -54,10 +54,7 @@ def main(root):
     if re.search(r"direct\+a[12] +\d+ +\d+ +[0-9.]+ ", out.split("# --baseline")[1]):
         failures.append("a baseline no column has printed rows")
 
-    for f in failures:
-        print("FAIL: " + f)
-    print("test_overlap_table: %s" % ("passed" if not failures else "%d failed" % len(failures)))
-    return 1 if failures else 0
+    return report("test_overlap_table", failures)
 
 
 if __name__ == "__main__":

@@ -5,13 +5,13 @@ chunks, and the same or up to 5% less at 4; in turn and one ahead hide what they
 
     python3 tests/scripts/test_pipeline_model.py REPO_ROOT
 """
-import subprocess
 import sys
+
+from script_test import report, run_script
 
 
 def table(root, *args):
-    out = subprocess.run([sys.executable, root + "/scripts/pipeline-model.py"] + list(args), check=True,
-                         capture_output=True, text=True).stdout
+    out = run_script(root, "pipeline-model.py", *args)
     rows = {}
     for line in out.splitlines():
         f = line.split()
@@ -46,10 +46,7 @@ def main(root):
     r = rows.get("fifo")
     if r is None or not (r["two"] <= r["turn"] <= r["two"] + 40):
         failures.append("no rail: %s" % r)
-    for f in failures:
-        print("FAIL: " + f)
-    print("test_pipeline_model: %s" % ("passed" if not failures else "%d failed" % len(failures)))
-    return 1 if failures else 0
+    return report("test_pipeline_model", failures)
 
 
 if __name__ == "__main__":
