@@ -51,6 +51,7 @@ struct CtaState {
   // The rail protocol (outside CTA roles, where the sender posts and other CTAs wait): the tag of
   // the round in flight on each slot, -1 when none. A slot takes one round at a time, and the
   // rounds in flight differ in tag.
+  static_assert(kHierNetSlots == 3, "one -1 per net slot below");
   int inFlightTag[kHierNetSlots] = {-1, -1, -1};
   int maxInFlight = 0;  // the most rounds in flight at once
   ProxyProducer producer{0, 0};  // the kernel keeps it in DeviceState (proxyHead, proxyTailSeen)
