@@ -37,10 +37,9 @@ class RegionRaces {
   }
 
  public:
-  // regionOf(p): the region p points into, or -1 (not checked memory). nRegions is kept for the
-  // callers' sake; the check works on byte ranges.
-  void reset(int nRegions, std::function<int(const char*)> regionOf) {
-    (void)nRegions;
+  // regionOf(p): the region p points into, or -1 (not checked memory); the check itself works on
+  // byte ranges.
+  void reset(std::function<int(const char*)> regionOf) {
     std::lock_guard<std::mutex> lock(mu_);
     live_.clear();
     regionOf_ = std::move(regionOf);

@@ -36,7 +36,7 @@ struct World {
 
   World(int n, int ctas, uint64_t chunk) : nRanks(n), nCtas(ctas), chunkBytes(chunk) {
     staging.assign(static_cast<size_t>(n), std::vector<char>(stagedBufferBytes(ctas, chunk)));
-    race.reset(n * ctas * kRegions, [this](const char* p) { return regionOf(p); });
+    race.reset([this](const char* p) { return regionOf(p); });
     arrive.reset(new std::atomic<uint64_t>[static_cast<size_t>(n * ctas)]);
     for (int i = 0; i < n * ctas; ++i) arrive[i] = 0;
   }
@@ -224,7 +224,7 @@ TEST_CASE("region races: plain reads and writes, reductions in place, and writes
   std::vector<char> mem(4 * 64);
   mktest::RegionRaces r;
   auto fresh = [&] {
-    r.reset(4, [&mem](const char* p) {
+    r.reset([&mem](const char* p) {
       return p >= mem.data() && p < mem.data() + mem.size() ? static_cast<int>((p - mem.data()) / 64) : -1;
     });
   };

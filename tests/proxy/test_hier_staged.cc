@@ -121,7 +121,7 @@ void makeWorld(World& w, mkernel::net::Net* net, int nNodes, int perNode, uint64
   for (int i = 0; i < n * kMaxHierCtas * kHierRoleCounters; ++i) w.roleCounter[i] = 0;
   w.roleTarget.reset(new std::atomic<uint64_t>[static_cast<size_t>(n * kMaxHierCtas * 8)]);
   for (int i = 0; i < n * kMaxHierCtas * 8; ++i) w.roleTarget[i] = 0;
-  w.race.reset(n * ctas * 4, [&w](const char* p) { return w.regionOf(p); });
+  w.race.reset([&w](const char* p) { return w.regionOf(p); });
   w.arrive.reset(new std::atomic<uint64_t>[static_cast<size_t>(n * ctas)]);
   for (int i = 0; i < n * ctas; ++i) w.arrive[i] = 0;
   for (int r = 0; r < n; ++r) {
