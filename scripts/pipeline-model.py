@@ -89,15 +89,17 @@ def simulate(kind, a, mode, seed, dt=1.0):
             return t
         for r in range(R):
             j = r % G
-            ready = [x for x in queue[r] if (r, x) not in done and all((m * G + j, x) in posted for m in range(N))]
+            ready = [x for x in queue[r] if all((m * G + j, x) in posted for m in range(N))]
             if not ready:
                 continue
             if mode == "fifo":
                 ready = ready[:1]
+            share = dt / len(ready)
             for x in ready:
-                left[(r, x)] -= dt / len(ready)
+                left[(r, x)] -= share
                 if left[(r, x)] <= 1e-9:
                     done.add((r, x))
+                    queue[r].remove(x)  # served: out of the proxy's queue
         t += dt
         if t > 1e8:
             raise RuntimeError("the schedule %s did not finish (a deadlock in the model)" % kind)
