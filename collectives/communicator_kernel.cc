@@ -817,7 +817,8 @@ Result KernelCommunicator::setupProxy() {
   params_.hierAhead = hierAhead_;
   params_.nNodes = N;
   params_.perNode = G;
-  const bool dataParallelDirect = hierRail_ == coll::kRailDirect && hierWorkers_ == 0;  // keep-own and ahead apply
+  const bool direct = hierRail_ == coll::kRailDirect;
+  const bool dataParallelDirect = direct && hierWorkers_ == 0;  // the AllReduce's look-ahead applies
   MK_INFO(kLogInit,
           "rank %d: %s node %d of %d (%d ranks each): proxy on rail %d over %s (%s), %d CTA(s) per collective from %llu bytes, "
           "1 below; AllReduce/ReduceScatter/AllGather exchange among the rail %s, AllReduce %s%s%s",
@@ -829,13 +830,14 @@ Result KernelCommunicator::setupProxy() {
           hierWorkers_ == 0 ? "on data-parallel CTAs"
                             : ("in CTA roles: each lane 1 sender, " + std::to_string(hierWorkers_) + " worker(s), " +
                                std::to_string(hierReducers_) + " reducer(s)").c_str(),
-          !dataParallelDirect        ? ""
-          : params_.hierKeepOwn != 0 ? "; data-parallel, each rank's own block stays in device memory"
-                                     : "; data-parallel, each rank's own block through the net send buffer "
-                                       "(MKERNEL_HIER_KEEP_OWN=0)",
           !dataParallelDirect ? ""
           : hierAhead_ == 2   ? ", pipelined two chunks ahead (three net slots)"
-                              : ", pipelined one chunk ahead (MKERNEL_HIER_AHEAD=1)");
+                              : ", pipelined one chunk ahead (MKERNEL_HIER_AHEAD=1)",
+          // MKERNEL_HIER_KEEP_OWN (collectives/hier_staged.h: hierArKeepOwn, HierStepsBase::keepOwn)
+          !direct                    ? ""
+          : params_.hierKeepOwn == 0 ? "; each rank's own piece through the net send buffer (MKERNEL_HIER_KEEP_OWN=0)"
+          : hierWorkers_ == 0        ? "; each rank's own piece stays in device memory"
+                                     : "; each rank's own piece stays in device memory (not in the AllReduce's CTA roles)");
   return Result::Success;
 }
 

@@ -636,12 +636,31 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduce(Ex& ex, const HierCall& c, uint64
 // barrier of B (AllGather, Broadcast: out regions) the writer of chunk i + 2 has passed the
 // barrier of B(i + 1), which every reader reaches after copying chunk i out. Net slot par(i) is
 // refilled by A(i + 2), after B(i) waited for its round.
+//
+// The own piece (MKERNEL_HIER_KEEP_OWN, direct rail; HierStepsBase::keepOwn): a piece that a rank
+// would write into P and read back from it without sending it, or read from P where its own
+// buffer holds the same bytes, stays in device memory.
+//   ReduceScatter  part k (this node's, reduced over the nodes by this rank) is reduced in place
+//                  into this rank's own slot k * perNode + j of its inbox, and B reads it there
+//   Reduce         the root's partial, in place into its own slot jr of its inbox
+//   AllGather      B pushes block (k, j) from sendbuff instead of P
+//   Broadcast      the root's B pushes from sendbuff instead of P
+// Per chunk that takes two of ReduceScatter's 2 N block moves through P (with 2 nodes, half), one
+// of AllGather's N + 1, two of the Reduce root's, one of the Broadcast root's. B(i) now reads an
+// inbox after the barrier of A(i + 1), past the argument above; but the slot it reads only this
+// rank writes (every rank pushes into slot m * perNode + its own index), and it next writes it in
+// A(i + 2), after its B(i). For that the slots keep their bytes from chunk to chunk
+// (HierStep::stride, a whole chunk's, also for the last and shorter one). sendbuff is not written by the collective (in place, the bytes written
+// over it are those read).
 struct HierStep {
   HierChunk ch;
-  uint64_t slot;  // bytes of one rank's slot in a region (the chunk's bytes)
+  uint64_t slot;    // bytes of one rank's slot in a region (the chunk's bytes)
+  uint64_t stride;  // bytes from one slot of a node region to the next: a whole chunk's, so that a
+                    // slot stays at the same bytes for the collective's last, shorter chunk (the
+                    // own slot's argument above)
   int par;
   MKERNEL_HD HierStep(const HierCall& c, uint64_t i, uint64_t seq)
-      : ch(c, i * c.chunkElems), slot(ch.bytes), par(static_cast<int>(seq & 1)) {}
+      : ch(c, i * c.chunkElems), slot(ch.bytes), stride(c.chunkElems * c.elemSize), par(static_cast<int>(seq & 1)) {}
 };
 
 MK_HIER_TEMPLATE
@@ -711,7 +730,7 @@ struct HierStepsBase {
   }
   // Slot m * perNode + idx of a node region (one chunk slot each: ReduceScatter, AllGather).
   MKERNEL_HD char* slotOf(char* region, int m, int idx, const HierStep& k) const {
-    return region + static_cast<uint64_t>(m * x.G + idx) * k.slot;
+    return region + static_cast<uint64_t>(m * x.G + idx) * k.stride;
   }
   // Byte offset of this chunk within rank (m, q)'s block of a buffer of nRanks blocks.
   MKERNEL_HD uint64_t blockOff(int m, int q, const HierStep& k) const {
@@ -722,6 +741,10 @@ struct HierStepsBase {
   // (chunk i + 1's first step is posted while chunk i's chain runs). post: step `first`;
   // chain: each step waited for (and reduced), the next posted, the last waited for.
   MKERNEL_HD bool chained() const { return c.rail != kRailDirect; }
+  // The own piece stays in device memory (above HierStep; the direct rail only).
+  MKERNEL_HD bool keepOwn() const { return c.keepOwn && !chained(); }
+  // This rank's own slot of its inbox for node m's part: slot m * perNode + j (ReduceScatter).
+  MKERNEL_HD char* ownSlot(char* inbox, int m, const HierStep& k) const { return slotOf(inbox, m, x.j, k); }
   MK_HIER_TEMPLATE
   template <class Ex>
   MKERNEL_HD bool postStep(Ex& ex, const HierStep& k, int st) {
@@ -789,7 +812,8 @@ struct HierReduceScatterSteps : HierStepsBase {
     char* P = ex.netSend(k.par);
     for (int m = 0; m < x.N; ++m) {
       for (int q = 0; q < x.G; ++q) x.srcs[q] = slotOf(ex.in(x.j, k.par), m, q, k);
-      x.dsts[0] = P + static_cast<uint64_t>(m) * k.slot;
+      // keepOwn: part k, which is never sent, in place into this rank's own slot of its inbox.
+      x.dsts[0] = keepOwn() && m == x.k ? ownSlot(ex.in(x.j, k.par), m, k) : P + static_cast<uint64_t>(m) * k.slot;
       ex.reduce(x.dsts, 1, x.srcs, x.G, k.ch.l, true, false);
     }
     if (chained()) return postStep(ex, k, 0);
@@ -807,7 +831,8 @@ struct HierReduceScatterSteps : HierStepsBase {
       return true;
     }
     if (!ex.railWait(k.par)) return false;
-    for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P + static_cast<uint64_t>(x.k) * k.slot : ex.netRecv(k.par, m);
+    const char* own = keepOwn() ? ownSlot(ex.in(x.j, k.par), x.k, k) : P + static_cast<uint64_t>(x.k) * k.slot;
+    for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? own : ex.netRecv(k.par, m);
     x.dsts[0] = x.recv + k.ch.g * x.esz;
     ex.reduce(x.dsts, 1, x.srcs, x.N, k.ch.l, false, true);
     return true;
@@ -837,9 +862,10 @@ struct HierAllGatherSteps : HierStepsBase {
     const int half = hierRailHalf(c.rail, x.N);
     if (chained() ? !chain(ex, k, half, 2 * half) : !ex.railWait(k.par)) return false;
     char* P = ex.netSend(k.par);
+    const char* own = keepOwn() ? x.send + k.ch.g * x.esz : P;  // block (k, j): sendbuff holds it too
     for (int m = 0; m < x.N; ++m) {
       for (int q = 0; q < x.G; ++q) x.dsts[q] = slotOf(ex.out(q, k.par), m, x.j, k);
-      ex.copy(x.dsts, x.G, chained() ? P + static_cast<uint64_t>(m) * k.slot : m == x.k ? P : ex.netRecv(k.par, m), k.slot);
+      ex.copy(x.dsts, x.G, chained() ? P + static_cast<uint64_t>(m) * k.slot : m == x.k ? own : ex.netRecv(k.par, m), k.slot);
     }
     if (!ex.nodeBarrier()) return false;
     for (int m = 0; m < x.N; ++m)
@@ -882,7 +908,10 @@ struct HierBroadcastSteps : HierStepsBase {
       for (int st = 0; st < (chained() ? steps : 1); ++st)
         if (!ex.railWait(k.par) || (chained() && st + 1 < steps && !postTree(ex, k, st + 1, false))) return false;
       for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, k.par);
-      ex.copy(x.dsts, x.G, x.k == kr || chained() ? ex.netSend(k.par) : ex.netRecv(k.par, kr), k.ch.bytes);
+      const char* src = x.k == kr && keepOwn()      ? x.send + k.ch.g * x.esz  // the root's chunk, from sendbuff
+                        : x.k == kr || chained()     ? ex.netSend(k.par)
+                                                     : ex.netRecv(k.par, kr);
+      ex.copy(x.dsts, x.G, src, k.ch.bytes);
     }
     if (!ex.nodeBarrier()) return false;
     x.dsts[0] = x.recv + k.ch.g * x.esz;
@@ -902,13 +931,14 @@ struct HierReduceSteps : HierStepsBase {
   MK_HIER_TEMPLATE
   template <class Ex>
   MKERNEL_HD bool a(Ex& ex, const HierStep& k) {
-    x.dsts[0] = ex.in(jr, k.par) + static_cast<uint64_t>(x.j) * k.slot;
+    x.dsts[0] = ex.in(jr, k.par) + static_cast<uint64_t>(x.j) * k.stride;
     ex.copy(x.dsts, 1, x.send + k.ch.g * x.esz, k.slot);
     if (!ex.nodeBarrier()) return false;
     if (x.j != jr) return true;
     char* P = ex.netSend(k.par);
-    for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, k.par) + static_cast<uint64_t>(q) * k.slot;
-    x.dsts[0] = P;
+    for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, k.par) + static_cast<uint64_t>(q) * k.stride;
+    // keepOwn: the root's partial, which is never sent, in place into its own slot of its inbox.
+    x.dsts[0] = keepOwn() && x.k == kr ? ex.in(x.j, k.par) + static_cast<uint64_t>(x.j) * k.stride : P;
     ex.reduce(x.dsts, 1, x.srcs, x.G, k.ch.l, true, false);
     if (chained()) return postTree(ex, k, 0, true);
     for (int m = 0; m < x.N; ++m)
@@ -941,8 +971,8 @@ struct HierReduceSteps : HierStepsBase {
     }
     if (!ex.railWait(k.par)) return false;
     if (x.k == kr) {
-      char* P = ex.netSend(k.par);
-      for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? P : ex.netRecv(k.par, m);
+      const char* own = keepOwn() ? ex.in(x.j, k.par) + static_cast<uint64_t>(x.j) * k.stride : ex.netSend(k.par);
+      for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? own : ex.netRecv(k.par, m);
       x.dsts[0] = x.recv + k.ch.g * x.esz;
       ex.reduce(x.dsts, 1, x.srcs, x.N, k.ch.l, false, true);
     }

@@ -81,6 +81,10 @@ struct World {
   std::vector<std::unique_ptr<RankState>> ranks;
   mktest::RegionRaces race;                         // per (rank, CTA, region 0..3)
   std::unique_ptr<std::atomic<uint64_t>[]> arrive;  // per (rank, CTA)
+  // Per rank: bytes its copies and reductions moved through its net buffers (each pointer of a
+  // movement that lies in them counts the movement's bytes once). MKERNEL_HIER_KEEP_OWN takes the
+  // own piece off them; host-mapped unless GPUDirect, they are the CTA's slowest memory.
+  std::unique_ptr<std::atomic<uint64_t>[]> netBytes;
   int slowRank = -1;
   bool breakGatherBarrier = false;  // every second node barrier does not wait (negative test)
   bool overlap = true;              // HierCall::overlap (AllReduce pipelined)
@@ -124,6 +128,8 @@ void makeWorld(World& w, mkernel::net::Net* net, int nNodes, int perNode, uint64
   w.race.reset([&w](const char* p) { return w.regionOf(p); });
   w.arrive.reset(new std::atomic<uint64_t>[static_cast<size_t>(n * ctas)]);
   for (int i = 0; i < n * ctas; ++i) w.arrive[i] = 0;
+  w.netBytes.reset(new std::atomic<uint64_t>[static_cast<size_t>(n)]);
+  for (int i = 0; i < n; ++i) w.netBytes[i] = 0;
   for (int r = 0; r < n; ++r) {
     w.ranks.emplace_back(new RankState());
     RankState& s = *w.ranks.back();
@@ -197,8 +203,21 @@ struct CpuHierExecutor {
     s.marks.push_back(mark);
   }
 
+  // Whether p lies in one of this rank's net buffers (any CTA's), and World::netBytes's count.
+  bool isNet(const char* p) const {
+    for (const auto& k : w->ranks[static_cast<size_t>(rank)]->cta)
+      if (p >= k->net.data() && p < k->net.data() + k->net.size()) return true;
+    return false;
+  }
+  void countNet(const char* const* srcs, int nSrc, const char* const* dsts, int nDst, uint64_t bytes) {
+    uint64_t b = 0;
+    for (int k = 0; k < nSrc; ++k) b += isNet(srcs[k]) ? bytes : 0;
+    for (int k = 0; k < nDst; ++k) b += isNet(dsts[k]) ? bytes : 0;
+    w->netBytes[rank] += b;
+  }
   void copy(char* const* dsts, int nDst, const char* src, uint64_t bytes) {
     if (bytes == 0) return;
+    countNet(&src, 1, dsts, nDst, bytes);
     mktest::RegionRaces::Movement m(&w->race, &src, 1, dsts, nDst, bytes);
     slow();
     for (int k = 0; k < nDst; ++k) std::memmove(dsts[k], src, bytes);
@@ -206,6 +225,7 @@ struct CpuHierExecutor {
   void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems, bool applyPre,
               bool applyPost) {
     if (elems == 0) return;
+    countNet(srcs, nSrc, dsts, nDst, elems * 4);
     mktest::RegionRaces::Movement m(&w->race, srcs, nSrc, dsts, nDst, elems * 4);
     slow();
     mktest::sumU32(dsts, nDst, srcs, nSrc, elems, [&](uint32_t v) { return applyPre ? pre(v) : v; },
@@ -530,6 +550,70 @@ TEST_CASE("hier_staged: every collective with the own piece through the net buff
   auto net = testNet();
   for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}})
     for (bool overlap : {true, false}) everyCollective(net.get(), sh, overlap, 1, 0, Roles(), kRailDirect, false);
+}
+
+// MKERNEL_HIER_KEEP_OWN takes exactly the own piece off the net buffers, for every collective of
+// the direct rail (hier_staged.h: hierArKeepOwn, and above HierStep): per rank and chunk, the
+// AllReduce's t_k three times (phase 1's write, the rail reduction's read, phase 3's read);
+// ReduceScatter's own part twice (A's write, B's read); AllGather's own block once (B's read); the
+// Reduce root's partial twice and the Broadcast root's chunk once (other ranks: nothing). Each
+// collective alone, both forms, on the same data; the results are checked too.
+TEST_CASE("hier_staged: the own piece stays off the net buffers by exactly its bytes (MKERNEL_HIER_KEEP_OWN)") {
+  auto net = testNet();
+  for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}, Shape{2, 3, 768}, Shape{2, 1, 256}}) {
+    NodeLayout L;
+    L.nNodes = sh.nodes;
+    L.perNode = sh.perNode;
+    const int n = L.nRanks();
+    for (CollType coll : {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
+                          CollType::Reduce})
+      for (bool inPlace : {false, true}) {
+        const Op op{coll, 1001, inPlace, n - 1};
+        std::vector<uint64_t> moved[2];  // [keepOwn]
+        for (bool keepOwn : {false, true}) {
+          World w;
+          makeWorld(w, net.get(), sh.nodes, sh.perNode, sh.chunkBytes);
+          w.keepOwn = keepOwn;
+          const std::string mismatch = runOps(w, {op}, 17);
+          stopAll(w);
+          for (const auto& e : w.errors) FAIL_CHECK(e);
+          CHECK(mismatch == "");
+          CHECK(w.race.races() == 0);
+          for (int r = 0; r < n; ++r) moved[keepOwn].push_back(w.netBytes[r].load());
+        }
+        for (int r = 0; r < n; ++r) {
+          // What the own piece is, per rank, over the collective's chunks.
+          uint64_t want = 0;
+          const int k = L.nodeOf(r), j = L.localOf(r);
+          const uint64_t bytes = op.count * 4;
+          switch (coll) {
+            case CollType::AllReduce: {
+              HierCall c;
+              c.coll = coll;
+              c.layout = L;
+              c.node = k;
+              c.local = j;
+              c.count = op.count;
+              c.elemSize = 4;
+              c.part = Slice{0, op.count};
+              c.chunkElems = hierChunkElemsFor(coll, L, 4, sh.chunkBytes);
+              const HierCtx x(c);
+              for (uint64_t i = 0; i * c.chunkElems < op.count; ++i) want += 3 * HierArChunk(c, x, i, i).tk.count * 4;
+              break;
+            }
+            case CollType::ReduceScatter: want = 2 * bytes; break;
+            case CollType::AllGather: want = bytes; break;
+            case CollType::Broadcast: want = r == op.root ? bytes : 0; break;
+            case CollType::Reduce: want = r == op.root ? 2 * bytes : 0; break;
+          }
+          INFO(sh.nodes << " nodes x " << sh.perNode << ", " << collName(coll) << (inPlace ? " in place" : "") << ", rank "
+                        << r << ": " << moved[0][static_cast<size_t>(r)] << " B through the net buffers, "
+                        << moved[1][static_cast<size_t>(r)] << " B keeping the own piece");
+          CHECK(moved[1][static_cast<size_t>(r)] + want == moved[0][static_cast<size_t>(r)]);
+          if (want > 0) CHECK(moved[1][static_cast<size_t>(r)] > 0);
+        }
+      }
+  }
 }
 
 // MKERNEL_HIER_AHEAD=1 (the comparison order): the pipelined direct AllReduce one chunk ahead, as
