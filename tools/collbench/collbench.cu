@@ -1,12 +1,16 @@
-// mkernel-collbench: AllReduce through the persistent kernel, N thread ranks on one GPU (emulated)
-// or spread over several (--gpus), optionally beside the real NCCL (--nccl).
+// mkernel-collbench: AllReduce (or, --coll, another collective) through mkernel, N thread ranks on
+// one GPU (emulated) or spread over several (--gpus), optionally beside the real NCCL (--nccl,
+// AllReduce only).
 //
 // For each rank count and size: per-op latency (median, p99) over back-to-back collectives timed
 // with CUDA events on rank 0's stream, eager and replayed from a CUDA graph, and a memory
-// bandwidth: the minimum device-memory bytes an AllReduce must move on one GPU (every rank's
-// input read once, every rank's output written once: 2 * nRanks * bytes) per second of the
-// eager median, next to cudaMemcpy device-to-device bandwidth (read + write) measured in the
-// same run. Progress on stderr, table on stdout, --csv FILE for the rows.
+// bandwidth: the minimum device-memory bytes the collective must move on one GPU (every rank's
+// input read once, every rank's output written once: 2 * nRanks * bytes for an AllReduce,
+// (nRanks + 1) * bytes for the others) per second of the eager median, next to cudaMemcpy
+// device-to-device bandwidth (read + write) measured in the same run. "bytes" is the size
+// nccl-tests reports: an AllReduce's, Broadcast's or Reduce's buffer, ReduceScatter's send buffer
+// (every rank's block), AllGather's receive buffer. Progress on stderr, table on stdout, --csv FILE
+// for the rows.
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>
@@ -67,7 +71,22 @@ struct Options {
   // cores than contexts). On emulated nodes eight spinning rank threads share the host's cores with
   // the proxies that play the NICs (docs/PERFORMANCE.md, session 24).
   std::string sync;
+  // --coll: the collective timed (float sum; Broadcast and Reduce rooted at rank 0).
+  mkernel::coll::CollType coll = mkernel::coll::CollType::AllReduce;
 };
+
+// Elements per rank of collective c for a size of `bytes` (nccl-tests' size, above) over n ranks.
+size_t collCount(mkernel::coll::CollType c, size_t bytes, int n) {
+  using mkernel::coll::CollType;
+  const size_t elems = bytes / 4;
+  if (c == CollType::ReduceScatter || c == CollType::AllGather) return std::max<size_t>(1, elems / static_cast<size_t>(n));
+  return std::max<size_t>(1, elems);
+}
+// That size again, from the count (what the rows report).
+size_t collBytes(mkernel::coll::CollType c, size_t count, int n) {
+  using mkernel::coll::CollType;
+  return (c == CollType::ReduceScatter || c == CollType::AllGather ? count * static_cast<size_t>(n) : count) * 4;
+}
 
 // Per collective: every interval of a group of k divided by k.
 std::vector<float> perOp(std::vector<float> v, int k) {
@@ -143,7 +162,8 @@ std::vector<float> replayGraph(cudaGraphExec_t ge, cudaStream_t stream, const st
 // One table row from the samples (ms); mem GB/s counts every rank's input read once and every
 // rank's output written once.
 Row makeRow(const std::string& wait, int ranks, size_t bytes, const std::vector<float>& eager,
-            const std::vector<float>& graph, double hostUs, double copyGBps) {
+            const std::vector<float>& graph, double hostUs, double copyGBps,
+            mkernel::coll::CollType coll = mkernel::coll::CollType::AllReduce) {
   Row row{};
   row.wait = wait;
   row.ranks = ranks;
@@ -153,7 +173,8 @@ Row makeRow(const std::string& wait, int ranks, size_t bytes, const std::vector<
   row.graphMed = percentile(graph, 0.5) * 1e3;
   row.graphP99 = percentile(graph, 0.99) * 1e3;
   row.hostUs = hostUs;
-  row.memGBps = 2.0 * ranks * static_cast<double>(bytes) / (row.eagerMed * 1e-6) / 1e9;
+  const double perGpu = coll == mkernel::coll::CollType::AllReduce ? 2.0 * ranks : ranks + 1.0;  // x bytes
+  row.memGBps = perGpu * static_cast<double>(bytes) / (row.eagerMed * 1e-6) / 1e9;
   row.pctCopy = copyGBps > 0 ? 100.0 * row.memGBps / copyGBps : 0;
   return row;
 }
@@ -591,8 +612,10 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
       std::unique_ptr<mkernel::coll::Communicator> comm;
       if (mkernel::coll::Communicator::create(co, bs.get(), &comm) != Result::Success) return fail("create");
       RankBufs b;
-      if (!makeRankBufs(groupWindow(opt.maxBytes, opt.group), std::max(opt.iters, opt.graphOps), &b))
-        return fail("cudaMalloc " + std::to_string(groupWindow(opt.maxBytes, opt.group)));
+      // (--coll reducescatter / allgather: a size below 4 * n bytes still takes one element per rank.)
+      const size_t bufBytes = std::max(opt.maxBytes, size_t(4) * static_cast<size_t>(n));
+      if (!makeRankBufs(groupWindow(bufBytes, opt.group), std::max(opt.iters, opt.graphOps), &b))
+        return fail("cudaMalloc " + std::to_string(groupWindow(bufBytes, opt.group)));
       cudaStream_t stream = b.stream;
       void *send = b.send, *recv = b.recv;
       std::vector<cudaEvent_t>& ev = b.ev;
@@ -602,15 +625,17 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
       const int iters = opt.iters;
       for (size_t bytes = opt.minBytes; bytes <= opt.maxBytes; bytes *= opt.step) {
         CollArgs a;
+        a.coll = opt.coll;
         a.dtype = mkernel::coll::DataType::Float32;
-        a.count = std::max<size_t>(1, bytes / 4);
+        a.count = collCount(opt.coll, bytes, n);
+        const size_t size = collBytes(opt.coll, a.count, n);
         a.sendbuff = send;
         a.recvbuff = recv;
         std::vector<CollArgs> grp(static_cast<size_t>(opt.group), a);  // --group: one enqueue of them
         const int ng = opt.group;
         for (int k = 0; k < ng; ++k) {
-          grp[static_cast<size_t>(k)].sendbuff = static_cast<char*>(send) + groupWindow(bytes, k);
-          grp[static_cast<size_t>(k)].recvbuff = static_cast<char*>(recv) + groupWindow(bytes, k);
+          grp[static_cast<size_t>(k)].sendbuff = static_cast<char*>(send) + groupWindow(std::max(bytes, size), k);
+          grp[static_cast<size_t>(k)].recvbuff = static_cast<char*>(recv) + groupWindow(std::max(bytes, size), k);
         }
         // Warm-up (and the kernel launch) outside the timing.
         for (int i = 0; i < 10; ++i)
@@ -665,10 +690,10 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           if (chunks > 0)
             std::printf("# phases in turn, %d ranks, %zu B: eager mean %.2f us; node %.2f us, rail %.2f us per op (rank 0, "
                         "CTA 0; %.1f chunks per op)%s\n",
-                        n, a.count * 4, mean, (turn1.hierTurnNodeNs - turn0.hierTurnNodeNs) / 1e3 / ops,
+                        n, size, mean, (turn1.hierTurnNodeNs - turn0.hierTurnNodeNs) / 1e3 / ops,
                         (turn1.hierTurnRailNs - turn0.hierTurnRailNs) / 1e3 / ops, static_cast<double>(chunks) / ops, waits);
           else
-            std::printf("# hierarchical, %d ranks, %zu B: eager mean %.2f us (rank 0, CTA 0)%s\n", n, a.count * 4, mean, waits);
+            std::printf("# hierarchical, %d ranks, %zu B: eager mean %.2f us (rank 0, CTA 0)%s\n", n, size, mean, waits);
         }
         if (n == 1 && ng == 1 && bytes == opt.minBytes) {
           // One rank (issue 5's one-rank overhead): an enqueue's host time against the
@@ -745,7 +770,7 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         }
         if (comm->asyncError() != Result::Success) return fail("asyncError");
         if (r == 0) {
-          Row row = makeRow(opt.mode, n, a.count * 4, eager, graph, hostUs, copyGBps);
+          Row row = makeRow(opt.mode, n, size, eager, graph, hostUs, copyGBps, opt.coll);
           for (int k = 0; k < 7; ++k) row.stageUs[k] = stageUs[k];
           row.smGHz = smGHz;
           row.traced = traced;
@@ -772,7 +797,9 @@ int usage() {
   std::fprintf(stderr,
                "usage: mkernel-collbench [--ranks 2,4,8] [--min-bytes 8] [--max-bytes 1073741824] "
                "[--step 8] [--iters 1000] [--wait launch,memop,kernel] [--trace 1|2|3] [--nccl libnccl.so.2] [--gpus 1] "
-               "[--ranks-per-node K] [--group K] [--sync spin|yield|blocking] [--csv FILE]\n"
+               "[--ranks-per-node K] [--group K] [--sync spin|yield|blocking] [--coll allreduce] [--csv FILE]\n"
+               "  --coll allreduce|reducescatter|allgather|broadcast|reduce: the collective timed (float sum, root 0);\n"
+               "  bytes are nccl-tests' size (ReduceScatter: the send buffer, AllGather: the receive buffer)\n"
                "  --group K (1-8): every timed call a group of K AllReduces (NCCL: ncclGroupStart/End; mkernel: one\n"
                "  enqueue, MKERNEL_LL_BATCH), times per collective\n"
                "  --ranks-per-node K: emulated nodes of K ranks, every collective through the hierarchical path and\n"
@@ -803,7 +830,20 @@ int main(int argc, char** argv) {
     else if (a == "--ranks-per-node") opt.ranksPerNode = std::atoi(v);
     else if (a == "--group") opt.group = std::atoi(v);
     else if (a == "--sync") opt.sync = v;
-    else return usage();
+    else if (a == "--coll") {
+      const std::string c = v;
+      using mkernel::coll::CollType;
+      if (c == "allreduce") opt.coll = CollType::AllReduce;
+      else if (c == "reducescatter") opt.coll = CollType::ReduceScatter;
+      else if (c == "allgather") opt.coll = CollType::AllGather;
+      else if (c == "broadcast") opt.coll = CollType::Broadcast;
+      else if (c == "reduce") opt.coll = CollType::Reduce;
+      else return usage();
+    } else return usage();
+  }
+  if (opt.coll != mkernel::coll::CollType::AllReduce && !opt.nccl.empty()) {
+    std::fprintf(stderr, "mkernel-collbench: --nccl compares AllReduce only (--coll allreduce)\n");
+    return 2;
   }
   if (opt.step < 2 || opt.minBytes < 1 || opt.iters < 1 || opt.gpus < 1 || opt.group < 1 || opt.group > 8) return usage();
   if (opt.trace < 0 || opt.trace > 3) return usage();
@@ -877,15 +917,16 @@ int main(int argc, char** argv) {
     }
     for (int n : opt.ranks) ok = runRanks(n, o, copyGBps, &rows) && ok;
   }
-  std::printf("# AllReduce float sum, thread ranks on %d x %s (%s); D2D copy %.0f GB/s\n", opt.gpus, prop.name,
-              opt.gpus == 1 ? "every rank on GPU 0: emulated" : "rank r on GPU r % gpus", copyGBps);
+  std::printf("# %s float sum, thread ranks on %d x %s (%s); D2D copy %.0f GB/s\n", mkernel::coll::collName(opt.coll),
+              opt.gpus, prop.name, opt.gpus == 1 ? "every rank on GPU 0: emulated" : "rank r on GPU r % gpus", copyGBps);
   if (opt.group > 1)
     std::printf("# --group %d: each timed call a group of %d AllReduces, each on its own window of the buffers; "
                 "times per collective\n",
                 opt.group, opt.group);
   if (!opt.nccl.empty())
     std::printf("# NCCL rows: one rank per GPU, each driven by its own thread, as the mkernel rows' ranks\n");
-  std::printf("# mem GB/s = 2 * ranks * bytes / eager median (each input read once, each output written once)\n");
+  std::printf("# mem GB/s = %s * bytes / eager median (each input read once, each output written once)\n",
+              opt.coll == mkernel::coll::CollType::AllReduce ? "2 * ranks" : "(ranks + 1)");
   std::printf("# floors, one stream: empty kernel launch %.2f us/op, memop pair (write, wait) %.2f us/op, "
               "memop triple (write, wait, write) %.2f us/op\n",
               launchUs, pairUs, memopUs);
