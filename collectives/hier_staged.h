@@ -650,8 +650,8 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduce(Ex& ex, const HierCall& c, uint64
 // inbox after the barrier of A(i + 1), past the argument above; but the slot it reads only this
 // rank writes (every rank pushes into slot m * perNode + its own index), and it next writes it in
 // A(i + 2), after its B(i). For that the slots keep their bytes from chunk to chunk
-// (HierStep::stride, a whole chunk's, also for the last and shorter one). sendbuff is not written by the collective (in place, the bytes written
-// over it are those read).
+// (HierStep::stride, a whole chunk's, also for the last and shorter one). sendbuff is not written
+// by the collective (in place, the bytes written over it are those read).
 struct HierStep {
   HierChunk ch;
   uint64_t slot;    // bytes of one rank's slot in a region (the chunk's bytes)
