@@ -16,7 +16,8 @@
 #      the roles take the AllReduces from MKERNEL_HIER_SPLIT_MIN_BYTES, 512 KiB by default),
 #      each MKERNEL_HIER_RAIL of RC_RAILS ("direct ring rhd"), each variant of RC_VARIANTS ("-":
 #      as is; "NAME:WORD,..." adds VAR=value words to the environment and --flag=value words to
-#      collbench's arguments, its runs shown as rail "RAIL+NAME", e.g. "- bsync:--sync=blocking"),
+#      collbench's arguments, its runs shown as rail "RAIL+NAME", e.g. "- bsync:--sync=blocking";
+#      "rs:--coll=reducescatter,--sync=blocking" times a ReduceScatter instead, session 28),
 #      pipelined and in turn (RC_OVERLAPS, "1 0"), RC_ROUNDS (2) rounds interleaved; RC_ITERS
 #      (200) iterations per size, RC_MIN (4 KiB) to RC_MAX (16 MiB) by 4. A table per layout: the
 #      eager median of each (rail, overlap) as "round 1/round 2/...", in us; the raw lines in
@@ -62,7 +63,7 @@ if [ -n "${RC_CTEST:-}" ]; then
 fi
 save tests.txt
 
-step "3. hierarchical AllReduce: layouts ${RC_LAYOUTS:-8:2 6:2}, MKERNEL_HIER_RAIL in ${RC_RAILS:-direct ring rhd}, variants ${RC_VARIANTS:--}, overlap ${RC_OVERLAPS:-1 0}, ${RC_ROUNDS:-2} rounds"
+step "3. hierarchical collectives (AllReduce unless a variant says --coll): layouts ${RC_LAYOUTS:-8:2 6:2}, MKERNEL_HIER_RAIL in ${RC_RAILS:-direct ring rhd}, variants ${RC_VARIANTS:--}, overlap ${RC_OVERLAPS:-1 0}, ${RC_ROUNDS:-2} rounds"
 : >"$logs/rail-sweep.txt"
 for layout in ${RC_LAYOUTS:-8:2 6:2}; do
   IFS=: read -r ranks rpn lanes roles <<<"$layout"
