@@ -53,15 +53,27 @@ int railMessagesFor(int rail, int nodes) {
   return railStepsFor(rail, N);  // ring, rhd and the best of them: one message per step
 }
 
-AllReduceCost predictAllReduce(const CostParams& p, double bytes) {
-  AllReduceCost c;
+AllReduceCost predictAllReduce(const CostParams& p, double bytes) { return predictCollective(p, CollType::AllReduce, bytes); }
+
+CollCost predictCollective(const CostParams& p, CollType coll, double bytes) {
+  CollCost c;
+  if (coll != CollType::AllReduce && coll != CollType::ReduceScatter && coll != CollType::AllGather) {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    c.ncclRingUs = c.ncclTreeUs = c.ncclUs = c.mkPipelinedUs = c.mkSerialUs = c.speedup = nan;
+    c.ncclChoice = "not modelled";
+    return c;
+  }
+  const bool ar = coll == CollType::AllReduce;
   const int N = std::max(1, p.nodes), G = std::max(1, p.gpusPerNode), R = N * G;
   const double nodeNet = p.nicGBps * p.nicsPerNode;
   // NCCL's bus bandwidth: the NVLink ring inside a node, the node's NICs between nodes.
   const double bus = N > 1 ? std::min(p.nvlinkGBps, nodeNet) : p.nvlinkGBps;
-  const int nsteps = 2 * (R - 1);
-  const int nInter = N > 1 ? 2 * (N - 1) : 0;
-  // AllReduce algorithm bandwidth = bus bandwidth x R / (2 (R - 1)) (nccl-tests' busbw rule).
+  // Ring steps, and those that cross nodes (NCCL's tuning.cc: 2 (R - 1) and 2 (N - 1) for an
+  // AllReduce, R - 1 and N - 1 for ReduceScatter and AllGather).
+  const int nsteps = ar ? 2 * (R - 1) : R - 1;
+  const int nInter = N > 1 ? (ar ? 2 : 1) * (N - 1) : 0;
+  // Algorithm bandwidth = bus bandwidth x R / nsteps (nccl-tests' busbw rules: AllReduce
+  // 2 (R - 1) / R, ReduceScatter and AllGather (R - 1) / R).
   const double busToAlg = R > 1 ? static_cast<double>(R) / nsteps : 1.0;
   c.ncclRingUs = c.ncclTreeUs = std::numeric_limits<double>::infinity();
   std::string ringProto, treeProto;
@@ -76,7 +88,8 @@ AllReduceCost predictAllReduce(const CostParams& p, double bytes) {
       c.ncclRingUs = ringUs;
       ringProto = kProtoName[proto];
     }
-    // Tree: a chain inside each node, a binary tree across nodes, up and down.
+    if (!ar) continue;
+    // Tree (AllReduce only): a chain inside each node, a binary tree across nodes, up and down.
     const double treeLat = p.ncclBaseUs[kTree][proto] +
                            2.0 * ((G - 1) * p.ncclNvlinkLatUs[kTree][proto] + ceilLog2(N) * p.ncclNetLatUs[kTree][proto]);
     const double treeUs = treeLat + bytes / bytesPerUs(ncclBusGBps(kTree, proto, bus, N) * busToAlg);
@@ -95,17 +108,20 @@ AllReduceCost predictAllReduce(const CostParams& p, double bytes) {
 
   // mkernel, hierarchical: NVLink reduce-scatter and all-gather ((G-1)/G of the bytes each, out
   // of every GPU's NVLink), and an AllReduce of bytes/G among the N rail peers over each GPU's
-  // share of the node's NICs (2 (N-1)/N of it on the wire; steps: railStepsFor).
+  // share of the node's NICs (2 (N-1)/N of it on the wire; steps: railStepsFor). ReduceScatter
+  // and AllGather run one of the two NVLink phases and half of the rail's bytes, steps and
+  // messages.
   const double railGBps = nodeNet / G;
+  const double half = ar ? 1.0 : 0.5;
   const double tIntra = G > 1 ? (G - 1.0) / G * bytes / bytesPerUs(p.nvlinkGBps) : 0.0;
-  const double tInter = N > 1 ? 2.0 * (N - 1.0) / N * (bytes / G) / bytesPerUs(railGBps) : 0.0;
-  const int interSteps = railStepsFor(p.rail, N);
-  const double lat = p.mkOverheadUs + (G > 1 ? 2.0 * p.mkIntraStepUs : 0.0) + interSteps * p.mkInterStepUs +
-                     railMessagesFor(p.rail, N) * p.mkMsgUs;
-  c.mkSerialUs = lat + 2.0 * tIntra + tInter;
-  // Overlapped: the two NVLink phases share the GPU's NVLink, the inter-node phase its NIC; the
+  const double tNode = (ar ? 2.0 : 1.0) * tIntra;
+  const double tInter = N > 1 ? half * 2.0 * (N - 1.0) / N * (bytes / G) / bytesPerUs(railGBps) : 0.0;
+  const double lat = p.mkOverheadUs + (G > 1 ? (ar ? 2.0 : 1.0) * p.mkIntraStepUs : 0.0) +
+                     half * (railStepsFor(p.rail, N) * p.mkInterStepUs + railMessagesFor(p.rail, N) * p.mkMsgUs);
+  c.mkSerialUs = lat + tNode + tInter;
+  // Overlapped: the NVLink phases share the GPU's NVLink, the inter-node phase its NIC; the
   // pipeline hides `hidden` of the shorter (1: all of it).
-  c.mkPipelinedUs = lat + std::max(2.0 * tIntra, tInter) + (1.0 - p.hidden) * std::min(2.0 * tIntra, tInter);
+  c.mkPipelinedUs = lat + std::max(tNode, tInter) + (1.0 - p.hidden) * std::min(tNode, tInter);
   c.speedup = c.ncclUs / c.mkPipelinedUs;
   return c;
 }

@@ -1,12 +1,15 @@
-// An alpha-beta cost model of AllReduce on N nodes x G GPUs: NCCL's ring and tree (with NCCL
-// 2.28's own latency constants) against mkernel's hierarchical algorithm (collectives/
-// hierarchical.h), pipelined inside the persistent kernel or phase after phase. It plans past the
-// hardware this project has; docs/MODEL.md gives every parameter's source, the predictions for
-// 2, 8 and 64 nodes of 8 x H200, and how far the model is from what was measured.
+// An alpha-beta cost model of AllReduce (and, since session 28, ReduceScatter and AllGather) on
+// N nodes x G GPUs: NCCL's ring and tree (with NCCL 2.28's own latency constants) against
+// mkernel's hierarchical algorithm (collectives/hierarchical.h), pipelined inside the persistent
+// kernel or phase after phase. It plans past the hardware this project has; docs/MODEL.md gives
+// every parameter's source, the predictions for 2, 8 and 64 nodes of 8 x H200, and how far the
+// model is from what was measured.
 #pragma once
 
 #include <string>
 #include <vector>
+
+#include "collectives/types.h"
 
 namespace mkernel {
 namespace coll {
@@ -53,8 +56,8 @@ int railStepsFor(int rail, int nodes);
 // 2 log2 N (ring's when N is not a power of two); kRailBest: as the form railStepsFor picks.
 int railMessagesFor(int rail, int nodes);
 
-struct AllReduceCost {
-  double ncclRingUs = 0, ncclTreeUs = 0;  // best protocol of each
+struct CollCost {
+  double ncclRingUs = 0, ncclTreeUs = 0;  // best protocol of each (tree: AllReduce only, else +inf)
   double ncclUs = 0;                      // NCCL's choice: the faster of the two
   std::string ncclChoice;                 // "ring/simple", "tree/ll", ...
   double mkPipelinedUs = 0;               // the three phases overlapped in chunks
@@ -62,8 +65,19 @@ struct AllReduceCost {
   double speedup = 0;                     // ncclUs / mkPipelinedUs
 };
 
+using AllReduceCost = CollCost;
+
 // bytes: NCCL's per-rank AllReduce size. Parameters must be positive (nodes, GPUs, bandwidths).
 AllReduceCost predictAllReduce(const CostParams& p, double bytes);
+
+// AllReduce, ReduceScatter or AllGather (others: every time NaN, ncclChoice "not modelled").
+// bytes: nccl-tests' size (AllReduce: per rank; ReduceScatter: the send buffer, every rank's
+// block; AllGather: the receive buffer). NCCL runs ReduceScatter and AllGather as a ring of
+// R - 1 steps, N - 1 of them between nodes (its tree is AllReduce's alone; PAT, which it may pick
+// with one GPU per node, and NVLS are not modelled); mkernel as the first or second half of its
+// hierarchical AllReduce: one NVLink phase of (G - 1) / G of the bytes and a rail phase of
+// (N - 1) / N of bytes / G, half of the AllReduce's rail steps and messages, one NVLink step.
+CollCost predictCollective(const CostParams& p, CollType coll, double bytes);
 
 }  // namespace coll
 }  // namespace mkernel

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <limits>
 
 #include "collectives/cost_model.h"
 
@@ -138,4 +139,58 @@ TEST_CASE("cost model: the share of the shorter phase the pipeline hides") {
   CHECK(half.mkPipelinedUs == Approx((all.mkPipelinedUs + all.mkSerialUs) / 2));
   CHECK(half.speedup < all.speedup);
   CHECK(all.mkPipelinedUs < all.mkSerialUs);  // a case where the shorter phase is not empty
+}
+
+// ReduceScatter and AllGather (session 28): NCCL's ring of R - 1 steps with N - 1 between nodes
+// and nccl-tests' busbw rule (R - 1) / R; mkernel's hierarchical time is the AllReduce's halves.
+TEST_CASE("cost model: ReduceScatter and AllGather, NCCL's ring formula and mkernel's half of the AllReduce") {
+  using mkernel::coll::CollCost;
+  using mkernel::coll::CollType;
+  using mkernel::coll::predictCollective;
+  CostParams p;  // 2 x 8
+  // The AllReduce through the new entry point is the published one.
+  for (double b : {8.0, 1048576.0, 1073741824.0}) {
+    CHECK(predictCollective(p, CollType::AllReduce, b).mkPipelinedUs == predictAllReduce(p, b).mkPipelinedUs);
+    CHECK(predictCollective(p, CollType::AllReduce, b).ncclUs == predictAllReduce(p, b).ncclUs);
+  }
+  // NCCL, one node of 8, 1 GiB: ring/Simple, base 8.4 + 7 steps x 3.4 us, at 346 GB/s x 8 / 7.
+  p.nodes = 1;
+  const double gib = 1073741824.0;
+  const CollCost rs1 = predictCollective(p, CollType::ReduceScatter, gib);
+  CHECK(rs1.ncclChoice == "ring/simple");
+  CHECK(rs1.ncclUs == Approx(8.4 + 7 * 3.4 + gib / (346e3 * 8.0 / 7.0)).epsilon(1e-6));
+  CHECK(rs1.ncclTreeUs == std::numeric_limits<double>::infinity());  // no tree for ReduceScatter
+  // Two nodes, 8 B: ring/LL, 15 steps of which 1 crosses nodes; the intra-node hop raised to the
+  // network overhead (1 us) as NCCL does with several nodes.
+  p.nodes = 2;
+  const CollCost ag8 = predictCollective(p, CollType::AllGather, 8.0);
+  CHECK(ag8.ncclChoice == "ring/ll");
+  CHECK(ag8.ncclUs == Approx(6.6 + 14 * 1.0 + 1 * 2.7 + 8.0 / (45e3 * 16.0 / 15.0)).epsilon(1e-6));
+  // ReduceScatter and AllGather cost the same in both models.
+  for (double b : {8.0, 65536.0, gib}) {
+    const CollCost rs = predictCollective(p, CollType::ReduceScatter, b), ag = predictCollective(p, CollType::AllGather, b);
+    CHECK(rs.ncclUs == ag.ncclUs);
+    CHECK(rs.mkPipelinedUs == ag.mkPipelinedUs);
+    CHECK(rs.mkSerialUs == ag.mkSerialUs);
+  }
+  // mkernel: per byte, half of the AllReduce (both phases halve), pipelined and in turn; the
+  // latency is one NVLink step and half of the rail's steps and messages.
+  p.nodes = 4;
+  p.gpusPerNode = 2;
+  p.rail = 0;
+  p.mkMsgUs = 24.0;
+  const double b0 = 1048576.0, b1 = 64.0 * 1048576.0;
+  const CollCost ar0 = predictAllReduce(p, b0), ar1 = predictAllReduce(p, b1);
+  const CollCost rs0 = predictCollective(p, CollType::ReduceScatter, b0),
+                 rsb = predictCollective(p, CollType::ReduceScatter, b1);
+  CHECK(ar1.mkPipelinedUs - ar0.mkPipelinedUs == Approx(2 * (rsb.mkPipelinedUs - rs0.mkPipelinedUs)));
+  CHECK(ar1.mkSerialUs - ar0.mkSerialUs == Approx(2 * (rsb.mkSerialUs - rs0.mkSerialUs)));
+  const CollCost ar8 = predictAllReduce(p, 8.0), rs8 = predictCollective(p, CollType::ReduceScatter, 8.0);
+  // AllReduce: 8 + 2 x 1 + 2 x 4 + 6 x 24 us; ReduceScatter: 8 + 1 + 4 + 3 x 24 (plus 8 bytes' worth).
+  CHECK(ar8.mkPipelinedUs == Approx(8 + 2 + 8 + 144).epsilon(1e-4));
+  CHECK(rs8.mkPipelinedUs == Approx(8 + 1 + 4 + 72).epsilon(1e-4));
+  // Not modelled: Broadcast and Reduce.
+  const CollCost bc = predictCollective(p, CollType::Broadcast, 8.0);
+  CHECK(bc.ncclChoice == "not modelled");
+  CHECK(bc.mkPipelinedUs != bc.mkPipelinedUs);  // NaN
 }

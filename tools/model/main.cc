@@ -2,6 +2,7 @@
 //   mkernel-model [--nodes 2,8,64] [--gpus 8] [--nvlink-gbps 346] [--nic-gbps 48] [--nics 8]
 //                 [--mk-overhead-us 8] [--mk-intra-us 1] [--mk-inter-us 4]
 //                 [--rail best|direct|ring|rhd] [--mk-msg-us 0] [--hidden 1] [--min-bytes 8] [--max-bytes 4294967296] [--csv FILE]
+//                 [--coll allreduce|reducescatter|allgather]   (bytes: nccl-tests' size)
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -26,7 +27,9 @@ int usage() {
   std::fprintf(stderr,
                "usage: mkernel-model [--nodes 2,8,64] [--gpus 8] [--nvlink-gbps 346] [--nic-gbps 48] [--nics 8]\n"
                "                     [--mk-overhead-us 8] [--mk-intra-us 1] [--mk-inter-us 4]\n"
-               "                     [--rail best|direct|ring|rhd] [--mk-msg-us 0] [--hidden 1] [--min-bytes 8] [--max-bytes 4294967296] [--csv FILE]\n");
+               "                     [--rail best|direct|ring|rhd] [--mk-msg-us 0] [--hidden 1] [--min-bytes 8] [--max-bytes 4294967296] [--csv FILE]\n"
+               "                     [--coll allreduce|reducescatter|allgather] (bytes: nccl-tests' size; ReduceScatter: the send buffer,\n"
+               "                     AllGather: the receive buffer)\n");
   return 2;
 }
 
@@ -37,6 +40,7 @@ int main(int argc, char** argv) {
   std::vector<int> nodes{2, 8, 64};
   double minBytes = 8, maxBytes = 4294967296.0;
   std::string csv;
+  mkernel::coll::CollType coll = mkernel::coll::CollType::AllReduce;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) return usage();
@@ -58,7 +62,13 @@ int main(int argc, char** argv) {
     } else if (a == "--min-bytes") minBytes = std::atof(v);
     else if (a == "--max-bytes") maxBytes = std::atof(v);
     else if (a == "--csv") csv = v;
-    else return usage();
+    else if (a == "--coll") {
+      const std::string c = v;
+      if (c == "allreduce") coll = mkernel::coll::CollType::AllReduce;
+      else if (c == "reducescatter") coll = mkernel::coll::CollType::ReduceScatter;
+      else if (c == "allgather") coll = mkernel::coll::CollType::AllGather;
+      else return usage();
+    } else return usage();
   }
   if (nodes.empty() || base.gpusPerNode < 1 || base.nvlinkGBps <= 0 || base.nicGBps <= 0 || base.nicsPerNode < 1 ||
       minBytes < 1 || maxBytes < minBytes || base.hidden < 0 || base.hidden > 1)
@@ -71,11 +81,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (out) std::fprintf(out, "nodes,gpus,bytes,nccl_ring_us,nccl_tree_us,nccl_us,nccl_choice,mk_pipelined_us,mk_serial_us,speedup\n");
-  std::printf("# AllReduce, alpha-beta model (docs/MODEL.md): NVLink %.0f GB/s per GPU, %d x %.0f GB/s NICs per node,\n"
+  std::printf("# %s, alpha-beta model (docs/MODEL.md): NVLink %.0f GB/s per GPU, %d x %.0f GB/s NICs per node,\n"
               "# mkernel per-call %.1f us, NVLink step %.1f us, inter-node step %.1f us, per rail message %.1f us, rail exchange %s,\n"
               "# the pipeline hiding %.0f%% of the shorter phase;\n"
               "# NCCL 2.28.9 tuner latencies\n",
-              base.nvlinkGBps, base.nicsPerNode, base.nicGBps, base.mkOverheadUs, base.mkIntraStepUs, base.mkInterStepUs, base.mkMsgUs,
+              mkernel::coll::collName(coll), base.nvlinkGBps, base.nicsPerNode, base.nicGBps, base.mkOverheadUs, base.mkIntraStepUs, base.mkInterStepUs, base.mkMsgUs,
               base.rail < 0 ? "best of ring and rhd" : mkernel::coll::hierRailName(base.rail), 100.0 * base.hidden);
   std::printf("%6s %5s %10s %11s %11s %13s %11s %11s %8s\n", "nodes", "gpus", "bytes", "nccl_us", "nccl_algo",
               "mk_pipe_us", "mk_serial", "ratio", "");
@@ -83,7 +93,7 @@ int main(int argc, char** argv) {
     mkernel::coll::CostParams p = base;
     p.nodes = n;
     for (double b = minBytes; b <= maxBytes; b *= 4) {
-      const mkernel::coll::AllReduceCost c = mkernel::coll::predictAllReduce(p, b);
+      const mkernel::coll::CollCost c = mkernel::coll::predictCollective(p, coll, b);
       std::printf("%6d %5d %10s %11.1f %11s %13.1f %11.1f %10.2fx\n", n, p.gpusPerNode, human(b).c_str(), c.ncclUs,
                   c.ncclChoice.c_str(), c.mkPipelinedUs, c.mkSerialUs, c.speedup);
       if (out)
