@@ -292,6 +292,54 @@ TEST_CASE("proxy: a peer that vanishes mid-stream fails the waiting rank within 
   CHECK(a.proxy->stop() == Result::Success);
 }
 
+// pendingSummary (what a hang's report shows: KernelCommunicator::kernelError after the kernel
+// gave up waiting for its transfers) names each transfer a rank still waits for, with its peer,
+// command, tag and size, and leaves out the links with nothing pending; before start and after
+// stop it reads the queues itself.
+TEST_CASE("proxy: pendingSummary names the transfers still waiting and their peer, nothing else") {
+  auto net = testNet();
+  auto ranks = makeRanks(net.get(), 3, 1 << 20);
+  CHECK(ranks[0]->proxy->pendingSummary() == "0 commands taken, 0 transfers done; nothing pending");
+  for (auto& r : ranks) REQUIRE(r->proxy->start({}) == Result::Success);
+  Rank& a = *ranks[0];
+  Rank& b = *ranks[1];
+  Rank& c = *ranks[2];
+  // Rank 0 waits for 8 KiB (tag 6) from rank 2, which has not sent it, and 4 KiB (tag 2) from
+  // rank 1, which sends it.
+  REQUIRE(proxyPost(a.ring.get(), a.flags.get(), command(kOpRecv, 2, a.recvBuf.data(), 8192, 6, kFlagRecvd), kTimeoutNs) ==
+          PostStatus::kPosted);
+  REQUIRE(proxyPost(a.ring.get(), a.flags.get(), command(kOpRecv, 1, a.recvBuf.data() + 8192, 4096, 2, kFlagRecvd), kTimeoutNs) ==
+          PostStatus::kPosted);
+  REQUIRE(proxyPost(b.ring.get(), b.flags.get(), command(kOpSend, 0, b.sendBuf.data(), 4096, 2, kFlagSent), kTimeoutNs) ==
+          PostStatus::kPosted);
+  REQUIRE(proxyWaitFlag(a.flags.get(), kFlagRecvd, 1, kTimeoutNs) == WaitStatus::kReached);
+  REQUIRE(proxyWaitFlag(b.flags.get(), kFlagSent, 1, kTimeoutNs) == WaitStatus::kReached);
+  const std::string waiting = a.proxy->pendingSummary();
+  INFO(waiting);
+  CHECK(waiting ==
+        "2 commands taken, 1 transfers done; sends to rank 2: none; receives from rank 2: [command 0, tag 6, 8192 B, posted]");
+  CHECK(b.proxy->pendingSummary() == "1 commands taken, 1 transfers done; nothing pending");
+  CHECK(c.proxy->pendingSummary() == "0 commands taken, 0 transfers done; nothing pending");
+  // Rank 2 sends: nothing is pending anywhere.
+  REQUIRE(proxyPost(c.ring.get(), c.flags.get(), command(kOpSend, 0, c.sendBuf.data(), 8192, 6, kFlagSent), kTimeoutNs) ==
+          PostStatus::kPosted);
+  REQUIRE(proxyWaitFlag(a.flags.get(), kFlagRecvd, 2, kTimeoutNs) == WaitStatus::kReached);
+  REQUIRE(proxyWaitFlag(c.flags.get(), kFlagSent, 1, kTimeoutNs) == WaitStatus::kReached);
+  CHECK(a.proxy->pendingSummary() == "2 commands taken, 2 transfers done; nothing pending");
+  // Many requests from several threads at once are all answered.
+  std::vector<std::thread> askers;
+  std::atomic<int> answered{0};
+  for (int t = 0; t < 8; ++t)
+    askers.emplace_back([&] {
+      for (int i = 0; i < 50; ++i)
+        if (a.proxy->pendingSummary().find("nothing pending") != std::string::npos) ++answered;
+    });
+  for (auto& t : askers) t.join();
+  CHECK(answered == 400);
+  for (auto& r : ranks) CHECK(r->proxy->stop() == Result::Success);
+  CHECK(a.proxy->pendingSummary(std::chrono::milliseconds(10)) == "2 commands taken, 2 transfers done; nothing pending");
+}
+
 TEST_CASE("proxy: bad commands stop the proxy with a message; nothing is sent") {
   auto net = testNet();
   uint8_t outside[64];

@@ -144,7 +144,15 @@ Result Proxy::registerRegion(void* base, size_t bytes, int ptrType) {
 Result Proxy::start(const std::vector<int>& cpus) {
   if (thread_.joinable()) return MK_ERROR(Result::InvalidUsage, "rank %d: proxy already started", rank_);
   stop_.store(false);
-  thread_ = std::thread([this] { loop(); });
+  looping_.store(true, std::memory_order_release);  // before the thread: pendingSummary waits for it
+  thread_ = std::thread([this] {
+    loop();
+    {
+      std::lock_guard<std::mutex> lock(summaryMu_);
+      looping_.store(false, std::memory_order_release);
+    }
+    summaryCv_.notify_all();
+  });
   if (!cpus.empty()) {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -190,25 +198,67 @@ void Proxy::fail(const std::string& what) {
 }
 
 std::string Proxy::queueState(int c, int peer) const {
+  return std::to_string(taken_.load(std::memory_order_relaxed)) + " commands taken, " +
+         std::to_string(done_.load(std::memory_order_relaxed)) + " transfers done; " + linkState(c, peer);
+}
+
+std::string Proxy::linkState(int c, int peer) const {
   const size_t i = link(c, peer);
-  std::string out = std::to_string(taken_.load(std::memory_order_relaxed)) + " commands taken, " +
-                    std::to_string(done_.load(std::memory_order_relaxed)) + " transfers done";
+  std::string out;
   for (int dir = 0; dir < 2; ++dir) {
     const std::deque<Pending>& q = dir == 0 ? sends_[i] : recvs_[i];
-    out += dir == 0 ? "; sends to rank " : "; receives from rank ";
+    out += dir == 0 ? "sends to rank " : "; receives from rank ";
     out += std::to_string(peer) + ":";
     if (q.empty()) out += " none";
     int shown = 0;
     for (const Pending& p : q) {
       if (shown++ == 4) {
-        out += " ...";
+        out += " ... (" + std::to_string(q.size()) + " in all)";
         break;
       }
       out += " [command " + std::to_string(p.cmd.seq - 1) + ", tag " + std::to_string(p.cmd.tag) + ", " +
-             std::to_string(p.cmd.bytes) + " B, " + (p.request != nullptr ? "posted" : "not posted") + "]";
+             std::to_string(p.cmd.bytes) + " B, " + (p.request != nullptr || p.arrived ? "posted" : "not posted") + "]";
     }
   }
   return out;
+}
+
+std::string Proxy::pendingNow() const {
+  std::string out = std::to_string(taken_.load(std::memory_order_relaxed)) + " commands taken, " +
+                    std::to_string(done_.load(std::memory_order_relaxed)) + " transfers done";
+  bool any = false;
+  for (int c = 0; c < channels(); ++c)
+    for (int p = 0; p < nRanks_; ++p) {
+      if (p == rank_ || link(c, p) >= sends_.size()) continue;
+      if (sends_[link(c, p)].empty() && recvs_[link(c, p)].empty()) continue;
+      out += "; " + (channels() > 1 ? "channel " + std::to_string(c) + ": " : std::string()) + linkState(c, p);
+      any = true;
+    }
+  if (!any) out += "; nothing pending";
+  return out;
+}
+
+void Proxy::serveSummary() {
+  const uint64_t wanted = summaryWanted_.load(std::memory_order_acquire);
+  std::string s = pendingNow();
+  {
+    std::lock_guard<std::mutex> lock(summaryMu_);
+    summary_ = std::move(s);
+    summaryServed_ = wanted;
+  }
+  summaryCv_.notify_all();
+}
+
+std::string Proxy::pendingSummary(std::chrono::milliseconds wait) {
+  const uint64_t id = summaryWanted_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  std::unique_lock<std::mutex> lock(summaryMu_);
+  if (summaryCv_.wait_for(lock, wait, [&] { return summaryServed_ >= id || !looping_.load(std::memory_order_acquire); })) {
+    if (summaryServed_ >= id) return summary_;
+    lock.unlock();
+    // The thread has left its loop (stopped, failed, or never started): the queues are still.
+    return pendingNow();
+  }
+  return "the proxy thread did not answer within " + std::to_string(wait.count()) + " ms";
 }
 
 bool Proxy::mhandleFor(int c, const ProxyCmd& cmd, void** mh) {
@@ -229,7 +279,15 @@ bool Proxy::takeCommands(int ch) {
     const ProxyCmd& slot = ring->cmd[tail & (kRingSlots - 1)];
     if (loadAcquire64(&slot.seq) != tail + 1) break;
     Pending p;
-    p.cmd = slot;
+    // Field by field, not the slot as a whole: seq, the producer's atomic word, is read only
+    // through the acquire load above (a plain copy read it once more without it).
+    p.cmd.seq = tail + 1;
+    p.cmd.op = slot.op;
+    p.cmd.peer = slot.peer;
+    p.cmd.addr = slot.addr;
+    p.cmd.bytes = slot.bytes;
+    p.cmd.tag = slot.tag;
+    p.cmd.flag = slot.flag;
     const ProxyCmd& c = p.cmd;
     const std::string where = who(ch) + ": command " + std::to_string(tail) + " (";
     if (c.op != kOpSend && c.op != kOpRecv) {
@@ -337,7 +395,12 @@ bool Proxy::progressLink(int ch, int peer) {
 
 void Proxy::loop() {
   uint32_t idle = 0;
+  uint64_t served = 0;  // the last pendingSummary request answered
   while (!stop_.load(std::memory_order_acquire) && !failed_.load(std::memory_order_acquire)) {
+    if (summaryWanted_.load(std::memory_order_acquire) != served) {
+      served = summaryWanted_.load(std::memory_order_acquire);
+      serveSummary();
+    }
     const uint64_t before = taken_.load(std::memory_order_relaxed) + done_.load(std::memory_order_relaxed);
     bool ok = true;
     for (int c = 0; c < channels() && ok; ++c) ok = takeCommands(c);

@@ -20,6 +20,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -89,6 +91,14 @@ class Proxy {
   uint64_t transfersDone() const { return done_.load(std::memory_order_relaxed); }
   // Receives whose flush went through a transport request (setFlushReceives).
   uint64_t receivesFlushed() const { return flushed_.load(std::memory_order_relaxed); }
+  // What is still in flight, for a hang's report (a kernel that gave up waiting for its
+  // transfers: KernelCommunicator::kernelError): the commands taken and transfers done, and each
+  // link's pending transfers in ring order (channel, peer, command, tag, bytes, posted or not yet
+  // accepted by the transport; four per queue at most), or "nothing pending". Safe from any
+  // thread: while the proxy thread runs, it writes the summary itself at its next turn of the
+  // loop, and the caller waits up to `wait` for it ("the proxy thread did not answer" after
+  // that); once the thread has left its loop, the caller's thread reads the queues.
+  std::string pendingSummary(std::chrono::milliseconds wait = std::chrono::milliseconds(1000));
 
  private:
   struct Region {
@@ -113,6 +123,9 @@ class Proxy {
   bool mhandleFor(int c, const ProxyCmd& cmd, void** mh);
   void fail(const std::string& what);  // records the first error, raises every channel's flags
   std::string queueState(int c, int peer) const;  // the pending transfers of a link, for errors
+  std::string linkState(int c, int peer) const;   // queueState without the counters
+  std::string pendingNow() const;                 // pendingSummary, on the queues' thread
+  void serveSummary();                            // the proxy thread answers pendingSummary
   std::string who(int c) const;        // "rank r: proxy" (+ " channel c" with several)
   void closeAll();
 
@@ -135,6 +148,13 @@ class Proxy {
   std::atomic<uint64_t> done_{0};
   std::atomic<uint64_t> flushed_{0};
   bool flushReceives_ = false;
+  // pendingSummary's requests (a count) and answers: the proxy thread owns the queues.
+  std::atomic<bool> looping_{false};
+  std::atomic<uint64_t> summaryWanted_{0};
+  std::mutex summaryMu_;
+  std::condition_variable summaryCv_;
+  uint64_t summaryServed_ = 0;  // guarded by summaryMu_, as summary_
+  std::string summary_;
   mutable std::mutex errorMu_;
   std::string error_;
 };
