@@ -247,6 +247,9 @@ class KernelCommunicator final : public Communicator {
   // its ring, flags and net buffers in host-mapped memory.
   std::unique_ptr<net::Net> net_;
   std::unique_ptr<proxy::Proxy> proxy_;
+  // kernelError's account of the proxy after a failed rail wait, made once (asyncError polls it).
+  mutable std::once_flag proxyReportOnce_;
+  mutable std::string proxyReport_;
   proxy::ProxyRing* proxyRing_ = nullptr;    // hierCtas_ rings (one proxy channel per CTA)
   proxy::ProxyFlags* proxyFlags_ = nullptr;  // hierCtas_ flag blocks
   char* netBuf_ = nullptr;                   // hierCtas_ x netBufBytes
@@ -1471,6 +1474,19 @@ Result KernelCommunicator::kernelError() const {
                       e.rank, e.cta, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull), e.peer,
                       waitKindName(what), coll, static_cast<unsigned long long>(e.epoch), e.peer,
                       static_cast<unsigned long long>(e.epoch - behind), behind, hint);
+    }
+    if (what == kWaitProxy && proxy_ != nullptr) {
+      // The rail's transfers (hierarchical path). A proxy that stopped on a transport error (a peer
+      // gone, a refused command) says which; otherwise it tells what it still waits for, so that a
+      // hang names the node whose transfer never came (its ranks are this rail's nodes).
+      std::call_once(proxyReportOnce_, [&] {
+        proxyReport_ = proxy_->failed() ? "the proxy stopped: " + proxy_->error()
+                                        : "the proxy (its ranks are the nodes) still has: " + proxy_->pendingSummary();
+      });
+      return MK_ERROR(Result::RemoteError,
+                      "rank %d (CTA %d): waiting for the proxy's inter-node transfers in %s failed or timed out (%llu s); %s",
+                      e.rank, e.cta, coll, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull),
+                      proxyReport_.c_str());
     }
     return MK_ERROR(Result::InternalError, "rank %d (CTA %d): timed out after %llu s waiting for %s",
                     e.rank, e.cta, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull), waitKindName(what));
