@@ -38,7 +38,10 @@ rounds, the median of hidden over them, its range and how many rounds reached th
 "RAIL+NAME"): per (layout, bytes, pipelined or in turn) and variant, the median over the rounds of
 its eager medians, its ratio to the median of "RAIL+VARIANT" in the same file set, and, where the
 runs printed CTA 0's waits, the medians over the rounds of its busy time, rail waits and
-node-barrier waits (us per op, from the eager means).
+node-barrier waits (us per op, from the eager means); since session 28 also of its own work in
+device memory (loc: copies + reductions) and through its net buffers (net). The A/B table needs
+no phase times, so it is printed for sweeps without an in-turn run too (e.g. ReduceScatter and
+AllGather variants, "--coll=reducescatter", whose chunks collbench does not time by phase).
 """
 import re
 import sys
@@ -137,6 +140,8 @@ def main(paths, out=None, minBytes=0, baseline=None):
         rows.append((lay, rail, rnd, b, t0, t1, node, rl, (node + rl) / t0, hidden, "mean" if means else "median"))
     if not rows:
         print("overlap-table: no (in turn, pipelined) pairs with phase times")
+        if baseline:
+            ab(med, mean, waits, work, baseline, minBytes)
         return 0
     print("# hidden = (t_turn - t_pipe) / min(node, rail); covered = (node + rail) / t_turn; us per op")
     haveWaits = any((r[0], r[1], r[2], r[3], ov) in waits for r in rows for ov in (0, 1))
@@ -171,7 +176,7 @@ def main(paths, out=None, minBytes=0, baseline=None):
         print(line)
     summary(rows)
     if baseline:
-        ab(med, mean, waits, baseline, minBytes)
+        ab(med, mean, waits, work, baseline, minBytes)
     if out:
         return plot(rows, out)
     return 0
@@ -183,23 +188,24 @@ def median(v):
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
-def ab(med, mean, waits, base, minBytes):
+def ab(med, mean, waits, work, base, minBytes):
     """--baseline: each variant's median eager time over the rounds, against variant `base`'s."""
     groups = {}  # (layout, bytes, ov) -> rail column -> {round: eager median}
     for (lay, rail, rnd, b, ov), t in med.items():
         if b >= minBytes:
             groups.setdefault((lay, b, ov), {}).setdefault(rail, {})[rnd] = t
     print("# --baseline %s: the median over the rounds of each variant's eager medians (us), its ratio to %s's;"
-          " CTA 0's busy, rail and node-barrier waits, medians over the rounds (us per op)" % (base, base))
-    print("%-12s %10s %-9s %-13s %6s %10s %7s %9s %9s %9s" % (
-        "layout", "bytes", "mode", "rail", "rounds", "median", "ratio", "busy", "wr", "wn"))
+          " CTA 0's busy, rail and node-barrier waits, and its own work in device memory (loc) and through its"
+          " net buffers (net), medians over the rounds (us per op)" % (base, base))
+    print("%-12s %10s %-9s %-13s %6s %10s %7s %9s %9s %9s %9s %9s" % (
+        "layout", "bytes", "mode", "rail", "rounds", "median", "ratio", "busy", "wr", "wn", "loc", "net"))
     for (lay, b, ov), cols in sorted(groups.items()):
         for rail in sorted(cols):
             ref = cols.get(rail.split("+", 1)[0] + "+" + base)
             if ref is None:
                 continue
             m, mr = median(cols[rail].values()), median(ref.values())
-            busy, wr, wn = [], [], []
+            busy, wr, wn, loc, net = [], [], [], [], []
             for rnd in cols[rail]:
                 k = (lay, rail, rnd, b, ov)
                 if k in waits and k in mean:
@@ -207,10 +213,14 @@ def ab(med, mean, waits, base, minBytes):
                     busy.append(mean[k] - sum(w))
                     wr.append(w[0])
                     wn.append(w[1])
+                if k in work:
+                    c, cn, r, rn, _ = work[k]
+                    loc.append(c + r)
+                    net.append(cn + rn)
             cell = lambda v: "%9.0f" % median(v) if v else "%9s" % "-"
-            print("%-12s %10d %-9s %-13s %6d %10.0f %7.3f %s %s %s" % (
+            print("%-12s %10d %-9s %-13s %6d %10.0f %7.3f %s %s %s %s %s" % (
                 lay, b, "pipelined" if ov else "in turn", rail, len(cols[rail]), m, m / mr if mr > 0 else float("nan"),
-                cell(busy), cell(wr), cell(wn)))
+                cell(busy), cell(wr), cell(wn), cell(loc), cell(net)))
 
 
 def summary(rows):

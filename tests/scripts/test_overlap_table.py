@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""scripts/overlap-table.py on session 27's recorded sweeps (docs/data): the numbers
+"""scripts/overlap-table.py on session 27's and 28's recorded sweeps (docs/data): the numbers
 docs/PERFORMANCE.md quotes from it (the hidden share's medians over six rounds, and the A/B
-ratios of --baseline), and what it prints without a baseline column.
+ratios of --baseline), what it prints without a baseline column, and (session 28) the A/B table
+of a sweep with no in-turn runs (ReduceScatter's two forms), with CTA 0's work in device memory
+and through its net buffers.
 
     python3 tests/scripts/test_overlap_table.py REPO_ROOT
 """
@@ -49,6 +51,18 @@ def main(root):
     out = run(root, "--baseline", "a1")
     s = row(out, r"^8:2:1 +4194304 +pipelined +direct\+a2 ")
     check("4 x 2 pipelined at 4 MiB, two ahead against one", s[4:7], ["3", "2664", "1.107"])
+
+    # Session 28, call 2: ReduceScatter and AllGather pipelined only, the own piece kept (rs1, ag1)
+    # or through the net buffers (rs0, ag0). Columns: ..., ratio, busy, wr, wn, loc, net.
+    out = run_script(root, "overlap-table.py", "%s/docs/data/h200-2026-12-02-s28-call2-rail-sweep.txt" % root,
+                     "--baseline", "rs0")
+    if "no (in turn, pipelined) pairs" not in out:
+        failures.append("a sweep without in-turn runs printed phase rows")
+    s = row(out, r"^4:2:1 +16777216 +pipelined +direct\+rs1 ")
+    check("2 x 2 ReduceScatter, the own piece kept against through P", [s[4], s[5], s[6], s[10], s[11]],
+          ["3", "2229", "0.881", "816", "749"])
+    s = row(out, r"^4:2:1 +16777216 +pipelined +direct\+rs0 ")
+    check("2 x 2 ReduceScatter through P", [s[6], s[10], s[11]], ["1.000", "603", "1478"])
 
     out = run(root, "--baseline", "nosuchvariant")
     if re.search(r"direct\+a[12] +\d+ +\d+ +[0-9.]+ ", out.split("# --baseline")[1]):
