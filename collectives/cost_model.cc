@@ -112,12 +112,14 @@ CollCost predictCollective(const CostParams& p, CollType coll, double bytes) {
   // and AllGather run one of the two NVLink phases and half of the rail's bytes, steps and
   // messages.
   const double railGBps = nodeNet / G;
-  const double half = ar ? 1.0 : 0.5;
+  // share: the part of the AllReduce's phases, steps and messages that runs (ReduceScatter and
+  // AllGather: half of each; their one NVLink phase is half of the AllReduce's two).
+  const double share = ar ? 1.0 : 0.5;
   const double tIntra = G > 1 ? (G - 1.0) / G * bytes / bytesPerUs(p.nvlinkGBps) : 0.0;
-  const double tNode = (ar ? 2.0 : 1.0) * tIntra;
-  const double tInter = N > 1 ? half * 2.0 * (N - 1.0) / N * (bytes / G) / bytesPerUs(railGBps) : 0.0;
-  const double lat = p.mkOverheadUs + (G > 1 ? (ar ? 2.0 : 1.0) * p.mkIntraStepUs : 0.0) +
-                     half * (railStepsFor(p.rail, N) * p.mkInterStepUs + railMessagesFor(p.rail, N) * p.mkMsgUs);
+  const double tNode = share * 2.0 * tIntra;
+  const double tInter = N > 1 ? share * 2.0 * (N - 1.0) / N * (bytes / G) / bytesPerUs(railGBps) : 0.0;
+  const double lat = p.mkOverheadUs + share * ((G > 1 ? 2.0 * p.mkIntraStepUs : 0.0) + railStepsFor(p.rail, N) * p.mkInterStepUs +
+                                              railMessagesFor(p.rail, N) * p.mkMsgUs);
   c.mkSerialUs = lat + tNode + tInter;
   // Overlapped: the NVLink phases share the GPU's NVLink, the inter-node phase its NIC; the
   // pipeline hides `hidden` of the shorter (1: all of it).
