@@ -238,7 +238,7 @@ std::string Proxy::pendingNow() const {
   return out;
 }
 
-void Proxy::serveSummary() {
+uint64_t Proxy::serveSummary() {
   const uint64_t wanted = summaryWanted_.load(std::memory_order_acquire);
   std::string s = pendingNow();
   {
@@ -247,6 +247,7 @@ void Proxy::serveSummary() {
     summaryServed_ = wanted;
   }
   summaryCv_.notify_all();
+  return wanted;
 }
 
 std::string Proxy::pendingSummary(std::chrono::milliseconds wait) {
@@ -397,10 +398,7 @@ void Proxy::loop() {
   uint32_t idle = 0;
   uint64_t served = 0;  // the last pendingSummary request answered
   while (!stop_.load(std::memory_order_acquire) && !failed_.load(std::memory_order_acquire)) {
-    if (summaryWanted_.load(std::memory_order_acquire) != served) {
-      served = summaryWanted_.load(std::memory_order_acquire);
-      serveSummary();
-    }
+    if (summaryWanted_.load(std::memory_order_acquire) != served) served = serveSummary();
     const uint64_t before = taken_.load(std::memory_order_relaxed) + done_.load(std::memory_order_relaxed);
     bool ok = true;
     for (int c = 0; c < channels() && ok; ++c) ok = takeCommands(c);

@@ -125,7 +125,7 @@ class Proxy {
   std::string queueState(int c, int peer) const;  // the pending transfers of a link, for errors
   std::string linkState(int c, int peer) const;   // queueState without the counters
   std::string pendingNow() const;                 // pendingSummary, on the queues' thread
-  void serveSummary();                            // the proxy thread answers pendingSummary
+  uint64_t serveSummary();  // the proxy thread answers pendingSummary (the requests up to the one returned)
   std::string who(int c) const;        // "rank r: proxy" (+ " channel c" with several)
   void closeAll();
 
