@@ -1640,6 +1640,14 @@ void KernelCommunicator::release(bool orderly) {
   }
   if (reservedCtas_ > 0) SmBudget::process().release(opts_.cudaDev, reservedCtas_);
   reservedCtas_ = 0;
+  // The proxy first (the kernel is gone): it reads the ring and net buffers freed below, and its
+  // connections close here, so that the rail peers of an aborted rank fail at once ("the proxy
+  // stopped: ... failed") instead of at MKERNEL_TIMEOUT_S. After the CUDA frees below it could be
+  // late: a free may wait for the whole device, where a peer's kernel (emulated nodes) still
+  // waits for this rank's proxy (test_gpu_hier_fail, the node that aborts).
+  if (proxy_) (void)proxy_->stop();
+  proxy_.reset();
+  net_.reset();
   for (auto& ev : slotEvents_) {
     if (ev) (void)cudaEventDestroy(ev);
     ev = nullptr;
@@ -1667,10 +1675,6 @@ void KernelCommunicator::release(bool orderly) {
   if (ctl) (void)cudaFreeHost(ctl);
   // Device memory is read by peers' kernels once exchanged: without the finalize barrier a peer
   // may still be polling our flags, so only an orderly finalize frees it then.
-  // The proxy reads the ring and net buffers: stopped before they are freed (the kernel is gone).
-  if (proxy_) (void)proxy_->stop();
-  proxy_.reset();
-  net_.reset();
   if (proxyRing_) (void)cudaFreeHost(proxyRing_);
   if (proxyFlags_) (void)cudaFreeHost(proxyFlags_);
   if (netBuf_) (void)(netBufGpu_ ? cudaFree(netBuf_) : cudaFreeHost(netBuf_));

@@ -724,6 +724,116 @@ TEST_CASE("gpu: abort while the kernel spins on a missing peer returns at once a
   abortWhileSpinning("0");
 }
 
+// Emulated nodes (2 x 2: the hierarchical path, the rail through each rank's proxy over TCP on
+// loopback) when part of the job goes missing after a first AllReduce that all four ran (checked).
+//   stall: rank 3 never posts the second. Its node peer, rank 2, times out in the node phase
+//          naming it. Ranks 0 and 1 pass their node phase and time out in the rail wait
+//          (MKERNEL_TIMEOUT_S, 3 s here); their error carries what the proxy still waits for, a
+//          receive from node 1 (the proxy's ranks are the nodes): Proxy::pendingSummary through
+//          KernelCommunicator::kernelError.
+//   gone:  node 1 (ranks 2 and 3) aborts and destroys its communicators while ranks 0 and 1 are
+//          inside the second AllReduce. Their proxies see the connections to node 1 fail, and the
+//          error says "the proxy stopped" with the transfer that failed, within seconds although
+//          MKERNEL_TIMEOUT_S is 30.
+// The post fence is off (MKERNEL_POST_FENCE=0): with it, the survivors' enqueue would itself wait
+// for rank 3 on the host and report that first (deadPeer above); here each rank has a stream and
+// its own hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=32), and one collective at a time.
+void hierPartMissing(bool gone) {
+  EnvGuard fence("MKERNEL_POST_FENCE", "0");
+  EnvGuard timeout("MKERNEL_TIMEOUT_S", gone ? "30" : "3");
+  const int n = 4;
+  const size_t count = 4096;
+  const size_t bytes = count * sizeof(int32_t);
+  std::atomic<int> posted{0}, checked{0};
+  auto waitFor = [](const std::atomic<int>& c, int want) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (c.load() < want && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return c.load() >= want;
+  };
+  auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
+    const bool missing = gone ? ctx.rank >= 2 : ctx.rank == 3;
+    // A survivor counts itself checked however it leaves, so that the missing ranks never wait
+    // for it past their bound.
+    struct Done {
+      std::atomic<int>* c;
+      bool on;
+      ~Done() {
+        if (on) c->fetch_add(1);
+      }
+    } done{&checked, !missing};
+    int32_t* buf = ctx.deviceAlloc<int32_t>(bytes);
+    if (buf == nullptr) return ctx.fail("cudaMalloc");
+    const std::vector<int32_t> in = rankInput(ctx.rank, 7, count);
+    if (!ctx.toDevice(buf, in.data(), bytes)) return ctx.fail("copy in");
+    CollArgs a = allReduceSum(buf, buf, count);
+    if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success) return ctx.fail(std::string("first AllReduce: ") + mkernel::lastError());
+    const void* out = ctx.fromDevice(buf, bytes);
+    if (out == nullptr || cudaStreamSynchronize(ctx.stream) != cudaSuccess) return ctx.fail("first AllReduce: sync");
+    std::vector<int32_t> got(count);
+    std::memcpy(got.data(), out, bytes);
+    const std::string bad = checkSum(got, n, 7);
+    if (!bad.empty()) return ctx.fail("first AllReduce: " + bad);
+    ctx.hostReset();
+    if (missing) {
+      if (!gone) {
+        // Stays away from the second AllReduce until the others have checked their errors, then
+        // finalizes with them (the bootstrap barrier; MKERNEL_TIMEOUT_S bounds it too).
+        if (!waitFor(checked, n - 1)) ctx.fail("the other ranks did not finish within 60 s");
+        return;
+      }
+      // Node 1 leaves while node 0 is inside the AllReduce: abort, then runRanks's finalize
+      // destroys the communicator (no barrier after an abort), and with it the proxy.
+      if (!waitFor(posted, 2)) ctx.fail("ranks 0 and 1 did not post within 60 s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      ctx.comm->abort();
+      return;
+    }
+    if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success)
+      return ctx.fail(std::string("second AllReduce's enqueue (fence off): ") + mkernel::lastError());
+    posted.fetch_add(1);
+    const auto t0 = std::chrono::steady_clock::now();
+    const cudaError_t err = cudaStreamSynchronize(ctx.stream);  // released by the kernel's failure
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (err != cudaSuccess) return ctx.fail(std::string("sync: ") + cudaGetErrorString(err));
+    const Result r = ctx.comm->asyncError();
+    const std::string msg = mkernel::lastError();
+    std::fprintf(stderr, "%s, rank %d: %s after %.2f s: %s\n", gone ? "gone" : "stall", ctx.rank, mkernel::resultString(r),
+                 s, msg.c_str());
+    if (r != Result::RemoteError) ctx.fail("asyncError gave " + std::string(mkernel::resultString(r)) + ": " + msg);
+    if (gone ? s > 10 : (s < 2 || s > 13))
+      ctx.fail("the stream was released after " + std::to_string(s) + " s (MKERNEL_TIMEOUT_S " + (gone ? "30" : "3") + ")");
+    auto want = [&](const char* what) {
+      if (msg.find(what) == std::string::npos) ctx.fail("the error does not say \"" + std::string(what) + "\": " + msg);
+    };
+    if (ctx.rank == 2) {
+      want("waiting for rank 3");
+    } else {
+      want("waiting for the proxy's inter-node transfers in AllReduce");
+      if (gone) {
+        want("the proxy stopped: ");
+        want("with rank 1 failed");  // node 1, as the proxy numbers its peers
+      } else {
+        want("the proxy (its ranks are the nodes) still has: ");
+        want("receives from rank 1: [command ");
+      }
+    }
+    if (ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success) ctx.fail("enqueue after the failure succeeded");
+    if (gone) ctx.comm->abort();  // node 1 is gone: no finalize barrier with it
+  }, size_t(1) << 20, 2);
+  for (const auto& f : failures) FAIL_CHECK(f);
+  CHECK(failures.empty());
+}
+
+TEST_CASE("gpu: emulated nodes, a rank that stops posting: the rail wait's error says what the proxy still waits for", "[gpu][hierfail]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  hierPartMissing(false);
+}
+TEST_CASE("gpu: emulated nodes, a node that leaves mid-collective: the survivors fail at once, naming the proxy's failed transfer", "[gpu][hierfail]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  hierPartMissing(true);
+}
+
 // A chain of dependent collectives back to back, no host sync until the end (MKERNEL_PDL): each
 // AllReduce (uint32 sum, wrapping) reads what the one before wrote, in place, ping-pong between
 // buffers, in groups of two that share an input, with device-to-device copies (work that is not
