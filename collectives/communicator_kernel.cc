@@ -779,6 +779,10 @@ Result KernelCommunicator::setupProxy() {
   std::vector<proxy::ProxyChannel> channels;
   for (size_t c = 0; c < C; ++c) channels.push_back(proxy::ProxyChannel{proxyRing_ + c, proxyFlags_ + c});
   proxy_.reset(new proxy::Proxy(net_.get(), 0, node, N, channels));
+  // Its ranks are the nodes: its messages (kernelError's proxy report among them) say so.
+  proxy_->setNames("rank " + std::to_string(opts_.rank) + " (node " + std::to_string(node) + ", rail " +
+                       std::to_string(local) + ")",
+                   "node");
   std::vector<proxy::Handle> mine;
   MK_CHECK(proxy_->listenHandles(&mine));
   // Every rank's N listen handles (its own slot empty; each holds one handle per channel); rank
@@ -1481,7 +1485,7 @@ Result KernelCommunicator::kernelError() const {
       // hang names the node whose transfer never came (its ranks are this rail's nodes).
       std::call_once(proxyReportOnce_, [&] {
         proxyReport_ = proxy_->failed() ? "the proxy stopped: " + proxy_->error()
-                                        : "the proxy (its ranks are the nodes) still has: " + proxy_->pendingSummary();
+                                        : "its proxy still has: " + proxy_->pendingSummary();
       });
       return MK_ERROR(Result::RemoteError,
                       "rank %d (CTA %d): waiting for the proxy's inter-node transfers in %s failed or timed out (%llu s); %s",

@@ -729,8 +729,7 @@ TEST_CASE("gpu: abort while the kernel spins on a missing peer returns at once a
 //   stall: rank 3 never posts the second. Its node peer, rank 2, times out in the node phase
 //          naming it. Ranks 0 and 1 pass their node phase and time out in the rail wait
 //          (MKERNEL_TIMEOUT_S, 3 s here); their error carries what the proxy still waits for, a
-//          receive from node 1 (the proxy's ranks are the nodes): Proxy::pendingSummary through
-//          KernelCommunicator::kernelError.
+//          receive from node 1: Proxy::pendingSummary through KernelCommunicator::kernelError.
 //   gone:  node 1 (ranks 2 and 3) aborts and destroys its communicators while ranks 0 and 1 are
 //          inside the second AllReduce. Their proxies see the connections to node 1 fail, and the
 //          error says "the proxy stopped" with the transfer that failed, within seconds although
@@ -803,8 +802,8 @@ void hierPartMissing(bool gone) {
     if (r != Result::RemoteError) ctx.fail("asyncError gave " + std::string(mkernel::resultString(r)) + ": " + msg);
     if (gone ? s > 10 : (s < 2 || s > 13))
       ctx.fail("the stream was released after " + std::to_string(s) + " s (MKERNEL_TIMEOUT_S " + (gone ? "30" : "3") + ")");
-    auto want = [&](const char* what) {
-      if (msg.find(what) == std::string::npos) ctx.fail("the error does not say \"" + std::string(what) + "\": " + msg);
+    auto want = [&](const std::string& what) {
+      if (msg.find(what) == std::string::npos) ctx.fail("the error does not say \"" + what + "\": " + msg);
     };
     if (ctx.rank == 2) {
       want("waiting for rank 3");
@@ -812,10 +811,11 @@ void hierPartMissing(bool gone) {
       want("waiting for the proxy's inter-node transfers in AllReduce");
       if (gone) {
         want("the proxy stopped: ");
-        want("with rank 1 failed");  // node 1, as the proxy numbers its peers
+        want("(node 0, rail " + std::to_string(ctx.rank) + "): proxy");  // the proxy names itself
+        want("with node 1 failed");
       } else {
-        want("the proxy (its ranks are the nodes) still has: ");
-        want("receives from rank 1: [command ");
+        want("its proxy still has: ");
+        want("receives from node 1: [command ");
       }
     }
     if (ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success) ctx.fail("enqueue after the failure succeeded");

@@ -300,6 +300,9 @@ TEST_CASE("proxy: pendingSummary names the transfers still waiting and their pee
   auto net = testNet();
   auto ranks = makeRanks(net.get(), 3, 1 << 20);
   CHECK(ranks[0]->proxy->pendingSummary() == "0 commands taken, 0 transfers done; nothing pending");
+  // Rank 0's proxy named as the hierarchical communicator names its own (Proxy::setNames: its
+  // ranks are nodes), before start; ranks 1 and 2 keep the default ("rank p").
+  ranks[0]->proxy->setNames("rank 4 (node 0, rail 1)", "node");
   for (auto& r : ranks) REQUIRE(r->proxy->start({}) == Result::Success);
   Rank& a = *ranks[0];
   Rank& b = *ranks[1];
@@ -317,7 +320,7 @@ TEST_CASE("proxy: pendingSummary names the transfers still waiting and their pee
   const std::string waiting = a.proxy->pendingSummary();
   INFO(waiting);
   CHECK(waiting ==
-        "2 commands taken, 1 transfers done; sends to rank 2: none; receives from rank 2: [command 0, tag 6, 8192 B, posted]");
+        "2 commands taken, 1 transfers done; sends to node 2: none; receives from node 2: [command 0, tag 6, 8192 B, posted]");
   CHECK(b.proxy->pendingSummary() == "1 commands taken, 1 transfers done; nothing pending");
   CHECK(c.proxy->pendingSummary() == "0 commands taken, 0 transfers done; nothing pending");
   // Rank 2 sends: nothing is pending anywhere.
@@ -371,6 +374,7 @@ TEST_CASE("proxy: bad commands stop the proxy with a message; nothing is sent") 
     CHECK(proxyWaitFlag(r0.flags.get(), 0, 1, kTimeoutNs) == WaitStatus::kProxyFailed);
     INFO(r0.proxy->error());
     CHECK(r0.proxy->error().find(b.expect) != std::string::npos);
+    CHECK(r0.proxy->error().rfind("rank 0: proxy: command 0 (", 0) == 0);  // the default names
     CHECK(r0.proxy->transfersDone() == 0);
     for (auto& r : pair) CHECK(r->proxy->stop() == Result::Success);
   }

@@ -30,6 +30,7 @@ Proxy::Proxy(net::Net* net, int dev, int rank, int nRanks, std::vector<ProxyChan
       dev_(dev),
       rank_(rank),
       nRanks_(nRanks),
+      self_("rank " + std::to_string(rank)),
       channels_(std::move(channels)),
       timeoutNs_(static_cast<uint64_t>(std::max<int64_t>(1, paramInt("TIMEOUT_S", 300))) * 1000000000ull) {
   const size_t links = channels_.size() * static_cast<size_t>(nRanks);
@@ -42,8 +43,15 @@ Proxy::Proxy(net::Net* net, int dev, int rank, int nRanks, std::vector<ProxyChan
 
 Proxy::~Proxy() { (void)stop(); }
 
+void Proxy::setNames(const std::string& self, const std::string& peerNoun) {
+  self_ = self;
+  peerNoun_ = peerNoun;
+}
+
+std::string Proxy::peerName(int p) const { return peerNoun_ + " " + std::to_string(p); }
+
 std::string Proxy::who(int c) const {
-  std::string w = "rank " + std::to_string(rank_) + ": proxy";
+  std::string w = self_ + ": proxy";
   if (channels_.size() > 1) w += " channel " + std::to_string(c);
   return w;
 }
@@ -57,7 +65,7 @@ Result Proxy::listenHandles(std::vector<Handle>* out) {
     for (int c = 0; c < channels(); ++c) {
       Result r = net_->listen(dev_, h.data() + static_cast<size_t>(c) * net::kHandleSize, &listen_[link(c, p)]);
       if (r != Result::Success)
-        return MK_ERROR(r, "%s: listening for rank %d failed: %s", who(c).c_str(), p, lastError());
+        return MK_ERROR(r, "%s: listening for %s failed: %s", who(c).c_str(), peerName(p).c_str(), lastError());
     }
     (*out)[static_cast<size_t>(p)] = std::move(h);
   }
@@ -84,12 +92,12 @@ Result Proxy::connectAll(const std::vector<Handle>& fromPeers) {
           Result r = net_->connect(dev_, fromPeers[static_cast<size_t>(p)].data() + static_cast<size_t>(c) * net::kHandleSize,
                                    &send_[i]);
           if (r != Result::Success)
-            return MK_ERROR(r, "%s: connecting to rank %d failed: %s", who(c).c_str(), p, lastError());
+            return MK_ERROR(r, "%s: connecting to %s failed: %s", who(c).c_str(), peerName(p).c_str(), lastError());
         }
         if (recv_[i] == nullptr) {
           Result r = net_->accept(listen_[i], &recv_[i]);
           if (r != Result::Success)
-            return MK_ERROR(r, "%s: accepting rank %d failed: %s", who(c).c_str(), p, lastError());
+            return MK_ERROR(r, "%s: accepting %s failed: %s", who(c).c_str(), peerName(p).c_str(), lastError());
         }
         all = all && send_[i] != nullptr && recv_[i] != nullptr;
       }
@@ -102,8 +110,8 @@ Result Proxy::connectAll(const std::vector<Handle>& fromPeers) {
           if (p != rank_ && (send_[link(c, p)] == nullptr || recv_[link(c, p)] == nullptr))
             missing += (missing.empty() ? "" : ", ") + std::to_string(p) +
                        (channels_.size() > 1 ? " (channel " + std::to_string(c) + ")" : "");
-      return MK_ERROR(Result::RemoteError, "rank %d: proxy: timed out after MKERNEL_TIMEOUT_S connecting to rank(s) %s",
-                      rank_, missing.c_str());
+      return MK_ERROR(Result::RemoteError, "%s: proxy: timed out after MKERNEL_TIMEOUT_S connecting to %s(s) %s",
+                      self_.c_str(), peerNoun_.c_str(), missing.c_str());
     }
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
@@ -134,8 +142,8 @@ Result Proxy::registerRegion(void* base, size_t bytes, int ptrType) {
       Result r = net_->regMr(send_[i], base, bytes, ptrType, &r0.sendMr[i]);
       if (r == Result::Success) r = net_->regMr(recv_[i], base, bytes, ptrType, &r0.recvMr[i]);
       if (r != Result::Success)
-        return MK_ERROR(r, "%s: registering %zu bytes at %p for rank %d failed: %s", who(c).c_str(), bytes, base, p,
-                        lastError());
+        return MK_ERROR(r, "%s: registering %zu bytes at %p for %s failed: %s", who(c).c_str(), bytes, base,
+                        peerName(p).c_str(), lastError());
     }
   }
   return Result::Success;
@@ -159,9 +167,9 @@ Result Proxy::start(const std::vector<int>& cpus) {
     for (int c : cpus)
       if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
     int err = pthread_setaffinity_np(thread_.native_handle(), sizeof(set), &set);
-    if (err != 0) MK_WARN("rank %d: proxy: pinning the proxy thread failed: %s", rank_, std::strerror(err));
+    if (err != 0) MK_WARN("%s: proxy: pinning the proxy thread failed: %s", self_.c_str(), std::strerror(err));
   }
-  MK_INFO(kLogProxy, "rank %d: proxy started (%d ranks, %d channel(s), %zu region(s))", rank_, nRanks_, channels(),
+  MK_INFO(kLogProxy, "%s: proxy started (%d %ss, %d channel(s), %zu region(s))", self_.c_str(), nRanks_, peerNoun_.c_str(), channels(),
           regions_.size());
   return Result::Success;
 }
@@ -207,8 +215,7 @@ std::string Proxy::linkState(int c, int peer) const {
   std::string out;
   for (int dir = 0; dir < 2; ++dir) {
     const std::deque<Pending>& q = dir == 0 ? sends_[i] : recvs_[i];
-    out += dir == 0 ? "sends to rank " : "; receives from rank ";
-    out += std::to_string(peer) + ":";
+    out += (dir == 0 ? "sends to " : "; receives from ") + peerName(peer) + ":";
     if (q.empty()) out += " none";
     int shown = 0;
     for (const Pending& p : q) {
@@ -308,7 +315,7 @@ bool Proxy::takeCommands(int ch) {
       char buf[96];
       std::snprintf(buf, sizeof(buf), "%llu bytes at 0x%llx", static_cast<unsigned long long>(c.bytes),
                     static_cast<unsigned long long>(c.addr));
-      fail(where + opName(c.op) + " with rank " + std::to_string(c.peer) + "): " + buf +
+      fail(where + opName(c.op) + " with " + peerName(c.peer) + "): " + buf +
            " is outside every registered region");
       return false;
     }
@@ -339,7 +346,7 @@ bool Proxy::progressLink(int ch, int peer) {
       }
       if (r != Result::Success) {
         fail(who(ch) + ": posting a " + opName(p.cmd.op) + " of " + std::to_string(p.cmd.bytes) + " bytes (tag " +
-             std::to_string(p.cmd.tag) + ") with rank " + std::to_string(peer) + " failed: " + lastError());
+             std::to_string(p.cmd.tag) + ") with " + peerName(peer) + " failed: " + lastError());
         return false;
       }
       if (p.request == nullptr) break;
@@ -353,7 +360,7 @@ bool Proxy::progressLink(int ch, int peer) {
         Result r = net_->test(p.request, &done, &size);
         if (r != Result::Success) {
           fail(who(ch) + ": " + opName(p.cmd.op) + " of " + std::to_string(p.cmd.bytes) + " bytes (tag " +
-               std::to_string(p.cmd.tag) + ") with rank " + std::to_string(peer) + " failed: " + lastError() +
+               std::to_string(p.cmd.tag) + ") with " + peerName(peer) + " failed: " + lastError() +
                " [proxy: " + queueState(ch, peer) + "]");
           return false;
         }
@@ -367,7 +374,7 @@ bool Proxy::progressLink(int ch, int peer) {
           r = net_->iflush(recv_[i], 1, &data, &bytes, &p.mhandle, &p.flush);
           if (r != Result::Success) {
             fail(who(ch) + ": flushing a receive of " + std::to_string(size) + " bytes (tag " + std::to_string(p.cmd.tag) +
-                 ") from rank " + std::to_string(peer) + " failed: " + lastError());
+                 ") from " + peerName(peer) + " failed: " + lastError());
             return false;
           }
         }
@@ -377,8 +384,8 @@ bool Proxy::progressLink(int ch, int peer) {
         size_t size = 0;
         Result r = net_->test(p.flush, &done, &size);
         if (r != Result::Success) {
-          fail(who(ch) + ": the flush of a receive (tag " + std::to_string(p.cmd.tag) + ") from rank " +
-               std::to_string(peer) + " failed: " + lastError());
+          fail(who(ch) + ": the flush of a receive (tag " + std::to_string(p.cmd.tag) + ") from " +
+               peerName(peer) + " failed: " + lastError());
           return false;
         }
         if (!done) break;

@@ -53,6 +53,10 @@ class Proxy {
   // Several channels (at least one; every rank the same number).
   Proxy(net::Net* net, int dev, int rank, int nRanks, std::vector<ProxyChannel> channels);
   ~Proxy();
+  // How messages name this proxy and its peers (the error text, pendingSummary): by default
+  // "rank r: proxy" and "rank p", the proxy's own numbering. The hierarchical communicator's
+  // proxy numbers nodes: setNames("rank 5 (node 2, rail 1)", "node") says so. Before start().
+  void setNames(const std::string& self, const std::string& peerNoun);
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
 
@@ -126,13 +130,16 @@ class Proxy {
   std::string linkState(int c, int peer) const;   // queueState without the counters
   std::string pendingNow() const;                 // pendingSummary, on the queues' thread
   uint64_t serveSummary();  // the proxy thread answers pendingSummary (the requests up to the one returned)
-  std::string who(int c) const;        // "rank r: proxy" (+ " channel c" with several)
+  std::string who(int c) const;        // "<self>: proxy" (+ " channel c" with several)
+  std::string peerName(int p) const;   // "<noun> p"
   void closeAll();
 
   net::Net* net_;
   int dev_;
   int rank_;
   int nRanks_;
+  std::string self_;               // setNames: who this proxy serves ("rank r" by default)
+  std::string peerNoun_ = "rank";  // ... and what its peers are
   std::vector<ProxyChannel> channels_;
   uint64_t timeoutNs_;
   std::vector<net::ListenComm*> listen_;  // per link
