@@ -47,6 +47,7 @@ struct CollStats {
   int hierCtas = 0;                         // CTAs per hierarchical collective (0: not hierarchical)
   int hierWorkers = 0, hierReducers = 0;    // MKERNEL_HIER_ROLES in effect: per lane of an AllReduce (0: data-parallel)
   int hierRail = 0;                         // MKERNEL_HIER_RAIL in effect (HierRailAlgo: 0 direct, 1 ring, 2 rhd)
+  int railMbps = 0;                         // the slowest rank's rail NIC in Mb/s, agreed (0: one node)
   // The hierarchical AllReduce in turn (MKERNEL_HIER_OVERLAP=0): CTA 0's chunks, and the time they
   // spent in the node phases and in the rail phase (collectives/hier_staged.h, "Phase times")
   uint64_t hierTurnChunks = 0, hierTurnNodeNs = 0, hierTurnRailNs = 0;

@@ -258,6 +258,7 @@ class KernelCommunicator final : public Communicator {
   uint64_t hierSplitMinBytes_ = 0;           // MKERNEL_HIER_SPLIT_MIN_BYTES, agreed by every rank
   int hierWorkers_ = 0, hierReducers_ = 0;   // MKERNEL_HIER_ROLES (rank 0's), 0: data-parallel CTAs
   int hierRail_ = coll::kRailDirect;          // MKERNEL_HIER_RAIL (rank 0's, for this node count)
+  int railMbps_ = 0;                          // the slowest rank's rail NIC (its proxy's net device), agreed
   int hierAhead_ = 2;                         // MKERNEL_HIER_AHEAD (rank 0's)
   bool launched_ = false;
   bool exchanged_ = false;
@@ -750,6 +751,12 @@ Result KernelCommunicator::setupProxy() {
   // (MKERNEL_PROXY_GDR, coll::proxyMemoryFor).
   net::DeviceProps props;
   MK_CHECK(net_->getProperties(0, &props));
+  // The rail's speed, as the selection policy's cost model reads it (CollStats::railMbps): the
+  // slowest rank's device, so that every rank predicts alike.
+  std::vector<int32_t> speeds(static_cast<size_t>(opts_.nRanks), 0);
+  speeds[static_cast<size_t>(opts_.rank)] = static_cast<int32_t>(std::max(0, props.speedMbps));
+  MK_CHECK(bs_->allGather(speeds.data(), sizeof(int32_t)));
+  railMbps_ = *std::min_element(speeds.begin(), speeds.end());
   int ordering = 0;
   if (cudaDeviceGetAttribute(&ordering, cudaDevAttrGPUDirectRDMAWritesOrdering, opts_.cudaDev) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -827,9 +834,9 @@ Result KernelCommunicator::setupProxy() {
   const bool direct = hierRail_ == coll::kRailDirect;
   const bool dataParallelDirect = direct && hierWorkers_ == 0;  // the AllReduce's look-ahead applies
   MK_INFO(kLogInit,
-          "rank %d: %s node %d of %d (%d ranks each): proxy on rail %d over %s (%s), %d CTA(s) per collective from %llu bytes, "
-          "1 below; AllReduce/ReduceScatter/AllGather exchange among the rail %s, AllReduce %s%s%s",
-          opts_.rank, opts_.emulate ? "emulated" : "host", node, N, G, local, net_->name(), choice.why.c_str(), hierCtas_,
+          "rank %d: %s node %d of %d (%d ranks each): proxy on rail %d over %s (%s; the slowest rank's device %d Mb/s), %d CTA(s) "
+          "per collective from %llu bytes, 1 below; AllReduce/ReduceScatter/AllGather exchange among the rail %s, AllReduce %s%s%s",
+          opts_.rank, opts_.emulate ? "emulated" : "host", node, N, G, local, net_->name(), choice.why.c_str(), railMbps_, hierCtas_,
           static_cast<unsigned long long>(hierSplitMinBytes_),
           hierRail_ == coll::kRailRing   ? "ring (Broadcast/Reduce: binomial tree)"
           : hierRail_ == coll::kRailRhd ? "rhd (recursive halving/doubling; Broadcast/Reduce: binomial tree)"
@@ -1819,6 +1826,7 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->hierWorkers = params_.nNodes > 1 ? hierWorkers_ : 0;
   out->hierReducers = params_.nNodes > 1 ? hierReducers_ : 0;
   out->hierRail = params_.nNodes > 1 ? hierRail_ : 0;
+  out->railMbps = params_.nNodes > 1 ? railMbps_ : 0;
   out->hierTurnChunks = hierTurn_[0];
   out->hierTurnNodeNs = hierTurn_[1];
   out->hierTurnRailNs = hierTurn_[2];

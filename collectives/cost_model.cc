@@ -2,6 +2,8 @@
 #include "collectives/hier_staged.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <limits>
 
 namespace mkernel {
@@ -33,6 +35,86 @@ int ceilLog2(int n) {
 double bytesPerUs(double gbps) { return gbps * 1e3; }
 
 }  // namespace
+
+bool setCostParam(CostParams* p, const std::string& name, const std::string& value, std::string* why) {
+  // A number in [lo, hi] (above lo when loOpen); range: the same in words, for the message.
+  auto number = [&](double lo, bool loOpen, double hi, const char* range, double* out) {
+    char* end = nullptr;
+    const double v = value.empty() ? 0.0 : std::strtod(value.c_str(), &end);
+    if (value.empty() || end == nullptr || *end != '\0' || !std::isfinite(v) || (loOpen ? v <= lo : v < lo) || v > hi) {
+      *why = name + "=" + value + ": want " + range;
+      return false;
+    }
+    *out = v;
+    return true;
+  };
+  const double inf = std::numeric_limits<double>::max();
+  double v = 0;
+  if (name == "nvlink-gbps") {
+    if (!number(0, true, inf, "a rate in GB/s above 0", &v)) return false;
+    p->nvlinkGBps = v;
+  } else if (name == "nic-gbps") {
+    if (!number(0, true, inf, "a rate in GB/s above 0", &v)) return false;
+    p->nicGBps = v;
+  } else if (name == "nics") {
+    if (!number(1, false, 1 << 20, "a whole number of NICs per node, at least 1", &v)) return false;
+    if (v != std::floor(v)) {
+      *why = name + "=" + value + ": want a whole number of NICs per node, at least 1";
+      return false;
+    }
+    p->nicsPerNode = static_cast<int>(v);
+  } else if (name == "mk-overhead-us" || name == "mk-intra-us" || name == "mk-inter-us" || name == "mk-msg-us") {
+    if (!number(0, false, inf, "microseconds, 0 or more", &v)) return false;
+    (name == "mk-overhead-us" ? p->mkOverheadUs : name == "mk-intra-us" ? p->mkIntraStepUs
+                                                : name == "mk-inter-us" ? p->mkInterStepUs
+                                                                        : p->mkMsgUs) = v;
+  } else if (name == "hidden") {
+    if (!number(0, false, 1, "a share from 0 to 1", &v)) return false;
+    p->hidden = v;
+  } else if (name == "rail") {
+    const int r = value == "best" ? CostParams::kRailBest : hierRailByName(value);
+    if (value.empty() || (value != "best" && r < 0)) {
+      *why = name + "=" + value + ": want best, direct, ring or rhd";
+      return false;
+    }
+    p->rail = r;
+  } else {
+    *why = "unknown parameter \"" + name +
+           "\" (want nvlink-gbps, nic-gbps, nics, mk-overhead-us, mk-intra-us, mk-inter-us, mk-msg-us, hidden, rail)";
+    return false;
+  }
+  return true;
+}
+
+bool parseCostParams(const std::string& text, CostParams* p, std::vector<std::string>* given, std::string* why) {
+  CostParams out = *p;
+  std::vector<std::string> names;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find(',', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(at, end - at);
+    at = end + 1;
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      *why = "\"" + item + "\": want name=value";
+      return false;
+    }
+    const std::string name = item.substr(0, eq);
+    if (!setCostParam(&out, name, item.substr(eq + 1), why)) return false;
+    names.push_back(name);
+  }
+  *p = out;
+  if (given != nullptr) *given = names;
+  return true;
+}
+
+CostParams policyCostParams() {
+  CostParams p;
+  p.mkOverheadUs = kPolicyOverheadUs;
+  return p;
+}
 
 int railStepsFor(int rail, int nodes) {
   const int N = std::max(1, nodes);

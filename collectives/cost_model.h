@@ -56,6 +56,28 @@ int railStepsFor(int rail, int nodes);
 // 2 log2 N (ring's when N is not a power of two); kRailBest: as the form railStepsFor picks.
 int railMessagesFor(int rail, int nodes);
 
+// One CostParams setting by name: mkernel-model's flag without its dashes. Names: nvlink-gbps,
+// nic-gbps (> 0), nics (>= 1), mk-overhead-us, mk-intra-us, mk-inter-us, mk-msg-us (>= 0), hidden
+// (0..1), rail (best, direct, ring, rhd). False, with *why, for an unknown name or a value that is
+// not a number in its range. The topology (nodes, GPUs per node) is not among them: the tool
+// takes it from --nodes/--gpus, the selection policy from the communicator.
+bool setCostParam(CostParams* p, const std::string& name, const std::string& value, std::string* why);
+// "name=value,name=value" (MKERNEL_COST_MODEL; empty: nothing): each through setCostParam. *given
+// (may be null) gets the names set, in order. False, with *why, at the first bad item; *p is then
+// left as it was.
+bool parseCostParams(const std::string& text, CostParams* p, std::vector<std::string>* given, std::string* why);
+
+// The parameters the selection policy predicts with before MKERNEL_COST_MODEL (rule 6c,
+// docs/ALGORITHMS.md §6; docs/MODEL.md, "In the selection policy"): the published ones, except
+// the per-call overhead, which is what the H200 measured for the persistent kernel's doorbell
+// (kPolicyOverheadUs; every hierarchical collective takes it).
+CostParams policyCostParams();
+// The doorbell's per-call time on one H200 (mkernel-collbench --wait memop --ranks 1, 8 B
+// AllReduce, eager median of 1,000; session 29, call 1: 28.93 us).
+constexpr double kPolicyOverheadUs = 28.9;
+// A NIC's sustained share of its line rate (the published 48 GB/s for 400 Gb/s: ConnectX-7).
+constexpr double kNicEfficiency = 0.96;
+
 struct CollCost {
   double ncclRingUs = 0, ncclTreeUs = 0;  // best protocol of each (tree: AllReduce only, else +inf)
   double ncclUs = 0;                      // NCCL's choice: the faster of the two

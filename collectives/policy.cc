@@ -2,9 +2,11 @@
 
 #include <strings.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <limits>
+#include <vector>
 
 #include "common/log.h"
 #include "common/param.h"
@@ -119,8 +121,28 @@ Result loadPolicyConfig(PolicyConfig* cfg) {
   }
   if (c.ringChunkBytes == 0)
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_RING_CHUNK_BYTES must be > 0");
+  const std::string model = paramString("COST_MODEL");
+  std::vector<std::string> given;
+  std::string why;
+  if (!parseCostParams(model, &c.costModel, &given, &why))
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_COST_MODEL='%s': %s", model.c_str(), why.c_str());
+  for (const std::string& g : given) {
+    c.costNicGiven = c.costNicGiven || g == "nic-gbps";
+    c.costNicsGiven = c.costNicsGiven || g == "nics";
+    c.costRailGiven = c.costRailGiven || g == "rail";
+  }
   *cfg = c;
   return Result::Success;
+}
+
+CostParams policyModelFor(const PolicyConfig& cfg, int nRanks, int nNodes) {
+  CostParams p = cfg.costModel;
+  p.nodes = std::max(1, nNodes);
+  p.gpusPerNode = std::max(1, (std::max(1, nRanks) + p.nodes - 1) / p.nodes);
+  if (!cfg.costNicGiven && cfg.railMbps > 0) p.nicGBps = cfg.railMbps / 8000.0 * kNicEfficiency;
+  if (!cfg.costNicsGiven) p.nicsPerNode = p.gpusPerNode;
+  if (!cfg.costRailGiven && cfg.hierRail >= 0) p.rail = cfg.hierRail;
+  return p;
 }
 
 size_t ncclCrossoverBytes(CollType c, int nRanks, int nNodes, bool directAccess, bool staged) {
@@ -190,6 +212,21 @@ PolicyDecision SelectionPolicy::decide(const PolicyQuery& q) const {
       return d;
     }
   }
+  // Rule 6c: several nodes, where the cost model predicts NCCL faster (the collectives it models),
+  // unless MKERNEL_NCCL_CROSSOVER=off. Its inputs are shared by every rank: the query's shape,
+  // MKERNEL_COST_MODEL and the communicator's agreed rail NIC and form.
+  if (!cfg_.emulate && cfg_.ncclCrossover && q.nNodes > 1 &&
+      (q.coll == CollType::AllReduce || q.coll == CollType::ReduceScatter || q.coll == CollType::AllGather)) {
+    const CollCost c = predictCollective(policyModelFor(cfg_, q.nRanks, q.nNodes), q.coll, static_cast<double>(bytes));
+    d.modelNcclUs = c.ncclUs;
+    d.modelMkUs = c.mkPipelinedUs;
+    std::snprintf(d.modelNcclChoice, sizeof(d.modelNcclChoice), "%s", c.ncclChoice.c_str());
+    if (c.ncclUs < c.mkPipelinedUs) {
+      d.path = ExecPath::Nccl;
+      d.reason = "the cost model predicts NCCL faster (MKERNEL_NCCL_CROSSOVER=auto, MKERNEL_COST_MODEL)";
+      return d;
+    }
+  }
   // Rule 7: mkernel, and the algorithm.
   d.path = ExecPath::Mkernel;
   if (cfg_.forcedAlgo >= 0 && algoSupports(q.coll, static_cast<Algo>(cfg_.forcedAlgo))) {
@@ -235,13 +272,17 @@ PolicyDecision SelectionPolicy::select(const PolicyQuery& q) {
     size_t lo = size_t(1) << (bucket - 1);
     std::snprintf(sizes, sizeof(sizes), "%zu-%zu B", lo, lo + (lo - 1));
   }
-  char line[320];
-  std::snprintf(line, sizeof(line), "policy: %s %s (%s %s, %d ranks, %d nodes) -> %s%s%s (%s)",
+  char model[128] = "";
+  if (d.modelMkUs > 0)
+    std::snprintf(model, sizeof(model), "; cost model at %zu B: NCCL %s %.1f us, mkernel %.1f us", policyBytes(q),
+                  d.modelNcclChoice, d.modelNcclUs, d.modelMkUs);
+  char line[448];
+  std::snprintf(line, sizeof(line), "policy: %s %s (%s %s, %d ranks, %d nodes) -> %s%s%s (%s%s)",
                 validEnums(q) ? collName(q.coll) : "?", sizes,
                 validEnums(q) ? dataTypeName(q.dtype) : "?", validEnums(q) ? redOpName(q.op) : "?",
                 q.nRanks, q.nNodes, execPathName(d.path),
                 d.path == ExecPath::Mkernel ? "/" : "",
-                d.path == ExecPath::Mkernel ? algoName(d.algo) : "", d.reason);
+                d.path == ExecPath::Mkernel ? algoName(d.algo) : "", d.reason, model);
   if (sink != nullptr) {
     sink(ctx, line);
   } else {

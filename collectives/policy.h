@@ -15,11 +15,14 @@
 //   4. nNodes > 1 and the kernel has no inter-node path yet     -> NCCL
 //   5. nRanks above what the kernel addresses (kernelMaxRanks)  -> NCCL
 //   6. message above MKERNEL_MAX_BYTES (when set)               -> NCCL
+//   6b. MKERNEL_NCCL_CROSSOVER=auto, 2 ranks on one node, from the size NCCL measured faster -> NCCL
+//   6c. MKERNEL_NCCL_CROSSOVER=auto, several nodes, AllReduce / ReduceScatter / AllGather where
+//      the cost model (collectives/cost_model.h: policyModelFor) predicts NCCL faster -> NCCL
 //   7. otherwise mkernel, algorithm: MKERNEL_ALGO if it implements the collective; else Ring
 //      without direct peer access (PCIe-only); else OneShot for AllReduce up to
 //      MKERNEL_ONESHOT_MAX_BYTES, TwoShot above; Direct for the other collectives.
 // In emulation (no real NCCL) rules 1-5 answer Unsupported instead of NCCL (the shim returns the
-// error from unsupportedError()), and rule 6 is skipped: everything supported runs in mkernel.
+// error from unsupportedError()), and rules 6-6c are skipped: everything supported runs in mkernel.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +32,7 @@
 #include <string>
 
 #include "collectives/algo.h"
+#include "collectives/cost_model.h"
 #include "collectives/types.h"
 #include "common/result.h"
 
@@ -50,7 +54,11 @@ struct PolicyConfig {
   size_t oneShotMaxBytes = 32768;     // MKERNEL_ONESHOT_MAX_BYTES
   size_t maxBytes = 0;                // MKERNEL_MAX_BYTES, 0 = no limit
   size_t ringChunkBytes = 131072;     // MKERNEL_RING_CHUNK_BYTES
-  bool ncclCrossover = true;          // MKERNEL_NCCL_CROSSOVER=auto (true) / off: ncclCrossoverBytes
+  bool ncclCrossover = true;          // MKERNEL_NCCL_CROSSOVER=auto (true) / off: rules 6b and 6c
+  // Rule 6c's cost model: policyCostParams() with MKERNEL_COST_MODEL's settings over it; which of
+  // nic-gbps, nics and rail that variable set (the communicator's own facts give the others).
+  CostParams costModel = policyCostParams();
+  bool costNicGiven = false, costNicsGiven = false, costRailGiven = false;
   // From the communicator (identical on every rank by construction).
   bool emulate = false;        // MKERNEL_EMULATE: no real NCCL behind us
   bool directAccess = true;    // all local ranks read/write each other's memory (NVLink
@@ -59,7 +67,17 @@ struct PolicyConfig {
                                // communicator's peers.staged, agreed at creation)
   bool kernelMultiNode = false;  // the kernel has an inter-node path
   int kernelMaxRanks = 16;       // ranks one kernel addresses (collectives/work.h kMaxRanks)
+  // Several nodes (the communicator's CollStats, agreed at creation): the slowest rank's rail NIC
+  // in Mb/s (0: unknown) and the rail exchange it runs (HierRailAlgo; -1: unknown).
+  int railMbps = 0;
+  int hierRail = -1;
 };
+
+// Rule 6c's parameters for a query's shape: cfg.costModel with nodes = nNodes, GPUs per node =
+// nRanks / nNodes (rounded up); unless MKERNEL_COST_MODEL set them, the NIC rate from railMbps
+// (times kNicEfficiency), one NIC per GPU (each rank's proxy on its rail NIC) and the rail form
+// the communicator runs.
+CostParams policyModelFor(const PolicyConfig& cfg, int nRanks, int nNodes);
 
 // Fills the MKERNEL_* part of *cfg (the communicator part is left as it is). InvalidArgument,
 // naming the variable and the accepted values, when a setting cannot be parsed: a typo must not
@@ -98,6 +116,10 @@ struct PolicyDecision {
   ExecPath path = ExecPath::Nccl;
   Algo algo = Algo::OneShot;  // meaningful when path == Mkernel
   const char* reason = "";    // static text: why this path/algorithm
+  // Rule 6c consulted (several nodes, a modelled collective): its predictions, in microseconds
+  // (0: not consulted), and NCCL's choice in the model ("tree/ll", ...).
+  double modelNcclUs = 0, modelMkUs = 0;
+  char modelNcclChoice[16] = "";
 };
 
 // The message size the thresholds compare with: count * elemSize, times nRanks for AllGather and

@@ -125,12 +125,18 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
   for (int r = 0; r < s.nRanks && failedRank < 0; ++r)
     if (!ok[static_cast<size_t>(r)]) failedRank = r;
   if (failedRank < 0) {
-    // Process ranks stage every collective: the policy's crossovers for them (policy.h). Agreed
-    // at creation, so the same on every rank; set before the communicator is handed out.
+    // What the communicator agreed at creation, so the same on every rank; set before it is
+    // handed out. Process ranks stage every collective: the policy's crossovers for them
+    // (policy.h). Several nodes: the rail NIC's speed and the rail form, the cost model's inputs
+    // (rule 6c).
     coll::CollStats st;
     c->mk->stats(&st);
-    if (st.staged) {
-      pc.stagedRanks = true;
+    if (st.staged || st.hierCtas > 0) {
+      pc.stagedRanks = st.staged;
+      if (st.hierCtas > 0) {
+        pc.railMbps = st.railMbps;
+        pc.hierRail = st.hierRail;
+      }
       c->policy.reset(new coll::SelectionPolicy(pc));
     }
     return Result::Success;

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "collectives/cost_model.h"
 
@@ -12,6 +14,10 @@ using mkernel::coll::CostParams;
 using mkernel::coll::predictAllReduce;
 using mkernel::coll::railMessagesFor;
 using mkernel::coll::railStepsFor;
+using mkernel::coll::kPolicyOverheadUs;
+using mkernel::coll::parseCostParams;
+using mkernel::coll::policyCostParams;
+using mkernel::coll::setCostParam;
 
 TEST_CASE("cost model: NCCL's tree latency for 2 nodes x 8 GPUs is its tuner's formula") {
   CostParams p;  // 2 x 8
@@ -193,4 +199,54 @@ TEST_CASE("cost model: ReduceScatter and AllGather, NCCL's ring formula and mker
   const CollCost bc = predictCollective(p, CollType::Broadcast, 8.0);
   CHECK(bc.ncclChoice == "not modelled");
   CHECK(bc.mkPipelinedUs != bc.mkPipelinedUs);  // NaN
+}
+
+// setCostParam / parseCostParams: the names mkernel-model's flags and MKERNEL_COST_MODEL share.
+TEST_CASE("cost model: parameters by name, and lists of them") {
+  CostParams p;
+  std::string why;
+  struct Set {
+    const char* name;
+    const char* value;
+    double CostParams::*field;
+    double want;
+  };
+  for (const Set& s : {Set{"nvlink-gbps", "400", &CostParams::nvlinkGBps, 400}, Set{"nic-gbps", "24.5", &CostParams::nicGBps, 24.5},
+                       Set{"mk-overhead-us", "9.4", &CostParams::mkOverheadUs, 9.4},
+                       Set{"mk-intra-us", "0", &CostParams::mkIntraStepUs, 0}, Set{"mk-inter-us", "13.5", &CostParams::mkInterStepUs, 13.5},
+                       Set{"mk-msg-us", "24", &CostParams::mkMsgUs, 24}, Set{"hidden", "0.68", &CostParams::hidden, 0.68}}) {
+    INFO(s.name);
+    CHECK(setCostParam(&p, s.name, s.value, &why));
+    CHECK(p.*s.field == s.want);
+  }
+  CHECK(setCostParam(&p, "nics", "4", &why));
+  CHECK(p.nicsPerNode == 4);
+  CHECK(setCostParam(&p, "rail", "ring", &why));
+  CHECK(p.rail == 1);
+  CHECK(setCostParam(&p, "rail", "best", &why));
+  CHECK(p.rail == CostParams::kRailBest);
+  for (const char* bad : {"0", "-3", "x", "", "1e999", "2 "}) {
+    INFO(bad);
+    CHECK_FALSE(setCostParam(&p, "nic-gbps", bad, &why));
+    CHECK(why.find("nic-gbps=") == 0);
+  }
+  CHECK_FALSE(setCostParam(&p, "hidden", "1.01", &why));
+  CHECK_FALSE(setCostParam(&p, "nodes", "2", &why));  // the topology is not a parameter
+  CHECK(why.find("unknown parameter") != std::string::npos);
+  // A list applies all or nothing.
+  CostParams q;
+  std::vector<std::string> given;
+  CHECK(parseCostParams("nics=2,,hidden=0.5", &q, &given, &why));
+  CHECK(given == std::vector<std::string>{"nics", "hidden"});
+  CHECK(q.nicsPerNode == 2);
+  CHECK(q.hidden == 0.5);
+  CHECK_FALSE(parseCostParams("nics=3,hidden=5", &q, &given, &why));
+  CHECK(q.nicsPerNode == 2);  // unchanged
+  CHECK(why.find("hidden=5") == 0);
+  CHECK(parseCostParams("", &q, nullptr, &why));
+  // The policy's defaults: the published parameters with the measured doorbell.
+  const CostParams pol = policyCostParams();
+  CHECK(pol.mkOverheadUs == kPolicyOverheadUs);
+  CHECK(pol.nicGBps == CostParams().nicGBps);
+  CHECK(pol.hidden == 1.0);
 }

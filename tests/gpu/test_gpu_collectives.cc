@@ -162,6 +162,11 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
     if (ranksPerNode > 0 && st.hierCtas != wantHierCtas)
       ctx.fail("hierarchical collectives split over " + std::to_string(st.hierCtas) + " CTA(s), want " +
                std::to_string(wantHierCtas));
+    // The rail NIC's speed the selection policy's cost model reads (agreed: the slowest rank's
+    // proxy device; loopback here, whose /sys speed is absent: the TCP net's default): known with
+    // several nodes, 0 with one.
+    if ((ranksPerNode > 0) != (st.railMbps > 0))
+      ctx.fail("rail NIC speed " + std::to_string(st.railMbps) + " Mb/s with " + std::to_string(ranksPerNode) + " ranks per node");
     // MKERNEL_HIER_ROLES=W,R: the AllReduces ran in CTA roles.
     int wantWorkers = 0, wantReducers = 0;
     const std::string roles = mkernel::paramString("HIER_ROLES");

@@ -3,6 +3,9 @@
 //                 [--mk-overhead-us 8] [--mk-intra-us 1] [--mk-inter-us 4]
 //                 [--rail best|direct|ring|rhd] [--mk-msg-us 0] [--hidden 1] [--min-bytes 8] [--max-bytes 4294967296] [--csv FILE]
 //                 [--coll allreduce|reducescatter|allgather]   (bytes: nccl-tests' size)
+//                 [--policy "name=value,..."]   (the selection policy's parameters, policyCostParams(), with
+//                                                MKERNEL_COST_MODEL's settings; the flags after it still apply)
+// The parameter flags are MKERNEL_COST_MODEL's names with two dashes (collectives/cost_model.h, setCostParam).
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -29,7 +32,8 @@ int usage() {
                "                     [--mk-overhead-us 8] [--mk-intra-us 1] [--mk-inter-us 4]\n"
                "                     [--rail best|direct|ring|rhd] [--mk-msg-us 0] [--hidden 1] [--min-bytes 8] [--max-bytes 4294967296] [--csv FILE]\n"
                "                     [--coll allreduce|reducescatter|allgather] (bytes: nccl-tests' size; ReduceScatter: the send buffer,\n"
-               "                     AllGather: the receive buffer)\n");
+               "                     AllGather: the receive buffer)\n"
+               "                     [--policy \"name=value,...\"] (the selection policy's parameters with MKERNEL_COST_MODEL's settings)\n");
   return 2;
 }
 
@@ -45,20 +49,19 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (i + 1 >= argc) return usage();
     const char* v = argv[++i];
+    std::string why;
     if (a == "--nodes") nodes = mktools::parseIntList(v);
     else if (a == "--gpus") base.gpusPerNode = std::atoi(v);
-    else if (a == "--nvlink-gbps") base.nvlinkGBps = std::atof(v);
-    else if (a == "--nic-gbps") base.nicGBps = std::atof(v);
-    else if (a == "--nics") base.nicsPerNode = std::atoi(v);
-    else if (a == "--mk-overhead-us") base.mkOverheadUs = std::atof(v);
-    else if (a == "--mk-intra-us") base.mkIntraStepUs = std::atof(v);
-    else if (a == "--mk-inter-us") base.mkInterStepUs = std::atof(v);
-    else if (a == "--mk-msg-us") base.mkMsgUs = std::atof(v);
-    else if (a == "--hidden") base.hidden = std::atof(v);
-    else if (a == "--rail") {
-      const std::string r = v;
-      base.rail = r == "best" ? mkernel::coll::CostParams::kRailBest : mkernel::coll::hierRailByName(r);
-      if (r.empty() || (r != "best" && base.rail < 0)) return usage();
+    else if (a == "--policy") {
+      // The selection policy's parameters (rule 6c): policyCostParams() with `v`, as
+      // MKERNEL_COST_MODEL would set them ("" for none); the flags after it still apply.
+      mkernel::coll::CostParams p = mkernel::coll::policyCostParams();
+      p.gpusPerNode = base.gpusPerNode;
+      if (!mkernel::coll::parseCostParams(v, &p, nullptr, &why)) {
+        std::fprintf(stderr, "mkernel-model: --policy: %s\n", why.c_str());
+        return usage();
+      }
+      base = p;
     } else if (a == "--min-bytes") minBytes = std::atof(v);
     else if (a == "--max-bytes") maxBytes = std::atof(v);
     else if (a == "--csv") csv = v;
@@ -68,7 +71,12 @@ int main(int argc, char** argv) {
       else if (c == "reducescatter") coll = mkernel::coll::CollType::ReduceScatter;
       else if (c == "allgather") coll = mkernel::coll::CollType::AllGather;
       else return usage();
-    } else return usage();
+    } else if (a.rfind("--", 0) == 0 && mkernel::coll::setCostParam(&base, a.substr(2), v, &why)) {
+      // --nvlink-gbps, --nic-gbps, --nics, --mk-*-us, --hidden, --rail: MKERNEL_COST_MODEL's names
+    } else {
+      if (!why.empty() && why.rfind("unknown parameter", 0) != 0) std::fprintf(stderr, "mkernel-model: %s\n", why.c_str());
+      return usage();
+    }
   }
   if (nodes.empty() || base.gpusPerNode < 1 || base.nvlinkGBps <= 0 || base.nicGBps <= 0 || base.nicsPerNode < 1 ||
       minBytes < 1 || maxBytes < minBytes || base.hidden < 0 || base.hidden > 1)
