@@ -26,7 +26,8 @@
 #      share of the shorter phase hidden (issue 6's goal: 80%; meant for one lane, "R:G:1");
 #   4. (RC_TORCH="<torch_check.py options>", e.g. "--ranks 8 --gpus 1 --mps --ranks-per-node 2")
 #      scripts/torch_check.py once per MKERNEL_HIER_RAIL of RC_TORCH_RAILS ("ring rhd"), with
-#      MKERNEL_DEBUG=INFO, showing each rank's "exchange among the rail" line; RC_TORCH_TIMEOUT (300) s each.
+#      MKERNEL_DEBUG=INFO, showing each rank's line matching RC_TORCH_SHOW ("exchange among the rail");
+#      RC_TORCH_TIMEOUT (300) s each.
 # NVLink multicast stays off (gpu-common.sh). Logs in build-gpu/logs-rail; tables to $OUT.
 set -u -o pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
@@ -122,8 +123,8 @@ if [ -n "${RC_TORCH:-}" ] && [ -x "$PY" ]; then
     step "4. torch_check $RC_TORCH, MKERNEL_HIER_RAIL=$rail"
     # shellcheck disable=SC2086
     MKERNEL_DEBUG=INFO MKERNEL_HIER_RAIL=$rail timeout "${RC_TORCH_TIMEOUT:-300}" "$PY" "$root/scripts/torch_check.py" --lib "$LIB" $RC_TORCH --timeout 180 \
-      --show "exchange among the rail" >>"$logs/torch-check.txt" 2>&1 || fail=1
-    grep -E "^\[torch_check\]|FAIL|Error|error|exchange among" "$logs/torch-check.txt" | cut -c1-300 | tail -12
+      --show "${RC_TORCH_SHOW:-exchange among the rail}" >>"$logs/torch-check.txt" 2>&1 || fail=1
+    grep -E "^\[torch_check\]|FAIL|Error|error|${RC_TORCH_SHOW:-exchange among}" "$logs/torch-check.txt" | cut -c1-300 | tail -12
   done
   save torch-check.txt
 fi

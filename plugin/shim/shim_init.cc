@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "collectives/hier_staged.h"
 #include "collectives/stats.h"
 #include "common/log.h"
 #include "common/param.h"
@@ -136,6 +137,12 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
       if (st.hierCtas > 0) {
         pc.railMbps = st.railMbps;
         pc.hierRail = st.hierRail;
+        const coll::CostParams m = coll::policyModelFor(pc, s.nRanks, c->nNodes);
+        MK_INFO(kLogInit | kLogTune,
+                "shim: rank %d: %d nodes of %d: the policy's cost model (rule 6c%s) reads rail NICs of %d Mb/s (%.1f GB/s "
+                "each, %d per node), rail exchange %s, per call %.1f us",
+                s.rank, c->nNodes, m.gpusPerNode, !s.emulate && pc.ncclCrossover ? "" : ", not applied: emulation or MKERNEL_NCCL_CROSSOVER=off",
+                pc.railMbps, m.nicGBps, m.nicsPerNode, m.rail < 0 ? "best" : coll::hierRailName(m.rail), m.mkOverheadUs);
       }
       c->policy.reset(new coll::SelectionPolicy(pc));
     }
