@@ -481,7 +481,8 @@ struct HierExecutor : CtaMover {
   __device__ bool roleWait(int k, uint64_t target) {
     const uint64_t t0 = waitStart();
     if (threadIdx.x == 0)
-      sh.stop = waitGeq(p, &p.self->hierRole[lane].counter[k], target, cta, -1, kWaitHierRole, d.coll) ? 0 : 1;
+      sh.stop = waitGeq(p, &p.self->hierRole[lane].counter[k], target, cta, -1, kWaitHierRole, d.coll,
+                        kInternalWaitFactor * p.timeoutNs) ? 0 : 1;
     waitEnd(2, t0);
     __syncthreads();
     return sh.stop == 0;
@@ -650,7 +651,7 @@ __device__ bool leaderDispatch(const KernelParams& p, SharedState& sh) {
   const int lane = threadIdx.x & 31;
   const uint64_t seq = loadVolatile64(&self->dispatchSeq);
   bool ok = true;
-  if (lane == 0) ok = waitGeq(p, &self->completedSeq, seq, 0, p.rank, kWaitSlotDone, -1);
+  if (lane == 0) ok = waitGeq(p, &self->completedSeq, seq, 0, p.rank, kWaitSlotDone, -1, kInternalWaitFactor * p.timeoutNs);
   if (!__all_sync(0xffffffffu, ok)) return false;
   uint64_t idleSince = globalTimerNs();
   uint32_t cursor = self->leaderCursor;

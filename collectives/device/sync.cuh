@@ -87,10 +87,18 @@ __device__ inline void recordError(const KernelParams& p, int cta, int peer, Wai
   __threadfence_system();
 }
 
+// Waits of a CTA for another CTA of the same rank (the leader for its workers' slot, a role for
+// its lane's sender, workers or reducers) only follow from a wait elsewhere: for a peer or for the
+// proxy. They get this many times MKERNEL_TIMEOUT_S, so that the wait naming the cause times out
+// first and is what the communicator reports (kernelError; the first record stops every CTA, and
+// a CTA that sees the stop records nothing). As the gate's 2x (kWaitGate).
+constexpr uint64_t kInternalWaitFactor = 2;
+
 // Single-thread wait for *addr >= target. False on abort, on another CTA's failure, or on timeout
-// (then recorded).
+// (then recorded): after timeoutNs, or MKERNEL_TIMEOUT_S when 0.
 __device__ inline bool waitGeq(const KernelParams& p, const uint64_t* addr, uint64_t target,
-                               int cta, int peer, WaitKind what, int coll) {
+                               int cta, int peer, WaitKind what, int coll, uint64_t timeoutNs = 0) {
+  const uint64_t limit = timeoutNs != 0 ? timeoutNs : p.timeoutNs;
   uint64_t start = 0;
   for (uint32_t iter = 1;; ++iter) {
     if (loadAcquire(addr) >= target) return true;
@@ -100,7 +108,7 @@ __device__ inline bool waitGeq(const KernelParams& p, const uint64_t* addr, uint
       uint64_t now = globalTimerNs();
       if (start == 0) {
         start = now;
-      } else if (now - start > p.timeoutNs) {
+      } else if (now - start > limit) {
         recordError(p, cta, peer, what, coll, target, loadAcquire(addr));
         return false;
       }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "collectives/hier_staged.h"
+#include "common/param.h"
 #include "common/result.h"
 #include "tests/gpu/gpu_check.h"
 #include "tests/gpu/gpu_ranks.h"
@@ -734,6 +735,9 @@ TEST_CASE("gpu: abort while the kernel spins on a missing peer returns at once a
 //          inside the second AllReduce. Their proxies see the connections to node 1 fail, and the
 //          error says "the proxy stopped" with the transfer that failed, within seconds although
 //          MKERNEL_TIMEOUT_S is 30.
+// In CTA roles (test_gpu_hier_fail_roles) the same must be said: the waits of a lane's CTAs for
+// each other, which follow from these, get twice the timeout (kInternalWaitFactor) and are never
+// what is reported.
 // The post fence is off (MKERNEL_POST_FENCE=0): with it, the survivors' enqueue would itself wait
 // for rank 3 on the host and report that first (deadPeer above); here each rank has a stream and
 // its own hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=32), and one collective at a time.
@@ -774,6 +778,12 @@ void hierPartMissing(bool gone) {
     const std::string bad = checkSum(got, n, 7);
     if (!bad.empty()) return ctx.fail("first AllReduce: " + bad);
     ctx.hostReset();
+    // test_gpu_hier_fail_roles (MKERNEL_HIER_ROLES): the AllReduces run in CTA roles, where the
+    // CTAs of a lane also wait for each other.
+    mkernel::coll::CollStats st;
+    ctx.comm->stats(&st);
+    if (!mkernel::paramString("HIER_ROLES").empty() && st.hierWorkers == 0)
+      return ctx.fail("MKERNEL_HIER_ROLES is set, but the AllReduces run data-parallel");
     if (missing) {
       if (!gone) {
         // Stays away from the second AllReduce until the others have checked their errors, then
