@@ -782,8 +782,11 @@ void hierPartMissing(bool gone) {
     // CTAs of a lane also wait for each other.
     mkernel::coll::CollStats st;
     ctx.comm->stats(&st);
-    if (!mkernel::paramString("HIER_ROLES").empty() && st.hierWorkers == 0)
-      return ctx.fail("MKERNEL_HIER_ROLES is set, but the AllReduces run data-parallel");
+    int workers = 0, reducers = 0;
+    const bool roles = std::sscanf(mkernel::paramString("HIER_ROLES").c_str(), "%d,%d", &workers, &reducers) == 2;
+    if (roles != (st.hierWorkers > 0))
+      return ctx.fail("MKERNEL_HIER_ROLES=" + mkernel::paramString("HIER_ROLES") + ", but the AllReduces ran with " +
+                      std::to_string(st.hierWorkers) + " worker(s) per lane");
     if (missing) {
       if (!gone) {
         // Stays away from the second AllReduce until the others have checked their errors, then
