@@ -734,7 +734,7 @@ TEST_CASE("gpu: abort while the kernel spins on a missing peer returns at once a
 //   gone:  node 1 (ranks 2 and 3) aborts and finalizes its communicators while ranks 0 and 1 are
 //          inside the second AllReduce. Their proxies see the connections to node 1 fail, and the
 //          error says "the proxy stopped" with the transfer that failed, within seconds although
-//          MKERNEL_TIMEOUT_S is 20. In 2 of 11 runs (session 29, calls 3-4) one survivor's
+//          MKERNEL_TIMEOUT_S is 20. In 2 of 20 runs (session 29, calls 1-5) one survivor's
 //          connection to node 1 stayed open and silent until its own timeout (20-30 s), the other
 //          failing at once; the cause is open (docs/RELIABILITY.md, open items). So at least one
 //          survivor must fail within 10 s, and each must name node 1 either way (the proxy
