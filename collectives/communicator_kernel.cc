@@ -1631,7 +1631,11 @@ Result KernelCommunicator::finalize() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   Result exitRes = waitKernelExit(timeout);
   finalized_ = true;
-  foldStats(/*device=*/true);
+  // The device's launch-path counters come back through a copy on counterStream_, and a copy can
+  // wait in a hardware queue behind another stream's wait for a doorbell (post_fence.h): after an
+  // abort, that of a co-located rank still inside a collective, until its timeout. So an aborted
+  // communicator keeps what it folded last (its proxy must close now: release() below).
+  foldStats(/*device=*/!aborted_);
   release(/*orderly=*/res == Result::Success && exitRes == Result::Success);
   if (res != Result::Success) return res;
   return exitRes;
