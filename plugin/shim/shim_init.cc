@@ -139,7 +139,7 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
         pc.hierRail = st.hierRail;
         const coll::CostParams m = coll::policyModelFor(pc, s.nRanks, c->nNodes);
         MK_INFO(kLogInit | kLogTune,
-                "shim: rank %d: %d nodes of %d: the policy's cost model (rule 6c%s) reads rail NICs of %d Mb/s (%.1f GB/s "
+                "shim: rank %d: %d nodes of %d ranks: the policy's cost model (rule 6c%s) reads rail NICs of %d Mb/s (%.1f GB/s "
                 "each, %d per node), rail exchange %s, per call %.1f us",
                 s.rank, c->nNodes, m.gpusPerNode, !s.emulate && pc.ncclCrossover ? "" : ", not applied: emulation or MKERNEL_NCCL_CROSSOVER=off",
                 pc.railMbps, m.nicGBps, m.nicsPerNode, m.rail < 0 ? "best" : coll::hierRailName(m.rail), m.mkOverheadUs);
