@@ -1462,17 +1462,10 @@ Result KernelCommunicator::postSlot(const WorkDesc* descs, int nOps, bool captur
 }
 
 Result KernelCommunicator::kernelError() const {
-  // The record that names the cause: a wait for a peer or for the proxy, before a CTA's wait for
-  // another CTA of this rank (the leader's dispatch, the workers' slot, a role of its lane),
-  // which only follows from it. A CTA in roles that waits for its lane's sender is CTA 1 or
-  // later, but the sender (CTA 0) may itself be waiting for a worker that waits for a peer.
-  auto internal = [](uint32_t w) { return w == kWaitDispatch || w == kWaitSlotDone || w == kWaitHierRole; };
-  int pick = -1;
-  for (int pass = 0; pass < 2 && pick < 0; ++pass)
-    for (int c = 0; c < kMaxCtas && pick < 0; ++c) {
-      const uint32_t w = *reinterpret_cast<const volatile uint32_t*>(&ctl_->errors[c].what);
-      if (w != kWaitNone && (pass == 1 || !internal(w))) pick = c;
-    }
+  // The record that names the cause (reportedErrorRecord): a wait for a peer or for the proxy,
+  // before a CTA's wait for another CTA of this rank, which only follows from it. The sender of a
+  // lane in CTA roles (CTA 0) may itself be waiting for a worker that waits for a peer.
+  const int pick = reportedErrorRecord(ctl_->errors, kMaxCtas);
   if (pick >= 0) {
     const ErrorRecord& e = ctl_->errors[pick];
     const uint32_t what = *reinterpret_cast<const volatile uint32_t*>(&e.what);

@@ -272,6 +272,25 @@ struct alignas(16) ErrorRecord {
 };
 static_assert(sizeof(ErrorRecord) == 32, "ErrorRecord layout");
 
+// A CTA's wait for another CTA of the same rank (the leader for its workers' slot, a worker for
+// the leader's dispatch, a lane in CTA roles for its sender, workers or reducers): it only
+// follows from a wait elsewhere, for a peer or for the proxy.
+inline bool internalWait(uint32_t what) { return what == kWaitDispatch || what == kWaitSlotDone || what == kWaitHierRole; }
+
+// Which of n per-CTA records the communicator reports (KernelCommunicator::kernelError): the
+// first whose wait names a cause (a peer, the proxy), else the first internal one; -1 when none
+// is set. `what` is read through a volatile load: the kernel writes the records into host memory.
+inline int reportedErrorRecord(const ErrorRecord* errors, int n) {
+  int internal = -1;
+  for (int c = 0; c < n; ++c) {
+    const uint32_t w = *reinterpret_cast<const volatile uint32_t*>(&errors[c].what);
+    if (w == kWaitNone) continue;
+    if (!internalWait(w)) return c;
+    if (internal < 0) internal = c;
+  }
+  return internal;
+}
+
 enum KernelState : uint32_t {
   kKernelStopped = 0,
   kKernelRunning = 1,
