@@ -57,9 +57,10 @@ bool setCostParam(CostParams* p, const std::string& name, const std::string& val
     if (!number(0, true, inf, "a rate in GB/s above 0", &v)) return false;
     p->nicGBps = v;
   } else if (name == "nics") {
-    if (!number(1, false, 1 << 20, "a whole number of NICs per node, at least 1", &v)) return false;
+    const char* whole = "a whole number of NICs per node, at least 1";
+    if (!number(1, false, 1 << 20, whole, &v)) return false;
     if (v != std::floor(v)) {
-      *why = name + "=" + value + ": want a whole number of NICs per node, at least 1";
+      *why = name + "=" + value + ": want " + whole;
       return false;
     }
     p->nicsPerNode = static_cast<int>(v);
