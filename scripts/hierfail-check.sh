@@ -32,6 +32,7 @@ table=$logs/hierfail.txt
 } >"$table"
 for mode in plain roles; do
   envs=()
+  # shellcheck disable=SC2054
   [ "$mode" = roles ] && envs=(MKERNEL_HIER_ROLES=1,1 MKERNEL_HIER_CTAS=1 MKERNEL_HIER_SPLIT_MIN_BYTES=0)
   for i in $(seq 1 "$reps"); do
     log=$logs/$mode-$i.log
