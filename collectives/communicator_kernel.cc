@@ -50,6 +50,14 @@ namespace {
 // readLaunchCounters copies.
 constexpr int kHierCounters = 12;
 
+// How long readLaunchCounters waits for its copy (a few hundred bytes, microseconds when its
+// hardware queue is free). A copy can wait in a queue it shares with another stream's wait for a
+// collective that has not finished (post_fence.h), for as long as that collective takes: during
+// a hang, until MKERNEL_TIMEOUT_S. Past the bound the read gives up, and the application's
+// statistics or error poll (mkernelGetStats, ncclCommGetAsyncError's launch watch) returns at
+// once instead of hanging with the job.
+constexpr double kCounterReadBoundS = 0.25;
+
 // Bytes per CTA below which adding CTAs does not pay (their barrier costs more than their copy).
 constexpr uint64_t kBytesPerCta = 64 * 1024;
 
@@ -217,6 +225,9 @@ class KernelCommunicator final : public Communicator {
   void foldStats(bool device = false) const;
   // Copies DeviceState::launchDone and graphOps (8 each) into done / graph, and with hierTurn
   // DeviceState::hierTurn, hierMark, hierWait and hierBusy (kHierCounters, contiguous) into it.
+  // Waits kCounterReadBoundS at most: InProgress when the copy has not arrived by then (counted
+  // in countersLate_, warned once), and at once while that copy still waits (no other is queued
+  // behind it).
   Result readLaunchCounters(uint64_t* done, uint64_t* graph, uint64_t* hierTurn = nullptr) const;
   void release(bool orderly);
 
@@ -233,6 +244,8 @@ class KernelCommunicator final : public Communicator {
   uint64_t* counterHost_ = nullptr;
   cudaStream_t counterStream_ = nullptr;
   mutable std::mutex counterMu_;
+  mutable bool counterCopyPending_ = false;  // a copy that missed its bound may still run (counterMu_)
+  mutable uint64_t countersLate_ = 0;        // copies that missed it (counterMu_; CollStats::countersLate)
   cudaStream_t traceStream_ = nullptr;      // the copy's stream (not stream_: the kernel runs there)
   HostControl* ctl_ = nullptr;    // host-mapped
   WorkSlot* slots_ = nullptr;     // host-mapped
@@ -1610,7 +1623,9 @@ Result KernelCommunicator::finalize() {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
     auto allDone = [&] {
       uint64_t done[8] = {}, graphDone[8] = {};
-      if (readLaunchCounters(done, graphDone) != Result::Success) return true;  // reported; nothing to wait for
+      const Result r = readLaunchCounters(done, graphDone);
+      if (r == Result::InProgress) return false;  // the copy is late: ask again until the deadline
+      if (r != Result::Success) return true;      // reported; nothing to wait for
       for (int c = 0; c < kNumCollTypes; ++c)
         if (done[c] < launchIssued_[c]) return false;
       return true;
@@ -1626,8 +1641,10 @@ Result KernelCommunicator::finalize() {
   finalized_ = true;
   // The device's launch-path counters come back through a copy on counterStream_, and a copy can
   // wait in a hardware queue behind another stream's wait for a doorbell (post_fence.h): after an
-  // abort, that of a co-located rank still inside a collective, until its timeout. So an aborted
-  // communicator keeps what it folded last (its proxy must close now: release() below).
+  // abort, that of a co-located rank still inside a collective, until its timeout. The read gives
+  // up after kCounterReadBoundS, but an aborted communicator does not wait even that long: it
+  // keeps what it folded last, and its proxy closes now (release() below), so that its peers see
+  // it leave at once (test_gpu_hier_fail: 40 of 40 survivors in 0.30 s, session 30).
   foldStats(/*device=*/!aborted_);
   release(/*orderly=*/res == Result::Success && exitRes == Result::Success);
   if (res != Result::Success) return res;
@@ -1761,15 +1778,48 @@ Result KernelCommunicator::readLaunchCounters(uint64_t* done, uint64_t* graph, u
   int prev = -1;
   (void)cudaGetDevice(&prev);
   if (prev != opts_.cudaDev) (void)cudaSetDevice(opts_.cudaDev);
-  cudaError_t err = cudaMemcpyAsync(counterHost_, state_->launchDone, 8 * sizeof(uint64_t), cudaMemcpyDeviceToHost,
-                                    counterStream_);
+  struct RestoreDevice {
+    int prev, dev;
+    ~RestoreDevice() {
+      if (prev >= 0 && prev != dev) (void)cudaSetDevice(prev);
+    }
+  } restore{prev, opts_.cudaDev};
+  cudaError_t err = cudaSuccess;
+  // The copy that missed its bound last time may still wait in its hardware queue: another
+  // queued behind it would wait as long, so none is, until it has run.
+  if (counterCopyPending_) {
+    err = cudaStreamQuery(counterStream_);
+    if (err == cudaErrorNotReady) return Result::InProgress;
+    counterCopyPending_ = false;
+  }
+  if (err == cudaSuccess)
+    err = cudaMemcpyAsync(counterHost_, state_->launchDone, 8 * sizeof(uint64_t), cudaMemcpyDeviceToHost, counterStream_);
   if (err == cudaSuccess)
     err = cudaMemcpyAsync(counterHost_ + 8, state_->graphOps, 8 * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                           counterStream_);
   if (err == cudaSuccess && hierTurn != nullptr)
     err = cudaMemcpyAsync(counterHost_ + 16, state_->hierTurn, kHierCounters * sizeof(uint64_t), cudaMemcpyDeviceToHost, counterStream_);
-  if (err == cudaSuccess) err = cudaStreamSynchronize(counterStream_);
-  if (prev >= 0 && prev != opts_.cudaDev) (void)cudaSetDevice(prev);
+  if (err == cudaSuccess) {
+    // Polled, not cudaStreamSynchronize: that call cannot give up.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kCounterReadBoundS);
+    for (int polls = 0; (err = cudaStreamQuery(counterStream_)) == cudaErrorNotReady; ++polls) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        counterCopyPending_ = true;
+        if (countersLate_++ == 0)
+          MK_WARN("rank %d: a copy of the launch path's counters (device memory) did not arrive within %.2f s: it waits in "
+                  "a hardware queue behind other work, likely another stream's wait for a collective that has not "
+                  "finished (CUDA_DEVICE_MAX_CONNECTIONS streams share the queues); until it arrives, the statistics "
+                  "leave out launch-path collectives finished since the last read (mkernelGetStats: countersLate)",
+                  opts_.rank, kCounterReadBoundS);
+        globalStats().countersLate.fetch_add(1, std::memory_order_relaxed);
+        return Result::InProgress;
+      }
+      if (polls < 100)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "rank %d: reading the launch path's counters: %s", opts_.rank,
                     cudaGetErrorString(err));
@@ -1842,6 +1892,8 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->hierWaitRoleNs = hierTurn_[6];
   for (int k = 0; k < kHierBusyKinds; ++k) out->hierBusyNs[k] = hierTurn_[7 + k];
   out->staged = peers_.staged;
+  std::lock_guard<std::mutex> counterLock(counterMu_);
+  out->countersLate = countersLate_;
 }
 
 }  // namespace

@@ -16,6 +16,7 @@ struct GlobalStats {
   std::atomic<uint64_t> launchOps[kNumCollTypes];  // of kernelOps, those of the launch path
   std::atomic<uint64_t> kernelLaunches;
   std::atomic<uint64_t> commsCreated;
+  std::atomic<uint64_t> countersLate;  // CollStats::countersLate, every communicator's
 };
 
 GlobalStats& globalStats();

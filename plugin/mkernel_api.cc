@@ -19,6 +19,7 @@ extern "C" int mkernelGetStats(mkernelStats_t* out) {
   }
   full.kernelLaunches = s.kernelLaunches.load(std::memory_order_relaxed);
   full.commsCreated = s.commsCreated.load(std::memory_order_relaxed);
+  full.countersLate = s.countersLate.load(std::memory_order_relaxed);
   size_t n = out->size < sizeof(full) ? static_cast<size_t>(out->size) : sizeof(full);
   full.size = out->size;
   std::memcpy(out, &full, n);

@@ -18,7 +18,9 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/cuda_driver.h"
 #include "collectives/hier_staged.h"
+#include "collectives/stats.h"
 #include "common/param.h"
 #include "common/result.h"
 #include "tests/gpu/gpu_check.h"
@@ -861,6 +863,126 @@ TEST_CASE("gpu: emulated nodes, a rank that stops posting: the rail wait's error
 TEST_CASE("gpu: emulated nodes, a node that leaves mid-collective: the survivors fail at once, naming the proxy's failed transfer", "[gpu][hierfail]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   hierPartMissing(true);
+}
+
+// The launch path's counters live in device memory; stats() (and so mkernelGetStats, and the
+// launch watch behind ncclCommGetAsyncError) reads them with a copy on the communicator's own
+// stream. A copy can wait in a hardware queue behind another stream's wait for a collective that
+// does not finish, for as long as the job hangs. Here every stream shares one queue
+// (CUDA_DEVICE_MAX_CONNECTIONS=1: test_gpu_stats_bound) and a stream of the test waits on a host
+// flag (cuStreamWaitValue32, as a caller's stream waits for a doorbell). stats() must return
+// within its bound (0.25 s) and count the late copy; a second call must return at once and queue
+// no other copy (countersLate stays 1); once the flag is set, stats() must read the counters
+// again: the three AllReduces the launch path ran. A watchdog sets the flag after 20 s, so that
+// a read that waits fails the test instead of hanging it.
+TEST_CASE("gpu: stats() returns within its bound while the counters' copy waits behind a blocked hardware queue", "[gpu][statsbound]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
+  const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  if (conns == nullptr || std::string(conns) != "1")
+    FAIL("run with CUDA_DEVICE_MAX_CONNECTIONS=1 (ctest test_gpu_stats_bound), so that every stream shares one hardware queue");
+  const int n = 2;
+  const size_t count = 1024;  // 4 KiB: the launch path
+  const size_t bytes = count * sizeof(int32_t);
+  const int kAllReduces = 3;
+  const int ar = static_cast<int>(CollType::AllReduce);
+  std::atomic<int> ready{0}, finished{0};
+  auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
+    struct Done {
+      std::atomic<int>* c;
+      ~Done() { c->fetch_add(1); }
+    } done{&finished};
+    int32_t* buf = ctx.deviceAlloc<int32_t>(bytes);
+    if (buf == nullptr) return ctx.fail("cudaMalloc");
+    for (int i = 0; i < kAllReduces; ++i) {
+      ctx.hostReset();
+      const std::vector<int32_t> in = rankInput(ctx.rank, 40 + i, count);
+      if (!ctx.toDevice(buf, in.data(), bytes)) return ctx.fail("copy in");
+      CollArgs a = allReduceSum(buf, buf, count);
+      if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success) return ctx.fail(std::string("AllReduce: ") + mkernel::lastError());
+      const void* out = ctx.fromDevice(buf, bytes);
+      if (out == nullptr || cudaStreamSynchronize(ctx.stream) != cudaSuccess) return ctx.fail("AllReduce: sync");
+      std::vector<int32_t> got(count);
+      std::memcpy(got.data(), out, bytes);
+      const std::string bad = checkSum(got, n, 40 + i);
+      if (!bad.empty()) return ctx.fail("AllReduce " + std::to_string(i) + ": " + bad);
+    }
+    ready.fetch_add(1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    if (ctx.rank != 0) {  // waits until rank 0 has checked, then finalizes with it
+      while (finished.load() < 1 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      return;
+    }
+    while (ready.load() < n && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    uint32_t* flag = nullptr;
+    uint32_t* flagDev = nullptr;
+    cudaStream_t blocker = nullptr;
+    if (cudaHostAlloc(reinterpret_cast<void**>(&flag), sizeof(uint32_t), cudaHostAllocMapped) != cudaSuccess ||
+        cudaHostGetDevicePointer(reinterpret_cast<void**>(&flagDev), flag, 0) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&blocker, cudaStreamNonBlocking) != cudaSuccess)
+      return ctx.fail("the blocker's flag and stream");
+    *reinterpret_cast<volatile uint32_t*>(flag) = 0;
+    std::atomic<bool> released{false};
+    auto release = [&] {
+      if (!released.exchange(true)) {
+        *reinterpret_cast<volatile uint32_t*>(flag) = 1;
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+      }
+    };
+    std::thread watchdog([&] {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!released.load() && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      release();
+    });
+    auto seconds = [](std::chrono::steady_clock::time_point t0) {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    [&] {
+      if (mkernel::coll::cudrv::streamWaitValue32(blocker, flagDev, 1, mkernel::coll::cudrv::WaitCmp::Geq) != Result::Success)
+        return ctx.fail(std::string("cuStreamWaitValue32 on a host flag: ") + mkernel::lastError());
+      const uint64_t globalBefore = mkernel::coll::globalStats().countersLate.load();
+      mkernel::coll::CollStats late, again, after;
+      auto t0 = std::chrono::steady_clock::now();
+      ctx.comm->stats(&late);
+      const double first = seconds(t0);
+      t0 = std::chrono::steady_clock::now();
+      ctx.comm->stats(&again);
+      const double second = seconds(t0);
+      std::fprintf(stderr, "statsbound: queue blocked: stats() took %.3f s (countersLate %llu, AllReduces %llu), again %.4f s "
+                   "(countersLate %llu)\n", first, static_cast<unsigned long long>(late.countersLate),
+                   static_cast<unsigned long long>(late.kernelOps[ar]), second,
+                   static_cast<unsigned long long>(again.countersLate));
+      if (first > 2.0) ctx.fail("stats() took " + std::to_string(first) + " s with its copy's queue blocked (bound 0.25 s)");
+      if (late.countersLate != 1) ctx.fail("countersLate " + std::to_string(late.countersLate) + " after the late copy, want 1");
+      if (second > 0.1) ctx.fail("the second stats() took " + std::to_string(second) + " s while the late copy still waited");
+      if (again.countersLate != 1)
+        ctx.fail("countersLate " + std::to_string(again.countersLate) + " after the second stats(), want 1 (no second copy queued)");
+      if (mkernel::coll::globalStats().countersLate.load() != globalBefore + 1)
+        ctx.fail("mkernelGetStats' countersLate did not count the late copy once");
+      if (released.load()) ctx.fail("the watchdog released the queue before the checks (stats() waited 20 s)");
+      release();
+      if (cudaStreamSynchronize(blocker) != cudaSuccess) return ctx.fail("the blocker's stream");
+      t0 = std::chrono::steady_clock::now();
+      ctx.comm->stats(&after);
+      const double third = seconds(t0);
+      std::fprintf(stderr, "statsbound: queue free: stats() took %.4f s (countersLate %llu, AllReduces %llu on the launch path)\n",
+                   third, static_cast<unsigned long long>(after.countersLate),
+                   static_cast<unsigned long long>(after.launchOps[ar]));
+      if (after.countersLate != 1) ctx.fail("countersLate " + std::to_string(after.countersLate) + " once the queue was free, want 1");
+      if (after.launchOps[ar] != static_cast<uint64_t>(kAllReduces) || after.kernelOps[ar] != static_cast<uint64_t>(kAllReduces))
+        ctx.fail("once the queue was free, stats() counted " + std::to_string(after.kernelOps[ar]) + " AllReduces (" +
+                 std::to_string(after.launchOps[ar]) + " on the launch path), want " + std::to_string(kAllReduces));
+    }();
+    release();
+    watchdog.join();
+    (void)cudaStreamSynchronize(blocker);
+    (void)cudaStreamDestroy(blocker);
+    (void)cudaFreeHost(flag);
+  });
+  for (const auto& f : failures) FAIL_CHECK(f);
+  CHECK(failures.empty());
 }
 
 // A chain of dependent collectives back to back, no host sync until the end (MKERNEL_PDL): each

@@ -5,6 +5,7 @@
 
 #include <dlfcn.h>
 
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -322,6 +323,32 @@ TEST_CASE("api: error strings, last error and version info") {
   CHECK(ncclCommCount(nullptr, nullptr) == ncclInvalidArgument);
   CHECK(lastError() == "ncclCommCount : comm argument is NULL");
   CHECK(std::string(mkernelVersionString()).rfind("mkernel ", 0) == 0);
+}
+
+// Callers carry their own copy of mkernelStats_t (nccl-tests' patch, torch_check.py's ctypes
+// struct), made before later fields were appended (launchOps, countersLate): `size` bounds what
+// is written, so an older caller's memory past its struct stays untouched.
+TEST_CASE("api: mkernelGetStats writes no more than the caller's size says") {
+  struct Older {  // the struct before countersLate, and a guard word after it
+    uint64_t size;
+    uint64_t kernelOps[5], forwardedOps[5], kernelLaunches, commsCreated, launchOps[5];
+    uint64_t guard;
+  } older;
+  static_assert(offsetof(Older, guard) == offsetof(mkernelStats_t, countersLate), "the older layout is the prefix");
+  std::memset(&older, 0xab, sizeof(older));
+  older.size = offsetof(Older, guard);
+  REQUIRE(mkernelGetStats(reinterpret_cast<mkernelStats_t*>(&older)) == 0);
+  CHECK(older.size == offsetof(Older, guard));
+  CHECK(older.guard == 0xababababababababull);
+  CHECK(older.kernelOps[0] != 0xababababababababull);  // written
+  mkernelStats_t s;
+  std::memset(&s, 0xab, sizeof(s));
+  s.size = sizeof(s);
+  REQUIRE(mkernelGetStats(&s) == 0);
+  CHECK(s.countersLate == 0);  // no communicator has read its device counters here
+  s.size = offsetof(mkernelStats_t, kernelOps) - 1;
+  CHECK(mkernelGetStats(&s) != 0);  // too small for any field
+  CHECK(mkernelGetStats(nullptr) != 0);
 }
 
 TEST_CASE("api: custom-op and p2p entries reject their own bad arguments on NULL comms first") {
