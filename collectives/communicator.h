@@ -66,7 +66,8 @@ struct CollStats {
   bool sharedDirect = false;                // ranks sharing a GPU: small persistent kernels, direct mode at every size (MKERNEL_SHARED_CTAS)
   int persistentCtas = 0;                   // CTAs of the persistent kernel when it runs
   // Copies of the launch path's device counters that missed their bound (kCounterReadBoundS,
-  // 0.25 s; held in a hardware queue behind other work): the launch-path counts lag until one arrives
+  // 0.25 s; held in a hardware queue behind other work): the launch-path counts lag until one
+  // arrives
   uint64_t countersLate = 0;
 };
 

@@ -51,11 +51,12 @@ namespace {
 constexpr int kHierCounters = 12;
 
 // How long readLaunchCounters waits for its copy (a few hundred bytes, microseconds when its
-// hardware queue is free). A copy can wait in a queue it shares with another stream's wait for a
-// collective that has not finished (post_fence.h), for as long as that collective takes: during
-// a hang, until MKERNEL_TIMEOUT_S. Past the bound the read gives up, and the application's
-// statistics or error poll (mkernelGetStats, ncclCommGetAsyncError's launch watch) returns at
-// once instead of hanging with the job.
+// hardware queue is free). A copy waits behind any copy queued earlier in a queue it shares, and
+// a copy that another stream queued after a collective (an application copying a result to the
+// host) waits for that collective: during a hang, until MKERNEL_TIMEOUT_S (test_gpu_stats_bound
+// holds one so). Past the bound the read gives up, and the application's statistics or error poll
+// (mkernelGetStats, ncclCommGetAsyncError's launch watch) returns at once instead of hanging with
+// the job.
 constexpr double kCounterReadBoundS = 0.25;
 
 // Bytes per CTA below which adding CTAs does not pay (their barrier costs more than their copy).
@@ -1807,9 +1808,10 @@ Result KernelCommunicator::readLaunchCounters(uint64_t* done, uint64_t* graph, u
         counterCopyPending_ = true;
         if (countersLate_++ == 0)
           MK_WARN("rank %d: a copy of the launch path's counters (device memory) did not arrive within %.2f s: it waits in "
-                  "a hardware queue behind other work, likely another stream's wait for a collective that has not "
-                  "finished (CUDA_DEVICE_MAX_CONNECTIONS streams share the queues); until it arrives, the statistics "
-                  "leave out launch-path collectives finished since the last read (mkernelGetStats: countersLate)",
+                  "a hardware queue behind other work, such as a copy that another stream queued after a collective "
+                  "that has not finished (streams share CUDA_DEVICE_MAX_CONNECTIONS queues); until it arrives, the "
+                  "statistics leave out launch-path collectives finished since the last read (mkernelGetStats: "
+                  "countersLate)",
                   opts_.rank, kCounterReadBoundS);
         globalStats().countersLate.fetch_add(1, std::memory_order_relaxed);
         return Result::InProgress;

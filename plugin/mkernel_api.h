@@ -20,9 +20,9 @@ typedef struct {
   uint64_t commsCreated;      // shim communicators created
   uint64_t launchOps[5];      // of kernelOps, those run by the launch path (small eager ones)
   // Reads of a communicator's launch-path counters (a copy from device memory) that gave up after
-  // 0.25 s, the copy held in a hardware queue behind other work (such as a stream waiting for a
+  // 0.25 s, the copy held in a hardware queue behind other work (such as a copy queued after a
   // collective that hangs): launchOps and kernelOps lag until a later read succeeds. This call
-  // never waits longer than that for them.
+  // waits no longer than that for each communicator.
   uint64_t countersLate;
 } mkernelStats_t;
 

@@ -867,18 +867,22 @@ TEST_CASE("gpu: emulated nodes, a node that leaves mid-collective: the survivors
 
 // The launch path's counters live in device memory; stats() (and so mkernelGetStats, and the
 // launch watch behind ncclCommGetAsyncError) reads them with a copy on the communicator's own
-// stream. A copy can wait in a hardware queue behind another stream's wait for a collective that
-// does not finish, for as long as the job hangs. Here every stream shares one queue
-// (CUDA_DEVICE_MAX_CONNECTIONS=1: test_gpu_stats_bound) and a stream of the test waits on a host
-// flag (cuStreamWaitValue32, as a caller's stream waits for a doorbell). stats() must return
-// within its bound (0.25 s) and count the late copy; a second call must return at once and queue
-// no other copy (countersLate stays 1); once the flag is set, stats() must read the counters
-// again: the three AllReduces the launch path ran. A watchdog sets the flag after 20 s, so that
-// a read that waits fails the test instead of hanging it.
+// stream. A copy waits in its hardware queue behind any copy queued there earlier, and a copy
+// that an application queued after a collective on its stream (loss.item()) waits for that
+// collective, as long as the job hangs. Here a stream of the test waits on a host flag
+// (cuStreamWaitValue32, as a caller's stream waits for a doorbell): that alone holds no copy
+// (session 30, call 3: stats() 0.0000 s); then it queues a copy of a result to the host, and with
+// every stream on one queue (CUDA_DEVICE_MAX_CONNECTIONS=1: test_gpu_stats_bound; at 32 the two
+// streams did not share one in 3 of 3 runs) the counters' copy waits behind it. stats() must
+// return within its bound (0.25 s) and count the late copy; a second call must return at once and
+// queue no other copy (countersLate stays 1); once the flag is set, stats() must read the
+// counters again: the three AllReduces the launch path ran. A watchdog sets the flag after 20 s,
+// so that a read that waits fails the test instead of hanging it.
 TEST_CASE("gpu: stats() returns within its bound while the counters' copy waits behind a blocked hardware queue", "[gpu][statsbound]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  std::fprintf(stderr, "statsbound: CUDA_DEVICE_MAX_CONNECTIONS=%s\n", conns != nullptr ? conns : "(unset)");
+  if (conns == nullptr || std::string(conns) != "1")
+    FAIL("run with CUDA_DEVICE_MAX_CONNECTIONS=1 (ctest test_gpu_stats_bound): every stream on one hardware queue");
   const int n = 2;
   const size_t count = 1024;  // 4 KiB: the launch path
   const size_t bytes = count * sizeof(int32_t);
@@ -945,8 +949,7 @@ TEST_CASE("gpu: stats() returns within its bound while the counters' copy waits 
         return ctx.fail(std::string("cuStreamWaitValue32 on a host flag: ") + mkernel::lastError());
       if (cudaStreamQuery(blocker) != cudaErrorNotReady) return ctx.fail("the blocker's stream did not hold at its wait");
       const uint64_t globalBefore = mkernel::coll::globalStats().countersLate.load();
-      // The wait alone holds its stream's compute queue; the counters' copy goes to a copy queue
-      // (call 2: not late, 0.000 s).
+      // The wait alone holds no copy (session 30, calls 2 and 3: not late, 0.0000 s).
       mkernel::coll::CollStats waitOnly, late, again, after;
       auto t0 = std::chrono::steady_clock::now();
       ctx.comm->stats(&waitOnly);
