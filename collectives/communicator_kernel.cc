@@ -1641,11 +1641,12 @@ Result KernelCommunicator::finalize() {
   Result exitRes = waitKernelExit(timeout);
   finalized_ = true;
   // The device's launch-path counters come back through a copy on counterStream_, and a copy can
-  // wait in a hardware queue behind another stream's wait for a doorbell (post_fence.h): after an
-  // abort, that of a co-located rank still inside a collective, until its timeout. The read gives
-  // up after kCounterReadBoundS, but an aborted communicator does not wait even that long: it
-  // keeps what it folded last, and its proxy closes now (release() below), so that its peers see
-  // it leave at once (test_gpu_hier_fail: 40 of 40 survivors in 0.30 s, session 30).
+  // wait in a hardware queue behind a copy that another stream queued after a collective not yet
+  // finished (test_gpu_stats_bound): after an abort, perhaps a co-located rank's, until its
+  // timeout. The read gives up after kCounterReadBoundS, but an aborted communicator does not
+  // wait even that long: it keeps what it folded last, and its proxy closes now (release()
+  // below), so that its peers see it leave at once (test_gpu_hier_fail: 60 of 60 survivors in
+  // 0.30 s over 30 runs, session 30).
   foldStats(/*device=*/!aborted_);
   release(/*orderly=*/res == Result::Success && exitRes == Result::Success);
   if (res != Result::Success) return res;
