@@ -2,6 +2,8 @@
 // striping settings, its handshake checks).
 #include <catch2/catch.hpp>
 
+#include <sys/socket.h>
+
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -12,6 +14,7 @@
 #include "common/result.h"
 #include "tests/transport/net_suite.h"
 #include "transport/net/socket_iface.h"
+#include "transport/net/tcp/tcp_net.h"
 
 using mkernel::Result;
 using mkernel::nettest::ScopedEnv;
@@ -86,6 +89,108 @@ TEST_CASE("tcp net: a stalled receive describes its posted tags, the unmatched h
   CHECK(msg.find("a header for tag 5 (1011 B) was read and no posted receive has that tag") != std::string::npos);
   // The payload behind the header waits in the kernel.
   CHECK(msg.find("socket 0: 0 B to read, kernel unread 1011 B") != std::string::npos);
+}
+
+// A peer closes all the sockets of its comm together. Session 29 saw a survivor on emulated nodes
+// wait out its whole timeout with its socket 1 closed (an event seen, nothing to read) and socket
+// 0 silent (docs/RELIABILITY.md). A close seen on a data socket now ends the connection once socket
+// 0 has brought nothing for kCloseGraceS (1 s), and never before what the peer sent first is read.
+// Here the sender's socket 1 alone is shut (SHUT_WR: its FIN goes out, socket 0 stays open).
+namespace {
+void shutSendersSocket1(const mkernel::nettest::CommPair& pair) {
+  auto* send = static_cast<net::tcp::TcpSendComm*>(pair.send);
+  REQUIRE(send->core->socks.size() >= 2);
+  REQUIRE(::shutdown(send->core->socks[1].fd, SHUT_WR) == 0);
+}
+void exchange(mkernel::nettest::CommPair& pair, int tag) {
+  std::vector<char> out(4096, static_cast<char>(tag)), in(4096, 0);
+  void* d[1] = {in.data()};
+  size_t sz[1] = {in.size()};
+  int tags[1] = {tag};
+  net::Request* r = nullptr;
+  net::Request* s = nullptr;
+  REQUIRE(pair.net->irecv(pair.recv, 1, d, sz, tags, nullptr, &r) == Result::Success);
+  REQUIRE(pair.net->isend(pair.send, out.data(), out.size(), tag, nullptr, &s) == Result::Success);
+  size_t got[1] = {};
+  mkernel::nettest::completeBoth(*pair.net, s, r, got);
+  CHECK(got[0] == out.size());
+  CHECK(in == out);
+}
+}  // namespace
+
+TEST_CASE("tcp net: a close seen on a data socket ends a posted receive although socket 0 stays open") {
+  ScopedEnv timeout("MKERNEL_TIMEOUT_S", "20");
+  ScopedEnv socks("MKERNEL_NET_SOCKETS", "2");
+  auto run = [] {
+    mkernel::nettest::CommPair pair;
+    mkernel::nettest::connectPair(tcpNet, &pair);
+    exchange(pair, 1);  // the connection works
+    std::vector<char> in(4096, 0);
+    void* d[1] = {in.data()};
+    size_t sz[1] = {in.size()};
+    int tags[1] = {2};
+    net::Request* r = nullptr;
+    REQUIRE(pair.net->irecv(pair.recv, 1, d, sz, tags, nullptr, &r) == Result::Success);
+    shutSendersSocket1(pair);
+    const auto t0 = std::chrono::steady_clock::now();
+    bool done = false;
+    size_t got[1];
+    const Result res = mkernel::nettest::waitRequest(*pair.net, r, got, 10.0, &done);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string msg = mkernel::lastError();
+    INFO(msg << " (after " << s << " s)");
+    CHECK_FALSE(done);
+    CHECK(res == Result::RemoteError);
+    CHECK(msg.find("connection closed by peer") != std::string::npos);
+    CHECK(msg.find("its socket 1 closed; socket 0, still open, brought nothing for") != std::string::npos);
+    CHECK(s >= 0.9);  // the grace: socket 0 might still bring what was sent first
+    CHECK(s < 5.0);   // not the 20 s timeout
+  };
+  SECTION("inline progress") { run(); }
+  SECTION("progress thread only") {
+    ScopedEnv inl("MKERNEL_NET_INLINE_PROGRESS", "0");
+    run();
+  }
+}
+
+TEST_CASE("tcp net: what the peer sent before a data socket's close is still received after the grace too") {
+  ScopedEnv timeout("MKERNEL_TIMEOUT_S", "20");
+  ScopedEnv socks("MKERNEL_NET_SOCKETS", "2");
+  mkernel::nettest::CommPair pair;
+  mkernel::nettest::connectPair(tcpNet, &pair);
+  exchange(pair, 1);
+  // A message (on socket 0, below the chunk size) whose receive is posted only after the close
+  // and the grace have passed.
+  std::vector<char> out(4096, 9), in(4096, 0);
+  net::Request* s = nullptr;
+  REQUIRE(pair.net->isend(pair.send, out.data(), out.size(), 3, nullptr, &s) == Result::Success);
+  bool done = false;
+  size_t got[1] = {};
+  REQUIRE(mkernel::nettest::waitRequest(*pair.net, s, got, 5.0, &done) == Result::Success);
+  REQUIRE(done);  // in the receiver's socket
+  shutSendersSocket1(pair);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  void* d[1] = {in.data()};
+  size_t sz[1] = {in.size()};
+  int tags[1] = {3};
+  net::Request* r = nullptr;
+  REQUIRE(pair.net->irecv(pair.recv, 1, d, sz, tags, nullptr, &r) == Result::Success);
+  REQUIRE(r != nullptr);
+  done = false;
+  Result res = mkernel::nettest::waitRequest(*pair.net, r, got, 5.0, &done);
+  INFO(mkernel::lastError());
+  REQUIRE(res == Result::Success);
+  REQUIRE(done);
+  CHECK(got[0] == out.size());
+  CHECK(in == out);
+  // Nothing more can come: the next receive fails after the grace.
+  tags[0] = 4;
+  r = nullptr;
+  res = pair.net->irecv(pair.recv, 1, d, sz, tags, nullptr, &r);
+  if (res == Result::Success && r != nullptr) res = mkernel::nettest::waitRequest(*pair.net, r, got, 10.0, &done);
+  INFO(mkernel::lastError());
+  CHECK(res == Result::RemoteError);
+  CHECK(std::string(mkernel::lastError()).find("its socket 1 closed") != std::string::npos);
 }
 
 TEST_CASE("tcp net: a handle with a wrong nonce is refused at the handshake") {

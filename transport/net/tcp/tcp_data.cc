@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -240,6 +241,26 @@ void TcpComm::progressRecvLocked() {
       } else if (i == 0 && !headerReady) {
         dst = reinterpret_cast<char*>(&pendingHeader) + headerGot;
         want = sizeof(MsgHeader) - headerGot;
+      } else if (i > 0 && !s.closedAhead) {
+        // Nothing is due on this data socket: bytes that arrived ahead of their header stay in
+        // the kernel for now. But an event may have come from the peer's close: peek for it.
+        char byte;
+        const ssize_t p = recv(s.fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (p == 0) {
+          s.closedAhead = true;
+          s.readable = false;
+          if (closedAheadSock < 0) {
+            closedAheadSock = static_cast<int>(i);
+            closedAheadAt = Clock::now();
+          }
+        } else if (p < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+          s.readable = false;
+        } else if (p < 0 && errno != EINTR) {
+          fail(errno == ECONNRESET ? Result::RemoteError : Result::SystemError,
+               "receive from peer " + peer + " failed: " + strerror(errno));
+          return;
+        }
+        continue;
       } else {
         continue;  // bytes that arrived ahead of their header stay in the kernel for now
       }
@@ -292,6 +313,30 @@ void TcpComm::progressRecvLocked() {
       }
     }
   }
+  checkClosedAheadLocked();
+}
+
+void TcpComm::checkClosedAheadLocked() {
+  if (isSender || closedAheadSock < 0 || failure != Result::Success) return;
+  // A header assigned bytes to a socket that had closed: they can never come.
+  for (size_t i = 1; i < socks.size(); ++i)
+    if (socks[i].closedAhead && !socks[i].queue.empty()) {
+      fail(Result::RemoteError, "connection closed by peer " + peer + " in the middle of a message (its socket " +
+                                    std::to_string(i) + " closed first)");
+      return;
+    }
+  // What the peer sent before closing is still read first: a header pending, a message's tail,
+  // or bytes unread on socket 0.
+  if (headerReady || headerGot > 0 || tailInFlightLocked() || socks[0].peerClosed) return;
+  int unread = 0;
+  if (socks[0].fd >= 0 && ioctl(socks[0].fd, SIOCINQ, &unread) == 0 && unread > 0) return;
+  const Clock::time_point since = std::max(closedAheadAt, lastActivity);
+  const double silent = std::chrono::duration<double>(Clock::now() - since).count();
+  if (silent < kCloseGraceS) return;
+  char why[160];
+  std::snprintf(why, sizeof(why), " (its socket %d closed; socket 0, still open, brought nothing for %.1f s since)",
+                closedAheadSock, silent);
+  fail(Result::RemoteError, "connection closed by peer " + peer + why);
 }
 
 std::string TcpComm::describeLocked() const {

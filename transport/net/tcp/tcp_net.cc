@@ -198,6 +198,7 @@ Result TcpNet::test(Request* request, bool* done, size_t* sizes) {
     *done = true;
     return Result::Success;
   }
+  c->checkClosedAheadLocked();  // also without inline progress: its grace ends without an event
   if (c->failure != Result::Success) return MK_ERROR(c->failure, "TCP net: %s", c->failureMsg.c_str());
   double idle = std::chrono::duration<double>(Clock::now() - c->lastActivity).count();
   if (idle > c->timeoutS) {

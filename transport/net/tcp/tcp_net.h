@@ -36,6 +36,8 @@ constexpr uint32_t kHelloMagic = 0x4d4b4845;   // "MKHE"
 constexpr uint32_t kMsgMagic = 0x4d4b4d53;     // "MKMS"
 constexpr uint16_t kWireVersion = 1;
 constexpr int kMaxSockets = 16;
+// TcpComm::checkClosedAheadLocked: how long socket 0 may stay silent after a data socket's close.
+constexpr double kCloseGraceS = 1.0;
 
 // What listen() writes into the 128-byte handle.
 struct WireHandle {
@@ -156,6 +158,7 @@ struct DataSocket {
   bool readable = true;  // edge-triggered bookkeeping: false after EAGAIN until the next event
   bool writable = true;
   bool peerClosed = false;  // EOF seen between messages while another socket still had bytes due
+  bool closedAhead = false;  // EOF seen on a data socket with nothing due on it (checkClosedAheadLocked)
   std::deque<Segment> queue;  // bytes to move on this socket, in wire order
 };
 
@@ -173,6 +176,12 @@ struct TcpComm : EventTarget {
   void progressSendLocked();
   void progressRecvLocked();
   bool tailInFlightLocked() const;  // some open socket still has bytes of a message due
+  // Receive side. A peer closes all the sockets of its comm together, so a close seen on a data
+  // socket while nothing was due on it means the connection is over, even if socket 0's own
+  // close has not been seen: fails the comm once nothing is left to read on socket 0 (no header
+  // pending, no unread byte) for kCloseGraceS. Session 29 saw a survivor wait out its timeout
+  // with its socket 1 closed and socket 0 silent (docs/RELIABILITY.md).
+  void checkClosedAheadLocked();
   bool matchHeaderLocked();  // routes pendingHeader to a receive slot; false if none is posted
   void queueSegmentsLocked(char* data, size_t size, TcpRequest* req);
   void fail(Result r, const std::string& msg);
@@ -203,6 +212,8 @@ struct TcpComm : EventTarget {
   // thread holds the comm.
   std::atomic<uint64_t> orderedDone{0};
   Clock::time_point lastActivity;
+  int closedAheadSock = -1;  // the first data socket whose close was seen ahead of socket 0's
+  Clock::time_point closedAheadAt;
 
   // Receive side: the header being read on socket 0.
   MsgHeader pendingHeader{};
