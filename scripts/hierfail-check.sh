@@ -6,7 +6,9 @@
 # AllReduce; "gone", node 1 aborts and finalizes while node 0 is inside it) HF_REPS times (10)
 # as is and HF_REPS times in CTA roles (MKERNEL_HIER_ROLES=1,1, test_gpu_hier_fail_roles'
 # settings). One row per run: its result, seconds, how long each survivor of "gone" waited and
-# what released it (proxy: the proxy's own failure naming node 1; wait: its timeout), node 1's
+# what released it (proxy: the proxy's own failure naming node 1; "proxy, half closed": the same
+# through the TCP comm's close seen on a data socket while socket 0 stayed silent, session 29's
+# slow survivor's state, failed after 1 s since session 30; wait: its timeout), node 1's
 # abort-and-finalize seconds, and the stalled survivors' waits. Then the count of runs in which a
 # survivor of "gone" waited 10 s or more (session 29: 2 of 20, before an aborted finalize stopped
 # copying the launch counters, docs/RELIABILITY.md). Logs in build-gpu/logs-hierfail; the table
@@ -47,7 +49,7 @@ for mode in plain roles; do
     survivor() {
       awk -v r="$1" '$1 == "gone," && $2 == "rank" && $3 == r":" && /after/ {
         for (i = 1; i <= NF; ++i) if ($i == "after" && s == "") s = $(i + 1)
-        how = /the proxy stopped: / ? "proxy" : "wait"
+        how = /the proxy stopped: / ? (/its socket [0-9]+ closed; socket 0, still open/ ? "proxy, half closed" : "proxy") : "wait"
         printf "%s s (%s)", s, how; exit }' "$log"
     }
     g0=$(survivor 0) g1=$(survivor 1)
