@@ -4,13 +4,17 @@
 //   1: a Hello with the right nonce whose other fields (version, socket index/count, connId) and
 //      trailing bytes come from the input: the listener must refuse or accept it cleanly;
 //   2: a correct handshake, then the input as the message stream on socket 0, against receives
-//      (1..8 grouped, sizes and tags from the input) posted by the backend's user.
+//      (1..8 grouped, sizes and tags from the input) posted by the backend's user;
+//   3: the same over two sockets (4 KiB chunks: larger messages stripe over both), the stream
+//      cut in two by the input, one part per socket; then socket 1 closes first while socket 0
+//      stays open and silent (a half-closed peer: docs/TRANSPORT.md, "Failures").
 // The peer then closes. The backend must finish every request with done or an error within
 // kSettleSeconds (never hang), never crash, and after close hold no more descriptors than before.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -106,62 +110,108 @@ void modeHello(Input in) {
   if (gNet->closeListen(lc) != Result::Success) fuzzFail("closeListen failed");
 }
 
-void modeStream(Input in) {
-  tcp::WireHandle h;
-  net::ListenComm* lc = listenHere(&h);
-  if (h.nSocks != 1) fuzzFail("fuzz_tcp_net expects MKERNEL_NET_SOCKETS=1");
+// One peer socket through the handshake: sockIndex of nSocks, connection connId.
+int helloPeer(const tcp::WireHandle& h, uint16_t sockIndex, uint16_t nSocks, uint64_t connId) {
   int fd = connectPeer(h);
-  tcp::Hello hello{tcp::kHelloMagic, tcp::kWireVersion, 0, 1, 0, 0, h.nonce, 42};
+  tcp::Hello hello{tcp::kHelloMagic, tcp::kWireVersion, sockIndex, nSocks, 0, 0, h.nonce, connId};
   mkernel::fuzz::sendSome(fd, &hello, sizeof(hello));
   tcp::HelloAck ack{};
   if (mkernel::fuzz::recvExactly(fd, &ack, sizeof(ack)) != sizeof(ack) || ack.status != tcp::kHelloOk)
     fuzzFail("a correct handshake was refused");
+  return fd;
+}
+
+// The user's side of modes 2 and 3: receives (1..maxRecvs grouped, sizes and tags from the input).
+struct Posted {
+  int n = 0;
+  std::vector<std::vector<uint8_t>> bufs;
+  size_t sizes[net::kMaxGroupedRecvs] = {};
+  net::Request* req = nullptr;
+  Result result = Result::Success;
+};
+
+void postReceives(net::RecvComm* rc, Input* in, Posted* p) {
+  net::DeviceProps props;
+  gNet->getProperties(0, &props);
+  p->n = 1 + in->byte() % (props.maxRecvs < 1 ? 1 : props.maxRecvs);
+  p->bufs.resize(static_cast<size_t>(p->n));
+  void* ptrs[net::kMaxGroupedRecvs];
+  void* mh[net::kMaxGroupedRecvs] = {};
+  int tags[net::kMaxGroupedRecvs];
+  for (int j = 0; j < p->n; ++j) {
+    p->sizes[j] = in->u16() % (kMaxPosted + 1);
+    tags[j] = static_cast<int8_t>(in->byte());
+    p->bufs[j].resize(p->sizes[j] + 1);
+    ptrs[j] = p->bufs[j].data();
+  }
+  p->result = gNet->irecv(rc, p->n, ptrs, p->sizes, tags, mh, &p->req);
+}
+
+// Once the peer has gone (or half gone), the receive must complete or fail within settleS.
+void settle(Posted* p, double settleS, const char* what) {
+  if (p->result != Result::Success || p->req == nullptr) return;
+  auto t0 = std::chrono::steady_clock::now();
+  bool done = false;
+  size_t got[net::kMaxGroupedRecvs] = {};
+  Result r = Result::Success;
+  // A message whose tag matches no posted receive legitimately waits (a later irecv could take
+  // it) until MKERNEL_TIMEOUT_S. Waiting that long on every such input would cut executions/s
+  // by 100x, so most inputs give up after kQuickSeconds and close the comm with the receive
+  // outstanding (which must be clean, too); every kFullWaitEvery-th one waits for the error.
+  static unsigned stalled = 0;
+  bool fullWait = false;
+  while (!done && r == Result::Success) {
+    r = gNet->test(p->req, &done, got);
+    double waited = mkernel::fuzz::secondsSince(t0);
+    if (!fullWait && waited > kQuickSeconds) {
+      if (++stalled % kFullWaitEvery != 0) break;
+      fullWait = true;
+    }
+    if (waited > settleS) fuzzFail(what);
+  }
+  if (done && r == Result::Success)
+    for (int j = 0; j < p->n; ++j)
+      if (got[j] > p->sizes[j]) fuzzFail("a receive reported more bytes than were posted");
+}
+
+void modeStream(Input in) {
+  tcp::WireHandle h;
+  net::ListenComm* lc = listenHere(&h);
+  if (h.nSocks != 1) fuzzFail("fuzz_tcp_net expects MKERNEL_NET_SOCKETS=1");
+  int fd = helloPeer(h, 0, 1, 42);
   net::RecvComm* rc = acceptFor(lc, 2.0);
   if (rc == nullptr) fuzzFail("a correct handshake gave no recv comm");
   if (gNet->closeListen(lc) != Result::Success) fuzzFail("closeListen failed");
-
-  net::DeviceProps props;
-  gNet->getProperties(0, &props);
-  int n = 1 + in.byte() % (props.maxRecvs < 1 ? 1 : props.maxRecvs);
-  std::vector<std::vector<uint8_t>> bufs(n);
-  void* ptrs[net::kMaxGroupedRecvs];
-  void* mh[net::kMaxGroupedRecvs] = {};
-  size_t sizes[net::kMaxGroupedRecvs];
-  int tags[net::kMaxGroupedRecvs];
-  for (int j = 0; j < n; ++j) {
-    sizes[j] = in.u16() % (kMaxPosted + 1);
-    tags[j] = static_cast<int8_t>(in.byte());
-    bufs[j].resize(sizes[j] + 1);
-    ptrs[j] = bufs[j].data();
-  }
-  net::Request* req = nullptr;
-  Result posted = gNet->irecv(rc, n, ptrs, sizes, tags, mh, &req);
+  Posted p;
+  postReceives(rc, &in, &p);
   mkernel::fuzz::sendSome(fd, in.p, in.n);
   ::close(fd);  // the peer goes away: the receive must now complete or fail, promptly
-  if (posted == Result::Success && req != nullptr) {
-    auto t0 = std::chrono::steady_clock::now();
-    bool done = false;
-    size_t got[net::kMaxGroupedRecvs] = {};
-    Result r = Result::Success;
-    // A message whose tag matches no posted receive legitimately waits (a later irecv could take
-    // it) until MKERNEL_TIMEOUT_S. Waiting that long on every such input would cut executions/s
-    // by 100x, so most inputs give up after kQuickSeconds and close the comm with the receive
-    // outstanding (which must be clean, too); every kFullWaitEvery-th one waits for the error.
-    static unsigned stalled = 0;
-    bool fullWait = false;
-    while (!done && r == Result::Success) {
-      r = gNet->test(req, &done, got);
-      double waited = mkernel::fuzz::secondsSince(t0);
-      if (!fullWait && waited > kQuickSeconds) {
-        if (++stalled % kFullWaitEvery != 0) break;
-        fullWait = true;
-      }
-      if (waited > kSettleSeconds) fuzzFail("a receive neither completed nor failed after the peer closed");
-    }
-    if (done && r == Result::Success)
-      for (int j = 0; j < n; ++j)
-        if (got[j] > sizes[j]) fuzzFail("a receive reported more bytes than were posted");
-  }
+  settle(&p, kSettleSeconds, "a receive neither completed nor failed after the peer closed");
+  if (gNet->closeRecv(rc) != Result::Success) fuzzFail("closeRecv failed");
+}
+
+void modeHalfClosed(Input in) {
+  tcp::WireHandle h;
+  setenv("MKERNEL_NET_SOCKETS", "2", 1);  // read by listen(): the listener's count wins
+  net::ListenComm* lc = listenHere(&h);
+  setenv("MKERNEL_NET_SOCKETS", "1", 1);
+  if (h.nSocks != 2) fuzzFail("a listener asked for two sockets per connection made another count");
+  int fds[2] = {helloPeer(h, 0, 2, 43), helloPeer(h, 1, 2, 43)};
+  setenv("MKERNEL_NET_CHUNK_BYTES", "4096", 1);  // read by accept(): messages above 4 KiB stripe
+  net::RecvComm* rc = acceptFor(lc, 2.0);
+  unsetenv("MKERNEL_NET_CHUNK_BYTES");
+  if (rc == nullptr) fuzzFail("a correct two-socket handshake gave no recv comm");
+  if (gNet->closeListen(lc) != Result::Success) fuzzFail("closeListen failed");
+  Posted p;
+  postReceives(rc, &in, &p);
+  const size_t on1 = std::min<size_t>(in.u16(), in.n);  // the stream's last on1 bytes go to socket 1
+  mkernel::fuzz::sendSome(fds[0], in.p, in.n - on1);
+  mkernel::fuzz::sendSome(fds[1], in.p + (in.n - on1), on1);
+  ::shutdown(fds[1], SHUT_WR);
+  ::close(fds[1]);  // socket 0 stays open and silent: the close seen on socket 1 must end it
+  settle(&p, kSettleSeconds + tcp::kCloseGraceS,
+         "a receive neither completed nor failed after the peer's socket 1 closed (socket 0 open)");
+  ::close(fds[0]);
   if (gNet->closeRecv(rc) != Result::Success) fuzzFail("closeRecv failed");
 }
 
@@ -181,10 +231,11 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   Input in{data + 1, size - 1};
-  switch (data[0] % 3) {
+  switch (data[0] % 4) {
     case 0: modeRaw(in); break;
     case 1: modeHello(in); break;
-    default: modeStream(in); break;
+    case 2: modeStream(in); break;
+    default: modeHalfClosed(in); break;
   }
   // Every comm of this input is closed: the backend must hold the same descriptors as after the
   // first input (the engine's epoll fds appear on first use).

@@ -74,3 +74,10 @@ write(t, "stream_oversize", b"\2\0" + struct.pack("<Hb", 16, 5) + msg(5, b"y" * 
 write(t, "stream_bad_magic", b"\2\0" + struct.pack("<Hb", 16, 5) + msg(5, b"z" * 16, magic=0xdead))
 write(t, "stream_huge_size", b"\2\0" + struct.pack("<Hb", 16, 5) + msg(5, b"", size=1 << 62))
 write(t, "stream_unknown_tag", b"\2\0" + struct.pack("<Hb", 16, 5) + msg(9, b"q" * 16))
+# mode 3: as mode 2, then u16 = how many of the stream's last bytes go to socket 1 (4 KiB chunks:
+# a message above 4 KiB sends its header and first chunk on socket 0, its second on socket 1)
+write(t, "half_closed_idle", b"\3\0" + struct.pack("<HbH", 100, 5, 0))
+data = bytes(i % 251 for i in range(8192))
+write(t, "half_closed_striped", b"\3\0" + struct.pack("<HbH", 8192, 5, 4096) + msg(5, data[:4096]) + data[4096:])
+write(t, "half_closed_short_stripe", b"\3\0" + struct.pack("<HbH", 8192, 5, 1000) + msg(5, data[:4096]) + data[4096:5096])
+write(t, "half_closed_small_then_quiet", b"\3\0" + struct.pack("<HbH", 64, 7, 0) + msg(7, b"s" * 64))
