@@ -727,6 +727,21 @@ TEST_CASE("gpu: abort while the kernel spins on a missing peer returns at once a
   abortWhileSpinning("0");
 }
 
+// One in-place int32 sum AllReduce of rankInput(rank, salt), synchronized and checked: "" when
+// right, else what went wrong.
+std::string checkedAllReduce(mkgpu::RankCtx& ctx, int32_t* buf, size_t count, int nRanks, int salt) {
+  const size_t bytes = count * sizeof(int32_t);
+  const std::vector<int32_t> in = rankInput(ctx.rank, salt, count);
+  if (!ctx.toDevice(buf, in.data(), bytes)) return "copy in";
+  CollArgs a = allReduceSum(buf, buf, count);
+  if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success) return std::string("enqueue: ") + mkernel::lastError();
+  const void* out = ctx.fromDevice(buf, bytes);
+  if (out == nullptr || cudaStreamSynchronize(ctx.stream) != cudaSuccess) return "sync";
+  std::vector<int32_t> got(count);
+  std::memcpy(got.data(), out, bytes);
+  return checkSum(got, nRanks, salt);
+}
+
 // Emulated nodes (2 x 2: the hierarchical path, the rail through each rank's proxy over TCP on
 // loopback) when part of the job goes missing after a first AllReduce that all four ran (checked).
 //   stall: rank 3 never posts the second. Its node peer, rank 2, times out in the node phase
@@ -775,17 +790,10 @@ void hierPartMissing(bool gone) {
     } done{&checked, !missing};
     int32_t* buf = ctx.deviceAlloc<int32_t>(bytes);
     if (buf == nullptr) return ctx.fail("cudaMalloc");
-    const std::vector<int32_t> in = rankInput(ctx.rank, 7, count);
-    if (!ctx.toDevice(buf, in.data(), bytes)) return ctx.fail("copy in");
-    CollArgs a = allReduceSum(buf, buf, count);
-    if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success) return ctx.fail(std::string("first AllReduce: ") + mkernel::lastError());
-    const void* out = ctx.fromDevice(buf, bytes);
-    if (out == nullptr || cudaStreamSynchronize(ctx.stream) != cudaSuccess) return ctx.fail("first AllReduce: sync");
-    std::vector<int32_t> got(count);
-    std::memcpy(got.data(), out, bytes);
-    const std::string bad = checkSum(got, n, 7);
+    const std::string bad = checkedAllReduce(ctx, buf, count, n, 7);
     if (!bad.empty()) return ctx.fail("first AllReduce: " + bad);
     ctx.hostReset();
+    CollArgs a = allReduceSum(buf, buf, count);
     // test_gpu_hier_fail_roles (MKERNEL_HIER_ROLES): the AllReduces run in CTA roles, where the
     // CTAs of a lane also wait for each other.
     mkernel::coll::CollStats st;
@@ -898,15 +906,7 @@ TEST_CASE("gpu: stats() returns within its bound while the counters' copy waits 
     if (buf == nullptr) return ctx.fail("cudaMalloc");
     for (int i = 0; i < kAllReduces; ++i) {
       ctx.hostReset();
-      const std::vector<int32_t> in = rankInput(ctx.rank, 40 + i, count);
-      if (!ctx.toDevice(buf, in.data(), bytes)) return ctx.fail("copy in");
-      CollArgs a = allReduceSum(buf, buf, count);
-      if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success) return ctx.fail(std::string("AllReduce: ") + mkernel::lastError());
-      const void* out = ctx.fromDevice(buf, bytes);
-      if (out == nullptr || cudaStreamSynchronize(ctx.stream) != cudaSuccess) return ctx.fail("AllReduce: sync");
-      std::vector<int32_t> got(count);
-      std::memcpy(got.data(), out, bytes);
-      const std::string bad = checkSum(got, n, 40 + i);
+      const std::string bad = checkedAllReduce(ctx, buf, count, n, 40 + i);
       if (!bad.empty()) return ctx.fail("AllReduce " + std::to_string(i) + ": " + bad);
     }
     ready.fetch_add(1);
