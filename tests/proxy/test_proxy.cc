@@ -4,6 +4,7 @@
 // transfers, and the failure paths: a vanished peer, bad commands, a full ring with no proxy.
 #include <catch2/catch.hpp>
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "common/result.h"
 #include "transport/net/ib/ib_net.h"
 #include "transport/net/net.h"
+#include "transport/net/tcp/tcp_net.h"
 #include "transport/proxy/proxy.h"
 #include "tests/proxy/proxy_test_net.h"
 
@@ -290,6 +292,101 @@ TEST_CASE("proxy: a peer that vanishes mid-stream fails the waiting rank within 
     ps = proxyPost(a.ring.get(), a.flags.get(), command(kOpRecv, 1, a.recvBuf.data(), 16, 3, kFlagRecvd), kTimeoutNs);
   CHECK(ps == PostStatus::kProxyFailed);
   CHECK(a.proxy->stop() == Result::Success);
+}
+
+// A Net that forwards to another and keeps the send comms it connects (a test reaches into them).
+class RecordingNet final : public mkernel::net::Net {
+ public:
+  explicit RecordingNet(mkernel::net::Net* inner) : in_(inner) {}
+  std::vector<mkernel::net::SendComm*> sends;
+
+  const char* name() const override { return in_->name(); }
+  int deviceCount() const override { return in_->deviceCount(); }
+  Result getProperties(int dev, mkernel::net::DeviceProps* props) const override { return in_->getProperties(dev, props); }
+  Result listen(int dev, void* handle, mkernel::net::ListenComm** l) override { return in_->listen(dev, handle, l); }
+  Result connect(int dev, const void* handle, mkernel::net::SendComm** sc) override {
+    const Result r = in_->connect(dev, handle, sc);
+    if (r == Result::Success && *sc != nullptr) sends.push_back(*sc);
+    return r;
+  }
+  Result accept(mkernel::net::ListenComm* l, mkernel::net::RecvComm** rc) override { return in_->accept(l, rc); }
+  Result regMr(mkernel::net::Comm* c, void* data, size_t size, int type, void** mh) override {
+    return in_->regMr(c, data, size, type, mh);
+  }
+  Result regMrDmaBuf(mkernel::net::Comm* c, void* data, size_t size, int type, uint64_t offset, int fd, void** mh) override {
+    return in_->regMrDmaBuf(c, data, size, type, offset, fd, mh);
+  }
+  Result deregMr(mkernel::net::Comm* c, void* mh) override { return in_->deregMr(c, mh); }
+  Result isend(mkernel::net::SendComm* c, void* data, size_t size, int tag, void* mh, mkernel::net::Request** r) override {
+    return in_->isend(c, data, size, tag, mh, r);
+  }
+  Result irecv(mkernel::net::RecvComm* c, int n, void** data, const size_t* sizes, const int* tags, void** mhs,
+               mkernel::net::Request** r) override {
+    return in_->irecv(c, n, data, sizes, tags, mhs, r);
+  }
+  Result iflush(mkernel::net::RecvComm* c, int n, void** data, const int* sizes, void** mhs, mkernel::net::Request** r) override {
+    return in_->iflush(c, n, data, sizes, mhs, r);
+  }
+  Result test(mkernel::net::Request* r, bool* done, size_t* sizes) override { return in_->test(r, done, sizes); }
+  Result closeSend(mkernel::net::SendComm* c) override { return in_->closeSend(c); }
+  Result closeRecv(mkernel::net::RecvComm* c) override { return in_->closeRecv(c); }
+  Result closeListen(mkernel::net::ListenComm* c) override { return in_->closeListen(c); }
+
+ private:
+  mkernel::net::Net* in_;
+};
+
+// Session 29's slow survivor on a GPU (docs/RELIABILITY.md, open items): its TCP receive comm from
+// the node that left had socket 1 closed and socket 0 silent. Here rank 1's send comm to rank 0
+// is put in that state (its socket 1 shut, SHUT_WR; rank 1's proxy keeps running) while rank 0
+// waits for more: rank 0's proxy must fail in about a second (the TCP net's close seen on a data
+// socket, kCloseGraceS), not at MKERNEL_TIMEOUT_S (20 s), naming rank 1 and the closed socket.
+// TCP only (the verbs tier runs these tests with MKERNEL_NET_BACKEND=ib).
+TEST_CASE("proxy: a peer whose TCP comm half closes fails the waiting rank within about a second, naming it") {
+  const char* backend = std::getenv("MKERNEL_NET_BACKEND");
+  if (backend != nullptr && std::string(backend) == "ib") {
+    WARN("a TCP case: nothing to check on verbs");
+    return;
+  }
+  EnvGuard timeout("MKERNEL_TIMEOUT_S", "20");
+  EnvGuard socks("MKERNEL_NET_SOCKETS", "2");
+  auto net0 = testNet();
+  auto inner1 = testNet();
+  RecordingNet net1(inner1.get());
+  std::vector<std::unique_ptr<Rank>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back(new Rank());
+    std::memset(ranks.back()->ring.get(), 0, sizeof(ProxyRing));
+    std::memset(ranks.back()->flags.get(), 0, sizeof(ProxyFlags));
+    ranks.back()->sendBuf.assign(1 << 20, 0);
+    ranks.back()->recvBuf.assign(1 << 20, 0);
+    ranks.back()->proxy.reset(new Proxy(r == 0 ? net0.get() : static_cast<mkernel::net::Net*>(&net1), 0, r, 2,
+                                        ranks.back()->ring.get(), ranks.back()->flags.get()));
+  }
+  connectAndRegister(ranks);
+  REQUIRE(net1.sends.size() == 1);  // rank 1's to rank 0
+  for (auto& r : ranks) REQUIRE(r->proxy->start({}) == Result::Success);
+  Rank& a = *ranks[0];
+  Rank& b = *ranks[1];
+  for (int i = 0; i < 4; ++i)
+    REQUIRE(proxyPost(a.ring.get(), a.flags.get(), command(kOpRecv, 1, a.recvBuf.data() + i * 4096, 4096, 3, kFlagRecvd), kTimeoutNs) == PostStatus::kPosted);
+  REQUIRE(proxyPost(b.ring.get(), b.flags.get(), command(kOpSend, 0, b.sendBuf.data(), 4096, 3, kFlagSent), kTimeoutNs) == PostStatus::kPosted);
+  REQUIRE(proxyWaitFlag(b.flags.get(), kFlagSent, 1, kTimeoutNs) == WaitStatus::kReached);
+  REQUIRE(proxyWaitFlag(a.flags.get(), kFlagRecvd, 1, kTimeoutNs) == WaitStatus::kReached);
+  auto* half = static_cast<mkernel::net::tcp::TcpSendComm*>(net1.sends[0]);
+  REQUIRE(half->core->socks.size() == 2);
+  REQUIRE(::shutdown(half->core->socks[1].fd, SHUT_WR) == 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const WaitStatus w = proxyWaitFlag(a.flags.get(), kFlagRecvd, 4, 10ull * 1000000000ull);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(a.proxy->error() << " (after " << s << " s)");
+  CHECK(w == WaitStatus::kProxyFailed);
+  CHECK(s >= 0.9);
+  CHECK(s < 4.0);
+  CHECK(a.proxy->error().find("with rank 1") != std::string::npos);
+  CHECK(a.proxy->error().find("its socket 1 closed; socket 0, still open") != std::string::npos);
+  CHECK(a.proxy->stop() == Result::Success);
+  CHECK(b.proxy->stop() == Result::Success);
 }
 
 // pendingSummary (what a hang's report shows: KernelCommunicator::kernelError after the kernel
