@@ -85,8 +85,10 @@ std::vector<Result> connectAndRegister(std::vector<std::unique_ptr<R>>& ranks, b
   return results;
 }
 
-// n ranks fully connected over loopback TCP, `bytes` of staging per direction each; not started.
-std::vector<std::unique_ptr<Rank>> makeRanks(mkernel::net::Net* net, int n, size_t bytes) {
+// Ranks fully connected, rank r's proxy on nets[r], `bytes` of staging per direction each; not
+// started.
+std::vector<std::unique_ptr<Rank>> makeRanks(const std::vector<mkernel::net::Net*>& nets, size_t bytes) {
+  const int n = static_cast<int>(nets.size());
   std::vector<std::unique_ptr<Rank>> ranks;
   for (int r = 0; r < n; ++r) {
     ranks.emplace_back(new Rank());
@@ -94,10 +96,14 @@ std::vector<std::unique_ptr<Rank>> makeRanks(mkernel::net::Net* net, int n, size
     std::memset(ranks.back()->flags.get(), 0, sizeof(ProxyFlags));
     ranks.back()->sendBuf.assign(bytes, 0);
     ranks.back()->recvBuf.assign(bytes, 0);
-    ranks.back()->proxy.reset(new Proxy(net, 0, r, n, ranks.back()->ring.get(), ranks.back()->flags.get()));
+    ranks.back()->proxy.reset(new Proxy(nets[static_cast<size_t>(r)], 0, r, n, ranks.back()->ring.get(), ranks.back()->flags.get()));
   }
   connectAndRegister(ranks);
   return ranks;
+}
+// n ranks on one net (loopback TCP, or verbs in the VM).
+std::vector<std::unique_ptr<Rank>> makeRanks(mkernel::net::Net* net, int n, size_t bytes) {
+  return makeRanks(std::vector<mkernel::net::Net*>(static_cast<size_t>(n), net), bytes);
 }
 
 uint8_t pattern(int src, int dst, uint64_t msg, size_t i) {
@@ -353,17 +359,7 @@ TEST_CASE("proxy: a peer whose TCP comm half closes fails the waiting rank withi
   auto net0 = testNet();
   auto inner1 = testNet();
   RecordingNet net1(inner1.get());
-  std::vector<std::unique_ptr<Rank>> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.emplace_back(new Rank());
-    std::memset(ranks.back()->ring.get(), 0, sizeof(ProxyRing));
-    std::memset(ranks.back()->flags.get(), 0, sizeof(ProxyFlags));
-    ranks.back()->sendBuf.assign(1 << 20, 0);
-    ranks.back()->recvBuf.assign(1 << 20, 0);
-    ranks.back()->proxy.reset(new Proxy(r == 0 ? net0.get() : static_cast<mkernel::net::Net*>(&net1), 0, r, 2,
-                                        ranks.back()->ring.get(), ranks.back()->flags.get()));
-  }
-  connectAndRegister(ranks);
+  auto ranks = makeRanks({net0.get(), &net1}, 1 << 20);  // rank 1 on the recording net
   REQUIRE(net1.sends.size() == 1);  // rank 1's to rank 0
   for (auto& r : ranks) REQUIRE(r->proxy->start({}) == Result::Success);
   Rank& a = *ranks[0];
