@@ -28,6 +28,14 @@ std::unique_ptr<net::Net> tcpNet() {
   REQUIRE(n != nullptr);
   return n;
 }
+// Posts one receive of in.size() bytes for `tag` into `in`.
+Result postRecvInto(mkernel::nettest::CommPair& pair, std::vector<char>& in, int tag, net::Request** r) {
+  void* d[1] = {in.data()};
+  size_t sz[1] = {in.size()};
+  int tags[1] = {tag};
+  *r = nullptr;
+  return pair.net->irecv(pair.recv, 1, d, sz, tags, nullptr, r);
+}
 }  // namespace
 
 MKERNEL_NET_SUITE("tcp", tcpNet)
@@ -68,11 +76,8 @@ TEST_CASE("tcp net: a stalled receive describes its posted tags, the unmatched h
   net::Request* s = nullptr;
   REQUIRE(pair.net->isend(pair.send, out.data(), out.size(), /*tag=*/5, nullptr, &s) == Result::Success);
   REQUIRE(s != nullptr);
-  void* d[1] = {in.data()};
-  size_t sz[1] = {in.size()};
-  int tags[1] = {7};
   net::Request* r = nullptr;
-  REQUIRE(pair.net->irecv(pair.recv, 1, d, sz, tags, nullptr, &r) == Result::Success);
+  REQUIRE(postRecvInto(pair, in, 7, &r) == Result::Success);
   REQUIRE(r != nullptr);
   bool sDone = false, rDone = false;
   size_t got[1];
@@ -104,12 +109,9 @@ void shutSendersSocket1(const mkernel::nettest::CommPair& pair) {
 }
 void exchange(mkernel::nettest::CommPair& pair, int tag) {
   std::vector<char> out(4096, static_cast<char>(tag)), in(4096, 0);
-  void* d[1] = {in.data()};
-  size_t sz[1] = {in.size()};
-  int tags[1] = {tag};
   net::Request* r = nullptr;
   net::Request* s = nullptr;
-  REQUIRE(pair.net->irecv(pair.recv, 1, d, sz, tags, nullptr, &r) == Result::Success);
+  REQUIRE(postRecvInto(pair, in, tag, &r) == Result::Success);
   REQUIRE(pair.net->isend(pair.send, out.data(), out.size(), tag, nullptr, &s) == Result::Success);
   size_t got[1] = {};
   mkernel::nettest::completeBoth(*pair.net, s, r, got);
@@ -126,11 +128,8 @@ TEST_CASE("tcp net: a close seen on a data socket ends a posted receive although
     mkernel::nettest::connectPair(tcpNet, &pair);
     exchange(pair, 1);  // the connection works
     std::vector<char> in(4096, 0);
-    void* d[1] = {in.data()};
-    size_t sz[1] = {in.size()};
-    int tags[1] = {2};
     net::Request* r = nullptr;
-    REQUIRE(pair.net->irecv(pair.recv, 1, d, sz, tags, nullptr, &r) == Result::Success);
+    REQUIRE(postRecvInto(pair, in, 2, &r) == Result::Success);
     shutSendersSocket1(pair);
     const auto t0 = std::chrono::steady_clock::now();
     bool done = false;
@@ -170,11 +169,8 @@ TEST_CASE("tcp net: what the peer sent before a data socket's close is still rec
   REQUIRE(done);  // in the receiver's socket
   shutSendersSocket1(pair);
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  void* d[1] = {in.data()};
-  size_t sz[1] = {in.size()};
-  int tags[1] = {3};
   net::Request* r = nullptr;
-  REQUIRE(pair.net->irecv(pair.recv, 1, d, sz, tags, nullptr, &r) == Result::Success);
+  REQUIRE(postRecvInto(pair, in, 3, &r) == Result::Success);
   REQUIRE(r != nullptr);
   done = false;
   Result res = mkernel::nettest::waitRequest(*pair.net, r, got, 5.0, &done);
@@ -184,9 +180,7 @@ TEST_CASE("tcp net: what the peer sent before a data socket's close is still rec
   CHECK(got[0] == out.size());
   CHECK(in == out);
   // Nothing more can come: the next receive fails after the grace.
-  tags[0] = 4;
-  r = nullptr;
-  res = pair.net->irecv(pair.recv, 1, d, sz, tags, nullptr, &r);
+  res = postRecvInto(pair, in, 4, &r);
   if (res == Result::Success && r != nullptr) res = mkernel::nettest::waitRequest(*pair.net, r, got, 10.0, &done);
   INFO(mkernel::lastError());
   CHECK(res == Result::RemoteError);
