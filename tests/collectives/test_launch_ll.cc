@@ -42,6 +42,7 @@
 
 #include "collectives/launch_path.h"
 #include "tests/collectives/launch_sim.h"
+#include "tests/sanitizer.h"
 
 using namespace mkernel::coll;
 
@@ -660,7 +661,7 @@ TEST_CASE("LL mode: CPU ranks and CTAs, random collectives back to back") {
   };
   for (Cfg c : {Cfg{2, 4, 150}, Cfg{3, 2, 100}, Cfg{4, 4, 80}, Cfg{8, 1, 40}, Cfg{5, 3, 60}}) {
     INFO("ranks " << c.n << ", CTA cap " << c.cap);
-    const std::vector<std::string> failures = runWorld(c.n, c.cap, c.ops, static_cast<unsigned>(c.n * 977 + c.cap), Variant{});
+    const std::vector<std::string> failures = runWorld(c.n, c.cap, mktest::tsanScaled(c.ops), static_cast<unsigned>(c.n * 977 + c.cap), Variant{});
     for (const auto& f : failures) FAIL_CHECK(f);
     CHECK(failures.empty());
   }
@@ -673,7 +674,7 @@ TEST_CASE("LL mode: captured collectives replayed, the device numbering them") {
   for (Cfg c : {Cfg{2, 4, 10, 5}, Cfg{3, 4, 8, 4}, Cfg{4, 2, 6, 4}}) {
     INFO("ranks " << c.n << ", CTA cap " << c.cap << ", " << c.ops << " ops x " << c.replays << " replays");
     const std::vector<std::string> failures =
-        runWorld(c.n, c.cap, c.ops, static_cast<unsigned>(c.n * 5003 + c.cap), Variant{}, false, c.replays);
+        runWorld(c.n, c.cap, mktest::tsanScaled(c.ops), static_cast<unsigned>(c.n * 5003 + c.cap), Variant{}, false, c.replays);
     for (const auto& f : failures) FAIL_CHECK(f);
     CHECK(failures.empty());
   }
@@ -682,7 +683,7 @@ TEST_CASE("LL mode: captured collectives replayed, the device numbering them") {
 TEST_CASE("LL mode: a flag that wraps every other op is harmless when consumed lines are zeroed") {
   Variant v;
   v.flagPeriod = 2;
-  const std::vector<std::string> failures = runWorld(3, 4, 120, 31337u, v);
+  const std::vector<std::string> failures = runWorld(3, 4, mktest::tsanScaled(120), 31337u, v);
   for (const auto& f : failures) FAIL_CHECK(f);
   CHECK(failures.empty());
 }
@@ -705,7 +706,7 @@ TEST_CASE("LL mode: without the tokens, a non-root runs ahead of the root and ov
 TEST_CASE("LL batches as one exchange: random one-CTA ops, chains in place, one token per batch") {
   for (int n : {2, 3, 4, 8}) {
     INFO(n << " ranks");
-    const std::vector<std::string> failures = runBatchWorld(n, n == 8 ? 40 : 80, static_cast<unsigned>(n * 7919), BatchVariant{});
+    const std::vector<std::string> failures = runBatchWorld(n, mktest::tsanScaled(n == 8 ? 40 : 80), static_cast<unsigned>(n * 7919), BatchVariant{});
     for (const auto& f : failures) FAIL_CHECK(f);
     CHECK(failures.empty());
   }

@@ -26,6 +26,7 @@
 
 #include "collectives/launch_path.h"
 #include "tests/collectives/launch_sim.h"
+#include "tests/sanitizer.h"
 
 using namespace mkernel::coll;
 
@@ -129,7 +130,20 @@ void check(World& w, int r, uint64_t epoch, const std::vector<uint64_t>& out, co
 // Graph mode, CTA `cta` of rank r: the epoch launchKernel would compute (0 after a failure).
 uint64_t graphEpochAtStart(World& w, int r, int cta, uint64_t want, std::mt19937& rng) {
   // Some CTAs start late (a CTA of a launch may begin after another has finished).
-  if (cta % 2 == 1 && rng() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300 + rng() % 700));
+  if (cta % 2 == 1 && rng() % 4 == 0) {
+    const auto pause = std::chrono::microseconds(300 + rng() % 700);
+    if (!w.graphEachCtaAdvances) {
+      std::this_thread::sleep_for(pause);
+    } else {
+      // The negative case: start once another CTA of the launch has ended (it advanced the
+      // sequence), at most 200 ms later. A fixed pause is not enough where every CTA runs slower
+      // than it (ThreadSanitizer on two cores, session 32: the wrong epoch went unseen).
+      const uint64_t seen = w.graphSeq[r].load(std::memory_order_acquire);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+      while (w.graphSeq[r].load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until)
+        std::this_thread::yield();
+    }
+  }
   const uint64_t e = w.graphSeq[r].load(std::memory_order_acquire) + 1;
   if (e != want) {
     w.failures.fail("rank " + std::to_string(r) + " CTA " + std::to_string(cta) + ": the device sequence gave epoch " +
@@ -250,7 +264,7 @@ TEST_CASE("launch path: CPU ranks and CTAs, random collectives back to back, one
   };
   for (Cfg c : {Cfg{1, 4, 40}, Cfg{2, 16, 120}, Cfg{3, 2, 120}, Cfg{4, 16, 80}, Cfg{8, 1, 80}, Cfg{8, 4, 40}}) {
     INFO("ranks " << c.n << ", CTA cap " << c.cap);
-    const std::vector<std::string> failures = runWorld(c.n, c.cap, c.ops, static_cast<unsigned>(c.n * 1000 + c.cap));
+    const std::vector<std::string> failures = runWorld(c.n, c.cap, mktest::tsanScaled(c.ops), static_cast<unsigned>(c.n * 1000 + c.cap));
     for (const auto& f : failures) FAIL_CHECK(f);
     CHECK(failures.empty());
   }
@@ -263,7 +277,7 @@ TEST_CASE("launch path: captured collectives replayed, the device numbering them
   for (Cfg c : {Cfg{2, 16, 12, 5}, Cfg{3, 4, 10, 4}, Cfg{4, 16, 8, 4}}) {
     INFO("ranks " << c.n << ", CTA cap " << c.cap << ", " << c.ops << " ops x " << c.replays << " replays");
     const std::vector<std::string> failures =
-        runWorld(c.n, c.cap, c.ops, static_cast<unsigned>(c.n * 7000 + c.cap), c.replays);
+        runWorld(c.n, c.cap, mktest::tsanScaled(c.ops), static_cast<unsigned>(c.n * 7000 + c.cap), c.replays);
     for (const auto& f : failures) FAIL_CHECK(f);
     CHECK(failures.empty());
   }

@@ -17,6 +17,7 @@
 #include "coll_test_util.h"
 #include "collectives/staged.h"
 #include "tests/region_races.h"
+#include "tests/sanitizer.h"
 
 using namespace mkernel::coll;
 
@@ -335,7 +336,10 @@ TEST_CASE("staged: a slow reader is never overtaken (and the check sees it when 
     ops.push_back(op);
   }
   ops.push_back(Op{CollType::AllReduce, true, 0, 256, true});
+  // parityMask 0 races on purpose: not under ThreadSanitizer, which would report it.
+  if (mktest::kThreadSanitizer) WARN("ThreadSanitizer build: the broken schedule (parityMask 0) is left out");
   for (uint32_t mask : {1u, 0u}) {
+    if (mask == 0 && mktest::kThreadSanitizer) continue;
     World w(3, 1, 64);
     w.slowRank = 0;
     w.slowRead = std::chrono::microseconds(300);

@@ -26,6 +26,7 @@
 #include "transport/proxy/proxy.h"
 #include "tests/proxy/proxy_test_net.h"
 #include "tests/region_races.h"
+#include "tests/sanitizer.h"
 
 using mkernel::Result;
 using namespace mkernel::coll;
@@ -861,9 +862,13 @@ void rolesSlowRank(mkernel::net::Net* net, int rail, const Roles& r, bool broken
 
 TEST_CASE("hier_staged: CTA roles with a slow rank, and a broken role wait is caught") {
   auto net = testNet();
+  // The broken half races on purpose; under ThreadSanitizer (scripts/tsan-audit.sh) TSan would
+  // report that race, so only the intact half runs there.
+  if (mktest::kThreadSanitizer) WARN("ThreadSanitizer build: the broken role wait is left out");
   for (int rail : {int(kRailDirect), int(kRailRing), int(kRailRhd)})
     for (bool broken : {false, true})
-      for (const Roles& r : {Roles{1, 1}, Roles{2, 2}}) rolesSlowRank(net.get(), rail, r, broken);
+      for (const Roles& r : {Roles{1, 1}, Roles{2, 2}})
+        if (!broken || !mktest::kThreadSanitizer) rolesSlowRank(net.get(), rail, r, broken);
   // In turn, intact.
   for (int rail : {int(kRailDirect), int(kRailRing), int(kRailRhd)}) rolesSlowRank(net.get(), rail, Roles{2, 2}, false, false);
 }
@@ -878,7 +883,9 @@ TEST_CASE("hier_staged: CTA roles with ring and rhd exchanges and a slow rank, e
 
 TEST_CASE("hier_staged: a slow rank is never overtaken in the node regions (and the check fires when a barrier is broken)", "[vm]") {
   auto net = testNet();
-  for (int variant = 0; variant < 4; ++variant) {
+  // The broken variants race on purpose: not under ThreadSanitizer, which would report it.
+  if (mktest::kThreadSanitizer) WARN("ThreadSanitizer build: the broken barriers are left out");
+  for (int variant = 0; variant < (mktest::kThreadSanitizer ? 2 : 4); ++variant) {
     const bool broken = variant >= 2;
     World w;
     makeWorld(w, net.get(), 2, 3, 384);
