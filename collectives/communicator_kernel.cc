@@ -576,9 +576,10 @@ Result KernelCommunicator::init() {
   // setting (as MKERNEL_LAUNCH_MAX_BYTES).
   graphLaunch_ = paramInt("GRAPH_LAUNCH", 1) != 0 && launchMaxBytes_ > 0 && !hier;
   registerStatsFolder(this, [this] { foldStats(/*device=*/true); });
-  MK_INFO(kLogInit, "rank %d: persistent kernel ready: %d CTAs x %d threads, GPU %d (%d SMs, %d ranks on it)%s",
+  MK_INFO(kLogInit, "rank %d: persistent kernel ready: %d CTAs x %d threads, GPU %d (%d SMs, %d ranks on it)%s; "
+          "device state %p, fence %p",
           opts_.rank, params_.nCtas, kKernelThreads, opts_.cudaDev, sms, peers.ranksOnMyDevice,
-          peers.staged ? ", staged (process ranks)" : "");
+          peers.staged ? ", staged (process ranks)" : "", static_cast<void*>(state_), static_cast<void*>(fence_));
   return Result::Success;
 }
 
@@ -1496,12 +1497,15 @@ Result KernelCommunicator::kernelError() const {
                              ? "; ranks share this GPU: if that rank issued the collective, its kernel has not run "
                                "(its MKERNEL_LAUNCH_WATCH report says why)"
                              : "";
+      // Where this rank reads that peer's state (its address here; for thread ranks the peer's
+      // own, which its "persistent kernel ready" INFO line gives).
+      const void* at = e.peer >= 0 && e.peer < kMaxRanks ? static_cast<const void*>(params_.peers[e.peer]) : nullptr;
       return MK_ERROR(Result::RemoteError,
                       "rank %d (CTA %d): timed out after %llu s waiting for rank %d %s in %s (epoch %llu; rank %d's "
-                      "flag read %llu, %u behind)%s",
+                      "flag read %llu, %u behind; its state at %p)%s",
                       e.rank, e.cta, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull), e.peer,
                       waitKindName(what), coll, static_cast<unsigned long long>(e.epoch), e.peer,
-                      static_cast<unsigned long long>(e.epoch - behind), behind, hint);
+                      static_cast<unsigned long long>(e.epoch - behind), behind, at, hint);
     }
     if (what == kWaitProxy && proxy_ != nullptr) {
       // The rail's transfers (hierarchical path). A proxy that stopped on a transport error (a peer
