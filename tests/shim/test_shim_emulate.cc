@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -260,6 +261,13 @@ TEST_CASE("emulate: ncclCommSplit by parity, then collectives on the halves") {
     if (sr != ncclSuccess || half == nullptr) {
       log += std::string(": ") + ncclGetLastError(comm);
       return;
+    }
+    {
+      // The half's handle, to match the shim's "comm %p rank r/2 ... ready" INFO line (ctest runs
+      // this test with MKERNEL_DEBUG=INFO for INIT: session 32's failure, docs/RELIABILITY.md).
+      char at[32];
+      std::snprintf(at, sizeof(at), " (half %p)", static_cast<void*>(half));
+      log += at;
     }
     ncclCommCount(half, &sizes[static_cast<size_t>(rank)]);
     DevBuf buf(64 * sizeof(int32_t));
