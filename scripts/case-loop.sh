@@ -11,6 +11,7 @@
 # default, with CUDA's 8 queues and MKERNEL_TIMEOUT_S=10). Prints a line per run (result,
 # seconds, the first failure line) and a summary; exit status: the number of failing runs.
 set -u -o pipefail
+. "$(dirname "$0")/common.sh"  # mk_catch_spec
 # As gpu-check.sh runs the GPU tier (the environment of session 32's one failure of
 # test_shim_emulate): 32 hardware queues, GPU waits bounded at 30 s, NVLink multicast off.
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
@@ -26,7 +27,7 @@ mkdir -p "$logs"
 if [ "$name" = ALL ]; then
   spec=(--order lex)
 else
-  spec=("$(printf '%s' "$name" | sed -e 's/\\/\\\\/g' -e 's/,/\\,/g' -e 's/\[/\\[/g')")
+  spec=("$(mk_catch_spec "$name")")
   listed=$("$bin" --list-test-names-only "${spec[0]}" 2>/dev/null)  # (Catch2 exits with the count)
   grep -qxF -- "$name" <<<"$listed" || { echo "case-loop: no case named '$name' in $bin"; exit 1; }
 fi

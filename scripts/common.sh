@@ -6,6 +6,10 @@ MK_JOBS=${MK_JOBS:-$(nproc)}
 
 mk_say() { printf '\n== %s\n' "$*"; }
 
+# A Catch2 test-case name as a command-line spec (Catch2: \ escapes , and [), for the scripts that
+# run cases one by one (gpu-cases.sh, case-loop.sh).
+mk_catch_spec() { printf '%s' "$1" | sed -e 's/\\/\\\\/g' -e 's/,/\\,/g' -e 's/\[/\\[/g'; }
+
 # Installs the Debian packages the build and the test tiers need, if any is missing.
 mk_install_deps() {
   local need=()

@@ -6,6 +6,7 @@
 # Env: MKERNEL_TIMEOUT_S is passed through (set it small so that the kernel's own waits give up
 # before the limit). Exit status: the number of cases that failed or timed out (0 = all passed).
 set -u -o pipefail
+. "$(dirname "$0")/common.sh"  # mk_catch_spec
 bin=$1
 limit=${2:-60}
 filter=${3:-}
@@ -16,7 +17,7 @@ printf '| %-78s | %-9s | %7s |\n' "case ($(basename "$bin"))" result seconds
 printf '|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..80})" "-----------" "---------"
 for c in "${cases[@]}"; do
   t0=$(date +%s.%N)
-  spec=$(printf '%s' "$c" | sed -e 's/\\/\\\\/g' -e 's/,/\\,/g' -e 's/\[/\\[/g')  # Catch2: \ escapes , and [
+  spec=$(mk_catch_spec "$c")
   timeout "$limit" "$bin" "$spec" >"/tmp/gpu-case.log" 2>&1
   rc=$?
   t1=$(date +%s.%N)
