@@ -10,6 +10,16 @@ mk_say() { printf '\n== %s\n' "$*"; }
 # run cases one by one (gpu-cases.sh, case-loop.sh).
 mk_catch_spec() { printf '%s' "$1" | sed -e 's/\\/\\\\/g' -e 's/,/\\,/g' -e 's/\[/\\[/g'; }
 
+# One line per test of a ctest log, "NUMBER NAME RESULT SECONDS" (a result of several words joined
+# by "_"), for the scripts' tables (gpu-check.sh, tsan-audit.sh). ctest prints
+# "  1/27 Test  #7: test_coll_reduce_gpu ......   Passed    3.21 sec", and a failure as
+# ".....***Failed    3.44 sec": the result then starts inside the dots' field.
+mk_ctest_rows() {
+  awk '$2 == "Test" && $5 ~ /^\./ { n = $3; sub(/^#/, "", n); sub(/:$/, "", n); r = $5; sub(/^\.*(\*\*\*)?/, "", r)
+    for (i = 6; i <= NF - 2; ++i) r = r (r ? "_" : "") $i
+    print n, $4, r, $(NF - 1) }' "$1"
+}
+
 # Installs the Debian packages the build and the test tiers need, if any is missing.
 mk_install_deps() {
   local need=()

@@ -17,6 +17,7 @@
 # One device call may run 600 s at most: the default timeouts fit the build (~150 s), the tests
 # and the benchmarks only when the tests pass quickly; split into two calls when in doubt.
 set -u -o pipefail
+. "$(dirname "$0")/common.sh"  # mk_ctest_rows
 # NVLink multicast stays off on every machine this runs on (it can take a shared host's GPUs down
 # for a day): for NCCL here, and mkernel never uses multicast unless MKERNEL_NVLS=1.
 export NCCL_NVLS_ENABLE=0
@@ -129,10 +130,7 @@ if [ -f "$logs/ctest-gpu.log" ]; then
   # "  1/27 Test  #7: test_coll_reduce_gpu ......   Passed    3.21 sec" -> one row per test
   echo "| # | test | result | s |"
   echo "|---|---|---|---|"
-  # (failures read ".....***Failed    3.44 sec": the result then starts inside the dots' field)
-  awk '$2 == "Test" && $5 ~ /^\./ { n = $3; sub(/:$/, "", n); r = $5; sub(/^\.*(\*\*\*)?/, "", r)
-    for (i = 6; i <= NF - 2; ++i) r = r (r ? " " : "") $i
-    print "| " n " | " $4 " | " r " | " $(NF - 1) " |" }' "$logs/ctest-gpu.log"
+  mk_ctest_rows "$logs/ctest-gpu.log" | while read -r n name res secs; do echo "| #$n | $name | ${res//_/ } | $secs |"; done
 fi
 [ -f "$logs/collbench.txt" ] && cat "$logs/collbench.txt"
 [ -f "$logs/torch.txt" ] && grep -E "^\[torch_check\]" "$logs/torch.txt"

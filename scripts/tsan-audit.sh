@@ -11,6 +11,7 @@
 # (a report makes the test fail: TSan's exit code 66). The reports' first lines follow the table.
 # Exit status: non-zero if any test failed or any report was printed.
 set -u -o pipefail
+. "$(dirname "$0")/common.sh"  # mk_ctest_rows
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${TSAN_BUILD:-$root/build-tsan}
 logs=$build/logs-tsan
@@ -37,8 +38,7 @@ while read -r num name res secs; do
   k=$(grep -c "^$num: WARNING: ThreadSanitizer" "$logs/ctest.log")
   reports=$((reports + k))
   echo "| $name | $res | $secs | $k |"
-done < <(awk '$2 == "Test" && $5 ~ /^\./ { n = $3; sub(/^#/, "", n); sub(/:$/, "", n); r = $5; sub(/^\.*(\*\*\*)?/, "", r)
-  for (i = 6; i <= NF - 2; ++i) r = r (r ? "_" : "") $i; print n, $4, r, $(NF - 1) }' "$logs/ctest.log")
+done < <(mk_ctest_rows "$logs/ctest.log")
 echo "ctest rc=$rc; ThreadSanitizer reports: $reports (log: $logs/ctest.log)"
 grep -E "^[0-9]+: (WARNING: ThreadSanitizer|SUMMARY: ThreadSanitizer)" "$logs/ctest.log" | sort | uniq -c | sort -rn | head -40
 [ "$rc" = 0 ] && [ "$reports" = 0 ]
