@@ -1,0 +1,308 @@
+// mkernel-freeprobe: which CUDA runtime calls of one host thread wait while another thread's free
+// (or other teardown call) waits for a kernel that itself waits for the host?
+//
+// Thread-emulated ranks (MKERNEL_EMULATE=1, several ranks of one process on one GPU) have kernels
+// that wait for each other: rank 1's kernel waits until rank 0's thread posts its part. If a third
+// thread then tears a communicator down with a call that waits for the whole device (cudaFree does),
+// that call waits for rank 1's kernel; if rank 0's thread is held back by the pending call, the
+// three wait for each other until the kernel's timeout (docs/RELIABILITY.md, the split-communicator
+// stall, sessions 9, 32 and 33).
+//
+// Each trial: a one-thread kernel spins on a host-mapped word (it stands for rank 1's kernel);
+// 50 ms later thread B starts the teardown call (the "blocker"); 100 ms after that thread C makes
+// the "victim" call and times it; at 1,000 ms the main thread sets the word and the kernel ends.
+// A victim that took about 850 ms waited for the kernel through the blocker (or by itself: the
+// "none" blocker row). The blocker's own time says whether it waits for the kernel at all.
+// Prints one table row per (blocker, victim): both times in ms and "WAITS" where the victim waited.
+//   mkernel-freeprobe [--blockers none,cudaFree,...] [--victims none,cudaMalloc,...] [--hold-ms 1000]
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tools/args.h"
+
+namespace {
+
+#define FP_CHECK(call)                                                                                 \
+  do {                                                                                                 \
+    cudaError_t e_ = (call);                                                                           \
+    if (e_ != cudaSuccess) {                                                                           \
+      std::fprintf(stderr, "mkernel-freeprobe: %s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), \
+                   __FILE__, __LINE__);                                                                \
+      std::exit(2);                                                                                    \
+    }                                                                                                  \
+  } while (0)
+#define FP_CU(call)                                                                                    \
+  do {                                                                                                 \
+    CUresult e_ = (call);                                                                              \
+    if (e_ != CUDA_SUCCESS) {                                                                          \
+      const char* s_ = nullptr;                                                                        \
+      cuGetErrorString(e_, &s_);                                                                       \
+      std::fprintf(stderr, "mkernel-freeprobe: %s failed: %s (%s:%d)\n", #call, s_ ? s_ : "?", __FILE__, \
+                   __LINE__);                                                                          \
+      std::exit(2);                                                                                    \
+    }                                                                                                  \
+  } while (0)
+
+__device__ __forceinline__ unsigned long long globalNs() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Waits until the host sets *word, or gives up after timeoutNs (the probe must never hang).
+__global__ void spin(const volatile unsigned* word, unsigned long long timeoutNs, unsigned* gaveUp) {
+  const unsigned long long t0 = globalNs();
+  while (*word == 0) {
+    if (globalNs() - t0 > timeoutNs) {
+      *gaveUp = 1;
+      return;
+    }
+  }
+}
+
+__global__ void empty() {}
+
+using Clock = std::chrono::steady_clock;
+double msSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// A virtual-memory allocation (cuMemCreate/cuMemMap), freed with cuMemUnmap/cuMemRelease.
+struct VmmBuf {
+  CUdeviceptr va = 0;
+  size_t size = 0;
+  CUmemGenericAllocationHandle h = 0;
+};
+VmmBuf vmmAlloc(size_t want) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  size_t gran = 0;
+  FP_CU(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  VmmBuf b;
+  b.size = (want + gran - 1) / gran * gran;
+  FP_CU(cuMemCreate(&b.h, b.size, &prop, 0));
+  FP_CU(cuMemAddressReserve(&b.va, b.size, 0, 0, 0));
+  FP_CU(cuMemMap(b.va, b.size, 0, b.h, 0));
+  CUmemAccessDesc acc{};
+  acc.location = prop.location;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  FP_CU(cuMemSetAccess(b.va, b.size, &acc, 1));
+  return b;
+}
+void vmmFree(VmmBuf& b) {
+  FP_CU(cuMemUnmap(b.va, b.size));
+  FP_CU(cuMemRelease(b.h));
+  FP_CU(cuMemAddressFree(b.va, b.size));
+}
+
+// What a trial's calls use, made before the kernel starts (so that making them waits for nothing).
+struct Prepared {
+  void* dev = nullptr;       // cudaFree
+  void* pinned = nullptr;    // cudaFreeHost
+  void* registered = nullptr;  // cudaHostUnregister (then free())
+  void* poolBuf = nullptr;   // cudaFreeAsync
+  VmmBuf vmm;                // cuMemUnmap/cuMemRelease
+  cudaStream_t blockerStream = nullptr;
+  cudaStream_t victimStream = nullptr;
+  cudaEvent_t event = nullptr;
+  void* victimDev = nullptr;     // the cudaMalloc victim's
+  void* victimBuf = nullptr;     // 4 KiB of device memory the victims copy and set
+  void* victimPinned = nullptr;  // 4 KiB mapped host memory
+  void* victimHost = nullptr;    // the cudaHostAlloc victim's
+  std::vector<char> pageable = std::vector<char>(256, 1);
+};
+
+struct Call {
+  const char* name;
+  const char* what;
+  std::function<void(Prepared&)> run;
+};
+
+const std::vector<Call>& blockers() {
+  static const std::vector<Call> v = {
+      {"none", "nothing", [](Prepared&) {}},
+      {"cudaFree", "cudaFree of a 1 MiB cudaMalloc buffer", [](Prepared& p) { FP_CHECK(cudaFree(p.dev)); p.dev = nullptr; }},
+      {"cudaFreeHost", "cudaFreeHost of 64 KiB from cudaHostAlloc(mapped)",
+       [](Prepared& p) { FP_CHECK(cudaFreeHost(p.pinned)); p.pinned = nullptr; }},
+      {"cudaHostUnregister", "cudaHostUnregister of 64 KiB registered with cudaHostRegister(mapped)",
+       [](Prepared& p) { FP_CHECK(cudaHostUnregister(p.registered)); }},
+      {"cudaFreeAsync", "cudaFreeAsync of a 1 MiB cudaMallocAsync buffer on a non-blocking stream",
+       [](Prepared& p) { FP_CHECK(cudaFreeAsync(p.poolBuf, p.blockerStream)); p.poolBuf = nullptr; }},
+      {"cuMemRelease", "cuMemUnmap + cuMemRelease + cuMemAddressFree of a cuMemCreate mapping",
+       [](Prepared& p) { vmmFree(p.vmm); p.vmm = VmmBuf{}; }},
+      {"cudaStreamDestroy", "cudaStreamDestroy of an idle non-blocking stream",
+       [](Prepared& p) { FP_CHECK(cudaStreamDestroy(p.blockerStream)); p.blockerStream = nullptr; }},
+      {"cudaDeviceSynchronize", "cudaDeviceSynchronize", [](Prepared&) { FP_CHECK(cudaDeviceSynchronize()); }},
+      {"legacySync", "cudaStreamSynchronize(cudaStreamLegacy)",
+       [](Prepared&) { FP_CHECK(cudaStreamSynchronize(cudaStreamLegacy)); }},
+  };
+  return v;
+}
+
+const std::vector<Call>& victims() {
+  static const std::vector<Call> v = {
+      {"none", "nothing", [](Prepared&) {}},
+      {"cudaMalloc", "cudaMalloc(256 B)",
+       [](Prepared& p) { FP_CHECK(cudaMalloc(&p.victimDev, 256)); }},
+      {"memcpyPageable", "cudaMemcpy of 256 B host to device from pageable memory (legacy stream)",
+       [](Prepared& p) { FP_CHECK(cudaMemcpy(p.victimBuf, p.pageable.data(), 256, cudaMemcpyHostToDevice)); }},
+      {"memcpyAsyncSync", "cudaMemcpyAsync 256 B pinned to device on a non-blocking stream, then its sync",
+       [](Prepared& p) {
+         FP_CHECK(cudaMemcpyAsync(p.victimBuf, p.victimPinned, 256, cudaMemcpyHostToDevice, p.victimStream));
+         FP_CHECK(cudaStreamSynchronize(p.victimStream));
+       }},
+      {"launch", "an empty kernel launched on a non-blocking stream (the call alone)",
+       [](Prepared& p) { empty<<<1, 32, 0, p.victimStream>>>(); FP_CHECK(cudaGetLastError()); }},
+      {"launchSync", "an empty kernel on a non-blocking stream, then that stream's sync",
+       [](Prepared& p) {
+         empty<<<1, 32, 0, p.victimStream>>>();
+         FP_CHECK(cudaStreamSynchronize(p.victimStream));
+       }},
+      {"streamCreate", "cudaStreamCreateWithFlags(non-blocking)",
+       [](Prepared&) {
+         cudaStream_t s;
+         FP_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+         FP_CHECK(cudaStreamDestroy(s));
+       }},
+      {"eventRecord", "cudaEventRecord on a non-blocking stream", [](Prepared& p) { FP_CHECK(cudaEventRecord(p.event, p.victimStream)); }},
+      {"hostAlloc", "cudaHostAlloc(4 KiB, mapped)",
+       [](Prepared& p) { FP_CHECK(cudaHostAlloc(&p.victimHost, 4096, cudaHostAllocMapped)); }},
+      {"memsetLegacy", "cudaMemset (legacy stream) of 256 B, then the legacy stream's sync",
+       [](Prepared& p) {
+         FP_CHECK(cudaMemset(p.victimBuf, 0, 256));
+         FP_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+       }},
+  };
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> wantB, wantV;
+  double holdMs = 1000;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--blockers" && i + 1 < argc) wantB = mktools::splitCommas(argv[++i]);
+    else if (a == "--victims" && i + 1 < argc) wantV = mktools::splitCommas(argv[++i]);
+    else if (a == "--hold-ms" && i + 1 < argc) holdMs = std::atof(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: mkernel-freeprobe [--blockers none,cudaFree,...] [--victims none,cudaMalloc,...] "
+                           "[--hold-ms 1000]\n");
+      return 1;
+    }
+  }
+  auto picked = [](const std::vector<std::string>& want, const char* name) {
+    if (want.empty()) return true;
+    for (const std::string& w : want)
+      if (w == name) return true;
+    return false;
+  };
+  FP_CHECK(cudaSetDevice(0));
+  FP_CU(cuInit(0));
+  FP_CHECK(cudaFree(nullptr));
+  unsigned* word = nullptr;
+  unsigned* gaveUp = nullptr;
+  FP_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&word), 64, cudaHostAllocMapped));
+  FP_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&gaveUp), 64, cudaHostAllocMapped));
+  cudaStream_t kernelStream;
+  FP_CHECK(cudaStreamCreateWithFlags(&kernelStream, cudaStreamNonBlocking));
+  cudaDeviceProp prop;
+  FP_CHECK(cudaGetDeviceProperties(&prop, 0));
+  int driver = 0;
+  FP_CHECK(cudaDriverGetVersion(&driver));
+  std::printf("# mkernel-freeprobe: %s, driver %d.%d; a kernel waits for the host for %.0f ms; the blocker starts at "
+              "50 ms, the victim at 150 ms; WAITS: the victim returned after the kernel ended\n",
+              prop.name, driver / 1000, driver % 1000 / 10, holdMs);
+  std::printf("| blocker | victim | blocker ms | victim ms | victim |\n|---|---|---|---|---|\n");
+  int waits = 0;
+  for (const Call& b : blockers()) {
+    if (!picked(wantB, b.name)) continue;
+    for (const Call& v : victims()) {
+      if (!picked(wantV, v.name)) continue;
+      if (std::strcmp(b.name, "none") == 0 && std::strcmp(v.name, "none") == 0) continue;
+      Prepared p;
+      FP_CHECK(cudaMalloc(&p.dev, 1 << 20));
+      FP_CHECK(cudaHostAlloc(&p.pinned, 65536, cudaHostAllocMapped));
+      p.registered = std::aligned_alloc(4096, 65536);
+      FP_CHECK(cudaHostRegister(p.registered, 65536, cudaHostRegisterMapped));
+      FP_CHECK(cudaStreamCreateWithFlags(&p.blockerStream, cudaStreamNonBlocking));
+      FP_CHECK(cudaStreamCreateWithFlags(&p.victimStream, cudaStreamNonBlocking));
+      FP_CHECK(cudaMallocAsync(&p.poolBuf, 1 << 20, p.blockerStream));
+      FP_CHECK(cudaStreamSynchronize(p.blockerStream));
+      p.vmm = vmmAlloc(1 << 20);
+      FP_CHECK(cudaEventCreateWithFlags(&p.event, cudaEventDisableTiming));
+      FP_CHECK(cudaHostAlloc(&p.victimPinned, 4096, cudaHostAllocMapped));
+      FP_CHECK(cudaMalloc(&p.victimBuf, 4096));
+      FP_CHECK(cudaDeviceSynchronize());
+      *word = 0;
+      *gaveUp = 0;
+      const unsigned long long timeoutNs = static_cast<unsigned long long>((holdMs + 5000) * 1e6);
+      unsigned* devWord = nullptr;
+      unsigned* devGave = nullptr;
+      FP_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&devWord), word, 0));
+      FP_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&devGave), gaveUp, 0));
+      const Clock::time_point t0 = Clock::now();
+      spin<<<1, 1, 0, kernelStream>>>(devWord, timeoutNs, devGave);
+      FP_CHECK(cudaGetLastError());
+      double bMs = 0, vMs = 0, vEnd = 0;
+      std::thread tb([&] {
+        std::this_thread::sleep_until(t0 + std::chrono::milliseconds(50));
+        cudaSetDevice(0);
+        const Clock::time_point s = Clock::now();
+        b.run(p);
+        bMs = msSince(s);
+      });
+      std::thread tv([&] {
+        std::this_thread::sleep_until(t0 + std::chrono::milliseconds(150));
+        cudaSetDevice(0);
+        const Clock::time_point s = Clock::now();
+        v.run(p);
+        vMs = msSince(s);
+        vEnd = msSince(t0);
+      });
+      std::this_thread::sleep_until(t0 + std::chrono::microseconds(static_cast<long long>(holdMs * 1000)));
+      __atomic_store_n(word, 1u, __ATOMIC_SEQ_CST);
+      tb.join();
+      tv.join();
+      FP_CHECK(cudaStreamSynchronize(kernelStream));
+      if (*gaveUp != 0) std::fprintf(stderr, "mkernel-freeprobe: the kernel timed out (%s, %s)\n", b.name, v.name);
+      const bool waited = vEnd >= holdMs - 1.0 && vMs > 0.5 * (holdMs - 150);
+      waits += waited ? 1 : 0;
+      std::printf("| %s | %s | %.1f | %.1f | %s |\n", b.name, v.name, bMs, vMs, waited ? "WAITS" : "free");
+      std::fflush(stdout);
+      FP_CHECK(cudaDeviceSynchronize());
+      if (p.dev) FP_CHECK(cudaFree(p.dev));
+      if (p.pinned) FP_CHECK(cudaFreeHost(p.pinned));
+      if (std::strcmp(b.name, "cudaHostUnregister") != 0) FP_CHECK(cudaHostUnregister(p.registered));
+      std::free(p.registered);
+      if (p.poolBuf) FP_CHECK(cudaFreeAsync(p.poolBuf, p.blockerStream));
+      if (p.blockerStream) {
+        FP_CHECK(cudaStreamSynchronize(p.blockerStream));
+        FP_CHECK(cudaStreamDestroy(p.blockerStream));
+      }
+      FP_CHECK(cudaStreamDestroy(p.victimStream));
+      if (p.vmm.va) vmmFree(p.vmm);
+      FP_CHECK(cudaEventDestroy(p.event));
+      FP_CHECK(cudaFreeHost(p.victimPinned));
+      if (p.victimDev) FP_CHECK(cudaFree(p.victimDev));
+      if (p.victimHost) FP_CHECK(cudaFreeHost(p.victimHost));
+      FP_CHECK(cudaFree(p.victimBuf));
+    }
+  }
+  std::printf("# %d pair(s) where the victim waited for the kernel\n", waits);
+  for (const Call& b : blockers()) std::printf("#   blocker %-22s %s\n", b.name, b.what);
+  for (const Call& v : victims()) std::printf("#   victim  %-22s %s\n", v.name, v.what);
+  return 0;
+}
