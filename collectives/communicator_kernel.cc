@@ -32,6 +32,7 @@
 #include "collectives/reduce_host.h"
 #include "collectives/hier_staged.h"
 #include "collectives/launch_path.h"
+#include "collectives/mem_cache.h"
 #include "collectives/sm_budget.h"
 #include "collectives/staged.h"
 #include "collectives/stats.h"
@@ -236,6 +237,7 @@ class KernelCommunicator final : public Communicator {
   bootstrap::Bootstrap* bs_;
   std::mutex mu_;
   std::mutex abortMu_;  // abort() against release() freeing what it writes (fence_, ctl_)
+  bool memUser_ = false;  // counted among MemCache's users (init to the end of release)
   DeviceState* state_ = nullptr;  // device
   void* staging_ = nullptr;       // device
   KernelTraceRecord* trace_ = nullptr;  // device, MKERNEL_KERNEL_TRACE only
@@ -353,6 +355,10 @@ class KernelCommunicator final : public Communicator {
 };
 
 Result KernelCommunicator::init() {
+  // Before the first allocation: this communicator's blocks come from and go back to the
+  // process's cache, and what is cached is freed only when the last user has left (mem_cache.h).
+  MemCache::process().enter();
+  memUser_ = true;
   MK_CUDA(cudaSetDevice(opts_.cudaDev), "cudaSetDevice");
   MK_CHECK(cudrv::loadMemOps());
   int sms = 0;
@@ -386,16 +392,17 @@ Result KernelCommunicator::init() {
                       directMax.c_str());
     directMaxBytes_ = static_cast<uint64_t>(v);
   }
-  MK_CUDA(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(DeviceState)), "cudaMalloc(DeviceState)");
+  MK_CUDA(MemCache::deviceAlloc(opts_.cudaDev, sizeof(DeviceState), reinterpret_cast<void**>(&state_)), "cudaMalloc(DeviceState)");
   MK_CUDA(cudaMemset(state_, 0, sizeof(DeviceState)), "cudaMemset(DeviceState)");
-  MK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counterHost_), (16 + kHierCounters) * sizeof(uint64_t)), "cudaMallocHost(counters)");
+  MK_CUDA(MemCache::hostAlloc((16 + kHierCounters) * sizeof(uint64_t), cudaHostAllocDefault, reinterpret_cast<void**>(&counterHost_)),
+          "cudaMallocHost(counters)");
   MK_CUDA(cudaStreamCreateWithFlags(&counterStream_, cudaStreamNonBlocking), "cudaStreamCreate(counters)");
-  MK_CUDA(cudaMalloc(&staging_, std::max<uint64_t>(oneShotMaxBytes_, 16)), "cudaMalloc(staging)");
+  MK_CUDA(MemCache::deviceAlloc(opts_.cudaDev, std::max<uint64_t>(oneShotMaxBytes_, 16), &staging_), "cudaMalloc(staging)");
   void* host = nullptr;
-  MK_CUDA(cudaHostAlloc(&host, sizeof(HostControl), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(control)");
+  MK_CUDA(MemCache::hostAlloc(sizeof(HostControl), cudaHostAllocMapped | cudaHostAllocPortable, &host), "cudaHostAlloc(control)");
   ctl_ = static_cast<HostControl*>(host);
   std::memset(host, 0, sizeof(HostControl));
-  MK_CUDA(cudaHostAlloc(&host, sizeof(WorkSlot) * kMaxSlots, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(slots)");
+  MK_CUDA(MemCache::hostAlloc(sizeof(WorkSlot) * kMaxSlots, cudaHostAllocMapped | cudaHostAllocPortable, &host), "cudaHostAlloc(slots)");
   slots_ = static_cast<WorkSlot*>(host);
   std::memset(host, 0, sizeof(WorkSlot) * kMaxSlots);
   MK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -537,9 +544,10 @@ Result KernelCommunicator::init() {
   if (paramInt("KERNEL_TRACE", 0) != 0) {
     // Everything the trace read needs is allocated now: an allocation while persistent kernels
     // run can hold up later work until they exit (docs/KERNEL.md).
-    MK_CUDA(cudaMalloc(reinterpret_cast<void**>(&trace_), sizeof(KernelTraceRecord) * kTraceDepth), "cudaMalloc(trace)");
+    MK_CUDA(MemCache::deviceAlloc(opts_.cudaDev, sizeof(KernelTraceRecord) * kTraceDepth, reinterpret_cast<void**>(&trace_)),
+            "cudaMalloc(trace)");
     MK_CUDA(cudaMemset(trace_, 0, sizeof(KernelTraceRecord) * kTraceDepth), "cudaMemset(trace)");
-    MK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&traceHost_), sizeof(KernelTraceRecord) * kTraceDepth),
+    MK_CUDA(MemCache::hostAlloc(sizeof(KernelTraceRecord) * kTraceDepth, cudaHostAllocDefault, reinterpret_cast<void**>(&traceHost_)),
             "cudaMallocHost(trace)");
     MK_CUDA(cudaStreamCreateWithFlags(&traceStream_, cudaStreamNonBlocking), "cudaStreamCreate(trace)");
     MK_CUDA(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize(legacy stream) after the trace buffer");
@@ -749,10 +757,10 @@ Result KernelCommunicator::setupProxy() {
   MK_CHECK(agreeHierRail());
   const size_t C = static_cast<size_t>(hierCtas_);
   void* host = nullptr;
-  MK_CUDA(cudaHostAlloc(&host, C * sizeof(proxy::ProxyRing), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(proxy rings)");
+  MK_CUDA(MemCache::hostAlloc(C * sizeof(proxy::ProxyRing), cudaHostAllocMapped | cudaHostAllocPortable, &host), "cudaHostAlloc(proxy rings)");
   proxyRing_ = static_cast<proxy::ProxyRing*>(host);
   std::memset(host, 0, C * sizeof(proxy::ProxyRing));
-  MK_CUDA(cudaHostAlloc(&host, C * sizeof(proxy::ProxyFlags), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(proxy flags)");
+  MK_CUDA(MemCache::hostAlloc(C * sizeof(proxy::ProxyFlags), cudaHostAllocMapped | cudaHostAllocPortable, &host), "cudaHostAlloc(proxy flags)");
   proxyFlags_ = static_cast<proxy::ProxyFlags*>(host);
   std::memset(host, 0, C * sizeof(proxy::ProxyFlags));
   // The proxy's transport: verbs when an RDMA device is usable (this GPU's rail NICs first, from the
@@ -784,9 +792,9 @@ Result KernelCommunicator::setupProxy() {
   const size_t netBytes = static_cast<size_t>(coll::kHierNetSlots) * static_cast<size_t>(N + 1) * params_.stagedChunkBytes;
   netBufGpu_ = mem.gpu;
   if (mem.gpu) {
-    MK_CUDA(cudaMalloc(&host, C * netBytes), "cudaMalloc(net buffers)");
+    MK_CUDA(MemCache::deviceAlloc(opts_.cudaDev, C * netBytes, &host), "cudaMalloc(net buffers)");
   } else {
-    MK_CUDA(cudaHostAlloc(&host, C * netBytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc(net buffers)");
+    MK_CUDA(MemCache::hostAlloc(C * netBytes, cudaHostAllocMapped | cudaHostAllocPortable, &host), "cudaHostAlloc(net buffers)");
   }
   netBuf_ = static_cast<char*>(host);
   // The kernel writes host addresses into proxy commands: the mapping must be the identity (UVA).
@@ -1706,36 +1714,38 @@ void KernelCommunicator::release(bool orderly) {
   if (launchStream_) (void)cudaStreamDestroy(launchStream_);
   launchStream_ = nullptr;
   if (stream_) (void)cudaStreamDestroy(stream_);
-  if (slots_) (void)cudaFreeHost(slots_);
+  // Device and pinned memory go back to the process's MemCache, not to CUDA: a free would wait for
+  // every kernel of the device and stop every other thread's CUDA calls meanwhile (mem_cache.h).
+  if (slots_) MemCache::hostFree(slots_);
   HostControl* ctl = nullptr;
   {
     std::lock_guard<std::mutex> lock(abortMu_);  // abort() writes into it
     ctl = ctl_;
     ctl_ = nullptr;
   }
-  if (ctl) (void)cudaFreeHost(ctl);
+  if (ctl) MemCache::hostFree(ctl);
   // Device memory is read by peers' kernels once exchanged: without the finalize barrier a peer
   // may still be polling our flags, so only an orderly finalize frees it then.
-  if (proxyRing_) (void)cudaFreeHost(proxyRing_);
-  if (proxyFlags_) (void)cudaFreeHost(proxyFlags_);
-  if (netBuf_) (void)(netBufGpu_ ? cudaFree(netBuf_) : cudaFreeHost(netBuf_));
+  if (proxyRing_) MemCache::hostFree(proxyRing_);
+  if (proxyFlags_) MemCache::hostFree(proxyFlags_);
+  if (netBuf_) netBufGpu_ ? MemCache::deviceFree(netBuf_) : MemCache::hostFree(netBuf_);
   proxyRing_ = nullptr;
   proxyFlags_ = nullptr;
   netBuf_ = nullptr;
   // IPC mappings of peers' memory: closed once our kernel is gone (it was, or we returned above).
   closePeers(&peers_, /*freeLocal=*/orderly || !exchanged_);
   if (orderly || !exchanged_) {
-    if (state_) (void)cudaFree(state_);
-    if (staging_) (void)cudaFree(staging_);
-    if (trace_) (void)cudaFree(trace_);
+    MemCache::deviceFree(state_);
+    MemCache::deviceFree(staging_);
+    MemCache::deviceFree(trace_);
   }
-  if (traceHost_) (void)cudaFreeHost(traceHost_);
+  MemCache::hostFree(traceHost_);
   if (traceStream_) (void)cudaStreamDestroy(traceStream_);
   traceHost_ = nullptr;
   traceStream_ = nullptr;
   {
     std::lock_guard<std::mutex> lock(counterMu_);
-    if (counterHost_) (void)cudaFreeHost(counterHost_);
+    MemCache::hostFree(counterHost_);
     if (counterStream_) (void)cudaStreamDestroy(counterStream_);
     counterHost_ = nullptr;
     counterStream_ = nullptr;
@@ -1746,6 +1756,12 @@ void KernelCommunicator::release(bool orderly) {
   state_ = nullptr;
   staging_ = nullptr;
   trace_ = nullptr;
+  // The last communicator of the process frees what is cached. (A release that leaked its memory
+  // above, its kernel still running, stays a user: nothing is freed under that kernel.)
+  if (memUser_) {
+    memUser_ = false;
+    MemCache::process().leave();
+  }
 }
 
 Result KernelCommunicator::kernelTrace(std::vector<uint64_t>* out) const {

@@ -11,6 +11,7 @@
 
 #include "collectives/hier_staged.h"
 #include "collectives/hierarchical.h"
+#include "collectives/mem_cache.h"
 #include "collectives/launch_path.h"
 #include "collectives/sm_budget.h"
 #include "collectives/staged.h"
@@ -76,7 +77,7 @@ Result mapPeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, Dev
   const RankInfo& me = info[static_cast<size_t>(rank)];
   if (out->staged) {
     out->stagedBytes = stagedBufferBytes(out->nCtas, stagedChunkBytes);
-    cudaError_t err = cudaMalloc(&out->stagedLocal, out->stagedBytes);
+    cudaError_t err = MemCache::deviceAlloc(cudaDev, out->stagedBytes, &out->stagedLocal);
     if (err != cudaSuccess)
       return MK_ERROR(Result::UnhandledCudaError, "rank %d: cudaMalloc of the %llu-byte staging buffer failed: %s",
                       rank, static_cast<unsigned long long>(out->stagedBytes), cudaGetErrorString(err));
@@ -136,7 +137,7 @@ void closePeers(PeerSetup* setup, bool freeLocal) {
     setup->stagedBuf[r] = nullptr;
   }
   if (freeLocal && setup->stagedLocal != nullptr) {
-    (void)cudaFree(setup->stagedLocal);
+    MemCache::deviceFree(setup->stagedLocal);  // cached while communicators live (mem_cache.h)
     setup->stagedLocal = nullptr;
   }
 }
