@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -289,6 +290,88 @@ TEST_CASE("emulate: ncclCommSplit by parity, then collectives on the halves") {
           std::vector<int32_t>(64, rank % 2 == 0 ? 0 + 2 : 1 + 3));
   }
   unsetenv("MKERNEL_CTAS");
+}
+
+// Session 33 (docs/RELIABILITY.md, the split-communicator stall): while one rank of communicator A
+// has posted an AllReduce (its kernel waits for its peer) and the peer's thread has not, the last
+// member of communicator B is destroyed. Its release used to cudaFree / cudaFreeHost its memory:
+// such a free waits for every kernel of the device, A's waiting one included, and meanwhile every
+// CUDA call of every other thread waits behind it (mkernel-freeprobe), so A's second rank could
+// not even allocate its buffer, and A's kernel timed out. Releases now return their memory to
+// the process's MemCache (collectives/mem_cache.h); MKERNEL_DEFER_FREES=0 brings the old frees
+// back, and this case then fails after MKERNEL_TIMEOUT_S.
+TEST_CASE("emulate: destroying one communicator while another's collective is half posted") {
+  setenv("MKERNEL_CTAS", "8", 1);  // two communicators of two ranks: 32 CTAs in all
+  ncclUniqueId idA, idB;
+  REQUIRE(ncclGetUniqueId(&idA) == ncclSuccess);
+  REQUIRE(ncclGetUniqueId(&idB) == ncclSuccess);
+  ncclComm_t a[2] = {}, b[2] = {};
+  ncclResult_t initRes[4] = {ncclInternalError, ncclInternalError, ncclInternalError, ncclInternalError};
+  {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 4; ++t)
+      ts.emplace_back([&, t] {
+        cudaSetDevice(0);
+        initRes[t] = t < 2 ? ncclCommInitRank(&a[t], 2, idA, t) : ncclCommInitRank(&b[t - 2], 2, idB, t - 2);
+      });
+    for (auto& th : ts) th.join();
+  }
+  unsetenv("MKERNEL_CTAS");
+  for (int t = 0; t < 4; ++t) {
+    INFO("init " << t << ": " << ncclGetLastError(nullptr));
+    REQUIRE(initRes[t] == ncclSuccess);
+  }
+  std::atomic<bool> aPosting{false}, bDestroying{false};
+  std::vector<std::vector<int32_t>> got(2);
+  std::vector<std::string> said(2);
+  ncclResult_t destroyB[2] = {ncclInternalError, ncclInternalError};
+  DeferredFrees frees;
+  auto waitFor = [](const std::atomic<bool>& f) {
+    while (!f.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {  // A's ranks
+      cudaSetDevice(0);
+      tDeferredFrees = &frees;
+      cudaStream_t s = nullptr;
+      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      if (r == 1) {
+        // Only once B's release has had time to reach its frees: every CUDA call from here on
+        // (the allocation, the copy, the collective's launch) would wait behind such a free.
+        waitFor(bDestroying);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      }
+      DevBuf buf(64 * sizeof(int32_t));
+      upload(buf, std::vector<int32_t>(64, r + 1));
+      if (r == 0) aPosting = true;
+      const ncclResult_t ar = ncclAllReduce(buf.p, buf.p, 64, ncclInt32, ncclSum, a[r], s);
+      const cudaError_t se = cudaStreamSynchronize(s);
+      said[static_cast<size_t>(r)] = "allreduce " + std::to_string(ar) + ", stream " + cudaGetErrorString(se) +
+                                     (ar != ncclSuccess ? std::string(": ") + ncclGetLastError(a[r]) : "");
+      got[static_cast<size_t>(r)] = download<int32_t>(buf, 64);
+      cudaStreamDestroy(s);
+      tDeferredFrees = nullptr;
+    });
+  ts.emplace_back([&] {  // B's rank 0: destroyed first, its release waits for rank 1's
+    cudaSetDevice(0);
+    destroyB[0] = ncclCommDestroy(b[0]);
+  });
+  ts.emplace_back([&] {  // B's rank 1: the last member, destroyed while A's rank 0 waits
+    cudaSetDevice(0);
+    waitFor(aPosting);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // A's rank 0 has posted
+    bDestroying = true;
+    destroyB[1] = ncclCommDestroy(b[1]);
+  });
+  for (auto& th : ts) th.join();
+  frees.freeAll();
+  for (int r = 0; r < 2; ++r) {
+    INFO("A's rank " << r << ": " << said[static_cast<size_t>(r)]);
+    CHECK(got[static_cast<size_t>(r)] == std::vector<int32_t>(64, 1 + 2));
+    CHECK(destroyB[r] == ncclSuccess);
+  }
+  for (int r = 0; r < 2; ++r) CHECK(ncclCommDestroy(a[r]) == ncclSuccess);
 }
 
 TEST_CASE("emulate: premul-sum across ranks") {

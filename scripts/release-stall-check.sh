@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The split-communicator stall (docs/RELIABILITY.md, sessions 9, 32, 33) on a GPU, in one device call:
+#   1. mkernel-freeprobe: which CUDA calls of one thread wait while another thread's free waits
+#      for a kernel that waits for the host (the mechanism);
+#   2. test_shim_emulate's "half posted" case with MKERNEL_DEFER_FREES=0 (the frees at release, as
+#      before session 33): must fail, after MKERNEL_TIMEOUT_S=5; then with the default: must pass;
+#   3. scripts/case-loop.sh over the whole binary, RUNS times (default 200; 1 failure in ~200
+#      before the fix, session 33 call 1), within LOOP_LIMIT_S seconds in all (default 240);
+#   4. ctest -L gpu -R "$CTEST_R" (default: the shim's and the process ranks' GPU tests).
+# Prints a short table at the end. Env: RUNS, LOOP_LIMIT_S, CTEST_R, SKIP_BUILD=1.
+set -u -o pipefail
+build=${BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}
+logs=$build/logs-stall
+. "$(dirname "$0")/gpu-common.sh"
+. "$root/scripts/common.sh"  # mk_catch_spec
+export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
+step build
+s=$(date +%s)
+[ "${SKIP_BUILD:-0}" = 1 ] || gpu_build 16 mkernel test_shim_emulate test_shim_gpu test_gpu_procs mkernel-freeprobe
+echo "build: $(( $(date +%s) - s )) s"
+bin=$build/tests/shim/test_shim_emulate
+case="emulate: destroying one communicator while another's collective is half posted"
+spec=$(mk_catch_spec "$case")
+
+step freeprobe
+timeout 120 "$build/bin/mkernel-freeprobe" --blockers none,cudaFree,cudaFreeHost,cudaFreeAsync,cuMemRelease,cudaDeviceSynchronize \
+  --victims none,cudaMalloc,launch,eventRecord >"$logs/freeprobe.txt" 2>&1
+probe_rc=$?
+cat "$logs/freeprobe.txt" | grep -v "^#   "
+
+step "half-posted case, MKERNEL_DEFER_FREES=0 (must fail)"
+s=$(date +%s)
+MKERNEL_DEFER_FREES=0 MKERNEL_TIMEOUT_S=5 timeout 90 "$bin" "$spec" >"$logs/old-frees.log" 2>&1
+old_rc=$?
+old_s=$(( $(date +%s) - s ))
+grep -m3 -E "timed out|FAILED|waited" "$logs/old-frees.log" | cut -c1-240
+
+step "half-posted case, default (must pass)"
+s=$(date +%s)
+MKERNEL_TIMEOUT_S=30 timeout 90 "$bin" "$spec" >"$logs/new-frees.log" 2>&1
+new_rc=$?
+new_s=$(( $(date +%s) - s ))
+tail -3 "$logs/new-frees.log"
+
+step "case-loop ALL ${RUNS:-200}"
+MKERNEL_DEBUG=INFO MKERNEL_DEBUG_SUBSYS=INIT CASE_LOOP_KEEP=2 CASE_LOOP_LOGS=$logs/loop \
+  timeout "${LOOP_LIMIT_S:-240}" bash "$root/scripts/case-loop.sh" "$bin" ALL "${RUNS:-200}" 60 >"$logs/loop.txt" 2>&1
+loop_rc=$?
+loop_pass=$(grep -c "^run .*: passed" "$logs/loop.txt")
+loop_runs=$(grep -c "^run " "$logs/loop.txt")
+grep -v "passed" "$logs/loop.txt" | tail -8
+
+step "ctest -R ${CTEST_R:-test_shim|test_gpu_procs}"
+(cd "$build" && MKERNEL_TIMEOUT_S=30 NCCL_NVLS_ENABLE=0 timeout 300 ctest -L gpu -R "${CTEST_R:-test_shim|test_gpu_procs}" --output-on-failure --timeout 240) \
+  >"$logs/ctest.log" 2>&1
+ctest_rc=$?
+grep -E "Test +#|tests passed|tests failed" "$logs/ctest.log"
+save freeprobe.txt ctest.log loop.txt
+
+echo "== summary"
+echo "| check | result |"
+echo "|---|---|"
+echo "| mkernel-freeprobe | rc $probe_rc, $(grep -c WAITS "$logs/freeprobe.txt") pairs where the victim waited |"
+echo "| half-posted case, MKERNEL_DEFER_FREES=0 | rc $old_rc in $old_s s (must be non-zero) |"
+echo "| half-posted case, default | rc $new_rc in $new_s s (must be 0) |"
+echo "| test_shim_emulate, whole binary, repeated | $loop_pass of $loop_runs runs passed (rc $loop_rc) |"
+echo "| ctest -R ${CTEST_R:-test_shim|test_gpu_procs} | rc $ctest_rc: $(grep -E "tests passed|tests failed" "$logs/ctest.log" | head -1) |"
+[ "$old_rc" != 0 ] && [ "$new_rc" = 0 ] && [ "$loop_runs" -gt 0 ] && [ "$loop_pass" = "$loop_runs" ] && [ "$ctest_rc" = 0 ]
