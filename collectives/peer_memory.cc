@@ -11,8 +11,8 @@
 
 #include "collectives/hier_staged.h"
 #include "collectives/hierarchical.h"
-#include "collectives/mem_cache.h"
 #include "collectives/launch_path.h"
+#include "collectives/mem_cache.h"
 #include "collectives/sm_budget.h"
 #include "collectives/staged.h"
 #include "common/log.h"
