@@ -1760,6 +1760,11 @@ void KernelCommunicator::release(bool orderly) {
   // above, its kernel still running, stays a user: nothing is freed under that kernel.)
   if (memUser_) {
     memUser_ = false;
+    const BlockCache::Stats st = MemCache::process().stats();
+    MK_INFO(kLogAlloc, "rank %d: released; the process's memory cache holds %zu blocks (%.1f MiB) for reuse, %llu "
+            "reused so far (MKERNEL_DEFER_FREES)",
+            opts_.rank, st.cachedBlocks, static_cast<double>(st.cachedBytes) / 1048576.0,
+            static_cast<unsigned long long>(st.reused));
     MemCache::process().leave();
   }
 }

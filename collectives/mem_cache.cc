@@ -17,11 +17,18 @@ void BlockCache::enter() {
 
 void BlockCache::leave() {
   std::vector<std::pair<BlockKind, void*>> out;
+  size_t bytes = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (users_ > 0) --users_;
-    if (users_ == 0) trimLocked(&out);
+    if (users_ == 0) {
+      for (const auto& e : free_) bytes += e.first.second * e.second.size();
+      trimLocked(&out);
+    }
   }
+  if (!out.empty())
+    MK_INFO(kLogAlloc, "memory cache: the process's last communicator is released: freeing %zu cached blocks (%.1f MiB)",
+            out.size(), static_cast<double>(bytes) / 1048576.0);
   for (auto& b : out) ops_.free(b.first, b.second);
 }
 
