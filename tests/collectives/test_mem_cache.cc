@@ -67,27 +67,30 @@ BlockKind host(unsigned flags) {
   return k;
 }
 
+// A block from the cache, which must have one to give.
+void* takeOne(BlockCache& c, const BlockKind& k, size_t bytes) {
+  void* p = nullptr;
+  REQUIRE(c.take(k, bytes, &p));
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("mem cache: a block given back while communicators live is reused, cleared, for the same kind and size") {
   FakeMemory m;
   BlockCache c(m.ops(), 0.0);
   c.enter();
-  void* a = nullptr;
-  REQUIRE(c.take(dev(0), 4096, &a));
+  void* a = takeOne(c, dev(0), 4096);
   static_cast<char*>(a)[7] = 42;
   c.give(dev(0), a, /*defer=*/true);
   CHECK(m.frees == 0);
   CHECK(c.stats().cachedBlocks == 1);
   CHECK(c.stats().cachedBytes == 4096);
-  void* other = nullptr;
-  REQUIRE(c.take(dev(1), 4096, &other));  // another GPU: fresh
-  REQUIRE(c.take(dev(0), 8192, &other));  // another size: fresh
-  void* hostBlock = nullptr;
-  REQUIRE(c.take(host(0), 4096, &hostBlock));  // host memory: fresh
+  CHECK(takeOne(c, dev(1), 4096) != a);   // another GPU: fresh
+  CHECK(takeOne(c, dev(0), 8192) != a);   // another size: fresh
+  CHECK(takeOne(c, host(0), 4096) != a);  // host memory: fresh
   CHECK(m.allocs == 4);
-  void* b = nullptr;
-  REQUIRE(c.take(dev(0), 4096, &b));
+  void* b = takeOne(c, dev(0), 4096);
   CHECK(b == a);
   CHECK(m.clears == 1);
   CHECK(static_cast<char*>(b)[7] == 0);
@@ -100,11 +103,9 @@ TEST_CASE("mem cache: a returned block rests for the grace before it is reused")
   FakeMemory m;
   BlockCache c(m.ops(), 3600.0);  // never within the test
   c.enter();
-  void* a = nullptr;
-  REQUIRE(c.take(dev(0), 256, &a));
+  void* a = takeOne(c, dev(0), 256);
   c.give(dev(0), a, true);
-  void* b = nullptr;
-  REQUIRE(c.take(dev(0), 256, &b));
+  void* b = takeOne(c, dev(0), 256);
   CHECK(b != a);
   CHECK(m.allocs == 2);
   CHECK(c.stats().cachedBlocks == 1);
@@ -141,8 +142,7 @@ TEST_CASE("mem cache: MKERNEL_DEFER_FREES=0 (defer false) frees at once; unknown
   FakeMemory m;
   BlockCache c(m.ops(), 0.0);
   c.enter();
-  void* a = nullptr;
-  REQUIRE(c.take(dev(2), 512, &a));
+  void* a = takeOne(c, dev(2), 512);
   c.give(dev(2), a, /*defer=*/false);
   CHECK(m.frees == 1);
   CHECK(c.stats().cachedBlocks == 0);
@@ -161,8 +161,7 @@ TEST_CASE("mem cache: a reused block that cannot be cleared is not handed out") 
   FakeMemory m;
   BlockCache c(m.ops(), 0.0);
   c.enter();
-  void* a = nullptr;
-  REQUIRE(c.take(dev(0), 64, &a));
+  void* a = takeOne(c, dev(0), 64);
   c.give(dev(0), a, true);
   m.failClear = true;
   void* b = reinterpret_cast<void*>(0x1);

@@ -28,18 +28,11 @@
 #include <vector>
 
 #include "tools/args.h"
+#include "tools/probe_util.cuh"
 
 namespace {
 
-#define FP_CHECK(call)                                                                                 \
-  do {                                                                                                 \
-    cudaError_t e_ = (call);                                                                           \
-    if (e_ != cudaSuccess) {                                                                           \
-      std::fprintf(stderr, "mkernel-freeprobe: %s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), \
-                   __FILE__, __LINE__);                                                                \
-      std::exit(2);                                                                                    \
-    }                                                                                                  \
-  } while (0)
+#define FP_CHECK(call) MKT_CUDA_CHECK("mkernel-freeprobe", call)
 #define FP_CU(call)                                                                                    \
   do {                                                                                                 \
     CUresult e_ = (call);                                                                              \
@@ -52,11 +45,7 @@ namespace {
     }                                                                                                  \
   } while (0)
 
-__device__ __forceinline__ unsigned long long globalNs() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+using mktools::globalNs;
 
 // Waits until the host sets *word, or gives up after timeoutNs (the probe must never hang).
 __global__ void spin(const volatile unsigned* word, unsigned long long timeoutNs, unsigned* gaveUp) {

@@ -50,24 +50,13 @@
 #include <vector>
 
 #include "tools/args.h"
+#include "tools/probe_util.cuh"
 
 namespace {
 
-#define QP_CHECK(call)                                                                               \
-  do {                                                                                               \
-    cudaError_t e_ = (call);                                                                         \
-    if (e_ != cudaSuccess) {                                                                         \
-      std::fprintf(stderr, "mkernel-queueprobe: %s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), \
-                   __FILE__, __LINE__);                                                              \
-      std::exit(2);                                                                                  \
-    }                                                                                                \
-  } while (0)
+#define QP_CHECK(call) MKT_CUDA_CHECK("mkernel-queueprobe", call)
 
-__device__ __forceinline__ unsigned long long globalNs() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+using mktools::globalNs;
 
 // Rank `me` of n: publishes `epoch`, then waits for every rank's flag to reach it. 256 threads,
 // one CTA, like a launch-path op of mkernel; thread 0 does the exchange.
