@@ -260,9 +260,19 @@ void destroyShimComm(ShimComm* c) {
     j->thread.join();
     return;
   }
-  MK_INFO(kLogInit,
-          "shim: rank %d: ncclCommDestroy returns%s; the release completes when the peers destroy theirs",
-          c->rank, wait ? "" : " at once (members of this communicator in this process are still live)");
+  if (wait && static_cast<int>(coMembers.size()) + 1 == c->nRanks) {
+    // Every rank is in this process and destroyed: no peer is left to wait for, so the release is
+    // held inside a CUDA call (session 33: a free, waiting for another communicator's kernel
+    // while that kernel waited for a thread held behind the free; docs/RELIABILITY.md).
+    MK_WARN("shim: rank %d: ncclCommDestroy returns after %lld s with the release unfinished, though every rank of "
+            "this communicator is in this process and destroyed: a CUDA call in it is waiting for the GPU (a kernel "
+            "of another communicator still waiting for its peers?); it completes in the background",
+            c->rank, static_cast<long long>(kDestroyGrace.count()));
+  } else {
+    MK_INFO(kLogInit,
+            "shim: rank %d: ncclCommDestroy returns%s; the release completes when the peers destroy theirs",
+            c->rank, wait ? "" : " at once (members of this communicator in this process are still live)");
+  }
   r.jobs.push_back(std::move(job));
   reapDone(r);  // now and then, so that the list stays short
 }
