@@ -245,22 +245,20 @@ int main(int argc, char** argv) {
       const Clock::time_point t0 = Clock::now();
       spin<<<1, 1, 0, kernelStream>>>(devWord, timeoutNs, devGave);
       FP_CHECK(cudaGetLastError());
-      double bMs = 0, vMs = 0, vEnd = 0;
-      std::thread tb([&] {
-        std::this_thread::sleep_until(t0 + std::chrono::milliseconds(50));
-        cudaSetDevice(0);
-        const Clock::time_point s = Clock::now();
-        b.run(p);
-        bMs = msSince(s);
-      });
-      std::thread tv([&] {
-        std::this_thread::sleep_until(t0 + std::chrono::milliseconds(150));
-        cudaSetDevice(0);
-        const Clock::time_point s = Clock::now();
-        v.run(p);
-        vMs = msSince(s);
-        vEnd = msSince(t0);
-      });
+      double bMs = 0, vMs = 0, bEnd = 0, vEnd = 0;
+      // A thread that makes call c at atMs after the kernel's launch: its time, and when it ended.
+      auto timedAt = [&](int atMs, const Call& c, double* ms, double* end) {
+        return std::thread([&p, &c, t0, atMs, ms, end] {
+          std::this_thread::sleep_until(t0 + std::chrono::milliseconds(atMs));
+          cudaSetDevice(0);
+          const Clock::time_point s = Clock::now();
+          c.run(p);
+          *ms = msSince(s);
+          *end = msSince(t0);
+        });
+      };
+      std::thread tb = timedAt(50, b, &bMs, &bEnd);
+      std::thread tv = timedAt(150, v, &vMs, &vEnd);
       std::this_thread::sleep_until(t0 + std::chrono::microseconds(static_cast<long long>(holdMs * 1000)));
       __atomic_store_n(word, 1u, __ATOMIC_SEQ_CST);
       tb.join();
