@@ -77,6 +77,140 @@ Result keepLocalMemory() {
   return Result::Success;
 }
 
+namespace {
+
+// The virtual-memory entry points (CUDA 10.2+; cuMemGetAddressRange is its _v2).
+struct Vmm {
+  CUresult (*deviceGet)(CUdevice*, int) = nullptr;
+  CUresult (*deviceGetAttribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
+  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) = nullptr;
+  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long) = nullptr;
+  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
+  CUresult (*setAccess)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+  CUresult (*retain)(CUmemGenericAllocationHandle*, void*) = nullptr;
+  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*addressRange)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;
+  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*addressFree)(CUdeviceptr, size_t) = nullptr;
+  Result status = Result::Success;
+  std::string why;
+};
+
+const Vmm& vmm() {
+  static Vmm v;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const struct {
+      const char* name;
+      void** fn;
+    } table[] = {
+        {"cuDeviceGet", reinterpret_cast<void**>(&v.deviceGet)},
+        {"cuDeviceGetAttribute", reinterpret_cast<void**>(&v.deviceGetAttribute)},
+        {"cuMemGetAllocationGranularity", reinterpret_cast<void**>(&v.granularity)},
+        {"cuMemCreate", reinterpret_cast<void**>(&v.create)},
+        {"cuMemAddressReserve", reinterpret_cast<void**>(&v.reserve)},
+        {"cuMemMap", reinterpret_cast<void**>(&v.map)},
+        {"cuMemSetAccess", reinterpret_cast<void**>(&v.setAccess)},
+        {"cuMemRetainAllocationHandle", reinterpret_cast<void**>(&v.retain)},
+        {"cuMemRelease", reinterpret_cast<void**>(&v.release)},
+        {"cuMemGetAddressRange", reinterpret_cast<void**>(&v.addressRange)},
+        {"cuMemUnmap", reinterpret_cast<void**>(&v.unmap)},
+        {"cuMemAddressFree", reinterpret_cast<void**>(&v.addressFree)},
+    };
+    for (const auto& e : table) {
+      v.status = lookup(e.name, e.fn, &v.why);
+      if (v.status != Result::Success) return;
+    }
+  });
+  return v;
+}
+
+Result cuFailed(const char* call, CUresult r) {
+  return MK_ERROR(Result::UnhandledCudaError, "%s failed: CUresult %d", call, static_cast<int>(r));
+}
+
+}  // namespace
+
+Result vmmAlloc(void** ptr, size_t bytes) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaSetDevice(dev);  // the primary context, as cudaMalloc would
+  if (err != cudaSuccess)
+    return MK_ERROR(Result::UnhandledCudaError, "cudaSetDevice(%d) failed: %s", dev, cudaGetErrorString(err));
+  const Vmm& v = vmm();
+  if (v.status != Result::Success) return MK_ERROR(v.status, "%s", v.why.c_str());
+  CUdevice cuDev = 0;
+  CUresult r = v.deviceGet(&cuDev, dev);
+  if (r != CUDA_SUCCESS) return cuFailed("cuDeviceGet", r);
+  int rdma = 0;
+  if (v.deviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, cuDev) != CUDA_SUCCESS)
+    rdma = 0;
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = cuDev;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  if (rdma != 0) prop.allocFlags.gpuDirectRDMACapable = 1;
+  size_t gran = 0;
+  r = v.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+  if (r != CUDA_SUCCESS || gran == 0) return cuFailed("cuMemGetAllocationGranularity", r);
+  const size_t size = (bytes + gran - 1) / gran * gran;
+  CUmemGenericAllocationHandle handle = 0;
+  r = v.create(&handle, size, &prop, 0);
+  if (r != CUDA_SUCCESS) return cuFailed("cuMemCreate", r);
+  CUdeviceptr base = 0;
+  r = v.reserve(&base, size, gran, 0, 0);
+  if (r != CUDA_SUCCESS) {
+    (void)v.release(handle);
+    return cuFailed("cuMemAddressReserve", r);
+  }
+  r = v.map(base, size, 0, handle, 0);
+  if (r != CUDA_SUCCESS) {
+    (void)v.addressFree(base, size);
+    (void)v.release(handle);
+    return cuFailed("cuMemMap", r);
+  }
+  // The handle's reference is kept, as NCCL keeps it: vmmFree and NCCL's ncclMemFree each free the
+  // other's mappings.
+  CUmemAccessDesc access = {};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = cuDev;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  r = v.setAccess(base, size, &access, 1);
+  if (r != CUDA_SUCCESS) {
+    (void)v.unmap(base, size);
+    (void)v.addressFree(base, size);
+    (void)v.release(handle);
+    return cuFailed("cuMemSetAccess", r);
+  }
+  *ptr = reinterpret_cast<void*>(base);
+  return Result::Success;
+}
+
+Result vmmFree(void* ptr) {
+  const Vmm& v = vmm();
+  if (v.status != Result::Success) return MK_ERROR(v.status, "%s", v.why.c_str());
+  CUmemGenericAllocationHandle handle = 0;
+  CUresult r = v.retain(&handle, ptr);
+  if (r != CUDA_SUCCESS)
+    return MK_ERROR(Result::UnhandledCudaError,
+                    "%p is not a mapping of ncclMemAlloc (cuMemRetainAllocationHandle: CUresult %d)", ptr,
+                    static_cast<int>(r));
+  (void)v.release(handle);  // the reference the retain just took; the allocation's own is below
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  r = v.addressRange(&base, &size, reinterpret_cast<CUdeviceptr>(ptr));
+  if (r != CUDA_SUCCESS) return cuFailed("cuMemGetAddressRange", r);
+  r = v.unmap(base, size);
+  if (r != CUDA_SUCCESS) return cuFailed("cuMemUnmap", r);
+  r = v.release(handle);  // the last reference: the memory goes
+  if (r != CUDA_SUCCESS) return cuFailed("cuMemRelease", r);
+  r = v.addressFree(base, size);
+  if (r != CUDA_SUCCESS) return cuFailed("cuMemAddressFree", r);
+  return Result::Success;
+}
+
 Result loadMemOps() {
   MemOps& ops = memOps();
   if (ops.status != Result::Success) return MK_ERROR(ops.status, "%s", ops.why.c_str());

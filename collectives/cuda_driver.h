@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/result.h"
@@ -16,6 +17,18 @@
 namespace mkernel {
 namespace coll {
 namespace cudrv {
+
+// ncclMemAlloc's mapping, as NCCL makes it: cuMemCreate (pinned, on the current device; GPUDirect
+// RDMA capable where the device says so), cuMemAddressReserve, cuMemMap and cuMemSetAccess for the
+// device, `bytes` rounded up to the recommended granularity. Initialises the runtime's primary
+// context on the current device first. Error: which call failed (nothing is left allocated).
+Result vmmAlloc(void** ptr, size_t bytes);
+// Frees a vmmAlloc mapping as NCCL's ncclMemFree does (cuMemRetainAllocationHandle, cuMemRelease,
+// cuMemGetAddressRange, cuMemUnmap, cuMemRelease, cuMemAddressFree). Unlike cudaFree it waits for
+// no kernel, so it holds back no other thread's CUDA calls (mkernel-freeprobe, session 33): the
+// caller guarantees that nothing still uses the memory. Error: not a vmmAlloc mapping, or which
+// call failed.
+Result vmmFree(void* ptr);
 
 // Resolves the entry points once per process (thread-safe). Error: which one is missing.
 Result loadMemOps();

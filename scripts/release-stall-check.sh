@@ -4,6 +4,8 @@
 #      for a kernel that waits for the host (the mechanism);
 #   2. test_shim_emulate's "half posted" case with MKERNEL_DEFER_FREES=0 (the frees at release, as
 #      before session 33): must fail, after MKERNEL_TIMEOUT_S=5; then with the default: must pass;
+#   2b. the same for the application's memory: the hidden control case (a cudaFree while a peer's
+#      collective is half posted) must fail after MKERNEL_TIMEOUT_S=5; the ncclMemFree case must pass;
 #   3. scripts/case-loop.sh over the whole binary, RUNS times (default 200; 1 failure in ~200
 #      before the fix, session 33 call 1), within LOOP_LIMIT_S seconds in all (default 240);
 #   4. ctest -L gpu -R "$CTEST_R" (default: the shim's and the process ranks' GPU tests).
@@ -42,6 +44,19 @@ new_rc=$?
 new_s=$(( $(date +%s) - s ))
 tail -3 "$logs/new-frees.log"
 
+step "a cudaFree while half posted (control, must fail), then ncclMemFree (must pass)"
+s=$(date +%s)
+MKERNEL_TIMEOUT_S=5 timeout 90 "$bin" "[freecontrol]" >"$logs/free-control.log" 2>&1
+ctl_rc=$?
+ctl_s=$(( $(date +%s) - s ))
+grep -m3 -E "timed out|FAILED|waited" "$logs/free-control.log" | cut -c1-240
+s=$(date +%s)
+memfree_spec=$(mk_catch_spec "emulate: ncclMemFree while another rank's collective is half posted")
+MKERNEL_TIMEOUT_S=30 timeout 90 "$bin" "$memfree_spec" >"$logs/memfree.log" 2>&1
+mf_rc=$?
+mf_s=$(( $(date +%s) - s ))
+tail -3 "$logs/memfree.log"
+
 step "case-loop ALL ${RUNS:-200}"
 MKERNEL_DEBUG=INFO MKERNEL_DEBUG_SUBSYS=INIT CASE_LOOP_KEEP=2 CASE_LOOP_LOGS=$logs/loop \
   timeout "${LOOP_LIMIT_S:-240}" bash "$root/scripts/case-loop.sh" "$bin" ALL "${RUNS:-200}" 60 >"$logs/loop.txt" 2>&1
@@ -55,7 +70,7 @@ step "ctest -R ${CTEST_R:-test_shim|test_gpu_procs}"
   >"$logs/ctest.log" 2>&1
 ctest_rc=$?
 grep -E "Test +#|tests passed|tests failed" "$logs/ctest.log"
-save freeprobe.txt ctest.log loop.txt
+save freeprobe.txt ctest.log loop.txt free-control.log memfree.log
 
 echo "== summary"
 echo "| check | result |"
@@ -63,6 +78,8 @@ echo "|---|---|"
 echo "| mkernel-freeprobe | rc $probe_rc, $(grep -c WAITS "$logs/freeprobe.txt") pairs where the victim waited |"
 echo "| half-posted case, MKERNEL_DEFER_FREES=0 | rc $old_rc in $old_s s (must be non-zero) |"
 echo "| half-posted case, default | rc $new_rc in $new_s s (must be 0) |"
+echo "| control: cudaFree while half posted | rc $ctl_rc in $ctl_s s (must be non-zero) |"
+echo "| ncclMemFree while half posted | rc $mf_rc in $mf_s s (must be 0) |"
 echo "| test_shim_emulate, whole binary, repeated | $loop_pass of $loop_runs runs passed (rc $loop_rc) |"
 echo "| ctest -R ${CTEST_R:-test_shim|test_gpu_procs} | rc $ctest_rc: $(grep -E "tests passed|tests failed" "$logs/ctest.log" | head -1) |"
-[ "$old_rc" != 0 ] && [ "$new_rc" = 0 ] && [ "$loop_runs" -gt 0 ] && [ "$loop_pass" = "$loop_runs" ] && [ "$ctest_rc" = 0 ]
+[ "$old_rc" != 0 ] && [ "$new_rc" = 0 ] && [ "$ctl_rc" != 0 ] && [ "$mf_rc" = 0 ] && [ "$loop_runs" -gt 0 ] && [ "$loop_pass" = "$loop_runs" ] && [ "$ctest_rc" = 0 ]

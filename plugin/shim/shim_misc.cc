@@ -1,7 +1,9 @@
 // The rest of the API: version, error strings, memory, registration, windows, the device API's
 // host entries, custom reduction ops, logging reset.
 #include <cstring>
+#include <string>
 
+#include "collectives/cuda_driver.h"
 #include "common/log.h"
 #include "common/param.h"
 #include "plugin/shim/nccl_api.h"
@@ -105,26 +107,32 @@ MKERNEL_NCCL_EXPORT void ncclResetDebugInitInternal() {
     real.ncclResetDebugInitInternal();
 }
 
-// In emulation (MKERNEL_EMULATE=1) both are served here with cudaMalloc / cudaFree, even when the
-// real NCCL is loaded (nccl-tests links it): emulation creates no real communicator, so nothing
-// needs NCCL's cuMem allocations, and the real ncclMemAlloc starts NCCL's own CUDA runtime. With
-// that runtime started under CUDA_MODULE_LOADING=EAGER (which emulation needs), thread ranks
-// sharing the GPU stalled at their first collective with the whole GPU taking no new work
-// (mkernel-emuprobe, docs/RELIABILITY.md session 10: 0 of 4 runs passed; with the real NCCL loaded
-// but NCCL_CUMEM_ENABLE=0, 2 of 4; with cuMem buffers mapped without NCCL, 4 of 4).
+// In emulation (MKERNEL_EMULATE=1) both are served here, even when the real NCCL is loaded
+// (nccl-tests links it): emulation creates no real communicator, so nothing needs NCCL's own
+// allocator, and the real ncclMemAlloc starts NCCL's own CUDA runtime. With that runtime started
+// under CUDA_MODULE_LOADING=EAGER (which emulation needs), thread ranks sharing the GPU stalled at
+// their first collective with the whole GPU taking no new work (mkernel-emuprobe,
+// docs/RELIABILITY.md session 10: 0 of 4 runs passed; with the real NCCL loaded but
+// NCCL_CUMEM_ENABLE=0, 2 of 4; with cuMem buffers mapped without NCCL, 4 of 4).
+// The memory is mapped as NCCL maps it (cuMemCreate / cuMemMap), not cudaMalloc'd: a cudaFree
+// waits for every kernel of the device and holds back every other thread's CUDA calls meanwhile,
+// so one thread rank's ncclMemFree while another's collective was half posted stopped them all
+// until MKERNEL_TIMEOUT_S (mkernel-freeprobe, session 33); cuMemUnmap / cuMemRelease wait for
+// nothing.
 MKERNEL_NCCL_EXPORT ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
   // Handle-less and re-entered from libnccl: the real allocator when there is one (its cuMem
-  // allocations are what NCCL's registration expects); cudaMalloc without it, or in emulation.
+  // allocations are what NCCL's registration expects); our own mapping without it, or in emulation.
   const RealNccl& real = realForHandleless();
   if (real.available && !emulationRequested()) return callReal(&RealNccl::ncclMemAlloc, "ncclMemAlloc", ptr, size);
   if (ptr == nullptr || size == 0)
     return toNccl(MK_ERROR(Result::InvalidArgument,
                            "ncclMemAlloc : invalid argument (ptr %p, size %zu)",
                            static_cast<void*>(ptr), size));
-  cudaError_t err = cudaMalloc(ptr, size);
-  if (err != cudaSuccess)
-    return toNccl(MK_ERROR(Result::UnhandledCudaError, "ncclMemAlloc : cudaMalloc(%zu) failed: %s",
-                           size, cudaGetErrorString(err)));
+  const Result r = mkernel::coll::cudrv::vmmAlloc(ptr, size);
+  if (r != Result::Success) {
+    const std::string why = mkernel::lastError();
+    return toNccl(MK_ERROR(r, "ncclMemAlloc : mapping %zu bytes failed: %s", size, why.c_str()));
+  }
   return ncclSuccess;
 }
 
@@ -132,10 +140,11 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclMemFree(void* ptr) {
   const RealNccl& real = realForHandleless();
   if (real.available && !emulationRequested()) return callReal(&RealNccl::ncclMemFree, "ncclMemFree", ptr);
   if (ptr == nullptr) return ncclSuccess;
-  cudaError_t err = cudaFree(ptr);
-  if (err != cudaSuccess)
-    return toNccl(MK_ERROR(Result::UnhandledCudaError, "ncclMemFree : cudaFree(%p) failed: %s", ptr,
-                           cudaGetErrorString(err)));
+  const Result r = mkernel::coll::cudrv::vmmFree(ptr);
+  if (r != Result::Success) {
+    const std::string why = mkernel::lastError();
+    return toNccl(MK_ERROR(r, "ncclMemFree : freeing %p failed: %s", ptr, why.c_str()));
+  }
   return ncclSuccess;
 }
 

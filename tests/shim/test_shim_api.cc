@@ -361,8 +361,9 @@ TEST_CASE("api: custom-op and p2p entries reject their own bad arguments on NULL
 
 // In emulation the shim serves ncclMemAlloc itself, even with the real NCCL loaded: the real one
 // starts NCCL's own CUDA runtime, after which co-located thread ranks stalled at their first
-// collective on the H200 (docs/RELIABILITY.md, session 10). Without a GPU, ours fails in its own
-// cudaMalloc, with its own message; without emulation the call goes to the real NCCL.
+// collective on the H200 (docs/RELIABILITY.md, session 10). Ours maps the memory with cuMem as
+// NCCL does; without a GPU it fails with its own message; without emulation the call goes to the
+// real NCCL.
 TEST_CASE("api: in emulation ncclMemAlloc and ncclMemFree never reach the real NCCL") {
   const std::string realPath = MKERNEL_REAL_NCCL_SO;
   void* real = realPath.empty() ? nullptr : dlopen(realPath.c_str(), RTLD_NOW | RTLD_GLOBAL);
@@ -373,11 +374,22 @@ TEST_CASE("api: in emulation ncclMemAlloc and ncclMemFree never reach the real N
   const bool gpu = r == ncclSuccess;  // a GPU machine: ours allocated
   if (gpu) {
     CHECK(p != nullptr);
+    cudaPointerAttributes attr = {};
+    CHECK(cudaPointerGetAttributes(&attr, p) == cudaSuccess);
+    CHECK(attr.type == cudaMemoryTypeDevice);
+    CHECK(cudaMemset(p, 0x5a, 4096) == cudaSuccess);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
     CHECK(ncclMemFree(p) == ncclSuccess);
+    // Not one of its mappings: NCCL's error, with a message, and nothing freed.
+    void* plain = nullptr;
+    REQUIRE(cudaMalloc(&plain, 4096) == cudaSuccess);
+    CHECK(ncclMemFree(plain) == ncclUnhandledCudaError);
+    CHECK(lastError().find("is not a mapping of ncclMemAlloc") != std::string::npos);
+    CHECK(cudaFree(plain) == cudaSuccess);
   } else {
     CHECK(r == ncclUnhandledCudaError);
     INFO(lastError());
-    CHECK(lastError().find("ncclMemAlloc : cudaMalloc(4096) failed") != std::string::npos);
+    CHECK(lastError().find("ncclMemAlloc : mapping 4096 bytes failed") != std::string::npos);
   }
   CHECK(ncclMemFree(nullptr) == ncclSuccess);
   unsetenv("MKERNEL_EMULATE");
@@ -385,6 +397,6 @@ TEST_CASE("api: in emulation ncclMemAlloc and ncclMemFree never reach the real N
     // Not emulating: forwarded, so the shim's own cudaMalloc message is not what it says.
     const ncclResult_t fr = ncclMemAlloc(&p, 4096);
     CHECK(fr != ncclSuccess);
-    CHECK(lastError().find("ncclMemAlloc : cudaMalloc(4096) failed") == std::string::npos);
+    CHECK(lastError().find("ncclMemAlloc : mapping 4096 bytes failed") == std::string::npos);
   }
 }

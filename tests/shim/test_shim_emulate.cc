@@ -374,6 +374,98 @@ TEST_CASE("emulate: destroying one communicator while another's collective is ha
   for (int r = 0; r < 2; ++r) CHECK(ncclCommDestroy(a[r]) == ncclSuccess);
 }
 
+// The same stall through the application's own memory: nccl-tests -R and PyTorch's NCCL memory
+// pool allocate with ncclMemAlloc, and a thread rank's ncclMemFree while a peer's collective was
+// half posted waited, as a cudaFree, for that collective's kernel, holding back the peer's
+// allocation and post behind it. The shim now maps ncclMemAlloc's memory with cuMem, as NCCL
+// does, and its ncclMemFree (cuMemUnmap / cuMemRelease) waits for nothing. The rank buffers are
+// ncclMemAlloc's too (the kernel reads and writes such mappings directly). With `plainFree` the
+// freeing thread calls cudaFree on a cudaMalloc'd block instead: the hidden control case below,
+// which must fail (scripts/release-stall-check.sh runs it with MKERNEL_TIMEOUT_S=5).
+static void freeWhileHalfPosted(bool plainFree) {
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  ncclComm_t c[2] = {};
+  ncclResult_t initRes[2] = {ncclInternalError, ncclInternalError};
+  {
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        cudaSetDevice(0);
+        initRes[r] = ncclCommInitRank(&c[r], 2, id, r);
+      });
+    for (auto& th : ts) th.join();
+  }
+  for (int r = 0; r < 2; ++r) {
+    INFO("init " << r << ": " << ncclGetLastError(nullptr));
+    REQUIRE(initRes[r] == ncclSuccess);
+  }
+  void* victim = nullptr;  // the block the third thread frees
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  if (plainFree)
+    REQUIRE(cudaMalloc(&victim, 1 << 20) == cudaSuccess);
+  else
+    REQUIRE(ncclMemAlloc(&victim, 1 << 20) == ncclSuccess);
+  std::atomic<bool> posted{false}, freeing{false};
+  std::vector<std::vector<int32_t>> got(2);
+  std::vector<std::string> said(2);
+  ncclResult_t freed = ncclInternalError;
+  const size_t n = 64;
+  auto waitFor = [](const std::atomic<bool>& f) {
+    while (!f.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      cudaSetDevice(0);
+      cudaStream_t s = nullptr;
+      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      if (r == 1) {
+        waitFor(freeing);  // every CUDA call from here on would wait behind a blocking free
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      }
+      void* buf = nullptr;
+      if (ncclMemAlloc(&buf, n * sizeof(int32_t)) != ncclSuccess) {
+        said[static_cast<size_t>(r)] = std::string("ncclMemAlloc: ") + ncclGetLastError(nullptr);
+        posted = true;
+        return;
+      }
+      const std::vector<int32_t> mine(n, r + 1);
+      cudaMemcpy(buf, mine.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice);
+      if (r == 0) posted = true;
+      const ncclResult_t ar = ncclAllReduce(buf, buf, n, ncclInt32, ncclSum, c[r], s);
+      const cudaError_t se = cudaStreamSynchronize(s);
+      said[static_cast<size_t>(r)] = "allreduce " + std::to_string(ar) + ", stream " + cudaGetErrorString(se) +
+                                     (ar != ncclSuccess ? std::string(": ") + ncclGetLastError(c[r]) : "");
+      got[static_cast<size_t>(r)].resize(n);
+      cudaMemcpy(got[static_cast<size_t>(r)].data(), buf, n * sizeof(int32_t), cudaMemcpyDeviceToHost);
+      cudaStreamDestroy(s);
+      // After the collective: no kernel uses it. Rank 1's frees while rank 0's may still run,
+      // which a blocking free would not survive either.
+      CHECK(ncclMemFree(buf) == ncclSuccess);
+    });
+  ts.emplace_back([&] {
+    cudaSetDevice(0);
+    waitFor(posted);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0's kernel waits for rank 1
+    freeing = true;
+    freed = plainFree ? (cudaFree(victim) == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError) : ncclMemFree(victim);
+  });
+  for (auto& th : ts) th.join();
+  CHECK(freed == ncclSuccess);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << said[static_cast<size_t>(r)]);
+    CHECK(got[static_cast<size_t>(r)] == std::vector<int32_t>(n, 1 + 2));
+  }
+  for (int r = 0; r < 2; ++r) CHECK(ncclCommDestroy(c[r]) == ncclSuccess);
+}
+
+TEST_CASE("emulate: ncclMemFree while another rank's collective is half posted") { freeWhileHalfPosted(false); }
+
+TEST_CASE("emulate: control: cudaFree while another rank's collective is half posted (must fail)", "[.][freecontrol]") {
+  freeWhileHalfPosted(true);
+}
+
 TEST_CASE("emulate: premul-sum across ranks") {
   std::vector<std::vector<float>> got(2);
   runRanks(2, [&](int rank, ncclComm_t comm, cudaStream_t s) {
