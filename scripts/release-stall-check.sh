@@ -9,7 +9,8 @@
 #   3. scripts/case-loop.sh over the whole binary, RUNS times (default 200; 1 failure in ~200
 #      before the fix, session 33 call 1), within LOOP_LIMIT_S seconds in all (default 240);
 #   4. ctest -L gpu -R "$CTEST_R" (default: the shim's and the process ranks' GPU tests).
-# Prints a short table at the end. Env: RUNS, LOOP_LIMIT_S, CTEST_R, SKIP_BUILD=1.
+# Prints a short table at the end. Env: RUNS, LOOP_LIMIT_S, CTEST_R, SKIP_BUILD=1, EXTRA_TARGETS
+# (more targets to build, for CTEST_R).
 set -u -o pipefail
 build=${BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}
 logs=$build/logs-stall
@@ -18,7 +19,7 @@ logs=$build/logs-stall
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
 step build
 s=$(date +%s)
-[ "${SKIP_BUILD:-0}" = 1 ] || gpu_build 16 mkernel test_shim_emulate test_shim_gpu test_gpu_procs mkernel-freeprobe
+[ "${SKIP_BUILD:-0}" = 1 ] || gpu_build 16 mkernel test_shim_emulate test_shim_gpu test_gpu_procs mkernel-freeprobe ${EXTRA_TARGETS:-}
 echo "build: $(( $(date +%s) - s )) s"
 bin=$build/tests/shim/test_shim_emulate
 case="emulate: destroying one communicator while another's collective is half posted"
