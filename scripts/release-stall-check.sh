@@ -9,14 +9,24 @@
 #   3. scripts/case-loop.sh over the whole binary, RUNS times (default 200; 1 failure in ~200
 #      before the fix, session 33 call 1), within LOOP_LIMIT_S seconds in all (default 240);
 #   4. ctest -L gpu -R "$CTEST_R" (default: the shim's and the process ranks' GPU tests).
-# Prints a short table at the end. Env: RUNS, LOOP_LIMIT_S, CTEST_R, SKIP_BUILD=1, EXTRA_TARGETS
-# (more targets to build, for CTEST_R).
+# Prints a short table at the end; each row is also printed, and written to summary.md (saved to
+# $OUT), as soon as its step ends, so that a call cut short keeps what it ran. Env: RUNS,
+# LOOP_LIMIT_S, CTEST_R, SKIP_BUILD=1, EXTRA_TARGETS (more targets to build, for CTEST_R),
+# BUDGET_S (seconds for the whole script: the loop and ctest get what is left, the loop at most
+# LOOP_LIMIT_S; session 34's call lost its ctest rows to an outer timeout).
 set -u -o pipefail
 build=${BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}
 logs=$build/logs-stall
 . "$(dirname "$0")/gpu-common.sh"
 . "$root/scripts/common.sh"  # mk_catch_spec
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
+deadline=$(( $(date +%s) + ${BUDGET_S:-100000} ))
+# bound N: N seconds, or what is left of BUDGET_S if less (at least 1).
+bound() { local n=$1 l=$(( deadline - $(date +%s) )); [ "$l" -lt "$n" ] && n=$l; [ "$n" -lt 1 ] && n=1; echo "$n"; }
+summary=$logs/summary.md
+printf '| check | result |\n|---|---|\n' >"$summary"
+row() { echo "| $1 | $2 |" | tee -a "$summary"; save summary.md; }
+
 step build
 s=$(date +%s)
 [ "${SKIP_BUILD:-0}" = 1 ] || gpu_build 16 mkernel test_shim_emulate test_shim_gpu test_gpu_procs mkernel-freeprobe ${EXTRA_TARGETS:-}
@@ -29,7 +39,8 @@ step freeprobe
 timeout 120 "$build/bin/mkernel-freeprobe" --blockers none,cudaFree,cudaFreeHost,cudaFreeAsync,cuMemRelease,cudaDeviceSynchronize \
   --victims none,cudaMalloc,launch,eventRecord >"$logs/freeprobe.txt" 2>&1
 probe_rc=$?
-cat "$logs/freeprobe.txt" | grep -v "^#   "
+grep -v "^#   " "$logs/freeprobe.txt"
+row mkernel-freeprobe "rc $probe_rc, $(grep -c WAITS "$logs/freeprobe.txt") pairs where the victim waited"
 
 step "half-posted case, MKERNEL_DEFER_FREES=0 (must fail)"
 s=$(date +%s)
@@ -37,6 +48,7 @@ MKERNEL_DEFER_FREES=0 MKERNEL_TIMEOUT_S=5 timeout 90 "$bin" "$spec" >"$logs/old-
 old_rc=$?
 old_s=$(( $(date +%s) - s ))
 grep -m3 -E "timed out|FAILED|waited" "$logs/old-frees.log" | cut -c1-240
+row "half-posted case, MKERNEL_DEFER_FREES=0" "rc $old_rc in $old_s s (must be non-zero)"
 
 step "half-posted case, default (must pass)"
 s=$(date +%s)
@@ -44,6 +56,7 @@ MKERNEL_TIMEOUT_S=30 timeout 90 "$bin" "$spec" >"$logs/new-frees.log" 2>&1
 new_rc=$?
 new_s=$(( $(date +%s) - s ))
 tail -3 "$logs/new-frees.log"
+row "half-posted case, default" "rc $new_rc in $new_s s (must be 0)"
 
 step "a cudaFree while half posted (control, must fail), then ncclMemFree (must pass)"
 s=$(date +%s)
@@ -51,36 +64,32 @@ MKERNEL_TIMEOUT_S=5 timeout 90 "$bin" "[freecontrol]" >"$logs/free-control.log" 
 ctl_rc=$?
 ctl_s=$(( $(date +%s) - s ))
 grep -m3 -E "timed out|FAILED|waited" "$logs/free-control.log" | cut -c1-240
+row "control: cudaFree while half posted" "rc $ctl_rc in $ctl_s s (must be non-zero)"
 s=$(date +%s)
 memfree_spec=$(mk_catch_spec "emulate: ncclMemFree while another rank's collective is half posted")
 MKERNEL_TIMEOUT_S=30 timeout 90 "$bin" "$memfree_spec" >"$logs/memfree.log" 2>&1
 mf_rc=$?
 mf_s=$(( $(date +%s) - s ))
 tail -3 "$logs/memfree.log"
+row "ncclMemFree while half posted" "rc $mf_rc in $mf_s s (must be 0)"
 
 step "case-loop ALL ${RUNS:-200}"
 MKERNEL_DEBUG=INFO MKERNEL_DEBUG_SUBSYS=INIT CASE_LOOP_KEEP=2 CASE_LOOP_LOGS=$logs/loop \
-  timeout "${LOOP_LIMIT_S:-240}" bash "$root/scripts/case-loop.sh" "$bin" ALL "${RUNS:-200}" 60 >"$logs/loop.txt" 2>&1
+  timeout "$(bound "${LOOP_LIMIT_S:-240}")" bash "$root/scripts/case-loop.sh" "$bin" ALL "${RUNS:-200}" 60 >"$logs/loop.txt" 2>&1
 loop_rc=$?
 loop_pass=$(grep -c "^run .*: passed" "$logs/loop.txt")
 loop_runs=$(grep -c "^run " "$logs/loop.txt")
 grep -v "passed" "$logs/loop.txt" | tail -8
+row "test_shim_emulate, whole binary, repeated" "$loop_pass of $loop_runs runs passed (rc $loop_rc)"
 
 step "ctest -R ${CTEST_R:-test_shim|test_gpu_procs}"
-(cd "$build" && MKERNEL_TIMEOUT_S=30 NCCL_NVLS_ENABLE=0 timeout 300 ctest -L gpu -R "${CTEST_R:-test_shim|test_gpu_procs}" --output-on-failure --timeout 240) \
+(cd "$build" && MKERNEL_TIMEOUT_S=30 NCCL_NVLS_ENABLE=0 timeout "$(bound 300)" ctest -L gpu -R "${CTEST_R:-test_shim|test_gpu_procs}" --output-on-failure --timeout 240) \
   >"$logs/ctest.log" 2>&1
 ctest_rc=$?
 grep -E "Test +#|tests passed|tests failed" "$logs/ctest.log"
+row "ctest -R ${CTEST_R:-test_shim|test_gpu_procs}" "rc $ctest_rc: $(grep -E "tests passed|tests failed" "$logs/ctest.log" | head -1)"
 save freeprobe.txt ctest.log loop.txt free-control.log memfree.log
 
 echo "== summary"
-echo "| check | result |"
-echo "|---|---|"
-echo "| mkernel-freeprobe | rc $probe_rc, $(grep -c WAITS "$logs/freeprobe.txt") pairs where the victim waited |"
-echo "| half-posted case, MKERNEL_DEFER_FREES=0 | rc $old_rc in $old_s s (must be non-zero) |"
-echo "| half-posted case, default | rc $new_rc in $new_s s (must be 0) |"
-echo "| control: cudaFree while half posted | rc $ctl_rc in $ctl_s s (must be non-zero) |"
-echo "| ncclMemFree while half posted | rc $mf_rc in $mf_s s (must be 0) |"
-echo "| test_shim_emulate, whole binary, repeated | $loop_pass of $loop_runs runs passed (rc $loop_rc) |"
-echo "| ctest -R ${CTEST_R:-test_shim|test_gpu_procs} | rc $ctest_rc: $(grep -E "tests passed|tests failed" "$logs/ctest.log" | head -1) |"
+cat "$summary"
 [ "$old_rc" != 0 ] && [ "$new_rc" = 0 ] && [ "$ctl_rc" != 0 ] && [ "$mf_rc" = 0 ] && [ "$loop_runs" -gt 0 ] && [ "$loop_pass" = "$loop_runs" ] && [ "$ctest_rc" = 0 ]
