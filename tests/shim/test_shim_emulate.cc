@@ -410,6 +410,7 @@ static void freeWhileHalfPosted(bool plainFree) {
   std::vector<std::vector<int32_t>> got(2);
   std::vector<std::string> said(2);
   ncclResult_t freed = ncclInternalError;
+  ncclResult_t ownFreed[2] = {ncclInternalError, ncclInternalError};
   const size_t n = 64;
   auto waitFor = [](const std::atomic<bool>& f) {
     while (!f.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -440,9 +441,10 @@ static void freeWhileHalfPosted(bool plainFree) {
       got[static_cast<size_t>(r)].resize(n);
       cudaMemcpy(got[static_cast<size_t>(r)].data(), buf, n * sizeof(int32_t), cudaMemcpyDeviceToHost);
       cudaStreamDestroy(s);
-      // After the collective: no kernel uses it. Rank 1's frees while rank 0's may still run,
-      // which a blocking free would not survive either.
-      CHECK(ncclMemFree(buf) == ncclSuccess);
+      // Its collective is done, while the persistent kernel may still be resident: a free that
+      // waited for it would wait out the idle timeout. (Checked on the main thread: Catch2's
+      // assertions are not thread-safe.)
+      ownFreed[static_cast<size_t>(r)] = ncclMemFree(buf);
     });
   ts.emplace_back([&] {
     cudaSetDevice(0);
@@ -456,6 +458,7 @@ static void freeWhileHalfPosted(bool plainFree) {
   for (int r = 0; r < 2; ++r) {
     INFO("rank " << r << ": " << said[static_cast<size_t>(r)]);
     CHECK(got[static_cast<size_t>(r)] == std::vector<int32_t>(n, 1 + 2));
+    CHECK(ownFreed[r] == ncclSuccess);
   }
   for (int r = 0; r < 2; ++r) CHECK(ncclCommDestroy(c[r]) == ncclSuccess);
 }
