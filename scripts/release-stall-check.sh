@@ -29,7 +29,7 @@ row() { echo "| $1 | $2 |" | tee -a "$summary"; save summary.md; }
 
 step build
 s=$(date +%s)
-[ "${SKIP_BUILD:-0}" = 1 ] || gpu_build 16 mkernel test_shim_emulate test_shim_gpu test_gpu_procs mkernel-freeprobe ${EXTRA_TARGETS:-}
+[ "${SKIP_BUILD:-0}" = 1 ] || gpu_build 16 mkernel test_shim_emulate test_shim_gpu test_shim_api test_gpu_procs mkernel-freeprobe ${EXTRA_TARGETS:-}
 echo "build: $(( $(date +%s) - s )) s"
 bin=$build/tests/shim/test_shim_emulate
 case="emulate: destroying one communicator while another's collective is half posted"
