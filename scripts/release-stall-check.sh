@@ -36,7 +36,7 @@ case="emulate: destroying one communicator while another's collective is half po
 spec=$(mk_catch_spec "$case")
 
 step freeprobe
-timeout 120 "$build/bin/mkernel-freeprobe" --blockers none,cudaFree,cudaFreeHost,cudaFreeAsync,cuMemRelease,cudaDeviceSynchronize \
+timeout 120 "$build/bin/mkernel-freeprobe" --blockers none,cudaFree,cudaFreeHost,cudaFreeAsync,cuMemRelease,cudaIpcCloseMemHandle,cudaDeviceSynchronize \
   --victims none,cudaMalloc,launch,eventRecord >"$logs/freeprobe.txt" 2>&1
 probe_rc=$?
 grep -v "^#   " "$logs/freeprobe.txt"

@@ -14,9 +14,13 @@
 // A victim that took about 850 ms waited for the kernel through the blocker (or by itself: the
 // "none" blocker row). The blocker's own time says whether it waits for the kernel at all.
 // Prints one table row per (blocker, victim): both times in ms and "WAITS" where the victim waited.
+// The cudaIpcCloseMemHandle blocker (what a process rank's release does with its peers' memory)
+// closes memory that a child process exports; the child is forked before this process starts CUDA.
 //   mkernel-freeprobe [--blockers none,cudaFree,...] [--victims none,cudaMalloc,...] [--hold-ms 1000]
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -102,6 +106,7 @@ struct Prepared {
   void* registered = nullptr;  // cudaHostUnregister (then free())
   void* poolBuf = nullptr;   // cudaFreeAsync
   VmmBuf vmm;                // cuMemUnmap/cuMemRelease
+  void* ipcPeer = nullptr;   // cudaIpcCloseMemHandle: another process's buffer, opened here
   cudaStream_t blockerStream = nullptr;
   cudaStream_t victimStream = nullptr;
   cudaEvent_t event = nullptr;
@@ -111,6 +116,54 @@ struct Prepared {
   void* victimHost = nullptr;    // the cudaHostAlloc victim's
   std::vector<char> pageable = std::vector<char>(256, 1);
 };
+
+// The cudaIpcCloseMemHandle blocker needs memory of another process (a process cannot open its own
+// handle), as process ranks map their peers' state and staging: a child forked before this
+// process starts CUDA exports 1 MiB and keeps it until `done` is closed.
+struct Exporter {
+  pid_t pid = -1;
+  int done = -1;  // closing it ends the child
+  cudaIpcMemHandle_t handle{};
+  bool ok = false;
+};
+Exporter startExporter() {
+  Exporter e;
+  int toParent[2], toChild[2];
+  if (pipe(toParent) != 0 || pipe(toChild) != 0) return e;
+  e.pid = fork();
+  if (e.pid == 0) {
+    close(toParent[0]);
+    close(toChild[1]);
+    void* buf = nullptr;
+    cudaIpcMemHandle_t h{};
+    const bool ok = cudaSetDevice(0) == cudaSuccess && cudaMalloc(&buf, 1 << 20) == cudaSuccess &&
+                    cudaIpcGetMemHandle(&h, buf) == cudaSuccess;
+    if (ok && write(toParent[1], &h, sizeof(h)) == static_cast<ssize_t>(sizeof(h))) {
+      char c;
+      while (read(toChild[0], &c, 1) > 0) {
+      }
+    }
+    _exit(ok ? 0 : 3);
+  }
+  close(toParent[1]);
+  close(toChild[0]);
+  e.done = toChild[1];
+  size_t got = 0;
+  auto* bytes = reinterpret_cast<char*>(&e.handle);
+  while (e.pid > 0 && got < sizeof(e.handle)) {
+    const ssize_t n = read(toParent[0], bytes + got, sizeof(e.handle) - got);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  close(toParent[0]);
+  e.ok = e.pid > 0 && got == sizeof(e.handle);
+  return e;
+}
+void stopExporter(Exporter& e) {
+  if (e.done >= 0) close(e.done);
+  if (e.pid > 0) waitpid(e.pid, nullptr, 0);
+  e = Exporter{};
+}
 
 struct Call {
   const char* name;
@@ -130,6 +183,8 @@ const std::vector<Call>& blockers() {
        [](Prepared& p) { FP_CHECK(cudaFreeAsync(p.poolBuf, p.blockerStream)); p.poolBuf = nullptr; }},
       {"cuMemRelease", "cuMemUnmap + cuMemRelease + cuMemAddressFree of a cuMemCreate mapping",
        [](Prepared& p) { vmmFree(p.vmm); p.vmm = VmmBuf{}; }},
+      {"cudaIpcCloseMemHandle", "cudaIpcCloseMemHandle of 1 MiB of another process (cudaMalloc there)",
+       [](Prepared& p) { FP_CHECK(cudaIpcCloseMemHandle(p.ipcPeer)); p.ipcPeer = nullptr; }},
       {"cudaStreamDestroy", "cudaStreamDestroy of an idle non-blocking stream",
        [](Prepared& p) { FP_CHECK(cudaStreamDestroy(p.blockerStream)); p.blockerStream = nullptr; }},
       {"cudaDeviceSynchronize", "cudaDeviceSynchronize", [](Prepared&) { FP_CHECK(cudaDeviceSynchronize()); }},
@@ -198,6 +253,12 @@ int main(int argc, char** argv) {
       if (w == name) return true;
     return false;
   };
+  // Before this process touches CUDA: a forked child must start its own.
+  Exporter exporter;
+  if (picked(wantB, "cudaIpcCloseMemHandle")) {
+    exporter = startExporter();
+    if (!exporter.ok) std::fprintf(stderr, "mkernel-freeprobe: no exporter process: cudaIpcCloseMemHandle skipped\n");
+  }
   FP_CHECK(cudaSetDevice(0));
   FP_CU(cuInit(0));
   FP_CHECK(cudaFree(nullptr));
@@ -218,6 +279,8 @@ int main(int argc, char** argv) {
   int waits = 0;
   for (const Call& b : blockers()) {
     if (!picked(wantB, b.name)) continue;
+    const bool ipc = std::strcmp(b.name, "cudaIpcCloseMemHandle") == 0;
+    if (ipc && !exporter.ok) continue;
     for (const Call& v : victims()) {
       if (!picked(wantV, v.name)) continue;
       if (std::strcmp(b.name, "none") == 0 && std::strcmp(v.name, "none") == 0) continue;
@@ -231,6 +294,7 @@ int main(int argc, char** argv) {
       FP_CHECK(cudaMallocAsync(&p.poolBuf, 1 << 20, p.blockerStream));
       FP_CHECK(cudaStreamSynchronize(p.blockerStream));
       p.vmm = vmmAlloc(1 << 20);
+      if (ipc) FP_CHECK(cudaIpcOpenMemHandle(&p.ipcPeer, exporter.handle, cudaIpcMemLazyEnablePeerAccess));
       FP_CHECK(cudaEventCreateWithFlags(&p.event, cudaEventDisableTiming));
       FP_CHECK(cudaHostAlloc(&p.victimPinned, 4096, cudaHostAllocMapped));
       FP_CHECK(cudaMalloc(&p.victimBuf, 4096));
@@ -281,6 +345,7 @@ int main(int argc, char** argv) {
       }
       FP_CHECK(cudaStreamDestroy(p.victimStream));
       if (p.vmm.va) vmmFree(p.vmm);
+      if (p.ipcPeer) FP_CHECK(cudaIpcCloseMemHandle(p.ipcPeer));
       FP_CHECK(cudaEventDestroy(p.event));
       FP_CHECK(cudaFreeHost(p.victimPinned));
       if (p.victimDev) FP_CHECK(cudaFree(p.victimDev));
@@ -288,6 +353,7 @@ int main(int argc, char** argv) {
       FP_CHECK(cudaFree(p.victimBuf));
     }
   }
+  stopExporter(exporter);
   std::printf("# %d pair(s) where the victim waited for the kernel\n", waits);
   for (const Call& b : blockers()) std::printf("#   blocker %-22s %s\n", b.name, b.what);
   for (const Call& v : victims()) std::printf("#   victim  %-22s %s\n", v.name, v.what);
