@@ -290,6 +290,11 @@ class KernelCommunicator final : public Communicator {
   int directCap_ = 1;                  // ... per direct-mode op (launchDirectKernel's, or launchCap_)
   uint64_t llMaxBytes_ = 0;            // MKERNEL_LL_MAX_BYTES, the smallest any rank asked for
   uint64_t llOps_ = 0;                 // ops issued in LL mode (eager and captured)
+  // Every collective a ring in the persistent kernel, through the staged regions (staged_ring.h;
+  // the communicator is staged for it, thread ranks too): MKERNEL_ALGO=ring, or auto on a host
+  // whose GPUs are not NVLink all-to-all (PeerSetup::ring, agreed).
+  bool ringAll_ = false;
+  uint64_t ringOps_ = 0;               // ops posted as rings (the doorbell)
   uint64_t llBatchOps_ = 0;            // ... of which in an LL batch (launchBatch)
   enum class LlBatchMode { Off, Serial, Exchange };
   LlBatchMode llBatch_ = LlBatchMode::Exchange;  // MKERNEL_LL_BATCH
@@ -495,11 +500,17 @@ Result KernelCommunicator::init() {
   // auto with a numeric upper end to direct mode (MKERNEL_DIRECT_MAX_BYTES): -2, which keeps more
   // than four ranks per GPU off (sharedPersistentCtas).
   if (sharedCtas == -1 && !directUnbounded()) sharedCtas = -2;
+  // Rings (exchangePeers' ringMode): the policy (policy.cc) validates MKERNEL_ALGO's name; here
+  // ring forces them, auto lets the host's NVLink decide, any other choice keeps direct access.
+  // Not for emulated nodes (the hierarchical path has its own rail forms).
+  const std::string algo = paramString("ALGO");
+  const int ringMode = emulatedNodes ? 0 : algo == "ring" ? 1 : algo == "auto" ? 2 : 0;
   if (paramInt("LAUNCH_DIRECT", 1) == 0 || paramInt("GRAPH_LAUNCH", 1) == 0 || launchMaxBytes_ == 0 || emulatedNodes)
     sharedCtas = 0;
   MK_CHECK(exchangePeers(bs_, opts_.rank, opts_.nRanks, opts_.cudaDev, state_, static_cast<int>(want),
                          smsLeft, opts_.emulate, static_cast<uint64_t>(stagedChunk) / 16 * 16, emulatedNodes,
-                         sharedCtas, &peers_));
+                         sharedCtas, &peers_, ringMode));
+  ringAll_ = peers_.ring;
   PeerSetup& peers = peers_;
   // Ranks on several hosts (one node per host, exchangePeers) run hierarchically too, through
   // the same proxies, over verbs or TCP between the hosts. Emulated nodes keep their own size.
@@ -901,6 +912,11 @@ Result KernelCommunicator::fillDesc(const CollArgs& a, WorkDesc* d) const {
     else
       d->algo = static_cast<int32_t>(bytes <= oneShotMaxBytes_ ? Algo::OneShot : Algo::TwoShot);
   }
+  // Ring (staged_ring.h): asked for by the policy (MKERNEL_ALGO=ring, or no direct access) or,
+  // for callers without a policy (algo -1), by MKERNEL_ALGO=ring; it runs through the staged
+  // regions, so only a staged communicator of one node has it (the others keep the default).
+  const bool ring = a.algo == static_cast<int32_t>(Algo::Ring) || (a.algo < 0 && ringAll_);
+  if (ring && peers_.staged && params_.nNodes == 1 && opts_.nRanks > 1) d->algo = static_cast<int32_t>(Algo::Ring);
   d->nCtas = splitCtas(shareBytes(a.coll, a.count, a.dtype, opts_.nRanks), params_.nCtas);
   if (a.coll == CollType::AllReduce && static_cast<Algo>(d->algo) == Algo::OneShot) d->nCtas = 1;
   // Hierarchical: MKERNEL_HIER_CTAS CTAs from MKERNEL_HIER_SPLIT_MIN_BYTES, else one; each posts
@@ -1175,6 +1191,7 @@ Result KernelCommunicator::enqueueLocked(const CollArgs* ops, int n, cudaStream_
       if (res == Result::Success) res = launchOp(d, path, capturing, stream);
       continue;
     }
+    if (static_cast<Algo>(d.algo) == Algo::Ring) ++ringOps_;
     descs[nOps++] = d;
     if (nOps == kMaxOpsPerSlot) {
       res = postSlot(descs, nOps, capturing, stream);
@@ -1197,6 +1214,8 @@ KernelCommunicator::Path KernelCommunicator::pathOf(const WorkDesc& d, bool capt
   // device keeps its sequence numbers) or, with MKERNEL_GRAPH_LAUNCH=0, the doorbell (a
   // replayable protocol). Emulated nodes (the hierarchy through the proxies) take the doorbell.
   if ((capturing && !graphLaunch_) || launchMaxBytes_ == 0 || params_.nNodes > 1) return Path::kDoorbell;
+  // Rings run in the persistent kernel only (the launch path's modes are all-to-all).
+  if (static_cast<Algo>(d.algo) == Algo::Ring) return Path::kDoorbell;
   const CollType c = static_cast<CollType>(d.coll);
   const uint64_t bytes = launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
   // One rank: a copy (or PreMulSum's kernel) at any size; nothing to exchange.
@@ -1897,6 +1916,8 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->launchMaxBytes = launchMaxBytes_;
   out->llMaxBytes = llMaxBytes_;
   out->llOps = llOps_;
+  out->ringOps = ringOps_;
+  out->ring = peers_.ring;
   out->llBatchOps = llBatchOps_;
   out->oneRankCopies = 0;
   for (uint64_t v : oneRankCopies_) out->oneRankCopies += v;

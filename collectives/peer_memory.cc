@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "collectives/hier_staged.h"
@@ -17,6 +18,7 @@
 #include "collectives/staged.h"
 #include "common/log.h"
 #include "common/param.h"
+#include "topology/placement.h"
 #include "transport/bootstrap/bootstrap.h"
 
 namespace mkernel {
@@ -142,9 +144,59 @@ void closePeers(PeerSetup* setup, bool freeLocal) {
   }
 }
 
+// Rings (PeerSetup::ring): every rank's mode and wish, all-gathered (each rank calls this once,
+// whatever its mode, so that a mismatch is an error rather than a hang). A rank wishes for rings
+// when asked to, or in mode 2 when the distinct GPUs of its host's ranks are not NVLink
+// all-to-all (its node model, topo::gpusNvlinkAllToAll); one wish suffices.
+static Result agreeRing(bootstrap::Bootstrap* bs, int rank, int nRanks, const std::vector<RankInfo>& info, int ringMode,
+                 PeerSetup* out) {
+  const RankInfo& me = info[static_cast<size_t>(rank)];
+  int32_t wish = 0;
+  std::string why = "MKERNEL_ALGO=ring";
+  if (ringMode != 0 && out->hostPerNode == 0 && nRanks > 1) {
+    if (ringMode == 1) {
+      wish = 1;
+    } else {
+      std::vector<std::string> bus;
+      for (const RankInfo& ri : info)
+        if (ri.hostHash == me.hostHash && std::find(bus.begin(), bus.end(), std::string(ri.busId)) == bus.end())
+          bus.emplace_back(ri.busId);
+      if (bus.size() > 1) {
+        const topo::NodeModel* model = nullptr;
+        if (topo::localNodeModel(&model) == Result::Success) {
+          wish = topo::gpusNvlinkAllToAll(model->topo, bus, &why) ? 0 : 1;
+        } else {
+          MK_WARN("rank %d: no node model to tell NVLink from PCIe between the %zu GPUs (%s): direct algorithms", rank,
+                  bus.size(), lastError());
+        }
+        MK_INFO(kLogInit, "rank %d: %zu GPUs on this host: %s", rank, bus.size(), why.c_str());
+      }
+    }
+  }
+  std::vector<int32_t> votes(static_cast<size_t>(2 * nRanks), 0);
+  votes[static_cast<size_t>(2 * rank)] = ringMode;
+  votes[static_cast<size_t>(2 * rank + 1)] = wish;
+  MK_CHECK(bs->allGather(votes.data(), 2 * sizeof(int32_t)));
+  out->ring = false;
+  for (int r = 0; r < nRanks; ++r) {
+    if (votes[static_cast<size_t>(2 * r)] != ringMode)
+      return MK_ERROR(Result::InvalidUsage,
+                      "rank %d: MKERNEL_ALGO differs between rank %d and rank %d (ring, auto or another: set it alike)",
+                      rank, rank, r);
+    if (votes[static_cast<size_t>(2 * r + 1)] != 0) out->ring = true;
+  }
+  if (out->ring) {
+    out->staged = true;
+    MK_INFO(kLogInit, "rank %d: every collective a ring through staging buffers (%s)", rank,
+            wish ? why.c_str() : "another rank's GPUs are not NVLink all-to-all");
+  }
+  return Result::Success;
+}
+
 Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev,
                      DeviceState* local, int wantCtas, int smCount, bool emulate,
-                     uint64_t stagedChunkBytes, bool needStaged, int sharedCtas, PeerSetup* out) {
+                     uint64_t stagedChunkBytes, bool needStaged, int sharedCtas, PeerSetup* out,
+                     int ringMode) {
   std::vector<RankInfo> info(static_cast<size_t>(nRanks));
   RankInfo& me = info[static_cast<size_t>(rank)];
   std::memset(&me, 0, sizeof(me));
@@ -229,6 +281,7 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
     }
   }
   out->nCtas = std::max(1, agreed);
+  MK_CHECK(agreeRing(bs, rank, nRanks, info, ringMode, out));
   // MKERNEL_STAGED=1: staged for thread ranks too (the same on every rank: an environment
   // variable of the job; a rank that disagrees is caught below, before any kernel runs).
   const std::string forced = paramString("STAGED");

@@ -41,6 +41,10 @@ struct PeerSetup {
   // other hosts are not mapped (peers[r], stagedBuf[r] null): the hierarchical path reaches them
   // through the proxies.
   int hostPerNode = 0;
+  // Every collective a ring through the staging buffers (staged_ring.h; then `staged` too):
+  // MKERNEL_ALGO=ring, or auto on a host whose GPUs are not NVLink all-to-all (a PCIe box,
+  // topo::gpusNvlinkAllToAll). Agreed by every rank.
+  bool ring = false;
 };
 
 // Collective over `bs`. `local` is this rank's DeviceState (cudaMalloc'ed: CUDA IPC exports whole
@@ -51,6 +55,8 @@ struct PeerSetup {
 // GPU (one CTA per SM: every rank's kernel must be resident at once or they deadlock; ranks of
 // different processes sharing a GPU need MPS for that). `stagedChunkBytes` sizes the staging
 // buffer of a staged communicator (stagedBufferBytes(nCtas, stagedChunkBytes)).
+// `ringMode` (the same on every rank, else an error): 0 no rings, 1 rings (MKERNEL_ALGO=ring), 2
+// rings when this host's GPUs are not NVLink all-to-all; one host only (never with several).
 // On failure everything it allocated or opened is released.
 // `needStaged`: staged even for thread ranks (emulated nodes: the node-local phases of the
 // hierarchical path use the staging buffers). Ranks on several hosts must be grouped by host,
@@ -62,7 +68,8 @@ struct PeerSetup {
 // SMs to the direct-mode kernels; then `sharedDirect` is set. The smallest any rank asks for.
 Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev,
                      DeviceState* local, int wantCtas, int smCount, bool emulate,
-                     uint64_t stagedChunkBytes, bool needStaged, int sharedCtas, PeerSetup* out);
+                     uint64_t stagedChunkBytes, bool needStaged, int sharedCtas, PeerSetup* out,
+                     int ringMode = 0);
 
 // Closes the IPC mappings of a staged communicator and frees its staging buffer (no-op for
 // thread ranks). Only once no kernel of this process uses them and, for the local buffer, once

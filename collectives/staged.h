@@ -75,6 +75,7 @@ struct StagedCall {
   Slice part;            // this CTA's elements of the per-rank block
   uint64_t chunkElems;   // stagedChunkElems()
   uint32_t parityMask;   // 1; 0 only in the test that shows the race check catches reuse
+  bool hasPre = false;   // Ring (staged_ring.h): the op has a pre() (PreMulSum)
 };
 
 // Runs call c for one CTA through executor ex, which provides:

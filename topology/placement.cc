@@ -1,6 +1,7 @@
 #include "topology/placement.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "common/log.h"
 
@@ -221,6 +222,56 @@ std::vector<std::string> railNicNames(const Topology& topo, const Placement& pla
   for (int n : place.gpus[static_cast<size_t>(gpu)].rails)
     if (n >= 0 && n < static_cast<int>(topo.nics.size())) names.push_back(topo.nics[static_cast<size_t>(n)].name);
   return names;
+}
+
+namespace {
+// Domain, bus, device and function of "dddd:bb:dd.f" (any case, any domain width), or false.
+bool parseBusId(const std::string& s, unsigned long long* key) {
+  unsigned long long dom = 0;
+  unsigned bus = 0, dev = 0, fn = 0;
+  char tail = 0;
+  if (std::sscanf(s.c_str(), "%llx:%x:%x.%x%c", &dom, &bus, &dev, &fn, &tail) != 4) return false;
+  *key = (dom << 24) | (static_cast<unsigned long long>(bus) << 16) | (dev << 8) | fn;
+  return true;
+}
+}  // namespace
+
+bool gpusNvlinkAllToAll(const Topology& topo, const std::vector<std::string>& busIds, std::string* why) {
+  std::vector<int> idx;
+  for (const std::string& b : busIds) {
+    unsigned long long want = 0;
+    if (!parseBusId(b, &want)) {
+      *why = "GPU bus id '" + b + "' unreadable: taken as NVLink all-to-all";
+      return true;
+    }
+    int found = -1;
+    for (size_t g = 0; g < topo.gpus.size() && found < 0; ++g) {
+      unsigned long long have = 0;
+      if (parseBusId(topo.gpus[g].pci.busId, &have) && have == want) found = static_cast<int>(g);
+    }
+    if (found < 0) {
+      *why = "GPU " + b + " is not in the topology: taken as NVLink all-to-all";
+      return true;
+    }
+    if (std::find(idx.begin(), idx.end(), found) == idx.end()) idx.push_back(found);
+  }
+  if (idx.size() < 2) {
+    *why = "one GPU";
+    return true;
+  }
+  if (topo.nvlink.nGpus != static_cast<int>(topo.gpus.size())) {
+    *why = "no NVLink model (NVML absent, no MKERNEL_NVLINK_MATRIX): taken as NVLink all-to-all";
+    return true;
+  }
+  for (size_t i = 0; i < idx.size(); ++i)
+    for (size_t j = i + 1; j < idx.size(); ++j)
+      if (topo.nvlink.pairLinks(idx[i], idx[j]) == 0) {
+        *why = "GPUs " + topo.gpus[static_cast<size_t>(idx[i])].pci.busId + " and " +
+               topo.gpus[static_cast<size_t>(idx[j])].pci.busId + " have no NVLink between them";
+        return false;
+      }
+  *why = topo.nvlink.hasNvswitch() ? "NVSwitch" : "NVLink between every pair";
+  return true;
 }
 
 }  // namespace topo

@@ -48,6 +48,14 @@ struct Placement {
 
 Placement computePlacement(const Topology& topo);
 
+// Whether the GPUs with these PCI bus ids ("0000:1B:00.0" as CUDA writes them; duplicates are
+// one GPU) reach each other all-to-all over NVLink (direct links, or an NVSwitch both reach), so
+// that every rank may read and write every other at once: the direct algorithms' premise. A PCIe
+// box (NVLink model present, some pair without a link) is not: the selection policy then runs
+// rings (collectives/staged_ring.h). One GPU is. Unknown (no NVLink model, as without NVML, or a
+// bus id the model lacks) counts as all-to-all, the default before this rule, and says so in *why.
+bool gpusNvlinkAllToAll(const Topology& topo, const std::vector<std::string>& busIds, std::string* why);
+
 // The verbs names of GPU `gpu`'s rail NICs, primary first (empty for an unknown GPU or none):
 // the order the proxy's verbs backend numbers its devices in (net::ib::setIbPreferredDevices).
 std::vector<std::string> railNicNames(const Topology& topo, const Placement& place, int gpu);

@@ -25,6 +25,7 @@
 #include "collectives/hier_staged.h"
 #include "collectives/launch_path.h"
 #include "collectives/staged.h"
+#include "collectives/staged_ring.h"
 #include "collectives/types.h"
 
 namespace mkernel {
@@ -293,6 +294,13 @@ struct StagedExecutor : CtaMover {
     if (p.testStallBarrier != 0 && ++barriers == p.testStallBarrier) return testStall(p);
     return ctaBarrier(p, sh.peers, cta, epoch, what, d.coll);
   }
+  // A ring step's barrier (staged_ring.h): the two neighbours only.
+  __device__ bool neighborBarrier(int prev, int next) {
+    const WaitKind what = first ? kWaitPeerStart : kWaitPeerChunk;
+    first = false;
+    if (p.testStallBarrier != 0 && ++barriers == p.testStallBarrier) return testStall(p);
+    return ctaBarrierPair(p, sh.peers, cta, epoch, what, d.coll, prev, next);
+  }
 };
 
 __device__ bool runStaged(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta, uint64_t* epoch,
@@ -312,6 +320,11 @@ __device__ bool runStaged(const KernelParams& p, SharedState& sh, const WorkDesc
   c.chunkElems = stagedChunkElems(p.nRanks, c.elemSize, p.stagedChunkBytes);
   c.parityMask = 1;
   StagedExecutor ex{{sh, d}, p, cta, epoch, true, 0};
+  if (static_cast<Algo>(d.algo) == Algo::Ring) {  // PCIe boxes, or MKERNEL_ALGO=ring
+    c.chunkElems = ringStagedChunkElems(c.elemSize, p.stagedChunkBytes);
+    c.hasPre = d.redOp.kind == DevRedOpKind::PreMulSum;
+    return ringStagedCollective(ex, c, chunkSeq);
+  }
   return stagedCollective(ex, c, chunkSeq);
 }
 

@@ -137,6 +137,23 @@ __device__ inline bool ctaBarrier(const KernelParams& p, DeviceState* const* pee
   return __syncthreads_and(ok) != 0;
 }
 
+// The same barrier with two ranks only, `a` and `b` (a ring's neighbours, collectives/staged_ring.h):
+// this CTA's writes before it are visible to theirs after it. Every rank still counts it, so
+// epochs stay equal everywhere and a later barrier of every rank works as before.
+__device__ inline bool ctaBarrierPair(const KernelParams& p, DeviceState* const* peers, int cta, uint64_t* epoch,
+                                      WaitKind what, int coll, int a, int b) {
+  __syncthreads();
+  const uint64_t e = ++*epoch;
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    storeRelease(&p.self->arrive[cta].epoch, e);
+  }
+  bool ok = true;
+  const int peer = threadIdx.x == 0 ? a : threadIdx.x == 1 && b != a ? b : -1;
+  if (peer >= 0 && peer != p.rank) ok = waitGeq(p, &peers[peer]->arrive[cta].epoch, e, cta, peer, what, coll);
+  return __syncthreads_and(ok) != 0;
+}
+
 }  // namespace dev
 }  // namespace coll
 }  // namespace mkernel

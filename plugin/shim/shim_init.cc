@@ -134,6 +134,9 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
     c->mk->stats(&st);
     if (st.staged || st.hierCtas > 0) {
       pc.stagedRanks = st.staged;
+      // Rings for every collective (a host whose GPUs are not NVLink all-to-all, or
+      // MKERNEL_ALGO=ring): the policy's rule 7 picks Ring without direct access.
+      if (st.ring) pc.directAccess = false;
       if (st.hierCtas > 0) {
         pc.railMbps = st.railMbps;
         pc.hierRail = st.hierRail;

@@ -317,7 +317,73 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
   CHECK(failures.empty());
 }
 
+// Rings (collectives/staged_ring.h) with MKERNEL_ALGO=ring: every case through the staged
+// regions of thread ranks (the communicator stages for it), each rank pushing only into the next
+// one. Checked against the float64 reference with the ring's roundings (n - 1 partials and the
+// result), and by the statistics: every op a ring on the persistent kernel, none on the launch path.
+void runRingSweep(int nRanks, bool direct = false) {
+  const std::vector<Case> cases = direct ? buildDirectCases(nRanks) : buildCases(nRanks);
+  size_t maxBytes = 0;
+  for (const Case& k : cases)
+    maxBytes = std::max(maxBytes, k.count * static_cast<size_t>(nRanks) * mkernel::coll::dataTypeSize(k.dtype));
+  maxBytes += 256;
+  auto failures = mkgpu::runRanks(nRanks, [&](mkgpu::RankCtx& ctx) {
+    uint8_t* sendDev = ctx.deviceAlloc<uint8_t>(maxBytes);
+    uint8_t* recvDev = ctx.deviceAlloc<uint8_t>(maxBytes);
+    void* scalarDev = ctx.deviceAlloc<void>(16);
+    if (sendDev == nullptr || recvDev == nullptr || scalarDev == nullptr) return ctx.fail("cudaMalloc");
+    if (ctx.bs->barrier() != Result::Success) return ctx.fail("bootstrap barrier after allocation");
+    int bad = 0;
+    for (size_t i = 0; i < cases.size() && bad < 5; ++i) {
+      std::string why = runCase(ctx, cases[i], i + 1, sendDev, recvDev, scalarDev, nRanks);
+      if (!why.empty()) {
+        ctx.fail(caseName(cases[i]) + ": " + why);
+        ++bad;
+      }
+    }
+    mkernel::coll::CollStats st;
+    ctx.comm->stats(&st);
+    uint64_t total = 0, launched = 0;
+    for (uint64_t v : st.kernelOps) total += v;
+    for (uint64_t v : st.launchOps) launched += v;
+    if (!st.staged) ctx.fail("MKERNEL_ALGO=ring, but the communicator is not staged");
+    if (total != cases.size() || st.ringOps != cases.size() || launched != 0)
+      ctx.fail("kernel completed " + std::to_string(total) + " collectives, " + std::to_string(st.ringOps) +
+               " posted as rings, " + std::to_string(launched) + " on the launch path; want " +
+               std::to_string(cases.size()) + ", " + std::to_string(cases.size()) + ", 0");
+    if (ctx.rank == 0)
+      std::printf("%d ranks as a ring: %llu of %zu cases, persistent kernel %d CTAs, launched %llu times\n", nRanks,
+                  static_cast<unsigned long long>(st.ringOps), cases.size(), st.persistentCtas,
+                  static_cast<unsigned long long>(st.kernelLaunches));
+  }, size_t(32) << 20);
+  for (const auto& f : failures) FAIL_CHECK(f);
+  CHECK(failures.empty());
+}
+
 }  // namespace
+
+TEST_CASE("gpu: every collective x dtype x op as rings (MKERNEL_ALGO=ring), 2, 3, 4 and 8 ranks", "[gpu][ring]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
+  setenv("MKERNEL_ALGO", "ring", 1);
+  for (int n : {2, 3, 8}) {
+    INFO(n << " ranks, 1 MiB regions");
+    runRingSweep(n);
+  }
+  // Small regions: the larger cases take many rounds (4 KiB: 1,024 floats per chunk), and 4 MiB
+  // per rank (PreMulSum's pre() at every step) takes several even with 64 KiB.
+  setenv("MKERNEL_STAGED_CHUNK_BYTES", "4096", 1);
+  {
+    INFO("4 ranks, 4 KiB regions");
+    runRingSweep(4);
+  }
+  setenv("MKERNEL_STAGED_CHUNK_BYTES", "65536", 1);
+  {
+    INFO("4 ranks, 64 KiB regions, 4 MiB per rank");
+    runRingSweep(4, /*direct=*/true);
+  }
+  unsetenv("MKERNEL_STAGED_CHUNK_BYTES");
+  unsetenv("MKERNEL_ALGO");
+}
 
 TEST_CASE("gpu: every collective x dtype x op, 1 rank", "[gpu][r1]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");

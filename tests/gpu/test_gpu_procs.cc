@@ -26,6 +26,8 @@
 //            namespace) and replay it once, checked; then the last rank dies and the survivors
 //            replay it again: RemoteError naming the dead rank ("to publish its inputs (launch
 //            path)") within the same bounds, the stream released, abort and destroy bounded.
+//   MKERNEL_ALGO=ring (test_gpu_procs_ring): the same cases as rings through the staging
+//            buffers (collectives/staged_ring.h); the statistics must count every one a ring.
 //   --hosts H   the ranks act as H hosts (MKERNEL_HOSTID = host<rank / (N/H)>): the communicator
 //            then runs every collective hierarchically, one node per host, the rail rounds
 //            through a proxy per rank over TCP on loopback (the multi-host path, without a second
@@ -319,6 +321,11 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
   uint64_t ran = 0;
   for (uint64_t v : st.kernelOps) ran += v;
   if (ran != cases.size() + 1) FAIL("the kernel counted %llu collectives, want %zu", static_cast<unsigned long long>(ran), cases.size() + 1);
+  // MKERNEL_ALGO=ring (test_gpu_procs_ring): every collective a ring (collectives/staged_ring.h).
+  const char* algo = std::getenv("MKERNEL_ALGO");
+  if (algo != nullptr && std::string(algo) == "ring" && st.ringOps != cases.size() + 1)
+    FAIL("MKERNEL_ALGO=ring, but %llu of %zu collectives were rings", static_cast<unsigned long long>(st.ringOps),
+         cases.size() + 1);
   if (comm->finalize() != Result::Success) FAIL("finalize: %s", mkernel::lastError());
   comm.reset();
   std::fprintf(stderr, "rank %d: %zu collectives passed (GPU %d)\n", rank, cases.size() + 1, dev);

@@ -174,6 +174,44 @@ TEST_CASE("ring on PCIe keeps sockets together when bus order interleaves them")
   CHECK(p.gpus[1].proxyCpus == std::vector<int>{1});
 }
 
+// The selection policy's direct access (collectives/peer_memory.cc, agreeRing): rings on a host
+// whose GPUs are not NVLink all-to-all. Bus ids as CUDA writes them (upper case), NVML's domain
+// width, duplicates (ranks sharing a GPU).
+TEST_CASE("gpusNvlinkAllToAll: NVSwitch and meshes are, PCIe and partial NVLink are not, unknown is") {
+  std::string why;
+  Box dgx = load("dgx-h100.xml", "nvswitch-8gpu.nvl");
+  CHECK(gpusNvlinkAllToAll(dgx.topo, {"0000:13:00.0", "0000:F3:00.0", "00000000:13:00.0"}, &why));
+  CHECK(why == "NVSwitch");
+  Box pcieBox = load("dgx-h100.xml", "none.nvl");
+  CHECK_FALSE(gpusNvlinkAllToAll(pcieBox.topo, {"0000:13:00.0", "0000:F3:00.0"}, &why));
+  CHECK(why.find("no NVLink between") != std::string::npos);
+  // One GPU (ranks sharing it, as in emulation): all-to-all, whatever the links.
+  CHECK(gpusNvlinkAllToAll(pcieBox.topo, {"0000:13:00.0", "0000:13:00.0"}, &why));
+  CHECK(why == "one GPU");
+  Box mesh = load("pcie-4gpu.xml", "mesh-4gpu.nvl");
+  std::vector<std::string> all;
+  for (const Gpu& g : mesh.topo.gpus) all.push_back(g.pci.busId);
+  CHECK(gpusNvlinkAllToAll(mesh.topo, all, &why));
+  CHECK(why == "NVLink between every pair");
+  // A cycle 0-2-1-3-0: pairs 0-2 and 1-3 linked, 0-1 not.
+  Box partial = load("pcie-4gpu.xml", nullptr);
+  std::string err;
+  REQUIRE(parseNvlinkMatrix("0 2 2\n2 1 2\n1 3 2\n3 0 2\n", 4, &partial.topo.nvlink, &err) == Result::Success);
+  const std::string g0 = partial.topo.gpus[0].pci.busId, g1 = partial.topo.gpus[1].pci.busId,
+                    g2 = partial.topo.gpus[2].pci.busId;
+  CHECK(gpusNvlinkAllToAll(partial.topo, {g0, g2}, &why));
+  CHECK_FALSE(gpusNvlinkAllToAll(partial.topo, {g0, g1, g2}, &why));
+  // Unknown: no NVLink model (NVML absent), a GPU the model lacks, an unreadable id.
+  Box noModel = pcieBox;
+  noModel.topo.nvlink = NvlinkMatrix();
+  CHECK(gpusNvlinkAllToAll(noModel.topo, {"0000:13:00.0", "0000:F3:00.0"}, &why));
+  CHECK(why.find("no NVLink model") != std::string::npos);
+  CHECK(gpusNvlinkAllToAll(pcieBox.topo, {"0000:13:00.0", "0000:99:00.0"}, &why));
+  CHECK(why.find("not in the topology") != std::string::npos);
+  CHECK(gpusNvlinkAllToAll(pcieBox.topo, {"0000:13:00.0", "gpu1"}, &why));
+  CHECK(why.find("unreadable") != std::string::npos);
+}
+
 TEST_CASE("pciPathClass: switch levels, host bridges, unknown locations") {
   PciLocation a, b;
   a.busId = "0000:05:00.0";
