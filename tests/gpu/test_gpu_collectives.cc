@@ -114,6 +114,36 @@ std::string runCase(mkgpu::RankCtx& ctx, const Case& k, uint64_t seed, uint8_t* 
   return "unknown collective";
 }
 
+// One rank's part of a sweep: its buffers (freed after every rank's communicator is finalized,
+// RankCtx::freeAfter: a rank that finished early must not cudaFree while a peer's kernel is still
+// in a collective), allocated by every rank before any rank's first collective, then every case
+// (at most 5 failures reported). False when the buffers could not be set up (reported).
+bool runCases(mkgpu::RankCtx& ctx, const std::vector<Case>& cases, size_t maxBytes, int roundings, uint8_t** sendOut,
+              uint8_t** recvOut) {
+  uint8_t* sendDev = ctx.deviceAlloc<uint8_t>(maxBytes);
+  uint8_t* recvDev = ctx.deviceAlloc<uint8_t>(maxBytes);
+  void* scalarDev = ctx.deviceAlloc<void>(16);
+  if (sendDev == nullptr || recvDev == nullptr || scalarDev == nullptr) {
+    ctx.fail("cudaMalloc");
+    return false;
+  }
+  if (ctx.bs->barrier() != Result::Success) {
+    ctx.fail("bootstrap barrier after allocation");
+    return false;
+  }
+  int bad = 0;
+  for (size_t i = 0; i < cases.size() && bad < 5; ++i) {
+    std::string why = runCase(ctx, cases[i], i + 1, sendDev, recvDev, scalarDev, roundings);
+    if (!why.empty()) {
+      ctx.fail(caseName(cases[i]) + ": " + why);
+      ++bad;
+    }
+  }
+  *sendOut = sendDev;
+  *recvOut = recvDev;
+  return true;
+}
+
 // expectHierCtas > 0: the CTAs each hierarchical collective must have been split over.
 // direct: buildDirectCases' bulk instead of buildCases' sweep.
 void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool direct = false) {
@@ -132,22 +162,8 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
     roundings = N + (mkernel::coll::hierRailFor(askedRail, N) == mkernel::coll::kRailDirect ? 1 : N - 1);
   }
   auto failures = mkgpu::runRanks(nRanks, [&](mkgpu::RankCtx& ctx) {
-    // Freed after every rank's communicator is finalized (RankCtx::freeAfter): a rank that
-    // finished its sweep early must not cudaFree while a peer's kernel is still in a collective.
-    uint8_t* sendDev = ctx.deviceAlloc<uint8_t>(maxBytes);
-    uint8_t* recvDev = ctx.deviceAlloc<uint8_t>(maxBytes);
-    void* scalarDev = ctx.deviceAlloc<void>(16);
-    if (sendDev == nullptr || recvDev == nullptr || scalarDev == nullptr) return ctx.fail("cudaMalloc");
-    // Every rank's allocations are done before any rank's first collective.
-    if (ctx.bs->barrier() != Result::Success) return ctx.fail("bootstrap barrier after allocation");
-    int bad = 0;
-    for (size_t i = 0; i < cases.size() && bad < 5; ++i) {
-      std::string why = runCase(ctx, cases[i], i + 1, sendDev, recvDev, scalarDev, roundings);
-      if (!why.empty()) {
-        ctx.fail(caseName(cases[i]) + ": " + why);
-        ++bad;
-      }
-    }
+    uint8_t *sendDev = nullptr, *recvDev = nullptr;
+    if (!runCases(ctx, cases, maxBytes, roundings, &sendDev, &recvDev)) return;
     // Count 0 is a no-op that must not hang or touch the buffers.
     CollArgs zero;
     zero.sendbuff = sendDev;
@@ -328,19 +344,8 @@ void runRingSweep(int nRanks, bool direct = false) {
     maxBytes = std::max(maxBytes, k.count * static_cast<size_t>(nRanks) * mkernel::coll::dataTypeSize(k.dtype));
   maxBytes += 256;
   auto failures = mkgpu::runRanks(nRanks, [&](mkgpu::RankCtx& ctx) {
-    uint8_t* sendDev = ctx.deviceAlloc<uint8_t>(maxBytes);
-    uint8_t* recvDev = ctx.deviceAlloc<uint8_t>(maxBytes);
-    void* scalarDev = ctx.deviceAlloc<void>(16);
-    if (sendDev == nullptr || recvDev == nullptr || scalarDev == nullptr) return ctx.fail("cudaMalloc");
-    if (ctx.bs->barrier() != Result::Success) return ctx.fail("bootstrap barrier after allocation");
-    int bad = 0;
-    for (size_t i = 0; i < cases.size() && bad < 5; ++i) {
-      std::string why = runCase(ctx, cases[i], i + 1, sendDev, recvDev, scalarDev, nRanks);
-      if (!why.empty()) {
-        ctx.fail(caseName(cases[i]) + ": " + why);
-        ++bad;
-      }
-    }
+    uint8_t *sendDev = nullptr, *recvDev = nullptr;
+    if (!runCases(ctx, cases, maxBytes, nRanks, &sendDev, &recvDev)) return;
     mkernel::coll::CollStats st;
     ctx.comm->stats(&st);
     uint64_t total = 0, launched = 0;
