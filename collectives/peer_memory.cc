@@ -148,8 +148,8 @@ void closePeers(PeerSetup* setup, bool freeLocal) {
 // whatever its mode, so that a mismatch is an error rather than a hang). A rank wishes for rings
 // when asked to, or in mode 2 when the distinct GPUs of its host's ranks are not NVLink
 // all-to-all (its node model, topo::gpusNvlinkAllToAll); one wish suffices.
-static Result agreeRing(bootstrap::Bootstrap* bs, int rank, int nRanks, const std::vector<RankInfo>& info, int ringMode,
-                 PeerSetup* out) {
+static Result agreeRing(bootstrap::Bootstrap* bs, int rank, int nRanks, const std::vector<RankInfo>& info,
+                        int ringMode, PeerSetup* out) {
   const RankInfo& me = info[static_cast<size_t>(rank)];
   int32_t wish = 0;
   std::string why = "MKERNEL_ALGO=ring";
