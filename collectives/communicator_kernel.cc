@@ -290,10 +290,6 @@ class KernelCommunicator final : public Communicator {
   int directCap_ = 1;                  // ... per direct-mode op (launchDirectKernel's, or launchCap_)
   uint64_t llMaxBytes_ = 0;            // MKERNEL_LL_MAX_BYTES, the smallest any rank asked for
   uint64_t llOps_ = 0;                 // ops issued in LL mode (eager and captured)
-  // Every collective a ring in the persistent kernel, through the staged regions (staged_ring.h;
-  // the communicator is staged for it, thread ranks too): MKERNEL_ALGO=ring, or auto on a host
-  // whose GPUs are not NVLink all-to-all (PeerSetup::ring, agreed).
-  bool ringAll_ = false;
   uint64_t ringOps_ = 0;               // ops posted as rings (the doorbell)
   uint64_t llBatchOps_ = 0;            // ... of which in an LL batch (launchBatch)
   enum class LlBatchMode { Off, Serial, Exchange };
@@ -510,7 +506,6 @@ Result KernelCommunicator::init() {
   MK_CHECK(exchangePeers(bs_, opts_.rank, opts_.nRanks, opts_.cudaDev, state_, static_cast<int>(want),
                          smsLeft, opts_.emulate, static_cast<uint64_t>(stagedChunk) / 16 * 16, emulatedNodes,
                          sharedCtas, &peers_, ringMode));
-  ringAll_ = peers_.ring;
   PeerSetup& peers = peers_;
   // Ranks on several hosts (one node per host, exchangePeers) run hierarchically too, through
   // the same proxies, over verbs or TCP between the hosts. Emulated nodes keep their own size.
@@ -913,9 +908,10 @@ Result KernelCommunicator::fillDesc(const CollArgs& a, WorkDesc* d) const {
       d->algo = static_cast<int32_t>(bytes <= oneShotMaxBytes_ ? Algo::OneShot : Algo::TwoShot);
   }
   // Ring (staged_ring.h): asked for by the policy (MKERNEL_ALGO=ring, or no direct access) or,
-  // for callers without a policy (algo -1), by MKERNEL_ALGO=ring; it runs through the staged
-  // regions, so only a staged communicator of one node has it (the others keep the default).
-  const bool ring = a.algo == static_cast<int32_t>(Algo::Ring) || (a.algo < 0 && ringAll_);
+  // for callers without a policy (algo -1), by the communicator's agreement (PeerSetup::ring:
+  // MKERNEL_ALGO=ring, or a host whose GPUs are not NVLink all-to-all); it runs through the
+  // staged regions, so only a staged communicator of one node has it (the others keep the default).
+  const bool ring = a.algo == static_cast<int32_t>(Algo::Ring) || (a.algo < 0 && peers_.ring);
   if (ring && peers_.staged && params_.nNodes == 1 && opts_.nRanks > 1) d->algo = static_cast<int32_t>(Algo::Ring);
   d->nCtas = splitCtas(shareBytes(a.coll, a.count, a.dtype, opts_.nRanks), params_.nCtas);
   if (a.coll == CollType::AllReduce && static_cast<Algo>(d->algo) == Algo::OneShot) d->nCtas = 1;
