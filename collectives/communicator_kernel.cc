@@ -507,6 +507,12 @@ Result KernelCommunicator::init() {
                          smsLeft, opts_.emulate, static_cast<uint64_t>(stagedChunk) / 16 * 16, emulatedNodes,
                          sharedCtas, &peers_, ringMode));
   PeerSetup& peers = peers_;
+  if (peers.vmmState != nullptr) {
+    // Process ranks over cuMem (MKERNEL_PEER_IPC): the DeviceState peers mapped is a cuMem block;
+    // the one allocated above goes back to the cache unused.
+    MemCache::deviceFree(state_);
+    state_ = peers.vmmState;
+  }
   // Ranks on several hosts (one node per host, exchangePeers) run hierarchically too, through
   // the same proxies, over verbs or TCP between the hosts. Emulated nodes keep their own size.
   perNode_ = emulatedNodes ? opts_.ranksPerNode : peers.hostPerNode;
@@ -1748,9 +1754,11 @@ void KernelCommunicator::release(bool orderly) {
   proxyFlags_ = nullptr;
   netBuf_ = nullptr;
   // IPC mappings of peers' memory: closed once our kernel is gone (it was, or we returned above).
+  // A cuMem DeviceState (peers_.vmmState) is closePeers' to free.
+  const bool stateIsVmm = state_ != nullptr && state_ == peers_.vmmState;
   closePeers(&peers_, /*freeLocal=*/orderly || !exchanged_);
   if (orderly || !exchanged_) {
-    MemCache::deviceFree(state_);
+    if (!stateIsVmm) MemCache::deviceFree(state_);
     MemCache::deviceFree(staging_);
     MemCache::deviceFree(trace_);
   }

@@ -93,6 +93,8 @@ struct Vmm {
   CUresult (*addressRange)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;
   CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
   CUresult (*addressFree)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*exportFd)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) = nullptr;
+  CUresult (*importFd)(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType) = nullptr;
   Result status = Result::Success;
   std::string why;
 };
@@ -117,6 +119,8 @@ const Vmm& vmm() {
         {"cuMemGetAddressRange", reinterpret_cast<void**>(&v.addressRange)},
         {"cuMemUnmap", reinterpret_cast<void**>(&v.unmap)},
         {"cuMemAddressFree", reinterpret_cast<void**>(&v.addressFree)},
+        {"cuMemExportToShareableHandle", reinterpret_cast<void**>(&v.exportFd)},
+        {"cuMemImportFromShareableHandle", reinterpret_cast<void**>(&v.importFd)},
     };
     for (const auto& e : table) {
       v.status = lookup(e.name, e.fn, &v.why);
@@ -206,6 +210,76 @@ Result vmmFree(void* ptr) {
   if (r != CUDA_SUCCESS) return cuFailed("cuMemUnmap", r);
   r = v.release(handle);  // the last reference: the memory goes
   if (r != CUDA_SUCCESS) return cuFailed("cuMemRelease", r);
+  r = v.addressFree(base, size);
+  if (r != CUDA_SUCCESS) return cuFailed("cuMemAddressFree", r);
+  return Result::Success;
+}
+
+Result vmmExportFd(void* ptr, int* fd, size_t* size) {
+  *fd = -1;
+  const Vmm& v = vmm();
+  if (v.status != Result::Success) return MK_ERROR(v.status, "%s", v.why.c_str());
+  CUmemGenericAllocationHandle handle = 0;
+  CUresult r = v.retain(&handle, ptr);
+  if (r != CUDA_SUCCESS)
+    return MK_ERROR(Result::UnhandledCudaError, "%p is not a cuMem mapping (cuMemRetainAllocationHandle: CUresult %d)",
+                    ptr, static_cast<int>(r));
+  CUdeviceptr base = 0;
+  r = v.addressRange(&base, size, reinterpret_cast<CUdeviceptr>(ptr));
+  if (r == CUDA_SUCCESS) r = v.exportFd(fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  (void)v.release(handle);  // the retain's reference
+  if (r != CUDA_SUCCESS) {
+    *fd = -1;
+    return cuFailed("cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)", r);
+  }
+  return Result::Success;
+}
+
+Result vmmImportFd(int fd, size_t size, int device, void** ptr) {
+  *ptr = nullptr;
+  const Vmm& v = vmm();
+  if (v.status != Result::Success) return MK_ERROR(v.status, "%s", v.why.c_str());
+  CUdevice cuDev = 0;
+  CUresult r = v.deviceGet(&cuDev, device);
+  if (r != CUDA_SUCCESS) return cuFailed("cuDeviceGet", r);
+  CUmemGenericAllocationHandle handle = 0;
+  r = v.importFd(&handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  if (r != CUDA_SUCCESS) return cuFailed("cuMemImportFromShareableHandle(POSIX_FILE_DESCRIPTOR)", r);
+  CUdeviceptr base = 0;
+  r = v.reserve(&base, size, 0, 0, 0);
+  if (r != CUDA_SUCCESS) {
+    (void)v.release(handle);
+    return cuFailed("cuMemAddressReserve", r);
+  }
+  r = v.map(base, size, 0, handle, 0);
+  (void)v.release(handle);  // the mapping holds the memory from here on (cuMemRelease's contract)
+  if (r != CUDA_SUCCESS) {
+    (void)v.addressFree(base, size);
+    return cuFailed("cuMemMap", r);
+  }
+  CUmemAccessDesc access = {};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = cuDev;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  r = v.setAccess(base, size, &access, 1);
+  if (r != CUDA_SUCCESS) {
+    (void)v.unmap(base, size);
+    (void)v.addressFree(base, size);
+    return cuFailed("cuMemSetAccess", r);
+  }
+  *ptr = reinterpret_cast<void*>(base);
+  return Result::Success;
+}
+
+Result vmmUnmap(void* ptr) {
+  const Vmm& v = vmm();
+  if (v.status != Result::Success) return MK_ERROR(v.status, "%s", v.why.c_str());
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CUresult r = v.addressRange(&base, &size, reinterpret_cast<CUdeviceptr>(ptr));
+  if (r != CUDA_SUCCESS) return cuFailed("cuMemGetAddressRange", r);
+  r = v.unmap(base, size);
+  if (r != CUDA_SUCCESS) return cuFailed("cuMemUnmap", r);
   r = v.addressFree(base, size);
   if (r != CUDA_SUCCESS) return cuFailed("cuMemAddressFree", r);
   return Result::Success;

@@ -30,6 +30,19 @@ Result vmmAlloc(void** ptr, size_t bytes);
 // call failed.
 Result vmmFree(void* ptr);
 
+// Process ranks' shared memory (collectives/peer_memory.cc, MKERNEL_PEER_IPC=cumem), as NCCL shares
+// its buffers between processes:
+// - vmmExportFd: a POSIX file descriptor for the vmmAlloc mapping at `ptr` (the caller closes it),
+//   and the mapping's size, which the importer needs.
+// - vmmImportFd: maps another process's descriptor (of `size` bytes) into this process, read-write
+//   for `device`; the mapping alone keeps the memory (the exporter may free its own at any time).
+// - vmmUnmap: unmaps a vmmImportFd mapping. Like vmmFree, it waits for no kernel and holds back no
+//   other thread's CUDA calls (cudaIpcCloseMemHandle does both: scripts/probes/cumem_ipc.cu,
+//   docs/RELIABILITY.md); the caller guarantees nothing of this process still uses it.
+Result vmmExportFd(void* ptr, int* fd, size_t* size);
+Result vmmImportFd(int fd, size_t size, int device, void** ptr);
+Result vmmUnmap(void* ptr);
+
 // Resolves the entry points once per process (thread-safe). Error: which one is missing.
 Result loadMemOps();
 

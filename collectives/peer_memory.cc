@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/cuda_driver.h"
 #include "collectives/hier_staged.h"
 #include "collectives/hierarchical.h"
 #include "collectives/launch_path.h"
@@ -20,6 +21,7 @@
 #include "common/param.h"
 #include "topology/placement.h"
 #include "transport/bootstrap/bootstrap.h"
+#include "transport/ipc/fd_exchange.h"
 
 namespace mkernel {
 namespace coll {
@@ -74,9 +76,179 @@ Result enablePeerAccess(int rank, int cudaDev, int peerRank, int peerDev) {
   return Result::Success;
 }
 
+// What each rank tells the others of its cuMem blocks (MKERNEL_PEER_IPC=cumem).
+struct VmmInfo {
+  int32_t ok;        // allocated and exported
+  int32_t asked;     // MKERNEL_PEER_IPC=cumem here (else legacy: ok is 0)
+  int32_t importOk;  // second round: mapped every peer's blocks
+  int32_t pad;
+  uint64_t statePtr;    // as this rank's process addresses them (for ranks of the same process)
+  uint64_t stagingPtr;
+  uint64_t stateBytes;  // the mappings' sizes (granularity-rounded), which importers map
+  uint64_t stagingBytes;
+};
+
+// Undoes a cuMem attempt: the imports, then the own blocks; `out` is as before it.
+void dropVmm(PeerSetup* out) {
+  for (int r = 0; r < kMaxRanks; ++r) {
+    if (!out->opened[r]) continue;
+    if (out->peers[r] != nullptr) (void)cudrv::vmmUnmap(out->peers[r]);
+    if (out->stagedBuf[r] != nullptr) (void)cudrv::vmmUnmap(out->stagedBuf[r]);
+    out->opened[r] = false;
+    out->peers[r] = nullptr;
+    out->stagedBuf[r] = nullptr;
+  }
+  if (out->stagedLocal != nullptr) (void)cudrv::vmmFree(out->stagedLocal);
+  if (out->vmmState != nullptr) (void)cudrv::vmmFree(out->vmmState);
+  out->stagedLocal = nullptr;
+  out->vmmState = nullptr;
+  out->vmm = false;
+}
+
+// Process ranks over cuMem (MKERNEL_PEER_IPC=cumem): this rank's DeviceState and staging buffer
+// become cuMem blocks shared by POSIX file descriptor (ipc::exchangeFds), and every rank of another
+// process on this host maps them with cuMemImportFromShareableHandle. Collective, in two rounds,
+// and every rank ends it the same way: *mapped true on every rank, or false on every rank with
+// nothing left allocated (then the caller goes on with legacy CUDA IPC), or an error from the
+// bootstrap itself. A rank that cannot allocate, export, pass or map says so in its round, and a
+// WARN says why.
+Result mapPeersVmm(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, const std::vector<RankInfo>& info,
+                   bool wanted, PeerSetup* out, bool* mapped) {
+  *mapped = false;
+  const RankInfo& me = info[static_cast<size_t>(rank)];
+  std::vector<VmmInfo> vi(static_cast<size_t>(nRanks));
+  VmmInfo& mine = vi[static_cast<size_t>(rank)];
+  std::memset(&mine, 0, sizeof(mine));
+  int fds[2] = {-1, -1};
+  auto closeOwn = [&] {
+    for (int& f : fds) {
+      if (f >= 0) ::close(f);
+      f = -1;
+    }
+  };
+  std::string why;
+  mine.asked = wanted ? 1 : 0;
+  if (wanted) {
+    void* state = nullptr;
+    void* staging = nullptr;
+    size_t stateBytes = 0, stagingBytes = 0;
+    Result r = cudrv::vmmAlloc(&state, sizeof(DeviceState));
+    if (r == Result::Success) out->vmmState = static_cast<DeviceState*>(state);
+    if (r == Result::Success) r = cudrv::vmmAlloc(&staging, out->stagedBytes);
+    if (r == Result::Success) out->stagedLocal = staging;
+    if (r == Result::Success) {
+      // Zeroed on the legacy stream, waited for alone (a device-wide wait would wait for running
+      // kernels: docs/KERNEL.md, "A product risk").
+      cudaError_t err = cudaMemset(state, 0, sizeof(DeviceState));
+      if (err == cudaSuccess) err = cudaMemset(staging, 0, out->stagedBytes);
+      if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamLegacy);
+      if (err != cudaSuccess) r = MK_ERROR(Result::UnhandledCudaError, "cudaMemset: %s", cudaGetErrorString(err));
+    }
+    if (r == Result::Success) r = cudrv::vmmExportFd(state, &fds[0], &stateBytes);
+    if (r == Result::Success) r = cudrv::vmmExportFd(staging, &fds[1], &stagingBytes);
+    if (r == Result::Success) {
+      mine.ok = 1;
+      mine.statePtr = reinterpret_cast<uint64_t>(state);
+      mine.stagingPtr = reinterpret_cast<uint64_t>(staging);
+      mine.stateBytes = stateBytes;
+      mine.stagingBytes = stagingBytes;
+    } else {
+      why = lastError();
+      closeOwn();
+      dropVmm(out);
+    }
+  }
+  MK_CHECK(bs->allGather(vi.data(), sizeof(VmmInfo)));
+  int refuser = -1;
+  for (int r = 0; r < nRanks && refuser < 0; ++r)
+    if (!vi[static_cast<size_t>(r)].ok) refuser = r;
+  if (refuser >= 0) {
+    if (refuser == rank && wanted)
+      MK_WARN("rank %d: cuMem memory for process ranks failed (%s): every rank uses legacy CUDA IPC", rank, why.c_str());
+    else
+      MK_INFO(kLogInit, "rank %d: rank %d %s: legacy CUDA IPC between process ranks", rank, refuser,
+              vi[static_cast<size_t>(refuser)].asked ? "could not share cuMem memory" : "has MKERNEL_PEER_IPC=legacy");
+    closeOwn();
+    dropVmm(out);
+    return Result::Success;
+  }
+  // Round two: the descriptors, to the ranks of other processes on this host.
+  std::vector<char> want(static_cast<size_t>(nRanks), 0);
+  for (int r = 0; r < nRanks; ++r) {
+    const RankInfo& ri = info[static_cast<size_t>(r)];
+    want[static_cast<size_t>(r)] = ri.hostHash == me.hostHash && !sameProcess(ri, me) ? 1 : 0;
+  }
+  std::vector<int> got;
+  Result res = ipc::exchangeFds([&](void* d, size_t b) { return bs->allGather(d, b); }, rank, nRanks, want, fds, 2,
+                                static_cast<double>(paramInt("TIMEOUT_S", 300)), &got);
+  closeOwn();
+  if (res != Result::Success) why = lastError();
+  for (int r = 0; r < nRanks && res == Result::Success; ++r) {
+    const RankInfo& ri = info[static_cast<size_t>(r)];
+    const VmmInfo& v = vi[static_cast<size_t>(r)];
+    if (ri.hostHash != me.hostHash) continue;  // another host: reached through the proxies
+    if (sameProcess(ri, me)) {
+      out->peers[r] = reinterpret_cast<DeviceState*>(v.statePtr);
+      out->stagedBuf[r] = reinterpret_cast<char*>(v.stagingPtr);
+      if (ri.cudaDev != cudaDev) res = enablePeerAccess(rank, cudaDev, r, ri.cudaDev);
+      if (res != Result::Success) why = lastError();
+      continue;
+    }
+    void* state = nullptr;
+    void* staging = nullptr;
+    res = cudrv::vmmImportFd(got[static_cast<size_t>(2 * r)], static_cast<size_t>(v.stateBytes), cudaDev, &state);
+    if (res == Result::Success) {
+      res = cudrv::vmmImportFd(got[static_cast<size_t>(2 * r + 1)], static_cast<size_t>(v.stagingBytes), cudaDev,
+                               &staging);
+      if (res != Result::Success) (void)cudrv::vmmUnmap(state);
+    }
+    if (res != Result::Success) {
+      why = std::string("mapping the memory of rank ") + std::to_string(r) + " (pid " + std::to_string(ri.pid) +
+            "): " + lastError();
+      break;
+    }
+    out->peers[r] = static_cast<DeviceState*>(state);
+    out->stagedBuf[r] = static_cast<char*>(staging);
+    out->opened[r] = true;
+  }
+  for (int f : got)
+    if (f >= 0) ::close(f);  // the mappings hold the memory
+  out->vmm = true;            // for dropVmm: the opened entries are imports
+  mine.importOk = res == Result::Success ? 1 : 0;
+  MK_CHECK(bs->allGather(vi.data(), sizeof(VmmInfo)));
+  for (int r = 0; r < nRanks; ++r) {
+    if (vi[static_cast<size_t>(r)].importOk) continue;
+    if (r == rank)
+      MK_WARN("rank %d: %s: every rank uses legacy CUDA IPC", rank, why.c_str());
+    else
+      MK_INFO(kLogInit, "rank %d: rank %d could not map cuMem memory: legacy CUDA IPC between process ranks", rank, r);
+    dropVmm(out);
+    for (int q = 0; q < kMaxRanks; ++q) {  // same-process entries too: the legacy path sets them again
+      out->peers[q] = nullptr;
+      out->stagedBuf[q] = nullptr;
+    }
+    return Result::Success;
+  }
+  *mapped = true;
+  return Result::Success;
+}
+
 Result mapPeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, DeviceState* local,
                 const std::vector<RankInfo>& info, uint64_t stagedChunkBytes, PeerSetup* out) {
   const RankInfo& me = info[static_cast<size_t>(rank)];
+  // Handles only for peers in other processes (MKERNEL_STAGED=1 with thread ranks needs none).
+  // The same on every rank: whether the communicator spans more than one process.
+  const bool otherProcesses =
+      !std::all_of(info.begin(), info.end(), [&](const RankInfo& ri) { return sameProcess(ri, me); });
+  if (out->staged && otherProcesses) {
+    const std::string mode = paramString("PEER_IPC");
+    if (mode != "cumem" && mode != "legacy")
+      return MK_ERROR(Result::InvalidArgument, "MKERNEL_PEER_IPC=%s: expected cumem or legacy", mode.c_str());
+    out->stagedBytes = stagedBufferBytes(out->nCtas, stagedChunkBytes);
+    bool mapped = false;
+    MK_CHECK(mapPeersVmm(bs, rank, nRanks, cudaDev, info, mode == "cumem", out, &mapped));
+    if (mapped) return Result::Success;
+  }
   if (out->staged) {
     out->stagedBytes = stagedBufferBytes(out->nCtas, stagedChunkBytes);
     cudaError_t err = MemCache::deviceAlloc(cudaDev, out->stagedBytes, &out->stagedLocal);
@@ -89,9 +261,6 @@ Result mapPeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, Dev
   std::memset(&mine, 0, sizeof(mine));
   mine.statePtr = reinterpret_cast<uint64_t>(local);
   mine.stagingPtr = reinterpret_cast<uint64_t>(out->stagedLocal);
-  // Handles only for peers in other processes (MKERNEL_STAGED=1 with thread ranks needs none).
-  const bool otherProcesses =
-      !std::all_of(info.begin(), info.end(), [&](const RankInfo& ri) { return sameProcess(ri, me); });
   if (out->staged && otherProcesses) {
     cudaError_t err = cudaIpcGetMemHandle(&mine.state, local);
     if (err == cudaSuccess) err = cudaIpcGetMemHandle(&mine.staging, out->stagedLocal);
@@ -132,16 +301,29 @@ Result mapPeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, Dev
 void closePeers(PeerSetup* setup, bool freeLocal) {
   for (int r = 0; r < kMaxRanks; ++r) {
     if (!setup->opened[r]) continue;
-    (void)cudaIpcCloseMemHandle(setup->peers[r]);
-    (void)cudaIpcCloseMemHandle(setup->stagedBuf[r]);
+    if (setup->vmm) {
+      // cuMemUnmap waits for nothing (scripts/probes/cumem_ipc.cu); cudaIpcCloseMemHandle waits
+      // for every kernel of the device and holds back the process's other threads meanwhile.
+      (void)cudrv::vmmUnmap(setup->peers[r]);
+      (void)cudrv::vmmUnmap(setup->stagedBuf[r]);
+    } else {
+      (void)cudaIpcCloseMemHandle(setup->peers[r]);
+      (void)cudaIpcCloseMemHandle(setup->stagedBuf[r]);
+    }
     setup->opened[r] = false;
     setup->peers[r] = nullptr;
     setup->stagedBuf[r] = nullptr;
   }
-  if (freeLocal && setup->stagedLocal != nullptr) {
+  if (!freeLocal) return;
+  if (setup->vmm) {
+    // Peers' mappings keep the memory until they unmap it (cuMemRelease's contract).
+    if (setup->stagedLocal != nullptr) (void)cudrv::vmmFree(setup->stagedLocal);
+    if (setup->vmmState != nullptr) (void)cudrv::vmmFree(setup->vmmState);
+    setup->vmmState = nullptr;
+  } else if (setup->stagedLocal != nullptr) {
     MemCache::deviceFree(setup->stagedLocal);  // cached while communicators live (mem_cache.h)
-    setup->stagedLocal = nullptr;
   }
+  setup->stagedLocal = nullptr;
 }
 
 // Rings (PeerSetup::ring): every rank's mode and wish, all-gathered (each rank calls this once,
@@ -324,7 +506,11 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
   MK_INFO(kLogInit, "rank %d: %d peers exchanged, %d CTAs per kernel, %d ranks on GPU %s%s%s%s", rank, nRanks,
           out->nCtas, out->ranksOnMyDevice, me.busId,
           out->sharedDirect ? ", ranks sharing a GPU: large collectives in direct mode (MKERNEL_SHARED_CTAS)" : "",
-          out->staged ? ", process ranks: staged collectives through CUDA IPC" : "",
+          !out->staged                                   ? ""
+          : out->vmm                                     ? ", process ranks: staged collectives through cuMem memory shared by file descriptor"
+          : std::any_of(out->opened, out->opened + kMaxRanks, [](bool o) { return o; })
+              ? ", process ranks: staged collectives through legacy CUDA IPC"
+              : ", staged collectives",
           out->hostPerNode > 0 ? ", several hosts: hierarchical, through the proxies" : "");
   return Result::Success;
 }

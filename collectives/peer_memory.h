@@ -5,7 +5,9 @@
 // enabled when they sit on different GPUs, and the kernel moves data directly between their user
 // buffers. When any two ranks are different processes of one host (PyTorch, torchrun, MPI), the
 // communicator is "staged" (collectives/staged.h): each rank also allocates a staging buffer,
-// and every rank maps the DeviceState and staging buffer of each rank of another process with
+// and every rank maps the DeviceState and staging buffer of each rank of another process:
+// cuMem blocks passed as POSIX file descriptors over a Unix socket (MKERNEL_PEER_IPC=cumem, the
+// default, as NCCL shares memory; transport/ipc/fd_exchange.h), else, or where any rank cannot,
 // CUDA IPC (cudaIpcGetMemHandle / cudaIpcOpenMemHandle); collectives then go through staging.
 // Ranks on different hosts are refused here (the caller falls back to NCCL).
 #pragma once
@@ -34,9 +36,15 @@ struct PeerSetup {
   // collectives run in direct mode at every size, on the SMs the persistent kernels leave.
   bool sharedDirect = false;
   char* stagedBuf[kMaxRanks] = {};  // staged: every rank's staging buffer, as mapped here
-  void* stagedLocal = nullptr;      // staged: this rank's own (cudaMalloc), freed by closePeers
+  void* stagedLocal = nullptr;      // staged: this rank's own (MemCache, or vmmAlloc with vmm), freed by closePeers
   uint64_t stagedBytes = 0;
-  bool opened[kMaxRanks] = {};      // peers[r] / stagedBuf[r] came from cudaIpcOpenMemHandle
+  bool opened[kMaxRanks] = {};      // peers[r] / stagedBuf[r] were mapped here (vmm: cuMem imports; else CUDA IPC)
+  // Process ranks share cuMem memory through POSIX file descriptors (MKERNEL_PEER_IPC=cumem, the
+  // default, when every rank could): then stagedLocal and vmmState are cudrv::vmmAlloc blocks, and
+  // every opened entry a cudrv::vmmImportFd mapping. Unmapping and freeing those waits for no
+  // kernel, where cudaIpcCloseMemHandle waits like cudaFree (docs/RELIABILITY.md, session 36).
+  bool vmm = false;
+  DeviceState* vmmState = nullptr;  // vmm: this rank's DeviceState, zeroed; the caller uses it instead of `local`
   // Ranks on several hosts (nodeLayoutOfHosts): ranks per host, 0 when all share one. Peers on
   // other hosts are not mapped (peers[r], stagedBuf[r] null): the hierarchical path reaches them
   // through the proxies.
@@ -48,7 +56,7 @@ struct PeerSetup {
 };
 
 // Collective over `bs`. `local` is this rank's DeviceState (cudaMalloc'ed: CUDA IPC exports whole
-// allocations); `wantCtas` the CTAs it would like; `smCount` the SMs its GPU has left for this
+// allocations; with out->vmm set on return, out->vmmState replaces it); `wantCtas` the CTAs it would like; `smCount` the SMs its GPU has left for this
 // communicator's kernels (SmBudget::available: the SMs, less those kept free, less what this
 // process's other communicators hold). With `emulate` false, two ranks on one GPU are an error
 // (NCCL's "Duplicate GPU detected"); with it, those SMs are divided among the ranks sharing the
@@ -71,8 +79,8 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
                      uint64_t stagedChunkBytes, bool needStaged, int sharedCtas, PeerSetup* out,
                      int ringMode = 0);
 
-// Closes the IPC mappings of a staged communicator and frees its staging buffer (no-op for
-// thread ranks). Only once no kernel of this process uses them and, for the local buffer, once
+// Closes the IPC mappings of a staged communicator and frees its staging buffer, and with vmm its
+// DeviceState (vmmState) too (no-op for thread ranks). Only once no kernel of this process uses them and, for the local buffer, once
 // no peer does (after the finalize barrier).
 void closePeers(PeerSetup* setup, bool freeLocal);
 
