@@ -6,6 +6,10 @@
 #      before session 33): must fail, after MKERNEL_TIMEOUT_S=5; then with the default: must pass;
 #   2b. the same for the application's memory: the hidden control case (a cudaFree while a peer's
 #      collective is half posted) must fail after MKERNEL_TIMEOUT_S=5; the ncclMemFree case must pass;
+#   2c. process ranks (session 36): test_gpu_procs --release-half-posted, the release of a
+#      process-rank communicator while another communicator's collective is half posted, with
+#      MKERNEL_PEER_IPC=legacy (cudaIpcCloseMemHandle at release): must fail; by default (cuMem
+#      mappings, unmapped without waiting): must pass, REL_RUNS times (default 5);
 #   3. scripts/case-loop.sh over the whole binary, RUNS times (default 200; 1 failure in ~200
 #      before the fix, session 33 call 1), within LOOP_LIMIT_S seconds in all (default 240);
 #   4. ctest -L gpu -R "$CTEST_R" (default: the shim's and the process ranks' GPU tests).
@@ -50,7 +54,11 @@ one_case() {
   shift 5
   step "$name (must $must)"
   s=$(date +%s)
-  env "$@" MKERNEL_TIMEOUT_S="$t" timeout 90 "$bin" "$spec" >"$log" 2>&1
+  if [ "$spec" = "--procs" ]; then  # test_gpu_procs --release-half-posted (it sets its own timeout)
+    env "$@" timeout 90 "$build/tests/gpu/test_gpu_procs" --ranks 2 --release-half-posted >"$log" 2>&1
+  else
+    env "$@" MKERNEL_TIMEOUT_S="$t" timeout 90 "$bin" "$spec" >"$log" 2>&1
+  fi
   rc=$?
   if [ "$must" = fail ]; then
     grep -m3 -E "timed out|FAILED|waited" "$log" | cut -c1-240
@@ -69,6 +77,15 @@ one_case "control: cudaFree while half posted" fail 5 "[freecontrol]" free-contr
 one_case "ncclMemFree while half posted" pass 30 \
   "$(mk_catch_spec "emulate: ncclMemFree while another rank's collective is half posted")" memfree.log
 
+one_case "process ranks: release while half posted, MKERNEL_PEER_IPC=legacy" fail 5 --procs procs-legacy.log \
+  MKERNEL_PEER_IPC=legacy
+grep -h "release of the process-rank" "$logs/procs-legacy.log" | cut -c1-240
+for i in $(seq 1 "${REL_RUNS:-5}"); do
+  one_case "process ranks: release while half posted, default (run $i)" pass 5 --procs "procs-cumem-$i.log" MKERNEL_DEBUG=INFO \
+    MKERNEL_DEBUG_SUBSYS=INIT
+  grep -h -E "release of the process-rank|through cuMem|legacy CUDA IPC" "$logs/procs-cumem-$i.log" | sort -u | cut -c1-240 | head -4
+done
+
 step "case-loop ALL ${RUNS:-200}"
 MKERNEL_DEBUG=INFO MKERNEL_DEBUG_SUBSYS=INIT CASE_LOOP_KEEP=2 CASE_LOOP_LOGS=$logs/loop \
   timeout "$(bound "${LOOP_LIMIT_S:-240}")" bash "$root/scripts/case-loop.sh" "$bin" ALL "${RUNS:-200}" 60 >"$logs/loop.txt" 2>&1
@@ -84,7 +101,7 @@ step "ctest -R ${CTEST_R:-test_shim|test_gpu_procs}"
 ctest_rc=$?
 grep -E "Test +#|tests passed|tests failed" "$logs/ctest.log"
 row "ctest -R ${CTEST_R:-test_shim|test_gpu_procs}" "rc $ctest_rc: $(grep -E "tests passed|tests failed" "$logs/ctest.log" | head -1)"
-save freeprobe.txt ctest.log loop.txt free-control.log memfree.log
+save freeprobe.txt ctest.log loop.txt free-control.log memfree.log procs-legacy.log procs-cumem-1.log
 
 echo "== summary"
 cat "$summary"

@@ -28,6 +28,16 @@
 //            path)") within the same bounds, the stream released, abort and destroy bounded.
 //   MKERNEL_ALGO=ring (test_gpu_procs_ring): the same cases as rings through the staging
 //            buffers (collectives/staged_ring.h); the statistics must count every one a ring.
+//   --release-half-posted  (2 ranks) the release of a process-rank communicator while another
+//            communicator's collective is half posted (docs/RELIABILITY.md, session 36): rank 0's
+//            process also holds a communicator Y of two thread ranks; Y's rank 0 posts a small
+//            AllReduce (its kernel waits for Y's rank 1), then the main thread finalizes and
+//            destroys the process-rank communicator, and only 300 ms later does Y's rank 1
+//            upload and post its part. Y's AllReduce must be right and the release bounded. The
+//            release unmaps the peer's memory: with cuMem (MKERNEL_PEER_IPC=cumem, the default)
+//            that waits for nothing; with legacy CUDA IPC, cudaIpcCloseMemHandle waits for Y's
+//            kernel and holds back Y's rank 1's calls until Y times out (MKERNEL_TIMEOUT_S=5
+//            here): the control run (scripts/release-stall-check.sh) must fail.
 //   --hosts H   the ranks act as H hosts (MKERNEL_HOSTID = host<rank / (N/H)>): the communicator
 //            then runs every collective hierarchically, one node per host, the rail rounds
 //            through a proxy per rank over TCP on loopback (the multi-host path, without a second
@@ -39,6 +49,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -161,7 +172,120 @@ int survive(int rank, int n, int nGpus, int dev, std::unique_ptr<mkernel::coll::
   return 0;
 }
 
-int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::UniqueId& id, Kill killMode) {
+// --release-half-posted, rank 0's side (see the top of this file). `comm` is the process-rank
+// communicator, already checked by one AllReduce.
+int releaseHalfPosted(int rank, int dev, std::unique_ptr<mkernel::coll::Communicator>& comm) {
+  mkernel::bootstrap::UniqueId idY;
+  if (mkernel::bootstrap::createUniqueId(&idY) != Result::Success) FAIL("createUniqueId: %s", mkernel::lastError());
+  std::unique_ptr<mkernel::bootstrap::Bootstrap> ybs[2];
+  std::unique_ptr<mkernel::coll::Communicator> y[2];
+  Result yres[2] = {Result::InternalError, Result::InternalError};
+  std::string yerr[2];
+  const size_t count = 64;
+  int32_t* ybuf[2] = {nullptr, nullptr};
+  {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 2; ++t)
+      ts.emplace_back([&, t] {
+        cudaSetDevice(dev);
+        yres[t] = mkernel::bootstrap::Bootstrap::create(idY, t, 2, &ybs[t]);
+        if (yres[t] == Result::Success) {
+          mkernel::coll::CommOptions opts;
+          opts.rank = t;
+          opts.nRanks = 2;
+          opts.cudaDev = dev;
+          opts.emulate = true;
+          yres[t] = mkernel::coll::Communicator::create(opts, ybs[t].get(), &y[t]);
+        }
+        if (yres[t] == Result::Success && cudaMalloc(reinterpret_cast<void**>(&ybuf[t]), count * 4) != cudaSuccess)
+          yres[t] = Result::UnhandledCudaError;
+        if (yres[t] != Result::Success) yerr[t] = mkernel::lastError();
+      });
+    for (auto& th : ts) th.join();
+  }
+  for (int t = 0; t < 2; ++t)
+    if (yres[t] != Result::Success) FAIL("communicator Y, rank %d: %s", t, yerr[t].c_str());
+  std::atomic<bool> posted{false}, releasing{false};
+  std::string said[2];
+  std::vector<int32_t> got[2];
+  double postToDone[2] = {0, 0};
+  auto waitFlag = [](const std::atomic<bool>& f) {
+    while (!f.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 2; ++t)
+    ts.emplace_back([&, t] {
+      cudaSetDevice(dev);
+      cudaStream_t s = nullptr;
+      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      if (t == 1) {
+        // Only once the release has had time to reach its unmapping: every CUDA call from here on
+        // (the copy, the collective's launch) would wait behind a cudaIpcCloseMemHandle.
+        waitFlag(releasing);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::vector<int32_t> mine(count, t + 1);
+      const bool copied = cudaMemcpyAsync(ybuf[t], mine.data(), count * 4, cudaMemcpyHostToDevice, s) == cudaSuccess &&
+                          cudaStreamSynchronize(s) == cudaSuccess;
+      const CollArgs a = allReduceArgs(DataType::Int32, ybuf[t], ybuf[t], count);
+      // Before the enqueue: with thread ranks sharing a GPU it returns only once the other rank
+      // has posted its start (MKERNEL_POST_FENCE), while this rank's part is already queued.
+      if (t == 0) posted = true;
+      const Result er = copied ? y[t]->enqueue(&a, 1, s) : Result::UnhandledCudaError;
+      const cudaError_t se = cudaStreamSynchronize(s);
+      postToDone[t] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const Result ae = y[t]->asyncError();
+      said[t] = "enqueue " + std::to_string(static_cast<int>(er)) + ", stream " + cudaGetErrorString(se) +
+                ", asyncError " + std::to_string(static_cast<int>(ae)) +
+                (er != Result::Success || ae != Result::Success ? std::string(": ") + mkernel::lastError() : "");
+      got[t].resize(count);
+      cudaMemcpy(got[t].data(), ybuf[t], count * 4, cudaMemcpyDeviceToHost);
+      cudaStreamDestroy(s);
+    });
+  waitFlag(posted);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // Y's rank 0 waits for its rank 1
+  releasing = true;
+  const auto r0 = std::chrono::steady_clock::now();
+  const Result fr = comm->finalize();
+  const std::string ferr = fr != Result::Success ? mkernel::lastError() : "";
+  comm.reset();
+  const double releaseS = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
+  for (auto& th : ts) th.join();
+  std::fprintf(stderr, "rank %d: release of the process-rank communicator %.3f s; Y's rank 0 post to done %.3f s, rank 1 "
+               "(posted 300 ms into the release) %.3f s\n", rank, releaseS, postToDone[0], postToDone[1]);
+  int bad = 0;
+  for (int t = 0; t < 2; ++t) {
+    size_t wrong = 0;
+    for (int32_t v : got[t]) wrong += v != 3;
+    if (wrong != 0) {
+      std::fprintf(stderr, "rank %d: FAIL: Y's rank %d: %zu of %zu elements wrong (%s)\n", rank, t, wrong, count,
+                   said[t].c_str());
+      ++bad;
+    }
+  }
+  if (fr != Result::Success) FAIL("finalize of the process-rank communicator: %s", ferr.c_str());
+  if (bad != 0) return 1;
+  if (releaseS > 3.0) FAIL("the release took %.1f s", releaseS);
+  {
+    std::vector<std::thread> fin;
+    for (int t = 0; t < 2; ++t)
+      fin.emplace_back([&, t] {
+        cudaSetDevice(dev);
+        yres[t] = y[t]->finalize();
+        y[t].reset();
+      });
+    for (auto& th : fin) th.join();
+  }
+  for (int t = 0; t < 2; ++t)
+    if (yres[t] != Result::Success) FAIL("finalize of Y's rank %d", t);
+  for (int32_t* p : ybuf) cudaFree(p);
+  std::fprintf(stderr, "rank %d: Y's AllReduce right, both communicators released\n", rank);
+  return 0;
+}
+
+int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::UniqueId& id, Kill killMode,
+          bool halfPosted) {
   gRank = rank;
   if (hosts > 1) setenv("MKERNEL_HOSTID", ("host" + std::to_string(rank / (n / hosts))).c_str(), 1);
   const bool kill = killMode == Kill::kBetween;
@@ -195,6 +319,26 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
       cudaMalloc(reinterpret_cast<void**>(&fbuf), (size_t(1) << 22) * 4) != cudaSuccess)
     FAIL("cudaMalloc");
   std::vector<int32_t> host(maxElems), got(maxElems);
+
+  if (halfPosted) {
+    // One AllReduce on the process-rank communicator: its peer memory is mapped and used.
+    const size_t count = size_t(1) << 16;
+    for (size_t i = 0; i < count; ++i) host[i] = input(rank, i);
+    if (!toDevice(send, host.data(), count * 4, stream)) FAIL("copy in");
+    const CollArgs a = allReduceArgs(DataType::Int32, send, recv, count);
+    if (comm->enqueue(&a, 1, stream) != Result::Success || cudaStreamSynchronize(stream) != cudaSuccess ||
+        comm->asyncError() != Result::Success)
+      FAIL("AllReduce: %s", mkernel::lastError());
+    if (cudaMemcpy(got.data(), recv, count * 4, cudaMemcpyDeviceToHost) != cudaSuccess) FAIL("copy out");
+    const Case k{CollType::AllReduce, count, false, 0};
+    for (size_t e = 0; e < count; ++e)
+      if (got[e] != expected(k, n, rank, e)) FAIL("AllReduce: element %zu is %d, want %d", e, got[e], expected(k, n, rank, e));
+    if (rank == 0) return releaseHalfPosted(rank, dev, comm);
+    // Rank 1 releases at once; its finalize waits in the bootstrap barrier for rank 0's.
+    if (comm->finalize() != Result::Success) FAIL("finalize: %s", mkernel::lastError());
+    comm.reset();
+    return 0;
+  }
 
   if (killMode == Kill::kGraph) {
     const size_t count = size_t(1) << 12;  // 16 KiB: the launch path's inbox, captured
@@ -338,16 +482,29 @@ int main(int argc, char** argv) {
   int n = 2;
   Kill killMode = Kill::kNone;
   int hosts = 1;
+  bool halfPosted = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--ranks") && i + 1 < argc) n = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--hosts") && i + 1 < argc) hosts = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--kill")) killMode = Kill::kBetween;
     else if (!std::strcmp(argv[i], "--kill-mid")) killMode = Kill::kMid;
     else if (!std::strcmp(argv[i], "--kill-graph")) killMode = Kill::kGraph;
+    else if (!std::strcmp(argv[i], "--release-half-posted")) halfPosted = true;
     else {
-      std::fprintf(stderr, "usage: %s [--ranks N] [--hosts H] [--kill | --kill-mid | --kill-graph]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--ranks N] [--hosts H] [--kill | --kill-mid | --kill-graph | --release-half-posted]\n",
+                   argv[0]);
       return 2;
     }
+  }
+  if (halfPosted && (n != 2 || hosts != 1 || killMode != Kill::kNone)) {
+    std::fprintf(stderr, "test_gpu_procs: --release-half-posted takes 2 ranks on one host, no kill\n");
+    return 2;
+  }
+  if (halfPosted) {
+    // Four ranks' kernels on one GPU (two processes, and two thread ranks in the first), all
+    // resident at once; a stalled Y must fail soon.
+    setenv("MKERNEL_CTAS", "8", 1);
+    setenv("MKERNEL_TIMEOUT_S", "5", 1);
   }
   if (hosts < 1 || n % hosts != 0) {
     std::fprintf(stderr, "test_gpu_procs: --hosts %d does not divide --ranks %d\n", hosts, n);
@@ -382,7 +539,7 @@ int main(int argc, char** argv) {
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) {
     pid_t pid = fork();
-    if (pid == 0) _exit(child(r, n, nGpus, hosts, id, killMode));
+    if (pid == 0) _exit(child(r, n, nGpus, hosts, id, killMode, halfPosted));
     pids.push_back(pid);
   }
   int failed = 0;
@@ -411,7 +568,8 @@ int main(int argc, char** argv) {
   mps.stop("test_gpu_procs");
   std::printf("test_gpu_procs: %d ranks on %d GPU(s)%s%s%s: %s\n", n, nGpus < n ? nGpus : n,
               nGpus < n ? " (emulated, MPS)" : "", hosts > 1 ? (", as " + std::to_string(hosts) + " hosts").c_str() : "",
-              killMode == Kill::kMid     ? ", one killed mid-collective"
+              halfPosted                 ? ", a release while another communicator's collective is half posted"
+              : killMode == Kill::kMid     ? ", one killed mid-collective"
               : killMode == Kill::kGraph ? ", one killed between graph replays"
               : kill                     ? ", one killed"
                                          : "",
