@@ -217,6 +217,8 @@ TEST_CASE("exchangeFds: a rank that gathers but never answers is a timeout namin
                            bind(s, reinterpret_cast<sockaddr*>(&a), static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + len)) == 0 &&
                            listen(s, 4) == 0;
     g.gather(1, eps, sizeof(Endpoint));
+    int32_t connected[2] = {0, 1};  // "connected to everyone it wants" (nobody)
+    g.gather(1, connected, sizeof(int32_t));
     rank0.join();  // never accepts, never answers
     if (s >= 0) close(s);
     CHECK(listening);
@@ -227,6 +229,39 @@ TEST_CASE("exchangeFds: a rank that gathers but never answers is a timeout namin
   CHECK(res == Result::RemoteError);
   CHECK(err.find("nothing within the timeout") != std::string::npos);
   CHECK(s >= 1.4);
+  CHECK(s < 5.0);
+}
+
+TEST_CASE("exchangeFds: a rank that cannot reach a peer's socket makes every rank fail at once") {
+  // Rank 0 wants rank 1's descriptors, rank 1 wants none (so it listens on nothing): rank 0's
+  // connect is refused, as between network namespaces. Every rank must fail from the gather, long
+  // before the 20 s deadline.
+  ThreadGather g(3);
+  Result res[3] = {Result::Success, Result::Success, Result::Success};
+  std::string err[3];
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 3; ++r)
+    ts.emplace_back([&, r] {
+      const int fd = memfdWith(textOf(r, 0));
+      // Only 0 wants anything (rank 1's), so ranks 1 and 2 listen on nothing.
+      std::vector<char> w(3, 0);
+      if (r == 0) w[1] = 1;
+      std::vector<int> got;
+      res[r] = exchangeFds([&](void* d, size_t b) { return g.gather(r, d, b); }, r, 3, w, &fd, 1, 20.0, &got);
+      err[r] = mkernel::lastError();
+      close(fd);
+      for (int f : got)
+        if (f >= 0) close(f);
+    });
+  for (auto& t : ts) t.join();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CAPTURE(err[0], err[1], err[2]);
+  CHECK(res[0] == Result::RemoteError);
+  CHECK(err[0].find("connecting to rank 1") != std::string::npos);
+  CHECK(res[1] == Result::RemoteError);
+  CHECK(err[1].find("rank 0 could not reach") != std::string::npos);
+  CHECK(res[2] == Result::RemoteError);
   CHECK(s < 5.0);
 }
 

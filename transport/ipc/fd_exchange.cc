@@ -265,29 +265,48 @@ Result exchangeFds(const AllGatherFn& allGather, int rank, int nRanks, const std
                       e.nFds < 0 ? "could not listen for them" : "passes a different number of them");
   }
 
-  // 2. Connect to every rank whose descriptors we want, and say who we are.
+  // 2. Connect to every rank whose descriptors we want, and say who we are. A failure here is not
+  // returned at once: every rank learns it in the gather below, so that nobody waits out the
+  // deadline for a connection that will not come (peers in different network namespaces cannot
+  // reach each other's abstract sockets).
   std::vector<Fd> out(static_cast<size_t>(nRanks));
-  for (int r = 0; r < nRanks; ++r) {
+  Result connectRes = Result::Success;
+  for (int r = 0; r < nRanks && connectRes == Result::Success; ++r) {
     if (r == rank || !want[static_cast<size_t>(r)]) continue;
     const Endpoint& e = eps[static_cast<size_t>(r)];
     Fd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     sockaddr_un a;
     const socklen_t len = abstractAddr(e.name, &a);
-    if (s.get() < 0)
-      return MK_ERROR(Result::SystemError, "rank %d: passing memory descriptors: socket: %s", rank, std::strerror(errno));
+    if (s.get() < 0) {
+      connectRes = MK_ERROR(Result::SystemError, "rank %d: passing memory descriptors: socket: %s", rank,
+                            std::strerror(errno));
+      break;
+    }
     // A Unix socket's connect completes at once while the listener's backlog (nRanks) has room;
     // EAGAIN (full) is retried until the deadline.
     while (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), len) != 0) {
-      if ((errno != EAGAIN && errno != EINTR) || Clock::now() >= deadline)
-        return MK_ERROR(Result::RemoteError,
-                        "rank %d: passing memory descriptors: connecting to rank %d (pid %d) at @%s: %s", rank, r,
-                        e.pid, e.name, std::strerror(errno));
+      if ((errno != EAGAIN && errno != EINTR) || Clock::now() >= deadline) {
+        connectRes = MK_ERROR(Result::RemoteError,
+                              "rank %d: passing memory descriptors: connecting to rank %d (pid %d) at @%s: %s (are "
+                              "the two processes in different network namespaces?)",
+                              rank, r, e.pid, e.name, std::strerror(errno));
+        break;
+      }
       ::usleep(1000);
     }
+    if (connectRes != Result::Success) break;
     const Hello hello{kHelloMagic, rank, e.nonce};
-    MK_CHECK(sendBytes(s.get(), &hello, sizeof(hello), deadline, rank, "greeting", r));
+    connectRes = sendBytes(s.get(), &hello, sizeof(hello), deadline, rank, "greeting", r);
     out[static_cast<size_t>(r)] = std::move(s);
   }
+  std::vector<int32_t> connected(static_cast<size_t>(nRanks), 0);
+  connected[static_cast<size_t>(rank)] = connectRes == Result::Success ? 1 : 0;
+  MK_CHECK(allGather(connected.data(), sizeof(int32_t)));
+  if (connectRes != Result::Success) return connectRes;
+  for (int r = 0; r < nRanks; ++r)
+    if (!connected[static_cast<size_t>(r)])
+      return MK_ERROR(Result::RemoteError, "rank %d: passing memory descriptors: rank %d could not reach its peers' sockets",
+                      rank, r);
 
   // 3. Answer every rank that wants ours, once each, after checking who it is.
   std::vector<char> answered(static_cast<size_t>(nRanks), 0);

@@ -13,7 +13,9 @@
 //      (no file to clean up; the nonce, from /dev/urandom, keeps names of successive communicators
 //      apart), and the names are all-gathered with the ranks' pids;
 //   2. each rank connects to every rank it wants descriptors from and sends its rank and the
-//      listener's nonce (a connect to a listening Unix socket completes without an accept);
+//      listener's nonce (a connect to a listening Unix socket completes without an accept), and
+//      whether all its connections were made is all-gathered: a rank that cannot reach a peer
+//      (another network namespace) makes every rank fail at once, not at the deadline;
 //   3. each rank accepts as many connections as ranks want its descriptors, checks each caller's
 //      pid (SO_PEERCRED) and rank against the gathered ones, and answers with its descriptors;
 //   4. each rank receives the answers on its own connections.
