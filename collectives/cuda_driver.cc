@@ -271,6 +271,25 @@ Result vmmImportFd(int fd, size_t size, int device, void** ptr) {
   return Result::Success;
 }
 
+Result vmmGrantAccess(void* ptr, int device) {
+  const Vmm& v = vmm();
+  if (v.status != Result::Success) return MK_ERROR(v.status, "%s", v.why.c_str());
+  CUdevice cuDev = 0;
+  CUresult r = v.deviceGet(&cuDev, device);
+  if (r != CUDA_SUCCESS) return cuFailed("cuDeviceGet", r);
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  r = v.addressRange(&base, &size, reinterpret_cast<CUdeviceptr>(ptr));
+  if (r != CUDA_SUCCESS) return cuFailed("cuMemGetAddressRange", r);
+  CUmemAccessDesc access = {};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = cuDev;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  r = v.setAccess(base, size, &access, 1);
+  if (r != CUDA_SUCCESS) return cuFailed("cuMemSetAccess (another GPU of this process)", r);
+  return Result::Success;
+}
+
 Result vmmUnmap(void* ptr) {
   const Vmm& v = vmm();
   if (v.status != Result::Success) return MK_ERROR(v.status, "%s", v.why.c_str());

@@ -42,6 +42,10 @@ Result vmmFree(void* ptr);
 Result vmmExportFd(void* ptr, int* fd, size_t* size);
 Result vmmImportFd(int fd, size_t size, int device, void** ptr);
 Result vmmUnmap(void* ptr);
+// Lets `device` read and write the vmmAlloc mapping at `ptr` too (cuMemSetAccess: peer access for
+// cuMem memory, which cudaDeviceEnablePeerAccess does not give), for thread ranks of this process
+// on other GPUs.
+Result vmmGrantAccess(void* ptr, int device);
 
 // Resolves the entry points once per process (thread-safe). Error: which one is missing.
 Result loadMemOps();

@@ -144,6 +144,14 @@ Result mapPeersVmm(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, 
       if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamLegacy);
       if (err != cudaSuccess) r = MK_ERROR(Result::UnhandledCudaError, "cudaMemset: %s", cudaGetErrorString(err));
     }
+    // Thread ranks of this process on other GPUs address these blocks directly: cuMem memory is
+    // reachable from another GPU only through cuMemSetAccess (peer access does not cover it).
+    for (int q = 0; q < nRanks && r == Result::Success; ++q) {
+      const RankInfo& rq = info[static_cast<size_t>(q)];
+      if (!sameProcess(rq, me) || rq.cudaDev == cudaDev) continue;
+      r = cudrv::vmmGrantAccess(state, rq.cudaDev);
+      if (r == Result::Success) r = cudrv::vmmGrantAccess(staging, rq.cudaDev);
+    }
     if (r == Result::Success) r = cudrv::vmmExportFd(state, &fds[0], &stateBytes);
     if (r == Result::Success) r = cudrv::vmmExportFd(staging, &fds[1], &stagingBytes);
     if (r == Result::Success) {
