@@ -35,6 +35,7 @@
 #include "collectives/mem_cache.h"
 #include "collectives/sm_budget.h"
 #include "collectives/staged.h"
+#include "collectives/staged_ring.h"
 #include "collectives/stats.h"
 #include "collectives/work.h"
 #include "common/log.h"
@@ -289,6 +290,7 @@ class KernelCommunicator final : public Communicator {
   int launchCap_ = 1;                  // CTAs per launch-path op, agreed by all ranks
   int directCap_ = 1;                  // ... per direct-mode op (launchDirectKernel's, or launchCap_)
   uint64_t llMaxBytes_ = 0;            // MKERNEL_LL_MAX_BYTES, the smallest any rank asked for
+  int64_t ringMinBytes_ = -1;          // MKERNEL_RING_MIN_BYTES: -1 auto (what LL does not take), else bytes
   uint64_t llOps_ = 0;                 // ops issued in LL mode (eager and captured)
   uint64_t ringOps_ = 0;               // ops posted as rings (the doorbell)
   uint64_t llBatchOps_ = 0;            // ... of which in an LL batch (launchBatch)
@@ -384,6 +386,15 @@ Result KernelCommunicator::init() {
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_MAX_BYTES=%lld outside 0..%llu", static_cast<long long>(launchMax),
                     static_cast<unsigned long long>(kLaunchInboxBytes));
   launchMaxBytes_ = static_cast<uint64_t>(launchMax);
+  const std::string ringMin = paramString("RING_MIN_BYTES");
+  if (ringMin != "auto") {
+    char* end = nullptr;
+    const long long v = std::strtoll(ringMin.c_str(), &end, 10);
+    if (ringMin.empty() || end == nullptr || *end != '\0' || v < 0)
+      return MK_ERROR(Result::InvalidArgument, "MKERNEL_RING_MIN_BYTES=%s: expected auto or a byte count (0: every collective)",
+                      ringMin.c_str());
+    ringMinBytes_ = static_cast<int64_t>(v);
+  }
   const std::string directMax = paramString("DIRECT_MAX_BYTES");
   if (directMax != "auto") {
     char* end = nullptr;
@@ -917,7 +928,11 @@ Result KernelCommunicator::fillDesc(const CollArgs& a, WorkDesc* d) const {
   // for callers without a policy (algo -1), by the communicator's agreement (PeerSetup::ring:
   // MKERNEL_ALGO=ring, or a host whose GPUs are not NVLink all-to-all); it runs through the
   // staged regions, so only a staged communicator of one node has it (the others keep the default).
-  const bool ring = a.algo == static_cast<int32_t>(Algo::Ring) || (a.algo < 0 && peers_.ring);
+  // MKERNEL_RING_MIN_BYTES (staged_ring.h's ringTakes): by default what the LL mode takes stays
+  // an LL push (the launch path), the rest is a ring.
+  const bool ring = (a.algo == static_cast<int32_t>(Algo::Ring) || (a.algo < 0 && peers_.ring)) &&
+                    ringTakes(ringMinBytes_, llTakes(llPayloadBytes(a.count, esz), llMaxBytes_, opts_.nRanks),
+                              directWholeBytes(a.coll, a.count, opts_.nRanks, esz));
   if (ring && peers_.staged && params_.nNodes == 1 && opts_.nRanks > 1) d->algo = static_cast<int32_t>(Algo::Ring);
   d->nCtas = splitCtas(shareBytes(a.coll, a.count, a.dtype, opts_.nRanks), params_.nCtas);
   if (a.coll == CollType::AllReduce && static_cast<Algo>(d->algo) == Algo::OneShot) d->nCtas = 1;

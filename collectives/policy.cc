@@ -234,7 +234,7 @@ PolicyDecision SelectionPolicy::decide(const PolicyQuery& q) const {
     d.reason = "MKERNEL_ALGO";
   } else if (!cfg_.directAccess) {
     d.algo = Algo::Ring;
-    d.reason = "no direct peer access: ring";
+    d.reason = "no direct peer access: ring (below MKERNEL_RING_MIN_BYTES: the LL mode)";
   } else if (q.coll == CollType::AllReduce) {
     bool small = bytes <= cfg_.oneShotMaxBytes;
     d.algo = small ? Algo::OneShot : Algo::TwoShot;

@@ -46,6 +46,17 @@
 namespace mkernel {
 namespace coll {
 
+// Whether a collective that would be a ring (MKERNEL_ALGO=ring, or a host whose GPUs are not NVLink
+// all-to-all) runs as one, after MKERNEL_RING_MIN_BYTES: `minBytes` < 0 (auto) leaves to the
+// launch path's LL mode what it takes (`llTakesIt`: one one-way push of 16-byte lines to every
+// peer, where a ring takes 2(n - 1) steps of a neighbour barrier each) and rings the rest; a
+// number rings from that many bytes of the whole buffer (`wholeBytes`: directWholeBytes,
+// nccl-tests' size); 0 rings everything. The same on every rank: its inputs are agreed.
+MKERNEL_HD inline bool ringTakes(int64_t minBytes, bool llTakesIt, uint64_t wholeBytes) {
+  if (minBytes < 0) return !llTakesIt;
+  return wholeBytes >= static_cast<uint64_t>(minBytes);
+}
+
 // Elements of one ring chunk: a whole staged region, a multiple of the 16-byte alignment.
 MKERNEL_HD inline uint64_t ringStagedChunkElems(uint64_t elemSize, uint64_t chunkBytes) {
   const uint64_t align = sliceAlignElems(elemSize);

@@ -18,6 +18,7 @@
 
 #include "coll_test_util.h"
 #include "collectives/staged.h"
+#include "collectives/launch_path.h"
 #include "collectives/staged_ring.h"
 #include "tests/region_races.h"
 #include "tests/sanitizer.h"
@@ -390,6 +391,30 @@ TEST_CASE("staged: a slow reader is never overtaken (and the check sees it when 
   }
   ops.push_back(Op{CollType::AllReduce, true, 0, 256, true});
   checkSlowReader(ops, 99);
+}
+
+TEST_CASE("staged ring: MKERNEL_RING_MIN_BYTES (ringTakes)") {
+  using mkernel::coll::ringTakes;
+  // auto (-1): exactly what the LL mode does not take, whatever the size.
+  CHECK(!ringTakes(-1, true, 8));
+  CHECK(!ringTakes(-1, true, uint64_t(1) << 30));
+  CHECK(ringTakes(-1, false, 8));
+  CHECK(ringTakes(-1, false, uint64_t(1) << 30));
+  // 0: everything; a number: from that many bytes of the whole buffer, LL or not.
+  CHECK(ringTakes(0, true, 0));
+  CHECK(ringTakes(0, true, 8));
+  CHECK(!ringTakes(65536, false, 65535));
+  CHECK(ringTakes(65536, true, 65536));
+  // With the launch path's own table: 2 ranks take LL up to 256 KiB per peer, 8 ranks 64 KiB.
+  using mkernel::coll::llLimit;
+  using mkernel::coll::llTakes;
+  for (int n : {2, 8}) {
+    const uint64_t lim = llLimit(~0ull, n, 1);
+    CAPTURE(n, lim);
+    CHECK(lim > 0);
+    CHECK(!ringTakes(-1, llTakes(lim, lim, n), lim * 2));
+    CHECK(ringTakes(-1, llTakes(lim + 16, lim, n), (lim + 16) * 2));
+  }
 }
 
 TEST_CASE("staged ring: step counts, chunk sizes, and the schedule's coverage") {

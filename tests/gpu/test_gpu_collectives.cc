@@ -17,6 +17,7 @@
 
 #include "collectives/hier_staged.h"
 #include "collectives/launch_path.h"
+#include "collectives/staged_ring.h"
 #include "collectives/stats.h"
 #include "common/param.h"
 #include "common/result.h"
@@ -336,8 +337,12 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
 // Rings (collectives/staged_ring.h) with MKERNEL_ALGO=ring: every case through the staged
 // regions of thread ranks (the communicator stages for it), each rank pushing only into the next
 // one. Checked against the float64 reference with the ring's roundings (n - 1 partials and the
-// result), and by the statistics: every op a ring on the persistent kernel, none on the launch path.
+// result), and by the statistics: with MKERNEL_RING_MIN_BYTES=0 every op a ring on the persistent
+// kernel, none on the launch path; with auto (the default) the ops the LL mode takes are LL
+// pushes on the launch path, the rest rings.
 void runRingSweep(int nRanks, bool direct = false) {
+  const char* rm = std::getenv("MKERNEL_RING_MIN_BYTES");
+  const int64_t ringMin = rm != nullptr && std::string(rm) != "auto" ? std::strtoll(rm, nullptr, 10) : -1;
   const std::vector<Case> cases = direct ? buildDirectCases(nRanks) : buildCases(nRanks);
   size_t maxBytes = 0;
   for (const Case& k : cases)
@@ -352,14 +357,27 @@ void runRingSweep(int nRanks, bool direct = false) {
     for (uint64_t v : st.kernelOps) total += v;
     for (uint64_t v : st.launchOps) launched += v;
     if (!st.staged) ctx.fail("MKERNEL_ALGO=ring, but the communicator is not staged");
-    if (total != cases.size() || st.ringOps != cases.size() || launched != 0)
+    uint64_t wantRings = 0;
+    for (const Case& k : cases) {
+      const uint64_t esz = mkernel::coll::dataTypeSize(k.dtype);
+      if (mkernel::coll::ringTakes(ringMin, mkernel::coll::llTakes(mkernel::coll::llPayloadBytes(k.count, esz), st.llMaxBytes, nRanks),
+                                   mkernel::coll::directWholeBytes(k.coll, k.count, nRanks, esz)))
+        ++wantRings;
+    }
+    const uint64_t wantLl = cases.size() - wantRings;
+    if (ringMin < 0 && (wantLl == 0 || wantRings == 0))
+      ctx.fail("MKERNEL_RING_MIN_BYTES=auto: the cases should hold LL-sized and larger ones (" + std::to_string(wantLl) + " and " +
+               std::to_string(wantRings) + ")");
+    if (total != cases.size() || st.ringOps != wantRings || launched != wantLl || st.llOps != wantLl)
       ctx.fail("kernel completed " + std::to_string(total) + " collectives, " + std::to_string(st.ringOps) +
-               " posted as rings, " + std::to_string(launched) + " on the launch path; want " +
-               std::to_string(cases.size()) + ", " + std::to_string(cases.size()) + ", 0");
+               " posted as rings, " + std::to_string(launched) + " on the launch path (" + std::to_string(st.llOps) +
+               " LL); want " + std::to_string(cases.size()) + ", " + std::to_string(wantRings) + ", " + std::to_string(wantLl) +
+               " (" + std::to_string(wantLl) + ")");
     if (ctx.rank == 0)
-      std::printf("%d ranks as a ring: %llu of %zu cases, persistent kernel %d CTAs, launched %llu times\n", nRanks,
-                  static_cast<unsigned long long>(st.ringOps), cases.size(), st.persistentCtas,
-                  static_cast<unsigned long long>(st.kernelLaunches));
+      std::printf("%d ranks as a ring (MKERNEL_RING_MIN_BYTES=%s): %llu of %zu cases rings, %llu LL, persistent kernel %d "
+                  "CTAs, launched %llu times\n", nRanks, rm != nullptr ? rm : "auto",
+                  static_cast<unsigned long long>(st.ringOps), cases.size(), static_cast<unsigned long long>(st.llOps),
+                  st.persistentCtas, static_cast<unsigned long long>(st.kernelLaunches));
   }, size_t(32) << 20);
   for (const auto& f : failures) FAIL_CHECK(f);
   CHECK(failures.empty());
@@ -370,6 +388,7 @@ void runRingSweep(int nRanks, bool direct = false) {
 TEST_CASE("gpu: every collective x dtype x op as rings (MKERNEL_ALGO=ring), 2, 3, 4 and 8 ranks", "[gpu][ring]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   setenv("MKERNEL_ALGO", "ring", 1);
+  setenv("MKERNEL_RING_MIN_BYTES", "0", 1);  // every collective a ring, the smallest too
   for (int n : {2, 3, 8}) {
     INFO(n << " ranks, 1 MiB regions");
     runRingSweep(n);
@@ -387,6 +406,18 @@ TEST_CASE("gpu: every collective x dtype x op as rings (MKERNEL_ALGO=ring), 2, 3
     runRingSweep(4, /*direct=*/true);
   }
   unsetenv("MKERNEL_STAGED_CHUNK_BYTES");
+  unsetenv("MKERNEL_RING_MIN_BYTES");
+  unsetenv("MKERNEL_ALGO");
+}
+
+TEST_CASE("gpu: rings from MKERNEL_RING_MIN_BYTES=auto: what the LL mode takes is an LL push, the rest a ring, 2 and 4 ranks",
+          "[gpu][ring][ringmin]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
+  setenv("MKERNEL_ALGO", "ring", 1);
+  for (int n : {2, 4}) {
+    INFO(n << " ranks, MKERNEL_RING_MIN_BYTES unset (auto)");
+    runRingSweep(n);
+  }
   unsetenv("MKERNEL_ALGO");
 }
 

@@ -27,7 +27,8 @@
 //            replay it again: RemoteError naming the dead rank ("to publish its inputs (launch
 //            path)") within the same bounds, the stream released, abort and destroy bounded.
 //   MKERNEL_ALGO=ring (test_gpu_procs_ring): the same cases as rings through the staging
-//            buffers (collectives/staged_ring.h); the statistics must count every one a ring.
+//            buffers (collectives/staged_ring.h); the statistics must count as rings exactly
+//            those MKERNEL_RING_MIN_BYTES (auto: what the LL mode does not take) sends there.
 //   --release-half-posted  (2 ranks) the release of a process-rank communicator while another
 //            communicator's collective is half posted (docs/RELIABILITY.md, session 36): rank 0's
 //            process also holds a communicator Y of two thread ranks; Y's rank 0 posts a small
@@ -61,6 +62,8 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "collectives/launch_path.h"
+#include "collectives/staged_ring.h"
 #include "common/result.h"
 #include "tools/proc_ranks.h"
 #include "transport/bootstrap/bootstrap.h"
@@ -465,11 +468,25 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
   uint64_t ran = 0;
   for (uint64_t v : st.kernelOps) ran += v;
   if (ran != cases.size() + 1) FAIL("the kernel counted %llu collectives, want %zu", static_cast<unsigned long long>(ran), cases.size() + 1);
-  // MKERNEL_ALGO=ring (test_gpu_procs_ring): every collective a ring (collectives/staged_ring.h).
+  // MKERNEL_ALGO=ring (test_gpu_procs_ring): every collective a ring (collectives/staged_ring.h)
+  // but those MKERNEL_RING_MIN_BYTES leaves to the LL mode (auto: what LL takes).
   const char* algo = std::getenv("MKERNEL_ALGO");
-  if (algo != nullptr && std::string(algo) == "ring" && st.ringOps != cases.size() + 1)
-    FAIL("MKERNEL_ALGO=ring, but %llu of %zu collectives were rings", static_cast<unsigned long long>(st.ringOps),
-         cases.size() + 1);
+  if (algo != nullptr && std::string(algo) == "ring") {
+    const char* rm = std::getenv("MKERNEL_RING_MIN_BYTES");
+    const int64_t ringMin = rm != nullptr && std::string(rm) != "auto" ? std::strtoll(rm, nullptr, 10) : -1;
+    auto ringed = [&](CollType c, size_t count) {
+      return mkernel::coll::ringTakes(ringMin, mkernel::coll::llTakes(mkernel::coll::llPayloadBytes(count, 4), st.llMaxBytes, n),
+                                      mkernel::coll::directWholeBytes(c, count, n, 4));
+    };
+    uint64_t want = ringed(CollType::AllReduce, size_t(1) << 22) ? 1 : 0;  // the float AllReduce
+    for (const Case& c : cases) want += ringed(c.coll, c.count) ? 1 : 0;
+    if (st.ringOps != want || (ringMin < 0 && want == cases.size() + 1))
+      FAIL("MKERNEL_ALGO=ring: %llu of %zu collectives were rings, want %llu (LL up to %llu bytes)",
+           static_cast<unsigned long long>(st.ringOps), cases.size() + 1, static_cast<unsigned long long>(want),
+           static_cast<unsigned long long>(st.llMaxBytes));
+    std::fprintf(stderr, "rank %d: MKERNEL_ALGO=ring: %llu of %zu collectives rings, the rest LL pushes\n", rank,
+                 static_cast<unsigned long long>(st.ringOps), cases.size() + 1);
+  }
   if (comm->finalize() != Result::Success) FAIL("finalize: %s", mkernel::lastError());
   comm.reset();
   std::fprintf(stderr, "rank %d: %zu collectives passed (GPU %d)\n", rank, cases.size() + 1, dev);
