@@ -265,6 +265,95 @@ TEST_CASE("exchangeFds: a rank that cannot reach a peer's socket makes every ran
   CHECK(s < 5.0);
 }
 
+TEST_CASE("exchangeFds: a caller of another process claiming a rank gets nothing; the exchange completes") {
+  // Rank 1's gather of the endpoints forks an impostor (another pid) that connects to rank 0's
+  // socket first and greets as rank 1, with the right nonce. Rank 0 must refuse it (SO_PEERCRED:
+  // not rank 1's pid) without counting it, then serve the real rank 1. The layouts mirror
+  // fd_exchange.cc's private ones: Endpoint {char name[64]; int32 pid, nFds; uint64 nonce} and
+  // Hello {uint32 magic; int32 rank; uint64 nonce}.
+  struct Endpoint {
+    char name[64];
+    int32_t pid;
+    int32_t nFds;
+    uint64_t nonce;
+  };
+  struct Hello {
+    uint32_t magic;
+    int32_t rank;
+    uint64_t nonce;
+  };
+  ThreadGather g(2);
+  Result res[2] = {Result::InternalError, Result::InternalError};
+  std::string read[2];
+  pid_t impostor = -1;
+  int gathers = 0;
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      const int fd = memfdWith(textOf(r, 0));
+      std::vector<char> w{static_cast<char>(r != 0), static_cast<char>(r != 1)};
+      std::vector<int> got;
+      auto gather = [&](void* d, size_t b) {
+        Result gr = g.gather(r, d, b);
+        if (r == 1 && gathers++ == 0 && b == sizeof(Endpoint)) {
+          const Endpoint e0 = static_cast<Endpoint*>(d)[0];
+          int sig[2];
+          if (pipe(sig) != 0) return Result::SystemError;
+          impostor = fork();
+          if (impostor == 0) {
+            close(sig[0]);
+            const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            sockaddr_un a{};
+            a.sun_family = AF_UNIX;
+            const size_t len = strnlen(e0.name, sizeof(e0.name));
+            std::memcpy(a.sun_path + 1, e0.name, len);
+            int rc = 1;
+            if (connect(s, reinterpret_cast<sockaddr*>(&a), static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + len)) == 0) {
+              const Hello h{0x6d6b6664u, 1, e0.nonce};
+              if (write(s, &h, sizeof(h)) == static_cast<ssize_t>(sizeof(h))) {
+                (void)!write(sig[1], "x", 1);
+                // The refusal closes the connection: nothing, above all no descriptor, comes back.
+                char buf[64];
+                char ctl[CMSG_SPACE(4 * sizeof(int))];
+                iovec iov{buf, sizeof(buf)};
+                msghdr msg{};
+                msg.msg_iov = &iov;
+                msg.msg_iovlen = 1;
+                msg.msg_control = ctl;
+                msg.msg_controllen = sizeof(ctl);
+                const ssize_t n = recvmsg(s, &msg, 0);
+                rc = n == 0 && msg.msg_controllen == 0 ? 0 : 2;
+              }
+            }
+            _exit(rc);
+          }
+          close(sig[1]);
+          char c = 0;
+          (void)!::read(sig[0], &c, 1);  // the impostor's greeting is queued ahead of ours
+          close(sig[0]);
+        }
+        return gr;
+      };
+      res[r] = exchangeFds(gather, r, 2, w, &fd, 1, 10.0, &got);
+      close(fd);
+      const int peer = 1 - r;
+      if (got[static_cast<size_t>(peer)] >= 0) {
+        read[r] = readAll(got[static_cast<size_t>(peer)]);
+        close(got[static_cast<size_t>(peer)]);
+      }
+    });
+  for (auto& t : ts) t.join();
+  REQUIRE(impostor > 0);
+  int status = -1;
+  REQUIRE(waitpid(impostor, &status, 0) == impostor);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);  // refused, no descriptor
+  CHECK(res[0] == Result::Success);
+  CHECK(res[1] == Result::Success);
+  CHECK(read[0] == textOf(1, 0));
+  CHECK(read[1] == textOf(0, 0));
+}
+
 TEST_CASE("exchangeFds: between processes over the bootstrap (4 processes, two 'hosts' of two)") {
   mkernel::bootstrap::UniqueId id;
   REQUIRE(mkernel::bootstrap::createUniqueId(&id) == Result::Success);
