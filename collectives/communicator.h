@@ -44,6 +44,8 @@ struct CollStats {
   uint64_t oneRankCopies = 0;               // one rank: ops done as a cudaMemcpyAsync (MKERNEL_ONE_RANK)
   uint64_t ringOps = 0;                     // ops posted as rings (staged_ring.h: MKERNEL_ALGO=ring, PCIe boxes)
   bool ring = false;                        // every collective a ring (PeerSetup::ring, agreed)
+  bool ringOrdered = false;                 // ... in ringOrder (position -> rank), else rank order (MKERNEL_RING_ORDER)
+  uint8_t ringOrder[16] = {};
   bool launchDirect = false;                // ... and above it, eager ops of thread ranks (direct mode)
   int directSharing = 1;                    // the most ranks on one GPU (direct mode's upper end)
   int hierCtas = 0;                         // CTAs per hierarchical collective (0: not hierarchical)

@@ -559,6 +559,8 @@ Result KernelCommunicator::init() {
   params_.ctl = static_cast<HostControl*>(dev);
   params_.staging = staging_;
   params_.staged = peers.staged ? 1 : 0;
+  params_.ringOrdered = peers.ringOrdered ? 1 : 0;
+  for (int r = 0; r < kMaxRanks; ++r) params_.ringOrder[r] = peers.ringOrder[r];
   params_.stagedChunkBytes = static_cast<uint64_t>(stagedChunk) / 16 * 16;
   for (int r = 0; r < opts_.nRanks; ++r) params_.stagedBuf[r] = peers.stagedBuf[r];
   params_.nNodes = 1;
@@ -1937,6 +1939,9 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->llOps = llOps_;
   out->ringOps = ringOps_;
   out->ring = peers_.ring;
+  static_assert(sizeof(out->ringOrder) >= kMaxRanks, "CollStats::ringOrder holds every rank");
+  out->ringOrdered = peers_.ringOrdered;
+  for (int r = 0; r < kMaxRanks; ++r) out->ringOrder[r] = peers_.ringOrder[r];
   out->llBatchOps = llBatchOps_;
   out->oneRankCopies = 0;
   for (uint64_t v : oneRankCopies_) out->oneRankCopies += v;

@@ -17,6 +17,7 @@
 #include "collectives/mem_cache.h"
 #include "collectives/sm_budget.h"
 #include "collectives/staged.h"
+#include "collectives/staged_ring.h"
 #include "common/log.h"
 #include "common/param.h"
 #include "topology/placement.h"
@@ -334,6 +335,69 @@ void closePeers(PeerSetup* setup, bool freeLocal) {
   setup->stagedLocal = nullptr;
 }
 
+// The ring's order (PeerSetup::ringOrder), once the ranks have agreed on rings: every rank proposes
+// one (MKERNEL_RING_ORDER), the proposals are all-gathered, and rank 0's is taken; a rank whose
+// setting cannot be read makes every rank fail alike.
+struct RingOrderProposal {
+  int32_t valid;
+  int32_t pad;
+  uint8_t order[kMaxRanks];
+};
+
+static Result agreeRingOrder(bootstrap::Bootstrap* bs, int rank, int nRanks, const std::vector<RankInfo>& info,
+                             PeerSetup* out) {
+  std::vector<RingOrderProposal> props(static_cast<size_t>(nRanks));
+  RingOrderProposal& mine = props[static_cast<size_t>(rank)];
+  std::memset(&mine, 0, sizeof(mine));
+  std::vector<int> order(static_cast<size_t>(nRanks));
+  for (int r = 0; r < nRanks; ++r) order[static_cast<size_t>(r)] = r;
+  const std::string setting = paramString("RING_ORDER");
+  std::string why;
+  mine.valid = 1;
+  if (setting == "auto") {
+    const topo::NodeModel* model = nullptr;
+    if (topo::localNodeModel(&model) == Result::Success) {
+      std::vector<std::string> bus;
+      for (const RankInfo& ri : info) bus.emplace_back(ri.busId);
+      (void)topo::ranksInRingOrder(model->topo, model->place, bus, &order, &why);
+    } else {
+      why = std::string("no node model (") + lastError() + "): rank order";
+    }
+  } else if (setting == "rank") {
+    why = "MKERNEL_RING_ORDER=rank";
+  } else {
+    std::vector<int> list;
+    const bool ok = parseRingOrder(setting, nRanks, &list);
+    if (ok) {
+      order = list;
+      why = "MKERNEL_RING_ORDER";
+    } else {
+      mine.valid = 0;
+    }
+  }
+  for (int q = 0; q < nRanks; ++q) mine.order[q] = static_cast<uint8_t>(order[static_cast<size_t>(q)]);
+  MK_CHECK(bs->allGather(props.data(), sizeof(RingOrderProposal)));
+  for (int r = 0; r < nRanks; ++r)
+    if (!props[static_cast<size_t>(r)].valid)
+      return MK_ERROR(Result::InvalidArgument,
+                      "rank %d: MKERNEL_RING_ORDER of rank %d is not auto, rank or a list of the %d ranks, each once "
+                      "(e.g. 0,2,1,3)%s",
+                      rank, r, nRanks, r == rank ? (": \"" + setting + "\"").c_str() : "");
+  const RingOrderProposal& chosen = props[0];
+  bool identity = true;
+  std::string text;
+  for (int q = 0; q < nRanks; ++q) {
+    out->ringOrder[q] = chosen.order[q];
+    identity = identity && chosen.order[q] == q;
+    text += (q ? " " : "") + std::to_string(chosen.order[q]);
+  }
+  out->ringOrdered = !identity;
+  if (rank == 0 || std::memcmp(chosen.order, mine.order, kMaxRanks) != 0)
+    MK_INFO(kLogInit, "rank %d: ring order %s (%s%s)", rank, text.c_str(), rank == 0 ? "" : "rank 0's; here: ",
+            why.empty() ? "rank order" : why.c_str());
+  return Result::Success;
+}
+
 // Rings (PeerSetup::ring): every rank's mode and wish, all-gathered (each rank calls this once,
 // whatever its mode, so that a mismatch is an error rather than a hang). A rank wishes for rings
 // when asked to, or in mode 2 when the distinct GPUs of its host's ranks are not NVLink
@@ -379,6 +443,7 @@ static Result agreeRing(bootstrap::Bootstrap* bs, int rank, int nRanks, const st
     out->staged = true;
     MK_INFO(kLogInit, "rank %d: every collective a ring through staging buffers (%s)", rank,
             wish ? why.c_str() : "another rank's GPUs are not NVLink all-to-all");
+    MK_CHECK(agreeRingOrder(bs, rank, nRanks, info, out));
   }
   return Result::Success;
 }

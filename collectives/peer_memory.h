@@ -53,6 +53,12 @@ struct PeerSetup {
   // MKERNEL_ALGO=ring, or auto on a host whose GPUs are not NVLink all-to-all (a PCIe box,
   // topo::gpusNvlinkAllToAll). Agreed by every rank.
   bool ring = false;
+  // The ring's order (ring only; staged_ring.h): ringOrder[p] is the rank at position p, the same on
+  // every rank. MKERNEL_RING_ORDER: auto (the default) the placement's ring of the host's GPUs
+  // (topo::ranksInRingOrder: PCIe nearest neighbour, sockets together; rank order where the model
+  // lacks a GPU), rank, or a list of ranks; rank 0's proposal wins. ringOrdered false: rank order.
+  bool ringOrdered = false;
+  uint8_t ringOrder[kMaxRanks] = {};
 };
 
 // Collective over `bs`. `local` is this rank's DeviceState (cudaMalloc'ed: CUDA IPC exports whole

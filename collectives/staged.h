@@ -65,6 +65,8 @@ MKERNEL_HD inline uint64_t stagedChunkElems(int nRanks, uint64_t elemSize, uint6
 // barrier less per chunk.
 MKERNEL_HD inline bool stagedTwoShot(Algo a, int nRanks) { return a == Algo::TwoShot && nRanks > 2; }
 
+constexpr int kStagedRingOrderMax = 16;  // StagedCall::ringOrder's capacity (>= kMaxRanks, work.h)
+
 struct StagedCall {
   CollType coll;
   bool twoShot;          // AllReduce only
@@ -76,6 +78,10 @@ struct StagedCall {
   uint64_t chunkElems;   // stagedChunkElems()
   uint32_t parityMask;   // 1; 0 only in the test that shows the race check catches reuse
   bool hasPre = false;   // Ring (staged_ring.h): the op has a pre() (PreMulSum)
+  // Ring (staged_ring.h): the ring's order, ringOrder[p] the rank at position p (MKERNEL_RING_ORDER;
+  // by default the node's placement order, PeerSetup::ringOrder); ringOrdered false: rank order.
+  bool ringOrdered = false;
+  uint8_t ringOrder[kStagedRingOrderMax] = {};
 };
 
 // Runs call c for one CTA through executor ex, which provides:

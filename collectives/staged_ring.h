@@ -6,6 +6,9 @@
 // runStaged) and so does the CPU test (tests/collectives/test_staged.cc, with its check that no
 // region is overwritten while it is read).
 //
+// The ring runs in the order StagedCall::ringOrder gives (MKERNEL_RING_ORDER; rank order when
+// unset): "next" and "previous" below are the neighbours in that order, and the schedule's slice
+// and chain arithmetic runs in ring positions (ringPosOf / ringRankAt).
 // Each rank pushes into the NEXT rank's inbox only, and waits at each step only for its two
 // neighbours (the executor's neighborBarrier): a step's push lands in next's in[g & 1], where g is
 // the CTA's chunk counter (the same *chunkSeq that stagedCollective advances, one per step here),
@@ -32,13 +35,16 @@
 //   Broadcast      a chain root, root + 1, ... pipelined over chunks: at step j the rank at chain
 //                  position pos handles chunk j - pos (nChunks + n - 1 steps).
 //   Reduce         the chain root + 1, ..., root, pipelined alike, accumulating on the way.
-// Reduction order: algo.h's reductionPeer for Ring (slice p: p + 1, ..., p; Reduce: root + 1, ...,
-// root). A partial result arrives with pre() already applied to every input in it, so a step
+// Reduction order: algo.h's reductionPeer for Ring, in ring positions (slice p: p + 1, ..., p;
+// Reduce: root + 1, ..., root). A partial result arrives with pre() already applied to every input in it, so a step
 // combines it with pre(own) only: ops with a pre() (PreMulSum) first store pre(own) in the rank's
 // own out[g & 1] region (local, unused by the ring otherwise), then combine without pre.
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "collectives/algo.h"
 #include "collectives/staged.h"
@@ -55,6 +61,25 @@ namespace coll {
 MKERNEL_HD inline bool ringTakes(int64_t minBytes, bool llTakesIt, uint64_t wholeBytes) {
   if (minBytes < 0) return !llTakesIt;
   return wholeBytes >= static_cast<uint64_t>(minBytes);
+}
+
+// MKERNEL_RING_ORDER's list form: every rank of 0..n-1 exactly once, comma-separated ("0,2,1,3").
+// False for anything else (*order then unspecified). Host only.
+inline bool parseRingOrder(const std::string& text, int n, std::vector<int>* order) {
+  order->clear();
+  std::vector<char> seen(static_cast<size_t>(n > 0 ? n : 0), 0);
+  const char* p = text.c_str();
+  if (*p == '\0') return false;
+  while (*p != '\0') {
+    char* end = nullptr;
+    const long v = std::strtol(p, &end, 10);
+    if (end == p || v < 0 || v >= n || seen[static_cast<size_t>(v)] || (*end != ',' && *end != '\0')) return false;
+    if (*end == ',' && end[1] == '\0') return false;  // a trailing comma
+    seen[static_cast<size_t>(v)] = 1;
+    order->push_back(static_cast<int>(v));
+    p = *end == ',' ? end + 1 : end;
+  }
+  return static_cast<int>(order->size()) == n;
 }
 
 // Elements of one ring chunk: a whole staged region, a multiple of the 16-byte alignment.
@@ -112,10 +137,22 @@ MKERNEL_HD void ringCombine(Ex& ex, const StagedCall& c, char* const* dsts, int 
   ex.reduce(dsts, nDst, srcs, 2, elems, false, post);
 }
 
+// The ring's order (StagedCall::ringOrder): the rank at position `pos`, and the position of `rank`.
+// The schedule below runs in positions; ranks come in only where memory is named (the neighbour
+// whose inbox a step pushes into, whose barrier it waits at, and the blocks of ReduceScatter and
+// AllGather, which belong to ranks).
+MKERNEL_HD inline int ringRankAt(const StagedCall& c, int pos) { return c.ringOrdered ? c.ringOrder[pos] : pos; }
+MKERNEL_HD inline int ringPosOf(const StagedCall& c, int rank) {
+  if (!c.ringOrdered) return rank;
+  for (int p = 0; p < c.nRanks; ++p)
+    if (c.ringOrder[p] == rank) return p;
+  return rank;  // not reached: the order is a permutation (checked at creation)
+}
+
 template <class Ex>
-MKERNEL_HD bool ringStepEnd(Ex& ex, const StagedCall& c, const RingStep& s) {
+MKERNEL_HD bool ringStepEnd(Ex& ex, const RingStep& s, int prev, int next) {
   if (s.last) return ex.barrier();
-  return ex.neighborBarrier(ringPrev(c.rank, c.nRanks), ringNext(c.rank, c.nRanks));
+  return ex.neighborBarrier(prev, next);
 }
 
 MKERNEL_HD inline RingStep ringStepAt(const StagedCall& c, uint64_t* chunkSeq, uint64_t i, uint64_t steps) {
@@ -131,7 +168,8 @@ MKERNEL_HD inline RingStep ringStepAt(const StagedCall& c, uint64_t* chunkSeq, u
 // pre()). False when a barrier failed.
 template <class Ex>
 MKERNEL_HD bool ringStagedCollective(Ex& ex, const StagedCall& c, uint64_t* chunkSeq) {
-  const int n = c.nRanks, r = c.rank, next = ringNext(r, n);
+  const int n = c.nRanks, r = c.rank, pos = ringPosOf(c, r);
+  const int next = ringRankAt(c, ringNext(pos, n)), prev = ringRankAt(c, ringPrev(pos, n));
   const uint64_t esz = c.elemSize, align = sliceAlignElems(esz), ce = c.chunkElems;
   const uint64_t steps = ringStagedSteps(c.coll, n, c.part.count, ce, esz);
   if (steps == 0) return true;
@@ -145,7 +183,8 @@ MKERNEL_HD bool ringStagedCollective(Ex& ex, const StagedCall& c, uint64_t* chun
       for (uint64_t k = 0; k < rounds; ++k) {
         for (int t = 0; t < 2 * n - 1; ++t, ++i) {
           const RingStep st = ringStepAt(c, chunkSeq, i, steps);
-          const int sl = t < n ? ringRsSendSlice(r, t, n) : ringAgRecvSlice(r, t - n, n);
+          // Slices by position: position p completes slice p (at t == n - 1).
+          const int sl = t < n ? ringRsSendSlice(pos, t, n) : ringAgRecvSlice(pos, t - n, n);
           Slice s = rankSlice(c.part.count, n, sl, align);
           s.offset += c.part.offset;
           const Slice ch = chunkOf(s, ce, k);
@@ -164,7 +203,7 @@ MKERNEL_HD bool ringStagedCollective(Ex& ex, const StagedCall& c, uint64_t* chun
             if (t < 2 * n - 2) dsts[nd++] = ex.in(next, st.par);
             ringCombine(ex, c, dsts, nd, inbox, nullptr, ch.count, false, nullptr);
           }
-          if (!ringStepEnd(ex, c, st)) return false;
+          if (!ringStepEnd(ex, st, prev, next)) return false;
         }
       }
       return true;
@@ -180,7 +219,7 @@ MKERNEL_HD bool ringStagedCollective(Ex& ex, const StagedCall& c, uint64_t* chun
           const char* inbox = t > 0 ? ex.in(r, st.inPar) : nullptr;
           int nd = 0;
           if (rs) {
-            const uint64_t block = static_cast<uint64_t>(ringRsSendSlice(r, t, n));
+            const uint64_t block = static_cast<uint64_t>(ringRankAt(c, ringRsSendSlice(pos, t, n)));
             const char* own = send + (block * c.count + ch.offset) * esz;
             if (t < n - 1) {
               dsts[nd++] = ex.in(next, st.par);
@@ -191,7 +230,7 @@ MKERNEL_HD bool ringStagedCollective(Ex& ex, const StagedCall& c, uint64_t* chun
             }
           } else {
             // Step 0 stores and sends the rank's own block; step t > 0 the block that arrived.
-            const uint64_t block = static_cast<uint64_t>(t == 0 ? r : ringAgRecvSlice(r, t - 1, n));
+            const uint64_t block = static_cast<uint64_t>(t == 0 ? r : ringRankAt(c, ringAgRecvSlice(pos, t - 1, n)));
             dsts[nd++] = recv + (block * c.count + ch.offset) * esz;
             if (t < n - 1) dsts[nd++] = ex.in(next, st.par);
             if (t == 0)
@@ -199,7 +238,7 @@ MKERNEL_HD bool ringStagedCollective(Ex& ex, const StagedCall& c, uint64_t* chun
             else
               ringCombine(ex, c, dsts, nd, inbox, nullptr, ch.count, false, nullptr);
           }
-          if (!ringStepEnd(ex, c, st)) return false;
+          if (!ringStepEnd(ex, st, prev, next)) return false;
         }
       }
       return true;
@@ -207,15 +246,17 @@ MKERNEL_HD bool ringStagedCollective(Ex& ex, const StagedCall& c, uint64_t* chun
     case CollType::Broadcast:
     case CollType::Reduce: {
       const bool bc = c.coll == CollType::Broadcast;
-      // Chain position: Broadcast root, root + 1, ...; Reduce root + 1, ..., root (chainRank).
-      const int pos = bc ? modRank(r - c.root, n) : modRank(r - c.root - 1, n);
+      // Chain position: Broadcast root, root + 1, ...; Reduce root + 1, ..., root (chainRank), in
+      // ring positions.
+      const int rootPos = ringPosOf(c, c.root);
+      const int cpos = bc ? modRank(pos - rootPos, n) : modRank(pos - rootPos - 1, n);
       const uint64_t nChunks = numChunks(c.part.count, ce);
       for (uint64_t j = 0; j < steps; ++j, ++i) {
         const RingStep st = ringStepAt(c, chunkSeq, i, steps);
-        if (j >= static_cast<uint64_t>(pos) && j - static_cast<uint64_t>(pos) < nChunks) {
-          const Slice ch = chunkOf(c.part, ce, j - static_cast<uint64_t>(pos));
+        if (j >= static_cast<uint64_t>(cpos) && j - static_cast<uint64_t>(cpos) < nChunks) {
+          const Slice ch = chunkOf(c.part, ce, j - static_cast<uint64_t>(cpos));
           const uint64_t off = ch.offset * esz;
-          const bool first = pos == 0, lastPos = pos == n - 1;
+          const bool first = cpos == 0, lastPos = cpos == n - 1;
           const char* inbox = first ? nullptr : ex.in(r, st.inPar);
           int nd = 0;
           if (bc) {
@@ -231,7 +272,7 @@ MKERNEL_HD bool ringStagedCollective(Ex& ex, const StagedCall& c, uint64_t* chun
             ringCombine(ex, c, dsts, nd, inbox, send + off, ch.count, lastPos, ex.out(r, st.par));
           }
         }
-        if (!ringStepEnd(ex, c, st)) return false;
+        if (!ringStepEnd(ex, st, prev, next)) return false;
       }
       return true;
     }

@@ -274,5 +274,35 @@ bool gpusNvlinkAllToAll(const Topology& topo, const std::vector<std::string>& bu
   return true;
 }
 
+bool ranksInRingOrder(const Topology& topo, const Placement& place, const std::vector<std::string>& rankBusIds,
+                      std::vector<int>* order, std::string* why) {
+  const int n = static_cast<int>(rankBusIds.size());
+  order->resize(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) (*order)[static_cast<size_t>(r)] = r;
+  std::vector<int> posOf(static_cast<size_t>(n), 0);  // the rank's GPU's position in place.ringOrder
+  for (int r = 0; r < n; ++r) {
+    const std::string& b = rankBusIds[static_cast<size_t>(r)];
+    unsigned long long want = 0;
+    int found = -1;
+    if (parseBusId(b, &want)) {
+      for (size_t g = 0; g < topo.gpus.size() && found < 0; ++g) {
+        unsigned long long have = 0;
+        if (parseBusId(topo.gpus[g].pci.busId, &have) && have == want) found = static_cast<int>(g);
+      }
+    }
+    const auto at = std::find(place.ringOrder.begin(), place.ringOrder.end(), found);
+    if (found < 0 || at == place.ringOrder.end()) {
+      *why = "GPU " + b + " of rank " + std::to_string(r) + " is not in the topology: rank order";
+      return false;
+    }
+    posOf[static_cast<size_t>(r)] = static_cast<int>(at - place.ringOrder.begin());
+  }
+  std::stable_sort(order->begin(), order->end(), [&](int a, int b) {
+    return posOf[static_cast<size_t>(a)] < posOf[static_cast<size_t>(b)];
+  });
+  *why = "the placement's ring (" + place.ringReason + ")";
+  return true;
+}
+
 }  // namespace topo
 }  // namespace mkernel

@@ -56,6 +56,15 @@ Placement computePlacement(const Topology& topo);
 // bus id the model lacks) counts as all-to-all, the default before this rule, and says so in *why.
 bool gpusNvlinkAllToAll(const Topology& topo, const std::vector<std::string>& busIds, std::string* why);
 
+// The ranks of one host in ring order, for rings in the persistent kernel (MKERNEL_RING_ORDER=auto,
+// collectives/peer_memory.cc): rankBusIds[r] is rank r's GPU (bus id as CUDA writes it); the
+// ranks are sorted by their GPU's position in place.ringOrder (PCIe: nearest neighbour, sockets
+// together; partial NVLink: its cycle), ranks of one GPU together in rank order. *order[p] is the
+// rank at position p. False, with *order the rank order and *why saying so, when a bus id is
+// unreadable or not in the model.
+bool ranksInRingOrder(const Topology& topo, const Placement& place, const std::vector<std::string>& rankBusIds,
+                      std::vector<int>* order, std::string* why);
+
 // The verbs names of GPU `gpu`'s rail NICs, primary first (empty for an unknown GPU or none):
 // the order the proxy's verbs backend numbers its devices in (net::ib::setIbPreferredDevices).
 std::vector<std::string> railNicNames(const Topology& topo, const Placement& place, int gpu);

@@ -323,6 +323,9 @@ __device__ bool runStaged(const KernelParams& p, SharedState& sh, const WorkDesc
   if (static_cast<Algo>(d.algo) == Algo::Ring) {  // PCIe boxes, or MKERNEL_ALGO=ring
     c.chunkElems = ringStagedChunkElems(c.elemSize, p.stagedChunkBytes);
     c.hasPre = d.redOp.kind == DevRedOpKind::PreMulSum;
+    c.ringOrdered = p.ringOrdered != 0;
+    static_assert(kMaxRanks <= kStagedRingOrderMax, "StagedCall::ringOrder holds every rank");
+    for (int q = 0; q < p.nRanks; ++q) c.ringOrder[q] = p.ringOrder[q];
     return ringStagedCollective(ex, c, chunkSeq);
   }
   return stagedCollective(ex, c, chunkSeq);

@@ -81,6 +81,9 @@ struct KernelParams {
   int32_t hierWorkers;
   int32_t hierReducers;
   int32_t hierRail;  // MKERNEL_HIER_RAIL (coll::HierRailAlgo): the AllReduce's exchange among the rail
+  // Rings (staged_ring.h): ringOrder[p] the rank at position p when ringOrdered (PeerSetup::ringOrder).
+  int32_t ringOrdered;
+  uint8_t ringOrder[kMaxRanks];
 };
 static_assert(offsetof(KernelParams, peers) == 64, "KernelParams: the hot fields fill the first 64-byte line");
 

@@ -41,6 +41,16 @@ struct World {
   // With ops: pre(x) = 3x and post(x) = x + 7 (uint32, wrapping), as PreMulSum's pre() and an
   // integer Avg's post(): applied twice or not at all, they give other sums.
   bool ops = false;
+  // Rings in this order (StagedCall::ringOrder: position -> rank); empty: rank order. A
+  // neighbour barrier with other ranks than the order's neighbours counts in wrongNeighbours.
+  std::vector<int> ringOrder;
+  std::atomic<int> wrongNeighbours{0};
+  int ringNeighbour(int rank, int delta) const {
+    if (ringOrder.empty()) return ((rank + delta) % nRanks + nRanks) % nRanks;
+    int p = 0;
+    while (ringOrder[static_cast<size_t>(p)] != rank) ++p;
+    return ringOrder[static_cast<size_t>(((p + delta) % nRanks + nRanks) % nRanks)];
+  }
   uint32_t pre(uint32_t v) const { return ops ? 3u * v : v; }
   uint32_t post(uint32_t v) const { return ops ? v + 7u : v; }
 
@@ -112,6 +122,7 @@ struct CpuExecutor {
     return true;
   }
   bool neighborBarrier(int prev, int next) {
+    if (prev != w->ringNeighbour(rank, -1) || next != w->ringNeighbour(rank, 1)) w->wrongNeighbours++;
     const uint64_t e = ++epoch;
     w->arrive[rank * w->nCtas + cta].store(e, std::memory_order_release);
     return waitFor(prev, e) && waitFor(next, e);
@@ -191,6 +202,8 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint32_t parityMask, ui
           if (op.ring) {
             call.chunkElems = ringStagedChunkElems(4, w.chunkBytes);
             call.hasPre = w.ops;
+            call.ringOrdered = !w.ringOrder.empty();
+            for (size_t p = 0; p < w.ringOrder.size(); ++p) call.ringOrder[p] = static_cast<uint8_t>(w.ringOrder[p]);
             if (!ringStagedCollective(ex, call, &chunkSeq)) return;
             continue;
           }
@@ -462,6 +475,58 @@ TEST_CASE("staged ring: every collective, in and out of place, 1-8 ranks, severa
                                     ringStagedChunkElems(4, chunk), 4);
           for (int r = 0; r < n; ++r) CHECK(w.arrive[r * ctas + c].load() == want);
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("staged ring: MKERNEL_RING_ORDER's list (parseRingOrder)") {
+  using mkernel::coll::parseRingOrder;
+  std::vector<int> o;
+  CHECK(parseRingOrder("0,2,1,3", 4, &o));
+  CHECK(o == std::vector<int>{0, 2, 1, 3});
+  CHECK(parseRingOrder("3,1,0,2", 4, &o));
+  CHECK(o == std::vector<int>{3, 1, 0, 2});
+  CHECK(parseRingOrder("0", 1, &o));
+  CHECK_FALSE(parseRingOrder("", 4, &o));
+  CHECK_FALSE(parseRingOrder("0,1,2", 4, &o));      // a rank missing
+  CHECK_FALSE(parseRingOrder("0,1,2,2", 4, &o));    // twice
+  CHECK_FALSE(parseRingOrder("0,1,2,4", 4, &o));    // out of range
+  CHECK_FALSE(parseRingOrder("0,1,2,3,", 4, &o));   // trailing comma
+  CHECK_FALSE(parseRingOrder("0;1;2;3", 4, &o));
+  CHECK_FALSE(parseRingOrder("auto", 4, &o));
+  CHECK_FALSE(parseRingOrder("-1,0,1,2", 4, &o));
+  CHECK_FALSE(parseRingOrder("0,1,2,3,0", 4, &o));
+}
+
+TEST_CASE("staged ring: in a given order (MKERNEL_RING_ORDER), random permutations, 2-8 ranks, every collective") {
+  // The schedule runs in ring positions; blocks of ReduceScatter and AllGather stay the ranks'
+  // own, and every neighbour barrier is with the order's neighbours.
+  test::Rng rng(2029);
+  for (int n : {2, 3, 4, 5, 8}) {
+    for (int ctas : {1, 3}) {
+      for (int trial = 0; trial < 2; ++trial) {
+        const uint64_t chunk = 64 * static_cast<uint64_t>(1 + rng.below(3));
+        World w(n, ctas, chunk);
+        w.ops = trial == 1;
+        w.ringOrder.resize(static_cast<size_t>(n));
+        for (int p = 0; p < n; ++p) w.ringOrder[static_cast<size_t>(p)] = p;
+        for (int p = n - 1; p > 0; --p)
+          std::swap(w.ringOrder[static_cast<size_t>(p)], w.ringOrder[static_cast<size_t>(rng.below(static_cast<uint64_t>(p + 1)))]);
+        if (n > 2 && w.ringOrder == std::vector<int>([&] {
+              std::vector<int> id(static_cast<size_t>(n));
+              for (int p = 0; p < n; ++p) id[static_cast<size_t>(p)] = p;
+              return id;
+            }()))
+          std::swap(w.ringOrder[0], w.ringOrder[1]);  // never the identity: the test is about the order
+        std::string order;
+        for (int v : w.ringOrder) order += std::to_string(v) + " ";
+        const std::vector<Op> list = randomOps(rng, n, 20, /*ring=*/trial == 0 ? 2 : 1);
+        INFO("ranks " << n << ", CTAs " << ctas << ", chunk " << chunk << " B, order " << order << ", pre/post " << w.ops);
+        CHECK(runOps(w, list, 1, rng.next()) == "");
+        CHECK(w.race.races() == 0);
+        CHECK(w.timeouts.load() == 0);
+        CHECK(w.wrongNeighbours.load() == 0);
       }
     }
   }

@@ -357,6 +357,21 @@ void runRingSweep(int nRanks, bool direct = false) {
     for (uint64_t v : st.kernelOps) total += v;
     for (uint64_t v : st.launchOps) launched += v;
     if (!st.staged) ctx.fail("MKERNEL_ALGO=ring, but the communicator is not staged");
+    // The ring's order (MKERNEL_RING_ORDER): a list is taken as given; auto on one GPU is rank
+    // order (every rank on the same GPU: together, in rank order).
+    const char* ro = std::getenv("MKERNEL_RING_ORDER");
+    std::vector<int> wantOrder;
+    if (ro != nullptr && std::string(ro) != "auto" && std::string(ro) != "rank") {
+      if (!mkernel::coll::parseRingOrder(ro, nRanks, &wantOrder)) ctx.fail(std::string("bad MKERNEL_RING_ORDER ") + ro);
+    }
+    bool identity = true;
+    for (size_t p = 0; p < wantOrder.size(); ++p) identity = identity && wantOrder[p] == static_cast<int>(p);
+    if (st.ringOrdered != (!wantOrder.empty() && !identity))
+      ctx.fail(std::string("ring order ") + (st.ringOrdered ? "set" : "unset") + ", MKERNEL_RING_ORDER=" + (ro ? ro : "(unset)"));
+    for (size_t p = 0; p < wantOrder.size() && st.ringOrdered; ++p)
+      if (st.ringOrder[p] != wantOrder[p])
+        ctx.fail("ring position " + std::to_string(p) + " holds rank " + std::to_string(st.ringOrder[p]) + ", want " +
+                 std::to_string(wantOrder[p]));
     uint64_t wantRings = 0;
     for (const Case& k : cases) {
       const uint64_t esz = mkernel::coll::dataTypeSize(k.dtype);
@@ -405,6 +420,27 @@ TEST_CASE("gpu: every collective x dtype x op as rings (MKERNEL_ALGO=ring), 2, 3
     INFO("4 ranks, 64 KiB regions, 4 MiB per rank");
     runRingSweep(4, /*direct=*/true);
   }
+  unsetenv("MKERNEL_STAGED_CHUNK_BYTES");
+  unsetenv("MKERNEL_RING_MIN_BYTES");
+  unsetenv("MKERNEL_ALGO");
+}
+
+TEST_CASE("gpu: rings in a given order (MKERNEL_RING_ORDER), 4 and 8 ranks", "[gpu][ring][ringorder]") {
+  if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
+  setenv("MKERNEL_ALGO", "ring", 1);
+  setenv("MKERNEL_RING_MIN_BYTES", "0", 1);
+  setenv("MKERNEL_STAGED_CHUNK_BYTES", "65536", 1);  // several rounds per case
+  for (const char* order : {"3,1,0,2", "0,2,1,3"}) {
+    INFO("4 ranks, MKERNEL_RING_ORDER=" << order);
+    setenv("MKERNEL_RING_ORDER", order, 1);
+    runRingSweep(4);
+  }
+  {
+    INFO("8 ranks, MKERNEL_RING_ORDER=5,2,7,0,3,6,1,4");
+    setenv("MKERNEL_RING_ORDER", "5,2,7,0,3,6,1,4", 1);
+    runRingSweep(8);
+  }
+  unsetenv("MKERNEL_RING_ORDER");
   unsetenv("MKERNEL_STAGED_CHUNK_BYTES");
   unsetenv("MKERNEL_RING_MIN_BYTES");
   unsetenv("MKERNEL_ALGO");

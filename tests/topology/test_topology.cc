@@ -174,6 +174,43 @@ TEST_CASE("ring on PCIe keeps sockets together when bus order interleaves them")
   CHECK(p.gpus[1].proxyCpus == std::vector<int>{1});
 }
 
+TEST_CASE("ranksInRingOrder: ranks follow the placement's ring, ranks of one GPU together") {
+  // The box above: GPUs 0-3 on alternating sockets, ring 0, 2, 1, 3.
+  Topology t;
+  t.allCpus = {0, 1};
+  t.numaNodes = {{0, {0}}, {1, {1}}};
+  for (int i = 0; i < 4; ++i) {
+    Gpu g;
+    g.index = i;
+    g.pci.busId = "000" + std::to_string(i) + ":1b:00.0";
+    g.pci.bridges = {static_cast<uint64_t>(100 + i)};
+    g.pci.hostBridge = static_cast<uint64_t>(10 + i);
+    g.pci.cpuAnchor = (i % 2 == 0) ? 1 : 2;
+    g.pci.numa = i % 2;
+    t.gpus.push_back(g);
+  }
+  const Placement p = computePlacement(t);
+  REQUIRE(p.ringOrder == std::vector<int>{0, 2, 1, 3});
+  std::vector<int> order;
+  std::string why;
+  // Rank r on GPU r (bus ids as CUDA writes them: upper case, 8-digit domain).
+  CHECK(ranksInRingOrder(t, p, {"00000000:1B:00.0", "00000001:1B:00.0", "00000002:1B:00.0", "00000003:1B:00.0"}, &order, &why));
+  CHECK(order == std::vector<int>{0, 2, 1, 3});
+  CHECK(why.find("pcie") != std::string::npos);
+  // Rank r on GPU 3 - r: positions of GPUs 3, 2, 1, 0 are 3, 1, 2, 0.
+  CHECK(ranksInRingOrder(t, p, {"0003:1b:00.0", "0002:1b:00.0", "0001:1b:00.0", "0000:1b:00.0"}, &order, &why));
+  CHECK(order == std::vector<int>{3, 1, 2, 0});
+  // Two ranks per GPU (emulation): together, in rank order.
+  CHECK(ranksInRingOrder(t, p, {"0000:1b:00.0", "0001:1b:00.0", "0000:1b:00.0", "0001:1b:00.0"}, &order, &why));
+  CHECK(order == std::vector<int>{0, 2, 1, 3});
+  CHECK(ranksInRingOrder(t, p, {"0001:1b:00.0", "0001:1b:00.0", "0002:1b:00.0"}, &order, &why));
+  CHECK(order == std::vector<int>{2, 0, 1});
+  // A GPU the model lacks: rank order, and why.
+  CHECK_FALSE(ranksInRingOrder(t, p, {"0000:1b:00.0", "0000:99:00.0"}, &order, &why));
+  CHECK(order == std::vector<int>{0, 1});
+  CHECK(why.find("rank 1") != std::string::npos);
+}
+
 // The selection policy's direct access (collectives/peer_memory.cc, agreeRing): rings on a host
 // whose GPUs are not NVLink all-to-all. Bus ids as CUDA writes them (upper case), NVML's domain
 // width, duplicates (ranks sharing a GPU).
