@@ -130,6 +130,15 @@ const Vmm& vmm() {
   return v;
 }
 
+// Read-write access for device cuDev to the mapping [base, base + size).
+CUresult setReadWrite(const Vmm& v, CUdeviceptr base, size_t size, CUdevice cuDev) {
+  CUmemAccessDesc access = {};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = cuDev;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return v.setAccess(base, size, &access, 1);
+}
+
 Result cuFailed(const char* call, CUresult r) {
   return MK_ERROR(Result::UnhandledCudaError, "%s failed: CUresult %d", call, static_cast<int>(r));
 }
@@ -177,11 +186,7 @@ Result vmmAlloc(void** ptr, size_t bytes) {
   }
   // The handle's reference is kept, as NCCL keeps it: vmmFree and NCCL's ncclMemFree each free the
   // other's mappings.
-  CUmemAccessDesc access = {};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = cuDev;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  r = v.setAccess(base, size, &access, 1);
+  r = setReadWrite(v, base, size, cuDev);
   if (r != CUDA_SUCCESS) {
     (void)v.unmap(base, size);
     (void)v.addressFree(base, size);
@@ -257,11 +262,7 @@ Result vmmImportFd(int fd, size_t size, int device, void** ptr) {
     (void)v.addressFree(base, size);
     return cuFailed("cuMemMap", r);
   }
-  CUmemAccessDesc access = {};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = cuDev;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  r = v.setAccess(base, size, &access, 1);
+  r = setReadWrite(v, base, size, cuDev);
   if (r != CUDA_SUCCESS) {
     (void)v.unmap(base, size);
     (void)v.addressFree(base, size);
@@ -281,11 +282,7 @@ Result vmmGrantAccess(void* ptr, int device) {
   size_t size = 0;
   r = v.addressRange(&base, &size, reinterpret_cast<CUdeviceptr>(ptr));
   if (r != CUDA_SUCCESS) return cuFailed("cuMemGetAddressRange", r);
-  CUmemAccessDesc access = {};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = cuDev;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  r = v.setAccess(base, size, &access, 1);
+  r = setReadWrite(v, base, size, cuDev);
   if (r != CUDA_SUCCESS) return cuFailed("cuMemSetAccess (another GPU of this process)", r);
   return Result::Success;
 }

@@ -37,6 +37,24 @@ Box load(const char* xml, const char* nvl) {
 
 std::vector<std::string> railNames(const Box& b, int gpu) { return railNicNames(b.topo, b.place, gpu); }
 
+// Four GPUs whose PCI domains alternate between the two sockets (multi-segment servers), no NIC.
+Topology interleavedSockets() {
+  Topology t;
+  t.allCpus = {0, 1};
+  t.numaNodes = {{0, {0}}, {1, {1}}};
+  for (int i = 0; i < 4; ++i) {
+    Gpu g;
+    g.index = i;
+    g.pci.busId = "000" + std::to_string(i) + ":1b:00.0";
+    g.pci.bridges = {static_cast<uint64_t>(100 + i)};
+    g.pci.hostBridge = static_cast<uint64_t>(10 + i);
+    g.pci.cpuAnchor = (i % 2 == 0) ? 1 : 2;
+    g.pci.numa = i % 2;
+    t.gpus.push_back(g);
+  }
+  return t;
+}
+
 const std::vector<int> kSocket0 = {0, 1, 2, 3, 4, 5, 6, 7};
 const std::vector<int> kSocket1 = {8, 9, 10, 11, 12, 13, 14, 15};
 
@@ -151,19 +169,7 @@ TEST_CASE("2socket-nics-on-0: equally near NICs split the GPUs, proxies follow t
 
 TEST_CASE("ring on PCIe keeps sockets together when bus order interleaves them") {
   // Four GPUs whose PCI domains alternate between the two sockets (multi-segment servers).
-  Topology t;
-  t.allCpus = {0, 1};
-  t.numaNodes = {{0, {0}}, {1, {1}}};
-  for (int i = 0; i < 4; ++i) {
-    Gpu g;
-    g.index = i;
-    g.pci.busId = "000" + std::to_string(i) + ":1b:00.0";
-    g.pci.bridges = {static_cast<uint64_t>(100 + i)};
-    g.pci.hostBridge = static_cast<uint64_t>(10 + i);
-    g.pci.cpuAnchor = (i % 2 == 0) ? 1 : 2;
-    g.pci.numa = i % 2;
-    t.gpus.push_back(g);
-  }
+  const Topology t = interleavedSockets();
   Placement p = computePlacement(t);
   CHECK(p.gpuGpuLabel(0, 2) == "NODE");
   CHECK(p.gpuGpuLabel(0, 1) == "SYS");
@@ -176,19 +182,7 @@ TEST_CASE("ring on PCIe keeps sockets together when bus order interleaves them")
 
 TEST_CASE("ranksInRingOrder: ranks follow the placement's ring, ranks of one GPU together") {
   // The box above: GPUs 0-3 on alternating sockets, ring 0, 2, 1, 3.
-  Topology t;
-  t.allCpus = {0, 1};
-  t.numaNodes = {{0, {0}}, {1, {1}}};
-  for (int i = 0; i < 4; ++i) {
-    Gpu g;
-    g.index = i;
-    g.pci.busId = "000" + std::to_string(i) + ":1b:00.0";
-    g.pci.bridges = {static_cast<uint64_t>(100 + i)};
-    g.pci.hostBridge = static_cast<uint64_t>(10 + i);
-    g.pci.cpuAnchor = (i % 2 == 0) ? 1 : 2;
-    g.pci.numa = i % 2;
-    t.gpus.push_back(g);
-  }
+  const Topology t = interleavedSockets();
   const Placement p = computePlacement(t);
   REQUIRE(p.ringOrder == std::vector<int>{0, 2, 1, 3});
   std::vector<int> order;
