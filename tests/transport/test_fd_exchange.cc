@@ -265,7 +265,7 @@ TEST_CASE("exchangeFds: a rank that cannot reach a peer's socket makes every ran
   CHECK(s < 5.0);
 }
 
-TEST_CASE("exchangeFds: a caller of another process claiming a rank gets nothing; the exchange completes") {
+TEST_CASE("exchangeFds: callers that are not ranks (silent, closing, or of another process claiming a rank) get nothing; the exchange completes") {
   // Rank 1's gather of the endpoints forks an impostor (another pid) that connects to rank 0's
   // socket first and greets as rank 1, with the right nonce. Rank 0 must refuse it (SO_PEERCRED:
   // not rank 1's pid) without counting it, then serve the real rank 1. The layouts mirror
@@ -286,6 +286,7 @@ TEST_CASE("exchangeFds: a caller of another process claiming a rank gets nothing
   Result res[2] = {Result::InternalError, Result::InternalError};
   std::string read[2];
   pid_t impostor = -1;
+  int silent = -1;
   int gathers = 0;
   std::vector<std::thread> ts;
   for (int r = 0; r < 2; ++r)
@@ -299,6 +300,23 @@ TEST_CASE("exchangeFds: a caller of another process claiming a rank gets nothing
           const Endpoint e0 = static_cast<Endpoint*>(d)[0];
           int sig[2];
           if (pipe(sig) != 0) return Result::SystemError;
+          // First a caller that connects and says nothing, and one that connects and closes: both
+          // dropped (neither may stop the exchange); then the impostor.
+          auto connectTo = [&](const char* name) {
+            const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            sockaddr_un a{};
+            a.sun_family = AF_UNIX;
+            const size_t len = strnlen(name, sizeof(e0.name));
+            std::memcpy(a.sun_path + 1, name, len);
+            if (connect(s, reinterpret_cast<sockaddr*>(&a), static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + len)) != 0) {
+              close(s);
+              return -1;
+            }
+            return s;
+          };
+          silent = connectTo(e0.name);
+          const int closer = connectTo(e0.name);
+          if (closer >= 0) close(closer);
           impostor = fork();
           if (impostor == 0) {
             close(sig[0]);
@@ -343,6 +361,8 @@ TEST_CASE("exchangeFds: a caller of another process claiming a rank gets nothing
       }
     });
   for (auto& t : ts) t.join();
+  CHECK(silent >= 0);
+  if (silent >= 0) close(silent);
   REQUIRE(impostor > 0);
   int status = -1;
   REQUIRE(waitpid(impostor, &status, 0) == impostor);

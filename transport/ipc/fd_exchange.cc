@@ -251,7 +251,7 @@ Result exchangeFds(const AllGatherFn& allGather, int rank, int nRanks, const std
     sockaddr_un a;
     const socklen_t len = abstractAddr(me.name, &a);
     if (listener.get() < 0 || ::bind(listener.get(), reinterpret_cast<sockaddr*>(&a), len) != 0 ||
-        ::listen(listener.get(), nRanks) != 0)
+        ::listen(listener.get(), SOMAXCONN) != 0)  // callers queue until step 3 accepts them
       setup = MK_ERROR(Result::SystemError, "rank %d: passing memory descriptors: a Unix socket @%s: %s", rank, me.name,
                        std::strerror(errno));
   }
@@ -282,7 +282,7 @@ Result exchangeFds(const AllGatherFn& allGather, int rank, int nRanks, const std
                             std::strerror(errno));
       break;
     }
-    // A Unix socket's connect completes at once while the listener's backlog (nRanks) has room;
+    // A Unix socket's connect completes at once while the listener's backlog (SOMAXCONN) has room;
     // EAGAIN (full) is retried until the deadline.
     while (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), len) != 0) {
       if ((errno != EAGAIN && errno != EINTR) || Clock::now() >= deadline) {
@@ -317,8 +317,14 @@ Result exchangeFds(const AllGatherFn& allGather, int rank, int nRanks, const std
       if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
       return MK_ERROR(Result::SystemError, "rank %d: passing memory descriptors: accept: %s", rank, std::strerror(errno));
     }
+    // A rank's greeting is already there (it was sent before the gather above); a caller that
+    // sends none within a second, or closes, is not one of ours and is dropped, not waited for.
     Hello hello{};
-    MK_CHECK(recvBytes(c.get(), &hello, sizeof(hello), deadline, rank, "reading a greeting from", -1));
+    const auto greetBy = std::min(deadline, Clock::now() + std::chrono::seconds(1));
+    if (recvBytes(c.get(), &hello, sizeof(hello), greetBy, rank, "reading a greeting from", -1) != Result::Success) {
+      MK_WARN("rank %d: passing memory descriptors: dropped a caller without a greeting (%s)", rank, lastError());
+      continue;
+    }
     ucred cred{};
     socklen_t cl = sizeof(cred);
     const int who = hello.rank;
