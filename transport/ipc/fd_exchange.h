@@ -17,7 +17,9 @@
 //      whether all its connections were made is all-gathered: a rank that cannot reach a peer
 //      (another network namespace) makes every rank fail at once, not at the deadline;
 //   3. each rank accepts as many connections as ranks want its descriptors, checks each caller's
-//      pid (SO_PEERCRED) and rank against the gathered ones, and answers with its descriptors;
+//      pid (SO_PEERCRED) and rank against the gathered ones, and answers with its descriptors; a
+//      caller that is not a rank (no greeting within a second, a closed connection, a wrong pid,
+//      nonce or rank) is dropped with a WARN and not counted, so that it cannot stop the exchange;
 //   4. each rank receives the answers on its own connections.
 // Every wait is bounded by the deadline, and an error names the peer and the step. `want` must be
 // symmetric (rank a wants b's descriptors if and only if b wants a's), as "another process on my
