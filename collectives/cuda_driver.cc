@@ -143,6 +143,37 @@ Result cuFailed(const char* call, CUresult r) {
   return MK_ERROR(Result::UnhandledCudaError, "%s failed: CUresult %d", call, static_cast<int>(r));
 }
 
+// Reserves `size` bytes of address space (aligned to `align`, 0: the default), maps `handle` there
+// and lets cuDev read and write it, undoing its own steps when one fails. The handle's reference
+// is the caller's: `keep` keeps it once mapped (vmmAlloc: the reference vmmFree and ncclMemFree
+// release), otherwise it is released after the map, which then holds the memory (an import);
+// on failure it is released either way.
+Result mapReadWrite(const Vmm& v, CUmemGenericAllocationHandle handle, size_t size, size_t align, CUdevice cuDev,
+                    bool keep, void** ptr) {
+  CUdeviceptr base = 0;
+  CUresult r = v.reserve(&base, size, align, 0, 0);
+  if (r != CUDA_SUCCESS) {
+    (void)v.release(handle);
+    return cuFailed("cuMemAddressReserve", r);
+  }
+  r = v.map(base, size, 0, handle, 0);
+  if (r != CUDA_SUCCESS) {
+    (void)v.addressFree(base, size);
+    (void)v.release(handle);
+    return cuFailed("cuMemMap", r);
+  }
+  if (!keep) (void)v.release(handle);  // the mapping holds the memory from here on (cuMemRelease's contract)
+  r = setReadWrite(v, base, size, cuDev);
+  if (r != CUDA_SUCCESS) {
+    (void)v.unmap(base, size);
+    (void)v.addressFree(base, size);
+    if (keep) (void)v.release(handle);
+    return cuFailed("cuMemSetAccess", r);
+  }
+  *ptr = reinterpret_cast<void*>(base);
+  return Result::Success;
+}
+
 }  // namespace
 
 Result vmmAlloc(void** ptr, size_t bytes) {
@@ -172,29 +203,9 @@ Result vmmAlloc(void** ptr, size_t bytes) {
   CUmemGenericAllocationHandle handle = 0;
   r = v.create(&handle, size, &prop, 0);
   if (r != CUDA_SUCCESS) return cuFailed("cuMemCreate", r);
-  CUdeviceptr base = 0;
-  r = v.reserve(&base, size, gran, 0, 0);
-  if (r != CUDA_SUCCESS) {
-    (void)v.release(handle);
-    return cuFailed("cuMemAddressReserve", r);
-  }
-  r = v.map(base, size, 0, handle, 0);
-  if (r != CUDA_SUCCESS) {
-    (void)v.addressFree(base, size);
-    (void)v.release(handle);
-    return cuFailed("cuMemMap", r);
-  }
   // The handle's reference is kept, as NCCL keeps it: vmmFree and NCCL's ncclMemFree each free the
   // other's mappings.
-  r = setReadWrite(v, base, size, cuDev);
-  if (r != CUDA_SUCCESS) {
-    (void)v.unmap(base, size);
-    (void)v.addressFree(base, size);
-    (void)v.release(handle);
-    return cuFailed("cuMemSetAccess", r);
-  }
-  *ptr = reinterpret_cast<void*>(base);
-  return Result::Success;
+  return mapReadWrite(v, handle, size, gran, cuDev, /*keep=*/true, ptr);
 }
 
 Result vmmFree(void* ptr) {
@@ -250,26 +261,7 @@ Result vmmImportFd(int fd, size_t size, int device, void** ptr) {
   CUmemGenericAllocationHandle handle = 0;
   r = v.importFd(&handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   if (r != CUDA_SUCCESS) return cuFailed("cuMemImportFromShareableHandle(POSIX_FILE_DESCRIPTOR)", r);
-  CUdeviceptr base = 0;
-  r = v.reserve(&base, size, 0, 0, 0);
-  if (r != CUDA_SUCCESS) {
-    (void)v.release(handle);
-    return cuFailed("cuMemAddressReserve", r);
-  }
-  r = v.map(base, size, 0, handle, 0);
-  (void)v.release(handle);  // the mapping holds the memory from here on (cuMemRelease's contract)
-  if (r != CUDA_SUCCESS) {
-    (void)v.addressFree(base, size);
-    return cuFailed("cuMemMap", r);
-  }
-  r = setReadWrite(v, base, size, cuDev);
-  if (r != CUDA_SUCCESS) {
-    (void)v.unmap(base, size);
-    (void)v.addressFree(base, size);
-    return cuFailed("cuMemSetAccess", r);
-  }
-  *ptr = reinterpret_cast<void*>(base);
-  return Result::Success;
+  return mapReadWrite(v, handle, size, 0, cuDev, /*keep=*/false, ptr);
 }
 
 Result vmmGrantAccess(void* ptr, int device) {
