@@ -2,7 +2,10 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <mutex>
+
+#include "collectives/cuda_driver_vmm.h"
 #include <string>
 
 namespace mkernel {
@@ -77,29 +80,31 @@ Result keepLocalMemory() {
   return Result::Success;
 }
 
+using detail::Vmm;
+
 namespace {
 
-// The virtual-memory entry points (CUDA 10.2+; cuMemGetAddressRange is its _v2).
-struct Vmm {
-  CUresult (*deviceGet)(CUdevice*, int) = nullptr;
-  CUresult (*deviceGetAttribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
-  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) = nullptr;
-  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long) = nullptr;
-  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
-  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
-  CUresult (*setAccess)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
-  CUresult (*retain)(CUmemGenericAllocationHandle*, void*) = nullptr;
-  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
-  CUresult (*addressRange)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;
-  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*addressFree)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*exportFd)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) = nullptr;
-  CUresult (*importFd)(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType) = nullptr;
-  Result status = Result::Success;
-  std::string why;
-};
+// Read-write access for device cuDev to the mapping [base, base + size).
+CUresult setReadWrite(const Vmm& v, CUdeviceptr base, size_t size, CUdevice cuDev) {
+  CUmemAccessDesc access = {};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = cuDev;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return v.setAccess(base, size, &access, 1);
+}
+
+Result cuFailed(const char* call, CUresult r) {
+  return MK_ERROR(Result::UnhandledCudaError, "%s failed: CUresult %d", call, static_cast<int>(r));
+}
+
+std::atomic<const Vmm*> testVmm{nullptr};
+
+}  // namespace
+
+namespace detail {
 
 const Vmm& vmm() {
+  if (const Vmm* fake = testVmm.load(std::memory_order_acquire)) return *fake;
   static Vmm v;
   static std::once_flag once;
   std::call_once(once, [] {
@@ -130,24 +135,8 @@ const Vmm& vmm() {
   return v;
 }
 
-// Read-write access for device cuDev to the mapping [base, base + size).
-CUresult setReadWrite(const Vmm& v, CUdeviceptr base, size_t size, CUdevice cuDev) {
-  CUmemAccessDesc access = {};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = cuDev;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  return v.setAccess(base, size, &access, 1);
-}
+void setVmmForTest(const Vmm* fake) { testVmm.store(fake, std::memory_order_release); }
 
-Result cuFailed(const char* call, CUresult r) {
-  return MK_ERROR(Result::UnhandledCudaError, "%s failed: CUresult %d", call, static_cast<int>(r));
-}
-
-// Reserves `size` bytes of address space (aligned to `align`, 0: the default), maps `handle` there
-// and lets cuDev read and write it, undoing its own steps when one fails. The handle's reference
-// is the caller's: `keep` keeps it once mapped (vmmAlloc: the reference vmmFree and ncclMemFree
-// release), otherwise it is released after the map, which then holds the memory (an import);
-// on failure it is released either way.
 Result mapReadWrite(const Vmm& v, CUmemGenericAllocationHandle handle, size_t size, size_t align, CUdevice cuDev,
                     bool keep, void** ptr) {
   CUdeviceptr base = 0;
@@ -174,7 +163,10 @@ Result mapReadWrite(const Vmm& v, CUmemGenericAllocationHandle handle, size_t si
   return Result::Success;
 }
 
-}  // namespace
+}  // namespace detail
+
+using detail::vmm;
+using detail::mapReadWrite;
 
 Result vmmAlloc(void** ptr, size_t bytes) {
   int dev = 0;
