@@ -4,9 +4,9 @@
 
 #include <atomic>
 #include <mutex>
+#include <string>
 
 #include "collectives/cuda_driver_vmm.h"
-#include <string>
 
 namespace mkernel {
 namespace coll {
