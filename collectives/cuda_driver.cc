@@ -168,17 +168,31 @@ Result mapReadWrite(const Vmm& v, CUmemGenericAllocationHandle handle, size_t si
 using detail::vmm;
 using detail::mapReadWrite;
 
+namespace {
+
+// The entry points, and the driver's handle of runtime device `dev`. Error: an entry point is
+// missing, or cuDeviceGet failed.
+Result vmmOn(int dev, const Vmm** v, CUdevice* cuDev) {
+  const Vmm& t = vmm();
+  if (t.status != Result::Success) return MK_ERROR(t.status, "%s", t.why.c_str());
+  const CUresult r = t.deviceGet(cuDev, dev);
+  if (r != CUDA_SUCCESS) return cuFailed("cuDeviceGet", r);
+  *v = &t;
+  return Result::Success;
+}
+
+}  // namespace
+
 Result vmmAlloc(void** ptr, size_t bytes) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cudaSetDevice(dev);  // the primary context, as cudaMalloc would
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "cudaSetDevice(%d) failed: %s", dev, cudaGetErrorString(err));
-  const Vmm& v = vmm();
-  if (v.status != Result::Success) return MK_ERROR(v.status, "%s", v.why.c_str());
+  const Vmm* vp = nullptr;
   CUdevice cuDev = 0;
-  CUresult r = v.deviceGet(&cuDev, dev);
-  if (r != CUDA_SUCCESS) return cuFailed("cuDeviceGet", r);
+  MK_CHECK(vmmOn(dev, &vp, &cuDev));
+  const Vmm& v = *vp;
   int rdma = 0;
   if (v.deviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, cuDev) != CUDA_SUCCESS)
     rdma = 0;
@@ -189,7 +203,7 @@ Result vmmAlloc(void** ptr, size_t bytes) {
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   if (rdma != 0) prop.allocFlags.gpuDirectRDMACapable = 1;
   size_t gran = 0;
-  r = v.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+  CUresult r = v.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
   if (r != CUDA_SUCCESS || gran == 0) return cuFailed("cuMemGetAllocationGranularity", r);
   const size_t size = (bytes + gran - 1) / gran * gran;
   CUmemGenericAllocationHandle handle = 0;
@@ -245,26 +259,24 @@ Result vmmExportFd(void* ptr, int* fd, size_t* size) {
 
 Result vmmImportFd(int fd, size_t size, int device, void** ptr) {
   *ptr = nullptr;
-  const Vmm& v = vmm();
-  if (v.status != Result::Success) return MK_ERROR(v.status, "%s", v.why.c_str());
+  const Vmm* vp = nullptr;
   CUdevice cuDev = 0;
-  CUresult r = v.deviceGet(&cuDev, device);
-  if (r != CUDA_SUCCESS) return cuFailed("cuDeviceGet", r);
+  MK_CHECK(vmmOn(device, &vp, &cuDev));
+  const Vmm& v = *vp;
   CUmemGenericAllocationHandle handle = 0;
-  r = v.importFd(&handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  CUresult r = v.importFd(&handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   if (r != CUDA_SUCCESS) return cuFailed("cuMemImportFromShareableHandle(POSIX_FILE_DESCRIPTOR)", r);
   return mapReadWrite(v, handle, size, 0, cuDev, /*keep=*/false, ptr);
 }
 
 Result vmmGrantAccess(void* ptr, int device) {
-  const Vmm& v = vmm();
-  if (v.status != Result::Success) return MK_ERROR(v.status, "%s", v.why.c_str());
+  const Vmm* vp = nullptr;
   CUdevice cuDev = 0;
-  CUresult r = v.deviceGet(&cuDev, device);
-  if (r != CUDA_SUCCESS) return cuFailed("cuDeviceGet", r);
+  MK_CHECK(vmmOn(device, &vp, &cuDev));
+  const Vmm& v = *vp;
   CUdeviceptr base = 0;
   size_t size = 0;
-  r = v.addressRange(&base, &size, reinterpret_cast<CUdeviceptr>(ptr));
+  CUresult r = v.addressRange(&base, &size, reinterpret_cast<CUdeviceptr>(ptr));
   if (r != CUDA_SUCCESS) return cuFailed("cuMemGetAddressRange", r);
   r = setReadWrite(v, base, size, cuDev);
   if (r != CUDA_SUCCESS) return cuFailed("cuMemSetAccess (another GPU of this process)", r);
