@@ -29,7 +29,10 @@ gpu_build() {
   [ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON "${catch_args[@]}" \
     >"$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
-  make -C "$build" -j"$jobs" "$@" >"$logs/build.log" 2>&1 || { grep -m5 -A5 error "$logs/build.log"; exit 1; }
+  # A compiler's message has "error" in it; make's own (e.g. "No rule to make target", a ctest name
+  # given for an executable's) does not, so the log's tail is printed then (session 38).
+  make -C "$build" -j"$jobs" "$@" >"$logs/build.log" 2>&1 ||
+    { grep -m5 -A5 error "$logs/build.log" || tail -5 "$logs/build.log"; echo "gpu_build: make $* failed"; exit 1; }
 }
 # gpu_build_nccl_tests "TESTS": the patched nccl-tests (scripts/nccl-tests.sh) into $build/nccl-tests.
 gpu_build_nccl_tests() {
