@@ -2,6 +2,7 @@
 // process ranks' cuMem memory travels (collectives/peer_memory.cc). Each rank passes memfds
 // holding its own text; a receiver reads the text back through the descriptor it got.
 #include <catch2/catch.hpp>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -375,13 +376,11 @@ TEST_CASE("exchangeFds: callers that are not ranks (silent, closing, or of anoth
 }
 
 TEST_CASE("exchangeFds: between processes over the bootstrap (4 processes, two 'hosts' of two)") {
-  mkernel::bootstrap::UniqueId id;
-  REQUIRE(mkernel::bootstrap::createUniqueId(&id) == Result::Success);
   const int n = 4;
   // Rank r wants the descriptors of the ranks of its own pair that are not itself, and of rank
   // (r + 2) % 4: symmetric.
   auto want = [](int a, int b) { return a != b && ((a / 2) == (b / 2) || (a + 2) % 4 == b); };
-  auto body = [&](int r) -> int {
+  auto body = [&](int r, const mkernel::bootstrap::UniqueId& id) -> int {
     std::unique_ptr<mkernel::bootstrap::Bootstrap> bs;
     if (mkernel::bootstrap::Bootstrap::create(id, r, n, &bs) != Result::Success) return 10;
     int mine[2] = {memfdWith(textOf(r, 0)), memfdWith(textOf(r, 1))};
@@ -403,19 +402,70 @@ TEST_CASE("exchangeFds: between processes over the bootstrap (4 processes, two '
       }
     return bs->barrier() == Result::Success && bad == 0 ? 0 : 12;
   };
+  // Every rank is a child, forked before this process starts the case's first thread (the
+  // bootstrap root's, in createUniqueId), and reads the id from a pipe: a child of a process with
+  // threads may not start threads of its own under ThreadSanitizer (scripts/tsan-audit.sh), and
+  // the bootstrap does. This process only reaps, with a deadline: a rank that dies fails the case
+  // at once, the others killed, instead of leaving its peers in the bootstrap until
+  // MKERNEL_TIMEOUT_S (300 s, past ctest's timeout).
   std::vector<pid_t> kids;
-  for (int r = 1; r < n; ++r) {
+  std::vector<int> idPipes;
+  for (int r = 0; r < n; ++r) {
+    int p[2];
+    REQUIRE(pipe(p) == 0);
     const pid_t pid = fork();
     REQUIRE(pid >= 0);
-    if (pid == 0) _exit(body(r));
+    if (pid == 0) {
+      close(p[1]);
+      mkernel::bootstrap::UniqueId id{};
+      size_t have = 0;
+      while (have < sizeof(id)) {
+        const ssize_t k = ::read(p[0], id.bytes + have, sizeof(id) - have);
+        if (k <= 0) _exit(9);  // the test process went away
+        have += static_cast<size_t>(k);
+      }
+      _exit(body(r, id));
+    }
+    close(p[0]);
     kids.push_back(pid);
+    idPipes.push_back(p[1]);
   }
-  const int mineRc = body(0);
-  CHECK(mineRc == 0);
-  for (pid_t pid : kids) {
-    int status = 0;
-    REQUIRE(waitpid(pid, &status, 0) == pid);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
+  mkernel::bootstrap::UniqueId id;
+  const bool created = mkernel::bootstrap::createUniqueId(&id) == Result::Success;
+  CHECK(created);
+  for (int fd : idPipes) {
+    if (created) CHECK(write(fd, id.bytes, sizeof(id)) == static_cast<ssize_t>(sizeof(id)));
+    close(fd);  // without an id the children exit 9
+  }
+  // Exit codes: 0 ok; 9 no id; 10 bootstrap; 11 exchange; 12 a descriptor's text or the final
+  // barrier; -SIG killed by a signal (-9: by this loop, after the first failure or the deadline).
+  std::vector<int> rc(kids.size(), 1000);
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t left = kids.size();
+  bool killAll = false;
+  while (left > 0) {
+    for (size_t i = 0; i < kids.size(); ++i) {
+      if (rc[i] != 1000) continue;
+      int status = 0;
+      const pid_t w = waitpid(kids[i], &status, killAll ? 0 : WNOHANG);
+      if (w != kids[i]) continue;
+      rc[i] = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+      --left;
+      if (rc[i] != 0 && !killAll) {
+        killAll = true;
+        for (size_t j = 0; j < kids.size(); ++j)
+          if (rc[j] == 1000) kill(kids[j], SIGKILL);
+      }
+    }
+    if (!killAll && std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60)) {
+      killAll = true;
+      for (size_t j = 0; j < kids.size(); ++j)
+        if (rc[j] == 1000) kill(kids[j], SIGKILL);
+    }
+    if (left > 0 && !killAll) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (size_t r = 0; r < kids.size(); ++r) {
+    INFO("rank " << r << " exit code " << rc[r]);
+    CHECK(rc[r] == 0);
   }
 }
