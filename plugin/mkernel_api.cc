@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "collectives/stats.h"
+#include "common/version.h"
 
 // Callers carry their own copy of mkernelStats_t (nccl-tests' patch does): a caller built against
 // an older, shorter struct gets the fields that fit its `size`.
@@ -26,6 +27,4 @@ extern "C" int mkernelGetStats(mkernelStats_t* out) {
   return 0;
 }
 
-#define MKERNEL_STR2(x) #x
-#define MKERNEL_STR(x) MKERNEL_STR2(x)
-extern "C" const char* mkernelVersionString(void) { return "mkernel " MKERNEL_STR(MKERNEL_VERSION); }
+extern "C" const char* mkernelVersionString(void) { return "mkernel " MKERNEL_VERSION_STRING; }
