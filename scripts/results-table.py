@@ -50,6 +50,11 @@ THEMES = {
                 "Share of the shorter phase (node or rail) that the pipelined AllReduce hides, per layout "
                 "(nodes x ranks per node) and form, over rounds of pipelined and in-turn runs of the same build "
                 "(`mkernel` is the median, `min` and `max` the range, `rounds_ge_80` the rounds at or above 80%)."),
+    "pipeline": ("The hierarchical AllReduce's time by form",
+                 "Median over rounds of the eager medians (`mkernel`, us) of the hierarchical AllReduce on emulated nodes, "
+                 "pipelined and in turn, per layout, form and variant; `ratio` to the `baseline` variant where the sweep "
+                 "had one. CTA 0's busy time, its rail and node-barrier waits, and its own work in device memory (`loc`) "
+                 "and through the net buffers (`net`), us per op."),
     "transport": ("Host transports",
                   "The TCP transport (`net::Net`) and the proxy on loopback, against a plain socket and the bare "
                   "transport (`baseline`); `ratio` = mkernel / baseline."),
