@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """scripts/results-table.py: the page it renders from CSVs (tests/scripts/fixtures/results), --check
 on a current and on a stale page, --readme between the markers only (and its refusal without them
-or with more than 8 headline rows), its refusal of a malformed CSV, and that the repository's own
-docs/RESULTS.md is what docs/results/*.csv give.
+or with more than 8 headline rows), --embed of one CSV's tables into a page, its refusal of a
+malformed CSV, and that the repository's own docs/RESULTS.md and docs/MODEL.md's embedded table
+are what docs/results/*.csv give.
 
     python3 tests/scripts/test_results_table.py REPO_ROOT
 """
@@ -51,7 +52,7 @@ def main(root):
         run_script(root, "results-table.py", *base)
         text = read(page)
         check("the page says it is generated and by which command",
-              "Generated from `docs/results/*.csv` by `python3 scripts/results-table.py`" in text)
+              "Generated from `docs/results/*.csv` by `python3 scripts/results-table.py --embed docs/MODEL.md`" in text)
         check("one section per CSV", text.count("\n## ") == 2 and "(`collectives.csv`)" in text
               and "(`latency.csv`)" in text)
         check("rows are counted", "4 rows." in text and "2 rows." in text)
@@ -97,6 +98,25 @@ def main(root):
         code, out = rc(root, "--check", "--readme", readme, *base)
         check("--check finds a stale README table (%d)" % code, code == 1 and "README.md is stale" in out)
 
+        # --embed: one CSV's tables between its own pair of lines, the rest kept.
+        doc = os.path.join(tmp, "MODEL.md")
+        head, tail = "# Model\n\ntext\n\n", "\n\nmore text\n"
+        write(doc, head + "<!-- results:latency.csv begin -->\nold\n<!-- results:latency.csv end -->" + tail)
+        run_script(root, "results-table.py", "--embed", doc, *base)
+        d = read(doc)
+        body = d.split("<!-- results:latency.csv begin -->")[1].split("<!-- results:latency.csv end -->")[0]
+        check("--embed keeps what lies outside its lines", d.startswith(head) and d.endswith(tail))
+        check("--embed writes that CSV's tables and nothing else",
+              "old" not in body and "| 0.68 |" in body and "10.95" not in body and "## " not in body)
+        code, out = rc(root, "--check", "--embed", doc, *base)
+        check("--check --embed after --embed exits 0 (%d: %s)" % (code, out), code == 0)
+        write(doc, head + tail)
+        code, out = rc(root, "--embed", doc, *base)
+        check("--embed without the lines exits 1 (%d: %s)" % (code, out), code == 1 and "results:NAME.csv" in out)
+        write(doc, "<!-- results:nosuch.csv begin -->\n<!-- results:nosuch.csv end -->\n")
+        code, out = rc(root, "--embed", doc, *base)
+        check("--embed of a CSV that does not exist exits 1 (%d: %s)" % (code, out), code == 1 and "nosuch.csv" in out)
+
         write(readme, before + after)
         code, out = rc(root, "--readme", readme, *base)
         check("--readme without markers exits 1 and says so (%d: %s)" % (code, out),
@@ -124,9 +144,9 @@ def main(root):
     finally:
         shutil.rmtree(tmp)
 
-    # The repository's page is current.
-    code, out = rc(root, "--check")
-    check("docs/RESULTS.md is what docs/results/*.csv give (%s)" % out.strip(), code == 0)
+    # The repository's page and docs/MODEL.md's table are current.
+    code, out = rc(root, "--check", "--embed", "%s/docs/MODEL.md" % root)
+    check("docs/RESULTS.md and docs/MODEL.md are what docs/results/*.csv give (%s)" % out.strip(), code == 0)
     return report("test_results_table", failures)
 
 
