@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A time-stepped model of the hierarchical AllReduce's chunk schedule (collectives/hier_staged.h,
-hierAllReduce), for the question session 27 asked: how much does the order of a CTA's steps cost
-when the rail, not the node, is the bound? It models the schedule only: no bytes, no GPU.
+hierAllReduce), for one question: how much does the order of a CTA's steps cost when the rail,
+not the node, is the bound? It models the schedule only: no bytes, no GPU.
 
     python3 scripts/pipeline-model.py [--nodes 4] [--per-node 2] [--chunks 16] [--round-us 220]
                                       [--push 40 --red1 50 --red 60 --p3 40 --cp 30]
@@ -24,10 +24,11 @@ It prints each order's time and the hidden share (t_turn - t_pipe) / min(node, r
 node phase is chunks x (push + red1 + p3 + cp) and the rail phase the rest of t_turn, as
 scripts/overlap-table.py computes it from the in-turn phase marks.
 
-The defaults are session 26's 4 x 2 per chunk (docs/PERFORMANCE.md): CTA 0's own work in turn,
-about 3,450 us over 16 one-MiB chunks (215 us a chunk, split here by phase), and its rail waits in
-turn, about 7,000 us over 32 rounds (220 us a round; 2 x 2: about 3,370 us, so --nodes 2
---round-us 105). Session 27 (docs/MODEL.md) ran it for both layouts at 4 and 16 chunks.
+The defaults are per-chunk times of 4 x 2 emulated nodes at 16 MiB (docs/results/pipeline.csv
+holds such runs, with CTA 0's busy time and rail waits in turn): CTA 0's own work in turn, about 3,450 us over 16 one-MiB chunks (215
+us a chunk, split here by phase), and its rail waits in turn, about 7,000 us over 32 rounds (220
+us a round; 2 x 2: about 3,370 us, so --nodes 2 --round-us 105). docs/MODEL.md, "The schedule
+model", gives what it predicts for both layouts at 4 and 16 chunks.
 """
 import argparse
 import random

@@ -6,9 +6,9 @@ for each table, the data-parallel time over each roles setting's time against th
   python3 scripts/plot-roles.py SWEEPS.txt OUT.png [--section TEXT] [--title TEXT]
 
 SWEEPS.txt holds tables whose header line starts with "bytes" followed by "roles=off" and the
-other settings, each preceded by a "### name" line that titles its panel (the tables of
-docs/data/h200-2026-12-01-s21-sweeps.txt). --section keeps only the tables after the first "##"
-line containing TEXT, up to the next "## " line. Needs matplotlib; without it, says so and exits 2.
+other settings, each preceded by a "### name" line that titles its panel (as launch-check.sh
+writes them). --section keeps only the tables after the first "##" line containing TEXT, up to
+the next "## " line. Needs matplotlib; without it, says so and exits 2.
 """
 import argparse
 import sys

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""scripts/overlap-table.py on session 27's and 28's recorded sweeps (docs/data): the numbers
-docs/PERFORMANCE.md quotes from it (the hidden share's medians over six rounds, and the A/B
-ratios of --baseline), what it prints without a baseline column, and (session 28) the A/B table
-of a sweep with no in-turn runs (ReduceScatter's two forms), with CTA 0's work in device memory
-and through its net buffers.
+"""scripts/overlap-table.py on recorded sweeps of scripts/rail-check.sh (tests/scripts/fixtures,
+the lines the script reads): the hidden share's medians over six rounds and the A/B ratios of
+--baseline for the direct AllReduce one and two chunks ahead (rail-sweep-ahead-*.txt), what it
+prints without a baseline column, and the A/B table of a sweep with no in-turn runs
+(ReduceScatter's two forms, rail-sweep-rs-ag.txt), with CTA 0's work in device memory and through
+its net buffers.
 
     python3 tests/scripts/test_overlap_table.py REPO_ROOT
 """
@@ -14,7 +15,7 @@ from script_test import report, run_script
 
 
 def run(root, *args):
-    files = ["%s/docs/data/h200-2026-12-02-s27-call%d-rail-sweep.txt" % (root, c) for c in (2, 3)]
+    files = ["%s/tests/scripts/fixtures/rail-sweep-ahead-%s.txt" % (root, c) for c in ("a", "b")]
     return run_script(root, "overlap-table.py", *(files + list(args)))
 
 
@@ -52,9 +53,9 @@ def main(root):
     s = row(out, r"^8:2:1 +4194304 +pipelined +direct\+a2 ")
     check("4 x 2 pipelined at 4 MiB, two ahead against one", s[4:7], ["3", "2664", "1.107"])
 
-    # Session 28, call 2: ReduceScatter and AllGather pipelined only, the own piece kept (rs1, ag1)
+    # ReduceScatter and AllGather pipelined only, the own piece kept (rs1, ag1)
     # or through the net buffers (rs0, ag0). Columns: ..., ratio, busy, wr, wn, loc, net.
-    out = run_script(root, "overlap-table.py", "%s/docs/data/h200-2026-12-02-s28-call2-rail-sweep.txt" % root,
+    out = run_script(root, "overlap-table.py", "%s/tests/scripts/fixtures/rail-sweep-rs-ag.txt" % root,
                      "--baseline", "rs0")
     if "no (in turn, pipelined) pairs" not in out:
         failures.append("a sweep without in-turn runs printed phase rows")
