@@ -90,12 +90,6 @@ static_assert(offsetof(KernelParams, peers) == 64, "KernelParams: the hot fields
 // Launches the persistent kernel with p.nCtas CTAs of kKernelThreads threads on `stream`.
 Result launchPersistentKernel(const KernelParams& p, cudaStream_t stream);
 
-// Launches the gate kernel on the caller's stream (MKERNEL_STREAM_WAIT=kernel): one thread that
-// posts `doorbell` (device memory), waits until the persistent kernel marks it Done and resets it
-// to Free; after timeoutNs it records HostControl::gateError (ctlDev: the device address of the
-// host-mapped control block) and lets the stream go. Legal during CUDA graph capture.
-Result launchGate(uint32_t* doorbell, HostControl* ctlDev, uint64_t timeoutNs, int rank, cudaStream_t stream);
-
 // Local memory (stack) per thread the persistent kernel (or the launch-path kernel) needs: the device's stack limit must be
 // at least this BEFORE kernels run, or a later launch resizes local memory, which waits for every
 // running kernel, i.e. forever for a peer's persistent kernel (NCCL sets the limit for the same

@@ -155,7 +155,7 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
   maxBytes += 256;
   // The hierarchical path rounds each node's partial result, then each step that combines nodes:
   // one for the direct rail exchange, N - 1 for ring or rhd (MKERNEL_HIER_RAIL).
-  const std::string rail = mkernel::paramString("HIER_RAIL");
+  const std::string rail = mkernel::params::HIER_RAIL.text();
   const int askedRail = std::max(0, mkernel::coll::hierRailByName(rail));  // the communicator rejects a bad name
   int roundings = 1;
   if (ranksPerNode > 0) {
@@ -175,7 +175,7 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
     mkernel::coll::CollStats st;
     ctx.comm->stats(&st);
     // Unless the case sets it, MKERNEL_HIER_CTAS's default (params.def; the kernels have more CTAs).
-    const int wantHierCtas = expectHierCtas > 0 ? expectHierCtas : static_cast<int>(mkernel::paramInt("HIER_CTAS", 1));
+    const int wantHierCtas = expectHierCtas > 0 ? expectHierCtas : static_cast<int>(mkernel::params::HIER_CTAS());
     if (ranksPerNode > 0 && st.hierCtas != wantHierCtas)
       ctx.fail("hierarchical collectives split over " + std::to_string(st.hierCtas) + " CTA(s), want " +
                std::to_string(wantHierCtas));
@@ -186,7 +186,7 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
       ctx.fail("rail NIC speed " + std::to_string(st.railMbps) + " Mb/s with " + std::to_string(ranksPerNode) + " ranks per node");
     // MKERNEL_HIER_ROLES=W,R: the AllReduces ran in CTA roles.
     int wantWorkers = 0, wantReducers = 0;
-    const std::string roles = mkernel::paramString("HIER_ROLES");
+    const std::string roles = mkernel::params::HIER_ROLES();
     if (ranksPerNode > 0 && std::sscanf(roles.c_str(), "%d,%d", &wantWorkers, &wantReducers) == 2 &&
         (st.hierWorkers != wantWorkers || st.hierReducers != wantReducers))
       ctx.fail("AllReduce CTA roles " + std::to_string(st.hierWorkers) + "," + std::to_string(st.hierReducers) +
@@ -201,7 +201,7 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
     // Phase times (collectives/hier_staged.h): CTA 0 times its AllReduce chunks in turn
     // (MKERNEL_HIER_OVERLAP=0), with both phases non-zero, and none pipelined.
     if (ranksPerNode > 0) {
-      const bool inTurn = mkernel::paramInt("HIER_OVERLAP", 1) == 0;
+      const bool inTurn = !mkernel::params::HIER_OVERLAP();
       if (inTurn && (st.hierTurnChunks == 0 || st.hierTurnNodeNs == 0 || st.hierTurnRailNs == 0))
         ctx.fail("in turn, but CTA 0 timed " + std::to_string(st.hierTurnChunks) + " AllReduce chunks (node " +
                  std::to_string(st.hierTurnNodeNs) + " ns, rail " + std::to_string(st.hierTurnRailNs) + " ns)");
@@ -404,6 +404,7 @@ TEST_CASE("gpu: every collective x dtype x op as rings (MKERNEL_ALGO=ring), 2, 3
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   setenv("MKERNEL_ALGO", "ring", 1);
   setenv("MKERNEL_RING_MIN_BYTES", "0", 1);  // every collective a ring, the smallest too
+  mkernel::params::resetForTesting();
   for (int n : {2, 3, 8}) {
     INFO(n << " ranks, 1 MiB regions");
     runRingSweep(n);
@@ -411,11 +412,13 @@ TEST_CASE("gpu: every collective x dtype x op as rings (MKERNEL_ALGO=ring), 2, 3
   // Small regions: the larger cases take many rounds (4 KiB: 1,024 floats per chunk), and 4 MiB
   // per rank (PreMulSum's pre() at every step) takes several even with 64 KiB.
   setenv("MKERNEL_STAGED_CHUNK_BYTES", "4096", 1);
+  mkernel::params::resetForTesting();
   {
     INFO("4 ranks, 4 KiB regions");
     runRingSweep(4);
   }
   setenv("MKERNEL_STAGED_CHUNK_BYTES", "65536", 1);
+  mkernel::params::resetForTesting();
   {
     INFO("4 ranks, 64 KiB regions, 4 MiB per rank");
     runRingSweep(4, /*direct=*/true);
@@ -423,6 +426,7 @@ TEST_CASE("gpu: every collective x dtype x op as rings (MKERNEL_ALGO=ring), 2, 3
   unsetenv("MKERNEL_STAGED_CHUNK_BYTES");
   unsetenv("MKERNEL_RING_MIN_BYTES");
   unsetenv("MKERNEL_ALGO");
+  mkernel::params::resetForTesting();
 }
 
 TEST_CASE("gpu: rings in a given order (MKERNEL_RING_ORDER), 4 and 8 ranks", "[gpu][ring][ringorder]") {
@@ -430,31 +434,37 @@ TEST_CASE("gpu: rings in a given order (MKERNEL_RING_ORDER), 4 and 8 ranks", "[g
   setenv("MKERNEL_ALGO", "ring", 1);
   setenv("MKERNEL_RING_MIN_BYTES", "0", 1);
   setenv("MKERNEL_STAGED_CHUNK_BYTES", "65536", 1);  // several rounds per case
+  mkernel::params::resetForTesting();
   for (const char* order : {"3,1,0,2", "0,2,1,3"}) {
     INFO("4 ranks, MKERNEL_RING_ORDER=" << order);
     setenv("MKERNEL_RING_ORDER", order, 1);
+    mkernel::params::resetForTesting();
     runRingSweep(4);
   }
   {
     INFO("8 ranks, MKERNEL_RING_ORDER=5,2,7,0,3,6,1,4");
     setenv("MKERNEL_RING_ORDER", "5,2,7,0,3,6,1,4", 1);
+    mkernel::params::resetForTesting();
     runRingSweep(8);
   }
   unsetenv("MKERNEL_RING_ORDER");
   unsetenv("MKERNEL_STAGED_CHUNK_BYTES");
   unsetenv("MKERNEL_RING_MIN_BYTES");
   unsetenv("MKERNEL_ALGO");
+  mkernel::params::resetForTesting();
 }
 
 TEST_CASE("gpu: rings from MKERNEL_RING_MIN_BYTES=auto: what the LL mode takes is an LL push, the rest a ring, 2 and 4 ranks",
           "[gpu][ring][ringmin]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   setenv("MKERNEL_ALGO", "ring", 1);
+  mkernel::params::resetForTesting();
   for (int n : {2, 4}) {
     INFO(n << " ranks, MKERNEL_RING_MIN_BYTES unset (auto)");
     runRingSweep(n);
   }
   unsetenv("MKERNEL_ALGO");
+  mkernel::params::resetForTesting();
 }
 
 TEST_CASE("gpu: every collective x dtype x op, 1 rank", "[gpu][r1]") {
@@ -499,9 +509,11 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2,
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   setenv("MKERNEL_HIER_CTAS", "3", 1);  // each CTA its slice and proxy channel (written in session 7)
   setenv("MKERNEL_HIER_SPLIT_MIN_BYTES", "0", 1);  // every collective split, the small ones too
+  mkernel::params::resetForTesting();
   runSweep(4, 2, 3);
   unsetenv("MKERNEL_HIER_CTAS");
   unsetenv("MKERNEL_HIER_SPLIT_MIN_BYTES");
+  mkernel::params::resetForTesting();
 }
 // CTA roles (MKERNEL_HIER_ROLES, collectives/hier_staged.h): the AllReduces on a sender, W workers
 // and R reducers per lane, the other collectives data-parallel between them. Two lanes of 1 + 2 + 2
@@ -513,14 +525,17 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2,
   setenv("MKERNEL_HIER_ROLES", "2,2", 1);
   setenv("MKERNEL_HIER_CTAS", "2", 1);
   setenv("MKERNEL_HIER_SPLIT_MIN_BYTES", "0", 1);
+  mkernel::params::resetForTesting();
   runSweep(4, 2, 2);
   unsetenv("MKERNEL_HIER_CTAS");
   unsetenv("MKERNEL_HIER_SPLIT_MIN_BYTES");
   setenv("MKERNEL_HIER_ROLES", "1,1", 1);
   setenv("MKERNEL_HIER_SPLIT_MIN_BYTES", "16384", 1);
+  mkernel::params::resetForTesting();
   runSweep(4, 2);
   unsetenv("MKERNEL_HIER_SPLIT_MIN_BYTES");
   unsetenv("MKERNEL_HIER_ROLES");
+  mkernel::params::resetForTesting();
 }
 // MKERNEL_HIER_RAIL (collectives/hier_staged.h, "The AllReduce's exchange among the rail"): the
 // rail exchange of the AllReduces, ReduceScatters and AllGathers as a ring over 3 and 4 emulated
@@ -531,11 +546,14 @@ TEST_CASE("gpu: every collective x dtype x op, 6-8 ranks as 3-4 emulated nodes o
   for (const char* rail : {"ring", "rhd"}) {
     INFO("MKERNEL_HIER_RAIL=" << rail);
     setenv("MKERNEL_HIER_RAIL", rail, 1);
+    mkernel::params::resetForTesting();
     runSweep(8, 2);
   }
   setenv("MKERNEL_HIER_RAIL", "ring", 1);
+  mkernel::params::resetForTesting();
   runSweep(6, 2);
   unsetenv("MKERNEL_HIER_RAIL");
+  mkernel::params::resetForTesting();
 }
 // CTA roles with the ring and rhd exchanges: the sender posts each chunk's N - 1 (log2 N) reduce-
 // scatter steps, each reduced by the reducers before the next, and its all-gather steps woven with
@@ -558,12 +576,15 @@ TEST_CASE("gpu: every collective x dtype x op, 6-8 ranks as 3-4 emulated nodes o
     setenv("MKERNEL_HIER_ROLES", r.roles, 1);
     setenv("MKERNEL_HIER_SPLIT_MIN_BYTES", r.splitMin, 1);
     if (r.lanes > 0) setenv("MKERNEL_HIER_CTAS", std::to_string(r.lanes).c_str(), 1);
+    mkernel::params::resetForTesting();
     runSweep(r.ranks, 2, r.lanes);
     unsetenv("MKERNEL_HIER_CTAS");
+    mkernel::params::resetForTesting();
   }
   unsetenv("MKERNEL_HIER_SPLIT_MIN_BYTES");
   unsetenv("MKERNEL_HIER_ROLES");
   unsetenv("MKERNEL_HIER_RAIL");
+  mkernel::params::resetForTesting();
 }
 TEST_CASE("gpu: every collective x dtype x op, 8 ranks as 2 emulated nodes of 4 (hierarchical, proxies)", "[gpu][hier8]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
@@ -580,6 +601,7 @@ TEST_CASE("gpu: ranks sharing the GPU arrive 5 ms apart and queue 3 collectives 
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   // The third collective must take the doorbell: no small persistent kernels for direct mode.
   setenv("MKERNEL_SHARED_CTAS", "0", 1);
+  mkernel::params::resetForTesting();
   for (int nRanks : {4, 8}) {
     INFO(nRanks << " ranks");
     const size_t small = 1000, large = size_t(1) << 20;  // 4 KiB each, 4 MiB (above the launch path)
@@ -621,4 +643,5 @@ TEST_CASE("gpu: ranks sharing the GPU arrive 5 ms apart and queue 3 collectives 
     CHECK(failures.empty());
   }
   unsetenv("MKERNEL_SHARED_CTAS");
+  mkernel::params::resetForTesting();
 }

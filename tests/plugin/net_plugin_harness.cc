@@ -1,4 +1,5 @@
 #include "tests/plugin/net_plugin_harness.h"
+#include "common/param.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -90,6 +91,7 @@ std::string netPluginPath() {
 void prepareTestEnvironment() {
   // Loopback for the TCP backend; a caller's own setting (e.g. the verbs VM's) wins.
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 0);
+  mkernel::params::resetForTesting();
 }
 
 void* pluginLibrary() {
