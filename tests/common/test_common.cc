@@ -1,4 +1,5 @@
-// common/: the settings registry, errors, and logging through NCCL's logger.
+// common/: the settings registry, errors, logging through NCCL's logger, and the generated settings
+// tables against params.def.
 #include <catch2/catch.hpp>
 
 #include <cstdarg>
@@ -302,4 +303,57 @@ TEST_CASE("errors: MK_ERROR records the message and returns the code") {
   CHECK(r == Result::InvalidArgument);
   CHECK(std::string(mkernel::lastError()) == "count -3 is bad");
   CHECK(std::string(mkernel::resultString(Result::RemoteError)).find("remote") != std::string::npos);
+}
+
+namespace {
+
+std::string readFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// The MKERNEL_ names of a markdown table's rows (| `MKERNEL_NAME` | ...).
+std::set<std::string> tableNames(const std::string& text) {
+  std::regex row("\\|\\s*`MKERNEL_([A-Z0-9_]+)`\\s*\\|");
+  std::set<std::string> names;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), row); it != std::sregex_iterator(); ++it)
+    names.insert((*it)[1]);
+  return names;
+}
+
+std::set<std::string> declared(std::initializer_list<params::Audience> audiences) {
+  std::set<std::string> out;
+  for (int k = 0; k < static_cast<int>(params::Id::kCount); ++k)
+    for (params::Audience a : audiences)
+      if (params::table()[k].audience == a) out.insert(params::table()[k].name);
+  return out;
+}
+
+}  // namespace
+
+// README.md's settings block (the fixture's while README.md has no markers) lists exactly the user
+// settings; docs/TUNING.md lists exactly the user and tuning ones. scripts/param-table.py writes
+// both; test_param_tables (ctest) checks that neither is stale.
+TEST_CASE("settings tables: README's block lists the user settings, docs/TUNING.md every documented one") {
+  const std::string begin = "<!-- settings:begin -->", end = "<!-- settings:end -->";
+  std::string readme = readFile(MKERNEL_SOURCE_DIR "/README.md");
+  if (readme.find(begin) == std::string::npos) readme = readFile(MKERNEL_SOURCE_DIR "/tests/common/settings-readme.md");
+  const size_t b = readme.find(begin), e = readme.find(end);
+  REQUIRE(b != std::string::npos);
+  REQUIRE(e != std::string::npos);
+  const std::set<std::string> inReadme = tableNames(readme.substr(b, e - b));
+  CHECK(inReadme == declared({params::Audience::USER}));
+  CHECK(inReadme.size() >= 15);
+  CHECK(inReadme.size() <= 25);
+
+  const std::string tuning = readFile(MKERNEL_SOURCE_DIR "/docs/TUNING.md");
+  REQUIRE_FALSE(tuning.empty());
+  CHECK(tableNames(tuning) == declared({params::Audience::USER, params::Audience::TUNING}));
+  for (const std::string& hook : declared({params::Audience::TEST})) {
+    INFO("test hook MKERNEL_" << hook << " is documented");
+    CHECK(tuning.find("MKERNEL_" + hook) == std::string::npos);
+    CHECK(readme.find("MKERNEL_" + hook) == std::string::npos);
+  }
 }
