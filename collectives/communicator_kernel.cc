@@ -528,7 +528,6 @@ Result KernelCommunicator::init() {
   params_.idleExitNs = static_cast<uint64_t>(std::max<int64_t>(0, params::IDLE_EXIT_US())) * 1000ull;
   params_.testStallBarrier = static_cast<uint32_t>(std::max<int64_t>(0, params::TEST_STALL_BARRIER()));
   params_.hierOverlap = params::HIER_OVERLAP() ? 1u : 0u;
-  params_.proxyBatch = params::PROXY_BATCH() ? 1u : 0u;
   if (params_.testStallBarrier != 0)
     MK_WARN("rank %d: MKERNEL_TEST_STALL_BARRIER=%u: a test hook; this rank's staged collectives stop at that barrier "
             "until the communicator is aborted", opts_.rank, params_.testStallBarrier);

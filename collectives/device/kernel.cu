@@ -418,11 +418,8 @@ struct HierExecutor : CtaMover {
       uint64_t sends = p.self->proxySends[lane][slot], recvs = p.self->proxyRecvs[lane][slot];
       uint32_t n = 0;
       for (int m = 0; m < p.nNodes; ++m) n += (recvBytes[m] != 0 ? 1u : 0u) + (sendBytes[m] != 0 ? 1u : 0u);
-      // MKERNEL_PROXY_BATCH=0 (for comparison): one proxyPost per command, as before session 25.
-      const bool batch = p.proxyBatch != 0;
-      if (!batch) __threadfence_system();
       proxy::ProxyProducer pr{p.self->proxyHead[lane], p.self->proxyTailSeen[lane]};
-      bool ok = !batch || proxy::proxyReserve(ring(), flags(), &pr, n, p.timeoutNs) == proxy::PostStatus::kPosted;
+      bool ok = proxy::proxyReserve(ring(), flags(), &pr, n, p.timeoutNs) == proxy::PostStatus::kPosted;
       uint32_t i = 0;
       for (int pass = 0; pass < 2 && ok; ++pass) {  // receives first, then sends
         for (int m = 0; m < p.nNodes && ok; ++m) {
@@ -436,16 +433,11 @@ struct HierExecutor : CtaMover {
           c.bytes = bytes;
           c.tag = round;
           c.flag = 2 * static_cast<uint32_t>(slot) + (pass == 0 ? 1u : 0u);
-          if (batch)
-            proxy::proxyWrite(ring(), pr, i++, c);
-          else
-            ok = proxy::proxyPost(ring(), flags(), c, p.timeoutNs) == proxy::PostStatus::kPosted;
-          if (ok) {
-            if (pass == 0) ++recvs; else ++sends;
-          }
+          proxy::proxyWrite(ring(), pr, i++, c);
+          if (pass == 0) ++recvs; else ++sends;
         }
       }
-      if (batch && ok) proxy::proxyPublish(ring(), &pr, n);
+      if (ok) proxy::proxyPublish(ring(), &pr, n);
       p.self->proxySends[lane][slot] = sends;
       p.self->proxyRecvs[lane][slot] = recvs;
       p.self->proxyHead[lane] = pr.head;

@@ -73,7 +73,6 @@ struct KernelParams {
   // so that a test can kill the process in the middle of a collective's data movement.
   uint32_t testStallBarrier;
   uint32_t hierOverlap;  // MKERNEL_HIER_OVERLAP: pipelined hierarchical AllReduce (0: phases in turn)
-  uint32_t proxyBatch;   // MKERNEL_PROXY_BATCH: a rail round's commands as one batch (0: one at a time)
   uint32_t hierKeepOwn;  // MKERNEL_HIER_KEEP_OWN: HierCall::keepOwn (0: the own piece through P)
   int32_t hierAhead;     // MKERNEL_HIER_AHEAD: HierCall::ahead (1 or 2 chunks)
   // MKERNEL_HIER_ROLES: workers and reducers per lane of a hierarchical AllReduce in CTA roles
