@@ -223,35 +223,30 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
     // inputs up to MKERNEL_LAUNCH_MAX_BYTES.
     // The threshold in effect: MKERNEL_LAUNCH_MAX_BYTES, capped by the CTAs all ranks can hold
     // (none for emulated nodes).
-    const char* lm = std::getenv("MKERNEL_LAUNCH_MAX_BYTES");
-    const uint64_t asked = lm != nullptr ? std::strtoull(lm, nullptr, 10) : 1048576;
+    const uint64_t asked = static_cast<uint64_t>(mkernel::params::LAUNCH_MAX_BYTES());
     if (st.launchMaxBytes > asked)
       ctx.fail("launch threshold " + std::to_string(st.launchMaxBytes) + " above MKERNEL_LAUNCH_MAX_BYTES " + std::to_string(asked));
     // Above it, thread ranks take the launch path's direct mode unless MKERNEL_LAUNCH_DIRECT=0
     // (these ranks are threads: direct mode is on exactly when the threshold is).
-    const char* ld = std::getenv("MKERNEL_LAUNCH_DIRECT");
-    const bool wantDirect =
-        nRanks > 1 && ranksPerNode == 0 && st.launchMaxBytes > 0 && (ld == nullptr || std::atoi(ld) != 0);
+    const bool wantDirect = nRanks > 1 && ranksPerNode == 0 && st.launchMaxBytes > 0 && mkernel::params::LAUNCH_DIRECT();
     if (st.launchDirect != wantDirect)
       ctx.fail(std::string("launch path direct mode ") + (st.launchDirect ? "on" : "off") + ", want " +
                (wantDirect ? "on" : "off"));
     // Direct mode's kernel (MKERNEL_DIRECT_KERNEL): its own of 512 threads per CTA unless shared.
-    const char* dk = std::getenv("MKERNEL_DIRECT_KERNEL");
-    const int wantThreads = !wantDirect ? 0 : dk != nullptr && std::string(dk) == "shared" ? 256 : 512;
+    const int wantThreads = !wantDirect ? 0 : mkernel::params::DIRECT_KERNEL.is("shared") ? 256 : 512;
     if (st.directThreads != wantThreads)
       ctx.fail("direct mode runs " + std::to_string(st.directThreads) + " threads per CTA, want " +
                std::to_string(wantThreads));
     // Ranks sharing the GPU keep small persistent kernels and run large ops in direct mode
     // (MKERNEL_SHARED_CTAS: auto for 2 to 4 ranks on a GPU, a number for any, 0 off).
-    const char* sc = std::getenv("MKERNEL_SHARED_CTAS");
-    const bool scAuto = sc == nullptr || std::string(sc) == "auto";
-    const char* gl = std::getenv("MKERNEL_GRAPH_LAUNCH");
+    const std::optional<int64_t> sc = mkernel::params::SHARED_CTAS();
+    const bool scAuto = !sc.has_value();
     // auto: more than four ranks per GPU only without an upper end to direct mode (auto or 0).
-    const char* dmaxEnv = std::getenv("MKERNEL_DIRECT_MAX_BYTES");
-    const bool directUnbounded = dmaxEnv == nullptr || std::string(dmaxEnv) == "auto" || std::string(dmaxEnv) == "0";
+    const std::optional<int64_t> dmaxSet = mkernel::params::DIRECT_MAX_BYTES();
+    const bool directUnbounded = !dmaxSet.has_value() || *dmaxSet == 0;
     const int autoCtas = mkernel::coll::sharedPersistentCtas(st.directSharing, directUnbounded);
-    const bool wantShared = wantDirect && st.directSharing > 1 && (gl == nullptr || std::atoi(gl) != 0) &&
-                            (scAuto ? autoCtas > 0 : std::atoi(sc) > 0);
+    const bool wantShared = wantDirect && st.directSharing > 1 && mkernel::params::GRAPH_LAUNCH() &&
+                            (scAuto ? autoCtas > 0 : *sc > 0);
     if (st.sharedDirect != wantShared)
       ctx.fail(std::string("ranks sharing the GPU in direct mode: ") + (st.sharedDirect ? "yes" : "no") + ", want " +
                (wantShared ? "yes" : "no"));
@@ -275,14 +270,13 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
                   nRanks, st.directThreads, st.directCtas, st.persistentCtas,
                   st.sharedDirect ? " (ranks sharing the GPU: direct mode at every size)" : "");
     // Direct mode ends at MKERNEL_DIRECT_MAX_BYTES (auto: launch_path.h's table).
-    const char* dm = std::getenv("MKERNEL_DIRECT_MAX_BYTES");
-    const uint64_t directMax = dm != nullptr && std::string(dm) != "auto" ? std::strtoull(dm, nullptr, 10) : mkernel::coll::kDirectAuto;
+    const uint64_t directMax = dmaxSet.has_value() ? static_cast<uint64_t>(*dmaxSet) : mkernel::coll::kDirectAuto;
     // LL mode (launch_path.h) takes what each rank sends each peer up to MKERNEL_LL_MAX_BYTES
     // (auto: kLlAutoMaxBytes, kLlSharedMaxBytes with more than two ranks on a GPU; never more than
     // the slots hold, llLimit), whatever the launch threshold; off with it and for emulated nodes.
-    const char* llm = std::getenv("MKERNEL_LL_MAX_BYTES");
-    const uint64_t llAsked = mkernel::coll::llLimit(
-        llm != nullptr && std::string(llm) != "auto" ? std::strtoull(llm, nullptr, 10) : ~0ull, nRanks, st.directSharing);
+    const std::optional<int64_t> llm = mkernel::params::LL_MAX_BYTES();
+    const uint64_t llAsked =
+        mkernel::coll::llLimit(llm.has_value() ? static_cast<uint64_t>(*llm) : ~0ull, nRanks, st.directSharing);
     const uint64_t wantLl = ranksPerNode == 0 && st.launchMaxBytes > 0 ? llAsked : 0;
     if (st.llMaxBytes != wantLl)
       ctx.fail("LL mode up to " + std::to_string(st.llMaxBytes) + " bytes, want " + std::to_string(wantLl));
@@ -310,9 +304,8 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
     // One rank: every eager op but PreMulSum's reductions is a cudaMemcpyAsync, unless
     // MKERNEL_ONE_RANK=kernel sends them all to the launch kernel.
     if (nRanks == 1 && st.launchMaxBytes > 0) {
-      const char* one = std::getenv("MKERNEL_ONE_RANK");
       uint64_t wantCopies = 0;
-      if (one == nullptr || std::string(one) != "kernel")
+      if (!mkernel::params::ONE_RANK.is("kernel"))
         for (const Case& k : cases) wantCopies += reduces(k.coll) && k.op == RedOp::PreMulSum ? 0 : 1;
       if (st.oneRankCopies != wantCopies)
         ctx.fail("one rank: " + std::to_string(st.oneRankCopies) + " ops as cudaMemcpyAsync, want " +
@@ -341,8 +334,7 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
 // kernel, none on the launch path; with auto (the default) the ops the LL mode takes are LL
 // pushes on the launch path, the rest rings.
 void runRingSweep(int nRanks, bool direct = false) {
-  const char* rm = std::getenv("MKERNEL_RING_MIN_BYTES");
-  const int64_t ringMin = rm != nullptr && std::string(rm) != "auto" ? std::strtoll(rm, nullptr, 10) : -1;
+  const int64_t ringMin = mkernel::params::RING_MIN_BYTES().value_or(-1);
   const std::vector<Case> cases = direct ? buildDirectCases(nRanks) : buildCases(nRanks);
   size_t maxBytes = 0;
   for (const Case& k : cases)
@@ -359,15 +351,15 @@ void runRingSweep(int nRanks, bool direct = false) {
     if (!st.staged) ctx.fail("MKERNEL_ALGO=ring, but the communicator is not staged");
     // The ring's order (MKERNEL_RING_ORDER): a list is taken as given; auto on one GPU is rank
     // order (every rank on the same GPU: together, in rank order).
-    const char* ro = std::getenv("MKERNEL_RING_ORDER");
+    const std::string& ro = mkernel::params::RING_ORDER();
     std::vector<int> wantOrder;
-    if (ro != nullptr && std::string(ro) != "auto" && std::string(ro) != "rank") {
-      if (!mkernel::coll::parseRingOrder(ro, nRanks, &wantOrder)) ctx.fail(std::string("bad MKERNEL_RING_ORDER ") + ro);
+    if (ro != "auto" && ro != "rank") {
+      if (!mkernel::coll::parseRingOrder(ro.c_str(), nRanks, &wantOrder)) ctx.fail("bad MKERNEL_RING_ORDER " + ro);
     }
     bool identity = true;
     for (size_t p = 0; p < wantOrder.size(); ++p) identity = identity && wantOrder[p] == static_cast<int>(p);
     if (st.ringOrdered != (!wantOrder.empty() && !identity))
-      ctx.fail(std::string("ring order ") + (st.ringOrdered ? "set" : "unset") + ", MKERNEL_RING_ORDER=" + (ro ? ro : "(unset)"));
+      ctx.fail(std::string("ring order ") + (st.ringOrdered ? "set" : "unset") + ", MKERNEL_RING_ORDER=" + ro);
     for (size_t p = 0; p < wantOrder.size() && st.ringOrdered; ++p)
       if (st.ringOrder[p] != wantOrder[p])
         ctx.fail("ring position " + std::to_string(p) + " holds rank " + std::to_string(st.ringOrder[p]) + ", want " +
@@ -390,7 +382,7 @@ void runRingSweep(int nRanks, bool direct = false) {
                " (" + std::to_string(wantLl) + ")");
     if (ctx.rank == 0)
       std::printf("%d ranks as a ring (MKERNEL_RING_MIN_BYTES=%s): %llu of %zu cases rings, %llu LL, persistent kernel %d "
-                  "CTAs, launched %llu times\n", nRanks, rm != nullptr ? rm : "auto",
+                  "CTAs, launched %llu times\n", nRanks, mkernel::params::RING_MIN_BYTES.text(),
                   static_cast<unsigned long long>(st.ringOps), cases.size(), static_cast<unsigned long long>(st.llOps),
                   st.persistentCtas, static_cast<unsigned long long>(st.kernelLaunches));
   }, size_t(32) << 20);

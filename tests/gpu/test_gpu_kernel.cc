@@ -152,14 +152,14 @@ void graphReplay(bool graphLaunch, int ranksPerNode = 0) {
     }
     // MKERNEL_HIER_ROLES=W,R (test_gpu_graph_hier_roles): the captured AllReduces ran in CTA roles.
     int wantW = 0, wantR = 0;
-    const char* roles = std::getenv("MKERNEL_HIER_ROLES");
-    if (ranksPerNode > 0 && roles != nullptr && std::sscanf(roles, "%d,%d", &wantW, &wantR) == 2 &&
+    const std::string& roles = mkernel::params::HIER_ROLES();
+    if (ranksPerNode > 0 && std::sscanf(roles.c_str(), "%d,%d", &wantW, &wantR) == 2 &&
         (st.hierWorkers != wantW || st.hierReducers != wantR))
       ctx.fail("AllReduce CTA roles " + std::to_string(st.hierWorkers) + "," + std::to_string(st.hierReducers) +
                ", want " + roles);
     // MKERNEL_HIER_RAIL (test_gpu_graph_hier_rail_roles): the rail exchange in effect.
-    const char* rail = std::getenv("MKERNEL_HIER_RAIL");
-    if (ranksPerNode > 0 && rail != nullptr && st.hierRail != mkernel::coll::hierRailByName(rail))
+    const std::string rail = mkernel::params::HIER_RAIL.text();
+    if (ranksPerNode > 0 && st.hierRail != mkernel::coll::hierRailByName(rail))
       ctx.fail("rail exchange " + std::to_string(st.hierRail) + ", want " + rail);
     // After finalize: with the doorbell, the graph's kernel is resident until then.
     ctx.afterFinalize.push_back([exec, graph] {
@@ -1136,8 +1136,7 @@ void pdlChain(int n, bool captured) {
     }
     mkernel::coll::CollStats st;
     ctx.comm->stats(&st);
-    const char* env = std::getenv("MKERNEL_PDL");
-    const std::string asked = env != nullptr ? env : "wait";  // params.def's default
+    const std::string asked = mkernel::params::PDL.text();
     const int want = asked == "off" ? 0 : asked == "wait" || st.directSharing > 1 ? 1 : 2;
     if (st.pdl != want)
       ctx.fail("MKERNEL_PDL=" + asked + " with " + std::to_string(st.directSharing) + " rank(s) per GPU: mode " +

@@ -473,10 +473,8 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
   if (ran != cases.size() + 1) FAIL("the kernel counted %llu collectives, want %zu", static_cast<unsigned long long>(ran), cases.size() + 1);
   // MKERNEL_ALGO=ring (test_gpu_procs_ring): every collective a ring (collectives/staged_ring.h)
   // but those MKERNEL_RING_MIN_BYTES leaves to the LL mode (auto: what LL takes).
-  const char* algo = std::getenv("MKERNEL_ALGO");
-  if (algo != nullptr && std::string(algo) == "ring") {
-    const char* rm = std::getenv("MKERNEL_RING_MIN_BYTES");
-    const int64_t ringMin = rm != nullptr && std::string(rm) != "auto" ? std::strtoll(rm, nullptr, 10) : -1;
+  if (mkernel::params::ALGO.is("ring")) {
+    const int64_t ringMin = mkernel::params::RING_MIN_BYTES().value_or(-1);
     auto ringed = [&](CollType c, size_t count) {
       return mkernel::coll::ringTakes(ringMin, mkernel::coll::llTakes(mkernel::coll::llPayloadBytes(count, 4), st.llMaxBytes, n),
                                       mkernel::coll::directWholeBytes(c, count, n, 4));
