@@ -193,7 +193,7 @@ class KernelCommunicator final : public Communicator {
   // What waits for a posted collective's end, queued at once or, while a fenced start is being
   // posted (holdTails_), held until completeStarts.
   struct Tail {
-    enum Kind { kDoorbellWait, kSlotRecord, kOwnStreamOut } kind;
+    enum Kind { kDoorbellWait, kSlotRecord } kind;
     cudaStream_t stream;
     int slot;
   };
@@ -281,7 +281,6 @@ class KernelCommunicator final : public Communicator {
   bool exchanged_ = false;
   bool aborted_ = false;
   bool finalized_ = false;
-  bool gateKernel_ = false;  // MKERNEL_STREAM_WAIT: gate kernel (true) or stream memops
   int reservedCtas_ = 0;     // held in SmBudget until the kernel is known to have exited
   uint64_t launches_ = 0;
   uint64_t oneShotMaxBytes_ = 0;
@@ -334,12 +333,6 @@ class KernelCommunicator final : public Communicator {
   const char* lastLaunchColl_ = "-";
   std::chrono::steady_clock::time_point lastLaunchAt_{};
   uint64_t watchReported_ = 0;
-  // MKERNEL_LAUNCH_STREAM=own: eager launch-path kernels run on this communicator's own stream,
-  // joined to the caller's by two events (launchIn_: the caller's work before; launchOut_: the
-  // caller's work after waits for the kernel). Null: on the caller's stream.
-  cudaStream_t launchStream_ = nullptr;
-  cudaEvent_t launchIn_ = nullptr;
-  cudaEvent_t launchOut_ = nullptr;
   cudaStream_t lastLaunchStream_ = nullptr;  // set once an eager op ran; never used: it may be destroyed
   // Captured launch-path ops (MKERNEL_GRAPH_LAUNCH): the stream and capture of the last one, so
   // that a capture forked over several streams still orders them (graph namespace, launch_path.h).
@@ -371,39 +364,20 @@ Result KernelCommunicator::init() {
   if (perSm < 1)
     return MK_ERROR(Result::InternalError, "rank %d: the persistent kernel cannot be resident on GPU %d",
                     opts_.rank, opts_.cudaDev);
-  const int64_t want = opts_.maxCtas > 0 ? opts_.maxCtas : paramInt("CTAS", 32);
+  const int64_t want = opts_.maxCtas > 0 ? opts_.maxCtas : params::CTAS();
   if (want < 1 || want > kMaxCtas)
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_CTAS=%lld outside 1..%d", static_cast<long long>(want), kMaxCtas);
 
-  const std::string waitMode = paramString("STREAM_WAIT");
-  if (waitMode != "kernel" && waitMode != "memop")
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_STREAM_WAIT=%s: expected kernel or memop", waitMode.c_str());
-  gateKernel_ = waitMode == "kernel";
   MK_CHECK(reserveKernelStack(opts_.cudaDev));  // also loads the kernels before any of them runs
-  oneShotMaxBytes_ = static_cast<uint64_t>(std::max<int64_t>(0, paramInt("ONESHOT_MAX_BYTES", 32768)));
-  const int64_t launchMax = paramInt("LAUNCH_MAX_BYTES", 1048576);
+  oneShotMaxBytes_ = static_cast<uint64_t>(params::ONESHOT_MAX_BYTES());
+  const int64_t launchMax = params::LAUNCH_MAX_BYTES();
   if (launchMax < 0 || static_cast<uint64_t>(launchMax) > kLaunchInboxBytes)
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_MAX_BYTES=%lld outside 0..%llu", static_cast<long long>(launchMax),
                     static_cast<unsigned long long>(kLaunchInboxBytes));
   launchMaxBytes_ = static_cast<uint64_t>(launchMax);
-  const std::string ringMin = paramString("RING_MIN_BYTES");
-  if (ringMin != "auto") {
-    char* end = nullptr;
-    const long long v = std::strtoll(ringMin.c_str(), &end, 10);
-    if (ringMin.empty() || end == nullptr || *end != '\0' || v < 0)
-      return MK_ERROR(Result::InvalidArgument, "MKERNEL_RING_MIN_BYTES=%s: expected auto or a byte count (0: every collective)",
-                      ringMin.c_str());
-    ringMinBytes_ = static_cast<int64_t>(v);
-  }
-  const std::string directMax = paramString("DIRECT_MAX_BYTES");
-  if (directMax != "auto") {
-    char* end = nullptr;
-    const long long v = std::strtoll(directMax.c_str(), &end, 10);
-    if (directMax.empty() || end == nullptr || *end != '\0' || v < 0)
-      return MK_ERROR(Result::InvalidArgument, "MKERNEL_DIRECT_MAX_BYTES=%s: expected auto or a byte count (0: no limit)",
-                      directMax.c_str());
-    directMaxBytes_ = static_cast<uint64_t>(v);
-  }
+  if (const std::optional<int64_t> ringMin = params::RING_MIN_BYTES()) ringMinBytes_ = *ringMin;
+  if (const std::optional<int64_t> directMax = params::DIRECT_MAX_BYTES())
+    directMaxBytes_ = static_cast<uint64_t>(*directMax);
   MK_CUDA(MemCache::deviceAlloc(opts_.cudaDev, sizeof(DeviceState), reinterpret_cast<void**>(&state_)), "cudaMalloc(DeviceState)");
   MK_CUDA(cudaMemset(state_, 0, sizeof(DeviceState)), "cudaMemset(DeviceState)");
   MK_CUDA(MemCache::hostAlloc((16 + kHierCounters) * sizeof(uint64_t), cudaHostAllocDefault, reinterpret_cast<void**>(&counterHost_)),
@@ -420,21 +394,13 @@ Result KernelCommunicator::init() {
   MK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   for (auto& ev : slotEvents_) MK_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
   MK_CUDA(cudaEventCreateWithFlags(&launchEvent_, cudaEventDisableTiming), "cudaEventCreate(launch path)");
-  const std::string watch = paramString("LAUNCH_WATCH");
-  if (watch != "first" && watch != "all" && watch != "off")
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_WATCH=%s: expected first, all or off", watch.c_str());
-  watch_ = watch == "off" ? Watch::Off : watch == "all" ? Watch::All : Watch::First;
+  watch_ = params::LAUNCH_WATCH.is("off") ? Watch::Off : params::LAUNCH_WATCH.is("all") ? Watch::All : Watch::First;
   params_.launchWatch = watch_ == Watch::Off ? 0u : watch_ == Watch::All ? 2u : 1u;
   if (watch_ != Watch::Off)
     MK_CUDA(cudaEventCreateWithFlags(&watchPre_, cudaEventDisableTiming), "cudaEventCreate(launch watch)");
   MK_CUDA(cudaEventCreateWithFlags(&graphEvent_, cudaEventDisableTiming), "cudaEventCreate(launch path, graphs)");
-  const std::string epilogue = paramString("GRAPH_EPILOGUE");
-  if (epilogue != "fenced" && epilogue != "light")
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_GRAPH_EPILOGUE=%s: expected fenced or light", epilogue.c_str());
-  params_.graphEpilogueLight = epilogue == "light" ? 1u : 0u;
-  const std::string pdl = paramString("PDL");
-  if (pdl != "off" && pdl != "wait" && pdl != "early")
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_PDL=%s: expected off, wait or early", pdl.c_str());
+  params_.graphEpilogueLight = params::GRAPH_EPILOGUE.is("light") ? 1u : 0u;
+  const std::string pdl = params::PDL.text();
   int ccMajor = 0;
   MK_CUDA(cudaDeviceGetAttribute(&ccMajor, cudaDevAttrComputeCapabilityMajor, opts_.cudaDev),
           "compute capability query");
@@ -443,31 +409,12 @@ Result KernelCommunicator::init() {
   if (ccMajor < 9 && pdl != "off")
     MK_INFO(kLogInit, "rank %d: MKERNEL_PDL=%s ignored: GPU %d is sm_%d0, programmatic launch needs sm_90",
             opts_.rank, pdl.c_str(), opts_.cudaDev, ccMajor);
-  const std::string llKernel = paramString("LL_KERNEL");
-  if (llKernel != "own" && llKernel != "shared")
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_LL_KERNEL=%s: expected own or shared", llKernel.c_str());
-  const std::string directKernel = paramString("DIRECT_KERNEL");
-  if (directKernel != "own" && directKernel != "shared")
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_DIRECT_KERNEL=%s: expected own or shared", directKernel.c_str());
-  params_.ownKernels = (llKernel == "own" ? kOwnKernelLl : 0u) | (directKernel == "own" ? kOwnKernelDirect : 0u);
-  const std::string oneRank = paramString("ONE_RANK");
-  if (oneRank != "copy" && oneRank != "kernel")
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_ONE_RANK=%s: expected copy or kernel", oneRank.c_str());
-  oneRankKernel_ = oneRank == "kernel";
-  const std::string llBatch = paramString("LL_BATCH");
-  if (llBatch != "off" && llBatch != "serial" && llBatch != "exchange")
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_LL_BATCH=%s: expected off, serial or exchange", llBatch.c_str());
-  llBatch_ = llBatch == "off" ? LlBatchMode::Off : llBatch == "exchange" ? LlBatchMode::Exchange : LlBatchMode::Serial;
-  const std::string launchStream = paramString("LAUNCH_STREAM");
-  if (launchStream != "caller" && launchStream != "own")
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_STREAM=%s: expected caller or own", launchStream.c_str());
-  if (launchStream == "own") {
-    MK_CUDA(cudaStreamCreateWithFlags(&launchStream_, cudaStreamNonBlocking), "cudaStreamCreate(launch path)");
-    MK_CUDA(cudaEventCreateWithFlags(&launchIn_, cudaEventDisableTiming), "cudaEventCreate(launch path, in)");
-    MK_CUDA(cudaEventCreateWithFlags(&launchOut_, cudaEventDisableTiming), "cudaEventCreate(launch path, out)");
-    // Its first work now, while none of this communicator's kernels runs.
-    MK_CHECK(warmKernels(launchStream_));
-  }
+  params_.ownKernels = (params::LL_KERNEL.is("own") ? kOwnKernelLl : 0u) |
+                       (params::DIRECT_KERNEL.is("own") ? kOwnKernelDirect : 0u);
+  oneRankKernel_ = params::ONE_RANK.is("kernel");
+  llBatch_ = params::LL_BATCH.is("off")        ? LlBatchMode::Off
+             : params::LL_BATCH.is("exchange") ? LlBatchMode::Exchange
+                                               : LlBatchMode::Serial;
   // The memset above ran on the legacy default stream: wait for that stream alone. A device-wide
   // wait would also wait for every running kernel, and a persistent kernel kept resident by a
   // captured doorbell (another communicator's) or a thread rank's launch-path kernel waiting for
@@ -479,7 +426,7 @@ Result KernelCommunicator::init() {
   // communicators created at the same moment on one GPU by different threads may both see the
   // whole budget: create communicators one after another (as PyTorch does).
   const int smsLeft = SmBudget::process().available(opts_.cudaDev, sms);
-  const int64_t stagedChunk = paramInt("STAGED_CHUNK_BYTES", 1048576);
+  const int64_t stagedChunk = params::STAGED_CHUNK_BYTES();
   if (stagedChunk < static_cast<int64_t>(kStagedMinChunkBytes) || stagedChunk > (int64_t(1) << 30))
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_STAGED_CHUNK_BYTES=%lld outside %llu..%llu",
                     static_cast<long long>(stagedChunk), static_cast<unsigned long long>(kStagedMinChunkBytes),
@@ -494,15 +441,12 @@ Result KernelCommunicator::init() {
   // MKERNEL_SHARED_CTAS: only where direct mode takes the large collectives (thread ranks, the
   // launch path and its direct mode on, no emulated nodes; exchangePeers drops it for staged ones)
   // and captured ones too (MKERNEL_GRAPH_LAUNCH=0 gives those to the persistent kernel).
-  const std::string sharedParam = paramString("SHARED_CTAS");
   int sharedCtas = -1;
-  if (sharedParam != "auto") {
-    char* end = nullptr;
-    const long long v = std::strtoll(sharedParam.c_str(), &end, 10);
-    if (sharedParam.empty() || *end != '\0' || v < 0 || v > kMaxCtas)
-      return MK_ERROR(Result::InvalidArgument, "MKERNEL_SHARED_CTAS=%s: expected auto or 0..%d", sharedParam.c_str(),
-                      kMaxCtas);
-    sharedCtas = static_cast<int>(v);
+  if (const std::optional<int64_t> v = params::SHARED_CTAS()) {
+    if (*v < 0 || *v > kMaxCtas)
+      return MK_ERROR(Result::InvalidArgument, "MKERNEL_SHARED_CTAS=%lld: expected auto or 0..%d",
+                      static_cast<long long>(*v), kMaxCtas);
+    sharedCtas = static_cast<int>(*v);
   }
   // auto with a numeric upper end to direct mode (MKERNEL_DIRECT_MAX_BYTES): -2, which keeps more
   // than four ranks per GPU off (sharedPersistentCtas).
@@ -510,9 +454,8 @@ Result KernelCommunicator::init() {
   // Rings (exchangePeers' ringMode): the policy (policy.cc) validates MKERNEL_ALGO's name; here
   // ring forces them, auto lets the host's NVLink decide, any other choice keeps direct access.
   // Not for emulated nodes (the hierarchical path has its own rail forms).
-  const std::string algo = paramString("ALGO");
-  const int ringMode = emulatedNodes ? 0 : algo == "ring" ? 1 : algo == "auto" ? 2 : 0;
-  if (paramInt("LAUNCH_DIRECT", 1) == 0 || paramInt("GRAPH_LAUNCH", 1) == 0 || launchMaxBytes_ == 0 || emulatedNodes)
+  const int ringMode = emulatedNodes ? 0 : params::ALGO.is("ring") ? 1 : params::ALGO.is("auto") ? 2 : 0;
+  if (!params::LAUNCH_DIRECT() || !params::GRAPH_LAUNCH() || launchMaxBytes_ == 0 || emulatedNodes)
     sharedCtas = 0;
   MK_CHECK(exchangePeers(bs_, opts_.rank, opts_.nRanks, opts_.cudaDev, state_, static_cast<int>(want),
                          smsLeft, opts_.emulate, static_cast<uint64_t>(stagedChunk) / 16 * 16, emulatedNodes,
@@ -537,7 +480,7 @@ Result KernelCommunicator::init() {
     // handed to the others through the bootstrap (one process: the pointer is valid in each).
     // Every rank takes part in the exchange; MKERNEL_POST_FENCE=0 (an experiment) makes none.
     std::vector<uint64_t> fences(static_cast<size_t>(opts_.nRanks), 0);
-    if (paramInt("POST_FENCE", 1) != 0 && peers.nLocalPeers > 1 && peers.localPeers[0] == opts_.rank)
+    if (params::POST_FENCE() && peers.nLocalPeers > 1 && peers.localPeers[0] == opts_.rank)
       fences[static_cast<size_t>(opts_.rank)] =
           reinterpret_cast<uint64_t>(new PostFence(peers.localPeers, peers.nLocalPeers));
     MK_CHECK(bs_->allGather(fences.data(), sizeof(uint64_t)));
@@ -566,7 +509,8 @@ Result KernelCommunicator::init() {
   params_.nNodes = 1;
   params_.perNode = opts_.nRanks;
   if (hier) MK_CHECK(setupProxy());
-  if (paramInt("KERNEL_TRACE", 0) != 0) {
+  const int64_t traceMode = params::KERNEL_TRACE();
+  if (traceMode != 0) {
     // Everything the trace read needs is allocated now: an allocation while persistent kernels
     // run can hold up later work until they exit (docs/KERNEL.md).
     MK_CUDA(MemCache::deviceAlloc(opts_.cudaDev, sizeof(KernelTraceRecord) * kTraceDepth, reinterpret_cast<void**>(&trace_)),
@@ -578,14 +522,12 @@ Result KernelCommunicator::init() {
     MK_CUDA(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize(legacy stream) after the trace buffer");
   }
   params_.trace = trace_;
-  const int64_t traceMode = paramInt("KERNEL_TRACE", 0);
   params_.traceGraph = traceMode == 2 ? 1u : traceMode == 3 ? 2u : 0u;
   params_.stagingBytes = oneShotMaxBytes_;
-  params_.timeoutNs = static_cast<uint64_t>(std::max<int64_t>(1, paramInt("TIMEOUT_S", 300))) * 1000000000ull;
-  params_.idleExitNs = static_cast<uint64_t>(std::max<int64_t>(0, paramInt("IDLE_EXIT_US", 50))) * 1000ull;
-  params_.testStallBarrier = static_cast<uint32_t>(std::max<int64_t>(0, paramInt("TEST_STALL_BARRIER", 0)));
-  params_.hierOverlap = paramInt("HIER_OVERLAP", 1) != 0 ? 1u : 0u;
-  params_.proxyBatch = paramInt("PROXY_BATCH", 1) != 0 ? 1u : 0u;
+  params_.timeoutNs = static_cast<uint64_t>(params::TIMEOUT_S()) * 1000000000ull;
+  params_.idleExitNs = static_cast<uint64_t>(std::max<int64_t>(0, params::IDLE_EXIT_US())) * 1000ull;
+  params_.testStallBarrier = static_cast<uint32_t>(std::max<int64_t>(0, params::TEST_STALL_BARRIER()));
+  params_.hierOverlap = params::HIER_OVERLAP() ? 1u : 0u;
   if (params_.testStallBarrier != 0)
     MK_WARN("rank %d: MKERNEL_TEST_STALL_BARRIER=%u: a test hook; this rank's staged collectives stop at that barrier "
             "until the communicator is aborted", opts_.rank, params_.testStallBarrier);
@@ -602,12 +544,12 @@ Result KernelCommunicator::init() {
   }
   // Direct mode needs every peer's user buffers addressable: thread ranks of one process (not
   // staged), one node. The same on every rank (staged is agreed, nNodes is the layout).
-  launchDirect_ = paramInt("LAUNCH_DIRECT", 1) != 0 && launchMaxBytes_ > 0 && !peers.staged && !hier &&
+  launchDirect_ = params::LAUNCH_DIRECT() && launchMaxBytes_ > 0 && !peers.staged && !hier &&
                   opts_.nRanks > 1;
   // Captured collectives on the launch path (its graph namespace): the same decision as eager
   // ones; the rest keep the persistent kernel's replayable doorbell. Every rank reads the same
   // setting (as MKERNEL_LAUNCH_MAX_BYTES).
-  graphLaunch_ = paramInt("GRAPH_LAUNCH", 1) != 0 && launchMaxBytes_ > 0 && !hier;
+  graphLaunch_ = params::GRAPH_LAUNCH() && launchMaxBytes_ > 0 && !hier;
   registerStatsFolder(this, [this] { foldStats(/*device=*/true); });
   MK_INFO(kLogInit, "rank %d: persistent kernel ready: %d CTAs x %d threads, GPU %d (%d SMs, %d ranks on it)%s; "
           "device state %p, fence %p",
@@ -623,7 +565,7 @@ Result KernelCommunicator::init() {
 // ranks (an all-gather), so that every rank splits each op the same way. Direct-mode ops in their
 // own kernel (MKERNEL_DIRECT_KERNEL=own) get the same count from that kernel's CTAs per SM.
 Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
-  const int64_t asked = paramInt("LAUNCH_CTAS", kLaunchDefaultCtas);
+  const int64_t asked = params::LAUNCH_CTAS();
   if (asked < 1 || asked > kLaunchMaxCtas)
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_CTAS=%lld outside 1..%d", static_cast<long long>(asked),
                     kLaunchMaxCtas);
@@ -672,16 +614,8 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   // takes the same ops; off with the launch path.
   // auto: kLlAutoMaxBytes, or kLlSharedMaxBytes with more than two ranks on this GPU; never more
   // than the slots hold with this many ranks (llLimit, launch_path.h).
-  const std::string llParam = paramString("LL_MAX_BYTES");
   uint64_t llWant = ~0ull;
-  if (llParam != "auto") {
-    char* end = nullptr;
-    const long long v = std::strtoll(llParam.c_str(), &end, 10);
-    if (llParam.empty() || *end != '\0' || v < 0)
-      return MK_ERROR(Result::InvalidArgument, "MKERNEL_LL_MAX_BYTES=%s: expected auto or a byte count >= 0",
-                      llParam.c_str());
-    llWant = static_cast<uint64_t>(v);
-  }
+  if (const std::optional<int64_t> v = params::LL_MAX_BYTES()) llWant = static_cast<uint64_t>(*v);
   const int64_t llAsked = static_cast<int64_t>(llLimit(llWant, opts_.nRanks, ranksHere));
   std::vector<int64_t> lls(static_cast<size_t>(opts_.nRanks), 0);
   // Off for emulated nodes (their collectives take the doorbell, pathOf), so that the statistics
@@ -706,7 +640,7 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
 // turn with MKERNEL_HIER_OVERLAP=0 (since session 24). Rank 0's value is every rank's: the CTAs'
 // roles must match their peers'. Needs hierCtas_ x (1 + W + R) CTAs in the persistent kernel.
 Result KernelCommunicator::agreeHierRoles() {
-  const std::string v = paramString("HIER_ROLES");
+  const std::string& v = params::HIER_ROLES();
   int32_t wr[2] = {0, 0};
   if (!v.empty() && v != "off" && v != "0") {
     int w = 0, r = 0;
@@ -739,12 +673,10 @@ Result KernelCommunicator::agreeHierRoles() {
 // order of the rounds, must match the peers'. rhd on a node count that is not a power of two runs
 // ring. Every rail form runs in CTA roles too.
 Result KernelCommunicator::agreeHierRail() {
-  const std::string v = paramString("HIER_RAIL");
-  const int32_t asked = coll::hierRailByName(v);
-  if (asked < 0) return MK_ERROR(Result::InvalidArgument, "MKERNEL_HIER_RAIL=%s: want direct, ring or rhd", v.c_str());
-  const int64_t ahead = paramInt("HIER_AHEAD", 2);
-  if (ahead < 1 || ahead > 2)
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_HIER_AHEAD=%lld: want 1 or 2 (chunks)", static_cast<long long>(ahead));
+  const int32_t asked = coll::hierRailByName(params::HIER_RAIL.text());
+  if (asked < 0)
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_HIER_RAIL=%s: want direct, ring or rhd", params::HIER_RAIL.text());
+  const int64_t ahead = params::HIER_AHEAD();
   std::vector<int32_t> all(2 * static_cast<size_t>(opts_.nRanks), 0);
   all[2 * static_cast<size_t>(opts_.rank)] = asked;
   all[2 * static_cast<size_t>(opts_.rank) + 1] = static_cast<int32_t>(ahead);
@@ -763,7 +695,7 @@ Result KernelCommunicator::setupProxy() {
   // CTAs per hierarchical collective (MKERNEL_HIER_CTAS): at most the kernel's CTAs (each needs
   // its staged regions) and kMaxHierCtas; the smallest any rank asks for, so that every rank
   // splits each collective alike and creates as many proxy channels as its rail peers.
-  const int64_t asked = paramInt("HIER_CTAS", 1);
+  const int64_t asked = params::HIER_CTAS();
   if (asked < 1 || asked > kMaxHierCtas)
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_HIER_CTAS=%lld outside 1..%d", static_cast<long long>(asked), kMaxHierCtas);
   std::vector<int32_t> ctas(static_cast<size_t>(opts_.nRanks), 0);
@@ -772,8 +704,7 @@ Result KernelCommunicator::setupProxy() {
   hierCtas_ = std::max(1, static_cast<int>(*std::min_element(ctas.begin(), ctas.end())));
   // Collectives below MKERNEL_HIER_SPLIT_MIN_BYTES run on one CTA (hierCtasFor): the same
   // threshold on every rank, the largest asked.
-  const int64_t split = paramInt("HIER_SPLIT_MIN_BYTES", 524288);
-  if (split < 0) return MK_ERROR(Result::InvalidArgument, "MKERNEL_HIER_SPLIT_MIN_BYTES=%lld is negative", static_cast<long long>(split));
+  const int64_t split = params::HIER_SPLIT_MIN_BYTES();
   std::vector<int64_t> splits(static_cast<size_t>(opts_.nRanks), 0);
   splits[static_cast<size_t>(opts_.rank)] = split;
   MK_CHECK(bs_->allGather(splits.data(), sizeof(int64_t)));
@@ -811,7 +742,7 @@ Result KernelCommunicator::setupProxy() {
     ordering = 0;  // unknown: flush
   }
   coll::ProxyMemory mem;
-  if (coll::proxyMemoryFor(paramString("PROXY_GDR"), props.ptrSupport, net_->name(), ordering, &mem) != Result::Success)
+  if (coll::proxyMemoryFor(params::PROXY_GDR.text(), props.ptrSupport, net_->name(), ordering, &mem) != Result::Success)
     return MK_ERROR(Result::InvalidArgument, "rank %d: %s", opts_.rank, lastError());
   // One CTA (lane): kHierNetSlots net slots, each a send buffer and a receive buffer per node.
   const size_t netBytes = static_cast<size_t>(coll::kHierNetSlots) * static_cast<size_t>(N + 1) * params_.stagedChunkBytes;
@@ -875,7 +806,7 @@ Result KernelCommunicator::setupProxy() {
   params_.hierWorkers = hierWorkers_;
   params_.hierReducers = hierReducers_;
   params_.hierRail = hierRail_;
-  params_.hierKeepOwn = paramInt("HIER_KEEP_OWN", 1) != 0 ? 1u : 0u;
+  params_.hierKeepOwn = params::HIER_KEEP_OWN() ? 1u : 0u;
   params_.hierAhead = hierAhead_;
   params_.nNodes = N;
   params_.perNode = G;
@@ -960,7 +891,7 @@ Result KernelCommunicator::takeEagerSlot(int* slot) {
   const int s = static_cast<int>(eagerCount_ % kEagerSlots);
   if (slotUsed_[s]) {
     // The caller's stream must have passed this slot's wait before we reuse it.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(paramInt("TIMEOUT_S", 300));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(params::TIMEOUT_S());
     for (;;) {
       cudaError_t q = cudaEventQuery(slotEvents_[s]);
       if (q == cudaSuccess) break;
@@ -1145,10 +1076,6 @@ Result KernelCommunicator::runTail(const Tail& t) {
     case Tail::kSlotRecord:
       MK_CUDA(cudaEventRecord(slotEvents_[t.slot], t.stream), "cudaEventRecord(slot)");
       return Result::Success;
-    case Tail::kOwnStreamOut:
-      MK_CUDA(cudaEventRecord(launchOut_, launchStream_), "cudaEventRecord(launch path, out)");
-      MK_CUDA(cudaStreamWaitEvent(t.stream, launchOut_, 0), "cudaStreamWaitEvent(launch path, out)");
-      return Result::Success;
   }
   return Result::Success;
 }
@@ -1305,10 +1232,6 @@ Result KernelCommunicator::launchOrder(bool capturing, cudaStream_t stream) {
     }
     lastGraphStream_ = stream;
     lastGraphCapture_ = id;
-  } else if (launchStream_ != nullptr) {
-    // Own stream: every eager launch-path op of this communicator is queued there in order.
-    MK_CUDA(cudaEventRecord(launchIn_, stream), "cudaEventRecord(launch path, in)");
-    MK_CUDA(cudaStreamWaitEvent(launchStream_, launchIn_, 0), "cudaStreamWaitEvent(launch path, in)");
   } else if (lastLaunchStream_ != nullptr && lastLaunchStream_ != stream && recordEachOp_) {
     MK_CUDA(cudaStreamWaitEvent(stream, launchEvent_, 0), "cudaStreamWaitEvent(launch path)");
   } else if (lastLaunchStream_ != nullptr && lastLaunchStream_ != stream) {
@@ -1323,12 +1246,11 @@ Result KernelCommunicator::launchOrder(bool capturing, cudaStream_t stream) {
   return Result::Success;
 }
 
-// After an eager launch-path launch on runOn (the caller's stream, or the own one): what the
-// next launch orders itself after, and the caller's stream's wait on the own one.
+// After an eager launch-path launch on runOn (the caller's stream): what the next launch orders
+// itself after.
 Result KernelCommunicator::launchQueued(cudaStream_t runOn, cudaStream_t stream, CollType last) {
   lastLaunchColl_ = collName(last);
   lastLaunchAt_ = std::chrono::steady_clock::now();
-  if (launchStream_ != nullptr) MK_CHECK(queueTail({Tail::kOwnStreamOut, stream, 0}));
   if (recordEachOp_) MK_CUDA(cudaEventRecord(launchEvent_, runOn), "cudaEventRecord(launch path)");
   lastLaunchStream_ = runOn;
   return Result::Success;
@@ -1416,7 +1338,7 @@ Result KernelCommunicator::launchBatch(const WorkDesc* descs, int n, bool captur
   b.epoch = launchSeq_ + 1;
   launchSeq_ += b.exchange ? 1 : static_cast<uint64_t>(n);
   for (int i = 0; i < n; ++i) b.opIndex[i] = ++launchIssued_[descs[i].coll];
-  cudaStream_t runOn = launchStream_ != nullptr ? launchStream_ : stream;
+  cudaStream_t runOn = stream;
   if (watch_ == Watch::All || (watch_ == Watch::First && b.epoch == 1)) {
     // The watch follows the batch's last op (its kernel stamps the batch's number when it starts).
     MK_CUDA(cudaEventRecord(watchPre_, runOn), "cudaEventRecord(launch watch)");
@@ -1462,7 +1384,7 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, Path path, bool captur
   }
   ++launchSeq_;
   const uint64_t index = ++launchIssued_[d.coll];
-  cudaStream_t runOn = launchStream_ != nullptr ? launchStream_ : stream;
+  cudaStream_t runOn = stream;
   if (watch_ == Watch::All || (watch_ == Watch::First && launchSeq_ == 1)) {
     MK_CUDA(cudaEventRecord(watchPre_, runOn), "cudaEventRecord(launch watch)");
     watchEpoch_ = launchSeq_;
@@ -1506,18 +1428,12 @@ Result KernelCommunicator::postSlot(const WorkDesc* descs, int nOps, bool captur
   }
   MK_CHECK(ensureKernel());
   uint32_t* doorbell = &state_->doorbell[slot];
-  if (gateKernel_) {
-    // The persistent kernel's own bounded waits give up (and release the doorbell) first.
-    MK_CHECK(launchGate(doorbell, params_.ctl, 2 * params_.timeoutNs, opts_.rank, stream));
-    ++startsQueued_;
-  } else {
-    // Two memops: Posted overwrites the previous use's Done, and only Done (3) passes the
-    // wait (Free 0, Posted 1 and Running 2 are below it), so no third write back to Free.
-    // The wait is the end's: held while a fenced start is posted.
-    MK_CHECK(cudrv::streamWriteValue32(stream, doorbell, kDoorbellPosted));
-    ++startsQueued_;
-    MK_CHECK(queueTail({Tail::kDoorbellWait, stream, slot}));
-  }
+  // Two memops: Posted overwrites the previous use's Done, and only Done (3) passes the wait
+  // (Free 0, Posted 1 and Running 2 are below it), so no third write back to Free. The wait is
+  // the end's: held while a fenced start is posted.
+  MK_CHECK(cudrv::streamWriteValue32(stream, doorbell, kDoorbellPosted));
+  ++startsQueued_;
+  MK_CHECK(queueTail({Tail::kDoorbellWait, stream, slot}));
   if (!capturing) MK_CHECK(queueTail({Tail::kSlotRecord, stream, slot}));
   return Result::Success;
 }
@@ -1569,11 +1485,6 @@ Result KernelCommunicator::kernelError() const {
     return MK_ERROR(Result::InternalError, "rank %d (CTA %d): timed out after %llu s waiting for %s",
                     e.rank, e.cta, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull), waitKindName(what));
   }
-  if (*reinterpret_cast<const volatile uint32_t*>(&ctl_->gateError.what) == kWaitGate)
-    return MK_ERROR(Result::InternalError,
-                    "rank %d: the caller's stream waited %llu s for the persistent kernel to finish a collective; "
-                    "it was released without the result (is the kernel running? see earlier errors)",
-                    ctl_->gateError.rank, static_cast<unsigned long long>(2 * params_.timeoutNs / 1000000000ull));
   return MK_ERROR(Result::InternalError, "rank %d: the persistent kernel stopped on a failure it did not record", opts_.rank);
 }
 
@@ -1598,7 +1509,7 @@ Result KernelCommunicator::asyncError(bool queryDevice) {
 void KernelCommunicator::watchLaunch() {
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock() || watchEpoch_ == 0 || watchEpoch_ != launchSeq_ || watchReported_ == watchEpoch_) return;
-  const double timeout = static_cast<double>(paramInt("TIMEOUT_S", 300));
+  const double timeout = params::timeoutSeconds();
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - lastLaunchAt_).count();
   if (waited < std::max(0.5, timeout / 2)) return;
   uint64_t done[8] = {}, graphDone[8] = {};
@@ -1655,7 +1566,7 @@ Result KernelCommunicator::waitKernelExit(double seconds) {
 Result KernelCommunicator::finalize() {
   std::lock_guard<std::mutex> lock(mu_);
   if (finalized_) return Result::Success;
-  const double timeout = static_cast<double>(paramInt("TIMEOUT_S", 300));
+  const double timeout = params::timeoutSeconds();
   // Waits (bounded, abort ends it) until the work before `ev` on its stream has completed.
   auto drain = [&](cudaEvent_t ev) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
@@ -1745,12 +1656,6 @@ void KernelCommunicator::release(bool orderly) {
   watchPre_ = nullptr;
   if (graphEvent_) (void)cudaEventDestroy(graphEvent_);
   graphEvent_ = nullptr;
-  for (cudaEvent_t* ev : {&launchIn_, &launchOut_}) {
-    if (*ev) (void)cudaEventDestroy(*ev);
-    *ev = nullptr;
-  }
-  if (launchStream_) (void)cudaStreamDestroy(launchStream_);
-  launchStream_ = nullptr;
   if (stream_) (void)cudaStreamDestroy(stream_);
   // Device and pinned memory go back to the process's MemCache, not to CUDA: a free would wait for
   // every kernel of the device and stop every other thread's CUDA calls meanwhile (mem_cache.h).

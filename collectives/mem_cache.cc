@@ -126,7 +126,7 @@ BlockCache& MemCache::process() {
   return *cache;  // never destroyed: releases may run in background threads at exit
 }
 
-bool MemCache::deferFrees() { return paramInt("DEFER_FREES", 1) != 0; }
+bool MemCache::deferFrees() { return params::DEFER_FREES(); }
 
 namespace {
 cudaError_t takeOrError(const BlockKind& kind, size_t bytes, void** p) {

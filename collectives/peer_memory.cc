@@ -189,7 +189,7 @@ Result mapPeersVmm(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, 
   }
   std::vector<int> got;
   Result res = ipc::exchangeFds([&](void* d, size_t b) { return bs->allGather(d, b); }, rank, nRanks, want, fds, 2,
-                                static_cast<double>(paramInt("TIMEOUT_S", 300)), &got);
+                                params::timeoutSeconds(), &got);
   closeOwn();
   if (res != Result::Success) why = lastError();
   for (int r = 0; r < nRanks && res == Result::Success; ++r) {
@@ -250,12 +250,9 @@ Result mapPeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, Dev
   const bool otherProcesses =
       !std::all_of(info.begin(), info.end(), [&](const RankInfo& ri) { return sameProcess(ri, me); });
   if (out->staged && otherProcesses) {
-    const std::string mode = paramString("PEER_IPC");
-    if (mode != "cumem" && mode != "legacy")
-      return MK_ERROR(Result::InvalidArgument, "MKERNEL_PEER_IPC=%s: expected cumem or legacy", mode.c_str());
     out->stagedBytes = stagedBufferBytes(out->nCtas, stagedChunkBytes);
     bool mapped = false;
-    MK_CHECK(mapPeersVmm(bs, rank, nRanks, cudaDev, info, mode == "cumem", out, &mapped));
+    MK_CHECK(mapPeersVmm(bs, rank, nRanks, cudaDev, info, params::PEER_IPC.is("cumem"), out, &mapped));
     if (mapped) return Result::Success;
   }
   if (out->staged) {
@@ -351,7 +348,7 @@ static Result agreeRingOrder(bootstrap::Bootstrap* bs, int rank, int nRanks, con
   std::memset(&mine, 0, sizeof(mine));
   std::vector<int> order(static_cast<size_t>(nRanks));
   for (int r = 0; r < nRanks; ++r) order[static_cast<size_t>(r)] = r;
-  const std::string setting = paramString("RING_ORDER");
+  const std::string& setting = params::RING_ORDER();
   std::string why;
   mine.valid = 1;
   if (setting == "auto") {
@@ -539,10 +536,7 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
   MK_CHECK(agreeRing(bs, rank, nRanks, info, ringMode, out));
   // MKERNEL_STAGED=1: staged for thread ranks too (the same on every rank: an environment
   // variable of the job; a rank that disagrees is caught below, before any kernel runs).
-  const std::string forced = paramString("STAGED");
-  if (forced != "auto" && forced != "1")
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_STAGED=%s: expected auto or 1", forced.c_str());
-  if (forced == "1" || needStaged) out->staged = true;
+  if (params::STAGED.is("1") || needStaged) out->staged = true;
   std::vector<int32_t> stagedVote(static_cast<size_t>(nRanks), 0);
   stagedVote[static_cast<size_t>(rank)] = out->staged ? 1 : 0;
   MK_CHECK(bs->allGather(stagedVote.data(), sizeof(int32_t)));

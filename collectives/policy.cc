@@ -32,15 +32,6 @@ std::string trim(const std::string& s) {
   return s.substr(b, e - b);
 }
 
-Result readBytesParam(const char* name, size_t* out) {
-  int64_t v = paramInt(name);
-  if (v < 0)
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_%s=%lld: a byte count must be >= 0", name,
-                    static_cast<long long>(v));
-  *out = static_cast<size_t>(v);
-  return Result::Success;
-}
-
 bool validEnums(const PolicyQuery& q) {
   int c = static_cast<int>(q.coll), t = static_cast<int>(q.dtype), o = static_cast<int>(q.op);
   return c >= 0 && c < kNumCollTypes && t >= 0 && t < kNumDataTypes && o >= 0 && o < kNumRedOps;
@@ -105,23 +96,14 @@ Result parseAlgoName(const std::string& text, int* algo) {
 
 Result loadPolicyConfig(PolicyConfig* cfg) {
   PolicyConfig c = *cfg;
-  c.disabled = paramInt("DISABLE") != 0;
-  MK_CHECK(parseCollectiveList(paramString("COLLECTIVES"), &c.collMask));
-  MK_CHECK(parseAlgoName(paramString("ALGO"), &c.forcedAlgo));
-  MK_CHECK(readBytesParam("ONESHOT_MAX_BYTES", &c.oneShotMaxBytes));
-  MK_CHECK(readBytesParam("MAX_BYTES", &c.maxBytes));
-  MK_CHECK(readBytesParam("RING_CHUNK_BYTES", &c.ringChunkBytes));
-  const std::string crossover = trim(paramString("NCCL_CROSSOVER"));
-  if (strcasecmp(crossover.c_str(), "auto") == 0) {
-    c.ncclCrossover = true;
-  } else if (strcasecmp(crossover.c_str(), "off") == 0) {
-    c.ncclCrossover = false;
-  } else {
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_NCCL_CROSSOVER='%s': expected auto or off", crossover.c_str());
-  }
-  if (c.ringChunkBytes == 0)
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_RING_CHUNK_BYTES must be > 0");
-  const std::string model = paramString("COST_MODEL");
+  c.disabled = params::DISABLE();
+  MK_CHECK(parseCollectiveList(params::COLLECTIVES.text(), &c.collMask));
+  MK_CHECK(parseAlgoName(params::ALGO.text(), &c.forcedAlgo));
+  c.oneShotMaxBytes = static_cast<size_t>(params::ONESHOT_MAX_BYTES());
+  c.maxBytes = static_cast<size_t>(params::MAX_BYTES());
+  c.ringChunkBytes = static_cast<size_t>(params::RING_CHUNK_BYTES());
+  c.ncclCrossover = params::NCCL_CROSSOVER.is("auto");
+  const std::string& model = params::COST_MODEL();
   std::vector<std::string> given;
   std::string why;
   if (!parseCostParams(model, &c.costModel, &given, &why))

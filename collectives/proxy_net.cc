@@ -65,7 +65,7 @@ std::vector<int> proxyPinCpus(const std::vector<int>& placementCpus, const std::
 }
 
 std::vector<int> proxyCpusFor(int cudaDev, std::string* why) {
-  if (paramInt("PROXY_PIN", 1) == 0) {
+  if (!params::PROXY_PIN()) {
     *why = "not pinned (MKERNEL_PROXY_PIN=0)";
     return {};
   }

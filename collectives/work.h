@@ -231,7 +231,6 @@ enum WaitKind : uint32_t {
   kWaitPeerEnd = 2,    // last barrier: the peer has not finished this collective
   kWaitDispatch = 3,   // a worker CTA waiting for the leader
   kWaitSlotDone = 4,   // the leader waiting for worker CTAs to finish a slot
-  kWaitGate = 5,       // a caller's stream (gate kernel) waiting for the persistent kernel
   kWaitPeerChunk = 6,  // staged (process ranks): the peer has not staged a later chunk
   kWaitProxy = 7,      // hierarchical: the proxy did not complete this rank's inter-node transfers
   kWaitLaunchPeer = 8, // launch path: the peer has not published its inputs of this collective
@@ -310,7 +309,6 @@ struct alignas(64) HostControl {
   volatile uint64_t eagerCompleted;  // eager slots completed (or drained)
   volatile uint64_t opsDone[8];      // collectives completed, by CollType
   ErrorRecord errors[kMaxCtas];      // one per CTA: no atomics needed on host memory
-  ErrorRecord gateError;             // a gate kernel (caller's stream) gave up waiting (kWaitGate)
   volatile uint32_t testStalled;     // MKERNEL_TEST_STALL_BARRIER: 1 once a CTA stopped on purpose
   volatile uint64_t launchStarted;   // launch path: the epoch of the last watched eager op whose CTA 0
                                      // started (MKERNEL_LAUNCH_WATCH: the first op, or every op)

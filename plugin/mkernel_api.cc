@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "collectives/stats.h"
+#include "common/param.h"
 #include "common/version.h"
 
 // Callers carry their own copy of mkernelStats_t (nccl-tests' patch does): a caller built against
@@ -28,3 +29,5 @@ extern "C" int mkernelGetStats(mkernelStats_t* out) {
 }
 
 extern "C" const char* mkernelVersionString(void) { return "mkernel " MKERNEL_VERSION_STRING; }
+
+extern "C" void mkernelResetParamsForTesting(void) { mkernel::params::resetThisCopyForTesting(); }

@@ -29,6 +29,10 @@ typedef struct {
 MKERNEL_API int mkernelGetStats(mkernelStats_t* stats);  // 0 on success
 MKERNEL_API const char* mkernelVersionString(void);
 
+// Tests only: the library's MKERNEL_* settings are read again at their next use (after a test
+// changed the environment). Settings are otherwise read once per process.
+MKERNEL_API void mkernelResetParamsForTesting(void);
+
 #ifdef __cplusplus
 }
 #endif

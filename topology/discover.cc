@@ -140,8 +140,8 @@ bool queryVerbsNics(Topology* topo, std::string* why) {
 
 DiscoverOptions defaultDiscoverOptions() {
   DiscoverOptions o;
-  o.hwlocXml = paramString("TOPO_XML");
-  o.nvlinkMatrixFile = paramString("NVLINK_MATRIX");
+  o.hwlocXml = params::TOPO_XML();
+  o.nvlinkMatrixFile = params::NVLINK_MATRIX();
   return o;
 }
 

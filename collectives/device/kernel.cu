@@ -418,11 +418,8 @@ struct HierExecutor : CtaMover {
       uint64_t sends = p.self->proxySends[lane][slot], recvs = p.self->proxyRecvs[lane][slot];
       uint32_t n = 0;
       for (int m = 0; m < p.nNodes; ++m) n += (recvBytes[m] != 0 ? 1u : 0u) + (sendBytes[m] != 0 ? 1u : 0u);
-      // MKERNEL_PROXY_BATCH=0 (for comparison): one proxyPost per command, as before session 25.
-      const bool batch = p.proxyBatch != 0;
-      if (!batch) __threadfence_system();
       proxy::ProxyProducer pr{p.self->proxyHead[lane], p.self->proxyTailSeen[lane]};
-      bool ok = !batch || proxy::proxyReserve(ring(), flags(), &pr, n, p.timeoutNs) == proxy::PostStatus::kPosted;
+      bool ok = proxy::proxyReserve(ring(), flags(), &pr, n, p.timeoutNs) == proxy::PostStatus::kPosted;
       uint32_t i = 0;
       for (int pass = 0; pass < 2 && ok; ++pass) {  // receives first, then sends
         for (int m = 0; m < p.nNodes && ok; ++m) {
@@ -436,16 +433,11 @@ struct HierExecutor : CtaMover {
           c.bytes = bytes;
           c.tag = round;
           c.flag = 2 * static_cast<uint32_t>(slot) + (pass == 0 ? 1u : 0u);
-          if (batch)
-            proxy::proxyWrite(ring(), pr, i++, c);
-          else
-            ok = proxy::proxyPost(ring(), flags(), c, p.timeoutNs) == proxy::PostStatus::kPosted;
-          if (ok) {
-            if (pass == 0) ++recvs; else ++sends;
-          }
+          proxy::proxyWrite(ring(), pr, i++, c);
+          if (pass == 0) ++recvs; else ++sends;
         }
       }
-      if (batch && ok) proxy::proxyPublish(ring(), &pr, n);
+      if (ok) proxy::proxyPublish(ring(), &pr, n);
       p.self->proxySends[lane][slot] = sends;
       p.self->proxyRecvs[lane][slot] = recvs;
       p.self->proxyHead[lane] = pr.head;
@@ -1708,59 +1700,6 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlBatchKernel(const _
   *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = eLast;
 }
 
-// ---- the gate: the caller's side of the doorbell protocol as a one-thread kernel ----------------
-
-// On the caller's stream, in place of the three stream memops (MKERNEL_STREAM_WAIT=kernel): it
-// starts once everything earlier on the stream is complete, posts the doorbell, waits for Done and
-// resets it to Free. Measured on the H200 (docs/KERNEL.md, "Stream ordering"): 1-3 us per
-// collective faster than the memops with 1 and 2 emulated ranks, but with 8 emulated ranks one
-// rank's first collective stalled for seconds, so it is not the default. Bounded like every other wait:
-// after timeoutNs it records kWaitGate and releases the stream.
-__global__ void __launch_bounds__(32, 1) gateKernel(uint32_t* doorbell, HostControl* ctl, uint64_t timeoutNs, int rank) {
-  if (threadIdx.x != 0) return;
-  __threadfence_system();  // the stream's earlier work (complete at kernel start) before the post
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(doorbell), "r"(static_cast<uint32_t>(kDoorbellPosted)) : "memory");
-  uint64_t start = 0;
-  for (uint32_t iter = 1;; ++iter) {
-    uint32_t v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(doorbell) : "memory");
-    if (v == kDoorbellDone) break;
-    if ((iter & 1023) == 0) {
-      const uint64_t now = globalTimerNs();
-      if (start == 0) {
-        start = now;
-      } else if (now - start > timeoutNs) {
-        volatile ErrorRecord* e = &ctl->gateError;
-        e->rank = rank;
-        e->peer = -1;
-        e->cta = -1;
-        e->coll = -1;
-        e->epoch = 0;
-        __threadfence_system();
-        e->what = kWaitGate;
-        __threadfence_system();
-        ctl->failed = 1;
-        __threadfence_system();
-        return;
-      }
-      if (iter > (1u << 16)) __nanosleep(200);
-    }
-  }
-  *reinterpret_cast<volatile uint32_t*>(doorbell) = kDoorbellFree;
-}
-
-}  // namespace dev
-
-Result launchGate(uint32_t* doorbell, HostControl* ctlDev, uint64_t timeoutNs, int rank, cudaStream_t stream) {
-  dev::gateKernel<<<1, 32, 0, stream>>>(doorbell, ctlDev, timeoutNs, rank);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching the stream gate kernel failed: %s", rank,
-                    cudaGetErrorString(err));
-  return Result::Success;
-}
-
-namespace dev {
 __global__ void probeKernel() {}
 }  // namespace dev
 
@@ -1791,13 +1730,9 @@ int probeFreshStreams(int n, double seconds) {
 
 Result persistentKernelLocalBytes(size_t* out) {
   cudaFuncAttributes attr;
-  // Also loads the kernels now (CUDA's lazy loading would load the gate kernel at its first
-  // launch, and loading waits for running kernels: a persistent kernel waiting for that gate's
-  // doorbell never finishes; NCCL queries its kernels at init for the same reason).
-  cudaError_t err = cudaFuncGetAttributes(&attr, dev::gateKernel);
-  if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "attributes of the gate kernel: %s", cudaGetErrorString(err));
-  err = cudaFuncGetAttributes(&attr, dev::launchLlBatchKernel);
+  // Also loads the kernels now (CUDA's lazy loading would load a kernel at its first launch, and
+  // loading waits for running kernels; NCCL queries its kernels at init for the same reason).
+  cudaError_t err = cudaFuncGetAttributes(&attr, dev::launchLlBatchKernel);
   if (err != cudaSuccess)
     return MK_ERROR(Result::UnhandledCudaError, "attributes of the LL batch kernel: %s", cudaGetErrorString(err));
   size_t batchLocal = attr.localSizeBytes;

@@ -73,7 +73,6 @@ struct KernelParams {
   // so that a test can kill the process in the middle of a collective's data movement.
   uint32_t testStallBarrier;
   uint32_t hierOverlap;  // MKERNEL_HIER_OVERLAP: pipelined hierarchical AllReduce (0: phases in turn)
-  uint32_t proxyBatch;   // MKERNEL_PROXY_BATCH: a rail round's commands as one batch (0: one at a time)
   uint32_t hierKeepOwn;  // MKERNEL_HIER_KEEP_OWN: HierCall::keepOwn (0: the own piece through P)
   int32_t hierAhead;     // MKERNEL_HIER_AHEAD: HierCall::ahead (1 or 2 chunks)
   // MKERNEL_HIER_ROLES: workers and reducers per lane of a hierarchical AllReduce in CTA roles
@@ -89,12 +88,6 @@ static_assert(offsetof(KernelParams, peers) == 64, "KernelParams: the hot fields
 
 // Launches the persistent kernel with p.nCtas CTAs of kKernelThreads threads on `stream`.
 Result launchPersistentKernel(const KernelParams& p, cudaStream_t stream);
-
-// Launches the gate kernel on the caller's stream (MKERNEL_STREAM_WAIT=kernel): one thread that
-// posts `doorbell` (device memory), waits until the persistent kernel marks it Done and resets it
-// to Free; after timeoutNs it records HostControl::gateError (ctlDev: the device address of the
-// host-mapped control block) and lets the stream go. Legal during CUDA graph capture.
-Result launchGate(uint32_t* doorbell, HostControl* ctlDev, uint64_t timeoutNs, int rank, cudaStream_t stream);
 
 // Local memory (stack) per thread the persistent kernel (or the launch-path kernel) needs: the device's stack limit must be
 // at least this BEFORE kernels run, or a later launch resizes local memory, which waits for every

@@ -91,7 +91,7 @@ __device__ inline void recordError(const KernelParams& p, int cta, int peer, Wai
 // its lane's sender, workers or reducers) only follow from a wait elsewhere: for a peer or for the
 // proxy. They get this many times MKERNEL_TIMEOUT_S, so that the wait naming the cause times out
 // first and is what the communicator reports (kernelError; the first record stops every CTA, and
-// a CTA that sees the stop records nothing). As the gate's 2x (kWaitGate).
+// a CTA that sees the stop records nothing).
 constexpr uint64_t kInternalWaitFactor = 2;
 
 // Single-thread wait for *addr >= target. False on abort, on another CTA's failure, or on timeout

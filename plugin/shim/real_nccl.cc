@@ -23,7 +23,7 @@ bool isOwnSymbol(void* sym) {
 }
 
 void load(RealNccl* r, bool allowLoad) {
-  std::string configured = paramString("NCCL_LIBRARY");
+  const std::string& configured = params::NCCL_LIBRARY();
   // Already loaded by the application (PyTorch, nccl-tests): take exactly that copy.
   void* h = nullptr;
   if (!configured.empty()) h = dlopen(configured.c_str(), RTLD_NOW | RTLD_NOLOAD);

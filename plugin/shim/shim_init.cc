@@ -21,7 +21,7 @@ namespace mkernel {
 namespace shim {
 
 bool emulationRequested() {
-  return paramInt("EMULATE") != 0;
+  return params::EMULATE();
 }
 
 ncclConfig_t realConfigFor(const ncclConfig_t* user) {
@@ -91,12 +91,12 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
   // The policy first: a malformed MKERNEL_* selection setting fails the comm on every rank alike.
   coll::PolicyConfig pc;
   MK_CHECK(coll::loadPolicyConfig(&pc));
-  MK_CHECK(parseGraphPath(paramString("GRAPH"), &c->graphPath));
+  MK_CHECK(parseGraphPath(params::GRAPH.text(), &c->graphPath));
   pc.emulate = s.emulate;
   // Several nodes: the kernel's hierarchical path (through the proxies) takes them in emulation
   // (MKERNEL_RANKS_PER_NODE) and, for ranks on several hosts, only with MKERNEL_MULTI_NODE=1: it
   // has run on emulated nodes only, and stalls there in some runs (docs/RELIABILITY.md).
-  const bool multiNodeAllowed = s.emulate || paramInt("MULTI_NODE", 0) != 0;
+  const bool multiNodeAllowed = s.emulate || params::MULTI_NODE();
   pc.kernelMultiNode = multiNodeAllowed;
   c->policy.reset(new coll::SelectionPolicy(pc));
   if (pc.disabled && !s.emulate) {
@@ -115,7 +115,7 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
   opts.nRanks = s.nRanks;
   opts.cudaDev = s.cudaDev;
   opts.emulate = s.emulate;
-  opts.ranksPerNode = s.emulate ? static_cast<int>(paramInt("RANKS_PER_NODE")) : 0;
+  opts.ranksPerNode = s.emulate ? static_cast<int>(params::RANKS_PER_NODE()) : 0;
   opts.blocking = c->blocking;
   Result made = coll::Communicator::create(opts, c->bootstrap.get(), &c->mk);
   std::string why = made == Result::Success ? "" : lastError();
@@ -171,7 +171,7 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
 // in emulation. Identical on every rank by construction.
 Result countNodes(ShimComm* c, const CommSetup& s) {
   if (s.emulate) {
-    const int64_t rpn = paramInt("RANKS_PER_NODE");
+    const int64_t rpn = params::RANKS_PER_NODE();
     c->nNodes = rpn > 0 ? static_cast<int>((s.nRanks + rpn - 1) / rpn) : 1;
     return Result::Success;
   }
@@ -228,7 +228,7 @@ namespace {
 // ncclCommInitRank{,Config,Scalable}: validation, then setupComm now or at ncclGroupEnd.
 ncclResult_t initRank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& commId, int rank,
                       const ncclConfig_t* config, const char* caller) {
-  warnUnknownParamsOnce();
+  params::warnUnknownOnce();
   if (newcomm == nullptr)
     return toNccl(MK_ERROR(Result::InvalidArgument, "%s : comm argument is NULL", caller));
   *newcomm = nullptr;
@@ -347,7 +347,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, i
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
   using namespace mkernel::shim;
-  mkernel::warnUnknownParamsOnce();
+  mkernel::params::warnUnknownOnce();
   if (comms == nullptr)
     return toNccl(MK_ERROR(Result::InvalidArgument, "ncclCommInitAll : comms argument is NULL"));
   if (ndev < 1)

@@ -42,7 +42,7 @@ Result realCommOf(ShimComm* c, const char* name, ncclComm_t* out) {
 
 // Ranks per node for the emulated device-API teams (MKERNEL_RANKS_PER_NODE, else one node).
 int emulatedLsaSize(const ShimComm* c) {
-  int rpn = static_cast<int>(mkernel::paramInt("RANKS_PER_NODE"));
+  int rpn = static_cast<int>(mkernel::params::RANKS_PER_NODE());
   return rpn > 0 && rpn < c->nRanks ? rpn : c->nRanks;
 }
 

@@ -67,17 +67,14 @@ NodeFacts nodeFacts() {
 }  // namespace
 
 bool tunerRequested(std::string* why) {
-  std::string mode = paramString("TUNER");
-  if (mode == "1") {
+  if (params::TUNER.is("1")) {
     *why = "MKERNEL_TUNER=1";
     return true;
   }
-  if (mode == "0") {
+  if (params::TUNER.is("0")) {
     *why = "MKERNEL_TUNER=0";
     return false;
   }
-  if (!mode.empty())
-    MK_WARN("MKERNEL_TUNER=%s is neither 0 nor 1; deciding from NCCL_TUNER_PLUGIN", mode.c_str());
   const char* plugin = std::getenv("NCCL_TUNER_PLUGIN");
   if (plugin != nullptr && strcasestr(plugin, "mkernel") != nullptr) {
     *why = std::string("NCCL_TUNER_PLUGIN=") + plugin;
@@ -93,7 +90,7 @@ Result tunerInit(uint64_t commId, size_t nRanks, size_t nNodes, NcclLogger logge
   if (context == nullptr)
     return MK_ERROR(Result::InvalidArgument, "tuner init: null context pointer");
   if (logger != nullptr) setNcclLogger(logger);
-  warnUnknownParamsOnce();
+  params::warnUnknownOnce();
   std::unique_ptr<TunerContext> ctx(new (std::nothrow) TunerContext());
   if (!ctx) return MK_ERROR(Result::SystemError, "tuner init: out of memory");
   ctx->commId = commId;
@@ -112,7 +109,7 @@ Result tunerInit(uint64_t commId, size_t nRanks, size_t nNodes, NcclLogger logge
   s.nRanks = nRanks > 0 ? static_cast<int>(nRanks) : 1;
   s.nNodes = nNodes > 0 ? static_cast<int>(nNodes) : 1;
   s.ranksPerNode = (s.nRanks + s.nNodes - 1) / s.nNodes;
-  s.nvlsAllowed = paramInt("NVLS", 0) == 1;
+  s.nvlsAllowed = params::NVLS();
   NodeFacts facts = nodeFacts();
   s.topologyKnown = facts.known;
   s.nvlink = facts.nvlink;
@@ -131,7 +128,7 @@ Result tunerInit(uint64_t commId, size_t nRanks, size_t nNodes, NcclLogger logge
     s.topologyKnown = true;
   }
 
-  std::string rulesPath = paramString("TUNER_CONFIG");
+  const std::string& rulesPath = params::TUNER_CONFIG();
   if (!rulesPath.empty()) {
     std::vector<std::string> warnings;
     if (coll::loadTunerRulesFile(rulesPath, &ctx->rules, &warnings) != Result::Success)

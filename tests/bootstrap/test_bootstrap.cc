@@ -17,6 +17,7 @@
 #include "transport/bootstrap/bootstrap.h"
 #include "transport/bootstrap/sock.h"
 #include "transport/bootstrap/wire.h"
+#include "common/param.h"
 
 using mkernel::Result;
 using mkernel::bootstrap::Bootstrap;
@@ -43,10 +44,14 @@ std::string logText() {
 }
 
 struct LoopbackEnv {
-  LoopbackEnv() { setenv("MKERNEL_SOCKET_IFNAME", "lo", 1); }
+  LoopbackEnv() {
+    setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
+    mkernel::params::resetForTesting();
+  }
   ~LoopbackEnv() {
     unsetenv("MKERNEL_SOCKET_IFNAME");
     unsetenv("MKERNEL_TIMEOUT_S");
+    mkernel::params::resetForTesting();
   }
 };
 
@@ -142,6 +147,7 @@ TEST_CASE("bootstrap: allGather, broadcast, barrier and tagged send/recv") {
 TEST_CASE("bootstrap: a missing rank is a timeout error, not a hang") {
   LoopbackEnv env;
   setenv("MKERNEL_TIMEOUT_S", "1", 1);
+  mkernel::params::resetForTesting();
   UniqueId id;
   REQUIRE(mkernel::bootstrap::createUniqueId(&id) == Result::Success);
   auto t0 = std::chrono::steady_clock::now();
@@ -217,14 +223,19 @@ TEST_CASE("bootstrap: the root rejects malformed hellos and still completes") {
 
 TEST_CASE("bootstrap: MKERNEL_HOSTID stands for the host (processes of one machine as several hosts)") {
   unsetenv("MKERNEL_HOSTID");
+  mkernel::params::resetForTesting();
   const uint64_t machine = Bootstrap::hostHash();
   setenv("MKERNEL_HOSTID", "node-a", 1);
+  mkernel::params::resetForTesting();
   const uint64_t a = Bootstrap::hostHash();
   setenv("MKERNEL_HOSTID", "node-b", 1);
+  mkernel::params::resetForTesting();
   const uint64_t b = Bootstrap::hostHash();
   setenv("MKERNEL_HOSTID", "node-a", 1);
+  mkernel::params::resetForTesting();
   CHECK(Bootstrap::hostHash() == a);
   unsetenv("MKERNEL_HOSTID");
+  mkernel::params::resetForTesting();
   CHECK(Bootstrap::hostHash() == machine);
   CHECK(a != b);
   CHECK(a != machine);

@@ -13,6 +13,7 @@
 #include "tests/fuzz/fuzz_util.h"
 #include "transport/bootstrap/bootstrap.h"
 #include "transport/bootstrap/validate.h"
+#include "common/param.h"
 
 using namespace mkernel;
 using namespace mkernel::bootstrap;
@@ -59,6 +60,7 @@ void checkRootServes() {
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   mkernel::fuzz::quietEnvironment("20");
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 0);  // keep the fuzz traffic on loopback
+  mkernel::params::resetForTesting();
   newRoot();
   return 0;
 }

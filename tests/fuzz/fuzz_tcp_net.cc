@@ -22,6 +22,7 @@
 #include "tests/fuzz/fuzz_util.h"
 #include "transport/net/net.h"
 #include "transport/net/tcp/tcp_net.h"
+#include "common/param.h"
 
 using namespace mkernel;
 namespace tcp = mkernel::net::tcp;
@@ -193,13 +194,17 @@ void modeStream(Input in) {
 void modeHalfClosed(Input in) {
   tcp::WireHandle h;
   setenv("MKERNEL_NET_SOCKETS", "2", 1);  // read by listen(): the listener's count wins
+  mkernel::params::resetForTesting();
   net::ListenComm* lc = listenHere(&h);
   setenv("MKERNEL_NET_SOCKETS", "1", 1);
+  mkernel::params::resetForTesting();
   if (h.nSocks != 2) fuzzFail("a listener asked for two sockets per connection made another count");
   int fds[2] = {helloPeer(h, 0, 2, 43), helloPeer(h, 1, 2, 43)};
   setenv("MKERNEL_NET_CHUNK_BYTES", "4096", 1);  // read by accept(): messages above 4 KiB stripe
+  mkernel::params::resetForTesting();
   net::RecvComm* rc = acceptFor(lc, 2.0);
   unsetenv("MKERNEL_NET_CHUNK_BYTES");
+  mkernel::params::resetForTesting();
   if (rc == nullptr) fuzzFail("a correct two-socket handshake gave no recv comm");
   if (gNet->closeListen(lc) != Result::Success) fuzzFail("closeListen failed");
   Posted p;
@@ -222,6 +227,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   setenv("MKERNEL_NET_SOCKETS", "1", 1);
   setenv("MKERNEL_NET_THREADS", "1", 1);
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 0);
+  mkernel::params::resetForTesting();
   std::string why;
   gNet = net::createTcpNet(&why);
   if (gNet == nullptr) fuzzFail(why.c_str());

@@ -17,6 +17,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/param.h"
+
 namespace mkernel {
 namespace fuzz {
 
@@ -35,6 +37,7 @@ namespace fuzz {
 inline void quietEnvironment(const char* timeoutS) {
   setenv("MKERNEL_DEBUG", "VERSION", 0);
   setenv("MKERNEL_TIMEOUT_S", timeoutS, 0);
+  mkernel::params::resetForTesting();
 }
 
 // Descriptors the code under test can leak: sockets, epoll and eventfd instances. Pipes and files

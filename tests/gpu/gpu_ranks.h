@@ -17,6 +17,7 @@
 
 #include "collectives/communicator.h"
 #include "transport/bootstrap/bootstrap.h"
+#include "common/param.h"
 
 namespace mkgpu {
 
@@ -108,6 +109,7 @@ inline bool haveGpu() {
 inline std::vector<std::string> runRanks(int n, const std::function<void(RankCtx&)>& fn,
                                          size_t hostBytes = size_t(32) << 20, int ranksPerNode = 0) {
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
+  mkernel::params::resetForTesting();
   std::vector<std::string> failures;
   std::mutex failMu;
   std::vector<uint8_t*> pinned(static_cast<size_t>(n), nullptr);

@@ -13,11 +13,13 @@
 #include "collectives/communicator.h"
 #include "common/result.h"
 #include "transport/bootstrap/bootstrap.h"
+#include "common/param.h"
 
 using mkernel::Result;
 
 TEST_CASE("Communicator::create explains why it cannot run, or runs") {
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
+  mkernel::params::resetForTesting();
   mkernel::bootstrap::UniqueId id;
   REQUIRE(mkernel::bootstrap::createUniqueId(&id) == Result::Success);
   std::unique_ptr<mkernel::bootstrap::Bootstrap> bs;

@@ -155,7 +155,7 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
   maxBytes += 256;
   // The hierarchical path rounds each node's partial result, then each step that combines nodes:
   // one for the direct rail exchange, N - 1 for ring or rhd (MKERNEL_HIER_RAIL).
-  const std::string rail = mkernel::paramString("HIER_RAIL");
+  const std::string rail = mkernel::params::HIER_RAIL.text();
   const int askedRail = std::max(0, mkernel::coll::hierRailByName(rail));  // the communicator rejects a bad name
   int roundings = 1;
   if (ranksPerNode > 0) {
@@ -175,7 +175,7 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
     mkernel::coll::CollStats st;
     ctx.comm->stats(&st);
     // Unless the case sets it, MKERNEL_HIER_CTAS's default (params.def; the kernels have more CTAs).
-    const int wantHierCtas = expectHierCtas > 0 ? expectHierCtas : static_cast<int>(mkernel::paramInt("HIER_CTAS", 1));
+    const int wantHierCtas = expectHierCtas > 0 ? expectHierCtas : static_cast<int>(mkernel::params::HIER_CTAS());
     if (ranksPerNode > 0 && st.hierCtas != wantHierCtas)
       ctx.fail("hierarchical collectives split over " + std::to_string(st.hierCtas) + " CTA(s), want " +
                std::to_string(wantHierCtas));
@@ -186,7 +186,7 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
       ctx.fail("rail NIC speed " + std::to_string(st.railMbps) + " Mb/s with " + std::to_string(ranksPerNode) + " ranks per node");
     // MKERNEL_HIER_ROLES=W,R: the AllReduces ran in CTA roles.
     int wantWorkers = 0, wantReducers = 0;
-    const std::string roles = mkernel::paramString("HIER_ROLES");
+    const std::string roles = mkernel::params::HIER_ROLES();
     if (ranksPerNode > 0 && std::sscanf(roles.c_str(), "%d,%d", &wantWorkers, &wantReducers) == 2 &&
         (st.hierWorkers != wantWorkers || st.hierReducers != wantReducers))
       ctx.fail("AllReduce CTA roles " + std::to_string(st.hierWorkers) + "," + std::to_string(st.hierReducers) +
@@ -201,7 +201,7 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
     // Phase times (collectives/hier_staged.h): CTA 0 times its AllReduce chunks in turn
     // (MKERNEL_HIER_OVERLAP=0), with both phases non-zero, and none pipelined.
     if (ranksPerNode > 0) {
-      const bool inTurn = mkernel::paramInt("HIER_OVERLAP", 1) == 0;
+      const bool inTurn = !mkernel::params::HIER_OVERLAP();
       if (inTurn && (st.hierTurnChunks == 0 || st.hierTurnNodeNs == 0 || st.hierTurnRailNs == 0))
         ctx.fail("in turn, but CTA 0 timed " + std::to_string(st.hierTurnChunks) + " AllReduce chunks (node " +
                  std::to_string(st.hierTurnNodeNs) + " ns, rail " + std::to_string(st.hierTurnRailNs) + " ns)");
@@ -223,35 +223,30 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
     // inputs up to MKERNEL_LAUNCH_MAX_BYTES.
     // The threshold in effect: MKERNEL_LAUNCH_MAX_BYTES, capped by the CTAs all ranks can hold
     // (none for emulated nodes).
-    const char* lm = std::getenv("MKERNEL_LAUNCH_MAX_BYTES");
-    const uint64_t asked = lm != nullptr ? std::strtoull(lm, nullptr, 10) : 1048576;
+    const uint64_t asked = static_cast<uint64_t>(mkernel::params::LAUNCH_MAX_BYTES());
     if (st.launchMaxBytes > asked)
       ctx.fail("launch threshold " + std::to_string(st.launchMaxBytes) + " above MKERNEL_LAUNCH_MAX_BYTES " + std::to_string(asked));
     // Above it, thread ranks take the launch path's direct mode unless MKERNEL_LAUNCH_DIRECT=0
     // (these ranks are threads: direct mode is on exactly when the threshold is).
-    const char* ld = std::getenv("MKERNEL_LAUNCH_DIRECT");
-    const bool wantDirect =
-        nRanks > 1 && ranksPerNode == 0 && st.launchMaxBytes > 0 && (ld == nullptr || std::atoi(ld) != 0);
+    const bool wantDirect = nRanks > 1 && ranksPerNode == 0 && st.launchMaxBytes > 0 && mkernel::params::LAUNCH_DIRECT();
     if (st.launchDirect != wantDirect)
       ctx.fail(std::string("launch path direct mode ") + (st.launchDirect ? "on" : "off") + ", want " +
                (wantDirect ? "on" : "off"));
     // Direct mode's kernel (MKERNEL_DIRECT_KERNEL): its own of 512 threads per CTA unless shared.
-    const char* dk = std::getenv("MKERNEL_DIRECT_KERNEL");
-    const int wantThreads = !wantDirect ? 0 : dk != nullptr && std::string(dk) == "shared" ? 256 : 512;
+    const int wantThreads = !wantDirect ? 0 : mkernel::params::DIRECT_KERNEL.is("shared") ? 256 : 512;
     if (st.directThreads != wantThreads)
       ctx.fail("direct mode runs " + std::to_string(st.directThreads) + " threads per CTA, want " +
                std::to_string(wantThreads));
     // Ranks sharing the GPU keep small persistent kernels and run large ops in direct mode
     // (MKERNEL_SHARED_CTAS: auto for 2 to 4 ranks on a GPU, a number for any, 0 off).
-    const char* sc = std::getenv("MKERNEL_SHARED_CTAS");
-    const bool scAuto = sc == nullptr || std::string(sc) == "auto";
-    const char* gl = std::getenv("MKERNEL_GRAPH_LAUNCH");
+    const std::optional<int64_t> sc = mkernel::params::SHARED_CTAS();
+    const bool scAuto = !sc.has_value();
     // auto: more than four ranks per GPU only without an upper end to direct mode (auto or 0).
-    const char* dmaxEnv = std::getenv("MKERNEL_DIRECT_MAX_BYTES");
-    const bool directUnbounded = dmaxEnv == nullptr || std::string(dmaxEnv) == "auto" || std::string(dmaxEnv) == "0";
+    const std::optional<int64_t> dmaxSet = mkernel::params::DIRECT_MAX_BYTES();
+    const bool directUnbounded = !dmaxSet.has_value() || *dmaxSet == 0;
     const int autoCtas = mkernel::coll::sharedPersistentCtas(st.directSharing, directUnbounded);
-    const bool wantShared = wantDirect && st.directSharing > 1 && (gl == nullptr || std::atoi(gl) != 0) &&
-                            (scAuto ? autoCtas > 0 : std::atoi(sc) > 0);
+    const bool wantShared = wantDirect && st.directSharing > 1 && mkernel::params::GRAPH_LAUNCH() &&
+                            (scAuto ? autoCtas > 0 : *sc > 0);
     if (st.sharedDirect != wantShared)
       ctx.fail(std::string("ranks sharing the GPU in direct mode: ") + (st.sharedDirect ? "yes" : "no") + ", want " +
                (wantShared ? "yes" : "no"));
@@ -275,14 +270,13 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
                   nRanks, st.directThreads, st.directCtas, st.persistentCtas,
                   st.sharedDirect ? " (ranks sharing the GPU: direct mode at every size)" : "");
     // Direct mode ends at MKERNEL_DIRECT_MAX_BYTES (auto: launch_path.h's table).
-    const char* dm = std::getenv("MKERNEL_DIRECT_MAX_BYTES");
-    const uint64_t directMax = dm != nullptr && std::string(dm) != "auto" ? std::strtoull(dm, nullptr, 10) : mkernel::coll::kDirectAuto;
+    const uint64_t directMax = dmaxSet.has_value() ? static_cast<uint64_t>(*dmaxSet) : mkernel::coll::kDirectAuto;
     // LL mode (launch_path.h) takes what each rank sends each peer up to MKERNEL_LL_MAX_BYTES
     // (auto: kLlAutoMaxBytes, kLlSharedMaxBytes with more than two ranks on a GPU; never more than
     // the slots hold, llLimit), whatever the launch threshold; off with it and for emulated nodes.
-    const char* llm = std::getenv("MKERNEL_LL_MAX_BYTES");
-    const uint64_t llAsked = mkernel::coll::llLimit(
-        llm != nullptr && std::string(llm) != "auto" ? std::strtoull(llm, nullptr, 10) : ~0ull, nRanks, st.directSharing);
+    const std::optional<int64_t> llm = mkernel::params::LL_MAX_BYTES();
+    const uint64_t llAsked =
+        mkernel::coll::llLimit(llm.has_value() ? static_cast<uint64_t>(*llm) : ~0ull, nRanks, st.directSharing);
     const uint64_t wantLl = ranksPerNode == 0 && st.launchMaxBytes > 0 ? llAsked : 0;
     if (st.llMaxBytes != wantLl)
       ctx.fail("LL mode up to " + std::to_string(st.llMaxBytes) + " bytes, want " + std::to_string(wantLl));
@@ -310,9 +304,8 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
     // One rank: every eager op but PreMulSum's reductions is a cudaMemcpyAsync, unless
     // MKERNEL_ONE_RANK=kernel sends them all to the launch kernel.
     if (nRanks == 1 && st.launchMaxBytes > 0) {
-      const char* one = std::getenv("MKERNEL_ONE_RANK");
       uint64_t wantCopies = 0;
-      if (one == nullptr || std::string(one) != "kernel")
+      if (!mkernel::params::ONE_RANK.is("kernel"))
         for (const Case& k : cases) wantCopies += reduces(k.coll) && k.op == RedOp::PreMulSum ? 0 : 1;
       if (st.oneRankCopies != wantCopies)
         ctx.fail("one rank: " + std::to_string(st.oneRankCopies) + " ops as cudaMemcpyAsync, want " +
@@ -341,8 +334,7 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
 // kernel, none on the launch path; with auto (the default) the ops the LL mode takes are LL
 // pushes on the launch path, the rest rings.
 void runRingSweep(int nRanks, bool direct = false) {
-  const char* rm = std::getenv("MKERNEL_RING_MIN_BYTES");
-  const int64_t ringMin = rm != nullptr && std::string(rm) != "auto" ? std::strtoll(rm, nullptr, 10) : -1;
+  const int64_t ringMin = mkernel::params::RING_MIN_BYTES().value_or(-1);
   const std::vector<Case> cases = direct ? buildDirectCases(nRanks) : buildCases(nRanks);
   size_t maxBytes = 0;
   for (const Case& k : cases)
@@ -359,15 +351,15 @@ void runRingSweep(int nRanks, bool direct = false) {
     if (!st.staged) ctx.fail("MKERNEL_ALGO=ring, but the communicator is not staged");
     // The ring's order (MKERNEL_RING_ORDER): a list is taken as given; auto on one GPU is rank
     // order (every rank on the same GPU: together, in rank order).
-    const char* ro = std::getenv("MKERNEL_RING_ORDER");
+    const std::string& ro = mkernel::params::RING_ORDER();
     std::vector<int> wantOrder;
-    if (ro != nullptr && std::string(ro) != "auto" && std::string(ro) != "rank") {
-      if (!mkernel::coll::parseRingOrder(ro, nRanks, &wantOrder)) ctx.fail(std::string("bad MKERNEL_RING_ORDER ") + ro);
+    if (ro != "auto" && ro != "rank") {
+      if (!mkernel::coll::parseRingOrder(ro.c_str(), nRanks, &wantOrder)) ctx.fail("bad MKERNEL_RING_ORDER " + ro);
     }
     bool identity = true;
     for (size_t p = 0; p < wantOrder.size(); ++p) identity = identity && wantOrder[p] == static_cast<int>(p);
     if (st.ringOrdered != (!wantOrder.empty() && !identity))
-      ctx.fail(std::string("ring order ") + (st.ringOrdered ? "set" : "unset") + ", MKERNEL_RING_ORDER=" + (ro ? ro : "(unset)"));
+      ctx.fail(std::string("ring order ") + (st.ringOrdered ? "set" : "unset") + ", MKERNEL_RING_ORDER=" + ro);
     for (size_t p = 0; p < wantOrder.size() && st.ringOrdered; ++p)
       if (st.ringOrder[p] != wantOrder[p])
         ctx.fail("ring position " + std::to_string(p) + " holds rank " + std::to_string(st.ringOrder[p]) + ", want " +
@@ -390,7 +382,7 @@ void runRingSweep(int nRanks, bool direct = false) {
                " (" + std::to_string(wantLl) + ")");
     if (ctx.rank == 0)
       std::printf("%d ranks as a ring (MKERNEL_RING_MIN_BYTES=%s): %llu of %zu cases rings, %llu LL, persistent kernel %d "
-                  "CTAs, launched %llu times\n", nRanks, rm != nullptr ? rm : "auto",
+                  "CTAs, launched %llu times\n", nRanks, mkernel::params::RING_MIN_BYTES.text(),
                   static_cast<unsigned long long>(st.ringOps), cases.size(), static_cast<unsigned long long>(st.llOps),
                   st.persistentCtas, static_cast<unsigned long long>(st.kernelLaunches));
   }, size_t(32) << 20);
@@ -404,6 +396,7 @@ TEST_CASE("gpu: every collective x dtype x op as rings (MKERNEL_ALGO=ring), 2, 3
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   setenv("MKERNEL_ALGO", "ring", 1);
   setenv("MKERNEL_RING_MIN_BYTES", "0", 1);  // every collective a ring, the smallest too
+  mkernel::params::resetForTesting();
   for (int n : {2, 3, 8}) {
     INFO(n << " ranks, 1 MiB regions");
     runRingSweep(n);
@@ -411,11 +404,13 @@ TEST_CASE("gpu: every collective x dtype x op as rings (MKERNEL_ALGO=ring), 2, 3
   // Small regions: the larger cases take many rounds (4 KiB: 1,024 floats per chunk), and 4 MiB
   // per rank (PreMulSum's pre() at every step) takes several even with 64 KiB.
   setenv("MKERNEL_STAGED_CHUNK_BYTES", "4096", 1);
+  mkernel::params::resetForTesting();
   {
     INFO("4 ranks, 4 KiB regions");
     runRingSweep(4);
   }
   setenv("MKERNEL_STAGED_CHUNK_BYTES", "65536", 1);
+  mkernel::params::resetForTesting();
   {
     INFO("4 ranks, 64 KiB regions, 4 MiB per rank");
     runRingSweep(4, /*direct=*/true);
@@ -423,6 +418,7 @@ TEST_CASE("gpu: every collective x dtype x op as rings (MKERNEL_ALGO=ring), 2, 3
   unsetenv("MKERNEL_STAGED_CHUNK_BYTES");
   unsetenv("MKERNEL_RING_MIN_BYTES");
   unsetenv("MKERNEL_ALGO");
+  mkernel::params::resetForTesting();
 }
 
 TEST_CASE("gpu: rings in a given order (MKERNEL_RING_ORDER), 4 and 8 ranks", "[gpu][ring][ringorder]") {
@@ -430,31 +426,37 @@ TEST_CASE("gpu: rings in a given order (MKERNEL_RING_ORDER), 4 and 8 ranks", "[g
   setenv("MKERNEL_ALGO", "ring", 1);
   setenv("MKERNEL_RING_MIN_BYTES", "0", 1);
   setenv("MKERNEL_STAGED_CHUNK_BYTES", "65536", 1);  // several rounds per case
+  mkernel::params::resetForTesting();
   for (const char* order : {"3,1,0,2", "0,2,1,3"}) {
     INFO("4 ranks, MKERNEL_RING_ORDER=" << order);
     setenv("MKERNEL_RING_ORDER", order, 1);
+    mkernel::params::resetForTesting();
     runRingSweep(4);
   }
   {
     INFO("8 ranks, MKERNEL_RING_ORDER=5,2,7,0,3,6,1,4");
     setenv("MKERNEL_RING_ORDER", "5,2,7,0,3,6,1,4", 1);
+    mkernel::params::resetForTesting();
     runRingSweep(8);
   }
   unsetenv("MKERNEL_RING_ORDER");
   unsetenv("MKERNEL_STAGED_CHUNK_BYTES");
   unsetenv("MKERNEL_RING_MIN_BYTES");
   unsetenv("MKERNEL_ALGO");
+  mkernel::params::resetForTesting();
 }
 
 TEST_CASE("gpu: rings from MKERNEL_RING_MIN_BYTES=auto: what the LL mode takes is an LL push, the rest a ring, 2 and 4 ranks",
           "[gpu][ring][ringmin]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   setenv("MKERNEL_ALGO", "ring", 1);
+  mkernel::params::resetForTesting();
   for (int n : {2, 4}) {
     INFO(n << " ranks, MKERNEL_RING_MIN_BYTES unset (auto)");
     runRingSweep(n);
   }
   unsetenv("MKERNEL_ALGO");
+  mkernel::params::resetForTesting();
 }
 
 TEST_CASE("gpu: every collective x dtype x op, 1 rank", "[gpu][r1]") {
@@ -499,9 +501,11 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2,
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   setenv("MKERNEL_HIER_CTAS", "3", 1);  // each CTA its slice and proxy channel (written in session 7)
   setenv("MKERNEL_HIER_SPLIT_MIN_BYTES", "0", 1);  // every collective split, the small ones too
+  mkernel::params::resetForTesting();
   runSweep(4, 2, 3);
   unsetenv("MKERNEL_HIER_CTAS");
   unsetenv("MKERNEL_HIER_SPLIT_MIN_BYTES");
+  mkernel::params::resetForTesting();
 }
 // CTA roles (MKERNEL_HIER_ROLES, collectives/hier_staged.h): the AllReduces on a sender, W workers
 // and R reducers per lane, the other collectives data-parallel between them. Two lanes of 1 + 2 + 2
@@ -513,14 +517,17 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2,
   setenv("MKERNEL_HIER_ROLES", "2,2", 1);
   setenv("MKERNEL_HIER_CTAS", "2", 1);
   setenv("MKERNEL_HIER_SPLIT_MIN_BYTES", "0", 1);
+  mkernel::params::resetForTesting();
   runSweep(4, 2, 2);
   unsetenv("MKERNEL_HIER_CTAS");
   unsetenv("MKERNEL_HIER_SPLIT_MIN_BYTES");
   setenv("MKERNEL_HIER_ROLES", "1,1", 1);
   setenv("MKERNEL_HIER_SPLIT_MIN_BYTES", "16384", 1);
+  mkernel::params::resetForTesting();
   runSweep(4, 2);
   unsetenv("MKERNEL_HIER_SPLIT_MIN_BYTES");
   unsetenv("MKERNEL_HIER_ROLES");
+  mkernel::params::resetForTesting();
 }
 // MKERNEL_HIER_RAIL (collectives/hier_staged.h, "The AllReduce's exchange among the rail"): the
 // rail exchange of the AllReduces, ReduceScatters and AllGathers as a ring over 3 and 4 emulated
@@ -531,11 +538,14 @@ TEST_CASE("gpu: every collective x dtype x op, 6-8 ranks as 3-4 emulated nodes o
   for (const char* rail : {"ring", "rhd"}) {
     INFO("MKERNEL_HIER_RAIL=" << rail);
     setenv("MKERNEL_HIER_RAIL", rail, 1);
+    mkernel::params::resetForTesting();
     runSweep(8, 2);
   }
   setenv("MKERNEL_HIER_RAIL", "ring", 1);
+  mkernel::params::resetForTesting();
   runSweep(6, 2);
   unsetenv("MKERNEL_HIER_RAIL");
+  mkernel::params::resetForTesting();
 }
 // CTA roles with the ring and rhd exchanges: the sender posts each chunk's N - 1 (log2 N) reduce-
 // scatter steps, each reduced by the reducers before the next, and its all-gather steps woven with
@@ -558,12 +568,15 @@ TEST_CASE("gpu: every collective x dtype x op, 6-8 ranks as 3-4 emulated nodes o
     setenv("MKERNEL_HIER_ROLES", r.roles, 1);
     setenv("MKERNEL_HIER_SPLIT_MIN_BYTES", r.splitMin, 1);
     if (r.lanes > 0) setenv("MKERNEL_HIER_CTAS", std::to_string(r.lanes).c_str(), 1);
+    mkernel::params::resetForTesting();
     runSweep(r.ranks, 2, r.lanes);
     unsetenv("MKERNEL_HIER_CTAS");
+    mkernel::params::resetForTesting();
   }
   unsetenv("MKERNEL_HIER_SPLIT_MIN_BYTES");
   unsetenv("MKERNEL_HIER_ROLES");
   unsetenv("MKERNEL_HIER_RAIL");
+  mkernel::params::resetForTesting();
 }
 TEST_CASE("gpu: every collective x dtype x op, 8 ranks as 2 emulated nodes of 4 (hierarchical, proxies)", "[gpu][hier8]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
@@ -580,6 +593,7 @@ TEST_CASE("gpu: ranks sharing the GPU arrive 5 ms apart and queue 3 collectives 
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   // The third collective must take the doorbell: no small persistent kernels for direct mode.
   setenv("MKERNEL_SHARED_CTAS", "0", 1);
+  mkernel::params::resetForTesting();
   for (int nRanks : {4, 8}) {
     INFO(nRanks << " ranks");
     const size_t small = 1000, large = size_t(1) << 20;  // 4 KiB each, 4 MiB (above the launch path)
@@ -621,4 +635,5 @@ TEST_CASE("gpu: ranks sharing the GPU arrive 5 ms apart and queue 3 collectives 
     CHECK(failures.empty());
   }
   unsetenv("MKERNEL_SHARED_CTAS");
+  mkernel::params::resetForTesting();
 }

@@ -35,8 +35,14 @@ using mkernel::coll::RedOp;
 namespace {
 
 struct EnvGuard {
-  EnvGuard(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~EnvGuard() { unsetenv(name_); }
+  EnvGuard(const char* name, const char* value) : name_(name) {
+    setenv(name, value, 1);
+    mkernel::params::resetForTesting();
+  }
+  ~EnvGuard() {
+    unsetenv(name_);
+    mkernel::params::resetForTesting();
+  }
   const char* name_;
 };
 
@@ -64,15 +70,13 @@ CollArgs allReduceSum(const void* send, void* recv, size_t count) {
   return mkgpu::collArgs(CollType::AllReduce, DataType::Int32, RedOp::Sum, send, recv, count);
 }
 
-// waitMode: MKERNEL_STREAM_WAIT (gate kernel or stream memops): both must survive capture.
 // graphLaunch: MKERNEL_GRAPH_LAUNCH. On (the launch path's graph namespace): no persistent kernel
 // at all, each replay's three AllReduces counted as launch-path ops, and an eager AllReduce
 // between replays (the eager namespace) must not disturb the device's numbering. Off: the
 // doorbell, one resident kernel for every replay.
 // ranksPerNode > 0: the 4 ranks as emulated nodes (the hierarchical path through the proxies),
 // whose captured collectives always take the doorbell.
-void graphReplay(const char* waitMode, bool graphLaunch, int ranksPerNode = 0) {
-  EnvGuard mode("MKERNEL_STREAM_WAIT", waitMode);
+void graphReplay(bool graphLaunch, int ranksPerNode = 0) {
   EnvGuard idle("MKERNEL_IDLE_EXIT_US", "20000");
   EnvGuard gl("MKERNEL_GRAPH_LAUNCH", graphLaunch ? "1" : "0");
   const int n = 4;
@@ -148,14 +152,14 @@ void graphReplay(const char* waitMode, bool graphLaunch, int ranksPerNode = 0) {
     }
     // MKERNEL_HIER_ROLES=W,R (test_gpu_graph_hier_roles): the captured AllReduces ran in CTA roles.
     int wantW = 0, wantR = 0;
-    const char* roles = std::getenv("MKERNEL_HIER_ROLES");
-    if (ranksPerNode > 0 && roles != nullptr && std::sscanf(roles, "%d,%d", &wantW, &wantR) == 2 &&
+    const std::string& roles = mkernel::params::HIER_ROLES();
+    if (ranksPerNode > 0 && std::sscanf(roles.c_str(), "%d,%d", &wantW, &wantR) == 2 &&
         (st.hierWorkers != wantW || st.hierReducers != wantR))
       ctx.fail("AllReduce CTA roles " + std::to_string(st.hierWorkers) + "," + std::to_string(st.hierReducers) +
                ", want " + roles);
     // MKERNEL_HIER_RAIL (test_gpu_graph_hier_rail_roles): the rail exchange in effect.
-    const char* rail = std::getenv("MKERNEL_HIER_RAIL");
-    if (ranksPerNode > 0 && rail != nullptr && st.hierRail != mkernel::coll::hierRailByName(rail))
+    const std::string rail = mkernel::params::HIER_RAIL.text();
+    if (ranksPerNode > 0 && st.hierRail != mkernel::coll::hierRailByName(rail))
       ctx.fail("rail exchange " + std::to_string(st.hierRail) + ", want " + rail);
     // After finalize: with the doorbell, the graph's kernel is resident until then.
     ctx.afterFinalize.push_back([exec, graph] {
@@ -396,22 +400,17 @@ void llBatches(int n, bool capture, const char* mode) {
 
 TEST_CASE("gpu: CUDA graph capture and replay on the launch path (graph namespace), eager collectives between replays", "[gpu][graph][graphns]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
-  graphReplay("memop", true);
-}
-
-TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time (doorbell, gate kernel)", "[gpu][gate][graph]") {
-  if (!mkgpu::haveGpu()) FAIL("no CUDA device");
-  graphReplay("kernel", false);
+  graphReplay(true);
 }
 
 TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time (doorbell, stream memops)", "[gpu][graph][graphmemop]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
-  graphReplay("memop", false);
+  graphReplay(false);
 }
 
 TEST_CASE("gpu: CUDA graph capture and replay of hierarchical collectives (2 emulated nodes of 2, proxies)", "[gpu][graph][hier][graphhier]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
-  graphReplay("memop", false, 2);
+  graphReplay(false, 2);
 }
 
 TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins does not stall its other streams", "[gpu][graph][graphmalloc]") {
@@ -799,9 +798,9 @@ void hierPartMissing(bool gone) {
     mkernel::coll::CollStats st;
     ctx.comm->stats(&st);
     int workers = 0, reducers = 0;
-    const bool roles = std::sscanf(mkernel::paramString("HIER_ROLES").c_str(), "%d,%d", &workers, &reducers) == 2;
+    const bool roles = std::sscanf(mkernel::params::HIER_ROLES().c_str(), "%d,%d", &workers, &reducers) == 2;
     if (roles != (st.hierWorkers > 0))
-      return ctx.fail("MKERNEL_HIER_ROLES=" + mkernel::paramString("HIER_ROLES") + ", but the AllReduces ran with " +
+      return ctx.fail("MKERNEL_HIER_ROLES=" + mkernel::params::HIER_ROLES() + ", but the AllReduces ran with " +
                       std::to_string(st.hierWorkers) + " worker(s) per lane");
     if (missing) {
       if (!gone) {
@@ -1137,8 +1136,7 @@ void pdlChain(int n, bool captured) {
     }
     mkernel::coll::CollStats st;
     ctx.comm->stats(&st);
-    const char* env = std::getenv("MKERNEL_PDL");
-    const std::string asked = env != nullptr ? env : "wait";  // params.def's default
+    const std::string asked = mkernel::params::PDL.text();
     const int want = asked == "off" ? 0 : asked == "wait" || st.directSharing > 1 ? 1 : 2;
     if (st.pdl != want)
       ctx.fail("MKERNEL_PDL=" + asked + " with " + std::to_string(st.directSharing) + " rank(s) per GPU: mode " +

@@ -67,6 +67,7 @@
 #include "common/result.h"
 #include "tools/proc_ranks.h"
 #include "transport/bootstrap/bootstrap.h"
+#include "common/param.h"
 
 using mkernel::Result;
 using mkernel::coll::CollArgs;
@@ -291,9 +292,11 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
           bool halfPosted) {
   gRank = rank;
   if (hosts > 1) setenv("MKERNEL_HOSTID", ("host" + std::to_string(rank / (n / hosts))).c_str(), 1);
+  mkernel::params::resetForTesting();
   const bool kill = killMode == Kill::kBetween;
   // Set before the communicator reads its parameters: only the rank that will die stops.
   if (killMode == Kill::kMid && rank == n - 1) setenv("MKERNEL_TEST_STALL_BARRIER", "3", 1);
+  mkernel::params::resetForTesting();
   const int dev = rank % nGpus;
   std::unique_ptr<mkernel::bootstrap::Bootstrap> bs;
   std::unique_ptr<mkernel::coll::Communicator> comm;
@@ -470,10 +473,8 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
   if (ran != cases.size() + 1) FAIL("the kernel counted %llu collectives, want %zu", static_cast<unsigned long long>(ran), cases.size() + 1);
   // MKERNEL_ALGO=ring (test_gpu_procs_ring): every collective a ring (collectives/staged_ring.h)
   // but those MKERNEL_RING_MIN_BYTES leaves to the LL mode (auto: what LL takes).
-  const char* algo = std::getenv("MKERNEL_ALGO");
-  if (algo != nullptr && std::string(algo) == "ring") {
-    const char* rm = std::getenv("MKERNEL_RING_MIN_BYTES");
-    const int64_t ringMin = rm != nullptr && std::string(rm) != "auto" ? std::strtoll(rm, nullptr, 10) : -1;
+  if (mkernel::params::ALGO.is("ring")) {
+    const int64_t ringMin = mkernel::params::RING_MIN_BYTES().value_or(-1);
     auto ringed = [&](CollType c, size_t count) {
       return mkernel::coll::ringTakes(ringMin, mkernel::coll::llTakes(mkernel::coll::llPayloadBytes(count, 4), st.llMaxBytes, n),
                                       mkernel::coll::directWholeBytes(c, count, n, 4));
@@ -522,6 +523,7 @@ int main(int argc, char** argv) {
     // resident at once; a stalled Y must fail soon.
     setenv("MKERNEL_CTAS", "8", 1);
     setenv("MKERNEL_TIMEOUT_S", "5", 1);
+    mkernel::params::resetForTesting();
   }
   if (hosts < 1 || n % hosts != 0) {
     std::fprintf(stderr, "test_gpu_procs: --hosts %d does not divide --ranks %d\n", hosts, n);
@@ -540,12 +542,15 @@ int main(int argc, char** argv) {
     return 77;
   }
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
+  mkernel::params::resetForTesting();
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   const bool kill = killMode != Kill::kNone;
   if (kill) setenv("MKERNEL_TIMEOUT_S", "5", 1);
+  mkernel::params::resetForTesting();
   // --kill-mid: 64 KiB inboxes, so that each CTA's 1 MiB of the 32 MiB AllReduce takes 32 chunks
   // (with the default 1 MiB, two: the third barrier would never come). Every rank must agree.
   if (killMode == Kill::kMid) setenv("MKERNEL_STAGED_CHUNK_BYTES", "65536", 1);
+  mkernel::params::resetForTesting();
   mktools::PrivateMps mps;  // ranks sharing a GPU
   if (nGpus < n && !mps.start("test_gpu_procs", (n + nGpus - 1) / nGpus)) return 1;
   mkernel::bootstrap::UniqueId id;

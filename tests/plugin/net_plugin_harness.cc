@@ -1,4 +1,5 @@
 #include "tests/plugin/net_plugin_harness.h"
+#include "common/param.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -35,7 +36,7 @@ void captureLogger(int level, unsigned long flags, const char* /*file*/, int /*l
   va_start(ap, fmt);
   std::vsnprintf(buf, sizeof(buf), fmt, ap);
   va_end(ap);
-  if (std::getenv("MKERNEL_TEST_VERBOSE") != nullptr)
+  if (mkernel::params::TEST_VERBOSE())
     std::fprintf(stderr, "[plugin log %d] %s\n", level, buf);
   std::lock_guard<std::mutex> lock(gLogMutex);
   gLog.push_back({level, flags, buf});
@@ -90,6 +91,7 @@ std::string netPluginPath() {
 void prepareTestEnvironment() {
   // Loopback for the TCP backend; a caller's own setting (e.g. the verbs VM's) wins.
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 0);
+  mkernel::params::resetForTesting();
 }
 
 void* pluginLibrary() {

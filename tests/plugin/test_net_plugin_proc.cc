@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "tests/plugin/net_plugin_harness.h"
+#include "common/param.h"
 
 using namespace mktest;
 using Clock = std::chrono::steady_clock;
@@ -203,6 +204,7 @@ TEST_CASE(
     "error within the timeout",
     "[proc][early-sends]") {
   setenv("MKERNEL_TIMEOUT_S", "3", 1);
+  mkernel::params::resetForTesting();
   idleBeforeFork();
   const size_t size = size_t(128) << 20;  // far more than the sockets can buffer
   int toChild[2], toParent[2];
@@ -265,6 +267,7 @@ TEST_CASE(
   close(toChild[1]);
   close(toParent[0]);
   unsetenv("MKERNEL_TIMEOUT_S");
+  mkernel::params::resetForTesting();
 }
 
 // Valid on every backend: the receive is posted first; the sender is killed once its data has
@@ -272,6 +275,7 @@ TEST_CASE(
 TEST_CASE("net plugin, two processes: a peer killed mid-transfer is an error within the timeout",
           "[proc]") {
   setenv("MKERNEL_TIMEOUT_S", "3", 1);
+  mkernel::params::resetForTesting();
   idleBeforeFork();
   const size_t size = size_t(128) << 20;
   const unsigned char kSent = 0x5a;
@@ -360,4 +364,5 @@ TEST_CASE("net plugin, two processes: a peer killed mid-transfer is an error wit
   CHECK(p.finalize() == ncclSuccess);
   close(toChild[1]);
   unsetenv("MKERNEL_TIMEOUT_S");
+  mkernel::params::resetForTesting();
 }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "transport/net/net.h"
+#include "common/param.h"
 
 inline std::unique_ptr<mkernel::net::Net> testNet() {
   std::string why;
@@ -20,6 +21,7 @@ inline std::unique_ptr<mkernel::net::Net> testNet() {
     return net;
   }
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
+  mkernel::params::resetForTesting();
   auto net = mkernel::net::createTcpNet(&why);
   INFO(why);
   REQUIRE(net != nullptr);

@@ -24,6 +24,7 @@
 #include "transport/net/tcp/tcp_net.h"
 #include "transport/proxy/proxy.h"
 #include "tests/proxy/proxy_test_net.h"
+#include "common/param.h"
 
 using mkernel::Result;
 using namespace mkernel::proxy;
@@ -31,8 +32,14 @@ using namespace mkernel::proxy;
 namespace {
 
 struct EnvGuard {
-  EnvGuard(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~EnvGuard() { unsetenv(name_); }
+  EnvGuard(const char* name, const char* value) : name_(name) {
+    setenv(name, value, 1);
+    mkernel::params::resetForTesting();
+  }
+  ~EnvGuard() {
+    unsetenv(name_);
+    mkernel::params::resetForTesting();
+  }
   const char* name_;
 };
 

@@ -17,6 +17,7 @@
 
 #include "transport/net/net.h"
 #include "transport/proxy/proxy.h"
+#include "common/param.h"
 
 using mkernel::Result;
 using namespace mkernel::proxy;
@@ -95,6 +96,7 @@ struct Side {
 TEST_CASE("proxy, two processes: the peer is SIGKILLed mid-stream; the survivor fails within the timeout") {
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
   setenv("MKERNEL_TIMEOUT_S", "3", 1);
+  mkernel::params::resetForTesting();
   int p2c[2], c2p[2];
   REQUIRE(::pipe(p2c) == 0);
   REQUIRE(::pipe(c2p) == 0);
@@ -141,4 +143,5 @@ TEST_CASE("proxy, two processes: the peer is SIGKILLed mid-stream; the survivor 
   CHECK(s.proxy->error().find("with rank 1") != std::string::npos);
   CHECK(s.proxy->stop() == Result::Success);
   unsetenv("MKERNEL_TIMEOUT_S");
+  mkernel::params::resetForTesting();
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "plugin/mkernel_api.h"
+#include "common/param.h"
 
 namespace shimtest {
 
@@ -24,6 +25,7 @@ inline void chooseRealNccl() {
   for (const char* c : candidates)
     if (c[0] != '\0' && access(c, R_OK) == 0) {
       setenv("MKERNEL_NCCL_LIBRARY", c, 1);
+      mkernel::params::resetForTesting();
       return;
     }
 }

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/param.h"
 #include "plugin/mkernel_api.h"
 #include "plugin/shim/nccl_api.h"
 #include "transport/bootstrap/bootstrap.h"
@@ -369,6 +370,7 @@ TEST_CASE("api: in emulation ncclMemAlloc and ncclMemFree never reach the real N
   void* real = realPath.empty() ? nullptr : dlopen(realPath.c_str(), RTLD_NOW | RTLD_GLOBAL);
   if (real == nullptr) WARN("no real libnccl.so.2 to load: checking the emulated path alone");
   setenv("MKERNEL_EMULATE", "1", 1);
+  mkernel::params::resetForTesting();
   void* p = nullptr;
   const ncclResult_t r = ncclMemAlloc(&p, 4096);
   int devices = 0;
@@ -395,6 +397,7 @@ TEST_CASE("api: in emulation ncclMemAlloc and ncclMemFree never reach the real N
   }
   CHECK(ncclMemFree(nullptr) == ncclSuccess);
   unsetenv("MKERNEL_EMULATE");
+  mkernel::params::resetForTesting();
   if (real != nullptr && !gpu) {
     // Not emulating: forwarded, so the shim's own cudaMalloc message is not what it says.
     const ncclResult_t fr = ncclMemAlloc(&p, 4096);

@@ -14,6 +14,7 @@
 
 #include "plugin/shim/nccl_api.h"
 #include "tests/shim/shim_gpu_util.h"
+#include "common/param.h"
 
 using namespace shimtest;
 
@@ -22,7 +23,9 @@ namespace {
 struct Env {
   Env() {
     setenv("MKERNEL_EMULATE", "1", 1);
+    mkernel::params::resetForTesting();
     if (std::getenv("MKERNEL_TIMEOUT_S") == nullptr) setenv("MKERNEL_TIMEOUT_S", "60", 1);
+    mkernel::params::resetForTesting();
   }
 } gEnv;
 
@@ -249,6 +252,7 @@ TEST_CASE("emulate: ncclCommSplit by parity, then collectives on the halves") {
   // and the halves would fail with "cannot fit" (session 4, first run on the H200). 8 CTAs each:
   // 32 for the parent, 32 for the two halves.
   setenv("MKERNEL_CTAS", "8", 1);
+  mkernel::params::resetForTesting();
   std::vector<std::vector<int32_t>> got(4);
   std::vector<int> sizes(4, 0);
   // What each rank's calls returned, and the last error then: a wrong sum with every call
@@ -290,6 +294,7 @@ TEST_CASE("emulate: ncclCommSplit by parity, then collectives on the halves") {
           std::vector<int32_t>(64, rank % 2 == 0 ? 0 + 2 : 1 + 3));
   }
   unsetenv("MKERNEL_CTAS");
+  mkernel::params::resetForTesting();
 }
 
 // Session 33 (docs/RELIABILITY.md, the split-communicator stall): while one rank of communicator A
@@ -302,6 +307,7 @@ TEST_CASE("emulate: ncclCommSplit by parity, then collectives on the halves") {
 // back, and this case then fails after MKERNEL_TIMEOUT_S.
 TEST_CASE("emulate: destroying one communicator while another's collective is half posted") {
   setenv("MKERNEL_CTAS", "8", 1);  // two communicators of two ranks: 32 CTAs in all
+  mkernel::params::resetForTesting();
   ncclUniqueId idA, idB;
   REQUIRE(ncclGetUniqueId(&idA) == ncclSuccess);
   REQUIRE(ncclGetUniqueId(&idB) == ncclSuccess);
@@ -317,6 +323,7 @@ TEST_CASE("emulate: destroying one communicator while another's collective is ha
     for (auto& th : ts) th.join();
   }
   unsetenv("MKERNEL_CTAS");
+  mkernel::params::resetForTesting();
   for (int t = 0; t < 4; ++t) {
     INFO("init " << t << ": " << ncclGetLastError(nullptr));
     REQUIRE(initRes[t] == ncclSuccess);
@@ -500,8 +507,10 @@ TEST_CASE("emulate: one thread, four ranks, three collectives each in one group,
   int devs[4] = {0, 0, 0, 0};
   // The 4 MiB AllReduces must take the doorbell: no small persistent kernels for direct mode.
   setenv("MKERNEL_SHARED_CTAS", "0", 1);
+  mkernel::params::resetForTesting();
   REQUIRE(ncclCommInitAll(comms, 4, devs) == ncclSuccess);
   unsetenv("MKERNEL_SHARED_CTAS");
+  mkernel::params::resetForTesting();
   const size_t small = 1000, large = size_t(1) << 20;  // 4 KiB (launch path), 4 MiB (the doorbell)
   std::vector<std::unique_ptr<DevBuf>> a, b, c;
   cudaStream_t streams[4];

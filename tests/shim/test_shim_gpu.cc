@@ -17,6 +17,7 @@
 
 #include "plugin/shim/nccl_api.h"
 #include "tests/shim/shim_gpu_util.h"
+#include "common/param.h"
 
 using namespace shimtest;
 
@@ -26,6 +27,7 @@ struct Env {
   Env() {
     chooseRealNccl();
     if (std::getenv("MKERNEL_TIMEOUT_S") == nullptr) setenv("MKERNEL_TIMEOUT_S", "60", 1);
+    mkernel::params::resetForTesting();
   }
 } gEnv;
 
@@ -543,8 +545,10 @@ TEST_CASE("gpu: host cost per call, shim vs the real NCCL (printed)") {
   // The same through the shim with everything forwarded (MKERNEL_DISABLE=1 at creation): the
   // shim's own cost on top of NCCL's.
   setenv("MKERNEL_DISABLE", "1", 1);
+  mkernel::params::resetForTesting();
   ncclComm_t forwarding = oneRankComm();
   unsetenv("MKERNEL_DISABLE");
+  mkernel::params::resetForTesting();
   auto forwarded = timeCalls(forwarding, &ncclAllReduce);
   auto realAllReduce =
       realFn<ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
@@ -574,6 +578,7 @@ static std::pair<uint64_t, uint64_t> capturedAllReduce(const char* mode) {
     unsetenv("MKERNEL_GRAPH");
   else
     setenv("MKERNEL_GRAPH", mode, 1);
+  mkernel::params::resetForTesting();
   ncclComm_t comm = oneRankComm();
   const size_t n = 4096;
   DevBuf in(n * sizeof(float)), out(n * sizeof(float));
@@ -606,6 +611,7 @@ static std::pair<uint64_t, uint64_t> capturedAllReduce(const char* mode) {
   cudaStreamDestroy(s);
   CHECK(ncclCommDestroy(comm) == ncclSuccess);
   unsetenv("MKERNEL_GRAPH");
+  mkernel::params::resetForTesting();
   const mkernelStats_t after = stats();
   CHECK(ranSince(before, kAllReduce) == 2);  // the eager call and the captured one, each once
   return {kernelSince(before, kAllReduce), after.forwardedOps[kAllReduce] - before.forwardedOps[kAllReduce]};

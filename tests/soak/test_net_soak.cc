@@ -128,7 +128,7 @@ size_t firstMismatch(const uint8_t* data, size_t size, uint32_t pair, uint64_t s
 }
 
 void connectAll(net::Net& n, std::vector<Pair>* pairs) {
-  double timeout = static_cast<double>(paramInt("TIMEOUT_S", 300));
+  double timeout = params::timeoutSeconds();
   for (Pair& p : *pairs) {
     char handle[net::kHandleSize];
     net::ListenComm* listen = nullptr;
@@ -219,8 +219,8 @@ bool reap(net::Net& n, Pair& p) {
 }
 
 TEST_CASE("soak: TCP net, 8 connections, random sizes/tags/groups, every byte verified") {
-  const double seconds = static_cast<double>(paramInt("SOAK_SECONDS", 60));
-  const double stallLimit = static_cast<double>(paramInt("TIMEOUT_S", 300));
+  const double seconds = static_cast<double>(params::SOAK_SECONDS());
+  const double stallLimit = params::timeoutSeconds();
   const int fdsBefore = countEntries("/proc/self/fd");
   // ThreadSanitizer's runtime starts a thread of its own with the process's first thread
   // (scripts/tsan-audit.sh): let that happen before the count.

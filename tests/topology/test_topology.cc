@@ -10,6 +10,7 @@
 #include "tools/topo/report.h"
 #include "topology/placement.h"
 #include "topology/topology.h"
+#include "common/param.h"
 
 using mkernel::Result;
 using namespace mkernel::topo;
@@ -358,11 +359,13 @@ TEST_CASE("mkernel-topo output: table and JSON carry the placement") {
 TEST_CASE("localNodeModel: one model per process, from MKERNEL_TOPO_XML when set") {
   setenv("MKERNEL_TOPO_XML", fixture("2socket-nics-on-0.xml").c_str(), 1);
   setenv("MKERNEL_NVLINK_MATRIX", fixture("none.nvl").c_str(), 1);
+  mkernel::params::resetForTesting();
   const NodeModel* a = nullptr;
   const NodeModel* b = nullptr;
   REQUIRE(localNodeModel(&a) == Result::Success);
   unsetenv("MKERNEL_TOPO_XML");  // cached: later changes do not rebuild it
   unsetenv("MKERNEL_NVLINK_MATRIX");
+  mkernel::params::resetForTesting();
   REQUIRE(localNodeModel(&b) == Result::Success);
   CHECK(a == b);
   CHECK(a->topo.gpus.size() == 4);

@@ -16,6 +16,7 @@
 #include "plugin/abi/tuner_v3.h"
 #include "plugin/abi/tuner_v4.h"
 #include "plugin/abi/tuner_v5.h"
+#include "common/param.h"
 
 using namespace mkernel::abi;
 
@@ -65,13 +66,17 @@ std::string fixture(const char* name) {
 
 // The environment a user would set. xml/nvl null: unset.
 void env(const char* tunerPlugin, const char* mkTuner, const char* xml, const char* nvl) {
-  auto set = [](const char* k, const char* v) { v ? setenv(k, v, 1) : unsetenv(k); };
+  auto set = [](const char* k, const char* v) {
+    v ? setenv(k, v, 1) : unsetenv(k);
+    mkernel::params::resetForTesting();
+  };
   set("NCCL_TUNER_PLUGIN", tunerPlugin);
   set("MKERNEL_TUNER", mkTuner);
   set("MKERNEL_TOPO_XML", xml ? fixture(xml).c_str() : nullptr);
   set("MKERNEL_NVLINK_MATRIX", nvl ? fixture(nvl).c_str() : nullptr);
   unsetenv("MKERNEL_TUNER_CONFIG");
   unsetenv("MKERNEL_NVLS");
+  mkernel::params::resetForTesting();
 }
 
 struct Table {
@@ -190,6 +195,7 @@ TEST_CASE("tuner plugin v5: DGX-H100 fixture, NVSwitch; constants left unchanged
 
   // NVLS offered by NCCL and allowed by MKERNEL_NVLS=1: preferred for large all-reduce.
   setenv("MKERNEL_NVLS", "1", 1);
+  mkernel::params::resetForTesting();
   REQUIRE(v5->init(&ctx, 8, 8, 1, captureLog, &nvl, &constants) == ncclSuccess);
   Table n;
   for (int p = 0; p < kP; ++p) n.v[NVLS][p] = 30.0f;
@@ -197,6 +203,7 @@ TEST_CASE("tuner plugin v5: DGX-H100 fixture, NVSwitch; constants left unchanged
   CHECK(n.pick() == Pick(NVLS, SIMPLE));
   REQUIRE(v5->finalize(ctx) == ncclSuccess);
   unsetenv("MKERNEL_NVLS");
+  mkernel::params::resetForTesting();
 }
 
 TEST_CASE("tuner plugin v5: NCCL's NVLink domains override the node model") {
@@ -240,6 +247,7 @@ TEST_CASE("tuner plugin v3: two-socket fixture across 2 nodes, with user rules")
   std::fputs("# test rules\nallreduce,0,2K,ring,ll,99\nthis line is wrong\n", f);
   std::fclose(f);
   setenv("MKERNEL_TUNER_CONFIG", rulesPath.c_str(), 1);
+  mkernel::params::resetForTesting();
   gLog.clear();
   void* ctx = nullptr;
   REQUIRE(v3->init(8, 2, captureLog, &ctx) == ncclSuccess);
@@ -262,12 +270,14 @@ TEST_CASE("tuner plugin v3: two-socket fixture across 2 nodes, with user rules")
   CHECK(l.pick() == Pick(RING, SIMPLE));
   REQUIRE(v3->destroy(ctx) == ncclSuccess);
   unsetenv("MKERNEL_TUNER_CONFIG");
+  mkernel::params::resetForTesting();
 }
 
 TEST_CASE("tuner plugin v2: one algorithm/protocol back, respecting NVLS/CollNet support") {
   auto* v2 = sym<ncclTuner_v2_t>("ncclTunerPlugin_v2");
   env("mkernel", nullptr, "dgx-h100.xml", "nvswitch-8gpu.nvl");
   setenv("MKERNEL_NVLS", "1", 1);
+  mkernel::params::resetForTesting();
   void* ctx = nullptr;
   REQUIRE(v2->init(4, 4, captureLog, &ctx) == ncclSuccess);  // one GPU per node
   int algo = -1, proto = -1, ch = 0;
@@ -287,6 +297,7 @@ TEST_CASE("tuner plugin v2: one algorithm/protocol back, respecting NVLS/CollNet
   CHECK(proto == -1);
   REQUIRE(v2->destroy(ctx) == ncclSuccess);
   unsetenv("MKERNEL_NVLS");
+  mkernel::params::resetForTesting();
 
   env(nullptr, nullptr, "dgx-h100.xml", "nvswitch-8gpu.nvl");  // neutral
   REQUIRE(v2->init(8, 1, captureLog, &ctx) == ncclSuccess);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "common/param.h"
 
 namespace mkernel {
 namespace nettest {
@@ -77,6 +78,7 @@ ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {
   had_ = old != nullptr;
   if (had_) old_ = old;
   setenv(name, value, 1);
+  mkernel::params::resetForTesting();
 }
 ScopedEnv::~ScopedEnv() {
   if (had_) {
@@ -84,6 +86,7 @@ ScopedEnv::~ScopedEnv() {
   } else {
     unsetenv(name_.c_str());
   }
+  mkernel::params::resetForTesting();
 }
 
 CommPair::~CommPair() {

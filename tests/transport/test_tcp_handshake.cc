@@ -16,6 +16,7 @@
 
 #include "transport/net/net.h"
 #include "transport/net/tcp/tcp_net.h"
+#include "common/param.h"
 
 using mkernel::Result;
 namespace net = mkernel::net;
@@ -37,6 +38,7 @@ int peerState(int fd, int ms) {
 TEST_CASE("tcp listener: a stalled partial Hello is dropped after the handshake deadline; real connections still work") {
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
   setenv("MKERNEL_TIMEOUT_S", "1", 1);
+  mkernel::params::resetForTesting();
   std::string why;
   auto tcp = net::createTcpNet(&why);
   INFO(why);
@@ -78,4 +80,5 @@ TEST_CASE("tcp listener: a stalled partial Hello is dropped after the handshake 
   CHECK(tcp->closeRecv(rc) == Result::Success);
   CHECK(tcp->closeListen(lc) == Result::Success);
   unsetenv("MKERNEL_TIMEOUT_S");
+  mkernel::params::resetForTesting();
 }

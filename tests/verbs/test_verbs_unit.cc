@@ -9,6 +9,7 @@
 #include "tests/test_host.h"
 #include "transport/net/ib/ib_device.h"
 #include "transport/net/net.h"
+#include "common/param.h"
 
 namespace ib = mkernel::net::ib;
 
@@ -80,6 +81,7 @@ TEST_CASE("verbs: the net plugin falls back to TCP with one INFO line naming the
   }
   mktest::prepareTestEnvironment();
   unsetenv("MKERNEL_NET_BACKEND");
+  mkernel::params::resetForTesting();
   mktest::clearCapturedLog();
   mktest::NetPlugin p(11);
   REQUIRE(p.init() == ncclSuccess);

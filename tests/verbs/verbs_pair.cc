@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/param.h"
 #include "common/result.h"
 #include "transport/net/net.h"
 
@@ -140,15 +141,11 @@ bool reportFaults(const char* role) {
   return true;
 }
 
-int retryCount() {
-  const char* v = std::getenv("MKERNEL_IB_RETRY_CNT");
-  return v != nullptr && *v != 0 ? std::atoi(v) : 7;
-}
+int retryCount() { return static_cast<int>(mkernel::params::IB_RETRY_CNT()); }
 
 double cutBoundSeconds() {
   if (const char* v = std::getenv("VP_CUT_BOUND_S")) return std::atof(v);
-  const char* t = std::getenv("MKERNEL_TIMEOUT_S");
-  return (t != nullptr ? std::atof(t) : 300.0) + 10.0;
+  return mkernel::params::timeoutSeconds() + 10.0;
 }
 
 // cut mode, after the verified messages: the client cuts its side, then both sides move data

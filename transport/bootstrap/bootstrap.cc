@@ -35,11 +35,6 @@ constexpr int kTagBroadcast = -2;
 constexpr int kTagBarrier = -3;
 constexpr double kHandshakeSeconds = 10.0;  // one hello must arrive this fast once connected
 
-double timeoutSeconds() {
-  int64_t t = paramInt("TIMEOUT_S");
-  return t > 0 ? static_cast<double>(t) : 300.0;
-}
-
 uint64_t randomNonce() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
@@ -58,7 +53,7 @@ void serveRendezvous(int listenFd, uint64_t nonce) {
     size_t got;
     Clock::time_point since;
   };
-  Deadline dl = Deadline::in(timeoutSeconds());
+  Deadline dl = Deadline::in(params::timeoutSeconds());
   int nRanks = -1;
   std::vector<int> fds;
   std::vector<uint8_t> taken;
@@ -173,7 +168,7 @@ Result createUniqueId(UniqueId* id) {
 uint64_t Bootstrap::hostHash() {
   // MKERNEL_HOSTID (as NCCL_HOSTID): the host's identity instead of its name and boot id, so
   // that processes of one machine can stand for several hosts (tests of the multi-host path).
-  std::string s = paramString("HOSTID");
+  std::string s = params::HOSTID();
   if (s.empty()) {
     char host[256] = {};
     gethostname(host, sizeof(host) - 1);
@@ -254,7 +249,7 @@ void Bootstrap::Impl::ioLoop(int myRank) {
       short ev = pfds[i + 2].revents;
       if (!(ev & (POLLIN | POLLHUP | POLLERR))) continue;
       FrameHeader fh{};
-      Deadline dl = Deadline::in(timeoutSeconds());
+      Deadline dl = Deadline::in(params::timeoutSeconds());
       // A peer that closes between frames has left (its communicator is being destroyed): the
       // end of its stream, not an error worth a warning at every job's exit. A close inside a
       // frame still is one.
@@ -326,7 +321,7 @@ Result Bootstrap::create(const UniqueId& id, int rank, int nRanks, std::unique_p
   std::unique_ptr<Bootstrap> b(new Bootstrap(rank, nRanks));
   Impl& im = *b->impl_;
   im.nonce = w.nonce;
-  Deadline dl = Deadline::in(timeoutSeconds(), &b->aborted_);
+  Deadline dl = Deadline::in(params::timeoutSeconds(), &b->aborted_);
 
   int rootFd = -1;
   MK_CHECK(connectTo(w.root, dl, &rootFd, "connecting to the bootstrap root"));
@@ -384,7 +379,7 @@ Result Bootstrap::send(int peer, int tag, const void* data, size_t size) {
     impl_->deliver(peer, tag, std::vector<char>(p, p + size));
     return Result::Success;
   }
-  Deadline dl = Deadline::in(timeoutSeconds(), &aborted_);
+  Deadline dl = Deadline::in(params::timeoutSeconds(), &aborted_);
   std::lock_guard<std::mutex> lock(*impl_->sendMutex[peer]);
   int& fd = impl_->sendFds[peer];
   if (fd < 0) {
@@ -410,7 +405,7 @@ Result Bootstrap::send(int peer, int tag, const void* data, size_t size) {
 Result Bootstrap::recv(int peer, int tag, void* data, size_t size) {
   if (peer < 0 || peer >= nRanks_)
     return MK_ERROR(Result::InvalidArgument, "bootstrap: recv from invalid peer %d", peer);
-  Deadline dl = Deadline::in(timeoutSeconds());
+  Deadline dl = Deadline::in(params::timeoutSeconds());
   std::unique_lock<std::mutex> lock(impl_->mu);
   auto key = std::make_pair(peer, tag);
   while (true) {
@@ -435,7 +430,7 @@ Result Bootstrap::recv(int peer, int tag, void* data, size_t size) {
       return MK_ERROR(Result::RemoteError,
                       "bootstrap rank %d: timed out after %.0f s (MKERNEL_TIMEOUT_S) waiting for "
                       "%zu bytes from peer %d (tag %d)",
-                      rank_, timeoutSeconds(), size, peer, tag);
+                      rank_, params::timeoutSeconds(), size, peer, tag);
     impl_->cv.wait_for(lock, std::chrono::milliseconds(100));
   }
 }

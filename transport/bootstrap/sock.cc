@@ -68,7 +68,7 @@ Result chooseAddress(SockAddr* addr, std::string* ifname) {
   std::vector<net::NetInterface> ifs;
   bool fallback = false;
   std::string why;
-  MK_CHECK(net::findNetInterfaces(paramString("SOCKET_IFNAME"), &ifs, &fallback, &why));
+  MK_CHECK(net::findNetInterfaces(params::SOCKET_IFNAME(), &ifs, &fallback, &why));
   if (ifs.empty()) return MK_ERROR(Result::SystemError, "bootstrap: %s", why.c_str());
   std::memset(addr, 0, sizeof(*addr));
   std::memcpy(&addr->sa, &ifs[0].addr.sa, net::socketAddrLen(ifs[0].addr));

@@ -10,12 +10,7 @@ namespace mkernel {
 namespace net {
 
 Result createNetBackend(const std::vector<std::string>& preferredNics, BackendChoice* out) {
-  std::string choice = paramString("NET_BACKEND");
-  std::transform(choice.begin(), choice.end(), choice.begin(),
-                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  if (choice.empty()) choice = "auto";
-  if (choice != "auto" && choice != "ib" && choice != "tcp")
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_NET_BACKEND=%s: expected auto, ib or tcp", choice.c_str());
+  const std::string choice = params::NET_BACKEND.text();
   out->setting = choice;
   std::string whyNotIb;
   if (choice != "tcp") {

@@ -32,7 +32,7 @@ Proxy::Proxy(net::Net* net, int dev, int rank, int nRanks, std::vector<ProxyChan
       nRanks_(nRanks),
       self_("rank " + std::to_string(rank)),
       channels_(std::move(channels)),
-      timeoutNs_(static_cast<uint64_t>(std::max<int64_t>(1, paramInt("TIMEOUT_S", 300))) * 1000000000ull) {
+      timeoutNs_(static_cast<uint64_t>(params::TIMEOUT_S()) * 1000000000ull) {
   const size_t links = channels_.size() * static_cast<size_t>(nRanks);
   listen_.assign(links, nullptr);
   send_.assign(links, nullptr);

@@ -23,10 +23,6 @@ namespace {
 
 constexpr int kQpAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
-int timeoutSeconds() {
-  return int(paramInt("TIMEOUT_S", 300));
-}
-
 // Moves `done` bytes further through a fixed-size message. *complete once all `n` are through.
 Result sendSome(int fd, const void* buf, size_t n, size_t* done, bool* complete,
                 const std::string& peer) {
@@ -77,10 +73,10 @@ Result checkInfo(const ConnInfo& info, const std::string& peer) {
 }
 
 Result timedOut(const Clock::time_point& started, const char* what, const std::string& peer) {
-  if (Clock::now() - started > std::chrono::seconds(timeoutSeconds()))
+  if (Clock::now() - started > std::chrono::seconds(params::TIMEOUT_S()))
     return MK_ERROR(Result::RemoteError,
-                    "NET/IB: %s %s not complete after %d s (MKERNEL_TIMEOUT_S)", what, peer.c_str(),
-                    timeoutSeconds());
+                    "NET/IB: %s %s not complete after %lld s (MKERNEL_TIMEOUT_S)", what, peer.c_str(),
+                    static_cast<long long>(params::TIMEOUT_S()));
   return Result::Success;
 }
 
@@ -96,7 +92,7 @@ Result listenAddress(const IbDevice& dev, SocketAddr* addr) {
   std::vector<NetInterface> ifs;
   bool fallback = false;
   std::string why;
-  MK_CHECK(findNetInterfaces(paramString("SOCKET_IFNAME"), &ifs, &fallback, &why));
+  MK_CHECK(findNetInterfaces(params::SOCKET_IFNAME(), &ifs, &fallback, &why));
   if (ifs.empty())
     return MK_ERROR(Result::SystemError,
                     "NET/IB: %s: no interface for the connection handshake (%s)", dev.name.c_str(),
@@ -213,8 +209,8 @@ static Result connectQp(IbComm* c, ibv_qp* qp, uint32_t remoteQpn, const ConnInf
                     c->dev->name.c_str(), qp->qp_num, remoteQpn, strerror(rc));
   attr = ibv_qp_attr{};
   attr.qp_state = IBV_QPS_RTS;
-  attr.timeout = uint8_t(paramInt("IB_TIMEOUT", 14));
-  attr.retry_cnt = uint8_t(paramInt("IB_RETRY_CNT", 7));
+  attr.timeout = static_cast<uint8_t>(params::IB_TIMEOUT());
+  attr.retry_cnt = static_cast<uint8_t>(params::IB_RETRY_CNT());
   attr.rnr_retry = 7;
   attr.sq_psn = 0;
   attr.max_rd_atomic = 1;
@@ -377,7 +373,7 @@ Result IbNet::progressConnect(IbSendComm* c) {
     if (n < 0 || err != 0)
       return MK_ERROR(Result::RemoteError, "NET/IB: connect to %s failed: %s", c->peer.c_str(),
                       strerror(n < 0 ? errno : err));
-    int nqps = int(paramInt("IB_QPS_PER_CONN", 2));
+    int nqps = static_cast<int>(params::IB_QPS_PER_CONN());
     nqps = std::max(1, std::min(nqps, kMaxQpsPerConn));
     MK_CHECK(createCommQps(c, nqps, false));
     size_t fifoBytes = sizeof(CtsSlot) * kMaxRequests;

@@ -37,10 +37,6 @@ bool isRemoteStatus(ibv_wc_status s) {
          s == IBV_WC_RESP_TIMEOUT_ERR;
 }
 
-int timeoutSeconds() {
-  return int(paramInt("TIMEOUT_S", 300));
-}
-
 }  // namespace
 
 // ---- IbComm
@@ -136,9 +132,9 @@ Result IbComm::checkLiveness(const IbRequest* r, const char* what) {
     return fail(Result::RemoteError, "NET/IB: " + dev->name + ": peer " + peer +
                                          " closed the connection with a " + what +
                                          " pending (the peer process exited or was killed)");
-  if (r != nullptr && now - r->posted > std::chrono::seconds(timeoutSeconds()))
+  if (r != nullptr && now - r->posted > std::chrono::seconds(params::TIMEOUT_S()))
     return fail(Result::RemoteError, "NET/IB: " + dev->name + ": " + what + " with peer " + peer +
-                                         " not complete after " + std::to_string(timeoutSeconds()) +
+                                         " not complete after " + std::to_string(params::TIMEOUT_S()) +
                                          " s (MKERNEL_TIMEOUT_S)");
   return Result::Success;
 }

@@ -111,7 +111,7 @@ std::string pciPathOf(const std::string& ibvName) {
 }  // namespace
 
 Result selectRoceGid(const IbvApi& api, IbDevice* dev, const ibv_port_attr& port) {
-  int forced = int(paramInt("IB_GID_INDEX", -1));
+  const int forced = static_cast<int>(params::IB_GID_INDEX());
   if (forced >= 0) {
     if (api.queryGid(dev->ctx, uint8_t(dev->port), forced, &dev->gid) != 0)
       return MK_ERROR(Result::SystemError,
@@ -171,7 +171,7 @@ Result openIbDevices(const IbvApi& api, const std::vector<std::string>& preferre
     *why = "no RDMA device (ibv_get_device_list found none)";
     return Result::Success;
   }
-  HcaFilter filter(paramString("IB_HCA"));
+  HcaFilter filter(params::IB_HCA());
   std::vector<IbDevice*> found;
   std::string skipped;
   for (int d = 0; d < n; ++d) {
@@ -254,7 +254,7 @@ Result openIbDevices(const IbvApi& api, const std::vector<std::string>& preferre
   *out = found;
   if (found.empty()) {
     *why = "no RDMA device usable";
-    if (!filter.empty()) *why += " (MKERNEL_IB_HCA=" + paramString("IB_HCA") + ")";
+    if (!filter.empty()) *why += std::string(" (MKERNEL_IB_HCA or NCCL_IB_HCA=") + params::IB_HCA() + ")";
     if (!skipped.empty()) *why += ":" + skipped;
   }
   return Result::Success;

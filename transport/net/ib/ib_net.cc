@@ -118,7 +118,7 @@ Result IbNet::getProperties(int dev, DeviceProps* props) const {
   props->speedMbps = d.speedMbps;
   props->port = d.port;
   props->latencyUs = 0.0f;
-  int nqps = std::max(1, int(paramInt("IB_QPS_PER_CONN", 2)));
+  int nqps = std::max(1, static_cast<int>(params::IB_QPS_PER_CONN()));
   props->maxComms = std::max(1, d.maxQp / (nqps + 1));
   props->maxRecvs = kMaxGroupedRecvs;
   props->maxP2pBytes = size_t(1) << 31;

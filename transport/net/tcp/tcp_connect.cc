@@ -197,7 +197,7 @@ Result TcpNet::listen(int dev, void* handle, ListenComm** listenComm) {
   lc->addr = itf.addr;
   lc->addr.sin.sin_port = 0;  // same offset in sin and sin6
   lc->nonce = randomU64();
-  lc->nSocks = static_cast<int>(std::min<int64_t>(std::max<int64_t>(paramInt("NET_SOCKETS"), 1), kMaxSockets));
+  lc->nSocks = static_cast<int>(std::min<int64_t>(std::max<int64_t>(params::NET_SOCKETS(), 1), kMaxSockets));
   lc->fd = socket(lc->addr.sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (lc->fd < 0) return MK_ERROR(Result::SystemError, "TCP net: socket() failed: %s", strerror(errno));
   int one = 1;
@@ -238,7 +238,7 @@ Result TcpNet::accept(ListenComm* listenComm, RecvComm** recvComm) {
   // A connector that sends part of its Hello and stalls must not hold a socket forever: pending
   // sockets older than the handshake deadline (10 s, or MKERNEL_TIMEOUT_S if smaller; like the
   // bootstrap root's) are dropped here, where NCCL keeps calling.
-  const auto deadline = std::chrono::seconds(std::min<int64_t>(10, std::max<int64_t>(1, paramInt("TIMEOUT_S", 300))));
+  const auto deadline = std::chrono::seconds(std::min<int64_t>(10, params::TIMEOUT_S()));
   std::vector<TcpListenComm::Pending> stale;
   bool haveReady = false;
   {
@@ -341,7 +341,7 @@ Result TcpNet::progressConnect(PendingConnect* pc, bool* established, std::vecto
   }
   if (nDone < static_cast<int>(pc->socks.size())) {
     double waited = std::chrono::duration<double>(Clock::now() - pc->start).count();
-    double limit = static_cast<double>(paramInt("TIMEOUT_S"));
+    const double limit = params::timeoutSeconds();
     if (waited > limit)
       return MK_ERROR(Result::SystemError,
                       "TCP net: connect to %s: only %d of %zu sockets connected and acknowledged after "

@@ -82,10 +82,9 @@ Result TcpNet::pickEngine(Engine** engine) {
 }
 
 Result TcpNet::attachComm(TcpComm* core) {
-  int64_t chunk = paramInt("NET_CHUNK_BYTES");
-  core->chunkBytes = static_cast<size_t>(std::max<int64_t>(chunk, 4096));
-  core->timeoutS = static_cast<double>(paramInt("TIMEOUT_S"));
-  core->inlineProgress = paramInt("NET_INLINE_PROGRESS") != 0;
+  core->chunkBytes = static_cast<size_t>(params::NET_CHUNK_BYTES());
+  core->timeoutS = params::timeoutSeconds();
+  core->inlineProgress = params::NET_INLINE_PROGRESS();
   for (auto& s : core->socks) {
     if (!setNonBlocking(s.fd))
       return MK_ERROR(Result::SystemError, "TCP net: cannot make a socket non-blocking: %s", strerror(errno));
@@ -255,7 +254,7 @@ std::unique_ptr<Net> createTcpNet(std::string* why) {
   std::vector<NetInterface> ifs;
   bool fallback = false;
   std::string reason;
-  std::string spec = paramString("SOCKET_IFNAME");
+  const std::string& spec = params::SOCKET_IFNAME();
   if (findNetInterfaces(spec, &ifs, &fallback, &reason) != Result::Success || ifs.empty()) {
     if (why != nullptr) *why = "TCP net: " + reason;
     return nullptr;
@@ -267,7 +266,7 @@ std::unique_ptr<Net> createTcpNet(std::string* why) {
     MK_INFO(kLogNet | kLogInit, "TCP net: device %zu = %s %s, %d Mbps%s%s", i, ifs[i].name.c_str(),
             socketAddrToString(ifs[i].addr).c_str(), ifs[i].speedMbps, ifs[i].pciPath.empty() ? "" : ", ",
             ifs[i].pciPath.c_str());
-  int threads = static_cast<int>(std::min<int64_t>(std::max<int64_t>(paramInt("NET_THREADS"), 1), 64));
+  int threads = static_cast<int>(std::min<int64_t>(std::max<int64_t>(params::NET_THREADS(), 1), 64));
   return std::make_unique<tcp::TcpNet>(std::move(ifs), threads);
 }
 
