@@ -118,6 +118,7 @@ void reapDone(Reaper& r) {
 
 enum class FailureSource : int { None, Shim, Real };
 std::atomic<FailureSource> gLastFailure{FailureSource::None};
+std::atomic<int> gLastShimFailure{ncclSuccess};  // the code of the shim's last failure
 
 }  // namespace
 
@@ -278,8 +279,10 @@ void destroyShimComm(ShimComm* c) {
 }
 
 ncclResult_t toNccl(Result r) {
-  if (r != Result::Success && r != Result::InProgress)
+  if (r != Result::Success && r != Result::InProgress) {
+    gLastShimFailure.store(static_cast<int>(r), std::memory_order_relaxed);
     gLastFailure.store(FailureSource::Shim, std::memory_order_relaxed);
+  }
   return static_cast<ncclResult_t>(r);
 }
 
@@ -291,6 +294,11 @@ ncclResult_t fromReal(ncclResult_t r) {
 
 bool lastFailureWasOurs() {
   return gLastFailure.load(std::memory_order_relaxed) != FailureSource::Real;
+}
+
+bool failureIsMkernels(ncclResult_t r) {
+  return gLastFailure.load(std::memory_order_relaxed) == FailureSource::Shim &&
+         gLastShimFailure.load(std::memory_order_relaxed) == static_cast<int>(r);
 }
 
 }  // namespace shim

@@ -129,6 +129,9 @@ ncclResult_t toNccl(Result r);
 ncclResult_t fromReal(ncclResult_t r);
 // Whether the last failure the application saw came from the shim (not from the real NCCL).
 bool lastFailureWasOurs();
+// Whether `r` is the code of the last failure the application saw and that failure arose in
+// mkernel (ncclGetErrorString then points at mkernel's log instead of NCCL's).
+bool failureIsMkernels(ncclResult_t r);
 
 }  // namespace shim
 }  // namespace mkernel
