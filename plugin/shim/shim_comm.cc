@@ -205,6 +205,18 @@ void releaseShimComm(ShimComm* c, bool abortive) {
   // c->policy stays: it is immutable, and a call racing with destruction may still read it.
 }
 
+void noteCrossHostFallback(ShimComm* c, int rank) {
+  c->mkUnavailable = "ranks on " + std::to_string(c->nNodes) + " hosts and MKERNEL_MULTI_NODE=0";
+  // A user who preloaded mkernel expects it to run: the first time at WARN, then at INFO.
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true))
+    MK_WARN("shim: rank %d: %s: mkernel runs on one host only unless MKERNEL_MULTI_NODE=1; every call of this "
+            "communicator goes to NCCL (said once; later communicators at INFO)",
+            rank, c->mkUnavailable.c_str());
+  else
+    MK_INFO(kLogInit, "shim: rank %d: %s; every call goes to NCCL", rank, c->mkUnavailable.c_str());
+}
+
 void destroyShimComm(ShimComm* c) {
   if (!c->mk) {  // nothing that waits for peers
     releaseShimComm(c, /*abortive=*/false);

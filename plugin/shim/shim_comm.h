@@ -101,6 +101,11 @@ ShimComm* findShimComm(const void* comm);
 // Releases what a comm holds (kernel, real comm, bootstrap); `abortive`: without waiting.
 void releaseShimComm(ShimComm* c, bool abortive);
 
+// A communicator whose ranks span c->nNodes hosts without MKERNEL_MULTI_NODE=1: no mkernel part,
+// every call goes to NCCL (c->mkUnavailable says so). Said at WARN by the first such communicator
+// of the process, at INFO by the later ones.
+void noteCrossHostFallback(ShimComm* c, int rank);
+
 // ncclCommDestroy's release. NCCL's destroy is local, so one thread may destroy several ranks one
 // after another (nccl-tests does); but the mkernel Communicator's finalize waits for its peers
 // (they may still read this rank's buffers). So the release runs on a thread of its own: if it

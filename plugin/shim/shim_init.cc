@@ -106,8 +106,7 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
   }
   if (c->nNodes > 1 && !multiNodeAllowed) {
     // No communicator at all: no staging, proxies or connections for collectives NCCL runs.
-    c->mkUnavailable = "ranks on " + std::to_string(c->nNodes) + " hosts and MKERNEL_MULTI_NODE=0";
-    MK_INFO(kLogInit, "shim: rank %d: %s; every call goes to NCCL", s.rank, c->mkUnavailable.c_str());
+    noteCrossHostFallback(c, s.rank);
     return Result::Success;
   }
   coll::CommOptions opts;
