@@ -11,7 +11,9 @@
 #include <unordered_set>
 #include <vector>
 
+#include "collectives/stats.h"
 #include "common/log.h"
+#include "common/param.h"
 #include "common/singleton.h"
 #include "plugin/shim/real_nccl.h"
 
@@ -166,6 +168,7 @@ ShimComm* findShimComm(const void* comm) {
 void releaseShimComm(ShimComm* c, bool abortive) {
   if (c->mk) {
     if (abortive) {
+      keepCommStats(c);
       c->mk->abort();
     } else {
       Result r = c->mk->finalize();
@@ -173,6 +176,7 @@ void releaseShimComm(ShimComm* c, bool abortive) {
         MK_WARN("shim: rank %d: finalizing the mkernel communicator failed (%s); aborting it",
                 c->rank, resultString(r));
       if (r != Result::Success) c->mk->abort();
+      keepCommStats(c);  // after the finalize: it counted every collective posted
     }
     std::unique_ptr<coll::Communicator> gone;
     {
@@ -200,9 +204,12 @@ void releaseShimComm(ShimComm* c, bool abortive) {
     }
     gone.reset();
   }
-  std::lock_guard<std::mutex> lock(c->opsMutex);
-  c->ops.clear();
+  {
+    std::lock_guard<std::mutex> lock(c->opsMutex);
+    c->ops.clear();
+  }
   // c->policy stays: it is immutable, and a call racing with destruction may still read it.
+  printCommStats(c);
 }
 
 void noteCrossHostFallback(ShimComm* c, int rank) {
@@ -216,6 +223,26 @@ void noteCrossHostFallback(ShimComm* c, int rank) {
   else
     MK_INFO(kLogInit, "shim: rank %d: %s; every call goes to NCCL", rank, c->mkUnavailable.c_str());
 }
+
+void keepCommStats(ShimComm* c) {
+  if (!c->mk || c->haveFinalStats || paramInt("STATS") == 0) return;
+  c->mk->stats(&c->finalStats);
+  c->haveFinalStats = true;
+}
+
+void printCommStats(ShimComm* c) {
+  const CommState s = c->state.load();
+  if (s != CommState::Destroyed && s != CommState::Aborted) return;  // a failed creation has no summary
+  if (paramInt("STATS") == 0 || c->statsPrinted.exchange(true)) return;
+  uint64_t fwd[coll::kNumCollTypes];
+  for (int i = 0; i < coll::kNumCollTypes; ++i) fwd[i] = c->forwarded[i].load(std::memory_order_relaxed);
+  const std::string line =
+      coll::commStatsLine(c->haveFinalStats ? &c->finalStats : nullptr, fwd, c->mkUnavailable.c_str());
+  logRequested("STATS", "comm %p rank %d/%d%s%s: %s", static_cast<void*>(c), c->rank, c->nRanks,
+               c->emulate ? " (emulated)" : "", s == CommState::Aborted ? " (aborted)" : "", line.c_str());
+}
+
+
 
 void destroyShimComm(ShimComm* c) {
   if (!c->mk) {  // nothing that waits for peers
