@@ -337,11 +337,13 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResu
     if (rr != ncclSuccess) return rr;
   }
   // An error of either side first, then "in progress" if either is still busy.
+  // The side that failed is remembered, as for a call's failure: ncclGetErrorString and
+  // ncclGetLastError then point at that side's log and message.
   auto isError = [](ncclResult_t r) { return r != ncclSuccess && r != ncclInProgress; };
   if (isError(mine))
-    *asyncError = mine;
+    *asyncError = toNccl(static_cast<Result>(mine));
   else if (isError(theirs))
-    *asyncError = theirs;
+    *asyncError = fromReal(theirs);
   else if (mine == ncclInProgress || theirs == ncclInProgress)
     *asyncError = ncclInProgress;
   else
