@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "collectives/types.h"
 
@@ -29,6 +30,14 @@ GlobalStats& globalStats();
 void registerStatsFolder(const void* key, std::function<void()> fold);
 void unregisterStatsFolder(const void* key);
 void foldLiveStats();
+
+struct CollStats;
+
+// MKERNEL_STATS=1: the line a communicator leaves when it is destroyed (the shim prints it at
+// every MKERNEL_DEBUG level but NONE). `st`: what its mkernel Communicator reported (null: it had
+// none, `why` says why); `forwarded`: its collectives handed to the real NCCL, per CollType.
+// The same counters as mkernelGetStats, for the one communicator.
+std::string commStatsLine(const CollStats* st, const uint64_t forwarded[kNumCollTypes], const char* why);
 
 inline void countKernelOp(CollType c) {
   globalStats().kernelOps[static_cast<int>(c)].fetch_add(1, std::memory_order_relaxed);

@@ -1,12 +1,40 @@
 // Entry points shared by every net ABI version: convert to the core's types, return ncclResult_t.
 #include "plugin/net/net_entry.h"
 
+#include <dlfcn.h>
+
+#include <mutex>
+
+#include "common/log.h"
+#include "common/param.h"
+#include "common/version.h"
+
 namespace mkernel {
 namespace netplugin {
 
 using abi::toNcclResult;
 
+namespace {
+
+// The startup line of the net plugin, once per process: at NCCL's first devices() call, which
+// follows its init() in every ABI version (NCCL's logger is set by then).
+void announceOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (!logStartupEnabled()) return;
+    Dl_info self{};
+    const char* path = dladdr(reinterpret_cast<void*>(&announceOnce), &self) != 0 && self.dli_fname != nullptr
+                           ? self.dli_fname
+                           : "?";
+    logStartupLine("mkernel %s loaded as NCCL net plugin (NET/%s, MKERNEL_NET_BACKEND=%s) from %s",
+                   MKERNEL_VERSION_STRING, kPluginName, paramString("NET_BACKEND").c_str(), path);
+  });
+}
+
+}  // namespace
+
 ncclResult_t entryDevices(int* ndev) {
+  announceOnce();
   return toNcclResult(deviceCount(ndev));
 }
 

@@ -8,6 +8,7 @@
 #include "common/dl.h"
 #include "common/log.h"
 #include "common/param.h"
+#include "common/version.h"
 
 namespace mkernel {
 namespace shim {
@@ -94,6 +95,48 @@ const RealNccl& realNccl(bool allowLoad) {
   if (loadedReady.load(std::memory_order_acquire) && loaded.available) return loaded;
   std::call_once(noLoadOnce, [] { load(&noLoad, false); });
   return noLoad;
+}
+
+std::string ncclVersionText(int code) {
+  // NCCL_VERSION(X,Y,Z): X*10000 + Y*100 + Z from 2.9 on, X*1000 + Y*100 + Z before.
+  const int major = code >= 10000 ? code / 10000 : code / 1000;
+  const int minor = code >= 10000 ? (code % 10000) / 100 : (code % 1000) / 100;
+  const int patch = code % 100;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+}
+
+void announceShimOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (!logStartupEnabled()) return;
+    Dl_info self{};
+    const char* selfPath =
+        dladdr(reinterpret_cast<void*>(&announceShimOnce), &self) != 0 && self.dli_fname != nullptr
+            ? self.dli_fname
+            : "?";
+    const bool emulate = paramInt("EMULATE") != 0;
+    // In emulation only an NCCL the process already holds is looked at (none is loaded for it).
+    const RealNccl& real = realNccl(!emulate);
+    std::string nccl;
+    if (real.available) {
+      int code = 0;
+      const bool known = real.ncclGetVersion(&code) == ncclSuccess;  // NCCL's: sets it, calls nothing
+      nccl = "NCCL " + (known ? ncclVersionText(code) : std::string("(version unknown)")) + " at " + real.path;
+    }
+    if (emulate) {
+      logStartupLine("mkernel %s loaded as NCCL shim from %s; emulation (MKERNEL_EMULATE=1): mkernel runs every "
+                     "communicator, nothing is forwarded%s%s%s",
+                     MKERNEL_VERSION_STRING, selfPath, real.available ? " (" : "", nccl.c_str(),
+                     real.available ? " is loaded in the process, unused)" : "");
+    } else if (real.available) {
+      logStartupLine("mkernel %s loaded as NCCL shim from %s; forwarding to %s%s", MKERNEL_VERSION_STRING,
+                     selfPath, nccl.c_str(),
+                     paramInt("DISABLE") != 0 ? " (MKERNEL_DISABLE=1: every call goes to NCCL)" : "");
+    } else {
+      logStartupLine("mkernel %s loaded as NCCL shim from %s; no real NCCL to forward to: %s",
+                     MKERNEL_VERSION_STRING, selfPath, real.why.c_str());
+    }
+  });
 }
 
 bool calledFromRealNccl(const void* returnAddress) {

@@ -32,6 +32,15 @@ struct RealNccl {
 // The table. `allowLoad` false (emulation): only an NCCL the process already loaded is used.
 const RealNccl& realNccl(bool allowLoad = true);
 
+// The shim's startup line (MKERNEL_DEBUG=VERSION or more), once per process, at the first entry an
+// application makes (ncclGetVersion, ncclGetUniqueId, communicator creation): mkernel's version
+// and library, and the real NCCL's version and file, or emulation. Never call it while realNccl()
+// is being filled (it may load the real NCCL).
+void announceShimOnce();
+
+// The text of an NCCL version code (2.28.9 for 22809; 2.8.4 for the old 2804 form).
+std::string ncclVersionText(int code);
+
 // Whether `returnAddress` lies inside the real libnccl (a call it made through its own PLT).
 bool calledFromRealNccl(const void* returnAddress);
 

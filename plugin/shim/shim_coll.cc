@@ -150,7 +150,10 @@ ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
     }
   }
   ncclResult_t r = forwardCall(call, comm->real, realOp, stream);
-  if (r == ncclSuccess && isColl) coll::countForwardedOp(collType);
+  if (r == ncclSuccess && isColl) {
+    coll::countForwardedOp(collType);
+    comm->forwarded[static_cast<int>(collType)].fetch_add(1, std::memory_order_relaxed);
+  }
   groupRecordError(r);
   return r;
 }

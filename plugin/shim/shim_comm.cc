@@ -11,7 +11,9 @@
 #include <unordered_set>
 #include <vector>
 
+#include "collectives/stats.h"
 #include "common/log.h"
+#include "common/param.h"
 #include "common/singleton.h"
 #include "plugin/shim/real_nccl.h"
 
@@ -118,6 +120,7 @@ void reapDone(Reaper& r) {
 
 enum class FailureSource : int { None, Shim, Real };
 std::atomic<FailureSource> gLastFailure{FailureSource::None};
+std::atomic<int> gLastShimFailure{ncclSuccess};  // the code of the shim's last failure
 
 }  // namespace
 
@@ -165,6 +168,7 @@ ShimComm* findShimComm(const void* comm) {
 void releaseShimComm(ShimComm* c, bool abortive) {
   if (c->mk) {
     if (abortive) {
+      keepCommStats(c);
       c->mk->abort();
     } else {
       Result r = c->mk->finalize();
@@ -172,6 +176,7 @@ void releaseShimComm(ShimComm* c, bool abortive) {
         MK_WARN("shim: rank %d: finalizing the mkernel communicator failed (%s); aborting it",
                 c->rank, resultString(r));
       if (r != Result::Success) c->mk->abort();
+      keepCommStats(c);  // after the finalize: it counted every collective posted
     }
     std::unique_ptr<coll::Communicator> gone;
     {
@@ -199,10 +204,45 @@ void releaseShimComm(ShimComm* c, bool abortive) {
     }
     gone.reset();
   }
-  std::lock_guard<std::mutex> lock(c->opsMutex);
-  c->ops.clear();
+  {
+    std::lock_guard<std::mutex> lock(c->opsMutex);
+    c->ops.clear();
+  }
   // c->policy stays: it is immutable, and a call racing with destruction may still read it.
+  printCommStats(c);
 }
+
+void noteCrossHostFallback(ShimComm* c, int rank) {
+  c->mkUnavailable = "ranks on " + std::to_string(c->nNodes) + " hosts and MKERNEL_MULTI_NODE=0";
+  // A user who preloaded mkernel expects it to run: the first time at WARN, then at INFO.
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true))
+    MK_WARN("shim: rank %d: %s: mkernel runs on one host only unless MKERNEL_MULTI_NODE=1; every call of this "
+            "communicator goes to NCCL (said once; later communicators at INFO)",
+            rank, c->mkUnavailable.c_str());
+  else
+    MK_INFO(kLogInit, "shim: rank %d: %s; every call goes to NCCL", rank, c->mkUnavailable.c_str());
+}
+
+void keepCommStats(ShimComm* c) {
+  if (!c->mk || c->haveFinalStats || !params::STATS()) return;
+  c->mk->stats(&c->finalStats);
+  c->haveFinalStats = true;
+}
+
+void printCommStats(ShimComm* c) {
+  const CommState s = c->state.load();
+  if (s != CommState::Destroyed && s != CommState::Aborted) return;  // a failed creation has no summary
+  if (!params::STATS() || c->statsPrinted.exchange(true)) return;
+  uint64_t fwd[coll::kNumCollTypes];
+  for (int i = 0; i < coll::kNumCollTypes; ++i) fwd[i] = c->forwarded[i].load(std::memory_order_relaxed);
+  const std::string line =
+      coll::commStatsLine(c->haveFinalStats ? &c->finalStats : nullptr, fwd, c->mkUnavailable.c_str());
+  logRequested("STATS", "comm %p rank %d/%d%s%s: %s", static_cast<void*>(c), c->rank, c->nRanks,
+               c->emulate ? " (emulated)" : "", s == CommState::Aborted ? " (aborted)" : "", line.c_str());
+}
+
+
 
 void destroyShimComm(ShimComm* c) {
   if (!c->mk) {  // nothing that waits for peers
@@ -278,8 +318,10 @@ void destroyShimComm(ShimComm* c) {
 }
 
 ncclResult_t toNccl(Result r) {
-  if (r != Result::Success && r != Result::InProgress)
+  if (r != Result::Success && r != Result::InProgress) {
+    gLastShimFailure.store(static_cast<int>(r), std::memory_order_relaxed);
     gLastFailure.store(FailureSource::Shim, std::memory_order_relaxed);
+  }
   return static_cast<ncclResult_t>(r);
 }
 
@@ -291,6 +333,11 @@ ncclResult_t fromReal(ncclResult_t r) {
 
 bool lastFailureWasOurs() {
   return gLastFailure.load(std::memory_order_relaxed) != FailureSource::Real;
+}
+
+bool failureIsMkernels(ncclResult_t r) {
+  return gLastFailure.load(std::memory_order_relaxed) == FailureSource::Shim &&
+         gLastShimFailure.load(std::memory_order_relaxed) == static_cast<int>(r);
 }
 
 }  // namespace shim

@@ -89,6 +89,13 @@ struct ShimComm {
   // handler aborts a release still in progress (the Reaper), so that it never calls into one
   // that a release thread is destroying (seen on the H200: SIGSEGV in abort at exit, 1 run in 10).
   std::mutex teardownMu;
+  // MKERNEL_STATS=1: the collectives this comm forwarded to the real NCCL (per CollType), what its
+  // mkernel Communicator reported before it went (keepCommStats), and whether the summary line
+  // was printed (at destroy or abort: printCommStats).
+  std::atomic<uint64_t> forwarded[coll::kNumCollTypes] = {};
+  coll::CollStats finalStats;
+  bool haveFinalStats = false;
+  std::atomic<bool> statsPrinted{false};
 
   ncclComm_t handle() { return reinterpret_cast<ncclComm_t>(this); }
 };
@@ -100,6 +107,18 @@ ShimComm* findShimComm(const void* comm);
 
 // Releases what a comm holds (kernel, real comm, bootstrap); `abortive`: without waiting.
 void releaseShimComm(ShimComm* c, bool abortive);
+
+// A communicator whose ranks span c->nNodes hosts without MKERNEL_MULTI_NODE=1: no mkernel part,
+// every call goes to NCCL (c->mkUnavailable says so). Said at WARN by the first such communicator
+// of the process, at INFO by the later ones.
+void noteCrossHostFallback(ShimComm* c, int rank);
+
+// MKERNEL_STATS=1 only (nothing otherwise): takes what c->mk ran (CollStats) before the shim
+// drops it; call after its finalize or before its abort, while c->mk is set.
+void keepCommStats(ShimComm* c);
+// MKERNEL_STATS=1 only: the comm's summary line (collectives/stats.h, commStatsLine), once, when
+// it is destroyed or aborted; releaseShimComm calls it.
+void printCommStats(ShimComm* c);
 
 // ncclCommDestroy's release. NCCL's destroy is local, so one thread may destroy several ranks one
 // after another (nccl-tests does); but the mkernel Communicator's finalize waits for its peers
@@ -129,6 +148,9 @@ ncclResult_t toNccl(Result r);
 ncclResult_t fromReal(ncclResult_t r);
 // Whether the last failure the application saw came from the shim (not from the real NCCL).
 bool lastFailureWasOurs();
+// Whether `r` is the code of the last failure the application saw and that failure arose in
+// mkernel (ncclGetErrorString then points at mkernel's log instead of NCCL's).
+bool failureIsMkernels(ncclResult_t r);
 
 }  // namespace shim
 }  // namespace mkernel

@@ -106,8 +106,7 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
   }
   if (c->nNodes > 1 && !multiNodeAllowed) {
     // No communicator at all: no staging, proxies or connections for collectives NCCL runs.
-    c->mkUnavailable = "ranks on " + std::to_string(c->nNodes) + " hosts and MKERNEL_MULTI_NODE=0";
-    MK_INFO(kLogInit, "shim: rank %d: %s; every call goes to NCCL", s.rank, c->mkUnavailable.c_str());
+    noteCrossHostFallback(c, s.rank);
     return Result::Success;
   }
   coll::CommOptions opts;
@@ -229,6 +228,7 @@ namespace {
 ncclResult_t initRank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& commId, int rank,
                       const ncclConfig_t* config, const char* caller) {
   params::warnUnknownOnce();
+  announceShimOnce();
   if (newcomm == nullptr)
     return toNccl(MK_ERROR(Result::InvalidArgument, "%s : comm argument is NULL", caller));
   *newcomm = nullptr;
@@ -305,6 +305,7 @@ ncclResult_t recordInGroup(ncclResult_t r) {
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   const void* caller = __builtin_return_address(0);
+  mkernel::shim::announceShimOnce();
   if (uniqueId == nullptr)
     return toNccl(MK_ERROR(Result::InvalidArgument, "ncclGetUniqueId : uniqueId argument is NULL"));
   // Re-entry: NCCL's own ncclCommInitAll asks for an id of its own kind.
@@ -348,6 +349,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, i
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
   using namespace mkernel::shim;
   mkernel::params::warnUnknownOnce();
+  mkernel::shim::announceShimOnce();
   if (comms == nullptr)
     return toNccl(MK_ERROR(Result::InvalidArgument, "ncclCommInitAll : comms argument is NULL"));
   if (ndev < 1)

@@ -105,6 +105,7 @@ Result splitTask(ShimComm* p, ShimComm* child, int color, int key, const ncclCon
 Result finalizeNow(ShimComm* c) {
   if (c->mk) {
     Result r = c->mk->finalize();
+    keepCommStats(c);
     c->mk.reset();
     c->mkUnavailable = "finalized";
     MK_CHECK(r);
@@ -194,6 +195,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRan
   if (shrinkFlags & NCCL_SHRINK_ABORT) {
     // Terminate the parent's work first; the parent is only fit for destruction afterwards.
     if (p->mk) {
+      keepCommStats(p);
       p->mk->abort();
       p->mk.reset();
       p->mkUnavailable = "aborted by ncclCommShrink(NCCL_SHRINK_ABORT)";
@@ -292,6 +294,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags
   if (r != Result::Success) return toNccl(r);
   // In-flight mkernel work stops now; the comm then only serves destroy, split and shrink.
   if (c->mk) {
+    keepCommStats(c);
     c->mk->abort();
     c->mk.reset();
     c->mkUnavailable = "revoked";
@@ -334,11 +337,13 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResu
     if (rr != ncclSuccess) return rr;
   }
   // An error of either side first, then "in progress" if either is still busy.
+  // The side that failed is remembered, as for a call's failure: ncclGetErrorString and
+  // ncclGetLastError then point at that side's log and message.
   auto isError = [](ncclResult_t r) { return r != ncclSuccess && r != ncclInProgress; };
   if (isError(mine))
-    *asyncError = mine;
+    *asyncError = toNccl(static_cast<Result>(mine));
   else if (isError(theirs))
-    *asyncError = theirs;
+    *asyncError = fromReal(theirs);
   else if (mine == ncclInProgress || theirs == ncclInProgress)
     *asyncError = ncclInProgress;
   else

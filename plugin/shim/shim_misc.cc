@@ -49,6 +49,7 @@ int emulatedLsaSize(const ShimComm* c) {
 }  // namespace
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclGetVersion(int* version) {
+  announceShimOnce();
   if (version == nullptr)
     return toNccl(MK_ERROR(Result::InvalidArgument, "ncclGetVersion : version argument is NULL"));
   // PyTorch checks this against the NCCL it was built with: always the real NCCL's number.
@@ -58,7 +59,12 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclGetVersion(int* version) {
   return ncclSuccess;
 }
 
+// NCCL's texts, except for the code of a failure that arose in mkernel: its text names mkernel's
+// log (MKERNEL_DEBUG, MKERNEL_DEBUG_SUBSYS), where the details are, not NCCL_DEBUG.
 MKERNEL_NCCL_EXPORT const char* ncclGetErrorString(ncclResult_t result) {
+  if (result != ncclSuccess && failureIsMkernels(result) && static_cast<int>(result) > 0 &&
+      static_cast<int>(result) <= static_cast<int>(Result::InProgress))
+    return mkernel::resultString(static_cast<Result>(result));
   switch (result) {
     case ncclSuccess:
       return "no error";

@@ -1,5 +1,6 @@
 #include "plugin/tuner/tuner_core.h"
 
+#include <dlfcn.h>
 #include <strings.h>
 
 #include <atomic>
@@ -13,6 +14,7 @@
 
 #include "collectives/tuner_policy.h"
 #include "common/param.h"
+#include "common/version.h"
 #include "topology/topology.h"
 
 namespace mkernel {
@@ -96,6 +98,17 @@ Result tunerInit(uint64_t commId, size_t nRanks, size_t nNodes, NcclLogger logge
   ctx->commId = commId;
   std::string why;
   ctx->active = tunerRequested(&why);
+  // The startup line, once per process, at the first communicator's init (NCCL's logger is set).
+  static std::once_flag announced;
+  std::call_once(announced, [&why, active = ctx->active] {
+    Dl_info self{};
+    const char* path = dladdr(reinterpret_cast<void*>(&tunerInit), &self) != 0 && self.dli_fname != nullptr
+                           ? self.dli_fname
+                           : "?";
+    logStartupLine("mkernel %s loaded as NCCL tuner plugin from %s; %s (%s)", MKERNEL_VERSION_STRING, path,
+                   active ? "steers NCCL's algorithm and protocol choices" : "stays neutral, NCCL's choices unchanged",
+                   why.c_str());
+  });
   if (!ctx->active) {
     MK_INFO(kLogInit | kLogTune,
             "tuner: neutral, NCCL's choices unchanged (%s; set MKERNEL_TUNER=1 or "
