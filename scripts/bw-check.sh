@@ -16,13 +16,14 @@
 #   6. (2+ GPUs, BW_TORCH_MAX set, e.g. 64M) scripts/torch_bench.py, 2 processes, NCCL against
 #      mkernel, 8 B to BW_TORCH_MAX.
 # NVLink multicast stays off. Logs in build-gpu/logs-bw; at most eight files copied to $OUT, and
-# every log as $OUT/0-bw-check-logs.tgz (gpu-common.sh).
+# every log as $OUT/0-bw-check-logs.tgz (common.sh, mk_gpu_env).
 set -u -o pipefail
 build=${BW_BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}
 logs=$build/logs-bw
-# shellcheck source=scripts/gpu-common.sh
-. "$(dirname "$0")/gpu-common.sh"
-PY=${BW_PYTHON:-/opt/torch/.venv/bin/python}
+# shellcheck source=scripts/common.sh
+. "$(dirname "$0")/common.sh"
+mk_gpu_env
+PY=$(mk_torch_python)
 TESTS=${BW_TESTS:-"all_reduce_perf reduce_scatter_perf all_gather_perf"}
 fail=0
 
@@ -80,7 +81,7 @@ done 2>&1 | tee -a "$logs/hier.txt"
 grep -q "rc=[1-9]" "$logs/hier.txt" && fail=1  # the loop ran in a pipeline's subshell
 save hier.txt
 
-if [ "$NG" -ge 2 ] && [ -n "${BW_TORCH_MAX:-}" ] && [ -x "$PY" ]; then
+if [ "$NG" -ge 2 ] && [ -n "${BW_TORCH_MAX:-}" ] && mk_have_torch "$PY"; then
   step "6. torch_bench: 2 processes on 2 GPUs, NCCL against mkernel, 8 B to $BW_TORCH_MAX"
   timeout 240 "$PY" "$root/scripts/torch_bench.py" --lib "$LIB" --ranks 2 --max-bytes "$BW_TORCH_MAX" \
     --iters "${BW_TORCH_ITERS:-50}" --trials 3 --csv "$logs/torch-bench.csv" 2>&1 | tee "$logs/torch-bench.txt" | tail -40

@@ -11,8 +11,9 @@
 # at its limit gets its host threads' stacks dumped (cuda-gdb) into that log before it is killed.
 set -u -o pipefail
 EMU_DEFAULT_TIMEOUT_S=10
-# shellcheck source=scripts/emu-common.sh
-. "$(dirname "$0")/emu-common.sh"
+# shellcheck source=scripts/common.sh
+. "$(dirname "$0")/common.sh"
+mk_emu_env "$@"
 fail=0
 for t in ${EMU_THREADS:-2 4 8}; do
   log=${OUT:-/tmp}/emulated-t$t.txt

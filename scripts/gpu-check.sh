@@ -6,11 +6,11 @@
 # Logs go to build-gpu/logs; the main ones are copied to $OUT when it is set.
 # Catch2 (single header) comes from .carry/ when no Catch2 package is installed.
 # Env: GPU_CHECK_BENCH_ARGS (extra mkernel-collbench arguments), GPU_CHECK_SKIP_BENCH=1,
-#      GPU_CHECK_SKIP_TORCH=1, GPU_CHECK_TORCH_RANKS (default 1), GPU_CHECK_PYTHON,
-#      GPU_CHECK_TRACE=0 (skip the kernel-trace benchmark run), GPU_CHECK_SKIP_TESTS=1 (benchmarks
-#      only: a second call on a warm machine, whose build is still there), GPU_CHECK_GRAPH=0 (skip
-#      the graph-residency cases test_gpu_graph* and test_gpu_gate: they hung in sessions 3-8 and
-#      pass since session 9's fix, docs/RELIABILITY.md), GPU_CHECK_CTEST_ARGS (more ctest
+#      GPU_CHECK_SKIP_TORCH=1, GPU_CHECK_TORCH_RANKS (default 1), MK_PYTHON (common.sh,
+#      mk_torch_python), GPU_CHECK_TRACE=0 (skip the kernel-trace benchmark run),
+#      GPU_CHECK_SKIP_TESTS=1 (benchmarks only: a second call on a warm machine, whose build is
+#      still there), GPU_CHECK_GRAPH=0 (skip the graph-residency cases test_gpu_graph* and
+#      test_gpu_gate, the slowest, docs/RELIABILITY.md), GPU_CHECK_CTEST_ARGS (more ctest
 #      arguments: "-I 1,40" and "-I 41,200" split the tier over two calls; the numbers are
 #      ctest's, `ctest -N -L gpu`), GPU_CHECK_SKIP_BUILD=1 (a warm machine whose build is there).
 # The summary ends with one row per GPU test: its result and seconds (ctest's own timing).
@@ -59,8 +59,8 @@ save() {
 }
 ctest_rc=skipped
 if [ "${GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
-  # The graph-residency cases (test_gpu_graph*, test_gpu_gate) hung on the H200 in sessions 3-8
-  # (docs/KERNEL.md); since session 9 they pass, 45 s each at most. GPU_CHECK_GRAPH=0 leaves them out.
+  # The graph-residency cases (test_gpu_graph*, test_gpu_gate, docs/KERNEL.md) take up to 45 s
+  # each. GPU_CHECK_GRAPH=0 leaves them out.
   exclude=()
   [ "${GPU_CHECK_GRAPH:-1}" = 0 ] && exclude=(-E '^(test_gpu_graph.*|test_gpu_gate)$')
   step "ctest -L gpu ${GPU_CHECK_CTEST_ARGS:-} ${exclude[*]}"
@@ -77,7 +77,7 @@ bench_rc=0
 if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
   step "mkernel-collbench"
   # NCCL's one-rank AllReduce in the same run (the issue's comparison): PyTorch's NCCL 2.28.9.
-  NCCL_LIB=${GPU_CHECK_NCCL_LIB:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2}
+  NCCL_LIB=${GPU_CHECK_NCCL_LIB:-$(mk_nccl_home)/lib/libnccl.so.2}
   nccl_args=()
   [ -f "$NCCL_LIB" ] && nccl_args=(--nccl "$NCCL_LIB")
   # shellcheck disable=SC2086
@@ -105,8 +105,8 @@ if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
 fi
 
 torch_rc=skipped
-PY=${GPU_CHECK_PYTHON:-/opt/torch/.venv/bin/python}
-if [ -x "$PY" ] && [ "${GPU_CHECK_SKIP_TORCH:-0}" != 1 ]; then
+PY=$(mk_torch_python)
+if mk_have_torch "$PY" && [ "${GPU_CHECK_SKIP_TORCH:-0}" != 1 ]; then
   step "PyTorch through the LD_PRELOAD shim (scripts/torch_check.py --ranks 1)"
   OUT=$logs timeout "${GPU_CHECK_TORCH_TIMEOUT:-240}" "$PY" "$root/scripts/torch_check.py" --lib "$build/lib/libmkernel.so" \
     --ranks "${GPU_CHECK_TORCH_RANKS:-1}" >"$logs/torch.txt" 2>&1
@@ -115,10 +115,35 @@ if [ -x "$PY" ] && [ "${GPU_CHECK_SKIP_TORCH:-0}" != 1 ]; then
   save
 fi
 
+# nccl_plugin_check BUILD NCCL_LIB_DIR: the real NCCL loads mkernel's net plugin and tuner and
+# assigns them to a communicator. One rank: NCCL loads the plugins and calls init/devices/
+# getProperties (net) and init (tuner), but moves no bytes through the net plugin and never asks
+# the tuner for an algorithm. Logs: $logs/net-plugin.log, $logs/tuner-plugin.log.
+nccl_plugin_check() (
+  BUILD=$1
+  NCCL_LIB_DIR=$2
+  PROG=$BUILD/tests/plugin/nccl_one_rank
+  [ -x "$PROG" ] || { echo "missing $PROG (build target nccl_one_rank)"; exit 1; }
+  export LD_LIBRARY_PATH=$NCCL_LIB_DIR:$BUILD/lib:${LD_LIBRARY_PATH:-}
+  rc=0
+  echo "== NCCL_NET_PLUGIN=$BUILD/lib/libnccl-net-mkernel.so (NCCL $(ls "$NCCL_LIB_DIR"/libnccl.so.2* | head -1))"
+  NCCL_NET_PLUGIN=$BUILD/lib/libnccl-net-mkernel.so NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET \
+    "$PROG" >"$logs/net-plugin.log" 2>&1 || rc=1
+  grep -E "NET/Plugin|mkernel|Using network|NCCL_NET|Assigned|MKERNEL" "$logs/net-plugin.log" | head -20
+  grep -q "Assigned NET plugin mkernel" "$logs/net-plugin.log" || { echo "NET: mkernel was not assigned"; rc=1; }
+  echo "== NCCL_TUNER_PLUGIN=mkernel"
+  NCCL_TUNER_PLUGIN=mkernel NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING \
+    "$PROG" >"$logs/tuner-plugin.log" 2>&1 || rc=1
+  grep -iE "tuner|mkernel" "$logs/tuner-plugin.log" | head -20
+  grep -qE "TUNER/Plugin: Using mkernel" "$logs/tuner-plugin.log" || { echo "TUNER: mkernel tuner not loaded"; rc=1; }
+  echo "nccl-plugin-check: rc=$rc"
+  exit $rc
+)
+
 step "mkernel-topo"
 "$build/bin/mkernel-topo" 2>&1 | tee "$logs/topo.txt" | head -30
 step "NCCL loads mkernel's net plugin and tuner"
-OUT=$logs bash "$root/scripts/nccl-plugin-check.sh" "$build" 2>&1 | tail -30
+nccl_plugin_check "$build" "$(mk_nccl_home)/lib" 2>&1 | tail -30
 plugin_rc=${PIPESTATUS[0]}
 
 {

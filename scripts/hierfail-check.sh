@@ -17,8 +17,9 @@ set -u -o pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
 build=${HF_BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}
 logs=$build/logs-hierfail
-# shellcheck source=scripts/gpu-common.sh
-. "$(dirname "$0")/gpu-common.sh"
+# shellcheck source=scripts/common.sh
+. "$(dirname "$0")/common.sh"
+mk_gpu_env
 reps=${HF_REPS:-10}
 fail=0 slow=0 runs=0
 

@@ -53,14 +53,15 @@
 #   6. (LC_EMULATED="2 4 8") scripts/emulated-nccl-tests.sh with those thread counts on GPU 0
 #      (LC_EMU_TIMEOUT seconds per run, default 35).
 # NVLink multicast stays off. Logs in build-gpu/logs-launch; tables copied to $OUT, and every log
-# as $OUT/0-launch-check-logs.tgz (gpu-common.sh).
+# as $OUT/0-launch-check-logs.tgz (common.sh, mk_gpu_env).
 set -u -o pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
 build=${LC_BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}
 logs=$build/logs-launch
-# shellcheck source=scripts/gpu-common.sh
-. "$(dirname "$0")/gpu-common.sh"
-PY=${LC_PYTHON:-/opt/torch/.venv/bin/python}
+# shellcheck source=scripts/common.sh
+. "$(dirname "$0")/common.sh"
+mk_gpu_env
+PY=$(mk_torch_python)
 TESTS=${LC_TESTS:-"all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf"}
 fail=0
 
@@ -308,14 +309,14 @@ if [ "${LC_PROXYBENCH:-0}" = 1 ]; then
   save proxybench.txt proxybench.csv
 fi
 
-if [ "$NG" -gt 1 ] && [ -x "$PY" ] && [ "${LC_TORCH:-1}" = 1 ]; then
+if [ "$NG" -gt 1 ] && mk_have_torch "$PY" && [ "${LC_TORCH:-1}" = 1 ]; then
   step "4. torch_bench: 2 processes on 2 GPUs, NCCL against mkernel, 8 B to ${LC_TORCH_MAX_BYTES:-1M}"
   timeout 200 "$PY" "$root/scripts/torch_bench.py" --lib "$LIB" --ranks 2 --max-bytes "${LC_TORCH_MAX_BYTES:-1M}" \
     --iters "${LC_TORCH_ITERS:-200}" --trials 3 --csv "$logs/torch-bench.csv" 2>&1 | tee "$logs/torch-bench.txt" | tail -30
   [ "${PIPESTATUS[0]}" = 0 ] || fail=1
   save torch-bench.txt torch-bench.csv
 fi
-if [ -n "${LC_TORCH_CHECK:-}" ] && [ -x "$PY" ]; then
+if [ -n "${LC_TORCH_CHECK:-}" ] && mk_have_torch "$PY"; then
   # e.g. LC_TORCH_CHECK="--ranks 2,4 --gpus 2 --mps --ranks-per-node 2": PyTorch correctness
   # through the shim, the emulated 4 ranks as 2 nodes of 2 (the hierarchical path).
   step "5. torch_check $LC_TORCH_CHECK"

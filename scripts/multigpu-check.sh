@@ -16,13 +16,14 @@
 #      (--tol MG_DDP_TOL), step times printed.
 # With one GPU every step runs with one rank (a dry run of the script; NCCL refuses two ranks on
 # one GPU). Logs: build-gpu/logs-multi; the summary and tables are copied to $OUT when set,
-# and every log as $OUT/0-multigpu-check-logs.tgz (gpu-common.sh).
+# and every log as $OUT/0-multigpu-check-logs.tgz (common.sh, mk_gpu_env).
 set -u -o pipefail
 build=${MG_BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}
 logs=$build/logs-multi
-# shellcheck source=scripts/gpu-common.sh
-. "$(dirname "$0")/gpu-common.sh"
-PY=${MG_PYTHON:-/opt/torch/.venv/bin/python}
+# shellcheck source=scripts/common.sh
+. "$(dirname "$0")/common.sh"
+mk_gpu_env
+PY=$(mk_torch_python)
 MAX=${MG_MAX_BYTES:-8G}
 TESTS=${MG_TESTS:-"all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf"}
 fail=0
@@ -93,7 +94,7 @@ else
 fi
 
 step "run 4: DDP example, $NG rank(s), NCCL against LD_PRELOAD=libmkernel.so"
-if [ -x "$PY" ]; then
+if mk_have_torch "$PY"; then
   "$PY" "$root/scripts/ddp_example.py" --world-size "$NG" --backend nccl --csv "$logs/ddp-nccl.csv" \
     >"$logs/ddp-nccl.txt" 2>&1 || fail=1
   LD_PRELOAD=$LIB "$PY" "$root/scripts/ddp_example.py" --world-size "$NG" --backend nccl --csv "$logs/ddp-mk.csv" \

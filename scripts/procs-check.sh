@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Process ranks (staged collectives through CUDA IPC, docs/KERNEL.md) in one device call:
-#   bash scripts/procs-check.sh          (repository root; PyTorch 2.11 at PROCS_PYTHON)
+#   bash scripts/procs-check.sh          (repository root; PyTorch 2.11 at MK_PYTHON, common.sh)
 # Builds libmkernel.so and test_gpu_procs, then:
 #   0. ctest -R test_gpu_procs: 2 ranks (one per GPU), 4 ranks (emulated under MPS when the GPUs
 #      are fewer), 3 ranks with one killed (the survivors see RemoteError).
@@ -20,16 +20,16 @@ set -u -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
 export MKERNEL_TIMEOUT_S=${MKERNEL_TIMEOUT_S:-20}
-root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/common.sh
+. "$(dirname "$0")/common.sh"
+root=$MK_ROOT
 build=${PROCS_BUILD:-$root/build-gpu}
 logs=$build/logs-procs
 mkdir -p "$logs"
-PY=${PROCS_PYTHON:-/opt/torch/.venv/bin/python}
+PY=$(mk_torch_python)
 NG=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-step() { echo "== $* ($(date +%T))"; }
-save() { [ -n "${OUT:-}" ] && for f in "$@"; do [ -f "$logs/$f" ] && cp "$logs/$f" "$OUT/"; done; return 0; }
 fail=0
-[ -x "$PY" ] || { echo "procs-check: no PyTorch at $PY"; exit 1; }
+mk_have_torch "$PY" || { echo "procs-check: no PyTorch at $PY"; exit 1; }
 STEPS=" ${PROCS_STEPS:-0 1 2 3 4} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 # Step 3 and 4's variants: "name|VAR=value ..." (the default policy, and with PROCS_CROSSOVER_OFF=1

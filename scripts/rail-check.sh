@@ -28,14 +28,15 @@
 #      scripts/torch_check.py once per MKERNEL_HIER_RAIL of RC_TORCH_RAILS ("ring rhd"), with
 #      MKERNEL_DEBUG=INFO, showing each rank's line matching RC_TORCH_SHOW ("exchange among the rail");
 #      RC_TORCH_TIMEOUT (300) s each.
-# NVLink multicast stays off (gpu-common.sh). Logs in build-gpu/logs-rail; tables to $OUT.
+# NVLink multicast stays off (common.sh, mk_gpu_env). Logs in build-gpu/logs-rail; tables to $OUT.
 set -u -o pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
 build=${RC_BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build-gpu}
 logs=$build/logs-rail
-# shellcheck source=scripts/gpu-common.sh
-. "$(dirname "$0")/gpu-common.sh"
-PY=${RC_PYTHON:-/opt/torch/.venv/bin/python}
+# shellcheck source=scripts/common.sh
+. "$(dirname "$0")/common.sh"
+mk_gpu_env
+PY=$(mk_torch_python)
 fail=0
 
 step "1. build"
@@ -117,7 +118,7 @@ grep -E "failed|error|Error" "$logs/rail-sweep.txt" | head -5
 python3 "$root/scripts/overlap-table.py" "$logs/rail-sweep.txt" | tee "$logs/overlap-table.txt"
 save rail-table.txt rail-sweep.txt overlap-table.txt
 
-if [ -n "${RC_TORCH:-}" ] && [ -x "$PY" ]; then
+if [ -n "${RC_TORCH:-}" ] && mk_have_torch "$PY"; then
   : >"$logs/torch-check.txt"
   for rail in ${RC_TORCH_RAILS:-ring rhd}; do
     step "4. torch_check $RC_TORCH, MKERNEL_HIER_RAIL=$rail"

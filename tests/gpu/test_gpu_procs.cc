@@ -30,7 +30,7 @@
 //            buffers (collectives/staged_ring.h); the statistics must count as rings exactly
 //            those MKERNEL_RING_MIN_BYTES (auto: what the LL mode does not take) sends there.
 //   --release-half-posted  (2 ranks) the release of a process-rank communicator while another
-//            communicator's collective is half posted (docs/RELIABILITY.md, session 36): rank 0's
+//            communicator's collective is half posted (docs/RELIABILITY.md): rank 0's
 //            process also holds a communicator Y of two thread ranks; Y's rank 0 posts a small
 //            AllReduce (its kernel waits for Y's rank 1), then the main thread finalizes and
 //            destroys the process-rank communicator, and only 300 ms later does Y's rank 1
@@ -38,7 +38,7 @@
 //            release unmaps the peer's memory: with cuMem (MKERNEL_PEER_IPC=cumem, the default)
 //            that waits for nothing; with legacy CUDA IPC, cudaIpcCloseMemHandle waits for Y's
 //            kernel and holds back Y's rank 1's calls until Y times out (MKERNEL_TIMEOUT_S=5
-//            here): the control run (scripts/release-stall-check.sh) must fail.
+//            here): that control run (MKERNEL_PEER_IPC=legacy) must fail.
 //   --hosts H   the ranks act as H hosts (MKERNEL_HOSTID = host<rank / (N/H)>): the communicator
 //            then runs every collective hierarchically, one node per host, the rail rounds
 //            through a proxy per rank over TCP on loopback (the multi-host path, without a second

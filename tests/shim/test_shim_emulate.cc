@@ -381,7 +381,7 @@ TEST_CASE("emulate: destroying one communicator while another's collective is ha
 // does, and its ncclMemFree (cuMemUnmap / cuMemRelease) waits for nothing. The rank buffers are
 // ncclMemAlloc's too (the kernel reads and writes such mappings directly). With `plainFree` the
 // freeing thread calls cudaFree on a cudaMalloc'd block instead: the hidden control case below,
-// which must fail (scripts/release-stall-check.sh runs it with MKERNEL_TIMEOUT_S=5).
+// which must fail (run it by name with MKERNEL_TIMEOUT_S=5).
 static void freeWhileHalfPosted(bool plainFree) {
   ncclUniqueId id;
   REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
