@@ -61,7 +61,7 @@ constexpr int kMaxHierNodes = 16;
 // Each collective's body is its own function on the device: inlined together into one switch,
 // their scratch arrays (HierCtx, HierRail: ~800 B per collective) were all given separate stack
 // slots, and the persistent kernel's frame, which CUDA reserves for every resident thread,
-// grew to 5.4 KB (scripts/spill-report.sh; docs/PERFORMANCE.md, session 7).
+// grew to 5.4 KB (scripts/test.sh spill; docs/PERFORMANCE.md, session 7).
 #if defined(__CUDACC__)
 #define MK_HIER_NOINLINE __noinline__
 #else

@@ -14,7 +14,7 @@ mk_say() { printf '\n== %s\n' "$*"; }
 mk_catch_spec() { printf '%s' "$1" | sed -e 's/\\/\\\\/g' -e 's/,/\\,/g' -e 's/\[/\\[/g'; }
 
 # One line per test of a ctest log, "NUMBER NAME RESULT SECONDS" (a result of several words joined
-# by "_"), for the scripts' tables (gpu-check.sh, tsan-audit.sh). ctest prints
+# by "_"), for the scripts' tables (gpu-check.sh, test.sh tsan). ctest prints
 # "  1/27 Test  #7: test_coll_reduce_gpu ......   Passed    3.21 sec", and a failure as
 # ".....***Failed    3.44 sec": the result then starts inside the dots' field.
 mk_ctest_rows() {
@@ -86,8 +86,7 @@ mk_nccl_home() {
   "$(mk_torch_python)" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true
 }
 
-# ---- The GPU machine (launch-check.sh, bw-check.sh, multigpu-check.sh, rail-check.sh,
-# hierfail-check.sh) ----
+# ---- The GPU machine (gpu-check.sh's runs) ----
 # mk_gpu_env: the GPU machine's settings, for a script that has set `build` and `logs`: sets root,
 # NCCL_HOME and NG (GPUs), makes $logs, bundles the logs to $OUT at exit (bundle_logs), and exits
 # when there is no GPU. NVLink multicast stays off on every machine (it can take a shared host's
@@ -108,7 +107,7 @@ save() { [ -n "${OUT:-}" ] && for f in "$@"; do [ -f "$logs/$f" ] && cp "$logs/$
 # The device tool brings back at most eight files, the first in name order ("0-" sorts before the
 # saved files), so two scripts in one call do not lose each other's tables.
 bundle_logs() {
-  [ -n "${OUT:-}" ] && tar czf "$OUT/0-$(basename "$0" .sh)-logs.tgz" -C "$logs" . 2>/dev/null
+  [ -n "${OUT:-}" ] && tar czf "$OUT/0-${MK_LOG_NAME:-$(basename "$0" .sh)}-logs.tgz" -C "$logs" . 2>/dev/null
   return 0
 }
 # gpu_build JOBS TARGET...: configures $build (Release, device code, Catch2 from .carry when it is

@@ -40,7 +40,7 @@ TEST_CASE(
   // Internal symbols stay hidden: only the C entry points are exported.
   CHECK(dlsym(net, "_ZN7mkernel10netplugin4testEPvPiS2_") == nullptr);
 #if defined(__SANITIZE_THREAD__)
-  // Left loaded under ThreadSanitizer (scripts/tsan-audit.sh): its atexit interceptor registers
+  // Left loaded under ThreadSanitizer (scripts/test.sh tsan): its atexit interceptor registers
   // the exit handler that the static CUDA runtime installs at load with no DSO handle, so
   // dlclose does not run or drop it and exit() then calls into the unmapped library (SEGV in
   // libcudart_static's code, session 32). Without TSan, atexit in a shared object runs at dlclose.

@@ -862,7 +862,7 @@ void rolesSlowRank(mkernel::net::Net* net, int rail, const Roles& r, bool broken
 
 TEST_CASE("hier_staged: CTA roles with a slow rank, and a broken role wait is caught") {
   auto net = testNet();
-  // The broken half races on purpose; under ThreadSanitizer (scripts/tsan-audit.sh) TSan would
+  // The broken half races on purpose; under ThreadSanitizer (scripts/test.sh tsan) TSan would
   // report that race, so only the intact half runs there.
   if (mktest::kThreadSanitizer) WARN("ThreadSanitizer build: the broken role wait is left out");
   for (int rail : {int(kRailDirect), int(kRailRing), int(kRailRhd)})
