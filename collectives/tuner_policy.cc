@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/log.h"
+#include "common/text.h"
 
 namespace mkernel {
 namespace coll {
@@ -55,11 +56,6 @@ bool ruleMatches(const TunerRule& r, int coll, size_t nBytes, const TunerSystem&
   return (r.coll == kTunerAny || r.coll == coll) && nBytes >= r.minBytes && nBytes <= r.maxBytes &&
          (r.nNodes == kTunerAny || r.nNodes == sys.nNodes) &&
          (r.nRanks == kTunerAny || r.nRanks == sys.nRanks);
-}
-
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
-  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
 }
 
 bool isAny(const std::string& s) {
