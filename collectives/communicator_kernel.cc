@@ -862,7 +862,7 @@ Result KernelCommunicator::setupProxy() {
                     lastError(), mem.gpu ? "; MKERNEL_PROXY_GDR=0 keeps them in host memory" : "");
   proxy_->setFlushReceives(mem.flush);
   MK_INFO(kLogInit | kLogProxy, "rank %d: proxy net buffers (%zu bytes) in %s", opts_.rank, C * netBytes, mem.why.c_str());
-  // The proxy thread near its NIC (DESIGN.md §6): the placement's CPUs, MKERNEL_PROXY_PIN.
+  // The proxy thread near its NIC (docs/TOPOLOGY.md): the placement's CPUs, MKERNEL_PROXY_PIN.
   std::string pinWhy;
   const std::vector<int> proxyCpus = coll::proxyCpusFor(opts_.cudaDev, &pinWhy);
   MK_CHECK(proxy_->start(proxyCpus));

@@ -1,6 +1,6 @@
 // The selection policy: for each collective call, whether mkernel or the real NCCL runs it, and
 // with which algorithm (collectives/algo.h). One object per communicator, used by the shim for
-// every call and by the tuner (DESIGN.md §2: one policy serves both).
+// every call and by the tuner (docs/ARCHITECTURE.md: one policy serves both).
 //
 // The answer must be identical on every rank, or ranks take different paths and the job
 // deadlocks. So decide() depends ONLY on what every rank shares: the call's collective, dtype,

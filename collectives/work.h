@@ -55,7 +55,7 @@ constexpr uint64_t kLlSpaceLines = 262144;  // per parity: 4 MiB of lines, 2 MiB
 constexpr uint64_t kLlOpSpaceLines = 65536;  // what one op's limit is computed from
 
 // Doorbell values. The caller's stream writes Posted and waits until the value is >= Done (only
-// Done is): the same values on every call, so a captured graph replays correctly (DESIGN.md §3).
+// Done is): the same values on every call, so a captured graph replays correctly (docs/KERNEL.md).
 // The next use's Posted overwrites Done; Free is the initial value (and what the opt-in gate
 // kernel writes back).
 enum DoorbellState : uint32_t {

@@ -1,4 +1,4 @@
-// The persistent mKernel (DESIGN.md §3, docs/KERNEL.md).
+// The persistent mKernel (docs/KERNEL.md).
 //
 // CTA 0's first warp is the leader: it scans the doorbells, takes a Posted slot (-> Running) and
 // publishes it in the dispatch queue; every CTA (the leader's too) consumes the queue in order,

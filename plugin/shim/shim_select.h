@@ -1,7 +1,7 @@
 // Per-call routing: the mKernel, or the real NCCL.
 //
-// The answer must be the same on every rank (DESIGN.md §3), so it depends only on what all ranks
-// share: the call's kind, dtype, op, count, the comm's size and settings — never on buffers —
+// The answer must be the same on every rank (docs/SHIM.md, routing), so it depends only on what all
+// ranks share: the call's kind, dtype, op, count, the comm's size and settings — never on buffers —
 // and whether the stream is being captured into a CUDA graph (every rank captures the same calls).
 #pragma once
 

@@ -649,7 +649,7 @@ void deadPeer(const char* launchMax) {
   CHECK(failures.empty());
 }
 
-// DESIGN.md §7 / the reliability issue: ncclCommAbort is bounded even while a kernel spins.
+// Bounded waits (docs/RELIABILITY.md): ncclCommAbort is bounded even while a kernel spins.
 // The timeout is long (30 s), so only the abort can end rank 0's wait in time.
 void abortWhileSpinning(const char* launchMax) {
   EnvGuard path("MKERNEL_LAUNCH_MAX_BYTES", launchMax);

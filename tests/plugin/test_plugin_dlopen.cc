@@ -1,6 +1,7 @@
 // Every shared object the build produces loads with dlopen(RTLD_NOW) — every symbol resolved, no
 // vendor library (libcuda, libibverbs, libnccl) needed at load time — and the three names are one
-// and the same library, so LD_PRELOAD and NCCL's dlopen share one copy (DESIGN.md §1).
+// and the same library, so LD_PRELOAD and NCCL's dlopen share one copy (docs/DESIGN.md, one
+// library).
 #include <dlfcn.h>
 
 #include <catch2/catch.hpp>

@@ -1,4 +1,4 @@
-// The GPU-to-proxy command ring (DESIGN.md §3, "Inter-node"; docs/PROXY.md).
+// The GPU-to-proxy command ring (docs/PROXY.md).
 //
 // A producer (a GPU CTA of the persistent kernel; in CPU tests, a thread playing the GPU) writes
 // commands into a ring in host-mapped memory; the rank's proxy thread consumes them in order and

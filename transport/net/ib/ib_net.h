@@ -1,5 +1,5 @@
-// net::Net over RDMA verbs (rdma-core): the verbs backend of DESIGN.md §5. docs/VERBS.md describes
-// the protocol; in short:
+// net::Net over RDMA verbs (rdma-core): the verbs backend (docs/TRANSPORT.md). docs/VERBS.md
+// describes the protocol; in short:
 //   - a connection is N reliable-connected QPs (MKERNEL_IB_QPS_PER_CONN) sharing one CQ, set up by
 //     a non-blocking TCP handshake that carries QP numbers, GID/LID and MTU;
 //   - clear-to-send: irecv RDMA-writes its buffers' address/rkey/size/tag into the sender's CTS
