@@ -194,7 +194,7 @@ TunerCandidates policyCandidates(const TunerSystem& sys, CollType coll, size_t n
         addAlgo(&c, kAlgoRing, po);
       } else if (sc != SizeClass::Large) {
         // 2 or 3 nodes of one rank: the tree's log(nodes) hops are as many as the ring's, so
-        // nothing favours it (two H200s over the net path, session 7: TREE/LL at 2 KiB 0.74x
+        // nothing favours it (two H200s over the net path: TREE/LL at 2 KiB 0.74x
         // of NCCL's own choice).
         c.reason = "allreduce across few nodes, small/medium: RING (a tree takes as many steps)";
         addAlgo(&c, kAlgoRing, po);
