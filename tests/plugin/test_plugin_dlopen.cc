@@ -44,7 +44,7 @@ TEST_CASE(
   // Left loaded under ThreadSanitizer (scripts/test.sh tsan): its atexit interceptor registers
   // the exit handler that the static CUDA runtime installs at load with no DSO handle, so
   // dlclose does not run or drop it and exit() then calls into the unmapped library (SEGV in
-  // libcudart_static's code, session 32). Without TSan, atexit in a shared object runs at dlclose.
+  // libcudart_static's code). Without TSan, atexit in a shared object runs at dlclose.
   (void)tuner;
   (void)net;
   (void)core;

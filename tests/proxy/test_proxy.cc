@@ -342,8 +342,8 @@ class RecordingNet final : public mkernel::net::Net {
   mkernel::net::Net* in_;
 };
 
-// Session 29's slow survivor on a GPU (docs/RELIABILITY.md, open items): its TCP receive comm from
-// the node that left had socket 1 closed and socket 0 silent. Here rank 1's send comm to rank 0
+// A slow survivor on a GPU (docs/RELIABILITY.md, open items): its TCP receive comm from
+// the node that left has socket 1 closed and socket 0 silent. Here rank 1's send comm to rank 0
 // is put in that state (its socket 1 shut, SHUT_WR; rank 1's proxy keeps running) while rank 0
 // waits for more: rank 0's proxy must fail in about a second (the TCP net's close seen on a data
 // socket, kCloseGraceS), not at MKERNEL_TIMEOUT_S (20 s), naming rank 1 and the closed socket.
