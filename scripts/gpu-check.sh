@@ -92,7 +92,7 @@ create_rc=$?
 bench_rc=0
 if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
   step "mkernel-collbench"
-  # NCCL's one-rank AllReduce in the same run (the issue's comparison): PyTorch's NCCL 2.28.9.
+  # NCCL's one-rank AllReduce in the same run, for comparison: PyTorch's NCCL 2.28.9.
   NCCL_LIB=${GPU_CHECK_NCCL_LIB:-$(mk_nccl_home)/lib/libnccl.so.2}
   nccl_args=()
   [ -f "$NCCL_LIB" ] && nccl_args=(--nccl "$NCCL_LIB")
@@ -105,7 +105,7 @@ if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
   save
   ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
   if [ "${ngpus:-1}" -gt 1 ]; then
-    # Real multi-GPU (issue 9): one rank per GPU over NVLink, mkernel beside NCCL in one run.
+    # Real multi-GPU: one rank per GPU over NVLink, mkernel beside NCCL in one run.
     # NVLink multicast stays off (it can take a shared host's GPUs down).
     step "mkernel-collbench on $ngpus GPUs, beside NCCL (NCCL_NVLS_ENABLE=0)"
     NCCL_NVLS_ENABLE=0 timeout "${GPU_CHECK_MULTI_TIMEOUT:-200}" "$build/bin/mkernel-collbench" --gpus "$ngpus" \
@@ -220,11 +220,11 @@ save
 #      AllReduce's exchange among the rail; LC_OVERLAP_RANKS=8 LC_OVERLAP_RPN=2 for 4 nodes), a table;
 #      LC_HIER_RAIL_OVERLAP=0 runs the phases in turn instead;
 #   3d. (LC_HIER_CTAS_SWEEP="1 2 4") the same hierarchical AllReduce, pipelined, once per
-#      MKERNEL_HIER_CTAS value, and a table of eager medians per size (issue 6's default);
+#      MKERNEL_HIER_CTAS value, and a table of eager medians per size (what sets its default);
 #   3e. (LC_PROCLAT=1) mkernel-proclat: small AllReduces with LC_PROCLAT_RANKS (2,4,8) process ranks
-#      on GPU 0 under MPS (issue 5's 8-rank latency without one shared CUDA context), then
+#      on GPU 0 under MPS (8-rank latency without one shared CUDA context), then
 #      mkernel-collbench's thread ranks on GPU 0 at the same sizes;
-#   3g. (LC_EMU_BW="32 64") issue 5's bandwidth: LC_EMU_BW_RANKS (2) emulated ranks on GPU 0,
+#   3g. (LC_EMU_BW="32 64") emulated ranks' bandwidth: LC_EMU_BW_RANKS (2) emulated ranks on GPU 0,
 #      mkernel-collbench 8 B to LC_EMU_BW_MAX (1 GiB), once per MKERNEL_CTAS value or list of settings;
 #   3f. (LC_PROXYBENCH=1) mkernel-proxybench: the proxy's per-chunk overhead against the bare TCP
 #      net on loopback, 8 B to LC_PROXYBENCH_MAX (4194304), on this host's cores (no GPU in it);
@@ -344,7 +344,7 @@ if [ "$NG" -gt 1 ]; then
   done
 fi
 if [ -n "${LC_COLLBENCH_EMU:-}" ]; then
-  # Emulated thread ranks on GPU 0 (issue 5's latency), the launch path with and without LL mode.
+  # Emulated thread ranks on GPU 0 (their latency), the launch path with and without LL mode.
   for ll in ${LC_EMU_LL:-32768 0}; do
     MKERNEL_EMULATE=1 MKERNEL_LL_MAX_BYTES=$ll CUDA_VISIBLE_DEVICES=0 timeout 150 "$build/bin/mkernel-collbench" \
       --ranks "$LC_COLLBENCH_EMU" --max-bytes "${LC_EMU_LL_MAX:-32768}" --step 4 --iters 1000 --wait launch 2>>"$logs/collbench.err" |
@@ -402,7 +402,7 @@ sweep_table() {
 }
 
 if [ -n "${LC_HIER_CTAS_SWEEP:-}" ]; then
-  # Issue 6: the default of MKERNEL_HIER_CTAS from a measured sweep. The same emulated nodes as
+  # The default of MKERNEL_HIER_CTAS from a measured sweep. The same emulated nodes as
   # 3c, pipelined (MKERNEL_HIER_OVERLAP=1), once per CTA count.
   step "3d. hierarchical AllReduce: MKERNEL_HIER_CTAS in ${LC_HIER_CTAS_SWEEP}"
   # shellcheck disable=SC2086
@@ -412,7 +412,7 @@ if [ -n "${LC_HIER_CTAS_SWEEP:-}" ]; then
 fi
 
 if [ -n "${LC_HIER_ROLES_SWEEP:-}" ]; then
-  # Issue 6: CTA roles for the pipelined hierarchical AllReduce (MKERNEL_HIER_ROLES=W,R: 1 sender,
+  # CTA roles for the pipelined hierarchical AllReduce (MKERNEL_HIER_ROLES=W,R: 1 sender,
   # W workers, R reducers per lane; off: data-parallel CTAs), the same emulated nodes as 3c, with
   # MKERNEL_HIER_CTAS=LC_HIER_ROLES_CTAS lanes (default: the variable's default), once per value.
   step "3h. hierarchical AllReduce: MKERNEL_HIER_ROLES in ${LC_HIER_ROLES_SWEEP}"
@@ -425,7 +425,7 @@ if [ -n "${LC_HIER_ROLES_SWEEP:-}" ]; then
 fi
 
 if [ -n "${LC_HIER_RAIL_SWEEP:-}" ]; then
-  # Issue 6: the AllReduce's exchange among the rail (MKERNEL_HIER_RAIL: direct, ring, rhd), the
+  # The AllReduce's exchange among the rail (MKERNEL_HIER_RAIL: direct, ring, rhd), the
   # same emulated nodes as 3c (LC_OVERLAP_RANKS / LC_OVERLAP_RPN), once per value.
   step "3r. hierarchical AllReduce: MKERNEL_HIER_RAIL in ${LC_HIER_RAIL_SWEEP} (overlap ${LC_HIER_RAIL_OVERLAP:-1})"
   # shellcheck disable=SC2086
@@ -436,7 +436,7 @@ if [ -n "${LC_HIER_RAIL_SWEEP:-}" ]; then
 fi
 
 if [ "${LC_PROCLAT:-0}" = 1 ]; then
-  # Issue 5's 8-rank latency with ranks as processes (one CUDA context each, under MPS on one GPU)
+  # The 8-rank latency with ranks as processes (one CUDA context each, under MPS on one GPU)
   # against the thread ranks of mkernel-collbench, which share one context.
   step "3e. mkernel-proclat: process ranks ${LC_PROCLAT_RANKS:-2,4,8} on GPU 0, 8 B to 32 KiB"
   CUDA_VISIBLE_DEVICES=0 MKERNEL_EMULATE=1 timeout 240 "$build/bin/mkernel-proclat" --ranks "${LC_PROCLAT_RANKS:-2,4,8}" \
@@ -451,7 +451,7 @@ if [ "${LC_PROCLAT:-0}" = 1 ]; then
 fi
 
 if [ -n "${LC_EMU_BW:-}" ]; then
-  # Issue 5's bandwidth goal (>= 70% of the copy bandwidth from 64 MiB) with emulated ranks on
+  # The emulated ranks' bandwidth goal (>= 70% of the copy bandwidth from 64 MiB) with emulated ranks on
   # GPU 0, once per entry of LC_EMU_BW: a number is an MKERNEL_CTAS value (e.g. "32 64"); an entry
   # with "=" is a comma-separated list of settings (e.g. "MKERNEL_LAUNCH_CTAS=64,MKERNEL_DIRECT_MAX_BYTES=0").
   # LC_EMU_BW_RANKS (2) ranks, --wait LC_EMU_BW_WAITS (launch,memop: the default path and the
@@ -480,7 +480,7 @@ if [ -n "${LC_EMU_BW:-}" ]; then
 fi
 
 if [ "${LC_PROXYBENCH:-0}" = 1 ]; then
-  # Issue 6: the proxy's per-chunk overhead, where there are cores enough for the four polling
+  # The proxy's per-chunk overhead, where there are cores enough for the four polling
   # threads (the 2-core CI machine's figures are mostly scheduling: docs/PERFORMANCE.md).
   step "3f. mkernel-proxybench: proxy against the bare TCP net, 8 B to ${LC_PROXYBENCH_MAX:-4194304}"
   MKERNEL_SOCKET_IFNAME=lo MKERNEL_NET_BACKEND=tcp timeout 300 "$build/bin/mkernel-proxybench" \
@@ -612,7 +612,7 @@ exit "$fail"
 }
 
 # ---- multigpu -------------------------------------------------------------------------------------
-# Issue 9 (multi-GPU runs, mkernel against NCCL) in one device call:
+# Multi-GPU runs, mkernel against NCCL, in one device call:
 #   bash scripts/gpu-check.sh multigpu            (repository root; carry .carry and the nccl-tests
 #                                              checkout, NCCL_TESTS_DIR, default .carry/nccl-tests)
 # NVLink multicast stays off everywhere (NCCL, PyTorch symmetric memory, NVSHMEM).
@@ -624,7 +624,7 @@ exit "$fail"
 #      NCCL_NET_PLUGIN=mkernel (TCP); then mkernel's net plugin with its tuner.
 #   3. (2+ GPUs) emulated nodes (MKERNEL_EMULATE=1 MKERNEL_RANKS_PER_NODE, default one rank per
 #      GPU): mkernel's hierarchical all_reduce through proxies over loopback TCP, against run 1's
-#      NCCL numbers at the sizes both runs have (first run in session 7).
+#      NCCL numbers at the sizes both runs have.
 #   4. The DDP example with <GPUs> ranks, NCCL against LD_PRELOAD=libmkernel.so: loss compared
 #      (--tol MG_DDP_TOL), step times printed.
 # With one GPU every step runs with one rank (a dry run of the script; NCCL refuses two ranks on
@@ -673,7 +673,7 @@ if [ "$NG" -gt 1 ]; then
   env "${netenv[@]}" NCCL_NET=Socket NCCL_TUNER_PLUGIN=none timeout 240 "$bin" "${args[@]}" >"$logs/net-socket.txt" 2>&1 || fail=1
   env "${netenv[@]}" NCCL_NET_PLUGIN="$NETLIB" NCCL_TUNER_PLUGIN=none timeout 240 "$bin" "${args[@]}" >"$logs/net-mkernel.txt" 2>&1 || fail=1
   env "${netenv[@]}" NCCL_NET_PLUGIN="$NETLIB" NCCL_TUNER_PLUGIN=mkernel timeout 240 "$bin" "${args[@]}" >"$logs/net-mkernel-tuner.txt" 2>&1 || fail=1
-  # Issue 3: NCCL loads the tuner and calls its init and getCollInfo. A short run apart (logging
+  # NCCL loads the tuner and calls its init and getCollInfo. A short run apart (logging
   # would slow the timed one) with NCCL's INIT and TUNING lines and the tuner's decisions.
   env "${netenv[@]}" NCCL_NET_PLUGIN="$NETLIB" NCCL_TUNER_PLUGIN=mkernel NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING \
     MKERNEL_DEBUG=INFO timeout 60 "$bin" -b 8 -e 16M -f 64 -n 2 -w 1 -c 1 -g "$NG" >"$logs/tuner-run.txt" 2>&1 || fail=1
@@ -728,7 +728,7 @@ exit $fail
 }
 
 # ---- rail -----------------------------------------------------------------------------------------
-# Issue 6's rail exchange (MKERNEL_HIER_RAIL: direct, ring, rhd; collectives/hier_staged.h,
+# The hierarchical AllReduce's rail exchange (MKERNEL_HIER_RAIL: direct, ring, rhd; collectives/hier_staged.h,
 # docs/ALGORITHMS.md) in one device call:
 #   bash scripts/gpu-check.sh rail        (repository root; carry .carry for Catch2)
 #   1. builds libmkernel.so, mkernel-collbench and test_gpu_collectives (sm_90);
@@ -746,13 +746,13 @@ exit $fail
 #      each MKERNEL_HIER_RAIL of RC_RAILS ("direct ring rhd"), each variant of RC_VARIANTS ("-":
 #      as is; "NAME:WORD,..." adds VAR=value words to the environment and --flag=value words to
 #      collbench's arguments, its runs shown as rail "RAIL+NAME", e.g. "- bsync:--sync=blocking";
-#      "rs:--coll=reducescatter,--sync=blocking" times a ReduceScatter instead, session 28),
+#      "rs:--coll=reducescatter,--sync=blocking" times a ReduceScatter instead),
 #      pipelined and in turn (RC_OVERLAPS, "1 0"), RC_ROUNDS (2) rounds interleaved; RC_ITERS
 #      (200) iterations per size, RC_MIN (4 KiB) to RC_MAX (16 MiB) by 4. A table per layout: the
 #      eager median of each (rail, overlap) as "round 1/round 2/...", in us; the raw lines in
 #      rail-sweep.txt; and scripts/overlap-table.py's
 #      table (overlap-table.txt): the in-turn runs' phase times against the pipelined time, the
-#      share of the shorter phase hidden (issue 6's goal: 80%; meant for one lane, "R:G:1");
+#      share of the shorter phase hidden (the goal: 80%; meant for one lane, "R:G:1");
 #   4. (RC_TORCH="<torch_check.py options>", e.g. "--ranks 8 --gpus 1 --mps --ranks-per-node 2")
 #      scripts/torch_check.py once per MKERNEL_HIER_RAIL of RC_TORCH_RAILS ("ring rhd"), with
 #      MKERNEL_DEBUG=INFO, showing each rank's line matching RC_TORCH_SHOW ("exchange among the rail");
@@ -840,7 +840,7 @@ awk '$2 ~ /^memop$/ && $1 ~ /\/r[0-9]+:$/ {
                for (j = 1; j <= nc[L]; ++j) printf " %17s", ((L, cs[L, j], B) in v) ? v[L, cs[L, j], B] : "-"; print "" } } }' \
   "$logs/rail-sweep.txt" | tee "$logs/rail-table.txt"
 grep -E "failed|error|Error" "$logs/rail-sweep.txt" | head -5
-# Issue 6's overlap measure: the in-turn runs' phase times (CTA 0, %globaltimer) against the
+# The overlap measure: the in-turn runs' phase times (CTA 0, %globaltimer) against the
 # pipelined time, per layout, rail and round (one lane: layouts "R:G:1").
 python3 "$root/scripts/overlap-table.py" "$logs/rail-sweep.txt" | tee "$logs/overlap-table.txt"
 save rail-table.txt rail-sweep.txt overlap-table.txt
@@ -861,7 +861,7 @@ exit "$fail"
 }
 
 # ---- hierfail -------------------------------------------------------------------------------------
-# Issue 6's failure cases on emulated nodes, many times over, in one device call:
+# The hierarchical failure cases on emulated nodes, many times over, in one device call:
 #   bash scripts/gpu-check.sh hierfail      (repository root; carry .carry for Catch2)
 # It builds test_gpu_kernel (sm_90) and runs its [hierfail] cases (tests/gpu/test_gpu_kernel.cc,
 # hierPartMissing: 2 emulated nodes x 2 thread ranks; "stall", rank 3 never posts the second
@@ -869,11 +869,10 @@ exit "$fail"
 # as is and HF_REPS times in CTA roles (MKERNEL_HIER_ROLES=1,1, test_gpu_hier_fail_roles'
 # settings). One row per run: its result, seconds, how long each survivor of "gone" waited and
 # what released it (proxy: the proxy's own failure naming node 1; "proxy, half closed": the same
-# through the TCP comm's close seen on a data socket while socket 0 stayed silent, session 29's
-# slow survivor's state, failed after 1 s since session 30; wait: its timeout), node 1's
+# through the TCP comm's close seen on a data socket while socket 0 stayed silent, the slow
+# survivor's state, failed after 1 s; wait: its timeout), node 1's
 # abort-and-finalize seconds, and the stalled survivors' waits. Then the count of runs in which a
-# survivor of "gone" waited 10 s or more (session 29: 2 of 20, before an aborted finalize stopped
-# copying the launch counters, docs/RELIABILITY.md). Logs in build-gpu/logs-hierfail; the table
+# survivor of "gone" waited 10 s or more (docs/RELIABILITY.md). Logs in build-gpu/logs-hierfail; the table
 # (hierfail.txt) to $OUT. HF_LIMIT: seconds per run (120). Exit status: non-zero if any run failed.
 run_hierfail() {
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}

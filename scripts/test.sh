@@ -219,8 +219,8 @@ exit $status
 # nvidia-cuda-nvdisasm) when the CUDA installation lacks them; SPILL_TOOLS=DIR overrides.
 # SPILL_CHECK=1 (scripts/test.sh's stage): exits 1 when a data mover (reduceCopy, copyBytes) of
 # any kernel has more local-memory traffic in its body than tests/spill-baseline.txt allows
-# (SPILL_BASELINE=FILE overrides), as launchDirectKernel's did in session 18 when a loop around
-# its call left it too few registers (the op ran at half speed on the device).
+# (SPILL_BASELINE=FILE overrides): a loop around a mover's call that leaves it too few registers
+# runs the op at half speed on the device.
 tier_spill() {
 # Any failing command ends the tier (it runs in a process of its own, `bash scripts/test.sh spill`).
 set -e
