@@ -19,7 +19,7 @@ struct CostParams {
   int gpusPerNode = 8;
   // Sustained bandwidths, GB/s per direction.
   // One GPU's NVLink bus bandwidth without NVLS: NCCL 2.28.9's busbw for an 8 GiB AllReduce on
-  // two H200s (nccl-tests, 2026-11-29, docs/MODEL.md); an 8-GPU NVSwitch node is assumed alike.
+  // two H200s (nccl-tests, docs/MODEL.md); an 8-GPU NVSwitch node is assumed alike.
   double nvlinkGBps = 346.0;
   double nicGBps = 48.0;      // one 400 Gb/s NIC (ConnectX-7), ~96% of line rate
   int nicsPerNode = 8;        // rail-aligned: one NIC per GPU
@@ -30,7 +30,7 @@ struct CostParams {
   double ncclNetOverheadUs = 1.0;  // x86 Intel (x3 for Simple), as NCCL's getNetOverhead
   // mkernel (assumptions until measured on a cluster; the overhead can be set to what the H200
   // measured today, docs/PERFORMANCE.md).
-  double mkOverheadUs = 8.0;      // per call: doorbell -> kernel -> done (the goal)
+  double mkOverheadUs = 8.0;      // per call: doorbell -> kernel -> done (the design goal)
   double mkIntraStepUs = 1.0;     // one NVLink barrier / flag round trip
   double mkInterStepUs = 4.0;     // one inter-node step: GPU -> proxy ring -> RDMA -> flag
   // The rail exchange's steps per AllReduce (MKERNEL_HIER_RAIL): kRailBest = the fewer of ring's

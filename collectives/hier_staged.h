@@ -238,7 +238,7 @@ struct HierChunk {
 // exact); every node still gets the bits its block's owner computed.
 enum HierRailAlgo : int { kRailDirect = 0, kRailRing = 1, kRailRhd = 2 };
 
-// Phase times (issue 6's overlap measure). In turn (MKERNEL_HIER_OVERLAP=0) a chunk's phases run
+// Phase times (the overlap measure). In turn (MKERNEL_HIER_OVERLAP=0) a chunk's phases run
 // one after another on its CTA, so marks between them time each: the node phases are chunk start
 // to rail start (phase 1: the NVLink reduce-scatter, and step 0 posted) plus rail end to chunk end
 // (phase 3: the NVLink all-gather and the copy out); the rail phase is rail start to rail end (the
@@ -990,7 +990,7 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierRunSteps(Ex& ex, const HierCall& c, uint64_
 
 // ---- CTA roles (MKERNEL_HIER_ROLES): the AllReduce on specialised CTAs ----------------------------
 //
-// Issue 6's SM specialisation. The data-parallel form above runs every phase of a chunk on one
+// SM specialisation. The data-parallel form above runs every phase of a chunk on one
 // CTA, so the reduction over the nodes (B) waits behind that CTA's NVLink work and the other way
 // round. With roles, each lane (one of the collective's hierCtasFor slices, with proxy channel
 // `lane`) has 1 + W + R CTAs:
@@ -1017,10 +1017,10 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierRunSteps(Ex& ex, const HierCall& c, uint64_
 // each i, step 0 of chunk i + 1 (after Ready(i + 1)), and each all-gather step of chunk i followed
 // by the next reduce-scatter step of chunk i + 1. Direct, that is r0(0), then r1(i) before r0(i + 1);
 // on every rank alike, so that sends and receives between two ranks stay in the same order. Step
-// st carries tag 2 * st + slot. The first version posted r0(i + 1) before r1(i); then r1(i + 1) queued
-// behind r0(i + 2), which waits for a worker's phase 3 of chunk i and phase 1 of chunk i + 2, so
-// the rail idled for both NVLink phases of every chunk: one lane in roles ran as slowly as the
-// phases in turn (64 MiB, 2 x 2 nodes on one H200: 26.5 ms against 17.8 pipelined).
+// st carries tag 2 * st + slot. Posting r0(i + 1) before r1(i) would queue r1(i + 1) behind
+// r0(i + 2), which waits for a worker's phase 3 of chunk i and phase 1 of chunk i + 2, so the rail
+// would idle for both NVLink phases of every chunk: one lane in roles ran that way as slowly as
+// the phases in turn (64 MiB, 2 x 2 nodes on one H200: 26.5 ms against 17.8 pipelined).
 // Why one step per slot is in flight: a slot's next step is posted after the one before landed
 // (all-gather: the sender waited for it; reduce-scatter: every reducer waited for it and reduced
 // it), except step 0 of chunk i + 2, which waits for Ready(i + 2) from every worker, which each
@@ -1039,8 +1039,7 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierRunSteps(Ex& ex, const HierCall& c, uint64_
 // The sender of lane 0 (CTA 0) marks the phase times (hierAllReduceRoles).
 enum HierRole : int { kHierRoleNone = 0, kHierRoleSender = 1, kHierRoleWorker = 2, kHierRoleReducer = 3 };
 // Ready and Reduced are one counter per worker / reducer: a shared count would let a worker that
-// is a chunk ahead stand in for one that is a chunk behind (the first version did; the CPU test
-// caught it).
+// is a chunk ahead stand in for one that is a chunk behind (the CPU test checks it).
 enum HierRoleCounter : int {
   kRoleOpen = 0,
   kRoleR0 = 1,
@@ -1206,7 +1205,7 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduceRoles(Ex& ex, const HierCall& c, u
     ex.roleAdd(kRoleOpen);
     const uint64_t freed = static_cast<uint64_t>(W) * (c.roleOps + 1);
     if (!c.overlap) {
-      // In turn (MKERNEL_HIER_OVERLAP=0, issue 6's comparison): chunk i's rail starts once the
+      // In turn (MKERNEL_HIER_OVERLAP=0, the overlap's comparison): chunk i's rail starts once the
       // workers have reduced it into P (Ready; in turn they start it only after their phase 3 of
       // chunk i - 1) and ends when its last all-gather step is complete, which the sender waits
       // for too. Phase times (CTA 0: lane 0's sender): the node phases are the waits for Ready

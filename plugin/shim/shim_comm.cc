@@ -244,7 +244,7 @@ void destroyShimComm(ShimComm* c) {
     // then) is past it too and ends soon: wait for them as well, so that nothing of the
     // communicator is left when this returns. Applications free their buffers and may even reset
     // the device right after destroying their communicators (nccl-tests calls cudaDeviceReset(),
-    // which unmapped the control blocks under releases still running: SIGSEGV at exit, issue 7).
+    // which would unmap the control blocks under releases still running: SIGSEGV at exit).
     const uint64_t id = c->idHash;
     auto siblingsDone = [&r, id] {
       for (auto& o : r.jobs)

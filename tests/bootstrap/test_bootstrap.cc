@@ -252,7 +252,7 @@ TEST_CASE("bootstrap: a client that connects to the root and sends nothing delay
   t.join();
   CHECK(r1 == Result::Success);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  CHECK(s < 2.0);  // the root used to serve one connection at a time, 10 s each
+  CHECK(s < 2.0);  // a root serving one connection at a time would take 10 s for each
   mkernel::bootstrap::closeFd(&silent);
   mkernel::bootstrap::closeFd(&partial);
 }

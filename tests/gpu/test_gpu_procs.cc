@@ -149,7 +149,7 @@ int survive(int rank, int n, int nGpus, int dev, std::unique_ptr<mkernel::coll::
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   // A survivor on another GPU than the dead rank times out waiting for it: RemoteError. One on
-  // the same GPU under MPS was seen (two H200s, 2026-11-29) to take an illegal-address fault
+  // the same GPU under MPS was seen (two H200s) to take an illegal-address fault
   // when the dead client's memory went away: its CUDA context is lost (UnhandledCudaError,
   // within a second). Either way: an error, in bounded time, never a hang.
   const bool sameGpuAsDead = (n - 1) % nGpus == dev;

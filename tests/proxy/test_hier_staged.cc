@@ -952,7 +952,7 @@ void checkPhaseMarks(const World& w, bool overlap, uint64_t want) {
 }
 }  // namespace
 
-// Phase times (issue 6's overlap measure): in turn, CTA 0 marks every AllReduce chunk's phases in
+// Phase times (the overlap measure): in turn, CTA 0 marks every AllReduce chunk's phases in
 // order (chunk start, rail start, rail end, chunk end) and nothing else; pipelined, it marks none.
 // With a slow rail (every data movement of rank 3 takes 200 us, so its peers wait in the rail
 // steps) the rail phase of its peers must come out longer than its own node phases are short.

@@ -1,4 +1,4 @@
-// The proxy ring protocol on the CPU (issue "Multi-node", CI part): threads play the GPU
+// The proxy ring protocol on the CPU: threads play the GPU
 // producers of proxy_ring.h, one Proxy per rank moves the bytes over the TCP backend on loopback.
 // Covers ordering, wrap-around and back-pressure of the ring, every byte of random-size
 // transfers, and the failure paths: a vanished peer, bad commands, a full ring with no proxy.
