@@ -22,7 +22,6 @@ source "$(dirname "$0")/common.sh"
 # target crashed, leaked, hung or failed an invariant (the input is kept under $FUZZ_DIR/artifacts).
 #   FUZZ_SECONDS=60 FUZZ_RUNS=100000 FUZZ_DIR=build-fuzz FUZZ_TARGETS="fuzz_tcp_net ..." scripts/test.sh fuzz
 tier_fuzz() {
-
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 FUZZ_RUNS=${FUZZ_RUNS:-100000}
