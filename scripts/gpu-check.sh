@@ -46,7 +46,6 @@ mkdir -p "$build" "$logs"
 catch_args=()
 [ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
 
-step() { echo "== $* ($(date +%T))"; }
 step configure
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON "${catch_args[@]}" \
   >"$logs/configure.log" 2>&1 || { tail -40 "$logs/configure.log"; exit 1; }
