@@ -82,7 +82,7 @@ struct HierCall {
                          // the same code: MKERNEL_HIER_OVERLAP=0, for the comparison)
   int rail = 0;          // HierRailAlgo (MKERNEL_HIER_RAIL): the exchange among the rail
   bool keepOwn = true;   // MKERNEL_HIER_KEEP_OWN: this rank's own piece of the rail reduction stays
-                         // in device memory (hierArKeepOwn below; false: through P, as before)
+                         // in device memory (hierArKeepOwn below; false: through P)
   int ahead = 2;         // MKERNEL_HIER_AHEAD: chunks the pipelined direct AllReduce starts before it
                          // finishes one (1 or 2; hierAllReduce below)
   // CTA roles (MKERNEL_HIER_ROLES, AllReduce only; hierAllReduceRoles below). With

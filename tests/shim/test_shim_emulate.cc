@@ -375,9 +375,9 @@ TEST_CASE("emulate: destroying one communicator while another's collective is ha
 }
 
 // The same stall through the application's own memory: nccl-tests -R and PyTorch's NCCL memory
-// pool allocate with ncclMemAlloc, and a thread rank's ncclMemFree while a peer's collective was
-// half posted waited, as a cudaFree, for that collective's kernel, holding back the peer's
-// allocation and post behind it. The shim now maps ncclMemAlloc's memory with cuMem, as NCCL
+// pool allocate with ncclMemAlloc, and a thread rank's ncclMemFree while a peer's collective is
+// half posted would wait, as a cudaFree, for that collective's kernel, holding back the peer's
+// allocation and post behind it. The shim maps ncclMemAlloc's memory with cuMem, as NCCL
 // does, and its ncclMemFree (cuMemUnmap / cuMemRelease) waits for nothing. The rank buffers are
 // ncclMemAlloc's too (the kernel reads and writes such mappings directly). With `plainFree` the
 // freeing thread calls cudaFree on a cudaMalloc'd block instead: the hidden control case below,
