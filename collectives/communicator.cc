@@ -1,5 +1,5 @@
 // Communicator::create and the communicator that runs collectives in the persistent kernel
-// (DESIGN.md §3, docs/KERNEL.md).
+// (docs/KERNEL.md).
 #include "collectives/communicator.h"
 
 #include "collectives/stats.h"

@@ -3,7 +3,7 @@
 // A Communicator is one rank's view of a group of ranks that run collectives in mkernel's
 // persistent kernel. The shim owns the NCCL-facing handle, argument validation, groups and the
 // fallback to the real NCCL; it hands the collectives it selected (collectives/policy.h) to a
-// Communicator, which keeps the caller's stream order (DESIGN.md §3).
+// Communicator, which keeps the caller's stream order (docs/KERNEL.md, stream order).
 #pragma once
 
 #include <cuda_runtime_api.h>

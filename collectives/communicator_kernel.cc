@@ -127,8 +127,8 @@ class RelaxedCaptureScope {
 // - each kernel is launched once as a no-op (warmKernels) and waited for, so that whatever the
 //   driver does at the first launch after a new limit happens now. Without the flag (a driver
 //   before 12.1) the limit gets kStackSlack more instead.
-// This did not end the first-collective stall of patched nccl-tests with 4 thread ranks on one GPU
-// (docs/RELIABILITY.md): 3 of 5 runs still stalled with it (session 8).
+// This alone does not end the first-collective stall of patched nccl-tests with 4 thread ranks on
+// one GPU (docs/RELIABILITY.md): 3 of 5 runs stalled with it.
 constexpr size_t kStackSlack = 1024;
 Result reserveKernelStack(int device) {
   static std::mutex mu;
@@ -307,7 +307,7 @@ class KernelCommunicator final : public Communicator {
   // launch), so no stream the application may since have destroyed is ever used again. With
   // several (emulation) nothing is queued behind a launch-path kernel: it waits for its peers,
   // and a command behind it on a stream that shares a hardware queue with a peer's stream holds
-  // back that peer's kernel (docs/RELIABILITY.md, session 9); it is then recorded only when the
+  // back that peer's kernel (docs/RELIABILITY.md); it is then recorded only when the
   // stream changes, on the previous stream (which the application must not have destroyed).
   cudaEvent_t launchEvent_ = nullptr;
   bool recordEachOp_ = true;
@@ -584,7 +584,7 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   auto capFor = [&](int ctasPerSm, int64_t want) {
     return static_cast<int32_t>(std::max(1, std::min(static_cast<int>(want), freeSms * std::max(ctasPerSm, 1) / ranksHere)));
   };
-  // Direct mode's CTAs, a power of two: one H200, session 18, AllReduce of 64 MiB to 1 GiB with 2
+  // Direct mode's CTAs, a power of two: one H200, AllReduce of 64 MiB to 1 GiB with 2
   // emulated ranks at 64 CTAs each 77-93% of the copy bandwidth, at 60 CTAs 69-78%; 4 ranks at 32
   // CTAs 78-93%, at 29 69-81% (every CTA's part then starts at a power-of-two fraction of the
   // range). With ranks sharing a GPU in direct mode (MKERNEL_SHARED_CTAS), as many as fit.
@@ -637,7 +637,7 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
 
 // MKERNEL_HIER_ROLES: "off" (or 0), or "W,R": the hierarchical AllReduce runs each lane on one
 // sender, W worker and R reducer CTAs (collectives/hier_staged.h, "CTA roles"), pipelined, or in
-// turn with MKERNEL_HIER_OVERLAP=0 (since session 24). Rank 0's value is every rank's: the CTAs'
+// turn with MKERNEL_HIER_OVERLAP=0. Rank 0's value is every rank's: the CTAs'
 // roles must match their peers'. Needs hierCtas_ x (1 + W + R) CTAs in the persistent kernel.
 Result KernelCommunicator::agreeHierRoles() {
   const std::string& v = params::HIER_ROLES();
@@ -793,7 +793,7 @@ Result KernelCommunicator::setupProxy() {
                     lastError(), mem.gpu ? "; MKERNEL_PROXY_GDR=0 keeps them in host memory" : "");
   proxy_->setFlushReceives(mem.flush);
   MK_INFO(kLogInit | kLogProxy, "rank %d: proxy net buffers (%zu bytes) in %s", opts_.rank, C * netBytes, mem.why.c_str());
-  // The proxy thread near its NIC (DESIGN.md §6): the placement's CPUs, MKERNEL_PROXY_PIN.
+  // The proxy thread near its NIC (docs/TOPOLOGY.md): the placement's CPUs, MKERNEL_PROXY_PIN.
   std::string pinWhy;
   const std::vector<int> proxyCpus = coll::proxyCpusFor(opts_.cudaDev, &pinWhy);
   MK_CHECK(proxy_->start(proxyCpus));
@@ -1607,7 +1607,7 @@ Result KernelCommunicator::finalize() {
   // timeout. The read gives up after kCounterReadBoundS, but an aborted communicator does not
   // wait even that long: it keeps what it folded last, and its proxy closes now (release()
   // below), so that its peers see it leave at once (test_gpu_hier_fail: 60 of 60 survivors in
-  // 0.30 s over 30 runs, session 30).
+  // 0.30 s over 30 runs).
   foldStats(/*device=*/!aborted_);
   release(/*orderly=*/res == Result::Success && exitRes == Result::Success);
   if (res != Result::Success) return res;

@@ -1,4 +1,4 @@
-// An alpha-beta cost model of AllReduce (and, since session 28, ReduceScatter and AllGather) on
+// An alpha-beta cost model of AllReduce, ReduceScatter and AllGather on
 // N nodes x G GPUs: NCCL's ring and tree (with NCCL 2.28's own latency constants) against
 // mkernel's hierarchical algorithm (collectives/hierarchical.h), pipelined inside the persistent
 // kernel or phase after phase. It plans past the hardware this project has; docs/MODEL.md gives
@@ -19,7 +19,7 @@ struct CostParams {
   int gpusPerNode = 8;
   // Sustained bandwidths, GB/s per direction.
   // One GPU's NVLink bus bandwidth without NVLS: NCCL 2.28.9's busbw for an 8 GiB AllReduce on
-  // two H200s (nccl-tests, 2026-11-29, docs/MODEL.md); an 8-GPU NVSwitch node is assumed alike.
+  // two H200s (nccl-tests, docs/MODEL.md); an 8-GPU NVSwitch node is assumed alike.
   double nvlinkGBps = 346.0;
   double nicGBps = 48.0;      // one 400 Gb/s NIC (ConnectX-7), ~96% of line rate
   int nicsPerNode = 8;        // rail-aligned: one NIC per GPU
@@ -30,7 +30,7 @@ struct CostParams {
   double ncclNetOverheadUs = 1.0;  // x86 Intel (x3 for Simple), as NCCL's getNetOverhead
   // mkernel (assumptions until measured on a cluster; the overhead can be set to what the H200
   // measured today, docs/PERFORMANCE.md).
-  double mkOverheadUs = 8.0;      // per call: doorbell -> kernel -> done (the goal)
+  double mkOverheadUs = 8.0;      // per call: doorbell -> kernel -> done (the design goal)
   double mkIntraStepUs = 1.0;     // one NVLink barrier / flag round trip
   double mkInterStepUs = 4.0;     // one inter-node step: GPU -> proxy ring -> RDMA -> flag
   // The rail exchange's steps per AllReduce (MKERNEL_HIER_RAIL): kRailBest = the fewer of ring's
@@ -41,11 +41,11 @@ struct CostParams {
   static constexpr int kRailBest = -1;
   // Per message a rank sends among the rail (railMessagesFor), on top of the per-step term: the
   // direct form's fan-out. 0 in the published predictions; on emulated nodes over loopback TCP it
-  // was 24 us (docs/MODEL.md, session 22), which is host CPU time, not a NIC's.
+  // was 24 us (docs/MODEL.md), which is host CPU time, not a NIC's.
   double mkMsgUs = 0.0;
   // The share of the shorter of the two (NVLink, rail) phases that the pipeline hides: 1 (the
   // max-of-phases rule) in the published predictions; timed by phase on emulated nodes of one
-  // H200 it was 0.34-0.73 at 4-16 MiB (docs/MODEL.md, session 23), where the phases share the GPU
+  // H200 it was 0.34-0.73 at 4-16 MiB (docs/MODEL.md), where the phases share the GPU
   // and the host's cores. mkPipelinedUs = lat + max + (1 - hidden) x min.
   double hidden = 1.0;
 };
@@ -73,7 +73,7 @@ bool parseCostParams(const std::string& text, CostParams* p, std::vector<std::st
 // (kPolicyOverheadUs; every hierarchical collective takes it).
 CostParams policyCostParams();
 // The doorbell's per-call time on one H200 (mkernel-collbench --wait memop --ranks 1, 8 B
-// AllReduce, eager median of 1,000; session 29, call 1: 28.93 us).
+// AllReduce, eager median of 1,000: 28.93 us).
 constexpr double kPolicyOverheadUs = 28.9;
 // A NIC's sustained share of its line rate (the published 48 GB/s for 400 Gb/s: ConnectX-7).
 constexpr double kNicEfficiency = 0.96;

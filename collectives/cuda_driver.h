@@ -25,7 +25,7 @@ namespace cudrv {
 Result vmmAlloc(void** ptr, size_t bytes);
 // Frees a vmmAlloc mapping as NCCL's ncclMemFree does (cuMemRetainAllocationHandle, cuMemRelease,
 // cuMemGetAddressRange, cuMemUnmap, cuMemRelease, cuMemAddressFree). Unlike cudaFree it waits for
-// no kernel, so it holds back no other thread's CUDA calls (mkernel-freeprobe, session 33): the
+// no kernel, so it holds back no other thread's CUDA calls (measured with mkernel-freeprobe): the
 // caller guarantees that nothing still uses the memory. Error: not a vmmAlloc mapping, or which
 // call failed.
 Result vmmFree(void* ptr);
@@ -37,8 +37,8 @@ Result vmmFree(void* ptr);
 // - vmmImportFd: maps another process's descriptor (of `size` bytes) into this process, read-write
 //   for `device`; the mapping alone keeps the memory (the exporter may free its own at any time).
 // - vmmUnmap: unmaps a vmmImportFd mapping. Like vmmFree, it waits for no kernel and holds back no
-//   other thread's CUDA calls (cudaIpcCloseMemHandle does both: scripts/probes/cumem_ipc.cu,
-//   docs/RELIABILITY.md); the caller guarantees nothing of this process still uses it.
+//   other thread's CUDA calls (cudaIpcCloseMemHandle does both: docs/RELIABILITY.md); the caller
+//   guarantees nothing of this process still uses it.
 Result vmmExportFd(void* ptr, int* fd, size_t* size);
 Result vmmImportFd(int fd, size_t size, int device, void** ptr);
 Result vmmUnmap(void* ptr);

@@ -61,7 +61,7 @@ constexpr int kMaxHierNodes = 16;
 // Each collective's body is its own function on the device: inlined together into one switch,
 // their scratch arrays (HierCtx, HierRail: ~800 B per collective) were all given separate stack
 // slots, and the persistent kernel's frame, which CUDA reserves for every resident thread,
-// grew to 5.4 KB (scripts/spill-report.sh; docs/PERFORMANCE.md, session 7).
+// grew to 5.4 KB (scripts/test.sh spill; docs/PERFORMANCE.md).
 #if defined(__CUDACC__)
 #define MK_HIER_NOINLINE __noinline__
 #else
@@ -82,7 +82,7 @@ struct HierCall {
                          // the same code: MKERNEL_HIER_OVERLAP=0, for the comparison)
   int rail = 0;          // HierRailAlgo (MKERNEL_HIER_RAIL): the exchange among the rail
   bool keepOwn = true;   // MKERNEL_HIER_KEEP_OWN: this rank's own piece of the rail reduction stays
-                         // in device memory (hierArKeepOwn below; false: through P, as before)
+                         // in device memory (hierArKeepOwn below; false: through P)
   int ahead = 2;         // MKERNEL_HIER_AHEAD: chunks the pipelined direct AllReduce starts before it
                          // finishes one (1 or 2; hierAllReduce below)
   // CTA roles (MKERNEL_HIER_ROLES, AllReduce only; hierAllReduceRoles below). With
@@ -125,8 +125,8 @@ MKERNEL_HD inline uint64_t hierChunkElemsFor(CollType c, const NodeLayout& L, ui
 // for collectives of at least `splitMinBytes` (MKERNEL_HIER_SPLIT_MIN_BYTES, agreed too) of
 // `wholeBytes` (the largest of its buffers), else 1. CTAs beyond the count skip the collective, on
 // every rank alike (their node barriers, net slots and proxy channels stay where they were).
-// From the sweep on two H200s, 2 emulated nodes of 2 ranks over loopback TCP (docs/PERFORMANCE.md,
-// session 11): 1 CTA was fastest to 256 KiB (4 KiB: 110 us against 130 with 2 and 148 with 3),
+// From the sweep on two H200s, 2 emulated nodes of 2 ranks over loopback TCP (docs/PERFORMANCE.md):
+// 1 CTA was fastest to 256 KiB (4 KiB: 110 us against 130 with 2 and 148 with 3),
 // 3 CTAs from 1 MiB (1 MiB 390 against 453; 4 MiB 1093 against 1363; 16 MiB 3541 against 4401,
 // 2 CTAs 3475).
 MKERNEL_HD inline int hierCtasFor(uint64_t wholeBytes, int hierCtas, uint64_t splitMinBytes) {
@@ -137,7 +137,7 @@ MKERNEL_HD inline int hierCtasFor(uint64_t wholeBytes, int hierCtas, uint64_t sp
 // (MKERNEL_HIER_ROLES, "CTA roles" below): roles on (workers > 0) and the collective split like a
 // large one (wholeBytes >= MKERNEL_HIER_SPLIT_MIN_BYTES). Smaller AllReduces, a chunk or a few
 // long, have nothing for the roles to overlap; they stay data-parallel on lane 0's first CTA (the
-// roles' handoffs cost them 10-60 us each in session 21's first sweep on one H200). The roles are
+// roles' handoffs cost them 10-60 us each in a sweep on one H200). The roles are
 // off by default: in that sweep they gave nothing over three data-parallel lanes
 // (docs/ALGORITHMS.md, "CTA roles").
 MKERNEL_HD inline bool hierRolesFor(CollType coll, uint64_t wholeBytes, int workers, uint64_t splitMinBytes) {
@@ -217,7 +217,7 @@ struct HierChunk {
 // reduced over every node (reduce-scatter steps), then every node gets every t_m (all-gather
 // steps). The same bytes cross the rail in all three forms, (N - 1) / N of |P| each way per node;
 // they differ in how many steps a chunk takes and how many peers a step talks to:
-//   direct  1 + 1 steps, each with every other node at once (the form of sessions 1-21): step 0
+//   direct  1 + 1 steps, each with every other node at once (the simplest form): step 0
 //           sends t_m to node m and receives t_k from every other node into netRecv(par, m); the
 //           reduction runs over nodes 0..N-1 in order; step 1 sends the reduced t_k to every other
 //           node, which receives it into netRecv(par, k)
@@ -238,7 +238,7 @@ struct HierChunk {
 // exact); every node still gets the bits its block's owner computed.
 enum HierRailAlgo : int { kRailDirect = 0, kRailRing = 1, kRailRhd = 2 };
 
-// Phase times (issue 6's overlap measure). In turn (MKERNEL_HIER_OVERLAP=0) a chunk's phases run
+// Phase times (the overlap measure). In turn (MKERNEL_HIER_OVERLAP=0) a chunk's phases run
 // one after another on its CTA, so marks between them time each: the node phases are chunk start
 // to rail start (phase 1: the NVLink reduce-scatter, and step 0 posted) plus rail end to chunk end
 // (phase 3: the NVLink all-gather and the copy out); the rail phase is rail start to rail end (the
@@ -362,8 +362,8 @@ MKERNEL_HD inline HierRailStep hierRailStep(int rail, int N, int k, int st, uint
 //
 // Woven (ring and rhd, pipelined). B(i) is a chain of N - 1 (or log2 N) steps, each a proxy round
 // trip that the CTA can only wait for; in the plain order the CTA idles through all but one of
-// them, and one lane of ring ran 1.5x the direct form's time at 64 MiB (docs/PERFORMANCE.md,
-// session 22). Woven, C(i) follows each of chunk i's all-gather steps with one reduce-scatter
+// them, and one lane of ring ran 1.5x the direct form's time at 64 MiB (docs/PERFORMANCE.md).
+// Woven, C(i) follows each of chunk i's all-gather steps with one reduce-scatter
 // step of chunk i + 1, whose step 0 A(i + 1) posted: A(0), B(0), then for each i: A(i + 1),
 // C(i) with B(i + 1) inside it. Two chains are then in flight, one per net slot, and the node
 // barriers come in the same order as before (A(i + 1) before C(i)), so the region argument above
@@ -387,7 +387,7 @@ MKERNEL_HD inline int hierArTag(const HierCall& c, const HierArChunk& a, int st)
   return c.rail == kRailDirect ? 2 * a.slot + st : st;
 }
 
-// Direct rail, data-parallel form (MKERNEL_HIER_KEEP_OWN, session 26): t_k, the piece of part j
+// Direct rail, data-parallel form (MKERNEL_HIER_KEEP_OWN): t_k, the piece of part j
 // that this rank reduces over the nodes, never leaves the rank, so it need not pass through P
 // (netSend: host-mapped unless GPUDirect). Phase 1 reduces it in place into this rank's own slot
 // of its inbox, in(j, par) slot j; the rail's reduction reads it there and writes the result at
@@ -990,7 +990,7 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierRunSteps(Ex& ex, const HierCall& c, uint64_
 
 // ---- CTA roles (MKERNEL_HIER_ROLES): the AllReduce on specialised CTAs ----------------------------
 //
-// Issue 6's SM specialisation. The data-parallel form above runs every phase of a chunk on one
+// SM specialisation. The data-parallel form above runs every phase of a chunk on one
 // CTA, so the reduction over the nodes (B) waits behind that CTA's NVLink work and the other way
 // round. With roles, each lane (one of the collective's hierCtasFor slices, with proxy channel
 // `lane`) has 1 + W + R CTAs:
@@ -1017,10 +1017,10 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierRunSteps(Ex& ex, const HierCall& c, uint64_
 // each i, step 0 of chunk i + 1 (after Ready(i + 1)), and each all-gather step of chunk i followed
 // by the next reduce-scatter step of chunk i + 1. Direct, that is r0(0), then r1(i) before r0(i + 1);
 // on every rank alike, so that sends and receives between two ranks stay in the same order. Step
-// st carries tag 2 * st + slot. The first version posted r0(i + 1) before r1(i); then r1(i + 1) queued
-// behind r0(i + 2), which waits for a worker's phase 3 of chunk i and phase 1 of chunk i + 2, so
-// the rail idled for both NVLink phases of every chunk: one lane in roles ran as slowly as the
-// phases in turn (64 MiB, 2 x 2 nodes on one H200: 26.5 ms against 17.8 pipelined; session 21).
+// st carries tag 2 * st + slot. Posting r0(i + 1) before r1(i) would queue r1(i + 1) behind
+// r0(i + 2), which waits for a worker's phase 3 of chunk i and phase 1 of chunk i + 2, so the rail
+// would idle for both NVLink phases of every chunk: one lane in roles ran that way as slowly as
+// the phases in turn (64 MiB, 2 x 2 nodes on one H200: 26.5 ms against 17.8 pipelined).
 // Why one step per slot is in flight: a slot's next step is posted after the one before landed
 // (all-gather: the sender waited for it; reduce-scatter: every reducer waited for it and reduced
 // it), except step 0 of chunk i + 2, which waits for Ready(i + 2) from every worker, which each
@@ -1031,16 +1031,15 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierRunSteps(Ex& ex, const HierCall& c, uint64_
 // next step of the same kind is posted only after each waiter read its target).
 // The workers keep the data-parallel form's order of node barriers (phase 1 of chunk i + 1
 // before phase 3 of chunk i), so its region argument above holds for each worker index.
-// In turn (c.overlap false, MKERNEL_HIER_OVERLAP=0; session 24), the same code with the phases of
-// consecutive chunks kept apart, for issue 6's comparison: a worker runs phase 3 of chunk i before
+// In turn (c.overlap false, MKERNEL_HIER_OVERLAP=0), the same code with the phases of consecutive
+// chunks kept apart, to measure what the overlap gains: a worker runs phase 3 of chunk i before
 // phase 1 of chunk i + 1, and the sender posts step 0 of chunk i + 1 only after chunk i's last
 // all-gather step is complete and Ready(i + 1) (so after every worker's phase 3 of chunk i); the
 // reducers are unchanged. Every wait of the pipelined order is still made, so its arguments hold.
 // The sender of lane 0 (CTA 0) marks the phase times (hierAllReduceRoles).
 enum HierRole : int { kHierRoleNone = 0, kHierRoleSender = 1, kHierRoleWorker = 2, kHierRoleReducer = 3 };
 // Ready and Reduced are one counter per worker / reducer: a shared count would let a worker that
-// is a chunk ahead stand in for one that is a chunk behind (the first version did; the CPU test
-// caught it).
+// is a chunk ahead stand in for one that is a chunk behind (the CPU test checks it).
 enum HierRoleCounter : int {
   kRoleOpen = 0,
   kRoleR0 = 1,
@@ -1206,7 +1205,7 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduceRoles(Ex& ex, const HierCall& c, u
     ex.roleAdd(kRoleOpen);
     const uint64_t freed = static_cast<uint64_t>(W) * (c.roleOps + 1);
     if (!c.overlap) {
-      // In turn (MKERNEL_HIER_OVERLAP=0, issue 6's comparison): chunk i's rail starts once the
+      // In turn (MKERNEL_HIER_OVERLAP=0, the overlap's comparison): chunk i's rail starts once the
       // workers have reduced it into P (Ready; in turn they start it only after their phase 3 of
       // chunk i - 1) and ends when its last all-gather step is complete, which the sender waits
       // for too. Phase times (CTA 0: lane 0's sender): the node phases are the waits for Ready

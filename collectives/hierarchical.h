@@ -1,6 +1,6 @@
 // Hierarchical (multi-node, rail-aligned) collectives: the partition shared by the persistent
-// kernel's inter-node path and the CPU reference executor (hierarchical_ref.cc). DESIGN.md §3,
-// "Inter-node"; docs/ALGORITHMS.md, "Hierarchical".
+// kernel's inter-node path and the CPU reference executor (hierarchical_ref.cc).
+// docs/ALGORITHMS.md, "Hierarchical"; docs/PROXY.md for the inter-node transfers.
 //
 // Ranks are nNodes x perNode, rank = node * perNode + local. The rail of local index l is the set
 // of ranks (j, l) for every node j: GPU l of every node, which talk through their nearest NICs.

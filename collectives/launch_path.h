@@ -1,7 +1,7 @@
 // The launch path (docs/KERNEL.md, "Small collectives: the launch path"): a small eager collective
 // runs in a short kernel launched on the caller's stream instead of through the persistent
 // kernel's doorbell. The stream memops of the doorbell cost 7-15 µs per collective on the H200
-// (session 3's kernel trace), more than NCCL's whole small AllReduce; a launch costs ~4 µs.
+// (the kernel trace), more than NCCL's whole small AllReduce; a launch costs ~4 µs.
 //
 // One barrier per collective. For launch-path op e (a host counter, the same on every rank:
 // every rank makes the same launch-path decisions in the same order), CTA c of rank r
@@ -47,7 +47,7 @@ MKERNEL_HD inline uint64_t launchPublishElems(CollType c, uint64_t count, int nR
 // Direct mode's upper end (MKERNEL_DIRECT_MAX_BYTES=auto): from this many bytes of the whole
 // buffer (nccl-tests' size: AllGather and ReduceScatter count x nRanks, the others count), eager
 // ops of thread ranks go to the persistent kernel instead (its CTAs: 512 threads each, movers
-// called through pointers), which moved them faster on two H200s (docs/PERFORMANCE.md, session 7:
+// called through pointers), which moved them faster on two H200s (docs/PERFORMANCE.md:
 // ReduceScatter 32 MiB 186 GB/s against 172, 512 MiB 315 against 210; AllGather 128 MiB 275
 // against 266, 512 MiB 314 against 279; AllReduce was faster in the launch kernel at every size).
 // 0: no upper end.
@@ -65,10 +65,10 @@ MKERNEL_HD inline uint64_t directWholeBytes(CollType c, uint64_t count, int nRan
 // Whether direct mode takes an op of `wholeBytes` (directWholeBytes). limit: the setting, with
 // kDirectAuto for the table above. sharing: the most ranks any GPU of the communicator holds
 // (emulation). Ranks sharing a GPU share its SMs, so the launched CTAs are few and the persistent
-// kernel moved large ops much faster (one H200, AllReduce, session 7: 2 ranks, 16 MiB 52 us
+// kernel moved large ops much faster (one H200, AllReduce: 2 ranks, 16 MiB 52 us
 // direct against 64, 128 MiB 292 against 215; 4 ranks, 256 KiB 37 against 51, 2 MiB 96 against
 // 51; 8 ranks, 256 KiB 54 against 62, 2 MiB 132 against 76): auto ends direct mode there at
-// 32 MiB (2 ranks per GPU) and 1 MiB (more). sharedDirect (MKERNEL_SHARED_CTAS, session 18): those
+// 32 MiB (2 ranks per GPU) and 1 MiB (more). sharedDirect (MKERNEL_SHARED_CTAS): those
 // ranks' persistent kernels are kept small and their direct-mode kernels hold the GPU (64 CTAs of
 // 512 threads each for 2 ranks): auto has no upper end then (one H200, a 64 MiB AllReduce of 2
 // ranks 81.9 us, 77% of the copy bandwidth, against the persistent kernel's 125 us).
@@ -92,7 +92,7 @@ MKERNEL_HD inline bool directTakes(CollType c, uint64_t wholeBytes, uint64_t lim
 // the persistent kernel never runs and the direct-mode kernels may take every SM (agreeLaunchCap):
 // 64, 32 and 16 CTAs per rank for 2, 4 and 8 ranks on an H200, powers of two. With a numeric upper
 // end, more than 4 ranks keep it off (0): the ops above that end take the persistent kernel, which
-// then keeps its full size (session 18's arrangement; docs/KERNEL.md, "The direct-mode kernel").
+// then keeps its full size (docs/KERNEL.md, "The direct-mode kernel").
 constexpr int kSharedPersistentSms = 4;
 MKERNEL_HD inline int sharedPersistentCtas(int sharing, bool directUnbounded = true) {
   if (sharing < 2) return 0;
@@ -131,7 +131,7 @@ MKERNEL_HD inline LaunchPart launchPart(CollType c, uint64_t count, int nRanks, 
   return lp;
 }
 
-// ---- LL mode (small ops, session 12) -------------------------------------------------------------
+// ---- LL mode (small ops) ------------------------------------------------------------------------
 //
 // The inbox mode above costs two NVLink round trips and two system-scope fences per op: a rank
 // publishes locally, releases a flag, and each peer polls that flag remotely and then reads the
@@ -157,7 +157,7 @@ MKERNEL_HD inline LaunchPart launchPart(CollType c, uint64_t count, int nRanks, 
 // line is zeroed, a line holds 0 or the current op's flag, so the flag's 32 bits may wrap.
 // It shares the epoch numbering with the other modes and no memory with them.
 
-// LL batches (sessions 15-16, MKERNEL_LL_BATCH). A group's consecutive LL ops (at most
+// LL batches (MKERNEL_LL_BATCH). A group's consecutive LL ops (at most
 // kMaxOpsPerSlot, and together at most what one slot holds: llSlotLines(n) lines) go out as one
 // kernel launch (launchLlBatchKernel). The run is the same on every rank: it depends only on the
 // ops' coll, count and dtype, which every rank shares.
@@ -180,25 +180,25 @@ MKERNEL_HD inline LaunchPart launchPart(CollType c, uint64_t count, int nRanks, 
 constexpr uint64_t kLlBytesPerCta = 8 * 1024;
 // Lines a thread handles at once (the kernel's llLoadBatch / llPutBatch / llTakeBatch): it issues
 // the loads of kLlBatch lines (input, or polls of its own slots) before it uses any of them. One
-// line at a time, each line cost a dependent memory latency in the push and another in the
-// receive: on two H200s (session 12, call 5) push / receive took 1.09 / 1.18 us at 2 KiB (one line
-// per thread) and 1.82 / 2.91 us at 8 KiB (four). With kLaunchThreads = 256, kLlBytesPerCta is
-// one batch per thread, up to kLlAutoMaxBytes over 32 CTAs. Measured after the change (session
-// 14, two H200s): push 1.7-1.9 / receive 2.2-2.9 us from 8 B to 128 KiB, as before it in session
-// 13: the per-line latency was not what dominates (docs/KERNEL.md, LL mode).
+// line at a time, each line costs a dependent memory latency in the push and another in the
+// receive: on two H200s push / receive took 1.09 / 1.18 us at 2 KiB (one line per thread) and
+// 1.82 / 2.91 us at 8 KiB (four). With kLaunchThreads = 256, kLlBytesPerCta is one batch per
+// thread, up to kLlAutoMaxBytes over 32 CTAs. With batches (two H200s): push 1.7-1.9 / receive
+// 2.2-2.9 us from 8 B to 128 KiB, the same as one line at a time: the per-line latency is not
+// what dominates (docs/KERNEL.md, LL mode).
 constexpr int kLlBatch = 4;
 static_assert(kLlBytesPerCta == static_cast<uint64_t>(kLlBatch) * kLaunchThreads * kLlLinePayload,
               "an LL CTA's share is one batch per thread");
 // MKERNEL_LL_MAX_BYTES=auto with more than two ranks on one GPU (emulation): their launches share
 // the SMs (one CTA each with 8 ranks), and pushing 32 KiB to every co-located peer cost more than
-// the inbox mode. One H200, AllReduce, eager µs LL / inbox (session 12, call 2): 4 ranks 8 KiB
+// the inbox mode. One H200, AllReduce, eager µs LL / inbox: 4 ranks 8 KiB
 // 26.3 / 29.3, 32 KiB 44.3 / 32.7; 8 ranks 8 KiB 46.1 / 49.9, 32 KiB 75.0 / 52.9; 2 ranks 32 KiB
 // 14.8 / 20.5.
 constexpr uint64_t kLlSharedMaxBytes = 8 * 1024;
 // MKERNEL_LL_MAX_BYTES=auto with at most two ranks on each GPU, before llMaxPayload(n) caps it.
-// AllReduce, eager medians in µs, LL / as without it (session 13; collbench, one thread per rank):
-// two H200s (call 4) 8 B 8.26 / 12.19, 128 KiB 11.04 / 16.00, 256 KiB 11.14 / 16.16; 2 ranks
-// emulated on one H200 (calls 2-3) 32 KiB 10.98 / 13.89, 128 KiB 11.33 / 13.86 (with 4 ranks on
+// AllReduce, eager medians in µs, LL / as without it (collbench, one thread per rank):
+// two H200s 8 B 8.26 / 12.19, 128 KiB 11.04 / 16.00, 256 KiB 11.14 / 16.16; 2 ranks
+// emulated on one H200 32 KiB 10.98 / 13.89, 128 KiB 11.33 / 13.86 (with 4 ranks on
 // the GPU, 128 KiB: 121 / 29, hence kLlSharedMaxBytes there). With 2 ranks the slots cap it at
 // 256 KiB; with 4 at 128 KiB, with 8 at 64 KiB (not measured on 4 or 8 GPUs).
 constexpr uint64_t kLlAutoMaxBytes = 256 * 1024;
@@ -269,11 +269,11 @@ MKERNEL_HD inline uint32_t llFlag(uint64_t epoch) {
   return f == 0 ? 1u : f;
 }
 
-// MKERNEL_LL_BATCH=exchange (session 16): a batch's ops in waves. The ops of one wave run at the
+// MKERNEL_LL_BATCH=exchange: a batch's ops in waves. The ops of one wave run at the
 // same time, each on its own warps of the batch's grid (push, then receive, then the next wave
 // after a barrier over the grid). Serially, with one thread group running the ops one after
-// another, a group of 8 cost 8 times one op's latency-bound frame (4.4 us per op on two H200s,
-// session 16 call 1).
+// another, a group of 8 cost 8 times one op's latency-bound frame (4.4 us per op on two
+// H200s).
 // Op i starts a new wave when its order against an op of the current wave matters on this rank:
 // it reads what that op writes, or writes what that op reads or writes (an op reads its input
 // again in its receive: its own contribution). Except a twin: the same collective as that op,

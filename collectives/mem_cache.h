@@ -3,23 +3,23 @@
 //
 // A cudaFree, cudaFreeHost or cudaHostUnregister waits for every kernel on the device to end, and
 // while it waits every CUDA call of every other thread of the process waits behind it: kernel
-// launches, event records, copies, cudaMalloc (mkernel-freeprobe, one H200, session 33: 27 of 27
+// launches, event records, copies, cudaMalloc (mkernel-freeprobe, one H200: 27 of 27
 // pairs of such a free and another call waited for the kernel; cudaDeviceSynchronize blocked no
 // other thread, cudaFreeAsync and cuMemRelease waited for nothing). Thread ranks sharing a GPU
 // have kernels that wait for a peer's thread to post its part. So a communicator released while
 // another one's collective is half posted stops the process: the release's free waits for the
 // posted rank's kernel, that kernel waits for its peer, and the peer's thread waits in its next
-// CUDA call behind the free, until the kernel's timeout (the split-communicator stall of sessions
-// 9, 32 and 33, docs/RELIABILITY.md).
+// CUDA call behind the free, until the kernel's timeout (the split-communicator stall,
+// docs/RELIABILITY.md).
 //
 // So a communicator's release returns its blocks here, and a new communicator takes a block of
 // the same kind, device and size before it allocates. What is cached is freed for real only when
 // the last communicator of the process has been released: then no mkernel kernel of the process
-// can wait for a host thread. A returned block is reused only kReuseGraceS after its return: the
-// free's device-wide wait used to cover a launch-path CTA still finishing after CTA 0 reported
-// its op done (finalize waits for that report), and such a CTA, past its end barrier, ends
-// within microseconds. MKERNEL_DEFER_FREES=0 frees at each release instead (as before
-// session 33; for experiments and for the test that shows the stall).
+// can wait for a host thread. A returned block is reused only kReuseGraceS after its return: a
+// free's device-wide wait would cover a launch-path CTA still finishing after CTA 0 reported its
+// op done (finalize waits for that report), and such a CTA, past its end barrier, ends within
+// microseconds. MKERNEL_DEFER_FREES=0 frees at each release instead (for experiments and for the
+// test that shows the stall).
 //
 // BlockCache is the host-only ledger, with the allocator passed in (tested on the CPU:
 // tests/collectives/test_mem_cache.cc); MemCache::process() is the one over CUDA.

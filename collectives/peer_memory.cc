@@ -308,7 +308,7 @@ void closePeers(PeerSetup* setup, bool freeLocal) {
   for (int r = 0; r < kMaxRanks; ++r) {
     if (!setup->opened[r]) continue;
     if (setup->vmm) {
-      // cuMemUnmap waits for nothing (scripts/probes/cumem_ipc.cu); cudaIpcCloseMemHandle waits
+      // cuMemUnmap waits for nothing (docs/RELIABILITY.md); cudaIpcCloseMemHandle waits
       // for every kernel of the device and holds back the process's other threads meanwhile.
       (void)cudrv::vmmUnmap(setup->peers[r]);
       (void)cudrv::vmmUnmap(setup->stagedBuf[r]);

@@ -42,7 +42,7 @@ struct PeerSetup {
   // Process ranks share cuMem memory through POSIX file descriptors (MKERNEL_PEER_IPC=cumem, the
   // default, when every rank could): then stagedLocal and vmmState are cudrv::vmmAlloc blocks, and
   // every opened entry a cudrv::vmmImportFd mapping. Unmapping and freeing those waits for no
-  // kernel, where cudaIpcCloseMemHandle waits like cudaFree (docs/RELIABILITY.md, session 36).
+  // kernel, where cudaIpcCloseMemHandle waits like cudaFree (docs/RELIABILITY.md).
   bool vmm = false;
   DeviceState* vmmState = nullptr;  // vmm: this rank's DeviceState, zeroed; the caller uses it instead of `local`
   // Ranks on several hosts (nodeLayoutOfHosts): ranks per host, 0 when all share one. Peers on

@@ -3,13 +3,13 @@
 #include <strings.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <limits>
 #include <vector>
 
 #include "common/log.h"
 #include "common/param.h"
+#include "common/text.h"
 
 namespace mkernel {
 namespace coll {
@@ -24,13 +24,6 @@ const CollKey kCollKeys[] = {{"allreduce", CollType::AllReduce},
                              {"reducescatter", CollType::ReduceScatter},
                              {"broadcast", CollType::Broadcast},
                              {"reduce", CollType::Reduce}};
-
-std::string trim(const std::string& s) {
-  size_t b = 0, e = s.size();
-  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
-  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
-  return s.substr(b, e - b);
-}
 
 bool validEnums(const PolicyQuery& q) {
   int c = static_cast<int>(q.coll), t = static_cast<int>(q.dtype), o = static_cast<int>(q.op);

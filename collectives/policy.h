@@ -1,6 +1,6 @@
 // The selection policy: for each collective call, whether mkernel or the real NCCL runs it, and
 // with which algorithm (collectives/algo.h). One object per communicator, used by the shim for
-// every call and by the tuner (DESIGN.md §2: one policy serves both).
+// every call and by the tuner (docs/ARCHITECTURE.md: one policy serves both).
 //
 // The answer must be identical on every rank, or ranks take different paths and the job
 // deadlocks. So decide() depends ONLY on what every rank shares: the call's collective, dtype,
@@ -89,12 +89,12 @@ Result parseAlgoName(const std::string& text, int* algo);
 
 // Where NCCL measured faster than mkernel's own path, from this size on (policyBytes; 0: nowhere):
 // two ranks, one GPU each, NVLink, one node (two H200s, NCCL 2.28.9, multicast off, nccl-tests
-// -b 8 -e 8G -f 2; docs/PERFORMANCE.md session 7). NCCL/mkernel time there:
+// -b 8 -e 8G -f 2; docs/PERFORMANCE.md). NCCL/mkernel time there:
 //   Reduce    from 512 KiB: 0.93-0.94x up to 1 MiB, 0.71-0.86x from 2 MiB to 8 GiB;
 //   Broadcast from 2 MiB:   0.88-0.99x (2 MiB to 8 GiB; 1.00x at 32 MiB only);
 //   AllReduce from 512 MiB: 0.99x, then 0.95-0.91x to 8 GiB.
 // Process ranks (staged: every collective through the IPC staging buffers), the same two GPUs,
-// PyTorch through the shim (scripts/torch_bench.py, docs/PERFORMANCE.md session 7), NCCL/mkernel:
+// PyTorch through the shim (scripts/torch_bench.py, docs/PERFORMANCE.md), NCCL/mkernel:
 //   AllReduce     from 4 MiB:  0.91x at 4 MiB, 0.64x at 16 MiB, 0.71x at 64 MiB (1.32x at 1 MiB);
 //   AllGather     from 4 MiB:  0.84x at 4 MiB, 0.74x at 16 MiB, 0.80x at 64 MiB (1.21x at 1 MiB);
 //   ReduceScatter from 16 MiB: 0.63x at 16 MiB, 0.69x at 64 MiB (1.04x at 4 MiB);

@@ -7,9 +7,9 @@
 // (the application's next kernel behind a collective's kernel, a stream wait behind a doorbell)
 // also holds back every command queued behind it for the other streams of that queue. If a
 // co-located peer's start for the same collective is among them, the two wait for each other
-// until the timeout. mkernel-queueprobe shows it (scripts/hol-probe.sh, docs/RELIABILITY.md
-// session 10): with one queue, a kernel queued behind each waiting kernel stalled 8 of 8 rounds
-// for 2, 4 and 8 ranks, and 0 of 8 once every rank passed a host barrier before queueing it.
+// until the timeout. mkernel-queueprobe shows it (docs/RELIABILITY.md): with one queue, a kernel
+// queued behind each waiting kernel stalled 8 of 8 rounds for 2, 4 and 8 ranks, and 0 of 8 once
+// every rank passed a host barrier before queueing it.
 //
 // So ranks of one communicator on one GPU in one process (thread emulation) each queue only the
 // start of a collective, pass this fence (every co-located member has queued its start of the

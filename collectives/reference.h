@@ -48,8 +48,8 @@ Result runReference(const Plan& plan, const RankBuffers* bufs, ReferenceStats* s
 
 // ---- result checks (shared with GPU tests and the benchmark's verification) --------------------
 
-// DESIGN.md §3 norm-wise tolerances: fp64 1e-12, fp32 1e-5, fp16/bf16 1e-2, fp8 1e-1; 0 (exact)
-// for integers.
+// Norm-wise tolerances (docs/ALGORITHMS.md, verification): fp64 1e-12, fp32 1e-5, fp16/bf16 1e-2,
+// fp8 1e-1; 0 (exact) for integers.
 double normwiseTolerance(DataType dtype);
 
 // Floats: ||got - expected||_2 / ||expected||_2 (absolute when ||expected|| is 0) must not exceed

@@ -21,8 +21,8 @@
 //
 // No barrier is needed after a chunk: regions alternate by chunk parity, and a rank writes into
 // in[p] / out[p] of any rank again (two chunks later) only after the barrier of the chunk in
-// between, which the region's owner reaches only once it has finished reading it. Since session 6
-// the next chunk's push comes before this chunk's compute (stagedCollective, below). A rank's output
+// between, which the region's owner reaches only once it has finished reading it. The
+// next chunk's push comes before this chunk's compute (stagedCollective, below). A rank's output
 // is complete when its own CTA finishes, so no end barrier is needed per collective either: one
 // barrier per chunk (two for TwoShot).
 //

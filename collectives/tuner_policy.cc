@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/log.h"
+#include "common/text.h"
 
 namespace mkernel {
 namespace coll {
@@ -55,11 +56,6 @@ bool ruleMatches(const TunerRule& r, int coll, size_t nBytes, const TunerSystem&
   return (r.coll == kTunerAny || r.coll == coll) && nBytes >= r.minBytes && nBytes <= r.maxBytes &&
          (r.nNodes == kTunerAny || r.nNodes == sys.nNodes) &&
          (r.nRanks == kTunerAny || r.nRanks == sys.nRanks);
-}
-
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
-  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
 }
 
 bool isAny(const std::string& s) {
@@ -198,7 +194,7 @@ TunerCandidates policyCandidates(const TunerSystem& sys, CollType coll, size_t n
         addAlgo(&c, kAlgoRing, po);
       } else if (sc != SizeClass::Large) {
         // 2 or 3 nodes of one rank: the tree's log(nodes) hops are as many as the ring's, so
-        // nothing favours it (two H200s over the net path, session 7: TREE/LL at 2 KiB 0.74x
+        // nothing favours it (two H200s over the net path: TREE/LL at 2 KiB 0.74x
         // of NCCL's own choice).
         c.reason = "allreduce across few nodes, small/medium: RING (a tree takes as many steps)";
         addAlgo(&c, kAlgoRing, po);

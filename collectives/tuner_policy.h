@@ -53,7 +53,7 @@ struct TunerSystem {
 
 // Message size classes, from nBytes as NCCL passes it to getCollInfo. The bounds depend on the
 // system (docs/TUNER.md): one NVLink node uses the crossovers measured on 2 x H200 (NVSwitch,
-// ring all-reduce, 2026-11-29: LL fastest up to 2 MiB, LL128 at 4 MiB, LL128 = SIMPLE at 8 MiB,
+// ring all-reduce: LL fastest up to 2 MiB, LL128 at 4 MiB, LL128 = SIMPLE at 8 MiB,
 // SIMPLE from 16 MiB); PCIe-only and multi-node bounds are not calibrated.
 enum class SizeClass : int { Small = 0, Medium = 1, Large = 2 };
 struct SizeBounds {

@@ -48,14 +48,14 @@ constexpr uint64_t kLaunchInboxBytes = 1024 * 1024;
 // are split evenly among the communicator's n source ranks (llSlotLines): what one exchange (an
 // op, or an LL batch of ops) carries from one source to one destination, 2 MiB with 2 ranks. One
 // op carries at most llMaxPayload(n) bytes, a quarter of that (kLlOpSpaceLines): 32 KiB with 16
-// ranks, 256 KiB with 2 (session 16 made the space 4x larger, for batches of ops of 128 KiB).
+// ranks, 256 KiB with 2 (the space is sized for batches of ops of 128 KiB).
 constexpr uint64_t kLlLineBytes = 16;
 constexpr uint64_t kLlLinePayload = 8;
 constexpr uint64_t kLlSpaceLines = 262144;  // per parity: 4 MiB of lines, 2 MiB of payload
 constexpr uint64_t kLlOpSpaceLines = 65536;  // what one op's limit is computed from
 
 // Doorbell values. The caller's stream writes Posted and waits until the value is >= Done (only
-// Done is): the same values on every call, so a captured graph replays correctly (DESIGN.md §3).
+// Done is): the same values on every call, so a captured graph replays correctly (docs/KERNEL.md).
 // The next use's Posted overwrites Done; Free is the initial value (and what the opt-in gate
 // kernel writes back).
 enum DoorbellState : uint32_t {
@@ -209,7 +209,7 @@ struct alignas(128) DeviceState {
   // CTA 0's waits in every hierarchical collective, pipelined or in turn (nanoseconds, thread 0's
   // %globaltimer around them): for its rail transfers (proxy completion flags), at its node
   // barriers, and (CTA roles, where CTA 0 is lane 0's sender) for the workers' and reducers'
-  // counters. What the pipeline leaves exposed (docs/PERFORMANCE.md, sessions 24 and 25).
+  // counters. What the pipeline leaves exposed (docs/PERFORMANCE.md).
   uint64_t hierWait[3];
   // ... and where CTA 0's own work goes, in every hierarchical collective (the same timing):
   // copies, copies from or into its net buffers, reductions, reductions from or into its net

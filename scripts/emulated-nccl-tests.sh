@@ -2,7 +2,7 @@
 # Issue 7's emulation runs: the patched nccl-tests with several thread ranks on ONE GPU
 # (`-g 1 -t N`, MKERNEL_EMULATE=1, LD_PRELOAD=libmkernel.so), data check on (`-c 1`).
 #   bash scripts/emulated-nccl-tests.sh [BUILD]     (BUILD: a build dir holding lib/libmkernel.so
-#   and nccl-tests/*_perf, as scripts/launch-check.sh leaves it; default build-gpu)
+#   and nccl-tests/*_perf, as `scripts/gpu-check.sh launch` leaves it; default build-gpu)
 # EMU_THREADS (default "2 4 8"), EMU_TESTS (the five), EMU_ARGS (default "-b 8 -e 64M -f 8"),
 # EMU_MODULE_LOADING (default EAGER),
 # EMU_TIMEOUT per run (default 40 s; MKERNEL_TIMEOUT_S=10). One line per run: rc, nccl-tests'
@@ -11,8 +11,9 @@
 # at its limit gets its host threads' stacks dumped (cuda-gdb) into that log before it is killed.
 set -u -o pipefail
 EMU_DEFAULT_TIMEOUT_S=10
-# shellcheck source=scripts/emu-common.sh
-. "$(dirname "$0")/emu-common.sh"
+# shellcheck source=scripts/common.sh
+. "$(dirname "$0")/common.sh"
+mk_emu_env "$@"
 fail=0
 for t in ${EMU_THREADS:-2 4 8}; do
   log=${OUT:-/tmp}/emulated-t$t.txt

@@ -4,7 +4,7 @@
 // one that starts while another live movement writes bytes it reads or writes, or reads or writes
 // bytes it writes, overlapped it in time: a race. A movement's own reads and writes (a reduction
 // in place) do not race with each other. Only memory in the checked regions counts (regionOf).
-// Byte ranges, not whole regions (before session 27): several ranks write their own slots of one
+// Byte ranges, not whole regions: several ranks write their own slots of one
 // inbox while its owner reads another slot (hier_staged.h, MKERNEL_HIER_AHEAD=2), which is no race.
 #pragma once
 

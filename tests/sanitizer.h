@@ -1,4 +1,4 @@
-// What the CPU test tiers do differently under ThreadSanitizer (scripts/tsan-audit.sh, the
+// What the CPU test tiers do differently under ThreadSanitizer (scripts/test.sh tsan, the
 // MKERNEL_TSAN build). Outside that build every function here is the identity.
 #pragma once
 

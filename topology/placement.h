@@ -1,7 +1,7 @@
-// Placement decisions derived from a Topology (DESIGN.md §6): each GPU's rail NIC(s), the CPUs its
-// proxy thread is pinned to, the distance class of every GPU-GPU / GPU-NIC / NIC-NIC pair and the
-// intra-node ring order. Pure functions of the model: the same model gives the same placement on
-// every rank, which the kernel's rail/ring order relies on.
+// Placement decisions derived from a Topology (docs/TOPOLOGY.md): each GPU's rail NIC(s), the CPUs
+// its proxy thread is pinned to, the distance class of every GPU-GPU / GPU-NIC / NIC-NIC pair and
+// the intra-node ring order. Pure functions of the model: the same model gives the same placement
+// on every rank, which the kernel's rail/ring order relies on.
 #pragma once
 
 #include <string>

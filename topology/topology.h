@@ -1,4 +1,4 @@
-// The node's topology model (DESIGN.md §6): GPUs, RDMA NICs, NUMA nodes and the PCI tree that
+// The node's topology model (docs/TOPOLOGY.md): GPUs, RDMA NICs, NUMA nodes and the PCI tree that
 // joins them, plus NVLink connectivity. Built by discoverTopology() from hwloc (the live machine or
 // an hwloc XML file), NVML (or an NVLink matrix file) and verbs; turned into decisions by
 // computePlacement() (topology/placement.h).

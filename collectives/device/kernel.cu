@@ -1,4 +1,4 @@
-// The persistent mKernel (DESIGN.md §3, docs/KERNEL.md).
+// The persistent mKernel (docs/KERNEL.md).
 //
 // CTA 0's first warp is the leader: it scans the doorbells, takes a Posted slot (-> Running) and
 // publishes it in the dispatch queue; every CTA (the leader's too) consumes the queue in order,
@@ -118,7 +118,7 @@ __device__ __noinline__ void reduceDispatch(const CopyPlan& plan, const WorkDesc
 // its callers; inside the persistent kernel that left every mover with local-memory traffic in
 // its inner loop (reduceCopy<float, Sum>: 76 stores / 85 loads there, none in the launch
 // kernel), whatever the register cap, the call site or the values live across it
-// (docs/PERFORMANCE.md, session 5-6). A function whose address is taken is compiled once with
+// (docs/PERFORMANCE.md). A function whose address is taken is compiled once with
 // the ABI instead: it saves the callee-saved registers it uses on entry and restores them on
 // return (43 stores and 43 loads for reduceCopy<float, Sum>), and its loop runs in registers.
 // The pointers are read through volatile so the compiler cannot turn the call back into a
@@ -1098,10 +1098,10 @@ __device__ __forceinline__ uint64_t llStepTyped(uint64_t acc, uint64_t v, bool f
     return llStepAs<T, kFamilyMinMax>(acc, v, first, last, o);
   return llStepAs<T, kFamilySum>(acc, v, first, last, o);
 }
-// The dtype x op dispatch of the LL reductions, one word at a time (session 16). It replaced a
-// receive loop instantiated per dtype and op family and called out of line, whose SASS kept the
-// op's and the kernel's parameters behind generic loads and its registers in local memory: the
-// loop that moves the lines is now one, inlined, and only this step depends on the type.
+// The dtype x op dispatch of the LL reductions, one word at a time. The loop that moves the lines
+// is one, inlined, and only this step depends on the type: a receive loop instantiated per dtype
+// and op family and called out of line keeps, in its SASS, the op's and the kernel's parameters
+// behind generic loads and its registers in local memory.
 __device__ __noinline__ uint64_t llStep(uint64_t acc, uint64_t v, bool first, bool last, LlRed o) {
   switch (static_cast<DataType>(o.dtype)) {
     case DataType::Int8: return llStepTyped<int8_t>(acc, v, first, last, o);
@@ -1136,7 +1136,7 @@ __device__ __forceinline__ bool llReduceLines(const KernelParams& p, const WorkD
   for (uint64_t base = a.range.first + a.tid; base < end; base += B * a.nthr) {
     uint64_t acc[B] = {};
     // The own input's loads first, whatever this rank's place in the order: the polls below are
-    // volatile asm, which the compiler does not move loads across (session 17).
+    // volatile asm, which the compiler does not move loads across.
     uint64_t mine[B];
     llLoadBatch<B>(own, a.payload, base, end, a.nthr, mine);
     for (int k = 0; k < n; ++k) {
@@ -1178,7 +1178,7 @@ __device__ __forceinline__ LlArgs llArgs(const KernelParams& p, const WorkDesc& 
 }
 
 // LL phases 0 and 1 (launch_path.h), this CTA's share: the token, and every line it pushes. The
-// launch kernel runs them before anything else (session 15): the peers' receives wait for these
+// launch kernel runs them before anything else: the peers' receives wait for these
 // stores and for nothing else of this kernel, so the frame's own setup (the shared state, the
 // stop flag's mirror, the barrier) overlaps the NVLink crossing instead of preceding it. Peers'
 // addresses come from the kernel's parameters (no shared state is set up yet). stop: the
@@ -1271,7 +1271,7 @@ __device__ __forceinline__ bool llReceive(const KernelParams& p, const WorkDesc&
 // LL phase 3: every peer's token of this exchange (CTA 0's threads 32 + peer, or peer in a CTA of
 // one warp). This thread's answer. The pollers are in the second warp so that, for the small ops
 // whose lines all belong to the first, they wait for the tokens while it receives (in the first
-// warp the two waits would run one after the other: session 17).
+// warp the two waits would run one after the other).
 __device__ bool llTokens(const KernelParams& p, const LlArgs& a, int coll) {
   const int tid = static_cast<int>(threadIdx.x) - (blockDim.x >= 64 ? 32 : 0);
   if (blockIdx.x != 0 || tid < 0 || tid >= p.nRanks || tid == p.rank) return true;
@@ -1429,8 +1429,8 @@ __device__ __forceinline__ void graphEpilogue(const KernelParams& p, int coll, u
 // read the old value, and the next launch of this communicator starts after this one ended:
 // stream order, launch_path.h). Its flags and inbox are the graph namespace's.
 // p and d are __grid_constant__: the callees take them by reference, and a plain kernel parameter
-// whose address is taken is first copied to local memory (session 12: 27-47 local stores at every
-// op); a grid constant's address is its place in the constant bank.
+// whose address is taken is first copied to local memory (27-47 local stores at every op,
+// measured); a grid constant's address is its place in the constant bank.
 // The body of launchKernel and of launchDirectKernel (kDirectOnly: mode is kLaunchModeDirect).
 template <bool kDirectOnly>
 __device__ __forceinline__ void launchBody(const KernelParams& p, const WorkDesc& d, uint64_t epoch, uint64_t opIndex,
@@ -1490,7 +1490,7 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
   launchBody<false>(p, d, epoch, opIndex, mode, sh);
 }
 
-// MKERNEL_DIRECT_KERNEL=own (the default, session 18): a direct-mode op (the large collectives of
+// MKERNEL_DIRECT_KERNEL=own (the default): a direct-mode op (the large collectives of
 // thread ranks, launch_path.h) in a kernel of its own with kDirectThreads threads per CTA, twice
 // launchKernel's: direct mode moves whole buffers, and a CTA's loads in flight are what its rate
 // is bound by (reduceCopy, copyBytes: kUnroll 16-byte vectors per thread and source). launchKernel
@@ -1503,12 +1503,12 @@ __global__ void __launch_bounds__(kDirectThreads, 1) launchDirectKernel(const __
   launchBody<true>(p, d, epoch, opIndex, kLaunchModeDirect, sh);
 }
 
-// MKERNEL_LL_KERNEL=own (the default, session 17): a launch-path LL op in a kernel of its own,
+// MKERNEL_LL_KERNEL=own (the default): a launch-path LL op in a kernel of its own,
 // without launchKernel's frame (the shared state, the peers' table copied into it, the mode
 // dispatch, a second llArgs): the token and pushes first, one barrier that agrees on the stop flag,
 // the receive and the tokens (llFinish), the numbering. The same protocol, slots, flags and
-// numbers as launchKernel's LL mode (the two may follow each other on a communicator). Session 17
-// measured launchKernel's LL op at 5.0-5.2 us from start to end on one H200 with two emulated
+// numbers as launchKernel's LL mode (the two may follow each other on a communicator).
+// launchKernel's LL op takes 5.0-5.2 us from start to end on one H200 with two emulated
 // ranks, where a bare kernel doing the same exchange takes under 1 us (mkernel-latbench exch-ll,
 // docs/PERFORMANCE.md).
 __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlKernel(const __grid_constant__ KernelParams p,
@@ -1527,8 +1527,8 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlKernel(const __grid
   const uint64_t e = !graph ? epoch : loadVolatile64(&p.self->graphSeq) + 1;
   LlArgs a = llArgs(p, d, e, ns, /*wholeOp=*/gridDim.x == 1);
   // At most a line per thread (up to 2 KiB per source with 256 threads): the loops without
-  // kLlBatch's unrolling, a quarter of the code to run (session 17: an 8-byte op spent most of its
-  // time between consecutive stamps of a few instructions, the code the CTA's SM had to fetch).
+  // kLlBatch's unrolling, a quarter of the code to run (with them an 8-byte op spends most of
+  // its time between consecutive stamps of a few instructions, the code the CTA's SM has to fetch).
   const bool tiny = a.range.count <= a.nthr;
   if (tiny)
     llPush<1>(p, d, a, stop);

@@ -18,8 +18,8 @@ namespace coll {
 // The kernels' parameters, read through the constant cache: the launch-path kernels' hot fields
 // come first, in one 64-byte line (then the peers' table), because each launch's parameters are
 // new memory to the SM's constant cache, and every line a kernel first touches is a miss it waits
-// for before the branch that needs it (session 17: the LL path read warmup, pdl, the trace pointer,
-// rank and nRanks from five lines spread over 450 bytes, and then the peers).
+// for before the branch that needs it (spread over five lines of 450 bytes, the LL path's warmup,
+// pdl, trace pointer, rank and nRanks cost five such misses before the peers').
 struct KernelParams {
   // ---- hot: the launch-path kernels' first reads ----
   DeviceState* self;              // == peers[rank]

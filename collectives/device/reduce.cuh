@@ -1,4 +1,4 @@
-// Element-wise reductions of the persistent kernel, with NCCL's semantics (DESIGN.md §3):
+// Element-wise reductions of the persistent kernel, with NCCL's semantics (docs/ALGORITHMS.md):
 // integers wrap (arithmetic in the unsigned type), fp16/bf16 round to 16 bits at every operation,
 // fp8 goes through half and is rounded back (saturating to the largest finite value) at every
 // operation, PreMulSum multiplies each input by the scalar in the element type, SumPostDiv

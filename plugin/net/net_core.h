@@ -3,7 +3,7 @@
 // Each ABI version has one thin adapter file (net_v11.cc ... net_v8.cc) that converts its argument
 // list to these functions; everything else — choosing the backend, validating every handle NCCL
 // passes, bounding requests, and knowing when the backend's threads must stop — lives here, over
-// the one transport interface net::Net (DESIGN.md §2, §5).
+// the one transport interface net::Net (docs/ARCHITECTURE.md, layers; docs/TRANSPORT.md).
 //
 // Lifetime (why it is reference counted): NCCL calls v11's init() once per communicator and
 // finalize() when it is done, then dlclose()s the library after the last finalize. v8-v10 have no

@@ -78,7 +78,7 @@ ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
     // A communicator the kernel stopped (dead peer, timeout) reports it, as NCCL's enqueue does
     // (its comm->asyncResult): what the kernels recorded in host memory, no CUDA call. A query
     // of the kernel's stream costs every collective host time, and while `stream` is being
-    // captured it is refused and invalidates the capture (seen on the H200 in session 4).
+    // captured it is refused and invalidates the capture (seen on the H200).
     // ncclCommGetAsyncError still asks the driver too.
     Result async = comm->mk->asyncError(/*queryDevice=*/false);
     if (async != Result::Success && async != Result::InProgress)

@@ -84,7 +84,7 @@ void reapAtExit() {
 // It should run while CUDA is still up: the releases free CUDA memory, and abortPending() writes
 // into their pinned control blocks. As a static destructor alone it runs from _dl_fini, after
 // every exit handler (an LD_PRELOAD library's destructors are registered before the program's
-// own start-up registers _dl_fini; session 10's core showed it there). Exit handlers run in the
+// own start-up registers _dl_fini; a core dump shows it there). Exit handlers run in the
 // reverse order of their registration, so it is registered with atexit when the first background
 // release begins (CUDA is up by then: the communicator used it) and runs from exit() before any
 // handler registered earlier, CUDA's among them. atexit in a shared library also runs at dlclose.
@@ -284,7 +284,7 @@ void destroyShimComm(ShimComm* c) {
     // then) is past it too and ends soon: wait for them as well, so that nothing of the
     // communicator is left when this returns. Applications free their buffers and may even reset
     // the device right after destroying their communicators (nccl-tests calls cudaDeviceReset(),
-    // which unmapped the control blocks under releases still running: SIGSEGV at exit, issue 7).
+    // which would unmap the control blocks under releases still running: SIGSEGV at exit).
     const uint64_t id = c->idHash;
     auto siblingsDone = [&r, id] {
       for (auto& o : r.jobs)
@@ -302,8 +302,8 @@ void destroyShimComm(ShimComm* c) {
   }
   if (wait && static_cast<int>(coMembers.size()) + 1 == c->nRanks) {
     // Every rank is in this process and destroyed: no peer is left to wait for, so the release is
-    // held inside a CUDA call (session 33: a free, waiting for another communicator's kernel
-    // while that kernel waited for a thread held behind the free; docs/RELIABILITY.md).
+    // held inside a CUDA call (e.g. a free, waiting for another communicator's kernel while
+    // that kernel waits for a thread held behind the free; docs/RELIABILITY.md).
     MK_WARN("shim: rank %d: ncclCommDestroy returns after %lld s with the release unfinished, though every rank of "
             "this communicator is in this process and destroyed: a CUDA call in it is waiting for the GPU (a kernel "
             "of another communicator still waiting for its peers?); it completes in the background",

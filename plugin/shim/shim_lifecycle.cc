@@ -214,7 +214,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRan
                                               shrinkFlags);
       }));
   if (res != ncclSuccess && res != ncclInProgress && cfg->blocking != 0) {
-    // As NCCL 2.28.9 (seen on the H200, session 4): a blocking shrink that failed hands back no
+    // As NCCL 2.28.9 (seen on the H200): a blocking shrink that failed hands back no
     // communicator.
     child->state.store(CommState::Destroyed);
     destroyShimComm(child);

@@ -116,14 +116,14 @@ MKERNEL_NCCL_EXPORT void ncclResetDebugInitInternal() {
 // In emulation (MKERNEL_EMULATE=1) both are served here, even when the real NCCL is loaded
 // (nccl-tests links it): emulation creates no real communicator, so nothing needs NCCL's own
 // allocator, and the real ncclMemAlloc starts NCCL's own CUDA runtime. With that runtime started
-// under CUDA_MODULE_LOADING=EAGER (which emulation needs), thread ranks sharing the GPU stalled at
+// under CUDA_MODULE_LOADING=EAGER (which emulation needs), thread ranks sharing the GPU stall at
 // their first collective with the whole GPU taking no new work (mkernel-emuprobe,
-// docs/RELIABILITY.md session 10: 0 of 4 runs passed; with the real NCCL loaded but
+// docs/RELIABILITY.md: 0 of 4 runs passed; with the real NCCL loaded but
 // NCCL_CUMEM_ENABLE=0, 2 of 4; with cuMem buffers mapped without NCCL, 4 of 4).
 // The memory is mapped as NCCL maps it (cuMemCreate / cuMemMap), not cudaMalloc'd: a cudaFree
 // waits for every kernel of the device and holds back every other thread's CUDA calls meanwhile,
-// so one thread rank's ncclMemFree while another's collective was half posted stopped them all
-// until MKERNEL_TIMEOUT_S (mkernel-freeprobe, session 33); cuMemUnmap / cuMemRelease wait for
+// so one thread rank's ncclMemFree while another's collective is half posted would stop them all
+// until MKERNEL_TIMEOUT_S (mkernel-freeprobe); cuMemUnmap / cuMemRelease wait for
 // nothing.
 MKERNEL_NCCL_EXPORT ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
   // Handle-less and re-entered from libnccl: the real allocator when there is one (its cuMem

@@ -1,7 +1,7 @@
 // Per-call routing: the mKernel, or the real NCCL.
 //
-// The answer must be the same on every rank (DESIGN.md §3), so it depends only on what all ranks
-// share: the call's kind, dtype, op, count, the comm's size and settings — never on buffers —
+// The answer must be the same on every rank (docs/SHIM.md, routing), so it depends only on what all
+// ranks share: the call's kind, dtype, op, count, the comm's size and settings — never on buffers —
 // and whether the stream is being captured into a CUDA graph (every rank captures the same calls).
 #pragma once
 
@@ -24,10 +24,10 @@ enum class Route { Kernel, Forward };
 // "A product risk"). The launch path's captured kernels need nothing resident (the device numbers
 // the replays). So by default (auto) a captured collective stays in mkernel when the launch path
 // takes it (Communicator::capturedWithoutResidency), and goes to the real NCCL, which captures its
-// own kernels, when it would need the doorbell. nccl: every captured collective to NCCL (the
-// default through session 13); mkernel: every one to mkernel. Every rank must capture the same
-// collectives, as SPMD programs (torch.compile, CUDA-graph training loops) do, and the choice is
-// a function of what they share. (GraphPath: shim_comm.h.)
+// own kernels, when it would need the doorbell. nccl: every captured collective to NCCL; mkernel:
+// every one to mkernel. Every rank must capture the same collectives, as SPMD programs
+// (torch.compile, CUDA-graph training loops) do, and the choice is a function of what they share.
+// (GraphPath: shim_comm.h.)
 
 inline Result parseGraphPath(const std::string& v, GraphPath* out) {
   if (v == "auto") {

@@ -78,7 +78,7 @@ std::vector<Result> runRanks(int n, Fn fn) {
 void connectedPair(std::unique_ptr<Bootstrap>* b0, std::unique_ptr<Bootstrap>* b1, int tag, int value) {
   UniqueId id;
   REQUIRE(mkernel::bootstrap::createUniqueId(&id) == Result::Success);
-  // Catch2's assertions are not thread-safe (ThreadSanitizer saw two at once, session 32): the
+  // Catch2's assertions are not thread-safe (ThreadSanitizer sees two at once): the
   // thread keeps its result, checked after the join.
   Result r1 = Result::InternalError;
   std::thread t([&] { r1 = Bootstrap::create(id, 1, 2, b1); });
@@ -179,8 +179,8 @@ TEST_CASE("bootstrap: a peer that goes away makes recv fail; abort makes it retu
 }
 
 TEST_CASE("bootstrap: a peer that closes between frames has left: an error for whoever waits on it, no warning") {
-  // Every communicator's destruction closes its connections: a WARN for each (as before session
-  // 9) filled every job's exit with "peer closed the connection while reading a frame header".
+  // Every communicator's destruction closes its connections: a WARN for each would fill every
+  // job's exit with "peer closed the connection while reading a frame header".
   LoopbackEnv env;
   std::unique_ptr<Bootstrap> b0, b1;
   connectedPair(&b0, &b1, 5, 7);
@@ -263,7 +263,7 @@ TEST_CASE("bootstrap: a client that connects to the root and sends nothing delay
   t.join();
   CHECK(r1 == Result::Success);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  CHECK(s < 2.0);  // the root used to serve one connection at a time, 10 s each
+  CHECK(s < 2.0);  // a root serving one connection at a time would take 10 s for each
   mkernel::bootstrap::closeFd(&silent);
   mkernel::bootstrap::closeFd(&partial);
 }

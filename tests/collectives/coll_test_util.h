@@ -41,7 +41,8 @@ inline bool isFp8(DataType t) { return t == DataType::Fp8E4M3 || t == DataType::
 inline double testScalar(DataType t) { return isFloatType(t) ? 0.5 : 3.0; }
 
 // Fills n elements of one rank's input with data whose exact reduction the dtype can carry to
-// within DESIGN.md's tolerance (integers: any bits, wrap-around included).
+// within the verification tolerance of docs/ALGORITHMS.md (integers: any bits, wrap-around
+// included).
 inline void fillInput(Rng& rng, DataType t, RedOp op, int nRanks, void* buf, size_t n) {
   const size_t es = dataTypeSize(t);
   for (size_t i = 0; i < n; ++i) {
@@ -65,7 +66,7 @@ inline void fillInput(Rng& rng, DataType t, RedOp op, int nRanks, void* buf, siz
     } else if (isFp8(t)) {
       // {-1, 0, 1}, about two non-zero inputs per element over all ranks: partial sums stay
       // small integers, which fp8 holds exactly (e5m2 has 2 mantissa bits: 9 rounds to 8, and
-      // 3 x 0.1875 to 0.5), so fp8's per-step rounding stays within DESIGN.md's 1e-1.
+      // 3 x 0.1875 to 0.5), so fp8's per-step rounding stays within its 1e-1 tolerance.
       int k = rng.below(2 * (nRanks > 2 ? nRanks : 2));
       v = k == 0 ? -1.0 : (k == 1 ? 1.0 : 0.0);
     } else if (isLowPrecision(t)) {

@@ -64,7 +64,7 @@ TEST_CASE("cost model: overlap never loses, costs grow with size and nodes, over
   }
   p.nodes = 8;
   CostParams slow = p;
-  slow.mkOverheadUs = 25.0;  // what one H200 rank measured per call in session 2
+  slow.mkOverheadUs = 25.0;  // what one H200 rank measured per call
   CHECK(predictAllReduce(slow, 8).speedup < predictAllReduce(p, 8).speedup);
   CHECK(predictAllReduce(slow, 8).speedup < 1.0);
   CHECK(predictAllReduce(p, 8).speedup > 1.0);
@@ -111,7 +111,7 @@ TEST_CASE("cost model: the rail exchange's messages per form, and the per-messag
   const double without = predictAllReduce(p, 8.0).mkPipelinedUs;
   p.mkMsgUs = 24.0;
   CHECK(predictAllReduce(p, 8.0).mkPipelinedUs - without == Approx(6 * 24.0));
-  // Session 22's fit on emulated nodes (docs/MODEL.md): 13.5 us per step and 24 us per message
+  // The fit on emulated nodes (docs/MODEL.md): 13.5 us per step and 24 us per message
   // put rhd 21 us below direct and ring 54 us above it at N = 4, as measured at 4 KiB (227, 206,
   // 281 us); at N = 3 ring 27 us above direct, as measured (155.5 against 182.5 us).
   p.mkInterStepUs = 13.5;
@@ -147,7 +147,7 @@ TEST_CASE("cost model: the share of the shorter phase the pipeline hides") {
   CHECK(all.mkPipelinedUs < all.mkSerialUs);  // a case where the shorter phase is not empty
 }
 
-// ReduceScatter and AllGather (session 28): NCCL's ring of R - 1 steps with N - 1 between nodes
+// ReduceScatter and AllGather: NCCL's ring of R - 1 steps with N - 1 between nodes
 // and nccl-tests' busbw rule (R - 1) / R; mkernel's hierarchical time is the AllReduce's halves.
 TEST_CASE("cost model: ReduceScatter and AllGather, NCCL's ring formula and mkernel's half of the AllReduce") {
   using mkernel::coll::CollCost;

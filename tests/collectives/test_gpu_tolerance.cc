@@ -7,7 +7,7 @@
 //   - then the rail exchange: direct (every node's partial in node order, in float, rounded
 //     once), ring (the block's owner b gets p(b+1) x p(b+2) x ... x p(b), rounded at each step)
 //     or rhd (pairs k, k ^ h for h = N/2, N/4, ..., rounded at each step).
-// Session 22's device run of the sweep failed exactly two cases under the fixed 1e-2 rule, with
+// The device run of the sweep fails exactly two cases under the fixed 1e-2 rule, with
 // errors 0.010238 and 0.013061. This test reproduces that outcome case for case: the same two
 // failures with the same errors for the ring, and none for direct or rhd. It then checks that
 // every case passes with the roundings each form makes, N + 1 or N + (N - 1).
@@ -137,7 +137,7 @@ std::string describe(const std::vector<Outcome>& v) {
 }  // namespace
 
 TEST_CASE("gpu tolerance: the hierarchical products of test_gpu_hier_rail, reproduced on the CPU") {
-  // Under the fixed rule (1 rounding: 1e-2 for bf16), as on the device in session 22.
+  // Under the fixed rule (1 rounding: 1e-2 for bf16), as on the device.
   const std::vector<Outcome> ring = run(mkernel::coll::kRailRing, 1);
   INFO(describe(ring));
   REQUIRE(ring.size() == 2);
@@ -148,8 +148,8 @@ TEST_CASE("gpu tolerance: the hierarchical products of test_gpu_hier_rail, repro
   CHECK(ring[1].caseName == "ReduceScatter/bfloat16/prod count=1 in-place root=5");
   CHECK(ring[1].why.find("relative error 0.013061 ") != std::string::npos);
   const std::vector<Outcome> rhd = run(mkernel::coll::kRailRhd, 1), direct = run(mkernel::coll::kRailDirect, 1);
-  CHECK(describe(rhd) == "");     // passed on the device (calls 1-5)
-  CHECK(describe(direct) == "");  // passed on the device (every session)
+  CHECK(describe(rhd) == "");     // passes on the device
+  CHECK(describe(direct) == "");  // passes on the device
   // With the roundings each form makes (test_gpu_collectives' runSweep): every case passes.
   CHECK(describe(run(mkernel::coll::kRailRing, kNodes + kNodes - 1)) == "");
   CHECK(describe(run(mkernel::coll::kRailRhd, kNodes + kNodes - 1)) == "");

@@ -2,7 +2,7 @@
 // 1-8 ranks: every collective, integer and floating dtypes, the reduction ops, counts 0 / 1 / odd,
 // in and out of place, every root. Each case runs the flat reference executor (itself checked
 // against the definitions in test_reference.cc) and the hierarchical one on identical memory:
-// integer results, copies and min/max must be bit-identical, floating sums within DESIGN.md's
+// integer results, copies and min/max must be bit-identical, floating sums within the
 // norm-wise tolerance of the float64 definition, and every byte outside the receive buffers
 // (guards, inputs, non-root outputs) untouched.
 #include <catch2/catch.hpp>

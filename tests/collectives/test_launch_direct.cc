@@ -245,7 +245,7 @@ TEST_CASE("launch path, direct mode: its upper end (MKERNEL_DIRECT_MAX_BYTES)") 
     CHECK(directTakes(c, uint64_t(8) << 30, kDirectAuto, 2, true));
   CHECK(directTakes(CollType::AllGather, uint64_t(1) << 30, kDirectAuto, 4, true));
   CHECK_FALSE(directTakes(CollType::AllReduce, 4 * MiB, 4 * MiB, 2, true));
-  // Eight and sixteen ranks on a GPU too (session 19), and MKERNEL_DIRECT_MAX_BYTES=0: with either
+  // Eight and sixteen ranks on a GPU too, and MKERNEL_DIRECT_MAX_BYTES=0: with either
   // no eager op of such ranks takes the doorbell, which agreeLaunchCap relies on to give the
   // direct-mode kernels every SM.
   for (int sharing : {8, 16})

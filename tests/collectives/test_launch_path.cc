@@ -137,7 +137,7 @@ uint64_t graphEpochAtStart(World& w, int r, int cta, uint64_t want, std::mt19937
     } else {
       // The negative case: start once another CTA of the launch has ended (it advanced the
       // sequence), at most 200 ms later. A fixed pause is not enough where every CTA runs slower
-      // than it (ThreadSanitizer on two cores, session 32: the wrong epoch went unseen).
+      // than it (ThreadSanitizer on two cores: the wrong epoch went unseen).
       const uint64_t seen = w.graphSeq[r].load(std::memory_order_acquire);
       const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
       while (w.graphSeq[r].load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until)

@@ -379,7 +379,7 @@ TEST_CASE("policy: several nodes: NCCL where the cost model predicts it faster (
     CHECK(given.costNicGiven);
     CHECK(path(SelectionPolicy(given), CollType::AllReduce, 128 << 20, 2) == ExecPath::Nccl);
   }
-  // The per-call overhead decides small messages: at the issue's goal of 8 us, 18 us beats 25.2.
+  // The per-call overhead decides small messages: at the design goal of 8 us, 18 us beats 25.2.
   {
     EnvGuard env;
     env.set("COST_MODEL", "mk-overhead-us=8");

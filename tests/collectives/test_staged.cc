@@ -285,9 +285,9 @@ void checkSlowReader(const std::vector<Op>& ops, uint64_t seed) {
 }  // namespace
 
 // tests/region_races.h itself, on one thread with movements nested by hand: what it must count and
-// what it must not. Session 26 taught it reductions in place (hier_staged.h's hierArKeepOwn);
-// session 27 byte ranges (16 bytes at each pointer here), so that movements of different slots of
-// one region do not race (MKERNEL_HIER_AHEAD=2).
+// what it must not: reductions in place (hier_staged.h's hierArKeepOwn), and byte ranges (16
+// bytes at each pointer here), so that movements of different slots of one region do not race
+// (MKERNEL_HIER_AHEAD=2).
 TEST_CASE("region races: plain reads and writes, reductions in place, and writes that overlap them") {
   std::vector<char> mem(4 * 64);
   mktest::RegionRaces r;

@@ -77,12 +77,12 @@ inline double secondsSince(std::chrono::steady_clock::time_point t0) {
 
 // A blocking TCP connection to `sa` whose reads and writes give up after `timeoutMs`.
 // The connect itself may take up to 15 s: a listener whose backlog is momentarily full drops the
-// SYN, and the kernel retries after 1 s, then 3 s (a 2 s bound failed CI once, session 3). The
+// SYN, and the kernel retries after 1 s, then 3 s (a 2 s bound is not enough under load). The
 // reads and writes afterwards are bounded by timeoutMs.
 inline int rawConnect(const sockaddr* sa, socklen_t len, int timeoutMs, int* lastErrno = nullptr) {
   // A loopback connect to a live listener can still fail for a moment (a full accept queue drops
   // the SYN; a burst of short connections can leave no ephemeral port free until TIME_WAIT ends):
-  // retried with a fresh socket for 15 s. CI saw one such failure in 3,000 inputs (session 4).
+  // retried with a fresh socket for 15 s (about one such failure in 3,000 inputs under CI load).
   const auto t0 = std::chrono::steady_clock::now();
   int err = 0;
   while (true) {
@@ -112,8 +112,8 @@ inline int rawConnect(const sockaddr* sa, socklen_t len, int timeoutMs, int* las
 
 // libFuzzer's -timeout arms a periodic SIGALRM whose handler is installed without SA_RESTART, so
 // a blocking send or recv in a target can return EINTR (or short, even with MSG_WAITALL) at any
-// moment. The helpers below retry; a bare recv(MSG_WAITALL) failed CI once (session 5: "a correct
-// handshake was refused", reproduced in seconds with -timeout=1).
+// moment. The helpers below retry; a bare recv(MSG_WAITALL) fails a correct handshake
+// this way (reproduced in seconds with -timeout=1).
 
 // Writes what the peer will take (a peer that closes early is fine: that is its right).
 inline void sendSome(int fd, const void* data, size_t size) {

@@ -3,12 +3,13 @@
 // Inputs are generated from (seed, rank), so every rank thread can regenerate every peer's input
 // and build the reference itself. Integers are checked bit for bit against the host reduction of
 // collectives/reduce_host.h (wrapping, NCCL's integer Avg); floating types against a float64
-// reference with DESIGN.md §3's norm-wise tolerances (fp64 1e-12, fp32 1e-5, fp16/bf16 1e-2,
-// fp8 1e-1): ||got - ref|| / ||scale||, where the scale of a sum-like op (sum, avg, premulsum) is
-// the sum over ranks of |x| per element, the standard bound of a rounded summation (a sum that
-// cancels to near zero has no relative accuracy: on the H200 a one-element bf16 sum of 4 ranks
-// was 3% off its tiny exact value while every step rounded correctly), and |ref| otherwise. fp8 inputs are small integers (sums) or powers of two (products), so that rounding
-// stays inside its tolerance while a wrong element still fails.
+// reference with the norm-wise tolerances of docs/ALGORITHMS.md (fp64 1e-12, fp32 1e-5, fp16/bf16
+// 1e-2, fp8 1e-1): ||got - ref|| / ||scale||, where the scale of a sum-like op (sum, avg,
+// premulsum) is the sum over ranks of |x| per element, the standard bound of a rounded summation (a
+// sum that cancels to near zero has no relative accuracy: on the H200 a one-element bf16 sum of 4
+// ranks was 3% off its tiny exact value while every step rounded correctly), and |ref| otherwise.
+// fp8 inputs are small integers (sums) or powers of two (products), so that rounding stays inside
+// its tolerance while a wrong element still fails.
 #pragma once
 
 #include <algorithm>
@@ -51,17 +52,17 @@ inline double unitRoundoff(DataType t) {
   }
 }
 
-// DESIGN.md §3's tolerance, for an algorithm that rounds at most `roundings` partial results on
-// an element's way to its output (a reduction tree's internal nodes that store in the element
-// type): max(the rule, (1 + u)^roundings - 1), the bound of that many roundings of relative
-// error u each. The rule's 1e-2 for bf16 covers 2 roundings (u = 2^-8): the flat algorithms
-// reduce every input in one pass, and round once. The hierarchical path rounds each node's
-// partial result, then every step that combines nodes: N + 1 for the direct rail exchange, and
-// N + (N - 1) for ring or recursive halving/doubling, as NCCL's ring rounds at each of its n - 1
-// hops. Session 22, on one H200: bf16 products over 8 ranks as 4 x 2 in a ring were 1.02-1.31%
-// off, and a host simulation of the same order reached 2.0% (7 roundings: bound 2.8%). A missing
-// or doubled operand moves a sum by about 1/8 of its scale at 8 ranks, and a product (factors in
-// [0.75, 1.25]) by about 14% RMS over a case's elements: far outside.
+// The tolerance of docs/ALGORITHMS.md, for an algorithm that rounds at most `roundings` partial
+// results on an element's way to its output (a reduction tree's internal nodes that store in the
+// element type): max(the rule, (1 + u)^roundings - 1), the bound of that many roundings of relative
+// error u each. The rule's 1e-2 for bf16 covers 2 roundings (u = 2^-8): the flat algorithms reduce
+// every input in one pass, and round once. The hierarchical path rounds each node's partial result,
+// then every step that combines nodes: N + 1 for the direct rail exchange, and N + (N - 1) for ring
+// or recursive halving/doubling, as NCCL's ring rounds at each of its n - 1 hops. On one H200, bf16
+// products over 8 ranks as 4 x 2 in a ring were 1.02-1.31% off, and a host simulation of the same
+// order reached 2.0% (7 roundings: bound 2.8%). A missing or doubled operand moves a sum by about
+// 1/8 of its scale at 8 ranks, and a product (factors in [0.75, 1.25]) by about 14% RMS over a
+// case's elements: far outside.
 inline double tolerance(DataType t, int roundings = 1) {
   double rule = 1e-1;
   switch (t) {

@@ -489,8 +489,7 @@ TEST_CASE("gpu: direct mode, every collective, 4 MiB per rank, 4 ranks", "[gpu][
 
 // Emulated nodes (MKERNEL_RANKS_PER_NODE): every collective runs hierarchically
 // (collectives/hier_staged.h): node phases through the staging buffers, the rail rounds through
-// each rank's proxy over TCP on loopback. 2 x 2 runs on the H200 since session 4; 2 x 4 written in
-// session 7, not yet run.
+// each rank's proxy over TCP on loopback, 2 x 2 here.
 TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2 (hierarchical, proxies)", "[gpu][hier]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
   runSweep(4, 2);
@@ -499,7 +498,7 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2 
 // test_gpu_hier8), so that the streams of earlier cases do not share hardware queues with theirs.
 TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2, split over 3 CTAs (MKERNEL_HIER_CTAS)", "[gpu][hierctas]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
-  setenv("MKERNEL_HIER_CTAS", "3", 1);  // each CTA its slice and proxy channel (written in session 7)
+  setenv("MKERNEL_HIER_CTAS", "3", 1);  // each CTA its slice and proxy channel
   setenv("MKERNEL_HIER_SPLIT_MIN_BYTES", "0", 1);  // every collective split, the small ones too
   mkernel::params::resetForTesting();
   runSweep(4, 2, 3);

@@ -648,7 +648,7 @@ void deadPeer(const char* launchMax) {
   CHECK(failures.empty());
 }
 
-// DESIGN.md §7 / the reliability issue: ncclCommAbort is bounded even while a kernel spins.
+// Bounded waits (docs/RELIABILITY.md): ncclCommAbort is bounded even while a kernel spins.
 // The timeout is long (30 s), so only the abort can end rank 0's wait in time.
 void abortWhileSpinning(const char* launchMax) {
   EnvGuard path("MKERNEL_LAUNCH_MAX_BYTES", launchMax);
@@ -750,11 +750,11 @@ std::string checkedAllReduce(mkgpu::RankCtx& ctx, int32_t* buf, size_t count, in
 //   gone:  node 1 (ranks 2 and 3) aborts and finalizes its communicators while ranks 0 and 1 are
 //          inside the second AllReduce. Their proxies see the connections to node 1 fail, and the
 //          error says "the proxy stopped" with the transfer that failed, within seconds although
-//          MKERNEL_TIMEOUT_S is 20. In 2 of 20 runs (session 29, calls 1-5) one survivor's
-//          connection to node 1 stayed open and silent until its own timeout (20-30 s), the other
-//          failing at once (docs/RELIABILITY.md, open items; none in 30 runs of session 30, after
-//          an aborted finalize stopped copying the device counters; cause not shown). So at least one
-//          survivor must fail within 10 s, and each must name node 1 either way (the proxy
+//          MKERNEL_TIMEOUT_S is 20. A survivor's connection to node 1 can stay open and silent
+//          until its own timeout (20-30 s), the other failing at once (docs/RELIABILITY.md, open
+//          items; seen in 2 of 20 runs while an aborted finalize copied the device counters, none
+//          in 30 runs without that copy). So at least one survivor must fail within 10 s, and
+//          each must name node 1 either way (the proxy
 //          stopped, or what it still waits for); each rank prints its times (abort and finalize
 //          of node 1's ranks, the survivors' waits) for that investigation.
 // In CTA roles (test_gpu_hier_fail_roles) the same must be said: the waits of a lane's CTAs for
@@ -878,7 +878,7 @@ TEST_CASE("gpu: emulated nodes, a node that leaves mid-collective: the survivors
 // that an application queued after a collective on its stream (loss.item()) waits for that
 // collective, as long as the job hangs. Here a stream of the test waits on a host flag
 // (cuStreamWaitValue32, as a caller's stream waits for a doorbell): that alone holds no copy
-// (session 30, call 3: stats() 0.0000 s); then it queues a copy of a result to the host, and with
+// (stats() 0.0000 s); then it queues a copy of a result to the host, and with
 // every stream on one queue (CUDA_DEVICE_MAX_CONNECTIONS=1: test_gpu_stats_bound; at 32 the two
 // streams did not share one in 3 of 3 runs) the counters' copy waits behind it. stats() must
 // return within its bound (0.25 s) and count the late copy; a second call must return at once and
@@ -948,7 +948,7 @@ TEST_CASE("gpu: stats() returns within its bound while the counters' copy waits 
         return ctx.fail(std::string("cuStreamWaitValue32 on a host flag: ") + mkernel::lastError());
       if (cudaStreamQuery(blocker) != cudaErrorNotReady) return ctx.fail("the blocker's stream did not hold at its wait");
       const uint64_t globalBefore = mkernel::coll::globalStats().countersLate.load();
-      // The wait alone holds no copy (session 30, calls 2 and 3: not late, 0.0000 s).
+      // The wait alone holds no copy (not late, 0.0000 s).
       mkernel::coll::CollStats waitOnly, late, again, after;
       auto t0 = std::chrono::steady_clock::now();
       ctx.comm->stats(&waitOnly);

@@ -30,7 +30,7 @@
 //            buffers (collectives/staged_ring.h); the statistics must count as rings exactly
 //            those MKERNEL_RING_MIN_BYTES (auto: what the LL mode does not take) sends there.
 //   --release-half-posted  (2 ranks) the release of a process-rank communicator while another
-//            communicator's collective is half posted (docs/RELIABILITY.md, session 36): rank 0's
+//            communicator's collective is half posted (docs/RELIABILITY.md): rank 0's
 //            process also holds a communicator Y of two thread ranks; Y's rank 0 posts a small
 //            AllReduce (its kernel waits for Y's rank 1), then the main thread finalizes and
 //            destroys the process-rank communicator, and only 300 ms later does Y's rank 1
@@ -38,7 +38,7 @@
 //            release unmaps the peer's memory: with cuMem (MKERNEL_PEER_IPC=cumem, the default)
 //            that waits for nothing; with legacy CUDA IPC, cudaIpcCloseMemHandle waits for Y's
 //            kernel and holds back Y's rank 1's calls until Y times out (MKERNEL_TIMEOUT_S=5
-//            here): the control run (scripts/release-stall-check.sh) must fail.
+//            here): that control run (MKERNEL_PEER_IPC=legacy) must fail.
 //   --hosts H   the ranks act as H hosts (MKERNEL_HOSTID = host<rank / (N/H)>): the communicator
 //            then runs every collective hierarchically, one node per host, the rail rounds
 //            through a proxy per rank over TCP on loopback (the multi-host path, without a second
@@ -121,8 +121,8 @@ enum class Kill { kNone, kBetween, kMid, kGraph };
 // Inputs and poison go on the collective's stream. A cudaMemset is asynchronous and a cudaMemcpy
 // from pageable memory returns before its DMA has landed, both on the legacy stream, which the
 // non-blocking `stream` does not wait for: the collective could read the previous case's input
-// and the poison land on its result (session 31: test_gpu_procs_4 failed 2 runs of 5 so, an
-// AllGather element -1, all four ranks alike; tests/shim/shim_gpu_util.h, session 9).
+// and the poison land on its result (test_gpu_procs_4 failed 2 runs of 5 so, an AllGather element
+// -1, all four ranks alike; tests/shim/shim_gpu_util.h).
 bool toDevice(void* dev, const void* host, size_t bytes, cudaStream_t stream) {
   return cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream) == cudaSuccess;
 }
@@ -150,7 +150,7 @@ int survive(int rank, int n, int nGpus, int dev, std::unique_ptr<mkernel::coll::
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   // A survivor on another GPU than the dead rank times out waiting for it: RemoteError. One on
-  // the same GPU under MPS was seen (two H200s, 2026-11-29) to take an illegal-address fault
+  // the same GPU under MPS was seen (two H200s) to take an illegal-address fault
   // when the dead client's memory went away: its CUDA context is lost (UnhandledCudaError,
   // within a second). Either way: an error, in bounded time, never a hang.
   const bool sameGpuAsDead = (n - 1) % nGpus == dev;

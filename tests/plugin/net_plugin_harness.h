@@ -107,8 +107,8 @@ std::string closePair(NetPlugin& p, Connection* c);
 ncclResult_t waitRequest(NetPlugin& p, void* request, int* sizes, double seconds, bool* done);
 // Repeats isend/irecv while they report back-pressure (NULL request), for at most `seconds`.
 // 30 s, like waitRequest's callers: on verbs a send waits for the receiver's clear-to-send, and
-// in the Soft-RoCE VM (emulated CPUs) on a loaded 2-core host that took more than 10 s once
-// (CI, session 3: test_net_plugin_proc, v8 parent / v11 child).
+// in the Soft-RoCE VM (emulated CPUs) on a loaded 2-core host that can take more than 10 s
+// (test_net_plugin_proc, v8 parent / v11 child).
 ncclResult_t postSend(NetPlugin& p, void* comm, void* data, size_t size, int tag, void* mh,
                       void** request, double seconds = 30);
 ncclResult_t postRecv(NetPlugin& p, void* comm, int n, void** data, const size_t* sizes,

@@ -1,6 +1,7 @@
 // Every shared object the build produces loads with dlopen(RTLD_NOW) — every symbol resolved, no
 // vendor library (libcuda, libibverbs, libnccl) needed at load time — and the three names are one
-// and the same library, so LD_PRELOAD and NCCL's dlopen share one copy (DESIGN.md §1).
+// and the same library, so LD_PRELOAD and NCCL's dlopen share one copy (docs/DESIGN.md, one
+// library).
 #include <dlfcn.h>
 
 #include <catch2/catch.hpp>
@@ -40,10 +41,10 @@ TEST_CASE(
   // Internal symbols stay hidden: only the C entry points are exported.
   CHECK(dlsym(net, "_ZN7mkernel10netplugin4testEPvPiS2_") == nullptr);
 #if defined(__SANITIZE_THREAD__)
-  // Left loaded under ThreadSanitizer (scripts/tsan-audit.sh): its atexit interceptor registers
+  // Left loaded under ThreadSanitizer (scripts/test.sh tsan): its atexit interceptor registers
   // the exit handler that the static CUDA runtime installs at load with no DSO handle, so
   // dlclose does not run or drop it and exit() then calls into the unmapped library (SEGV in
-  // libcudart_static's code, session 32). Without TSan, atexit in a shared object runs at dlclose.
+  // libcudart_static's code). Without TSan, atexit in a shared object runs at dlclose.
   (void)tuner;
   (void)net;
   (void)core;

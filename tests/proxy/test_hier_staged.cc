@@ -545,7 +545,7 @@ TEST_CASE("hier_staged: every collective over 2-3 nodes x 1-3 ranks, proxies ove
 }
 
 // MKERNEL_HIER_KEEP_OWN=0 (the comparison form): the direct AllReduce's own piece of the rail
-// reduction through the net send buffer, as before session 26. The cases above run the default,
+// reduction through the net send buffer. The cases above run the default,
 // which keeps it in the out regions.
 TEST_CASE("hier_staged: every collective with the own piece through the net buffer (MKERNEL_HIER_KEEP_OWN=0), exact") {
   auto net = testNet();
@@ -617,8 +617,8 @@ TEST_CASE("hier_staged: the own piece stays off the net buffers by exactly its b
   }
 }
 
-// MKERNEL_HIER_AHEAD=1 (the comparison order): the pipelined direct AllReduce one chunk ahead, as
-// before session 27 (A(0); B(i), A(i + 1), C(i)). The cases above run two ahead.
+// MKERNEL_HIER_AHEAD=1 (the comparison order): the pipelined direct AllReduce one chunk ahead
+// (A(0); B(i), A(i + 1), C(i)). The cases above run two ahead.
 TEST_CASE("hier_staged: every collective with the AllReduce one chunk ahead (MKERNEL_HIER_AHEAD=1), exact") {
   auto net = testNet();
   for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}, Shape{2, 1, 256}})
@@ -662,7 +662,7 @@ TEST_CASE("hier_staged: AllReduce in CTA roles (1 sender, 1-2 workers, 1-3 reduc
   }
 }
 
-// The same code in turn (MKERNEL_HIER_OVERLAP=0, session 24: issue 6's comparison for the roles):
+// The same code in turn (MKERNEL_HIER_OVERLAP=0: the overlap's comparison for the roles):
 // each chunk's phase 1, rail and phase 3 before the next chunk's; with direct, ring and rhd.
 TEST_CASE("hier_staged: AllReduce in CTA roles in turn (the overlap's comparison), every collective between, exact") {
   auto net = testNet();
@@ -862,7 +862,7 @@ void rolesSlowRank(mkernel::net::Net* net, int rail, const Roles& r, bool broken
 
 TEST_CASE("hier_staged: CTA roles with a slow rank, and a broken role wait is caught") {
   auto net = testNet();
-  // The broken half races on purpose; under ThreadSanitizer (scripts/tsan-audit.sh) TSan would
+  // The broken half races on purpose; under ThreadSanitizer (scripts/test.sh tsan) TSan would
   // report that race, so only the intact half runs there.
   if (mktest::kThreadSanitizer) WARN("ThreadSanitizer build: the broken role wait is left out");
   for (int rail : {int(kRailDirect), int(kRailRing), int(kRailRhd)})
@@ -952,7 +952,7 @@ void checkPhaseMarks(const World& w, bool overlap, uint64_t want) {
 }
 }  // namespace
 
-// Phase times (issue 6's overlap measure): in turn, CTA 0 marks every AllReduce chunk's phases in
+// Phase times (the overlap measure): in turn, CTA 0 marks every AllReduce chunk's phases in
 // order (chunk start, rail start, rail end, chunk end) and nothing else; pipelined, it marks none.
 // With a slow rail (every data movement of rank 3 takes 200 us, so its peers wait in the rail
 // steps) the rail phase of its peers must come out longer than its own node phases are short.
@@ -1022,8 +1022,8 @@ TEST_CASE("hier_staged: phase times of the AllReduce in CTA roles in turn: the s
     }
 }
 
-// Hidden ([.stress]): the GPU tier's order of work on one layout, long. Session 4 saw the GPU's
-// hierarchical test stall in 2 of 5 runs on a message lost between two proxies (TCP);
+// Hidden ([.stress]): the GPU tier's order of work on one layout, long. A message lost between
+// two proxies (TCP) stalls the GPU's hierarchical test;
 // `test_hier_staged "[.stress]"` runs the same rail traffic without a GPU.
 TEST_CASE("hier_staged: stress, 2 nodes x 2 ranks, 1 MiB chunks, 1200 collectives", "[.stress]") {
   const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::Reduce, CollType::AllGather,

@@ -1,4 +1,4 @@
-// The proxy ring protocol on the CPU (issue "Multi-node", CI part): threads play the GPU
+// The proxy ring protocol on the CPU: threads play the GPU
 // producers of proxy_ring.h, one Proxy per rank moves the bytes over the TCP backend on loopback.
 // Covers ordering, wrap-around and back-pressure of the ring, every byte of random-size
 // transfers, and the failure paths: a vanished peer, bad commands, a full ring with no proxy.
@@ -349,8 +349,8 @@ class RecordingNet final : public mkernel::net::Net {
   mkernel::net::Net* in_;
 };
 
-// Session 29's slow survivor on a GPU (docs/RELIABILITY.md, open items): its TCP receive comm from
-// the node that left had socket 1 closed and socket 0 silent. Here rank 1's send comm to rank 0
+// A slow survivor on a GPU (docs/RELIABILITY.md, open items): its TCP receive comm from
+// the node that left has socket 1 closed and socket 0 silent. Here rank 1's send comm to rank 0
 // is put in that state (its socket 1 shut, SHUT_WR; rank 1's proxy keeps running) while rank 0
 // waits for more: rank 0's proxy must fail in about a second (the TCP net's close seen on a data
 // socket, kCloseGraceS), not at MKERNEL_TIMEOUT_S (20 s), naming rank 1 and the closed socket.

@@ -57,7 +57,7 @@ TEST_CASE("proxy net: backend choice and the placement's NIC order") {
   mkernel::params::resetForTesting();
 }
 
-// The proxy thread's CPUs (DESIGN.md §6): the placement's set within the process's affinity.
+// The proxy thread's CPUs (docs/TOPOLOGY.md): the placement's set within the process's affinity.
 TEST_CASE("proxy net: the proxy's CPUs come from the placement, within the process's affinity") {
   using mkernel::coll::proxyPinCpus;
   CHECK(proxyPinCpus({0, 1, 2, 3}, {2, 3, 4}) == std::vector<int>{2, 3});

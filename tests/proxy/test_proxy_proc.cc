@@ -1,6 +1,6 @@
 // The proxy across two processes (label proc): the peer process is SIGKILLed in the middle of a
 // stream of transfers; the survivor's producer must see the failure within MKERNEL_TIMEOUT_S,
-// with an error naming the peer, never a hang (issue "Reliability": killed peers).
+// with an error naming the peer, never a hang.
 #include <catch2/catch.hpp>
 
 #include <signal.h>

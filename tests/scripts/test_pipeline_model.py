@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""scripts/pipeline-model.py: the figures docs/MODEL.md (session 27) quotes from it, for session
-26's 2 x 2 and 4 x 2 per-chunk times: two chunks ahead takes 3-10% less time than one at 16
+"""scripts/pipeline-model.py: the figures docs/MODEL.md quotes from it, for the measured 2 x 2 and
+4 x 2 per-chunk times: two chunks ahead takes 3-10% less time than one at 16
 chunks, and the same or up to 5% less at 4; in turn and one ahead hide what they did.
 
     python3 tests/scripts/test_pipeline_model.py REPO_ROOT

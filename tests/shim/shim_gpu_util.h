@@ -72,7 +72,7 @@ struct DevBuf {
 // The copy runs on the legacy default stream, which the tests' non-blocking streams do not wait
 // for, and a copy from pageable memory returns before its DMA has landed: wait for it, or a
 // collective launched next on another stream may read the old contents (a wrong AllReduce in
-// test_shim_emulate's split case, session 9).
+// test_shim_emulate's split case).
 template <typename T>
 void upload(const DevBuf& b, const std::vector<T>& v) {
   cudaMemcpy(b.p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);

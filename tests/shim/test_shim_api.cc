@@ -361,8 +361,8 @@ TEST_CASE("api: custom-op and p2p entries reject their own bad arguments on NULL
 }
 
 // In emulation the shim serves ncclMemAlloc itself, even with the real NCCL loaded: the real one
-// starts NCCL's own CUDA runtime, after which co-located thread ranks stalled at their first
-// collective on the H200 (docs/RELIABILITY.md, session 10). Ours maps the memory with cuMem as
+// starts NCCL's own CUDA runtime, after which co-located thread ranks stall at their first
+// collective on the H200 (docs/RELIABILITY.md). Ours maps the memory with cuMem as
 // NCCL does; without a GPU it fails with its own message; without emulation the call goes to the
 // real NCCL. The GPU tier runs this case alone as test_shim_api_gpu, where the mapping is made.
 TEST_CASE("api: in emulation ncclMemAlloc and ncclMemFree never reach the real NCCL", "[memalloc]") {

@@ -4,8 +4,8 @@
 // (nccl-tests' default, ncclCommInitAll's pattern) gets the first ones released in the background;
 // the last destroy must not return before every one of those releases has ended, since the
 // application frees its buffers and may reset the device right after (nccl-tests calls
-// cudaDeviceReset(): in session 11 that unmapped the control blocks under releases still running,
-// and the process died at exit).
+// cudaDeviceReset(), which would unmap the control blocks under releases still running, and the
+// process would die at exit).
 #include <catch2/catch.hpp>
 
 #include <atomic>

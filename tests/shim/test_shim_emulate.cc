@@ -181,10 +181,10 @@ TEST_CASE("emulate: ncclCommInitAll may put every rank on device 0") {
 
 // NCCL's single-process teardown (its examples, nccl-tests -t/-g): one thread destroys every
 // rank's comm in turn, outside a group. Each ncclCommDestroy must return without waiting for
-// members that only this same thread will destroy later: until session 8 each waited a 2 s grace,
-// so with 8 ranks the first member's finalize barrier waited 14 s for the last and failed under a
-// short MKERNEL_TIMEOUT_S (nccl-tests -t 8 on the H200: "timed out after 10 s waiting for 1 bytes
-// from peer 7", then a crash at exit).
+// members that only this same thread will destroy later: with a 2 s grace each, 8 ranks' first
+// member's finalize barrier would wait 14 s for the last and fail under a short MKERNEL_TIMEOUT_S
+// (nccl-tests -t 8 on the H200: "timed out after 10 s waiting for 1 bytes from peer 7", then a
+// crash at exit).
 TEST_CASE("emulate: one thread destroys 4 ranks in turn, outside a group, without waiting for each") {
   for (int round = 0; round < 2; ++round) {
     INFO("round " << round);
@@ -249,14 +249,14 @@ TEST_CASE("emulate: what needs the real NCCL fails with ncclInvalidUsage and say
 TEST_CASE("emulate: ncclCommSplit by parity, then collectives on the halves") {
   // Every communicator's CTAs stay reserved on the GPU while it lives (collectives/sm_budget.h):
   // 4 emulated ranks x the default 32 CTAs take all 128 SMs an H200 lends persistent kernels,
-  // and the halves would fail with "cannot fit" (session 4, first run on the H200). 8 CTAs each:
+  // and the halves would fail with "cannot fit" on the H200. 8 CTAs each:
   // 32 for the parent, 32 for the two halves.
   setenv("MKERNEL_CTAS", "8", 1);
   mkernel::params::resetForTesting();
   std::vector<std::vector<int32_t>> got(4);
   std::vector<int> sizes(4, 0);
   // What each rank's calls returned, and the last error then: a wrong sum with every call
-  // successful (seen once in three runs on the H200, session 9) must say so.
+  // successful (seen once in three runs on the H200) must say so.
   std::vector<std::string> said(4);
   runRanks(4, [&](int rank, ncclComm_t comm, cudaStream_t s) {
     ncclComm_t half = nullptr;
@@ -269,7 +269,7 @@ TEST_CASE("emulate: ncclCommSplit by parity, then collectives on the halves") {
     }
     {
       // The half's handle, to match the shim's "comm %p rank r/2 ... ready" INFO line (ctest runs
-      // this test with MKERNEL_DEBUG=INFO for INIT: session 32's failure, docs/RELIABILITY.md).
+      // this test with MKERNEL_DEBUG=INFO for INIT, docs/RELIABILITY.md).
       char at[32];
       std::snprintf(at, sizeof(at), " (half %p)", static_cast<void*>(half));
       log += at;
@@ -297,14 +297,14 @@ TEST_CASE("emulate: ncclCommSplit by parity, then collectives on the halves") {
   mkernel::params::resetForTesting();
 }
 
-// Session 33 (docs/RELIABILITY.md, the split-communicator stall): while one rank of communicator A
-// has posted an AllReduce (its kernel waits for its peer) and the peer's thread has not, the last
-// member of communicator B is destroyed. Its release used to cudaFree / cudaFreeHost its memory:
-// such a free waits for every kernel of the device, A's waiting one included, and meanwhile every
-// CUDA call of every other thread waits behind it (mkernel-freeprobe), so A's second rank could
-// not even allocate its buffer, and A's kernel timed out. Releases now return their memory to
-// the process's MemCache (collectives/mem_cache.h); MKERNEL_DEFER_FREES=0 brings the old frees
-// back, and this case then fails after MKERNEL_TIMEOUT_S.
+// The split-communicator stall (docs/RELIABILITY.md): while one rank of communicator A has posted
+// an AllReduce (its kernel waits for its peer) and the peer's thread has not, the last member of
+// communicator B is destroyed. A release that cudaFree's / cudaFreeHost's its memory waits for
+// every kernel of the device, A's waiting one included, and meanwhile every CUDA call of every
+// other thread waits behind it (mkernel-freeprobe), so A's second rank cannot even allocate its
+// buffer, and A's kernel times out. Releases return their memory to the process's MemCache
+// (collectives/mem_cache.h); MKERNEL_DEFER_FREES=0 frees at release instead, and this case then
+// fails after MKERNEL_TIMEOUT_S.
 TEST_CASE("emulate: destroying one communicator while another's collective is half posted") {
   setenv("MKERNEL_CTAS", "8", 1);  // two communicators of two ranks: 32 CTAs in all
   mkernel::params::resetForTesting();
@@ -382,13 +382,13 @@ TEST_CASE("emulate: destroying one communicator while another's collective is ha
 }
 
 // The same stall through the application's own memory: nccl-tests -R and PyTorch's NCCL memory
-// pool allocate with ncclMemAlloc, and a thread rank's ncclMemFree while a peer's collective was
-// half posted waited, as a cudaFree, for that collective's kernel, holding back the peer's
-// allocation and post behind it. The shim now maps ncclMemAlloc's memory with cuMem, as NCCL
+// pool allocate with ncclMemAlloc, and a thread rank's ncclMemFree while a peer's collective is
+// half posted would wait, as a cudaFree, for that collective's kernel, holding back the peer's
+// allocation and post behind it. The shim maps ncclMemAlloc's memory with cuMem, as NCCL
 // does, and its ncclMemFree (cuMemUnmap / cuMemRelease) waits for nothing. The rank buffers are
 // ncclMemAlloc's too (the kernel reads and writes such mappings directly). With `plainFree` the
 // freeing thread calls cudaFree on a cudaMalloc'd block instead: the hidden control case below,
-// which must fail (scripts/release-stall-check.sh runs it with MKERNEL_TIMEOUT_S=5).
+// which must fail (run it by name with MKERNEL_TIMEOUT_S=5).
 static void freeWhileHalfPosted(bool plainFree) {
   ncclUniqueId id;
   REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);

@@ -283,7 +283,7 @@ TEST_CASE(
   // GroupSimulateEnd estimates; mkernel runs nothing. (With one rank NCCL selects no algorithm
   // and leaves the estimate undefined, -1.) The shim issues the collective to the real comm
   // inside the simulated group, so the buffer ends as NCCL itself leaves it: NCCL 2.28.9 copies
-  // a one-rank collective at enqueue time, simulated or not (first run on the H200, session 4).
+  // a one-rank collective at enqueue time, simulated or not (seen on the H200).
   auto realGroupStart = realFn<ncclResult_t (*)()>("pncclGroupStart");
   auto realSimEnd = realFn<ncclResult_t (*)(ncclSimInfo_t*)>("pncclGroupSimulateEnd");
   auto realAllReduce = realFn<ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
@@ -334,7 +334,7 @@ TEST_CASE("gpu: ncclCommSplit and ncclCommShrink make working comms; NOCOLOR giv
   CHECK(ncclCommShrink(parent, nullptr, 0, &shrunk, nullptr, NCCL_SHRINK_DEFAULT) ==
         ncclInvalidArgument);  // as NCCL 2.28.9: the list may not be NULL
   // Excluding nobody from one rank: the shim answers what the real NCCL answers on a real
-  // one-rank comm (NCCL 2.28.9 refused it with ncclInvalidArgument on the H200, session 4).
+  // one-rank comm (NCCL 2.28.9 refuses it with ncclInvalidArgument on the H200).
   auto realShrink = realFn<ncclResult_t (*)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int)>("pncclCommShrink");
   auto realDestroy = realFn<ncclResult_t (*)(ncclComm_t)>("pncclCommDestroy");
   REQUIRE((realShrink && realDestroy));

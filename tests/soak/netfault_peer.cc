@@ -1,4 +1,4 @@
-// netfault_peer: one side of a TCP net::Net transfer for scripts/netfault-tier.sh, which runs the
+// netfault_peer: one side of a TCP net::Net transfer for scripts/test.sh netfault, which runs the
 // two sides in two network namespaces joined by a veth pair with rate limits, drops or a cut link
 // in between (docs/RELIABILITY.md). Not a unit test: a plain executable driven by the script.
 //   netfault_peer recv <handle-file> <messages> <bytes>   listens, writes the handle, verifies

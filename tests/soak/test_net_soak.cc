@@ -223,7 +223,7 @@ TEST_CASE("soak: TCP net, 8 connections, random sizes/tags/groups, every byte ve
   const double stallLimit = params::timeoutSeconds();
   const int fdsBefore = countEntries("/proc/self/fd");
   // ThreadSanitizer's runtime starts a thread of its own with the process's first thread
-  // (scripts/tsan-audit.sh): let that happen before the count.
+  // (scripts/test.sh tsan): let that happen before the count.
   if (mktest::kThreadSanitizer) std::thread([] {}).join();
   const int threadsBefore = countEntries("/proc/self/task");
   uint64_t totalBytes = 0, totalMessages = 0;

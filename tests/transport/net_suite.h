@@ -1,5 +1,5 @@
-// A backend-neutral test suite for net::Net (DESIGN.md §5). Every check here is a property NCCL's
-// net-plugin semantics promise, so each backend (TCP, verbs) instantiates the same suite:
+// A backend-neutral test suite for net::Net (docs/TRANSPORT.md). Every check here is a property
+// NCCL's net-plugin semantics promise, so each backend (TCP, verbs) instantiates the same suite:
 //
 //   #include "tests/transport/net_suite.h"
 //   MKERNEL_NET_SUITE("tcp", [] { std::string why; return mkernel::net::createTcpNet(&why); })

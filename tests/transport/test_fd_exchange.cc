@@ -404,7 +404,7 @@ TEST_CASE("exchangeFds: between processes over the bootstrap (4 processes, two '
   };
   // Every rank is a child, forked before this process starts the case's first thread (the
   // bootstrap root's, in createUniqueId), and reads the id from a pipe: a child of a process with
-  // threads may not start threads of its own under ThreadSanitizer (scripts/tsan-audit.sh), and
+  // threads may not start threads of its own under ThreadSanitizer (scripts/test.sh tsan), and
   // the bootstrap does. This process only reaps, with a deadline: a rank that dies fails the case
   // at once, the others killed, instead of leaving its peers in the bootstrap until
   // MKERNEL_TIMEOUT_S (300 s, past ctest's timeout).

@@ -96,9 +96,9 @@ TEST_CASE("tcp net: a stalled receive describes its posted tags, the unmatched h
   CHECK(msg.find("socket 0: 0 B to read, kernel unread 1011 B") != std::string::npos);
 }
 
-// A peer closes all the sockets of its comm together. Session 29 saw a survivor on emulated nodes
+// A peer closes all the sockets of its comm together. A survivor on emulated nodes can otherwise
 // wait out its whole timeout with its socket 1 closed (an event seen, nothing to read) and socket
-// 0 silent (docs/RELIABILITY.md). A close seen on a data socket now ends the connection once socket
+// 0 silent (docs/RELIABILITY.md). A close seen on a data socket ends the connection once socket
 // 0 has brought nothing for kCloseGraceS (1 s), and never before what the peer sent first is read.
 // Here the sender's socket 1 alone is shut (SHUT_WR: its FIN goes out, socket 0 stays open).
 namespace {

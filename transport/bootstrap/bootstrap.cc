@@ -15,13 +15,13 @@
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/log.h"
 #include "common/param.h"
+#include "common/text.h"
 #include "transport/bootstrap/sock.h"
 #include "transport/bootstrap/validate.h"
 #include "transport/bootstrap/wire.h"
@@ -34,11 +34,6 @@ constexpr int kTagAllGather = -1;
 constexpr int kTagBroadcast = -2;
 constexpr int kTagBarrier = -3;
 constexpr double kHandshakeSeconds = 10.0;  // one hello must arrive this fast once connected
-
-uint64_t randomNonce() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
-}
 
 // The root of one rendezvous: collects every rank's hello, then sends each the address table.
 // Runs on a detached thread that ends when the rendezvous is done or times out. Connections are

@@ -1,4 +1,4 @@
-// transport/bootstrap: mkernel's own TCP rendezvous (DESIGN.md §5).
+// transport/bootstrap: mkernel's own TCP rendezvous (docs/TRANSPORT.md, bootstrap).
 //
 // The 128-byte unique id that the shim hands out (ncclGetUniqueId) carries a magic, a version,
 // the root's listening address and a random nonce. Rank 0's process runs the root: every rank

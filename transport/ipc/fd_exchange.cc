@@ -12,9 +12,9 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
-#include <random>
 
 #include "common/log.h"
+#include "common/text.h"
 
 namespace mkernel {
 namespace ipc {
@@ -67,17 +67,6 @@ class Fd {
  private:
   int fd_ = -1;
 };
-
-uint64_t randomNonce() {
-  uint64_t v = 0;
-  FILE* f = std::fopen("/dev/urandom", "rb");
-  if (f != nullptr) {
-    if (std::fread(&v, sizeof(v), 1, f) != 1) v = 0;
-    std::fclose(f);
-  }
-  if (v == 0) v = std::random_device{}() ^ (static_cast<uint64_t>(Clock::now().time_since_epoch().count()) << 1);
-  return v;
-}
 
 socklen_t abstractAddr(const char* name, sockaddr_un* a) {
   std::memset(a, 0, sizeof(*a));

@@ -1,4 +1,4 @@
-// net::Net — the one transport interface (DESIGN.md §5).
+// net::Net — the one transport interface (docs/TRANSPORT.md).
 //
 // It serves both the NCCL net plugin (plugin/net_v*.cc are thin adapters over it) and mkernel's own
 // proxy. Its semantics are NCCL's net-plugin semantics, so the adapters stay thin:

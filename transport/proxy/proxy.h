@@ -1,4 +1,4 @@
-// The proxy thread of one rank (DESIGN.md §3, "Inter-node"; docs/PROXY.md): it consumes the
+// The proxy thread of one rank (docs/PROXY.md): it consumes the
 // command ring of proxy_ring.h and moves the bytes with net::Net (TCP or verbs).
 //
 // Setup is collective over the ranks that exchange data (the caller carries the handles, e.g.

@@ -1,4 +1,4 @@
-// The GPU-to-proxy command ring (DESIGN.md §3, "Inter-node"; docs/PROXY.md).
+// The GPU-to-proxy command ring (docs/PROXY.md).
 //
 // A producer (a GPU CTA of the persistent kernel; in CPU tests, a thread playing the GPU) writes
 // commands into a ring in host-mapped memory; the rank's proxy thread consumes them in order and
@@ -130,7 +130,7 @@ MK_PROXY_HD inline void storeRelaxed64(uint64_t* p, uint64_t v) {
 #if defined(__CUDA_ARCH__)
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 #elif defined(__SANITIZE_THREAD__)
-  // ThreadSanitizer does not model fences (scripts/tsan-audit.sh): there the store after
+  // ThreadSanitizer does not model fences (scripts/test.sh tsan): there the store after
   // fenceRelease() is itself a release store, which orders at least as much.
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 #else

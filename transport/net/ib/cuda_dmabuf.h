@@ -1,7 +1,7 @@
 // The few CUDA driver calls the verbs backend needs to register GPU memory, loaded with dlopen of
-// libcuda.so.1 (DESIGN.md §2: the library loads, and the verbs backend runs, on hosts without a
-// GPU). Used to export a device buffer as a DMA-BUF file descriptor for ibv_reg_dmabuf_mr, and to
-// tell whether GPU memory can be registered at all.
+// libcuda.so.1 (docs/ARCHITECTURE.md, vendor libraries: the library loads, and the verbs backend
+// runs, on hosts without a GPU). Used to export a device buffer as a DMA-BUF file descriptor for
+// ibv_reg_dmabuf_mr, and to tell whether GPU memory can be registered at all.
 #pragma once
 
 #include <cstddef>

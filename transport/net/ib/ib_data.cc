@@ -205,7 +205,7 @@ Result IbNet::isend(SendComm* comm, void* data, size_t size, int tag, void* mhan
     // One RDMA write carries the whole slot, but its bytes may land in any order: an entry is
     // trusted only once both copies of its sequence number (at its start and at its end) have
     // arrived, and the slot only once every entry has. Until then it is "not posted (yet)". On
-    // Soft-RoCE a reader saw seq before nreqs had landed ("corrupt CTS entry", CI, session 4).
+    // Soft-RoCE a reader can see seq before nreqs has landed ("corrupt CTS entry").
     if (entries[0].seq != seq || entries[0].seqTail != uint32_t(seq)) break;
     std::atomic_thread_fence(std::memory_order_acquire);
     nreqs = int(entries[0].nreqs);

@@ -1,5 +1,5 @@
-// net::Net over RDMA verbs (rdma-core): the verbs backend of DESIGN.md §5. docs/VERBS.md describes
-// the protocol; in short:
+// net::Net over RDMA verbs (rdma-core): the verbs backend (docs/TRANSPORT.md). docs/VERBS.md
+// describes the protocol; in short:
 //   - a connection is N reliable-connected QPs (MKERNEL_IB_QPS_PER_CONN) sharing one CQ, set up by
 //     a non-blocking TCP handshake that carries QP numbers, GID/LID and MTU;
 //   - clear-to-send: irecv RDMA-writes its buffers' address/rkey/size/tag into the sender's CTS
@@ -52,7 +52,7 @@ struct CtsEntry {
   uint32_t nreqs;  // entries in this grouped receive
   uint32_t seqTail;  // low 32 bits of seq again, the entry's last bytes: the reader trusts an entry
                      // only when both copies match (version 2; the fields between the two copies
-                     // arrive in the same RDMA write and landed late on Soft-RoCE in session 4)
+                     // arrive in the same RDMA write and can land late, as on Soft-RoCE)
 };
 static_assert(sizeof(CtsEntry) == 40, "CtsEntry is part of the wire protocol");
 struct CtsSlot {

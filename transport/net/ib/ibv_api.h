@@ -1,4 +1,4 @@
-// libibverbs, loaded with dlopen (DESIGN.md §2): libmkernel.so must load on hosts without
+// libibverbs, loaded with dlopen (docs/ARCHITECTURE.md): libmkernel.so must load on hosts without
 // rdma-core, so nothing here links against libibverbs. The data-path calls (ibv_post_send,
 // ibv_post_recv, ibv_poll_cq) are static inline in <infiniband/verbs.h> and go through the
 // context's ops table, so they need no symbol; every other call goes through IbvApi.

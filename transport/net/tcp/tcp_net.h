@@ -179,7 +179,7 @@ struct TcpComm : EventTarget {
   // Receive side. A peer closes all the sockets of its comm together, so a close seen on a data
   // socket while nothing was due on it means the connection is over, even if socket 0's own
   // close has not been seen: fails the comm once nothing is left to read on socket 0 (no header
-  // pending, no unread byte) for kCloseGraceS. Session 29 saw a survivor wait out its timeout
+  // pending, no unread byte) for kCloseGraceS. Without it a survivor can wait out its timeout
   // with its socket 1 closed and socket 0 silent (docs/RELIABILITY.md).
   void checkClosedAheadLocked();
   bool matchHeaderLocked();  // routes pendingHeader to a receive slot; false if none is posted
