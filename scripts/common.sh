@@ -31,6 +31,8 @@ mk_install_deps() {
   [ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
   [ -f /usr/include/rdma/rdma_cma.h ] || need+=(librdmacm-dev)
   [ -f /usr/include/catch2/catch.hpp ] || need+=(catch2)
+  [ -f /usr/include/CLI/CLI.hpp ] || need+=(libcli11-dev)
+  [ -f /usr/include/nlohmann/json.hpp ] || need+=(nlohmann-json3-dev)
   dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
   if [ ${#need[@]} -gt 0 ]; then
     mk_say "installing: ${need[*]}"

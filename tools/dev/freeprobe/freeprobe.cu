@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "tools/args.h"
-#include "tools/probe_util.cuh"
+#include "tools/dev/probe_util.cuh"
 
 namespace {
 
