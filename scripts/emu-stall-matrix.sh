@@ -10,7 +10,7 @@
 #      plain and shaped like mkernel's launch-path kernel (--kernel mkernel), with and without
 #      an event recorded behind each kernel (--after), at 32 and 8 hardware queues: no mkernel
 #      library;
-#   2b. mkernel-emuprobe (tools/emuprobe): nccl-tests -t 4's set-up through libmkernel.so's NCCL
+#   2b. mkernel-emuprobe (tools/dev/emuprobe): nccl-tests -t 4's set-up through libmkernel.so's NCCL
 #      API without nccl-tests, MATRIX_RUNS fresh processes per row, each row changing one thing
 #      (buffers, how the comms are made, the collective, data set-up, rank count);
 #   3. scripts/emu-stall-probe.sh, MATRIX_RUNS (6) short runs each of broadcast_perf -t 4 -b 8 -e 8
@@ -39,7 +39,7 @@ if [[ " ${MATRIX_STEPS:-2 2b 3} " == *" 3 "* ]]; then
     { echo "build failed"; exit 1; }
 else
   # No nccl-tests rows: the library and the probes only.
-  { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON -DMKERNEL_BUILD_TESTS=OFF >/dev/null &&
+  { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON -DMKERNEL_BUILD_DEV_TOOLS=ON -DMKERNEL_BUILD_TESTS=OFF >/dev/null &&
     make -C "$build" -j"${MATRIX_JOBS:-32}" mkernel mkernel-queueprobe mkernel-emuprobe >/dev/null; } 2>&1 | tail -5
   [ -x "$build/bin/mkernel-emuprobe" ] || { echo "build failed"; exit 1; }
 fi

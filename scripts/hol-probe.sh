@@ -4,15 +4,19 @@
 # next kernel) hold back a peer's kernel queued later in a shared hardware queue, and does a host
 # barrier before that command (mkernel's rule for co-located ranks, --fence) prevent it?
 #   bash scripts/hol-probe.sh        (repository root, on the GPU machine; about 60 s)
-# Builds mkernel-queueprobe with nvcc alone (no CMake), then runs it with the ranks' launches
-# staggered (HOL_STAGGER_US, default 2000: each rank's commands reach the GPU before the next
-# rank's), for every after-command with and without the fence, at 1 hardware queue (every stream
-# shares it) and at 32 (streams made after HOL_GAPS others, so that some share). Prints the
-# queueprobe tables and a summary: rows, stalled rounds. Logs to $OUT/hol-probe.txt when set.
+# Builds mkernel-queueprobe (tools/dev: -DMKERNEL_BUILD_DEV_TOOLS=ON) into HOL_BUILD (default
+# build-gpu), then runs it with the ranks' launches staggered (HOL_STAGGER_US, default 2000: each
+# rank's commands reach the GPU before the next rank's), for every after-command with and without
+# the fence, at 1 hardware queue (every stream shares it) and at 32 (streams made after HOL_GAPS
+# others, so that some share). Prints the queueprobe tables and a summary: rows, stalled rounds.
+# Logs to $OUT/hol-probe.txt when set.
 set -u -o pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bin=${HOL_BIN:-/tmp/mkernel-queueprobe-hol}
-nvcc -std=c++17 -O2 -arch=sm_90 -I"$root" "$root/tools/queueprobe/queueprobe.cu" -o "$bin" -ldl || { echo "build failed"; exit 1; }
+build=${HOL_BUILD:-$root/build-gpu}
+{ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON -DMKERNEL_BUILD_DEV_TOOLS=ON \
+    -DMKERNEL_BUILD_TESTS=OFF >/dev/null && cmake --build "$build" -j"${HOL_JOBS:-16}" --target mkernel-queueprobe >/dev/null; } ||
+  { echo "build failed"; exit 1; }
+bin=$build/bin/mkernel-queueprobe
 log=${OUT:-/tmp}/hol-probe.txt
 : >"$log"
 printf '%-6s %-7s %-6s %s\n' queues after fence "stalled/rounds (per ranks x gap row)" | tee -a "$log"

@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -73,6 +74,15 @@ const SizeValidator kSize;
 // (delimiter(',')) they apply to each item.
 const CLI::Validator kPositive = CLI::Range(1, std::numeric_limits<int>::max()).description("POSITIVE");
 const CLI::Validator kNonNegative = CLI::Range(0, std::numeric_limits<int>::max()).description("NONNEGATIVE");
+// A real number above 0 (seconds, milliseconds).
+const CLI::Validator kPositiveReal(
+    [](std::string& value) {
+      double v = 0;
+      if (!CLI::detail::lexical_cast(value, v) || !(v > 0) || !std::isfinite(v))
+        return "'" + value + "' is not a number above 0";
+      return std::string();
+    },
+    "POSITIVE");
 
 // The tool's app: --version as above, usage text to stdout.
 inline void setupApp(CLI::App& app) {

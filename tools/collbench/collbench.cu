@@ -32,8 +32,8 @@
 #include "collectives/cuda_driver.h"
 #include "collectives/work.h"
 #include "common/param.h"
-#include "tools/args.h"
 #include "common/result.h"
+#include "tools/cli.h"
 #include "transport/bootstrap/bootstrap.h"
 
 namespace {
@@ -793,61 +793,70 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
   return ok;
 }
 
-int usage() {
-  std::fprintf(stderr,
-               "usage: mkernel-collbench [--ranks 2,4,8] [--min-bytes 8] [--max-bytes 1073741824] "
-               "[--step 8] [--iters 1000] [--wait launch,memop,kernel] [--trace 1|2|3] [--nccl libnccl.so.2] [--gpus 1] "
-               "[--ranks-per-node K] [--group K] [--sync spin|yield|blocking] [--coll allreduce] [--csv FILE]\n"
-               "  --coll allreduce|reducescatter|allgather|broadcast|reduce: the collective timed (float sum, root 0);\n"
-               "  bytes are nccl-tests' size (ReduceScatter: the send buffer, AllGather: the receive buffer)\n"
-               "  --group K (1-8): every timed call a group of K AllReduces (NCCL: ncclGroupStart/End; mkernel: one\n"
-               "  enqueue, MKERNEL_LL_BATCH), times per collective\n"
-               "  --ranks-per-node K: emulated nodes of K ranks, every collective through the hierarchical path and\n"
-               "  the proxies (set MKERNEL_SOCKET_IFNAME=lo); MKERNEL_HIER_OVERLAP=0 runs its phases in turn\n"
-               "  --sync: how rank threads wait for their streams (cudaDeviceScheduleSpin/Yield/BlockingSync;\n"
-               "  default: CUDA's choice)\n");
-  return 2;
+// The command line into *opt. -1: run; otherwise the exit status (tools/cli.h).
+int parseOptions(int argc, char** argv, Options* opt) {
+  CLI::App app("AllReduce (or, --coll, another collective) through mkernel, N thread ranks on one GPU (emulated) or\n"
+               "spread over several (--gpus), optionally beside the real NCCL (--nccl, AllReduce only): per-op latency\n"
+               "(median, p99), eager and replayed from a CUDA graph, and memory bandwidth. Progress on stderr, table on\n"
+               "stdout.",
+               "mkernel-collbench");
+  mktools::setupApp(app);
+  std::string coll = "allreduce";
+  app.add_option("--ranks", opt->ranks, "rank counts, one run each")->delimiter(',')->check(mktools::kPositive)
+      ->default_str("2,4,8");
+  app.add_option("--min-bytes", opt->minBytes, "smallest size (nccl-tests' size; K, M, G accepted)")
+      ->transform(mktools::kSize)->capture_default_str();
+  app.add_option("--max-bytes", opt->maxBytes, "largest size")->transform(mktools::kSize)->capture_default_str();
+  app.add_option("--step", opt->step, "size multiplier from one row to the next")->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--iters", opt->iters, "timed collectives per size")->check(mktools::kPositive)->capture_default_str();
+  app.add_option("--wait", opt->waits, "paths to compare: launch, memop, kernel")->delimiter(',')
+      ->check(CLI::IsMember({"launch", "memop", "kernel"}))->default_str("launch,memop");
+  app.add_option("--trace", opt->trace,
+                 "1: where an eager collective's time goes (MKERNEL_KERNEL_TRACE=1); 2: a captured one's; 3: also the "
+                 "LL kernel's receive")
+      ->check(CLI::Range(0, 3))->capture_default_str();
+  app.add_option("--nccl", opt->nccl, "the real NCCL's AllReduce in the same run (e.g. libnccl.so.2)")->type_name("LIB");
+  app.add_option("--gpus", opt->gpus, "rank r runs on GPU r % N (1: every rank on GPU 0, emulated)")
+      ->check(mktools::kPositive)->capture_default_str();
+  app.add_option("--ranks-per-node", opt->ranksPerNode,
+                 "emulated nodes of K ranks, every collective through the hierarchical path and the proxies "
+                 "(set MKERNEL_SOCKET_IFNAME=lo); MKERNEL_HIER_OVERLAP=0 runs its phases in turn")
+      ->check(mktools::kNonNegative)->type_name("K");
+  app.add_option("--group", opt->group,
+                 "every timed call a group of K AllReduces (NCCL: ncclGroupStart/End; mkernel: one enqueue, "
+                 "MKERNEL_LL_BATCH), times per collective")
+      ->check(CLI::Range(1, 8))->capture_default_str();
+  app.add_option("--sync", opt->sync,
+                 "how rank threads wait for their streams (cudaDeviceScheduleSpin/Yield/BlockingSync; default: CUDA's "
+                 "choice)")
+      ->check(CLI::IsMember({"spin", "yield", "blocking"}));
+  app.add_option("--coll", coll,
+                 "the collective timed (float sum, root 0); bytes are nccl-tests' size (ReduceScatter: the send buffer, "
+                 "AllGather: the receive buffer)")
+      ->check(CLI::IsMember({"allreduce", "reducescatter", "allgather", "broadcast", "reduce"}))->capture_default_str();
+  app.add_option("--csv", opt->csv, "also write the rows as CSV")->type_name("FILE");
+  const int rc = mktools::parseArgs(app, argc, argv);
+  if (rc >= 0) return rc;
+  using mkernel::coll::CollType;
+  opt->coll = coll == "reducescatter" ? CollType::ReduceScatter
+              : coll == "allgather"   ? CollType::AllGather
+              : coll == "broadcast"   ? CollType::Broadcast
+              : coll == "reduce"      ? CollType::Reduce
+                                      : CollType::AllReduce;
+  if (opt->coll != CollType::AllReduce && !opt->nccl.empty())
+    return mktools::usageError(app, "--nccl compares AllReduce only (--coll allreduce)");
+  if (opt->minBytes < 1 || opt->maxBytes < opt->minBytes)
+    return mktools::usageError(app, "want 1 <= --min-bytes <= --max-bytes");
+  return -1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (i + 1 >= argc) return usage();
-    const char* v = argv[++i];
-    if (a == "--ranks") opt.ranks = mktools::parseIntList(v);
-    else if (a == "--min-bytes") opt.minBytes = std::strtoull(v, nullptr, 10);
-    else if (a == "--max-bytes") opt.maxBytes = std::strtoull(v, nullptr, 10);
-    else if (a == "--step") opt.step = std::strtoull(v, nullptr, 10);
-    else if (a == "--iters") opt.iters = std::atoi(v);
-    else if (a == "--csv") opt.csv = v;
-    else if (a == "--wait") opt.waits = mktools::splitCommas(v);
-    else if (a == "--trace") opt.trace = std::atoi(v);
-    else if (a == "--nccl") opt.nccl = v;
-    else if (a == "--gpus") opt.gpus = std::atoi(v);
-    else if (a == "--ranks-per-node") opt.ranksPerNode = std::atoi(v);
-    else if (a == "--group") opt.group = std::atoi(v);
-    else if (a == "--sync") opt.sync = v;
-    else if (a == "--coll") {
-      const std::string c = v;
-      using mkernel::coll::CollType;
-      if (c == "allreduce") opt.coll = CollType::AllReduce;
-      else if (c == "reducescatter") opt.coll = CollType::ReduceScatter;
-      else if (c == "allgather") opt.coll = CollType::AllGather;
-      else if (c == "broadcast") opt.coll = CollType::Broadcast;
-      else if (c == "reduce") opt.coll = CollType::Reduce;
-      else return usage();
-    } else return usage();
-  }
-  if (opt.coll != mkernel::coll::CollType::AllReduce && !opt.nccl.empty()) {
-    std::fprintf(stderr, "mkernel-collbench: --nccl compares AllReduce only (--coll allreduce)\n");
-    return 2;
-  }
-  if (opt.step < 2 || opt.minBytes < 1 || opt.iters < 1 || opt.gpus < 1 || opt.group < 1 || opt.group > 8) return usage();
-  if (opt.trace < 0 || opt.trace > 3) return usage();
-  if (!opt.sync.empty() && opt.sync != "spin" && opt.sync != "yield" && opt.sync != "blocking") return usage();
+  const int rc = parseOptions(argc, argv, &opt);
+  if (rc >= 0) return rc;
   if (opt.trace) setenv("MKERNEL_KERNEL_TRACE", std::to_string(opt.trace).c_str(), 1);
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 0);
   // 2 streams per rank (caller + internal): more hardware queues than CUDA's default 8, so that a
@@ -911,9 +920,6 @@ int main(int argc, char** argv) {
     } else if (w == "memop" || w == "kernel") {
       setenv("MKERNEL_STREAM_WAIT", w.c_str(), 1);
       setenv("MKERNEL_LAUNCH_MAX_BYTES", "0", 1);
-    } else {
-      std::fprintf(stderr, "mkernel-collbench: --wait %s: expected launch, memop or kernel\n", w.c_str());
-      return 2;
     }
     for (int n : opt.ranks) ok = runRanks(n, o, copyGBps, &rows) && ok;
   }
