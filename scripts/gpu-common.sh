@@ -99,11 +99,16 @@ nccl_tests_vs() {
         [ "$mode" != g ] && sfx="-$mode"
         [ -n "$agg" ] && sfx="$sfx-m$agg"
         [ "${NT_ROUNDS:-1}" -gt 1 ] && sfx="$sfx-r$round" rtitle=", round $round"
-        timeout "$limit" "${pin[@]}" "$bin" "${args[@]}" >"$logs/nccl-$t$sfx.txt" 2>&1 || { echo "$t (NCCL) failed"; rc=1; }
+        # -J: nccl-tests' JSON beside each stdout log, which nccl-tests-table.py reads.
+        rm -f "$logs/nccl-$t$sfx.json"
+        timeout "$limit" "${pin[@]}" "$bin" "${args[@]}" -J "$logs/nccl-$t$sfx.json" >"$logs/nccl-$t$sfx.txt" 2>&1 ||
+          { echo "$t (NCCL) failed"; rc=1; }
         for v in "$@"; do
           IFS='|' read -r name title envs <<<"$v"
           # shellcheck disable=SC2086  # envs: VAR=value words
-          env $envs LD_PRELOAD="$LIB" timeout "$limit" "${pin[@]}" "$bin" "${args[@]}" >"$logs/$name-$t$sfx.txt" 2>&1 ||
+          rm -f "$logs/$name-$t$sfx.json"
+          env $envs LD_PRELOAD="$LIB" timeout "$limit" "${pin[@]}" "$bin" "${args[@]}" -J "$logs/$name-$t$sfx.json" \
+            >"$logs/$name-$t$sfx.txt" 2>&1 ||
             { echo "$t ($name) failed"; tail -5 "$logs/$name-$t$sfx.txt"; rc=1; }
           python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t$sfx.txt" "$logs/$name-$t$sfx.txt" \
             --title "$t, $how$rtitle: NCCL vs mkernel ($title)" |
