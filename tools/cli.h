@@ -84,11 +84,17 @@ const CLI::Validator kPositiveReal(
     },
     "POSITIVE");
 
-// The tool's app: --version as above, usage text to stdout.
+// The tool's app: --version as above; an option given twice takes its last value, as scripts
+// that append an override to a command line expect (list options: listOf below).
 inline void setupApp(CLI::App& app) {
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.set_version_flag("--version", app.get_name() + " (mkernel " MKERNEL_VERSION_STRING ")");
   app.get_formatter()->column_width(32);
 }
+
+// A comma-separated list option ("--ranks 2,4,8"): each item converted and checked on its own, and,
+// given twice, the last list wins (not the two joined).
+inline CLI::Option* listOf(CLI::Option* opt) { return opt->delimiter(',')->trigger_on_parse(); }
 
 // Prints "<tool>: why" on stderr and returns 2 (the exit status of a bad command line).
 inline int usageError(const CLI::App& app, const std::string& why) {

@@ -145,3 +145,20 @@ TEST_CASE("parseArgs: --version, --help, a bad option") {
   CHECK(run({"--bogus"}) == 2);
   CHECK(run({"--size"}) == 2);
 }
+
+TEST_CASE("setupApp: an option given twice takes its last value; a list its last list") {
+  CLI::App app("a tool", "mkernel-test");
+  mktools::setupApp(app);
+  int n = 0;
+  std::vector<int> ranks{2, 4, 8};
+  std::vector<uint64_t> sizes;
+  mktools::listOf(app.add_option("--ranks", ranks))->check(mktools::kPositive);
+  mktools::listOf(app.add_option("--sizes", sizes))->transform(mktools::kSize);
+  app.add_option("--n", n);
+  std::vector<std::string> args{"--n", "1", "--ranks", "1,2", "--sizes", "4K,1M", "--n", "2", "--ranks", "8", "--sizes", "64M"};
+  std::reverse(args.begin(), args.end());
+  app.parse(args);
+  CHECK(n == 2);
+  CHECK(ranks == std::vector<int>{8});
+  CHECK(sizes == std::vector<uint64_t>{67108864});
+}

@@ -210,8 +210,7 @@ std::string formatSize(size_t b) {
 }
 
 void addTransportOptions(CLI::App* app, TransportOptions* o) {
-  app->add_option("--sizes", o->sizes, "sizes to measure (K, M, G accepted)")
-      ->delimiter(',')
+  mktools::listOf(app->add_option("--sizes", o->sizes, "sizes to measure (K, M, G accepted)"))
       ->transform(mktools::kSize)
       ->check(CLI::Range(uint64_t(1), uint64_t(1) << 40).description(""))
       ->default_str("8,64,512,4K,32K,256K,1M,4M,16M,64M");

@@ -19,9 +19,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -66,6 +68,11 @@ struct Options {
   // (a group's interval / K), as nccl-tests -m reports them.
   int group = 1;
   std::string csv;
+  // --results FILE: the nccl-tests-column rows appended as CSV (docs/results/), with the run's
+  // date, machine, --commit and command line.
+  std::string results;
+  std::string commit = "unknown";
+  std::string command;  // the command line, for --results
   // --sync spin|yield|blocking: how the rank threads wait for their streams
   // (cudaSetDeviceFlags(cudaDeviceSchedule*) on every GPU; default: CUDA's, which spins with more
   // cores than contexts). On emulated nodes eight spinning rank threads share the host's cores with
@@ -86,6 +93,54 @@ size_t collCount(mkernel::coll::CollType c, size_t bytes, int n) {
 size_t collBytes(mkernel::coll::CollType c, size_t count, int n) {
   using mkernel::coll::CollType;
   return (c == CollType::ReduceScatter || c == CollType::AllGather ? count * static_cast<size_t>(n) : count) * 4;
+}
+
+// The data check (nccl-tests' #wrong): element i of rank r's send buffer is (r + 1) * (i % 13 + 1),
+// small integers whose float sums are exact, so every output element has one right value.
+__global__ void fillPattern(float* p, size_t n, int rank) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = static_cast<float>(rank + 1) * static_cast<float>(i % 13 + 1);
+}
+
+// Counts the elements of rank `rank`'s output of collective c (count: CollArgs::count over n
+// ranks, root 0) that differ from the pattern's result, into *wrong.
+__global__ void countWrong(const float* out, size_t count, int n, int rank, mkernel::coll::CollType c,
+                           unsigned long long* wrong) {
+  using mkernel::coll::CollType;
+  const float ranksSum = static_cast<float>(n) * static_cast<float>(n + 1) / 2;
+  const size_t total = c == CollType::AllGather ? count * static_cast<size_t>(n) : count;
+  unsigned long long mine = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
+    float want;
+    switch (c) {
+      case CollType::ReduceScatter: want = ranksSum * static_cast<float>((static_cast<size_t>(rank) * count + i) % 13 + 1); break;
+      case CollType::AllGather: want = static_cast<float>(i / count + 1) * static_cast<float>(i % count % 13 + 1); break;
+      case CollType::Broadcast: want = static_cast<float>(i % 13 + 1); break;
+      default: want = ranksSum * static_cast<float>(i % 13 + 1); break;  // AllReduce, Reduce (root)
+    }
+    if (out[i] != want) ++mine;
+  }
+  if (mine) atomicAdd(wrong, mine);
+}
+
+// Rank `rank`'s part of the data check of `a` (its buffers at least as large as the collective's):
+// fills the send buffer, runs the collective once, counts the wrong output elements. -1 when the
+// collective could not be run. Reduce checks the root's output only.
+int64_t dataCheck(mkernel::coll::Communicator* comm, mkernel::coll::CollArgs a, int n, int rank, cudaStream_t stream,
+                  unsigned long long* devWrong, std::function<void()> barrier) {
+  using mkernel::coll::CollType;
+  const size_t sendElems = a.coll == CollType::ReduceScatter ? a.count * static_cast<size_t>(n) : a.count;
+  fillPattern<<<256, 256, 0, stream>>>(static_cast<float*>(const_cast<void*>(a.sendbuff)), sendElems, rank);
+  cudaMemsetAsync(devWrong, 0, sizeof(*devWrong), stream);
+  cudaStreamSynchronize(stream);
+  barrier();  // every rank's input is in place before any rank's collective reads it
+  if (comm->enqueue(&a, 1, stream) != Result::Success) return -1;
+  if (a.coll != CollType::Reduce || rank == a.root)
+    countWrong<<<256, 256, 0, stream>>>(static_cast<const float*>(a.recvbuff), a.count, n, rank, a.coll, devWrong);
+  unsigned long long wrong = 0;
+  cudaMemcpyAsync(&wrong, devWrong, sizeof(wrong), cudaMemcpyDeviceToHost, stream);
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return -1;
+  return static_cast<int64_t>(wrong);
 }
 
 // Per collective: every interval of a group of k divided by k.
@@ -129,6 +184,7 @@ struct Row {
   size_t traced = 0;
   double graphRunUs = 0;  // --trace 2: per op, the event-free graph's replays
   double memGBps, pctCopy;
+  int64_t wrong = -1;  // elements wrong in the data check, summed over ranks (-1: not checked)
 };
 
 double percentile(std::vector<float> v, double p) {
@@ -591,6 +647,8 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
   Barrier barrier(n);
   bool ok = true;
   std::mutex mu;
+  std::atomic<int64_t> wrongSum{0};  // the data check's count of this size, over the ranks
+  std::atomic<bool> unchecked{false};
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
@@ -618,6 +676,8 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         return fail("cudaMalloc " + std::to_string(groupWindow(bufBytes, opt.group)));
       cudaStream_t stream = b.stream;
       void *send = b.send, *recv = b.recv;
+      unsigned long long* devWrong = nullptr;
+      if (cudaMalloc(&devWrong, sizeof(*devWrong)) != cudaSuccess) return fail("cudaMalloc (data check)");
       std::vector<cudaEvent_t>& ev = b.ev;
       // Every rank's allocations are done before any rank's kernel runs (a rank thread blocked in
       // the driver while its peers' kernels wait for it would stall them until the timeout).
@@ -769,8 +829,18 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           }
         }
         if (comm->asyncError() != Result::Success) return fail("asyncError");
+        // The data check, one collective (op 0's window) after the timed ones.
+        {
+          const int64_t w = dataCheck(comm.get(), grp[0], n, r, stream, devWrong, [&] { barrier.wait(); });
+          if (w < 0) unchecked = true;
+          else wrongSum += w;
+        }
+        barrier.wait();
         if (r == 0) {
           Row row = makeRow(opt.mode, n, size, eager, graph, hostUs, copyGBps, opt.coll);
+          row.wrong = unchecked ? -1 : wrongSum.load();
+          wrongSum = 0;
+          unchecked = false;
           for (int k = 0; k < 7; ++k) row.stageUs[k] = stageUs[k];
           row.smGHz = smGHz;
           row.traced = traced;
@@ -786,11 +856,95 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
       if (comm->finalize() != Result::Success) fail("finalize");
       cudaFree(send);
       cudaFree(recv);
+      cudaFree(devWrong);
       cudaStreamDestroy(stream);
     });
   }
   for (auto& t : threads) t.join();
   return ok;
+}
+
+// nccl-tests' bus bandwidth factor for collective c over n ranks (its busBw computations).
+double busBwFactor(mkernel::coll::CollType c, int n) {
+  using mkernel::coll::CollType;
+  const double dn = static_cast<double>(n);
+  switch (c) {
+    case CollType::AllReduce: return 2.0 * (dn - 1) / dn;
+    case CollType::ReduceScatter:
+    case CollType::AllGather: return (dn - 1) / dn;
+    default: return 1.0;  // Broadcast, Reduce
+  }
+}
+
+// The NCCL row of the same size and rank count, if --nccl measured one.
+const Row* ncclRowFor(const std::vector<Row>& rows, const Row& mk) {
+  for (const Row& r : rows)
+    if (r.wait.rfind("nccl", 0) == 0 && r.ranks == mk.ranks && r.bytes == mk.bytes) return &r;
+  return nullptr;
+}
+
+// A CSV field: quoted when it holds a comma, a quote or a line break.
+std::string csvField(const std::string& v) {
+  if (v.find_first_of(",\"\n") == std::string::npos) return v;
+  std::string q = "\"";
+  for (char c : v) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+// The mkernel rows in nccl-tests' columns (size, count, type, redop, time, algbw, busbw, #wrong),
+// then the path that ran them and, with --nccl, NCCL's time for the same size and the ratio
+// mkernel / NCCL (below 1: mkernel faster). Time: the eager median.
+void printNcclTestsTable(const Options& opt, const std::vector<Row>& rows) {
+  using mkernel::coll::CollType;
+  const bool reduces = opt.coll != CollType::Broadcast && opt.coll != CollType::AllGather;
+  std::printf("# nccl-tests columns (%s; time: eager median; busbw = algbw x %s; ratio = mkernel / NCCL)\n",
+              mkernel::coll::collName(opt.coll),
+              opt.coll == CollType::AllReduce                                          ? "2(n-1)/n"
+              : opt.coll == CollType::ReduceScatter || opt.coll == CollType::AllGather ? "(n-1)/n"
+                                                                                       : "1");
+  std::printf("#%11s %12s %8s %6s %5s %7s %9s %8s %8s %7s %10s %8s\n", "size", "count", "type", "redop", "ranks", "path",
+              "time", "algbw", "busbw", "#wrong", "nccl_time", "ratio");
+  std::printf("#%11s %12s %8s %6s %5s %7s %9s %8s %8s %7s %10s %8s\n", "(B)", "(elements)", "", "", "", "", "(us)",
+              "(GB/s)", "(GB/s)", "", "(us)", "");
+  for (const Row& r : rows) {
+    if (r.wait.rfind("nccl", 0) == 0) continue;
+    const double algbw = r.eagerMed > 0 ? static_cast<double>(r.bytes) / 1e3 / r.eagerMed : 0;
+    const double busbw = algbw * busBwFactor(opt.coll, r.ranks);
+    const Row* nccl = ncclRowFor(rows, r);
+    char wrong[24], ncclUs[24], ratio[24];
+    std::snprintf(wrong, sizeof wrong, r.wrong < 0 ? "N/A" : "%lld", static_cast<long long>(r.wrong));
+    std::snprintf(ncclUs, sizeof ncclUs, nccl ? "%.2f" : "N/A", nccl ? nccl->eagerMed : 0.0);
+    std::snprintf(ratio, sizeof ratio, nccl && nccl->eagerMed > 0 ? "%.2f" : "N/A",
+                  nccl && nccl->eagerMed > 0 ? r.eagerMed / nccl->eagerMed : 0.0);
+    std::printf("%12zu %12zu %8s %6s %5d %7s %9.2f %8.2f %8.2f %7s %10s %8s\n", r.bytes, r.bytes / 4, "float",
+                reduces ? "sum" : "none", r.ranks, r.wait.c_str(), r.eagerMed, algbw, busbw, wrong, ncclUs, ratio);
+  }
+}
+
+// --results: the same rows appended as CSV, the header first when the file is new or empty.
+bool appendResults(const Options& opt, const std::vector<Row>& rows, const std::string& machine) {
+  FILE* f = std::fopen(opt.results.c_str(), "a");
+  if (f == nullptr) return false;
+  std::fseek(f, 0, SEEK_END);
+  if (std::ftell(f) == 0)
+    std::fprintf(f, "date,machine,commit,command,collective,size_bytes,ranks,mkernel_us,nccl_us,ratio,busbw_gbs,wrong,path\n");
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  for (const Row& r : rows) {
+    if (r.wait.rfind("nccl", 0) == 0) continue;
+    const Row* nccl = ncclRowFor(rows, r);
+    const double algbw = r.eagerMed > 0 ? static_cast<double>(r.bytes) / 1e3 / r.eagerMed : 0;
+    std::string ncclUs, ratio, wrong;
+    if (nccl) ncclUs = std::to_string(nccl->eagerMed);
+    if (nccl && nccl->eagerMed > 0) ratio = std::to_string(r.eagerMed / nccl->eagerMed);
+    if (r.wrong >= 0) wrong = std::to_string(r.wrong);
+    std::fprintf(f, "%s,%s,%s,%s,%s,%zu,%d,%.3f,%s,%s,%.3f,%s,%s\n", date, csvField(machine).c_str(),
+                 csvField(opt.commit).c_str(), csvField(opt.command).c_str(), mkernel::coll::collName(opt.coll), r.bytes,
+                 r.ranks, r.eagerMed, ncclUs.c_str(), ratio.c_str(), algbw * busBwFactor(opt.coll, r.ranks), wrong.c_str(),
+                 csvField(r.wait).c_str());
+  }
+  return std::fclose(f) == 0;
 }
 
 // The command line into *opt. -1: run; otherwise the exit status (tools/cli.h).
@@ -802,7 +956,7 @@ int parseOptions(int argc, char** argv, Options* opt) {
                "mkernel-collbench");
   mktools::setupApp(app);
   std::string coll = "allreduce";
-  app.add_option("--ranks", opt->ranks, "rank counts, one run each")->delimiter(',')->check(mktools::kPositive)
+  mktools::listOf(app.add_option("--ranks", opt->ranks, "rank counts, one run each"))->check(mktools::kPositive)
       ->default_str("2,4,8");
   app.add_option("--min-bytes", opt->minBytes, "smallest size (nccl-tests' size; K, M, G accepted)")
       ->transform(mktools::kSize)->capture_default_str();
@@ -810,7 +964,7 @@ int parseOptions(int argc, char** argv, Options* opt) {
   app.add_option("--step", opt->step, "size multiplier from one row to the next")->check(CLI::Range(2, 1 << 20))
       ->capture_default_str();
   app.add_option("--iters", opt->iters, "timed collectives per size")->check(mktools::kPositive)->capture_default_str();
-  app.add_option("--wait", opt->waits, "paths to compare: launch, memop, kernel")->delimiter(',')
+  mktools::listOf(app.add_option("--wait", opt->waits, "paths to compare: launch, memop, kernel"))
       ->check(CLI::IsMember({"launch", "memop", "kernel"}))->default_str("launch,memop");
   app.add_option("--trace", opt->trace,
                  "1: where an eager collective's time goes (MKERNEL_KERNEL_TRACE=1); 2: a captured one's; 3: also the "
@@ -836,8 +990,14 @@ int parseOptions(int argc, char** argv, Options* opt) {
                  "AllGather: the receive buffer)")
       ->check(CLI::IsMember({"allreduce", "reducescatter", "allgather", "broadcast", "reduce"}))->capture_default_str();
   app.add_option("--csv", opt->csv, "also write the rows as CSV")->type_name("FILE");
+  app.add_option("--results", opt->results,
+                 "append the nccl-tests-column rows to FILE as CSV (date, machine, commit, command, collective, "
+                 "size_bytes, ranks, mkernel_us, nccl_us, ratio, busbw_gbs, wrong, path), e.g. docs/results/collbench.csv")
+      ->type_name("FILE");
+  app.add_option("--commit", opt->commit, "the commit recorded in --results rows")->capture_default_str();
   const int rc = mktools::parseArgs(app, argc, argv);
   if (rc >= 0) return rc;
+  for (int i = 0; i < argc; ++i) opt->command += (i ? " " : "") + std::string(argv[i]);
   using mkernel::coll::CollType;
   opt->coll = coll == "reducescatter" ? CollType::ReduceScatter
               : coll == "allgather"   ? CollType::AllGather
@@ -990,6 +1150,16 @@ int main(int argc, char** argv) {
       std::printf("%10s %5d %12zu %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.2f %7.3f %7zu %9.2f\n", r.wait.c_str(), r.ranks,
                   r.bytes, r.stageUs[0], r.stageUs[1], r.stageUs[2], r.stageUs[3], r.stageUs[4], r.stageUs[6],
                   r.stageUs[5], r.smGHz, r.traced, r.graphRunUs);
+  }
+  printNcclTestsTable(opt, rows);
+  if (!opt.results.empty()) {
+    const std::string machine = std::to_string(nDev) + " x " + prop.name;
+    if (!appendResults(opt, rows, machine)) {
+      std::fprintf(stderr, "mkernel-collbench: cannot append to %s\n", opt.results.c_str());
+      ok = false;
+    } else {
+      std::fprintf(stderr, "collbench: rows appended to %s\n", opt.results.c_str());
+    }
   }
   if (!opt.csv.empty()) {
     FILE* f = std::fopen(opt.csv.c_str(), "w");

@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
                "the alpha-beta cost model of collectives/cost_model.h (docs/MODEL.md).",
                "mkernel-model");
   mktools::setupApp(app);
-  app.add_option("--nodes", nodes, "node counts, one table block each")->delimiter(',')->check(mktools::kPositive)
+  mktools::listOf(app.add_option("--nodes", nodes, "node counts, one table block each"))->check(mktools::kPositive)
       ->default_str("2,8,64");
   app.add_option("--gpus", gpus, "GPUs per node")->check(mktools::kPositive)->capture_default_str();
   app.add_option("--min-bytes", minBytes, "smallest size (nccl-tests' size; K, M, G accepted)")->transform(mktools::kSize)

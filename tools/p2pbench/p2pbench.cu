@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
   app.add_option("--bytes", bytes, "buffer size, rounded down to a multiple of 4096 (K, M, G accepted)")
       ->transform(mktools::kSize)
       ->default_str("256M");
-  app.add_option("--ctas", ctasList, "CTA counts, one row each")->delimiter(',')->check(mktools::kPositive)
+  mktools::listOf(app.add_option("--ctas", ctasList, "CTA counts, one row each"))->check(mktools::kPositive)
       ->default_str("16,32,64,128");
   app.add_option("--iters", iters, "timed runs per row")->check(mktools::kPositive)->capture_default_str();
   app.add_option("--threads", threads, "threads per CTA, a multiple of 32 up to 512")->capture_default_str();

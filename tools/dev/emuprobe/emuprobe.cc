@@ -106,6 +106,7 @@ int parse(int argc, char** argv, Options* o) {
   app.add_flag("--sync-after-alloc", o->syncAfterAlloc, "the main thread waits for the whole device once the buffers are made");
   app.add_flag("--flush", o->flush, "every rank sets 4 bytes of its send buffer on its stream and waits for it first");
   app.add_option("--setenv", "set VAR to VALUE before anything else (repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->type_name("VAR=VALUE")
       ->each([](const std::string& kv) {
         const size_t eq = kv.find('=');

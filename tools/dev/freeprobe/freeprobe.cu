@@ -240,9 +240,9 @@ int main(int argc, char** argv) {
                "waits for a kernel that itself waits for the host. One row per (blocker, victim).",
                "mkernel-freeprobe");
   mktools::setupApp(app);
-  app.add_option("--blockers", wantB, "the teardown calls to try (default: all)")->delimiter(',')
+  mktools::listOf(app.add_option("--blockers", wantB, "the teardown calls to try (default: all)"))
       ->type_name("none,cudaFree,...");
-  app.add_option("--victims", wantV, "the calls timed while a blocker waits (default: all)")->delimiter(',')
+  mktools::listOf(app.add_option("--victims", wantV, "the calls timed while a blocker waits (default: all)"))
       ->type_name("none,cudaMalloc,...");
   app.add_option("--hold-ms", holdMs, "how long the kernel spins, ms")->check(mktools::kPositiveReal)
       ->capture_default_str();

@@ -190,7 +190,7 @@ int main(int argc, char** argv) {
                "they share a GPU), against thread ranks' one-context launches.",
                "mkernel-proclat");
   mktools::setupApp(app);
-  app.add_option("--ranks", o.ranks, "process rank counts, one run each (1 to 64)")->delimiter(',')
+  mktools::listOf(app.add_option("--ranks", o.ranks, "process rank counts, one run each (1 to 64)"))
       ->check(CLI::Range(1, 64))->default_str("2,4,8");
   app.add_option("--min-bytes", o.minBytes, "smallest size (K, M, G accepted; at least 4)")->transform(mktools::kSize)
       ->check(CLI::Range(uint64_t(4), uint64_t(1) << 40).description(""))->capture_default_str();

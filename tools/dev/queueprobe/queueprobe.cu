@@ -294,17 +294,17 @@ int main(int argc, char** argv) {
                "(thread-emulated ranks), all run at once, per way of making the streams.",
                "mkernel-queueprobe");
   mktools::setupApp(app);
-  app.add_option("--ranks", ranks, "thread counts, one row each")->delimiter(',')->check(mktools::kPositive)
+  mktools::listOf(app.add_option("--ranks", ranks, "thread counts, one row each"))->check(mktools::kPositive)
       ->default_str("2,4,8");
   app.add_option("--rounds", rounds, "rounds per row")->check(mktools::kPositive)->capture_default_str();
   app.add_option("--timeout-ms", timeoutMs, "a round not done by then stalled")->check(mktools::kPositive)
       ->capture_default_str();
-  app.add_option("--variants", variants, "ways of making the streams")->delimiter(',')
+  mktools::listOf(app.add_option("--variants", variants, "ways of making the streams"))
       ->check(CLI::IsMember({"fresh", "touched", "kernel", "own", "reused", "foreign"}))
       ->default_str("fresh,touched,kernel,own,reused");
-  app.add_option("--gaps", gaps, "G: streams made before the rank streams")->delimiter(',')
+  mktools::listOf(app.add_option("--gaps", gaps, "G: streams made before the rank streams"))
       ->check(mktools::kNonNegative)->default_str("0");
-  app.add_option("--strides", strides, "S: S-1 streams between consecutive rank streams")->delimiter(',')->check(mktools::kPositive)
+  mktools::listOf(app.add_option("--strides", strides, "S: S-1 streams between consecutive rank streams"))->check(mktools::kPositive)
       ->default_str("1");
   app.add_option("--kernel", kernel, "the waiting kernel")->check(CLI::IsMember({"plain", "mkernel"}))
       ->capture_default_str();
