@@ -9,8 +9,11 @@
 // (nRanks + 1) * bytes for the others) per second of the eager median, next to cudaMemcpy
 // device-to-device bandwidth (read + write) measured in the same run. "bytes" is the size
 // nccl-tests reports: an AllReduce's, Broadcast's or Reduce's buffer, ReduceScatter's send buffer
-// (every rank's block), AllGather's receive buffer. Progress on stderr, table on stdout, --csv FILE
-// for the rows.
+// (every rank's block), AllGather's receive buffer. After the timed collectives of each size, one
+// more checks the data (nccl-tests' #wrong). Progress on stderr, tables on stdout: the detailed
+// one, then nccl-tests' columns (size, count, type, redop, time, algbw, busbw, #wrong) with, beside
+// --nccl, NCCL's time and the ratio mkernel / NCCL on the same row; --csv FILE for the detailed
+// rows, --results FILE to append the nccl-tests-column rows (docs/results/).
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>
