@@ -58,6 +58,16 @@ endif()
 add_library(mkernel::ibverbs_headers INTERFACE IMPORTED)
 target_include_directories(mkernel::ibverbs_headers INTERFACE ${MKERNEL_IBVERBS_INCLUDE_DIR})
 
+# CLI11 (the tools' command lines) and nlohmann-json (their JSON output): header-only.
+find_package(CLI11 2 QUIET CONFIG)
+if(NOT CLI11_FOUND)
+  mkernel_missing("CLI11 2.x (command-line parser)" "apt-get install libcli11-dev")
+endif()
+find_package(nlohmann_json 3 QUIET CONFIG)
+if(NOT nlohmann_json_FOUND)
+  mkernel_missing("nlohmann-json 3.x (JSON library)" "apt-get install nlohmann-json3-dev")
+endif()
+
 # Catch2 2.x: the one test framework.
 if(MKERNEL_BUILD_TESTS)
   if(MKERNEL_CATCH2_INCLUDE_DIR)

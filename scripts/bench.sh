@@ -5,6 +5,11 @@
 #   GPU(s)      -> also the collectives sweep: mkernel, and the real NCCL beside it in the same
 #                  run where libnccl.so.2 is installed (MK_NCCL_LIB names another); one rank per
 #                  GPU on multi-GPU machines, emulated ranks on one GPU otherwise
+# The collectives sweep ends with nccl-tests' columns (size, count, type, redop, time, algbw,
+# busbw, #wrong) and, beside NCCL, NCCL's time and the ratio mkernel / NCCL on the same row.
+# MK_RECORD=1 also appends those rows to docs/results/collbench.csv (date, machine, commit,
+# command, collective, size_bytes, ranks, mkernel_us, nccl_us, ratio, busbw_gbs, wrong, path);
+# MK_RECORD_FILE names another file.
 # Extra arguments are passed to mkernel-bench. Results: bench-results/ (CSV, and PNG plots).
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
@@ -25,9 +30,14 @@ if mk_have_gpu; then
     # The real NCCL beside mkernel in the same run, where one is installed (never linked: dlopen).
     nccl_lib=${MK_NCCL_LIB:-$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 /{print $NF; exit}')}
     ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-    args=(--csv "$OUTDIR/collectives.csv" --ranks "1,2,4,8")
+    args=(--csv "$OUTDIR/collectives.csv")
     [ -n "$nccl_lib" ] && [ -f "$nccl_lib" ] && args+=(--nccl "$nccl_lib")
-    [ "${ngpus:-1}" -gt 1 ] && args+=(--gpus "$ngpus" --ranks "$ngpus")
+    if [ "${ngpus:-1}" -gt 1 ]; then args+=(--gpus "$ngpus" --ranks "$ngpus"); else args+=(--ranks "1,2,4,8"); fi
+    if [ "${MK_RECORD:-0}" = 1 ]; then
+      record=${MK_RECORD_FILE:-$MK_ROOT/docs/results/collbench.csv}
+      mkdir -p "$(dirname "$record")"
+      args+=(--results "$record" --commit "$(git -C "$MK_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)")
+    fi
     NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} "$BUILD/bin/mkernel-collbench" "${args[@]}" || exit 1
     # The PNG next to the CSV (latency and bandwidth against size), where matplotlib is installed.
     python3 "$MK_ROOT/scripts/plot-bench.py" "$OUTDIR/collectives.csv" "$OUTDIR/collectives.png" || true

@@ -34,6 +34,8 @@ mk_install_deps() {
   [ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
   [ -f /usr/include/rdma/rdma_cma.h ] || need+=(librdmacm-dev)
   [ -f /usr/include/catch2/catch.hpp ] || need+=(catch2)
+  [ -f /usr/include/CLI/CLI.hpp ] || need+=(libcli11-dev)
+  [ -f /usr/include/nlohmann/json.hpp ] || need+=(nlohmann-json3-dev)
   dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
   if [ ${#need[@]} -gt 0 ]; then
     mk_say "installing: ${need[*]}"
@@ -116,7 +118,7 @@ gpu_build() {
   local jobs=$1 catch_args=()
   shift
   [ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON "${catch_args[@]}" \
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON -DMKERNEL_BUILD_DEV_TOOLS=ON "${catch_args[@]}" \
     >"$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
   # A compiler's message has "error" in it; make's own (e.g. "No rule to make target", a ctest name
   # given for an executable's) does not, so the log's tail is printed then.
@@ -188,11 +190,16 @@ nccl_tests_vs() {
         [ "$mode" != g ] && sfx="-$mode"
         [ -n "$agg" ] && sfx="$sfx-m$agg"
         [ "${NT_ROUNDS:-1}" -gt 1 ] && sfx="$sfx-r$round" rtitle=", round $round"
-        timeout "$limit" "${pin[@]}" "$bin" "${args[@]}" >"$logs/nccl-$t$sfx.txt" 2>&1 || { echo "$t (NCCL) failed"; rc=1; }
+        # -J: nccl-tests' JSON beside each stdout log, which nccl-tests-table.py reads.
+        rm -f "$logs/nccl-$t$sfx.json"
+        timeout "$limit" "${pin[@]}" "$bin" "${args[@]}" -J "$logs/nccl-$t$sfx.json" >"$logs/nccl-$t$sfx.txt" 2>&1 ||
+          { echo "$t (NCCL) failed"; rc=1; }
         for v in "$@"; do
           IFS='|' read -r name title envs <<<"$v"
+          rm -f "$logs/$name-$t$sfx.json"
           # shellcheck disable=SC2086  # envs: VAR=value words
-          env $envs LD_PRELOAD="$LIB" timeout "$limit" "${pin[@]}" "$bin" "${args[@]}" >"$logs/$name-$t$sfx.txt" 2>&1 ||
+          env $envs LD_PRELOAD="$LIB" timeout "$limit" "${pin[@]}" "$bin" "${args[@]}" -J "$logs/$name-$t$sfx.json" \
+            >"$logs/$name-$t$sfx.txt" 2>&1 ||
             { echo "$t ($name) failed"; tail -5 "$logs/$name-$t$sfx.txt"; rc=1; }
           python3 "$root/scripts/nccl-tests-table.py" "$logs/nccl-$t$sfx.txt" "$logs/$name-$t$sfx.txt" \
             --title "$t, $how$rtitle: NCCL vs mkernel ($title)" |

@@ -5,10 +5,11 @@
 #   and nccl-tests/*_perf, as `scripts/gpu-check.sh launch` leaves it; default build-gpu)
 # EMU_THREADS (default "2 4 8"), EMU_TESTS (the five), EMU_ARGS (default "-b 8 -e 64M -f 8"),
 # EMU_MODULE_LOADING (default EAGER),
-# EMU_TIMEOUT per run (default 40 s; MKERNEL_TIMEOUT_S=10). One line per run: rc, nccl-tests'
-# "Out of bounds values" verdict, the sizes whose path column is not `mk`, and the average bus
-# bandwidth; the logs of each -t go to $OUT/emulated-t<N>.txt when $OUT is set. A run still going
-# at its limit gets its host threads' stacks dumped (cuda-gdb) into that log before it is killed.
+# EMU_TIMEOUT per run (default 40 s; MKERNEL_TIMEOUT_S=10). One line per run, from nccl-tests'
+# JSON output (-J): rc, the "Out of bounds values" verdict, the sizes whose path is not `mk`, and
+# the average bus bandwidth; the logs of each -t go to $OUT/emulated-t<N>.txt when $OUT is set. A
+# run still going at its limit gets its host threads' stacks dumped (cuda-gdb) into that log
+# before it is killed.
 set -u -o pipefail
 EMU_DEFAULT_TIMEOUT_S=10
 # shellcheck source=scripts/common.sh
@@ -24,7 +25,7 @@ for t in ${EMU_THREADS:-2 4 8}; do
     tmp=$(mktemp /tmp/emu.XXXXXX)
     # shellcheck disable=SC2086  # EMU_ARGS: words
     run_test "${EMU_TIMEOUT:-40}" "$tmp" env LD_PRELOAD="$build/lib/libmkernel.so" stdbuf -oL -eL \
-      "$build/nccl-tests/$x" ${EMU_ARGS:--b 8 -e 64M -f 8} -g 1 -t "$t" -c 1
+      "$build/nccl-tests/$x" ${EMU_ARGS:--b 8 -e 64M -f 8} -g 1 -t "$t" -c 1 -J "$tmp.json"
     rc=$?
     out=$(cat "$tmp")
     printf '%s\n' "== $x -t $t (rc=$rc)" "$out" >>"$log"
@@ -34,11 +35,26 @@ for t in ${EMU_THREADS:-2 4 8}; do
       echo "-t $t $x: stopped; host stacks in $(basename "$log"); frames in mkernel / NCCL / CUDA calls:"
       grep -E "^#[0-9]+ .*(mkernel|nccl|cuda|cu[A-Z][a-zA-Z]+|pthread_barrier|Barrier)" "$tmp.stacks" | cut -c1-160 | head -12
     fi
-    rm -f "$tmp" "$tmp.stacks"
-    verdict=$(printf '%s\n' "$out" | grep -m1 "Out of bounds values" | sed 's/^# *//')
-    # Data rows: the path column (the patch's last field) must read mk on every size.
-    notmk=$(printf '%s\n' "$out" | awk '/^ +[0-9]+ +[0-9]+ /{ if ($1 != 0 && $NF != "mk") printf "%s ", $1 }')
-    avg=$(printf '%s\n' "$out" | grep -m1 "Avg bus bandwidth" | sed 's/^# *//')
+    # nccl-tests' JSON (-J): the verdict, the sizes whose path (the patch's "path" key) is not mk,
+    # and the average bus bandwidth; a run that wrote none (stopped early) gives empty fields.
+    fields=$(python3 - "$tmp.json" <<'PY' 2>/dev/null
+import json, sys
+try:
+    doc = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    sys.exit(0)
+oob = doc.get("out_of_bounds") or {}
+avg = doc.get("average_bus_bandwidth") or {}
+notmk = " ".join(str(r["size"]) for r in doc.get("results", []) if r.get("size") and r.get("path") != "mk")
+print("Out of bounds values : %d %s" % (oob["count"], "OK" if oob.get("okay") else "FAILED") if "count" in oob else "")
+print(notmk)
+print("Avg bus bandwidth    : %g" % avg["bandwidth"] if "bandwidth" in avg else "")
+PY
+)
+    rm -f "$tmp" "$tmp.stacks" "$tmp.json"
+    verdict=$(sed -n 1p <<<"$fields")
+    notmk=$(sed -n 2p <<<"$fields")
+    avg=$(sed -n 3p <<<"$fields")
     echo "-t $t $x: rc=$rc; ${verdict:-no verdict}; path not mk at: ${notmk:-none}; ${avg:-no average}"
     # A run that stopped: what the launch watch (MKERNEL_LAUNCH_WATCH) said about its ranks.
     if [ "$rc" != 0 ]; then

@@ -3,29 +3,82 @@
 LD_PRELOAD): out-of-place time and busbw per size, the time ratio, and #wrong of both runs
 (out-of-place and in-place). Exit status 1 when any #wrong is not 0 or a size is missing.
 
-  python3 scripts/nccl-tests-table.py NCCL.txt MKERNEL.txt [--title TEXT] [--csv OUT.csv]
+  python3 scripts/nccl-tests-table.py NCCL MKERNEL [--title TEXT] [--csv OUT.csv]
+
+NCCL, MKERNEL: nccl-tests' JSON output (-J FILE), or its stdout: when the stdout says where it
+wrote its JSON ("# Writing JSON output to FILE") and that file is there, the JSON is read; the
+text columns are read only from a run without -J.
 """
 import argparse
 import csv
+import json
+import os
+import re
 import sys
 
 
-def parse(path):
-    """{size: (time_us, busbw, wrong_oop, wrong_ip, path)} from an nccl-tests stdout."""
+def wrong_text(value):
+    """nccl-tests' nwrong (a number, or null when the data check is off) as its text column."""
+    return "N/A" if value is None else f"{value:g}"
+
+
+def parse_json(path):
+    """{size: (time_us, busbw, wrong_oop, wrong_ip, path)} from nccl-tests' -J output (its "results":
+    size, out_of_place / in_place {time or cpu_time, alg_bw, bus_bw, nwrong}; the patched
+    nccl-tests adds "path"). None when the file is not such a document."""
+    try:
+        with open(path, errors="replace") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
+        return None
     rows = {}
+    for r in doc["results"]:
+        oop, ip = r.get("out_of_place") or {}, r.get("in_place") or {}
+        t = oop.get("time", oop.get("cpu_time"))
+        if t is None or "size" not in r:
+            continue
+        rows[int(r["size"])] = (float(t), float(oop.get("bus_bw", 0.0)), wrong_text(oop.get("nwrong")),
+                                wrong_text(ip.get("nwrong")) if ip else "N/A", r.get("path", ""))
+    return rows
+
+
+def parse(path):
+    """{size: (time_us, busbw, wrong_oop, wrong_ip, path)} from nccl-tests' JSON (the file itself, or
+    the one its stdout names), else from its stdout's text columns."""
     with open(path, errors="replace") as f:
-        for line in f:
-            if line.startswith("#") or not line.strip():
-                continue
-            tok = line.split()
-            if len(tok) < 13 or not tok[0].isdigit() or not tok[1].isdigit():
-                continue
-            try:
-                t_oop, bus_oop, wrong_oop = float(tok[5]), float(tok[7]), tok[8]
-                wrong_ip = tok[12]
-            except ValueError:
-                continue
-            rows[int(tok[0])] = (t_oop, bus_oop, wrong_oop, wrong_ip, tok[13] if len(tok) > 13 else "")
+        text = f.read()
+    if text.lstrip().startswith("{"):
+        rows = parse_json(path)
+        if rows is not None:
+            return rows
+    m = re.search(r"^# Writing JSON output to (\S+)", text, re.M)
+    if m:
+        named = m.group(1)
+        if not os.path.isabs(named) and not os.path.exists(named):
+            named = os.path.join(os.path.dirname(path), os.path.basename(named))
+        rows = parse_json(named) if os.path.exists(named) else None
+        if rows is not None:
+            return rows
+    return parse_text(text)
+
+
+def parse_text(text):
+    """The same from an nccl-tests stdout without JSON: its result lines' columns."""
+    rows = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        tok = line.split()
+        if len(tok) < 13 or not tok[0].isdigit() or not tok[1].isdigit():
+            continue
+        try:
+            t_oop, bus_oop, wrong_oop = float(tok[5]), float(tok[7]), tok[8]
+            wrong_ip = tok[12]
+        except ValueError:
+            continue
+        rows[int(tok[0])] = (t_oop, bus_oop, wrong_oop, wrong_ip, tok[13] if len(tok) > 13 else "")
     return rows
 
 

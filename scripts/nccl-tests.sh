@@ -11,7 +11,8 @@
 #   --no-patch     build the checkout as it is (a pristine checkout builds upstream nccl-tests)
 #   --mpi          build with MPI=1 (MPI_HOME must point at the MPI installation); off by default
 #   --gencode G    NVCC_GENCODE (default: sm_90 only)
-#   --run "A B"    after building, run these binaries (names as in --tests) with --args
+#   --run "A B"    after building, run these binaries (names as in --tests) with --args, each
+#                  writing nccl-tests' JSON (-J) to DIR/<binary>.json for nccl-tests-table.py
 #   --args "..."   arguments for every --run binary (default: -b 8 -e 128M -f 2 -g 1)
 #   --preload LIB  LD_PRELOAD=LIB for the --run binaries only (e.g. build/lib/libmkernel.so)
 #   --selftest     also build and run nccl-tests-patches/selftest (no GPU needed): the patched
@@ -57,7 +58,7 @@ while [ $# -gt 0 ]; do
     --args) run_args=$2; shift 2 ;;
     --preload) RUN_PRELOAD=$2; shift 2 ;;
     --selftest) selftest=1; shift ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option $1 (see --help)" ;;
     *) src=$1; shift ;;
   esac
@@ -209,8 +210,9 @@ fi
 [ -n "$run_list" ] || exit $status
 for t in $run_list; do
   [ -x "$build/$t" ] || die "$build/$t was not built (add it to --tests)"
-  say "run: ${RUN_PRELOAD:+LD_PRELOAD=$RUN_PRELOAD }$t $run_args"
+  say "run: ${RUN_PRELOAD:+LD_PRELOAD=$RUN_PRELOAD }$t $run_args (JSON: $build/$t.json)"
+  rm -f "$build/$t.json"
   # shellcheck disable=SC2086  # run_args is a list of words on purpose
-  LD_PRELOAD=$RUN_PRELOAD "$build/$t" $run_args || { echo "$t failed (exit $?)" >&2; status=1; }
+  LD_PRELOAD=$RUN_PRELOAD "$build/$t" $run_args -J "$build/$t.json" || { echo "$t failed (exit $?)" >&2; status=1; }
 done
 exit $status

@@ -3,14 +3,21 @@
 PNG: bus bandwidth against message size (NCCL dashed, mkernel solid) and mkernel's speedup
 (NCCL time / mkernel time) against size, one colour per collective.
 
+  python3 scripts/plot-nccl-tests.py OUT.png --runs NCCL.json MKERNEL.json [--runs ...] [--title TEXT]
   python3 scripts/plot-nccl-tests.py TABLES.txt OUT.png [--title TEXT] [--only WORD]
 
-TABLES.txt: the tables.txt of scripts/multigpu-check.sh or scripts/launch-check.sh (sections
-start with "# <test>, ..."). --only keeps the sections whose title contains WORD (default: those
-comparing NCCL with mkernel on the same path, i.e. titles with "vs mkernel"). Needs matplotlib;
-without it, says so and exits 2.
+--runs: nccl-tests' JSON outputs (-J FILE, or a stdout that names its JSON file) of one test,
+NCCL alone then mkernel, read as scripts/nccl-tests-table.py reads them; one curve pair per
+--runs, named after the test binary. TABLES.txt (recorded tables, e.g. under docs/data): the
+tables.txt of scripts/multigpu-check.sh or scripts/launch-check.sh (sections start with
+"# <test>, ..."); --only keeps the sections whose title contains WORD (default: those comparing
+NCCL with mkernel on the same path, i.e. titles with "vs mkernel"). Needs matplotlib; without
+it, says so and exits 2.
 """
 import argparse
+import importlib.util
+import json
+import os
 import sys
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -47,6 +54,43 @@ def parse(path, only):
     return {t: rows for t, rows in sections.items() if rows}
 
 
+def load_table_module():
+    """scripts/nccl-tests-table.py, whose reader of nccl-tests' output the runs share."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl-tests-table.py")
+    spec = importlib.util.spec_from_file_location("nccl_tests_table", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_name(path):
+    """The nccl-tests binary that wrote `path` (its JSON "args"[0]), else the file's name."""
+    try:
+        with open(path) as f:
+            args = json.load(f).get("args") or []
+        if args:
+            return os.path.basename(args[0])
+    except (OSError, ValueError, AttributeError):
+        pass
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def parse_runs(pairs):
+    """{title: [(bytes, nccl_us, mk_us, speedup, nccl_busbw, mk_busbw)]} from (NCCL, mkernel) runs."""
+    table = load_table_module()
+    sections = {}
+    for nccl_path, mk_path in pairs:
+        base, mk = table.parse(nccl_path), table.parse(mk_path)
+        rows = []
+        for size in sorted(set(base) & set(mk)):
+            b, m = base[size], mk[size]
+            if size > 0 and m[0] > 0:
+                rows.append((size, b[0], m[0], b[0] / m[0], b[1], m[1]))
+        if rows:
+            sections[f"{test_name(nccl_path)}, NCCL vs mkernel"] = rows
+    return sections
+
+
 def human(n):
     for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if n >= size:
@@ -56,14 +100,17 @@ def human(n):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("tables")
-    ap.add_argument("png")
+    ap.add_argument("files", nargs="+", metavar="FILE", help="[TABLES.txt] OUT.png")
+    ap.add_argument("--runs", nargs=2, action="append", default=[], metavar=("NCCL", "MKERNEL"))
     ap.add_argument("--title", default="nccl-tests: NCCL against mkernel")
     ap.add_argument("--only", default="")
     a = ap.parse_args()
-    sections = parse(a.tables, a.only)
+    if len(a.files) > 2 or (len(a.files) == 1) != bool(a.runs):
+        ap.error("give OUT.png with --runs, or TABLES.txt OUT.png")
+    a.png = a.files[-1]
+    sections = parse_runs(a.runs) if a.runs else parse(a.files[0], a.only)
     if not sections:
-        print(f"plot-nccl-tests: no NCCL-vs-mkernel table in {a.tables}", file=sys.stderr)
+        print(f"plot-nccl-tests: no NCCL-vs-mkernel rows in {' '.join(sum(a.runs, [])) or a.files[0]}", file=sys.stderr)
         return 1
     try:
         import matplotlib

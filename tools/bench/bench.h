@@ -1,6 +1,9 @@
 // mkernel-bench: shared declarations of the subcommands (one file each) and the GPU probe.
 #pragma once
 
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -12,11 +15,17 @@ namespace bench {
 bool gpuPresent(std::string* why);
 
 // `mkernel-bench transport [...]`: net::Net (TCP) over loopback against a plain one-socket floor.
-int runTransportBench(const std::vector<std::string>& args);
-void printTransportUsage();
+struct TransportOptions {
+  std::vector<uint64_t> sizes{8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
+  int iters = 50;
+  int warmup = 5;
+  uint64_t rttMax = 64 << 10;
+  std::string csv;
+};
+// The transport benchmark's options, on the subcommand and on the command itself (no subcommand).
+void addTransportOptions(CLI::App* app, TransportOptions* o);
+int runTransportBench(const TransportOptions& o);
 
-// "64M" -> 67108864; false on a malformed size.
-bool parseSize(const std::string& text, size_t* out);
 std::string formatSize(size_t bytes);
 
 }  // namespace bench

@@ -24,6 +24,7 @@
 #include "common/param.h"
 #include "common/result.h"
 #include "tools/bench/bench.h"
+#include "tools/cli.h"
 #include "transport/net/net.h"
 #include "transport/net/socket_iface.h"
 
@@ -33,13 +34,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct Options {
-  std::vector<size_t> sizes;
-  int iters = 50;
-  int warmup = 5;
-  size_t rttMax = 64 << 10;
-  std::string csv;
-};
+using Options = TransportOptions;
 
 struct Row {
   size_t size;
@@ -206,58 +201,7 @@ bool timedRoundTrips(int iters, const std::function<bool()>& aSend, const std::f
   return ok;
 }
 
-bool parseOptions(const std::vector<std::string>& args, Options* o) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto value = [&](std::string* v) {
-      if (i + 1 >= args.size()) return false;
-      *v = args[++i];
-      return true;
-    };
-    std::string v;
-    if (args[i] == "--sizes" && value(&v)) {
-      o->sizes.clear();
-      size_t pos = 0;
-      while (pos <= v.size()) {
-        size_t comma = v.find(',', pos);
-        size_t s;
-        if (!parseSize(v.substr(pos, comma - pos), &s)) return false;
-        o->sizes.push_back(s);
-        if (comma == std::string::npos) break;
-        pos = comma + 1;
-      }
-    } else if (args[i] == "--iters" && value(&v)) {
-      o->iters = std::max(1, atoi(v.c_str()));
-    } else if (args[i] == "--warmup" && value(&v)) {
-      o->warmup = std::max(0, atoi(v.c_str()));
-    } else if (args[i] == "--rtt-max" && value(&v)) {
-      if (!parseSize(v, &o->rttMax)) return false;
-    } else if (args[i] == "--csv" && value(&v)) {
-      o->csv = v;
-    } else {
-      std::fprintf(stderr, "mkernel-bench transport: bad option '%s'\n", args[i].c_str());
-      return false;
-    }
-  }
-  if (o->sizes.empty())
-    o->sizes = {8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
-  return true;
-}
-
 }  // namespace
-
-bool parseSize(const std::string& text, size_t* out) {
-  if (text.empty()) return false;
-  char* end = nullptr;
-  unsigned long long v = strtoull(text.c_str(), &end, 10);
-  if (end == text.c_str()) return false;
-  std::string unit(end);
-  if (unit == "K" || unit == "k" || unit == "KiB") v <<= 10;
-  else if (unit == "M" || unit == "m" || unit == "MiB") v <<= 20;
-  else if (unit == "G" || unit == "g" || unit == "GiB") v <<= 30;
-  else if (!unit.empty() && unit != "B") return false;
-  *out = static_cast<size_t>(v);
-  return true;
-}
 
 std::string formatSize(size_t b) {
   if (b >= (size_t(1) << 20) && b % (size_t(1) << 20) == 0) return std::to_string(b >> 20) + " MiB";
@@ -265,25 +209,24 @@ std::string formatSize(size_t b) {
   return std::to_string(b) + " B";
 }
 
-void printTransportUsage() {
-  std::printf(
-      "usage: mkernel-bench transport [--sizes 8,4K,64M] [--iters N] [--warmup N] [--rtt-max SIZE] [--csv FILE]\n"
-      "  Measures the TCP net::Net between two threads over device 0 (MKERNEL_SOCKET_IFNAME picks it)\n"
-      "  against a blocking send/recv pair on one TCP socket over the same address.\n"
-      "  --iters N     timed blocks per size (default 50); a block is one one-way transfer and, for\n"
-      "                small sizes, 10 round trips, first the floor's, then the net's (median reported)\n"
-      "  --warmup N    untimed blocks first (default 5)\n"
-      "  --rtt-max S   largest size whose round trip is measured (default 64K)\n"
-      "  --csv FILE    also write the table as CSV\n"
-      "  MKERNEL_NET_SOCKETS, MKERNEL_NET_CHUNK_BYTES, MKERNEL_NET_INLINE_PROGRESS apply as usual.\n");
+void addTransportOptions(CLI::App* app, TransportOptions* o) {
+  mktools::listOf(app->add_option("--sizes", o->sizes, "sizes to measure (K, M, G accepted)"))
+      ->transform(mktools::kSize)
+      ->check(CLI::Range(uint64_t(1), uint64_t(1) << 40).description(""))
+      ->default_str("8,64,512,4K,32K,256K,1M,4M,16M,64M");
+  app->add_option("--iters", o->iters,
+                  "timed blocks per size; a block is one one-way transfer and, for small sizes, 10 round trips, "
+                  "first the floor's, then the net's (median reported)")
+      ->check(mktools::kPositive)
+      ->capture_default_str();
+  app->add_option("--warmup", o->warmup, "untimed blocks first")->check(mktools::kNonNegative)->capture_default_str();
+  app->add_option("--rtt-max", o->rttMax, "largest size whose round trip is measured")
+      ->transform(mktools::kSize)
+      ->default_str("64K");
+  app->add_option("--csv", o->csv, "also write the table as CSV")->type_name("FILE");
 }
 
-int runTransportBench(const std::vector<std::string>& args) {
-  Options o;
-  if (!parseOptions(args, &o)) {
-    printTransportUsage();
-    return 2;
-  }
+int runTransportBench(const TransportOptions& o) {
   std::string why;
   std::unique_ptr<net::Net> n = net::createTcpNet(&why);
   if (!n) {

@@ -9,8 +9,11 @@
 // (nRanks + 1) * bytes for the others) per second of the eager median, next to cudaMemcpy
 // device-to-device bandwidth (read + write) measured in the same run. "bytes" is the size
 // nccl-tests reports: an AllReduce's, Broadcast's or Reduce's buffer, ReduceScatter's send buffer
-// (every rank's block), AllGather's receive buffer. Progress on stderr, table on stdout, --csv FILE
-// for the rows.
+// (every rank's block), AllGather's receive buffer. After the timed collectives of each size, one
+// more checks the data (nccl-tests' #wrong). Progress on stderr, tables on stdout: the detailed
+// one, then nccl-tests' columns (size, count, type, redop, time, algbw, busbw, #wrong) with, beside
+// --nccl, NCCL's time and the ratio mkernel / NCCL on the same row; --csv FILE for the detailed
+// rows, --results FILE to append the nccl-tests-column rows (docs/results/).
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>
@@ -19,9 +22,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,8 +37,8 @@
 #include "collectives/cuda_driver.h"
 #include "collectives/work.h"
 #include "common/param.h"
-#include "tools/args.h"
 #include "common/result.h"
+#include "tools/cli.h"
 #include "transport/bootstrap/bootstrap.h"
 
 namespace {
@@ -66,6 +71,11 @@ struct Options {
   // (a group's interval / K), as nccl-tests -m reports them.
   int group = 1;
   std::string csv;
+  // --results FILE: the nccl-tests-column rows appended as CSV (docs/results/), with the run's
+  // date, machine, --commit and command line.
+  std::string results;
+  std::string commit = "unknown";
+  std::string command;  // the command line, for --results
   // --sync spin|yield|blocking: how the rank threads wait for their streams
   // (cudaSetDeviceFlags(cudaDeviceSchedule*) on every GPU; default: CUDA's, which spins with more
   // cores than contexts). On emulated nodes eight spinning rank threads share the host's cores with
@@ -86,6 +96,54 @@ size_t collCount(mkernel::coll::CollType c, size_t bytes, int n) {
 size_t collBytes(mkernel::coll::CollType c, size_t count, int n) {
   using mkernel::coll::CollType;
   return (c == CollType::ReduceScatter || c == CollType::AllGather ? count * static_cast<size_t>(n) : count) * 4;
+}
+
+// The data check (nccl-tests' #wrong): element i of rank r's send buffer is (r + 1) * (i % 13 + 1),
+// small integers whose float sums are exact, so every output element has one right value.
+__global__ void fillPattern(float* p, size_t n, int rank) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = static_cast<float>(rank + 1) * static_cast<float>(i % 13 + 1);
+}
+
+// Counts the elements of rank `rank`'s output of collective c (count: CollArgs::count over n
+// ranks, root 0) that differ from the pattern's result, into *wrong.
+__global__ void countWrong(const float* out, size_t count, int n, int rank, mkernel::coll::CollType c,
+                           unsigned long long* wrong) {
+  using mkernel::coll::CollType;
+  const float ranksSum = static_cast<float>(n) * static_cast<float>(n + 1) / 2;
+  const size_t total = c == CollType::AllGather ? count * static_cast<size_t>(n) : count;
+  unsigned long long mine = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
+    float want;
+    switch (c) {
+      case CollType::ReduceScatter: want = ranksSum * static_cast<float>((static_cast<size_t>(rank) * count + i) % 13 + 1); break;
+      case CollType::AllGather: want = static_cast<float>(i / count + 1) * static_cast<float>(i % count % 13 + 1); break;
+      case CollType::Broadcast: want = static_cast<float>(i % 13 + 1); break;
+      default: want = ranksSum * static_cast<float>(i % 13 + 1); break;  // AllReduce, Reduce (root)
+    }
+    if (out[i] != want) ++mine;
+  }
+  if (mine) atomicAdd(wrong, mine);
+}
+
+// Rank `rank`'s part of the data check of `a` (its buffers at least as large as the collective's):
+// fills the send buffer, runs the collective once, counts the wrong output elements. -1 when the
+// collective could not be run. Reduce checks the root's output only.
+int64_t dataCheck(mkernel::coll::Communicator* comm, mkernel::coll::CollArgs a, int n, int rank, cudaStream_t stream,
+                  unsigned long long* devWrong, std::function<void()> barrier) {
+  using mkernel::coll::CollType;
+  const size_t sendElems = a.coll == CollType::ReduceScatter ? a.count * static_cast<size_t>(n) : a.count;
+  fillPattern<<<256, 256, 0, stream>>>(static_cast<float*>(const_cast<void*>(a.sendbuff)), sendElems, rank);
+  cudaMemsetAsync(devWrong, 0, sizeof(*devWrong), stream);
+  cudaStreamSynchronize(stream);
+  barrier();  // every rank's input is in place before any rank's collective reads it
+  if (comm->enqueue(&a, 1, stream) != Result::Success) return -1;
+  if (a.coll != CollType::Reduce || rank == a.root)
+    countWrong<<<256, 256, 0, stream>>>(static_cast<const float*>(a.recvbuff), a.count, n, rank, a.coll, devWrong);
+  unsigned long long wrong = 0;
+  cudaMemcpyAsync(&wrong, devWrong, sizeof(wrong), cudaMemcpyDeviceToHost, stream);
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return -1;
+  return static_cast<int64_t>(wrong);
 }
 
 // Per collective: every interval of a group of k divided by k.
@@ -129,6 +187,7 @@ struct Row {
   size_t traced = 0;
   double graphRunUs = 0;  // --trace 2: per op, the event-free graph's replays
   double memGBps, pctCopy;
+  int64_t wrong = -1;  // elements wrong in the data check, summed over ranks (-1: not checked)
 };
 
 double percentile(std::vector<float> v, double p) {
@@ -591,6 +650,8 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
   Barrier barrier(n);
   bool ok = true;
   std::mutex mu;
+  std::atomic<int64_t> wrongSum{0};  // the data check's count of this size, over the ranks
+  std::atomic<bool> unchecked{false};
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
@@ -618,6 +679,8 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         return fail("cudaMalloc " + std::to_string(groupWindow(bufBytes, opt.group)));
       cudaStream_t stream = b.stream;
       void *send = b.send, *recv = b.recv;
+      unsigned long long* devWrong = nullptr;
+      if (cudaMalloc(&devWrong, sizeof(*devWrong)) != cudaSuccess) return fail("cudaMalloc (data check)");
       std::vector<cudaEvent_t>& ev = b.ev;
       // Every rank's allocations are done before any rank's kernel runs (a rank thread blocked in
       // the driver while its peers' kernels wait for it would stall them until the timeout).
@@ -769,8 +832,18 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           }
         }
         if (comm->asyncError() != Result::Success) return fail("asyncError");
+        // The data check, one collective (op 0's window) after the timed ones.
+        {
+          const int64_t w = dataCheck(comm.get(), grp[0], n, r, stream, devWrong, [&] { barrier.wait(); });
+          if (w < 0) unchecked = true;
+          else wrongSum += w;
+        }
+        barrier.wait();
         if (r == 0) {
           Row row = makeRow(opt.mode, n, size, eager, graph, hostUs, copyGBps, opt.coll);
+          row.wrong = unchecked ? -1 : wrongSum.load();
+          wrongSum = 0;
+          unchecked = false;
           for (int k = 0; k < 7; ++k) row.stageUs[k] = stageUs[k];
           row.smGHz = smGHz;
           row.traced = traced;
@@ -786,6 +859,7 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
       if (comm->finalize() != Result::Success) fail("finalize");
       cudaFree(send);
       cudaFree(recv);
+      cudaFree(devWrong);
       cudaStreamDestroy(stream);
     });
   }
@@ -793,61 +867,159 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
   return ok;
 }
 
-int usage() {
-  std::fprintf(stderr,
-               "usage: mkernel-collbench [--ranks 2,4,8] [--min-bytes 8] [--max-bytes 1073741824] "
-               "[--step 8] [--iters 1000] [--wait launch,memop,kernel] [--trace 1|2|3] [--nccl libnccl.so.2] [--gpus 1] "
-               "[--ranks-per-node K] [--group K] [--sync spin|yield|blocking] [--coll allreduce] [--csv FILE]\n"
-               "  --coll allreduce|reducescatter|allgather|broadcast|reduce: the collective timed (float sum, root 0);\n"
-               "  bytes are nccl-tests' size (ReduceScatter: the send buffer, AllGather: the receive buffer)\n"
-               "  --group K (1-8): every timed call a group of K AllReduces (NCCL: ncclGroupStart/End; mkernel: one\n"
-               "  enqueue, MKERNEL_LL_BATCH), times per collective\n"
-               "  --ranks-per-node K: emulated nodes of K ranks, every collective through the hierarchical path and\n"
-               "  the proxies (set MKERNEL_SOCKET_IFNAME=lo); MKERNEL_HIER_OVERLAP=0 runs its phases in turn\n"
-               "  --sync: how rank threads wait for their streams (cudaDeviceScheduleSpin/Yield/BlockingSync;\n"
-               "  default: CUDA's choice)\n");
-  return 2;
+// nccl-tests' bus bandwidth factor for collective c over n ranks (its busBw computations).
+double busBwFactor(mkernel::coll::CollType c, int n) {
+  using mkernel::coll::CollType;
+  const double dn = static_cast<double>(n);
+  switch (c) {
+    case CollType::AllReduce: return 2.0 * (dn - 1) / dn;
+    case CollType::ReduceScatter:
+    case CollType::AllGather: return (dn - 1) / dn;
+    default: return 1.0;  // Broadcast, Reduce
+  }
+}
+
+// The NCCL row of the same size and rank count, if --nccl measured one.
+const Row* ncclRowFor(const std::vector<Row>& rows, const Row& mk) {
+  for (const Row& r : rows)
+    if (r.wait.rfind("nccl", 0) == 0 && r.ranks == mk.ranks && r.bytes == mk.bytes) return &r;
+  return nullptr;
+}
+
+// A CSV field: quoted when it holds a comma, a quote or a line break.
+std::string csvField(const std::string& v) {
+  if (v.find_first_of(",\"\n") == std::string::npos) return v;
+  std::string q = "\"";
+  for (char c : v) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+// The mkernel rows in nccl-tests' columns (size, count, type, redop, time, algbw, busbw, #wrong),
+// then the path that ran them and, with --nccl, NCCL's time for the same size and the ratio
+// mkernel / NCCL (below 1: mkernel faster). Time: the eager median.
+void printNcclTestsTable(const Options& opt, const std::vector<Row>& rows) {
+  using mkernel::coll::CollType;
+  const bool reduces = opt.coll != CollType::Broadcast && opt.coll != CollType::AllGather;
+  std::printf("# nccl-tests columns (%s; time: eager median; busbw = algbw x %s; ratio = mkernel / NCCL)\n",
+              mkernel::coll::collName(opt.coll),
+              opt.coll == CollType::AllReduce                                          ? "2(n-1)/n"
+              : opt.coll == CollType::ReduceScatter || opt.coll == CollType::AllGather ? "(n-1)/n"
+                                                                                       : "1");
+  std::printf("#%11s %12s %8s %6s %5s %7s %9s %8s %8s %7s %10s %8s\n", "size", "count", "type", "redop", "ranks", "path",
+              "time", "algbw", "busbw", "#wrong", "nccl_time", "ratio");
+  std::printf("#%11s %12s %8s %6s %5s %7s %9s %8s %8s %7s %10s %8s\n", "(B)", "(elements)", "", "", "", "", "(us)",
+              "(GB/s)", "(GB/s)", "", "(us)", "");
+  for (const Row& r : rows) {
+    if (r.wait.rfind("nccl", 0) == 0) continue;
+    const double algbw = r.eagerMed > 0 ? static_cast<double>(r.bytes) / 1e3 / r.eagerMed : 0;
+    const double busbw = algbw * busBwFactor(opt.coll, r.ranks);
+    const Row* nccl = ncclRowFor(rows, r);
+    char wrong[24], ncclUs[24], ratio[24];
+    std::snprintf(wrong, sizeof wrong, r.wrong < 0 ? "N/A" : "%lld", static_cast<long long>(r.wrong));
+    std::snprintf(ncclUs, sizeof ncclUs, nccl ? "%.2f" : "N/A", nccl ? nccl->eagerMed : 0.0);
+    std::snprintf(ratio, sizeof ratio, nccl && nccl->eagerMed > 0 ? "%.2f" : "N/A",
+                  nccl && nccl->eagerMed > 0 ? r.eagerMed / nccl->eagerMed : 0.0);
+    std::printf("%12zu %12zu %8s %6s %5d %7s %9.2f %8.2f %8.2f %7s %10s %8s\n", r.bytes, r.bytes / 4, "float",
+                reduces ? "sum" : "none", r.ranks, r.wait.c_str(), r.eagerMed, algbw, busbw, wrong, ncclUs, ratio);
+  }
+}
+
+// --results: the same rows appended as CSV, the header first when the file is new or empty.
+bool appendResults(const Options& opt, const std::vector<Row>& rows, const std::string& machine) {
+  FILE* f = std::fopen(opt.results.c_str(), "a");
+  if (f == nullptr) return false;
+  std::fseek(f, 0, SEEK_END);
+  if (std::ftell(f) == 0)
+    std::fprintf(f, "date,machine,commit,command,collective,size_bytes,ranks,mkernel_us,nccl_us,ratio,busbw_gbs,wrong,path\n");
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  for (const Row& r : rows) {
+    if (r.wait.rfind("nccl", 0) == 0) continue;
+    const Row* nccl = ncclRowFor(rows, r);
+    const double algbw = r.eagerMed > 0 ? static_cast<double>(r.bytes) / 1e3 / r.eagerMed : 0;
+    std::string ncclUs, ratio, wrong;
+    if (nccl) ncclUs = std::to_string(nccl->eagerMed);
+    if (nccl && nccl->eagerMed > 0) ratio = std::to_string(r.eagerMed / nccl->eagerMed);
+    if (r.wrong >= 0) wrong = std::to_string(r.wrong);
+    std::fprintf(f, "%s,%s,%s,%s,%s,%zu,%d,%.3f,%s,%s,%.3f,%s,%s\n", date, csvField(machine).c_str(),
+                 csvField(opt.commit).c_str(), csvField(opt.command).c_str(), mkernel::coll::collName(opt.coll), r.bytes,
+                 r.ranks, r.eagerMed, ncclUs.c_str(), ratio.c_str(), algbw * busBwFactor(opt.coll, r.ranks), wrong.c_str(),
+                 csvField(r.wait).c_str());
+  }
+  return std::fclose(f) == 0;
+}
+
+// The command line into *opt. -1: run; otherwise the exit status (tools/cli.h).
+int parseOptions(int argc, char** argv, Options* opt) {
+  CLI::App app("AllReduce (or, --coll, another collective) through mkernel, N thread ranks on one GPU (emulated) or\n"
+               "spread over several (--gpus), optionally beside the real NCCL (--nccl, AllReduce only): per-op latency\n"
+               "(median, p99), eager and replayed from a CUDA graph, and memory bandwidth. Progress on stderr, table on\n"
+               "stdout.",
+               "mkernel-collbench");
+  mktools::setupApp(app);
+  std::string coll = "allreduce";
+  mktools::listOf(app.add_option("--ranks", opt->ranks, "rank counts, one run each"))->check(mktools::kPositive)
+      ->default_str("2,4,8");
+  app.add_option("--min-bytes", opt->minBytes, "smallest size (nccl-tests' size; K, M, G accepted)")
+      ->transform(mktools::kSize)->capture_default_str();
+  app.add_option("--max-bytes", opt->maxBytes, "largest size")->transform(mktools::kSize)->capture_default_str();
+  app.add_option("--step", opt->step, "size multiplier from one row to the next")->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--iters", opt->iters, "timed collectives per size")->check(mktools::kPositive)->capture_default_str();
+  mktools::listOf(app.add_option("--wait", opt->waits, "paths to compare: launch, memop, kernel"))
+      ->check(CLI::IsMember({"launch", "memop", "kernel"}))->default_str("launch,memop");
+  app.add_option("--trace", opt->trace,
+                 "1: where an eager collective's time goes (MKERNEL_KERNEL_TRACE=1); 2: a captured one's; 3: also the "
+                 "LL kernel's receive")
+      ->check(CLI::Range(0, 3))->capture_default_str();
+  app.add_option("--nccl", opt->nccl, "the real NCCL's AllReduce in the same run (e.g. libnccl.so.2)")->type_name("LIB");
+  app.add_option("--gpus", opt->gpus, "rank r runs on GPU r % N (1: every rank on GPU 0, emulated)")
+      ->check(mktools::kPositive)->capture_default_str();
+  app.add_option("--ranks-per-node", opt->ranksPerNode,
+                 "emulated nodes of K ranks, every collective through the hierarchical path and the proxies "
+                 "(set MKERNEL_SOCKET_IFNAME=lo); MKERNEL_HIER_OVERLAP=0 runs its phases in turn")
+      ->check(mktools::kNonNegative)->type_name("K");
+  app.add_option("--group", opt->group,
+                 "every timed call a group of K AllReduces (NCCL: ncclGroupStart/End; mkernel: one enqueue, "
+                 "MKERNEL_LL_BATCH), times per collective")
+      ->check(CLI::Range(1, 8))->capture_default_str();
+  app.add_option("--sync", opt->sync,
+                 "how rank threads wait for their streams (cudaDeviceScheduleSpin/Yield/BlockingSync; default: CUDA's "
+                 "choice)")
+      ->check(CLI::IsMember({"spin", "yield", "blocking"}));
+  app.add_option("--coll", coll,
+                 "the collective timed (float sum, root 0); bytes are nccl-tests' size (ReduceScatter: the send buffer, "
+                 "AllGather: the receive buffer)")
+      ->check(CLI::IsMember({"allreduce", "reducescatter", "allgather", "broadcast", "reduce"}))->capture_default_str();
+  app.add_option("--csv", opt->csv, "also write the rows as CSV")->type_name("FILE");
+  app.add_option("--results", opt->results,
+                 "append the nccl-tests-column rows to FILE as CSV (date, machine, commit, command, collective, "
+                 "size_bytes, ranks, mkernel_us, nccl_us, ratio, busbw_gbs, wrong, path), e.g. docs/results/collbench.csv")
+      ->type_name("FILE");
+  app.add_option("--commit", opt->commit, "the commit recorded in --results rows")->capture_default_str();
+  const int rc = mktools::parseArgs(app, argc, argv);
+  if (rc >= 0) return rc;
+  for (int i = 0; i < argc; ++i) opt->command += (i ? " " : "") + std::string(argv[i]);
+  using mkernel::coll::CollType;
+  opt->coll = coll == "reducescatter" ? CollType::ReduceScatter
+              : coll == "allgather"   ? CollType::AllGather
+              : coll == "broadcast"   ? CollType::Broadcast
+              : coll == "reduce"      ? CollType::Reduce
+                                      : CollType::AllReduce;
+  if (opt->coll != CollType::AllReduce && !opt->nccl.empty())
+    return mktools::usageError(app, "--nccl compares AllReduce only (--coll allreduce)");
+  if (opt->minBytes < 1 || opt->maxBytes < opt->minBytes)
+    return mktools::usageError(app, "want 1 <= --min-bytes <= --max-bytes");
+  return -1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (i + 1 >= argc) return usage();
-    const char* v = argv[++i];
-    if (a == "--ranks") opt.ranks = mktools::parseIntList(v);
-    else if (a == "--min-bytes") opt.minBytes = std::strtoull(v, nullptr, 10);
-    else if (a == "--max-bytes") opt.maxBytes = std::strtoull(v, nullptr, 10);
-    else if (a == "--step") opt.step = std::strtoull(v, nullptr, 10);
-    else if (a == "--iters") opt.iters = std::atoi(v);
-    else if (a == "--csv") opt.csv = v;
-    else if (a == "--wait") opt.waits = mktools::splitCommas(v);
-    else if (a == "--trace") opt.trace = std::atoi(v);
-    else if (a == "--nccl") opt.nccl = v;
-    else if (a == "--gpus") opt.gpus = std::atoi(v);
-    else if (a == "--ranks-per-node") opt.ranksPerNode = std::atoi(v);
-    else if (a == "--group") opt.group = std::atoi(v);
-    else if (a == "--sync") opt.sync = v;
-    else if (a == "--coll") {
-      const std::string c = v;
-      using mkernel::coll::CollType;
-      if (c == "allreduce") opt.coll = CollType::AllReduce;
-      else if (c == "reducescatter") opt.coll = CollType::ReduceScatter;
-      else if (c == "allgather") opt.coll = CollType::AllGather;
-      else if (c == "broadcast") opt.coll = CollType::Broadcast;
-      else if (c == "reduce") opt.coll = CollType::Reduce;
-      else return usage();
-    } else return usage();
-  }
-  if (opt.coll != mkernel::coll::CollType::AllReduce && !opt.nccl.empty()) {
-    std::fprintf(stderr, "mkernel-collbench: --nccl compares AllReduce only (--coll allreduce)\n");
-    return 2;
-  }
-  if (opt.step < 2 || opt.minBytes < 1 || opt.iters < 1 || opt.gpus < 1 || opt.group < 1 || opt.group > 8) return usage();
-  if (opt.trace < 0 || opt.trace > 3) return usage();
-  if (!opt.sync.empty() && opt.sync != "spin" && opt.sync != "yield" && opt.sync != "blocking") return usage();
+  const int rc = parseOptions(argc, argv, &opt);
+  if (rc >= 0) return rc;
   if (opt.trace) setenv("MKERNEL_KERNEL_TRACE", std::to_string(opt.trace).c_str(), 1);
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 0);
   // 2 streams per rank (caller + internal): more hardware queues than CUDA's default 8, so that a
@@ -911,9 +1083,6 @@ int main(int argc, char** argv) {
     } else if (w == "memop" || w == "kernel") {
       setenv("MKERNEL_STREAM_WAIT", w.c_str(), 1);
       setenv("MKERNEL_LAUNCH_MAX_BYTES", "0", 1);
-    } else {
-      std::fprintf(stderr, "mkernel-collbench: --wait %s: expected launch, memop or kernel\n", w.c_str());
-      return 2;
     }
     for (int n : opt.ranks) ok = runRanks(n, o, copyGBps, &rows) && ok;
   }
@@ -984,6 +1153,16 @@ int main(int argc, char** argv) {
       std::printf("%10s %5d %12zu %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.2f %7.3f %7zu %9.2f\n", r.wait.c_str(), r.ranks,
                   r.bytes, r.stageUs[0], r.stageUs[1], r.stageUs[2], r.stageUs[3], r.stageUs[4], r.stageUs[6],
                   r.stageUs[5], r.smGHz, r.traced, r.graphRunUs);
+  }
+  printNcclTestsTable(opt, rows);
+  if (!opt.results.empty()) {
+    const std::string machine = std::to_string(nDev) + " x " + prop.name;
+    if (!appendResults(opt, rows, machine)) {
+      std::fprintf(stderr, "mkernel-collbench: cannot append to %s\n", opt.results.c_str());
+      ok = false;
+    } else {
+      std::fprintf(stderr, "collbench: rows appended to %s\n", opt.results.c_str());
+    }
   }
   if (!opt.csv.empty()) {
     FILE* f = std::fopen(opt.csv.c_str(), "w");

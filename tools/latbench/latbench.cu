@@ -29,6 +29,8 @@
 #include <thread>
 #include <vector>
 
+#include "tools/cli.h"
+
 namespace {
 
 #define CK(x)                                                                                  \
@@ -312,21 +314,16 @@ void exchangeRows(Gpu* g, int kernels, int reps) {
 int main(int argc, char** argv) {
   int kernels = 2000, iters = 20000, reps = 5;
   bool sameGpu = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--same-gpu") sameGpu = true;
-    else if (a == "--kernels" && i + 1 < argc) kernels = std::atoi(argv[++i]);
-    else if (a == "--round-trips" && i + 1 < argc) iters = std::atoi(argv[++i]);
-    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
-    else {
-      std::fprintf(stderr, "usage: mkernel-latbench [--kernels 2000] [--round-trips 20000] [--reps 5] [--same-gpu]\n");
-      return 2;
-    }
-  }
-  if (kernels < 1 || iters < 1 || reps < 1) {
-    std::fprintf(stderr, "mkernel-latbench: --kernels, --round-trips and --reps must be positive\n");
-    return 2;
-  }
+  CLI::App app("The latency floors under a small collective: kernel-to-kernel gaps with and without programmatic\n"
+               "dependent launch, NVLink ping-pong, a frame-free two-GPU flag exchange per kernel.",
+               "mkernel-latbench");
+  mktools::setupApp(app);
+  app.add_option("--kernels", kernels, "kernels per run")->check(mktools::kPositive)->capture_default_str();
+  app.add_option("--round-trips", iters, "ping-pong round trips per run")->check(mktools::kPositive)->capture_default_str();
+  app.add_option("--reps", reps, "runs (median reported)")->check(mktools::kPositive)->capture_default_str();
+  app.add_flag("--same-gpu", sameGpu, "both sides of pingpong and exchange on GPU 0, two streams");
+  const int rc = mktools::parseArgs(app, argc, argv);
+  if (rc >= 0) return rc;
   int n = 0;
   CK(cudaGetDeviceCount(&n));
   cudaDeviceProp prop{};

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "collectives/device/reduce.cuh"
-#include "tools/args.h"
+#include "tools/cli.h"
 
 namespace {
 
@@ -156,24 +156,19 @@ int main(int argc, char** argv) {
   size_t bytes = size_t(256) << 20;
   std::vector<int> ctasList{16, 32, 64, 128};
   int iters = 20, threads = 512;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "mkernel-p2pbench: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--bytes") bytes = std::strtoull(next(), nullptr, 10);
-    else if (a == "--ctas") ctasList = mktools::parseIntList(next());
-    else if (a == "--iters") iters = std::atoi(next());
-    else if (a == "--threads") threads = std::atoi(next());
-    else {
-      std::fprintf(stderr, "usage: mkernel-p2pbench [--bytes N] [--ctas 16,32,64,128] [--iters 20] [--threads 512]\n");
-      return 2;
-    }
-  }
+  CLI::App app("NVLink read / write / reduce bandwidth of CTA data movers, both GPUs of a pair at once, beside the\n"
+               "kernel's own reduceCopy.",
+               "mkernel-p2pbench");
+  mktools::setupApp(app);
+  app.add_option("--bytes", bytes, "buffer size, rounded down to a multiple of 4096 (K, M, G accepted)")
+      ->transform(mktools::kSize)
+      ->default_str("256M");
+  mktools::listOf(app.add_option("--ctas", ctasList, "CTA counts, one row each"))->check(mktools::kPositive)
+      ->default_str("16,32,64,128");
+  app.add_option("--iters", iters, "timed runs per row")->check(mktools::kPositive)->capture_default_str();
+  app.add_option("--threads", threads, "threads per CTA, a multiple of 32 up to 512")->capture_default_str();
+  const int rc = mktools::parseArgs(app, argc, argv);
+  if (rc >= 0) return rc;
   bytes = bytes / 4096 * 4096;
   if (bytes == 0 || iters < 1 || threads < 32 || threads > 512 || threads % 32 != 0) {
     std::fprintf(stderr, "mkernel-p2pbench: --bytes >= 4096, --iters >= 1, --threads a multiple of 32 up to 512\n");

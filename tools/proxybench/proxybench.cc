@@ -14,7 +14,7 @@
 // The proxy's per-chunk overhead is (proxy round trip - net round trip) / 2 one way, and the
 // difference of the two streams' times per chunk. The GPU side (the CTA's host-mapped write
 // across PCIe, the proxy's flag write back) is not in it: there is no GPU here.
-//   mkernel-proxybench [--min-bytes 8] [--max-bytes 4194304] [--step 4] [--iters 1000]
+//   mkernel-proxybench [--min-bytes 8] [--max-bytes 4M] [--step 4] [--iters 1000]
 //                      [--warmup 100] [--stream 64 (at most 128)] [--reps 20] [--csv FILE]
 // A progress line per size on stderr; the table on stdout. Exit status 0 when every transfer
 // completed and the streamed bytes arrived intact (a failure names the step).
@@ -32,7 +32,7 @@
 
 #include "common/log.h"
 #include "common/result.h"
-#include "tools/args.h"
+#include "tools/cli.h"
 #include "transport/net/backend.h"
 #include "transport/net/net.h"
 #include "transport/proxy/proxy.h"
@@ -336,35 +336,35 @@ Row measure(net::Net* n, size_t bytes, const Options& o) {
   return row;
 }
 
-bool parse(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-    const char* v = nullptr;
-    if (a == "--min-bytes" && (v = next())) o->minBytes = std::strtoull(v, nullptr, 0);
-    else if (a == "--max-bytes" && (v = next())) o->maxBytes = std::strtoull(v, nullptr, 0);
-    else if (a == "--step" && (v = next())) o->step = std::strtoull(v, nullptr, 0);
-    else if (a == "--iters" && (v = next())) o->iters = std::atoi(v);
-    else if (a == "--warmup" && (v = next())) o->warmup = std::atoi(v);
-    else if (a == "--stream" && (v = next())) o->stream = std::atoi(v);
-    else if (a == "--reps" && (v = next())) o->reps = std::atoi(v);
-    else if (a == "--csv" && (v = next())) o->csv = v;
-    else return false;
-  }
-  return o->minBytes >= 1 && o->maxBytes >= o->minBytes && o->step >= 2 && o->iters >= 1 && o->warmup >= 0 &&
-         o->stream >= 1 && o->stream <= static_cast<int>(px::kRingSlots) / 2 && o->reps >= 1;
+// The command line into *o. -1: run; otherwise the exit status (tools/cli.h).
+int parse(int argc, char** argv, Options* o) {
+  CLI::App app("The proxy's per-chunk overhead against the bare net::Net: two ranks in one process over the net\n"
+               "backend MKERNEL_NET_BACKEND picks, a thread per rank playing the GPU producer (docs/PROXY.md).",
+               "mkernel-proxybench");
+  mktools::setupApp(app);
+  app.add_option("--min-bytes", o->minBytes, "smallest chunk (K, M, G accepted)")->transform(mktools::kSize)
+      ->check(mktools::kPositive)->capture_default_str();
+  app.add_option("--max-bytes", o->maxBytes, "largest chunk")->transform(mktools::kSize)->capture_default_str();
+  app.add_option("--step", o->step, "size multiplier from one row to the next")->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--iters", o->iters, "ping-pong round trips per size")->check(mktools::kPositive)->capture_default_str();
+  app.add_option("--warmup", o->warmup, "untimed round trips first")->check(mktools::kNonNegative)->capture_default_str();
+  app.add_option("--stream", o->stream, "chunks in flight per stream run")
+      ->check(CLI::Range(1, static_cast<int>(px::kRingSlots) / 2))->capture_default_str();
+  app.add_option("--reps", o->reps, "stream runs per size (median)")->check(mktools::kPositive)->capture_default_str();
+  app.add_option("--csv", o->csv, "also write the table as CSV")->type_name("FILE");
+  const int rc = mktools::parseArgs(app, argc, argv);
+  if (rc >= 0) return rc;
+  if (o->maxBytes < o->minBytes) return mktools::usageError(app, "--max-bytes is below --min-bytes");
+  return -1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
-  if (!parse(argc, argv, &o)) {
-    std::fprintf(stderr,
-                 "usage: mkernel-proxybench [--min-bytes 8] [--max-bytes 4194304] [--step 4] [--iters 1000] "
-                 "[--warmup 100] [--stream 64] [--reps 20] [--csv FILE]\n");
-    return 2;
-  }
+  const int rc = parse(argc, argv, &o);
+  if (rc >= 0) return rc;
   net::BackendChoice choice;
   if (net::createNetBackend({}, &choice) != Result::Success) die("net backend");
   std::printf("# proxy per-chunk overhead: 2 ranks in one process over %s (%s)\n", choice.net->name(), choice.why.c_str());

@@ -1,5 +1,9 @@
 #include "tools/topo/report.h"
 
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <sstream>
 
@@ -7,25 +11,46 @@ namespace mkernel {
 namespace topo {
 namespace {
 
-std::string jsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
+// NUMA node or null (unknown).
+nlohmann::ordered_json numaOrNull(int numa) {
+  return numa >= 0 ? nlohmann::ordered_json(numa) : nlohmann::ordered_json(nullptr);
 }
 
-std::string jsonNumaOrNull(int numa) {
-  return numa >= 0 ? std::to_string(numa) : "null";
+// A string, or null when empty.
+nlohmann::ordered_json stringOrNull(const std::string& s) {
+  return s.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(s);
+}
+
+// The document's layout: one top-level key per line; an array of objects or arrays (gpus, nics,
+// the distance matrix) one element per line; everything else on one line with ", " and ": "
+// between items. nlohmann-json writes every scalar (escapes, numbers).
+void layout(const nlohmann::ordered_json& j, int depth, bool oneLine, std::string* out) {
+  const std::string pad(static_cast<size_t>(2 * depth), ' ');
+  if (j.is_object()) {
+    const bool top = depth == 0 && !oneLine;
+    *out += '{';
+    bool first = true;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      *out += first ? "" : ",";
+      *out += top ? "\n  " : (first ? "" : " ");
+      *out += nlohmann::ordered_json(it.key()).dump() + ": ";
+      layout(it.value(), top ? 1 : depth, oneLine, out);
+      first = false;
+    }
+    *out += top ? "\n}" : "}";
+  } else if (j.is_array()) {
+    bool ofContainers = !j.empty() && !oneLine;
+    for (const auto& e : j) ofContainers = ofContainers && e.is_structured();
+    *out += '[';
+    for (size_t i = 0; i < j.size(); ++i) {
+      *out += i ? "," : "";
+      *out += ofContainers ? "\n" + pad + "  " : (i ? " " : "");
+      layout(j[i], depth, true, out);
+    }
+    *out += ofContainers ? "\n" + pad + "]" : "]";
+  } else {
+    *out += j.dump();
+  }
 }
 
 std::string numaText(int numa) {
@@ -43,12 +68,6 @@ std::string cell(const Placement& p, int r, int c) {
 
 std::string rowName(const Placement& p, int i) {
   return i < p.nGpus ? "GPU" + std::to_string(i) : "NIC" + std::to_string(i - p.nGpus);
-}
-
-std::string jsonNumber(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g", v);
-  return buf;
 }
 
 std::string speedText(double gbps) {
@@ -137,58 +156,59 @@ std::string renderTable(const Topology& topo, const Placement& p) {
 }
 
 std::string renderJson(const Topology& topo, const Placement& p) {
-  std::ostringstream o;
-  o << "{\n  \"source\": " << jsonString(topo.source) << ",\n";
-  o << "  \"nvlink_source\": "
-    << (topo.nvlinkSource.empty() ? std::string("null") : jsonString(topo.nvlinkSource)) << ",\n";
-  o << "  \"packages\": " << topo.nPackages << ",\n  \"numa_nodes\": [";
-  for (size_t i = 0; i < topo.numaNodes.size(); ++i)
-    o << (i ? ", " : "") << "{\"index\": " << topo.numaNodes[i].osIndex
-      << ", \"cpus\": " << jsonString(formatCpuList(topo.numaNodes[i].cpus)) << "}";
-  o << "],\n  \"gpus\": [";
-  for (size_t i = 0; i < p.gpus.size(); ++i) {
-    const GpuPlacement& g = p.gpus[i];
+  using nlohmann::ordered_json;
+  ordered_json doc;
+  doc["source"] = topo.source;
+  doc["nvlink_source"] = stringOrNull(topo.nvlinkSource);
+  doc["packages"] = topo.nPackages;
+  doc["numa_nodes"] = ordered_json::array();
+  for (const auto& nn : topo.numaNodes)
+    doc["numa_nodes"].push_back({{"index", nn.osIndex}, {"cpus", formatCpuList(nn.cpus)}});
+  doc["gpus"] = ordered_json::array();
+  for (const GpuPlacement& g : p.gpus) {
     const Gpu& gpu = topo.gpus[g.gpu];
-    o << (i ? "," : "") << "\n    {\"index\": " << gpu.index
-      << ", \"pci\": " << jsonString(gpu.pci.busId)
-      << ", \"name\": " << (gpu.name.empty() ? std::string("null") : jsonString(gpu.name))
-      << ", \"numa\": " << jsonNumaOrNull(gpu.pci.numa)
-      << ", \"nic\": " << (g.nic >= 0 ? jsonString(topo.nics[g.nic].name) : std::string("null"))
-      << ", \"nic_distance\": "
-      << (g.nic >= 0 ? jsonString(pathClassName(g.nicClass)) : std::string("null"))
-      << ", \"rails\": [";
-    for (size_t r = 0; r < g.rails.size(); ++r)
-      o << (r ? ", " : "") << jsonString(topo.nics[g.rails[r]].name);
-    o << "], \"cpus\": " << jsonString(formatCpuList(g.proxyCpus))
-      << ", \"cpus_numa\": " << jsonNumaOrNull(g.proxyNuma) << "}";
+    ordered_json rails = ordered_json::array();
+    for (int r : g.rails) rails.push_back(topo.nics[r].name);
+    doc["gpus"].push_back({{"index", gpu.index},
+                           {"pci", gpu.pci.busId},
+                           {"name", stringOrNull(gpu.name)},
+                           {"numa", numaOrNull(gpu.pci.numa)},
+                           {"nic", g.nic >= 0 ? ordered_json(topo.nics[g.nic].name) : ordered_json(nullptr)},
+                           {"nic_distance", g.nic >= 0 ? ordered_json(pathClassName(g.nicClass)) : ordered_json(nullptr)},
+                           {"rails", rails},
+                           {"cpus", formatCpuList(g.proxyCpus)},
+                           {"cpus_numa", numaOrNull(g.proxyNuma)}});
   }
-  o << "\n  ],\n  \"nics\": [";
-  for (size_t i = 0; i < topo.nics.size(); ++i) {
-    const Nic& nic = topo.nics[i];
-    o << (i ? "," : "") << "\n    {\"name\": " << jsonString(nic.name)
-      << ", \"pci\": " << (nic.pci.busId.empty() ? std::string("null") : jsonString(nic.pci.busId))
-      << ", \"numa\": " << jsonNumaOrNull(nic.pci.numa) << ", \"port\": " << nic.port
-      << ", \"state\": " << (nic.state.empty() ? std::string("null") : jsonString(nic.state))
-      << ", \"link_layer\": "
-      << (nic.linkLayer.empty() ? std::string("null") : jsonString(nic.linkLayer))
-      << ", \"speed_gbps\": "
-      << (nic.speedGbps > 0 ? jsonNumber(nic.speedGbps) : std::string("null")) << "}";
+  doc["nics"] = ordered_json::array();
+  for (const Nic& nic : topo.nics) {
+    // A whole number of Gbps as an integer (400, not 400.0).
+    ordered_json speed = nullptr;
+    if (nic.speedGbps > 0)
+      speed = nic.speedGbps == std::floor(nic.speedGbps) ? ordered_json(static_cast<int64_t>(nic.speedGbps))
+                                                         : ordered_json(nic.speedGbps);
+    doc["nics"].push_back({{"name", nic.name},
+                           {"pci", stringOrNull(nic.pci.busId)},
+                           {"numa", numaOrNull(nic.pci.numa)},
+                           {"port", nic.port},
+                           {"state", stringOrNull(nic.state)},
+                           {"link_layer", stringOrNull(nic.linkLayer)},
+                           {"speed_gbps", speed}});
   }
-  o << "\n  ],\n  \"distance\": {\"labels\": [";
   const int n = p.nGpus + p.nNics;
-  for (int i = 0; i < n; ++i) o << (i ? ", " : "") << jsonString(rowName(p, i));
-  o << "], \"matrix\": [";
+  ordered_json labels = ordered_json::array(), matrix = ordered_json::array();
+  for (int i = 0; i < n; ++i) labels.push_back(rowName(p, i));
   for (int r = 0; r < n; ++r) {
-    o << (r ? "," : "") << "\n    [";
-    for (int c = 0; c < n; ++c) o << (c ? ", " : "") << jsonString(cell(p, r, c));
-    o << "]";
+    ordered_json row = ordered_json::array();
+    for (int c = 0; c < n; ++c) row.push_back(cell(p, r, c));
+    matrix.push_back(row);
   }
-  o << "\n  ]},\n  \"ring\": [";
-  for (size_t i = 0; i < p.ringOrder.size(); ++i) o << (i ? ", " : "") << p.ringOrder[i];
-  o << "],\n  \"ring_reason\": " << jsonString(p.ringReason) << ",\n  \"notes\": [";
-  for (size_t i = 0; i < topo.notes.size(); ++i) o << (i ? ", " : "") << jsonString(topo.notes[i]);
-  o << "]\n}\n";
-  return o.str();
+  doc["distance"] = {{"labels", labels}, {"matrix", matrix}};
+  doc["ring"] = p.ringOrder;
+  doc["ring_reason"] = p.ringReason;
+  doc["notes"] = topo.notes;
+  std::string out;
+  layout(doc, 0, false, &out);
+  return out + "\n";
 }
 
 }  // namespace topo

@@ -49,8 +49,8 @@
 #include <thread>
 #include <vector>
 
-#include "tools/args.h"
-#include "tools/probe_util.cuh"
+#include "tools/cli.h"
+#include "tools/dev/probe_util.cuh"
 
 namespace {
 
@@ -289,47 +289,33 @@ int main(int argc, char** argv) {
   std::vector<std::string> variants = {"fresh", "touched", "kernel", "own", "reused"};
   std::vector<int> gaps = {0}, strides = {1};
   bool like = false;
-  for (int i = 1; i < argc; ++i) {
-    const char* a = argv[i];
-    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (std::strcmp(a, "--ranks") == 0 && v) {
-      ranks = mktools::parseIntList(v);
-      ++i;
-    } else if (std::strcmp(a, "--rounds") == 0 && v) {
-      rounds = std::atoi(v);
-      ++i;
-    } else if (std::strcmp(a, "--timeout-ms") == 0 && v) {
-      timeoutMs = std::strtoull(v, nullptr, 10);
-      ++i;
-    } else if (std::strcmp(a, "--kernel") == 0 && v && (std::strcmp(v, "plain") == 0 || std::strcmp(v, "mkernel") == 0)) {
-      like = std::strcmp(v, "mkernel") == 0;
-      ++i;
-    } else if (std::strcmp(a, "--gaps") == 0 && v) {
-      gaps = mktools::parseIntList(v);
-      ++i;
-    } else if (std::strcmp(a, "--strides") == 0 && v) {
-      strides = mktools::parseIntList(v);
-      ++i;
-    } else if (std::strcmp(a, "--variants") == 0 && v) {
-      variants = mktools::splitCommas(v);
-      ++i;
-    } else if (std::strcmp(a, "--after") == 0 && v &&
-               (std::strcmp(v, "none") == 0 || std::strcmp(v, "record") == 0 || std::strcmp(v, "kernel") == 0)) {
-      gAfter = std::strcmp(v, "record") == 0 ? After::Record : std::strcmp(v, "kernel") == 0 ? After::Kernel : After::None;
-      ++i;
-    } else if (std::strcmp(a, "--stagger-us") == 0 && v) {
-      gStaggerUs = static_cast<unsigned>(std::strtoul(v, nullptr, 10));
-      ++i;
-    } else if (std::strcmp(a, "--fence") == 0) {
-      gFence = true;
-    } else {
-      std::fprintf(stderr,
-                   "usage: mkernel-queueprobe [--ranks 2,4,8] [--rounds 50] [--timeout-ms 200] "
-                   "[--variants fresh,touched,kernel,own,reused,foreign] [--gaps 0] [--strides 1] [--kernel plain|mkernel] "
-                   "[--after none|record|kernel] [--stagger-us 0] [--fence]\n");
-      return 2;
-    }
-  }
+  std::string kernel = "plain", after = "none";
+  CLI::App app("Whether kernels that wait for each other, launched by several threads of one process on one GPU\n"
+               "(thread-emulated ranks), all run at once, per way of making the streams.",
+               "mkernel-queueprobe");
+  mktools::setupApp(app);
+  mktools::listOf(app.add_option("--ranks", ranks, "thread counts, one row each"))->check(mktools::kPositive)
+      ->default_str("2,4,8");
+  app.add_option("--rounds", rounds, "rounds per row")->check(mktools::kPositive)->capture_default_str();
+  app.add_option("--timeout-ms", timeoutMs, "a round not done by then stalled")->check(mktools::kPositive)
+      ->capture_default_str();
+  mktools::listOf(app.add_option("--variants", variants, "ways of making the streams"))
+      ->check(CLI::IsMember({"fresh", "touched", "kernel", "own", "reused", "foreign"}))
+      ->default_str("fresh,touched,kernel,own,reused");
+  mktools::listOf(app.add_option("--gaps", gaps, "G: streams made before the rank streams"))
+      ->check(mktools::kNonNegative)->default_str("0");
+  mktools::listOf(app.add_option("--strides", strides, "S: S-1 streams between consecutive rank streams"))->check(mktools::kPositive)
+      ->default_str("1");
+  app.add_option("--kernel", kernel, "the waiting kernel")->check(CLI::IsMember({"plain", "mkernel"}))
+      ->capture_default_str();
+  app.add_option("--after", after, "what each rank queues after its kernel")
+      ->check(CLI::IsMember({"none", "record", "kernel"}))->capture_default_str();
+  app.add_option("--stagger-us", gStaggerUs, "delay between the ranks' launches, us")->capture_default_str();
+  app.add_flag("--fence", gFence, "a host barrier before the after-command");
+  const int rc = mktools::parseArgs(app, argc, argv);
+  if (rc >= 0) return rc;
+  like = kernel == "mkernel";
+  gAfter = after == "record" ? After::Record : after == "kernel" ? After::Kernel : After::None;
   QP_CHECK(cudaSetDevice(0));
   QP_CHECK(cudaFree(nullptr));
   const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");

@@ -30,7 +30,7 @@
 
 #include "collectives/communicator.h"
 #include "common/result.h"
-#include "tools/args.h"
+#include "tools/cli.h"
 #include "tools/proc_ranks.h"
 #include "transport/bootstrap/bootstrap.h"
 
@@ -186,30 +186,23 @@ bool runRanks(int n, int nGpus, const Options& o, std::vector<Row>* rows) {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (v == nullptr) {
-      o.iters = 0;  // usage below
-      break;
-    }
-    if (a == "--ranks") o.ranks = mktools::parseIntList(v);
-    else if (a == "--min-bytes") o.minBytes = std::strtoull(v, nullptr, 10);
-    else if (a == "--max-bytes") o.maxBytes = std::strtoull(v, nullptr, 10);
-    else if (a == "--step") o.step = std::strtoull(v, nullptr, 10);
-    else if (a == "--iters") o.iters = std::atoi(v);
-    else if (a == "--csv") o.csv = v;
-    else o.iters = 0;
-    ++i;
-  }
-  bool ranksOk = !o.ranks.empty();
-  for (int r : o.ranks) ranksOk = ranksOk && r >= 1 && r <= 64;
-  if (o.iters < 10 || o.minBytes < 4 || o.maxBytes < o.minBytes || o.step < 2 || !ranksOk) {
-    std::fprintf(stderr,
-                 "usage: mkernel-proclat [--ranks 2,4,8] [--min-bytes 8] [--max-bytes 32768] [--step 4] "
-                 "[--iters 1000] [--csv FILE]\n");
-    return 2;
-  }
+  CLI::App app("Small-AllReduce latency with ranks as processes (forked before any CUDA call; under CUDA MPS when\n"
+               "they share a GPU), against thread ranks' one-context launches.",
+               "mkernel-proclat");
+  mktools::setupApp(app);
+  mktools::listOf(app.add_option("--ranks", o.ranks, "process rank counts, one run each (1 to 64)"))
+      ->check(CLI::Range(1, 64))->default_str("2,4,8");
+  app.add_option("--min-bytes", o.minBytes, "smallest size (K, M, G accepted; at least 4)")->transform(mktools::kSize)
+      ->check(CLI::Range(uint64_t(4), uint64_t(1) << 40).description(""))->capture_default_str();
+  app.add_option("--max-bytes", o.maxBytes, "largest size")->transform(mktools::kSize)->capture_default_str();
+  app.add_option("--step", o.step, "size multiplier from one row to the next")->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--iters", o.iters, "timed collectives per size (at least 10)")->check(CLI::Range(10, 1 << 30))
+      ->capture_default_str();
+  app.add_option("--csv", o.csv, "also write the rows as CSV")->type_name("FILE");
+  const int rc = mktools::parseArgs(app, argc, argv);
+  if (rc >= 0) return rc;
+  if (o.maxBytes < o.minBytes) return mktools::usageError(app, "--max-bytes is below --min-bytes");
   const int nGpus = mktools::gpuCountNoCuda();
   if (nGpus < 1) {
     std::fprintf(stderr, "mkernel-proclat: no GPU\n");

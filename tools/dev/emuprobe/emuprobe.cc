@@ -46,6 +46,8 @@
 #include <thread>
 #include <vector>
 
+#include "tools/cli.h"
+
 namespace {
 
 struct Options {
@@ -82,36 +84,41 @@ class Barrier {
   int n_, count_ = 0, gen_ = 0;
 };
 
-bool parse(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (a == "--data-init" || a == "--sync-after-alloc" || a == "--flush") {
-      (a == "--data-init" ? o->dataInit : a == "--flush" ? o->flush : o->syncAfterAlloc) = true;
-      continue;
-    }
-    if (v == nullptr) return false;
-    if (a == "--ranks") o->ranks = std::atoi(v);
-    else if (a == "--coll") o->coll = v;
-    else if (a == "--bytes") o->bytes = std::strtoull(v, nullptr, 10);
-    else if (a == "--iters") o->iters = std::atoi(v);
-    else if (a == "--init") o->init = v;
-    else if (a == "--alloc") o->alloc = v;
-    else if (a == "--setenv") {
-      const std::string kv = v;
-      const size_t eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0) return false;
-      setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
-    }
-    else if (a == "--timeout-s") o->timeoutS = std::atof(v);
-    else return false;
-    ++i;
-  }
-  const bool collOk = o->coll == "broadcast" || o->coll == "allreduce" || o->coll == "allgather" ||
-                      o->coll == "reducescatter" || o->coll == "reduce";
-  return o->ranks >= 1 && o->ranks <= 64 && o->bytes >= 4 && o->iters >= 1 && collOk &&
-         (o->init == "group" || o->init == "all" || o->init == "threads") &&
-         (o->alloc == "nccl" || o->alloc == "cuda" || o->alloc == "cumem" || o->alloc == "cumem-gdr") && o->timeoutS > 0;
+// The command line into *o (--setenv's variables are set as they are parsed). -1: run; otherwise
+// the exit status (tools/cli.h).
+int parse(int argc, char** argv, Options* o) {
+  CLI::App app("The first collective of several thread ranks on one GPU through libmkernel.so's NCCL API, set up as\n"
+               "patched nccl-tests sets it up, each difference switchable. Exit status: 0 passed, 1 a collective did\n"
+               "not finish or failed, 2 usage or setup error.",
+               "mkernel-emuprobe");
+  mktools::setupApp(app);
+  app.add_option("--ranks", o->ranks, "thread ranks (1 to 64)")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--coll", o->coll, "the collective")
+      ->check(CLI::IsMember({"broadcast", "allreduce", "allgather", "reducescatter", "reduce"}))->capture_default_str();
+  app.add_option("--bytes", o->bytes, "size (K, M, G accepted; at least 4)")->transform(mktools::kSize)
+      ->check(CLI::Range(uint64_t(4), uint64_t(1) << 40).description(""))->capture_default_str();
+  app.add_option("--iters", o->iters, "collectives per rank")->check(mktools::kPositive)->capture_default_str();
+  app.add_option("--init", o->init, "how the communicators are made")->check(CLI::IsMember({"group", "all", "threads"}))
+      ->capture_default_str();
+  app.add_option("--alloc", o->alloc, "how the buffers are allocated")
+      ->check(CLI::IsMember({"nccl", "cuda", "cumem", "cumem-gdr"}))->capture_default_str();
+  app.add_flag("--data-init", o->dataInit, "fill the buffers before the collective");
+  app.add_flag("--sync-after-alloc", o->syncAfterAlloc, "the main thread waits for the whole device once the buffers are made");
+  app.add_flag("--flush", o->flush, "every rank sets 4 bytes of its send buffer on its stream and waits for it first");
+  app.add_option("--setenv", "set VAR to VALUE before anything else (repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->type_name("VAR=VALUE")
+      ->each([](const std::string& kv) {
+        const size_t eq = kv.find('=');
+        setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+      })
+      ->check([](const std::string& kv) {
+        const size_t eq = kv.find('=');
+        return eq == std::string::npos || eq == 0 ? "'" + kv + "': want VAR=VALUE" : std::string();
+      });
+  app.add_option("--timeout-s", o->timeoutS, "seconds a collective may take")
+      ->check(mktools::kPositiveReal)->capture_default_str();
+  return mktools::parseArgs(app, argc, argv);
 }
 
 // The real NCCL's ncclMemAlloc (what nccl-tests calls when libnccl is loaded beside the shim).
@@ -203,14 +210,8 @@ std::string waitStream(cudaStream_t s, ncclComm_t comm, double timeoutS) {
 
 int main(int argc, char** argv) {
   Options o;
-  if (!parse(argc, argv, &o)) {
-    std::fprintf(stderr,
-                 "usage: mkernel-emuprobe [--ranks 4] [--coll broadcast|allreduce|allgather|reducescatter|reduce] "
-                 "[--bytes 8] [--iters 2] [--init group|all|threads] [--alloc nccl|cuda|cumem|cumem-gdr] [--data-init] "
-                 "[--sync-after-alloc] [--flush] [--setenv VAR=VALUE] "
-                 "[--timeout-s 10]\n");
-    return 2;
-  }
+  const int rc = parse(argc, argv, &o);
+  if (rc >= 0) return rc;
   if (std::getenv("MKERNEL_EMULATE") == nullptr) setenv("MKERNEL_EMULATE", "1", 1);
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 1) {

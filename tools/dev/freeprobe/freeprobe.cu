@@ -31,8 +31,8 @@
 #include <thread>
 #include <vector>
 
-#include "tools/args.h"
-#include "tools/probe_util.cuh"
+#include "tools/cli.h"
+#include "tools/dev/probe_util.cuh"
 
 namespace {
 
@@ -236,17 +236,18 @@ const std::vector<Call>& victims() {
 int main(int argc, char** argv) {
   std::vector<std::string> wantB, wantV;
   double holdMs = 1000;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--blockers" && i + 1 < argc) wantB = mktools::splitCommas(argv[++i]);
-    else if (a == "--victims" && i + 1 < argc) wantV = mktools::splitCommas(argv[++i]);
-    else if (a == "--hold-ms" && i + 1 < argc) holdMs = std::atof(argv[++i]);
-    else {
-      std::fprintf(stderr, "usage: mkernel-freeprobe [--blockers none,cudaFree,...] [--victims none,cudaMalloc,...] "
-                           "[--hold-ms 1000]\n");
-      return 1;
-    }
-  }
+  CLI::App app("Which CUDA calls of one thread wait while another thread's free (cudaFree, cudaFreeHost, ...)\n"
+               "waits for a kernel that itself waits for the host. One row per (blocker, victim).",
+               "mkernel-freeprobe");
+  mktools::setupApp(app);
+  mktools::listOf(app.add_option("--blockers", wantB, "the teardown calls to try (default: all)"))
+      ->type_name("none,cudaFree,...");
+  mktools::listOf(app.add_option("--victims", wantV, "the calls timed while a blocker waits (default: all)"))
+      ->type_name("none,cudaMalloc,...");
+  app.add_option("--hold-ms", holdMs, "how long the kernel spins, ms")->check(mktools::kPositiveReal)
+      ->capture_default_str();
+  const int rc = mktools::parseArgs(app, argc, argv);
+  if (rc >= 0) return rc;
   auto picked = [](const std::vector<std::string>& want, const char* name) {
     if (want.empty()) return true;
     for (const std::string& w : want)
