@@ -32,7 +32,7 @@ catch_args=()
 
 step() { echo "== $* ($(date +%T))"; }
 step configure
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON "${catch_args[@]}" \
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON -DMKERNEL_BUILD_TESTS=ON "${catch_args[@]}" \
   >"$logs/configure.log" 2>&1 || { tail -40 "$logs/configure.log"; exit 1; }
 step build
 start=$(date +%s)

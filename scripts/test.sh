@@ -18,7 +18,7 @@ stage() {  # stage NAME CMD...: runs CMD, records its outcome and time
 }
 
 mk_install_deps || exit 1
-stage "build (sm_90 + host)" mk_build "$BUILD" -DMKERNEL_CUDA_ARCH=90
+stage "build (sm_90 + host)" mk_build "$BUILD" -DMKERNEL_CUDA_ARCH=90 -DMKERNEL_BUILD_TESTS=ON
 # The data movers' SASS: no local memory in their loops (scripts/spill-report.sh; a regression
 # there halves a collective's speed and no CPU test sees it).
 [ $fail = 0 ] && stage "device code: movers without spills" env SPILL_CHECK=1 SPILL_WORK="$BUILD/spill" \
@@ -38,7 +38,7 @@ fi
 stage "fuzz tier (libFuzzer, bounded)" bash scripts/fuzz-tier.sh
 if [ "${MK_SKIP_ASAN:-0}" != 1 ]; then
   # -O1 -g1: half the compile time of -O2 -g under ASan, with line tables for the reports.
-  stage "ASan+UBSan build (host code)" mk_build "$BUILD-asan" -DMKERNEL_DEVICE_CODE=OFF -DMKERNEL_SANITIZE=ON \
+  stage "ASan+UBSan build (host code)" mk_build "$BUILD-asan" -DMKERNEL_BUILD_TESTS=ON -DMKERNEL_DEVICE_CODE=OFF -DMKERNEL_SANITIZE=ON \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1"
   # LeakSanitizer on everything. The two tests that load the live hwloc topology run apart, with
   # one suppression (tests/lsan.supp: hwloc's PCI plugin leaks 1 KB per load, outside mkernel)

@@ -19,7 +19,7 @@ mkdir -p "$logs"
 echo "== configure + build (ThreadSanitizer, host code) ($(date +%T))"
 start=$(date +%s)
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
-  -DMKERNEL_DEVICE_CODE=OFF -DMKERNEL_TSAN=ON >"$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
+  -DMKERNEL_DEVICE_CODE=OFF -DMKERNEL_TSAN=ON -DMKERNEL_BUILD_TESTS=ON >"$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
 cmake --build "$build" -j"${TSAN_JOBS:-$(nproc)}" >"$logs/build.log" 2>&1 || { grep -m5 -A8 "error" "$logs/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 echo "== ctest -L '${TSAN_LABELS:-unit|proc|soak}' under ThreadSanitizer ($(date +%T))"

@@ -1,6 +1,6 @@
 // common/: parameters, errors, logging through NCCL's logger, and the README's variable table
 // against params.def.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cstdarg>
 #include <cstdio>

@@ -3,7 +3,7 @@
 // and the same library, so LD_PRELOAD and NCCL's dlopen share one copy (DESIGN.md §1).
 #include <dlfcn.h>
 
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <string>
 
