@@ -3,6 +3,7 @@
 # prints ctest's summary, and exits non-zero on any failure. .ci/run calls exactly this.
 #   MK_BUILD_DIR   build folder (default: build)
 #   MK_SKIP_ASAN=1 skip the sanitizer build (developer shortcut; CI runs it)
+#   MK_SKIP_WHEEL=1 skip the wheel stage (developer shortcut; CI runs it)
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$MK_ROOT"
@@ -15,6 +16,36 @@ stage() {  # stage NAME CMD...: runs CMD, records its outcome and time
   mk_say "$name"
   if "$@"; then STAGES+=("$(printf '%-34s %-8s %5ss' "$name" passed $((SECONDS - t0)))")
   else STAGES+=("$(printf '%-34s %-8s %5ss' "$name" FAILED $((SECONDS - t0)))"); fail=1; fi
+}
+
+# The Python wheel as a user installs it: `pip wheel .` (scikit-build-core, pyproject.toml) and
+# `pip install` of that wheel into a fresh venv, then tests/install/check_python.py run from outside
+# the source tree on the installed package (python -m mkernel --lib/--version/--plugin-dir,
+# mkernel.stats(), python -m mkernel.run). The CMake build stays in $BUILD-wheel between runs and
+# uses ccache when there is one; the source tree must be left as it was.
+wheel_stage() {
+  local tmp rel version left rc=0 cmake_args=""
+  tmp=$(mktemp -d) rel=${BUILD#"$MK_ROOT"/}
+  tree_files() { git status --porcelain --ignored --untracked-files=all | grep -v "^!! $rel-wheel/" | sort; }
+  tree_files >"$tmp/before"
+  version=$(sed -n 's/^project(mkernel VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)
+  command -v ccache >/dev/null &&
+    cmake_args="-DCMAKE_C_COMPILER_LAUNCHER=ccache;-DCMAKE_CXX_COMPILER_LAUNCHER=ccache;-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"
+  python3 -m venv "$tmp/venv" &&
+    SKBUILD_BUILD_DIR=$BUILD-wheel SKBUILD_CMAKE_ARGS=$cmake_args \
+      "$tmp/venv/bin/pip" wheel --no-deps -q -w "$tmp/dist" "$MK_ROOT" &&
+    ls "$tmp/dist" && python3 -m zipfile -l "$tmp"/dist/mkernel-*.whl &&
+    "$tmp/venv/bin/pip" install -q "$tmp"/dist/mkernel-*.whl &&
+    (cd "$tmp" && "$tmp/venv/bin/python" "$MK_ROOT/tests/install/check_python.py" --installed \
+       --version "$version" --cc "${CC:-cc}") || rc=1
+  left=$(tree_files | comm -13 "$tmp/before" -)
+  if [ -n "$left" ]; then
+    echo "wheel: the build left files in the source tree:"
+    echo "$left"
+    rc=1
+  fi
+  rm -rf "$tmp"
+  return $rc
 }
 
 mk_install_deps || exit 1
@@ -35,6 +66,7 @@ if [ $fail = 0 ]; then
   fi
   stage "network-fault tier (netns, tc, nft)" env NETFAULT_BUILD="$BUILD" bash scripts/netfault-tier.sh
 fi
+[ "${MK_SKIP_WHEEL:-0}" != 1 ] && stage "wheel: pip install . + python -m mkernel" wheel_stage
 stage "fuzz tier (libFuzzer, bounded)" bash scripts/fuzz-tier.sh
 if [ "${MK_SKIP_ASAN:-0}" != 1 ]; then
   # -O1 -g1: half the compile time of -O2 -g under ASan, with line tables for the reports.
