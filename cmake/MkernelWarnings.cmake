@@ -14,7 +14,7 @@ function(mkernel_warnings target)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined>)
     target_link_options(${target} PRIVATE -fsanitize=address,undefined)
   elseif(MKERNEL_TSAN)
-    # ThreadSanitizer (scripts/tsan-audit.sh; not in CI, which keeps one sanitizer build).
+    # ThreadSanitizer (scripts/test.sh tsan; not in CI, which keeps one sanitizer build).
     # -Wno-tsan: TSan does not model std::atomic_thread_fence; where a fence orders host threads
     # (proxy_ring.h) the TSan build uses a release store instead.
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-maybe-uninitialized -Wno-tsan -fsanitize=thread -fno-omit-frame-pointer>)
@@ -44,7 +44,7 @@ function(mkernel_test)
     set(T_TIMEOUT 300)
   endif()
   if(MKERNEL_TSAN)
-    # ThreadSanitizer runs the threaded tests 2-10x slower (scripts/tsan-audit.sh): 3x the time.
+    # ThreadSanitizer runs the threaded tests 2-10x slower (scripts/test.sh tsan): 3x the time.
     math(EXPR T_TIMEOUT "${T_TIMEOUT} * 3")
   endif()
   add_test(NAME ${T_NAME} COMMAND ${T_NAME} --order lex ${T_ARGS})

@@ -118,7 +118,7 @@ gpu_build() {
   local jobs=$1 catch_args=()
   shift
   [ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON -DMKERNEL_BUILD_DEV_TOOLS=ON "${catch_args[@]}" \
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON -DMKERNEL_BUILD_TESTS=ON -DMKERNEL_BUILD_DEV_TOOLS=ON "${catch_args[@]}" \
     >"$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
   # A compiler's message has "error" in it; make's own (e.g. "No rule to make target", a ctest name
   # given for an executable's) does not, so the log's tail is printed then.

@@ -7,17 +7,29 @@
 # looser default tolerance than the multi-GPU comparison with NCCL (scripts/multigpu-check.sh).
 #   bash scripts/ddp-emulated.sh [BUILD]     (BUILD holds lib/libmkernel.so; default build-gpu)
 # DDP_RANKS (default "2 4"), DDP_STEPS (30), DDP_TOL (1e-2), DDP_TIMEOUT per run (240 s),
-# DDP_PYTHON (/opt/torch/.venv/bin/python). Prints per N: both runs' median step times, mkernel's
+# MK_PYTHON (the interpreter; default: the first of python3, python and /opt/*/.venv/bin/python3
+# whose `import torch` works), NCCL_HOME (default: the nvidia-nccl wheel of that interpreter's
+# PyTorch). Prints per N: both runs' median step times, mkernel's
 # path counters and the loss comparison; logs and CSVs in $OUT (or /tmp) as ddp-emu-*.
 set -u -o pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-gpu}
-PY=${DDP_PYTHON:-/opt/torch/.venv/bin/python}
+# mk_torch_python: MK_PYTHON, else the first interpreter whose `import torch` works.
+mk_torch_python() {
+  local c
+  for c in ${MK_PYTHON:-} python3 python /opt/*/.venv/bin/python3; do
+    command -v "$c" >/dev/null 2>&1 && "$c" -c 'import torch' >/dev/null 2>&1 && { command -v "$c"; return 0; }
+    [ -n "${MK_PYTHON:-}" ] && break  # MK_PYTHON set: that one or none
+  done
+  return 1
+}
+PY=$(mk_torch_python) || { echo "ddp-emulated: no Python with PyTorch (${MK_PYTHON:-python3, python, /opt/*/.venv}); set MK_PYTHON"; exit 1; }
 out=${OUT:-/tmp}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-NCCL_HOME=${NCCL_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl}
-export LD_LIBRARY_PATH=$NCCL_HOME/lib:$build/lib:${LD_LIBRARY_PATH:-}
-[ -x "$PY" ] || { echo "ddp-emulated: no Python at $PY"; exit 1; }
+# PyTorch's NCCL (the nvidia-nccl-cu* wheel next to it), for the forwarded calls.
+NCCL_HOME=${NCCL_HOME:-$("$PY" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)}
+export LD_LIBRARY_PATH=${NCCL_HOME:+$NCCL_HOME/lib:}$build/lib:${LD_LIBRARY_PATH:-}
+echo "ddp-emulated: $PY, NCCL_HOME=${NCCL_HOME:-none, libnccl from the loader path}"
 [ -f "$build/lib/libmkernel.so" ] || { echo "ddp-emulated: no $build/lib/libmkernel.so"; exit 1; }
 
 mps=$(mktemp -d /tmp/mps.XXXXXX)

@@ -17,13 +17,18 @@ step time; with mkernel preloaded it also prints mkernelGetStats' counters (whic
 """
 import argparse
 import csv
-import ctypes
 import math
 import os
 import socket
 import statistics
 import sys
 import time
+
+try:
+    import mkernel  # the installed package (pip install .)
+except ImportError:  # a source tree: python/mkernel
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+    import mkernel
 
 
 def parse_args(argv=None):
@@ -88,24 +93,9 @@ def compare(path_a, path_b, tol):
 
 # ---- mkernel's query symbol --------------------------------------------------------------------
 
-class MkernelStats(ctypes.Structure):
-    # Same layout as mkernelStats_t in plugin/mkernel_api.h (index = ncclFunc_t).
-    _fields_ = [("size", ctypes.c_uint64), ("kernelOps", ctypes.c_uint64 * 5),
-                ("forwardedOps", ctypes.c_uint64 * 5), ("kernelLaunches", ctypes.c_uint64),
-                ("commsCreated", ctypes.c_uint64)]
-
-
 def mkernel_stats():
-    """mkernelGetStats() of this process, or None when mkernel is not preloaded."""
-    try:
-        fn = ctypes.CDLL(None).mkernelGetStats  # dlsym(RTLD_DEFAULT, ...): LD_PRELOAD'ed libraries
-    except AttributeError:
-        return None
-    fn.argtypes = [ctypes.POINTER(MkernelStats)]
-    fn.restype = ctypes.c_int
-    s = MkernelStats()
-    s.size = ctypes.sizeof(MkernelStats)
-    return s if fn(ctypes.byref(s)) == 0 else None
+    """mkernelGetStats() of this process (python/mkernel), or None when mkernel is not preloaded."""
+    return mkernel.stats(load=False)
 
 
 # ---- training ----------------------------------------------------------------------------------
@@ -227,10 +217,10 @@ def train(rank, world_size, local_rank, args):
     stats = mkernel_stats()
     if stats is not None:
         names = ["Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce"]
-        ran = ", ".join(f"{n} {stats.kernelOps[i]}/{stats.forwardedOps[i]}"
-                        for i, n in enumerate(names) if stats.kernelOps[i] or stats.forwardedOps[i])
+        ran = ", ".join(f"{n} {stats['kernelOps'][i]}/{stats['forwardedOps'][i]}"
+                        for i, n in enumerate(names) if stats["kernelOps"][i] or stats["forwardedOps"][i])
         print(f"rank {rank}: mkernel kernel/forwarded ops: {ran or 'none'}; "
-              f"kernel launches {stats.kernelLaunches}", flush=True)
+              f"kernel launches {stats['kernelLaunches']}", flush=True)
     elif rank == 0:
         print("mkernel: not loaded (mkernelGetStats not found)")
     dist.destroy_process_group()

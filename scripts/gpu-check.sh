@@ -47,7 +47,7 @@ catch_args=()
 [ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
 
 step configure
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON "${catch_args[@]}" \
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON -DMKERNEL_BUILD_TESTS=ON "${catch_args[@]}" \
   >"$logs/configure.log" 2>&1 || { tail -40 "$logs/configure.log"; exit 1; }
 step build
 start=$(date +%s)
@@ -971,7 +971,7 @@ variants=("mk|")
 step "build libmkernel.so ($NG GPU(s))"
 catch_args=()
 [ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON "${catch_args[@]}" >"$logs/configure.log" 2>&1 ||
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON -DMKERNEL_BUILD_TESTS=ON "${catch_args[@]}" >"$logs/configure.log" 2>&1 ||
   { tail -30 "$logs/configure.log"; exit 1; }
 make -C "$build" -j"${PROCS_JOBS:-16}" mkernel test_gpu_procs >"$logs/build.log" 2>&1 ||
   { grep -m5 -A5 error "$logs/build.log"; exit 1; }

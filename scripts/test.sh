@@ -9,6 +9,7 @@
 #     spill     the device code's local-memory traffic (no GPU needed);
 #     tsan      ThreadSanitizer over the host code (not part of CI).
 #   Each tier's settings are described above its function below.
+#   MK_SKIP_WHEEL=1 skip the wheel stage (developer shortcut; CI runs it)
 set -uo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "$0")/common.sh"
@@ -340,7 +341,7 @@ logs=$build/logs-tsan
 mkdir -p "$logs"
 echo "== configure + build (ThreadSanitizer, host code) ($(date +%T))"
 start=$(date +%s)
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMKERNEL_BUILD_TESTS=ON -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
   -DMKERNEL_DEVICE_CODE=OFF -DMKERNEL_TSAN=ON >"$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
 cmake --build "$build" -j"${TSAN_JOBS:-$(nproc)}" >"$logs/build.log" 2>&1 || { grep -m5 -A8 "error" "$logs/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
@@ -380,8 +381,38 @@ stage() {  # stage NAME CMD...: runs CMD, records its outcome and time
   else STAGES+=("$(printf '%-34s %-8s %5ss' "$name" FAILED $((SECONDS - t0)))"); fail=1; fi
 }
 
+# The Python wheel as a user installs it: `pip wheel .` (scikit-build-core, pyproject.toml) and
+# `pip install` of that wheel into a fresh venv, then tests/install/check_python.py run from outside
+# the source tree on the installed package (python -m mkernel --lib/--version/--plugin-dir,
+# mkernel.stats(), python -m mkernel.run). The CMake build stays in $BUILD-wheel between runs and
+# uses ccache when there is one; the source tree must be left as it was.
+wheel_stage() {
+  local tmp rel version left rc=0 cmake_args=""
+  tmp=$(mktemp -d) rel=${BUILD#"$MK_ROOT"/}
+  tree_files() { git status --porcelain --ignored --untracked-files=all | grep -v "^!! $rel-wheel/" | sort; }
+  tree_files >"$tmp/before"
+  version=$(sed -n 's/^project(mkernel VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)
+  command -v ccache >/dev/null &&
+    cmake_args="-DCMAKE_C_COMPILER_LAUNCHER=ccache;-DCMAKE_CXX_COMPILER_LAUNCHER=ccache;-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"
+  python3 -m venv "$tmp/venv" &&
+    SKBUILD_BUILD_DIR=$BUILD-wheel SKBUILD_CMAKE_ARGS=$cmake_args \
+      "$tmp/venv/bin/pip" wheel --no-deps -q -w "$tmp/dist" "$MK_ROOT" &&
+    ls "$tmp/dist" && python3 -m zipfile -l "$tmp"/dist/mkernel-*.whl &&
+    "$tmp/venv/bin/pip" install -q "$tmp"/dist/mkernel-*.whl &&
+    (cd "$tmp" && "$tmp/venv/bin/python" "$MK_ROOT/tests/install/check_python.py" --installed \
+       --version "$version" --cc "${CC:-cc}") || rc=1
+  left=$(tree_files | comm -13 "$tmp/before" -)
+  if [ -n "$left" ]; then
+    echo "wheel: the build left files in the source tree:"
+    echo "$left"
+    rc=1
+  fi
+  rm -rf "$tmp"
+  return $rc
+}
+
 mk_install_deps || exit 1
-stage "build (sm_90 + host)" mk_build "$BUILD" -DMKERNEL_CUDA_ARCH=90
+stage "build (sm_90 + host)" mk_build "$BUILD" -DMKERNEL_CUDA_ARCH=90 -DMKERNEL_BUILD_TESTS=ON
 # The data movers' SASS: no local memory in their loops (`scripts/test.sh spill`; a regression
 # there halves a collective's speed and no CPU test sees it).
 [ $fail = 0 ] && stage "device code: movers without spills" env SPILL_CHECK=1 SPILL_WORK="$BUILD/spill" \
@@ -398,10 +429,11 @@ if [ $fail = 0 ]; then
   fi
   stage "network-fault tier (netns, tc, nft)" env NETFAULT_BUILD="$BUILD" bash scripts/test.sh netfault
 fi
+[ "${MK_SKIP_WHEEL:-0}" != 1 ] && stage "wheel: pip install . + python -m mkernel" wheel_stage
 stage "fuzz tier (libFuzzer, bounded)" bash scripts/test.sh fuzz
 if [ "${MK_SKIP_ASAN:-0}" != 1 ]; then
   # -O1 -g1: half the compile time of -O2 -g under ASan, with line tables for the reports.
-  stage "ASan+UBSan build (host code)" mk_build "$BUILD-asan" -DMKERNEL_DEVICE_CODE=OFF -DMKERNEL_SANITIZE=ON \
+  stage "ASan+UBSan build (host code)" mk_build "$BUILD-asan" -DMKERNEL_BUILD_TESTS=ON -DMKERNEL_DEVICE_CODE=OFF -DMKERNEL_SANITIZE=ON \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1"
   # LeakSanitizer on everything. The two tests that load the live hwloc topology run apart, with
   # one suppression (tests/lsan.supp: hwloc's PCI plugin leaks 1 KB per load, outside mkernel)

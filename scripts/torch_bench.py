@@ -13,7 +13,6 @@ Prints a progress line per size and a table; with mkernel it checks that mkernel
 collectives (mkernelGetStats) and the first result of every size against NCCL's definition.
 """
 import argparse
-import ctypes
 import json
 import os
 import socket
@@ -21,6 +20,12 @@ import statistics
 import subprocess
 import sys
 import time
+
+try:
+    import mkernel  # the installed package (pip install .)
+except ImportError:  # a source tree: python/mkernel
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+    import mkernel
 
 HERE = os.path.abspath(__file__)
 
@@ -32,19 +37,8 @@ def parse_bytes(s):
 
 
 def mk_stats():
-    class Stats(ctypes.Structure):
-        _fields_ = [("size", ctypes.c_uint64), ("kernelOps", ctypes.c_uint64 * 5),
-                    ("forwardedOps", ctypes.c_uint64 * 5), ("kernelLaunches", ctypes.c_uint64),
-                    ("commsCreated", ctypes.c_uint64)]
-    try:
-        fn = ctypes.CDLL(None).mkernelGetStats
-    except AttributeError:
-        return None
-    s = Stats()
-    s.size = ctypes.sizeof(s)
-    if fn(ctypes.byref(s)) != 0:
-        return None
-    return {"kernelOps": list(s.kernelOps), "forwardedOps": list(s.forwardedOps)}
+    """mkernelGetStats() (python/mkernel) when the library is preloaded, else None."""
+    return mkernel.stats(load=False)
 
 
 def sizes(lo, hi):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch through mkernel's LD_PRELOAD NCCL shim (docs/SHIM.md, "PyTorch check").
 
-Runs on the GPU machine (PyTorch 2.11: /opt/torch/.venv/bin/python):
+Runs on a GPU machine, with a Python whose `import torch` works:
 
   python3 scripts/torch_check.py --lib build/lib/libmkernel.so [--ranks 1,2,4] [--gpus N] [--mps]
                                  [--ranks-per-node K]
@@ -20,11 +20,11 @@ With more than one rank the workers are processes, so mkernel runs them as stage
 (CUDA IPC, docs/KERNEL.md). Every case also checks that mkernel ran collectives (kernelOps > 0)
 and a large all_reduce / all_gather / broadcast (BIG elements: many staging chunks) on the GPU.
 Collectives: all_reduce (sum, avg, max), all_gather_into_tensor, reduce_scatter_tensor,
-broadcast, in float32 and bfloat16. Workers report mkernelGetStats' counters (which path ran).
+broadcast, in float32 and bfloat16. Workers report mkernelGetStats' counters (which path ran), read
+with the mkernel module (python/mkernel: the struct as mkernel_api.h declares it).
 Exit status 0 when every case passed. A JSON summary goes to $OUT/torch_check.json when OUT is set.
 """
 import argparse
-import ctypes
 import json
 import os
 import re
@@ -34,6 +34,12 @@ import sys
 import tempfile
 import time
 
+try:
+    import mkernel  # the installed package (pip install .)
+except ImportError:  # a source tree: python/mkernel
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+    import mkernel
+
 HERE = os.path.abspath(__file__)
 OPS = ["all_reduce_sum", "all_reduce_avg", "all_reduce_max", "all_gather", "reduce_scatter", "broadcast"]
 DTYPES = ["float32", "bfloat16"]
@@ -42,25 +48,9 @@ BIG = (1 << 22) + 37  # elements of the large checks (16 MiB of float32, not a m
 BIG_OPS = ["all_reduce_sum", "all_gather", "broadcast"]
 
 
-class MkernelStats(ctypes.Structure):
-    _fields_ = [("size", ctypes.c_uint64), ("kernelOps", ctypes.c_uint64 * 5),
-                ("forwardedOps", ctypes.c_uint64 * 5), ("kernelLaunches", ctypes.c_uint64),
-                ("commsCreated", ctypes.c_uint64)]
-
-
-def read_stats(lib):
-    if not lib:
-        return None
-    try:
-        so = ctypes.CDLL(lib)  # already loaded by LD_PRELOAD: the same copy
-    except OSError:
-        return None
-    s = MkernelStats()
-    s.size = ctypes.sizeof(s)
-    if so.mkernelGetStats(ctypes.byref(s)) != 0:
-        return None
-    return {"kernelOps": list(s.kernelOps), "forwardedOps": list(s.forwardedOps),
-            "kernelLaunches": s.kernelLaunches, "commsCreated": s.commsCreated}
+def read_stats():
+    """mkernelGetStats() of this worker when the library is preloaded, else None."""
+    return mkernel.stats(load=False)
 
 
 def rank_input(torch, rank, dtype, n):
@@ -118,7 +108,7 @@ def worker(args):
         torch.cuda.synchronize()
         out["results"][f"big/{op}#maxerr"] = float((y.double() - ref).abs().max().item())
         out["results"][f"big/{op}#bits"] = int(y.view(torch.int32).long().sum().item())
-    out["stats"] = read_stats(os.environ.get("MKERNEL_LIB"))
+    out["stats"] = read_stats()
     dist.destroy_process_group()
     print("RESULT " + json.dumps(out), flush=True)
 

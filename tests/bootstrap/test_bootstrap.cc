@@ -1,6 +1,6 @@
 // transport/bootstrap: rendezvous, collectives over it, and its failure modes, with ranks as
 // threads of this process on loopback.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <sys/socket.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // collectives/algo.h: partition, chunking, ring schedule, chains and reduction order.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <set>
 #include <vector>

@@ -1,6 +1,6 @@
 // The AllReduce cost model (collectives/cost_model.h): NCCL's latency formula reproduced, the
 // bandwidth asymptotes, and the relations that must hold between the predictions.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <algorithm>
 #include <limits>

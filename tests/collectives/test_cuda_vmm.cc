@@ -3,7 +3,7 @@
 // accounted for, on success and when each driver call fails in turn (paths a GPU never takes on
 // its own). The fake follows the driver's contract: a handle's memory lives while the handle or a
 // mapping of it holds a reference; cuMemMap takes one, cuMemUnmap drops it.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cstring>
 #include <map>

@@ -1,7 +1,7 @@
 // collectives/work.h: which per-CTA error record the communicator reports
 // (reportedErrorRecord, KernelCommunicator::kernelError): the first that names a cause (a peer,
 // the proxy) before any CTA's wait for another CTA of its rank.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <initializer_list>
 #include <vector>

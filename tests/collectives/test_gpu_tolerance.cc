@@ -11,7 +11,7 @@
 // errors 0.010238 and 0.013061. This test reproduces that outcome case for case: the same two
 // failures with the same errors for the ring, and none for direct or rhd. It then checks that
 // every case passes with the roundings each form makes, N + 1 or N + (N - 1).
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cstdint>
 #include <set>

@@ -5,7 +5,7 @@
 // integer results, copies and min/max must be bit-identical, floating sums within the
 // norm-wise tolerance of the float64 definition, and every byte outside the receive buffers
 // (guards, inputs, non-root outputs) untouched.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cmath>
 #include <cstring>

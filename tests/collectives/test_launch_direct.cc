@@ -9,7 +9,7 @@
 // rank reuses its buffers: right after an op it checks its output and writes the next op's
 // inputs. Without the end flags a peer still reading the old inputs, or still pushing into our
 // output, gives a wrong or a missing element, which the mutation case below requires.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <atomic>
 #include <chrono>

@@ -29,7 +29,7 @@
 // overwrites lines it has not read), and no zeroing with a flag that wraps quickly (a stale
 // line carrying the current flag is taken). With zeroing, a flag that wraps every other op still
 // passes: the flag's 32 bits may wrap.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <algorithm>
 #include <atomic>

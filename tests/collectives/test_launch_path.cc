@@ -12,7 +12,7 @@
 // at its start, some CTAs late, and the last CTA of an op to finish advances it, as
 // launchKernel does. A variant where every CTA advances it at its own end (wrong: a late
 // starter then reads the next op's number) must fail.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,7 +1,7 @@
 // collectives/mem_cache.h: the ledger that keeps communicators' blocks for reuse instead of freeing
 // them while other communicators live (a free stops every other thread's CUDA calls until every
 // kernel ends: docs/KERNEL.md, "Frees that stop the process"). A fake allocator on the CPU.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <algorithm>
 #include <atomic>

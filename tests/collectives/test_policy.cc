@@ -1,5 +1,5 @@
 // collectives/policy.h: determinism, MKERNEL_* overrides, emulation, logging once per class.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cstdlib>
 #include <string>

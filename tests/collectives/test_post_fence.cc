@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 #include "collectives/post_fence.h"
 
 using mkernel::coll::PostFence;

@@ -1,7 +1,7 @@
 // collectives/reduce_host.h against the GPU's own arithmetic (label gpu: needs an sm_90 device).
 // The host emulation must give the bits the CUDA intrinsics NCCL 2.28 uses give: every fp8 pair,
 // random and special fp16/bf16/fp32/fp64 pairs (NaN, +-0, inf, subnormals), and the conversions.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cmath>
 #include <cstdio>

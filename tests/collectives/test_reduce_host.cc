@@ -1,5 +1,5 @@
 // collectives/reduce_host.h: the software fp16/bf16/fp8 conversions and NCCL's reduction rules.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,7 +1,7 @@
 // The CPU reference executor against the collectives' definitions: every collective x algorithm
 // x dtype x op, 1..16 ranks, counts 0, 1, not divisible by the ranks or the alignment, several
 // ring chunks, in-place and out-of-place (NCCL's aliasing offsets), every root, poisoned outputs.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cstdio>
 #include <map>

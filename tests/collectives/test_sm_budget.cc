@@ -1,5 +1,5 @@
 // The process's ledger of SMs held by persistent kernels (collectives/sm_budget.h).
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include "collectives/sm_budget.h"
 

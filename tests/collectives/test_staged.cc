@@ -6,7 +6,7 @@
 // staging region is overwritten while its owner reads it (tests/region_races.h). Every result is
 // compared with the collective's definition (integer sums: exact), optionally with a pre() and a
 // post() that must each apply exactly once per input / result (World::ops).
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <atomic>
 #include <chrono>

@@ -1,6 +1,6 @@
 // common/: the settings registry, errors, logging through NCCL's logger, and the generated settings
 // tables against params.def.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cstdarg>
 #include <cstdio>

@@ -3,7 +3,7 @@
 // understand. The log reads its settings once per process, at its first line, so each setting is
 // a case of its own, hidden ([.name]) and run by ctest with its environment (CMakeLists.txt);
 // each such case first checks that its environment is there.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <fcntl.h>
 #include <unistd.h>

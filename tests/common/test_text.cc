@@ -1,5 +1,5 @@
 // common/text.h: trim and randomNonce.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <set>
 #include <string>

@@ -1,7 +1,7 @@
 // Communicator::create where the persistent kernel cannot run: a build without device code says
 // so (InvalidUsage), a host without a CUDA device says so (UnhandledCudaError "no CUDA device");
 // with a GPU, a one-rank communicator runs an AllReduce. Hardware-free (label unit).
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cuda_runtime_api.h>
 

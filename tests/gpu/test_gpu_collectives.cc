@@ -3,7 +3,7 @@
 // poisoned (0xff bytes: NaN for floats) before every call; in-place and out-of-place, counts not
 // divisible by the ranks, misaligned buffers (scalar path), counts large enough for two-shot and
 // many CTAs, count 0.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cuda_runtime_api.h>
 

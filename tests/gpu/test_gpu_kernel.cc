@@ -4,7 +4,7 @@
 // past MKERNEL_IDLE_EXIT_US: such a captured communicator stays resident), idle exit + relaunch,
 // groups, >= 1000 back-to-back mixed collectives without a host sync in between (races), and a
 // peer that never comes (bounded wait, RemoteError naming the peer, streams not left hanging).
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cuda_runtime_api.h>
 

@@ -4,7 +4,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cstdarg>
 #include <cstdio>

@@ -1,7 +1,7 @@
 // The NCCL net ABI structs (plugin/abi/net_*.h) have NCCL 2.28.9's layout. The headers pin it with
 // static_assert already; this test states the numbers once more where a reader looks for them and
 // checks the members whose offsets matter most to NCCL.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cstddef>
 

@@ -1,5 +1,5 @@
 // The NCCL net plugin tables, driven as NCCL's proxy drives them, for every ABI version (v11..v8).
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <algorithm>
 #include <cmath>

@@ -6,7 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <chrono>
 #include <cstring>

@@ -4,7 +4,7 @@
 // library).
 #include <dlfcn.h>
 
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <string>
 

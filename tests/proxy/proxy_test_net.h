@@ -2,7 +2,7 @@
 // (the Soft-RoCE VM tier runs the proxy tests so). Catch2 test code only.
 #pragma once
 
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cstdlib>
 #include <memory>

@@ -7,7 +7,7 @@
 // kernel will post to. The reduction is a stand-in with a distinct pre() and post()
 // (uint32: pre(x) = 3x, post(y) = y + 7) so that applying either twice, or in the wrong phase,
 // shows in the result.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <algorithm>
 #include <atomic>

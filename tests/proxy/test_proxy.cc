@@ -2,7 +2,7 @@
 // producers of proxy_ring.h, one Proxy per rank moves the bytes over the TCP backend on loopback.
 // Covers ordering, wrap-around and back-pressure of the ring, every byte of random-size
 // transfers, and the failure paths: a vanished peer, bad commands, a full ring with no proxy.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <sys/socket.h>
 #include <unistd.h>

@@ -1,7 +1,7 @@
 // The proxy's net backend (collectives/proxy_net.h): MKERNEL_NET_BACKEND as for the net plugin,
 // and the verbs device order taken from the topology placement (here a fixture topology: GPU 1's
 // rail NICs are mlx5_1, then mlx5_0).
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cstdlib>
 #include <string>

@@ -1,7 +1,7 @@
 // The proxy across two processes (label proc): the peer process is SIGKILLed in the middle of a
 // stream of transfers; the survivor's producer must see the failure within MKERNEL_TIMEOUT_S,
 // with an error naming the peer, never a hang.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -1,7 +1,7 @@
 // The NCCL API of libmkernel.so as an application linked to it sees it (the same resolution as
 // LD_PRELOAD: the shim's nccl* names come first). Hardware-free: on a machine without a GPU,
 // creating a communicator must fail cleanly.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <dlfcn.h>
 

@@ -2,7 +2,7 @@
 // mkernel communicator makes ncclGetErrorString point at mkernel's log and ncclGetLastError
 // return mkernel's message; an error of the real NCCL keeps NCCL's texts. The shim's sources are
 // linked in (no libnccl, no GPU), with a stand-in mkernel communicator that has failed.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <string>
 #include <vector>

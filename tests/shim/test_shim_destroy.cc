@@ -6,7 +6,7 @@
 // application frees its buffers and may reset the device right after (nccl-tests calls
 // cudaDeviceReset(), which would unmap the control blocks under releases still running, and the
 // process would die at exit).
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <atomic>
 #include <chrono>

@@ -1,6 +1,6 @@
 // GPU tier, emulation (MKERNEL_EMULATE=1): 2-4 thread ranks share the one GPU through the shim's
 // API, with no real NCCL behind them. Calls mkernel does not run must fail with a message.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <algorithm>
 #include <atomic>

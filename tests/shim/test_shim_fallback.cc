@@ -2,7 +2,7 @@
 // MKERNEL_MULTI_NODE=1 gets no mkernel part (plugin/shim/shim_init.cc calls noteCrossHostFallback,
 // shim_comm.cc), said at WARN by the process's first such communicator and at INFO by the later
 // ones. On the CPU, with shells standing for the communicators.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <unistd.h>
 

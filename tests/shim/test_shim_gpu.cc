@@ -2,7 +2,7 @@
 // The test links libmkernel.so and lets the shim dlopen the real libnccl.so.2: libnccl's calls to
 // its own exported names then resolve to the shim, exactly as under LD_PRELOAD, so re-entry is
 // exercised for real.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <dlfcn.h>
 

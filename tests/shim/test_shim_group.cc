@@ -3,7 +3,7 @@
 // sharing a GPU, collectives/post_fence.h) must be posted in lockstep, every such rank's k-th
 // start before any rank's k-th completion and before any (k+1)-th start, whatever the order of
 // the calls; the others get one enqueue per run of ops on one stream, in call order.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <mutex>
 #include <string>

@@ -2,7 +2,7 @@
 // ncclCommAbort (plugin/shim/shim_comm.cc: keepCommStats, printCommStats; the text is
 // collectives/stats.cc's commStatsLine), with a stand-in mkernel Communicator reporting fixed
 // counters, as the persistent-kernel communicator reports its own.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <unistd.h>
 

@@ -1,7 +1,7 @@
 // GPU tier, one rank, the real NCCL beside the shim: MKERNEL_STATS=1's line at ncclCommDestroy
 // names what the communicator ran, in mkernel and in NCCL, the same counts mkernelGetStats
 // gained over its life. MKERNEL_COLLECTIVES=allreduce sends its Broadcasts to NCCL.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <unistd.h>
 

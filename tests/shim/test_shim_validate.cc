@@ -1,6 +1,6 @@
 // plugin/shim argument checks (shim_validate.cc) on a described communicator: the codes NCCL
 // gives, with a message for ncclGetLastError, for every kind of bad argument. No GPU needed.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cstdint>
 #include <cstring>

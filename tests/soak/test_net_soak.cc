@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include "common/param.h"
 #include "tests/sanitizer.h"

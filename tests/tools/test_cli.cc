@@ -1,6 +1,6 @@
 // tools/cli.h: nccl-tests' sizes (parseSize and the CLI11 transform every tool's size options
 // use), the integer and real checks, and the --version / bad-value conventions.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,6 +1,6 @@
 // Verbs part of discovery against real verbs devices (label "verbs": runs inside the Soft-RoCE VM
 // of scripts/verbs-tier.sh, where rxe0 exists). Fails where no verbs device exists, by design.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <string>
 

@@ -2,7 +2,7 @@
 // dlsym ncclTunerPlugin_v5.._v2, init with each fixture's topology (MKERNEL_TOPO_XML +
 // MKERNEL_NVLINK_MATRIX), and drive getCollInfo over every collective and size.
 #include <dlfcn.h>
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cmath>
 #include <cstdarg>

@@ -1,6 +1,6 @@
 // collectives/tuner_policy: the decisions per system and size class, the invariants over every
 // collective x size x table, and the MKERNEL_TUNER_CONFIG rules.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cmath>
 #include <cstring>

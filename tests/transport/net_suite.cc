@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 #include <chrono>
 #include <cstdlib>
 #include <cstring>

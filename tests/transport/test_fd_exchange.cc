@@ -1,7 +1,7 @@
 // ipc::exchangeFds (transport/ipc/fd_exchange.h): descriptors between the ranks of one host, as
 // process ranks' cuMem memory travels (collectives/peer_memory.cc). Each rank passes memfds
 // holding its own text; a receiver reads the text back through the descriptor it got.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>

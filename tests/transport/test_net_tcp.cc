@@ -1,6 +1,6 @@
 // The TCP backend of net::Net: the shared suite, plus what only TCP has (interface selection,
 // striping settings, its handshake checks).
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <sys/socket.h>
 

@@ -1,5 +1,5 @@
 // The TCP backend between two processes (label proc): a forked child is the peer.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include "tests/transport/net_suite.h"
 

@@ -1,7 +1,7 @@
 // The TCP listener's handshake deadline (docs/RELIABILITY.md): a connector that sends part of its
 // Hello and stalls is dropped at the next accept() after min(10 s, MKERNEL_TIMEOUT_S), and the
 // listener keeps serving real connections.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <arpa/inet.h>
 #include <poll.h>

@@ -1,7 +1,7 @@
 // The GPU half of GPU-memory registration for verbs: no machine here has a
 // GPU and an RDMA NIC together, so the DMA-BUF export runs on the GPU machine (label gpu) and the
 // registration of an fd runs in the Soft-RoCE VM with host memory (test_net_verbs).
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cuda_runtime_api.h>
 #include <sys/types.h>

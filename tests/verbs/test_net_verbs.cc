@@ -2,7 +2,7 @@
 // scripts/rdma-vm/, run by scripts/verbs-tier.sh): the shared net::Net suite, plus what only
 // verbs has (QP striping, inline data, the registration cache, flush, GPU registration,
 // truncation reported on both sides).
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cstdio>
 #include <numeric>

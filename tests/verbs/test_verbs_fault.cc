@@ -1,7 +1,7 @@
 // Fault tests of the verbs backend, inside the Soft-RoCE VM: a peer process killed (SIGKILL)
 // mid-transfer must surface as an error on the survivor within a bounded time, in both
 // directions, never as a hang.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <signal.h>
 #include <sys/wait.h>

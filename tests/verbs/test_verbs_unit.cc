@@ -1,7 +1,7 @@
 // Verbs backend pieces that need no RDMA device: the MKERNEL_IB_HCA filter, port speeds, and what
 // happens on a host without RDMA (this CI machine): createIbNet says "no RDMA device" and the net
 // plugin falls back to TCP with one INFO line.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <string>
 

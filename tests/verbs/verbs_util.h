@@ -3,7 +3,7 @@
 // so these helpers post receives first and drive both sides from one thread.
 #pragma once
 
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <chrono>
 #include <cstring>
