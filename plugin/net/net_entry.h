@@ -1,13 +1,13 @@
-// Entry points whose C signature is the same in every net ABI version (v8..v11), shared by the
-// per-version tables in net_v11.cc ... net_v8.cc, and the property fillers each version composes.
+// Entry points whose C signature is the same in every net ABI version (v8..v12), shared by the
+// per-version tables in net_v12.cc ... net_v8.cc, and the property fillers each version composes.
 #pragma once
 
 #include <cstring>
 
-#include "plugin/abi/net_common.h"
+#include "plugin/abi/net_v11.h"
 #include "plugin/net/net_core.h"
 
-// The four tables are the library's exported net-plugin symbols (NCCL finds them with dlsym).
+// The five tables are the library's exported net-plugin symbols (NCCL finds them with dlsym).
 #define MKERNEL_NET_EXPORT __attribute__((visibility("default")))
 
 namespace mkernel {
@@ -33,6 +33,15 @@ ncclResult_t entryCloseSend(void* sendComm);
 ncclResult_t entryCloseRecv(void* recvComm);
 ncclResult_t entryCloseListen(void* listenComm);
 ncclResult_t entryIrecvConsumed(void* recvComm, int n, void* request);
+// v11 and v12 (net_v11.cc): a context per communicator from init(), which listen, connect,
+// finalize and setNetAttr receive; the traffic class comes with init()'s config.
+ncclResult_t entryInitCtx(void** ctx, uint64_t commId, abi::ncclNetCommConfig_v11_t* config,
+                          abi::ncclDebugLogger_t logger, abi::ncclProfilerCallback_t profiler);
+ncclResult_t entryListenCtx(void* ctx, int dev, void* handle, void** listenComm);
+ncclResult_t entryConnectCtx(void* ctx, int dev, void* handle, void** sendComm,
+                             abi::ncclNetDeviceHandle_v11_t** sendDevComm);
+ncclResult_t entryFinalizeCtx(void* ctx);
+ncclResult_t entrySetNetAttr(void* ctx, abi::ncclNetAttr_v11_t* attr);
 
 // Sets the device-offload out-parameter of connect/accept: mkernel offers none (netDeviceType
 // HOST), and NCCL reads the pointer it passed in.

@@ -1,38 +1,29 @@
-// ncclNetPlugin_v11: the table NCCL 2.28 looks for first. init() once per communicator with a
-// context that listen/connect/finalize/setNetAttr receive; the comm config comes with init().
+// ncclNetPlugin_v11: the table NCCL 2.28 and 2.29 look for first. init() once per communicator
+// with a context that listen/connect/finalize/setNetAttr receive; the comm config comes with
+// init(). Those context entry points are v12's too (net_v12.cc).
 #include "plugin/abi/net_v11.h"
 #include "plugin/net/net_entry.h"
 
 namespace mkernel {
 namespace netplugin {
-namespace {
 
 using namespace abi;
 
-ncclResult_t v11Init(void** ctx, uint64_t commId, ncclNetCommConfig_v11_t* config,
+ncclResult_t entryInitCtx(void** ctx, uint64_t commId, ncclNetCommConfig_v11_t* config,
                      ncclDebugLogger_t logger,
                      ncclProfilerCallback_t /*profiler: no network events emitted*/) {
   int trafficClass = config != nullptr ? config->trafficClass : kNcclNetTrafficClassUndef;
   return toNcclResult(initContext(commId, trafficClass, logger, ctx));
 }
 
-void fillV11(int dev, const DeviceInfo& d, ncclNetProperties_v11_t* p) {
-  fillV9Properties(dev, d, p);
-  p->maxMultiRequestSize = 1;  // no multi-request support: one request per isend/irecv
-}
-
-ncclResult_t v11GetProperties(int dev, ncclNetProperties_v11_t* props) {
-  return getPropertiesAs(dev, props, fillV11);
-}
-
-ncclResult_t v11Listen(void* ctx, int dev, void* handle, void** listenComm) {
+ncclResult_t entryListenCtx(void* ctx, int dev, void* handle, void** listenComm) {
   if (listenComm != nullptr) *listenComm = nullptr;
   Result r = checkContext(ctx, "listen");
   if (r != Result::Success) return toNcclResult(r);
   return toNcclResult(listen(dev, handle, listenComm));
 }
 
-ncclResult_t v11Connect(void* ctx, int dev, void* handle, void** sendComm,
+ncclResult_t entryConnectCtx(void* ctx, int dev, void* handle, void** sendComm,
                         ncclNetDeviceHandle_v11_t** sendDevComm) {
   clearDevComm(sendDevComm);
   if (sendComm != nullptr) *sendComm = nullptr;
@@ -42,11 +33,11 @@ ncclResult_t v11Connect(void* ctx, int dev, void* handle, void** sendComm,
   return toNcclResult(connect(dev, handle, trafficClass, sendComm));
 }
 
-ncclResult_t v11Finalize(void* ctx) {
+ncclResult_t entryFinalizeCtx(void* ctx) {
   return toNcclResult(finalizeContext(ctx));
 }
 
-ncclResult_t v11SetNetAttr(void* ctx, ncclNetAttr_v11_t* attr) {
+ncclResult_t entrySetNetAttr(void* ctx, ncclNetAttr_v11_t* attr) {
   Result r = checkContext(ctx, "setNetAttr");
   if (r != Result::Success) return toNcclResult(r);
   if (attr == nullptr)
@@ -55,6 +46,17 @@ ncclResult_t v11SetNetAttr(void* ctx, ncclNetAttr_v11_t* attr) {
   MK_TRACE(kLogNet, "NET/%s: setNetAttr op %u algo %u proto %u: accepted", kPluginName, attr->op,
            attr->algo, attr->proto);
   return ncclSuccess;
+}
+
+namespace {
+
+void fillV11(int dev, const DeviceInfo& d, ncclNetProperties_v11_t* p) {
+  fillV9Properties(dev, d, p);
+  p->maxMultiRequestSize = 1;  // no multi-request support: one request per isend/irecv
+}
+
+ncclResult_t v11GetProperties(int dev, ncclNetProperties_v11_t* props) {
+  return getPropertiesAs(dev, props, fillV11);
 }
 
 }  // namespace
@@ -66,11 +68,11 @@ using namespace mkernel::netplugin;
 extern "C" {
 MKERNEL_NET_EXPORT mkernel::abi::ncclNet_v11_t ncclNetPlugin_v11 = {
     kPluginName,
-    v11Init,
+    entryInitCtx,
     entryDevices,
     v11GetProperties,
-    v11Listen,
-    v11Connect,
+    entryListenCtx,
+    entryConnectCtx,
     entryAccept,
     entryRegMr,
     entryRegMrDmaBuf,
@@ -85,7 +87,7 @@ MKERNEL_NET_EXPORT mkernel::abi::ncclNet_v11_t ncclNetPlugin_v11 = {
     nullptr,  // getDeviceMr: no device offload; NCCL checks for NULL
     entryIrecvConsumed,
     nullptr,  // makeVDevice: no NIC fusion; NULL makes NCCL use the physical devices
-    v11Finalize,
-    v11SetNetAttr,
+    entryFinalizeCtx,
+    entrySetNetAttr,
 };
 }  // extern "C"

@@ -1,10 +1,12 @@
-// ncclTunerPlugin_v5: NCCL 2.28's own tuner ABI, over plugin/tuner/tuner_core.
+// ncclTunerPlugin_v5 (NCCL 2.28 and 2.29's own tuner ABI) and ncclTunerPlugin_v6 (NCCL 2.30's),
+// over plugin/tuner/tuner_core.
 //
 // v5's init also hands over NCCL's performance-model constants (in/out). mkernel reads them only
 // for the log and never writes them: its policy steers through the cost table, and changing the
 // model's latencies or bandwidths would need calibration data per GPU generation that mkernel
-// does not have (docs/TUNER.md).
-#include "plugin/abi/tuner_v5.h"
+// does not have (docs/TUNER.md). v6 adds getChunkSize, which mkernel leaves NULL: NCCL's chunk
+// size stays NCCL's.
+#include "plugin/abi/tuner_v6.h"
 
 #include "plugin/tuner/tuner_core.h"
 
@@ -51,4 +53,7 @@ ncclResult_t finalizeV5(void* context) {
 extern "C" {
 __attribute__((visibility("default"))) mkernel::abi::ncclTuner_v5_t ncclTunerPlugin_v5 = {
     "mkernel", mkernel::abi::initV5, mkernel::abi::getCollInfoV5, mkernel::abi::finalizeV5};
+__attribute__((visibility("default"))) mkernel::abi::ncclTuner_v6_t ncclTunerPlugin_v6 = {
+    "mkernel", mkernel::abi::initV5, mkernel::abi::getCollInfoV5, mkernel::abi::finalizeV5,
+    nullptr /* getChunkSize: NCCL's chunk size */};
 }  // extern "C"

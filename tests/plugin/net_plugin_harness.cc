@@ -122,9 +122,11 @@ NetPlugin::NetPlugin(int version) : version_(version) {
   REQUIRE(table_ != nullptr);
 }
 
-// Calls member `fn` of the version's table with the given arguments.
+// Calls member `fn` of the version's table with the given arguments. v12's table is v11's with
+// v12's types, which are v11's except the properties and the virtual-device list (both handled
+// apart), so v12 goes through v11's members.
 #define MK_CALL(fn, ...)                                                         \
-  (version_ == 11   ? static_cast<const ncclNet_v11_t*>(table_)->fn(__VA_ARGS__) \
+  (version_ >= 11   ? static_cast<const ncclNet_v11_t*>(table_)->fn(__VA_ARGS__) \
    : version_ == 10 ? static_cast<const ncclNet_v10_t*>(table_)->fn(__VA_ARGS__) \
    : version_ == 9  ? static_cast<const ncclNet_v9_t*>(table_)->fn(__VA_ARGS__)  \
                     : static_cast<const ncclNet_v8_t*>(table_)->fn(__VA_ARGS__))
@@ -135,6 +137,7 @@ const char* NetPlugin::name() const {
 
 ncclResult_t NetPlugin::init() {
   switch (version_) {
+    case 12:
     case 11: {
       ncclNetCommConfig_v11_t config{kNcclNetTrafficClassUndef};
       ctx_ = reinterpret_cast<void*>(0x1);  // NCCL's slot holds whatever was there before
@@ -151,7 +154,7 @@ ncclResult_t NetPlugin::init() {
 }
 
 ncclResult_t NetPlugin::finalize() {
-  if (version_ != 11) return ncclSuccess;
+  if (version_ < 11) return ncclSuccess;
   ncclResult_t r = static_cast<const ncclNet_v11_t*>(table_)->finalize(ctx_);
   ctx_ = nullptr;
   return r;
@@ -165,6 +168,16 @@ ncclResult_t NetPlugin::properties(int dev, Props* out) {
   *out = Props();
   ncclResult_t r;
   switch (version_) {
+    case 12: {
+      ncclNetProperties_v12_t p;
+      poison(&p);
+      r = static_cast<const ncclNet_v12_t*>(table_)->getProperties(dev, &p);
+      copyV9(p, out);
+      out->maxMultiRequestSize = p.maxMultiRequestSize;
+      out->railId = p.railId;
+      out->planeId = p.planeId;
+      break;
+    }
     case 11: {
       ncclNetProperties_v11_t p;
       poison(&p);
@@ -200,6 +213,7 @@ ncclResult_t NetPlugin::properties(int dev, Props* out) {
 
 ncclResult_t NetPlugin::listen(int dev, void* handle, void** listenComm) {
   switch (version_) {
+    case 12:
     case 11:
       return static_cast<const ncclNet_v11_t*>(table_)->listen(ctx_, dev, handle, listenComm);
     case 10:
@@ -216,6 +230,7 @@ ncclResult_t NetPlugin::connect(int dev, void* handle, void** sendComm, void** d
   ncclNetDeviceHandle_v11_t* devComm = reinterpret_cast<ncclNetDeviceHandle_v11_t*>(0x2);
   ncclResult_t r;
   switch (version_) {
+    case 12:
     case 11:
       r = static_cast<const ncclNet_v11_t*>(table_)->connect(ctx_, dev, handle, sendComm, &devComm);
       break;
@@ -254,6 +269,7 @@ ncclResult_t NetPlugin::deregMr(void* comm, void* mhandle) {
 ncclResult_t NetPlugin::isend(void* sendComm, void* data, size_t size, int tag, void* mhandle,
                               void** request) {
   switch (version_) {
+    case 12:
     case 11:
       return static_cast<const ncclNet_v11_t*>(table_)->isend(sendComm, data, size, tag, mhandle,
                                                               nullptr, request);
@@ -276,6 +292,7 @@ ncclResult_t NetPlugin::irecv(void* recvComm, int n, void** data, const size_t* 
   std::vector<int> tagCopy(tags, tags + (n > 0 ? n : 0));
   void* phandles[16] = {};
   switch (version_) {
+    case 12:
     case 11:
       return static_cast<const ncclNet_v11_t*>(table_)->irecv(
           recvComm, n, data, wide.data(), tagCopy.data(), mhandles, phandles, request);

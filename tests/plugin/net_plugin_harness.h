@@ -1,4 +1,4 @@
-// Drives the built library's ncclNetPlugin_v11/_v10/_v9/_v8 tables the way NCCL's proxy does:
+// Drives the built library's ncclNetPlugin_v12/_v11/_v10/_v9/_v8 tables the way NCCL's proxy does:
 // dlopen the .so, dlsym the table, call through its function pointers. One version-neutral
 // wrapper (NetPlugin) so that every test body runs against every ABI version.
 #pragma once
@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "plugin/abi/net_v10.h"
-#include "plugin/abi/net_v11.h"
+#include "plugin/abi/net_v12.h"
 #include "plugin/abi/net_v8.h"
 #include "plugin/abi/net_v9.h"
 
 namespace mktest {
 
-constexpr int kVersions[] = {11, 10, 9, 8};
+constexpr int kVersions[] = {12, 11, 10, 9, 8};
 
 // The library NCCL would load: <build>/lib/libnccl-net-mkernel.so.
 std::string netPluginPath();
@@ -39,6 +39,7 @@ struct Props {
   int vNdevs = -1, vDev0 = -1;
   size_t maxP2pBytes = 0, maxCollBytes = 0;
   int maxMultiRequestSize = -1;
+  int railId = 0, planeId = 0;  // v12 only
 };
 
 // Log lines NCCL's logger would have received from the plugin.

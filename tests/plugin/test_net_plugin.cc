@@ -1,4 +1,4 @@
-// The NCCL net plugin tables, driven as NCCL's proxy drives them, for every ABI version (v11..v8).
+// The NCCL net plugin tables, driven as NCCL's proxy drives them, for every ABI version (v12..v8).
 #include "tests/catch.h"
 
 #include <algorithm>
@@ -32,7 +32,7 @@ struct Session {
   ~Session() { plugin.finalize(); }
 };
 
-// Nothing open and no v11 context: the plugin has stopped its backend.
+// Nothing open and no v11/v12 context: the plugin has stopped its backend.
 void makeIdle() {
   NetPlugin p(11);
   REQUIRE(p.init() == ncclSuccess);
@@ -111,7 +111,7 @@ TEST_CASE("net plugin: every table is exported, named mkernel, with NCCL's NULL 
     INFO("v" << v);
     CHECK(std::string(p.name()) == "mkernel");
     const void* const* fns = static_cast<const void* const*>(p.rawTable()) + 1;
-    int nfns = v == 11 ? 21 : v == 8 ? 18 : 19;
+    int nfns = v >= 11 ? 21 : v == 8 ? 18 : 19;
     // getDeviceMr (index 16) and makeVDevice (index 18) are NULL: no offload, no NIC fusion.
     for (int i = 0; i < nfns; ++i) {
       INFO("function pointer " << i);
@@ -159,7 +159,11 @@ TEST_CASE("net plugin: init, devices, getProperties fill every member sanely") {
         CHECK(pr.maxCollBytes > 0);
         CHECK(pr.maxCollBytes <= (size_t(1) << 40));
       }
-      if (v == 11) CHECK(pr.maxMultiRequestSize == 1);
+      if (v >= 11) CHECK(pr.maxMultiRequestSize == 1);
+      if (v == 12) {  // rail and plane unknown: NCCL places the NIC by PCI distance
+        CHECK(pr.railId == -1);
+        CHECK(pr.planeId == -1);
+      }
     }
     CHECK(names.size() == static_cast<size_t>(ndev));  // NCCL keys its topology on the names
     Props bad;
@@ -445,7 +449,7 @@ TEST_CASE("net plugin: bad handles and sizes are errors with a message, never a 
       CHECK(waitRequest(p, req, nullptr, 20, &flushed) == ncclSuccess);
       CHECK(flushed);
     }
-    if (v == 11) {
+    if (v >= 11) {  // v12's context entry points are v11's, at the same offsets
       auto* t11 = static_cast<const mkernel::abi::ncclNet_v11_t*>(p.rawTable());
       char handle[128] = {};
       void* lc = nullptr;
@@ -590,7 +594,7 @@ TEST_CASE("net plugin: a sender that closes mid-transfer is an error from the re
 }
 
 TEST_CASE(
-    "net plugin: backend threads stop when the last comm closes (v8-v10) or at finalize (v11)") {
+    "net plugin: backend threads stop when the last comm closes (v8-v10) or at finalize (v11, v12)") {
   for (int v : kVersions) {
     INFO("v" << v);
     makeIdle();
@@ -601,8 +605,8 @@ TEST_CASE(
       REQUIRE(connectPair(s.plugin, 0, 1 << 20, &c) == "");
       transferOnce(s.plugin, c, 1 << 20, 0, 5, false);
       CHECK(closePair(s.plugin, &c) == "");
-      if (v != 11) CHECK(threadCount() == before);  // no finalize: closing the last comm stops them
+      if (v < 11) CHECK(threadCount() == before);  // no finalize: closing the last comm stops them
     }
-    CHECK(threadCount() == before);  // v11: finalize of the last context stops them
+    CHECK(threadCount() == before);  // v11, v12: finalize of the last context stops them
   }
 }

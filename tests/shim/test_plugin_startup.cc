@@ -3,7 +3,7 @@
 // through NCCL's logger as an INFO line; under NCCL's default level, MKERNEL_DEBUG=VERSION prints
 // it on mkernel's own output, and MKERNEL_DEBUG=WARN does not. One process per setting (ctest
 // sets the environment); no GPU.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <dlfcn.h>
 #include <limits.h>

@@ -3,7 +3,7 @@
 // version and file; none at WARN), and ncclGetErrorString's texts (mkernel's log for an error that
 // arose in mkernel, NCCL's texts otherwise). The startup cases run one process each, with their
 // environment (CMakeLists.txt), since the log reads its settings once.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <dlfcn.h>
 #include <limits.h>

@@ -1,5 +1,5 @@
-// The NCCL tuner tables v5..v2 as NCCL uses them: dlopen the built libnccl-tuner-mkernel.so,
-// dlsym ncclTunerPlugin_v5.._v2, init with each fixture's topology (MKERNEL_TOPO_XML +
+// The NCCL tuner tables v6..v2 as NCCL uses them: dlopen the built libnccl-tuner-mkernel.so,
+// dlsym ncclTunerPlugin_v6.._v2, init with each fixture's topology (MKERNEL_TOPO_XML +
 // MKERNEL_NVLINK_MATRIX), and drive getCollInfo over every collective and size.
 #include <dlfcn.h>
 #include "tests/catch.h"
@@ -12,11 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "common/param.h"
 #include "plugin/abi/tuner_v2.h"
 #include "plugin/abi/tuner_v3.h"
 #include "plugin/abi/tuner_v4.h"
 #include "plugin/abi/tuner_v5.h"
-#include "common/param.h"
+#include "plugin/abi/tuner_v6.h"
 
 using namespace mkernel::abi;
 
@@ -132,7 +133,8 @@ int sweep(Fn getCollInfo) {
 
 }  // namespace
 
-TEST_CASE("tuner plugin: all four tables exported under the name mkernel") {
+TEST_CASE("tuner plugin: all five tables exported under the name mkernel") {
+  sym<ncclTuner_v6_t>("ncclTunerPlugin_v6");
   sym<ncclTuner_v5_t>("ncclTunerPlugin_v5");
   sym<ncclTuner_v4_t>("ncclTunerPlugin_v4");
   sym<ncclTuner_v3_t>("ncclTunerPlugin_v3");
@@ -307,4 +309,31 @@ TEST_CASE("tuner plugin v2: one algorithm/protocol back, respecting NVLS/CollNet
   CHECK(algo == -1);
   CHECK(proto == -1);
   REQUIRE(v2->destroy(ctx) == ncclSuccess);
+}
+
+TEST_CASE("tuner plugin v6: v5's policy, NCCL's chunk size (getChunkSize NULL)") {
+  auto* v6 = sym<ncclTuner_v6_t>("ncclTunerPlugin_v6");
+  auto* v5 = sym<ncclTuner_v5_t>("ncclTunerPlugin_v5");
+  CHECK(v6->getChunkSize == nullptr);  // optional in v6: NULL keeps NCCL's computed chunk size
+  env("/opt/x/libnccl-tuner-mkernel.so", nullptr, "dgx-h100.xml", "nvswitch-8gpu.nvl");
+  ncclNvlDomainInfo_v6_t nvl{1, 8, 8};
+  void* c6 = nullptr;
+  void* c5 = nullptr;
+  REQUIRE(v6->init(&c6, 11, 8, 1, captureLog, &nvl, nullptr) == ncclSuccess);
+  REQUIRE(v5->init(&c5, 12, 8, 1, captureLog, &nvl, nullptr) == ncclSuccess);
+  // Every size of every collective gets the same choice through either table.
+  for (int coll = 0; coll < 5; ++coll)
+    for (size_t bytes = 8; bytes <= 1 * GiB; bytes *= 8) {
+      INFO("coll " << coll << " bytes " << bytes);
+      Table a, b;
+      int cha = 0, chb = 0;
+      REQUIRE(v6->getCollInfo(c6, static_cast<ncclFunc_t>(coll), bytes, 1, a.ptr(), kA, kP, 0,
+                              &cha) == ncclSuccess);
+      REQUIRE(v5->getCollInfo(c5, static_cast<ncclFunc_t>(coll), bytes, 1, b.ptr(), kA, kP, 0,
+                              &chb) == ncclSuccess);
+      CHECK(a.pick() == b.pick());
+      CHECK(cha == chb);
+    }
+  REQUIRE(v6->finalize(c6) == ncclSuccess);
+  REQUIRE(v5->finalize(c5) == ncclSuccess);
 }
