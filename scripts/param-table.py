@@ -59,11 +59,17 @@ def default_text(p):
     return f'`{p["default"]}`' if p["default"] else "(unset)"
 
 
+def first_sentence(text):
+    """The help's first sentence: the README's table is the short form, docs/TUNING.md the whole."""
+    m = re.search(r"\.(\s|$)", text)
+    return text[: m.start() + 1] if m else text
+
+
 def readme_block(params):
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for p in params:
         if p["audience"] == "USER":
-            rows.append(f'| `MKERNEL_{p["name"]}` | {default_text(p)} | {cell(p["help"])} |')
+            rows.append(f'| `MKERNEL_{p["name"]}` | {default_text(p)} | {cell(first_sentence(p["help"]))} |')
     rows.append("")
     rows.append("Every other setting, and how values are read, is in [docs/TUNING.md](docs/TUNING.md).")
     return "\n".join(rows)
