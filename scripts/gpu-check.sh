@@ -51,7 +51,7 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON
   >"$logs/configure.log" 2>&1 || { tail -40 "$logs/configure.log"; exit 1; }
 step build
 start=$(date +%s)
-[ "${GPU_CHECK_SKIP_BUILD:-0}" = 1 ] || make -C "$build" -j"${GPU_CHECK_JOBS:-16}" test_comm_create test_coll_reduce_gpu test_dmabuf_gpu test_gpu_collectives test_gpu_kernel test_gpu_procs test_shim_gpu test_shim_emulate test_shim_api \
+[ "${GPU_CHECK_SKIP_BUILD:-0}" = 1 ] || make -C "$build" -j"${GPU_CHECK_JOBS:-16}" test_comm_create test_coll_reduce_gpu test_dmabuf_gpu test_gpu_collectives test_gpu_kernel test_gpu_procs test_shim_gpu test_shim_emulate test_shim_api test_shim_stats_gpu \
   mkernel mkernel-collbench mkernel-topo nccl_one_rank \
   >"$logs/build.log" 2>&1 || { grep -B2 -A8 -m5 "error" "$logs/build.log"; tail -20 "$logs/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"

@@ -17,6 +17,7 @@
 
 #include "collectives/communicator.h"
 #include "collectives/stats.h"
+#include "common/param.h"
 #include "plugin/shim/shim_comm.h"
 
 namespace {
@@ -117,8 +118,12 @@ struct StatsEnv {
       setenv("MKERNEL_STATS", v, 1);
     else
       unsetenv("MKERNEL_STATS");
+    mkernel::params::resetForTesting();  // the registry reads each setting once
   }
-  ~StatsEnv() { unsetenv("MKERNEL_STATS"); }
+  ~StatsEnv() {
+    unsetenv("MKERNEL_STATS");
+    mkernel::params::resetForTesting();
+  }
 };
 
 const char* const kFixedLine =
