@@ -4,7 +4,7 @@
 # together), through mkernel (`LD_PRELOAD=libmkernel.so MKERNEL_EMULATE=1`, backend nccl),
 # against the same run on PyTorch's gloo backend. NCCL itself refuses two ranks on one GPU
 # ("Duplicate GPU detected"), so gloo is the reference here; it sums in another order, hence a
-# looser default tolerance than the multi-GPU comparison with NCCL (scripts/multigpu-check.sh).
+# looser default tolerance than the multi-GPU comparison with NCCL (scripts/gpu-check.sh multigpu).
 #   bash scripts/ddp-emulated.sh [BUILD]     (BUILD holds lib/libmkernel.so; default build-gpu)
 # DDP_RANKS (default "2 4"), DDP_STEPS (30), DDP_TOL (1e-2), DDP_TIMEOUT per run (240 s),
 # MK_PYTHON (the interpreter; default: the first of python3, python and /opt/*/.venv/bin/python3

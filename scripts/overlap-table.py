@@ -5,22 +5,21 @@
     python3 scripts/overlap-table.py rail-sweep.txt [more files] [--min-bytes N] [--plot OUT.png]
                                      [--baseline VARIANT]
 
-Input: the lines scripts/rail-check.sh (step 3) writes, each prefixed "LAYOUT/RAIL/ovO/rROUND: ":
+Input: the lines scripts/gpu-check.sh rail (step 3) writes, each prefixed "LAYOUT/RAIL/ovO/rROUND: ":
 collbench's table rows ("memop RANKS BYTES EAGER_MED ..."), its "# hierarchical, R ranks, B B:
 eager mean T us" lines (pipelined runs), and from the in-turn runs its "# phases in turn, R ranks,
 B B: eager mean T us; node X us, rail Y us per op (...)" lines: CTA 0 of rank 0 timing each
-AllReduce chunk's phases with %globaltimer (collectives/hier_staged.h, "Phase times"). Since
-session 24 both kinds of line end "; waits: rail W us, node V us per op": CTA 0's time waiting for
+AllReduce chunk's phases with %globaltimer (collectives/hier_staged.h, "Phase times"). Both
+kinds of line end "; waits: rail W us, node V us per op": CTA 0's time waiting for
 its rail transfers and at node barriers (DeviceState::hierWait), printed as extra columns. In CTA
 roles (layouts "R:G:lanes:W,R") CTA 0 is lane 0's sender: it has no node barriers; its waits
-for the workers' and reducers' counters counted as busy until session 25, whose lines add ", role W
-us" after the node wait, taken out of busy. Since session 25 the lines also end
+for the workers' and reducers' counters follow the node wait as ", role W us", taken out of busy.
+The lines also end
 "; work: copy C / CN net, reduce R / RN net, post P us per op" (DeviceState::hierBusy): CTA 0's own
 work by kind, shown for the in-turn run as loc_t (C + R), net_t (CN + RN) and post_t.
 
 Per (layout, rail, round, bytes): t_turn and t_pipe (the eager means over the same loop the phase
-times are summed over, us; the medians of the table rows where a run printed no mean, as before
-session 23's ebb9012), the node and rail phases of the in-turn run (us per op), and
+times are summed over, us; the medians of the table rows where a run printed no mean), the node and rail phases of the in-turn run (us per op), and
     covered = (node + rail) / t_turn     how much of the in-turn time the two phases account for
     hidden  = (t_turn - t_pipe) / min(node, rail)
               the share of the shorter phase that the pipeline hides (the goal: at least 80%).
@@ -31,14 +30,14 @@ rail) through the mean of the rounds, each round a dot, and the goal's 80% (need
 --min-bytes leaves out the smaller sizes (their phases are a few us, the noise's order).
 
 Several files (several device calls' sweeps) are read as one: each file's rounds are numbered on
-after the previous file's. A last table (since session 26) gives, per (layout, rail, bytes), the
+after the previous file's. A last table gives, per (layout, rail, bytes), the
 rounds, the median of hidden over them, its range and how many rounds reached the goal's 80%.
 
---baseline VARIANT (since session 27) adds an A/B table for sweeps with RC_VARIANTS (rail columns
+--baseline VARIANT adds an A/B table for sweeps with RC_VARIANTS (rail columns
 "RAIL+NAME"): per (layout, bytes, pipelined or in turn) and variant, the median over the rounds of
 its eager medians, its ratio to the median of "RAIL+VARIANT" in the same file set, and, where the
 runs printed CTA 0's waits, the medians over the rounds of its busy time, rail waits and
-node-barrier waits (us per op, from the eager means); since session 28 also of its own work in
+node-barrier waits (us per op, from the eager means), and of its own work in
 device memory (loc: copies + reductions) and through its net buffers (net). The A/B table needs
 no phase times, so it is printed for sweeps without an in-turn run too (e.g. ReduceScatter and
 AllGather variants, "--coll=reducescatter", whose chunks collbench does not time by phase).
@@ -146,14 +145,14 @@ def main(paths, out=None, minBytes=0, baseline=None):
     print("# hidden = (t_turn - t_pipe) / min(node, rail); covered = (node + rail) / t_turn; us per op")
     haveWaits = any((r[0], r[1], r[2], r[3], ov) in waits for r in rows for ov in (0, 1))
     if haveWaits:
-        print("# CTA 0's waits (collbench from session 24): wr = for the rail, wn = at node barriers; busy = t - wr - wn"
-              " (- its waits for the other roles, CTA roles, collbench from session 25), its own copies, reductions and"
+        print("# CTA 0's waits : wr = for the rail, wn = at node barriers; busy = t - wr - wn"
+              " (- its waits for the other roles in CTA roles), its own copies, reductions and"
               " posts; _t in turn, _p pipelined")
     head = "%-12s %-13s %5s %10s %10s %10s %10s %10s %8s %8s %7s" % (
         "layout", "rail", "round", "bytes", "t_turn", "t_pipe", "node", "rail_ph", "covered", "hidden", "t_is")
     haveWork = any((r[0], r[1], r[2], r[3], 0) in work for r in rows)
     if haveWork:
-        print("# CTA 0's own work in turn (collbench from session 25): loc_t = copies and reductions in device memory,"
+        print("# CTA 0's own work in turn : loc_t = copies and reductions in device memory,"
               " net_t = those through its net buffers, post_t = its posts to the proxy")
     if haveWaits:
         head += " %9s %9s %9s %9s %9s %9s" % ("busy_t", "busy_p", "wr_t", "wr_p", "wn_t", "wn_p")

@@ -8,8 +8,8 @@ PNG: bus bandwidth against message size (NCCL dashed, mkernel solid) and mkernel
 
 --runs: nccl-tests' JSON outputs (-J FILE, or a stdout that names its JSON file) of one test,
 NCCL alone then mkernel, read as scripts/nccl-tests-table.py reads them; one curve pair per
---runs, named after the test binary. TABLES.txt (recorded tables, e.g. under docs/data): the
-tables.txt of scripts/multigpu-check.sh or scripts/launch-check.sh (sections start with
+--runs, named after the test binary. TABLES.txt (recorded tables): the
+tables.txt of scripts/gpu-check.sh multigpu or scripts/gpu-check.sh launch (sections start with
 "# <test>, ..."); --only keeps the sections whose title contains WORD (default: those comparing
 NCCL with mkernel on the same path, i.e. titles with "vs mkernel"). Needs matplotlib; without
 it, says so and exits 2.

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Plots scripts/rail-check.sh sweeps (MKERNEL_HIER_RAIL: direct, ring, rhd; pipelined and in
+"""Plots scripts/gpu-check.sh rail sweeps (MKERNEL_HIER_RAIL: direct, ring, rhd; pipelined and in
 turn) as a PNG: for each layout of each file, the time of the direct form pipelined over the time
 of every (form, overlap) against the message size (above 1: faster than direct pipelined), one
 panel per (file, layout), three to a row. Each point is the mean of the eager medians of the file's rounds.
 
   python3 scripts/plot-rail.py OUT.png RAIL-SWEEP.txt[=LABEL] ... [--title TEXT]
 
-RAIL-SWEEP.txt is rail-check.sh's raw rail-sweep.txt (lines "R:G/form/ovO/rN: ... memop ranks
+RAIL-SWEEP.txt is gpu-check.sh rail's raw rail-sweep.txt (lines "R:G/form/ovO/rN: ... memop ranks
 bytes eager_med ..."; R:G:L with lanes, R:G:L:W,R in CTA roles, a panel of its own). Needs
 matplotlib; without it, says so and exits 2.
 """

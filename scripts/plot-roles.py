@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Plots MKERNEL_HIER_ROLES sweeps (the tables scripts/launch-check.sh step 3h prints) as a PNG:
+"""Plots MKERNEL_HIER_ROLES sweeps (the tables scripts/gpu-check.sh launch step 3h prints) as a PNG:
 for each table, the data-parallel time over each roles setting's time against the message size
 (above 1: the roles are faster), one panel per table.
 
   python3 scripts/plot-roles.py SWEEPS.txt OUT.png [--section TEXT] [--title TEXT]
 
 SWEEPS.txt holds tables whose header line starts with "bytes" followed by "roles=off" and the
-other settings, each preceded by a "### name" line that titles its panel (as launch-check.sh
+other settings, each preceded by a "### name" line that titles its panel (as gpu-check.sh launch
 writes them). --section keeps only the tables after the first "##" line containing TEXT, up to
 the next "## " line. Needs matplotlib; without it, says so and exits 2.
 """

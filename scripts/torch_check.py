@@ -134,8 +134,8 @@ def run_case(py, lib, world, emulate, preload, full, timeout, ranks_per_node=0):
     if emulate:
         env["MKERNEL_EMULATE"] = "1"
         # Every rank is a client of GPU 0's MPS server, and the clients share one pool of hardware
-        # queues: each takes CUDA_DEVICE_MAX_CONNECTIONS (launch-check.sh exports 32), and four
-        # with 32 fail cudaSetDevice with "out of memory" (docs/RELIABILITY.md, session 13). At
+        # queues: each takes CUDA_DEVICE_MAX_CONNECTIONS (gpu-check.sh launch exports 32), and four
+        # with 32 fail cudaSetDevice with "out of memory" (docs/RELIABILITY.md). At
         # most 64 / clients each, as mkernel-proclat's ranks.
         cap = max(1, 64 // max(1, world))
         if int(env.get("CUDA_DEVICE_MAX_CONNECTIONS", "8")) > cap:

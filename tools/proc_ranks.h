@@ -64,7 +64,7 @@ class PrivateMps {
   // The clients of one MPS server share one pool of hardware work queues, each client taking
   // CUDA_DEVICE_MAX_CONNECTIONS of them for itself (NVIDIA's MPS guide, "CUDA_DEVICE_MAX_CONNECTIONS").
   // With 32 each, 2 clients on the H200 started and 4 did not: every process's cudaSetDevice
-  // failed with "out of memory", then "busy or unavailable" (session 13). So the forked ranks
+  // failed with "out of memory", then "busy or unavailable". So the forked ranks
   // get at most kMpsConnections / clientsPerGpu each (and at most what the variable says, 8 if
   // unset: CUDA's default).
   static constexpr int kMpsConnections = 64;

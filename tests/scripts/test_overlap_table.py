@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/overlap-table.py on recorded sweeps of scripts/rail-check.sh (tests/scripts/fixtures,
+"""scripts/overlap-table.py on recorded sweeps of scripts/gpu-check.sh rail (tests/scripts/fixtures,
 the lines the script reads): the hidden share's medians over six rounds and the A/B ratios of
 --baseline for the direct AllReduce one and two chunks ahead (rail-sweep-ahead-*.txt), what it
 prints without a baseline column, and the A/B table of a sweep with no in-turn runs

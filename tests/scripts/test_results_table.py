@@ -88,7 +88,7 @@ def main(root):
         rows = [l for l in inner.splitlines() if l.startswith("| 20")]
         check("--readme writes one row per headline row (%d)" % len(rows), len(rows) == 2 and "old table" not in inner)
         check("--readme's row has date, hardware, commit, command and the figure against NCCL",
-              rows and rows[0] == "| 2026-11-30 | 2x H200 NVLink | a3082c0 | `bash scripts/multigpu-check.sh` | "
+              rows and rows[0] == "| 2026-11-30 | 2x H200 NVLink | a3082c0 | `bash scripts/gpu-check.sh multigpu` | "
                                   "all_reduce 8 B (-g 2): mkernel 10.95 us, NCCL 13.73 us (NCCL / mkernel 1.254x) |")
         code, out = rc(root, "--check", "--readme", readme, *base)
         check("--check --readme after --readme exits 0 (%d: %s)" % (code, out), code == 0)

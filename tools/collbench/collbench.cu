@@ -79,7 +79,7 @@ struct Options {
   // --sync spin|yield|blocking: how the rank threads wait for their streams
   // (cudaSetDeviceFlags(cudaDeviceSchedule*) on every GPU; default: CUDA's, which spins with more
   // cores than contexts). On emulated nodes eight spinning rank threads share the host's cores with
-  // the proxies that play the NICs (docs/PERFORMANCE.md, session 24).
+  // the proxies that play the NICs (docs/PERFORMANCE.md).
   std::string sync;
   // --coll: the collective timed (float sum; Broadcast and Reduce rooted at rank 0).
   mkernel::coll::CollType coll = mkernel::coll::CollType::AllReduce;
@@ -262,7 +262,7 @@ __global__ void emptyKernel() {}
 // Floors of the doorbell protocol on this GPU, one stream, no mkernel code: the median time per
 // back-to-back empty kernel launch, per {write 1, wait >= 1} stream-memop pair (what enqueue()
 // puts on the caller's stream, with the wait already satisfied), and per {write 1, wait == 1,
-// write 0} triple (the protocol until session 3).
+// write 0} triple.
 void baselines(int iters, double* launchUs, double* pairUs, double* tripleUs) {
   cudaStream_t s;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
@@ -520,7 +520,7 @@ struct RankBufs {
 };
 // events: the most intervals timed on the stream at once, max(--iters, graphOps): a captured graph
 // records graphOps + 1 of them (with --iters below graphOps, 16, the vector was too short and the
-// capture wrote past it: a segfault in session 24).
+// capture wrote past it: a segfault).
 bool makeRankBufs(size_t maxBytes, int events, RankBufs* b) {
   cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking);
   const bool ok = cudaMalloc(&b->send, maxBytes) == cudaSuccess && cudaMalloc(&b->recv, maxBytes) == cudaSuccess;
@@ -534,10 +534,9 @@ bool makeRankBufs(size_t maxBytes, int events, RankBufs* b) {
 // NCCL's AllReduce (float sum, out of place) over the same sizes with one rank per GPU (--gpus),
 // driven as the mkernel rows are: one thread per rank, each enqueueing on its own stream, CUDA
 // events between back-to-back calls on rank 0's stream, eager, then captured into a graph of
-// graphOps calls per rank and replayed. (Through session 13 one thread drove every GPU in an
-// NCCL group, as nccl-tests -g N does, while the mkernel rows had a thread per GPU: the host
-// paid two launches per NCCL op and one per mkernel op, so the multi-GPU rows were not a like
-// comparison. docs/PERFORMANCE.md, session 14.)
+// graphOps calls per rank and replayed. One thread driving every GPU in an NCCL group, as
+// nccl-tests -g N does, would pay two launches per NCCL op against one per mkernel op, and the
+// multi-GPU rows would not be a like comparison (docs/PERFORMANCE.md).
 bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
   NcclApi api;
   std::string why;

@@ -1,5 +1,5 @@
 // mkernel-p2pbench: what NVLink gives a CTA-based data mover, measured the way the persistent
-// kernel moves data (docs/PERFORMANCE.md, "session 5"). Both GPUs of a pair run the same pattern
+// kernel moves data (docs/PERFORMANCE.md). Both GPUs of a pair run the same pattern
 // at once against each other (as in a collective), each on its own stream, timed with CUDA events:
 //
 //   local      dst <- src                   (one GPU's HBM; the ceiling of any reducing kernel)

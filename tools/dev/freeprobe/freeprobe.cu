@@ -6,7 +6,7 @@
 // thread then tears a communicator down with a call that waits for the whole device (cudaFree does),
 // that call waits for rank 1's kernel; if rank 0's thread is held back by the pending call, the
 // three wait for each other until the kernel's timeout (docs/RELIABILITY.md, the split-communicator
-// stall, sessions 9, 32 and 33).
+// stall).
 //
 // Each trial: a one-thread kernel spins on a host-mapped word (it stands for rank 1's kernel);
 // 50 ms later thread B starts the teardown call (the "blocker"); 100 ms after that thread C makes

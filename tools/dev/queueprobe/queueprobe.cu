@@ -22,7 +22,7 @@
 // --kernel mkernel: the waiting kernel shaped like mkernel's launch-path kernel (static shared
 // memory, the other threads at a barrier, a host-mapped word polled while waiting).
 // --after record|kernel: every thread queues a command on its stream right after its kernel: an
-// event record (mkernel's launch path recorded one after every op in session 9) or an empty
+// event record or an empty
 // kernel (the application's next op): does a command that must wait for a waiting kernel hold
 // back, behind it in a shared hardware queue, another stream's kernel? (none: nothing after
 // the kernel, the default.)
