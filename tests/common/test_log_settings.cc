@@ -4,6 +4,7 @@
 // a case of its own, hidden ([.name]) and run by ctest with its environment (CMakeLists.txt);
 // each such case first checks that its environment is there.
 #include "tests/catch.h"
+#include "tests/stderr_capture.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -21,43 +22,8 @@
 
 namespace {
 
-// Everything written to fd 2 between construction and text().
-class StderrCapture {
- public:
-  StderrCapture() {
-    std::fflush(stderr);
-    char tmpl[] = "/tmp/mkernel-log-XXXXXX";
-    fd_ = mkstemp(tmpl);
-    REQUIRE(fd_ >= 0);
-    path_ = tmpl;
-    saved_ = dup(2);
-    REQUIRE(dup2(fd_, 2) == 2);
-  }
-  ~StderrCapture() {
-    restore();
-    if (fd_ >= 0) close(fd_);
-    unlink(path_.c_str());
-  }
-  std::string text() {
-    restore();
-    std::ifstream f(path_);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }
+using mktest::StderrCapture;
 
- private:
-  void restore() {
-    if (saved_ < 0) return;
-    std::fflush(stderr);
-    dup2(saved_, 2);
-    close(saved_);
-    saved_ = -1;
-  }
-  int fd_ = -1;
-  int saved_ = -1;
-  std::string path_;
-};
 
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;

@@ -4,6 +4,7 @@
 // it on mkernel's own output, and MKERNEL_DEBUG=WARN does not. One process per setting (ctest
 // sets the environment); no GPU.
 #include "tests/catch.h"
+#include "tests/stderr_capture.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -27,6 +28,8 @@ using namespace mkernel::abi;
 
 namespace {
 
+using mktest::StderrCapture;
+
 std::vector<std::pair<int, std::string>> gLog;
 void captureLog(int level, unsigned long /*flags*/, const char* /*file*/, int /*line*/,
                 const char* fmt, ...) {
@@ -38,41 +41,6 @@ void captureLog(int level, unsigned long /*flags*/, const char* /*file*/, int /*
   gLog.emplace_back(level, buf);
 }
 
-class StderrCapture {
- public:
-  StderrCapture() {
-    std::fflush(stderr);
-    char tmpl[] = "/tmp/mkernel-plugin-XXXXXX";
-    fd_ = mkstemp(tmpl);
-    REQUIRE(fd_ >= 0);
-    path_ = tmpl;
-    saved_ = dup(2);
-    REQUIRE(dup2(fd_, 2) == 2);
-  }
-  ~StderrCapture() {
-    restore();
-    close(fd_);
-    unlink(path_.c_str());
-  }
-  std::string text() {
-    restore();
-    std::ifstream f(path_);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }
-
- private:
-  void restore() {
-    if (saved_ < 0) return;
-    std::fflush(stderr);
-    dup2(saved_, 2);
-    close(saved_);
-    saved_ = -1;
-  }
-  int fd_ = -1, saved_ = -1;
-  std::string path_;
-};
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);

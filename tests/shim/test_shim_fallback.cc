@@ -3,6 +3,7 @@
 // shim_comm.cc), said at WARN by the process's first such communicator and at INFO by the later
 // ones. On the CPU, with shells standing for the communicators.
 #include "tests/catch.h"
+#include "tests/stderr_capture.h"
 
 #include <unistd.h>
 
@@ -15,41 +16,8 @@
 
 namespace {
 
-class StderrCapture {
- public:
-  StderrCapture() {
-    std::fflush(stderr);
-    char tmpl[] = "/tmp/mkernel-fallback-XXXXXX";
-    fd_ = mkstemp(tmpl);
-    REQUIRE(fd_ >= 0);
-    path_ = tmpl;
-    saved_ = dup(2);
-    REQUIRE(dup2(fd_, 2) == 2);
-  }
-  ~StderrCapture() {
-    restore();
-    close(fd_);
-    unlink(path_.c_str());
-  }
-  std::string text() {
-    restore();
-    std::ifstream f(path_);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }
+using mktest::StderrCapture;
 
- private:
-  void restore() {
-    if (saved_ < 0) return;
-    std::fflush(stderr);
-    dup2(saved_, 2);
-    close(saved_);
-    saved_ = -1;
-  }
-  int fd_ = -1, saved_ = -1;
-  std::string path_;
-};
 
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;

@@ -4,6 +4,7 @@
 // arose in mkernel, NCCL's texts otherwise). The startup cases run one process each, with their
 // environment (CMakeLists.txt), since the log reads its settings once.
 #include "tests/catch.h"
+#include "tests/stderr_capture.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -22,41 +23,8 @@
 
 namespace {
 
-class StderrCapture {
- public:
-  StderrCapture() {
-    std::fflush(stderr);
-    char tmpl[] = "/tmp/mkernel-startup-XXXXXX";
-    fd_ = mkstemp(tmpl);
-    REQUIRE(fd_ >= 0);
-    path_ = tmpl;
-    saved_ = dup(2);
-    REQUIRE(dup2(fd_, 2) == 2);
-  }
-  ~StderrCapture() {
-    restore();
-    close(fd_);
-    unlink(path_.c_str());
-  }
-  std::string text() {
-    restore();
-    std::ifstream f(path_);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }
+using mktest::StderrCapture;
 
- private:
-  void restore() {
-    if (saved_ < 0) return;
-    std::fflush(stderr);
-    dup2(saved_, 2);
-    close(saved_);
-    saved_ = -1;
-  }
-  int fd_ = -1, saved_ = -1;
-  std::string path_;
-};
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);

@@ -3,6 +3,7 @@
 // collectives/stats.cc's commStatsLine), with a stand-in mkernel Communicator reporting fixed
 // counters, as the persistent-kernel communicator reports its own.
 #include "tests/catch.h"
+#include "tests/stderr_capture.h"
 
 #include <unistd.h>
 
@@ -21,6 +22,8 @@
 #include "plugin/shim/shim_comm.h"
 
 namespace {
+
+using mktest::StderrCapture;
 
 using mkernel::Result;
 using mkernel::coll::CollArgs;
@@ -64,42 +67,6 @@ class FixedComm final : public mkernel::coll::Communicator {
   CommOptions opts_;
 };
 
-// fd 2 into a file until text().
-class StderrCapture {
- public:
-  StderrCapture() {
-    std::fflush(stderr);
-    char tmpl[] = "/tmp/mkernel-stats-XXXXXX";
-    fd_ = mkstemp(tmpl);
-    REQUIRE(fd_ >= 0);
-    path_ = tmpl;
-    saved_ = dup(2);
-    REQUIRE(dup2(fd_, 2) == 2);
-  }
-  ~StderrCapture() {
-    restore();
-    close(fd_);
-    unlink(path_.c_str());
-  }
-  std::string text() {
-    restore();
-    std::ifstream f(path_);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }
-
- private:
-  void restore() {
-    if (saved_ < 0) return;
-    std::fflush(stderr);
-    dup2(saved_, 2);
-    close(saved_);
-    saved_ = -1;
-  }
-  int fd_ = -1, saved_ = -1;
-  std::string path_;
-};
 
 ShimComm* liveComm(std::atomic<int>* statsCalls, int rank, int nRanks) {
   ShimComm* c = mkernel::shim::newShimComm();

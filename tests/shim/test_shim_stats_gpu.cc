@@ -2,6 +2,7 @@
 // names what the communicator ran, in mkernel and in NCCL, the same counts mkernelGetStats
 // gained over its life. MKERNEL_COLLECTIVES=allreduce sends its Broadcasts to NCCL.
 #include "tests/catch.h"
+#include "tests/stderr_capture.h"
 
 #include <unistd.h>
 
@@ -18,6 +19,8 @@ using namespace shimtest;
 
 namespace {
 
+using mktest::StderrCapture;
+
 struct Env {
   Env() {
     chooseRealNccl();
@@ -26,41 +29,6 @@ struct Env {
   }
 } gEnv;
 
-class StderrCapture {
- public:
-  StderrCapture() {
-    std::fflush(stderr);
-    char tmpl[] = "/tmp/mkernel-stats-gpu-XXXXXX";
-    fd_ = mkstemp(tmpl);
-    REQUIRE(fd_ >= 0);
-    path_ = tmpl;
-    saved_ = dup(2);
-    REQUIRE(dup2(fd_, 2) == 2);
-  }
-  ~StderrCapture() {
-    restore();
-    close(fd_);
-    unlink(path_.c_str());
-  }
-  std::string text() {
-    restore();
-    std::ifstream f(path_);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }
-
- private:
-  void restore() {
-    if (saved_ < 0) return;
-    std::fflush(stderr);
-    dup2(saved_, 2);
-    close(saved_);
-    saved_ = -1;
-  }
-  int fd_ = -1, saved_ = -1;
-  std::string path_;
-};
 
 const char* const kNames[5] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce"};
 
