@@ -128,11 +128,12 @@ nccl_lib_dir() {  # nccl_lib_dir HOME: prints the folder holding libnccl.so*, if
 find_nccl_home() {
   local c py
   if [ -n "${NCCL_HOME:-}" ]; then echo "$NCCL_HOME"; return 0; fi
-  for c in "$CUDA_HOME" /usr/local/cuda /opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl /usr; do
+  for c in "$CUDA_HOME" /usr/local/cuda /usr; do
     if [ -f "$c/include/nccl.h" ] && nccl_lib_dir "$c" >/dev/null; then echo "$c"; return 0; fi
   done
-  # PyTorch's wheel (nvidia-nccl-cu1x) in whichever python3 is first on PATH.
-  for py in python3 /opt/torch/.venv/bin/python3; do
+  # PyTorch's wheel (nvidia-nccl-cu1x) in PyTorch's interpreter (scripts/common.sh, mk_torch_python:
+  # $MK_PYTHON, else one that imports torch), else python3.
+  for py in "$(. "$(dirname "${BASH_SOURCE[0]}")/common.sh"; mk_torch_python)" python3; do
     c=$("$py" -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
     if [ -n "$c" ] && [ -f "$c/include/nccl.h" ] && nccl_lib_dir "$c" >/dev/null; then echo "$c"; return 0; fi
   done
