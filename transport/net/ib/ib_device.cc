@@ -254,7 +254,11 @@ Result openIbDevices(const IbvApi& api, const std::vector<std::string>& preferre
   *out = found;
   if (found.empty()) {
     *why = "no RDMA device usable";
-    if (!filter.empty()) *why += std::string(" (MKERNEL_IB_HCA or NCCL_IB_HCA=") + params::IB_HCA() + ")";
+    if (!filter.empty()) {
+      // Name the variable the filter came from: MKERNEL_IB_HCA wins over its twin NCCL_IB_HCA.
+      const char* var = std::getenv("MKERNEL_IB_HCA") != nullptr ? "MKERNEL_IB_HCA" : "NCCL_IB_HCA";
+      *why += std::string(" (") + var + "=" + params::IB_HCA() + ")";
+    }
     if (!skipped.empty()) *why += ":" + skipped;
   }
   return Result::Success;
