@@ -248,7 +248,7 @@ size_t formatLogTimestamp(const char* format, const std::tm& tm, long nsec, char
       const int digits = p[1] - '0';
       long frac = nsec < 0 ? 0 : nsec % 1000000000L;
       for (int d = digits; d < 9; ++d) frac /= 10;
-      char buf[16];
+      char buf[32];  // any long in decimal, whatever the digits asked for
       std::snprintf(buf, sizeof(buf), "%0*ld", digits, frac);
       fmt += buf;
       p += 2;
