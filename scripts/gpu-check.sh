@@ -27,7 +27,7 @@ set -u -o pipefail
 #      mk_torch_python), GPU_CHECK_TRACE=0 (skip the kernel-trace benchmark run),
 #      GPU_CHECK_SKIP_TESTS=1 (benchmarks only: a second call on a warm machine, whose build is
 #      still there), GPU_CHECK_GRAPH=0 (skip the graph-residency cases test_gpu_graph* and
-#      test_gpu_gate, the slowest, docs/RELIABILITY.md), GPU_CHECK_CTEST_ARGS (more ctest
+#      the slowest, docs/RELIABILITY.md), GPU_CHECK_CTEST_ARGS (more ctest
 #      arguments: "-I 1,40" and "-I 41,200" split the tier over two calls; the numbers are
 #      ctest's, `ctest -N -L gpu`), GPU_CHECK_SKIP_BUILD=1 (a warm machine whose build is there).
 # The summary ends with one row per GPU test: its result and seconds (ctest's own timing).
@@ -74,10 +74,10 @@ save() {
 }
 ctest_rc=skipped
 if [ "${GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
-  # The graph-residency cases (test_gpu_graph*, test_gpu_gate, docs/KERNEL.md) take up to 45 s
+  # The graph-residency cases (test_gpu_graph*, docs/KERNEL.md) take up to 45 s
   # each. GPU_CHECK_GRAPH=0 leaves them out.
   exclude=()
-  [ "${GPU_CHECK_GRAPH:-1}" = 0 ] && exclude=(-E '^(test_gpu_graph.*|test_gpu_gate)$')
+  [ "${GPU_CHECK_GRAPH:-1}" = 0 ] && exclude=(-E '^test_gpu_graph.*$')
   step "ctest -L gpu ${GPU_CHECK_CTEST_ARGS:-} ${exclude[*]}"
   # shellcheck disable=SC2086
   (cd "$build" && timeout "${GPU_CHECK_TEST_TIMEOUT:-420}" ctest -L gpu "${exclude[@]}" ${GPU_CHECK_CTEST_ARGS:-} \
@@ -529,7 +529,7 @@ exit "$fail"
 #      with BW_STAGED=1 mkernel through the staging buffers (MKERNEL_STAGED=1: the process-rank
 #      algorithm), tables by scripts/nccl-tests-table.py;
 #   5. test_gpu_hier (4 thread ranks as 2 emulated nodes on GPU 0) under each of BW_HIER
-#      (default "default:3 gate:3"; NAME:RUNS, NAME one of default, gate = MKERNEL_STREAM_WAIT=kernel,
+#      (default "default:3"; NAME:RUNS, NAME one of default,
 #      conn1 = CUDA_DEVICE_MAX_CONNECTIONS=1, conn8 = 8, resident = MKERNEL_IDLE_EXIT_US=10000000,
 #      eager = CUDA_MODULE_LOADING=EAGER, eager32 = that and 32 hardware queues),
 #      MKERNEL_TIMEOUT_S=BW_HIER_TIMEOUT (8): pass/fail, seconds, and the first error lines;
@@ -572,14 +572,13 @@ variants=("mk|default|")
 nccl_tests_vs "$TESTS" "${BW_MIN:-1M}" "${BW_MAX:-1G}" 150 "${variants[@]}" || fail=1
 save tables.txt
 
-step "5. test_gpu_hier: ${BW_HIER:-default:3 gate:3}"
+step "5. test_gpu_hier: ${BW_HIER:-default:3}"
 : >"$logs/hier.txt"
-for spec in ${BW_HIER:-default:3 gate:3}; do
+for spec in ${BW_HIER:-default:3}; do
   mode=${spec%%:*}
   runs=${spec##*:}
   case $mode in
     default) env=() ;;
-    gate) env=(MKERNEL_STREAM_WAIT=kernel) ;;
     conn1) env=(CUDA_DEVICE_MAX_CONNECTIONS=1) ;;
     conn8) env=(CUDA_DEVICE_MAX_CONNECTIONS=8) ;;
     resident) env=(MKERNEL_IDLE_EXIT_US=10000000) ;;
