@@ -53,7 +53,7 @@ struct CollStats {
   int hierRail = 0;                         // MKERNEL_HIER_RAIL in effect (HierRailAlgo: 0 direct, 1 ring, 2 rhd)
   int railMbps = 0;                         // the slowest rank's rail NIC in Mb/s, agreed (0: one node)
   // The hierarchical AllReduce in turn (MKERNEL_HIER_OVERLAP=0): CTA 0's chunks, and the time they
-  // spent in the node phases and in the rail phase (collectives/hier_staged.h, "Phase times")
+  // spent in the node phases and in the rail phase (collectives/algo/hier_staged.h, "Phase times")
   uint64_t hierTurnChunks = 0, hierTurnNodeNs = 0, hierTurnRailNs = 0;
   // CTA 0's waits in every hierarchical collective, pipelined or in turn: for its rail transfers
   // and at its node barriers (DeviceState::hierWait)
@@ -90,7 +90,7 @@ class Communicator {
 
   // Thread ranks of this communicator sharing one GPU (emulation) hold each other back when one
   // queues what waits for a collective's end before a co-located peer has queued its start
-  // (collectives/post_fence.h). Such a communicator is fenced(): each collective is posted in two
+  // (collectives/runtime/post_fence.h). Such a communicator is fenced(): each collective is posted in two
   // steps. enqueueStart() queues one collective's start and holds back what waits for its end;
   // completeStarts() waits (on the host, bounded by MKERNEL_TIMEOUT_S) until every co-located
   // rank of this process has posted as many, then queues what was held. enqueue() does both for
@@ -125,7 +125,7 @@ class Communicator {
   virtual void stats(CollStats* out) const = 0;
 
   // MKERNEL_KERNEL_TRACE=1: the persistent kernel's per-group timestamps (KernelTraceRecord of
-  // collectives/work.h, flattened: seq, kTracePoints times in ns, kTracePoints clock64 stamps),
+  // collectives/algo/work.h, flattened: seq, kTracePoints times in ns, kTracePoints clock64 stamps),
   // written records only, by seq.
   // Call when the communicator is idle. InvalidUsage when tracing is off.
   virtual Result kernelTrace(std::vector<uint64_t>* out) const = 0;

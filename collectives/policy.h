@@ -1,5 +1,5 @@
 // The selection policy: for each collective call, whether mkernel or the real NCCL runs it, and
-// with which algorithm (collectives/algo.h). One object per communicator, used by the shim for
+// with which algorithm (collectives/algo/algo.h). One object per communicator, used by the shim for
 // every call and by the tuner (docs/ARCHITECTURE.md: one policy serves both).
 //
 // The answer must be identical on every rank, or ranks take different paths and the job
@@ -17,7 +17,7 @@
 //   6. message above MKERNEL_MAX_BYTES (when set)               -> NCCL
 //   6b. MKERNEL_NCCL_CROSSOVER=auto, 2 ranks on one node, from the size NCCL measured faster -> NCCL
 //   6c. MKERNEL_NCCL_CROSSOVER=auto, several nodes, AllReduce / ReduceScatter / AllGather where
-//      the cost model (collectives/cost_model.h: policyModelFor) predicts NCCL faster -> NCCL
+//      the cost model (collectives/route/cost_model.h: policyModelFor) predicts NCCL faster -> NCCL
 //   7. otherwise mkernel, algorithm: MKERNEL_ALGO if it implements the collective; else Ring
 //      without direct peer access (PCIe-only); else OneShot for AllReduce up to
 //      MKERNEL_ONESHOT_MAX_BYTES, TwoShot above; Direct for the other collectives.
@@ -31,8 +31,8 @@
 #include <set>
 #include <string>
 
-#include "collectives/algo.h"
-#include "collectives/cost_model.h"
+#include "collectives/algo/algo.h"
+#include "collectives/route/cost_model.h"
 #include "collectives/types.h"
 #include "common/result.h"
 
@@ -66,7 +66,7 @@ struct PolicyConfig {
   bool stagedRanks = false;    // collectives stage through IPC buffers (process ranks: the
                                // communicator's peers.staged, agreed at creation)
   bool kernelMultiNode = false;  // the kernel has an inter-node path
-  int kernelMaxRanks = 16;       // ranks one kernel addresses (collectives/work.h kMaxRanks)
+  int kernelMaxRanks = 16;       // ranks one kernel addresses (collectives/algo/work.h kMaxRanks)
   // Several nodes (the communicator's CollStats, agreed at creation): the slowest rank's rail NIC
   // in Mb/s (0: unknown) and the rail exchange it runs (HierRailAlgo; -1: unknown).
   int railMbps = 0;

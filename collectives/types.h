@@ -78,7 +78,7 @@ struct CollArgs {
   // to one element of `dtype` (NCCL's ncclScalarDevice).
   double scalar = 1.0;
   const void* scalarDevPtr = nullptr;
-  // The algorithm (collectives/algo.h Algo) chosen by the selection policy (collectives/policy.h),
+  // The algorithm (collectives/algo/algo.h Algo) chosen by the selection policy (collectives/policy.h),
   // which the shim consults for every call; -1 lets the Communicator apply the same default rule.
   int32_t algo = -1;
 };

@@ -380,6 +380,15 @@ Result setError(Result r, const char* file, int line, const char* fmt, ...) {
   return r;
 }
 
+Result setErrorCause(Result r, const char* file, int line, const char* cause, const char* fmt, ...) {
+  char context[768];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(context, sizeof(context), fmt, ap);
+  va_end(ap);
+  return setError(r, file, line, "%s failed: %s", context, cause);
+}
+
 const char* lastError() {
   if (!tLastError.empty()) return tLastError.c_str();
   std::lock_guard<std::mutex> lock(gLastErrorMutex);

@@ -27,6 +27,9 @@ const char* resultString(Result r);
 Result setError(Result r, const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 4, 5)));
 Result vsetError(Result r, const char* file, int line, const char* fmt, va_list ap);
+// setError with " failed: <cause>" after the formatted context (common/check.h's checks).
+Result setErrorCause(Result r, const char* file, int line, const char* cause, const char* fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 
 // The last message recorded by setError() on this thread ("" if none), and the last one recorded
 // by any thread (what ncclGetLastError() reports, as NCCL's is process-wide too).

@@ -726,7 +726,7 @@ exit $fail
 }
 
 # ---- rail -----------------------------------------------------------------------------------------
-# The hierarchical AllReduce's rail exchange (MKERNEL_HIER_RAIL: direct, ring, rhd; collectives/hier_staged.h,
+# The hierarchical AllReduce's rail exchange (MKERNEL_HIER_RAIL: direct, ring, rhd; collectives/algo/hier_staged.h,
 # docs/ALGORITHMS.md) in one device call:
 #   bash scripts/gpu-check.sh rail        (repository root; carry .carry for Catch2)
 #   1. builds libmkernel.so, mkernel-collbench and test_gpu_collectives (sm_90);

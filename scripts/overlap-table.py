@@ -9,7 +9,7 @@ Input: the lines scripts/gpu-check.sh rail (step 3) writes, each prefixed "LAYOU
 collbench's table rows ("memop RANKS BYTES EAGER_MED ..."), its "# hierarchical, R ranks, B B:
 eager mean T us" lines (pipelined runs), and from the in-turn runs its "# phases in turn, R ranks,
 B B: eager mean T us; node X us, rail Y us per op (...)" lines: CTA 0 of rank 0 timing each
-AllReduce chunk's phases with %globaltimer (collectives/hier_staged.h, "Phase times"). Both
+AllReduce chunk's phases with %globaltimer (collectives/algo/hier_staged.h, "Phase times"). Both
 kinds of line end "; waits: rail W us, node V us per op": CTA 0's time waiting for
 its rail transfers and at node barriers (DeviceState::hierWait), printed as extra columns. In CTA
 roles (layouts "R:G:lanes:W,R") CTA 0 is lane 0's sender: it has no node barriers; its waits

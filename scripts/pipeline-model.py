@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A time-stepped model of the hierarchical AllReduce's chunk schedule (collectives/hier_staged.h,
+"""A time-stepped model of the hierarchical AllReduce's chunk schedule (collectives/algo/hier_staged.h,
 hierAllReduce), for one question: how much does the order of a CTA's steps cost when the rail,
 not the node, is the bound? It models the schedule only: no bytes, no GPU.
 

@@ -10,8 +10,7 @@
 
 #include "common/log.h"
 #include "common/param.h"
-#include "transport/net/ib/ib_device.h"
-#include "transport/net/ib/ibv_api.h"
+#include "vendor/ibverbs.h"
 #include "topology/topology.h"
 
 namespace mkernel {
@@ -84,7 +83,7 @@ bool visibleDevices(int nGpus, std::vector<int>* order, std::string* note) {
 
 bool queryVerbsNics(Topology* topo, std::string* why) {
   // The verbs transport's loader (one dlopen of libibverbs per process, shared with it).
-  const net::ib::IbvApi* ibv = net::ib::loadIbvApi(why);
+  const verbs::IbvApi* ibv = verbs::loadIbvApi(why);
   if (ibv == nullptr) return false;
   int n = 0;
   ibv_device** list = ibv->getDeviceList(&n);
@@ -127,7 +126,7 @@ bool queryVerbsNics(Topology* topo, std::string* why) {
           nic->port = p;
           nic->state = portStateName(pattr.state);
           nic->linkLayer = pattr.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet" : "InfiniBand";
-          nic->speedGbps = net::ib::portSpeedMbps(pattr.active_speed, pattr.active_width) / 1000.0;
+          nic->speedGbps = verbs::portSpeedMbps(pattr.active_speed, pattr.active_width) / 1000.0;
         }
         if (active) break;
       }

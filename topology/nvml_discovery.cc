@@ -1,11 +1,5 @@
-// NVML part of discovery: NVLink peers, link counts and NVSwitches, through a dlopen'd
-// libnvidia-ml.so.1 (never linked: the library loads on hosts without the driver).
-//
-// Only the symbols that have existed unversioned since NVML's first NVLink API are used, as NCCL
-// does, and the PCI info struct is read through its stable prefix (bus id text, then domain, bus,
-// device), which every layout of nvmlPciInfo_t shares.
-#include <dlfcn.h>
-
+// NVML part of discovery: NVLink peers, link counts and NVSwitches, through the vendor layer's
+// libnvidia-ml.so.1 (vendor/nvml.h).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -14,74 +8,14 @@
 #include "common/dl.h"
 #include "common/log.h"
 #include "topology/topology.h"
+#include "vendor/nvml.h"
 
 namespace mkernel {
 namespace topo {
+
+using namespace nvml;  // NOLINT(build/namespaces): the NVML types and constants
+
 namespace {
-
-using NvmlReturn = int;  // nvmlReturn_t: 0 = NVML_SUCCESS
-using NvmlDevice = struct NvmlDeviceOpaque*;
-constexpr NvmlReturn kNvmlSuccess = 0;
-constexpr unsigned kNvmlMaxLinks = 18;  // NVML_NVLINK_MAX_LINKS
-constexpr int kNvmlRemoteIsGpu = 0;     // NVML_NVLINK_DEVICE_TYPE_GPU
-constexpr int kNvmlRemoteIsSwitch = 2;  // NVML_NVLINK_DEVICE_TYPE_SWITCH
-
-// nvmlPciInfo_t's shared prefix, padded so that any later layout fits.
-struct NvmlPciInfo {
-  char busIdLegacy[16];
-  unsigned domain;
-  unsigned bus;
-  unsigned device;
-  unsigned pciDeviceId;
-  unsigned pciSubSystemId;
-  char rest[128];
-};
-
-struct NvmlApi {
-  NvmlReturn (*init)() = nullptr;
-  NvmlReturn (*shutdown)() = nullptr;
-  NvmlReturn (*getHandleByPciBusId)(const char*, NvmlDevice*) = nullptr;
-  NvmlReturn (*getNvLinkState)(NvmlDevice, unsigned, int*) = nullptr;
-  NvmlReturn (*getNvLinkRemotePciInfo)(NvmlDevice, unsigned, NvmlPciInfo*) = nullptr;
-  NvmlReturn (*getNvLinkRemoteDeviceType)(NvmlDevice, unsigned, int*) = nullptr;  // optional
-  NvmlReturn (*getName)(NvmlDevice, char*, unsigned) = nullptr;                    // optional
-  const char* (*errorString)(NvmlReturn) = nullptr;
-  bool loaded = false;
-  std::string why;
-};
-
-NvmlApi& nvml() {
-  static NvmlApi api;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const char* names[] = {"libnvidia-ml.so.1", nullptr};
-    void* h = dlOpenFirst(names, RTLD_NOW | RTLD_LOCAL, &api.why);
-    if (h == nullptr) {
-      api.why = "libnvidia-ml.so.1 not found (" + api.why + ")";
-      return;
-    }
-    DlSymbol syms[] = {
-        {"nvmlInit_v2", reinterpret_cast<void**>(&api.init), true},
-        {"nvmlShutdown", reinterpret_cast<void**>(&api.shutdown), true},
-        {"nvmlDeviceGetHandleByPciBusId", reinterpret_cast<void**>(&api.getHandleByPciBusId), true},
-        {"nvmlDeviceGetNvLinkState", reinterpret_cast<void**>(&api.getNvLinkState), true},
-        {"nvmlDeviceGetNvLinkRemotePciInfo", reinterpret_cast<void**>(&api.getNvLinkRemotePciInfo),
-         true},
-        {"nvmlDeviceGetNvLinkRemoteDeviceType",
-         reinterpret_cast<void**>(&api.getNvLinkRemoteDeviceType), false},
-        {"nvmlDeviceGetName", reinterpret_cast<void**>(&api.getName), false},
-        {"nvmlErrorString", reinterpret_cast<void**>(&api.errorString), true},
-    };
-    if (dlLoadSymbols(h, "libnvidia-ml.so.1", syms, sizeof(syms) / sizeof(syms[0]), &api.why) !=
-        Result::Success) {
-      dlclose(h);
-      return;
-    }
-    // The library stays open for the life of the process: NVML keeps driver state per process.
-    api.loaded = true;
-  });
-  return api;
-}
 
 // "0000:1b:00.0" from the numeric fields (NVML's own text uses an 8-digit domain).
 std::string busIdFromNvml(const NvmlPciInfo& p) {
@@ -93,7 +27,7 @@ std::string busIdFromNvml(const NvmlPciInfo& p) {
 }  // namespace
 
 bool queryNvmlNvlinks(Topology* topo, std::string* why) {
-  NvmlApi& api = nvml();
+  NvmlApi& api = nvmlApi();
   if (!api.loaded) {
     *why = api.why;
     return false;

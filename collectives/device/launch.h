@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "collectives/work.h"
+#include "collectives/algo/work.h"
 #include "common/result.h"
 #include "transport/proxy/proxy_ring.h"
 
@@ -50,11 +50,11 @@ struct KernelParams {
   void* staging;                  // this rank's one-shot staging buffer (in-place AllReduce)
   uint64_t stagingBytes;
   uint64_t idleExitNs;            // MKERNEL_IDLE_EXIT_US
-  // Process ranks (collectives/staged.h): every rank's staging buffer as this process maps it
+  // Process ranks (collectives/algo/staged.h): every rank's staging buffer as this process maps it
   // (CUDA IPC), all nullptr when the ranks are threads of one process.
   char* stagedBuf[kMaxRanks];
   uint64_t stagedChunkBytes;
-  // Emulated nodes (MKERNEL_RANKS_PER_NODE, collectives/hier_staged.h): nNodes > 1 runs every
+  // Emulated nodes (MKERNEL_RANKS_PER_NODE, collectives/algo/hier_staged.h): nNodes > 1 runs every
   // collective hierarchically, split over hierCtas CTAs; CTA c posts its inter-node transfers to
   // channel c of this rank's proxy (ring and flags host-mapped) from its own net buffers
   // (host-mapped); nNodes = 1 and null pointers otherwise.
@@ -76,7 +76,7 @@ struct KernelParams {
   uint32_t hierKeepOwn;  // MKERNEL_HIER_KEEP_OWN: HierCall::keepOwn (0: the own piece through P)
   int32_t hierAhead;     // MKERNEL_HIER_AHEAD: HierCall::ahead (1 or 2 chunks)
   // MKERNEL_HIER_ROLES: workers and reducers per lane of a hierarchical AllReduce in CTA roles
-  // (collectives/hier_staged.h); 0, 0: the data-parallel form.
+  // (collectives/algo/hier_staged.h); 0, 0: the data-parallel form.
   int32_t hierWorkers;
   int32_t hierReducers;
   int32_t hierRail;  // MKERNEL_HIER_RAIL (coll::HierRailAlgo): the AllReduce's exchange among the rail
@@ -105,7 +105,7 @@ Result warmKernels(cudaStream_t stream);
 // take the hardware queues in turn) and returns on how many it ran within `seconds`.
 int probeFreshStreams(int n, double seconds);
 
-// The launch path (collectives/launch_path.h): launches the small-collective kernel for `d` with
+// The launch path (collectives/route/launch_path.h): launches the small-collective kernel for `d` with
 // nCtas CTAs on the caller's stream; `epoch` is the communicator's launch-path op counter (the
 // same on every rank), `opIndex` what the kernel reports in DeviceState::launchDone[d.coll].
 // `mode`: kLaunchModeInbox (publish into the own inbox, peers read it), kLaunchModeDirect (thread

@@ -5,7 +5,7 @@
 // (integer Avg) divides the wrapped sum once, truncating toward zero.
 //
 // reduceCopy() is the one data-moving primitive of every reducing collective: it reads nSrc
-// inputs (combined in source order, i.e. canonical rank order, collectives/algo.h) and writes the
+// inputs (combined in source order, i.e. canonical rank order, collectives/algo/algo.h) and writes the
 // result to nDst outputs, with 16-byte loads when every pointer is 16-byte aligned. Loads use
 // ld.global.cg (L2 only): data written by other SMs since our last read must not come from a
 // stale L1 line.
@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "collectives/work.h"
+#include "collectives/algo/work.h"
 
 namespace mkernel {
 namespace coll {

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "collectives/device/launch.h"
-#include "collectives/work.h"
+#include "collectives/algo/work.h"
 
 namespace mkernel {
 namespace coll {
@@ -137,7 +137,7 @@ __device__ inline bool ctaBarrier(const KernelParams& p, DeviceState* const* pee
   return __syncthreads_and(ok) != 0;
 }
 
-// The same barrier with two ranks only, `a` and `b` (a ring's neighbours, collectives/staged_ring.h):
+// The same barrier with two ranks only, `a` and `b` (a ring's neighbours, collectives/algo/staged_ring.h):
 // this CTA's writes before it are visible to theirs after it. Every rank still counts it, so
 // epochs stay equal everywhere and a later barrier of every rank works as before.
 __device__ inline bool ctaBarrierPair(const KernelParams& p, DeviceState* const* peers, int cta, uint64_t* epoch,

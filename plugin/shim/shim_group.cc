@@ -63,7 +63,7 @@ ncclResult_t runDeferred(std::vector<DeferredTask>& tasks) {
   return ncclSuccess;
 }
 
-// Fenced communicators (thread ranks sharing a GPU, collectives/post_fence.h) in lockstep: round
+// Fenced communicators (thread ranks sharing a GPU, collectives/runtime/post_fence.h) in lockstep: round
 // k queues the start of each such comm's k-th collective, then completes them all (each waits
 // for its co-located peers' starts, then queues its end wait). A thread driving several of those
 // ranks thus queues every rank's start before any rank's end wait, whatever the order of its calls.

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "collectives/hier_staged.h"
 #include "collectives/stats.h"
 #include "common/log.h"
 #include "common/param.h"
@@ -144,7 +143,7 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
                 "shim: rank %d: %d nodes of %d ranks: the policy's cost model (rule 6c%s) reads rail NICs of %d Mb/s (%.1f GB/s "
                 "each, %d per node), rail exchange %s, per call %.1f us",
                 s.rank, c->nNodes, m.gpusPerNode, !s.emulate && pc.ncclCrossover ? "" : ", not applied: emulation or MKERNEL_NCCL_CROSSOVER=off",
-                pc.railMbps, m.nicGBps, m.nicsPerNode, m.rail < 0 ? "best" : coll::hierRailName(m.rail), m.mkOverheadUs);
+                pc.railMbps, m.nicGBps, m.nicsPerNode, m.rail < 0 ? "best" : coll::railAlgoName(m.rail), m.mkOverheadUs);
       }
       c->policy.reset(new coll::SelectionPolicy(pc));
     }

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <string>
 
-#include "collectives/cuda_driver.h"
+#include "vendor/cuda_driver.h"
 #include "common/log.h"
 #include "common/param.h"
 #include "plugin/shim/nccl_api.h"
@@ -134,7 +134,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
     return toNccl(MK_ERROR(Result::InvalidArgument,
                            "ncclMemAlloc : invalid argument (ptr %p, size %zu)",
                            static_cast<void*>(ptr), size));
-  const Result r = mkernel::coll::cudrv::vmmAlloc(ptr, size);
+  const Result r = mkernel::cudrv::vmmAlloc(ptr, size);
   if (r != Result::Success) {
     const std::string why = mkernel::lastError();
     return toNccl(MK_ERROR(r, "ncclMemAlloc : mapping %zu bytes failed: %s", size, why.c_str()));
@@ -146,7 +146,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclMemFree(void* ptr) {
   const RealNccl& real = realForHandleless();
   if (real.available && !emulationRequested()) return callReal(&RealNccl::ncclMemFree, "ncclMemFree", ptr);
   if (ptr == nullptr) return ncclSuccess;
-  const Result r = mkernel::coll::cudrv::vmmFree(ptr);
+  const Result r = mkernel::cudrv::vmmFree(ptr);
   if (r != Result::Success) {
     const std::string why = mkernel::lastError();
     return toNccl(MK_ERROR(r, "ncclMemFree : freeing %p failed: %s", ptr, why.c_str()));

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "collectives/plan.h"
-#include "collectives/reduce_host.h"
-#include "collectives/reference.h"
+#include "collectives/algo/plan.h"
+#include "collectives/algo/reduce_host.h"
+#include "tests/oracle/reference.h"
 
 namespace mkernel {
 namespace coll {

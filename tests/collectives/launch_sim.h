@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "collectives/types.h"
-#include "collectives/work.h"
+#include "collectives/algo/work.h"
 
 namespace launchsim {
 

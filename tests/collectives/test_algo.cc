@@ -1,10 +1,10 @@
-// collectives/algo.h: partition, chunking, ring schedule, chains and reduction order.
+// collectives/algo/algo.h: partition, chunking, ring schedule, chains and reduction order.
 #include "tests/catch.h"
 
 #include <set>
 #include <vector>
 
-#include "collectives/algo.h"
+#include "collectives/algo/algo.h"
 #include "coll_test_util.h"
 
 using namespace mkernel::coll;

@@ -1,4 +1,4 @@
-// The AllReduce cost model (collectives/cost_model.h): NCCL's latency formula reproduced, the
+// The AllReduce cost model (collectives/route/cost_model.h): NCCL's latency formula reproduced, the
 // bandwidth asymptotes, and the relations that must hold between the predictions.
 #include "tests/catch.h"
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/cost_model.h"
+#include "collectives/route/cost_model.h"
 
 using mkernel::coll::AllReduceCost;
 using mkernel::coll::CostParams;

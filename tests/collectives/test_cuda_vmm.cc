@@ -1,4 +1,4 @@
-// collectives/cuda_driver.cc's cuMem functions (ncclMemAlloc's mapping, process ranks' shared
+// vendor/cuda_driver.cc's cuMem functions (ncclMemAlloc's mapping, process ranks' shared
 // memory) against a fake driver on the CPU: every reservation, mapping and handle reference is
 // accounted for, on success and when each driver call fails in turn (paths a GPU never takes on
 // its own). The fake follows the driver's contract: a handle's memory lives while the handle or a
@@ -12,12 +12,12 @@
 #include <utility>
 #include <vector>
 
-#include "collectives/cuda_driver.h"
-#include "collectives/cuda_driver_vmm.h"
+#include "vendor/cuda_driver.h"
+#include "vendor/cuda_driver_vmm.h"
 #include "common/result.h"
 
 using mkernel::Result;
-namespace cudrv = mkernel::coll::cudrv;
+namespace cudrv = mkernel::cudrv;
 
 namespace {
 

@@ -1,4 +1,4 @@
-// collectives/work.h: which per-CTA error record the communicator reports
+// collectives/algo/work.h: which per-CTA error record the communicator reports
 // (reportedErrorRecord, KernelCommunicator::kernelError): the first that names a cause (a peer,
 // the proxy) before any CTA's wait for another CTA of its rank.
 #include "tests/catch.h"
@@ -6,7 +6,7 @@
 #include <initializer_list>
 #include <vector>
 
-#include "collectives/work.h"
+#include "collectives/algo/work.h"
 
 using namespace mkernel::coll;
 

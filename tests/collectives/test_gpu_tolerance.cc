@@ -2,7 +2,7 @@
 // tolerance(t, roundings)), checked on the CPU against the GPU tier's own cases. The products of
 // test_gpu_hier_rail's sweep (8 ranks as 4 emulated nodes of 2) are rebuilt from the same inputs
 // (makeInput, seed = the case's index + 1). They are reduced in the order and precision of the
-// persistent kernel (collectives/hier_staged.h):
+// persistent kernel (collectives/algo/hier_staged.h):
 //   - each node's partial in one pass in float, rounded to the element type;
 //   - then the rail exchange: direct (every node's partial in node order, in float, rounded
 //     once), ring (the block's owner b gets p(b+1) x p(b+2) x ... x p(b), rounded at each step)
@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "collectives/algo.h"
-#include "collectives/hier_staged.h"
-#include "collectives/reduce_host.h"
+#include "collectives/algo/algo.h"
+#include "collectives/algo/hier_staged.h"
+#include "collectives/algo/reduce_host.h"
 #include "tests/gpu/gpu_cases.h"
 #include "tests/gpu/gpu_check.h"
 

@@ -1,4 +1,4 @@
-// The hierarchical collectives' CPU reference (collectives/hierarchical_ref.h) for 2-4 nodes x
+// The hierarchical collectives' CPU reference (tests/oracle/hierarchical_ref.h) for 2-4 nodes x
 // 1-8 ranks: every collective, integer and floating dtypes, the reduction ops, counts 0 / 1 / odd,
 // in and out of place, every root. Each case runs the flat reference executor (itself checked
 // against the definitions in test_reference.cc) and the hierarchical one on identical memory:
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/hierarchical_ref.h"
+#include "tests/oracle/hierarchical_ref.h"
 #include "tests/collectives/coll_test_util.h"
 
 using namespace mkernel::coll;

@@ -20,9 +20,9 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/algo.h"
-#include "collectives/launch_path.h"
-#include "collectives/work.h"
+#include "collectives/algo/algo.h"
+#include "collectives/route/launch_path.h"
+#include "collectives/algo/work.h"
 #include "tests/collectives/launch_sim.h"
 
 using namespace mkernel::coll;

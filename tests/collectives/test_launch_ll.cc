@@ -1,4 +1,4 @@
-// collectives/launch_path.h, the launch path's LL mode, run by CPU threads: one thread per (rank,
+// collectives/route/launch_path.h, the launch path's LL mode, run by CPU threads: one thread per (rank,
 // CTA) per collective, every rank's collectives in order (a rank's next collective starts once
 // all its CTAs of the previous one ended: its stream's order), the ranks running freely against
 // each other with random delays. Each rank pushes 8-byte halves {4 payload bytes, flag} into its
@@ -40,7 +40,7 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/launch_path.h"
+#include "collectives/route/launch_path.h"
 #include "tests/collectives/launch_sim.h"
 #include "tests/sanitizer.h"
 

@@ -1,4 +1,4 @@
-// collectives/mem_cache.h: the ledger that keeps communicators' blocks for reuse instead of freeing
+// collectives/runtime/mem_cache.h: the ledger that keeps communicators' blocks for reuse instead of freeing
 // them while other communicators live (a free stops every other thread's CUDA calls until every
 // kernel ends: docs/KERNEL.md, "Frees that stop the process"). A fake allocator on the CPU.
 #include "tests/catch.h"
@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/mem_cache.h"
+#include "collectives/runtime/mem_cache.h"
 
 using mkernel::coll::BlockCache;
 using mkernel::coll::BlockKind;

@@ -1,4 +1,4 @@
-// collectives/post_fence.h on CPU threads: a co-located rank passes only once every member has
+// collectives/runtime/post_fence.h on CPU threads: a co-located rank passes only once every member has
 // posted the same collective, and every way out of the wait (stop, a member that left, a member
 // driven by the waiting thread itself, the timeout) names the member waited for.
 #include <atomic>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "tests/catch.h"
-#include "collectives/post_fence.h"
+#include "collectives/runtime/post_fence.h"
 
 using mkernel::coll::PostFence;
 using Outcome = PostFence::Outcome;

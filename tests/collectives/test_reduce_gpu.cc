@@ -1,4 +1,4 @@
-// collectives/reduce_host.h against the GPU's own arithmetic (label gpu: needs an sm_90 device).
+// collectives/algo/reduce_host.h against the GPU's own arithmetic (label gpu: needs an sm_90 device).
 // The host emulation must give the bits the CUDA intrinsics NCCL 2.28 uses give: every fp8 pair,
 // random and special fp16/bf16/fp32/fp64 pairs (NaN, +-0, inf, subnormals), and the conversions.
 #include "tests/catch.h"
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "coll_test_util.h"
-#include "collectives/reduce_host.h"
+#include "collectives/algo/reduce_host.h"
 #include "reduce_gpu_ops.h"
 
 using namespace mkernel::coll;

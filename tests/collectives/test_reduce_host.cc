@@ -1,4 +1,4 @@
-// collectives/reduce_host.h: the software fp16/bf16/fp8 conversions and NCCL's reduction rules.
+// collectives/algo/reduce_host.h: the software fp16/bf16/fp8 conversions and NCCL's reduction rules.
 #include "tests/catch.h"
 
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "coll_test_util.h"
-#include "collectives/reduce_host.h"
+#include "collectives/algo/reduce_host.h"
 
 using namespace mkernel::coll;
 using mkernel::Result;

@@ -1,7 +1,7 @@
-// The process's ledger of SMs held by persistent kernels (collectives/sm_budget.h).
+// The process's ledger of SMs held by persistent kernels (collectives/runtime/sm_budget.h).
 #include "tests/catch.h"
 
-#include "collectives/sm_budget.h"
+#include "collectives/runtime/sm_budget.h"
 
 using mkernel::coll::kReservedSms;
 using mkernel::coll::SmBudget;

@@ -1,5 +1,5 @@
-// collectives/staged.h, the algorithm the persistent kernel runs for process ranks, and
-// collectives/staged_ring.h, its ring collectives through the same regions, run by CPU threads:
+// collectives/algo/staged.h, the algorithm the persistent kernel runs for process ranks, and
+// collectives/algo/staged_ring.h, its ring collectives through the same regions, run by CPU threads:
 // one thread per (rank, CTA), each with its own staging regions, barriers with the kernel's
 // semantics (per-CTA epoch flags: a rank passes once every peer has arrived, or for a ring step
 // its two neighbours, and may run ahead while slow peers are still reading), and a check that no
@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "coll_test_util.h"
-#include "collectives/staged.h"
-#include "collectives/launch_path.h"
-#include "collectives/staged_ring.h"
+#include "collectives/algo/staged.h"
+#include "collectives/route/launch_path.h"
+#include "collectives/algo/staged_ring.h"
 #include "tests/region_races.h"
 #include "tests/sanitizer.h"
 

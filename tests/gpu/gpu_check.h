@@ -2,7 +2,7 @@
 //
 // Inputs are generated from (seed, rank), so every rank thread can regenerate every peer's input
 // and build the reference itself. Integers are checked bit for bit against the host reduction of
-// collectives/reduce_host.h (wrapping, NCCL's integer Avg); floating types against a float64
+// collectives/algo/reduce_host.h (wrapping, NCCL's integer Avg); floating types against a float64
 // reference with the norm-wise tolerances of docs/ALGORITHMS.md (fp64 1e-12, fp32 1e-5, fp16/bf16
 // 1e-2, fp8 1e-1): ||got - ref|| / ||scale||, where the scale of a sum-like op (sum, avg,
 // premulsum) is the sum over ranks of |x| per element, the standard bound of a rounded summation (a
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/reduce_host.h"
+#include "collectives/algo/reduce_host.h"
 #include "collectives/types.h"
 
 namespace mkgpu {

@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/hier_staged.h"
-#include "collectives/launch_path.h"
-#include "collectives/staged_ring.h"
+#include "collectives/algo/hier_staged.h"
+#include "collectives/route/launch_path.h"
+#include "collectives/algo/staged_ring.h"
 #include "collectives/stats.h"
 #include "common/param.h"
 #include "common/result.h"
@@ -198,7 +198,7 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
       if (st.hierRail != want)
         ctx.fail("AllReduce rail exchange " + std::to_string(st.hierRail) + ", want " + std::to_string(want) + " (" + rail + ")");
     }
-    // Phase times (collectives/hier_staged.h): CTA 0 times its AllReduce chunks in turn
+    // Phase times (collectives/algo/hier_staged.h): CTA 0 times its AllReduce chunks in turn
     // (MKERNEL_HIER_OVERLAP=0), with both phases non-zero, and none pipelined.
     if (ranksPerNode > 0) {
       const bool inTurn = !mkernel::params::HIER_OVERLAP();
@@ -219,7 +219,7 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
     uint64_t total = 0;
     for (uint64_t v : st.kernelOps) total += v;
     if (total != cases.size()) ctx.fail("kernel completed " + std::to_string(total) + " collectives, enqueued " + std::to_string(cases.size()));
-    // ... and the launch path those it should (collectives/launch_path.h): eager, single node,
+    // ... and the launch path those it should (collectives/route/launch_path.h): eager, single node,
     // inputs up to MKERNEL_LAUNCH_MAX_BYTES.
     // The threshold in effect: MKERNEL_LAUNCH_MAX_BYTES, capped by the CTAs all ranks can hold
     // (none for emulated nodes).
@@ -327,7 +327,7 @@ void runSweep(int nRanks, int ranksPerNode = 0, int expectHierCtas = 0, bool dir
   CHECK(failures.empty());
 }
 
-// Rings (collectives/staged_ring.h) with MKERNEL_ALGO=ring: every case through the staged
+// Rings (collectives/algo/staged_ring.h) with MKERNEL_ALGO=ring: every case through the staged
 // regions of thread ranks (the communicator stages for it), each rank pushing only into the next
 // one. Checked against the float64 reference with the ring's roundings (n - 1 partials and the
 // result), and by the statistics: with MKERNEL_RING_MIN_BYTES=0 every op a ring on the persistent
@@ -488,7 +488,7 @@ TEST_CASE("gpu: direct mode, every collective, 4 MiB per rank, 4 ranks", "[gpu][
 }
 
 // Emulated nodes (MKERNEL_RANKS_PER_NODE): every collective runs hierarchically
-// (collectives/hier_staged.h): node phases through the staging buffers, the rail rounds through
+// (collectives/algo/hier_staged.h): node phases through the staging buffers, the rail rounds through
 // each rank's proxy over TCP on loopback, 2 x 2 here.
 TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2 (hierarchical, proxies)", "[gpu][hier]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device: the gpu tier needs one");
@@ -506,7 +506,7 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2,
   unsetenv("MKERNEL_HIER_SPLIT_MIN_BYTES");
   mkernel::params::resetForTesting();
 }
-// CTA roles (MKERNEL_HIER_ROLES, collectives/hier_staged.h): the AllReduces on a sender, W workers
+// CTA roles (MKERNEL_HIER_ROLES, collectives/algo/hier_staged.h): the AllReduces on a sender, W workers
 // and R reducers per lane, the other collectives data-parallel between them. Two lanes of 1 + 2 + 2
 // CTAs with every collective split (every AllReduce in roles); then the default lanes
 // (MKERNEL_HIER_CTAS) of 1 + 1 + 1 from 16 KiB (hierRolesFor: the AllReduces of 4099 elements of
@@ -528,7 +528,7 @@ TEST_CASE("gpu: every collective x dtype x op, 4 ranks as 2 emulated nodes of 2,
   unsetenv("MKERNEL_HIER_ROLES");
   mkernel::params::resetForTesting();
 }
-// MKERNEL_HIER_RAIL (collectives/hier_staged.h, "The AllReduce's exchange among the rail"): the
+// MKERNEL_HIER_RAIL (collectives/algo/hier_staged.h, "The AllReduce's exchange among the rail"): the
 // rail exchange of the AllReduces, ReduceScatters and AllGathers as a ring over 3 and 4 emulated
 // nodes and by recursive halving and doubling over 4 (2 + 2 steps per AllReduce chunk); Broadcast
 // and Reduce on the binomial tree among the nodes.
@@ -585,7 +585,7 @@ TEST_CASE("gpu: every collective x dtype x op, 8 ranks as 2 emulated nodes of 4 
 // Ranks sharing the GPU that reach their collectives far apart, each queueing three back to back
 // (launch path, launch path, persistent kernel): a rank's second collective, which waits for its
 // first, must not sit in a hardware queue ahead of a late peer's first. The communicator fences
-// each start (collectives/post_fence.h). ctest runs this with one hardware queue for every stream
+// each start (collectives/runtime/post_fence.h). ctest runs this with one hardware queue for every stream
 // (test_gpu_hol), and once more with the fence off (test_gpu_hol_nofence, MKERNEL_POST_FENCE=0,
 // MKERNEL_TIMEOUT_S=3), which must fail: that is the stall of docs/RELIABILITY.md.
 TEST_CASE("gpu: ranks sharing the GPU arrive 5 ms apart and queue 3 collectives each", "[gpu][hol]") {

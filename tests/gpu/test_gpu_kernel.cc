@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/cuda_driver.h"
-#include "collectives/hier_staged.h"
+#include "vendor/cuda_driver.h"
+#include "collectives/algo/hier_staged.h"
 #include "collectives/stats.h"
 #include "common/param.h"
 #include "common/result.h"
@@ -613,7 +613,7 @@ void deadPeer(const char* launchMax) {
     cudaMalloc(reinterpret_cast<void**>(&buf), 4096);
     CollArgs a = allReduceSum(buf, buf, 1024);
     // Ranks sharing a GPU in one process (here: every rank on GPU 0) are fenced
-    // (collectives/post_fence.h): the enqueue itself waits, bounded by MKERNEL_TIMEOUT_S, for the
+    // (collectives/runtime/post_fence.h): the enqueue itself waits, bounded by MKERNEL_TIMEOUT_S, for the
     // co-located peer to post its part, and says so; it still queues the kernel, whose own
     // bounded wait then fails the communicator as below. Unfenced, the enqueue returns at once.
     const Result er = ctx.comm->enqueue(&a, 1, ctx.stream);
@@ -944,7 +944,7 @@ TEST_CASE("gpu: stats() returns within its bound while the counters' copy waits 
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
     [&] {
-      if (mkernel::coll::cudrv::streamWaitValue32(blocker, flagDev, 1, mkernel::coll::cudrv::WaitCmp::Geq) != Result::Success)
+      if (mkernel::cudrv::streamWaitValue32(blocker, flagDev, 1, mkernel::cudrv::WaitCmp::Geq) != Result::Success)
         return ctx.fail(std::string("cuStreamWaitValue32 on a host flag: ") + mkernel::lastError());
       if (cudaStreamQuery(blocker) != cudaErrorNotReady) return ctx.fail("the blocker's stream did not hold at its wait");
       const uint64_t globalBefore = mkernel::coll::globalStats().countersLate.load();

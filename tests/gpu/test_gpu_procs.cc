@@ -27,7 +27,7 @@
 //            replay it again: RemoteError naming the dead rank ("to publish its inputs (launch
 //            path)") within the same bounds, the stream released, abort and destroy bounded.
 //   MKERNEL_ALGO=ring (test_gpu_procs_ring): the same cases as rings through the staging
-//            buffers (collectives/staged_ring.h); the statistics must count as rings exactly
+//            buffers (collectives/algo/staged_ring.h); the statistics must count as rings exactly
 //            those MKERNEL_RING_MIN_BYTES (auto: what the LL mode does not take) sends there.
 //   --release-half-posted  (2 ranks) the release of a process-rank communicator while another
 //            communicator's collective is half posted (docs/RELIABILITY.md): rank 0's
@@ -62,8 +62,8 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "collectives/launch_path.h"
-#include "collectives/staged_ring.h"
+#include "collectives/route/launch_path.h"
+#include "collectives/algo/staged_ring.h"
 #include "common/result.h"
 #include "tools/proc_ranks.h"
 #include "transport/bootstrap/bootstrap.h"
@@ -471,7 +471,7 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
   uint64_t ran = 0;
   for (uint64_t v : st.kernelOps) ran += v;
   if (ran != cases.size() + 1) FAIL("the kernel counted %llu collectives, want %zu", static_cast<unsigned long long>(ran), cases.size() + 1);
-  // MKERNEL_ALGO=ring (test_gpu_procs_ring): every collective a ring (collectives/staged_ring.h)
+  // MKERNEL_ALGO=ring (test_gpu_procs_ring): every collective a ring (collectives/algo/staged_ring.h)
   // but those MKERNEL_RING_MIN_BYTES leaves to the LL mode (auto: what LL takes).
   if (mkernel::params::ALGO.is("ring")) {
     const int64_t ringMin = mkernel::params::RING_MIN_BYTES().value_or(-1);

@@ -1,4 +1,4 @@
-// collectives/hier_staged.h, the hierarchical collectives the persistent kernel will run across
+// collectives/algo/hier_staged.h, the hierarchical collectives the persistent kernel will run across
 // nodes, on the CPU: one thread per rank of nNodes x perNode plays the GPU. Node-local staging
 // regions are plain memory with the kernel's barrier semantics (a rank passes once every node
 // peer has arrived) and a generation counter per region that catches a read overlapping a write;
@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/hier_staged.h"
-#include "collectives/launch_path.h"
+#include "collectives/algo/hier_staged.h"
+#include "collectives/route/launch_path.h"
 #include "common/result.h"
 #include "transport/net/net.h"
 #include "transport/proxy/proxy.h"

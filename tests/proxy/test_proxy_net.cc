@@ -1,4 +1,4 @@
-// The proxy's net backend (collectives/proxy_net.h): MKERNEL_NET_BACKEND as for the net plugin,
+// The proxy's net backend (collectives/runtime/proxy_net.h): MKERNEL_NET_BACKEND as for the net plugin,
 // and the verbs device order taken from the topology placement (here a fixture topology: GPU 1's
 // rail NICs are mlx5_1, then mlx5_0).
 #include "tests/catch.h"
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/proxy_net.h"
+#include "collectives/runtime/proxy_net.h"
 #include "common/cpuset.h"
 #include "tests/test_host.h"
 #include "common/param.h"

@@ -247,7 +247,7 @@ TEST_CASE("emulate: what needs the real NCCL fails with ncclInvalidUsage and say
 }
 
 TEST_CASE("emulate: ncclCommSplit by parity, then collectives on the halves") {
-  // Every communicator's CTAs stay reserved on the GPU while it lives (collectives/sm_budget.h):
+  // Every communicator's CTAs stay reserved on the GPU while it lives (collectives/runtime/sm_budget.h):
   // 4 emulated ranks x the default 32 CTAs take all 128 SMs an H200 lends persistent kernels,
   // and the halves would fail with "cannot fit" on the H200. 8 CTAs each:
   // 32 for the parent, 32 for the two halves.
@@ -303,7 +303,7 @@ TEST_CASE("emulate: ncclCommSplit by parity, then collectives on the halves") {
 // every kernel of the device, A's waiting one included, and meanwhile every CUDA call of every
 // other thread waits behind it (mkernel-freeprobe), so A's second rank cannot even allocate its
 // buffer, and A's kernel times out. Releases return their memory to the process's MemCache
-// (collectives/mem_cache.h); MKERNEL_DEFER_FREES=0 frees at release instead, and this case then
+// (collectives/runtime/mem_cache.h); MKERNEL_DEFER_FREES=0 frees at release instead, and this case then
 // fails after MKERNEL_TIMEOUT_S.
 TEST_CASE("emulate: destroying one communicator while another's collective is half posted") {
   setenv("MKERNEL_CTAS", "8", 1);  // two communicators of two ranks: 32 CTAs in all
@@ -497,7 +497,7 @@ TEST_CASE("emulate: premul-sum across ranks") {
 
 // One thread drives four ranks sharing the GPU and queues three collectives per rank in one group,
 // rank by rank. Each rank must post its start of a collective, and may queue what waits for its
-// end only once every co-located rank has posted its start (collectives/post_fence.h): the shim
+// end only once every co-located rank has posted its start (collectives/runtime/post_fence.h): the shim
 // posts the group in lockstep, collective by collective across the ranks. Posted rank by rank
 // instead, rank 0's fence would wait for ranks that only this thread can post later. ctest also
 // runs this with one hardware queue for every stream (test_shim_emulate_hol), where any command

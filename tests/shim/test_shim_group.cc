@@ -1,6 +1,6 @@
 // plugin/shim/shim_group.cc on the CPU, with communicators that record what they are asked:
 // the order in which ncclGroupEnd posts collected collectives. Fenced communicators (thread ranks
-// sharing a GPU, collectives/post_fence.h) must be posted in lockstep, every such rank's k-th
+// sharing a GPU, collectives/runtime/post_fence.h) must be posted in lockstep, every such rank's k-th
 // start before any rank's k-th completion and before any (k+1)-th start, whatever the order of
 // the calls; the others get one enqueue per run of ops on one stream, in call order.
 #include "tests/catch.h"

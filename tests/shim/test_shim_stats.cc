@@ -1,6 +1,6 @@
 // MKERNEL_STATS=1 on the CPU: the line a shim communicator leaves at ncclCommDestroy and
 // ncclCommAbort (plugin/shim/shim_comm.cc: keepCommStats, printCommStats; the text is
-// collectives/stats.cc's commStatsLine), with a stand-in mkernel Communicator reporting fixed
+// collectives/runtime/stats.cc's commStatsLine), with a stand-in mkernel Communicator reporting fixed
 // counters, as the persistent-kernel communicator reports its own.
 #include "tests/catch.h"
 #include "tests/stderr_capture.h"

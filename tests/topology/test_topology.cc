@@ -206,7 +206,7 @@ TEST_CASE("ranksInRingOrder: ranks follow the placement's ring, ranks of one GPU
   CHECK(why.find("rank 1") != std::string::npos);
 }
 
-// The selection policy's direct access (collectives/peer_memory.cc, agreeRing): rings on a host
+// The selection policy's direct access (collectives/runtime/peer_memory.cc, agreeRing): rings on a host
 // whose GPUs are not NVLink all-to-all. Bus ids as CUDA writes them (upper case), NVML's domain
 // width, duplicates (ranks sharing a GPU).
 TEST_CASE("gpusNvlinkAllToAll: NVSwitch and meshes are, PCIe and partial NVLink are not, unknown is") {

@@ -1,5 +1,5 @@
 // ipc::exchangeFds (transport/ipc/fd_exchange.h): descriptors between the ranks of one host, as
-// process ranks' cuMem memory travels (collectives/peer_memory.cc). Each rank passes memfds
+// process ranks' cuMem memory travels (collectives/runtime/peer_memory.cc). Each rank passes memfds
 // holding its own text; a receiver reads the text back through the descriptor it got.
 #include "tests/catch.h"
 #include <signal.h>

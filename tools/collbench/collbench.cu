@@ -34,8 +34,8 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "collectives/cuda_driver.h"
-#include "collectives/work.h"
+#include "vendor/cuda_driver.h"
+#include "collectives/algo/work.h"
 #include "common/param.h"
 #include "common/result.h"
 #include "tools/cli.h"
@@ -271,7 +271,7 @@ void baselines(int iters, double* launchUs, double* pairUs, double* tripleUs) {
   cudaMemset(flag, 0, 4);
   std::vector<cudaEvent_t> ev(static_cast<size_t>(iters) + 1);
   for (auto& e : ev) cudaEventCreate(&e);
-  using mkernel::coll::cudrv::WaitCmp;
+  using mkernel::cudrv::WaitCmp;
   for (int pass = 0; pass < 3; ++pass) {
     for (int i = 0; i < 20; ++i) emptyKernel<<<1, 32, 0, s>>>();
     cudaEventRecord(ev[0], s);
@@ -279,12 +279,12 @@ void baselines(int iters, double* launchUs, double* pairUs, double* tripleUs) {
       if (pass == 0) {
         emptyKernel<<<1, 32, 0, s>>>();
       } else if (pass == 1) {
-        mkernel::coll::cudrv::streamWriteValue32(s, flag, 1);
-        mkernel::coll::cudrv::streamWaitValue32(s, flag, 1, WaitCmp::Geq);
+        mkernel::cudrv::streamWriteValue32(s, flag, 1);
+        mkernel::cudrv::streamWaitValue32(s, flag, 1, WaitCmp::Geq);
       } else {
-        mkernel::coll::cudrv::streamWriteValue32(s, flag, 1);
-        mkernel::coll::cudrv::streamWaitValue32(s, flag, 1);
-        mkernel::coll::cudrv::streamWriteValue32(s, flag, 0);
+        mkernel::cudrv::streamWriteValue32(s, flag, 1);
+        mkernel::cudrv::streamWaitValue32(s, flag, 1);
+        mkernel::cudrv::streamWriteValue32(s, flag, 0);
       }
       cudaEventRecord(ev[static_cast<size_t>(i) + 1], s);
     }
@@ -1053,7 +1053,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "collbench: %s, %d SMs, cudaMemcpy D2D %.0f GB/s (read + write)\n", prop.name,
                prop.multiProcessorCount, copyGBps);
   double launchUs = 0, pairUs = 0, memopUs = 0;
-  if (mkernel::coll::cudrv::loadMemOps() == Result::Success) baselines(opt.iters, &launchUs, &pairUs, &memopUs);
+  if (mkernel::cudrv::loadMemOps() == Result::Success) baselines(opt.iters, &launchUs, &pairUs, &memopUs);
   // Every size captures graphOps collectives into a graph, and each captured group holds one of
   // the communicator's 192 graph slots for good: spread them over the sizes.
   int nSizes = 0;

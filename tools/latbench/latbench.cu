@@ -29,18 +29,11 @@
 #include <thread>
 #include <vector>
 
+#include "common/check.h"
 #include "tools/cli.h"
 
 namespace {
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "mkernel-latbench: %s failed: %s\n", #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
 
 __device__ __forceinline__ void pdlEnter(int pdl) {
 #if __CUDA_ARCH__ >= 900
@@ -180,47 +173,47 @@ int gSide[2] = {0, 1};
 
 // Gap: one GPU, one stream.
 void gapRows(int kernels, int reps) {
-  CK(cudaSetDevice(0));
+  MK_CUDA_OR_EXIT(cudaSetDevice(0));
   cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  MK_CUDA_OR_EXIT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   uint64_t* word;
-  CK(cudaMalloc(&word, 8));
+  MK_CUDA_OR_EXIT(cudaMalloc(&word, 8));
   cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
+  MK_CUDA_OR_EXIT(cudaEventCreate(&a));
+  MK_CUDA_OR_EXIT(cudaEventCreate(&b));
   for (int graph = 0; graph <= 1; ++graph)
     for (int pdl = 0; pdl <= 2; ++pdl) {
       cudaGraphExec_t exec = nullptr;
       if (graph) {
         cudaGraph_t g;
-        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        for (int k = 0; k < kernels; ++k) CK(launch(gapKernel, s, pdl, word));
-        CK(cudaStreamEndCapture(s, &g));
-        CK(cudaGraphInstantiate(&exec, g, 0));
-        CK(cudaGraphDestroy(g));
-        CK(cudaGraphLaunch(exec, s));  // warm-up
+        MK_CUDA_OR_EXIT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        for (int k = 0; k < kernels; ++k) MK_CUDA_OR_EXIT(launch(gapKernel, s, pdl, word));
+        MK_CUDA_OR_EXIT(cudaStreamEndCapture(s, &g));
+        MK_CUDA_OR_EXIT(cudaGraphInstantiate(&exec, g, 0));
+        MK_CUDA_OR_EXIT(cudaGraphDestroy(g));
+        MK_CUDA_OR_EXIT(cudaGraphLaunch(exec, s));  // warm-up
       } else {
-        for (int k = 0; k < 100; ++k) CK(launch(gapKernel, s, pdl, word));
+        for (int k = 0; k < 100; ++k) MK_CUDA_OR_EXIT(launch(gapKernel, s, pdl, word));
       }
-      CK(cudaStreamSynchronize(s));
+      MK_CUDA_OR_EXIT(cudaStreamSynchronize(s));
       std::vector<double> us;
       for (int r = 0; r < reps; ++r) {
-        CK(cudaEventRecord(a, s));
+        MK_CUDA_OR_EXIT(cudaEventRecord(a, s));
         if (graph)
-          CK(cudaGraphLaunch(exec, s));
+          MK_CUDA_OR_EXIT(cudaGraphLaunch(exec, s));
         else
-          for (int k = 0; k < kernels; ++k) CK(launch(gapKernel, s, pdl, word));
-        CK(cudaEventRecord(b, s));
-        CK(cudaEventSynchronize(b));
+          for (int k = 0; k < kernels; ++k) MK_CUDA_OR_EXIT(launch(gapKernel, s, pdl, word));
+        MK_CUDA_OR_EXIT(cudaEventRecord(b, s));
+        MK_CUDA_OR_EXIT(cudaEventSynchronize(b));
         float ms = 0;
-        CK(cudaEventElapsedTime(&ms, a, b));
+        MK_CUDA_OR_EXIT(cudaEventElapsedTime(&ms, a, b));
         us.push_back(1000.0 * ms / kernels);
       }
-      if (exec) CK(cudaGraphExecDestroy(exec));
+      if (exec) MK_CUDA_OR_EXIT(cudaGraphExecDestroy(exec));
       std::printf("gap        %-6s %-10s %8.2f us per kernel\n", graph ? "graph" : "eager", kPdlName[pdl], median(us));
     }
-  CK(cudaFree(word));
-  CK(cudaStreamDestroy(s));
+  MK_CUDA_OR_EXIT(cudaFree(word));
+  MK_CUDA_OR_EXIT(cudaStreamDestroy(s));
 }
 
 struct Gpu {
@@ -238,20 +231,20 @@ void pingRows(Gpu* g, int iters, int reps) {
     for (int r = 0; r < reps + 1; ++r) {
       const uint64_t base = static_cast<uint64_t>(pull * (reps + 1) + r) * static_cast<uint64_t>(iters);
       for (int d = 0; d < 2; ++d) {
-        CK(cudaSetDevice(gSide[d]));
+        MK_CUDA_OR_EXIT(cudaSetDevice(gSide[d]));
         // push: write the peer's word, poll our own; pull: write our own, poll the peer's.
         uint64_t* out = pull ? g[d].flag + 8 : g[1 - d].flag + 8;
         const uint64_t* in = pull ? g[1 - d].flag + 8 : g[d].flag + 8;
         pingKernel<<<1, 32, 0, g[d].s>>>(out, in, iters, d == 0, base, g[d].ns);
-        CK(cudaGetLastError());
+        MK_CUDA_OR_EXIT(cudaGetLastError());
       }
       uint64_t ns = 0;
       for (int d = 0; d < 2; ++d) {
-        CK(cudaSetDevice(gSide[d]));
-        CK(cudaStreamSynchronize(g[d].s));
+        MK_CUDA_OR_EXIT(cudaSetDevice(gSide[d]));
+        MK_CUDA_OR_EXIT(cudaStreamSynchronize(g[d].s));
       }
-      CK(cudaSetDevice(gSide[0]));
-      CK(cudaMemcpy(&ns, g[0].ns, 8, cudaMemcpyDeviceToHost));
+      MK_CUDA_OR_EXIT(cudaSetDevice(gSide[0]));
+      MK_CUDA_OR_EXIT(cudaMemcpy(&ns, g[0].ns, 8, cudaMemcpyDeviceToHost));
       if (r > 0) us.push_back(ns / 1000.0 / iters / 2);  // run 0 warms up
     }
     std::printf("pingpong   %-6s %-10s %8.3f us one way (%d round trips)\n", pull ? "pull" : "push", "", median(us), iters);
@@ -266,7 +259,7 @@ void exchangeRows(Gpu* g, int kernels, int reps) {
       cudaGraphExec_t exec[2] = {nullptr, nullptr};
       std::atomic<int> ready{0};
       auto body = [&](int d) {
-        CK(cudaSetDevice(gSide[d]));
+        MK_CUDA_OR_EXIT(cudaSetDevice(gSide[d]));
         ExArgs x;
         x.counter = g[d].counter;
         x.peerFlag = g[1 - d].flag;
@@ -277,29 +270,29 @@ void exchangeRows(Gpu* g, int kernels, int reps) {
         x.out = g[d].io + 1;
         if (graph) {
           cudaGraph_t gr;
-          CK(cudaStreamBeginCapture(g[d].s, cudaStreamCaptureModeThreadLocal));
-          for (int k = 0; k < kernels; ++k) CK(launchExchange(g[d].s, pdl, ll, x));
-          CK(cudaStreamEndCapture(g[d].s, &gr));
-          CK(cudaGraphInstantiate(&exec[d], gr, 0));
-          CK(cudaGraphDestroy(gr));
+          MK_CUDA_OR_EXIT(cudaStreamBeginCapture(g[d].s, cudaStreamCaptureModeThreadLocal));
+          for (int k = 0; k < kernels; ++k) MK_CUDA_OR_EXIT(launchExchange(g[d].s, pdl, ll, x));
+          MK_CUDA_OR_EXIT(cudaStreamEndCapture(g[d].s, &gr));
+          MK_CUDA_OR_EXIT(cudaGraphInstantiate(&exec[d], gr, 0));
+          MK_CUDA_OR_EXIT(cudaGraphDestroy(gr));
         }
         for (int r = 0; r < reps + 1; ++r) {
           // Both threads start each run together.
           ready.fetch_add(1);
           while (ready.load() < 2 * (r + 1)) {
           }
-          CK(cudaEventRecord(g[d].a, g[d].s));
+          MK_CUDA_OR_EXIT(cudaEventRecord(g[d].a, g[d].s));
           if (graph)
-            CK(cudaGraphLaunch(exec[d], g[d].s));
+            MK_CUDA_OR_EXIT(cudaGraphLaunch(exec[d], g[d].s));
           else
-            for (int k = 0; k < kernels; ++k) CK(launchExchange(g[d].s, pdl, ll, x));
-          CK(cudaEventRecord(g[d].b, g[d].s));
-          CK(cudaEventSynchronize(g[d].b));
+            for (int k = 0; k < kernels; ++k) MK_CUDA_OR_EXIT(launchExchange(g[d].s, pdl, ll, x));
+          MK_CUDA_OR_EXIT(cudaEventRecord(g[d].b, g[d].s));
+          MK_CUDA_OR_EXIT(cudaEventSynchronize(g[d].b));
           float ms = 0;
-          CK(cudaEventElapsedTime(&ms, g[d].a, g[d].b));
+          MK_CUDA_OR_EXIT(cudaEventElapsedTime(&ms, g[d].a, g[d].b));
           if (r > 0) us[d].push_back(1000.0 * ms / kernels);
         }
-        if (exec[d]) CK(cudaGraphExecDestroy(exec[d]));
+        if (exec[d]) MK_CUDA_OR_EXIT(cudaGraphExecDestroy(exec[d]));
       };
       std::thread t0(body, 0), t1(body, 1);
       t0.join();
@@ -325,9 +318,9 @@ int main(int argc, char** argv) {
   const int rc = mktools::parseArgs(app, argc, argv);
   if (rc >= 0) return rc;
   int n = 0;
-  CK(cudaGetDeviceCount(&n));
+  MK_CUDA_OR_EXIT(cudaGetDeviceCount(&n));
   cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, 0));
+  MK_CUDA_OR_EXIT(cudaGetDeviceProperties(&prop, 0));
   std::printf("# mkernel-latbench: %s, %d GPU(s), %d kernels per run, median of %d runs\n", prop.name, n, kernels, reps);
   gapRows(kernels, reps);
   if (sameGpu) {
@@ -339,27 +332,27 @@ int main(int argc, char** argv) {
   }
   Gpu g[2];
   for (int d = 0; d < 2; ++d) {
-    CK(cudaSetDevice(gSide[d]));
+    MK_CUDA_OR_EXIT(cudaSetDevice(gSide[d]));
     if (!sameGpu) {
       int can = 0;
-      CK(cudaDeviceCanAccessPeer(&can, d, 1 - d));
+      MK_CUDA_OR_EXIT(cudaDeviceCanAccessPeer(&can, d, 1 - d));
       if (!can) {
         std::printf("# GPU %d cannot access GPU %d: pingpong and exchange skipped\n", d, 1 - d);
         return 0;
       }
-      CK(cudaDeviceEnablePeerAccess(1 - d, 0));
+      MK_CUDA_OR_EXIT(cudaDeviceEnablePeerAccess(1 - d, 0));
     }
-    CK(cudaStreamCreateWithFlags(&g[d].s, cudaStreamNonBlocking));
-    CK(cudaMalloc(&g[d].flag, 128));
-    CK(cudaMemset(g[d].flag, 0, 128));
-    CK(cudaMalloc(&g[d].counter, 8));
-    CK(cudaMemset(g[d].counter, 0, 8));
-    CK(cudaMalloc(&g[d].io, 16));
-    CK(cudaMemset(g[d].io, 0, 16));
-    CK(cudaMalloc(&g[d].ns, 8));
-    CK(cudaEventCreate(&g[d].a));
-    CK(cudaEventCreate(&g[d].b));
-    CK(cudaDeviceSynchronize());
+    MK_CUDA_OR_EXIT(cudaStreamCreateWithFlags(&g[d].s, cudaStreamNonBlocking));
+    MK_CUDA_OR_EXIT(cudaMalloc(&g[d].flag, 128));
+    MK_CUDA_OR_EXIT(cudaMemset(g[d].flag, 0, 128));
+    MK_CUDA_OR_EXIT(cudaMalloc(&g[d].counter, 8));
+    MK_CUDA_OR_EXIT(cudaMemset(g[d].counter, 0, 8));
+    MK_CUDA_OR_EXIT(cudaMalloc(&g[d].io, 16));
+    MK_CUDA_OR_EXIT(cudaMemset(g[d].io, 0, 16));
+    MK_CUDA_OR_EXIT(cudaMalloc(&g[d].ns, 8));
+    MK_CUDA_OR_EXIT(cudaEventCreate(&g[d].a));
+    MK_CUDA_OR_EXIT(cudaEventCreate(&g[d].b));
+    MK_CUDA_OR_EXIT(cudaDeviceSynchronize());
   }
   pingRows(g, iters, reps);
   exchangeRows(g, kernels, reps);

@@ -5,7 +5,7 @@
 //                 [--coll allreduce|reducescatter|allgather]   (bytes: nccl-tests' size)
 //                 [--policy "name=value,..."]   (the selection policy's parameters, policyCostParams(), with
 //                                                MKERNEL_COST_MODEL's settings; the parameter flags apply over them)
-// The parameter flags are MKERNEL_COST_MODEL's names with two dashes (collectives/cost_model.h, setCostParam).
+// The parameter flags are MKERNEL_COST_MODEL's names with two dashes (collectives/route/cost_model.h, setCostParam).
 // The per-call overhead defaults to the selection policy's (kPolicyOverheadUs), so that the table
 // and the policy predict with the same figure.
 #include <cstdint>
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "collectives/cost_model.h"
-#include "collectives/hier_staged.h"
+#include "collectives/route/cost_model.h"
+#include "collectives/algo/hier_staged.h"
 #include "tools/cli.h"
 
 namespace {
@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   std::string csv, policy, collName = "allreduce";
   bool policyGiven = false;
   CLI::App app("Predicted collective time of NCCL (ring / tree) and mkernel (hierarchical) for N nodes x G GPUs:\n"
-               "the alpha-beta cost model of collectives/cost_model.h (docs/MODEL.md).",
+               "the alpha-beta cost model of collectives/route/cost_model.h (docs/MODEL.md).",
                "mkernel-model");
   mktools::setupApp(app);
   mktools::listOf(app.add_option("--nodes", nodes, "node counts, one table block each"))->check(mktools::kPositive)

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/check.h"
 #include "collectives/device/reduce.cuh"
 #include "tools/cli.h"
 
@@ -35,14 +36,6 @@ namespace {
 
 namespace dev = mkernel::coll::dev;
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "mkernel-p2pbench: %s failed: %s\n", #x, cudaGetErrorString(e_));  \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
 
 enum Mode { kCopy = 0, kReduce = 1 };
 
@@ -175,31 +168,31 @@ int main(int argc, char** argv) {
     return 2;
   }
   int nDev = 0;
-  CK(cudaGetDeviceCount(&nDev));
+  MK_CUDA_OR_EXIT(cudaGetDeviceCount(&nDev));
   if (nDev < 1) {
     std::fprintf(stderr, "mkernel-p2pbench: no CUDA device\n");
     return 1;
   }
   int canPeer = 0;
-  if (nDev >= 2) CK(cudaDeviceCanAccessPeer(&canPeer, 0, 1));
+  if (nDev >= 2) MK_CUDA_OR_EXIT(cudaDeviceCanAccessPeer(&canPeer, 0, 1));
   const int nGpu = nDev >= 2 && canPeer ? 2 : 1;
   Gpu gpu[2];
   for (int g = 0; g < nGpu; ++g) {
     Gpu& G = gpu[g];
     G.dev = g;
-    CK(cudaSetDevice(g));
-    if (nGpu == 2) CK(cudaDeviceEnablePeerAccess(1 - g, 0));
-    CK(cudaStreamCreateWithFlags(&G.stream, cudaStreamNonBlocking));
-    CK(cudaEventCreate(&G.start));
-    CK(cudaEventCreate(&G.stop));
+    MK_CUDA_OR_EXIT(cudaSetDevice(g));
+    if (nGpu == 2) MK_CUDA_OR_EXIT(cudaDeviceEnablePeerAccess(1 - g, 0));
+    MK_CUDA_OR_EXIT(cudaStreamCreateWithFlags(&G.stream, cudaStreamNonBlocking));
+    MK_CUDA_OR_EXIT(cudaEventCreate(&G.start));
+    MK_CUDA_OR_EXIT(cudaEventCreate(&G.stop));
     for (char** p : {&G.src, &G.src2, &G.dst, &G.inbox}) {
-      CK(cudaMalloc(p, bytes));
-      CK(cudaMemset(*p, 0, bytes));
+      MK_CUDA_OR_EXIT(cudaMalloc(p, bytes));
+      MK_CUDA_OR_EXIT(cudaMemset(*p, 0, bytes));
     }
   }
   if (nGpu == 1) gpu[1] = gpu[0];  // "peer" = self: remote patterns are skipped
   cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, 0));
+  MK_CUDA_OR_EXIT(cudaGetDeviceProperties(&prop, 0));
   std::printf("# mkernel-p2pbench: %s x %d%s, %zu MiB per buffer, %d threads per CTA, median of %d\n", prop.name, nGpu,
               nGpu == 2 ? " (peer access, both GPUs at once)" : " (no peer: local patterns only)", bytes >> 20, threads,
               iters);
@@ -219,21 +212,21 @@ int main(int argc, char** argv) {
         std::vector<float> ms[2];
         for (int it = -3; it < iters; ++it) {
           for (int g = 0; g < nGpu; ++g) {
-            CK(cudaSetDevice(g));
-            CK(cudaStreamSynchronize(gpu[g].stream));
+            MK_CUDA_OR_EXIT(cudaSetDevice(g));
+            MK_CUDA_OR_EXIT(cudaStreamSynchronize(gpu[g].stream));
           }
           for (int g = 0; g < nGpu; ++g) {
-            CK(cudaSetDevice(g));
-            CK(cudaEventRecord(gpu[g].start, gpu[g].stream));
+            MK_CUDA_OR_EXIT(cudaSetDevice(g));
+            MK_CUDA_OR_EXIT(cudaEventRecord(gpu[g].start, gpu[g].stream));
             launch(pt, unroll, ctas, threads, gpu[g], gpu[nGpu == 2 ? 1 - g : g], bytes);
-            CK(cudaGetLastError());
-            CK(cudaEventRecord(gpu[g].stop, gpu[g].stream));
+            MK_CUDA_OR_EXIT(cudaGetLastError());
+            MK_CUDA_OR_EXIT(cudaEventRecord(gpu[g].stop, gpu[g].stream));
           }
           for (int g = 0; g < nGpu; ++g) {
-            CK(cudaSetDevice(g));
-            CK(cudaEventSynchronize(gpu[g].stop));
+            MK_CUDA_OR_EXIT(cudaSetDevice(g));
+            MK_CUDA_OR_EXIT(cudaEventSynchronize(gpu[g].stop));
             float t = 0;
-            CK(cudaEventElapsedTime(&t, gpu[g].start, gpu[g].stop));
+            MK_CUDA_OR_EXIT(cudaEventElapsedTime(&t, gpu[g].start, gpu[g].stop));
             if (it >= 0) ms[g].push_back(t);
           }
         }

@@ -2,7 +2,7 @@
 //
 // Process ranks of a staged communicator map each other's DeviceState and staging buffer. That
 // memory is a cuMem allocation shared through a POSIX file descriptor
-// (collectives/peer_memory.cc, MKERNEL_PEER_IPC), as NCCL shares its buffers: the descriptor of
+// (collectives/runtime/peer_memory.cc, MKERNEL_PEER_IPC), as NCCL shares its buffers: the descriptor of
 // one process means nothing in another, so it travels over a Unix socket as SCM_RIGHTS ancillary
 // data. (pidfd_getfd would need ptrace rights over the peer, which Yama's default scope of 1
 // refuses between sibling processes.)

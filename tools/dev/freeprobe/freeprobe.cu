@@ -31,23 +31,12 @@
 #include <thread>
 #include <vector>
 
+#include "common/check.h"
 #include "tools/cli.h"
 #include "tools/dev/probe_util.cuh"
 
 namespace {
 
-#define FP_CHECK(call) MKT_CUDA_CHECK("mkernel-freeprobe", call)
-#define FP_CU(call)                                                                                    \
-  do {                                                                                                 \
-    CUresult e_ = (call);                                                                              \
-    if (e_ != CUDA_SUCCESS) {                                                                          \
-      const char* s_ = nullptr;                                                                        \
-      cuGetErrorString(e_, &s_);                                                                       \
-      std::fprintf(stderr, "mkernel-freeprobe: %s failed: %s (%s:%d)\n", #call, s_ ? s_ : "?", __FILE__, \
-                   __LINE__);                                                                          \
-      std::exit(2);                                                                                    \
-    }                                                                                                  \
-  } while (0)
 
 using mktools::globalNs;
 
@@ -174,22 +163,22 @@ struct Call {
 const std::vector<Call>& blockers() {
   static const std::vector<Call> v = {
       {"none", "nothing", [](Prepared&) {}},
-      {"cudaFree", "cudaFree of a 1 MiB cudaMalloc buffer", [](Prepared& p) { FP_CHECK(cudaFree(p.dev)); p.dev = nullptr; }},
+      {"cudaFree", "cudaFree of a 1 MiB cudaMalloc buffer", [](Prepared& p) { MK_CUDA_OR_EXIT(cudaFree(p.dev)); p.dev = nullptr; }},
       {"cudaFreeHost", "cudaFreeHost of 64 KiB from cudaHostAlloc(mapped)",
-       [](Prepared& p) { FP_CHECK(cudaFreeHost(p.pinned)); p.pinned = nullptr; }},
+       [](Prepared& p) { MK_CUDA_OR_EXIT(cudaFreeHost(p.pinned)); p.pinned = nullptr; }},
       {"cudaHostUnregister", "cudaHostUnregister of 64 KiB registered with cudaHostRegister(mapped)",
-       [](Prepared& p) { FP_CHECK(cudaHostUnregister(p.registered)); }},
+       [](Prepared& p) { MK_CUDA_OR_EXIT(cudaHostUnregister(p.registered)); }},
       {"cudaFreeAsync", "cudaFreeAsync of a 1 MiB cudaMallocAsync buffer on a non-blocking stream",
-       [](Prepared& p) { FP_CHECK(cudaFreeAsync(p.poolBuf, p.blockerStream)); p.poolBuf = nullptr; }},
+       [](Prepared& p) { MK_CUDA_OR_EXIT(cudaFreeAsync(p.poolBuf, p.blockerStream)); p.poolBuf = nullptr; }},
       {"cuMemRelease", "cuMemUnmap + cuMemRelease + cuMemAddressFree of a cuMemCreate mapping",
        [](Prepared& p) { vmmFree(p.vmm); p.vmm = VmmBuf{}; }},
       {"cudaIpcCloseMemHandle", "cudaIpcCloseMemHandle of 1 MiB of another process (cudaMalloc there)",
-       [](Prepared& p) { FP_CHECK(cudaIpcCloseMemHandle(p.ipcPeer)); p.ipcPeer = nullptr; }},
+       [](Prepared& p) { MK_CUDA_OR_EXIT(cudaIpcCloseMemHandle(p.ipcPeer)); p.ipcPeer = nullptr; }},
       {"cudaStreamDestroy", "cudaStreamDestroy of an idle non-blocking stream",
-       [](Prepared& p) { FP_CHECK(cudaStreamDestroy(p.blockerStream)); p.blockerStream = nullptr; }},
-      {"cudaDeviceSynchronize", "cudaDeviceSynchronize", [](Prepared&) { FP_CHECK(cudaDeviceSynchronize()); }},
+       [](Prepared& p) { MK_CUDA_OR_EXIT(cudaStreamDestroy(p.blockerStream)); p.blockerStream = nullptr; }},
+      {"cudaDeviceSynchronize", "cudaDeviceSynchronize", [](Prepared&) { MK_CUDA_OR_EXIT(cudaDeviceSynchronize()); }},
       {"legacySync", "cudaStreamSynchronize(cudaStreamLegacy)",
-       [](Prepared&) { FP_CHECK(cudaStreamSynchronize(cudaStreamLegacy)); }},
+       [](Prepared&) { MK_CUDA_OR_EXIT(cudaStreamSynchronize(cudaStreamLegacy)); }},
   };
   return v;
 }
@@ -198,34 +187,34 @@ const std::vector<Call>& victims() {
   static const std::vector<Call> v = {
       {"none", "nothing", [](Prepared&) {}},
       {"cudaMalloc", "cudaMalloc(256 B)",
-       [](Prepared& p) { FP_CHECK(cudaMalloc(&p.victimDev, 256)); }},
+       [](Prepared& p) { MK_CUDA_OR_EXIT(cudaMalloc(&p.victimDev, 256)); }},
       {"memcpyPageable", "cudaMemcpy of 256 B host to device from pageable memory (legacy stream)",
-       [](Prepared& p) { FP_CHECK(cudaMemcpy(p.victimBuf, p.pageable.data(), 256, cudaMemcpyHostToDevice)); }},
+       [](Prepared& p) { MK_CUDA_OR_EXIT(cudaMemcpy(p.victimBuf, p.pageable.data(), 256, cudaMemcpyHostToDevice)); }},
       {"memcpyAsyncSync", "cudaMemcpyAsync 256 B pinned to device on a non-blocking stream, then its sync",
        [](Prepared& p) {
-         FP_CHECK(cudaMemcpyAsync(p.victimBuf, p.victimPinned, 256, cudaMemcpyHostToDevice, p.victimStream));
-         FP_CHECK(cudaStreamSynchronize(p.victimStream));
+         MK_CUDA_OR_EXIT(cudaMemcpyAsync(p.victimBuf, p.victimPinned, 256, cudaMemcpyHostToDevice, p.victimStream));
+         MK_CUDA_OR_EXIT(cudaStreamSynchronize(p.victimStream));
        }},
       {"launch", "an empty kernel launched on a non-blocking stream (the call alone)",
-       [](Prepared& p) { empty<<<1, 32, 0, p.victimStream>>>(); FP_CHECK(cudaGetLastError()); }},
+       [](Prepared& p) { empty<<<1, 32, 0, p.victimStream>>>(); MK_CUDA_OR_EXIT(cudaGetLastError()); }},
       {"launchSync", "an empty kernel on a non-blocking stream, then that stream's sync",
        [](Prepared& p) {
          empty<<<1, 32, 0, p.victimStream>>>();
-         FP_CHECK(cudaStreamSynchronize(p.victimStream));
+         MK_CUDA_OR_EXIT(cudaStreamSynchronize(p.victimStream));
        }},
       {"streamCreate", "cudaStreamCreateWithFlags(non-blocking)",
        [](Prepared&) {
          cudaStream_t s;
-         FP_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-         FP_CHECK(cudaStreamDestroy(s));
+         MK_CUDA_OR_EXIT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+         MK_CUDA_OR_EXIT(cudaStreamDestroy(s));
        }},
-      {"eventRecord", "cudaEventRecord on a non-blocking stream", [](Prepared& p) { FP_CHECK(cudaEventRecord(p.event, p.victimStream)); }},
+      {"eventRecord", "cudaEventRecord on a non-blocking stream", [](Prepared& p) { MK_CUDA_OR_EXIT(cudaEventRecord(p.event, p.victimStream)); }},
       {"hostAlloc", "cudaHostAlloc(4 KiB, mapped)",
-       [](Prepared& p) { FP_CHECK(cudaHostAlloc(&p.victimHost, 4096, cudaHostAllocMapped)); }},
+       [](Prepared& p) { MK_CUDA_OR_EXIT(cudaHostAlloc(&p.victimHost, 4096, cudaHostAllocMapped)); }},
       {"memsetLegacy", "cudaMemset (legacy stream) of 256 B, then the legacy stream's sync",
        [](Prepared& p) {
-         FP_CHECK(cudaMemset(p.victimBuf, 0, 256));
-         FP_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+         MK_CUDA_OR_EXIT(cudaMemset(p.victimBuf, 0, 256));
+         MK_CUDA_OR_EXIT(cudaStreamSynchronize(cudaStreamLegacy));
        }},
   };
   return v;
@@ -260,19 +249,19 @@ int main(int argc, char** argv) {
     exporter = startExporter();
     if (!exporter.ok) std::fprintf(stderr, "mkernel-freeprobe: no exporter process: cudaIpcCloseMemHandle skipped\n");
   }
-  FP_CHECK(cudaSetDevice(0));
+  MK_CUDA_OR_EXIT(cudaSetDevice(0));
   FP_CU(cuInit(0));
-  FP_CHECK(cudaFree(nullptr));
+  MK_CUDA_OR_EXIT(cudaFree(nullptr));
   unsigned* word = nullptr;
   unsigned* gaveUp = nullptr;
-  FP_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&word), 64, cudaHostAllocMapped));
-  FP_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&gaveUp), 64, cudaHostAllocMapped));
+  MK_CUDA_OR_EXIT(cudaHostAlloc(reinterpret_cast<void**>(&word), 64, cudaHostAllocMapped));
+  MK_CUDA_OR_EXIT(cudaHostAlloc(reinterpret_cast<void**>(&gaveUp), 64, cudaHostAllocMapped));
   cudaStream_t kernelStream;
-  FP_CHECK(cudaStreamCreateWithFlags(&kernelStream, cudaStreamNonBlocking));
+  MK_CUDA_OR_EXIT(cudaStreamCreateWithFlags(&kernelStream, cudaStreamNonBlocking));
   cudaDeviceProp prop;
-  FP_CHECK(cudaGetDeviceProperties(&prop, 0));
+  MK_CUDA_OR_EXIT(cudaGetDeviceProperties(&prop, 0));
   int driver = 0;
-  FP_CHECK(cudaDriverGetVersion(&driver));
+  MK_CUDA_OR_EXIT(cudaDriverGetVersion(&driver));
   std::printf("# mkernel-freeprobe: %s, driver %d.%d; a kernel waits for the host for %.0f ms; the blocker starts at "
               "50 ms, the victim at 150 ms; WAITS: the victim returned after the kernel ended\n",
               prop.name, driver / 1000, driver % 1000 / 10, holdMs);
@@ -286,30 +275,30 @@ int main(int argc, char** argv) {
       if (!picked(wantV, v.name)) continue;
       if (std::strcmp(b.name, "none") == 0 && std::strcmp(v.name, "none") == 0) continue;
       Prepared p;
-      FP_CHECK(cudaMalloc(&p.dev, 1 << 20));
-      FP_CHECK(cudaHostAlloc(&p.pinned, 65536, cudaHostAllocMapped));
+      MK_CUDA_OR_EXIT(cudaMalloc(&p.dev, 1 << 20));
+      MK_CUDA_OR_EXIT(cudaHostAlloc(&p.pinned, 65536, cudaHostAllocMapped));
       p.registered = std::aligned_alloc(4096, 65536);
-      FP_CHECK(cudaHostRegister(p.registered, 65536, cudaHostRegisterMapped));
-      FP_CHECK(cudaStreamCreateWithFlags(&p.blockerStream, cudaStreamNonBlocking));
-      FP_CHECK(cudaStreamCreateWithFlags(&p.victimStream, cudaStreamNonBlocking));
-      FP_CHECK(cudaMallocAsync(&p.poolBuf, 1 << 20, p.blockerStream));
-      FP_CHECK(cudaStreamSynchronize(p.blockerStream));
+      MK_CUDA_OR_EXIT(cudaHostRegister(p.registered, 65536, cudaHostRegisterMapped));
+      MK_CUDA_OR_EXIT(cudaStreamCreateWithFlags(&p.blockerStream, cudaStreamNonBlocking));
+      MK_CUDA_OR_EXIT(cudaStreamCreateWithFlags(&p.victimStream, cudaStreamNonBlocking));
+      MK_CUDA_OR_EXIT(cudaMallocAsync(&p.poolBuf, 1 << 20, p.blockerStream));
+      MK_CUDA_OR_EXIT(cudaStreamSynchronize(p.blockerStream));
       p.vmm = vmmAlloc(1 << 20);
-      if (ipc) FP_CHECK(cudaIpcOpenMemHandle(&p.ipcPeer, exporter.handle, cudaIpcMemLazyEnablePeerAccess));
-      FP_CHECK(cudaEventCreateWithFlags(&p.event, cudaEventDisableTiming));
-      FP_CHECK(cudaHostAlloc(&p.victimPinned, 4096, cudaHostAllocMapped));
-      FP_CHECK(cudaMalloc(&p.victimBuf, 4096));
-      FP_CHECK(cudaDeviceSynchronize());
+      if (ipc) MK_CUDA_OR_EXIT(cudaIpcOpenMemHandle(&p.ipcPeer, exporter.handle, cudaIpcMemLazyEnablePeerAccess));
+      MK_CUDA_OR_EXIT(cudaEventCreateWithFlags(&p.event, cudaEventDisableTiming));
+      MK_CUDA_OR_EXIT(cudaHostAlloc(&p.victimPinned, 4096, cudaHostAllocMapped));
+      MK_CUDA_OR_EXIT(cudaMalloc(&p.victimBuf, 4096));
+      MK_CUDA_OR_EXIT(cudaDeviceSynchronize());
       *word = 0;
       *gaveUp = 0;
       const unsigned long long timeoutNs = static_cast<unsigned long long>((holdMs + 5000) * 1e6);
       unsigned* devWord = nullptr;
       unsigned* devGave = nullptr;
-      FP_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&devWord), word, 0));
-      FP_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&devGave), gaveUp, 0));
+      MK_CUDA_OR_EXIT(cudaHostGetDevicePointer(reinterpret_cast<void**>(&devWord), word, 0));
+      MK_CUDA_OR_EXIT(cudaHostGetDevicePointer(reinterpret_cast<void**>(&devGave), gaveUp, 0));
       const Clock::time_point t0 = Clock::now();
       spin<<<1, 1, 0, kernelStream>>>(devWord, timeoutNs, devGave);
-      FP_CHECK(cudaGetLastError());
+      MK_CUDA_OR_EXIT(cudaGetLastError());
       double bMs = 0, vMs = 0, bEnd = 0, vEnd = 0;
       // A thread that makes call c at atMs after the kernel's launch: its time, and when it ended.
       auto timedAt = [&](int atMs, const Call& c, double* ms, double* end) {
@@ -328,30 +317,30 @@ int main(int argc, char** argv) {
       __atomic_store_n(word, 1u, __ATOMIC_SEQ_CST);
       tb.join();
       tv.join();
-      FP_CHECK(cudaStreamSynchronize(kernelStream));
+      MK_CUDA_OR_EXIT(cudaStreamSynchronize(kernelStream));
       if (*gaveUp != 0) std::fprintf(stderr, "mkernel-freeprobe: the kernel timed out (%s, %s)\n", b.name, v.name);
       const bool waited = vEnd >= holdMs - 1.0 && vMs > 0.5 * (holdMs - 150);
       waits += waited ? 1 : 0;
       std::printf("| %s | %s | %.1f | %.1f | %s |\n", b.name, v.name, bMs, vMs, waited ? "WAITS" : "free");
       std::fflush(stdout);
-      FP_CHECK(cudaDeviceSynchronize());
-      if (p.dev) FP_CHECK(cudaFree(p.dev));
-      if (p.pinned) FP_CHECK(cudaFreeHost(p.pinned));
-      if (std::strcmp(b.name, "cudaHostUnregister") != 0) FP_CHECK(cudaHostUnregister(p.registered));
+      MK_CUDA_OR_EXIT(cudaDeviceSynchronize());
+      if (p.dev) MK_CUDA_OR_EXIT(cudaFree(p.dev));
+      if (p.pinned) MK_CUDA_OR_EXIT(cudaFreeHost(p.pinned));
+      if (std::strcmp(b.name, "cudaHostUnregister") != 0) MK_CUDA_OR_EXIT(cudaHostUnregister(p.registered));
       std::free(p.registered);
-      if (p.poolBuf) FP_CHECK(cudaFreeAsync(p.poolBuf, p.blockerStream));
+      if (p.poolBuf) MK_CUDA_OR_EXIT(cudaFreeAsync(p.poolBuf, p.blockerStream));
       if (p.blockerStream) {
-        FP_CHECK(cudaStreamSynchronize(p.blockerStream));
-        FP_CHECK(cudaStreamDestroy(p.blockerStream));
+        MK_CUDA_OR_EXIT(cudaStreamSynchronize(p.blockerStream));
+        MK_CUDA_OR_EXIT(cudaStreamDestroy(p.blockerStream));
       }
-      FP_CHECK(cudaStreamDestroy(p.victimStream));
+      MK_CUDA_OR_EXIT(cudaStreamDestroy(p.victimStream));
       if (p.vmm.va) vmmFree(p.vmm);
-      if (p.ipcPeer) FP_CHECK(cudaIpcCloseMemHandle(p.ipcPeer));
-      FP_CHECK(cudaEventDestroy(p.event));
-      FP_CHECK(cudaFreeHost(p.victimPinned));
-      if (p.victimDev) FP_CHECK(cudaFree(p.victimDev));
-      if (p.victimHost) FP_CHECK(cudaFreeHost(p.victimHost));
-      FP_CHECK(cudaFree(p.victimBuf));
+      if (p.ipcPeer) MK_CUDA_OR_EXIT(cudaIpcCloseMemHandle(p.ipcPeer));
+      MK_CUDA_OR_EXIT(cudaEventDestroy(p.event));
+      MK_CUDA_OR_EXIT(cudaFreeHost(p.victimPinned));
+      if (p.victimDev) MK_CUDA_OR_EXIT(cudaFree(p.victimDev));
+      if (p.victimHost) MK_CUDA_OR_EXIT(cudaFreeHost(p.victimHost));
+      MK_CUDA_OR_EXIT(cudaFree(p.victimBuf));
     }
   }
   stopExporter(exporter);

@@ -49,12 +49,11 @@
 #include <thread>
 #include <vector>
 
+#include "common/check.h"
 #include "tools/cli.h"
 #include "tools/dev/probe_util.cuh"
 
 namespace {
-
-#define QP_CHECK(call) MKT_CUDA_CHECK("mkernel-queueprobe", call)
 
 using mktools::globalNs;
 
@@ -163,48 +162,48 @@ struct Row {
 Row probe(const std::string& variant, int n, int gap, int stride, int rounds, unsigned long long timeoutNs, bool like) {
   unsigned* flags = nullptr;
   unsigned* gaveUp = nullptr;
-  QP_CHECK(cudaMalloc(&flags, sizeof(unsigned) * n));
-  QP_CHECK(cudaMemset(flags, 0, sizeof(unsigned) * n));
-  QP_CHECK(cudaMallocManaged(&gaveUp, sizeof(unsigned)));
+  MK_CUDA_OR_EXIT(cudaMalloc(&flags, sizeof(unsigned) * n));
+  MK_CUDA_OR_EXIT(cudaMemset(flags, 0, sizeof(unsigned) * n));
+  MK_CUDA_OR_EXIT(cudaMallocManaged(&gaveUp, sizeof(unsigned)));
   *gaveUp = 0;
   unsigned* hostStop = nullptr;
-  QP_CHECK(cudaHostAlloc(&hostStop, sizeof(unsigned), cudaHostAllocMapped | cudaHostAllocPortable));
+  MK_CUDA_OR_EXIT(cudaHostAlloc(&hostStop, sizeof(unsigned), cudaHostAllocMapped | cudaHostAllocPortable));
   *hostStop = 0;
   unsigned* hostStopDev = nullptr;
-  QP_CHECK(cudaHostGetDevicePointer(&hostStopDev, hostStop, 0));
-  QP_CHECK(cudaDeviceSynchronize());
+  MK_CUDA_OR_EXIT(cudaHostGetDevicePointer(&hostStopDev, hostStop, 0));
+  MK_CUDA_OR_EXIT(cudaDeviceSynchronize());
   std::vector<cudaStream_t> streams(static_cast<size_t>(n), nullptr);
   std::vector<cudaStream_t> fillers;
   auto filler = [&] {
     cudaStream_t f = nullptr;
-    QP_CHECK(cudaStreamCreateWithFlags(&f, cudaStreamNonBlocking));
+    MK_CUDA_OR_EXIT(cudaStreamCreateWithFlags(&f, cudaStreamNonBlocking));
     fillers.push_back(f);
   };
   const bool foreign = variant == "foreign";
-  if (foreign) QP_CHECK(gForeign.setDevice(0));
+  if (foreign) MK_CUDA_OR_EXIT(gForeign.setDevice(0));
   auto makeStreams = [&] {
     for (int g = 0; g < gap; ++g) filler();
     for (size_t k = 0; k < streams.size(); ++k) {
       if (k > 0)
         for (int f = 1; f < stride; ++f) filler();
       if (foreign) {
-        QP_CHECK(gForeign.streamCreate(&streams[k], cudaStreamNonBlocking));
+        MK_CUDA_OR_EXIT(gForeign.streamCreate(&streams[k], cudaStreamNonBlocking));
       } else {
-        QP_CHECK(cudaStreamCreateWithFlags(&streams[k], cudaStreamNonBlocking));
+        MK_CUDA_OR_EXIT(cudaStreamCreateWithFlags(&streams[k], cudaStreamNonBlocking));
       }
     }
   };
   auto dropStreams = [&] {
     for (auto& s : streams) {
-      if (s != nullptr) QP_CHECK(foreign ? gForeign.streamDestroy(s) : cudaStreamDestroy(s));
+      if (s != nullptr) MK_CUDA_OR_EXIT(foreign ? gForeign.streamDestroy(s) : cudaStreamDestroy(s));
       s = nullptr;
     }
-    for (auto f : fillers) QP_CHECK(cudaStreamDestroy(f));
+    for (auto f : fillers) MK_CUDA_OR_EXIT(cudaStreamDestroy(f));
     fillers.clear();
   };
   if (variant == "reused") makeStreams();
   cudaEvent_t ev;
-  QP_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  MK_CUDA_OR_EXIT(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
 
   SpinBarrier start(n + 1), done(n + 1), launched(n);
   std::atomic<bool> quit{false};
@@ -212,37 +211,37 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      QP_CHECK(cudaSetDevice(0));
-      if (foreign) QP_CHECK(gForeign.setDevice(0));
+      MK_CUDA_OR_EXIT(cudaSetDevice(0));
+      if (foreign) MK_CUDA_OR_EXIT(gForeign.setDevice(0));
       cudaEvent_t after = nullptr;
-      if (gAfter == After::Record) QP_CHECK(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
+      if (gAfter == After::Record) MK_CUDA_OR_EXIT(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
       for (;;) {
         start.wait();
         if (quit.load()) {
-          if (after != nullptr) QP_CHECK(cudaEventDestroy(after));
+          if (after != nullptr) MK_CUDA_OR_EXIT(cudaEventDestroy(after));
           return;
         }
         cudaStream_t& s = streams[static_cast<size_t>(r)];
-        if (variant == "own") QP_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        if (variant == "own") MK_CUDA_OR_EXIT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
         if (gStaggerUs > 0) std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long long>(r) * gStaggerUs));
         if (like) {
           meetLike<<<1, 256, 0, s>>>(flags, n, r, epoch.load(), timeoutNs, gaveUp, hostStopDev);
         } else {
           meet<<<1, 256, 0, s>>>(flags, n, r, epoch.load(), timeoutNs, gaveUp);
         }
-        QP_CHECK(cudaGetLastError());
+        MK_CUDA_OR_EXIT(cudaGetLastError());
         if (gFence) launched.wait();
-        if (after != nullptr) QP_CHECK(cudaEventRecord(after, s));
+        if (after != nullptr) MK_CUDA_OR_EXIT(cudaEventRecord(after, s));
         if (gAfter == After::Kernel) {
           empty<<<1, 1, 0, s>>>();
-          QP_CHECK(cudaGetLastError());
+          MK_CUDA_OR_EXIT(cudaGetLastError());
         }
         if (foreign) {
           cudaError_t q;
           while ((q = gForeign.streamQuery(s)) == cudaErrorNotReady) std::this_thread::yield();
-          QP_CHECK(q);
+          MK_CUDA_OR_EXIT(q);
         } else {
-          QP_CHECK(cudaStreamSynchronize(s));
+          MK_CUDA_OR_EXIT(cudaStreamSynchronize(s));
         }
         done.wait();
       }
@@ -253,10 +252,10 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
   for (int k = 1; k <= rounds; ++k) {
     if (variant == "fresh" || variant == "touched" || variant == "kernel" || foreign) makeStreams();
     if (variant == "touched")
-      for (auto s : streams) QP_CHECK(cudaEventRecord(ev, s));
+      for (auto s : streams) MK_CUDA_OR_EXIT(cudaEventRecord(ev, s));
     if (variant == "kernel") {
       for (auto s : streams) empty<<<1, 1, 0, s>>>();
-      QP_CHECK(cudaDeviceSynchronize());
+      MK_CUDA_OR_EXIT(cudaDeviceSynchronize());
     }
     epoch.store(static_cast<unsigned>(k));
     const unsigned before = *gaveUp;
@@ -273,10 +272,10 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
   dropStreams();
   std::sort(ms.begin(), ms.end());
   row.medianMs = ms.empty() ? 0 : ms[ms.size() / 2];
-  QP_CHECK(cudaEventDestroy(ev));
-  QP_CHECK(cudaFree(flags));
-  QP_CHECK(cudaFree(gaveUp));
-  QP_CHECK(cudaFreeHost(hostStop));
+  MK_CUDA_OR_EXIT(cudaEventDestroy(ev));
+  MK_CUDA_OR_EXIT(cudaFree(flags));
+  MK_CUDA_OR_EXIT(cudaFree(gaveUp));
+  MK_CUDA_OR_EXIT(cudaFreeHost(hostStop));
   return row;
 }
 
@@ -316,8 +315,8 @@ int main(int argc, char** argv) {
   if (rc >= 0) return rc;
   like = kernel == "mkernel";
   gAfter = after == "record" ? After::Record : after == "kernel" ? After::Kernel : After::None;
-  QP_CHECK(cudaSetDevice(0));
-  QP_CHECK(cudaFree(nullptr));
+  MK_CUDA_OR_EXIT(cudaSetDevice(0));
+  MK_CUDA_OR_EXIT(cudaFree(nullptr));
   const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   const char* loading = std::getenv("CUDA_MODULE_LOADING");
   std::printf("# mkernel-queueprobe: CUDA_DEVICE_MAX_CONNECTIONS=%s CUDA_MODULE_LOADING=%s, timeout %llu ms, %s kernel%s, "

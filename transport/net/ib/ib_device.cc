@@ -58,26 +58,6 @@ bool HcaFilter::selects(const std::string& device, int port) const {
 // ---- properties
 // ----------------------------------------------------------------------------------
 
-int portSpeedMbps(uint32_t activeSpeed, uint8_t activeWidth) {
-  // Bit i of active_speed: SDR, DDR, QDR, FDR10, FDR, EDR, HDR, NDR, XDR (per lane, Mbps).
-  static const int kLaneMbps[] = {2500, 5000, 10000, 10000, 14000, 25000, 50000, 100000, 200000};
-  // Bit i of active_width: 1x, 4x, 8x, 12x, 2x.
-  static const int kLanes[] = {1, 4, 8, 12, 2};
-  int lane = kLaneMbps[0];
-  for (int i = 0; i < int(sizeof(kLaneMbps) / sizeof(int)); ++i)
-    if (activeSpeed & (1u << i)) {
-      lane = kLaneMbps[i];
-      break;
-    }
-  int lanes = kLanes[0];
-  for (int i = 0; i < int(sizeof(kLanes) / sizeof(int)); ++i)
-    if (activeWidth & (1u << i)) {
-      lanes = kLanes[i];
-      break;
-    }
-  return lane * lanes;
-}
-
 namespace {
 
 std::string readSysfsLine(const std::string& path) {

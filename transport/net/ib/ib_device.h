@@ -11,11 +11,16 @@
 #include <vector>
 
 #include "common/result.h"
-#include "transport/net/ib/ibv_api.h"
+#include "vendor/ibverbs.h"
 
 namespace mkernel {
 namespace net {
 namespace ib {
+
+// libibverbs through the vendor layer (vendor/ibverbs.h).
+using verbs::IbvApi;
+using verbs::loadIbvApi;
+using verbs::portSpeedMbps;
 
 // MKERNEL_IB_HCA, with NCCL_IB_HCA's syntax: "mlx5_0:1,mlx5_1" selects by name prefix (optionally
 // one port); a leading '^' excludes the listed devices instead; a leading '=' requires exact names
@@ -35,9 +40,6 @@ class HcaFilter {
   bool exclude_ = false;
   bool exact_ = false;
 };
-
-// Speed of a port in Mbps from its active_speed and active_width bits (as NCCL computes it).
-int portSpeedMbps(uint32_t activeSpeed, uint8_t activeWidth);
 
 // One registered memory range, shared by every registration that falls inside it.
 struct MrEntry {

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "transport/net/ib/ib_device.h"
-#include "transport/net/ib/ibv_api.h"
+#include "vendor/ibverbs.h"
 #include "transport/net/net.h"
 #include "transport/net/socket_iface.h"
 
