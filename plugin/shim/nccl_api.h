@@ -15,8 +15,6 @@
 #if __has_include(<nccl_device/core.h>)
 #include <nccl_device/core.h>
 #include <nccl_device/gin_barrier.h>
-#include <nccl_device/ll_a2a.h>
-#include <nccl_device/lsa_barrier.h>
 #else
 // An NCCL install without the device-API headers: declare the host entry points the shim must
 // still export (layouts as in NCCL 2.28's nccl_device/core.h; the shim only passes them through).
@@ -30,12 +28,8 @@ struct ncclDevCommRequirements;
 typedef struct ncclDevCommRequirements ncclDevCommRequirements_t;
 struct ncclDevResourceRequirements;
 typedef struct ncclDevResourceRequirements ncclDevResourceRequirements_t;
-struct ncclLsaBarrierHandle;
-typedef struct ncclLsaBarrierHandle ncclLsaBarrierHandle_t;
 struct ncclGinBarrierHandle;
 typedef struct ncclGinBarrierHandle ncclGinBarrierHandle_t;
-struct ncclLLA2AHandle;
-typedef struct ncclLLA2AHandle ncclLLA2AHandle_t;
 extern "C" {
 ncclResult_t ncclDevCommCreate(ncclComm_t, ncclDevCommRequirements_t const*,
                                ncclDevComm_t* outDevComm);
@@ -48,17 +42,9 @@ int ncclTeamRankToLsa(ncclComm_t, ncclTeam_t, int rank);
 ncclResult_t ncclGinBarrierCreateRequirement(ncclComm_t, ncclTeam_t, int nBarriers,
                                              ncclGinBarrierHandle_t* outHandle,
                                              ncclDevResourceRequirements_t* outReq);
-ncclResult_t ncclLsaBarrierCreateRequirement(ncclTeam_t, int nBarriers,
-                                             ncclLsaBarrierHandle_t* outHandle,
-                                             ncclDevResourceRequirements_t* outReq);
-int ncclLLA2ACalcSlots(int maxElts, int maxEltSize);
-ncclResult_t ncclLLA2ACreateRequirement(int nBlocks, int nSlots, ncclLLA2AHandle_t* outHandle,
-                                        ncclDevResourceRequirements_t* outReq);
 }
 #endif
 
-// Exported by libnccl.so.2 but declared in no public header (debug.cc's logging reset).
-extern "C" void ncclResetDebugInitInternal();
 
 // Every nccl* definition of the shim: C linkage, exported despite -fvisibility=hidden.
 #define MKERNEL_NCCL_EXPORT extern "C" __attribute__((visibility("default")))

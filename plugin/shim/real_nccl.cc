@@ -1,6 +1,7 @@
 #include "plugin/shim/real_nccl.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <atomic>
 #include <mutex>
@@ -12,6 +13,9 @@
 
 namespace mkernel {
 namespace shim {
+
+std::atomic<uintptr_t> gRealCodeBegin{0}, gRealCodeEnd{0};
+
 namespace {
 
 // The shim's own copy of an nccl* name must never be mistaken for the real one (that would
@@ -21,6 +25,37 @@ bool isOwnSymbol(void* sym) {
   if (dladdr(reinterpret_cast<void*>(&calledFromRealNccl), &mine) == 0) return false;
   if (dladdr(sym, &theirs) == 0) return false;
   return mine.dli_fbase == theirs.dli_fbase;
+}
+
+// The bounds of the executable segments of the object loaded at `base`, for fromRealNccl. The
+// first real NCCL loaded sets them (both tables load the same library).
+void noteCodeBounds(const void* base) {
+  struct Bounds {
+    uintptr_t base, begin = UINTPTR_MAX, end = 0;
+  } b{reinterpret_cast<uintptr_t>(base)};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* arg) {
+        Bounds* out = static_cast<Bounds*>(arg);
+        bool mine = info->dlpi_addr == out->base;
+        for (int i = 0; i < info->dlpi_phnum && !mine; ++i)
+          mine = info->dlpi_phdr[i].p_type == PT_LOAD && info->dlpi_addr + info->dlpi_phdr[i].p_vaddr == out->base;
+        if (!mine) return 0;
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+          if (ph.p_type != PT_LOAD || (ph.p_flags & PF_X) == 0) continue;
+          const uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+          if (lo < out->begin) out->begin = lo;
+          if (lo + ph.p_memsz > out->end) out->end = lo + ph.p_memsz;
+        }
+        return 1;
+      },
+      &b);
+  if (b.end <= b.begin) return;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (gRealCodeEnd.load(std::memory_order_relaxed) != 0) return;
+  gRealCodeBegin.store(b.begin, std::memory_order_relaxed);
+  gRealCodeEnd.store(b.end, std::memory_order_release);  // fromRealNccl reads the end first
 }
 
 void load(RealNccl* r, bool allowLoad) {
@@ -44,7 +79,7 @@ void load(RealNccl* r, bool allowLoad) {
     return;
   }
   DlSymbol syms[] = {
-#define MKERNEL_NCCL_API(name) {#name, reinterpret_cast<void**>(&r->name), false},
+#define MKERNEL_NCCL_API(name, role, what) {#name, reinterpret_cast<void**>(&r->name), false},
 #include "plugin/shim/nccl_api.def"
 #undef MKERNEL_NCCL_API
   };
@@ -72,6 +107,7 @@ void load(RealNccl* r, bool allowLoad) {
   }
   r->handle = h;
   r->available = true;
+  noteCodeBounds(r->base);
   // No call into NCCL here: this runs under call_once, and NCCL code may call its exported
   // names through the PLT (back into the shim, which would wait on this very call_once).
   MK_INFO(kLogInit, "shim: real NCCL at %s", r->path.c_str());

@@ -1,5 +1,5 @@
 // The data-moving entries: collectives (mkernel or forwarded) and the calls that are always
-// forwarded (AlltoAll, Gather, Scatter, Send, Recv).
+// forwarded (AlltoAll, Gather, Scatter, Send, Recv); groups.
 #include "collectives/stats.h"
 #include "common/log.h"
 #include "plugin/shim/nccl_api.h"
@@ -131,16 +131,13 @@ ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
     return r;
   }
 
-  ncclRedOp_t realOp = call.op;
-  if (op.custom) {
-    if (!op.customOp.hasRealOp) {
-      ncclResult_t r = toNccl(MK_ERROR(Result::InvalidUsage,
-                                       "%s : reduction operation %d has no real NCCL counterpart",
-                                       call.name, static_cast<int>(call.op)));
-      groupRecordError(r);
-      return r;
-    }
-    realOp = op.customOp.realOp;
+  // A custom op's number is NCCL's own (ncclRedOpCreatePreMulSum), so it goes as it came.
+  if (op.custom && !op.customOp.hasRealOp) {
+    ncclResult_t r = toNccl(MK_ERROR(Result::InvalidUsage,
+                                     "%s : reduction operation %d has no real NCCL counterpart",
+                                     call.name, static_cast<int>(call.op)));
+    groupRecordError(r);
+    return r;
   }
   if (groupActive()) {
     ncclResult_t r = groupEnsureRealGroup();
@@ -149,7 +146,7 @@ ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
       return r;
     }
   }
-  ncclResult_t r = forwardCall(call, comm->real, realOp, stream);
+  ncclResult_t r = forwardCall(call, comm->real, call.op, stream);
   if (r == ncclSuccess && isColl) {
     coll::countForwardedOp(collType);
     comm->forwarded[static_cast<int>(collType)].fetch_add(1, std::memory_order_relaxed);
@@ -197,6 +194,7 @@ Call makeCall(CallKind kind, const char* name, const void* sendbuff, void* recvb
 }  // namespace mkernel
 
 using mkernel::shim::Call;
+using mkernel::shim::callReal;
 using mkernel::shim::CallKind;
 using mkernel::shim::findShimComm;
 using mkernel::shim::forwardForeignData;
@@ -205,9 +203,14 @@ using mkernel::shim::RealNccl;
 using mkernel::shim::runCall;
 using mkernel::shim::ShimComm;
 
+// Each entry: a call NCCL makes through its own PLT goes straight back to NCCL; a handle not in
+// the side table is NCCL's (or NULL); a shim comm's call is checked and routed (runCall).
+
 MKERNEL_NCCL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                                ncclDataType_t datatype, ncclRedOp_t op,
                                                ncclComm_t comm, cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclAllReduce, "AllReduce", sendbuff, recvbuff, count, datatype, op, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclAllReduce, "AllReduce", sendbuff, recvbuff,
@@ -220,6 +223,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvb
 MKERNEL_NCCL_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff,
                                                size_t sendcount, ncclDataType_t datatype,
                                                ncclComm_t comm, cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclAllGather, "AllGather", sendbuff, recvbuff, sendcount, datatype, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclAllGather, "AllGather", sendbuff, recvbuff,
@@ -234,6 +239,9 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* r
                                                    size_t recvcount, ncclDataType_t datatype,
                                                    ncclRedOp_t op, ncclComm_t comm,
                                                    cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclReduceScatter, "ReduceScatter", sendbuff, recvbuff, recvcount, datatype, op, comm,
+                    stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclReduceScatter, "ReduceScatter", sendbuff,
@@ -247,7 +255,9 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* r
 MKERNEL_NCCL_EXPORT ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                                                ncclDataType_t datatype, int root, ncclComm_t comm,
                                                cudaStream_t stream) {
-  // Re-entry: NCCL's own ncclBcast calls ncclBroadcast through its PLT with a real comm.
+  // Re-entry: NCCL's own ncclBcast calls ncclBroadcast through its PLT.
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclBroadcast, "Broadcast", sendbuff, recvbuff, count, datatype, root, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclBroadcast, "Broadcast", sendbuff, recvbuff,
@@ -260,6 +270,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclBroadcast(const void* sendbuff, void* recvb
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype,
                                            int root, ncclComm_t comm, cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclBcast, "Bcast", buff, count, datatype, root, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclBcast, "Bcast", buff, count, datatype, root,
@@ -273,6 +285,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclBcast(void* buff, size_t count, ncclDataTyp
 MKERNEL_NCCL_EXPORT ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
                                             ncclDataType_t datatype, ncclRedOp_t op, int root,
                                             ncclComm_t comm, cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclReduce, "Reduce", sendbuff, recvbuff, count, datatype, op, root, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclReduce, "Reduce", sendbuff, recvbuff, count,
@@ -285,6 +299,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff
 MKERNEL_NCCL_EXPORT ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                                               ncclDataType_t datatype, ncclComm_t comm,
                                               cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclAlltoAll, "AlltoAll", sendbuff, recvbuff, count, datatype, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclAlltoAll, "AlltoAll", sendbuff, recvbuff, count,
@@ -297,6 +313,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbu
 MKERNEL_NCCL_EXPORT ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count,
                                             ncclDataType_t datatype, int root, ncclComm_t comm,
                                             cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclGather, "Gather", sendbuff, recvbuff, count, datatype, root, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclGather, "Gather", sendbuff, recvbuff, count,
@@ -309,6 +327,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclGather(const void* sendbuff, void* recvbuff
 MKERNEL_NCCL_EXPORT ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count,
                                              ncclDataType_t datatype, int root, ncclComm_t comm,
                                              cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclScatter, "Scatter", sendbuff, recvbuff, count, datatype, root, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclScatter, "Scatter", sendbuff, recvbuff, count,
@@ -321,6 +341,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclScatter(const void* sendbuff, void* recvbuf
 MKERNEL_NCCL_EXPORT ncclResult_t ncclSend(const void* sendbuff, size_t count,
                                           ncclDataType_t datatype, int peer, ncclComm_t comm,
                                           cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclSend, "Send", sendbuff, count, datatype, peer, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclSend, "Send", sendbuff, count, datatype, peer,
@@ -332,6 +354,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclSend(const void* sendbuff, size_t count,
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype,
                                           int peer, ncclComm_t comm, cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclRecv, "Recv", recvbuff, count, datatype, peer, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclRecv, "Recv", recvbuff, count, datatype, peer,
@@ -342,14 +366,17 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclData
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclGroupStart() {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclGroupStart, "ncclGroupStart");
   mkernel::shim::groupStart();
   return ncclSuccess;
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclGroupEnd() {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclGroupEnd, "ncclGroupEnd");
   return mkernel::shim::groupEnd();
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclGroupSimulateEnd, "ncclGroupSimulateEnd", simInfo);
   return mkernel::shim::groupSimulateEnd(simInfo);
 }
