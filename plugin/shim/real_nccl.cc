@@ -109,8 +109,39 @@ void load(RealNccl* r, bool allowLoad) {
   r->available = true;
   noteCodeBounds(r->base);
   // No call into NCCL here: this runs under call_once, and NCCL code may call its exported
-  // names through the PLT (back into the shim, which would wait on this very call_once).
-  MK_INFO(kLogInit, "shim: real NCCL at %s", r->path.c_str());
+  // names through the PLT (back into the shim, which would wait on this very call_once). The
+  // version is read after it (readVersion).
+}
+
+// Reads the loaded NCCL's version once: at INFO (INIT) always, and a WARN, once per process, when
+// it is newer than the newest version the shim was tested with. Outside the load's call_once
+// (NCCL's code may call back into the shim); a call back into here from inside that ncclGetVersion
+// finds the version still unread and goes on without it.
+void readVersion(RealNccl* r) {
+  static thread_local bool reading = false;
+  if (!r->available || r->version.load(std::memory_order_acquire) != 0 || reading) return;
+  static std::mutex mu;  // one reader per table; the others wait for its answer
+  std::lock_guard<std::mutex> lock(mu);
+  if (r->version.load(std::memory_order_acquire) != 0) return;
+  int code = 0;
+  reading = true;
+  const ncclResult_t got = r->ncclGetVersion(&code);
+  reading = false;
+  if (got != ncclSuccess || code <= 0) {
+    MK_WARN("shim: the real NCCL at %s did not tell its version (ncclGetVersion returned %d)", r->path.c_str(),
+            static_cast<int>(got));
+    r->version.store(-1, std::memory_order_release);
+    return;
+  }
+  r->version.store(code, std::memory_order_release);
+  MK_INFO(kLogInit, "shim: real NCCL %s (version code %d) at %s; the shim supports %s and newer, tested up to %s",
+          ncclVersionText(code).c_str(), code, r->path.c_str(), ncclVersionText(kOldestSupportedNccl).c_str(),
+          ncclVersionText(kNewestTestedNccl).c_str());
+  static std::atomic<bool> warned{false};
+  if (code > kNewestTestedNccl && !warned.exchange(true))
+    MK_WARN("shim: the real NCCL is %s (%s), newer than %s, the newest version mkernel's shim was tested with: "
+            "entry points the shim does not export reach NCCL directly with NCCL's own communicator (docs/SHIM.md)",
+            ncclVersionText(code).c_str(), r->path.c_str(), ncclVersionText(kNewestTestedNccl).c_str());
 }
 
 }  // namespace
@@ -126,11 +157,26 @@ const RealNccl& realNccl(bool allowLoad) {
       load(&loaded, true);
       loadedReady.store(true, std::memory_order_release);
     });
+    readVersion(&loaded);
     return loaded;
   }
-  if (loadedReady.load(std::memory_order_acquire) && loaded.available) return loaded;
+  if (loadedReady.load(std::memory_order_acquire) && loaded.available) {
+    readVersion(&loaded);
+    return loaded;
+  }
   std::call_once(noLoadOnce, [] { load(&noLoad, false); });
+  readVersion(&noLoad);
   return noLoad;
+}
+
+Result checkRealNcclVersion(const RealNccl& real, const char* caller) {
+  const int code = real.version.load(std::memory_order_acquire);
+  if (!real.available || code <= 0 || code >= kOldestSupportedNccl) return Result::Success;
+  return MK_ERROR(Result::InvalidUsage,
+                  "%s : the real NCCL at %s is %s; mkernel's shim needs NCCL %s or newer (built against %s, "
+                  "tested up to %s): load a newer libnccl.so.2 (MKERNEL_NCCL_LIBRARY)",
+                  caller, real.path.c_str(), ncclVersionText(code).c_str(), ncclVersionText(kOldestSupportedNccl).c_str(),
+                  ncclVersionText(NCCL_VERSION_CODE).c_str(), ncclVersionText(kNewestTestedNccl).c_str());
 }
 
 std::string ncclVersionText(int code) {
@@ -155,9 +201,8 @@ void announceShimOnce() {
     const RealNccl& real = realNccl(!emulate);
     std::string nccl;
     if (real.available) {
-      int code = 0;
-      const bool known = real.ncclGetVersion(&code) == ncclSuccess;  // NCCL's: sets it, calls nothing
-      nccl = "NCCL " + (known ? ncclVersionText(code) : std::string("(version unknown)")) + " at " + real.path;
+      const int code = real.version.load(std::memory_order_acquire);
+      nccl = "NCCL " + (code > 0 ? ncclVersionText(code) : std::string("(version unknown)")) + " at " + real.path;
     }
     if (emulate) {
       logStartupLine("mkernel %s loaded as NCCL shim from %s; emulation (MKERNEL_EMULATE=1): mkernel runs every "

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/param.h"
 #include "plugin/shim/real_nccl.h"
 
 namespace mkernel {
@@ -186,8 +187,19 @@ bool groupActive() {
   return tGroup.depth > 0;
 }
 
+// NCCL 2.28 leaks its group job (160 bytes, group.cc) at the end of a group that holds nothing;
+// 2.29 frees it. Every 2.28 name that can be grouped is the shim's, so with 2.28 NCCL's group is
+// opened by the first call that hands NCCL something (groupEnsureRealGroup).
+constexpr int kNcclFreesEmptyGroup = 22900;
+
 void groupStart() {
-  ++tGroup.depth;
+  if (tGroup.depth++ > 0 || params::EMULATE()) return;
+  // NCCL's group, at once: what reaches NCCL in this group through names the shim does not
+  // export is grouped there too.
+  const RealNccl& real = realNccl(true);
+  if (real.available && real.version.load() >= kNcclFreesEmptyGroup && real.ncclGroupStart != nullptr &&
+      fromReal(real.ncclGroupStart()) == ncclSuccess)
+    tGroup.realOpen = true;
 }
 
 void groupAddKernelOp(ShimComm* comm, const coll::CollArgs& args, cudaStream_t stream) {

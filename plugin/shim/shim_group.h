@@ -1,8 +1,10 @@
 // ncclGroupStart/End for the shim. Groups nest and are per thread, as in NCCL.
 //
 // Inside a group:
-//  - NCCL's group is opened by the first call that hands NCCL something (forwarded calls, NCCL's
-//    part of creations, registration) and closed by the outermost ncclGroupEnd;
+//  - NCCL's group is open too (the outermost ncclGroupStart opens it, unless emulating; with NCCL
+//    2.28 the first call that hands NCCL something does), so that forwarded calls, NCCL's part of
+//    creations, and the entry points the shim does not export (they reach NCCL directly) are all
+//    in NCCL's group, closed by the outermost ncclGroupEnd;
 //  - collectives selected for mkernel are collected and posted at the outermost ncclGroupEnd,
 //    per communicator in call order (Communicator::enqueue, one call per run of one stream);
 //  - blocking work that needs all ranks (mkernel's part of init, split, shrink — one thread may

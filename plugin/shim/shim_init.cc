@@ -232,8 +232,8 @@ ncclResult_t makeUniqueId(ncclUniqueId* out, const char* caller) {
       if (!embedRealId(&made, realId))
         return toNccl(MK_ERROR(Result::InternalError,
                                "%s : the real NCCL's unique id uses more than its first %zu bytes: it does not fit "
-                               "beside mkernel's (%s)",
-                               caller, kRealIdRoom, real.path.c_str()));
+                               "beside mkernel's (NCCL %s)",
+                               caller, kRealIdRoom, ncclVersionText(real.version.load()).c_str()));
     }
   }
   *out = made;
@@ -304,6 +304,10 @@ ncclResult_t initRank(ncclComm_t* newcomm, int nranks, int nId, const ncclUnique
   Result cr = checkConfig(config, caller);
   if (cr != Result::Success) return toNccl(cr);
   const bool emulate = emulationRequested();
+  if (!emulate) {
+    cr = checkRealNcclVersion(realNccl(true), caller);
+    if (cr != Result::Success) return toNccl(cr);
+  }
   int dev = -1;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess)
@@ -462,6 +466,10 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, co
   if (ndev < 1)
     return toNccl(MK_ERROR(Result::InvalidArgument, "ncclCommInitAll : invalid ndev %d", ndev));
   const bool emulate = emulationRequested();
+  if (!emulate) {
+    Result vr = checkRealNcclVersion(realNccl(true), "ncclCommInitAll");
+    if (vr != Result::Success) return toNccl(vr);
+  }
   int nDevices = 0;
   cudaError_t err = cudaGetDeviceCount(&nDevices);
   if (err != cudaSuccess)

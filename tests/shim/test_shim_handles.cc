@@ -287,11 +287,11 @@ TEST_CASE("re-entry: a forwarded collective reaches NCCL with NCCL's handle, and
   CHECK(hook<int (*)()>("fakeNcclAllReduceCalls")() == before + 1);
   CHECK(hook<int (*)()>("fakeNcclReentered")() == ncclSuccess);
   CHECK(c->forwarded[4].load() == 1);  // AllReduce, counted as forwarded
-  // Inside a group the forwarded call opens NCCL's group, and the group's end closes it.
+  // Inside a group the shim opens NCCL's group at once and closes it at the end.
   const int depth = hook<int (*)()>("fakeNcclGroupDepth")();
   REQUIRE(ncclGroupStart() == ncclSuccess);
-  REQUIRE(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, c->handle(), nullptr) == ncclSuccess);
   CHECK(hook<int (*)()>("fakeNcclGroupDepth")() == depth + 1);
+  REQUIRE(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, c->handle(), nullptr) == ncclSuccess);
   REQUIRE(ncclGroupEnd() == ncclSuccess);
   CHECK(hook<int (*)()>("fakeNcclGroupDepth")() == depth);
   c->state.store(CommState::Destroyed);
