@@ -1,5 +1,5 @@
-// The data-moving entries: collectives (mkernel or forwarded) and the calls that are always
-// forwarded (AlltoAll, Gather, Scatter, Send, Recv); groups.
+// The data-moving entries: collectives (mkernel or forwarded), their per-call-config variants (NCCL
+// 2.32), and the calls that are always forwarded (AlltoAll, Gather, Scatter, Send, Recv); groups.
 #include "collectives/stats.h"
 #include "common/log.h"
 #include "plugin/shim/nccl_api.h"
@@ -37,8 +37,66 @@ Result checkUsable(ShimComm* c, const char* name) {
 
 namespace {
 
+// NCCL's *Config function for a call that came with a per-call config, when NCCL has one (2.32
+// on); false otherwise (*r unset).
+bool forwardWithConfig(const Call& c, ncclComm_t realComm, ncclRedOp_t op, cudaStream_t s, ncclResult_t* r) {
+  const RealNccl& real = realNccl(false);
+  const ncclDataType_t dt = c.dtype;
+  const ncclCollConfig_t* cfg = c.collConfig;
+  switch (c.kind) {
+    case CallKind::AllReduce:
+      if (real.ncclAllReduceConfig == nullptr) return false;
+      *r = fromReal(real.ncclAllReduceConfig(c.sendbuff, c.recvbuff, c.count, dt, op, realComm, s, cfg));
+      return true;
+    case CallKind::AllGather:
+      if (real.ncclAllGatherConfig == nullptr) return false;
+      *r = fromReal(real.ncclAllGatherConfig(c.sendbuff, c.recvbuff, c.count, dt, realComm, s, cfg));
+      return true;
+    case CallKind::ReduceScatter:
+      if (real.ncclReduceScatterConfig == nullptr) return false;
+      *r = fromReal(real.ncclReduceScatterConfig(c.sendbuff, c.recvbuff, c.count, dt, op, realComm, s, cfg));
+      return true;
+    case CallKind::Broadcast:
+      if (real.ncclBroadcastConfig == nullptr) return false;
+      *r = fromReal(real.ncclBroadcastConfig(c.sendbuff, c.recvbuff, c.count, dt, c.root, realComm, s, cfg));
+      return true;
+    case CallKind::Reduce:
+      if (real.ncclReduceConfig == nullptr) return false;
+      *r = fromReal(real.ncclReduceConfig(c.sendbuff, c.recvbuff, c.count, dt, op, c.root, realComm, s, cfg));
+      return true;
+    case CallKind::AlltoAll:
+      if (real.ncclAlltoAllConfig == nullptr) return false;
+      *r = fromReal(real.ncclAlltoAllConfig(c.sendbuff, c.recvbuff, c.count, dt, realComm, s, cfg));
+      return true;
+    case CallKind::Gather:
+      if (real.ncclGatherConfig == nullptr) return false;
+      *r = fromReal(real.ncclGatherConfig(c.sendbuff, c.recvbuff, c.count, dt, c.root, realComm, s, cfg));
+      return true;
+    case CallKind::Scatter:
+      if (real.ncclScatterConfig == nullptr) return false;
+      *r = fromReal(real.ncclScatterConfig(c.sendbuff, c.recvbuff, c.count, dt, c.root, realComm, s, cfg));
+      return true;
+    case CallKind::Send:
+    case CallKind::Recv:
+      return false;
+  }
+  return false;
+}
+
 ncclResult_t forwardCall(const Call& c, ncclComm_t realComm, ncclRedOp_t op, cudaStream_t s) {
   const ncclDataType_t dt = c.dtype;
+  if (c.collConfig != nullptr) {
+    ncclResult_t r = ncclSuccess;
+    if (forwardWithConfig(c, realComm, op, s, &r)) return r;
+    // An NCCL older than 2.32: the plain call serves a config of defaults; nothing serves more.
+    if (!collConfigIsDefault(c.collConfig)) {
+      const RealNccl& real = realNccl(false);
+      return toNccl(MK_ERROR(Result::InvalidUsage,
+                             "%s : its per-call config asks for more than the defaults, and the real NCCL (%s at "
+                             "%s) has no nccl*Config entry points (NCCL 2.32 and newer)",
+                             c.name, ncclVersionText(real.version.load()).c_str(), real.path.c_str()));
+    }
+  }
   switch (c.kind) {
     case CallKind::AllReduce:
       return callReal(&RealNccl::ncclAllReduce, "AllReduce", c.sendbuff, c.recvbuff, c.count, dt,
@@ -176,8 +234,9 @@ ncclResult_t forwardForeignData(const void* comm, Fn RealNccl::*fn, const char* 
 }
 
 Call makeCall(CallKind kind, const char* name, const void* sendbuff, void* recvbuff, size_t count,
-              ncclDataType_t dtype, ncclRedOp_t op, int root) {
+              ncclDataType_t dtype, ncclRedOp_t op, int root, const ncclCollConfig_t* config = nullptr) {
   Call c;
+  c.collConfig = config;
   c.kind = kind;
   c.name = name;
   c.sendbuff = sendbuff;
@@ -220,6 +279,21 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvb
       stream);
 }
 
+MKERNEL_NCCL_EXPORT ncclResult_t ncclAllReduceConfig(const void* sendbuff, void* recvbuff, size_t count,
+                                                     ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                                     cudaStream_t stream, const ncclCollConfig_t* config) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclAllReduceConfig, "ncclAllReduceConfig", sendbuff, recvbuff, count, datatype, op,
+                    comm, stream, config);
+  ShimComm* c = findShimComm(comm);
+  if (c == nullptr)
+    return forwardForeignData(comm, &RealNccl::ncclAllReduceConfig, "AllReduce", sendbuff, recvbuff, count,
+                              datatype, op, comm, stream, config);
+  return runCall(
+      c, makeCall(CallKind::AllReduce, "AllReduce", sendbuff, recvbuff, count, datatype, op, 0, config),
+      stream);
+}
+
 MKERNEL_NCCL_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff,
                                                size_t sendcount, ncclDataType_t datatype,
                                                ncclComm_t comm, cudaStream_t stream) {
@@ -233,6 +307,21 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvb
                  makeCall(CallKind::AllGather, "AllGather", sendbuff, recvbuff, sendcount, datatype,
                           ncclSum, 0),
                  stream);
+}
+
+MKERNEL_NCCL_EXPORT ncclResult_t ncclAllGatherConfig(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                                     ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream,
+                                                     const ncclCollConfig_t* config) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclAllGatherConfig, "ncclAllGatherConfig", sendbuff, recvbuff, sendcount, datatype,
+                    comm, stream, config);
+  ShimComm* c = findShimComm(comm);
+  if (c == nullptr)
+    return forwardForeignData(comm, &RealNccl::ncclAllGatherConfig, "AllGather", sendbuff, recvbuff, sendcount,
+                              datatype, comm, stream, config);
+  return runCall(
+      c, makeCall(CallKind::AllGather, "AllGather", sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, config),
+      stream);
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff,
@@ -252,6 +341,22 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* r
                  stream);
 }
 
+MKERNEL_NCCL_EXPORT ncclResult_t ncclReduceScatterConfig(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                                         cudaStream_t stream, const ncclCollConfig_t* config) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclReduceScatterConfig, "ncclReduceScatterConfig", sendbuff, recvbuff, recvcount,
+                    datatype, op, comm, stream, config);
+  ShimComm* c = findShimComm(comm);
+  if (c == nullptr)
+    return forwardForeignData(comm, &RealNccl::ncclReduceScatterConfig, "ReduceScatter", sendbuff, recvbuff,
+                              recvcount, datatype, op, comm, stream, config);
+  return runCall(c,
+                 makeCall(CallKind::ReduceScatter, "ReduceScatter", sendbuff, recvbuff, recvcount, datatype, op, 0,
+                          config),
+                 stream);
+}
+
 MKERNEL_NCCL_EXPORT ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                                                ncclDataType_t datatype, int root, ncclComm_t comm,
                                                cudaStream_t stream) {
@@ -266,6 +371,21 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclBroadcast(const void* sendbuff, void* recvb
                  makeCall(CallKind::Broadcast, "Broadcast", sendbuff, recvbuff, count, datatype,
                           ncclSum, root),
                  stream);
+}
+
+MKERNEL_NCCL_EXPORT ncclResult_t ncclBroadcastConfig(const void* sendbuff, void* recvbuff, size_t count,
+                                                     ncclDataType_t datatype, int root, ncclComm_t comm,
+                                                     cudaStream_t stream, const ncclCollConfig_t* config) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclBroadcastConfig, "ncclBroadcastConfig", sendbuff, recvbuff, count, datatype, root,
+                    comm, stream, config);
+  ShimComm* c = findShimComm(comm);
+  if (c == nullptr)
+    return forwardForeignData(comm, &RealNccl::ncclBroadcastConfig, "Broadcast", sendbuff, recvbuff, count,
+                              datatype, root, comm, stream, config);
+  return runCall(
+      c, makeCall(CallKind::Broadcast, "Broadcast", sendbuff, recvbuff, count, datatype, ncclSum, root, config),
+      stream);
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype,
@@ -296,6 +416,20 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff
       stream);
 }
 
+MKERNEL_NCCL_EXPORT ncclResult_t ncclReduceConfig(const void* sendbuff, void* recvbuff, size_t count,
+                                                  ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
+                                                  cudaStream_t stream, const ncclCollConfig_t* config) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclReduceConfig, "ncclReduceConfig", sendbuff, recvbuff, count, datatype, op, root,
+                    comm, stream, config);
+  ShimComm* c = findShimComm(comm);
+  if (c == nullptr)
+    return forwardForeignData(comm, &RealNccl::ncclReduceConfig, "Reduce", sendbuff, recvbuff, count, datatype, op,
+                              root, comm, stream, config);
+  return runCall(
+      c, makeCall(CallKind::Reduce, "Reduce", sendbuff, recvbuff, count, datatype, op, root, config), stream);
+}
+
 MKERNEL_NCCL_EXPORT ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                                               ncclDataType_t datatype, ncclComm_t comm,
                                               cudaStream_t stream) {
@@ -308,6 +442,20 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbu
   return runCall(
       c, makeCall(CallKind::AlltoAll, "AlltoAll", sendbuff, recvbuff, count, datatype, ncclSum, 0),
       stream);
+}
+
+MKERNEL_NCCL_EXPORT ncclResult_t ncclAlltoAllConfig(const void* sendbuff, void* recvbuff, size_t count,
+                                                    ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream,
+                                                    const ncclCollConfig_t* config) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclAlltoAllConfig, "ncclAlltoAllConfig", sendbuff, recvbuff, count, datatype, comm,
+                    stream, config);
+  ShimComm* c = findShimComm(comm);
+  if (c == nullptr)
+    return forwardForeignData(comm, &RealNccl::ncclAlltoAllConfig, "AlltoAll", sendbuff, recvbuff, count, datatype,
+                              comm, stream, config);
+  return runCall(
+      c, makeCall(CallKind::AlltoAll, "AlltoAll", sendbuff, recvbuff, count, datatype, ncclSum, 0, config), stream);
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count,
@@ -324,6 +472,20 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclGather(const void* sendbuff, void* recvbuff
       stream);
 }
 
+MKERNEL_NCCL_EXPORT ncclResult_t ncclGatherConfig(const void* sendbuff, void* recvbuff, size_t count,
+                                                  ncclDataType_t datatype, int root, ncclComm_t comm,
+                                                  cudaStream_t stream, const ncclCollConfig_t* config) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclGatherConfig, "ncclGatherConfig", sendbuff, recvbuff, count, datatype, root, comm,
+                    stream, config);
+  ShimComm* c = findShimComm(comm);
+  if (c == nullptr)
+    return forwardForeignData(comm, &RealNccl::ncclGatherConfig, "Gather", sendbuff, recvbuff, count, datatype, root,
+                              comm, stream, config);
+  return runCall(
+      c, makeCall(CallKind::Gather, "Gather", sendbuff, recvbuff, count, datatype, ncclSum, root, config), stream);
+}
+
 MKERNEL_NCCL_EXPORT ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count,
                                              ncclDataType_t datatype, int root, ncclComm_t comm,
                                              cudaStream_t stream) {
@@ -336,6 +498,20 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclScatter(const void* sendbuff, void* recvbuf
   return runCall(
       c, makeCall(CallKind::Scatter, "Scatter", sendbuff, recvbuff, count, datatype, ncclSum, root),
       stream);
+}
+
+MKERNEL_NCCL_EXPORT ncclResult_t ncclScatterConfig(const void* sendbuff, void* recvbuff, size_t count,
+                                                   ncclDataType_t datatype, int root, ncclComm_t comm,
+                                                   cudaStream_t stream, const ncclCollConfig_t* config) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclScatterConfig, "ncclScatterConfig", sendbuff, recvbuff, count, datatype, root,
+                    comm, stream, config);
+  ShimComm* c = findShimComm(comm);
+  if (c == nullptr)
+    return forwardForeignData(comm, &RealNccl::ncclScatterConfig, "Scatter", sendbuff, recvbuff, count, datatype,
+                              root, comm, stream, config);
+  return runCall(
+      c, makeCall(CallKind::Scatter, "Scatter", sendbuff, recvbuff, count, datatype, ncclSum, root, config), stream);
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclSend(const void* sendbuff, size_t count,

@@ -134,7 +134,7 @@ TEST_CASE(
   void* h = shimHandle();
   INFO(dlerror());
   REQUIRE(h != nullptr);
-  CHECK(shimNames().size() == 48);
+  CHECK(shimNames().size() == 56);
   for (const std::string& n : shimNames()) {
     INFO(n);
     CHECK(definedByShim(h, n.c_str()));
@@ -234,6 +234,14 @@ TEST_CASE("api: a NULL comm is ncclInvalidArgument with a message, at every entr
   };
   Case cases[] = {
       {"AllReduce", ncclAllReduce(&x, &x, 1, ncclInt, ncclSum, nullptr, nullptr)},
+      {"ncclAllReduceConfig", ncclAllReduceConfig(&x, &x, 1, ncclInt, ncclSum, nullptr, nullptr, nullptr)},
+      {"ncclAllGatherConfig", ncclAllGatherConfig(&x, &x, 1, ncclInt, nullptr, nullptr, nullptr)},
+      {"ncclReduceScatterConfig", ncclReduceScatterConfig(&x, &x, 1, ncclInt, ncclSum, nullptr, nullptr, nullptr)},
+      {"ncclBroadcastConfig", ncclBroadcastConfig(&x, &x, 1, ncclInt, 0, nullptr, nullptr, nullptr)},
+      {"ncclReduceConfig", ncclReduceConfig(&x, &x, 1, ncclInt, ncclSum, 0, nullptr, nullptr, nullptr)},
+      {"ncclAlltoAllConfig", ncclAlltoAllConfig(&x, &x, 1, ncclInt, nullptr, nullptr, nullptr)},
+      {"ncclGatherConfig", ncclGatherConfig(&x, &x, 1, ncclInt, 0, nullptr, nullptr, nullptr)},
+      {"ncclScatterConfig", ncclScatterConfig(&x, &x, 1, ncclInt, 0, nullptr, nullptr, nullptr)},
       {"AllGather", ncclAllGather(&x, &x, 1, ncclInt, nullptr, nullptr)},
       {"ReduceScatter", ncclReduceScatter(&x, &x, 1, ncclInt, ncclSum, nullptr, nullptr)},
       {"Broadcast", ncclBroadcast(&x, &x, 1, ncclInt, 0, nullptr, nullptr)},
