@@ -1,5 +1,7 @@
 // The NCCL API as the shim sees it: nccl.h (and the 2.28 device-API host functions), included so
-// that the compiler checks every shim definition against NCCL's own prototypes.
+// that the compiler checks every shim definition against NCCL's own prototypes; the entry points
+// of newer NCCLs that the shim exports (nccl_api.def) are declared here when nccl.h is older, as
+// those NCCLs declare them.
 //
 // The CUDA headers are included first and normally (hidden visibility, like the rest of the
 // library): only the nccl* definitions are exported, through MKERNEL_NCCL_EXPORT.
@@ -10,13 +12,13 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include <nccl.h>
 
 #if __has_include(<nccl_device/core.h>)
 #include <nccl_device/core.h>
 #include <nccl_device/gin_barrier.h>
-#include <nccl_device/ll_a2a.h>
-#include <nccl_device/lsa_barrier.h>
 #else
 // An NCCL install without the device-API headers: declare the host entry points the shim must
 // still export (layouts as in NCCL 2.28's nccl_device/core.h; the shim only passes them through).
@@ -30,12 +32,8 @@ struct ncclDevCommRequirements;
 typedef struct ncclDevCommRequirements ncclDevCommRequirements_t;
 struct ncclDevResourceRequirements;
 typedef struct ncclDevResourceRequirements ncclDevResourceRequirements_t;
-struct ncclLsaBarrierHandle;
-typedef struct ncclLsaBarrierHandle ncclLsaBarrierHandle_t;
 struct ncclGinBarrierHandle;
 typedef struct ncclGinBarrierHandle ncclGinBarrierHandle_t;
-struct ncclLLA2AHandle;
-typedef struct ncclLLA2AHandle ncclLLA2AHandle_t;
 extern "C" {
 ncclResult_t ncclDevCommCreate(ncclComm_t, ncclDevCommRequirements_t const*,
                                ncclDevComm_t* outDevComm);
@@ -48,17 +46,60 @@ int ncclTeamRankToLsa(ncclComm_t, ncclTeam_t, int rank);
 ncclResult_t ncclGinBarrierCreateRequirement(ncclComm_t, ncclTeam_t, int nBarriers,
                                              ncclGinBarrierHandle_t* outHandle,
                                              ncclDevResourceRequirements_t* outReq);
-ncclResult_t ncclLsaBarrierCreateRequirement(ncclTeam_t, int nBarriers,
-                                             ncclLsaBarrierHandle_t* outHandle,
-                                             ncclDevResourceRequirements_t* outReq);
-int ncclLLA2ACalcSlots(int maxElts, int maxEltSize);
-ncclResult_t ncclLLA2ACreateRequirement(int nBlocks, int nSlots, ncclLLA2AHandle_t* outHandle,
-                                        ncclDevResourceRequirements_t* outReq);
 }
 #endif
 
-// Exported by libnccl.so.2 but declared in no public header (debug.cc's logging reset).
-extern "C" void ncclResetDebugInitInternal();
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 32, 0)
+// NCCL 2.32's per-collective configuration (nccl.h of 2.32.3), for its nccl*Config entry points.
+// Versioned and append-only, as ncclConfig_t: `size` says how much of it the caller filled.
+typedef struct ncclConfigExt {
+  struct ncclConfigExt* next;
+  struct {
+    int vendorId;
+    int optionId;
+  } key;
+  union {
+    int i;
+    const char* s;
+    void* raw;
+  } val;
+} ncclConfigExt_t;
+typedef struct ncclCollConfig_v23200 {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  ncclConfigExt_t* ext;
+  int minCTAs;
+  int maxCTAs;
+  int nvlsCTAs;
+  int cgaClusterSize;
+  const char* algSelection;
+  int forceAlgSelection;
+  int CTAPolicy;
+  uint64_t userProfilerTag;
+  cudaEvent_t launchCompletionEvent;
+} ncclCollConfig_t;
+extern "C" {
+ncclResult_t ncclAllReduceConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                 ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclBroadcastConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                 int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclReduceConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                              ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream,
+                              const ncclCollConfig_t* config);
+ncclResult_t ncclAllGatherConfig(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
+                                 ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclReduceScatterConfig(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                     ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                     cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclAlltoAllConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclGatherConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                              int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclScatterConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                               int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+}
+#endif
 
 // Every nccl* definition of the shim: C linkage, exported despite -fvisibility=hidden.
 #define MKERNEL_NCCL_EXPORT extern "C" __attribute__((visibility("default")))

@@ -1,6 +1,7 @@
 #include "plugin/shim/real_nccl.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <atomic>
 #include <mutex>
@@ -12,6 +13,9 @@
 
 namespace mkernel {
 namespace shim {
+
+std::atomic<uintptr_t> gRealCodeBegin{0}, gRealCodeEnd{0};
+
 namespace {
 
 // The shim's own copy of an nccl* name must never be mistaken for the real one (that would
@@ -21,6 +25,37 @@ bool isOwnSymbol(void* sym) {
   if (dladdr(reinterpret_cast<void*>(&calledFromRealNccl), &mine) == 0) return false;
   if (dladdr(sym, &theirs) == 0) return false;
   return mine.dli_fbase == theirs.dli_fbase;
+}
+
+// The bounds of the executable segments of the object loaded at `base`, for fromRealNccl. The
+// first real NCCL loaded sets them (both tables load the same library).
+void noteCodeBounds(const void* base) {
+  struct Bounds {
+    uintptr_t base, begin = UINTPTR_MAX, end = 0;
+  } b{reinterpret_cast<uintptr_t>(base)};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* arg) {
+        Bounds* out = static_cast<Bounds*>(arg);
+        bool mine = info->dlpi_addr == out->base;
+        for (int i = 0; i < info->dlpi_phnum && !mine; ++i)
+          mine = info->dlpi_phdr[i].p_type == PT_LOAD && info->dlpi_addr + info->dlpi_phdr[i].p_vaddr == out->base;
+        if (!mine) return 0;
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+          if (ph.p_type != PT_LOAD || (ph.p_flags & PF_X) == 0) continue;
+          const uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+          if (lo < out->begin) out->begin = lo;
+          if (lo + ph.p_memsz > out->end) out->end = lo + ph.p_memsz;
+        }
+        return 1;
+      },
+      &b);
+  if (b.end <= b.begin) return;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (gRealCodeEnd.load(std::memory_order_relaxed) != 0) return;
+  gRealCodeBegin.store(b.begin, std::memory_order_relaxed);
+  gRealCodeEnd.store(b.end, std::memory_order_release);  // fromRealNccl reads the end first
 }
 
 void load(RealNccl* r, bool allowLoad) {
@@ -44,7 +79,7 @@ void load(RealNccl* r, bool allowLoad) {
     return;
   }
   DlSymbol syms[] = {
-#define MKERNEL_NCCL_API(name) {#name, reinterpret_cast<void**>(&r->name), false},
+#define MKERNEL_NCCL_API(name, role, what) {#name, reinterpret_cast<void**>(&r->name), false},
 #include "plugin/shim/nccl_api.def"
 #undef MKERNEL_NCCL_API
   };
@@ -72,9 +107,41 @@ void load(RealNccl* r, bool allowLoad) {
   }
   r->handle = h;
   r->available = true;
+  noteCodeBounds(r->base);
   // No call into NCCL here: this runs under call_once, and NCCL code may call its exported
-  // names through the PLT (back into the shim, which would wait on this very call_once).
-  MK_INFO(kLogInit, "shim: real NCCL at %s", r->path.c_str());
+  // names through the PLT (back into the shim, which would wait on this very call_once). The
+  // version is read after it (readVersion).
+}
+
+// Reads the loaded NCCL's version once: at INFO (INIT) always, and a WARN, once per process, when
+// it is newer than the newest version the shim was tested with. Outside the load's call_once
+// (NCCL's code may call back into the shim); a call back into here from inside that ncclGetVersion
+// finds the version still unread and goes on without it.
+void readVersion(RealNccl* r) {
+  static thread_local bool reading = false;
+  if (!r->available || r->version.load(std::memory_order_acquire) != 0 || reading) return;
+  static std::mutex mu;  // one reader per table; the others wait for its answer
+  std::lock_guard<std::mutex> lock(mu);
+  if (r->version.load(std::memory_order_acquire) != 0) return;
+  int code = 0;
+  reading = true;
+  const ncclResult_t got = r->ncclGetVersion(&code);
+  reading = false;
+  if (got != ncclSuccess || code <= 0) {
+    MK_WARN("shim: the real NCCL at %s did not tell its version (ncclGetVersion returned %d)", r->path.c_str(),
+            static_cast<int>(got));
+    r->version.store(-1, std::memory_order_release);
+    return;
+  }
+  r->version.store(code, std::memory_order_release);
+  MK_INFO(kLogInit, "shim: real NCCL %s (version code %d) at %s; the shim supports %s and newer, tested up to %s",
+          ncclVersionText(code).c_str(), code, r->path.c_str(), ncclVersionText(kOldestSupportedNccl).c_str(),
+          ncclVersionText(kNewestTestedNccl).c_str());
+  static std::atomic<bool> warned{false};
+  if (code > kNewestTestedNccl && !warned.exchange(true))
+    MK_WARN("shim: the real NCCL is %s (%s), newer than %s, the newest version mkernel's shim was tested with: "
+            "entry points the shim does not export reach NCCL directly with NCCL's own communicator (docs/SHIM.md)",
+            ncclVersionText(code).c_str(), r->path.c_str(), ncclVersionText(kNewestTestedNccl).c_str());
 }
 
 }  // namespace
@@ -90,11 +157,26 @@ const RealNccl& realNccl(bool allowLoad) {
       load(&loaded, true);
       loadedReady.store(true, std::memory_order_release);
     });
+    readVersion(&loaded);
     return loaded;
   }
-  if (loadedReady.load(std::memory_order_acquire) && loaded.available) return loaded;
+  if (loadedReady.load(std::memory_order_acquire) && loaded.available) {
+    readVersion(&loaded);
+    return loaded;
+  }
   std::call_once(noLoadOnce, [] { load(&noLoad, false); });
+  readVersion(&noLoad);
   return noLoad;
+}
+
+Result checkRealNcclVersion(const RealNccl& real, const char* caller) {
+  const int code = real.version.load(std::memory_order_acquire);
+  if (!real.available || code <= 0 || code >= kOldestSupportedNccl) return Result::Success;
+  return MK_ERROR(Result::InvalidUsage,
+                  "%s : the real NCCL at %s is %s; mkernel's shim needs NCCL %s or newer (built against %s, "
+                  "tested up to %s): load a newer libnccl.so.2 (MKERNEL_NCCL_LIBRARY)",
+                  caller, real.path.c_str(), ncclVersionText(code).c_str(), ncclVersionText(kOldestSupportedNccl).c_str(),
+                  ncclVersionText(NCCL_VERSION_CODE).c_str(), ncclVersionText(kNewestTestedNccl).c_str());
 }
 
 std::string ncclVersionText(int code) {
@@ -119,9 +201,8 @@ void announceShimOnce() {
     const RealNccl& real = realNccl(!emulate);
     std::string nccl;
     if (real.available) {
-      int code = 0;
-      const bool known = real.ncclGetVersion(&code) == ncclSuccess;  // NCCL's: sets it, calls nothing
-      nccl = "NCCL " + (known ? ncclVersionText(code) : std::string("(version unknown)")) + " at " + real.path;
+      const int code = real.version.load(std::memory_order_acquire);
+      nccl = "NCCL " + (code > 0 ? ncclVersionText(code) : std::string("(version unknown)")) + " at " + real.path;
     }
     if (emulate) {
       logStartupLine("mkernel %s loaded as NCCL shim from %s; emulation (MKERNEL_EMULATE=1): mkernel runs every "

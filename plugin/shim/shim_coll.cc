@@ -1,5 +1,5 @@
-// The data-moving entries: collectives (mkernel or forwarded) and the calls that are always
-// forwarded (AlltoAll, Gather, Scatter, Send, Recv).
+// The data-moving entries: collectives (mkernel or forwarded), their per-call-config variants (NCCL
+// 2.32), and the calls that are always forwarded (AlltoAll, Gather, Scatter, Send, Recv); groups.
 #include "collectives/stats.h"
 #include "common/log.h"
 #include "plugin/shim/nccl_api.h"
@@ -37,8 +37,66 @@ Result checkUsable(ShimComm* c, const char* name) {
 
 namespace {
 
+// NCCL's *Config function for a call that came with a per-call config, when NCCL has one (2.32
+// on); false otherwise (*r unset).
+bool forwardWithConfig(const Call& c, ncclComm_t realComm, ncclRedOp_t op, cudaStream_t s, ncclResult_t* r) {
+  const RealNccl& real = realNccl(false);
+  const ncclDataType_t dt = c.dtype;
+  const ncclCollConfig_t* cfg = c.collConfig;
+  switch (c.kind) {
+    case CallKind::AllReduce:
+      if (real.ncclAllReduceConfig == nullptr) return false;
+      *r = fromReal(real.ncclAllReduceConfig(c.sendbuff, c.recvbuff, c.count, dt, op, realComm, s, cfg));
+      return true;
+    case CallKind::AllGather:
+      if (real.ncclAllGatherConfig == nullptr) return false;
+      *r = fromReal(real.ncclAllGatherConfig(c.sendbuff, c.recvbuff, c.count, dt, realComm, s, cfg));
+      return true;
+    case CallKind::ReduceScatter:
+      if (real.ncclReduceScatterConfig == nullptr) return false;
+      *r = fromReal(real.ncclReduceScatterConfig(c.sendbuff, c.recvbuff, c.count, dt, op, realComm, s, cfg));
+      return true;
+    case CallKind::Broadcast:
+      if (real.ncclBroadcastConfig == nullptr) return false;
+      *r = fromReal(real.ncclBroadcastConfig(c.sendbuff, c.recvbuff, c.count, dt, c.root, realComm, s, cfg));
+      return true;
+    case CallKind::Reduce:
+      if (real.ncclReduceConfig == nullptr) return false;
+      *r = fromReal(real.ncclReduceConfig(c.sendbuff, c.recvbuff, c.count, dt, op, c.root, realComm, s, cfg));
+      return true;
+    case CallKind::AlltoAll:
+      if (real.ncclAlltoAllConfig == nullptr) return false;
+      *r = fromReal(real.ncclAlltoAllConfig(c.sendbuff, c.recvbuff, c.count, dt, realComm, s, cfg));
+      return true;
+    case CallKind::Gather:
+      if (real.ncclGatherConfig == nullptr) return false;
+      *r = fromReal(real.ncclGatherConfig(c.sendbuff, c.recvbuff, c.count, dt, c.root, realComm, s, cfg));
+      return true;
+    case CallKind::Scatter:
+      if (real.ncclScatterConfig == nullptr) return false;
+      *r = fromReal(real.ncclScatterConfig(c.sendbuff, c.recvbuff, c.count, dt, c.root, realComm, s, cfg));
+      return true;
+    case CallKind::Send:
+    case CallKind::Recv:
+      return false;
+  }
+  return false;
+}
+
 ncclResult_t forwardCall(const Call& c, ncclComm_t realComm, ncclRedOp_t op, cudaStream_t s) {
   const ncclDataType_t dt = c.dtype;
+  if (c.collConfig != nullptr) {
+    ncclResult_t r = ncclSuccess;
+    if (forwardWithConfig(c, realComm, op, s, &r)) return r;
+    // An NCCL older than 2.32: the plain call serves a config of defaults; nothing serves more.
+    if (!collConfigIsDefault(c.collConfig)) {
+      const RealNccl& real = realNccl(false);
+      return toNccl(MK_ERROR(Result::InvalidUsage,
+                             "%s : its per-call config asks for more than the defaults, and the real NCCL (%s at "
+                             "%s) has no nccl*Config entry points (NCCL 2.32 and newer)",
+                             c.name, ncclVersionText(real.version.load()).c_str(), real.path.c_str()));
+    }
+  }
   switch (c.kind) {
     case CallKind::AllReduce:
       return callReal(&RealNccl::ncclAllReduce, "AllReduce", c.sendbuff, c.recvbuff, c.count, dt,
@@ -131,16 +189,13 @@ ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
     return r;
   }
 
-  ncclRedOp_t realOp = call.op;
-  if (op.custom) {
-    if (!op.customOp.hasRealOp) {
-      ncclResult_t r = toNccl(MK_ERROR(Result::InvalidUsage,
-                                       "%s : reduction operation %d has no real NCCL counterpart",
-                                       call.name, static_cast<int>(call.op)));
-      groupRecordError(r);
-      return r;
-    }
-    realOp = op.customOp.realOp;
+  // A custom op's number is NCCL's own (ncclRedOpCreatePreMulSum), so it goes as it came.
+  if (op.custom && !op.customOp.hasRealOp) {
+    ncclResult_t r = toNccl(MK_ERROR(Result::InvalidUsage,
+                                     "%s : reduction operation %d has no real NCCL counterpart",
+                                     call.name, static_cast<int>(call.op)));
+    groupRecordError(r);
+    return r;
   }
   if (groupActive()) {
     ncclResult_t r = groupEnsureRealGroup();
@@ -149,7 +204,7 @@ ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
       return r;
     }
   }
-  ncclResult_t r = forwardCall(call, comm->real, realOp, stream);
+  ncclResult_t r = forwardCall(call, comm->real, call.op, stream);
   if (r == ncclSuccess && isColl) {
     coll::countForwardedOp(collType);
     comm->forwarded[static_cast<int>(collType)].fetch_add(1, std::memory_order_relaxed);
@@ -179,8 +234,9 @@ ncclResult_t forwardForeignData(const void* comm, Fn RealNccl::*fn, const char* 
 }
 
 Call makeCall(CallKind kind, const char* name, const void* sendbuff, void* recvbuff, size_t count,
-              ncclDataType_t dtype, ncclRedOp_t op, int root) {
+              ncclDataType_t dtype, ncclRedOp_t op, int root, const ncclCollConfig_t* config = nullptr) {
   Call c;
+  c.collConfig = config;
   c.kind = kind;
   c.name = name;
   c.sendbuff = sendbuff;
@@ -197,6 +253,7 @@ Call makeCall(CallKind kind, const char* name, const void* sendbuff, void* recvb
 }  // namespace mkernel
 
 using mkernel::shim::Call;
+using mkernel::shim::callReal;
 using mkernel::shim::CallKind;
 using mkernel::shim::findShimComm;
 using mkernel::shim::forwardForeignData;
@@ -205,9 +262,14 @@ using mkernel::shim::RealNccl;
 using mkernel::shim::runCall;
 using mkernel::shim::ShimComm;
 
+// Each entry: a call NCCL makes through its own PLT goes straight back to NCCL; a handle not in
+// the side table is NCCL's (or NULL); a shim comm's call is checked and routed (runCall).
+
 MKERNEL_NCCL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                                ncclDataType_t datatype, ncclRedOp_t op,
                                                ncclComm_t comm, cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclAllReduce, "AllReduce", sendbuff, recvbuff, count, datatype, op, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclAllReduce, "AllReduce", sendbuff, recvbuff,
@@ -217,9 +279,26 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvb
       stream);
 }
 
+MKERNEL_NCCL_EXPORT ncclResult_t ncclAllReduceConfig(const void* sendbuff, void* recvbuff, size_t count,
+                                                     ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                                     cudaStream_t stream, const ncclCollConfig_t* config) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclAllReduceConfig, "ncclAllReduceConfig", sendbuff, recvbuff, count, datatype, op,
+                    comm, stream, config);
+  ShimComm* c = findShimComm(comm);
+  if (c == nullptr)
+    return forwardForeignData(comm, &RealNccl::ncclAllReduceConfig, "AllReduce", sendbuff, recvbuff, count,
+                              datatype, op, comm, stream, config);
+  return runCall(
+      c, makeCall(CallKind::AllReduce, "AllReduce", sendbuff, recvbuff, count, datatype, op, 0, config),
+      stream);
+}
+
 MKERNEL_NCCL_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff,
                                                size_t sendcount, ncclDataType_t datatype,
                                                ncclComm_t comm, cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclAllGather, "AllGather", sendbuff, recvbuff, sendcount, datatype, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclAllGather, "AllGather", sendbuff, recvbuff,
@@ -230,10 +309,28 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvb
                  stream);
 }
 
+MKERNEL_NCCL_EXPORT ncclResult_t ncclAllGatherConfig(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                                     ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream,
+                                                     const ncclCollConfig_t* config) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclAllGatherConfig, "ncclAllGatherConfig", sendbuff, recvbuff, sendcount, datatype,
+                    comm, stream, config);
+  ShimComm* c = findShimComm(comm);
+  if (c == nullptr)
+    return forwardForeignData(comm, &RealNccl::ncclAllGatherConfig, "AllGather", sendbuff, recvbuff, sendcount,
+                              datatype, comm, stream, config);
+  return runCall(
+      c, makeCall(CallKind::AllGather, "AllGather", sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, config),
+      stream);
+}
+
 MKERNEL_NCCL_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff,
                                                    size_t recvcount, ncclDataType_t datatype,
                                                    ncclRedOp_t op, ncclComm_t comm,
                                                    cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclReduceScatter, "ReduceScatter", sendbuff, recvbuff, recvcount, datatype, op, comm,
+                    stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclReduceScatter, "ReduceScatter", sendbuff,
@@ -244,10 +341,28 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* r
                  stream);
 }
 
+MKERNEL_NCCL_EXPORT ncclResult_t ncclReduceScatterConfig(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                                         cudaStream_t stream, const ncclCollConfig_t* config) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclReduceScatterConfig, "ncclReduceScatterConfig", sendbuff, recvbuff, recvcount,
+                    datatype, op, comm, stream, config);
+  ShimComm* c = findShimComm(comm);
+  if (c == nullptr)
+    return forwardForeignData(comm, &RealNccl::ncclReduceScatterConfig, "ReduceScatter", sendbuff, recvbuff,
+                              recvcount, datatype, op, comm, stream, config);
+  return runCall(c,
+                 makeCall(CallKind::ReduceScatter, "ReduceScatter", sendbuff, recvbuff, recvcount, datatype, op, 0,
+                          config),
+                 stream);
+}
+
 MKERNEL_NCCL_EXPORT ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                                                ncclDataType_t datatype, int root, ncclComm_t comm,
                                                cudaStream_t stream) {
-  // Re-entry: NCCL's own ncclBcast calls ncclBroadcast through its PLT with a real comm.
+  // Re-entry: NCCL's own ncclBcast calls ncclBroadcast through its PLT.
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclBroadcast, "Broadcast", sendbuff, recvbuff, count, datatype, root, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclBroadcast, "Broadcast", sendbuff, recvbuff,
@@ -258,8 +373,25 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclBroadcast(const void* sendbuff, void* recvb
                  stream);
 }
 
+MKERNEL_NCCL_EXPORT ncclResult_t ncclBroadcastConfig(const void* sendbuff, void* recvbuff, size_t count,
+                                                     ncclDataType_t datatype, int root, ncclComm_t comm,
+                                                     cudaStream_t stream, const ncclCollConfig_t* config) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclBroadcastConfig, "ncclBroadcastConfig", sendbuff, recvbuff, count, datatype, root,
+                    comm, stream, config);
+  ShimComm* c = findShimComm(comm);
+  if (c == nullptr)
+    return forwardForeignData(comm, &RealNccl::ncclBroadcastConfig, "Broadcast", sendbuff, recvbuff, count,
+                              datatype, root, comm, stream, config);
+  return runCall(
+      c, makeCall(CallKind::Broadcast, "Broadcast", sendbuff, recvbuff, count, datatype, ncclSum, root, config),
+      stream);
+}
+
 MKERNEL_NCCL_EXPORT ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype,
                                            int root, ncclComm_t comm, cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclBcast, "Bcast", buff, count, datatype, root, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclBcast, "Bcast", buff, count, datatype, root,
@@ -273,6 +405,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclBcast(void* buff, size_t count, ncclDataTyp
 MKERNEL_NCCL_EXPORT ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
                                             ncclDataType_t datatype, ncclRedOp_t op, int root,
                                             ncclComm_t comm, cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclReduce, "Reduce", sendbuff, recvbuff, count, datatype, op, root, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclReduce, "Reduce", sendbuff, recvbuff, count,
@@ -282,9 +416,25 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff
       stream);
 }
 
+MKERNEL_NCCL_EXPORT ncclResult_t ncclReduceConfig(const void* sendbuff, void* recvbuff, size_t count,
+                                                  ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
+                                                  cudaStream_t stream, const ncclCollConfig_t* config) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclReduceConfig, "ncclReduceConfig", sendbuff, recvbuff, count, datatype, op, root,
+                    comm, stream, config);
+  ShimComm* c = findShimComm(comm);
+  if (c == nullptr)
+    return forwardForeignData(comm, &RealNccl::ncclReduceConfig, "Reduce", sendbuff, recvbuff, count, datatype, op,
+                              root, comm, stream, config);
+  return runCall(
+      c, makeCall(CallKind::Reduce, "Reduce", sendbuff, recvbuff, count, datatype, op, root, config), stream);
+}
+
 MKERNEL_NCCL_EXPORT ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                                               ncclDataType_t datatype, ncclComm_t comm,
                                               cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclAlltoAll, "AlltoAll", sendbuff, recvbuff, count, datatype, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclAlltoAll, "AlltoAll", sendbuff, recvbuff, count,
@@ -294,9 +444,25 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbu
       stream);
 }
 
+MKERNEL_NCCL_EXPORT ncclResult_t ncclAlltoAllConfig(const void* sendbuff, void* recvbuff, size_t count,
+                                                    ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream,
+                                                    const ncclCollConfig_t* config) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclAlltoAllConfig, "ncclAlltoAllConfig", sendbuff, recvbuff, count, datatype, comm,
+                    stream, config);
+  ShimComm* c = findShimComm(comm);
+  if (c == nullptr)
+    return forwardForeignData(comm, &RealNccl::ncclAlltoAllConfig, "AlltoAll", sendbuff, recvbuff, count, datatype,
+                              comm, stream, config);
+  return runCall(
+      c, makeCall(CallKind::AlltoAll, "AlltoAll", sendbuff, recvbuff, count, datatype, ncclSum, 0, config), stream);
+}
+
 MKERNEL_NCCL_EXPORT ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count,
                                             ncclDataType_t datatype, int root, ncclComm_t comm,
                                             cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclGather, "Gather", sendbuff, recvbuff, count, datatype, root, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclGather, "Gather", sendbuff, recvbuff, count,
@@ -306,9 +472,25 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclGather(const void* sendbuff, void* recvbuff
       stream);
 }
 
+MKERNEL_NCCL_EXPORT ncclResult_t ncclGatherConfig(const void* sendbuff, void* recvbuff, size_t count,
+                                                  ncclDataType_t datatype, int root, ncclComm_t comm,
+                                                  cudaStream_t stream, const ncclCollConfig_t* config) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclGatherConfig, "ncclGatherConfig", sendbuff, recvbuff, count, datatype, root, comm,
+                    stream, config);
+  ShimComm* c = findShimComm(comm);
+  if (c == nullptr)
+    return forwardForeignData(comm, &RealNccl::ncclGatherConfig, "Gather", sendbuff, recvbuff, count, datatype, root,
+                              comm, stream, config);
+  return runCall(
+      c, makeCall(CallKind::Gather, "Gather", sendbuff, recvbuff, count, datatype, ncclSum, root, config), stream);
+}
+
 MKERNEL_NCCL_EXPORT ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count,
                                              ncclDataType_t datatype, int root, ncclComm_t comm,
                                              cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclScatter, "Scatter", sendbuff, recvbuff, count, datatype, root, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclScatter, "Scatter", sendbuff, recvbuff, count,
@@ -318,9 +500,25 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclScatter(const void* sendbuff, void* recvbuf
       stream);
 }
 
+MKERNEL_NCCL_EXPORT ncclResult_t ncclScatterConfig(const void* sendbuff, void* recvbuff, size_t count,
+                                                   ncclDataType_t datatype, int root, ncclComm_t comm,
+                                                   cudaStream_t stream, const ncclCollConfig_t* config) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclScatterConfig, "ncclScatterConfig", sendbuff, recvbuff, count, datatype, root,
+                    comm, stream, config);
+  ShimComm* c = findShimComm(comm);
+  if (c == nullptr)
+    return forwardForeignData(comm, &RealNccl::ncclScatterConfig, "Scatter", sendbuff, recvbuff, count, datatype,
+                              root, comm, stream, config);
+  return runCall(
+      c, makeCall(CallKind::Scatter, "Scatter", sendbuff, recvbuff, count, datatype, ncclSum, root, config), stream);
+}
+
 MKERNEL_NCCL_EXPORT ncclResult_t ncclSend(const void* sendbuff, size_t count,
                                           ncclDataType_t datatype, int peer, ncclComm_t comm,
                                           cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclSend, "Send", sendbuff, count, datatype, peer, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclSend, "Send", sendbuff, count, datatype, peer,
@@ -332,6 +530,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclSend(const void* sendbuff, size_t count,
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype,
                                           int peer, ncclComm_t comm, cudaStream_t stream) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclRecv, "Recv", recvbuff, count, datatype, peer, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclRecv, "Recv", recvbuff, count, datatype, peer,
@@ -342,14 +542,17 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclData
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclGroupStart() {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclGroupStart, "ncclGroupStart");
   mkernel::shim::groupStart();
   return ncclSuccess;
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclGroupEnd() {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclGroupEnd, "ncclGroupEnd");
   return mkernel::shim::groupEnd();
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclGroupSimulateEnd, "ncclGroupSimulateEnd", simInfo);
   return mkernel::shim::groupSimulateEnd(simInfo);
 }

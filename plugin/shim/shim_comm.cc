@@ -8,7 +8,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <thread>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "collectives/stats.h"
@@ -21,14 +21,68 @@ namespace mkernel {
 namespace shim {
 namespace {
 
-struct Registry {
-  std::shared_mutex mu;
-  std::unordered_set<const void*> comms;
+// The side table: handle -> ShimComm, in shards (each its own read-mostly lock and map) so that
+// threads running collectives on different communicators do not share one lock's cache line.
+// Never destroyed: entries may run during exit.
+class SideTable {
+ public:
+  static constexpr size_t kShards = 16;
+  ShimComm* find(const void* h) {
+    Shard& s = shard(h);
+    std::shared_lock<std::shared_mutex> lock(s.mu);
+    auto it = s.map.find(h);
+    return it == s.map.end() ? nullptr : it->second;
+  }
+  // Returns the ShimComm the handle mapped to before (nullptr if none).
+  ShimComm* insert(const void* h, ShimComm* c) {
+    Shard& s = shard(h);
+    std::unique_lock<std::shared_mutex> lock(s.mu);
+    ShimComm*& slot = s.map[h];
+    ShimComm* before = slot;
+    slot = c;
+    return before;
+  }
+  void erase(const void* h, const ShimComm* c) {
+    Shard& s = shard(h);
+    std::unique_lock<std::shared_mutex> lock(s.mu);
+    auto it = s.map.find(h);
+    if (it != s.map.end() && it->second == c) s.map.erase(it);
+  }
+
+ private:
+  struct alignas(64) Shard {
+    std::shared_mutex mu;
+    std::unordered_map<const void*, ShimComm*> map;
+  };
+  static size_t index(const void* h) {
+    // NCCL's comms and the stand-ins are heap allocations: mix the bits above the alignment.
+    uint64_t x = reinterpret_cast<uintptr_t>(h) >> 4;
+    x ^= x >> 17;
+    x *= 0x9e3779b97f4a7c15ull;
+    return static_cast<size_t>(x >> 60) % kShards;
+  }
+  Shard& shard(const void* h) { return shards_[index(h)]; }
+  Shard shards_[kShards];
 };
-Registry& registry() {
-  static Registry* r = new Registry;  // never destroyed: entries may run during exit
-  return *r;
+SideTable& sideTable() {
+  static SideTable* t = new SideTable;
+  return *t;
 }
+
+// Every shell ever made (ShimComms are never freed): destroyShimComm's search for co-members.
+struct Shells {
+  std::mutex mu;
+  std::vector<ShimComm*> all;
+};
+Shells& shells() {
+  static Shells* s = new Shells;
+  return *s;
+}
+
+// A stand-in's memory: what it holds is never read (the handle is only a key).
+struct StandIn {
+  uint64_t tag = 0x6e6974736b6d2eull;  // ".mkstin", for whoever looks at one in a debugger
+};
 
 // Releases that outlived their grace period (destroyShimComm). Never destroyed: a release thread
 // may still be finishing while the process exits, and it uses the mutex and the condition.
@@ -148,24 +202,43 @@ ShimComm* newShimComm() {
   ShimComm* c = new ShimComm;
   const char* check = std::getenv("NCCL_CHECK_POINTERS");
   c->checkPointers = check != nullptr && std::atoi(check) == 1;
-  Registry& r = registry();
-  std::unique_lock<std::shared_mutex> lock(r.mu);
-  r.comms.insert(c);
+  Shells& s = shells();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.all.push_back(c);
   return c;
 }
 
-ShimComm* findShimComm(const void* comm) {
-  if (comm == nullptr) return nullptr;
-  Registry& r = registry();
-  {
-    std::shared_lock<std::shared_mutex> lock(r.mu);
-    if (r.comms.count(comm) == 0) return nullptr;
-  }
-  ShimComm* c = static_cast<ShimComm*>(const_cast<void*>(comm));
-  return c->magic == kShimCommMagic ? c : nullptr;
+ncclComm_t newStandInHandle() {
+  return reinterpret_cast<ncclComm_t>(new StandIn);  // never freed: its address is never reused
 }
 
-void releaseShimComm(ShimComm* c, bool abortive) {
+void bindHandle(ShimComm* c, ncclComm_t handle) {
+  c->appHandle.store(handle, std::memory_order_release);
+  ShimComm* stale = sideTable().insert(handle, c);
+  if (stale != nullptr && stale != c)
+    MK_WARN("shim: comm %p: the side table still held it for an earlier communicator (rank %d/%d, %s): NCCL "
+            "destroyed that one without the shim (a call that bypassed it?); the entry now names the new one",
+            static_cast<void*>(handle), stale->rank, stale->nRanks, commStateName(stale->state.load()));
+}
+
+void unbindHandle(ShimComm* c) {
+  const ncclComm_t h = c->handle();
+  if (h != nullptr) sideTable().erase(h, c);
+}
+
+ShimComm* findShimComm(const void* handle) {
+  if (handle == nullptr) return nullptr;
+  return sideTable().find(handle);
+}
+
+void announceReady(ShimComm* c) {
+  const ncclComm_t h = c->handle();
+  if (h == nullptr || c->state.load(std::memory_order_acquire) != CommState::Ready) return;
+  MK_INFO(kLogInit, "shim: comm %p rank %d/%d on device %d ready (%s%s)", static_cast<void*>(h), c->rank,
+          c->nRanks, c->cudaDev, c->mk ? "mkernel" : "NCCL only", c->emulate ? ", emulated" : "");
+}
+
+void releaseKernelPart(ShimComm* c, bool abortive) {
   if (c->mk) {
     if (abortive) {
       keepCommStats(c);
@@ -185,16 +258,6 @@ void releaseShimComm(ShimComm* c, bool abortive) {
     }
     gone.reset();
   }
-  if (c->real != nullptr) {
-    const RealNccl& real = realNccl(false);
-    if (real.available) {
-      ncclResult_t r = abortive ? real.ncclCommAbort(c->real) : real.ncclCommDestroy(c->real);
-      if (r != ncclSuccess)
-        MK_WARN("shim: rank %d: the real NCCL's %s returned %d", c->rank,
-                abortive ? "ncclCommAbort" : "ncclCommDestroy", static_cast<int>(r));
-    }
-    c->real = nullptr;
-  }
   if (c->bootstrap) {
     if (abortive) c->bootstrap->abort();
     std::unique_ptr<bootstrap::Bootstrap> gone;
@@ -203,6 +266,24 @@ void releaseShimComm(ShimComm* c, bool abortive) {
       gone = std::move(c->bootstrap);
     }
     gone.reset();
+  }
+}
+
+void releaseShimComm(ShimComm* c, bool abortive) {
+  releaseKernelPart(c, abortive);
+  if (c->real != nullptr) {
+    // Out of the side table first: once NCCL frees the comm, its address may come back as another
+    // communicator's, which must not be taken for this one. Calls NCCL makes back into the shim
+    // while it tears the comm down come from NCCL's code and go straight back to it.
+    unbindHandle(c);
+    const RealNccl& real = realNccl(false);
+    if (real.available) {
+      ncclResult_t r = abortive ? real.ncclCommAbort(c->real) : real.ncclCommDestroy(c->real);
+      if (r != ncclSuccess)
+        MK_WARN("shim: rank %d: the real NCCL's %s returned %d", c->rank,
+                abortive ? "ncclCommAbort" : "ncclCommDestroy", static_cast<int>(r));
+    }
+    c->real = nullptr;
   }
   {
     std::lock_guard<std::mutex> lock(c->opsMutex);
@@ -238,7 +319,7 @@ void printCommStats(ShimComm* c) {
   for (int i = 0; i < coll::kNumCollTypes; ++i) fwd[i] = c->forwarded[i].load(std::memory_order_relaxed);
   const std::string line =
       coll::commStatsLine(c->haveFinalStats ? &c->finalStats : nullptr, fwd, c->mkUnavailable.c_str());
-  logRequested("STATS", "comm %p rank %d/%d%s%s: %s", static_cast<void*>(c), c->rank, c->nRanks,
+  logRequested("STATS", "comm %p rank %d/%d%s%s: %s", static_cast<void*>(c->handle()), c->rank, c->nRanks,
                c->emulate ? " (emulated)" : "", s == CommState::Aborted ? " (aborted)" : "", line.c_str());
 }
 
@@ -251,12 +332,10 @@ void destroyShimComm(ShimComm* c) {
   }
   std::vector<CommState> coMembers;
   {
-    Registry& reg = registry();
-    std::shared_lock<std::shared_mutex> lock(reg.mu);
-    for (const void* p : reg.comms) {
-      const ShimComm* o = static_cast<const ShimComm*>(p);
+    Shells& all = shells();
+    std::lock_guard<std::mutex> lock(all.mu);
+    for (const ShimComm* o : all.all)
       if (o != c && o->idHash == c->idHash) coMembers.push_back(o->state.load());  // seq_cst: of two racing destroys, the later sees the earlier
-    }
   }
   const bool wait = destroyWaitsForRelease(coMembers);
   Reaper& r = reaper();

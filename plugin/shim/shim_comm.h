@@ -1,17 +1,19 @@
-// The shim's communicator: what an ncclComm_t handed out by libmkernel.so points to.
+// The shim's state for one communicator (ShimComm), and the side table that finds it from the
+// handle the application holds (docs/SHIM.md, "Handles").
 //
-// Re-entry (NCCL-ABI.md): libnccl calls its own exported names through the PLT, so under
-// LD_PRELOAD the shim's entry points also receive the REAL NCCL's handles. Every entry that takes
-// a comm first asks findShimComm(): a registry of every shim comm ever made answers without
-// reading the handle's memory (a foreign pointer is never dereferenced), and the magic word at
-// the start of the struct is checked as a second guard. Foreign handles go straight to the real
-// function.
+// The ncclComm_t an application holds is the real NCCL communicator: every name of libnccl.so.2
+// the shim does not export reaches NCCL with NCCL's own handle. In emulation (MKERNEL_EMULATE=1)
+// it is a stand-in the shim allocates and never frees or passes to NCCL. The side table maps a
+// handle to its ShimComm; a handle it does not hold is NCCL's alone and goes to NCCL.
 //
-// Shells are never freed: ncclCommDestroy/Abort release everything the comm holds (kernel,
-// bootstrap, real NCCL comm) but keep the few hundred bytes of the struct, marked Destroyed. So
-// a destroyed handle is still recognised as ours (an error, not a forward of a dangling pointer
-// into NCCL), and the address can never be reused for a real NCCL comm the registry would then
-// misclassify.
+// A handle enters the table when its communicator exists (creation, split, shrink; bindHandle)
+// and leaves it before NCCL destroys or aborts the communicator (releaseShimComm), so that an
+// address NCCL reuses for another communicator is never taken for the old one. A stand-in never
+// leaves it (its memory is never reused): a destroyed emulated handle stays recognised.
+//
+// ShimComm shells are never freed: a release frees what a comm holds (kernel, bootstrap, NCCL's
+// communicator) and keeps the few hundred bytes of the struct, marked Destroyed, so that a call
+// racing with the destroy reads a destroyed comm, never freed memory.
 #pragma once
 
 #include <atomic>
@@ -30,8 +32,6 @@
 namespace mkernel {
 namespace shim {
 
-constexpr uint64_t kShimCommMagic = 0x316c656e72656b6dull;  // "mkernel1"
-
 enum class CommState : int {
   Initializing,  // created inside a group; the init runs at ncclGroupEnd
   Ready,
@@ -44,21 +44,22 @@ enum class CommState : int {
 const char* commStateName(CommState s);
 
 // A user-defined reduction (ncclRedOpCreatePreMulSum), per comm as in NCCL.
+// The op's number is NCCL's own (the real ncclRedOpCreatePreMulSum's answer, so that an entry
+// point the shim does not export gets a value NCCL knows); in emulation the shim numbers its ops
+// as NCCL does (ncclNumOps + the first free slot). Its slot in ShimComm::ops is number - ncclNumOps.
 struct CustomOp {
   bool live = false;
   ncclDataType_t dtype = ncclFloat32;
   bool hostScalar = true;  // ncclScalarHostImmediate: `scalar` holds the value
   double scalar = 1.0;
   const void* scalarDev = nullptr;  // ncclScalarDevice: read while the collective runs
-  bool hasRealOp = false;
-  ncclRedOp_t realOp = ncclSum;  // the same op created on the real comm (forwarded calls)
+  bool hasRealOp = false;  // NCCL knows the op (not in emulation)
 };
 
 // MKERNEL_GRAPH: where collectives captured into a CUDA graph run (shim_select.h, graphRoute).
 enum class GraphPath { Auto, Nccl, Mkernel };
 
 struct ShimComm {
-  uint64_t magic = kShimCommMagic;  // first member, on purpose
   std::atomic<CommState> state{CommState::Initializing};
   std::atomic<int> initResult{ncclInProgress};
   int rank = 0;
@@ -73,7 +74,10 @@ struct ShimComm {
   bool checkPointers = false;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;  // the user's, kept for split/shrink inheritance
   std::unique_ptr<bootstrap::Bootstrap> bootstrap;
-  ncclComm_t real = nullptr;               // the real NCCL comm beside it (null when emulating)
+  // What the application holds, the side table's key: the real NCCL comm, or the stand-in in
+  // emulation; null until known (a split or shrink inside a group learns it at ncclGroupEnd).
+  std::atomic<ncclComm_t> appHandle{nullptr};
+  ncclComm_t real = nullptr;               // the real NCCL comm (the handle; null when emulating)
   std::unique_ptr<coll::Communicator> mk;  // null: everything is forwarded
   std::string mkUnavailable;               // why mk is null
   std::unique_ptr<coll::SelectionPolicy>
@@ -97,15 +101,32 @@ struct ShimComm {
   bool haveFinalStats = false;
   std::atomic<bool> statsPrinted{false};
 
-  ncclComm_t handle() { return reinterpret_cast<ncclComm_t>(this); }
+  ncclComm_t handle() const { return appHandle.load(std::memory_order_acquire); }
 };
 
-// Allocates a shell in state Initializing and registers it.
+// Allocates a shell in state Initializing, kept for the life of the process; not in the side
+// table until bindHandle.
 ShimComm* newShimComm();
-// The shim comm behind `comm`, or nullptr when `comm` is not one of ours (foreign or null).
-ShimComm* findShimComm(const void* comm);
+// A stand-in handle for an emulated communicator: a small allocation of the shim's, never freed,
+// never passed to NCCL.
+ncclComm_t newStandInHandle();
+// Enters `handle` in the side table for `c` (and sets c->appHandle). A stale entry for the same
+// address (a communicator NCCL destroyed without the shim: a call that bypassed it) is replaced.
+void bindHandle(ShimComm* c, ncclComm_t handle);
+// Removes c's handle from the side table (if it still maps to c).
+void unbindHandle(ShimComm* c);
+// The shim comm behind `handle`, or nullptr when the side table holds no such handle: NULL, a
+// communicator NCCL made without the shim, or one already destroyed. Shared locks on one of
+// sharded maps: the cost of every collective's lookup.
+ShimComm* findShimComm(const void* handle);
 
-// Releases what a comm holds (kernel, real comm, bootstrap); `abortive`: without waiting.
+// Logs the comm's "ready" line (INFO, INIT) when its handle and mkernel's part are both there.
+void announceReady(ShimComm* c);
+
+// Releases mkernel's part of a comm (kernel, bootstrap); `abortive`: without waiting.
+void releaseKernelPart(ShimComm* c, bool abortive);
+// Releases what a comm holds: mkernel's part, then (its handle first removed from the side table)
+// the real NCCL comm, destroyed or aborted; `abortive`: without waiting.
 void releaseShimComm(ShimComm* c, bool abortive);
 
 // A communicator whose ranks span c->nNodes hosts without MKERNEL_MULTI_NODE=1: no mkernel part,

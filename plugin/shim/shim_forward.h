@@ -22,8 +22,9 @@ ncclResult_t callReal(Fn RealNccl::*fn, const char* name, Args... args) {
   return fromReal((real.*fn)(args...));
 }
 
-// A handle that is not a shim comm: NULL is NCCL's "comm argument is NULL"; anything else is the
-// real NCCL's (re-entry from libnccl, or an application mixing in real comms) and goes there.
+// A handle the side table does not hold: NULL is NCCL's "comm argument is NULL"; anything else is
+// NCCL's alone (a communicator NCCL made without the shim: from an id of NCCL's, a grow, a caller
+// that bypassed the shim) and goes there.
 template <typename Fn, typename... Args>
 ncclResult_t forwardForeign(const void* comm, Fn RealNccl::*fn, const char* name, Args... args) {
   if (comm == nullptr)

@@ -1,11 +1,13 @@
 #include "plugin/shim/shim_group.h"
 
 #include <algorithm>
+#include <memory>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "common/log.h"
+#include "common/param.h"
 #include "plugin/shim/real_nccl.h"
 
 namespace mkernel {
@@ -23,14 +25,61 @@ struct DeferredTask {
   std::function<Result()> run;
 };
 
+struct PendingChild {
+  ShimComm* child;
+  std::unique_ptr<ncclComm_t> slot;  // NCCL writes the handle here at its group's end
+  ncclComm_t* userOut;
+};
+
 struct GroupState {
   int depth = 0;
   bool realOpen = false;
   ncclResult_t error = ncclSuccess;
   std::vector<KernelOp> kernelOps;
   std::vector<DeferredTask> deferred;
+  std::vector<ShimComm*> created;
+  std::vector<PendingChild> children;
 };
 thread_local GroupState tGroup;
+
+// After NCCL's group closed: an init NCCL failed leaves its comm InitFailed (mkernel's part is
+// let go), and split's and shrink's children get the handles NCCL wrote.
+void settleCreations(GroupState& g) {
+  const RealNccl& real = realNccl(false);
+  for (ShimComm* c : g.created) {
+    if (c->state.load() == CommState::InitFailed || c->real == nullptr || !real.available) continue;
+    ncclResult_t async = ncclSuccess;
+    if (real.ncclCommGetAsyncError(c->real, &async) != ncclSuccess) continue;
+    if (async == ncclSuccess || async == ncclInProgress) continue;
+    MK_ERROR(static_cast<Result>(async), "ncclGroupEnd : rank %d: the real NCCL's communicator failed to initialize",
+             c->rank);
+    releaseKernelPart(c, /*abortive=*/true);
+    c->initResult.store(static_cast<int>(async));
+    c->state.store(CommState::InitFailed);
+  }
+  for (PendingChild& p : g.children) {
+    const ncclComm_t h = *p.slot;
+    if (p.child == nullptr) {
+      *p.userOut = h;
+      continue;
+    }
+    if (h == nullptr) {
+      if (p.child->state.load() != CommState::InitFailed) {
+        const Result why = MK_ERROR(Result::InternalError, "ncclGroupEnd : rank %d: the real NCCL made no communicator",
+                                    p.child->rank);
+        releaseKernelPart(p.child, /*abortive=*/true);
+        p.child->initResult.store(static_cast<int>(why));
+        p.child->state.store(CommState::InitFailed);
+      }
+      *p.userOut = nullptr;
+      continue;
+    }
+    p.child->real = h;
+    bindHandle(p.child, h);
+    *p.userOut = h;
+    announceReady(p.child);
+  }
+}
 
 // Runs the deferred tasks concurrently (they are the ranks of one collective setup, so they must
 // all be in flight at once). Returns the first failure.
@@ -138,8 +187,19 @@ bool groupActive() {
   return tGroup.depth > 0;
 }
 
+// NCCL 2.28 leaks its group job (160 bytes, group.cc) at the end of a group that holds nothing;
+// 2.29 frees it. Every 2.28 name that can be grouped is the shim's, so with 2.28 NCCL's group is
+// opened by the first call that hands NCCL something (groupEnsureRealGroup).
+constexpr int kNcclFreesEmptyGroup = 22900;
+
 void groupStart() {
-  ++tGroup.depth;
+  if (tGroup.depth++ > 0 || params::EMULATE()) return;
+  // NCCL's group, at once: what reaches NCCL in this group through names the shim does not
+  // export is grouped there too.
+  const RealNccl& real = realNccl(true);
+  if (real.available && real.version.load() >= kNcclFreesEmptyGroup && real.ncclGroupStart != nullptr &&
+      fromReal(real.ncclGroupStart()) == ncclSuccess)
+    tGroup.realOpen = true;
 }
 
 void groupAddKernelOp(ShimComm* comm, const coll::CollArgs& args, cudaStream_t stream) {
@@ -159,6 +219,15 @@ ncclResult_t groupEnsureRealGroup() {
 
 void groupDefer(int cudaDev, std::function<Result()> task) {
   tGroup.deferred.push_back({cudaDev, std::move(task)});
+}
+
+void groupNoteCreated(ShimComm* c) {
+  tGroup.created.push_back(c);
+}
+
+ncclComm_t* groupPendingChild(ShimComm* child, ncclComm_t* userOut) {
+  tGroup.children.push_back({child, std::unique_ptr<ncclComm_t>(new ncclComm_t(nullptr)), userOut});
+  return tGroup.children.back().slot.get();
 }
 
 void groupRecordError(ncclResult_t r) {
@@ -188,6 +257,7 @@ ncclResult_t groupEnd() {
     r = fromReal(realNccl(false).ncclGroupEnd());
     if (result == ncclSuccess) result = r;
   }
+  settleCreations(g);
   return result;
 }
 
@@ -205,7 +275,11 @@ ncclResult_t groupSimulateEnd(ncclSimInfo_t* simInfo) {
   tGroup = GroupState();
   // Communicator creation is not simulated (nothing would ever create those comms otherwise).
   ncclResult_t initResult = runDeferred(g.deferred);
-  if (initResult != ncclSuccess) return initResult;
+  if (initResult != ncclSuccess) {
+    if (g.realOpen) (void)realNccl(false).ncclGroupEnd();
+    settleCreations(g);
+    return initResult;
+  }
   const RealNccl& real = realNccl(false);
   if (!real.available)
     return toNccl(MK_ERROR(Result::InvalidUsage,
@@ -215,6 +289,10 @@ ncclResult_t groupSimulateEnd(ncclSimInfo_t* simInfo) {
     ncclResult_t r = fromReal(real.ncclGroupStart());
     if (r != ncclSuccess) return r;
   }
+  struct Settle {  // whichever way this returns
+    GroupState& g;
+    ~Settle() { settleCreations(g); }
+  } settle{g};
   // The mkernel collectives are estimated as NCCL would run them: issue them to the real comms
   // inside the simulated group (nothing is launched).
   for (const KernelOp& op : g.kernelOps) {

@@ -1,5 +1,5 @@
 // ncclGetUniqueId and communicator creation (ncclCommInitRank, ...Config, ...Scalable,
-// ncclCommInitAll).
+// ncclCommInitAll), and what split and shrink share with them (createBlocking).
 #include "plugin/shim/shim_init.h"
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include "plugin/shim/shim_forward.h"
 #include "plugin/shim/shim_group.h"
 #include "plugin/shim/shim_select.h"
+#include "transport/bootstrap/wire.h"
 
 namespace mkernel {
 namespace shim {
@@ -50,39 +51,6 @@ Result checkConfig(const ncclConfig_t* config, const char* caller) {
 }
 
 namespace {
-
-// Rank 0 asks the real NCCL for a unique id and broadcasts it over the bootstrap; every rank then
-// creates the real comm. The broadcast carries rank 0's success, so a failure there fails all.
-Result createRealComm(ShimComm* c, const CommSetup& s) {
-  struct RealIdMsg {
-    int ok;
-    ncclUniqueId id;
-  } msg{};
-  const RealNccl& real = realNccl(true);
-  if (s.rank == 0) {
-    msg.ok = real.available && real.ncclGetUniqueId != nullptr &&
-             real.ncclGetUniqueId(&msg.id) == ncclSuccess;
-  }
-  MK_CHECK(c->bootstrap->broadcast(&msg, sizeof(msg), 0));
-  if (!real.available)
-    return MK_ERROR(Result::SystemError,
-                    "%s : rank %d: %s (or set MKERNEL_EMULATE=1 to run without NCCL)", s.caller,
-                    s.rank, real.why.c_str());
-  if (!msg.ok)
-    return MK_ERROR(Result::SystemError,
-                    "%s : rank %d: rank 0 could not get a unique id from the real NCCL", s.caller,
-                    s.rank);
-  ncclConfig_t cfg = realConfigFor(s.config);
-  ncclResult_t r = real.ncclCommInitRankConfig(&c->real, s.nRanks, msg.id, s.rank, &cfg);
-  if (r != ncclSuccess) {
-    c->real = nullptr;
-    fromReal(r);
-    return MK_ERROR(static_cast<Result>(r),
-                    "%s : rank %d: the real ncclCommInitRankConfig failed: %s", s.caller, s.rank,
-                    real.ncclGetLastError ? real.ncclGetLastError(nullptr) : "");
-  }
-  return Result::Success;
-}
 
 // The mkernel Communicator, agreed by all ranks: if any rank cannot make one, none uses it
 // (the selection must be identical everywhere, or ranks would wait on different paths).
@@ -198,16 +166,9 @@ Result setupComm(ShimComm* c, const CommSetup& s) {
   }
   Result r = bootstrap::Bootstrap::create(s.id, s.rank, s.nRanks, &c->bootstrap);
   if (r == Result::Success) r = countNodes(c, s);
-  if (r == Result::Success && !s.emulate) {
-    if (s.realGiven) {
-      c->real = s.real;
-    } else {
-      r = createRealComm(c, s);
-    }
-  }
   if (r == Result::Success) r = createKernelComm(c, s);
   if (r != Result::Success) {
-    releaseShimComm(c, /*abortive=*/true);
+    releaseKernelPart(c, /*abortive=*/true);
     c->initResult.store(static_cast<int>(r));
     c->state.store(CommState::InitFailed, std::memory_order_release);
     return r;
@@ -215,16 +176,121 @@ Result setupComm(ShimComm* c, const CommSetup& s) {
   coll::globalStats().commsCreated.fetch_add(1, std::memory_order_relaxed);
   c->initResult.store(ncclSuccess);
   c->state.store(CommState::Ready, std::memory_order_release);
-  MK_INFO(kLogInit, "shim: comm %p rank %d/%d on device %d ready (%s%s)", static_cast<void*>(c),
-          s.rank, s.nRanks, s.cudaDev, c->mk ? "mkernel" : "NCCL only",
-          s.emulate ? ", emulated" : "");
+  announceReady(c);
   return Result::Success;
 }
 
 namespace {
 
-// ncclCommInitRank{,Config,Scalable}: validation, then setupComm now or at ncclGroupEnd.
-ncclResult_t initRank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& commId, int rank,
+// The real NCCL's id rides in the mkernel id's bytes past the bootstrap's fields: a tag, then
+// kRealIdRoom bytes of NCCL's id. NCCL's own ids use their first 40 bytes (its bootstrap handle:
+// a magic, a socket address and, from 2.29 on, a rank count); the rest must be zero to fit.
+constexpr size_t kRealIdTagAt = 56;
+constexpr size_t kRealIdAt = 64;
+constexpr size_t kRealIdRoom = sizeof(ncclUniqueId) - kRealIdAt;
+constexpr uint32_t kRealIdTag = 0x4449434eu;  // "NCID"
+static_assert(sizeof(bootstrap::IdWire) <= kRealIdTagAt, "the real id's tag overlaps the bootstrap's fields");
+
+}  // namespace
+
+bool embedRealId(ncclUniqueId* id, const ncclUniqueId& real) {
+  for (size_t i = kRealIdRoom; i < sizeof(real.internal); ++i)
+    if (real.internal[i] != 0) return false;
+  std::memcpy(id->internal + kRealIdTagAt, &kRealIdTag, sizeof(kRealIdTag));
+  std::memcpy(id->internal + kRealIdAt, real.internal, kRealIdRoom);
+  return true;
+}
+
+bool realIdOf(const ncclUniqueId& id, ncclUniqueId* real) {
+  uint32_t tag = 0;
+  std::memcpy(&tag, id.internal + kRealIdTagAt, sizeof(tag));
+  if (tag != kRealIdTag) return false;
+  std::memset(real, 0, sizeof(*real));
+  std::memcpy(real->internal, id.internal + kRealIdAt, kRealIdRoom);
+  return true;
+}
+
+ncclResult_t makeUniqueId(ncclUniqueId* out, const char* caller) {
+  bootstrap::UniqueId id;
+  Result r = bootstrap::createUniqueId(&id);
+  if (r != Result::Success) return toNccl(r);
+  static_assert(sizeof(id.bytes) == sizeof(out->internal), "unique id sizes differ");
+  ncclUniqueId made;
+  std::memcpy(made.internal, id.bytes, sizeof(id.bytes));
+  if (!emulationRequested()) {
+    // Without a real NCCL the id carries none, and creation says why on every rank.
+    const RealNccl& real = realNccl(true);
+    if (real.available && real.ncclGetUniqueId != nullptr) {
+      ncclUniqueId realId;
+      const ncclResult_t rr = fromReal(real.ncclGetUniqueId(&realId));
+      if (rr != ncclSuccess) {
+        MK_ERROR(static_cast<Result>(rr), "%s : the real ncclGetUniqueId failed: %s", caller,
+                 real.ncclGetLastError ? real.ncclGetLastError(nullptr) : "");
+        return rr;
+      }
+      if (!embedRealId(&made, realId))
+        return toNccl(MK_ERROR(Result::InternalError,
+                               "%s : the real NCCL's unique id uses more than its first %zu bytes: it does not fit "
+                               "beside mkernel's (NCCL %s)",
+                               caller, kRealIdRoom, ncclVersionText(real.version.load()).c_str()));
+    }
+  }
+  *out = made;
+  return ncclSuccess;
+}
+
+ncclResult_t createBlocking(ShimComm* child, const std::function<Result()>& kernelPart, const MakeReal& makeReal,
+                            bool emulate, const char* caller, ncclComm_t* newcomm) {
+  *newcomm = nullptr;
+  const Result kr = kernelPart();
+  if (kr != Result::Success) {
+    if (child != nullptr && child->state.load() != CommState::InitFailed) {
+      releaseKernelPart(child, /*abortive=*/true);
+      child->initResult.store(static_cast<int>(kr));
+      child->state.store(CommState::InitFailed);
+    }
+    return toNccl(kr);
+  }
+  if (emulate) {
+    if (child != nullptr) {
+      bindHandle(child, newStandInHandle());
+      *newcomm = child->handle();
+      announceReady(child);
+    }
+    return ncclSuccess;
+  }
+  ncclComm_t real = nullptr;
+  const ncclResult_t rr = fromReal(makeReal(&real));
+  if (rr != ncclSuccess || (child != nullptr && real == nullptr)) {
+    const RealNccl& lib = realNccl(false);
+    const Result why = rr != ncclSuccess ? static_cast<Result>(rr) : Result::InternalError;
+    MK_ERROR(why, "%s : rank %d: the real NCCL's call %s: %s", caller, child ? child->rank : -1,
+             rr != ncclSuccess ? "failed" : "made no communicator",
+             lib.ncclGetLastError ? lib.ncclGetLastError(nullptr) : "");
+    if (child != nullptr) {
+      releaseKernelPart(child, /*abortive=*/true);
+      child->initResult.store(static_cast<int>(why));
+      child->state.store(CommState::InitFailed);
+    }
+    *newcomm = real;  // NCCL's own handle, if it left one: outside the side table, NCCL's alone
+    return rr != ncclSuccess ? rr : toNccl(why);
+  }
+  if (child == nullptr) {
+    *newcomm = real;  // NCCL_SPLIT_NOCOLOR: NULL from NCCL too
+    return ncclSuccess;
+  }
+  child->real = real;
+  bindHandle(child, real);
+  *newcomm = real;
+  announceReady(child);
+  return ncclSuccess;
+}
+
+namespace {
+
+// ncclCommInitRank{,Config,Scalable}: validation, then mkernel's part and NCCL's communicator, now
+// or (inside a group) NCCL's queued in NCCL's group and mkernel's at ncclGroupEnd.
+ncclResult_t initRank(ncclComm_t* newcomm, int nranks, int nId, const ncclUniqueId* commIds, int rank,
                       const ncclConfig_t* config, const char* caller) {
   params::warnUnknownOnce();
   announceShimOnce();
@@ -236,6 +302,11 @@ ncclResult_t initRank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& commI
                            rank, nranks));
   Result cr = checkConfig(config, caller);
   if (cr != Result::Success) return toNccl(cr);
+  const bool emulate = emulationRequested();
+  if (!emulate) {
+    cr = checkRealNcclVersion(realNccl(true), caller);
+    if (cr != Result::Success) return toNccl(cr);
+  }
   int dev = -1;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess)
@@ -243,11 +314,11 @@ ncclResult_t initRank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& commI
                            cudaGetErrorString(err)));
 
   CommSetup s;
-  std::memcpy(s.id.bytes, commId.internal, sizeof(s.id.bytes));
+  std::memcpy(s.id.bytes, commIds[0].internal, sizeof(s.id.bytes));
   s.rank = rank;
   s.nRanks = nranks;
   s.cudaDev = dev;
-  s.emulate = emulationRequested();
+  s.emulate = emulate;
   s.caller = caller;
   const bool ours = bootstrap::isMkernelId(s.id);
   if (!ours) {
@@ -262,21 +333,65 @@ ncclResult_t initRank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& commI
       return toNccl(MK_ERROR(Result::SystemError, "%s : the unique id is NCCL's, and %s", caller,
                              real.why.c_str()));
     ncclConfig_t cfg = realConfigFor(config);
-    ncclComm_t realComm = nullptr;
-    ncclResult_t r = fromReal(real.ncclCommInitRankConfig(&realComm, nranks, commId, rank, &cfg));
+    ncclResult_t r = nId > 1 ? fromReal(real.ncclCommInitRankScalable(newcomm, nranks, rank, nId,
+                                                                      const_cast<ncclUniqueId*>(commIds), &cfg))
+                             : fromReal(real.ncclCommInitRankConfig(newcomm, nranks, commIds[0], rank, &cfg));
     if (r != ncclSuccess) return r;
     MK_INFO(kLogInit, "shim: %s got a real NCCL unique id: rank %d uses NCCL directly", caller,
             rank);
-    *newcomm = realComm;
     return ncclSuccess;
   }
 
+  // NCCL's ids, from the mkernel ids (makeUniqueId put them there).
+  std::vector<ncclUniqueId> realIds(static_cast<size_t>(emulate ? 0 : nId));
+  if (!emulate) {
+    const RealNccl& real = realNccl(true);
+    if (!real.available)
+      return toNccl(MK_ERROR(Result::SystemError, "%s : rank %d: %s (or set MKERNEL_EMULATE=1 to run without NCCL)",
+                             caller, rank, real.why.c_str()));
+    for (int i = 0; i < nId; ++i)
+      if (!realIdOf(commIds[i], &realIds[static_cast<size_t>(i)]))
+        return toNccl(MK_ERROR(Result::InvalidUsage,
+                               "%s : rank %d: unique id %d carries no real NCCL id (its ncclGetUniqueId ran with "
+                               "MKERNEL_EMULATE=1 or without a real NCCL to load)",
+                               caller, rank, i));
+  }
   ShimComm* c = newShimComm();
+  c->rank = rank;
+  c->nRanks = nranks;
+  c->cudaDev = dev;
+  c->emulate = emulate;
   ncclConfig_t userConfig = config ? realConfigFor(config) : ncclConfig_t(NCCL_CONFIG_INITIALIZER);
   if (config != nullptr) userConfig.blocking = config->blocking;
   const bool hasConfig = config != nullptr;
-  *newcomm = c->handle();
+  MakeReal makeReal = [nranks, rank, realIds, userConfig, hasConfig](ncclComm_t* out) {
+    const RealNccl& real = realNccl(false);
+    ncclConfig_t cfg = realConfigFor(hasConfig ? &userConfig : nullptr);
+    if (realIds.size() > 1)
+      return real.ncclCommInitRankScalable(out, nranks, rank, static_cast<int>(realIds.size()),
+                                           const_cast<ncclUniqueId*>(realIds.data()), &cfg);
+    return real.ncclCommInitRankConfig(out, nranks, realIds[0], rank, &cfg);
+  };
   if (groupActive()) {
+    if (emulate) {
+      bindHandle(c, newStandInHandle());
+    } else {
+      // NCCL's creation queued in NCCL's group: the handle exists now, NCCL's init runs at
+      // ncclGroupEnd, after mkernel's part (deferred below).
+      ncclResult_t rr = groupEnsureRealGroup();
+      ncclComm_t h = nullptr;
+      if (rr == ncclSuccess) rr = fromReal(makeReal(&h));
+      if (rr != ncclSuccess) {
+        c->initResult.store(static_cast<int>(rr));
+        c->state.store(CommState::InitFailed);
+        *newcomm = h;  // NCCL's, if it left one
+        return rr;
+      }
+      c->real = h;
+      bindHandle(c, h);
+      groupNoteCreated(c);
+    }
+    *newcomm = c->handle();
     groupDefer(dev, [c, s, userConfig, hasConfig]() mutable {
       s.config = hasConfig ? &userConfig : nullptr;
       return setupComm(c, s);
@@ -284,7 +399,7 @@ ncclResult_t initRank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& commI
     return ncclSuccess;
   }
   s.config = hasConfig ? &userConfig : nullptr;
-  return toNccl(setupComm(c, s));
+  return createBlocking(c, [c, &s] { return setupComm(c, s); }, makeReal, emulate, caller, newcomm);
 }
 
 }  // namespace
@@ -304,44 +419,40 @@ ncclResult_t recordInGroup(ncclResult_t r) {
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   const void* caller = __builtin_return_address(0);
+  // Re-entry: NCCL's own ncclCommInitAll asks for an id of its own kind.
+  if (mkernel::shim::fromRealNccl(caller) || mkernel::shim::calledFromRealNccl(caller))
+    return mkernel::shim::callReal(&mkernel::shim::RealNccl::ncclGetUniqueId, "ncclGetUniqueId",
+                                   uniqueId);
   mkernel::shim::announceShimOnce();
   if (uniqueId == nullptr)
     return toNccl(MK_ERROR(Result::InvalidArgument, "ncclGetUniqueId : uniqueId argument is NULL"));
-  // Re-entry: NCCL's own ncclCommInitAll asks for an id of its own kind.
-  if (mkernel::shim::calledFromRealNccl(caller))
-    return mkernel::shim::callReal(&mkernel::shim::RealNccl::ncclGetUniqueId, "ncclGetUniqueId",
-                                   uniqueId);
-  mkernel::bootstrap::UniqueId id;
-  Result r = mkernel::bootstrap::createUniqueId(&id);
-  if (r != Result::Success) return toNccl(r);
-  static_assert(sizeof(id.bytes) == sizeof(uniqueId->internal), "unique id sizes differ");
-  std::memcpy(uniqueId->internal, id.bytes, sizeof(id.bytes));
-  return ncclSuccess;
+  return mkernel::shim::makeUniqueId(uniqueId, "ncclGetUniqueId");
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
                                                   int rank) {
   return recordInGroup(
-      mkernel::shim::initRank(comm, nranks, commId, rank, nullptr, "ncclCommInitRank"));
+      mkernel::shim::initRank(comm, nranks, 1, &commId, rank, nullptr, "ncclCommInitRank"));
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks,
                                                         ncclUniqueId commId, int rank,
                                                         ncclConfig_t* config) {
   return recordInGroup(
-      mkernel::shim::initRank(comm, nranks, commId, rank, config, "ncclCommInitRankConfig"));
+      mkernel::shim::initRank(comm, nranks, 1, &commId, rank, config, "ncclCommInitRankConfig"));
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks,
                                                           int myrank, int nId,
                                                           ncclUniqueId* commIds,
                                                           ncclConfig_t* config) {
-  if (nId < 1 || commIds == nullptr)
+  if (nId < 1 || commIds == nullptr || nId > nranks)
     return recordInGroup(
-        toNccl(MK_ERROR(Result::InvalidArgument, "ncclCommInitRankScalable : %d unique ids at %p",
-                        nId, static_cast<void*>(commIds))));
-  // Every rank holds the same ids in the same order; the first one's root serves the rendezvous.
-  return recordInGroup(mkernel::shim::initRank(newcomm, nranks, commIds[0], myrank, config,
+        toNccl(MK_ERROR(Result::InvalidArgument, "ncclCommInitRankScalable : %d unique ids at %p for %d ranks",
+                        nId, static_cast<void*>(commIds), nranks)));
+  // Every rank holds the same ids in the same order: the first one's root serves mkernel's
+  // rendezvous; NCCL's gets every id's NCCL id.
+  return recordInGroup(mkernel::shim::initRank(newcomm, nranks, nId, commIds, myrank, config,
                                                "ncclCommInitRankScalable"));
 }
 
@@ -353,12 +464,16 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, co
     return toNccl(MK_ERROR(Result::InvalidArgument, "ncclCommInitAll : comms argument is NULL"));
   if (ndev < 1)
     return toNccl(MK_ERROR(Result::InvalidArgument, "ncclCommInitAll : invalid ndev %d", ndev));
+  const bool emulate = emulationRequested();
+  if (!emulate) {
+    Result vr = checkRealNcclVersion(realNccl(true), "ncclCommInitAll");
+    if (vr != Result::Success) return toNccl(vr);
+  }
   int nDevices = 0;
   cudaError_t err = cudaGetDeviceCount(&nDevices);
   if (err != cudaSuccess)
     return toNccl(MK_ERROR(Result::UnhandledCudaError, "ncclCommInitAll : no CUDA device: %s",
                            cudaGetErrorString(err)));
-  const bool emulate = emulationRequested();
   std::vector<int> devs(static_cast<size_t>(ndev));
   for (int i = 0; i < ndev; ++i) {
     devs[static_cast<size_t>(i)] = devlist ? devlist[i] : i;
@@ -373,13 +488,26 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, co
                                "a GPU only with MKERNEL_EMULATE=1)",
                                devs[static_cast<size_t>(i)]));
   }
+  ncclUniqueId uid;
+  ncclResult_t ur = makeUniqueId(&uid, "ncclCommInitAll");
+  if (ur != ncclSuccess) return ur;
+  ncclUniqueId realId;
+  if (!emulate) {
+    const RealNccl& real = realNccl(true);
+    if (!real.available)
+      return toNccl(MK_ERROR(Result::SystemError, "ncclCommInitAll : %s (or set MKERNEL_EMULATE=1 to run without NCCL)",
+                             real.why.c_str()));
+    if (!realIdOf(uid, &realId))
+      return toNccl(MK_ERROR(Result::InternalError, "ncclCommInitAll : no real NCCL id in the unique id"));
+  }
   mkernel::bootstrap::UniqueId id;
-  Result r = mkernel::bootstrap::createUniqueId(&id);
-  if (r != Result::Success) return toNccl(r);
+  std::memcpy(id.bytes, uid.internal, sizeof(id.bytes));
   // One thread per rank: creation is collective, and NCCL's ncclCommInitAll semantics (one
-  // process, ndev ranks) are the shim's here, not NCCL's (which would get shim ids).
+  // process, ndev ranks) are the shim's here, not NCCL's (which would get shim ids). Each rank
+  // makes mkernel's part and then its NCCL communicator, as ncclCommInitRank outside a group.
   std::vector<ShimComm*> made(static_cast<size_t>(ndev), nullptr);
-  std::vector<Result> results(static_cast<size_t>(ndev), Result::Success);
+  std::vector<ncclComm_t> handles(static_cast<size_t>(ndev), nullptr);
+  std::vector<ncclResult_t> results(static_cast<size_t>(ndev), ncclSuccess);
   for (int i = 0; i < ndev; ++i) made[static_cast<size_t>(i)] = newShimComm();
   std::vector<std::thread> threads;
   for (int i = 0; i < ndev; ++i) {
@@ -387,10 +515,11 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, co
       const size_t k = static_cast<size_t>(i);
       cudaError_t e = cudaSetDevice(devs[k]);
       if (e != cudaSuccess) {
-        results[k] = MK_ERROR(Result::UnhandledCudaError, "ncclCommInitAll : cudaSetDevice(%d): %s",
-                              devs[k], cudaGetErrorString(e));
+        const Result r = MK_ERROR(Result::UnhandledCudaError, "ncclCommInitAll : cudaSetDevice(%d): %s",
+                                  devs[k], cudaGetErrorString(e));
         made[k]->state.store(CommState::InitFailed);
-        made[k]->initResult.store(static_cast<int>(results[k]));
+        made[k]->initResult.store(static_cast<int>(r));
+        results[k] = toNccl(r);
         return;
       }
       CommSetup s;
@@ -400,26 +529,36 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, co
       s.cudaDev = devs[k];
       s.emulate = emulate;
       s.caller = "ncclCommInitAll";
-      results[k] = setupComm(made[k], s);
+      MakeReal makeReal = [i, ndev, &realId](ncclComm_t* out) {
+        ncclConfig_t cfg = realConfigFor(nullptr);
+        return realNccl(false).ncclCommInitRankConfig(out, ndev, realId, i, &cfg);
+      };
+      results[k] = createBlocking(made[k], [&] { return setupComm(made[k], s); }, makeReal, emulate,
+                                  "ncclCommInitAll", &handles[k]);
     };
     try {
       threads.emplace_back(body);
     } catch (const std::exception& e) {  // no exception may cross the C API
-      results[static_cast<size_t>(i)] =
-          MK_ERROR(Result::SystemError, "ncclCommInitAll : cannot start a thread: %s", e.what());
+      results[static_cast<size_t>(i)] = toNccl(
+          MK_ERROR(Result::SystemError, "ncclCommInitAll : cannot start a thread: %s", e.what()));
     }
   }
   for (std::thread& t : threads) t.join();
   for (int i = 0; i < ndev; ++i) {
-    if (results[static_cast<size_t>(i)] != Result::Success) {
-      for (ShimComm* c : made) {
-        releaseShimComm(c, /*abortive=*/true);
-        c->state.store(CommState::Aborted);
+    if (results[static_cast<size_t>(i)] != ncclSuccess) {
+      for (int j = 0; j < ndev; ++j) {
+        ShimComm* c = made[static_cast<size_t>(j)];
+        if (results[static_cast<size_t>(j)] == ncclSuccess) {
+          c->state.store(CommState::Aborted);
+          releaseShimComm(c, /*abortive=*/true);
+        } else if (c->real == nullptr && handles[static_cast<size_t>(j)] != nullptr) {
+          (void)realNccl(false).ncclCommAbort(handles[static_cast<size_t>(j)]);  // NCCL's, left by its failure
+        }
+        comms[j] = nullptr;
       }
-      for (int j = 0; j < ndev; ++j) comms[j] = nullptr;
-      return toNccl(results[static_cast<size_t>(i)]);
+      return results[static_cast<size_t>(i)];
     }
   }
-  for (int i = 0; i < ndev; ++i) comms[i] = made[static_cast<size_t>(i)]->handle();
+  for (int i = 0; i < ndev; ++i) comms[i] = handles[static_cast<size_t>(i)];
   return ncclSuccess;
 }

@@ -3,6 +3,7 @@
 // ncclCommCuDevice, ncclCommUserRank.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "common/log.h"
@@ -37,10 +38,11 @@ Result shareChildId(ShimComm* p, const std::vector<int>& members, uint32_t seq,
   return p->bootstrap->recv(members.front(), shimTag(seq), id, sizeof(*id));
 }
 
-// The real half of split/shrink is made before the mkernel half; `makeReal` runs NCCL's call.
-template <typename MakeReal>
+// mkernel's part of a split's or shrink's child: an mkernel id from the child's rank 0, then
+// setupComm. `child` null (NCCL_SPLIT_NOCOLOR): nothing.
 Result buildChild(ShimComm* p, ShimComm* child, const std::vector<int>& members, uint32_t seq,
-                  const ncclConfig_t* config, const char* caller, MakeReal makeReal) {
+                  const ncclConfig_t* config, const char* caller) {
+  if (child == nullptr) return Result::Success;
   CommSetup s;
   s.caller = caller;
   s.emulate = p->emulate;
@@ -48,28 +50,15 @@ Result buildChild(ShimComm* p, ShimComm* child, const std::vector<int>& members,
   s.nRanks = static_cast<int>(members.size());
   s.rank = static_cast<int>(std::find(members.begin(), members.end(), p->rank) - members.begin());
   s.config = config;
-  Result r = Result::Success;
-  if (!p->emulate) {
-    ncclConfig_t cfg = realConfigFor(config);
-    ncclComm_t childReal = nullptr;
-    ncclResult_t rr = fromReal(makeReal(&childReal, &cfg));
-    if (rr != ncclSuccess) {
-      const RealNccl& real = realNccl(false);
-      r = MK_ERROR(static_cast<Result>(rr), "%s : rank %d: the real NCCL's call failed: %s", caller,
-                   p->rank, real.ncclGetLastError ? real.ncclGetLastError(p->real) : "");
-    }
-    s.realGiven = true;
-    s.real = childReal;
-  }
-  if (child == nullptr) return r;  // NCCL_SPLIT_NOCOLOR: only the real (collective) half
-  if (r == Result::Success) r = shareChildId(p, members, seq, &s.id);
+  Result r = shareChildId(p, members, seq, &s.id);
   if (r == Result::Success) return setupComm(child, s);
-  if (s.real != nullptr) realNccl(false).ncclCommAbort(s.real);
   child->initResult.store(static_cast<int>(r));
   child->state.store(CommState::InitFailed);
   return r;
 }
 
+// mkernel's part of a split: colors and keys all-gathered over the parent's bootstrap (every rank,
+// NCCL_SPLIT_NOCOLOR ones too), then the child of this rank's color.
 Result splitTask(ShimComm* p, ShimComm* child, int color, int key, const ncclConfig_t* config) {
   const uint32_t seq = p->splitSeq++;
   struct Entry {
@@ -93,11 +82,35 @@ Result splitTask(ShimComm* p, ShimComm* child, int color, int key, const ncclCon
   std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
     return all[static_cast<size_t>(a)].key < all[static_cast<size_t>(b)].key;
   });
-  const ncclConfig_t* cfg = config ? config : &p->config;
-  return buildChild(p, child, members, seq, cfg, "ncclCommSplit",
-                    [&](ncclComm_t* out, ncclConfig_t* rc) {
-                      return realNccl(false).ncclCommSplit(p->real, color, key, out, rc);
-                    });
+  return buildChild(p, child, members, seq, config ? config : &p->config, "ncclCommSplit");
+}
+
+// Split or shrink inside a group: NCCL's call now, queued in NCCL's group (NCCL writes the child's
+// handle at its group's end, into a slot of the shim's group: groupPendingChild), and mkernel's
+// part at ncclGroupEnd, before NCCL's group closes. In emulation the stand-in is there at once.
+ncclResult_t deferChild(ShimComm* p, ShimComm* child, std::function<Result()> kernelPart, const MakeReal& makeReal,
+                        ncclComm_t* newcomm, const char* caller) {
+  *newcomm = nullptr;
+  if (!p->emulate) {
+    ncclResult_t rr = groupEnsureRealGroup();
+    if (rr == ncclSuccess) rr = fromReal(makeReal(groupPendingChild(child, newcomm)));
+    if (rr != ncclSuccess) {
+      const RealNccl& real = realNccl(false);
+      MK_ERROR(static_cast<Result>(rr), "%s : rank %d: the real NCCL's call failed: %s", caller, p->rank,
+               real.ncclGetLastError ? real.ncclGetLastError(p->real) : "");
+      if (child != nullptr) {
+        child->initResult.store(static_cast<int>(rr));
+        child->state.store(CommState::InitFailed);
+      }
+      groupRecordError(rr);
+      return rr;
+    }
+  } else if (child != nullptr) {
+    bindHandle(child, newStandInHandle());
+    *newcomm = child->handle();
+  }
+  groupDefer(p->cudaDev, std::move(kernelPart));
+  return ncclSuccess;
 }
 
 // Posted work completes first, then the kernel and its resources go; the comm still answers
@@ -126,6 +139,8 @@ using namespace mkernel::shim;
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key,
                                                ncclComm_t* newcomm, ncclConfig_t* config) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclCommSplit, "ncclCommSplit", comm, color, key, newcomm, config);
   ShimComm* p = findShimComm(comm);
   if (p == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommSplit, "ncclCommSplit", comm, color, key,
@@ -143,21 +158,25 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int k
     return toNccl(r);
   }
   ShimComm* child = color == NCCL_SPLIT_NOCOLOR ? nullptr : newShimComm();
-  if (child) *newcomm = child->handle();
   const bool hasConfig = config != nullptr;
-  ncclConfig_t cfg = hasConfig ? *config : ncclConfig_t(NCCL_CONFIG_INITIALIZER);
-  if (groupActive()) {
-    groupDefer(p->cudaDev, [p, child, color, key, cfg, hasConfig] {
-      return splitTask(p, child, color, key, hasConfig ? &cfg : nullptr);
-    });
-    return ncclSuccess;
-  }
-  return toNccl(splitTask(p, child, color, key, hasConfig ? &cfg : nullptr));
+  const ncclConfig_t cfg = hasConfig ? *config : ncclConfig_t(NCCL_CONFIG_INITIALIZER);
+  MakeReal makeReal = [p, color, key, cfg, hasConfig](ncclComm_t* out) {
+    ncclConfig_t rc = realConfigFor(hasConfig ? &cfg : &p->config);
+    return realNccl(false).ncclCommSplit(p->real, color, key, out, &rc);
+  };
+  std::function<Result()> kernelPart = [p, child, color, key, cfg, hasConfig] {
+    return splitTask(p, child, color, key, hasConfig ? &cfg : nullptr);
+  };
+  if (groupActive()) return deferChild(p, child, std::move(kernelPart), makeReal, newcomm, "ncclCommSplit");
+  return createBlocking(child, kernelPart, makeReal, p->emulate, "ncclCommSplit", newcomm);
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList,
                                                 int excludeRanksCount, ncclComm_t* newcomm,
                                                 ncclConfig_t* config, int shrinkFlags) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclCommShrink, "ncclCommShrink", comm, excludeRanksList, excludeRanksCount,
+                    newcomm, config, shrinkFlags);
   ShimComm* p = findShimComm(comm);
   if (p == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommShrink, "ncclCommShrink", comm, excludeRanksList,
@@ -188,7 +207,10 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRan
       excluded[static_cast<size_t>(x)] = true;
   }
   if (r == Result::Success) r = checkConfig(config, "ncclCommShrink");
-  if (r != Result::Success) return toNccl(r);
+  if (r != Result::Success) {
+    groupRecordError(toNccl(r));
+    return toNccl(r);
+  }
   std::vector<int> members;  // survivors keep their order (NCCL fills the gaps)
   for (int i = 0; i < p->nRanks; ++i)
     if (!excluded[static_cast<size_t>(i)]) members.push_back(i);
@@ -206,24 +228,22 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRan
   // bootstrap is used, only point-to-point messages among survivors.
   const uint32_t seq = p->splitSeq++;
   ShimComm* child = newShimComm();
-  *newcomm = child->handle();
-  const ncclConfig_t* cfg = config ? config : &p->config;
-  const ncclResult_t res = toNccl(buildChild(
-      p, child, members, seq, cfg, "ncclCommShrink", [&](ncclComm_t* out, ncclConfig_t* rc) {
-        return realNccl(false).ncclCommShrink(p->real, excludeRanksList, excludeRanksCount, out, rc,
-                                              shrinkFlags);
-      }));
-  if (res != ncclSuccess && res != ncclInProgress && cfg->blocking != 0) {
-    // As NCCL 2.28.9 (seen on the H200): a blocking shrink that failed hands back no
-    // communicator.
-    child->state.store(CommState::Destroyed);
-    destroyShimComm(child);
-    *newcomm = nullptr;
-  }
-  return res;
+  const ncclConfig_t cfg = config ? *config : p->config;
+  // NCCL's call runs before this returns (inside a group, queued in NCCL's group): the caller's list
+  // is still valid then.
+  MakeReal makeReal = [&](ncclComm_t* out) {
+    ncclConfig_t rc = realConfigFor(&cfg);
+    return realNccl(false).ncclCommShrink(p->real, excludeRanksList, excludeRanksCount, out, &rc, shrinkFlags);
+  };
+  std::function<Result()> kernelPart = [p, child, members, seq, cfg] {
+    return buildChild(p, child, members, seq, &cfg, "ncclCommShrink");
+  };
+  if (groupActive()) return deferChild(p, child, std::move(kernelPart), makeReal, newcomm, "ncclCommShrink");
+  return createBlocking(child, kernelPart, makeReal, p->emulate, "ncclCommShrink", newcomm);
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommFinalize, "ncclCommFinalize", comm);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommFinalize, "ncclCommFinalize", comm);
@@ -240,6 +260,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommDestroy, "ncclCommDestroy", comm);
   if (comm == nullptr) return ncclSuccess;  // as NCCL
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
@@ -255,6 +276,12 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
                              "ncclCommDestroy : the communicator is still being created"));
     if (c->state.compare_exchange_weak(s, CommState::Destroyed)) break;
   }
+  if (s == CommState::InitFailed) {
+    // Nothing of mkernel's to wait for; NCCL's communicator, if its own init failed, takes an
+    // abort (NCCL's destroy refuses such a comm).
+    releaseShimComm(c, /*abortive=*/true);
+    return ncclSuccess;
+  }
   // As ncclCommFinalize: inside a group, every rank's teardown runs together at ncclGroupEnd.
   if (groupActive()) {
     groupDefer(c->cudaDev, [c] {
@@ -268,6 +295,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommAbort, "ncclCommAbort", comm);
   if (comm == nullptr) return ncclSuccess;  // as NCCL
   ShimComm* c = findShimComm(comm);
   if (c == nullptr) return forwardForeign(comm, &RealNccl::ncclCommAbort, "ncclCommAbort", comm);
@@ -283,6 +311,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommRevoke, "ncclCommRevoke", comm, revokeFlags);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommRevoke, "ncclCommRevoke", comm, revokeFlags);
@@ -308,7 +337,10 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
-  // The hot re-entry path: NCCL's enqueue calls this through its PLT on its own comms.
+  // NCCL calls it on its own comms through its PLT (2.28's enqueue, for every collective of a
+  // non-blocking comm): straight back to NCCL.
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclCommGetAsyncError, "ncclCommGetAsyncError", comm, asyncError);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommGetAsyncError, "ncclCommGetAsyncError", comm,
@@ -365,6 +397,7 @@ ncclResult_t queryCheck(ShimComm* c, const void* out, const char* name, const ch
 }  // namespace
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommCount, "ncclCommCount", comm, count);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommCount, "ncclCommCount", comm, count);
@@ -374,6 +407,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommCount(const ncclComm_t comm, int* count
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommCuDevice, "ncclCommCuDevice", comm, device);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommCuDevice, "ncclCommCuDevice", comm, device);
@@ -383,6 +417,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* de
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommUserRank, "ncclCommUserRank", comm, rank);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommUserRank, "ncclCommUserRank", comm, rank);

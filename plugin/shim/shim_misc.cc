@@ -1,5 +1,5 @@
 // The rest of the API: version, error strings, memory, registration, windows, the device API's
-// host entries, custom reduction ops, logging reset.
+// host entries, custom reduction ops.
 #include <cstring>
 #include <string>
 
@@ -40,6 +40,10 @@ Result realCommOf(ShimComm* c, const char* name, ncclComm_t* out) {
   return Result::Success;
 }
 
+// The most custom ops a comm's table holds (NCCL numbers its ops from ncclNumOps up, reusing the
+// slots of destroyed ones).
+constexpr int kMaxCustomOps = 1 << 16;
+
 // Ranks per node for the emulated device-API teams (MKERNEL_RANKS_PER_NODE, else one node).
 int emulatedLsaSize(const ShimComm* c) {
   int rpn = static_cast<int>(mkernel::params::RANKS_PER_NODE());
@@ -49,6 +53,7 @@ int emulatedLsaSize(const ShimComm* c) {
 }  // namespace
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclGetVersion(int* version) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclGetVersion, "ncclGetVersion", version);
   announceShimOnce();
   if (version == nullptr)
     return toNccl(MK_ERROR(Result::InvalidArgument, "ncclGetVersion : version argument is NULL"));
@@ -62,6 +67,10 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclGetVersion(int* version) {
 // NCCL's texts, except for the code of a failure that arose in mkernel: its text names mkernel's
 // log (MKERNEL_DEBUG, MKERNEL_DEBUG_SUBSYS), where the details are, not NCCL_DEBUG.
 MKERNEL_NCCL_EXPORT const char* ncclGetErrorString(ncclResult_t result) {
+  if (MKERNEL_FROM_NCCL()) {  // NCCL's own messages: NCCL's text
+    const RealNccl& real = realNccl(false);
+    if (real.available && real.ncclGetErrorString != nullptr) return real.ncclGetErrorString(result);
+  }
   if (result != ncclSuccess && failureIsMkernels(result) && static_cast<int>(result) > 0 &&
       static_cast<int>(result) <= static_cast<int>(Result::InProgress))
     return mkernel::resultString(static_cast<Result>(result));
@@ -89,28 +98,14 @@ MKERNEL_NCCL_EXPORT const char* ncclGetErrorString(ncclResult_t result) {
 
 MKERNEL_NCCL_EXPORT const char* ncclGetLastError(ncclComm_t comm) {
   // The message of whichever side failed last: the shim's own, or the real NCCL's.
-  if (!lastFailureWasOurs()) {
+  if (!lastFailureWasOurs() || MKERNEL_FROM_NCCL()) {
     const RealNccl& real = realNccl(false);
     if (real.available && real.ncclGetLastError != nullptr) {
-      ShimComm* c = findShimComm(comm);
-      return real.ncclGetLastError(c ? c->real : comm);
+      const ShimComm* c = findShimComm(comm);
+      return real.ncclGetLastError(c != nullptr && c->real == nullptr ? nullptr : comm);  // never a stand-in
     }
   }
   return mkernel::lastError();
-}
-
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-MKERNEL_NCCL_EXPORT void ncclResetDebugInit() {
-  const RealNccl& real = realNccl(false);
-  if (real.available && real.ncclResetDebugInit != nullptr) real.ncclResetDebugInit();
-}
-#pragma GCC diagnostic pop
-
-MKERNEL_NCCL_EXPORT void ncclResetDebugInitInternal() {
-  const RealNccl& real = realNccl(false);
-  if (real.available && real.ncclResetDebugInitInternal != nullptr)
-    real.ncclResetDebugInitInternal();
 }
 
 // In emulation (MKERNEL_EMULATE=1) both are served here, even when the real NCCL is loaded
@@ -128,6 +123,7 @@ MKERNEL_NCCL_EXPORT void ncclResetDebugInitInternal() {
 MKERNEL_NCCL_EXPORT ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
   // Handle-less and re-entered from libnccl: the real allocator when there is one (its cuMem
   // allocations are what NCCL's registration expects); our own mapping without it, or in emulation.
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclMemAlloc, "ncclMemAlloc", ptr, size);
   const RealNccl& real = realForHandleless();
   if (real.available && !emulationRequested()) return callReal(&RealNccl::ncclMemAlloc, "ncclMemAlloc", ptr, size);
   if (ptr == nullptr || size == 0)
@@ -143,6 +139,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclMemFree(void* ptr) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclMemFree, "ncclMemFree", ptr);
   const RealNccl& real = realForHandleless();
   if (real.available && !emulationRequested()) return callReal(&RealNccl::ncclMemFree, "ncclMemFree", ptr);
   if (ptr == nullptr) return ncclSuccess;
@@ -156,6 +153,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclMemFree(void* ptr) {
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size,
                                                   void** handle) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommRegister, "ncclCommRegister", comm, buff, size, handle);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommRegister, "ncclCommRegister", comm, buff, size,
@@ -167,6 +165,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommRegister(const ncclComm_t comm, void* b
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommDeregister, "ncclCommDeregister", comm, handle);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommDeregister, "ncclCommDeregister", comm, handle);
@@ -178,6 +177,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommDeregister(const ncclComm_t comm, void*
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
                                                         ncclWindow_t* win, int winFlags) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommWindowRegister, "ncclCommWindowRegister", comm, buff, size, win, winFlags);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommWindowRegister, "ncclCommWindowRegister", comm,
@@ -190,6 +190,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* b
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommWindowDeregister, "ncclCommWindowDeregister", comm, win);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommWindowDeregister, "ncclCommWindowDeregister",
@@ -203,6 +204,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclW
 MKERNEL_NCCL_EXPORT ncclResult_t ncclDevCommCreate(ncclComm_t comm,
                                                    ncclDevCommRequirements_t const* reqs,
                                                    ncclDevComm_t* outDevComm) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclDevCommCreate, "ncclDevCommCreate", comm, reqs, outDevComm);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclDevCommCreate, "ncclDevCommCreate", comm, reqs,
@@ -214,6 +216,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclDevCommCreate(ncclComm_t comm,
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclDevCommDestroy(ncclComm_t comm, ncclDevComm_t const* devComm) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclDevCommDestroy, "ncclDevCommDestroy", comm, devComm);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclDevCommDestroy, "ncclDevCommDestroy", comm, devComm);
@@ -226,6 +229,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclDevCommDestroy(ncclComm_t comm, ncclDevComm
 MKERNEL_NCCL_EXPORT ncclResult_t ncclGinBarrierCreateRequirement(
     ncclComm_t comm, ncclTeam_t team, int nBarriers, ncclGinBarrierHandle_t* outHandle,
     ncclDevResourceRequirements_t* outReq) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclGinBarrierCreateRequirement, "ncclGinBarrierCreateRequirement", comm, team, nBarriers, outHandle, outReq);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclGinBarrierCreateRequirement,
@@ -236,29 +240,6 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclGinBarrierCreateRequirement(
   if (r != Result::Success) return toNccl(r);
   return callReal(&RealNccl::ncclGinBarrierCreateRequirement, "ncclGinBarrierCreateRequirement",
                   real, team, nBarriers, outHandle, outReq);
-}
-
-// Handle-less device-API helpers: pure requirement arithmetic of NCCL's; always NCCL's own.
-MKERNEL_NCCL_EXPORT ncclResult_t
-ncclLsaBarrierCreateRequirement(ncclTeam_t team, int nBarriers, ncclLsaBarrierHandle_t* outHandle,
-                                ncclDevResourceRequirements_t* outReq) {
-  return callReal(&RealNccl::ncclLsaBarrierCreateRequirement, "ncclLsaBarrierCreateRequirement",
-                  team, nBarriers, outHandle, outReq);
-}
-
-MKERNEL_NCCL_EXPORT ncclResult_t ncclLLA2ACreateRequirement(int nBlocks, int nSlots,
-                                                            ncclLLA2AHandle_t* outHandle,
-                                                            ncclDevResourceRequirements_t* outReq) {
-  return callReal(&RealNccl::ncclLLA2ACreateRequirement, "ncclLLA2ACreateRequirement", nBlocks,
-                  nSlots, outHandle, outReq);
-}
-
-MKERNEL_NCCL_EXPORT int ncclLLA2ACalcSlots(int maxElts, int maxEltSize) {
-  const RealNccl& real = realNccl(false);
-  if (real.available && real.ncclLLA2ACalcSlots != nullptr)
-    return real.ncclLLA2ACalcSlots(maxElts, maxEltSize);
-  MK_ERROR(Result::InvalidUsage, "ncclLLA2ACalcSlots : no real NCCL (%s)", real.why.c_str());
-  return -1;
 }
 
 // Teams: the real comm's when there is one; emulated comms compute them as NCCL's device-side
@@ -287,7 +268,7 @@ ncclTeam_t emptyTeam(const char* name, const void* comm) {
 }  // namespace
 
 MKERNEL_NCCL_EXPORT ncclTeam_t ncclTeamWorld(ncclComm_t comm) {
-  ShimComm* c = findShimComm(comm);
+  ShimComm* c = MKERNEL_FROM_NCCL() ? nullptr : findShimComm(comm);
   ncclTeam_t t{};
   if (realTeam(comm, c, &RealNccl::ncclTeamWorld, &t)) return t;
   if (c == nullptr) return emptyTeam("ncclTeamWorld", comm);
@@ -295,7 +276,7 @@ MKERNEL_NCCL_EXPORT ncclTeam_t ncclTeamWorld(ncclComm_t comm) {
 }
 
 MKERNEL_NCCL_EXPORT ncclTeam_t ncclTeamLsa(ncclComm_t comm) {
-  ShimComm* c = findShimComm(comm);
+  ShimComm* c = MKERNEL_FROM_NCCL() ? nullptr : findShimComm(comm);
   ncclTeam_t t{};
   if (realTeam(comm, c, &RealNccl::ncclTeamLsa, &t)) return t;
   if (c == nullptr) return emptyTeam("ncclTeamLsa", comm);
@@ -304,7 +285,7 @@ MKERNEL_NCCL_EXPORT ncclTeam_t ncclTeamLsa(ncclComm_t comm) {
 }
 
 MKERNEL_NCCL_EXPORT ncclTeam_t ncclTeamRail(ncclComm_t comm) {
-  ShimComm* c = findShimComm(comm);
+  ShimComm* c = MKERNEL_FROM_NCCL() ? nullptr : findShimComm(comm);
   ncclTeam_t t{};
   if (realTeam(comm, c, &RealNccl::ncclTeamRail, &t)) return t;
   if (c == nullptr) return emptyTeam("ncclTeamRail", comm);
@@ -313,7 +294,7 @@ MKERNEL_NCCL_EXPORT ncclTeam_t ncclTeamRail(ncclComm_t comm) {
 }
 
 MKERNEL_NCCL_EXPORT int ncclTeamRankToWorld(ncclComm_t comm, ncclTeam_t team, int rank) {
-  ShimComm* c = findShimComm(comm);
+  ShimComm* c = MKERNEL_FROM_NCCL() ? nullptr : findShimComm(comm);
   const RealNccl& real = realNccl(false);
   if (real.available && real.ncclTeamRankToWorld != nullptr && (c == nullptr || c->real != nullptr))
     return real.ncclTeamRankToWorld(c ? c->real : comm, team, rank);
@@ -325,7 +306,7 @@ MKERNEL_NCCL_EXPORT int ncclTeamRankToWorld(ncclComm_t comm, ncclTeam_t team, in
 }
 
 MKERNEL_NCCL_EXPORT int ncclTeamRankToLsa(ncclComm_t comm, ncclTeam_t team, int rank) {
-  ShimComm* c = findShimComm(comm);
+  ShimComm* c = MKERNEL_FROM_NCCL() ? nullptr : findShimComm(comm);
   const RealNccl& real = realNccl(false);
   if (real.available && real.ncclTeamRankToLsa != nullptr && (c == nullptr || c->real != nullptr))
     return real.ncclTeamRankToLsa(c ? c->real : comm, team, rank);
@@ -340,6 +321,9 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void*
                                                           ncclDataType_t datatype,
                                                           ncclScalarResidence_t residence,
                                                           ncclComm_t comm) {
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclRedOpCreatePreMulSum, "ncclRedOpCreatePreMulSum", op, scalar, datatype, residence,
+                    comm);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclRedOpCreatePreMulSum, "ncclRedOpCreatePreMulSum", op,
@@ -368,25 +352,44 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void*
     }
   }
   if (r != Result::Success) return toNccl(r);
+  int value = 0;
   if (c->real != nullptr) {
-    // The same op on the real comm, for the calls that are forwarded.
-    ncclResult_t rr = callReal(&RealNccl::ncclRedOpCreatePreMulSum, "ncclRedOpCreatePreMulSum",
-                               &made.realOp, scalar, datatype, residence, c->real);
+    // NCCL's op first: its number is the one the application gets, so that NCCL knows it wherever
+    // it arrives (a forwarded call, an entry point the shim does not export).
+    ncclRedOp_t realOp = ncclSum;
+    ncclResult_t rr = callReal(&RealNccl::ncclRedOpCreatePreMulSum, "ncclRedOpCreatePreMulSum", &realOp, scalar,
+                               datatype, residence, c->real);
     if (rr != ncclSuccess) return rr;
+    std::memcpy(&value, &realOp, sizeof(value));
     made.hasRealOp = true;
-  }
-  std::lock_guard<std::mutex> lock(c->opsMutex);
-  size_t ix = 0;
-  while (ix < c->ops.size() && c->ops[ix].live) ++ix;
-  if (ix == c->ops.size())
-    c->ops.push_back(made);
-  else
+    if (value < ncclNumOps || value - ncclNumOps >= kMaxCustomOps) {
+      (void)callReal(&RealNccl::ncclRedOpDestroy, "ncclRedOpDestroy", realOp, c->real);
+      return toNccl(MK_ERROR(Result::InternalError,
+                             "ncclRedOpCreatePreMulSum : the real NCCL's op number %d is outside %d..%d, the range of "
+                             "mkernel's table",
+                             value, static_cast<int>(ncclNumOps), static_cast<int>(ncclNumOps) + kMaxCustomOps - 1));
+    }
+    std::lock_guard<std::mutex> lock(c->opsMutex);
+    const size_t ix = static_cast<size_t>(value - ncclNumOps);
+    if (ix >= c->ops.size()) c->ops.resize(ix + 1);
     c->ops[ix] = made;
-  *op = static_cast<ncclRedOp_t>(ncclNumOps + static_cast<int>(ix));
+  } else {
+    // Emulation: numbered as NCCL numbers its own, the first free slot.
+    std::lock_guard<std::mutex> lock(c->opsMutex);
+    size_t ix = 0;
+    while (ix < c->ops.size() && c->ops[ix].live) ++ix;
+    if (ix == c->ops.size())
+      c->ops.push_back(made);
+    else
+      c->ops[ix] = made;
+    value = ncclNumOps + static_cast<int>(ix);
+  }
+  *op = static_cast<ncclRedOp_t>(value);
   return ncclSuccess;
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
+  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclRedOpDestroy, "ncclRedOpDestroy", op, comm);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclRedOpDestroy, "ncclRedOpDestroy", op, comm);
@@ -407,6 +410,6 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t com
     c->ops[ix].live = false;
   }
   if (dead.hasRealOp && c->real != nullptr)
-    return callReal(&RealNccl::ncclRedOpDestroy, "ncclRedOpDestroy", dead.realOp, c->real);
+    return callReal(&RealNccl::ncclRedOpDestroy, "ncclRedOpDestroy", op, c->real);
   return ncclSuccess;
 }

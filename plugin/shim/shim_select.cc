@@ -18,6 +18,15 @@ Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, bool 
                       call.name);
     return Result::Success;
   }
+  if (!collConfigIsDefault(call.collConfig)) {
+    // Per-call tuning, algorithm selection, a profiler tag or a launch event: NCCL's to honour.
+    if (comm.emulate)
+      return MK_ERROR(Result::InvalidUsage,
+                      "%s : its per-call config asks for more than the defaults, which only the real NCCL "
+                      "honours, and emulation (MKERNEL_EMULATE=1) has none",
+                      call.name);
+    return Result::Success;
+  }
   if (!comm.mk) {
     if (comm.emulate)
       return MK_ERROR(Result::InvalidUsage,

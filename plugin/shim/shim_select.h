@@ -51,10 +51,11 @@ inline Route graphRoute(Route policyRoute, bool capturing, bool haveReal, GraphP
   return policyRoute;
 }
 
-// Decides where `call` runs: calls that are not one of the five collectives, and every call of a
-// comm without an mkernel communicator, are forwarded; the collectives are decided by the comm's
-// coll::SelectionPolicy. In emulation there is nothing to forward to: a call mkernel does not
-// run is an InvalidUsage error with a message naming why. `args` is null for non-collectives.
+// Decides where `call` runs: calls that are not one of the five collectives, calls whose per-call
+// config (nccl*Config) asks for more than the defaults, and every call of a comm without an mkernel
+// communicator, are forwarded; the collectives are decided by the comm's coll::SelectionPolicy.
+// In emulation there is nothing to forward to: a call mkernel does not run is an InvalidUsage
+// error with a message naming why. `args` is null for non-collectives.
 // `capturing`: the call's stream is being captured into a CUDA graph (graphRoute above).
 Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, bool capturing, Route* out);
 

@@ -1,5 +1,6 @@
 #include "plugin/shim/shim_validate.h"
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -85,6 +86,24 @@ Result resolveOp(const Call& call, const std::vector<CustomOp>& ops, ResolvedOp*
 }
 
 }  // namespace
+
+bool collConfigIsDefault(const ncclCollConfig_t* config) {
+  if (config == nullptr) return true;
+  if (config->magic != 0xcafebeefu || config->size < offsetof(ncclCollConfig_t, ext)) return false;
+  const size_t filled = config->size;
+#define MK_FILLED(field) (filled >= offsetof(ncclCollConfig_t, field) + sizeof(config->field))
+  if (MK_FILLED(ext) && config->ext != nullptr) return false;
+  if (MK_FILLED(minCTAs) && config->minCTAs != NCCL_CONFIG_UNDEF_INT) return false;
+  if (MK_FILLED(maxCTAs) && config->maxCTAs != NCCL_CONFIG_UNDEF_INT) return false;
+  if (MK_FILLED(nvlsCTAs) && config->nvlsCTAs != NCCL_CONFIG_UNDEF_INT) return false;
+  if (MK_FILLED(cgaClusterSize) && config->cgaClusterSize != NCCL_CONFIG_UNDEF_INT) return false;
+  if (MK_FILLED(algSelection) && config->algSelection != nullptr && config->algSelection[0] != '\0') return false;
+  if (MK_FILLED(CTAPolicy) && config->CTAPolicy != NCCL_CONFIG_UNDEF_INT) return false;
+  if (MK_FILLED(userProfilerTag) && config->userProfilerTag != 0) return false;
+  if (MK_FILLED(launchCompletionEvent) && config->launchCompletionEvent != nullptr) return false;
+#undef MK_FILLED
+  return true;
+}
 
 Result checkDevicePointer(const void* p, int cudaDev, const char* what, const char* opName) {
   cudaPointerAttributes attr{};

@@ -38,7 +38,16 @@ struct Call {
   ncclDataType_t dtype = ncclFloat32;
   ncclRedOp_t op = ncclSum;  // only for reductions
   int root = 0;              // root, or the peer of Send/Recv
+  // NCCL 2.32's per-call config (the nccl*Config entry points), or null. One that is not all
+  // defaults (collConfigIsDefault) sends the call to NCCL's *Config function.
+  const ncclCollConfig_t* collConfig = nullptr;
 };
+
+// Whether a per-call config asks for nothing the plain call does not: NULL, or every field the
+// caller filled (its size says which) at its initializer's value (algSelection "" counts as
+// automatic, and forceAlgSelection then means nothing). One without NCCL_COLLCONFIG_INITIALIZER's
+// magic is not: NCCL's call judges it.
+bool collConfigIsDefault(const ncclCollConfig_t* config);
 
 bool isReduction(CallKind k);
 bool hasRoot(CallKind k);  // Broadcast, Reduce, Gather, Scatter

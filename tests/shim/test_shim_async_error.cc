@@ -39,6 +39,7 @@ class FailedComm final : public mkernel::coll::Communicator {
 
 TEST_CASE("async error: mkernel's failure is named as mkernel's") {
   mkernel::shim::ShimComm* c = mkernel::shim::newShimComm();
+  mkernel::shim::bindHandle(c, mkernel::shim::newStandInHandle());  // no NCCL communicator behind it
   c->rank = 0;
   c->nRanks = 2;
   c->mk.reset(new FailedComm());

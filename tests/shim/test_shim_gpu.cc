@@ -81,6 +81,58 @@ std::vector<float> ramp(size_t n, float scale = 0.5f) {
 
 }  // namespace
 
+TEST_CASE("gpu: the handle is NCCL's own communicator: NCCL's entry points take it, and the ops the shim hands out") {
+  ncclComm_t comm = oneRankComm();
+  // NCCL's own functions, bypassing the shim (as a name the shim does not export, or a caller that
+  // dlsyms libnccl), accept the handle.
+  auto realCount = realFn<ncclResult_t (*)(ncclComm_t, int*)>("pncclCommCount");
+  auto realAllReduce = realFn<ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                               cudaStream_t)>("pncclAllReduce");
+  REQUIRE((realCount && realAllReduce));
+  int count = 0;
+  CHECK(realCount(comm, &count) == ncclSuccess);
+  CHECK(count == 1);
+  const size_t n = 1024;
+  DevBuf in(n * sizeof(float)), out(n * sizeof(float));
+  upload(in, ramp(n));
+  poison(out);
+  REQUIRE(realAllReduce(in.p, out.p, n, ncclFloat, ncclSum, comm, nullptr) == ncclSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(download<float>(out, n) == ramp(n));
+  // A custom op's number is NCCL's: NCCL runs it too.
+  float three = 3.0f;
+  ncclRedOp_t op;
+  REQUIRE(ncclRedOpCreatePreMulSum(&op, &three, ncclFloat, ncclScalarHostImmediate, comm) == ncclSuccess);
+  std::vector<float> expect = ramp(n);
+  for (float& v : expect) v *= 3.0f;
+  poison(out);
+  REQUIRE(realAllReduce(in.p, out.p, n, ncclFloat, op, comm, nullptr) == ncclSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(download<float>(out, n) == expect);
+  poison(out);
+  REQUIRE(ncclAllReduce(in.p, out.p, n, ncclFloat, op, comm, nullptr) == ncclSuccess);  // the shim's route
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(download<float>(out, n) == expect);
+  CHECK(ncclRedOpDestroy(op, comm) == ncclSuccess);
+  CHECK(ncclCommDestroy(comm) == ncclSuccess);
+  // Inside a group the handle exists at the call, as NCCL's does; NCCL's init runs at the end.
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  ncclComm_t grouped = nullptr;
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  REQUIRE(ncclCommInitRank(&grouped, 1, id, 0) == ncclSuccess);
+  CHECK(grouped != nullptr);
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+  count = 0;
+  CHECK(realCount(grouped, &count) == ncclSuccess);
+  CHECK(count == 1);
+  poison(out);
+  REQUIRE(ncclAllReduce(in.p, out.p, n, ncclFloat, ncclSum, grouped, nullptr) == ncclSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(download<float>(out, n) == ramp(n));
+  CHECK(ncclCommDestroy(grouped) == ncclSuccess);
+}
+
 TEST_CASE("gpu: ncclGetVersion is the real NCCL's") {
   auto getVersion = realFn<ncclResult_t (*)(int*)>("pncclGetVersion");
   REQUIRE(getVersion != nullptr);
@@ -465,9 +517,8 @@ TEST_CASE("gpu: finalize, destroy, abort and revoke, and what a comm answers aft
   int count = 0;
   CHECK(ncclCommCount(comm, &count) == ncclSuccess);  // queries still answer
   CHECK(ncclCommDestroy(comm) == ncclSuccess);
-  CHECK(ncclCommDestroy(comm) == ncclInvalidArgument);
-  CHECK(ncclAllReduce(in.p, out.p, n, ncclFloat, ncclSum, comm, nullptr) == ncclInvalidArgument);
-  CHECK(ncclCommCount(comm, &count) == ncclInvalidArgument);
+  // The handle was NCCL's communicator, now freed: using it again is undefined, as with NCCL alone
+  // (docs/SHIM.md, "Handles"; an emulated one stays recognised: test_shim_handles).
 
   ncclComm_t busy = oneRankComm();
   for (int i = 0; i < 20; ++i)
@@ -475,7 +526,6 @@ TEST_CASE("gpu: finalize, destroy, abort and revoke, and what a comm answers aft
   auto t0 = std::chrono::steady_clock::now();
   CHECK(ncclCommAbort(busy) == ncclSuccess);
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
-  CHECK(ncclCommAbort(busy) == ncclInvalidArgument);
   cudaDeviceSynchronize();
 
   ncclComm_t revoked = oneRankComm();

@@ -70,6 +70,7 @@ class FixedComm final : public mkernel::coll::Communicator {
 
 ShimComm* liveComm(std::atomic<int>* statsCalls, int rank, int nRanks) {
   ShimComm* c = mkernel::shim::newShimComm();
+  mkernel::shim::bindHandle(c, mkernel::shim::newStandInHandle());  // the line names the handle
   c->rank = rank;
   c->nRanks = nRanks;
   c->idHash = 0x5700 + static_cast<uint64_t>(rank);
@@ -139,6 +140,9 @@ TEST_CASE("MKERNEL_STATS=1: ncclCommDestroy's release prints the communicator's 
   size_t n = 0;
   for (size_t p = out.find("MKERNEL STATS"); p != std::string::npos; p = out.find("MKERNEL STATS", p + 1)) ++n;
   CHECK(n == 1);
+  char named[64];  // the handle the application holds
+  std::snprintf(named, sizeof(named), "MKERNEL STATS comm %p rank 1/2: ", static_cast<void*>(c->handle()));
+  CHECK(out.find(named) != std::string::npos);
 }
 
 TEST_CASE("MKERNEL_STATS=1: ncclCommAbort's release says the communicator was aborted") {

@@ -2,6 +2,7 @@
 // gives, with a message for ncclGetLastError, for every kind of bad argument. No GPU needed.
 #include "tests/catch.h"
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -232,4 +233,65 @@ TEST_CASE("destroy: ncclCommDestroy waits for its release only when no co-member
   CHECK_FALSE(destroyWaitsForRelease({CommState::Finalized}));
   CHECK_FALSE(destroyWaitsForRelease({CommState::Revoked}));
   CHECK_FALSE(destroyWaitsForRelease({CommState::Initializing}));
+}
+
+namespace {
+
+// NCCL_COLLCONFIG_INITIALIZER's values (nccl.h of 2.32.3).
+ncclCollConfig_t collDefaults() {
+  ncclCollConfig_t c;
+  std::memset(&c, 0, sizeof(c));
+  c.size = sizeof(ncclCollConfig_t);
+  c.magic = 0xcafebeef;
+  c.version = 23203;
+  c.ext = nullptr;
+  c.minCTAs = c.maxCTAs = c.nvlsCTAs = c.cgaClusterSize = NCCL_CONFIG_UNDEF_INT;
+  c.algSelection = nullptr;
+  c.forceAlgSelection = 1;
+  c.CTAPolicy = NCCL_CONFIG_UNDEF_INT;
+  c.userProfilerTag = 0;
+  c.launchCompletionEvent = nullptr;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("select: a per-call config of defaults is the plain call; any field set, or no initializer, is NCCL's") {
+  CHECK(collConfigIsDefault(nullptr));
+  ncclCollConfig_t c = collDefaults();
+  CHECK(collConfigIsDefault(&c));
+  c.algSelection = "";  // automatic, as NULL
+  c.forceAlgSelection = 0;  // means nothing without a selection
+  CHECK(collConfigIsDefault(&c));
+  ncclConfigExt_t ext{};
+  const struct {
+    const char* what;
+    void (*set)(ncclCollConfig_t*, ncclConfigExt_t*);
+  } fields[] = {
+      {"ext", [](ncclCollConfig_t* x, ncclConfigExt_t* e) { x->ext = e; }},
+      {"minCTAs", [](ncclCollConfig_t* x, ncclConfigExt_t*) { x->minCTAs = 2; }},
+      {"maxCTAs", [](ncclCollConfig_t* x, ncclConfigExt_t*) { x->maxCTAs = 8; }},
+      {"nvlsCTAs", [](ncclCollConfig_t* x, ncclConfigExt_t*) { x->nvlsCTAs = 4; }},
+      {"cgaClusterSize", [](ncclCollConfig_t* x, ncclConfigExt_t*) { x->cgaClusterSize = 2; }},
+      {"algSelection", [](ncclCollConfig_t* x, ncclConfigExt_t*) { x->algSelection = "ring"; }},
+      {"CTAPolicy", [](ncclCollConfig_t* x, ncclConfigExt_t*) { x->CTAPolicy = 1; }},
+      {"userProfilerTag", [](ncclCollConfig_t* x, ncclConfigExt_t*) { x->userProfilerTag = 7; }},
+      {"launchCompletionEvent",
+       [](ncclCollConfig_t* x, ncclConfigExt_t*) { x->launchCompletionEvent = reinterpret_cast<cudaEvent_t>(0x10); }},
+      {"magic", [](ncclCollConfig_t* x, ncclConfigExt_t*) { x->magic = 0; }},
+  };
+  for (const auto& f : fields) {
+    INFO(f.what);
+    ncclCollConfig_t x = collDefaults();
+    f.set(&x, &ext);
+    CHECK_FALSE(collConfigIsDefault(&x));
+  }
+  // A caller with a shorter struct (an older nccl.h): only what its size covers is read.
+  ncclCollConfig_t shorter = collDefaults();
+  shorter.size = offsetof(ncclCollConfig_t, userProfilerTag);
+  shorter.userProfilerTag = 99;
+  shorter.launchCompletionEvent = reinterpret_cast<cudaEvent_t>(0x10);
+  CHECK(collConfigIsDefault(&shorter));
+  shorter.size = 8;  // not even its magic
+  CHECK_FALSE(collConfigIsDefault(&shorter));
 }
