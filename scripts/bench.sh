@@ -40,7 +40,7 @@ if mk_have_gpu; then
     fi
     NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} "$BUILD/bin/mkernel-collbench" "${args[@]}" || exit 1
     # The PNG next to the CSV (latency and bandwidth against size), where matplotlib is installed.
-    python3 "$MK_ROOT/scripts/plot-bench.py" "$OUTDIR/collectives.csv" "$OUTDIR/collectives.png" || true
+    python3 "$MK_ROOT/scripts/plot.py" bench "$OUTDIR/collectives.csv" "$OUTDIR/collectives.png" || true
   fi
 else
   mk_say "no GPU found: transport benchmark only"

@@ -88,6 +88,41 @@ mk_nccl_home() {
   "$(mk_torch_python)" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true
 }
 
+# mk_nccl_lib_version LIB: the version a libnccl.so.2 reports through ncclGetVersion (no GPU
+# needed), e.g. 2.30.7; non-zero, with the reason on stderr, when it does not load or the call fails.
+mk_nccl_lib_version() {
+  python3 - "$1" <<'EOF'
+import ctypes, sys
+try:
+    lib = ctypes.CDLL(sys.argv[1])
+except OSError as e:
+    sys.exit(f"mk_nccl_lib_version: {e}")
+v = ctypes.c_int(0)
+if lib.ncclGetVersion(ctypes.byref(v)) != 0:
+    sys.exit(f"mk_nccl_lib_version: ncclGetVersion of {sys.argv[1]} failed")
+c = v.value  # NCCL_VERSION(X,Y,Z): X*1000+Y*100+Z up to 2.8, X*10000+Y*100+Z after
+print(f"{c // 10000}.{c % 10000 // 100}.{c % 100}" if c >= 20900 else f"{c // 1000}.{c % 1000 // 100}.{c % 100}")
+EOF
+}
+
+# mk_use_nccl PREFIX: what follows runs against the NCCL build in PREFIX (scripts/nccl-build.sh:
+# PREFIX/lib/libnccl.so.2, PREFIX/include) instead of the installed one. Exports NCCL_HOME=PREFIX
+# (mk_nccl_home; scripts/nccl-tests.sh builds against it), MKERNEL_NCCL_LIBRARY (the shim's real
+# NCCL) and LD_LIBRARY_PATH with PREFIX/lib first (programs linked to libnccl.so.2: nccl_one_rank,
+# nccl-tests); sets NCCL_LIB (the library) and NCCL_VERSION (its ncclGetVersion, e.g. 2.30.7).
+# PyTorch loads its wheel's NCCL whatever LD_LIBRARY_PATH says: scripts/torch_check.py --nccl
+# "$NCCL_LIB" preloads this one instead.
+mk_use_nccl() {
+  local prefix
+  prefix=$(cd "${1:-}" 2>/dev/null && pwd) || { echo "mk_use_nccl: no folder '${1:-}'" >&2; return 1; }
+  [ -f "$prefix/lib/libnccl.so.2" ] ||
+    { echo "mk_use_nccl: no $prefix/lib/libnccl.so.2 (scripts/nccl-build.sh --prefix $prefix)" >&2; return 1; }
+  NCCL_LIB=$prefix/lib/libnccl.so.2
+  NCCL_VERSION=$(mk_nccl_lib_version "$NCCL_LIB") || return 1
+  export NCCL_HOME=$prefix MKERNEL_NCCL_LIBRARY=$NCCL_LIB LD_LIBRARY_PATH=$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  echo "NCCL $NCCL_VERSION: $NCCL_LIB"
+}
+
 # ---- The GPU machine (gpu-check.sh's runs) ----
 # mk_gpu_env: the GPU machine's settings, for a script that has set `build` and `logs`: sets root,
 # NCCL_HOME and NG (GPUs), makes $logs, bundles the logs to $OUT at exit (bundle_logs), and exits
@@ -113,12 +148,13 @@ bundle_logs() {
   return 0
 }
 # gpu_build JOBS TARGET...: configures $build (Release, device code, Catch2 from .carry when it is
-# there) and builds the targets; logs in $logs; exits on failure.
+# there, and the words of GPU_CMAKE_ARGS) and builds the targets; logs in $logs; exits on failure.
 gpu_build() {
-  local jobs=$1 catch_args=()
+  local jobs=$1 catch_args=() extra=()
   shift
   [ -f "$root/.carry/catch2/catch.hpp" ] && catch_args=(-DMKERNEL_CATCH2_INCLUDE_DIR="$root/.carry")
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON -DMKERNEL_BUILD_TESTS=ON -DMKERNEL_BUILD_DEV_TOOLS=ON "${catch_args[@]}" \
+  read -r -a extra <<<"${GPU_CMAKE_ARGS:-}"
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMKERNEL_DEVICE_CODE=ON -DMKERNEL_BUILD_TESTS=ON -DMKERNEL_BUILD_DEV_TOOLS=ON "${catch_args[@]}" "${extra[@]}" \
     >"$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
   # A compiler's message has "error" in it; make's own (e.g. "No rule to make target", a ctest name
   # given for an executable's) does not, so the log's tail is printed then.

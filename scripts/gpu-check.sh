@@ -8,12 +8,54 @@
 #   multigpu  multi-GPU runs, mkernel against NCCL (nccl-tests, the net plugin, DDP);
 #   rail      the hierarchical AllReduce's rail exchange on emulated nodes;
 #   hierfail  the hierarchical failure cases on emulated nodes, many times over;
-#   procs     process ranks (CUDA IPC) through PyTorch.
+#   procs     process ranks (CUDA IPC) through PyTorch;
+#   nccl      the shim, the net plugin and the tuner against one NCCL build (a prefix argument).
 # Each run's steps and settings are described above its function below. Every run keeps NVLink
 # multicast off (it can take a shared host's GPUs down).
 set -u -o pipefail
 # shellcheck source=scripts/common.sh
 . "$(dirname "$0")/common.sh"
+
+# ---- shared by the runs ---------------------------------------------------------------------------
+# nccl_plugin_check BUILD NCCL_LIB_DIR: the real NCCL in NCCL_LIB_DIR loads mkernel's net plugin and
+# tuner and assigns them to a communicator, each at the newest version both sides have: the newest
+# ncclNetPlugin_vN / ncclTunerPlugin_vN that libnccl.so.2 looks up (its strings) and libmkernel.so
+# exports (nm -D). One rank: NCCL loads the plugins and calls init/devices/getProperties (net) and
+# init (tuner), but moves no bytes through the net plugin and never asks the tuner for an
+# algorithm. Logs: $logs/net-plugin.log, $logs/tuner-plugin.log; the last line says which versions
+# NCCL took ("net v12, tuner v6").
+nccl_plugin_check() (
+  BUILD=$1
+  NCCL_LIB_DIR=$2
+  PROG=$BUILD/tests/plugin/nccl_one_rank
+  [ -x "$PROG" ] || { echo "missing $PROG (build target nccl_one_rank)"; exit 1; }
+  export LD_LIBRARY_PATH=$NCCL_LIB_DIR:$BUILD/lib:${LD_LIBRARY_PATH:-}
+  rc=0
+  # newest KIND (Net, Tuner): the newest version of ncclKINDPlugin_vN both libraries have.
+  newest() {
+    comm -12 <(grep -a -oE "nccl$1Plugin_v[0-9]+" "$NCCL_LIB_DIR/libnccl.so.2" | sort -u) \
+      <(nm -D --defined-only "$BUILD/lib/libmkernel.so" | grep -oE "nccl$1Plugin_v[0-9]+$" | sort -u) |
+      grep -oE '[0-9]+$' | sort -n | tail -1
+  }
+  echo "== NCCL_NET_PLUGIN=$BUILD/lib/libnccl-net-mkernel.so (NCCL $(ls "$NCCL_LIB_DIR"/libnccl.so.2* | head -1))"
+  NCCL_NET_PLUGIN=$BUILD/lib/libnccl-net-mkernel.so NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET \
+    "$PROG" >"$logs/net-plugin.log" 2>&1 || rc=1
+  grep -E "NET/Plugin|mkernel|Using network|NCCL_NET|Assigned|MKERNEL" "$logs/net-plugin.log" | head -20
+  grep -q "Assigned NET plugin mkernel" "$logs/net-plugin.log" || { echo "NET: mkernel was not assigned"; rc=1; }
+  echo "== NCCL_TUNER_PLUGIN=mkernel"
+  NCCL_TUNER_PLUGIN=mkernel NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING \
+    "$PROG" >"$logs/tuner-plugin.log" 2>&1 || rc=1
+  grep -iE "tuner|mkernel" "$logs/tuner-plugin.log" | head -20
+  grep -qE "TUNER/Plugin: Using mkernel" "$logs/tuner-plugin.log" || { echo "TUNER: mkernel tuner not loaded"; rc=1; }
+  net=$(sed -nE 's/.*NET\/Plugin: Loaded net plugin mkernel \(v([0-9]+)\).*/\1/p' "$logs/net-plugin.log" | tail -1)
+  tuner=$(sed -nE 's/.*TUNER\/Plugin: Using mkernel \(v([0-9]+)\).*/\1/p' "$logs/tuner-plugin.log" | tail -1)
+  want_net=$(newest Net) want_tuner=$(newest Tuner)
+  [ -n "$net" ] && [ "$net" = "$want_net" ] || { echo "NET: NCCL took v${net:-?}, the newest both have is v${want_net:-?}"; rc=1; }
+  [ -n "$tuner" ] && [ "$tuner" = "$want_tuner" ] ||
+    { echo "TUNER: NCCL took v${tuner:-?}, the newest both have is v${want_tuner:-?}"; rc=1; }
+  echo "nccl-plugin-check: rc=$rc (net v${net:-?}, tuner v${tuner:-?})"
+  exit $rc
+)
 
 # ---- tier ----------------------------------------------------------------------------------------
 # GPU tier in one call on the device machine (docs/KERNEL.md):
@@ -129,31 +171,6 @@ if mk_have_torch "$PY" && [ "${GPU_CHECK_SKIP_TORCH:-0}" != 1 ]; then
   tail -25 "$logs/torch.txt"
   save
 fi
-
-# nccl_plugin_check BUILD NCCL_LIB_DIR: the real NCCL loads mkernel's net plugin and tuner and
-# assigns them to a communicator. One rank: NCCL loads the plugins and calls init/devices/
-# getProperties (net) and init (tuner), but moves no bytes through the net plugin and never asks
-# the tuner for an algorithm. Logs: $logs/net-plugin.log, $logs/tuner-plugin.log.
-nccl_plugin_check() (
-  BUILD=$1
-  NCCL_LIB_DIR=$2
-  PROG=$BUILD/tests/plugin/nccl_one_rank
-  [ -x "$PROG" ] || { echo "missing $PROG (build target nccl_one_rank)"; exit 1; }
-  export LD_LIBRARY_PATH=$NCCL_LIB_DIR:$BUILD/lib:${LD_LIBRARY_PATH:-}
-  rc=0
-  echo "== NCCL_NET_PLUGIN=$BUILD/lib/libnccl-net-mkernel.so (NCCL $(ls "$NCCL_LIB_DIR"/libnccl.so.2* | head -1))"
-  NCCL_NET_PLUGIN=$BUILD/lib/libnccl-net-mkernel.so NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET \
-    "$PROG" >"$logs/net-plugin.log" 2>&1 || rc=1
-  grep -E "NET/Plugin|mkernel|Using network|NCCL_NET|Assigned|MKERNEL" "$logs/net-plugin.log" | head -20
-  grep -q "Assigned NET plugin mkernel" "$logs/net-plugin.log" || { echo "NET: mkernel was not assigned"; rc=1; }
-  echo "== NCCL_TUNER_PLUGIN=mkernel"
-  NCCL_TUNER_PLUGIN=mkernel NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING \
-    "$PROG" >"$logs/tuner-plugin.log" 2>&1 || rc=1
-  grep -iE "tuner|mkernel" "$logs/tuner-plugin.log" | head -20
-  grep -qE "TUNER/Plugin: Using mkernel" "$logs/tuner-plugin.log" || { echo "TUNER: mkernel tuner not loaded"; rc=1; }
-  echo "nccl-plugin-check: rc=$rc"
-  exit $rc
-)
 
 step "mkernel-topo"
 "$build/bin/mkernel-topo" 2>&1 | tee "$logs/topo.txt" | head -30
@@ -1033,15 +1050,148 @@ step "summary: procs-check $([ $fail = 0 ] && echo passed || echo FAILED)"
 exit $fail
 }
 
+# ---- nccl -----------------------------------------------------------------------------------------
+# The shim, the net plugin and the tuner against one NCCL build (docs/TROUBLESHOOTING.md, "NCCL
+# versions"), in one device call:
+#   bash scripts/gpu-check.sh nccl PREFIX    (repository root; carry .carry: Catch2 and nccl-tests)
+# PREFIX is a build of scripts/nccl-build.sh (PREFIX/lib/libnccl.so.2). When it has none and NV_SRC
+# is set (an NCCL source folder, or a git dir with NV_TAG), it is built first (NV_JOBS, default 16;
+# NV_ONLY_FUNCS: nccl-build.sh's --only-funcs). mk_use_nccl (common.sh) points NCCL_HOME,
+# MKERNEL_NCCL_LIBRARY and LD_LIBRARY_PATH at PREFIX for every step:
+#   1. builds libmkernel.so (against the build's own NCCL headers, as an application's copy is),
+#      nccl_one_rank and the shim's tests in build-gpu-nccl, with MKERNEL_REAL_NCCL_SO at PREFIX's
+#      library (test_shim_api compares the shim's exports with it), and the patched nccl-tests'
+#      all_reduce_perf against PREFIX;
+#   2. ctest NV_CTEST (default test_shim_gpu, test_shim_stats_gpu, test_shim_api, test_shim_api_gpu);
+#   3. MKERNEL_DEBUG=VERSION LD_PRELOAD=libmkernel.so nccl_one_rank: one AllReduce, and the shim's
+#      startup line names PREFIX's library at its version;
+#   4. nccl_plugin_check: PREFIX's NCCL loads the net plugin and the tuner (NCCL_DEBUG=INFO), each
+#      at the newest version both libraries have;
+#   5. nccl-tests all_reduce_perf -b 8 -e NV_MAX_BYTES (64M) -f 4 -c 1 -g <GPUs>: NCCL alone, then
+#      under LD_PRELOAD=libmkernel.so (mkernel's path at every size); time, busbw and #wrong;
+#   6. (PyTorch at MK_PYTHON, unless NV_TORCH=0) scripts/torch_check.py --ranks 1 --nccl PREFIX's
+#      library: PyTorch and the shim on that NCCL, bit-identical to that NCCL alone.
+# Ends with one row per step in docs/results/compat.csv's columns ($logs/compat-rows.csv, also in
+# $OUT; MK_COMMIT names the commit where the tree has no git). NVLink multicast stays off. Logs in
+# build-gpu-nccl/logs-nccl, and every log as $OUT/0-nccl-check-logs.tgz.
+run_nccl() {
+prefix=${1:-}
+[ -n "$prefix" ] || { echo "gpu-check.sh nccl: give an NCCL build's prefix (scripts/nccl-build.sh --prefix)"; exit 2; }
+export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
+build=${NV_BUILD:-$MK_ROOT/build-gpu-nccl}
+logs=$build/logs-nccl
+mk_gpu_env
+PY=$(mk_torch_python)
+fail=0
+if [ ! -f "$prefix/lib/libnccl.so.2" ] && [ -n "${NV_SRC:-}" ]; then
+  step "0. scripts/nccl-build.sh --src $NV_SRC ${NV_TAG:+--tag $NV_TAG }--prefix $prefix"
+  nb=(--src "$NV_SRC" --prefix "$prefix" --jobs "${NV_JOBS:-16}")
+  [ -n "${NV_TAG:-}" ] && nb+=(--tag "$NV_TAG")
+  [ -n "${NV_ONLY_FUNCS:-}" ] && nb+=(--only-funcs "$NV_ONLY_FUNCS")
+  bash "$root/scripts/nccl-build.sh" "${nb[@]}" 2>&1 | tee "$logs/nccl-build.txt" | tail -5
+  [ "${PIPESTATUS[0]}" = 0 ] || exit 1
+fi
+[ -f "$prefix/lib/libnccl.so.2" ] || { echo "nccl-check: no $prefix/lib/libnccl.so.2 (NV_SRC builds it)"; exit 1; }
+prefix=$(cd "$prefix" && pwd)
+
+# Built before mk_use_nccl exports NCCL_HOME, which the configure would take the headers from.
+step "1. build libmkernel.so, nccl_one_rank and the shim's tests against $prefix/lib/libnccl.so.2 ($NG GPU(s))"
+GPU_CMAKE_ARGS="-DMKERNEL_REAL_NCCL_SO=$prefix/lib/libnccl.so.2 -DMKERNEL_NCCL_LIBRARY=$prefix/lib/libnccl.so.2" \
+  gpu_build "${NV_JOBS:-16}" mkernel nccl_one_rank test_shim_gpu test_shim_stats_gpu test_shim_api
+grep -m1 "mkernel: NCCL .* headers in" "$logs/configure.log"
+LIB=$build/lib/libmkernel.so
+mk_use_nccl "$prefix" || exit 1
+gpu_build_nccl_tests all_reduce_perf
+machine="$NG x $(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null)"
+commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "${MK_COMMIT:-unknown}")
+: >"$logs/compat-rows.csv"
+# row COMPONENT COMMAND RESULT: one row of docs/results/compat.csv (no double quote in the texts).
+row() {
+  printf '%s,%s,%s,"%s",%s,%s,"%s"\n' "$(date +%F)" "$machine" "$commit" "${2//\"/\'}" "$NCCL_VERSION" "$1" "${3//\"/\'}" |
+    tee -a "$logs/compat-rows.csv"
+}
+
+CTESTS=${NV_CTEST:-'^(test_shim_gpu|test_shim_stats_gpu|test_shim_api|test_shim_api_gpu)$'}
+step "2. ctest -R $CTESTS"
+(cd "$build" && MKERNEL_TIMEOUT_S=20 ctest -R "$CTESTS" --output-on-failure --timeout "${NV_CTEST_TIMEOUT:-200}") \
+  >"$logs/ctest.log" 2>&1 || fail=1
+mk_ctest_rows "$logs/ctest.log" | while read -r n name res secs; do echo "| #$n | $name | ${res//_/ } | $secs |"; done
+grep -E "FAILED|with expansion|REQUIRE|CHECK\(" "$logs/ctest.log" | head -20
+total=$(mk_ctest_rows "$logs/ctest.log" | wc -l)
+passed=$(mk_ctest_rows "$logs/ctest.log" | awk '$3 == "Passed"' | wc -l)
+failed=$(mk_ctest_rows "$logs/ctest.log" | awk '$3 != "Passed" { printf "%s%s", s, $2; s = " " }')
+row shim "ctest -R '$CTESTS' (scripts/gpu-check.sh nccl)" "$passed of $total passed${failed:+; failed: $failed}"
+
+step "3. MKERNEL_DEBUG=VERSION LD_PRELOAD=libmkernel.so nccl_one_rank"
+MKERNEL_DEBUG=VERSION LD_PRELOAD=$LIB timeout 120 "$build/tests/plugin/nccl_one_rank" >"$logs/one-rank.txt" 2>&1
+rc=$?
+cut -c1-300 "$logs/one-rank.txt" | head -12
+line=$(grep -m1 "loaded as NCCL shim" "$logs/one-rank.txt")
+if [ $rc = 0 ] && [[ $line == *"forwarding to NCCL $NCCL_VERSION at $NCCL_LIB"* ]]; then
+  row shim "MKERNEL_DEBUG=VERSION LD_PRELOAD=libmkernel.so tests/plugin/nccl_one_rank" \
+    "startup line names NCCL $NCCL_VERSION at its prefix; AllReduce of 8 floats OK"
+else
+  fail=1
+  row shim "MKERNEL_DEBUG=VERSION LD_PRELOAD=libmkernel.so tests/plugin/nccl_one_rank" \
+    "FAILED: rc=$rc, startup line: ${line:-none}"
+fi
+
+step "4. NCCL $NCCL_VERSION loads mkernel's net plugin and tuner"
+nccl_plugin_check "$build" "$NCCL_HOME/lib" 2>&1 | tee "$logs/plugin-check.txt" | tail -30
+[ "${PIPESTATUS[0]}" = 0 ] || fail=1
+net=$(sed -nE 's/.*NET\/Plugin: Loaded net plugin mkernel \(v([0-9]+)\).*/\1/p' "$logs/net-plugin.log" | tail -1)
+tuner=$(sed -nE 's/.*TUNER\/Plugin: Using mkernel \(v([0-9]+)\).*/\1/p' "$logs/tuner-plugin.log" | tail -1)
+verdict=$(tail -1 "$logs/plugin-check.txt")
+row "net plugin" "NCCL_NET_PLUGIN=libnccl-net-mkernel.so NCCL_DEBUG=INFO tests/plugin/nccl_one_rank" \
+  "$(if grep -q "Assigned NET plugin mkernel" "$logs/net-plugin.log"; then echo "NCCL loaded ncclNetPlugin_v${net:-?} and assigned it"; else echo "FAILED: not assigned"; fi); $verdict"
+row tuner "NCCL_TUNER_PLUGIN=mkernel NCCL_DEBUG=INFO tests/plugin/nccl_one_rank" \
+  "$(if [ -n "$tuner" ]; then echo "NCCL uses ncclTunerPlugin_v$tuner"; else echo "FAILED: not loaded"; fi); $verdict"
+
+step "5. nccl-tests all_reduce_perf -b 8 -e ${NV_MAX_BYTES:-64M} -g $NG: NCCL $NCCL_VERSION alone, then LD_PRELOAD"
+if nccl_tests_vs all_reduce_perf 8 "${NV_MAX_BYTES:-64M}" 120 "mk|mkernel's path at every size|MKERNEL_NCCL_CROSSOVER=off"; then
+  last=$(grep -E '^ *[0-9]+[KMG]? ' "$logs/tables.txt" | tail -1)
+  row shim "nccl-tests all_reduce_perf -b 8 -e ${NV_MAX_BYTES:-64M} -f 4 -c 1 -g $NG, NCCL alone then LD_PRELOAD=libmkernel.so" \
+    "$(grep -cE '^ *[0-9]+[KMG]? ' "$logs/tables.txt") sizes, #wrong 0 in both; largest: $(awk '{ printf "%s us NCCL, %s us mkernel, busbw %s / %s GB/s", $2, $3, $5, $6 }' <<<"$last")"
+else
+  fail=1
+  row shim "nccl-tests all_reduce_perf -b 8 -e ${NV_MAX_BYTES:-64M} -f 4 -c 1 -g $NG, NCCL alone then LD_PRELOAD=libmkernel.so" \
+    "FAILED (tables.txt)"
+fi
+save tables.txt
+
+if mk_have_torch "$PY" && [ "${NV_TORCH:-1}" != 0 ]; then
+  step "6. scripts/torch_check.py --ranks 1 --nccl $NCCL_LIB"
+  OUT=$logs timeout 240 "$PY" "$root/scripts/torch_check.py" --lib "$LIB" --ranks 1 --nccl "$NCCL_LIB" >"$logs/torch.txt" 2>&1
+  rc=$?
+  res=$(grep -m1 "^\[torch_check\] ranks=1" "$logs/torch.txt" | sed -E 's/^\[torch_check\] ranks=1 emulated=False: //; s/ stats=.*//')
+  echo "${res:-no result line}"
+  if [ $rc != 0 ] || [[ $res != *"nccl=$NCCL_VERSION"* ]]; then
+    fail=1
+    tail -20 "$logs/torch.txt"
+  fi
+  row shim "scripts/torch_check.py --ranks 1 --nccl <prefix>/lib/libnccl.so.2 ($("$PY" -c 'import torch; print("PyTorch", torch.__version__.split("+")[0])' 2>/dev/null))" \
+    "$([ $rc = 0 ] || echo "FAILED: ")${res:-no result line}"
+  save torch.txt
+else
+  echo "6. skipped: no PyTorch at $PY (or NV_TORCH=0)"
+fi
+
+step "summary: nccl-check against NCCL $NCCL_VERSION $([ $fail = 0 ] && echo passed || echo FAILED)"
+cat "$logs/compat-rows.csv"
+save compat-rows.csv ctest.log plugin-check.txt
+exit $fail
+}
+
 run=${1:-tier}
 case $run in
-  tier | launch | bw | multigpu | rail | hierfail | procs)
+  tier | launch | bw | multigpu | rail | hierfail | procs | nccl)
     # The logs' archive in $OUT (bundle_logs): 0-<RUN>-check-logs.tgz.
     MK_LOG_NAME=$run-check
-    "run_$run"
+    shift $(($# > 0 ? 1 : 0))
+    "run_$run" "$@"
     ;;
   *)
-    echo "gpu-check.sh: unknown run '$run' (tier, launch, bw, multigpu, rail, hierfail or procs)" >&2
+    echo "gpu-check.sh: unknown run '$run' (tier, launch, bw, multigpu, rail, hierfail, procs or nccl)" >&2
     exit 2
     ;;
 esac

@@ -5,6 +5,7 @@
 #   MK_SKIP_ASAN=1 skip the sanitizer build (developer shortcut; CI runs it)
 #   bash scripts/test.sh [TIER]: TIER runs one tier alone, one of
 #     fuzz      the libFuzzer targets, bounded;
+#     headers   the shim and the plugins compiled against the newest NCCL's headers;
 #     netfault  the TCP transport across two network namespaces with faults in between;
 #     spill     the device code's local-memory traffic (no GPU needed);
 #     tsan      ThreadSanitizer over the host code (not part of CI).
@@ -367,6 +368,68 @@ grep -E "^[0-9]+: (WARNING: ThreadSanitizer|SUMMARY: ThreadSanitizer)" "$logs/ct
 [ "$rc" = 0 ] && [ "$reports" = 0 ]
 }
 
+# ---- headers --------------------------------------------------------------------------------------
+# The shim and the plugins against the newest NCCL's headers as well as the installed ones
+# (`scripts/test.sh headers` alone, a CI stage):
+# nccl.h and nccl_device/ of PyPI's nvidia-nccl-cu12 wheel (MK_NCCL_NEWEST, default 2.32.3), kept in
+# $BUILD/nccl-<version>/include so that a rerun needs no network; a host-only configure in
+# $BUILD-nccl-<version> with MKERNEL_NCCL_INCLUDE_DIR there, then every object of plugin/ (the
+# library's only sources that include nccl.h; nothing is linked). Fails when the configure did not
+# take that nccl.h or an object does not compile, and then names each NCCL function or type the
+# compiler could not match against that header (docs/TROUBLESHOOTING.md, "NCCL versions").
+tier_headers() {
+  BUILD=${BUILD:-${MK_BUILD_DIR:-$MK_ROOT/build}}
+  local ver=${MK_NCCL_NEWEST:-2.32.3} inc dir tmp objs bad names rc=0 launcher=()
+  inc=$(realpath -m "$BUILD/nccl-$ver/include") dir=$BUILD-nccl-$ver
+  if [ ! -f "$inc/nccl.h" ]; then
+    tmp=$(mktemp -d)
+    python3 -m pip download --no-deps -q -d "$tmp" "nvidia-nccl-cu12==$ver" &&
+      python3 - "$tmp"/nvidia_nccl_cu12-*.whl "$BUILD/nccl-$ver" <<'EOF' || rc=1
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as whl:
+    names = [n for n in whl.namelist() if n.startswith("nvidia/nccl/include/")]
+    for n in names:
+        whl.extract(n, sys.argv[2] + "/wheel")
+print(f"nvidia-nccl-cu12: {len(names)} header files")
+EOF
+    rm -rf "$tmp"
+    if [ $rc != 0 ] || [ ! -f "$BUILD/nccl-$ver/wheel/nvidia/nccl/include/nccl.h" ]; then
+      echo "headers: cannot fetch the nvidia-nccl-cu12==$ver wheel's headers"
+      return 1
+    fi
+    mv "$BUILD/nccl-$ver/wheel/nvidia/nccl/include" "$inc" && rm -rf "$BUILD/nccl-$ver/wheel"
+  fi
+  echo "nccl.h: $inc ($(grep -m1 '^#define NCCL_VERSION_CODE' "$inc/nccl.h"))"
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  mkdir -p "$dir"
+  cmake -S "$MK_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMKERNEL_DEVICE_CODE=OFF -DMKERNEL_BUILD_TESTS=OFF \
+    -DMKERNEL_NCCL_INCLUDE_DIR="$inc" "${launcher[@]}" >"$dir/configure.log" 2>&1 || { tail -20 "$dir/configure.log"; return 1; }
+  grep -F "mkernel: NCCL ${ver%.*} headers in $inc" "$dir/configure.log" ||
+    { echo "headers: the configure did not take $inc"; grep "mkernel: NCCL" "$dir/configure.log"; return 1; }
+  # The objects' make targets (CMake's Makefile generator: one per source of the top folder's targets).
+  mapfile -t objs < <(grep -oE '^plugin/[^ :]+\.cc\.o' "$dir/Makefile" | sort -u)
+  [ ${#objs[@]} -gt 0 ] || { echo "headers: no plugin/ objects in $dir/Makefile"; return 1; }
+  LC_ALL=C make -C "$dir" -k -j"$MK_JOBS" "${objs[@]}" >"$dir/build.log" 2>&1 || rc=1
+  # Which nccl.h the objects saw: the preprocessed net ABI names the file it included.
+  if ! LC_ALL=C make -C "$dir" plugin/net/net_entry.cc.i >/dev/null 2>&1 ||
+    ! grep -qF "\"$inc/nccl.h\"" "$dir/CMakeFiles/mkernel.dir/plugin/net/net_entry.cc.i"; then
+    echo "headers: plugin/net/net_entry.cc did not include $inc/nccl.h"
+    rc=1
+  fi
+  bad=$(sed -nE 's|^make\[[0-9]+\]: \*\*\* \[.*/(plugin/[^]]+)\.o\].*|\1|p' "$dir/build.log" | sort -u)
+  echo "compiled against NCCL $ver: $(( ${#objs[@]} - $(grep -c . <<<"$bad") )) of ${#objs[@]} plugin/ objects"
+  if [ -n "$bad" ]; then
+    echo "these do not compile: $(tr "\n" " " <<<"$bad")"
+    # The names: the first quoted name of an error, as in "'::ncclX' has not been declared" or
+    # "conflicting declaration of C function '... ncclX(...)'" (not a "did you mean" suggestion).
+    names=$(sed -nE "s/.*error: [^']*'[^']*\<(p?nccl[A-Za-z0-9_]*)\>[^']*'.*/\1/p" "$dir/build.log" | sort -u)
+    echo "NCCL names in the errors: $(tr "\n" " " <<<"$names")"
+    grep -E 'error:' "$dir/build.log" | sed -E 's|^[^ ]*/(plugin/)|\1|' | sort | uniq -c | sort -rn | head -20
+    echo "(log: $dir/build.log)"
+  fi
+  return $rc
+}
+
 # ---- CI: every tier this machine can run ----------------------------------------------------------
 run_ci() {
 cd "$MK_ROOT"
@@ -413,6 +476,7 @@ wheel_stage() {
 
 mk_install_deps || exit 1
 stage "build (sm_90 + host)" mk_build "$BUILD" -DMKERNEL_CUDA_ARCH=90 -DMKERNEL_BUILD_TESTS=ON
+stage "shim + plugins: NCCL ${MK_NCCL_NEWEST:-2.32.3} headers" tier_headers
 # The data movers' SASS: no local memory in their loops (`scripts/test.sh spill`; a regression
 # there halves a collective's speed and no CPU test sees it).
 [ $fail = 0 ] && stage "device code: movers without spills" env SPILL_CHECK=1 SPILL_WORK="$BUILD/spill" \
@@ -456,13 +520,13 @@ exit $fail
 
 case ${1:-} in
   "") run_ci ;;
-  fuzz | netfault | spill | tsan)
+  fuzz | headers | netfault | spill | tsan)
     tier=$1
     shift
     "tier_$tier" "$@"
     ;;
   *)
-    echo "test.sh: unknown tier '$1' (fuzz, netfault, spill or tsan; none: every tier)" >&2
+    echo "test.sh: unknown tier '$1' (fuzz, headers, netfault, spill or tsan; none: every tier)" >&2
     exit 2
     ;;
 esac

@@ -4,7 +4,7 @@
 Runs on a GPU machine, with a Python whose `import torch` works:
 
   python3 scripts/torch_check.py --lib build/lib/libmkernel.so [--ranks 1,2,4] [--gpus N] [--mps]
-                                 [--ranks-per-node K]
+                                 [--ranks-per-node K] [--nccl PATH/libnccl.so.2]
 
 Each case starts fresh worker processes (this script with --worker) with LD_PRELOAD=<lib>:
   ranks<=gpus  one rank per GPU (cuda:rank), the real NCCL beside the shim; the same workers also
@@ -16,6 +16,10 @@ Each case starts fresh worker processes (this script with --worker) with LD_PREL
 --ranks-per-node K: the emulated cases run as nodes of K ranks (MKERNEL_RANKS_PER_NODE=K, proxies
 over TCP on loopback): PyTorch through the hierarchical path, e.g. --ranks 4 --ranks-per-node 2
 --mps is "PyTorch emulated 2x2".
+--nccl: every worker, with the shim and without, preloads this libnccl.so.2 (after the shim's
+library), so that PyTorch and the shim use that NCCL build instead of PyTorch's own (the loader
+takes an already loaded soname for PyTorch's dependency); each case's line names the version the
+workers report.
 With more than one rank the workers are processes, so mkernel runs them as staged process ranks
 (CUDA IPC, docs/KERNEL.md). Every case also checks that mkernel ran collectives (kernelOps > 0)
 and a large all_reduce / all_gather / broadcast (BIG elements: many staging chunks) on the GPU.
@@ -119,14 +123,17 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_case(py, lib, world, emulate, preload, full, timeout, ranks_per_node=0):
+def run_case(py, lib, world, emulate, preload, full, timeout, ranks_per_node=0, nccl=""):
     port = free_port()
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("NCCL_NVLS_ENABLE", "0")
+    if nccl:
+        env["LD_PRELOAD"] = nccl
+        env["MKERNEL_NCCL_LIBRARY"] = nccl
     if preload:
-        env["LD_PRELOAD"] = lib
+        env["LD_PRELOAD"] = lib + (":" + nccl if nccl else "")
         env["MKERNEL_LIB"] = lib
         # mkernel's own path at every size: the check is of mkernel, not of the sizes the default
         # policy hands to NCCL (docs/ALGORITHMS.md, rule 6b).
@@ -194,6 +201,8 @@ def main():
     ap.add_argument("--mps", action="store_true", help="start a CUDA MPS daemon for the emulated cases")
     ap.add_argument("--ranks-per-node", type=int, default=0,
                     help="emulated cases: nodes of this many ranks (MKERNEL_RANKS_PER_NODE), the hierarchical path")
+    ap.add_argument("--nccl", default="", metavar="LIBNCCL",
+                    help="a libnccl.so.2 every worker preloads (an NCCL build; default: PyTorch's own)")
     ap.add_argument("--timeout", type=float, default=240)
     ap.add_argument("--show", default="", metavar="REGEX",
                     help="print the workers' output lines that match REGEX (e.g. with MKERNEL_DEBUG=INFO, "
@@ -211,6 +220,9 @@ def main():
     lib = os.path.abspath(args.lib)
     if not os.path.exists(lib):
         sys.exit(f"torch_check: {lib} does not exist (build first)")
+    nccl = os.path.abspath(args.nccl) if args.nccl else ""
+    if nccl and not os.path.exists(nccl):
+        sys.exit(f"torch_check: {nccl} does not exist")
     py = sys.executable
     summary, all_ok = [], True
     mps_dir = None
@@ -224,7 +236,7 @@ def main():
                 subprocess.run(["nvidia-cuda-mps-control", "-d"], check=False)
             t0 = time.time()
             rpn = args.ranks_per_node if emulate and 0 < args.ranks_per_node < world else 0
-            ok, results, logs = run_case(py, lib, world, emulate, True, True, args.timeout, rpn)
+            ok, results, logs = run_case(py, lib, world, emulate, True, True, args.timeout, rpn, nccl)
             case = {"ranks": world, "emulated": emulate, "ranks_per_node": rpn,
                     "seconds": round(time.time() - t0, 1), "checks": {}}
             if ok:
@@ -252,7 +264,7 @@ def main():
                 case["nccl_version"] = results[0]["nccl_version"]
                 if not emulate:
                     # The same workers on the real NCCL alone: bit-identical results.
-                    nok, nres, nlogs = run_case(py, lib, world, False, False, False, args.timeout)
+                    nok, nres, nlogs = run_case(py, lib, world, False, False, False, args.timeout, 0, nccl)
                     by_rank = {r["rank"]: r for r in results}
                     same = nok and all(n["results"][k] == by_rank[n["rank"]]["results"][k]
                                        for n in nres for k in n["results"] if k.endswith("#bits"))
@@ -276,6 +288,7 @@ def main():
             print(f"[torch_check] ranks={world} emulated={emulate}"
                   f"{f' nodes of {rpn}' if rpn else ''}: {'PASS' if ok else 'FAIL'} "
                   f"({len(case['checks'])} checks, {len(bad)} bad{', equal to NCCL' if case.get('equal_to_nccl') else ''}) "
+                  f"nccl={case.get('nccl_version', '?')} "
                   f"stats={case.get('stats')}", flush=True)
             if not ok:
                 print(case.get("log_tail", ""), flush=True)

@@ -1,4 +1,4 @@
-// NCCL net-plugin ABI: what every version (v8..v11) shares.
+// NCCL net-plugin ABI: what every version (v8..v12) shares.
 //
 // Written for mkernel from the layout of NCCL 2.28.9's src/include/plugin/nccl_net.h,
 // nccl_common.h and nccl_device/net_device.h. The types live in mkernel::abi so that they can never

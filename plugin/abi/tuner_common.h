@@ -1,4 +1,4 @@
-// NCCL tuner-plugin ABI: what every version (v2..v5) shares.
+// NCCL tuner-plugin ABI: what every version (v2..v6) shares.
 //
 // Written for mkernel from the layout of NCCL 2.28.9's src/include/plugin/nccl_tuner.h and
 // nccl_common.h. The types live in mkernel::abi so that they never clash with NCCL's own headers

@@ -2,8 +2,8 @@
 """scripts/results-table.py: the page it renders from CSVs (tests/scripts/fixtures/results), --check
 on a current and on a stale page, --readme between the markers only (and its refusal without them
 or with more than 8 headline rows), --embed of one CSV's tables into a page, its refusal of a
-malformed CSV, and that the repository's own docs/RESULTS.md and docs/MODEL.md's embedded table
-are what docs/results/*.csv give.
+malformed CSV, compat.csv's table (a row per NCCL version, a column per component), and that the
+repository's own docs/RESULTS.md and docs/MODEL.md's embedded table are what docs/results/*.csv give.
 
     python3 tests/scripts/test_results_table.py REPO_ROOT
 """
@@ -141,6 +141,32 @@ def main(root):
         write(csvp, "date,machine,commit,command\n2026-11-30,x,y\n")
         code, out = rc(root, *base)
         check("a short row exits 1 (%d: %s)" % (code, out), code == 1 and "fields" in out)
+
+        # compat.csv: a row per NCCL version, newest first (2.9.6 is older than 2.30.7), a column per
+        # component; "net plugin + tuner" fills both; two runs of one cell are both there.
+        compat = os.path.join(tmp, "compat")
+        os.mkdir(compat)
+        write(os.path.join(compat, "compat.csv"),
+              "date,machine,commit,command,nccl,component,result\n"
+              "2026-12-01,cpu,aaa1111,abi test v2.28,2.28.9,net plugin + tuner,ABI equal\n"
+              "2026-12-02,gpu,bbb2222,ctest shim,2.30.7,shim,4 of 4 passed\n"
+              "2026-12-03,gpu,ccc3333,torch_check,2.30.7,shim,PASS\n"
+              "2026-12-03,gpu,ccc3333,old run,2.9.6,tuner,loaded\n")
+        cpage = os.path.join(tmp, "COMPAT.md")
+        run_script(root, "results-table.py", "--results", compat, "--out", cpage)
+        lines = read(cpage).splitlines()
+        rows = [l for l in lines if l.startswith("| 2.")]
+        check("compat: the header names the three components", "| NCCL | shim | net plugin | tuner |" in lines)
+        check("compat: one row per version, newest first (%s)" % [r.split(" |")[0] for r in rows],
+              [r.split(" |")[0] for r in rows] == ["| 2.30.7", "| 2.28.9", "| 2.9.6"])
+        cells = [[c.strip() for c in r.split("|")[1:-1]] for r in rows]
+        check("compat: a cell holds command, result, machine, date and commit",
+              cells and cells[0][1] == "`ctest shim`: 4 of 4 passed (gpu, 2026-12-02, bbb2222)<br>"
+                                      "`torch_check`: PASS (gpu, 2026-12-03, ccc3333)")
+        check("compat: net plugin + tuner fills both columns, nothing else",
+              len(cells) > 1 and cells[1][1] == "" and cells[1][2] == cells[1][3] == "`abi test v2.28`: ABI equal (cpu, 2026-12-01, aaa1111)")
+        check("compat: a version without a run of a component has an empty cell",
+              len(cells) > 2 and cells[2][1:3] == ["", ""] and "loaded" in cells[2][3])
     finally:
         shutil.rmtree(tmp)
 
