@@ -14,11 +14,19 @@
 
 #include <cstdint>
 
+// nccl.h of 2.30 and later declares ncclResetDebugInit only on Linux, as NCCL's build defines it.
+#ifndef NCCL_OS_LINUX
+#define NCCL_OS_LINUX 1
+#endif
 #include <nccl.h>
 
 #if __has_include(<nccl_device/core.h>)
 #include <nccl_device/core.h>
 #include <nccl_device/gin_barrier.h>
+#if __has_include(<nccl_device/host.h>)
+// NCCL 2.32 declares the device API's host functions here.
+#include <nccl_device/host.h>
+#endif
 #else
 // An NCCL install without the device-API headers: declare the host entry points the shim must
 // still export (layouts as in NCCL 2.28's nccl_device/core.h; the shim only passes them through).

@@ -15,7 +15,6 @@
 #include "plugin/shim/shim_forward.h"
 #include "plugin/shim/shim_group.h"
 #include "plugin/shim/shim_select.h"
-#include "transport/bootstrap/wire.h"
 
 namespace mkernel {
 namespace shim {
@@ -189,7 +188,7 @@ constexpr size_t kRealIdTagAt = 56;
 constexpr size_t kRealIdAt = 64;
 constexpr size_t kRealIdRoom = sizeof(ncclUniqueId) - kRealIdAt;
 constexpr uint32_t kRealIdTag = 0x4449434eu;  // "NCID"
-static_assert(sizeof(bootstrap::IdWire) <= kRealIdTagAt, "the real id's tag overlaps the bootstrap's fields");
+static_assert(bootstrap::kUniqueIdUsedBytes <= kRealIdTagAt, "the real id's tag overlaps the bootstrap's fields");
 
 }  // namespace
 

@@ -19,6 +19,9 @@ namespace mkernel {
 namespace bootstrap {
 
 constexpr size_t kUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
+// The leading bytes of the id the bootstrap uses (its wire form, wire.h: IdWire); the rest is free
+// for the shim (which keeps the real NCCL's id there). wire.h pins it with a static_assert.
+constexpr size_t kUniqueIdUsedBytes = 56;
 struct UniqueId {
   char bytes[kUniqueIdBytes];
 };
