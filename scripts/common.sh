@@ -1,11 +1,13 @@
 # Shared by every shell script of scripts/: dependency installation and the build, the Python
 # with PyTorch, the GPU machine's settings and helpers (mk_gpu_env), the emulation settings
 # (mk_emu_env), and running a test binary's Catch2 cases one by one (mk_gpu_cases).
-# Sourcing it defines functions and MK_ROOT / MK_JOBS only.
+# Sourcing it defines functions and MK_ROOT / MK_JOBS, and exports ccache's CCACHE_BASEDIR and
+# CCACHE_NOHASHDIR (mk_ccache_args).
 # shellcheck shell=bash
 
 MK_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MK_JOBS=${MK_JOBS:-$(nproc)}
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$MK_ROOT} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 
 mk_say() { printf '\n== %s\n' "$*"; }
 
@@ -30,6 +32,7 @@ mk_install_deps() {
   command -v g++ >/dev/null || need+=(g++)
   command -v pkg-config >/dev/null || need+=(pkg-config)
   command -v clang++ >/dev/null || need+=(clang)
+  command -v ccache >/dev/null || need+=(ccache)
   [ -f /usr/include/hwloc.h ] || need+=(libhwloc-dev)
   [ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
   [ -f /usr/include/rdma/rdma_cma.h ] || need+=(librdmacm-dev)
@@ -50,10 +53,19 @@ mk_install_deps() {
   export PATH=$PATH:/usr/local/cuda/bin
 }
 
+# Builds go through ccache when there is one, with paths relative to the source tree, so that two
+# build folders with the same flags (test.sh's build and its wheel stage) share their objects.
+mk_ccache_args() {
+  command -v ccache >/dev/null || return 0
+  printf '%s\n' -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache
+}
+
 # mk_build DIR [cmake args...]: configure (once) and build.
 mk_build() {
   local dir=$1; shift
-  cmake -S "$MK_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >"$dir.configure.log" 2>&1 \
+  local cc_args=()
+  mapfile -t cc_args < <(mk_ccache_args)
+  cmake -S "$MK_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${cc_args[@]}" "$@" >"$dir.configure.log" 2>&1 \
     || { cat "$dir.configure.log"; return 1; }
   cmake --build "$dir" -j "$MK_JOBS" 2>&1 | grep -vE '^\[ *[0-9]+%\] (Building|Linking|Built)' || true
   cmake --build "$dir" -j "$MK_JOBS" >/dev/null 2>&1 || { cmake --build "$dir" -j 1 2>&1 | tail -40; return 1; }

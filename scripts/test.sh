@@ -447,18 +447,19 @@ stage() {  # stage NAME CMD...: runs CMD, records its outcome and time
 # The Python wheel as a user installs it: `pip wheel .` (scikit-build-core, pyproject.toml) and
 # `pip install` of that wheel into a fresh venv, then tests/install/check_python.py run from outside
 # the source tree on the installed package (python -m mkernel --lib/--version/--plugin-dir,
-# mkernel.stats(), python -m mkernel.run). The CMake build stays in $BUILD-wheel between runs and
-# uses ccache when there is one; the source tree must be left as it was.
+# mkernel.stats(), python -m mkernel.run). The CMake build stays in $BUILD-wheel between runs; it
+# takes the main build's build type and architecture (the wheel users get is Release, all
+# architectures) so that ccache serves it the main build's objects. The source tree must be left as
+# it was.
 wheel_stage() {
   local tmp rel version left rc=0 cmake_args=""
   tmp=$(mktemp -d) rel=${BUILD#"$MK_ROOT"/}
   tree_files() { git status --porcelain --ignored --untracked-files=all | grep -v "^!! $rel-wheel/" | sort; }
   tree_files >"$tmp/before"
   version=$(sed -n 's/^project(mkernel VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)
-  command -v ccache >/dev/null &&
-    cmake_args="-DCMAKE_C_COMPILER_LAUNCHER=ccache;-DCMAKE_CXX_COMPILER_LAUNCHER=ccache;-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"
+  cmake_args=$( (mk_ccache_args; echo -DMKERNEL_CUDA_ARCH=90) | paste -sd';')
   python3 -m venv "$tmp/venv" &&
-    SKBUILD_BUILD_DIR=$BUILD-wheel SKBUILD_CMAKE_ARGS=$cmake_args \
+    SKBUILD_BUILD_DIR=$BUILD-wheel SKBUILD_CMAKE_ARGS=$cmake_args SKBUILD_CMAKE_BUILD_TYPE=RelWithDebInfo \
       "$tmp/venv/bin/pip" wheel --no-deps -q -w "$tmp/dist" "$MK_ROOT" &&
     ls "$tmp/dist" && python3 -m zipfile -l "$tmp"/dist/mkernel-*.whl &&
     "$tmp/venv/bin/pip" install -q "$tmp"/dist/mkernel-*.whl &&
