@@ -57,8 +57,14 @@ ncclResult_t ncclGinBarrierCreateRequirement(ncclComm_t, ncclTeam_t, int nBarrie
 }
 #endif
 
-#if NCCL_VERSION_CODE < NCCL_VERSION(2, 32, 0)
-// NCCL 2.32's per-collective configuration (nccl.h of 2.32.3), for its nccl*Config entry points.
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 32, 0) || !defined(NCCL_COLLCONFIG_INITIALIZER)
+// ncclCollConfig_t has launchCompletionEvent (2.32's, or the one declared below); 2.31's has not.
+#define MKERNEL_COLLCONFIG_HAS_COMPLETION_EVENT 1
+#endif
+
+#ifndef NCCL_COLLCONFIG_INITIALIZER
+// NCCL 2.32's per-collective configuration (nccl.h of 2.32.3), for its nccl*Config entry points
+// (2.31 declares them with a shorter ncclCollConfig_t).
 // Versioned and append-only, as ncclConfig_t: `size` says how much of it the caller filled.
 typedef struct ncclConfigExt {
   struct ncclConfigExt* next;

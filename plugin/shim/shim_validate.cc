@@ -100,7 +100,11 @@ bool collConfigIsDefault(const ncclCollConfig_t* config) {
   if (MK_FILLED(algSelection) && config->algSelection != nullptr && config->algSelection[0] != '\0') return false;
   if (MK_FILLED(CTAPolicy) && config->CTAPolicy != NCCL_CONFIG_UNDEF_INT) return false;
   if (MK_FILLED(userProfilerTag) && config->userProfilerTag != 0) return false;
+#ifdef MKERNEL_COLLCONFIG_HAS_COMPLETION_EVENT
   if (MK_FILLED(launchCompletionEvent) && config->launchCompletionEvent != nullptr) return false;
+#else
+  if (filled > sizeof(ncclCollConfig_t)) return false;  // fields this nccl.h does not know
+#endif
 #undef MK_FILLED
   return true;
 }

@@ -50,12 +50,12 @@ TEST_CASE("verbs: MKERNEL_IB_HCA selects like NCCL_IB_HCA") {
 }
 
 TEST_CASE("verbs: port speed from active_speed x active_width, in Mbps") {
-  CHECK(verbs::portSpeedMbps(1, 1) == 2500);       // SDR 1x
-  CHECK(verbs::portSpeedMbps(32, 2) == 100000);    // EDR 4x
-  CHECK(verbs::portSpeedMbps(64, 2) == 200000);    // HDR 4x
-  CHECK(verbs::portSpeedMbps(128, 2) == 400000);   // NDR 4x
-  CHECK(verbs::portSpeedMbps(128, 16) == 200000);  // NDR 2x
-  CHECK(verbs::portSpeedMbps(0, 0) == 2500);       // nothing reported: the lowest, never 0
+  CHECK(mkernel::verbs::portSpeedMbps(1, 1) == 2500);       // SDR 1x
+  CHECK(mkernel::verbs::portSpeedMbps(32, 2) == 100000);    // EDR 4x
+  CHECK(mkernel::verbs::portSpeedMbps(64, 2) == 200000);    // HDR 4x
+  CHECK(mkernel::verbs::portSpeedMbps(128, 2) == 400000);   // NDR 4x
+  CHECK(mkernel::verbs::portSpeedMbps(128, 16) == 200000);  // NDR 2x
+  CHECK(mkernel::verbs::portSpeedMbps(0, 0) == 2500);       // nothing reported: the lowest, never 0
 }
 
 TEST_CASE("verbs: without an RDMA device createIbNet says so and returns nothing") {
