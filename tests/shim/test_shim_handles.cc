@@ -21,33 +21,15 @@
 #include "plugin/shim/nccl_api.h"
 #include "plugin/shim/real_nccl.h"
 #include "plugin/shim/shim_comm.h"
+#include "tests/shim/failed_comm.h"
 #include "plugin/shim/shim_init.h"
 
 namespace {
 
 using mkernel::Result;
-using mkernel::coll::CollArgs;
-using mkernel::coll::CollStats;
-using mkernel::coll::CommOptions;
 using mkernel::shim::CommState;
 using mkernel::shim::ShimComm;
 using mkernel::shim::findShimComm;
-
-// An mkernel communicator whose asynchronous error is always a failure: what the shim answers for
-// a comm of its own, never what NCCL answers.
-class FailedComm final : public mkernel::coll::Communicator {
- public:
-  Result enqueue(const CollArgs*, int, cudaStream_t) override { return Result::Success; }
-  Result asyncError(bool) override { return MK_ERROR(Result::RemoteError, "a stand-in failure"); }
-  Result abort() override { return Result::Success; }
-  Result finalize() override { return Result::Success; }
-  const CommOptions& options() const override { return opts_; }
-  void stats(CollStats*) const override {}
-  Result kernelTrace(std::vector<uint64_t>*) const override { return Result::InvalidUsage; }
-
- private:
-  CommOptions opts_;
-};
 
 // The stand-in NCCL the shim loaded, and its hooks.
 void* fakeLib() {
@@ -260,7 +242,7 @@ TEST_CASE("side table: the cost of a lookup (printed)") {
 
 TEST_CASE("re-entry: a call NCCL makes through its own PLT goes back to NCCL, not to the shim's comm") {
   ShimComm* c = realComm(0, 2);
-  c->mk.reset(new FailedComm());
+  c->mk.reset(new FailedComm("a stand-in failure"));
   const ncclComm_t h = c->handle();
   // The application's call: the shim's answer (mkernel's communicator has failed).
   ncclResult_t async = ncclSuccess;
