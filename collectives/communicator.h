@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "collectives/types.h"
@@ -29,7 +31,21 @@ struct CommOptions {
   bool emulate = false;  // MKERNEL_EMULATE: ranks may share a GPU
   bool blocking = true;  // ncclConfig_t::blocking
   int maxCtas = 0;       // 0: default (MKERNEL_CTAS / emulation sizing)
+  bool settingsAgreed = false;  // the caller ran agreeRouteSettings on this bootstrap already
 };
+
+// One route on every rank (docs/SHIM.md, "One route on every rank"). The settings that can change
+// where or how a collective runs (params.def's ROUTE column, as canonical text, and mkernel's
+// version) must be the same on every rank of a communicator, or ranks would wait on different
+// paths. agreeRouteSettings compares them at creation (one all-gather of a digest; on a mismatch
+// a second one of the texts) and fails with InvalidUsage on every rank alike, naming each setting
+// that differs and which ranks hold which value. Communicator::create runs it unless
+// CommOptions::settingsAgreed; the shim runs it for every communicator, MKERNEL_DISABLE=1 included.
+using RouteSettings = std::vector<std::pair<std::string, std::string>>;
+RouteSettings routeSettingsInEffect();
+Result agreeRouteSettings(bootstrap::Bootstrap& bs, const char* caller);
+// The same for the given settings (tests).
+Result agreeSettings(bootstrap::Bootstrap& bs, const RouteSettings& mine, const char* caller);
 
 // Counters read by mkernelGetStats(): which path ran how many collectives of each kind.
 struct CollStats {
@@ -101,11 +117,12 @@ class Communicator {
   virtual Result enqueueStart(const CollArgs& op, cudaStream_t stream) { return enqueue(&op, 1, stream); }
   virtual Result completeStarts() { return Result::Success; }
 
-  // Whether `op`, enqueued while its stream is captured into a CUDA graph, takes a path whose
-  // replays need nothing resident (the launch path's kernels, or a one-rank copy) rather than the
-  // persistent kernel's doorbell. A function of the op's shared arguments and of settings agreed
-  // at creation, so the same on every rank (the shim's MKERNEL_GRAPH=auto routes on it).
-  virtual bool capturedWithoutResidency(const CollArgs& op) const {
+  // Whether `op` runs on the persistent kernel's doorbell rather than on a path launched on the
+  // caller's stream (the launch path's kernels, or a one-rank copy), whose captures need nothing
+  // resident. A function of the op's shared arguments and of settings agreed at creation, the
+  // same whether the stream is being captured or not, so the same on every rank (the shim's
+  // MKERNEL_GRAPH routes on it).
+  virtual bool needsDoorbell(const CollArgs& op) const {
     (void)op;
     return false;
   }

@@ -38,14 +38,18 @@ struct KernelParams {
   uint32_t graphEpilogueLight;
   uint32_t launchWatch;  // MKERNEL_LAUNCH_WATCH: 0 off, 1 the first launch-path op, 2 every op (launchStarted)
   uint32_t traceGraph;   // MKERNEL_KERNEL_TRACE=2 (1) or 3 (2: the LL receive's detail): launch-path kernels trace captured ops, not eager ones
-  // Host only: which launch-path ops take a kernel of their own rather than launchKernel, bits of
-  // kOwnKernelLl (MKERNEL_LL_KERNEL=own: launchLlKernel) and kOwnKernelDirect
-  // (MKERNEL_DIRECT_KERNEL=own: launchDirectKernel).
-  uint32_t ownKernels;
+  // 1: eager launch-path ops are numbered by the device, as captured ones are, in the same
+  // namespace (launch_path.h, "One numbering"), so that an op captured on one rank and eager on
+  // another meet; 0 (MKERNEL_EAGER_HOST_NUMBERS=1): by the host, in a namespace of their own.
+  uint32_t deviceNumbers;
   HostControl* ctl;               // host-mapped, device address
   uint64_t timeoutNs;             // MKERNEL_TIMEOUT_S
   DeviceState* peers[kMaxRanks];  // every rank's DeviceState, as this process addresses it
   // ---- the rest ----
+  // Host only: which launch-path ops take a kernel of their own rather than launchKernel, bits of
+  // kOwnKernelLl (MKERNEL_LL_KERNEL=own: launchLlKernel) and kOwnKernelDirect
+  // (MKERNEL_DIRECT_KERNEL=own: launchDirectKernel).
+  uint32_t ownKernels;
   const WorkSlot* slots;          // host-mapped, device address
   void* staging;                  // this rank's one-shot staging buffer (in-place AllReduce)
   uint64_t stagingBytes;

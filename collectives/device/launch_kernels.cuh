@@ -118,12 +118,14 @@ __device__ __forceinline__ uint64_t launchTraceBegin(const KernelParams& p, bool
 // The next launch sees the stores without fences: it starts after this kernel has completed (stream
 // order, or an event across streams). One CTA (every LL op up to 8 KiB) needs no counter at all:
 // its store follows the reads of the same word. fenced: two __threadfence and a plain atomic.
-__device__ __forceinline__ void graphEpilogue(const KernelParams& p, int coll, uint64_t e, bool fenceFirst) {
+// captured: the op counts in graphOps (an eager op numbered by the device counts in launchDone).
+__device__ __forceinline__ void graphEpilogue(const KernelParams& p, int coll, uint64_t e, bool fenceFirst,
+                                              bool captured) {
   if (p.graphEpilogueLight) {
     if (gridDim.x > 1 && fenceFirst) __threadfence();
     if (gridDim.x == 1 || atomicAddAcquireGpu(&p.self->graphCtasDone, 1u) + 1 == gridDim.x) {
       if (gridDim.x > 1) p.self->graphCtasDone = 0;
-      p.self->graphOps[coll] += 1;
+      if (captured) p.self->graphOps[coll] += 1;
       *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e;
     }
     return;
@@ -131,7 +133,7 @@ __device__ __forceinline__ void graphEpilogue(const KernelParams& p, int coll, u
   __threadfence();
   if (atomicAdd(&p.self->graphCtasDone, 1u) + 1 == gridDim.x) {
     p.self->graphCtasDone = 0;
-    p.self->graphOps[coll] += 1;
+    if (captured) p.self->graphOps[coll] += 1;
     __threadfence();
     *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = e;
   }
@@ -150,10 +152,13 @@ __device__ __forceinline__ void launchBody(const KernelParams& p, const WorkDesc
                                            int mode, SharedState& sh) {
   if (p.warmup) return;  // warmKernels
   pdlEnter(p);
-  const bool graph = epoch == 0;
+  // captured: no host number (epoch 0). graph: numbered by the device, in the graph namespace
+  // (captured ops, and eager ones with p.deviceNumbers; launch_path.h, "One numbering").
+  const bool captured = epoch == 0;
+  const bool graph = captured || p.deviceNumbers != 0;
   // MKERNEL_KERNEL_TRACE, eager ops (record epoch - 1): start, set up, [LL: pushed, received],
   // collective done, reported (collbench --trace; docs/KERNEL.md, "Kernel trace").
-  const uint64_t traceSeq = launchTraceBegin(p, graph, epoch);
+  const uint64_t traceSeq = launchTraceBegin(p, captured, epoch);
   // Every thread reads the stop flag and (captured) the sequence number itself, so that an LL op
   // can push before the CTA's first barrier (llPush); plain volatile loads, which the input's
   // loads need not wait for. graphSeq holds the same value for every thread of every CTA during
@@ -173,7 +178,7 @@ __device__ __forceinline__ void launchBody(const KernelParams& p, const WorkDesc
                : (p.graphEpilogueLight ? loadAcquireGpu(&p.self->graphSeq) : loadVolatile64(&p.self->graphSeq)) + 1;
     // The launch watch (MKERNEL_LAUNCH_WATCH), for the watched ops only: a posted store into host
     // memory, whose flush would hold back the kernel's end at every op.
-    if (!graph && blockIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && epoch == 1)))
+    if (!captured && blockIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && epoch == 1)))
       p.ctl->launchStarted = epoch;
   }
   if (threadIdx.x < kMaxRanks) sh.peers[threadIdx.x] = threadIdx.x < p.nRanks ? p.peers[threadIdx.x] : nullptr;
@@ -182,17 +187,17 @@ __device__ __forceinline__ void launchBody(const KernelParams& p, const WorkDesc
   traceAt(p, blockIdx.x, traceSeq, kTraceStartBarrier);  // (set up)
   const bool ran = launchRun<kDirectOnly>(p, sh, d, e, graph ? kLaunchGraph : kLaunchEager, mode, traceSeq);
   traceAt(p, blockIdx.x, traceSeq, kTraceEndBarrier);
+  // Statistics and finalize of eager ops: device memory (the host copies it when it needs it).
+  if (!captured && ran && blockIdx.x == 0 && threadIdx.x == 0)
+    *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[d.coll]) = opIndex;
   if (!graph) {
-    // Statistics and finalize: device memory (the host copies it when it needs it).
-    if (ran && blockIdx.x == 0 && threadIdx.x == 0)
-      *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[d.coll]) = opIndex;
     traceAt(p, blockIdx.x, traceSeq, kTraceReported);
     return;
   }
   __syncthreads();
   if (threadIdx.x != 0) return;
   // (light: thread 0 read graphSeq with acquire, above)
-  graphEpilogue(p, d.coll, e, /*fenceFirst=*/false);
+  graphEpilogue(p, d.coll, e, /*fenceFirst=*/false, captured);
   traceAt(p, blockIdx.x, traceSeq, kTraceReported);
 }
 
@@ -229,10 +234,11 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlKernel(const __grid
                                                                     uint64_t epoch, uint64_t opIndex) {
   if (p.warmup) return;  // warmKernels
   pdlEnter(p);
-  const bool graph = epoch == 0;
+  const bool captured = epoch == 0;
+  const bool graph = captured || p.deviceNumbers != 0;  // (launchBody)
   const int ns = graph ? kLaunchGraph : kLaunchEager;
   // The trace as launchKernel's (eager ops, or captured ones with MKERNEL_KERNEL_TRACE=2 or 3).
-  const uint64_t traceSeq = launchTraceBegin(p, graph, epoch);
+  const uint64_t traceSeq = launchTraceBegin(p, captured, epoch);
   // Captured: the number graphSeq + 1, the same for every thread of every CTA (launchKernel). A
   // plain volatile load, so that the input's loads (llPush) need not wait for it as they would for
   // an acquire; the epilogue's counter (several CTAs) has a fence before it instead.
@@ -252,23 +258,23 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlKernel(const __grid
   const uint64_t stageSeq = p.traceGraph == 2 ? kNoTrace : traceSeq;
   if (p.traceGraph == 2) a.detailSeq = traceSeq;
   traceAt(p, blockIdx.x, stageSeq, kTraceLoaded);  // (this thread's pushes issued)
-  if (!graph && blockIdx.x == 0 && threadIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && epoch == 1)))
+  if (!captured && blockIdx.x == 0 && threadIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && epoch == 1)))
     p.ctl->launchStarted = epoch;
   // One answer for the CTA: a thread that saw the stop flag pushed nothing.
   bool ok = __syncthreads_or(stop) == 0;
   traceAt(p, blockIdx.x, stageSeq, kTraceStartBarrier);
   if (ok) ok = tiny ? llFinish<1>(p, d, a, stageSeq) : llFinish(p, d, a, stageSeq);
   traceAt(p, blockIdx.x, stageSeq, kTraceEndBarrier);
+  if (!captured && ok && blockIdx.x == 0 && threadIdx.x == 0)
+    *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[d.coll]) = opIndex;
   if (!graph) {
-    if (ok && blockIdx.x == 0 && threadIdx.x == 0)
-      *reinterpret_cast<volatile uint64_t*>(&p.self->launchDone[d.coll]) = opIndex;
     traceAt(p, blockIdx.x, traceSeq, kTraceReported);
     return;
   }
   // launchKernel's graph epilogue, after every thread's last use of e (llFinish's barrier; a
   // stopped CTA passed the barrier above).
   if (threadIdx.x != 0) return;
-  graphEpilogue(p, d.coll, e, /*fenceFirst=*/true);  // (graphSeq read with a plain load, above)
+  graphEpilogue(p, d.coll, e, /*fenceFirst=*/true, captured);  // (graphSeq read with a plain load, above)
   traceAt(p, blockIdx.x, traceSeq, kTraceReported);
 }
 

@@ -90,7 +90,7 @@ __device__ __forceinline__ void llBatchSerial(const KernelParams& p, const LlBat
                                               bool eager) {
   for (int i = 0; i < b.nOps && ok; ++i) {
     const uint64_t e = e0 + static_cast<uint64_t>(i);
-    const uint64_t traceSeq = eager ? e - 1 : kNoTrace;
+    const uint64_t traceSeq = eager ? b.epoch + static_cast<uint64_t>(i) - 1 : kNoTrace;  // the host's number
     traceAt(p, 0, traceSeq, kTraceSeen);
     const LlArgs a = llArgs(p, b.ops[i], e, ns);
     llPush(p, b.ops[i], a, false);
@@ -113,7 +113,8 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlBatchKernel(const _
                                                                          const __grid_constant__ LlBatch b) {
   if (p.warmup) return;  // warmKernels
   pdlEnter(p);
-  const bool graph = b.epoch == 0;
+  const bool captured = b.epoch == 0;
+  const bool graph = captured || p.deviceNumbers != 0;  // numbered by the device (launchKernel)
   const int ns = graph ? kLaunchGraph : kLaunchEager;
   // Captured: graphSeq is the same for every thread during this launch (launchKernel). Thread 0
   // of each CTA reads it with acquire, which keeps the epilogue's counter after its read (below).
@@ -121,18 +122,18 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlBatchKernel(const _
       !graph ? b.epoch
              : (threadIdx.x == 0 ? loadAcquireGpu(&p.self->graphSeq) : loadVolatile64(&p.self->graphSeq)) + 1;
   const uint64_t eLast = e0 + (b.exchange ? 0 : static_cast<uint64_t>(b.nOps) - 1);
-  // The launch watch (launchKernel's): the batch's last number, which the host watches.
-  if (!graph && blockIdx.x == 0 && threadIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && b.epoch == 1)))
-    p.ctl->launchStarted = eLast;
+  // The launch watch (launchKernel's): the batch's last host number, which the host watches.
+  if (!captured && blockIdx.x == 0 && threadIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && b.epoch == 1)))
+    p.ctl->launchStarted = b.epoch + (b.exchange ? 0 : static_cast<uint64_t>(b.nOps) - 1);
   // One answer for the CTA (the exchange's waves meet at barriers every thread reaches).
   bool ok = __syncthreads_or(stopRequested(p)) == 0;
   if (b.exchange) {
-    const uint64_t traceSeq = graph ? kNoTrace : e0 - 1;
+    const uint64_t traceSeq = captured ? kNoTrace : b.epoch - 1;
     traceAt(p, blockIdx.x, traceSeq, kTraceSeen);
-    ok = llBatchExchange(p, b, e0, ns, traceSeq, ok, !graph);
+    ok = llBatchExchange(p, b, e0, ns, traceSeq, ok, !captured);
     traceAt(p, blockIdx.x, traceSeq, kTraceReported);
   } else {
-    llBatchSerial(p, b, e0, ns, ok, !graph);
+    llBatchSerial(p, b, e0, ns, ok, !captured);
   }
   if (!graph || threadIdx.x != 0) return;
   // The graph epilogue (launchKernel's, for every op of the batch, run or failed, as there): the
@@ -143,7 +144,8 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlBatchKernel(const _
   if (!p.graphEpilogueLight) __threadfence();
   if (gridDim.x > 1 && atomicAddAcquireGpu(&p.self->graphCtasDone, 1u) + 1 != gridDim.x) return;
   if (gridDim.x > 1) p.self->graphCtasDone = 0;
-  for (int i = 0; i < b.nOps; ++i) p.self->graphOps[b.ops[i].coll] += 1;
+  if (captured)
+    for (int i = 0; i < b.nOps; ++i) p.self->graphOps[b.ops[i].coll] += 1;
   if (!p.graphEpilogueLight) __threadfence();
   *reinterpret_cast<volatile uint64_t*>(&p.self->graphSeq) = eLast;
 }

@@ -3,8 +3,9 @@
 // kernel's doorbell. The stream memops of the doorbell cost 7-15 µs per collective on the H200
 // (the kernel trace), more than NCCL's whole small AllReduce; a launch costs ~4 µs.
 //
-// One barrier per collective. For launch-path op e (a host counter, the same on every rank:
-// every rank makes the same launch-path decisions in the same order), CTA c of rank r
+// One barrier per collective. For launch-path op e (a counter the same on every rank, "One
+// numbering" below: every rank makes the same launch-path decisions in the same order), CTA c of
+// rank r
 //   1. publishes its part of r's input into r's inbox launchInbox[e & 1] (DeviceState, mapped
 //      into every peer),
 //   2. stores e into launchArrive[c] (release, system scope) and waits until every peer's
@@ -15,13 +16,19 @@
 // op e + 1 ended (stream order), and op e + 1 passed the flags of every peer for e + 1, which each
 // peer stored only after its op e had ended (its stream order), i.e. after its reads of r's inbox.
 // The caller's streams must therefore run a communicator's launch-path ops one at a time: the host
-// chains a change of stream to the previous op with an event.
+// chains a change of stream to the previous eager op with an event; graphs holding collectives of
+// one communicator, and eager collectives beside them, must not run concurrently (as with NCCL).
 //
-// Two namespaces of flags and inboxes (DeviceState::launch): eager launches, numbered by the host
-// as above, and launches captured into CUDA graphs, numbered by the device (a replay repeats its
-// arguments): each CTA takes DeviceState::graphSeq + 1 at its start and the last CTA to finish
-// stores it back, when every CTA of the launch has read it. The argument above holds in each
-// namespace on its own; they share nothing.
+// One numbering. Launches captured into CUDA graphs are numbered by the device (a replay repeats
+// its arguments): each CTA takes DeviceState::graphSeq + 1 at its start and the last CTA to finish
+// stores it back, when every CTA of the launch has read it. Eager launches are numbered the same
+// way, in the same flags and inboxes (DeviceState::launch[kLaunchGraph]; KernelParams::
+// deviceNumbers), so that a collective captured on one rank and run eagerly on another meets
+// (docs/SHIM.md, "One route on every rank"); the host still numbers eager ops for its own
+// bookkeeping (the launch watch, the trace, finalize's drain). The argument above holds for the
+// device's numbers. MKERNEL_EAGER_HOST_NUMBERS=1 (a test setting) gives eager launches the host's
+// numbers e in a namespace of their own (launch[kLaunchEager]), which shares nothing with the
+// captured one; then a rank that captures a collective never meets one that runs it eagerly.
 //
 // Plain header (MKERNEL_HD): the kernel and the CPU test (tests/collectives/test_launch_path.cc)
 // use the same slicing.

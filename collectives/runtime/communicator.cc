@@ -49,6 +49,7 @@ Result Communicator::create(const CommOptions& opts, bootstrap::Bootstrap* boots
   if (opts.cudaDev < 0 || opts.cudaDev >= nDev)
     return MK_ERROR(Result::InvalidArgument, "Communicator::create: cudaDev %d outside 0..%d",
                     opts.cudaDev, nDev - 1);
+  if (!opts.settingsAgreed) MK_CHECK(agreeRouteSettings(*bootstrap, "Communicator::create"));
   MK_CHECK(createKernelCommunicator(opts, bootstrap, out));
   return Result::Success;
 #endif

@@ -177,7 +177,7 @@ class KernelCommunicator final : public Communicator {
   Result init();
   Result enqueue(const CollArgs* ops, int n, cudaStream_t stream) override;
   bool fenced() const override { return fence_ != nullptr; }
-  bool capturedWithoutResidency(const CollArgs& op) const override;
+  bool needsDoorbell(const CollArgs& op) const override;
   Result enqueueStart(const CollArgs& op, cudaStream_t stream) override;
   Result completeStarts() override;
   Result asyncError(bool queryDevice) override;
@@ -207,7 +207,7 @@ class KernelCommunicator final : public Communicator {
   // How an op runs: the doorbell (persistent kernel), the launch path through the inbox, or the
   // launch path's direct mode (thread ranks, above the inbox threshold).
   enum class Path { kDoorbell, kLaunchInbox, kLaunchDirect, kLaunchLl };
-  Path pathOf(const WorkDesc& d, bool capturing) const;
+  Path pathOf(const WorkDesc& d) const;
   bool oneRankCopy(const CollArgs& a) const;
   Result copyOneRank(const CollArgs& a, cudaStream_t stream);
   Result launchOp(const WorkDesc& d, Path path, bool capturing, cudaStream_t stream);

@@ -284,7 +284,7 @@ Result KernelCommunicator::enqueueLocked(const CollArgs* ops, int n, cudaStream_
     WorkDesc d;
     res = fillDesc(ops[i], &d);
     if (res != Result::Success) break;
-    const Path path = pathOf(d, capturing);
+    const Path path = pathOf(d);
     if (batchable(d, path)) {
       if (nOps > 0) res = postSlot(descs, nOps, capturing, stream);
       nOps = 0;

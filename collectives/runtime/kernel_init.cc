@@ -55,6 +55,9 @@ Result KernelCommunicator::init() {
     MK_CUDA_CHECK(cudaEventCreateWithFlags(&watchPre_, cudaEventDisableTiming), "rank %d: cudaEventCreate(launch watch)", opts_.rank);
   MK_CUDA_CHECK(cudaEventCreateWithFlags(&graphEvent_, cudaEventDisableTiming), "rank %d: cudaEventCreate(launch path, graphs)", opts_.rank);
   params_.graphEpilogueLight = params::GRAPH_EPILOGUE.is("light") ? 1u : 0u;
+  // One numbering for eager and captured launch-path ops (launch_path.h), unless a test asks for
+  // the host's (MKERNEL_EAGER_HOST_NUMBERS=1, agreed as every ROUTE setting).
+  params_.deviceNumbers = params::EAGER_HOST_NUMBERS() ? 0u : 1u;
   const std::string pdl = params::PDL.text();
   int ccMajor = 0;
   MK_CUDA_CHECK(cudaDeviceGetAttribute(&ccMajor, cudaDevAttrComputeCapabilityMajor, opts_.cudaDev), "rank %d: compute capability query", opts_.rank);
@@ -94,7 +97,7 @@ Result KernelCommunicator::init() {
                     opts_.ranksPerNode, opts_.nRanks, kMaxHierNodes);
   // MKERNEL_SHARED_CTAS: only where direct mode takes the large collectives (thread ranks, the
   // launch path and its direct mode on, no emulated nodes; exchangePeers drops it for staged ones)
-  // and captured ones too (MKERNEL_GRAPH_LAUNCH=0 gives those to the persistent kernel).
+  // (MKERNEL_GRAPH_LAUNCH=0 gives every collective to the persistent kernel).
   int sharedCtas = -1;
   if (const std::optional<int64_t> v = params::SHARED_CTAS()) {
     if (*v < 0 || *v > kMaxCtas)
@@ -198,9 +201,9 @@ Result KernelCommunicator::init() {
   // staged), one node. The same on every rank (staged is agreed, nNodes is the layout).
   launchDirect_ = params::LAUNCH_DIRECT() && launchMaxBytes_ > 0 && !peers.staged && !hier &&
                   opts_.nRanks > 1;
-  // Captured collectives on the launch path (its graph namespace): the same decision as eager
-  // ones; the rest keep the persistent kernel's replayable doorbell. Every rank reads the same
-  // setting (as MKERNEL_LAUNCH_MAX_BYTES).
+  // The launch path, for captured and eager collectives alike (pathOf); off, every collective
+  // takes the persistent kernel's doorbell. Every rank reads the same setting (agreed, as
+  // MKERNEL_LAUNCH_MAX_BYTES).
   graphLaunch_ = params::GRAPH_LAUNCH() && launchMaxBytes_ > 0 && !hier;
   registerStatsFolder(this, [this] { foldStats(/*device=*/true); });
   MK_INFO(kLogInit, "rank %d: persistent kernel ready: %d CTAs x %d threads, GPU %d (%d SMs, %d ranks on it)%s; "

@@ -21,7 +21,7 @@ bool KernelCommunicator::batchableArgs(const CollArgs& a, uint64_t* lines) const
   WorkDesc d;
   if (fillDesc(a, &d) != Result::Success) return false;
   *lines = opLines(d);
-  return batchable(d, pathOf(d, /*capturing=*/false));
+  return batchable(d, pathOf(d));
 }
 
 // LL lines an op takes in each slot.

@@ -7,11 +7,14 @@
 namespace mkernel {
 namespace coll {
 
-KernelCommunicator::Path KernelCommunicator::pathOf(const WorkDesc& d, bool capturing) const {
-  // Captured ops replay without the host: they take the launch path's graph namespace (the
-  // device keeps its sequence numbers) or, with MKERNEL_GRAPH_LAUNCH=0, the doorbell (a
-  // replayable protocol). Emulated nodes (the hierarchy through the proxies) take the doorbell.
-  if ((capturing && !graphLaunch_) || launchMaxBytes_ == 0 || params_.nNodes > 1) return Path::kDoorbell;
+KernelCommunicator::Path KernelCommunicator::pathOf(const WorkDesc& d) const {
+  // One path whether the op's stream is being captured or not (docs/SHIM.md, "One route on every
+  // rank"): a rank that captures an op and one that runs it eagerly must meet. Captured ops replay
+  // without the host, and so do the launch path's kernels (the device numbers them, eager ones
+  // too: launch_path.h, "One numbering") and the doorbell (a replayable protocol).
+  // MKERNEL_GRAPH_LAUNCH=0 gives every op to the doorbell. Emulated nodes (the hierarchy through
+  // the proxies) take the doorbell.
+  if (!graphLaunch_ || launchMaxBytes_ == 0 || params_.nNodes > 1) return Path::kDoorbell;
   // Rings run in the persistent kernel only (the launch path's modes are all-to-all).
   if (static_cast<Algo>(d.algo) == Algo::Ring) return Path::kDoorbell;
   const CollType c = static_cast<CollType>(d.coll);
@@ -23,20 +26,17 @@ KernelCommunicator::Path KernelCommunicator::pathOf(const WorkDesc& d, bool capt
     return Path::kLaunchLl;
   if (bytes <= launchMaxBytes_) return Path::kLaunchInbox;
   if (!launchDirect_) return Path::kDoorbell;
-  // Direct mode's upper end applies to eager ops: a captured op on the doorbell would keep the
-  // persistent kernel resident for the graph's life (docs/KERNEL.md, "A product risk").
-  if (capturing) return Path::kLaunchDirect;
   return directTakes(c, directWholeBytes(c, d.count, opts_.nRanks, dataTypeSize(static_cast<DataType>(d.dtype))),
                      directMaxBytes_, directSharing_, peers_.sharedDirect)
              ? Path::kLaunchDirect
              : Path::kDoorbell;
 }
 
-bool KernelCommunicator::capturedWithoutResidency(const CollArgs& op) const {
-  if (op.count == 0) return true;  // a no-op: nothing is captured
+bool KernelCommunicator::needsDoorbell(const CollArgs& op) const {
+  if (op.count == 0) return false;  // a no-op: nothing runs
   WorkDesc d;
-  if (fillDesc(op, &d) != Result::Success) return false;  // (the shim validated it already)
-  return pathOf(d, /*capturing=*/true) != Path::kDoorbell;
+  if (fillDesc(op, &d) != Result::Success) return true;  // (the shim validated it already)
+  return pathOf(d) == Path::kDoorbell;
 }
 
 // One rank, eager, launch-path size: every collective but PreMulSum is a copy (Avg divides by 1;

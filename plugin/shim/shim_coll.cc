@@ -1,5 +1,7 @@
 // The data-moving entries: collectives (mkernel or forwarded), their per-call-config variants (NCCL
 // 2.32), and the calls that are always forwarded (AlltoAll, Gather, Scatter, Send, Recv); groups.
+#include <atomic>
+
 #include "collectives/stats.h"
 #include "common/log.h"
 #include "plugin/shim/nccl_api.h"
@@ -130,6 +132,23 @@ ncclResult_t forwardCall(const Call& c, ncclComm_t realComm, ncclRedOp_t op, cud
   return toNccl(MK_ERROR(Result::InternalError, "%s : unknown call kind", c.name));
 }
 
+// A collective on the persistent kernel's doorbell captured into a CUDA graph keeps that kernel
+// resident (MKERNEL_GRAPH=mkernel, emulation, several nodes): said once per process. The capture
+// state is read for this warning only, never for the route.
+void warnIfCapturedOnDoorbell(const ShimComm& comm, const Call& call, cudaStream_t stream) {
+  static std::atomic<bool> warned{false};
+  if (warned.load(std::memory_order_relaxed)) return;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusActive) return;
+  if (warned.exchange(true)) return;
+  MK_WARN("shim: %s captured into a CUDA graph runs in mkernel's persistent kernel, which then stays resident until "
+          "the communicator is destroyed; device allocations made meanwhile may block (docs/KERNEL.md)%s",
+          call.name,
+          comm.emulate ? " (emulation has no real NCCL to give it to)"
+          : comm.graphPath == GraphPath::Mkernel ? " (MKERNEL_GRAPH=mkernel)"
+                                                 : " (several nodes: MKERNEL_GRAPH=nccl gives it to NCCL)");
+}
+
 ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
   Result st = checkUsable(comm, call.name);
   if (st == Result::Success && comm->mk) {
@@ -168,12 +187,8 @@ ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
     }
   }
   Route route = Route::Forward;
-  bool capturing = false;
-  if (st == Result::Success && isColl && comm->mk) {
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    capturing = cudaStreamIsCapturing(stream, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusActive;
-  }
-  if (st == Result::Success) st = chooseRoute(*comm, call, isColl ? &args : nullptr, capturing, &route);
+  bool doorbell = false;
+  if (st == Result::Success) st = chooseRoute(*comm, call, isColl ? &args : nullptr, &route, &doorbell);
   if (st != Result::Success) {
     ncclResult_t r = toNccl(st);
     groupRecordError(r);
@@ -181,6 +196,7 @@ ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
   }
 
   if (route == Route::Kernel) {
+    if (doorbell) warnIfCapturedOnDoorbell(*comm, call, stream);
     if (groupActive()) {
       groupAddKernelOp(comm, args, stream);
       return ncclSuccess;

@@ -56,7 +56,8 @@ struct CustomOp {
   bool hasRealOp = false;  // NCCL knows the op (not in emulation)
 };
 
-// MKERNEL_GRAPH: where collectives captured into a CUDA graph run (shim_select.h, graphRoute).
+// MKERNEL_GRAPH: where the collectives run that only mkernel's persistent kernel would run
+// (shim_select.h, doorbellRoute).
 enum class GraphPath { Auto, Nccl, Mkernel };
 
 struct ShimComm {

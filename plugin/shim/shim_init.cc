@@ -82,6 +82,7 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
   opts.emulate = s.emulate;
   opts.ranksPerNode = s.emulate ? static_cast<int>(params::RANKS_PER_NODE()) : 0;
   opts.blocking = c->blocking;
+  opts.settingsAgreed = true;  // setupComm
   Result made = coll::Communicator::create(opts, c->bootstrap.get(), &c->mk);
   std::string why = made == Result::Success ? "" : lastError();
   std::vector<int> ok(static_cast<size_t>(s.nRanks), 0);
@@ -164,6 +165,8 @@ Result setupComm(ShimComm* c, const CommSetup& s) {
     c->config.blocking = s.config->blocking;  // the user's choice, inherited by split/shrink
   }
   Result r = bootstrap::Bootstrap::create(s.id, s.rank, s.nRanks, &c->bootstrap);
+  // Before anything that depends on them, MKERNEL_DISABLE and MKERNEL_EMULATE included.
+  if (r == Result::Success) r = coll::agreeRouteSettings(*c->bootstrap, s.caller);
   if (r == Result::Success) r = countNodes(c, s);
   if (r == Result::Success) r = createKernelComm(c, s);
   if (r != Result::Success) {

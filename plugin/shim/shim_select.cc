@@ -7,8 +7,9 @@
 namespace mkernel {
 namespace shim {
 
-Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, bool capturing, Route* out) {
+Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, Route* out, bool* doorbell) {
   *out = Route::Forward;
+  *doorbell = false;
   if (args == nullptr) {
     // Point-to-point and the collectives mkernel has no kernel for.
     if (comm.emulate)
@@ -45,23 +46,19 @@ Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, bool 
   switch (d.path) {
     case coll::ExecPath::Mkernel: {
       args->algo = static_cast<int32_t>(d.algo);  // one policy decides the algorithm too
-      const bool withoutResidency = capturing && comm.mk->capturedWithoutResidency(*args);
-      *out = graphRoute(Route::Kernel, capturing, comm.real != nullptr, comm.graphPath, withoutResidency);
-      if (capturing && *out == Route::Forward) {
-        static std::once_flag once;
-        std::call_once(once, [&] {
-          MK_INFO(kLogColl, "shim: %s captured into a CUDA graph runs in the real NCCL (MKERNEL_GRAPH=%s)%s", call.name,
-                  comm.graphPath == GraphPath::Nccl ? "nccl" : "auto",
-                  comm.graphPath == GraphPath::Nccl ? "" : ": mkernel would keep its persistent kernel resident for it");
-        });
-      } else if (capturing && !withoutResidency) {
-        static std::once_flag once;
-        std::call_once(once, [&] {
-          MK_WARN("shim: a collective captured into a CUDA graph runs in mkernel's persistent kernel, which then "
-                  "stays resident until the communicator is destroyed; device allocations made meanwhile may "
-                  "block (docs/KERNEL.md)%s",
-                  comm.emulate ? " (emulation has no real NCCL to give it to)" : " (MKERNEL_GRAPH=mkernel)");
-        });
+      *out = Route::Kernel;
+      if (comm.mk->needsDoorbell(*args)) {
+        *doorbell = true;
+        *out = doorbellRoute(comm.graphPath, comm.real != nullptr, comm.nNodes);
+        if (*out == Route::Forward) {
+          static std::once_flag once;
+          std::call_once(once, [&] {
+            MK_INFO(kLogColl,
+                    "shim: %s of %zu elements runs in the real NCCL: mkernel would run it on its persistent kernel, "
+                    "whose captures stay resident (MKERNEL_GRAPH=%s; docs/SHIM.md)",
+                    call.name, args->count, comm.graphPath == GraphPath::Nccl ? "nccl" : "auto");
+          });
+        }
       }
       return Result::Success;
     }

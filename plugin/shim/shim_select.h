@@ -1,8 +1,9 @@
 // Per-call routing: the mKernel, or the real NCCL.
 //
-// The answer must be the same on every rank (docs/SHIM.md, routing), so it depends only on what all
-// ranks share: the call's kind, dtype, op, count, the comm's size and settings — never on buffers —
-// and whether the stream is being captured into a CUDA graph (every rank captures the same calls).
+// The answer must be the same on every rank (docs/SHIM.md, "One route on every rank"), so it
+// depends only on what all ranks share: the call's kind, dtype, op, count, the comm's size and
+// settings (agreed at creation) — never on buffers, nor on whether this rank's stream is being
+// captured into a CUDA graph.
 #pragma once
 
 #include <string>
@@ -17,17 +18,17 @@ namespace shim {
 
 enum class Route { Kernel, Forward };
 
-// MKERNEL_GRAPH: where collectives go that are enqueued while their stream is being captured into
-// a CUDA graph. A communicator whose captured collectives take the persistent kernel's doorbell
-// keeps that kernel resident (a replay never passes through the host), and on the H200 an
-// application's device allocation made while it was resident did not return (docs/KERNEL.md,
-// "A product risk"). The launch path's captured kernels need nothing resident (the device numbers
-// the replays). So by default (auto) a captured collective stays in mkernel when the launch path
-// takes it (Communicator::capturedWithoutResidency), and goes to the real NCCL, which captures its
-// own kernels, when it would need the doorbell. nccl: every captured collective to NCCL; mkernel:
-// every one to mkernel. Every rank must capture the same collectives, as SPMD programs
-// (torch.compile, CUDA-graph training loops) do, and the choice is a function of what they share.
-// (GraphPath: shim_comm.h.)
+// MKERNEL_GRAPH: where the collectives go that mkernel would run on its persistent kernel's
+// doorbell (Communicator::needsDoorbell; the launch path takes the others). A collective captured
+// into a CUDA graph on the doorbell keeps that kernel resident (a replay never passes through the
+// host), and on the H200 an application's device allocation made while it was resident did not
+// return (docs/KERNEL.md, "A product risk"); the launch path's captured kernels need nothing
+// resident. The route never depends on whether this rank's stream is being captured: ranks that
+// capture a collective and ranks that run it eagerly must take the same path (docs/SHIM.md, "One
+// route on every rank"). So: auto (the default) gives those collectives to the real NCCL on
+// communicators of one node, and keeps them in mkernel across nodes (MKERNEL_MULTI_NODE=1: the
+// hierarchical path runs on the doorbell only); nccl gives them to NCCL always, mkernel never.
+// Emulation has no NCCL: they run in mkernel. (GraphPath: shim_comm.h.)
 
 inline Result parseGraphPath(const std::string& v, GraphPath* out) {
   if (v == "auto") {
@@ -42,22 +43,21 @@ inline Result parseGraphPath(const std::string& v, GraphPath* out) {
   return Result::Success;
 }
 
-// The route of a collective the policy gave `policyRoute`, given whether its stream is being
-// captured, whether a real NCCL communicator is there (not in emulation), MKERNEL_GRAPH, and
-// whether mkernel would capture it without anything resident (auto's criterion).
-inline Route graphRoute(Route policyRoute, bool capturing, bool haveReal, GraphPath mode, bool withoutResidency) {
-  if (policyRoute != Route::Kernel || !capturing || !haveReal) return policyRoute;
-  if (mode == GraphPath::Nccl || (mode == GraphPath::Auto && !withoutResidency)) return Route::Forward;
-  return policyRoute;
+// The route of a collective that mkernel would run on its doorbell: MKERNEL_GRAPH, whether a real
+// NCCL communicator is there (not in emulation), and the communicator's node count.
+inline Route doorbellRoute(GraphPath mode, bool haveReal, int nNodes) {
+  if (!haveReal || mode == GraphPath::Mkernel) return Route::Kernel;
+  if (mode == GraphPath::Nccl) return Route::Forward;
+  return nNodes > 1 ? Route::Kernel : Route::Forward;
 }
 
 // Decides where `call` runs: calls that are not one of the five collectives, calls whose per-call
 // config (nccl*Config) asks for more than the defaults, and every call of a comm without an mkernel
 // communicator, are forwarded; the collectives are decided by the comm's coll::SelectionPolicy.
 // In emulation there is nothing to forward to: a call mkernel does not run is an InvalidUsage
-// error with a message naming why. `args` is null for non-collectives.
-// `capturing`: the call's stream is being captured into a CUDA graph (graphRoute above).
-Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, bool capturing, Route* out);
+// error with a message naming why. `args` is null for non-collectives. *doorbell: a Kernel route
+// on the persistent kernel's doorbell (doorbellRoute above).
+Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, Route* out, bool* doorbell);
 
 }  // namespace shim
 }  // namespace mkernel

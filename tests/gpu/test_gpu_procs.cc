@@ -1,7 +1,8 @@
 // GPU tier, process ranks (docs/KERNEL.md, "Process ranks"): N processes forked before any CUDA
 // call, one communicator across them (staged collectives through CUDA IPC).
 //
-//   test_gpu_procs [--ranks N] [--hosts H] [--kill | --kill-mid | --kill-graph]
+//   test_gpu_procs [--ranks N] [--hosts H] [--kill | --kill-mid | --kill-graph | --mixed-capture |
+//                   --mismatch NAME=VALUE]
 //
 // Ranks sit on GPU (rank % GPUs). With fewer GPUs than ranks they are emulated (MKERNEL_EMULATE)
 // and the test starts its own CUDA MPS daemon (a private pipe directory), without which kernels
@@ -39,6 +40,12 @@
 //            that waits for nothing; with legacy CUDA IPC, cudaIpcCloseMemHandle waits for Y's
 //            kernel and holds back Y's rank 1's calls until Y times out (MKERNEL_TIMEOUT_S=5
 //            here): that control run (MKERNEL_PEER_IPC=legacy) must fail.
+//   --mixed-capture  one route on every rank (docs/SHIM.md): every collective at three size
+//            classes (LL: 2 elements; inbox: 16 Ki elements; beyond the launch path: 1 Mi + 5, the
+//            persistent kernel's staged path), ranks 0..N-2 capturing it into a CUDA graph and
+//            replaying it twice, the last rank running it eagerly twice; each result checked.
+//   --mismatch NAME=VALUE  the last rank sets NAME=VALUE (a ROUTE setting): every rank's
+//            communicator creation must fail with InvalidUsage naming NAME and each rank's value.
 //   --hosts H   the ranks act as H hosts (MKERNEL_HOSTID = host<rank / (N/H)>): the communicator
 //            then runs every collective hierarchically, one node per host, the rail rounds
 //            through a proxy per rank over TCP on loopback (the multi-host path, without a second
@@ -134,6 +141,62 @@ CollArgs allReduceArgs(DataType dtype, void* send, void* recv, size_t count) {
   a.recvbuff = recv;
   a.count = count;
   return a;
+}
+
+// --mixed-capture (see the top of this file): ranks below n - 1 capture each case and replay it
+// twice, the last rank runs it eagerly twice.
+int mixedCapture(int rank, int n, std::unique_ptr<mkernel::coll::Communicator>& comm, cudaStream_t stream,
+                 int32_t* send, int32_t* recv, std::vector<int32_t>& host, std::vector<int32_t>& got) {
+  const bool capture = rank < n - 1;
+  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
+                            CollType::Reduce};
+  int seq = 0, ran = 0;
+  for (size_t count : {size_t(2), size_t(16) << 10, (size_t(1) << 20) + 5})
+    for (CollType coll : colls) {
+      const Case c{coll, count, false, (seq++) % n};
+      const size_t sc = sendCount(c, n), rc = recvCount(c, n);
+      for (size_t i = 0; i < sc; ++i) host[i] = input(rank, i);
+      if (!toDevice(send, host.data(), sc * 4, stream)) FAIL("copy in");
+      CollArgs a;
+      a.coll = coll;
+      a.dtype = DataType::Int32;
+      a.sendbuff = send;
+      a.recvbuff = recv;
+      a.count = count;
+      a.root = c.root;
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      if (capture) {
+        if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) FAIL("begin capture");
+        const Result er = comm->enqueue(&a, 1, stream);
+        if (cudaStreamEndCapture(stream, &graph) != cudaSuccess || er != Result::Success)
+          FAIL("capture of %s count %zu: %s", mkernel::coll::collName(coll), count, mkernel::lastError());
+        if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) FAIL("instantiate");
+      }
+      for (int rep = 0; rep < 2; ++rep) {
+        if (cudaMemsetAsync(recv, 0xff, rc * 4, stream) != cudaSuccess) FAIL("memset");
+        const bool posted = capture ? cudaGraphLaunch(exec, stream) == cudaSuccess : comm->enqueue(&a, 1, stream) == Result::Success;
+        if (!posted || cudaStreamSynchronize(stream) != cudaSuccess || comm->asyncError() != Result::Success)
+          FAIL("%s %s count %zu, run %d: %s", capture ? "replay of" : "eager", mkernel::coll::collName(coll), count, rep,
+               mkernel::lastError());
+        if (cudaMemcpy(got.data(), recv, rc * 4, cudaMemcpyDeviceToHost) != cudaSuccess) FAIL("copy out");
+        if (coll == CollType::Reduce && rank != c.root) continue;
+        for (size_t e = 0; e < rc; ++e)
+          if (got[e] != expected(c, n, rank, e))
+            FAIL("%s %s count %zu, run %d: element %zu is %d, want %d", capture ? "replay of" : "eager",
+                 mkernel::coll::collName(coll), count, rep, e, got[e], expected(c, n, rank, e));
+      }
+      ran += 2;
+      if (capture) {
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      }
+    }
+  if (comm->finalize() != Result::Success) FAIL("finalize: %s", mkernel::lastError());
+  comm.reset();
+  std::fprintf(stderr, "rank %d: %d collectives %s, beside %s ranks, passed\n", rank, ran,
+               capture ? "replayed from graphs" : "run eagerly", capture ? "an eager" : "capturing");
+  return 0;
 }
 
 // The survivors of a killed rank: wait for the communicator's error (the collective in flight
@@ -289,9 +352,11 @@ int releaseHalfPosted(int rank, int dev, std::unique_ptr<mkernel::coll::Communic
 }
 
 int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::UniqueId& id, Kill killMode,
-          bool halfPosted) {
+          bool halfPosted, bool mixed, const std::string& mismatch) {
   gRank = rank;
   if (hosts > 1) setenv("MKERNEL_HOSTID", ("host" + std::to_string(rank / (n / hosts))).c_str(), 1);
+  if (!mismatch.empty() && rank == n - 1)
+    setenv(mismatch.substr(0, mismatch.find('=')).c_str(), mismatch.substr(mismatch.find('=') + 1).c_str(), 1);
   mkernel::params::resetForTesting();
   const bool kill = killMode == Kill::kBetween;
   // Set before the communicator reads its parameters: only the rank that will die stops.
@@ -301,8 +366,19 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
   std::unique_ptr<mkernel::bootstrap::Bootstrap> bs;
   std::unique_ptr<mkernel::coll::Communicator> comm;
   const char* step = "";
-  if (mktools::createProcessRank(rank, n, nGpus, id, &bs, &comm, &step) != Result::Success)
-    FAIL("%s (GPU %d): %s", step, dev, mkernel::lastError());
+  const Result made = mktools::createProcessRank(rank, n, nGpus, id, &bs, &comm, &step);
+  if (!mismatch.empty()) {
+    // Every rank fails alike, naming the setting.
+    const std::string msg = made == Result::Success ? "" : mkernel::lastError();
+    const std::string name = mismatch.substr(0, mismatch.find('='));
+    if (made != Result::InvalidUsage) FAIL("%s with %s on rank %d: creation gave %d, want InvalidUsage (%s)", step,
+                                           mismatch.c_str(), n - 1, static_cast<int>(made), msg.c_str());
+    if (msg.find(name + ":") == std::string::npos || msg.find("on rank " + std::to_string(n - 1)) == std::string::npos)
+      FAIL("the error does not name %s and rank %d: %s", name.c_str(), n - 1, msg.c_str());
+    std::fprintf(stderr, "rank %d: creation refused: %s\n", rank, msg.c_str());
+    return 0;
+  }
+  if (made != Result::Success) FAIL("%s (GPU %d): %s", step, dev, mkernel::lastError());
   cudaStream_t stream;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
 
@@ -325,6 +401,8 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
       cudaMalloc(reinterpret_cast<void**>(&fbuf), (size_t(1) << 22) * 4) != cudaSuccess)
     FAIL("cudaMalloc");
   std::vector<int32_t> host(maxElems), got(maxElems);
+
+  if (mixed) return mixedCapture(rank, n, comm, stream, send, recv, host, got);
 
   if (halfPosted) {
     // One AllReduce on the process-rank communicator: its peer memory is mapped and used.
@@ -500,7 +578,8 @@ int main(int argc, char** argv) {
   int n = 2;
   Kill killMode = Kill::kNone;
   int hosts = 1;
-  bool halfPosted = false;
+  bool halfPosted = false, mixed = false;
+  std::string mismatch;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--ranks") && i + 1 < argc) n = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--hosts") && i + 1 < argc) hosts = std::atoi(argv[++i]);
@@ -508,8 +587,12 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--kill-mid")) killMode = Kill::kMid;
     else if (!std::strcmp(argv[i], "--kill-graph")) killMode = Kill::kGraph;
     else if (!std::strcmp(argv[i], "--release-half-posted")) halfPosted = true;
+    else if (!std::strcmp(argv[i], "--mixed-capture")) mixed = true;
+    else if (!std::strcmp(argv[i], "--mismatch") && i + 1 < argc && std::strchr(argv[i + 1], '=') != nullptr) mismatch = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--ranks N] [--hosts H] [--kill | --kill-mid | --kill-graph | --release-half-posted]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--ranks N] [--hosts H] [--kill | --kill-mid | --kill-graph | --release-half-posted | "
+                   "--mixed-capture | --mismatch NAME=VALUE]\n",
                    argv[0]);
       return 2;
     }
@@ -561,7 +644,7 @@ int main(int argc, char** argv) {
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) {
     pid_t pid = fork();
-    if (pid == 0) _exit(child(r, n, nGpus, hosts, id, killMode, halfPosted));
+    if (pid == 0) _exit(child(r, n, nGpus, hosts, id, killMode, halfPosted, mixed, mismatch));
     pids.push_back(pid);
   }
   int failed = 0;
@@ -591,6 +674,8 @@ int main(int argc, char** argv) {
   std::printf("test_gpu_procs: %d ranks on %d GPU(s)%s%s%s: %s\n", n, nGpus < n ? nGpus : n,
               nGpus < n ? " (emulated, MPS)" : "", hosts > 1 ? (", as " + std::to_string(hosts) + " hosts").c_str() : "",
               halfPosted                 ? ", a release while another communicator's collective is half posted"
+              : mixed                      ? ", captured beside eager"
+              : !mismatch.empty()          ? (", " + mismatch + " on the last rank").c_str()
               : killMode == Kill::kMid     ? ", one killed mid-collective"
               : killMode == Kill::kGraph ? ", one killed between graph replays"
               : kill                     ? ", one killed"

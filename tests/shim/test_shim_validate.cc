@@ -193,10 +193,10 @@ TEST_CASE("validate: premul-sum host scalars convert from every datatype") {
   CHECK(scalarToDouble(&d, static_cast<ncclDataType_t>(42), &v) == Result::InvalidArgument);
 }
 
-TEST_CASE("select: captured collectives follow MKERNEL_GRAPH (auto: mkernel where nothing stays resident, else NCCL)") {
+TEST_CASE("select: collectives on the persistent kernel follow MKERNEL_GRAPH, captured or not") {
   using mkernel::shim::GraphPath;
   using mkernel::shim::Route;
-  using mkernel::shim::graphRoute;
+  using mkernel::shim::doorbellRoute;
   GraphPath mode = GraphPath::Mkernel;
   REQUIRE(mkernel::shim::parseGraphPath("nccl", &mode) == mkernel::Result::Success);
   CHECK(mode == GraphPath::Nccl);
@@ -206,21 +206,91 @@ TEST_CASE("select: captured collectives follow MKERNEL_GRAPH (auto: mkernel wher
   CHECK(mode == GraphPath::Auto);
   CHECK(mkernel::shim::parseGraphPath("kernel", &mode) == mkernel::Result::InvalidArgument);
   CHECK(mkernel::shim::parseGraphPath("", &mode) == mkernel::Result::InvalidArgument);
-  // nccl: every captured collective the policy gave the kernel goes to NCCL, eager ones stay.
-  CHECK(graphRoute(Route::Kernel, true, true, GraphPath::Nccl, true) == Route::Forward);
-  CHECK(graphRoute(Route::Kernel, false, true, GraphPath::Nccl, false) == Route::Kernel);
-  // mkernel: captured ones stay, even those that would need the persistent kernel.
-  CHECK(graphRoute(Route::Kernel, true, true, GraphPath::Mkernel, false) == Route::Kernel);
-  // auto: captured ones stay where the launch path takes them, else NCCL.
-  CHECK(graphRoute(Route::Kernel, true, true, GraphPath::Auto, true) == Route::Kernel);
-  CHECK(graphRoute(Route::Kernel, true, true, GraphPath::Auto, false) == Route::Forward);
-  CHECK(graphRoute(Route::Kernel, false, true, GraphPath::Auto, false) == Route::Kernel);
+  // auto: NCCL on one node, the hierarchical path (mkernel) across nodes.
+  CHECK(doorbellRoute(GraphPath::Auto, true, 1) == Route::Forward);
+  CHECK(doorbellRoute(GraphPath::Auto, true, 2) == Route::Kernel);
+  // nccl: NCCL always; mkernel: the kernel always.
+  CHECK(doorbellRoute(GraphPath::Nccl, true, 1) == Route::Forward);
+  CHECK(doorbellRoute(GraphPath::Nccl, true, 4) == Route::Forward);
+  CHECK(doorbellRoute(GraphPath::Mkernel, true, 1) == Route::Kernel);
   // No real NCCL (emulation): always the kernel.
-  CHECK(graphRoute(Route::Kernel, true, false, GraphPath::Nccl, false) == Route::Kernel);
-  CHECK(graphRoute(Route::Kernel, true, false, GraphPath::Auto, false) == Route::Kernel);
-  // The policy's forwards stay forwards.
-  CHECK(graphRoute(Route::Forward, true, true, GraphPath::Mkernel, true) == Route::Forward);
-  CHECK(graphRoute(Route::Forward, false, false, GraphPath::Nccl, false) == Route::Forward);
+  for (GraphPath m : {GraphPath::Auto, GraphPath::Nccl, GraphPath::Mkernel})
+    for (int nodes : {1, 2}) CHECK(doorbellRoute(m, false, nodes) == Route::Kernel);
+}
+
+namespace {
+// A stand-in mkernel communicator that says which collectives need the doorbell: AllReduces of
+// more than `doorbellFrom` elements.
+class DoorbellComm final : public mkernel::coll::Communicator {
+ public:
+  explicit DoorbellComm(size_t doorbellFrom) : from_(doorbellFrom) {}
+  mkernel::Result enqueue(const mkernel::coll::CollArgs*, int, cudaStream_t) override { return mkernel::Result::Success; }
+  bool needsDoorbell(const mkernel::coll::CollArgs& op) const override { return op.count > from_; }
+  mkernel::Result asyncError(bool) override { return mkernel::Result::Success; }
+  mkernel::Result abort() override { return mkernel::Result::Success; }
+  mkernel::Result finalize() override { return mkernel::Result::Success; }
+  const mkernel::coll::CommOptions& options() const override { return opts_; }
+  void stats(mkernel::coll::CollStats*) const override {}
+  mkernel::Result kernelTrace(std::vector<uint64_t>*) const override { return mkernel::Result::InvalidUsage; }
+
+ private:
+  size_t from_;
+  mkernel::coll::CommOptions opts_;
+};
+}  // namespace
+
+TEST_CASE("select: chooseRoute sends what needs the doorbell to NCCL (auto, one node), the rest to mkernel") {
+  using mkernel::shim::GraphPath;
+  using mkernel::shim::Route;
+  mkernel::coll::PolicyConfig pc;
+  REQUIRE(mkernel::coll::loadPolicyConfig(&pc) == mkernel::Result::Success);
+  pc.ncclCrossover = false;
+  pc.kernelMultiNode = true;  // MKERNEL_MULTI_NODE=1: the policy lets two nodes run in mkernel
+  mkernel::shim::ShimComm c;
+  c.nRanks = 4;
+  c.nNodes = 1;
+  c.policy.reset(new mkernel::coll::SelectionPolicy(pc));
+  c.mk.reset(new DoorbellComm(1000));
+  c.real = reinterpret_cast<ncclComm_t>(&c);  // a real NCCL is there (never called here)
+  mkernel::shim::Call call;
+  call.kind = mkernel::shim::CallKind::AllReduce;
+  call.name = "AllReduce";
+  call.dtype = ncclFloat;
+  call.op = ncclSum;
+  struct Case {
+    GraphPath mode;
+    int nodes;
+    bool haveReal;
+    size_t count;
+    Route want;
+    bool doorbell;
+  };
+  const Case cases[] = {
+      {GraphPath::Auto, 1, true, 1000, Route::Kernel, false},    {GraphPath::Auto, 1, true, 1001, Route::Forward, true},
+      {GraphPath::Auto, 2, true, 1001, Route::Kernel, true},     {GraphPath::Nccl, 2, true, 1001, Route::Forward, true},
+      {GraphPath::Nccl, 1, true, 10, Route::Kernel, false},      {GraphPath::Mkernel, 1, true, 1001, Route::Kernel, true},
+      {GraphPath::Auto, 1, false, 1001, Route::Kernel, true},
+  };
+  for (const Case& k : cases) {
+    c.graphPath = k.mode;
+    c.nNodes = k.nodes;
+    c.real = k.haveReal ? reinterpret_cast<ncclComm_t>(&c) : nullptr;
+    c.emulate = !k.haveReal;
+    mkernel::coll::CollArgs args;
+    args.coll = mkernel::coll::CollType::AllReduce;
+    args.dtype = mkernel::coll::DataType::Float32;
+    args.op = mkernel::coll::RedOp::Sum;
+    args.count = k.count;
+    call.count = k.count;
+    Route route = Route::Forward;
+    bool doorbell = false;
+    INFO("mode " << static_cast<int>(k.mode) << ", " << k.nodes << " node(s), real " << k.haveReal << ", count " << k.count);
+    REQUIRE(mkernel::shim::chooseRoute(c, call, &args, &route, &doorbell) == mkernel::Result::Success);
+    CHECK(route == k.want);
+    CHECK(doorbell == k.doorbell);
+  }
+  c.real = nullptr;
+  c.mk.reset();
 }
 
 TEST_CASE("destroy: ncclCommDestroy waits for its release only when no co-member here is live") {
