@@ -151,13 +151,16 @@ void warnIfCapturedOnDoorbell(const ShimComm& comm, const Call& call, cudaStream
 
 ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
   Result st = checkUsable(comm, call.name);
-  if (st == Result::Success && comm->mk) {
+  // Held for the whole call: an abort on another thread takes the communicator out of the comm,
+  // but destroys it only once this call has let go.
+  const std::shared_ptr<coll::Communicator> mk = kernelOf(comm);
+  if (st == Result::Success && mk) {
     // A communicator the kernel stopped (dead peer, timeout) reports it, as NCCL's enqueue does
     // (its comm->asyncResult): what the kernels recorded in host memory, no CUDA call. A query
     // of the kernel's stream costs every collective host time, and while `stream` is being
     // captured it is refused and invalidates the capture (seen on the H200).
     // ncclCommGetAsyncError still asks the driver too.
-    Result async = comm->mk->asyncError(/*queryDevice=*/false);
+    Result async = mk->asyncError(/*queryDevice=*/false);
     if (async != Result::Success && async != Result::InProgress)
       st = MK_ERROR(async, "%s : rank %d's communicator has an asynchronous error", call.name,
                     comm->rank);
@@ -188,7 +191,7 @@ ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
   }
   Route route = Route::Forward;
   bool doorbell = false;
-  if (st == Result::Success) st = chooseRoute(*comm, call, isColl ? &args : nullptr, &route, &doorbell);
+  if (st == Result::Success) st = chooseRoute(*comm, mk.get(), call, isColl ? &args : nullptr, &route, &doorbell);
   if (st != Result::Success) {
     ncclResult_t r = toNccl(st);
     groupRecordError(r);
@@ -201,7 +204,7 @@ ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
       groupAddKernelOp(comm, args, stream);
       return ncclSuccess;
     }
-    ncclResult_t r = toNccl(comm->mk->enqueue(&args, 1, stream));
+    ncclResult_t r = toNccl(mk->enqueue(&args, 1, stream));
     return r;
   }
 

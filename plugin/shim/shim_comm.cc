@@ -106,7 +106,7 @@ struct Reaper {
       if (j->done) continue;
       // The release thread may be destroying them right now: only what it has not taken out yet.
       std::lock_guard<std::mutex> teardown(j->comm->teardownMu);
-      if (j->comm->mk) j->comm->mk->abort();
+      if (const std::shared_ptr<coll::Communicator> mk = kernelOf(j->comm)) mk->abort();
       if (j->comm->bootstrap) j->comm->bootstrap->abort();
     }
     const bool allDone = cv.wait_for(lock, std::chrono::seconds(5), [this] {
@@ -235,28 +235,28 @@ void announceReady(ShimComm* c) {
   const ncclComm_t h = c->handle();
   if (h == nullptr || c->state.load(std::memory_order_acquire) != CommState::Ready) return;
   MK_INFO(kLogInit, "shim: comm %p rank %d/%d on device %d ready (%s%s)", static_cast<void*>(h), c->rank,
-          c->nRanks, c->cudaDev, c->mk ? "mkernel" : "NCCL only", c->emulate ? ", emulated" : "");
+          c->nRanks, c->cudaDev, kernelOf(c) ? "mkernel" : "NCCL only", c->emulate ? ", emulated" : "");
 }
 
 void releaseKernelPart(ShimComm* c, bool abortive) {
-  if (c->mk) {
+  if (std::shared_ptr<coll::Communicator> mk = kernelOf(c)) {
     if (abortive) {
       keepCommStats(c);
-      c->mk->abort();
+      mk->abort();  // first: a call blocked inside it (a free slot, a peer) returns now
     } else {
-      Result r = c->mk->finalize();
+      Result r = mk->finalize();
       if (r != Result::Success)
         MK_WARN("shim: rank %d: finalizing the mkernel communicator failed (%s); aborting it",
                 c->rank, resultString(r));
-      if (r != Result::Success) c->mk->abort();
+      if (r != Result::Success) mk->abort();
       keepCommStats(c);  // after the finalize: it counted every collective posted
     }
-    std::unique_ptr<coll::Communicator> gone;
     {
       std::lock_guard<std::mutex> teardown(c->teardownMu);  // the exit handler may abort it meanwhile
-      gone = std::move(c->mk);
+      takeKernel(c);
     }
-    gone.reset();
+    // The last reference destroys it: here, or in a call still inside it (runCall), when it returns.
+    mk.reset();
   }
   if (c->bootstrap) {
     if (abortive) c->bootstrap->abort();
@@ -306,8 +306,9 @@ void noteCrossHostFallback(ShimComm* c, int rank) {
 }
 
 void keepCommStats(ShimComm* c) {
-  if (!c->mk || c->haveFinalStats || !params::STATS()) return;
-  c->mk->stats(&c->finalStats);
+  const std::shared_ptr<coll::Communicator> mk = kernelOf(c);
+  if (!mk || c->haveFinalStats || !params::STATS()) return;
+  mk->stats(&c->finalStats);
   c->haveFinalStats = true;
 }
 
@@ -326,7 +327,7 @@ void printCommStats(ShimComm* c) {
 
 
 void destroyShimComm(ShimComm* c) {
-  if (!c->mk) {  // nothing that waits for peers
+  if (!kernelOf(c)) {  // nothing that waits for peers
     releaseShimComm(c, /*abortive=*/false);
     return;
   }

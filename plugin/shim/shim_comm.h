@@ -79,7 +79,11 @@ struct ShimComm {
   // emulation; null until known (a split or shrink inside a group learns it at ncclGroupEnd).
   std::atomic<ncclComm_t> appHandle{nullptr};
   ncclComm_t real = nullptr;               // the real NCCL comm (the handle; null when emulating)
-  std::unique_ptr<coll::Communicator> mk;  // null: everything is forwarded
+  // The mkernel communicator (null: everything is forwarded). Shared, and only read or changed
+  // through kernelOf / takeKernel / setKernel (atomic): a call that uses it holds a reference, so
+  // that ncclCommAbort, a revoke or a release on another thread, which take it out, never destroy
+  // it under that call; the last reference destroys it (docs/SHIM.md, "Abort").
+  std::shared_ptr<coll::Communicator> mk;
   std::string mkUnavailable;               // why mk is null
   std::unique_ptr<coll::SelectionPolicy>
       policy;             // per call: mkernel or NCCL (collectives/policy.h)
@@ -104,6 +108,15 @@ struct ShimComm {
 
   ncclComm_t handle() const { return appHandle.load(std::memory_order_acquire); }
 };
+
+// The mkernel communicator of `c` (ShimComm::mk), a reference the caller holds while it uses it.
+inline std::shared_ptr<coll::Communicator> kernelOf(const ShimComm* c) { return std::atomic_load(&c->mk); }
+// Takes it out of `c` (later kernelOf calls see none): what the caller then aborts or finalizes;
+// in-flight users keep theirs.
+inline std::shared_ptr<coll::Communicator> takeKernel(ShimComm* c) {
+  return std::atomic_exchange(&c->mk, std::shared_ptr<coll::Communicator>());
+}
+inline void setKernel(ShimComm* c, std::shared_ptr<coll::Communicator> k) { std::atomic_store(&c->mk, std::move(k)); }
 
 // Allocates a shell in state Initializing, kept for the life of the process; not in the side
 // table until bindHandle.

@@ -129,16 +129,19 @@ void postFencedOps(const std::vector<ShimComm*>& comms, const std::vector<Kernel
   };
   for (size_t k = 0; k < rounds; ++k) {
     std::vector<bool> started(comms.size(), false);
+    std::vector<std::shared_ptr<coll::Communicator>> held(comms.size());  // kernelOf, for this round
     for (size_t c = 0; c < comms.size(); ++c) {
       if (k >= perComm[c].size()) continue;
       const KernelOp& op = *perComm[c][k];
-      note(op.comm->mk ? op.comm->mk->enqueueStart(op.args, op.stream)
-                       : MK_ERROR(Result::InvalidUsage, "ncclGroupEnd : rank %d's communicator was %s inside the group",
-                                  op.comm->rank, commStateName(op.comm->state.load())));
-      started[c] = op.comm->mk != nullptr;
+      const std::shared_ptr<coll::Communicator> mk = kernelOf(op.comm);
+      note(mk ? mk->enqueueStart(op.args, op.stream)
+              : MK_ERROR(Result::InvalidUsage, "ncclGroupEnd : rank %d's communicator was %s inside the group",
+                         op.comm->rank, commStateName(op.comm->state.load())));
+      started[c] = mk != nullptr;
+      held[c] = mk;
     }
     for (size_t c = 0; c < comms.size(); ++c)
-      if (started[c]) note(comms[c]->mk->completeStarts());
+      if (started[c]) note(held[c]->completeStarts());
   }
 }
 
@@ -149,7 +152,8 @@ ncclResult_t postKernelOps(std::vector<KernelOp>& ops) {
   std::vector<ShimComm*> fenced;
   for (const KernelOp& op : ops)
     if (std::find(comms.begin(), comms.end(), op.comm) == comms.end()) {
-      if (op.comm->mk && op.comm->mk->fenced()) {
+      const std::shared_ptr<coll::Communicator> mk = kernelOf(op.comm);
+      if (mk && mk->fenced()) {
         if (std::find(fenced.begin(), fenced.end(), op.comm) == fenced.end()) fenced.push_back(op.comm);
         continue;
       }
@@ -162,9 +166,9 @@ ncclResult_t postKernelOps(std::vector<KernelOp>& ops) {
     cudaStream_t stream = nullptr;
     auto flush = [&] {
       if (batch.empty()) return;
-      Result r = comm->mk
-                     ? comm->mk->enqueue(batch.data(), static_cast<int>(batch.size()), stream)
-                     : MK_ERROR(Result::InvalidUsage,
+      const std::shared_ptr<coll::Communicator> mk = kernelOf(comm);
+      Result r = mk ? mk->enqueue(batch.data(), static_cast<int>(batch.size()), stream)
+                    : MK_ERROR(Result::InvalidUsage,
                                 "ncclGroupEnd : rank %d's communicator was %s inside the group",
                                 comm->rank, commStateName(comm->state.load()));
       if (r != Result::Success && first == ncclSuccess) first = toNccl(r);

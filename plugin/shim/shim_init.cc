@@ -83,7 +83,9 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
   opts.ranksPerNode = s.emulate ? static_cast<int>(params::RANKS_PER_NODE()) : 0;
   opts.blocking = c->blocking;
   opts.settingsAgreed = true;  // setupComm
-  Result made = coll::Communicator::create(opts, c->bootstrap.get(), &c->mk);
+  std::unique_ptr<coll::Communicator> created;
+  Result made = coll::Communicator::create(opts, c->bootstrap.get(), &created);
+  setKernel(c, std::shared_ptr<coll::Communicator>(std::move(created)));
   std::string why = made == Result::Success ? "" : lastError();
   std::vector<int> ok(static_cast<size_t>(s.nRanks), 0);
   ok[static_cast<size_t>(s.rank)] = made == Result::Success ? 1 : 0;
@@ -97,7 +99,7 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
     // (policy.h). Several nodes: the rail NIC's speed and the rail form, the cost model's inputs
     // (rule 6c).
     coll::CollStats st;
-    c->mk->stats(&st);
+    kernelOf(c)->stats(&st);
     if (st.staged || st.hierCtas > 0) {
       pc.stagedRanks = st.staged;
       // Rings for every collective (a host whose GPUs are not NVLink all-to-all, or
@@ -117,10 +119,7 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
     }
     return Result::Success;
   }
-  if (c->mk) {
-    c->mk->abort();
-    c->mk.reset();
-  }
+  if (const std::shared_ptr<coll::Communicator> mk = takeKernel(c)) mk->abort();
   c->mkUnavailable = made != Result::Success
                          ? why
                          : "rank " + std::to_string(failedRank) + " could not create one";

@@ -116,10 +116,10 @@ ncclResult_t deferChild(ShimComm* p, ShimComm* child, std::function<Result()> ke
 // Posted work completes first, then the kernel and its resources go; the comm still answers
 // queries until ncclCommDestroy.
 Result finalizeNow(ShimComm* c) {
-  if (c->mk) {
-    Result r = c->mk->finalize();
+  if (const std::shared_ptr<mkernel::coll::Communicator> mk = kernelOf(c)) {
+    Result r = mk->finalize();
     keepCommStats(c);
-    c->mk.reset();
+    takeKernel(c);
     c->mkUnavailable = "finalized";
     MK_CHECK(r);
   }
@@ -216,10 +216,10 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRan
     if (!excluded[static_cast<size_t>(i)]) members.push_back(i);
   if (shrinkFlags & NCCL_SHRINK_ABORT) {
     // Terminate the parent's work first; the parent is only fit for destruction afterwards.
-    if (p->mk) {
+    if (const std::shared_ptr<mkernel::coll::Communicator> mk = kernelOf(p)) {
       keepCommStats(p);
-      p->mk->abort();
-      p->mk.reset();
+      mk->abort();
+      takeKernel(p);
       p->mkUnavailable = "aborted by ncclCommShrink(NCCL_SHRINK_ABORT)";
     }
     p->state.store(CommState::Revoked);
@@ -322,10 +322,10 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags
   Result r = checkUsable(c, "ncclCommRevoke");
   if (r != Result::Success) return toNccl(r);
   // In-flight mkernel work stops now; the comm then only serves destroy, split and shrink.
-  if (c->mk) {
+  if (const std::shared_ptr<mkernel::coll::Communicator> mk = kernelOf(c)) {
     keepCommStats(c);
-    c->mk->abort();
-    c->mk.reset();
+    mk->abort();
+    takeKernel(c);
     c->mkUnavailable = "revoked";
   }
   if (c->real != nullptr) {
@@ -361,7 +361,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResu
     default:
       break;
   }
-  ncclResult_t mine = c->mk ? static_cast<ncclResult_t>(c->mk->asyncError()) : ncclSuccess;
+  const std::shared_ptr<mkernel::coll::Communicator> mk = kernelOf(c);
+  ncclResult_t mine = mk ? static_cast<ncclResult_t>(mk->asyncError()) : ncclSuccess;
   ncclResult_t theirs = ncclSuccess;
   if (c->real != nullptr) {
     ncclResult_t rr =

@@ -7,7 +7,8 @@
 namespace mkernel {
 namespace shim {
 
-Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, Route* out, bool* doorbell) {
+Result chooseRoute(const ShimComm& comm, coll::Communicator* mk, const Call& call, coll::CollArgs* args, Route* out,
+                   bool* doorbell) {
   *out = Route::Forward;
   *doorbell = false;
   if (args == nullptr) {
@@ -28,7 +29,7 @@ Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, Route
                       call.name);
     return Result::Success;
   }
-  if (!comm.mk) {
+  if (mk == nullptr) {
     if (comm.emulate)
       return MK_ERROR(Result::InvalidUsage,
                       "%s : emulated communicator without an mkernel communicator (%s)", call.name,
@@ -47,7 +48,7 @@ Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, Route
     case coll::ExecPath::Mkernel: {
       args->algo = static_cast<int32_t>(d.algo);  // one policy decides the algorithm too
       *out = Route::Kernel;
-      if (comm.mk->needsDoorbell(*args)) {
+      if (mk->needsDoorbell(*args)) {
         *doorbell = true;
         *out = doorbellRoute(comm.graphPath, comm.real != nullptr, comm.nNodes);
         if (*out == Route::Forward) {

@@ -57,7 +57,9 @@ inline Route doorbellRoute(GraphPath mode, bool haveReal, int nNodes) {
 // In emulation there is nothing to forward to: a call mkernel does not run is an InvalidUsage
 // error with a message naming why. `args` is null for non-collectives. *doorbell: a Kernel route
 // on the persistent kernel's doorbell (doorbellRoute above).
-Result chooseRoute(ShimComm& comm, const Call& call, coll::CollArgs* args, Route* out, bool* doorbell);
+// `mk`: the comm's mkernel communicator as the caller holds it (kernelOf), or null.
+Result chooseRoute(const ShimComm& comm, coll::Communicator* mk, const Call& call, coll::CollArgs* args, Route* out,
+                   bool* doorbell);
 
 }  // namespace shim
 }  // namespace mkernel

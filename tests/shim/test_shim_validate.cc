@@ -285,7 +285,7 @@ TEST_CASE("select: chooseRoute sends what needs the doorbell to NCCL (auto, one 
     Route route = Route::Forward;
     bool doorbell = false;
     INFO("mode " << static_cast<int>(k.mode) << ", " << k.nodes << " node(s), real " << k.haveReal << ", count " << k.count);
-    REQUIRE(mkernel::shim::chooseRoute(c, call, &args, &route, &doorbell) == mkernel::Result::Success);
+    REQUIRE(mkernel::shim::chooseRoute(c, c.mk.get(), call, &args, &route, &doorbell) == mkernel::Result::Success);
     CHECK(route == k.want);
     CHECK(doorbell == k.doorbell);
   }
