@@ -32,6 +32,11 @@ struct CommOptions {
   bool blocking = true;  // ncclConfig_t::blocking
   int maxCtas = 0;       // 0: default (MKERNEL_CTAS / emulation sizing)
   bool settingsAgreed = false;  // the caller ran agreeRouteSettings on this bootstrap already
+  // false: the caller never sends this communicator a collective that needs the persistent
+  // kernel (needsDoorbell; the shim's MKERNEL_GRAPH=auto on one node with a real NCCL), so it
+  // reserves no SMs for one and never launches it (docs/KERNEL.md, "CTA sizing"). The same on
+  // every rank.
+  bool persistentKernel = true;
 };
 
 // One route on every rank (docs/SHIM.md, "One route on every rank"). The settings that can change
@@ -84,7 +89,7 @@ struct CollStats {
   int directThreads = 0;                    // threads per CTA of a direct-mode op (MKERNEL_DIRECT_KERNEL; 0: no direct mode)
   int directCtas = 0;                       // ... and its most CTAs (the cap agreed at creation)
   bool sharedDirect = false;                // ranks sharing a GPU: small persistent kernels, direct mode at every size (MKERNEL_SHARED_CTAS)
-  int persistentCtas = 0;                   // CTAs of the persistent kernel when it runs
+  int persistentCtas = 0;                   // CTAs of the persistent kernel when it runs (0: made without one)
   // Copies of the launch path's device counters that missed their bound (kCounterReadBoundS,
   // 0.25 s; held in a hardware queue behind other work): the launch-path counts lag until one
   // arrives

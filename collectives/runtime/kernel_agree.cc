@@ -27,8 +27,9 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   // LL, inbox or direct; captured ones the launch path, MKERNEL_GRAPH_LAUNCH being on), so the
   // persistent kernels never run and hold no SM. Otherwise every co-located rank's may be resident
   // (a stream's doorbell queued behind a launch-path op keeps it alive) and the launch-path
-  // kernels must fit beside them.
-  const bool doorbellUnused = peers_.sharedDirect && directUnbounded();
+  // kernels must fit beside them. A communicator without one (CommOptions::persistentKernel)
+  // holds none either.
+  const bool doorbellUnused = (peers_.sharedDirect && directUnbounded()) || !opts_.persistentKernel;
   const int freeSms = smsLeft + kReservedSms - (doorbellUnused ? 0 : ranksHere * params_.nCtas);
   auto capFor = [&](int ctasPerSm, int64_t want) {
     return static_cast<int32_t>(std::max(1, std::min(static_cast<int>(want), freeSms * std::max(ctasPerSm, 1) / ranksHere)));

@@ -82,7 +82,10 @@ Result KernelCommunicator::init() {
   // (the exchange is collective), so ranks sharing a GPU split the same budget. Two
   // communicators created at the same moment on one GPU by different threads may both see the
   // whole budget: create communicators one after another (as PyTorch does).
+  // Without a persistent kernel (CommOptions::persistentKernel) nothing is reserved: its CTA count
+  // only splits descriptors, sized as if the GPU were free.
   const int smsLeft = SmBudget::process().available(opts_.cudaDev, sms);
+  const int smsForKernel = opts_.persistentKernel ? smsLeft : std::max(smsLeft, sms - kReservedSms);
   const int64_t stagedChunk = params::STAGED_CHUNK_BYTES();
   if (stagedChunk < static_cast<int64_t>(kStagedMinChunkBytes) || stagedChunk > (int64_t(1) << 30))
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_STAGED_CHUNK_BYTES=%lld outside %llu..%llu",
@@ -115,7 +118,7 @@ Result KernelCommunicator::init() {
   if (!params::LAUNCH_DIRECT() || !params::GRAPH_LAUNCH() || launchMaxBytes_ == 0 || emulatedNodes)
     sharedCtas = 0;
   MK_CHECK(exchangePeers(bs_, opts_.rank, opts_.nRanks, opts_.cudaDev, state_, static_cast<int>(want),
-                         smsLeft, opts_.emulate, static_cast<uint64_t>(stagedChunk) / 16 * 16, emulatedNodes,
+                         smsForKernel, opts_.emulate, static_cast<uint64_t>(stagedChunk) / 16 * 16, emulatedNodes,
                          sharedCtas, &peers_, ringMode));
   PeerSetup& peers = peers_;
   if (peers.vmmState != nullptr) {
@@ -128,8 +131,8 @@ Result KernelCommunicator::init() {
   // the same proxies, over verbs or TCP between the hosts. Emulated nodes keep their own size.
   perNode_ = emulatedNodes ? opts_.ranksPerNode : peers.hostPerNode;
   const bool hier = perNode_ > 0 && perNode_ < opts_.nRanks;
-  SmBudget::process().reserve(opts_.cudaDev, peers.nCtas);
-  reservedCtas_ = peers.nCtas;
+  reservedCtas_ = opts_.persistentKernel ? peers.nCtas : 0;
+  SmBudget::process().reserve(opts_.cudaDev, reservedCtas_);
   exchanged_ = true;
   recordEachOp_ = peers_.ranksOnMyDevice <= 1;  // launchEvent_
   {
@@ -206,10 +209,16 @@ Result KernelCommunicator::init() {
   // MKERNEL_LAUNCH_MAX_BYTES).
   graphLaunch_ = params::GRAPH_LAUNCH() && launchMaxBytes_ > 0 && !hier;
   registerStatsFolder(this, [this] { foldStats(/*device=*/true); });
-  MK_INFO(kLogInit, "rank %d: persistent kernel ready: %d CTAs x %d threads, GPU %d (%d SMs, %d ranks on it)%s; "
-          "device state %p, fence %p",
-          opts_.rank, params_.nCtas, kKernelThreads, opts_.cudaDev, sms, peers.ranksOnMyDevice,
-          peers.staged ? ", staged (process ranks)" : "", static_cast<void*>(state_), static_cast<void*>(fence_));
+  if (opts_.persistentKernel)
+    MK_INFO(kLogInit, "rank %d: persistent kernel ready: %d CTAs x %d threads, GPU %d (%d SMs, %d ranks on it)%s; "
+            "device state %p, fence %p",
+            opts_.rank, params_.nCtas, kKernelThreads, opts_.cudaDev, sms, peers.ranksOnMyDevice,
+            peers.staged ? ", staged (process ranks)" : "", static_cast<void*>(state_), static_cast<void*>(fence_));
+  else
+    MK_INFO(kLogInit, "rank %d: ready without a persistent kernel (its caller runs elsewhere what needs one): no SMs "
+            "reserved on GPU %d (%d SMs, %d ranks on it)%s; device state %p, fence %p",
+            opts_.rank, opts_.cudaDev, sms, peers.ranksOnMyDevice, peers.staged ? ", staged (process ranks)" : "",
+            static_cast<void*>(state_), static_cast<void*>(fence_));
   return Result::Success;
 }
 

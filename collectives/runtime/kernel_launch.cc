@@ -153,6 +153,11 @@ Result KernelCommunicator::postSlot(const WorkDesc* descs, int nOps, bool captur
   // Event queries and the persistent kernel's launch on the internal stream: calls that a
   // global-mode capture would otherwise refuse. (The launch path makes none: a kernel launch and
   // an event wait on the caller's stream are capture-safe.)
+  if (!opts_.persistentKernel)
+    return MK_ERROR(Result::InternalError,
+                    "rank %d: a collective needs the persistent kernel, and this communicator was made without one "
+                    "(CommOptions::persistentKernel: its caller routes such collectives elsewhere)",
+                    opts_.rank);
   RelaxedCaptureScope relaxed;
   int ctasNeeded = 0;
   for (int k = 0; k < nOps; ++k) ctasNeeded = std::max(ctasNeeded, descs[k].nCtas);

@@ -148,7 +148,7 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->directThreads = !launchDirect_ ? 0 : (params_.ownKernels & kOwnKernelDirect) != 0 ? kDirectThreads : kLaunchThreads;
   out->directCtas = launchDirect_ ? directCap_ : 0;
   out->sharedDirect = peers_.sharedDirect;
-  out->persistentCtas = params_.nCtas;
+  out->persistentCtas = opts_.persistentKernel ? params_.nCtas : 0;
   out->hierCtas = params_.nNodes > 1 ? hierCtas_ : 0;
   out->hierWorkers = params_.nNodes > 1 ? hierWorkers_ : 0;
   out->hierReducers = params_.nNodes > 1 ? hierReducers_ : 0;

@@ -83,6 +83,9 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
   opts.ranksPerNode = s.emulate ? static_cast<int>(params::RANKS_PER_NODE()) : 0;
   opts.blocking = c->blocking;
   opts.settingsAgreed = true;  // setupComm
+  // What needs the persistent kernel goes to NCCL (MKERNEL_GRAPH=auto on one node, or nccl): no
+  // SMs are reserved for one, so communicators do not compete for them by creation order.
+  opts.persistentKernel = doorbellRoute(c->graphPath, /*haveReal=*/!s.emulate, c->nNodes) == Route::Kernel;
   std::unique_ptr<coll::Communicator> created;
   Result made = coll::Communicator::create(opts, c->bootstrap.get(), &created);
   setKernel(c, std::shared_ptr<coll::Communicator>(std::move(created)));

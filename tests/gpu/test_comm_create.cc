@@ -60,3 +60,55 @@ TEST_CASE("Communicator::create explains why it cannot run, or runs") {
   cudaFree(buf);
 #endif
 }
+
+#ifdef MKERNEL_HAVE_DEVICE_CODE
+#include "collectives/runtime/sm_budget.h"
+
+// CommOptions::persistentKernel = false (the shim's choice on one node with a real NCCL): the
+// communicator reserves no SMs, runs what the launch path takes, and refuses what would need the
+// persistent kernel (MKERNEL_GRAPH_LAUNCH=0 sends every collective there).
+TEST_CASE("Communicator::create without a persistent kernel holds no SMs") {
+  int nDev = 0;
+  if (cudaGetDeviceCount(&nDev) != cudaSuccess || nDev == 0) return;  // the case above covers it
+  setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
+  for (bool graphLaunch : {true, false}) {
+    setenv("MKERNEL_GRAPH_LAUNCH", graphLaunch ? "1" : "0", 1);
+    mkernel::params::resetForTesting();
+    mkernel::bootstrap::UniqueId id;
+    REQUIRE(mkernel::bootstrap::createUniqueId(&id) == Result::Success);
+    std::unique_ptr<mkernel::bootstrap::Bootstrap> bs;
+    REQUIRE(mkernel::bootstrap::Bootstrap::create(id, 0, 1, &bs) == Result::Success);
+    mkernel::coll::CommOptions opts;
+    opts.persistentKernel = false;
+    const int heldBefore = mkernel::coll::SmBudget::process().held(0);
+    std::unique_ptr<mkernel::coll::Communicator> comm;
+    REQUIRE(mkernel::coll::Communicator::create(opts, bs.get(), &comm) == Result::Success);
+    CHECK(mkernel::coll::SmBudget::process().held(0) == heldBefore);
+    mkernel::coll::CollStats st;
+    comm->stats(&st);
+    CHECK(st.persistentCtas == 0);
+    float* buf = nullptr;
+    REQUIRE(cudaMalloc(reinterpret_cast<void**>(&buf), 4096) == cudaSuccess);
+    mkernel::coll::CollArgs a;
+    a.sendbuff = buf;
+    a.recvbuff = buf;
+    a.count = 1024;
+    CHECK(comm->needsDoorbell(a) == !graphLaunch);
+    const Result r = comm->enqueue(&a, 1, nullptr);
+    if (graphLaunch) {
+      CHECK(r == Result::Success);
+    } else {
+      CHECK(r == Result::InternalError);
+      CHECK(std::string(mkernel::lastError()).find("made without one") != std::string::npos);
+    }
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    comm->stats(&st);
+    CHECK(st.kernelLaunches == 0);
+    CHECK(comm->finalize() == Result::Success);
+    comm.reset();
+    cudaFree(buf);
+  }
+  unsetenv("MKERNEL_GRAPH_LAUNCH");
+  mkernel::params::resetForTesting();
+}
+#endif
