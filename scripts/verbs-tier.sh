@@ -30,7 +30,7 @@ skip() {
 }
 
 for t in test_net_verbs test_verbs_fault verbs_pair; do
-  [ -x "$BUILD/tests/verbs/$t" ] || { echo "verbs-tier: $BUILD/tests/verbs/$t is not built" >&2; exit 2; }
+  [ -x "$BUILD/tests/transport/net/ib/$t" ] || { echo "verbs-tier: $BUILD/tests/transport/net/ib/$t is not built" >&2; exit 2; }
 done
 command -v qemu-system-x86_64 >/dev/null 2>&1 || [ "$(id -u)" = 0 ] || skip "qemu-system-x86_64 missing and not root to install it"
 t0=$(date +%s)
@@ -50,8 +50,8 @@ ibv_devices | sed 's/^/ibv: /'
 step ctest-verbs ctest --test-dir '$BUILD' -L verbs --output-on-failure --timeout 300
 export MKERNEL_NET_BACKEND=ib
 for t in $PLUGIN_TESTS; do step plugin-ib-\$t '$BUILD/tests/plugin/'\$t '~[early-sends]'; done
-[ -x '$BUILD/tests/proxy/test_proxy' ] && step proxy-ib '$BUILD/tests/proxy/test_proxy'
-[ -x '$BUILD/tests/proxy/test_hier_staged' ] && step hier-ib '$BUILD/tests/proxy/test_hier_staged' '[vm]'
+[ -x '$BUILD/tests/transport/proxy/test_proxy' ] && step proxy-ib '$BUILD/tests/transport/proxy/test_proxy'
+[ -x '$BUILD/tests/transport/proxy/test_hier_staged' ] && step hier-ib '$BUILD/tests/transport/proxy/test_hier_staged' '[vm]'
 " > "$VM_LOG" 2>&1
 vmrc=$?
 t2=$(date +%s)
@@ -73,7 +73,7 @@ t3=$(date +%s)
 # client through its QP's retry-exceeded completion). Between the cuts the client removes its
 # netem qdisc before it publishes its next handle, so the next connection finds the link whole.
 # Each phase prints one "[vmN] STEP name rc=N Ns" line for the summary.
-VP=$BUILD/tests/verbs/verbs_pair
+VP=$BUILD/tests/transport/net/ib/verbs_pair
 pair_cmd() {  # role
   local vp="'$VP' $1 '$PAIRDIR'"
   echo "pstep() { name=\$1; shift; s=\$(date +%s); \"\$@\"; rc=\$?; echo \"STEP \$name rc=\$rc \$(( \$(date +%s) - s ))s\"; return \$rc; }

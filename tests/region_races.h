@@ -1,5 +1,5 @@
 // Catches a read of staging memory that overlaps a write of the same bytes, for the CPU tests of
-// the staged algorithms (tests/collectives/test_staged.cc, tests/proxy/test_hier_staged.cc): every
+// the staged algorithms (tests/collectives/test_staged.cc, tests/transport/proxy/test_hier_staged.cc): every
 // movement (a copy or a reduction) registers the byte ranges it reads and writes while it lasts;
 // one that starts while another live movement writes bytes it reads or writes, or reads or writes
 // bytes it writes, overlapped it in time: a race. A movement's own reads and writes (a reduction

@@ -1,6 +1,6 @@
 // The cuMem entry points behind cuda_driver.h's vmm* functions, and the mapping step that
 // vmmAlloc and vmmImportFd share. Internal to vendor/cuda_driver.cc; declared here so that
-// tests/collectives/test_cuda_vmm.cc can run those functions against a fake driver (no GPU), with
+// tests/vendor/test_cuda_vmm.cc can run those functions against a fake driver (no GPU), with
 // each call failing in turn.
 #pragma once
 

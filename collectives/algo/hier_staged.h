@@ -36,7 +36,7 @@
 // transfers complete before the buffers of its slot are read or refilled. The AllReduce takes slot
 // seq % 3 for the chunk of sequence number seq (three chunks in flight on the rail:
 // MKERNEL_HIER_AHEAD below); the other collectives take seq & 1.
-// (tests/proxy/test_hier_staged.cc breaks the second barrier on purpose and checks that the race
+// (tests/transport/proxy/test_hier_staged.cc breaks the second barrier on purpose and checks that the race
 // check sees it.)
 #pragma once
 

@@ -20,7 +20,7 @@ namespace shim {
 
 // The oldest NCCL the shim runs beside (its ncclConfig_t, registration and device-API entry
 // points are 2.28's), and the newest whose entry points it was checked against (docs/SHIM.md's
-// table of entry points, tests/shim/fixtures).
+// table of entry points, tests/plugin/shim/fixtures).
 constexpr int kOldestSupportedNccl = 22800;  // 2.28.0
 constexpr int kNewestTestedNccl = 23203;     // 2.32.3
 

@@ -129,7 +129,7 @@ enum class Kill { kNone, kBetween, kMid, kGraph };
 // from pageable memory returns before its DMA has landed, both on the legacy stream, which the
 // non-blocking `stream` does not wait for: the collective could read the previous case's input
 // and the poison land on its result (test_gpu_procs_4 failed 2 runs of 5 so, an AllGather element
-// -1, all four ranks alike; tests/shim/shim_gpu_util.h).
+// -1, all four ranks alike; tests/plugin/shim/shim_gpu_util.h).
 bool toDevice(void* dev, const void* host, size_t bytes, cudaStream_t stream) {
   return cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream) == cudaSuccess;
 }

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "plugin/shim/nccl_api.h"
-#include "tests/shim/shim_gpu_util.h"
+#include "tests/plugin/shim/shim_gpu_util.h"
 
 using namespace shimtest;
 

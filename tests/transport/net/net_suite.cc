@@ -1,5 +1,5 @@
 // The backend-neutral net::Net suite (see net_suite.h).
-#include "tests/transport/net_suite.h"
+#include "tests/transport/net/net_suite.h"
 
 #include <signal.h>
 #include <sys/resource.h>

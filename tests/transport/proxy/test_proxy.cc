@@ -23,7 +23,7 @@
 #include "transport/net/net.h"
 #include "transport/net/tcp/tcp_net.h"
 #include "transport/proxy/proxy.h"
-#include "tests/proxy/proxy_test_net.h"
+#include "tests/transport/proxy/proxy_test_net.h"
 #include "common/param.h"
 
 using mkernel::Result;

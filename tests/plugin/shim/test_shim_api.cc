@@ -31,11 +31,11 @@ const std::vector<std::string>& shimNames() {
   return names;
 }
 
-// The nccl* functions of each NCCL in tests/shim/fixtures (nccl-<version>.txt), together.
+// The nccl* functions of each NCCL in tests/plugin/shim/fixtures (nccl-<version>.txt), together.
 std::set<std::string> knownNcclNames() {
   std::set<std::string> names;
   for (const char* v : {"2.28.9", "2.29.7", "2.30.7", "2.32.3"}) {
-    std::ifstream in(std::string(MKERNEL_SOURCE_DIR) + "/tests/shim/fixtures/nccl-" + v + ".txt");
+    std::ifstream in(std::string(MKERNEL_SOURCE_DIR) + "/tests/plugin/shim/fixtures/nccl-" + v + ".txt");
     REQUIRE(in.good());
     std::string line;
     while (std::getline(in, line))
@@ -159,7 +159,7 @@ TEST_CASE("exports: libmkernel.so exports exactly nccl_api.def's nccl* functions
   CHECK(ours == listed);
   const std::set<std::string> known = knownNcclNames();
   for (const std::string& n : ours) {
-    INFO(n << " is exported by libmkernel.so but by no NCCL in tests/shim/fixtures");
+    INFO(n << " is exported by libmkernel.so but by no NCCL in tests/plugin/shim/fixtures");
     CHECK(known.count(n) == 1);
   }
   // Names of NCCL's own aliases and handle-less helpers stay NCCL's.
@@ -169,7 +169,7 @@ TEST_CASE("exports: libmkernel.so exports exactly nccl_api.def's nccl* functions
   }
 }
 
-TEST_CASE("exports: every nccl* function of the real libnccl.so.2 found at build time is in tests/shim/fixtures") {
+TEST_CASE("exports: every nccl* function of the real libnccl.so.2 found at build time is in tests/plugin/shim/fixtures") {
   const std::string real = MKERNEL_REAL_NCCL_SO;
   if (real.empty()) {
     WARN("no libnccl.so.2 found at configure time: nothing to compare");
@@ -180,8 +180,8 @@ TEST_CASE("exports: every nccl* function of the real libnccl.so.2 found at build
   const std::set<std::string> known = knownNcclNames();
   for (const std::string& n : theirs) {
     INFO(n << " is exported by " << real
-           << " but listed in no tests/shim/fixtures/nccl-<version>.txt: add that NCCL's list, then decide what the "
-              "shim does with it (plugin/shim/nccl_api.def, tests/shim/entry_points.py)");
+           << " but listed in no tests/plugin/shim/fixtures/nccl-<version>.txt: add that NCCL's list, then decide what the "
+              "shim does with it (plugin/shim/nccl_api.def, tests/plugin/shim/entry_points.py)");
     CHECK(known.count(n) == 1);
   }
 }

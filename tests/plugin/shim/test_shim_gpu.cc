@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "plugin/shim/nccl_api.h"
-#include "tests/shim/shim_gpu_util.h"
+#include "tests/plugin/shim/shim_gpu_util.h"
 #include "common/param.h"
 
 using namespace shimtest;

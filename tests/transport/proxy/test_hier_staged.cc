@@ -24,7 +24,7 @@
 #include "common/result.h"
 #include "transport/net/net.h"
 #include "transport/proxy/proxy.h"
-#include "tests/proxy/proxy_test_net.h"
+#include "tests/transport/proxy/proxy_test_net.h"
 #include "tests/region_races.h"
 #include "tests/sanitizer.h"
 

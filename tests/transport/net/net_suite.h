@@ -1,7 +1,7 @@
 // A backend-neutral test suite for net::Net (docs/TRANSPORT.md). Every check here is a property
 // NCCL's net-plugin semantics promise, so each backend (TCP, verbs) instantiates the same suite:
 //
-//   #include "tests/transport/net_suite.h"
+//   #include "tests/transport/net/net_suite.h"
 //   MKERNEL_NET_SUITE("tcp", [] { std::string why; return mkernel::net::createTcpNet(&why); })
 //
 // Order of operations. NCCL lets isend answer a null request ("call again") for as long as the

@@ -8,8 +8,8 @@
 #include <numeric>
 
 #include "common/param.h"
-#include "tests/transport/net_suite.h"
-#include "tests/verbs/verbs_util.h"
+#include "tests/transport/net/net_suite.h"
+#include "tests/transport/net/ib/verbs_util.h"
 #include "transport/net/ib/cuda_dmabuf.h"
 
 using namespace verbstest;

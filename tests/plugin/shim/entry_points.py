@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Writes docs/SHIM.md's table of NCCL entry points: every nccl* function that each libnccl.so.2
-listed in tests/shim/fixtures/nccl-<version>.txt exports, the versions that export it, and what
+listed in tests/plugin/shim/fixtures/nccl-<version>.txt exports, the versions that export it, and what
 the shim does with it, from plugin/shim/nccl_api.def (routed, intercepted, or NCCL directly).
 Only what lies between <!-- entry-points:begin --> and <!-- entry-points:end --> is rewritten.
 
-  tests/shim/entry_points.py            rewrites the table
-  tests/shim/entry_points.py --check    exits 1 when it is stale, or when nccl_api.def names a
+  tests/plugin/shim/entry_points.py            rewrites the table
+  tests/plugin/shim/entry_points.py --check    exits 1 when it is stale, or when nccl_api.def names a
                                         function no listed NCCL has (ctest: test_shim_entry_points)
   --doc PATH                            another file
 """
@@ -14,8 +14,8 @@ import pathlib
 import re
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests/shim/fixtures"
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+FIXTURES = ROOT / "tests/plugin/shim/fixtures"
 API_DEF = ROOT / "plugin/shim/nccl_api.def"
 BEGIN, END = "<!-- entry-points:begin -->", "<!-- entry-points:end -->"
 STR = r'"((?:[^"\\]|\\.)*)"'
@@ -58,9 +58,9 @@ def read_api():
 
 def problems(lists, shim, direct):
     known = set().union(*lists.values())
-    out = [f"nccl_api.def exports {n}, which no NCCL in tests/shim/fixtures exports" for n in sorted(shim) if n not in known]
+    out = [f"nccl_api.def exports {n}, which no NCCL in tests/plugin/shim/fixtures exports" for n in sorted(shim) if n not in known]
     out += [f"nccl_api.def notes {n} as reaching NCCL directly, but it exports it" for n in sorted(direct) if n in shim]
-    out += [f"nccl_api.def notes {n}, which no NCCL in tests/shim/fixtures exports" for n in sorted(direct) if n not in known]
+    out += [f"nccl_api.def notes {n}, which no NCCL in tests/plugin/shim/fixtures exports" for n in sorted(direct) if n not in known]
     return out
 
 
@@ -104,7 +104,7 @@ def main():
     new = head + BEGIN + "\n" + table(lists, shim, direct) + "\n" + END + tail
     if args.check:
         if new != text:
-            print(f"{doc}: the table of entry points is stale: run tests/shim/entry_points.py", file=sys.stderr)
+            print(f"{doc}: the table of entry points is stale: run tests/plugin/shim/entry_points.py", file=sys.stderr)
             return 1
         return 1 if bad else 0
     if new != text:

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/result.h"
-#include "tests/transport/net_suite.h"
+#include "tests/transport/net/net_suite.h"
 #include "transport/net/socket_iface.h"
 #include "transport/net/tcp/tcp_net.h"
 

@@ -9,7 +9,7 @@
 
 #include <thread>
 
-#include "tests/verbs/verbs_util.h"
+#include "tests/transport/net/ib/verbs_util.h"
 
 using namespace verbstest;
 
