@@ -27,10 +27,10 @@ struct CommOptions {
   int rank = 0;
   int nRanks = 1;
   int cudaDev = 0;
-  int ranksPerNode = 0;  // 0: from the hosts (real); MKERNEL_RANKS_PER_NODE in emulation
-  bool emulate = false;  // MKERNEL_EMULATE: ranks may share a GPU
-  bool blocking = true;  // ncclConfig_t::blocking
-  int maxCtas = 0;       // 0: default (MKERNEL_CTAS / emulation sizing)
+  int ranksPerNode = 0;         // 0: from the hosts (real); MKERNEL_RANKS_PER_NODE in emulation
+  bool emulate = false;         // MKERNEL_EMULATE: ranks may share a GPU
+  bool blocking = true;         // ncclConfig_t::blocking
+  int maxCtas = 0;              // 0: default (MKERNEL_CTAS / emulation sizing)
   bool settingsAgreed = false;  // the caller ran agreeRouteSettings on this bootstrap already
   // false: the caller never sends this communicator a collective that needs the persistent
   // kernel (needsDoorbell; the shim's MKERNEL_GRAPH=auto on one node with a real NCCL), so it
@@ -54,25 +54,28 @@ Result agreeSettings(bootstrap::Bootstrap& bs, const RouteSettings& mine, const 
 
 // Counters read by mkernelGetStats(): which path ran how many collectives of each kind.
 struct CollStats {
-  uint64_t kernelOps[kNumCollTypes] = {};   // run by mkernel's kernels (both paths)
-  uint64_t launchOps[kNumCollTypes] = {};   // ... of which by the launch path (small, eager)
-  uint64_t forwarded[kNumCollTypes] = {};   // handed to the real NCCL (counted by the shim)
-  uint64_t kernelLaunches = 0;              // persistent-kernel (re)launches
-  uint64_t launchMaxBytes = 0;              // the launch path's threshold in effect (0: off)
-  uint64_t llMaxBytes = 0;                  // ... its LL mode's, bytes per (source, destination) (0: off)
-  uint64_t llOps = 0;                       // ops issued in LL mode
-  uint64_t llBatchOps = 0;                  // ... of which in a batch of a group's ops (MKERNEL_LL_BATCH)
-  uint64_t oneRankCopies = 0;               // one rank: ops done as a cudaMemcpyAsync (MKERNEL_ONE_RANK)
-  uint64_t ringOps = 0;                     // ops posted as rings (staged_ring.h: MKERNEL_ALGO=ring, PCIe boxes)
-  bool ring = false;                        // every collective a ring (PeerSetup::ring, agreed)
-  bool ringOrdered = false;                 // ... in ringOrder (position -> rank), else rank order (MKERNEL_RING_ORDER)
+  uint64_t kernelOps[kNumCollTypes] = {};  // run by mkernel's kernels (both paths)
+  uint64_t launchOps[kNumCollTypes] = {};  // ... of which by the launch path (small, eager)
+  uint64_t forwarded[kNumCollTypes] = {};  // handed to the real NCCL (counted by the shim)
+  uint64_t kernelLaunches = 0;             // persistent-kernel (re)launches
+  uint64_t launchMaxBytes = 0;             // the launch path's threshold in effect (0: off)
+  uint64_t llMaxBytes = 0;     // ... its LL mode's, bytes per (source, destination) (0: off)
+  uint64_t llOps = 0;          // ops issued in LL mode
+  uint64_t llBatchOps = 0;     // ... of which in a batch of a group's ops (MKERNEL_LL_BATCH)
+  uint64_t oneRankCopies = 0;  // one rank: ops done as a cudaMemcpyAsync (MKERNEL_ONE_RANK)
+  uint64_t ringOps = 0;        // ops posted as rings (staged_ring.h: MKERNEL_ALGO=ring, PCIe boxes)
+  bool ring = false;           // every collective a ring (PeerSetup::ring, agreed)
+  bool ringOrdered =
+      false;  // ... in ringOrder (position -> rank), else rank order (MKERNEL_RING_ORDER)
   uint8_t ringOrder[16] = {};
-  bool launchDirect = false;                // ... and above it, eager ops of thread ranks (direct mode)
-  int directSharing = 1;                    // the most ranks on one GPU (direct mode's upper end)
-  int hierCtas = 0;                         // CTAs per hierarchical collective (0: not hierarchical)
-  int hierWorkers = 0, hierReducers = 0;    // MKERNEL_HIER_ROLES in effect: per lane of an AllReduce (0: data-parallel)
-  int hierRail = 0;                         // MKERNEL_HIER_RAIL in effect (HierRailAlgo: 0 direct, 1 ring, 2 rhd)
-  int railMbps = 0;                         // the slowest rank's rail NIC in Mb/s, agreed (0: one node)
+  bool launchDirect = false;  // ... and above it, eager ops of thread ranks (direct mode)
+  int directSharing = 1;      // the most ranks on one GPU (direct mode's upper end)
+  int hierCtas = 0;           // CTAs per hierarchical collective (0: not hierarchical)
+  int hierWorkers = 0,
+      hierReducers =
+          0;         // MKERNEL_HIER_ROLES in effect: per lane of an AllReduce (0: data-parallel)
+  int hierRail = 0;  // MKERNEL_HIER_RAIL in effect (HierRailAlgo: 0 direct, 1 ring, 2 rhd)
+  int railMbps = 0;  // the slowest rank's rail NIC in Mb/s, agreed (0: one node)
   // The hierarchical AllReduce in turn (MKERNEL_HIER_OVERLAP=0): CTA 0's chunks, and the time they
   // spent in the node phases and in the rail phase (collectives/algo/hier_staged.h, "Phase times")
   uint64_t hierTurnChunks = 0, hierTurnNodeNs = 0, hierTurnRailNs = 0;
@@ -84,12 +87,14 @@ struct CollStats {
   // ... and CTA 0's own work, by kind (HierBusy: copies, copies through its net buffers,
   // reductions, reductions through its net buffers, posts to the proxy), the same timing
   uint64_t hierBusyNs[5] = {};
-  bool staged = false;                      // ranks stage through IPC buffers (process ranks; agreed)
-  int pdl = 0;                              // MKERNEL_PDL in effect: 0 off, 1 wait, 2 early
-  int directThreads = 0;                    // threads per CTA of a direct-mode op (MKERNEL_DIRECT_KERNEL; 0: no direct mode)
-  int directCtas = 0;                       // ... and its most CTAs (the cap agreed at creation)
-  bool sharedDirect = false;                // ranks sharing a GPU: small persistent kernels, direct mode at every size (MKERNEL_SHARED_CTAS)
-  int persistentCtas = 0;                   // CTAs of the persistent kernel when it runs (0: made without one)
+  bool staged = false;  // ranks stage through IPC buffers (process ranks; agreed)
+  int pdl = 0;          // MKERNEL_PDL in effect: 0 off, 1 wait, 2 early
+  int directThreads =
+      0;  // threads per CTA of a direct-mode op (MKERNEL_DIRECT_KERNEL; 0: no direct mode)
+  int directCtas = 0;         // ... and its most CTAs (the cap agreed at creation)
+  bool sharedDirect = false;  // ranks sharing a GPU: small persistent kernels, direct mode at every
+                              // size (MKERNEL_SHARED_CTAS)
+  int persistentCtas = 0;     // CTAs of the persistent kernel when it runs (0: made without one)
   // Copies of the launch path's device counters that missed their bound (kCounterReadBoundS,
   // 0.25 s; held in a hardware queue behind other work): the launch-path counts lag until one
   // arrives
@@ -111,15 +116,17 @@ class Communicator {
 
   // Thread ranks of this communicator sharing one GPU (emulation) hold each other back when one
   // queues what waits for a collective's end before a co-located peer has queued its start
-  // (collectives/runtime/post_fence.h). Such a communicator is fenced(): each collective is posted in two
-  // steps. enqueueStart() queues one collective's start and holds back what waits for its end;
-  // completeStarts() waits (on the host, bounded by MKERNEL_TIMEOUT_S) until every co-located
+  // (collectives/runtime/post_fence.h). Such a communicator is fenced(): each collective is posted
+  // in two steps. enqueueStart() queues one collective's start and holds back what waits for its
+  // end; completeStarts() waits (on the host, bounded by MKERNEL_TIMEOUT_S) until every co-located
   // rank of this process has posted as many, then queues what was held. enqueue() does both for
   // each op; a thread driving several such ranks in one group (the shim) calls enqueueStart for
   // each rank's collective before completeStarts for any. Unfenced: enqueueStart is enqueue and
   // completeStarts does nothing.
   virtual bool fenced() const { return false; }
-  virtual Result enqueueStart(const CollArgs& op, cudaStream_t stream) { return enqueue(&op, 1, stream); }
+  virtual Result enqueueStart(const CollArgs& op, cudaStream_t stream) {
+    return enqueue(&op, 1, stream);
+  }
   virtual Result completeStarts() { return Result::Success; }
 
   // Whether `op` runs on the persistent kernel's doorbell rather than on a path launched on the
@@ -147,9 +154,9 @@ class Communicator {
   virtual void stats(CollStats* out) const = 0;
 
   // MKERNEL_KERNEL_TRACE=1: the persistent kernel's per-group timestamps (KernelTraceRecord of
-  // collectives/algo/work.h, flattened: seq, kTracePoints times in ns, kTracePoints clock64 stamps),
-  // written records only, by seq.
-  // Call when the communicator is idle. InvalidUsage when tracing is off.
+  // collectives/algo/work.h, flattened: seq, kTracePoints times in ns, kTracePoints clock64
+  // stamps), written records only, by seq. Call when the communicator is idle. InvalidUsage when
+  // tracing is off.
   virtual Result kernelTrace(std::vector<uint64_t>* out) const = 0;
 
   // MKERNEL_TEST_STALL_BARRIER (a test hook): whether a CTA of this rank has stopped at that

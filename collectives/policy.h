@@ -15,8 +15,9 @@
 //   4. nNodes > 1 and the kernel has no inter-node path yet     -> NCCL
 //   5. nRanks above what the kernel addresses (kernelMaxRanks)  -> NCCL
 //   6. message above MKERNEL_MAX_BYTES (when set)               -> NCCL
-//   6b. MKERNEL_NCCL_CROSSOVER=auto, 2 ranks on one node, from the size NCCL measured faster -> NCCL
-//   6c. MKERNEL_NCCL_CROSSOVER=auto, several nodes, AllReduce / ReduceScatter / AllGather where
+//   6b. MKERNEL_NCCL_CROSSOVER=auto, 2 ranks on one node, from the size NCCL measured faster ->
+//   NCCL 6c. MKERNEL_NCCL_CROSSOVER=auto, several nodes, AllReduce / ReduceScatter / AllGather
+//   where
 //      the cost model (collectives/route/cost_model.h: policyModelFor) predicts NCCL faster -> NCCL
 //   7. otherwise mkernel, algorithm: MKERNEL_ALGO if it implements the collective; else Ring
 //      without direct peer access (PCIe-only); else OneShot for AllReduce up to
@@ -48,23 +49,23 @@ const char* execPathName(ExecPath p);
 
 struct PolicyConfig {
   // From MKERNEL_* (loadPolicyConfig()).
-  bool disabled = false;              // MKERNEL_DISABLE
+  bool disabled = false;                          // MKERNEL_DISABLE
   uint32_t collMask = (1u << kNumCollTypes) - 1;  // MKERNEL_COLLECTIVES, bit = CollType value
-  int forcedAlgo = -1;                // MKERNEL_ALGO: an Algo value, -1 = auto
-  size_t oneShotMaxBytes = 32768;     // MKERNEL_ONESHOT_MAX_BYTES
-  size_t maxBytes = 0;                // MKERNEL_MAX_BYTES, 0 = no limit
-  size_t ringChunkBytes = 131072;     // MKERNEL_RING_CHUNK_BYTES
-  bool ncclCrossover = true;          // MKERNEL_NCCL_CROSSOVER=auto (true) / off: rules 6b and 6c
+  int forcedAlgo = -1;                            // MKERNEL_ALGO: an Algo value, -1 = auto
+  size_t oneShotMaxBytes = 32768;                 // MKERNEL_ONESHOT_MAX_BYTES
+  size_t maxBytes = 0;                            // MKERNEL_MAX_BYTES, 0 = no limit
+  size_t ringChunkBytes = 131072;                 // MKERNEL_RING_CHUNK_BYTES
+  bool ncclCrossover = true;  // MKERNEL_NCCL_CROSSOVER=auto (true) / off: rules 6b and 6c
   // Rule 6c's cost model: policyCostParams() with MKERNEL_COST_MODEL's settings over it; which of
   // nic-gbps, nics and rail that variable set (the communicator's own facts give the others).
   CostParams costModel = policyCostParams();
   bool costNicGiven = false, costNicsGiven = false, costRailGiven = false;
   // From the communicator (identical on every rank by construction).
-  bool emulate = false;        // MKERNEL_EMULATE: no real NCCL behind us
-  bool directAccess = true;    // all local ranks read/write each other's memory (NVLink
-                               // all-to-all, or ranks sharing one GPU); false: Ring only
-  bool stagedRanks = false;    // collectives stage through IPC buffers (process ranks: the
-                               // communicator's peers.staged, agreed at creation)
+  bool emulate = false;          // MKERNEL_EMULATE: no real NCCL behind us
+  bool directAccess = true;      // all local ranks read/write each other's memory (NVLink
+                                 // all-to-all, or ranks sharing one GPU); false: Ring only
+  bool stagedRanks = false;      // collectives stage through IPC buffers (process ranks: the
+                                 // communicator's peers.staged, agreed at creation)
   bool kernelMultiNode = false;  // the kernel has an inter-node path
   int kernelMaxRanks = 16;       // ranks one kernel addresses (collectives/algo/work.h kMaxRanks)
   // Several nodes (the communicator's CollStats, agreed at creation): the slowest rank's rail NIC
@@ -101,7 +102,8 @@ Result parseAlgoName(const std::string& text, int* algo);
 //   Reduce and Broadcast: not measured with process ranks; the thread ranks' sizes above.
 // Other rank counts, several nodes and emulation were not measured against NCCL this way (or NCCL
 // cannot run): the table applies to 2 ranks on one node with direct access only.
-size_t ncclCrossoverBytes(CollType c, int nRanks, int nNodes, bool directAccess, bool staged = false);
+size_t ncclCrossoverBytes(CollType c, int nRanks, int nNodes, bool directAccess,
+                          bool staged = false);
 
 struct PolicyQuery {
   CollType coll = CollType::AllReduce;

@@ -37,7 +37,8 @@ struct CollStats;
 // every MKERNEL_DEBUG level but NONE). `st`: what its mkernel Communicator reported (null: it had
 // none, `why` says why); `forwarded`: its collectives handed to the real NCCL, per CollType.
 // The same counters as mkernelGetStats, for the one communicator.
-std::string commStatsLine(const CollStats* st, const uint64_t forwarded[kNumCollTypes], const char* why);
+std::string commStatsLine(const CollStats* st, const uint64_t forwarded[kNumCollTypes],
+                          const char* why);
 
 inline void countKernelOp(CollType c) {
   globalStats().kernelOps[static_cast<int>(c)].fetch_add(1, std::memory_order_relaxed);

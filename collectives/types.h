@@ -48,21 +48,29 @@ constexpr int kNumRedOps = 6;
 
 constexpr size_t dataTypeSize(DataType t) {
   switch (t) {
-    case DataType::Int8: case DataType::Uint8: case DataType::Fp8E4M3: case DataType::Fp8E5M2:
+    case DataType::Int8:
+    case DataType::Uint8:
+    case DataType::Fp8E4M3:
+    case DataType::Fp8E5M2:
       return 1;
-    case DataType::Float16: case DataType::Bfloat16:
+    case DataType::Float16:
+    case DataType::Bfloat16:
       return 2;
-    case DataType::Int32: case DataType::Uint32: case DataType::Float32:
+    case DataType::Int32:
+    case DataType::Uint32:
+    case DataType::Float32:
       return 4;
-    case DataType::Int64: case DataType::Uint64: case DataType::Float64:
+    case DataType::Int64:
+    case DataType::Uint64:
+    case DataType::Float64:
       return 8;
   }
   return 0;
 }
 
-const char* collName(CollType c);    // "AllReduce", ...
+const char* collName(CollType c);      // "AllReduce", ...
 const char* dataTypeName(DataType t);  // "float32", ...
-const char* redOpName(RedOp op);     // "sum", ...
+const char* redOpName(RedOp op);       // "sum", ...
 
 // One collective call, as the shim hands it to a Communicator. Counts are NCCL's: per-rank
 // element counts (AllGather: sendcount; ReduceScatter: recvcount).
@@ -78,8 +86,9 @@ struct CollArgs {
   // to one element of `dtype` (NCCL's ncclScalarDevice).
   double scalar = 1.0;
   const void* scalarDevPtr = nullptr;
-  // The algorithm (collectives/algo/algo.h Algo) chosen by the selection policy (collectives/policy.h),
-  // which the shim consults for every call; -1 lets the Communicator apply the same default rule.
+  // The algorithm (collectives/algo/algo.h Algo) chosen by the selection policy
+  // (collectives/policy.h), which the shim consults for every call; -1 lets the Communicator apply
+  // the same default rule.
   int32_t algo = -1;
 };
 

@@ -43,18 +43,28 @@ struct SubsysName {
   const char* name;
   uint64_t bit;
 };
-const SubsysName kSubsys[] = {{"INIT", kLogInit},   {"COLL", kLogColl},   {"P2P", kLogP2p},
-                              {"SHM", kLogShm},     {"NET", kLogNet},     {"GRAPH", kLogGraph},
-                              {"TUNE", kLogTune},   {"TUNING", kLogTune}, {"ENV", kLogEnv},
-                              {"ALLOC", kLogAlloc}, {"CALL", kLogCall},   {"PROXY", kLogProxy},
-                              {"BOOTSTRAP", kLogBootstrap}, {"REG", kLogReg}, {"ALL", kLogAll}};
+const SubsysName kSubsys[] = {{"INIT", kLogInit},
+                              {"COLL", kLogColl},
+                              {"P2P", kLogP2p},
+                              {"SHM", kLogShm},
+                              {"NET", kLogNet},
+                              {"GRAPH", kLogGraph},
+                              {"TUNE", kLogTune},
+                              {"TUNING", kLogTune},
+                              {"ENV", kLogEnv},
+                              {"ALLOC", kLogAlloc},
+                              {"CALL", kLogCall},
+                              {"PROXY", kLogProxy},
+                              {"BOOTSTRAP", kLogBootstrap},
+                              {"REG", kLogReg},
+                              {"ALL", kLogAll}};
 
 struct LevelName {
   const char* name;
   LogLevel level;
 };
-const LevelName kLevels[] = {{"NONE", LogLevel::None}, {"VERSION", LogLevel::Version},
-                             {"WARN", LogLevel::Warn}, {"INFO", LogLevel::Info},
+const LevelName kLevels[] = {{"NONE", LogLevel::None},   {"VERSION", LogLevel::Version},
+                             {"WARN", LogLevel::Warn},   {"INFO", LogLevel::Info},
                              {"ABORT", LogLevel::Abort}, {"TRACE", LogLevel::Trace}};
 
 bool parseLevel(const std::string& v, LogLevel* out) {
@@ -116,16 +126,22 @@ uint32_t parseTimestampLevels(const std::string& v, std::string* unknown) {
 
 const char* levelName(LogLevel l) {
   switch (l) {
-    case LogLevel::Warn: return "WARN";
-    case LogLevel::Info: return "INFO";
-    case LogLevel::Trace: return "TRACE";
-    case LogLevel::Version: return "VERSION";
-    default: return "LOG";
+    case LogLevel::Warn:
+      return "WARN";
+    case LogLevel::Info:
+      return "INFO";
+    case LogLevel::Trace:
+      return "TRACE";
+    case LogLevel::Version:
+      return "VERSION";
+    default:
+      return "LOG";
   }
 }
 
 // A formatted line to our own output (MKERNEL_DEBUG_FILE or stderr).
-void writeOwn(LogLevel level, const char* file, int line, const char* msg, const char* label = nullptr) {
+void writeOwn(LogLevel level, const char* file, int line, const char* msg,
+              const char* label = nullptr) {
   char stamp[256] = "";
   if ((g.timestampLevels >> static_cast<int>(level)) & 1u) {
     struct timespec ts;
@@ -145,7 +161,8 @@ void writeOwn(LogLevel level, const char* file, int line, const char* msg, const
                  static_cast<long>(syscall(SYS_gettid)), rank, base ? base + 1 : file, line, msg);
   } else {
     std::fprintf(g.file, "%s%s:%d:%ld%s MKERNEL %s %s\n", stamp, g.host, getpid(),
-                 static_cast<long>(syscall(SYS_gettid)), rank, label != nullptr ? label : levelName(level), msg);
+                 static_cast<long>(syscall(SYS_gettid)), rank,
+                 label != nullptr ? label : levelName(level), msg);
   }
 }
 
@@ -155,7 +172,8 @@ void vlog(LogLevel level, uint64_t subsys, const char* file, int line, const cha
   std::vsnprintf(msg, sizeof(msg), fmt, ap);
   if (NcclLogger nccl = gNcclLogger.load(std::memory_order_acquire)) {
     // NCCL filters by its own NCCL_DEBUG / NCCL_DEBUG_SUBSYS and adds its prefix.
-    nccl(static_cast<int>(level), static_cast<unsigned long>(subsys), file, line, "MKERNEL %s", msg);
+    nccl(static_cast<int>(level), static_cast<unsigned long>(subsys), file, line, "MKERNEL %s",
+         msg);
     return;
   }
   writeOwn(level, file, line, msg);
@@ -215,25 +233,32 @@ void initOnce() {
     }
     // The settings are in place: what was not understood is said now, once per process.
     if (!levelKnown)
-      settingsWarn("MKERNEL_DEBUG=%s is not a log level (NONE, VERSION, WARN, INFO, TRACE); using WARN",
-                   level.c_str());
+      settingsWarn(
+          "MKERNEL_DEBUG=%s is not a log level (NONE, VERSION, WARN, INFO, TRACE); using WARN",
+          level.c_str());
     if (!unknownSubsys.empty())
-      settingsWarn("MKERNEL_DEBUG_SUBSYS=%s: unknown subsystem(s) %s, ignored (known: INIT, COLL, P2P, SHM, NET, "
-                   "GRAPH, TUNE, ENV, ALLOC, CALL, PROXY, BOOTSTRAP, REG, ALL)",
-                   subsys.c_str(), unknownSubsys.c_str());
+      settingsWarn(
+          "MKERNEL_DEBUG_SUBSYS=%s: unknown subsystem(s) %s, ignored (known: INIT, COLL, P2P, SHM, "
+          "NET, "
+          "GRAPH, TUNE, ENV, ALLOC, CALL, PROXY, BOOTSTRAP, REG, ALL)",
+          subsys.c_str(), unknownSubsys.c_str());
     if (!unknownLevels.empty())
-      settingsWarn("MKERNEL_DEBUG_TIMESTAMP_LEVELS=%s: unknown level(s) %s, ignored (known: VERSION, WARN, INFO, "
-                   "TRACE, ALL, NONE)",
-                   stampLevels.c_str(), unknownLevels.c_str());
+      settingsWarn(
+          "MKERNEL_DEBUG_TIMESTAMP_LEVELS=%s: unknown level(s) %s, ignored (known: VERSION, WARN, "
+          "INFO, "
+          "TRACE, ALL, NONE)",
+          stampLevels.c_str(), unknownLevels.c_str());
     if (fileFailed)
-      settingsWarn("MKERNEL_DEBUG_FILE=%s: cannot open %s for appending (%s); logging to stderr instead",
-                   path.c_str(), out.c_str(), std::strerror(fileErrno));
+      settingsWarn(
+          "MKERNEL_DEBUG_FILE=%s: cannot open %s for appending (%s); logging to stderr instead",
+          path.c_str(), out.c_str(), std::strerror(fileErrno));
   });
 }
 
 }  // namespace
 
-size_t formatLogTimestamp(const char* format, const std::tm& tm, long nsec, char* out, size_t size) {
+size_t formatLogTimestamp(const char* format, const std::tm& tm, long nsec, char* out,
+                          size_t size) {
   if (size == 0) return 0;
   out[0] = '\0';
   if (format == nullptr || *format == '\0') return 0;
@@ -265,8 +290,12 @@ size_t formatLogTimestamp(const char* format, const std::tm& tm, long nsec, char
   return n;
 }
 
-void setNcclLogger(NcclLogger logger) { gNcclLogger.store(logger, std::memory_order_release); }
-void setLogRank(int rank) { tRank = rank; }
+void setNcclLogger(NcclLogger logger) {
+  gNcclLogger.store(logger, std::memory_order_release);
+}
+void setLogRank(int rank) {
+  tRank = rank;
+}
 
 bool logEnabled(LogLevel level, uint64_t subsys) {
   initOnce();
@@ -289,7 +318,8 @@ bool logStartupEnabled() {
   if (gNcclLogger.load(std::memory_order_acquire) != nullptr &&
       static_cast<int>(g.ncclLevel) >= static_cast<int>(LogLevel::Info))
     return true;
-  return g.level == LogLevel::Version || static_cast<int>(g.level) >= static_cast<int>(LogLevel::Info);
+  return g.level == LogLevel::Version ||
+         static_cast<int>(g.level) >= static_cast<int>(LogLevel::Info);
 }
 
 void logStartupLine(const char* fmt, ...) {
@@ -344,18 +374,26 @@ std::string gLastError;
 // these for an error that arose in mkernel, NCCL's texts for NCCL's).
 const char* resultString(Result r) {
   switch (r) {
-    case Result::Success: return "no error";
+    case Result::Success:
+      return "no error";
     case Result::UnhandledCudaError:
-      return "unhandled cuda error in mkernel (run with MKERNEL_DEBUG=INFO for details; MKERNEL_DEBUG_SUBSYS selects "
+      return "unhandled cuda error in mkernel (run with MKERNEL_DEBUG=INFO for details; "
+             "MKERNEL_DEBUG_SUBSYS selects "
              "the subsystems)";
     case Result::SystemError:
-      return "unhandled system error in mkernel (run with MKERNEL_DEBUG=INFO for details; MKERNEL_DEBUG_SUBSYS "
+      return "unhandled system error in mkernel (run with MKERNEL_DEBUG=INFO for details; "
+             "MKERNEL_DEBUG_SUBSYS "
              "selects the subsystems)";
-    case Result::InternalError: return "internal error in mkernel - please report this issue to the mkernel developers";
-    case Result::InvalidArgument: return "invalid argument (run with MKERNEL_DEBUG=WARN for details)";
-    case Result::InvalidUsage: return "invalid usage (run with MKERNEL_DEBUG=WARN for details)";
-    case Result::RemoteError: return "remote process exited or there was a network error";
-    case Result::InProgress: return "NCCL operation in progress";
+    case Result::InternalError:
+      return "internal error in mkernel - please report this issue to the mkernel developers";
+    case Result::InvalidArgument:
+      return "invalid argument (run with MKERNEL_DEBUG=WARN for details)";
+    case Result::InvalidUsage:
+      return "invalid usage (run with MKERNEL_DEBUG=WARN for details)";
+    case Result::RemoteError:
+      return "remote process exited or there was a network error";
+    case Result::InProgress:
+      return "NCCL operation in progress";
   }
   return "unknown result code";
 }
@@ -380,7 +418,8 @@ Result setError(Result r, const char* file, int line, const char* fmt, ...) {
   return r;
 }
 
-Result setErrorCause(Result r, const char* file, int line, const char* cause, const char* fmt, ...) {
+Result setErrorCause(Result r, const char* file, int line, const char* cause, const char* fmt,
+                     ...) {
   char context[768];
   va_list ap;
   va_start(ap, fmt);

@@ -69,15 +69,17 @@ void logMessage(LogLevel level, uint64_t subsys, const char* file, int line, con
 
 }  // namespace mkernel
 
-#define MK_WARN(...) \
-  ::mkernel::logMessage(::mkernel::LogLevel::Warn, ::mkernel::kLogAll, __FILE__, __LINE__, __VA_ARGS__)
-#define MK_INFO(subsys, ...)                                                                    \
-  do {                                                                                          \
-    if (::mkernel::logEnabled(::mkernel::LogLevel::Info, (subsys)))                             \
+#define MK_WARN(...)                                                                       \
+  ::mkernel::logMessage(::mkernel::LogLevel::Warn, ::mkernel::kLogAll, __FILE__, __LINE__, \
+                        __VA_ARGS__)
+#define MK_INFO(subsys, ...)                                                                       \
+  do {                                                                                             \
+    if (::mkernel::logEnabled(::mkernel::LogLevel::Info, (subsys)))                                \
       ::mkernel::logMessage(::mkernel::LogLevel::Info, (subsys), __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
-#define MK_TRACE(subsys, ...)                                                                    \
-  do {                                                                                           \
-    if (::mkernel::logEnabled(::mkernel::LogLevel::Trace, (subsys)))                             \
-      ::mkernel::logMessage(::mkernel::LogLevel::Trace, (subsys), __FILE__, __LINE__, __VA_ARGS__); \
+#define MK_TRACE(subsys, ...)                                                         \
+  do {                                                                                \
+    if (::mkernel::logEnabled(::mkernel::LogLevel::Trace, (subsys)))                  \
+      ::mkernel::logMessage(::mkernel::LogLevel::Trace, (subsys), __FILE__, __LINE__, \
+                            __VA_ARGS__);                                             \
   } while (0)

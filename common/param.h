@@ -29,8 +29,8 @@ enum class Audience : uint8_t { USER, TUNING, TEST };
 struct Info {
   const char* name;  // without the MKERNEL_ prefix
   Type type;
-  const char* def;     // default as text; "" = unset
-  bool route;          // can change where or how a collective runs
+  const char* def;  // default as text; "" = unset
+  bool route;       // can change where or how a collective runs
   Audience audience;
   const char* nccl;    // NCCL twin variable, "" = none
   const char* values;  // ENUM/LIST: allowed words; INT/SIZE: optional range "lo..hi"
@@ -54,14 +54,14 @@ const char* audienceName(Audience a);
 template <Type T>
 struct Param;
 
-#define MKERNEL_PARAM_HANDLE(T, R)                                                             \
-  template <>                                                                                  \
-  struct Param<Type::T> {                                                                      \
-    Id id;                                                                                     \
-    R operator()() const;                                                                      \
-    bool isSet() const; /* set in the environment (MKERNEL_ or the NCCL twin) */              \
-    const char* text() const; /* the value in effect as canonical text ("auto", "1048576") */  \
-    const Info& info() const { return params::info(id); }                                      \
+#define MKERNEL_PARAM_HANDLE(T, R)                                                            \
+  template <>                                                                                 \
+  struct Param<Type::T> {                                                                     \
+    Id id;                                                                                    \
+    R operator()() const;                                                                     \
+    bool isSet() const;       /* set in the environment (MKERNEL_ or the NCCL twin) */        \
+    const char* text() const; /* the value in effect as canonical text ("auto", "1048576") */ \
+    const Info& info() const { return params::info(id); }                                     \
   };
 MKERNEL_PARAM_HANDLE(INT, int64_t)
 MKERNEL_PARAM_HANDLE(BOOL, bool)
@@ -90,7 +90,9 @@ struct Param<Type::ENUM> {
 #undef MKERNEL_PARAM
 
 // The timeout of every wait, in seconds (MKERNEL_TIMEOUT_S).
-inline double timeoutSeconds() { return static_cast<double>(TIMEOUT_S()); }
+inline double timeoutSeconds() {
+  return static_cast<double>(TIMEOUT_S());
+}
 
 // The settings that can change a collective's route, with their values in effect as canonical
 // text, in params.def order: what ranks compare at communicator creation.

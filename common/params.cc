@@ -31,15 +31,16 @@ constexpr Info kInfo[] = {
 #undef MKERNEL_PARAM
 };
 constexpr int kCount = static_cast<int>(Id::kCount);
-static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == static_cast<size_t>(kCount), "params.def rows and ids disagree");
+static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == static_cast<size_t>(kCount),
+              "params.def rows and ids disagree");
 
 // One setting's parsed value.
 struct Value {
-  bool set = false;      // given in the environment (valid or not)
-  bool isAuto = false;   // INT_AUTO / SIZE_AUTO: "auto"
-  int64_t i = 0;         // INT, BOOL, SIZE, *_AUTO, ENUM (the word's index)
-  double d = 0.0;        // DOUBLE
-  std::string s;         // STRING, ENUM (the word), LIST (as given); the canonical text otherwise
+  bool set = false;     // given in the environment (valid or not)
+  bool isAuto = false;  // INT_AUTO / SIZE_AUTO: "auto"
+  int64_t i = 0;        // INT, BOOL, SIZE, *_AUTO, ENUM (the word's index)
+  double d = 0.0;       // DOUBLE
+  std::string s;        // STRING, ENUM (the word), LIST (as given); the canonical text otherwise
   std::vector<std::string> list;  // LIST
 };
 
@@ -59,7 +60,8 @@ std::vector<std::string> splitCommas(const std::string& s) {
   size_t pos = 0;
   while (pos <= s.size()) {
     size_t comma = s.find(',', pos);
-    std::string item = trim(s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+    std::string item =
+        trim(s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
     if (!item.empty()) out.push_back(item);
     if (comma == std::string::npos) break;
     pos = comma + 1;
@@ -88,14 +90,21 @@ bool parseSize(const std::string& t, int64_t* out) {
   int shift = 0;
   if (!suffix.empty()) {
     const char c = static_cast<char>(std::toupper(static_cast<unsigned char>(suffix[0])));
-    if (c == 'K') shift = 10;
-    else if (c == 'M') shift = 20;
-    else if (c == 'G') shift = 30;
-    else if (c == 'B' && suffix.size() == 1) shift = 0;
-    else return false;
+    if (c == 'K')
+      shift = 10;
+    else if (c == 'M')
+      shift = 20;
+    else if (c == 'G')
+      shift = 30;
+    else if (c == 'B' && suffix.size() == 1)
+      shift = 0;
+    else
+      return false;
     if (shift != 0) {
       const std::string rest = suffix.substr(1);
-      if (!rest.empty() && strcasecmp(rest.c_str(), "B") != 0 && strcasecmp(rest.c_str(), "iB") != 0) return false;
+      if (!rest.empty() && strcasecmp(rest.c_str(), "B") != 0 &&
+          strcasecmp(rest.c_str(), "iB") != 0)
+        return false;
     }
   }
   if (x > (static_cast<unsigned long long>(INT64_MAX) >> shift)) return false;
@@ -113,7 +122,8 @@ bool parseBool(const std::string& t, int64_t* out) {
   return false;
 }
 
-// "lo..hi", "lo.." or "..hi" in an INT/SIZE row's values; true when x lies in it (or there is none).
+// "lo..hi", "lo.." or "..hi" in an INT/SIZE row's values; true when x lies in it (or there is
+// none).
 bool inRange(const char* range, int64_t x) {
   if (range == nullptr || *range == '\0') return true;
   const std::string r(range);
@@ -152,9 +162,10 @@ bool parse(const Info& info, const std::string& raw, Value* v, std::string* expe
         return true;
       }
       if (!parseSize(t, &v->i) || !inRange(info.values, v->i)) {
-        *expected = std::string(info.type == Type::SIZE_AUTO ? "auto or a byte count" : "a byte count") +
-                    " (K, M, G suffixes allowed)" +
-                    (*info.values ? std::string(" in ") + info.values : std::string());
+        *expected =
+            std::string(info.type == Type::SIZE_AUTO ? "auto or a byte count" : "a byte count") +
+            " (K, M, G suffixes allowed)" +
+            (*info.values ? std::string(" in ") + info.values : std::string());
         return false;
       }
       v->s = std::to_string(v->i);
@@ -242,8 +253,9 @@ Snapshot* build(std::vector<std::string>* warnings) {
     Value& v = snap->v[k];
     std::string expected;
     const bool defOk = parse(info, info.def, &v, &expected);
-    if (!defOk) warnings->push_back(std::string("MKERNEL_") + info.name + ": the declared default '" + info.def +
-                                    "' is not " + expected + " (bug in common/params.def)");
+    if (!defOk)
+      warnings->push_back(std::string("MKERNEL_") + info.name + ": the declared default '" +
+                          info.def + "' is not " + expected + " (bug in common/params.def)");
     std::string from;
     const char* text = envText(info, &from);
     if (text == nullptr) continue;
@@ -253,8 +265,8 @@ Snapshot* build(std::vector<std::string>* warnings) {
       v = std::move(given);
     } else {
       v.set = true;
-      warnings->push_back(from + "=" + text + " is not valid: expected " + expected + "; using the default '" +
-                          info.def + "'");
+      warnings->push_back(from + "=" + text + " is not valid: expected " + expected +
+                          "; using the default '" + info.def + "'");
     }
   }
   return snap;
@@ -290,36 +302,58 @@ const Info* findByName(const char* name) {
 
 }  // namespace
 
-const Info* table() { return kInfo; }
-const Info& info(Id id) { return kInfo[static_cast<int>(id)]; }
+const Info* table() {
+  return kInfo;
+}
+const Info& info(Id id) {
+  return kInfo[static_cast<int>(id)];
+}
 
 const char* typeName(Type t) {
   switch (t) {
-    case Type::INT: return "int";
-    case Type::BOOL: return "bool";
-    case Type::SIZE: return "size";
-    case Type::INT_AUTO: return "int or auto";
-    case Type::SIZE_AUTO: return "size or auto";
-    case Type::DOUBLE: return "double";
-    case Type::STRING: return "string";
-    case Type::ENUM: return "enum";
-    case Type::LIST: return "list";
+    case Type::INT:
+      return "int";
+    case Type::BOOL:
+      return "bool";
+    case Type::SIZE:
+      return "size";
+    case Type::INT_AUTO:
+      return "int or auto";
+    case Type::SIZE_AUTO:
+      return "size or auto";
+    case Type::DOUBLE:
+      return "double";
+    case Type::STRING:
+      return "string";
+    case Type::ENUM:
+      return "enum";
+    case Type::LIST:
+      return "list";
   }
   return "?";
 }
 
 const char* audienceName(Audience a) {
   switch (a) {
-    case Audience::USER: return "user";
-    case Audience::TUNING: return "tuning";
-    case Audience::TEST: return "test";
+    case Audience::USER:
+      return "user";
+    case Audience::TUNING:
+      return "tuning";
+    case Audience::TEST:
+      return "test";
   }
   return "?";
 }
 
-int64_t Param<Type::INT>::operator()() const { return value(id).i; }
-bool Param<Type::BOOL>::operator()() const { return value(id).i != 0; }
-int64_t Param<Type::SIZE>::operator()() const { return value(id).i; }
+int64_t Param<Type::INT>::operator()() const {
+  return value(id).i;
+}
+bool Param<Type::BOOL>::operator()() const {
+  return value(id).i != 0;
+}
+int64_t Param<Type::SIZE>::operator()() const {
+  return value(id).i;
+}
 std::optional<int64_t> Param<Type::INT_AUTO>::operator()() const {
   const Value& v = value(id);
   return v.isAuto ? std::nullopt : std::optional<int64_t>(v.i);
@@ -328,22 +362,35 @@ std::optional<int64_t> Param<Type::SIZE_AUTO>::operator()() const {
   const Value& v = value(id);
   return v.isAuto ? std::nullopt : std::optional<int64_t>(v.i);
 }
-double Param<Type::DOUBLE>::operator()() const { return value(id).d; }
-const std::string& Param<Type::STRING>::operator()() const { return value(id).s; }
-const std::vector<std::string>& Param<Type::LIST>::operator()() const { return value(id).list; }
-int Param<Type::ENUM>::operator()() const { return static_cast<int>(value(id).i); }
+double Param<Type::DOUBLE>::operator()() const {
+  return value(id).d;
+}
+const std::string& Param<Type::STRING>::operator()() const {
+  return value(id).s;
+}
+const std::vector<std::string>& Param<Type::LIST>::operator()() const {
+  return value(id).list;
+}
+int Param<Type::ENUM>::operator()() const {
+  return static_cast<int>(value(id).i);
+}
 
 bool Param<Type::ENUM>::is(const char* word) const {
   const Info& inf = info();
   bool known = false;
   for (const std::string& w : splitCommas(inf.values)) known = known || w == word;
-  if (!known) MK_WARN("MKERNEL_%s has no value '%s' (bug: params.def allows %s)", inf.name, word, inf.values);
+  if (!known)
+    MK_WARN("MKERNEL_%s has no value '%s' (bug: params.def allows %s)", inf.name, word, inf.values);
   return value(id).s == word;
 }
 
-#define MKERNEL_PARAM_COMMON(T)                                                   \
-  bool Param<Type::T>::isSet() const { return value(id).set; }                    \
-  const char* Param<Type::T>::text() const { return value(id).s.c_str(); }
+#define MKERNEL_PARAM_COMMON(T)              \
+  bool Param<Type::T>::isSet() const {       \
+    return value(id).set;                    \
+  }                                          \
+  const char* Param<Type::T>::text() const { \
+    return value(id).s.c_str();              \
+  }
 MKERNEL_PARAM_COMMON(INT)
 MKERNEL_PARAM_COMMON(BOOL)
 MKERNEL_PARAM_COMMON(SIZE)
@@ -370,7 +417,8 @@ void warnUnknownOnce() {
       const char* eq = std::strchr(*e, '=');
       std::string name(*e + 8, eq ? static_cast<size_t>(eq - *e - 8) : std::strlen(*e + 8));
       if (findByName(name.c_str()) == nullptr)
-        MK_WARN("MKERNEL_%s is not a known mkernel variable and is ignored (see docs/TUNING.md)", name.c_str());
+        MK_WARN("MKERNEL_%s is not a known mkernel variable and is ignored (see docs/TUNING.md)",
+                name.c_str());
     }
   });
 }

@@ -41,17 +41,18 @@ void clearLastError();
 #define MK_ERROR(res, ...) ::mkernel::setError((res), __FILE__, __LINE__, __VA_ARGS__)
 
 // Propagates a failure, logging each frame as NCCL's NCCLCHECK does.
-#define MK_CHECK(call)                                                                 \
-  do {                                                                                 \
-    ::mkernel::Result mk_check_res_ = (call);                                          \
-    if (mk_check_res_ != ::mkernel::Result::Success &&                                 \
-        mk_check_res_ != ::mkernel::Result::InProgress) {                              \
-      ::mkernel::logTrace(__FILE__, __LINE__, "%s -> %s", #call,                        \
-                          ::mkernel::resultString(mk_check_res_));                     \
-      return mk_check_res_;                                                            \
-    }                                                                                  \
+#define MK_CHECK(call)                                             \
+  do {                                                             \
+    ::mkernel::Result mk_check_res_ = (call);                      \
+    if (mk_check_res_ != ::mkernel::Result::Success &&             \
+        mk_check_res_ != ::mkernel::Result::InProgress) {          \
+      ::mkernel::logTrace(__FILE__, __LINE__, "%s -> %s", #call,   \
+                          ::mkernel::resultString(mk_check_res_)); \
+      return mk_check_res_;                                        \
+    }                                                              \
   } while (0)
 
 namespace mkernel {
-void logTrace(const char* file, int line, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+void logTrace(const char* file, int line, const char* fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 }

@@ -28,6 +28,10 @@ extern "C" int mkernelGetStats(mkernelStats_t* out) {
   return 0;
 }
 
-extern "C" const char* mkernelVersionString(void) { return "mkernel " MKERNEL_VERSION_STRING; }
+extern "C" const char* mkernelVersionString(void) {
+  return "mkernel " MKERNEL_VERSION_STRING;
+}
 
-extern "C" void mkernelResetParamsForTesting(void) { mkernel::params::resetThisCopyForTesting(); }
+extern "C" void mkernelResetParamsForTesting(void) {
+  mkernel::params::resetThisCopyForTesting();
+}

@@ -33,6 +33,7 @@ mk_install_deps() {
   command -v pkg-config >/dev/null || need+=(pkg-config)
   command -v clang++ >/dev/null || need+=(clang)
   command -v ccache >/dev/null || need+=(ccache)
+  command -v clang-format-14 >/dev/null || need+=(clang-format-14)
   [ -f /usr/include/hwloc.h ] || need+=(libhwloc-dev)
   [ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
   [ -f /usr/include/rdma/rdma_cma.h ] || need+=(librdmacm-dev)

@@ -4,6 +4,7 @@
 #   MK_BUILD_DIR   build folder (default: build)
 #   MK_SKIP_ASAN=1 skip the sanitizer build (developer shortcut; CI runs it)
 #   bash scripts/test.sh [TIER]: TIER runs one tier alone, one of
+#     format    every C, C++ and CUDA file against .clang-format (clang-format 14); --fix rewrites;
 #     fuzz      the libFuzzer targets, bounded;
 #     headers   the shim and the plugins compiled against the newest NCCL's headers;
 #     netfault  the TCP transport across two network namespaces with faults in between;
@@ -368,6 +369,32 @@ grep -E "^[0-9]+: (WARNING: ThreadSanitizer|SUMMARY: ThreadSanitizer)" "$logs/ct
 [ "$rc" = 0 ] && [ "$reports" = 0 ]
 }
 
+# ---- format ---------------------------------------------------------------------------------------
+# The project's .clang-format (Google style, 100 columns) over every C, C++ and CUDA file that git
+# tracks, with clang-format 14, the version CI installs (others lay out some constructs
+# differently):
+#   bash scripts/test.sh format          checks (a CI stage, seconds): lists the files that differ
+#   bash scripts/test.sh format --fix    rewrites them in place
+# `// clang-format off` / `on` keeps a hand-aligned table as it is.
+tier_format() {
+local cf files out bad
+cf=$(command -v clang-format-14 || true)
+[ -n "$cf" ] || { echo "format: clang-format-14 not found (apt-get install clang-format-14)"; return 1; }
+mapfile -t files < <(git -C "$MK_ROOT" ls-files '*.c' '*.cc' '*.h' '*.cu' '*.cuh')
+if [ "${1:-}" = --fix ]; then
+  (cd "$MK_ROOT" && "$cf" -i "${files[@]}") && echo "format: ${#files[@]} files formatted"
+  return
+fi
+out=$(cd "$MK_ROOT" && "$cf" --dry-run "${files[@]}" 2>&1)
+bad=$(sed -nE 's/^([^:]+):[0-9]+:[0-9]+: (warning|error): code should be clang-formatted.*/\1/p' <<<"$out" | sort | uniq -c)
+if [ -n "$bad" ]; then
+  echo "format: these files differ from .clang-format (places per file; bash scripts/test.sh format --fix):"
+  echo "$bad"
+  return 1
+fi
+echo "format: ${#files[@]} files match .clang-format ($("$cf" --version | head -1))"
+}
+
 # ---- headers --------------------------------------------------------------------------------------
 # The shim and the plugins against the newest NCCL's headers as well as the installed ones
 # (`scripts/test.sh headers` alone, a CI stage):
@@ -476,6 +503,7 @@ wheel_stage() {
 }
 
 mk_install_deps || exit 1
+stage "format (clang-format 14)" tier_format
 stage "build (sm_90 + host)" mk_build "$BUILD" -DMKERNEL_CUDA_ARCH=90 -DMKERNEL_BUILD_TESTS=ON
 stage "shim + plugins: NCCL ${MK_NCCL_NEWEST:-2.32.3} headers" tier_headers
 # The data movers' SASS: no local memory in their loops (`scripts/test.sh spill`; a regression
@@ -521,13 +549,13 @@ exit $fail
 
 case ${1:-} in
   "") run_ci ;;
-  fuzz | headers | netfault | spill | tsan)
+  format | fuzz | headers | netfault | spill | tsan)
     tier=$1
     shift
     "tier_$tier" "$@"
     ;;
   *)
-    echo "test.sh: unknown tier '$1' (fuzz, headers, netfault, spill or tsan; none: every tier)" >&2
+    echo "test.sh: unknown tier '$1' (format, fuzz, headers, netfault, spill or tsan; none: every tier)" >&2
     exit 2
     ;;
 esac

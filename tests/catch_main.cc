@@ -6,4 +6,6 @@
 #include <catch2/catch.hpp>
 #endif
 
-int main(int argc, char* argv[]) { return Catch::Session().run(argc, argv); }
+int main(int argc, char* argv[]) {
+  return Catch::Session().run(argc, argv);
+}

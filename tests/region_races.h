@@ -1,11 +1,12 @@
 // Catches a read of staging memory that overlaps a write of the same bytes, for the CPU tests of
-// the staged algorithms (tests/collectives/test_staged.cc, tests/transport/proxy/test_hier_staged.cc): every
-// movement (a copy or a reduction) registers the byte ranges it reads and writes while it lasts;
-// one that starts while another live movement writes bytes it reads or writes, or reads or writes
-// bytes it writes, overlapped it in time: a race. A movement's own reads and writes (a reduction
-// in place) do not race with each other. Only memory in the checked regions counts (regionOf).
-// Byte ranges, not whole regions: several ranks write their own slots of one
-// inbox while its owner reads another slot (hier_staged.h, MKERNEL_HIER_AHEAD=2), which is no race.
+// the staged algorithms (tests/collectives/test_staged.cc,
+// tests/transport/proxy/test_hier_staged.cc): every movement (a copy or a reduction) registers the
+// byte ranges it reads and writes while it lasts; one that starts while another live movement
+// writes bytes it reads or writes, or reads or writes bytes it writes, overlapped it in time: a
+// race. A movement's own reads and writes (a reduction in place) do not race with each other. Only
+// memory in the checked regions counts (regionOf). Byte ranges, not whole regions: several ranks
+// write their own slots of one inbox while its owner reads another slot (hier_staged.h,
+// MKERNEL_HIER_AHEAD=2), which is no race.
 #pragma once
 
 #include <atomic>
@@ -50,7 +51,9 @@ class RegionRaces {
   // One data movement's reads and writes, `bytes` at each pointer, for as long as it lives.
   class Movement {
    public:
-    Movement(RegionRaces* r, const char* const* srcs, int nSrc, char* const* dsts, int nDst, uint64_t bytes) : r_(r) {
+    Movement(RegionRaces* r, const char* const* srcs, int nSrc, char* const* dsts, int nDst,
+             uint64_t bytes)
+        : r_(r) {
       Live me;
       for (int k = 0; k < nSrc; ++k)
         if (r_->regionOf_(srcs[k]) >= 0) me.reads.push_back({srcs[k], srcs[k] + bytes});
@@ -58,7 +61,9 @@ class RegionRaces {
         if (r_->regionOf_(dsts[k]) >= 0) me.writes.push_back({dsts[k], dsts[k] + bytes});
       std::lock_guard<std::mutex> lock(r_->mu_);
       for (const Live& o : r_->live_) {
-        if (overlaps(me.writes, o.reads) || overlaps(me.writes, o.writes) || overlaps(me.reads, o.writes)) r_->races_++;
+        if (overlaps(me.writes, o.reads) || overlaps(me.writes, o.writes) ||
+            overlaps(me.reads, o.writes))
+          r_->races_++;
       }
       it_ = r_->live_.insert(r_->live_.end(), std::move(me));
     }
@@ -84,7 +89,8 @@ class RegionRaces {
 // The tests' reduction: dsts[d][i] = post(sum over s of pre(srcs[s][i])) on uint32 elements, with
 // wrap-around (exact in any order, so results compare bit for bit).
 template <typename Pre, typename Post>
-void sumU32(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems, Pre pre, Post post) {
+void sumU32(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems, Pre pre,
+            Post post) {
   for (uint64_t i = 0; i < elems; ++i) {
     uint32_t acc = 0;
     for (int k = 0; k < nSrc; ++k) {
@@ -101,8 +107,8 @@ void sumU32(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint
 // over n ranks (count: NCCL's count), where input(q, i) is element i of rank q's send buffer and
 // the reduction is post(sum of pre(x)) in uint32. Reduce: the root's output.
 template <typename Input, typename Pre, typename Post>
-uint32_t expectedU32(mkernel::coll::CollType c, int n, int r, int root, uint64_t count, uint64_t e, Input input, Pre pre,
-                     Post post) {
+uint32_t expectedU32(mkernel::coll::CollType c, int n, int r, int root, uint64_t count, uint64_t e,
+                     Input input, Pre pre, Post post) {
   using mkernel::coll::CollType;
   uint32_t acc = 0;
   switch (c) {

@@ -16,6 +16,8 @@ inline constexpr bool kThreadSanitizer = false;
 // launch_sim.h): their spinning CTA threads run 10-20x slower under TSan on two cores (the launch
 // path's random case took over 200 s there), so the audit runs a tenth of the ops, at least
 // `least`, on the same shapes and seeds.
-inline int tsanScaled(int ops, int least = 4) { return kThreadSanitizer ? std::max(least, ops / 10) : ops; }
+inline int tsanScaled(int ops, int least = 4) {
+  return kThreadSanitizer ? std::max(least, ops / 10) : ops;
+}
 
 }  // namespace mktest

@@ -27,13 +27,19 @@ inline bool parseSize(const std::string& text, uint64_t* out, std::string* why) 
   while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
   const std::string unit = text.substr(digits);
   int shift = -1;
-  if (unit.empty()) shift = 0;
-  else if (unit == "K" || unit == "k") shift = 10;
-  else if (unit == "M" || unit == "m") shift = 20;
-  else if (unit == "G" || unit == "g") shift = 30;
+  if (unit.empty())
+    shift = 0;
+  else if (unit == "K" || unit == "k")
+    shift = 10;
+  else if (unit == "M" || unit == "m")
+    shift = 20;
+  else if (unit == "G" || unit == "g")
+    shift = 30;
   if (digits == 0 || shift < 0) {
     if (why != nullptr)
-      *why = "'" + text + "' is not a size (a number of bytes, optionally followed by K, M or G: 64M = 67108864)";
+      *why =
+          "'" + text +
+          "' is not a size (a number of bytes, optionally followed by K, M or G: 64M = 67108864)";
     return false;
   }
   uint64_t v = 0;
@@ -72,8 +78,10 @@ const SizeValidator kSize;
 
 // Integer checks with a plain message ("Value 0 not in range 1 to 2147483647"); on a list option
 // (delimiter(',')) they apply to each item.
-const CLI::Validator kPositive = CLI::Range(1, std::numeric_limits<int>::max()).description("POSITIVE");
-const CLI::Validator kNonNegative = CLI::Range(0, std::numeric_limits<int>::max()).description("NONNEGATIVE");
+const CLI::Validator kPositive =
+    CLI::Range(1, std::numeric_limits<int>::max()).description("POSITIVE");
+const CLI::Validator kNonNegative =
+    CLI::Range(0, std::numeric_limits<int>::max()).description("NONNEGATIVE");
 // A real number above 0 (seconds, milliseconds).
 const CLI::Validator kPositiveReal(
     [](std::string& value) {
@@ -94,11 +102,14 @@ inline void setupApp(CLI::App& app) {
 
 // A comma-separated list option ("--ranks 2,4,8"): each item converted and checked on its own, and,
 // given twice, the last list wins (not the two joined).
-inline CLI::Option* listOf(CLI::Option* opt) { return opt->delimiter(',')->trigger_on_parse(); }
+inline CLI::Option* listOf(CLI::Option* opt) {
+  return opt->delimiter(',')->trigger_on_parse();
+}
 
 // Prints "<tool>: why" on stderr and returns 2 (the exit status of a bad command line).
 inline int usageError(const CLI::App& app, const std::string& why) {
-  std::fprintf(stderr, "%s: %s\nRun with --help for more information.\n", app.get_name().c_str(), why.c_str());
+  std::fprintf(stderr, "%s: %s\nRun with --help for more information.\n", app.get_name().c_str(),
+               why.c_str());
   return 2;
 }
 

@@ -36,14 +36,17 @@ inline int gpuCountNoCuda() {
 
 // Rank `rank` of `n` on GPU (rank % nGpus), emulated when ranks share GPUs: its bootstrap from
 // `id`, then its communicator. On failure `*what` names the step (mkernel::lastError() says why).
-inline mkernel::Result createProcessRank(int rank, int n, int nGpus, const mkernel::bootstrap::UniqueId& id,
+inline mkernel::Result createProcessRank(int rank, int n, int nGpus,
+                                         const mkernel::bootstrap::UniqueId& id,
                                          std::unique_ptr<mkernel::bootstrap::Bootstrap>* bs,
-                                         std::unique_ptr<mkernel::coll::Communicator>* comm, const char** what) {
+                                         std::unique_ptr<mkernel::coll::Communicator>* comm,
+                                         const char** what) {
   const int dev = rank % nGpus;
   *what = "cudaSetDevice";
   const cudaError_t err = cudaSetDevice(dev);
   if (err != cudaSuccess)
-    return MK_ERROR(mkernel::Result::UnhandledCudaError, "rank %d: cudaSetDevice(%d): %s", rank, dev, cudaGetErrorString(err));
+    return MK_ERROR(mkernel::Result::UnhandledCudaError, "rank %d: cudaSetDevice(%d): %s", rank,
+                    dev, cudaGetErrorString(err));
   *what = "bootstrap";
   mkernel::Result r = mkernel::bootstrap::Bootstrap::create(id, rank, n, bs);
   if (r != mkernel::Result::Success) return r;
@@ -62,11 +65,11 @@ inline mkernel::Result createProcessRank(int rank, int n, int nGpus, const mkern
 class PrivateMps {
  public:
   // The clients of one MPS server share one pool of hardware work queues, each client taking
-  // CUDA_DEVICE_MAX_CONNECTIONS of them for itself (NVIDIA's MPS guide, "CUDA_DEVICE_MAX_CONNECTIONS").
-  // With 32 each, 2 clients on the H200 started and 4 did not: every process's cudaSetDevice
-  // failed with "out of memory", then "busy or unavailable". So the forked ranks
-  // get at most kMpsConnections / clientsPerGpu each (and at most what the variable says, 8 if
-  // unset: CUDA's default).
+  // CUDA_DEVICE_MAX_CONNECTIONS of them for itself (NVIDIA's MPS guide,
+  // "CUDA_DEVICE_MAX_CONNECTIONS"). With 32 each, 2 clients on the H200 started and 4 did not:
+  // every process's cudaSetDevice failed with "out of memory", then "busy or unavailable". So the
+  // forked ranks get at most kMpsConnections / clientsPerGpu each (and at most what the variable
+  // says, 8 if unset: CUDA's default).
   static constexpr int kMpsConnections = 64;
   bool start(const char* what, int clientsPerGpu) {
     const char* set = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
@@ -75,7 +78,9 @@ class PrivateMps {
     int conn = set != nullptr && std::atoi(set) > 0 ? std::atoi(set) : 8;
     const int most = std::max(1, kMpsConnections / std::max(1, clientsPerGpu));
     if (conn > most) {
-      std::fprintf(stderr, "%s: %d processes per GPU under CUDA MPS: CUDA_DEVICE_MAX_CONNECTIONS=%d for each (was %d)\n",
+      std::fprintf(stderr,
+                   "%s: %d processes per GPU under CUDA MPS: CUDA_DEVICE_MAX_CONNECTIONS=%d for "
+                   "each (was %d)\n",
                    what, clientsPerGpu, most, conn);
       conn = most;
     }
@@ -90,7 +95,9 @@ class PrivateMps {
     setenv("CUDA_MPS_PIPE_DIRECTORY", dir_.c_str(), 1);
     setenv("CUDA_MPS_LOG_DIRECTORY", dir_.c_str(), 1);
     if (std::system("nvidia-cuda-mps-control -d") != 0) {
-      std::fprintf(stderr, "%s: ranks sharing a GPU need CUDA MPS, and nvidia-cuda-mps-control -d failed\n", what);
+      std::fprintf(stderr,
+                   "%s: ranks sharing a GPU need CUDA MPS, and nvidia-cuda-mps-control -d failed\n",
+                   what);
       dir_.clear();
       restoreConnections();
       return false;

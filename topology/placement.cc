@@ -220,7 +220,8 @@ std::vector<std::string> railNicNames(const Topology& topo, const Placement& pla
   std::vector<std::string> names;
   if (gpu < 0 || gpu >= static_cast<int>(place.gpus.size())) return names;
   for (int n : place.gpus[static_cast<size_t>(gpu)].rails)
-    if (n >= 0 && n < static_cast<int>(topo.nics.size())) names.push_back(topo.nics[static_cast<size_t>(n)].name);
+    if (n >= 0 && n < static_cast<int>(topo.nics.size()))
+      names.push_back(topo.nics[static_cast<size_t>(n)].name);
   return names;
 }
 
@@ -236,7 +237,8 @@ bool parseBusId(const std::string& s, unsigned long long* key) {
 }
 }  // namespace
 
-bool gpusNvlinkAllToAll(const Topology& topo, const std::vector<std::string>& busIds, std::string* why) {
+bool gpusNvlinkAllToAll(const Topology& topo, const std::vector<std::string>& busIds,
+                        std::string* why) {
   std::vector<int> idx;
   for (const std::string& b : busIds) {
     unsigned long long want = 0;
@@ -274,12 +276,14 @@ bool gpusNvlinkAllToAll(const Topology& topo, const std::vector<std::string>& bu
   return true;
 }
 
-bool ranksInRingOrder(const Topology& topo, const Placement& place, const std::vector<std::string>& rankBusIds,
-                      std::vector<int>* order, std::string* why) {
+bool ranksInRingOrder(const Topology& topo, const Placement& place,
+                      const std::vector<std::string>& rankBusIds, std::vector<int>* order,
+                      std::string* why) {
   const int n = static_cast<int>(rankBusIds.size());
   order->resize(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) (*order)[static_cast<size_t>(r)] = r;
-  std::vector<int> posOf(static_cast<size_t>(n), 0);  // the rank's GPU's position in place.ringOrder
+  std::vector<int> posOf(static_cast<size_t>(n),
+                         0);  // the rank's GPU's position in place.ringOrder
   for (int r = 0; r < n; ++r) {
     const std::string& b = rankBusIds[static_cast<size_t>(r)];
     unsigned long long want = 0;

@@ -52,18 +52,21 @@ Placement computePlacement(const Topology& topo);
 // one GPU) reach each other all-to-all over NVLink (direct links, or an NVSwitch both reach), so
 // that every rank may read and write every other at once: the direct algorithms' premise. A PCIe
 // box (NVLink model present, some pair without a link) is not: the selection policy then runs
-// rings (collectives/algo/staged_ring.h). One GPU is. Unknown (no NVLink model, as without NVML, or a
-// bus id the model lacks) counts as all-to-all, the default before this rule, and says so in *why.
-bool gpusNvlinkAllToAll(const Topology& topo, const std::vector<std::string>& busIds, std::string* why);
+// rings (collectives/algo/staged_ring.h). One GPU is. Unknown (no NVLink model, as without NVML, or
+// a bus id the model lacks) counts as all-to-all, the default before this rule, and says so in
+// *why.
+bool gpusNvlinkAllToAll(const Topology& topo, const std::vector<std::string>& busIds,
+                        std::string* why);
 
 // The ranks of one host in ring order, for rings in the persistent kernel (MKERNEL_RING_ORDER=auto,
-// collectives/runtime/peer_memory.cc): rankBusIds[r] is rank r's GPU (bus id as CUDA writes it); the
-// ranks are sorted by their GPU's position in place.ringOrder (PCIe: nearest neighbour, sockets
+// collectives/runtime/peer_memory.cc): rankBusIds[r] is rank r's GPU (bus id as CUDA writes it);
+// the ranks are sorted by their GPU's position in place.ringOrder (PCIe: nearest neighbour, sockets
 // together; partial NVLink: its cycle), ranks of one GPU together in rank order. *order[p] is the
 // rank at position p. False, with *order the rank order and *why saying so, when a bus id is
 // unreadable or not in the model.
-bool ranksInRingOrder(const Topology& topo, const Placement& place, const std::vector<std::string>& rankBusIds,
-                      std::vector<int>* order, std::string* why);
+bool ranksInRingOrder(const Topology& topo, const Placement& place,
+                      const std::vector<std::string>& rankBusIds, std::vector<int>* order,
+                      std::string* why);
 
 // The verbs names of GPU `gpu`'s rail NICs, primary first (empty for an unknown GPU or none):
 // the order the proxy's verbs backend numbers its devices in (net::ib::setIbPreferredDevices).

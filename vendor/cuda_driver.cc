@@ -74,7 +74,8 @@ Result keepLocalMemory() {
   if (r == CUDA_SUCCESS && (flags & CU_CTX_LMEM_RESIZE_TO_MAX) != 0) return Result::Success;
   if (r == CUDA_SUCCESS) r = setFlags(flags | CU_CTX_LMEM_RESIZE_TO_MAX);
   if (r != CUDA_SUCCESS)
-    return MK_ERROR(Result::UnhandledCudaError, "setting CU_CTX_LMEM_RESIZE_TO_MAX on the context failed: CUresult %d",
+    return MK_ERROR(Result::UnhandledCudaError,
+                    "setting CU_CTX_LMEM_RESIZE_TO_MAX on the context failed: CUresult %d",
                     static_cast<int>(r));
   return Result::Success;
 }
@@ -134,10 +135,12 @@ const Vmm& vmm() {
   return v;
 }
 
-void setVmmForTest(const Vmm* fake) { testVmm.store(fake, std::memory_order_release); }
+void setVmmForTest(const Vmm* fake) {
+  testVmm.store(fake, std::memory_order_release);
+}
 
-Result mapReadWrite(const Vmm& v, CUmemGenericAllocationHandle handle, size_t size, size_t align, CUdevice cuDev,
-                    bool keep, void** ptr) {
+Result mapReadWrite(const Vmm& v, CUmemGenericAllocationHandle handle, size_t size, size_t align,
+                    CUdevice cuDev, bool keep, void** ptr) {
   CUdeviceptr base = 0;
   CUresult r = v.reserve(&base, size, align, 0, 0);
   if (r != CUDA_SUCCESS) {
@@ -150,7 +153,8 @@ Result mapReadWrite(const Vmm& v, CUmemGenericAllocationHandle handle, size_t si
     (void)v.release(handle);
     return cuFailed("cuMemMap", r);
   }
-  if (!keep) (void)v.release(handle);  // the mapping holds the memory from here on (cuMemRelease's contract)
+  if (!keep)
+    (void)v.release(handle);  // the mapping holds the memory from here on (cuMemRelease's contract)
   r = setReadWrite(v, base, size, cuDev);
   if (r != CUDA_SUCCESS) {
     (void)v.unmap(base, size);
@@ -164,8 +168,8 @@ Result mapReadWrite(const Vmm& v, CUmemGenericAllocationHandle handle, size_t si
 
 }  // namespace detail
 
-using detail::vmm;
 using detail::mapReadWrite;
+using detail::vmm;
 
 namespace {
 
@@ -187,13 +191,15 @@ Result vmmAlloc(void** ptr, size_t bytes) {
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cudaSetDevice(dev);  // the primary context, as cudaMalloc would
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "cudaSetDevice(%d) failed: %s", dev, cudaGetErrorString(err));
+    return MK_ERROR(Result::UnhandledCudaError, "cudaSetDevice(%d) failed: %s", dev,
+                    cudaGetErrorString(err));
   const Vmm* vp = nullptr;
   CUdevice cuDev = 0;
   MK_CHECK(vmmOn(dev, &vp, &cuDev));
   const Vmm& v = *vp;
   int rdma = 0;
-  if (v.deviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, cuDev) != CUDA_SUCCESS)
+  if (v.deviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                           cuDev) != CUDA_SUCCESS)
     rdma = 0;
   CUmemAllocationProp prop = {};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -219,9 +225,10 @@ Result vmmFree(void* ptr) {
   CUmemGenericAllocationHandle handle = 0;
   CUresult r = v.retain(&handle, ptr);
   if (r != CUDA_SUCCESS)
-    return MK_ERROR(Result::UnhandledCudaError,
-                    "%p is not a mapping of ncclMemAlloc (cuMemRetainAllocationHandle: CUresult %d)", ptr,
-                    static_cast<int>(r));
+    return MK_ERROR(
+        Result::UnhandledCudaError,
+        "%p is not a mapping of ncclMemAlloc (cuMemRetainAllocationHandle: CUresult %d)", ptr,
+        static_cast<int>(r));
   (void)v.release(handle);  // the reference the retain just took; the allocation's own is below
   CUdeviceptr base = 0;
   size_t size = 0;
@@ -243,8 +250,9 @@ Result vmmExportFd(void* ptr, int* fd, size_t* size) {
   CUmemGenericAllocationHandle handle = 0;
   CUresult r = v.retain(&handle, ptr);
   if (r != CUDA_SUCCESS)
-    return MK_ERROR(Result::UnhandledCudaError, "%p is not a cuMem mapping (cuMemRetainAllocationHandle: CUresult %d)",
-                    ptr, static_cast<int>(r));
+    return MK_ERROR(Result::UnhandledCudaError,
+                    "%p is not a cuMem mapping (cuMemRetainAllocationHandle: CUresult %d)", ptr,
+                    static_cast<int>(r));
   CUdeviceptr base = 0;
   r = v.addressRange(&base, size, reinterpret_cast<CUdeviceptr>(ptr));
   if (r == CUDA_SUCCESS) r = v.exportFd(fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
@@ -263,8 +271,10 @@ Result vmmImportFd(int fd, size_t size, int device, void** ptr) {
   MK_CHECK(vmmOn(device, &vp, &cuDev));
   const Vmm& v = *vp;
   CUmemGenericAllocationHandle handle = 0;
-  CUresult r = v.importFd(&handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  if (r != CUDA_SUCCESS) return cuFailed("cuMemImportFromShareableHandle(POSIX_FILE_DESCRIPTOR)", r);
+  CUresult r = v.importFd(&handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  if (r != CUDA_SUCCESS)
+    return cuFailed("cuMemImportFromShareableHandle(POSIX_FILE_DESCRIPTOR)", r);
   return mapReadWrite(v, handle, size, 0, cuDev, /*keep=*/false, ptr);
 }
 
@@ -314,8 +324,9 @@ Result streamWriteValue32(cudaStream_t stream, uint32_t* addr, uint32_t value) {
 
 Result streamWaitValue32(cudaStream_t stream, uint32_t* addr, uint32_t value, WaitCmp cmp) {
   MK_CHECK(loadMemOps());
-  CUresult r = memOps().wait32(stream, reinterpret_cast<CUdeviceptr>(addr), value,
-                               cmp == WaitCmp::Geq ? CU_STREAM_WAIT_VALUE_GEQ : CU_STREAM_WAIT_VALUE_EQ);
+  CUresult r =
+      memOps().wait32(stream, reinterpret_cast<CUdeviceptr>(addr), value,
+                      cmp == WaitCmp::Geq ? CU_STREAM_WAIT_VALUE_GEQ : CU_STREAM_WAIT_VALUE_EQ);
   if (r != CUDA_SUCCESS)
     return MK_ERROR(Result::UnhandledCudaError, "cuStreamWaitValue32(%p, %u) failed: CUresult %d",
                     static_cast<void*>(addr), value, static_cast<int>(r));

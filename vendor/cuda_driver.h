@@ -29,8 +29,8 @@ Result vmmAlloc(void** ptr, size_t bytes);
 // call failed.
 Result vmmFree(void* ptr);
 
-// Process ranks' shared memory (collectives/runtime/peer_memory.cc, MKERNEL_PEER_IPC=cumem), as NCCL shares
-// its buffers between processes:
+// Process ranks' shared memory (collectives/runtime/peer_memory.cc, MKERNEL_PEER_IPC=cumem), as
+// NCCL shares its buffers between processes:
 // - vmmExportFd: a POSIX file descriptor for the vmmAlloc mapping at `ptr` (the caller closes it),
 //   and the mapping's size, which the importer needs.
 // - vmmImportFd: maps another process's descriptor (of `size` bytes) into this process, read-write
@@ -52,10 +52,12 @@ Result loadMemOps();
 // *addr = value when `stream` reaches this point (with a memory barrier before the write, so
 // everything earlier on the stream is visible first). Legal during CUDA graph capture.
 Result streamWriteValue32(cudaStream_t stream, uint32_t* addr, uint32_t value);
-// Blocks `stream` until the condition holds. Legal during CUDA graph capture. Waits until *addr == value (Eq) or, comparing cyclically as the driver does, *addr >= value
-// (Geq: (int32_t)(*addr - value) >= 0).
+// Blocks `stream` until the condition holds. Legal during CUDA graph capture. Waits until *addr ==
+// value (Eq) or, comparing cyclically as the driver does, *addr >= value (Geq: (int32_t)(*addr -
+// value) >= 0).
 enum class WaitCmp { Eq, Geq };
-Result streamWaitValue32(cudaStream_t stream, uint32_t* addr, uint32_t value, WaitCmp cmp = WaitCmp::Eq);
+Result streamWaitValue32(cudaStream_t stream, uint32_t* addr, uint32_t value,
+                         WaitCmp cmp = WaitCmp::Eq);
 
 // Sets CU_CTX_LMEM_RESIZE_TO_MAX on the calling thread's current context (cuCtxGetFlags /
 // cuCtxSetFlags, CUDA 12.1+; the other flags are kept): once a launch has grown the context's local

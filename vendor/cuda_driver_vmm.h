@@ -19,17 +19,21 @@ namespace detail {
 struct Vmm {
   CUresult (*deviceGet)(CUdevice*, int) = nullptr;
   CUresult (*deviceGetAttribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
-  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) = nullptr;
-  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long) = nullptr;
+  CUresult (*granularity)(size_t*, const CUmemAllocationProp*,
+                          CUmemAllocationGranularity_flags) = nullptr;
+  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                     unsigned long long) = nullptr;
   CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
-  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                  unsigned long long) = nullptr;
   CUresult (*setAccess)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
   CUresult (*retain)(CUmemGenericAllocationHandle*, void*) = nullptr;
   CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
   CUresult (*addressRange)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;
   CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
   CUresult (*addressFree)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*exportFd)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) = nullptr;
+  CUresult (*exportFd)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
+                       unsigned long long) = nullptr;
   CUresult (*importFd)(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType) = nullptr;
   Result status = Result::Success;
   std::string why;
@@ -47,8 +51,8 @@ void setVmmForTest(const Vmm* fake);
 // is the caller's: `keep` keeps it once mapped (vmmAlloc: the reference vmmFree and ncclMemFree
 // release), otherwise it is released after the map, which then holds the memory (an import);
 // on failure it is released either way. Error: which call failed.
-Result mapReadWrite(const Vmm& v, CUmemGenericAllocationHandle handle, size_t size, size_t align, CUdevice cuDev,
-                    bool keep, void** ptr);
+Result mapReadWrite(const Vmm& v, CUmemGenericAllocationHandle handle, size_t size, size_t align,
+                    CUdevice cuDev, bool keep, void** ptr);
 
 }  // namespace detail
 }  // namespace cudrv

@@ -34,7 +34,7 @@ struct NvmlApi {
   NvmlReturn (*getNvLinkState)(NvmlDevice, unsigned, int*) = nullptr;
   NvmlReturn (*getNvLinkRemotePciInfo)(NvmlDevice, unsigned, NvmlPciInfo*) = nullptr;
   NvmlReturn (*getNvLinkRemoteDeviceType)(NvmlDevice, unsigned, int*) = nullptr;  // optional
-  NvmlReturn (*getName)(NvmlDevice, char*, unsigned) = nullptr;                    // optional
+  NvmlReturn (*getName)(NvmlDevice, char*, unsigned) = nullptr;                   // optional
   const char* (*errorString)(NvmlReturn) = nullptr;
   bool loaded = false;
   std::string why;

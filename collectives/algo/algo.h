@@ -52,7 +52,8 @@ namespace coll {
 // AllGather     Direct   rank r writes its sendbuff into block r of every rank's recvbuff.
 // Broadcast     Direct   rank r copies slice r of the root's sendbuff into every rank's recvbuff
 //                        (the root's outgoing link carries the data once, not nRanks times).
-// Reduce        Direct   rank r reduces slice r from every rank's sendbuff into the root's recvbuff.
+// Reduce        Direct   rank r reduces slice r from every rank's sendbuff into the root's
+// recvbuff.
 //
 // Ring (PCIe boxes, or no direct access): neighbour pushes into the next rank's staging inbox,
 // chunk by chunk (ring schedule below).
@@ -71,10 +72,14 @@ constexpr int kNumAlgos = 4;
 
 MKERNEL_HD inline const char* algoName(Algo a) {
   switch (a) {
-    case Algo::OneShot: return "oneshot";
-    case Algo::TwoShot: return "twoshot";
-    case Algo::Ring: return "ring";
-    case Algo::Direct: return "direct";
+    case Algo::OneShot:
+      return "oneshot";
+    case Algo::TwoShot:
+      return "twoshot";
+    case Algo::Ring:
+      return "ring";
+    case Algo::Direct:
+      return "direct";
   }
   return "?";
 }
@@ -101,9 +106,15 @@ MKERNEL_HD inline size_t sliceAlignElems(size_t elemSize) {
   return elemSize >= kSliceAlignBytes ? 1 : kSliceAlignBytes / elemSize;
 }
 
-MKERNEL_HD inline size_t divUp(size_t a, size_t b) { return (a + b - 1) / b; }
-MKERNEL_HD inline size_t roundUp(size_t a, size_t b) { return divUp(a, b) * b; }
-MKERNEL_HD inline size_t minSize(size_t a, size_t b) { return a < b ? a : b; }
+MKERNEL_HD inline size_t divUp(size_t a, size_t b) {
+  return (a + b - 1) / b;
+}
+MKERNEL_HD inline size_t roundUp(size_t a, size_t b) {
+  return divUp(a, b) * b;
+}
+MKERNEL_HD inline size_t minSize(size_t a, size_t b) {
+  return a < b ? a : b;
+}
 
 // Part `rank` of `count` elements split nRanks ways (also used to split a rank's share among
 // CTAs). Every part but the tail ones has ceil(count / nRanks) elements rounded UP to alignElems,
@@ -181,7 +192,9 @@ MKERNEL_HD inline size_t numRounds(CollType c, Algo a, size_t count, int nRanks,
 MKERNEL_HD inline int ringInboxRegions(CollType c) {
   return (c == CollType::Broadcast || c == CollType::Reduce) ? 1 : 2;
 }
-MKERNEL_HD inline int ringInboxRegion(int step) { return step & 1; }
+MKERNEL_HD inline int ringInboxRegion(int step) {
+  return step & 1;
+}
 
 MKERNEL_HD inline size_t stagingElemsNeeded(CollType c, Algo a, size_t count, size_t chunkElems) {
   if (a == Algo::Ring) return static_cast<size_t>(ringInboxRegions(c)) * chunkElems;
@@ -191,9 +204,15 @@ MKERNEL_HD inline size_t stagingElemsNeeded(CollType c, Algo a, size_t count, si
 
 // ---- ring schedule ----------------------------------------------------------------------------
 
-MKERNEL_HD inline int modRank(int x, int nRanks) { return ((x % nRanks) + nRanks) % nRanks; }
-MKERNEL_HD inline int ringNext(int rank, int nRanks) { return modRank(rank + 1, nRanks); }
-MKERNEL_HD inline int ringPrev(int rank, int nRanks) { return modRank(rank - 1, nRanks); }
+MKERNEL_HD inline int modRank(int x, int nRanks) {
+  return ((x % nRanks) + nRanks) % nRanks;
+}
+MKERNEL_HD inline int ringNext(int rank, int nRanks) {
+  return modRank(rank + 1, nRanks);
+}
+MKERNEL_HD inline int ringPrev(int rank, int nRanks) {
+  return modRank(rank - 1, nRanks);
+}
 
 // Ring AllReduce: steps t = 0 .. 2n-2 of one round (n = nRanks):
 //   t <  n-1  reduce-scatter step: push slice ringRsSendSlice(r, t): pre(own input) at t == 0,
@@ -266,8 +285,8 @@ enum class DevRedOpKind : int32_t {
 
 struct alignas(16) DevRedOp {
   DevRedOpKind kind;
-  uint32_t divisor;     // SumPostDiv: nRanks
-  uint32_t isSigned;    // SumPostDiv: 1 for int8/int32/int64 (divide |x|, then negate)
+  uint32_t divisor;   // SumPostDiv: nRanks
+  uint32_t isSigned;  // SumPostDiv: 1 for int8/int32/int64 (divide |x|, then negate)
   uint32_t reserved;
   uint64_t scalarBits;  // PreMulSum: the scalar in the dtype's own encoding, in the low bytes
   uint64_t reserved2;
@@ -288,11 +307,16 @@ MKERNEL_HD inline double minDeviceBytesPerRank(CollType c, Algo a, int nRanks, d
   double n = nRanks;
   if (a == Algo::Ring) {
     switch (c) {
-      case CollType::AllReduce: return (6.0 * n - 4.0) / n * bytes;
-      case CollType::AllGather: return (3.0 * n - 1.0) * bytes;
-      case CollType::ReduceScatter: return (3.0 * n - 1.0) * bytes;
-      case CollType::Broadcast: return (3.0 * n - 1.0) / n * bytes;
-      case CollType::Reduce: return (3.0 * n - 1.0) / n * bytes;
+      case CollType::AllReduce:
+        return (6.0 * n - 4.0) / n * bytes;
+      case CollType::AllGather:
+        return (3.0 * n - 1.0) * bytes;
+      case CollType::ReduceScatter:
+        return (3.0 * n - 1.0) * bytes;
+      case CollType::Broadcast:
+        return (3.0 * n - 1.0) / n * bytes;
+      case CollType::Reduce:
+        return (3.0 * n - 1.0) / n * bytes;
     }
     return 0.0;
   }
@@ -300,10 +324,14 @@ MKERNEL_HD inline double minDeviceBytesPerRank(CollType c, Algo a, int nRanks, d
     case CollType::AllReduce:
       if (a == Algo::OneShot) return (n + 1.0 + (inPlace ? 2.0 : 0.0)) * bytes;
       return 2.0 * bytes;  // TwoShot: read n parts of bytes/n, write the result to n ranks
-    case CollType::ReduceScatter: return (n + 1.0) * bytes;
-    case CollType::AllGather: return (n + 1.0) * bytes;
-    case CollType::Broadcast: return (1.0 + 1.0 / n) * bytes;
-    case CollType::Reduce: return (1.0 + 1.0 / n) * bytes;
+    case CollType::ReduceScatter:
+      return (n + 1.0) * bytes;
+    case CollType::AllGather:
+      return (n + 1.0) * bytes;
+    case CollType::Broadcast:
+      return (1.0 + 1.0 / n) * bytes;
+    case CollType::Reduce:
+      return (1.0 + 1.0 / n) * bytes;
   }
   return 0.0;
 }

@@ -1,7 +1,7 @@
 // Hierarchical collectives through staging and the proxy: the in-kernel form of
-// collectives/algo/hierarchical.h's phases (docs/ALGORITHMS.md, "Hierarchical"), chunked and written
-// once as templates over an executor, like collectives/algo/staged.h. AllReduce is described here;
-// the other four are at their functions below. The CPU test
+// collectives/algo/hierarchical.h's phases (docs/ALGORITHMS.md, "Hierarchical"), chunked and
+// written once as templates over an executor, like collectives/algo/staged.h. AllReduce is
+// described here; the other four are at their functions below. The CPU test
 // (tests/collectives/test_hier_staged.cc) runs it with rank threads, node-local staging regions
 // checked for early reuse, and a real transport/proxy/Proxy per rank moving the inter-node bytes
 // over TCP on loopback: the same command ring the persistent kernel will post to.
@@ -36,8 +36,8 @@
 // transfers complete before the buffers of its slot are read or refilled. The AllReduce takes slot
 // seq % 3 for the chunk of sequence number seq (three chunks in flight on the rail:
 // MKERNEL_HIER_AHEAD below); the other collectives take seq & 1.
-// (tests/transport/proxy/test_hier_staged.cc breaks the second barrier on purpose and checks that the race
-// check sees it.)
+// (tests/transport/proxy/test_hier_staged.cc breaks the second barrier on purpose and checks that
+// the race check sees it.)
 #pragma once
 
 #include <cstdint>
@@ -70,33 +70,34 @@ constexpr int kMaxHierNodes = 16;
 
 struct HierCall {
   CollType coll;
-  int root;              // Broadcast / Reduce
+  int root;  // Broadcast / Reduce
   NodeLayout layout;
-  int node, local;       // this rank
-  uint64_t count;        // NCCL's count (per-rank block for AllGather / ReduceScatter)
+  int node, local;  // this rank
+  uint64_t count;   // NCCL's count (per-rank block for AllGather / ReduceScatter)
   uint64_t elemSize;
-  uint64_t send, recv;   // this rank's user buffers
-  Slice part;            // this CTA's elements (of the per-rank block)
-  uint64_t chunkElems;   // hierChunkElemsFor()
-  bool overlap = true;   // pipeline the phases of consecutive chunks (false: one after another,
-                         // the same code: MKERNEL_HIER_OVERLAP=0, for the comparison)
-  int rail = 0;          // HierRailAlgo (MKERNEL_HIER_RAIL): the exchange among the rail
-  bool keepOwn = true;   // MKERNEL_HIER_KEEP_OWN: this rank's own piece of the rail reduction stays
-                         // in device memory (hierArKeepOwn below; false: through P)
-  int ahead = 2;         // MKERNEL_HIER_AHEAD: chunks the pipelined direct AllReduce starts before it
-                         // finishes one (1 or 2; hierAllReduce below)
+  uint64_t send, recv;  // this rank's user buffers
+  Slice part;           // this CTA's elements (of the per-rank block)
+  uint64_t chunkElems;  // hierChunkElemsFor()
+  bool overlap = true;  // pipeline the phases of consecutive chunks (false: one after another,
+                        // the same code: MKERNEL_HIER_OVERLAP=0, for the comparison)
+  int rail = 0;         // HierRailAlgo (MKERNEL_HIER_RAIL): the exchange among the rail
+  bool keepOwn = true;  // MKERNEL_HIER_KEEP_OWN: this rank's own piece of the rail reduction stays
+                        // in device memory (hierArKeepOwn below; false: through P)
+  int ahead = 2;  // MKERNEL_HIER_AHEAD: chunks the pipelined direct AllReduce starts before it
+                  // finishes one (1 or 2; hierAllReduce below)
   // CTA roles (MKERNEL_HIER_ROLES, AllReduce only; hierAllReduceRoles below). With
   // role != kHierRoleNone, `part` is the lane's slice, which all of the lane's CTAs share.
-  int role = 0;                // HierRole
-  int roleIndex = 0;           // worker w of `workers`, reducer r of `reducers`
+  int role = 0;       // HierRole
+  int roleIndex = 0;  // worker w of `workers`, reducer r of `reducers`
   int workers = 0, reducers = 0;
-  uint64_t roleChunks = 0;     // chunks this lane ran in roles before this collective
-  uint64_t roleOps = 0;        // role collectives (of at least one chunk) this lane ran before
+  uint64_t roleChunks = 0;  // chunks this lane ran in roles before this collective
+  uint64_t roleOps = 0;     // role collectives (of at least one chunk) this lane ran before
 };
 
 // Elements of a chunk: an inbox holds perNode slots of the largest part of a chunk, so a chunk
 // may be about chunkBytes of the per-rank buffer; a multiple of the 16-byte alignment.
-MKERNEL_HD inline uint64_t hierChunkElems(const NodeLayout& L, uint64_t elemSize, uint64_t chunkBytes) {
+MKERNEL_HD inline uint64_t hierChunkElems(const NodeLayout& L, uint64_t elemSize,
+                                          uint64_t chunkBytes) {
   const uint64_t align = sliceAlignElems(elemSize);
   // The largest of perNode parts is at most ceil(l / perNode) rounded up to the alignment, and
   // perNode of them must fit: l <= (chunkBytes / esz / perNode - align) * perNode, aligned down.
@@ -108,15 +109,23 @@ MKERNEL_HD inline uint64_t hierChunkElems(const NodeLayout& L, uint64_t elemSize
 // Elements of a chunk for collective c: every staged piece fits a chunkBytes region
 // (AllReduce: perNode slots of a part; ReduceScatter and AllGather: nNodes x perNode slots of the
 // chunk; Reduce: perNode slots; Broadcast: the chunk); 0 when chunkBytes is too small.
-MKERNEL_HD inline uint64_t hierChunkElemsFor(CollType c, const NodeLayout& L, uint64_t elemSize, uint64_t chunkBytes) {
+MKERNEL_HD inline uint64_t hierChunkElemsFor(CollType c, const NodeLayout& L, uint64_t elemSize,
+                                             uint64_t chunkBytes) {
   const uint64_t align = sliceAlignElems(elemSize);
   uint64_t slots = 1;
   switch (c) {
-    case CollType::AllReduce: return hierChunkElems(L, elemSize, chunkBytes);
+    case CollType::AllReduce:
+      return hierChunkElems(L, elemSize, chunkBytes);
     case CollType::ReduceScatter:
-    case CollType::AllGather: slots = static_cast<uint64_t>(L.nNodes) * static_cast<uint64_t>(L.perNode); break;
-    case CollType::Reduce: slots = static_cast<uint64_t>(L.perNode); break;
-    case CollType::Broadcast: slots = 1; break;
+    case CollType::AllGather:
+      slots = static_cast<uint64_t>(L.nNodes) * static_cast<uint64_t>(L.perNode);
+      break;
+    case CollType::Reduce:
+      slots = static_cast<uint64_t>(L.perNode);
+      break;
+    case CollType::Broadcast:
+      slots = 1;
+      break;
   }
   return chunkBytes / slots / elemSize / align * align;
 }
@@ -140,12 +149,14 @@ MKERNEL_HD inline int hierCtasFor(uint64_t wholeBytes, int hierCtas, uint64_t sp
 // roles' handoffs cost them 10-60 us each in a sweep on one H200). The roles are
 // off by default: in that sweep they gave nothing over three data-parallel lanes
 // (docs/ALGORITHMS.md, "CTA roles").
-MKERNEL_HD inline bool hierRolesFor(CollType coll, uint64_t wholeBytes, int workers, uint64_t splitMinBytes) {
+MKERNEL_HD inline bool hierRolesFor(CollType coll, uint64_t wholeBytes, int workers,
+                                    uint64_t splitMinBytes) {
   return workers > 0 && coll == CollType::AllReduce && wholeBytes >= splitMinBytes;
 }
 
 // Bytes of one slot of an inbox (the largest part of a chunk of chunkElems elements).
-MKERNEL_HD inline uint64_t hierSlotBytes(const NodeLayout& L, uint64_t chunkElems, uint64_t elemSize) {
+MKERNEL_HD inline uint64_t hierSlotBytes(const NodeLayout& L, uint64_t chunkElems,
+                                         uint64_t elemSize) {
   return rankSlice(chunkElems, L.perNode, 0, sliceAlignElems(elemSize)).count * elemSize;
 }
 
@@ -159,8 +170,13 @@ struct HierCtx {
   const char* srcs[kMaxRanks];
   char* dsts[kMaxRanks];
   MKERNEL_HD explicit HierCtx(const HierCall& c)
-      : G(c.layout.perNode), N(c.layout.nNodes), j(c.local), k(c.node), esz(c.elemSize),
-        send(reinterpret_cast<const char*>(c.send)), recv(reinterpret_cast<char*>(c.recv)) {}
+      : G(c.layout.perNode),
+        N(c.layout.nNodes),
+        j(c.local),
+        k(c.node),
+        esz(c.elemSize),
+        send(reinterpret_cast<const char*>(c.send)),
+        recv(reinterpret_cast<char*>(c.recv)) {}
 };
 
 // One round among the rail: what goes to and comes from each node (0 bytes: nothing).
@@ -181,19 +197,22 @@ struct HierRail {
 struct HierChunk {
   uint64_t l, g, bytes;
   MKERNEL_HD HierChunk(const HierCall& c, uint64_t o)
-      : l(c.part.count - o < c.chunkElems ? c.part.count - o : c.chunkElems), g(c.part.offset + o),
+      : l(c.part.count - o < c.chunkElems ? c.part.count - o : c.chunkElems),
+        g(c.part.offset + o),
         bytes(l * c.elemSize) {}
 };
 
 // Every function below runs its collective for one CTA through executor ex, which provides:
 //   char* in(int local, int parity), char* out(int local, int parity)
 //                                               node-local regions, chunkBytes each
-//   char* netSend(int slot)                     this rank's net send buffer (chunkBytes), registered;
+//   char* netSend(int slot)                     this rank's net send buffer (chunkBytes),
+//   registered;
 //                                               kHierNetSlots of them, and of the receive slots
 //   char* netRecv(int slot, int node)           one chunkBytes receive slot per node, registered
 //   void copy(char* const* dsts, int nDst, const char* src, uint64_t bytes)
 //   void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems,
-//               bool pre, bool post)         srcs in order; pre() on every input, post() on the result
+//               bool pre, bool post)         srcs in order; pre() on every input, post() on the
+//               result
 //   bool nodeBarrier()                          the node's ranks (this CTA index)
 //   bool railPost(int round, int slot, const char* const* sendPtr, const uint64_t* sendBytes,
 //                 char* const* recvPtr, const uint64_t* recvBytes)
@@ -247,7 +266,12 @@ enum HierRailAlgo : int { kRailDirect = 0, kRailRing = 1, kRailRhd = 2 };
 // prints them per op, and scripts/overlap-table.py sets the pipelined time against them: the
 // share of the shorter phase that the pipeline hides. Pipelined, the marks are not made (C(i)'s
 // rail end is another chunk's middle).
-enum HierPhaseMark : int { kPhaseChunkStart = 0, kPhaseRailStart = 1, kPhaseRailEnd = 2, kPhaseChunkEnd = 3 };
+enum HierPhaseMark : int {
+  kPhaseChunkStart = 0,
+  kPhaseRailStart = 1,
+  kPhaseRailEnd = 2,
+  kPhaseChunkEnd = 3
+};
 
 MKERNEL_HD inline int hierLog2(int n) {
   int l = 0;
@@ -260,7 +284,9 @@ MKERNEL_HD inline int hierRailHalf(int rail, int nNodes) {
   return rail == kRailRing ? nNodes - 1 : rail == kRailRhd ? hierLog2(nNodes) : 1;
 }
 // MKERNEL_HIER_RAIL's names (host code: the communicator, the GPU tier, mkernel-model).
-inline const char* hierRailName(int rail) { return rail == kRailRing ? "ring" : rail == kRailRhd ? "rhd" : "direct"; }
+inline const char* hierRailName(int rail) {
+  return rail == kRailRing ? "ring" : rail == kRailRhd ? "rhd" : "direct";
+}
 // The HierRailAlgo named `name` (empty: direct); -1 for an unknown name.
 inline int hierRailByName(const std::string& name) {
   for (int r : {kRailDirect, kRailRing, kRailRhd})
@@ -276,7 +302,8 @@ MKERNEL_HD inline int hierRailFor(int asked, int nNodes) {
 // Blocks first .. first + n - 1 of a part of `count` elements cut into N (rankSlice), or, with
 // `block` > 0, of N blocks of `block` elements each (ReduceScatter and AllGather: one chunk per
 // node): one contiguous range.
-MKERNEL_HD inline Slice hierBlocks(uint64_t count, int N, int first, int n, uint64_t align, uint64_t block = 0) {
+MKERNEL_HD inline Slice hierBlocks(uint64_t count, int N, int first, int n, uint64_t align,
+                                   uint64_t block = 0) {
   Slice s;
   if (block > 0) {
     s.offset = static_cast<uint64_t>(first) * block;
@@ -299,8 +326,8 @@ struct HierRailStep {
   bool reduce, lowFirst, last;  // last: the final reduce-scatter step (post() applied)
 };
 
-MKERNEL_HD inline HierRailStep hierRailStep(int rail, int N, int k, int st, uint64_t count, uint64_t align,
-                                            uint64_t block = 0) {
+MKERNEL_HD inline HierRailStep hierRailStep(int rail, int N, int k, int st, uint64_t count,
+                                            uint64_t align, uint64_t block = 0) {
   HierRailStep r;
   const int half = hierRailHalf(rail, N);
   r.reduce = st < half;
@@ -377,8 +404,10 @@ struct HierArChunk {
   int par;   // node regions
   int slot;  // net buffers (the data-parallel form; CTA roles pick their own)
   MKERNEL_HD HierArChunk(const HierCall& c, const HierCtx& x, uint64_t i, uint64_t seq)
-      : ch(c, i * c.chunkElems), mine(rankSlice(ch.l, x.G, x.j, sliceAlignElems(x.esz))),
-        tk(rankSlice(mine.count, x.N, x.k, sliceAlignElems(x.esz))), par(static_cast<int>(seq & 1)),
+      : ch(c, i * c.chunkElems),
+        mine(rankSlice(ch.l, x.G, x.j, sliceAlignElems(x.esz))),
+        tk(rankSlice(mine.count, x.N, x.k, sliceAlignElems(x.esz))),
+        par(static_cast<int>(seq & 1)),
         slot(static_cast<int>(seq % kHierNetSlots)) {}
 };
 // The tag of the data-parallel form's rail step st of chunk a: direct, 2 * slot + st (up to three
@@ -402,7 +431,8 @@ MKERNEL_HD inline int hierArTag(const HierCall& c, const HierArChunk& a, int st)
 // meet through P). The rail's reduction writes G + 1 destinations, so G < kMaxRanks (a
 // communicator of kMaxRanks ranks on one node is not hierarchical anyway).
 MKERNEL_HD inline bool hierArKeepOwn(const HierCall& c) {
-  return c.keepOwn && c.rail == kRailDirect && c.role == 0 /* kHierRoleNone */ && c.layout.perNode < kMaxRanks;
+  return c.keepOwn && c.rail == kRailDirect && c.role == 0 /* kHierRoleNone */ &&
+         c.layout.perNode < kMaxRanks;
 }
 
 // Ring / rhd step st on net slot `par` (P = netSend(par), a part of `count` elements, or N
@@ -410,8 +440,8 @@ MKERNEL_HD inline bool hierArKeepOwn(const HierCall& c) {
 // scatter steps: what came into netRecv(par, from) reduced into P, post() on the last).
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD bool hierRailStepPost(Ex& ex, HierCtx& x, HierRail& rail, int algo, int st, int tag, int par, uint64_t count,
-                                 uint64_t block) {
+MKERNEL_HD bool hierRailStepPost(Ex& ex, HierCtx& x, HierRail& rail, int algo, int st, int tag,
+                                 int par, uint64_t count, uint64_t block) {
   const uint64_t esz = x.esz;
   char* P = ex.netSend(par);
   const HierRailStep r = hierRailStep(algo, x.N, x.k, st, count, sliceAlignElems(esz), block);
@@ -426,8 +456,8 @@ MKERNEL_HD bool hierRailStepPost(Ex& ex, HierCtx& x, HierRail& rail, int algo, i
 // Piece `piece` of `pieces` (CTA roles: reducer r of R; else 0 of 1) of that reduction.
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD void hierRailStepReduce(Ex& ex, HierCtx& x, int algo, int st, int par, uint64_t count, uint64_t block,
-                                   int piece = 0, int pieces = 1) {
+MKERNEL_HD void hierRailStepReduce(Ex& ex, HierCtx& x, int algo, int st, int par, uint64_t count,
+                                   uint64_t block, int piece = 0, int pieces = 1) {
   const uint64_t esz = x.esz, align = sliceAlignElems(esz);
   const HierRailStep r = hierRailStep(algo, x.N, x.k, st, count, align, block);
   if (!r.reduce) return;
@@ -442,8 +472,8 @@ MKERNEL_HD void hierRailStepReduce(Ex& ex, HierCtx& x, int algo, int st, int par
 // hierArTag; CTA roles: the lane's slot, and 2 * st + slot).
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD bool hierArRailPost(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail, const HierArChunk& a, int st,
-                               int slot, int tag) {
+MKERNEL_HD bool hierArRailPost(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail,
+                               const HierArChunk& a, int st, int slot, int tag) {
   const uint64_t esz = x.esz, align = sliceAlignElems(esz);
   char* P = ex.netSend(slot);
   if (c.rail == kRailDirect) {
@@ -451,9 +481,11 @@ MKERNEL_HD bool hierArRailPost(Ex& ex, const HierCall& c, HierCtx& x, HierRail& 
       const Slice t = rankSlice(a.mine.count, x.N, m, align);
       const uint64_t other = m == x.k ? 0 : 1;
       if (st == 0)
-        rail.set(m, P + t.offset * esz, other * t.count * esz, ex.netRecv(slot, m), other * a.tk.count * esz);
+        rail.set(m, P + t.offset * esz, other * t.count * esz, ex.netRecv(slot, m),
+                 other * a.tk.count * esz);
       else
-        rail.set(m, P + a.tk.offset * esz, other * a.tk.count * esz, ex.netRecv(slot, m), other * t.count * esz);
+        rail.set(m, P + a.tk.offset * esz, other * a.tk.count * esz, ex.netRecv(slot, m),
+                 other * t.count * esz);
     }
     return ex.railPost(tag, slot, rail.src, rail.sendBytes, rail.dst, rail.recvBytes);
   }
@@ -465,8 +497,8 @@ MKERNEL_HD bool hierArRailPost(Ex& ex, const HierCall& c, HierCtx& x, HierRail& 
 // of `pieces` of it (CTA roles: reducer r of R).
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD void hierArRailReduce(Ex& ex, const HierCall& c, HierCtx& x, const HierArChunk& a, int st, int slot,
-                                 int piece = 0, int pieces = 1) {
+MKERNEL_HD void hierArRailReduce(Ex& ex, const HierCall& c, HierCtx& x, const HierArChunk& a,
+                                 int st, int slot, int piece = 0, int pieces = 1) {
   const uint64_t esz = x.esz;
   if (c.rail != kRailDirect) {
     hierRailStepReduce(ex, x, c.rail, st, slot, a.mine.count, 0, piece, pieces);
@@ -479,9 +511,11 @@ MKERNEL_HD void hierArRailReduce(Ex& ex, const HierCall& c, HierCtx& x, const Hi
     // t_k from slot j of in(j, par) (phase 1 left it there), the result to every local out(q, par)
     // and to P in one pass.
     const uint64_t at = (a.mine.offset + a.tk.offset + sub.offset) * esz;
-    char* own = ex.in(x.j, a.par) + static_cast<uint64_t>(x.j) * hierSlotBytes(c.layout, c.chunkElems, esz) +
+    char* own = ex.in(x.j, a.par) +
+                static_cast<uint64_t>(x.j) * hierSlotBytes(c.layout, c.chunkElems, esz) +
                 (a.tk.offset + sub.offset) * esz;
-    for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? own : ex.netRecv(slot, m) + sub.offset * esz;
+    for (int m = 0; m < x.N; ++m)
+      x.srcs[m] = m == x.k ? own : ex.netRecv(slot, m) + sub.offset * esz;
     for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, a.par) + at;
     x.dsts[x.G] = mineP;
     ex.reduce(x.dsts, x.G + 1, x.srcs, x.N, sub.count, false, true);
@@ -496,7 +530,8 @@ MKERNEL_HD void hierArRailReduce(Ex& ex, const HierCall& c, HierCtx& x, const Hi
 // Rail step st of chunk a waited for, and (reduce-scatter steps) what it received reduced into P.
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD bool hierArRailLand(Ex& ex, const HierCall& c, HierCtx& x, const HierArChunk& a, int st) {
+MKERNEL_HD bool hierArRailLand(Ex& ex, const HierCall& c, HierCtx& x, const HierArChunk& a,
+                               int st) {
   if (!ex.railWait(a.slot)) return false;
   if (st < hierRailHalf(c.rail, x.N)) hierArRailReduce(ex, c, x, a, st, a.slot);
   return true;
@@ -504,7 +539,8 @@ MKERNEL_HD bool hierArRailLand(Ex& ex, const HierCall& c, HierCtx& x, const Hier
 
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD bool hierArPhase1(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail, const HierArChunk& a) {
+MKERNEL_HD bool hierArPhase1(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail,
+                             const HierArChunk& a) {
   const uint64_t esz = x.esz, align = sliceAlignElems(esz);
   const uint64_t slotBytes = hierSlotBytes(c.layout, c.chunkElems, esz);
   for (int q = 0; q < x.G; ++q) {
@@ -517,13 +553,16 @@ MKERNEL_HD bool hierArPhase1(Ex& ex, const HierCall& c, HierCtx& x, HierRail& ra
   // Part j reduced over the node: [0, lo) and [hi, mine) into P, t_k = [lo, hi) into P as well, or
   // (hierArKeepOwn) in place into slot j of in(j, par).
   const bool keep = hierArKeepOwn(c);
-  const uint64_t lo = keep ? a.tk.offset : a.mine.count, hi = keep ? a.tk.offset + a.tk.count : a.mine.count;
+  const uint64_t lo = keep ? a.tk.offset : a.mine.count,
+                 hi = keep ? a.tk.offset + a.tk.count : a.mine.count;
   const uint64_t cut[4] = {0, lo, hi, a.mine.count};
   for (int r = 0; r < 3; ++r) {
     const uint64_t b = cut[r], e = cut[r + 1];
     if (b >= e) continue;
-    for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, a.par) + static_cast<uint64_t>(q) * slotBytes + b * esz;
-    x.dsts[0] = r == 1 ? ex.in(x.j, a.par) + static_cast<uint64_t>(x.j) * slotBytes + b * esz : P + b * esz;
+    for (int q = 0; q < x.G; ++q)
+      x.srcs[q] = ex.in(x.j, a.par) + static_cast<uint64_t>(q) * slotBytes + b * esz;
+    x.dsts[0] =
+        r == 1 ? ex.in(x.j, a.par) + static_cast<uint64_t>(x.j) * slotBytes + b * esz : P + b * esz;
     ex.reduce(x.dsts, 1, x.srcs, x.G, e - b, true, false);
   }
   return hierArRailPost(ex, c, x, rail, a, 0, a.slot, hierArTag(c, a, 0));
@@ -532,10 +571,12 @@ MKERNEL_HD bool hierArPhase1(Ex& ex, const HierCall& c, HierCtx& x, HierRail& ra
 // B(i): the rail's reduce-scatter steps; the first all-gather step posted.
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD bool hierArRound1(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail, const HierArChunk& a) {
+MKERNEL_HD bool hierArRound1(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail,
+                             const HierArChunk& a) {
   const int half = hierRailHalf(c.rail, x.N);
   for (int st = 0; st < half; ++st)
-    if (!hierArRailLand(ex, c, x, a, st) || !hierArRailPost(ex, c, x, rail, a, st + 1, a.slot, hierArTag(c, a, st + 1)))
+    if (!hierArRailLand(ex, c, x, a, st) ||
+        !hierArRailPost(ex, c, x, rail, a, st + 1, a.slot, hierArTag(c, a, st + 1)))
       return false;
   return true;
 }
@@ -545,17 +586,18 @@ MKERNEL_HD bool hierArRound1(Ex& ex, const HierCall& c, HierCtx& x, HierRail& ra
 // so that B(next) is done by the time C(a) is.
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD bool hierArPhase3(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail, const HierArChunk& a,
-                             const HierArChunk* next = nullptr) {
+MKERNEL_HD bool hierArPhase3(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail,
+                             const HierArChunk& a, const HierArChunk* next = nullptr) {
   const uint64_t esz = x.esz, align = sliceAlignElems(esz);
   const int half = hierRailHalf(c.rail, x.N);
   for (int st = half; st < 2 * half; ++st) {
     if (!hierArRailLand(ex, c, x, a, st) ||
-        (st + 1 < 2 * half && !hierArRailPost(ex, c, x, rail, a, st + 1, a.slot, hierArTag(c, a, st + 1))))
+        (st + 1 < 2 * half &&
+         !hierArRailPost(ex, c, x, rail, a, st + 1, a.slot, hierArTag(c, a, st + 1))))
       return false;
-    if (next != nullptr &&
-        (!hierArRailLand(ex, c, x, *next, st - half) ||
-         !hierArRailPost(ex, c, x, rail, *next, st - half + 1, next->slot, hierArTag(c, *next, st - half + 1))))
+    if (next != nullptr && (!hierArRailLand(ex, c, x, *next, st - half) ||
+                            !hierArRailPost(ex, c, x, rail, *next, st - half + 1, next->slot,
+                                            hierArTag(c, *next, st - half + 1))))
       return false;
   }
   ex.phaseMark(kPhaseRailEnd);
@@ -607,7 +649,8 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduce(Ex& ex, const HierCall& c, uint64
     for (uint64_t i = 0; i < chunks; ++i) {
       const HierArChunk a(c, x, i, seq0 + i);
       if (!hierArRound1(ex, c, x, rail, a)) return false;
-      if (i + 2 < chunks && !hierArPhase1(ex, c, x, rail, HierArChunk(c, x, i + 2, seq0 + i + 2))) return false;
+      if (i + 2 < chunks && !hierArPhase1(ex, c, x, rail, HierArChunk(c, x, i + 2, seq0 + i + 2)))
+        return false;
       if (!hierArPhase3(ex, c, x, rail, a)) return false;
     }
     return true;
@@ -660,7 +703,10 @@ struct HierStep {
                     // own slot's argument above)
   int par;
   MKERNEL_HD HierStep(const HierCall& c, uint64_t i, uint64_t seq)
-      : ch(c, i * c.chunkElems), slot(ch.bytes), stride(c.chunkElems * c.elemSize), par(static_cast<int>(seq & 1)) {}
+      : ch(c, i * c.chunkElems),
+        slot(ch.bytes),
+        stride(c.chunkElems * c.elemSize),
+        par(static_cast<int>(seq & 1)) {}
 };
 
 MK_HIER_TEMPLATE
@@ -703,12 +749,16 @@ MKERNEL_HD inline HierTreeStep hierTreeStep(bool reduce, int N, int k, int kr, i
   const int v = (k - kr + N) % N, bit = 1 << s;
   HierTreeStep t;
   if (!reduce) {
-    if (v < bit && v + bit < N) t.to = (k + bit) % N;
-    else if (v >= bit && v < 2 * bit) t.from = (k - bit + N) % N;
+    if (v < bit && v + bit < N)
+      t.to = (k + bit) % N;
+    else if (v >= bit && v < 2 * bit)
+      t.from = (k - bit + N) % N;
   } else {
     const int low = v & (2 * bit - 1);
-    if (low == bit) t.to = (k - bit + N) % N;
-    else if (low == 0 && v + bit < N) t.from = (k + bit) % N;
+    if (low == bit)
+      t.to = (k - bit + N) % N;
+    else if (low == 0 && v + bit < N)
+      t.from = (k + bit) % N;
   }
   return t;
 }
@@ -744,11 +794,14 @@ struct HierStepsBase {
   // The own piece stays in device memory (above HierStep; the direct rail only).
   MKERNEL_HD bool keepOwn() const { return c.keepOwn && !chained(); }
   // This rank's own slot of its inbox for node m's part: slot m * perNode + j (ReduceScatter).
-  MKERNEL_HD char* ownSlot(char* inbox, int m, const HierStep& k) const { return slotOf(inbox, m, x.j, k); }
+  MKERNEL_HD char* ownSlot(char* inbox, int m, const HierStep& k) const {
+    return slotOf(inbox, m, x.j, k);
+  }
   MK_HIER_TEMPLATE
   template <class Ex>
   MKERNEL_HD bool postStep(Ex& ex, const HierStep& k, int st) {
-    return hierRailStepPost(ex, x, rail, c.rail, st, 2 * st + k.par, k.par, static_cast<uint64_t>(x.N) * k.ch.l, k.ch.l);
+    return hierRailStepPost(ex, x, rail, c.rail, st, 2 * st + k.par, k.par,
+                            static_cast<uint64_t>(x.N) * k.ch.l, k.ch.l);
   }
   MK_HIER_TEMPLATE
   template <class Ex>
@@ -813,7 +866,8 @@ struct HierReduceScatterSteps : HierStepsBase {
     for (int m = 0; m < x.N; ++m) {
       for (int q = 0; q < x.G; ++q) x.srcs[q] = slotOf(ex.in(x.j, k.par), m, q, k);
       // keepOwn: part k, which is never sent, in place into this rank's own slot of its inbox.
-      x.dsts[0] = keepOwn() && m == x.k ? ownSlot(ex.in(x.j, k.par), m, k) : P + static_cast<uint64_t>(m) * k.slot;
+      x.dsts[0] = keepOwn() && m == x.k ? ownSlot(ex.in(x.j, k.par), m, k)
+                                        : P + static_cast<uint64_t>(m) * k.slot;
       ex.reduce(x.dsts, 1, x.srcs, x.G, k.ch.l, true, false);
     }
     if (chained()) return postStep(ex, k, 0);
@@ -831,7 +885,8 @@ struct HierReduceScatterSteps : HierStepsBase {
       return true;
     }
     if (!ex.railWait(k.par)) return false;
-    const char* own = keepOwn() ? ownSlot(ex.in(x.j, k.par), x.k, k) : P + static_cast<uint64_t>(x.k) * k.slot;
+    const char* own =
+        keepOwn() ? ownSlot(ex.in(x.j, k.par), x.k, k) : P + static_cast<uint64_t>(x.k) * k.slot;
     for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? own : ex.netRecv(k.par, m);
     x.dsts[0] = x.recv + k.ch.g * x.esz;
     ex.reduce(x.dsts, 1, x.srcs, x.N, k.ch.l, false, true);
@@ -850,7 +905,8 @@ struct HierAllGatherSteps : HierStepsBase {
   template <class Ex>
   MKERNEL_HD bool a(Ex& ex, const HierStep& k) {
     char* P = ex.netSend(k.par);
-    x.dsts[0] = chained() ? P + static_cast<uint64_t>(x.k) * k.slot : P;  // ring / rhd: block k of P
+    x.dsts[0] =
+        chained() ? P + static_cast<uint64_t>(x.k) * k.slot : P;  // ring / rhd: block k of P
     ex.copy(x.dsts, 1, x.send + k.ch.g * x.esz, k.slot);
     if (chained()) return postStep(ex, k, hierRailHalf(c.rail, x.N));  // the all-gather steps
     withEveryOtherNode(ex, k, P, 0);
@@ -862,10 +918,15 @@ struct HierAllGatherSteps : HierStepsBase {
     const int half = hierRailHalf(c.rail, x.N);
     if (chained() ? !chain(ex, k, half, 2 * half) : !ex.railWait(k.par)) return false;
     char* P = ex.netSend(k.par);
-    const char* own = keepOwn() ? x.send + k.ch.g * x.esz : P;  // block (k, j): sendbuff holds it too
+    const char* own =
+        keepOwn() ? x.send + k.ch.g * x.esz : P;  // block (k, j): sendbuff holds it too
     for (int m = 0; m < x.N; ++m) {
       for (int q = 0; q < x.G; ++q) x.dsts[q] = slotOf(ex.out(q, k.par), m, x.j, k);
-      ex.copy(x.dsts, x.G, chained() ? P + static_cast<uint64_t>(m) * k.slot : m == x.k ? own : ex.netRecv(k.par, m), k.slot);
+      ex.copy(x.dsts, x.G,
+              chained()  ? P + static_cast<uint64_t>(m) * k.slot
+              : m == x.k ? own
+                         : ex.netRecv(k.par, m),
+              k.slot);
     }
     if (!ex.nodeBarrier()) return false;
     for (int m = 0; m < x.N; ++m)
@@ -906,11 +967,13 @@ struct HierBroadcastSteps : HierStepsBase {
     if (x.j == jr) {
       const int steps = hierLog2(x.N);
       for (int st = 0; st < (chained() ? steps : 1); ++st)
-        if (!ex.railWait(k.par) || (chained() && st + 1 < steps && !postTree(ex, k, st + 1, false))) return false;
+        if (!ex.railWait(k.par) || (chained() && st + 1 < steps && !postTree(ex, k, st + 1, false)))
+          return false;
       for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, k.par);
-      const char* src = x.k == kr && keepOwn()      ? x.send + k.ch.g * x.esz  // the root's chunk, from sendbuff
-                        : x.k == kr || chained()     ? ex.netSend(k.par)
-                                                     : ex.netRecv(k.par, kr);
+      const char* src = x.k == kr && keepOwn()
+                            ? x.send + k.ch.g * x.esz  // the root's chunk, from sendbuff
+                        : x.k == kr || chained() ? ex.netSend(k.par)
+                                                 : ex.netRecv(k.par, kr);
       ex.copy(x.dsts, x.G, src, k.ch.bytes);
     }
     if (!ex.nodeBarrier()) return false;
@@ -936,20 +999,24 @@ struct HierReduceSteps : HierStepsBase {
     if (!ex.nodeBarrier()) return false;
     if (x.j != jr) return true;
     char* P = ex.netSend(k.par);
-    for (int q = 0; q < x.G; ++q) x.srcs[q] = ex.in(x.j, k.par) + static_cast<uint64_t>(q) * k.stride;
+    for (int q = 0; q < x.G; ++q)
+      x.srcs[q] = ex.in(x.j, k.par) + static_cast<uint64_t>(q) * k.stride;
     // keepOwn: the root's partial, which is never sent, in place into its own slot of its inbox.
-    x.dsts[0] = keepOwn() && x.k == kr ? ex.in(x.j, k.par) + static_cast<uint64_t>(x.j) * k.stride : P;
+    x.dsts[0] =
+        keepOwn() && x.k == kr ? ex.in(x.j, k.par) + static_cast<uint64_t>(x.j) * k.stride : P;
     ex.reduce(x.dsts, 1, x.srcs, x.G, k.ch.l, true, false);
     if (chained()) return postTree(ex, k, 0, true);
     for (int m = 0; m < x.N; ++m)
-      rail.set(m, P, (x.k != kr && m == kr) ? k.slot : 0, ex.netRecv(k.par, m), (x.k == kr && m != x.k) ? k.slot : 0);
+      rail.set(m, P, (x.k != kr && m == kr) ? k.slot : 0, ex.netRecv(k.par, m),
+               (x.k == kr && m != x.k) ? k.slot : 0);
     return post(ex, k);
   }
   MK_HIER_TEMPLATE
   template <class Ex>
   MKERNEL_HD bool b(Ex& ex, const HierStep& k) {
     if (x.j != jr) return true;
-    if (chained()) {  // the tree's steps, each received partial reduced into P; the root's last with post()
+    if (chained()) {  // the tree's steps, each received partial reduced into P; the root's last
+                      // with post()
       char* P = ex.netSend(k.par);
       const int steps = hierLog2(x.N);
       for (int st = 0; st < steps; ++st) {
@@ -971,7 +1038,8 @@ struct HierReduceSteps : HierStepsBase {
     }
     if (!ex.railWait(k.par)) return false;
     if (x.k == kr) {
-      const char* own = keepOwn() ? ex.in(x.j, k.par) + static_cast<uint64_t>(x.j) * k.stride : ex.netSend(k.par);
+      const char* own =
+          keepOwn() ? ex.in(x.j, k.par) + static_cast<uint64_t>(x.j) * k.stride : ex.netSend(k.par);
       for (int m = 0; m < x.N; ++m) x.srcs[m] = m == x.k ? own : ex.netRecv(k.par, m);
       x.dsts[0] = x.recv + k.ch.g * x.esz;
       ex.reduce(x.dsts, 1, x.srcs, x.N, k.ch.l, false, true);
@@ -980,7 +1048,8 @@ struct HierReduceSteps : HierStepsBase {
   }
 };
 
-// A two-step collective with its own state (on the device, a function of its own: MK_HIER_NOINLINE).
+// A two-step collective with its own state (on the device, a function of its own:
+// MK_HIER_NOINLINE).
 MK_HIER_TEMPLATE
 template <class Ex, class Steps>
 MKERNEL_HD MK_HIER_NOINLINE bool hierRunSteps(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
@@ -988,7 +1057,8 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierRunSteps(Ex& ex, const HierCall& c, uint64_
   return hierTwoStep(ex, c, chunkSeq, st);
 }
 
-// ---- CTA roles (MKERNEL_HIER_ROLES): the AllReduce on specialised CTAs ----------------------------
+// ---- CTA roles (MKERNEL_HIER_ROLES): the AllReduce on specialised CTAs
+// ----------------------------
 //
 // SM specialisation. The data-parallel form above runs every phase of a chunk on one
 // CTA, so the reduction over the nodes (B) waits behind that CTA's NVLink work and the other way
@@ -1015,9 +1085,9 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierRunSteps(Ex& ex, const HierCall& c, uint64_
 // Chunk i of the collective is lane chunk s = roleChunks + i, on net slot s & 1. The sender posts
 // the steps in the data-parallel form's order, woven: chunk 0's reduce-scatter steps; then for
 // each i, step 0 of chunk i + 1 (after Ready(i + 1)), and each all-gather step of chunk i followed
-// by the next reduce-scatter step of chunk i + 1. Direct, that is r0(0), then r1(i) before r0(i + 1);
-// on every rank alike, so that sends and receives between two ranks stay in the same order. Step
-// st carries tag 2 * st + slot. Posting r0(i + 1) before r1(i) would queue r1(i + 1) behind
+// by the next reduce-scatter step of chunk i + 1. Direct, that is r0(0), then r1(i) before r0(i +
+// 1); on every rank alike, so that sends and receives between two ranks stay in the same order.
+// Step st carries tag 2 * st + slot. Posting r0(i + 1) before r1(i) would queue r1(i + 1) behind
 // r0(i + 2), which waits for a worker's phase 3 of chunk i and phase 1 of chunk i + 2, so the rail
 // would idle for both NVLink phases of every chunk: one lane in roles ran that way as slowly as
 // the phases in turn (64 MiB, 2 x 2 nodes on one H200: 26.5 ms against 17.8 pipelined).
@@ -1037,7 +1107,12 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierRunSteps(Ex& ex, const HierCall& c, uint64_
 // all-gather step is complete and Ready(i + 1) (so after every worker's phase 3 of chunk i); the
 // reducers are unchanged. Every wait of the pipelined order is still made, so its arguments hold.
 // The sender of lane 0 (CTA 0) marks the phase times (hierAllReduceRoles).
-enum HierRole : int { kHierRoleNone = 0, kHierRoleSender = 1, kHierRoleWorker = 2, kHierRoleReducer = 3 };
+enum HierRole : int {
+  kHierRoleNone = 0,
+  kHierRoleSender = 1,
+  kHierRoleWorker = 2,
+  kHierRoleReducer = 3
+};
 // Ready and Reduced are one counter per worker / reducer: a shared count would let a worker that
 // is a chunk ahead stand in for one that is a chunk behind (the CPU test checks it).
 enum HierRoleCounter : int {
@@ -1045,15 +1120,18 @@ enum HierRoleCounter : int {
   kRoleR0 = 1,
   kRoleR1 = 2,
   kRoleFreed = 3,
-  kRoleReady = 4,                              // + worker index
+  kRoleReady = 4,                                // + worker index
   kRoleReduced = kRoleReady + kMaxHierRoleCtas,  // + reducer index
   kHierRoleCounters = kRoleReduced + kMaxHierRoleCtas
 };
-static_assert(kHierRoleCounters <= static_cast<int>(sizeof(DeviceState::HierRoleLane::counter) / sizeof(uint64_t)),
+static_assert(kHierRoleCounters <=
+                  static_cast<int>(sizeof(DeviceState::HierRoleLane::counter) / sizeof(uint64_t)),
               "DeviceState::HierRoleLane holds every role counter");
 
 // CTAs a collective in roles needs: every lane's sender, workers and reducers.
-MKERNEL_HD inline int hierRoleCtas(int lanes, int workers, int reducers) { return lanes * (1 + workers + reducers); }
+MKERNEL_HD inline int hierRoleCtas(int lanes, int workers, int reducers) {
+  return lanes * (1 + workers + reducers);
+}
 
 // What CTA cta plays, for `lanes` lanes of `workers` + 1 + `reducers` CTAs: CTA l < lanes is lane
 // l's sender; the others lane by lane, workers first.
@@ -1076,7 +1154,8 @@ struct HierRoleOf {
 
 // Chunks of this CTA's part (0 for an empty part).
 MKERNEL_HD inline uint64_t hierChunksOf(const HierCall& c) {
-  return c.part.count == 0 || c.chunkElems == 0 ? 0 : (c.part.count + c.chunkElems - 1) / c.chunkElems;
+  return c.part.count == 0 || c.chunkElems == 0 ? 0
+                                                : (c.part.count + c.chunkElems - 1) / c.chunkElems;
 }
 
 // Worker w's elements of a part of `count` elements: slice w of the largest part a full chunk has,
@@ -1099,7 +1178,8 @@ MKERNEL_HD inline Slice hierRoleSub(const HierCall& c, uint64_t count) {
 // netSend(slot); then Ready.
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD bool hierRoleWorker1(Ex& ex, const HierCall& c, HierCtx& x, const HierArChunk& a, int slot) {
+MKERNEL_HD bool hierRoleWorker1(Ex& ex, const HierCall& c, HierCtx& x, const HierArChunk& a,
+                                int slot) {
   const uint64_t esz = x.esz, align = sliceAlignElems(esz);
   const uint64_t slotBytes = hierSlotBytes(c.layout, c.chunkElems, esz);
   for (int q = 0; q < x.G; ++q) {
@@ -1132,7 +1212,8 @@ MKERNEL_HD bool hierRoleWaitAll(Ex& ex, int first, int n, uint64_t target) {
 // in P); then its sub-slice of every part out.
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD bool hierRoleWorker3(Ex& ex, const HierCall& c, HierCtx& x, const HierArChunk& a, int slot) {
+MKERNEL_HD bool hierRoleWorker3(Ex& ex, const HierCall& c, HierCtx& x, const HierArChunk& a,
+                                int slot) {
   const uint64_t esz = x.esz, align = sliceAlignElems(esz);
   if (!ex.railWaitPublished(1, slot)) return false;
   const Slice sub = hierRoleSub(c, a.mine.count);
@@ -1144,10 +1225,12 @@ MKERNEL_HD bool hierRoleWorker3(Ex& ex, const HierCall& c, HierCtx& x, const Hie
   } else {
     for (int m = 0; m < x.N; ++m) {
       const Slice t = rankSlice(a.mine.count, x.N, m, align);
-      const uint64_t b = t.offset > lo ? t.offset : lo, e = t.offset + t.count < hi ? t.offset + t.count : hi;
+      const uint64_t b = t.offset > lo ? t.offset : lo,
+                     e = t.offset + t.count < hi ? t.offset + t.count : hi;
       if (b >= e) continue;
       for (int q = 0; q < x.G; ++q) x.dsts[q] = ex.out(q, a.par) + (a.mine.offset + b) * esz;
-      ex.copy(x.dsts, x.G, m == x.k ? P + b * esz : ex.netRecv(slot, m) + (b - t.offset) * esz, (e - b) * esz);
+      ex.copy(x.dsts, x.G, m == x.k ? P + b * esz : ex.netRecv(slot, m) + (b - t.offset) * esz,
+              (e - b) * esz);
     }
   }
   if (!ex.nodeBarrier()) return false;
@@ -1165,8 +1248,8 @@ MKERNEL_HD bool hierRoleWorker3(Ex& ex, const HierCall& c, HierCtx& x, const Hie
 // workers (then R1). The steps between are the sender's own to wait for.
 MK_HIER_TEMPLATE
 template <class Ex>
-MKERNEL_HD bool hierRoleStep(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail, const HierArChunk& a, int st,
-                             int slot) {
+MKERNEL_HD bool hierRoleStep(Ex& ex, const HierCall& c, HierCtx& x, HierRail& rail,
+                             const HierArChunk& a, int st, int slot) {
   const int half = hierRailHalf(c.rail, x.N);
   if (!hierArRailPost(ex, c, x, rail, a, st, slot, 2 * st + slot)) return false;
   if (st < half) {
@@ -1192,14 +1275,19 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduceRoles(Ex& ex, const HierCall& c, u
   auto slotOf = [s0](uint64_t i) { return static_cast<int>((s0 + i) & 1); };
   // R0 and each reducer's Reduced count reduce-scatter steps: step st of chunk i is the lane's
   // (s0 + i) * half + st + 1-th (the rail, hence half, is the communicator's).
-  auto rsCount = [s0, half](uint64_t i, int st) { return (s0 + i) * static_cast<uint64_t>(half) + static_cast<uint64_t>(st) + 1; };
+  auto rsCount = [s0, half](uint64_t i, int st) {
+    return (s0 + i) * static_cast<uint64_t>(half) + static_cast<uint64_t>(st) + 1;
+  };
   if (c.role == kHierRoleSender) {
     // Step st of chunk i posted; and before it, step st - 1 landed: a reduce-scatter step once
     // every reducer has reduced it, an all-gather step once complete (its receive is what the
     // next one sends). The last all-gather step is the workers' to wait for.
-    auto post = [&](uint64_t i, int st) { return hierRoleStep(ex, c, x, rail, HierArChunk(c, x, i, seq0 + i), st, slotOf(i)); };
+    auto post = [&](uint64_t i, int st) {
+      return hierRoleStep(ex, c, x, rail, HierArChunk(c, x, i, seq0 + i), st, slotOf(i));
+    };
     auto landPost = [&](uint64_t i, int st) {
-      const bool landed = st - 1 < half ? hierRoleWaitAll(ex, kRoleReduced, R, rsCount(i, st - 1)) : ex.railWait(slotOf(i));
+      const bool landed = st - 1 < half ? hierRoleWaitAll(ex, kRoleReduced, R, rsCount(i, st - 1))
+                                        : ex.railWait(slotOf(i));
       return landed && post(i, st);
     };
     ex.roleAdd(kRoleOpen);
@@ -1229,7 +1317,8 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduceRoles(Ex& ex, const HierCall& c, u
         if (!landPost(0, st)) return false;
       for (uint64_t i = 0; i < chunks; ++i) {
         const bool more = i + 1 < chunks;
-        if (more && (!hierRoleWaitAll(ex, kRoleReady, W, s0 + i + 2) || !post(i + 1, 0))) return false;
+        if (more && (!hierRoleWaitAll(ex, kRoleReady, W, s0 + i + 2) || !post(i + 1, 0)))
+          return false;
         for (int st = half; st < 2 * half; ++st) {
           if (st + 1 < 2 * half && !landPost(i, st + 1)) return false;
           if (more && !landPost(i + 1, st - half + 1)) return false;
@@ -1258,11 +1347,13 @@ MKERNEL_HD MK_HIER_NOINLINE bool hierAllReduceRoles(Ex& ex, const HierCall& c, u
   if (!hierRoleWorker1(ex, c, x, HierArChunk(c, x, 0, seq0), slotOf(0))) return false;
   for (uint64_t i = 0; i < chunks; ++i) {
     const bool more = i + 1 < chunks;
-    if (c.overlap && more && !hierRoleWorker1(ex, c, x, HierArChunk(c, x, i + 1, seq0 + i + 1), slotOf(i + 1)))
+    if (c.overlap && more &&
+        !hierRoleWorker1(ex, c, x, HierArChunk(c, x, i + 1, seq0 + i + 1), slotOf(i + 1)))
       return false;
     if (!ex.roleWait(kRoleR1, s0 + i + 1)) return false;
     if (!hierRoleWorker3(ex, c, x, HierArChunk(c, x, i, seq0 + i), slotOf(i))) return false;
-    if (!c.overlap && more && !hierRoleWorker1(ex, c, x, HierArChunk(c, x, i + 1, seq0 + i + 1), slotOf(i + 1)))
+    if (!c.overlap && more &&
+        !hierRoleWorker1(ex, c, x, HierArChunk(c, x, i + 1, seq0 + i + 1), slotOf(i + 1)))
       return false;
   }
   ex.roleAdd(kRoleFreed);
@@ -1277,14 +1368,17 @@ MKERNEL_HD bool hierCollective(Ex& ex, const HierCall& c, uint64_t* chunkSeq) {
     case CollType::AllReduce:
       if (c.role != kHierRoleNone) return hierAllReduceRoles(ex, c, chunkSeq);
       return hierAllReduce(ex, c, chunkSeq);
-    case CollType::ReduceScatter: return hierRunSteps<Ex, HierReduceScatterSteps>(ex, c, chunkSeq);
-    case CollType::AllGather: return hierRunSteps<Ex, HierAllGatherSteps>(ex, c, chunkSeq);
-    case CollType::Broadcast: return hierRunSteps<Ex, HierBroadcastSteps>(ex, c, chunkSeq);
-    case CollType::Reduce: return hierRunSteps<Ex, HierReduceSteps>(ex, c, chunkSeq);
+    case CollType::ReduceScatter:
+      return hierRunSteps<Ex, HierReduceScatterSteps>(ex, c, chunkSeq);
+    case CollType::AllGather:
+      return hierRunSteps<Ex, HierAllGatherSteps>(ex, c, chunkSeq);
+    case CollType::Broadcast:
+      return hierRunSteps<Ex, HierBroadcastSteps>(ex, c, chunkSeq);
+    case CollType::Reduce:
+      return hierRunSteps<Ex, HierReduceSteps>(ex, c, chunkSeq);
   }
   return false;
 }
-
 
 }  // namespace coll
 }  // namespace mkernel

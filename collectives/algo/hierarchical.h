@@ -57,7 +57,8 @@ inline bool nodeLayoutOfHosts(const uint64_t* hosts, int n, NodeLayout* out, con
   for (int r = 0; r < n; ++r) {
     const int first = r / perNode * perNode;
     if (hosts[r] != hosts[first]) {
-      *why = "a host's ranks are not consecutive, or the hosts do not hold the same number of ranks";
+      *why =
+          "a host's ranks are not consecutive, or the hosts do not hold the same number of ranks";
       return false;
     }
     if (r == first && r > 0)
@@ -73,7 +74,8 @@ inline bool nodeLayoutOfHosts(const uint64_t* hosts, int n, NodeLayout* out, con
 }
 
 // AllReduce phase 1/3: the node slice local rank l reduces and then distributes.
-MKERNEL_HD inline Slice hierNodeSlice(const NodeLayout& L, size_t count, int local, size_t alignElems) {
+MKERNEL_HD inline Slice hierNodeSlice(const NodeLayout& L, size_t count, int local,
+                                      size_t alignElems) {
   return rankSlice(count, L.perNode, local, alignElems);
 }
 
@@ -85,13 +87,18 @@ MKERNEL_HD inline Slice hierRailSlice(const NodeLayout& L, Slice s, int node, si
 }
 
 // Staging elements each rank needs for its partial results (phase 1 outputs).
-MKERNEL_HD inline size_t hierPartialElems(CollType c, const NodeLayout& L, size_t count, size_t alignElems) {
+MKERNEL_HD inline size_t hierPartialElems(CollType c, const NodeLayout& L, size_t count,
+                                          size_t alignElems) {
   switch (c) {
-    case CollType::AllReduce: return hierNodeSlice(L, count, 0, alignElems).count;  // slice 0 is the largest
-    case CollType::ReduceScatter: return count * static_cast<size_t>(L.nNodes);
-    case CollType::Reduce: return count;
+    case CollType::AllReduce:
+      return hierNodeSlice(L, count, 0, alignElems).count;  // slice 0 is the largest
+    case CollType::ReduceScatter:
+      return count * static_cast<size_t>(L.nNodes);
+    case CollType::Reduce:
+      return count;
     case CollType::AllGather:
-    case CollType::Broadcast: return 0;
+    case CollType::Broadcast:
+      return 0;
   }
   return 0;
 }

@@ -25,8 +25,7 @@ Result makePlan(const PlanArgs& args, Plan* out) {
   int algo = static_cast<int>(args.algo);
   if (algo < 0 || algo >= kNumAlgos)
     return MK_ERROR(Result::InvalidArgument, "plan: invalid algorithm %d", algo);
-  if (args.nRanks < 1)
-    return MK_ERROR(Result::InvalidArgument, "plan: nRanks %d < 1", args.nRanks);
+  if (args.nRanks < 1) return MK_ERROR(Result::InvalidArgument, "plan: nRanks %d < 1", args.nRanks);
   if ((args.coll == CollType::Broadcast || args.coll == CollType::Reduce) &&
       (args.root < 0 || args.root >= args.nRanks))
     return MK_ERROR(Result::InvalidArgument, "plan: %s root %d out of range [0, %d)",

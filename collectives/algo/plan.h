@@ -25,19 +25,19 @@ struct PlanArgs {
   RedOp op = RedOp::Sum;
   size_t count = 0;  // NCCL's count (AllGather: sendcount, ReduceScatter: recvcount)
   int nRanks = 1;
-  int root = 0;      // Broadcast / Reduce
+  int root = 0;  // Broadcast / Reduce
   size_t chunkBytes = kDefaultChunkBytes;
   double scalar = 1.0;  // PreMulSum
 };
 
 struct Plan {
   PlanArgs args;
-  DevRedOp redOp{};        // the reduction as the kernel applies it (reduction collectives)
+  DevRedOp redOp{};  // the reduction as the kernel applies it (reduction collectives)
   size_t elemSize = 0;
-  size_t alignElems = 0;   // sliceAlignElems(elemSize)
-  size_t chunkElems = 0;   // chunkElemsFor(chunkBytes, elemSize) (Ring)
-  size_t rounds = 0;       // numRounds(...)
-  size_t stagingElems = 0; // staging each rank needs: stagingElemsNeeded(...)
+  size_t alignElems = 0;    // sliceAlignElems(elemSize)
+  size_t chunkElems = 0;    // chunkElemsFor(chunkBytes, elemSize) (Ring)
+  size_t rounds = 0;        // numRounds(...)
+  size_t stagingElems = 0;  // staging each rank needs: stagingElemsNeeded(...)
 
   bool reduces() const {
     return args.coll == CollType::AllReduce || args.coll == CollType::ReduceScatter ||

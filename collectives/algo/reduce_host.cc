@@ -42,8 +42,12 @@ struct IntArith {
   using Storage = T;
   using U = std::make_unsigned_t<T>;
   // Wrap-around as the GPU does (computed unsigned: signed overflow is UB in C++).
-  static T add(T a, T b) { return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b))); }
-  static T mul(T a, T b) { return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b))); }
+  static T add(T a, T b) {
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  }
+  static T mul(T a, T b) {
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+  }
   static T min(T a, T b) { return b < a ? b : a; }
   static T max(T a, T b) { return a < b ? b : a; }
 };
@@ -87,7 +91,9 @@ struct Fp8Arith {
   static uint8_t mul(uint8_t a, uint8_t b) { return fp::halfRoundedToFp8(f(a) * f(b), E5M2); }
   // The result goes back through half -> fp8 with saturation too, so an infinite operand comes
   // out as the largest finite value (__nv_fp8_e5m2(__hmin(...)); seen on the H200).
-  static uint8_t satInf(uint8_t v) { return std::isinf(f(v)) ? fp::halfRoundedToFp8(f(v), E5M2) : v; }
+  static uint8_t satInf(uint8_t v) {
+    return std::isinf(f(v)) ? fp::halfRoundedToFp8(f(v), E5M2) : v;
+  }
   static uint8_t min(uint8_t a, uint8_t b) { return satInf(pickMinMax(a, b, true, f)); }
   static uint8_t max(uint8_t a, uint8_t b) { return satInf(pickMinMax(a, b, false, f)); }
 };
@@ -128,10 +134,14 @@ typename A::Storage preOne(const DevRedOp& op, typename A::Storage x) {
 template <typename A>
 typename A::Storage reduceOne(const DevRedOp& op, typename A::Storage a, typename A::Storage b) {
   switch (op.kind) {
-    case DevRedOpKind::Prod: return A::mul(a, b);
-    case DevRedOpKind::Min: return A::min(a, b);
-    case DevRedOpKind::Max: return A::max(a, b);
-    default: return A::add(a, b);  // Sum, PreMulSum, SumPostDiv
+    case DevRedOpKind::Prod:
+      return A::mul(a, b);
+    case DevRedOpKind::Min:
+      return A::min(a, b);
+    case DevRedOpKind::Max:
+      return A::max(a, b);
+    default:
+      return A::add(a, b);  // Sum, PreMulSum, SumPostDiv
   }
 }
 
@@ -172,18 +182,42 @@ void postDivT(const DevRedOp& op, void* acc, size_t n) {
 template <typename Fn>
 void dispatch(DataType t, Fn&& fn) {
   switch (t) {
-    case DataType::Int8: fn(IntArith<int8_t>()); break;
-    case DataType::Uint8: fn(IntArith<uint8_t>()); break;
-    case DataType::Int32: fn(IntArith<int32_t>()); break;
-    case DataType::Uint32: fn(IntArith<uint32_t>()); break;
-    case DataType::Int64: fn(IntArith<int64_t>()); break;
-    case DataType::Uint64: fn(IntArith<uint64_t>()); break;
-    case DataType::Float16: fn(HalfArith()); break;
-    case DataType::Float32: fn(FloatArith<float>()); break;
-    case DataType::Float64: fn(FloatArith<double>()); break;
-    case DataType::Bfloat16: fn(Bf16Arith()); break;
-    case DataType::Fp8E4M3: fn(Fp8Arith<false>()); break;
-    case DataType::Fp8E5M2: fn(Fp8Arith<true>()); break;
+    case DataType::Int8:
+      fn(IntArith<int8_t>());
+      break;
+    case DataType::Uint8:
+      fn(IntArith<uint8_t>());
+      break;
+    case DataType::Int32:
+      fn(IntArith<int32_t>());
+      break;
+    case DataType::Uint32:
+      fn(IntArith<uint32_t>());
+      break;
+    case DataType::Int64:
+      fn(IntArith<int64_t>());
+      break;
+    case DataType::Uint64:
+      fn(IntArith<uint64_t>());
+      break;
+    case DataType::Float16:
+      fn(HalfArith());
+      break;
+    case DataType::Float32:
+      fn(FloatArith<float>());
+      break;
+    case DataType::Float64:
+      fn(FloatArith<double>());
+      break;
+    case DataType::Bfloat16:
+      fn(Bf16Arith());
+      break;
+    case DataType::Fp8E4M3:
+      fn(Fp8Arith<false>());
+      break;
+    case DataType::Fp8E5M2:
+      fn(Fp8Arith<true>());
+      break;
   }
 }
 
@@ -193,18 +227,42 @@ uint64_t scalarBitsFor(DataType t, double v) {
   auto put = [&bits](auto s) { std::memcpy(&bits, &s, sizeof(s)); };
   float f = static_cast<float>(v);
   switch (t) {
-    case DataType::Int8: put(static_cast<int8_t>(static_cast<int64_t>(v))); break;
-    case DataType::Uint8: put(static_cast<uint8_t>(static_cast<int64_t>(v))); break;
-    case DataType::Int32: put(static_cast<int32_t>(static_cast<int64_t>(v))); break;
-    case DataType::Uint32: put(static_cast<uint32_t>(static_cast<int64_t>(v))); break;
-    case DataType::Int64: put(static_cast<int64_t>(v)); break;
-    case DataType::Uint64: put(v >= 0 ? static_cast<uint64_t>(v) : static_cast<uint64_t>(static_cast<int64_t>(v))); break;
-    case DataType::Float16: put(fp::floatToHalf(f)); break;
-    case DataType::Float32: put(f); break;
-    case DataType::Float64: put(v); break;
-    case DataType::Bfloat16: put(fp::floatToBf16(f)); break;
-    case DataType::Fp8E4M3: put(fp::floatToFp8(f, false)); break;
-    case DataType::Fp8E5M2: put(fp::floatToFp8(f, true)); break;
+    case DataType::Int8:
+      put(static_cast<int8_t>(static_cast<int64_t>(v)));
+      break;
+    case DataType::Uint8:
+      put(static_cast<uint8_t>(static_cast<int64_t>(v)));
+      break;
+    case DataType::Int32:
+      put(static_cast<int32_t>(static_cast<int64_t>(v)));
+      break;
+    case DataType::Uint32:
+      put(static_cast<uint32_t>(static_cast<int64_t>(v)));
+      break;
+    case DataType::Int64:
+      put(static_cast<int64_t>(v));
+      break;
+    case DataType::Uint64:
+      put(v >= 0 ? static_cast<uint64_t>(v) : static_cast<uint64_t>(static_cast<int64_t>(v)));
+      break;
+    case DataType::Float16:
+      put(fp::floatToHalf(f));
+      break;
+    case DataType::Float32:
+      put(f);
+      break;
+    case DataType::Float64:
+      put(v);
+      break;
+    case DataType::Bfloat16:
+      put(fp::floatToBf16(f));
+      break;
+    case DataType::Fp8E4M3:
+      put(fp::floatToFp8(f, false));
+      break;
+    case DataType::Fp8E5M2:
+      put(fp::floatToFp8(f, true));
+      break;
   }
   return bits;
 }
@@ -221,10 +279,18 @@ Result makeDevRedOp(RedOp op, DataType dtype, int nRanks, double scalar, DevRedO
   if (nRanks < 1) return MK_ERROR(Result::InvalidArgument, "invalid nRanks %d", nRanks);
   DevRedOp d{};
   switch (op) {
-    case RedOp::Sum: d.kind = DevRedOpKind::Sum; break;
-    case RedOp::Prod: d.kind = DevRedOpKind::Prod; break;
-    case RedOp::Min: d.kind = DevRedOpKind::Min; break;
-    case RedOp::Max: d.kind = DevRedOpKind::Max; break;
+    case RedOp::Sum:
+      d.kind = DevRedOpKind::Sum;
+      break;
+    case RedOp::Prod:
+      d.kind = DevRedOpKind::Prod;
+      break;
+    case RedOp::Min:
+      d.kind = DevRedOpKind::Min;
+      break;
+    case RedOp::Max:
+      d.kind = DevRedOpKind::Max;
+      break;
     case RedOp::PreMulSum:
       d.kind = DevRedOpKind::PreMulSum;
       d.scalarBits = scalarBitsFor(dtype, scalar);
@@ -258,13 +324,26 @@ void hostReduce(const DevRedOp& op, DataType dtype, void* acc, const void* x, si
 void hostPostOp(const DevRedOp& op, DataType dtype, void* acc, size_t n) {
   if (op.kind != DevRedOpKind::SumPostDiv) return;
   switch (dtype) {
-    case DataType::Int8: postDivT<int8_t>(op, acc, n); break;
-    case DataType::Uint8: postDivT<uint8_t>(op, acc, n); break;
-    case DataType::Int32: postDivT<int32_t>(op, acc, n); break;
-    case DataType::Uint32: postDivT<uint32_t>(op, acc, n); break;
-    case DataType::Int64: postDivT<int64_t>(op, acc, n); break;
-    case DataType::Uint64: postDivT<uint64_t>(op, acc, n); break;
-    default: break;  // makeDevRedOp never builds SumPostDiv for floating types
+    case DataType::Int8:
+      postDivT<int8_t>(op, acc, n);
+      break;
+    case DataType::Uint8:
+      postDivT<uint8_t>(op, acc, n);
+      break;
+    case DataType::Int32:
+      postDivT<int32_t>(op, acc, n);
+      break;
+    case DataType::Uint32:
+      postDivT<uint32_t>(op, acc, n);
+      break;
+    case DataType::Int64:
+      postDivT<int64_t>(op, acc, n);
+      break;
+    case DataType::Uint64:
+      postDivT<uint64_t>(op, acc, n);
+      break;
+    default:
+      break;  // makeDevRedOp never builds SumPostDiv for floating types
   }
 }
 
@@ -289,48 +368,91 @@ T wrapFromDouble(double v) {
 
 double loadAsDouble(DataType t, const void* buf, size_t i) {
   switch (t) {
-    case DataType::Int8: return loadT<int8_t>(buf, i);
-    case DataType::Uint8: return loadT<uint8_t>(buf, i);
-    case DataType::Int32: return loadT<int32_t>(buf, i);
-    case DataType::Uint32: return loadT<uint32_t>(buf, i);
-    case DataType::Int64: return static_cast<double>(loadT<int64_t>(buf, i));
-    case DataType::Uint64: return static_cast<double>(loadT<uint64_t>(buf, i));
-    case DataType::Float16: return fp::halfToFloat(loadT<uint16_t>(buf, i));
-    case DataType::Float32: return loadT<float>(buf, i);
-    case DataType::Float64: return loadT<double>(buf, i);
-    case DataType::Bfloat16: return fp::bf16ToFloat(loadT<uint16_t>(buf, i));
-    case DataType::Fp8E4M3: return fp::fp8ToFloat(loadT<uint8_t>(buf, i), false);
-    case DataType::Fp8E5M2: return fp::fp8ToFloat(loadT<uint8_t>(buf, i), true);
+    case DataType::Int8:
+      return loadT<int8_t>(buf, i);
+    case DataType::Uint8:
+      return loadT<uint8_t>(buf, i);
+    case DataType::Int32:
+      return loadT<int32_t>(buf, i);
+    case DataType::Uint32:
+      return loadT<uint32_t>(buf, i);
+    case DataType::Int64:
+      return static_cast<double>(loadT<int64_t>(buf, i));
+    case DataType::Uint64:
+      return static_cast<double>(loadT<uint64_t>(buf, i));
+    case DataType::Float16:
+      return fp::halfToFloat(loadT<uint16_t>(buf, i));
+    case DataType::Float32:
+      return loadT<float>(buf, i);
+    case DataType::Float64:
+      return loadT<double>(buf, i);
+    case DataType::Bfloat16:
+      return fp::bf16ToFloat(loadT<uint16_t>(buf, i));
+    case DataType::Fp8E4M3:
+      return fp::fp8ToFloat(loadT<uint8_t>(buf, i), false);
+    case DataType::Fp8E5M2:
+      return fp::fp8ToFloat(loadT<uint8_t>(buf, i), true);
   }
   return 0.0;
 }
 
 void storeFromDouble(DataType t, void* buf, size_t i, double v) {
   switch (t) {
-    case DataType::Int8: storeT(buf, i, wrapFromDouble<int8_t>(v)); break;
-    case DataType::Uint8: storeT(buf, i, wrapFromDouble<uint8_t>(v)); break;
-    case DataType::Int32: storeT(buf, i, wrapFromDouble<int32_t>(v)); break;
-    case DataType::Uint32: storeT(buf, i, wrapFromDouble<uint32_t>(v)); break;
-    case DataType::Int64: storeT(buf, i, wrapFromDouble<int64_t>(v)); break;
-    case DataType::Uint64: storeT(buf, i, wrapFromDouble<uint64_t>(v)); break;
-    case DataType::Float16: storeT(buf, i, fp::floatToHalf(static_cast<float>(v))); break;
-    case DataType::Float32: storeT(buf, i, static_cast<float>(v)); break;
-    case DataType::Float64: storeT(buf, i, v); break;
-    case DataType::Bfloat16: storeT(buf, i, fp::floatToBf16(static_cast<float>(v))); break;
-    case DataType::Fp8E4M3: storeT(buf, i, fp::floatToFp8(static_cast<float>(v), false)); break;
-    case DataType::Fp8E5M2: storeT(buf, i, fp::floatToFp8(static_cast<float>(v), true)); break;
+    case DataType::Int8:
+      storeT(buf, i, wrapFromDouble<int8_t>(v));
+      break;
+    case DataType::Uint8:
+      storeT(buf, i, wrapFromDouble<uint8_t>(v));
+      break;
+    case DataType::Int32:
+      storeT(buf, i, wrapFromDouble<int32_t>(v));
+      break;
+    case DataType::Uint32:
+      storeT(buf, i, wrapFromDouble<uint32_t>(v));
+      break;
+    case DataType::Int64:
+      storeT(buf, i, wrapFromDouble<int64_t>(v));
+      break;
+    case DataType::Uint64:
+      storeT(buf, i, wrapFromDouble<uint64_t>(v));
+      break;
+    case DataType::Float16:
+      storeT(buf, i, fp::floatToHalf(static_cast<float>(v)));
+      break;
+    case DataType::Float32:
+      storeT(buf, i, static_cast<float>(v));
+      break;
+    case DataType::Float64:
+      storeT(buf, i, v);
+      break;
+    case DataType::Bfloat16:
+      storeT(buf, i, fp::floatToBf16(static_cast<float>(v)));
+      break;
+    case DataType::Fp8E4M3:
+      storeT(buf, i, fp::floatToFp8(static_cast<float>(v), false));
+      break;
+    case DataType::Fp8E5M2:
+      storeT(buf, i, fp::floatToFp8(static_cast<float>(v), true));
+      break;
   }
 }
 
 uint64_t loadAsU64(DataType t, const void* buf, size_t i) {
   switch (t) {
-    case DataType::Int8: return static_cast<uint64_t>(static_cast<int64_t>(loadT<int8_t>(buf, i)));
-    case DataType::Uint8: return loadT<uint8_t>(buf, i);
-    case DataType::Int32: return static_cast<uint64_t>(static_cast<int64_t>(loadT<int32_t>(buf, i)));
-    case DataType::Uint32: return loadT<uint32_t>(buf, i);
-    case DataType::Int64: return static_cast<uint64_t>(loadT<int64_t>(buf, i));
-    case DataType::Uint64: return loadT<uint64_t>(buf, i);
-    default: return 0;
+    case DataType::Int8:
+      return static_cast<uint64_t>(static_cast<int64_t>(loadT<int8_t>(buf, i)));
+    case DataType::Uint8:
+      return loadT<uint8_t>(buf, i);
+    case DataType::Int32:
+      return static_cast<uint64_t>(static_cast<int64_t>(loadT<int32_t>(buf, i)));
+    case DataType::Uint32:
+      return loadT<uint32_t>(buf, i);
+    case DataType::Int64:
+      return static_cast<uint64_t>(loadT<int64_t>(buf, i));
+    case DataType::Uint64:
+      return loadT<uint64_t>(buf, i);
+    default:
+      return 0;
   }
 }
 

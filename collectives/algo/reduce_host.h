@@ -56,7 +56,7 @@ inline uint16_t floatToHalf(float f) {
   uint32_t ax = x & 0x7fffffffu;
   if (ax > 0x7f800000u) return 0x7fffu;
   if (ax >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 rounds to inf
-  if (ax >= 0x38800000u) {                        // normal half (>= 2^-14)
+  if (ax >= 0x38800000u) {                       // normal half (>= 2^-14)
     uint32_t r = ax + 0xfffu + ((ax >> 13) & 1u);
     return static_cast<uint16_t>(sign | ((r - 0x38000000u) >> 13));
   }
@@ -66,7 +66,9 @@ inline uint16_t floatToHalf(float f) {
 }
 
 // bfloat16 <-> float.
-inline float bf16ToFloat(uint16_t b) { return bitsFloat(static_cast<uint32_t>(b) << 16); }
+inline float bf16ToFloat(uint16_t b) {
+  return bitsFloat(static_cast<uint32_t>(b) << 16);
+}
 inline uint16_t floatToBf16(float f) {
   uint32_t x = floatBits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;  // canonical NaN, as CUDA

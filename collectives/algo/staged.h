@@ -46,7 +46,8 @@ constexpr int kStagedRegionsPerCta = 4;  // in[0], in[1], out[0], out[1]
 constexpr uint64_t kStagedMinChunkBytes = 4096;
 
 MKERNEL_HD inline uint64_t stagedRegionOffset(int cta, int region, uint64_t chunkBytes) {
-  return (static_cast<uint64_t>(cta) * kStagedRegionsPerCta + static_cast<uint64_t>(region)) * chunkBytes;
+  return (static_cast<uint64_t>(cta) * kStagedRegionsPerCta + static_cast<uint64_t>(region)) *
+         chunkBytes;
 }
 MKERNEL_HD inline uint64_t stagedBufferBytes(int nCtas, uint64_t chunkBytes) {
   return stagedRegionOffset(nCtas, 0, chunkBytes);
@@ -63,23 +64,26 @@ MKERNEL_HD inline uint64_t stagedChunkElems(int nRanks, uint64_t elemSize, uint6
 
 // TwoShot pays from 3 ranks on: with 2, OneShot moves the same bytes over the link with one
 // barrier less per chunk.
-MKERNEL_HD inline bool stagedTwoShot(Algo a, int nRanks) { return a == Algo::TwoShot && nRanks > 2; }
+MKERNEL_HD inline bool stagedTwoShot(Algo a, int nRanks) {
+  return a == Algo::TwoShot && nRanks > 2;
+}
 
 constexpr int kStagedRingOrderMax = 16;  // StagedCall::ringOrder's capacity (>= kMaxRanks, work.h)
 
 struct StagedCall {
   CollType coll;
-  bool twoShot;          // AllReduce only
+  bool twoShot;  // AllReduce only
   int nRanks, rank, root;
-  uint64_t count;        // NCCL's count (per-rank block for AllGather / ReduceScatter)
+  uint64_t count;  // NCCL's count (per-rank block for AllGather / ReduceScatter)
   uint64_t elemSize;
-  uint64_t send, recv;   // this rank's user buffers (addresses)
-  Slice part;            // this CTA's elements of the per-rank block
-  uint64_t chunkElems;   // stagedChunkElems()
-  uint32_t parityMask;   // 1; 0 only in the test that shows the race check catches reuse
-  bool hasPre = false;   // Ring (staged_ring.h): the op has a pre() (PreMulSum)
-  // Ring (staged_ring.h): the ring's order, ringOrder[p] the rank at position p (MKERNEL_RING_ORDER;
-  // by default the node's placement order, PeerSetup::ringOrder); ringOrdered false: rank order.
+  uint64_t send, recv;  // this rank's user buffers (addresses)
+  Slice part;           // this CTA's elements of the per-rank block
+  uint64_t chunkElems;  // stagedChunkElems()
+  uint32_t parityMask;  // 1; 0 only in the test that shows the race check catches reuse
+  bool hasPre = false;  // Ring (staged_ring.h): the op has a pre() (PreMulSum)
+  // Ring (staged_ring.h): the ring's order, ringOrder[p] the rank at position p
+  // (MKERNEL_RING_ORDER; by default the node's placement order, PeerSetup::ringOrder); ringOrdered
+  // false: rank order.
   bool ringOrdered = false;
   uint8_t ringOrder[kStagedRingOrderMax] = {};
 };

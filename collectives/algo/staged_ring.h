@@ -1,10 +1,11 @@
 // Ring collectives in the persistent kernel (docs/ALGORITHMS.md, "Ring in the kernel"): the
-// schedule of collectives/algo/algo.h (ringRsSendSlice ..., chainRank, reductionPeer) run through the
-// staged regions of collectives/algo/staged.h, for boxes whose GPUs should not all read and write each
-// other at once (PCIe), or wherever MKERNEL_ALGO=ring asks for it. Written once as a template over
-// an executor, like stagedCollective: the kernel runs it (collectives/device/kernel.cu,
-// runStaged) and so does the CPU test (tests/collectives/test_staged.cc, with its check that no
-// region is overwritten while it is read).
+// schedule of collectives/algo/algo.h (ringRsSendSlice ..., chainRank, reductionPeer) run through
+// the staged regions of collectives/algo/staged.h, for boxes whose GPUs should not all read and
+// write each other at once (PCIe), or wherever MKERNEL_ALGO=ring asks for it. Written once as a
+// template over an executor, like stagedCollective: the kernel runs it
+// (collectives/device/kernel.cu, runStaged) and so does the CPU test
+// (tests/collectives/test_staged.cc, with its check that no region is overwritten while it is
+// read).
 //
 // The ring runs in the order StagedCall::ringOrder gives (MKERNEL_RING_ORDER; rank order when
 // unset): "next" and "previous" below are the neighbours in that order, and the schedule's slice
@@ -36,9 +37,10 @@
 //                  position pos handles chunk j - pos (nChunks + n - 1 steps).
 //   Reduce         the chain root + 1, ..., root, pipelined alike, accumulating on the way.
 // Reduction order: algo.h's reductionPeer for Ring, in ring positions (slice p: p + 1, ..., p;
-// Reduce: root + 1, ..., root). A partial result arrives with pre() already applied to every input in it, so a step
-// combines it with pre(own) only: ops with a pre() (PreMulSum) first store pre(own) in the rank's
-// own out[g & 1] region (local, unused by the ring otherwise), then combine without pre.
+// Reduce: root + 1, ..., root). A partial result arrives with pre() already applied to every input
+// in it, so a step combines it with pre(own) only: ops with a pre() (PreMulSum) first store
+// pre(own) in the rank's own out[g & 1] region (local, unused by the ring otherwise), then combine
+// without pre.
 #pragma once
 
 #include <cstdint>
@@ -73,7 +75,9 @@ inline bool parseRingOrder(const std::string& text, int n, std::vector<int>* ord
   while (*p != '\0') {
     char* end = nullptr;
     const long v = std::strtol(p, &end, 10);
-    if (end == p || v < 0 || v >= n || seen[static_cast<size_t>(v)] || (*end != ',' && *end != '\0')) return false;
+    if (end == p || v < 0 || v >= n || seen[static_cast<size_t>(v)] ||
+        (*end != ',' && *end != '\0'))
+      return false;
     if (*end == ',' && end[1] == '\0') return false;  // a trailing comma
     seen[static_cast<size_t>(v)] = 1;
     order->push_back(static_cast<int>(v));
@@ -90,13 +94,15 @@ MKERNEL_HD inline uint64_t ringStagedChunkElems(uint64_t elemSize, uint64_t chun
 
 // Barriers (steps) one CTA of a ring collective takes for its part of `partCount` elements: every
 // rank takes the same number (the tests count them).
-MKERNEL_HD inline uint64_t ringStagedSteps(CollType c, int nRanks, uint64_t partCount, uint64_t chunkElems,
-                                           uint64_t elemSize) {
+MKERNEL_HD inline uint64_t ringStagedSteps(CollType c, int nRanks, uint64_t partCount,
+                                           uint64_t chunkElems, uint64_t elemSize) {
   if (partCount == 0) return 0;
   const uint64_t n = static_cast<uint64_t>(nRanks);
   switch (c) {
     case CollType::AllReduce:
-      return numChunks(rankSlice(partCount, nRanks, 0, sliceAlignElems(elemSize)).count, chunkElems) * (2 * n - 1);
+      return numChunks(rankSlice(partCount, nRanks, 0, sliceAlignElems(elemSize)).count,
+                       chunkElems) *
+             (2 * n - 1);
     case CollType::ReduceScatter:
     case CollType::AllGather:
       return numChunks(partCount, chunkElems) * n;
@@ -108,17 +114,18 @@ MKERNEL_HD inline uint64_t ringStagedSteps(CollType c, int nRanks, uint64_t part
 }
 
 struct RingStep {
-  uint64_t g;    // the CTA's chunk counter at this step
-  int par;       // region of this step's push
-  int inPar;     // region of the previous step's push (this step's inbox)
-  bool last;     // the collective's last step: a barrier of every rank
+  uint64_t g;  // the CTA's chunk counter at this step
+  int par;     // region of this step's push
+  int inPar;   // region of the previous step's push (this step's inbox)
+  bool last;   // the collective's last step: a barrier of every rank
 };
 
 // dsts = inbox OP pre(own), post() if `post` (inbox null: pre(own) alone; own null: a copy of
 // the inbox). `tmp`: this rank's own scratch region for pre(own).
 template <class Ex>
-MKERNEL_HD void ringCombine(Ex& ex, const StagedCall& c, char* const* dsts, int nDst, const char* inbox,
-                            const char* own, uint64_t elems, bool post, char* tmp) {
+MKERNEL_HD void ringCombine(Ex& ex, const StagedCall& c, char* const* dsts, int nDst,
+                            const char* inbox, const char* own, uint64_t elems, bool post,
+                            char* tmp) {
   if (elems == 0) return;
   if (own == nullptr) {
     ex.copy(dsts, nDst, inbox, elems * c.elemSize);
@@ -141,7 +148,9 @@ MKERNEL_HD void ringCombine(Ex& ex, const StagedCall& c, char* const* dsts, int 
 // The schedule below runs in positions; ranks come in only where memory is named (the neighbour
 // whose inbox a step pushes into, whose barrier it waits at, and the blocks of ReduceScatter and
 // AllGather, which belong to ranks).
-MKERNEL_HD inline int ringRankAt(const StagedCall& c, int pos) { return c.ringOrdered ? c.ringOrder[pos] : pos; }
+MKERNEL_HD inline int ringRankAt(const StagedCall& c, int pos) {
+  return c.ringOrdered ? c.ringOrder[pos] : pos;
+}
 MKERNEL_HD inline int ringPosOf(const StagedCall& c, int rank) {
   if (!c.ringOrdered) return rank;
   for (int p = 0; p < c.nRanks; ++p)
@@ -155,7 +164,8 @@ MKERNEL_HD bool ringStepEnd(Ex& ex, const RingStep& s, int prev, int next) {
   return ex.neighborBarrier(prev, next);
 }
 
-MKERNEL_HD inline RingStep ringStepAt(const StagedCall& c, uint64_t* chunkSeq, uint64_t i, uint64_t steps) {
+MKERNEL_HD inline RingStep ringStepAt(const StagedCall& c, uint64_t* chunkSeq, uint64_t i,
+                                      uint64_t steps) {
   RingStep s;
   s.g = (*chunkSeq)++;
   s.par = static_cast<int>(s.g & c.parityMask);
@@ -230,7 +240,8 @@ MKERNEL_HD bool ringStagedCollective(Ex& ex, const StagedCall& c, uint64_t* chun
             }
           } else {
             // Step 0 stores and sends the rank's own block; step t > 0 the block that arrived.
-            const uint64_t block = static_cast<uint64_t>(t == 0 ? r : ringRankAt(c, ringAgRecvSlice(pos, t - 1, n)));
+            const uint64_t block =
+                static_cast<uint64_t>(t == 0 ? r : ringRankAt(c, ringAgRecvSlice(pos, t - 1, n)));
             dsts[nd++] = recv + (block * c.count + ch.offset) * esz;
             if (t < n - 1) dsts[nd++] = ex.in(next, st.par);
             if (t == 0)

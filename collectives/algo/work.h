@@ -51,7 +51,7 @@ constexpr uint64_t kLaunchInboxBytes = 1024 * 1024;
 // ranks, 256 KiB with 2 (the space is sized for batches of ops of 128 KiB).
 constexpr uint64_t kLlLineBytes = 16;
 constexpr uint64_t kLlLinePayload = 8;
-constexpr uint64_t kLlSpaceLines = 262144;  // per parity: 4 MiB of lines, 2 MiB of payload
+constexpr uint64_t kLlSpaceLines = 262144;   // per parity: 4 MiB of lines, 2 MiB of payload
 constexpr uint64_t kLlOpSpaceLines = 65536;  // what one op's limit is computed from
 
 // Doorbell values. The caller's stream writes Posted and waits until the value is >= Done (only
@@ -74,8 +74,9 @@ struct alignas(16) WorkDesc {
   uint64_t count;
   uint64_t sendbuff;
   uint64_t recvbuff;
-  int32_t nCtas;  // CTAs that take part (the same on every rank: a function of count/dtype)
-  int32_t hierLanes;  // hierarchical AllReduce in CTA roles (MKERNEL_HIER_ROLES): its lanes; 0 otherwise
+  int32_t nCtas;          // CTAs that take part (the same on every rank: a function of count/dtype)
+  int32_t hierLanes;      // hierarchical AllReduce in CTA roles (MKERNEL_HIER_ROLES): its lanes; 0
+                          // otherwise
   uint64_t scalarDevPtr;  // PreMulSum scalar as a device pointer to one element (0: redOp's)
   DevRedOp redOp;         // makeDevRedOp() (collectives/algo/reduce_host.h): NCCL's device op
 };
@@ -133,17 +134,18 @@ static_assert(sizeof(LlLine) == kLlLineBytes, "LlLine layout");
 // the per-op dependency that makes parity reuse safe even for ops where this rank receives no
 // data from that peer (Broadcast, Reduce).
 struct LlSpace {
-  LlLine lines[2][kLlSpaceLines];  // source k's slot: [k * llSlotLines(n), (k + 1) * llSlotLines(n))
+  LlLine lines[2]
+              [kLlSpaceLines];  // source k's slot: [k * llSlotLines(n), (k + 1) * llSlotLines(n))
   LlLine token[2][kMaxRanks];
 };
 
 // DeviceState::hierBusy's entries (CollStats::hierBusyNs).
 enum HierBusy : int {
-  kBusyCopy = 0,      // copies within device memory (the node's staging regions, the buffers)
-  kBusyCopyNet = 1,   // copies from or into the CTA's net buffers (host-mapped unless GPUDirect)
+  kBusyCopy = 0,     // copies within device memory (the node's staging regions, the buffers)
+  kBusyCopyNet = 1,  // copies from or into the CTA's net buffers (host-mapped unless GPUDirect)
   kBusyReduce = 2,
   kBusyReduceNet = 3,
-  kBusyPost = 4,      // the rail's posts: commands written into the proxy's ring
+  kBusyPost = 4,  // the rail's posts: commands written into the proxy's ring
   kHierBusyKinds = 5
 };
 
@@ -167,12 +169,12 @@ struct alignas(128) DeviceState {
   // collectives its lane ran in roles (the bases of the lane's counters).
   uint64_t ctaRole[kMaxCtas][2];
   uint32_t dispatchSlot[kDispatchDepth];
-  uint64_t dispatchSeq;       // entries the leader has published
-  uint64_t completedSeq;      // entries fully completed (all needed CTAs reported)
-  uint32_t slotCtaDone;       // CTAs done with the in-flight slot
-  uint32_t leaderCursor;      // next slot index the leader scans from
-  uint64_t eagerCompleted;    // mirror of HostControl::eagerCompleted (device copy: no PCIe read)
-  uint64_t opsDone[8];        // mirror of HostControl::opsDone
+  uint64_t dispatchSeq;     // entries the leader has published
+  uint64_t completedSeq;    // entries fully completed (all needed CTAs reported)
+  uint32_t slotCtaDone;     // CTAs done with the in-flight slot
+  uint32_t leaderCursor;    // next slot index the leader scans from
+  uint64_t eagerCompleted;  // mirror of HostControl::eagerCompleted (device copy: no PCIe read)
+  uint64_t opsDone[8];      // mirror of HostControl::opsDone
   // Device-memory mirror of "stop waiting": set by any CTA that records a failure and by the
   // leader when it sees the host's abort flag, so that spin-waits poll L2, not host memory.
   alignas(128) uint32_t stop;
@@ -227,13 +229,13 @@ struct alignas(128) DeviceState {
 // Kinds of wait that can time out (ErrorRecord::what).
 enum WaitKind : uint32_t {
   kWaitNone = 0,
-  kWaitPeerStart = 1,  // first barrier: the peer has not reached this collective
-  kWaitPeerEnd = 2,    // last barrier: the peer has not finished this collective
-  kWaitDispatch = 3,   // a worker CTA waiting for the leader
-  kWaitSlotDone = 4,   // the leader waiting for worker CTAs to finish a slot
-  kWaitPeerChunk = 6,  // staged (process ranks): the peer has not staged a later chunk
-  kWaitProxy = 7,      // hierarchical: the proxy did not complete this rank's inter-node transfers
-  kWaitLaunchPeer = 8, // launch path: the peer has not published its inputs of this collective
+  kWaitPeerStart = 1,   // first barrier: the peer has not reached this collective
+  kWaitPeerEnd = 2,     // last barrier: the peer has not finished this collective
+  kWaitDispatch = 3,    // a worker CTA waiting for the leader
+  kWaitSlotDone = 4,    // the leader waiting for worker CTAs to finish a slot
+  kWaitPeerChunk = 6,   // staged (process ranks): the peer has not staged a later chunk
+  kWaitProxy = 7,       // hierarchical: the proxy did not complete this rank's inter-node transfers
+  kWaitLaunchPeer = 8,  // launch path: the peer has not published its inputs of this collective
   kWaitLaunchPeerEnd = 9,  // direct launch path: the peer has not finished reading our buffers
   kWaitHierRole = 10,      // hierarchical AllReduce in CTA roles: another CTA of this rank's lane
 };
@@ -253,14 +255,14 @@ enum TracePoint : int {
   kTracePoints = 6,
 };
 struct KernelTraceRecord {
-  uint64_t seq;  // dispatch sequence + 1 (0: never written)
+  uint64_t seq;              // dispatch sequence + 1 (0: never written)
   uint64_t t[kTracePoints];  // %globaltimer, ns
   uint64_t c[kTracePoints];  // clock64 of CTA 0's SM, cycles
 };
 constexpr int kTraceDepth = 4096;
 
 struct alignas(16) ErrorRecord {
-  uint32_t what;      // WaitKind; 0 = no error
+  uint32_t what;  // WaitKind; 0 = no error
   int32_t rank;
   int32_t peer;
   int32_t cta;
@@ -274,7 +276,9 @@ static_assert(sizeof(ErrorRecord) == 32, "ErrorRecord layout");
 // A CTA's wait for another CTA of the same rank (the leader for its workers' slot, a worker for
 // the leader's dispatch, a lane in CTA roles for its sender, workers or reducers): it only
 // follows from a wait elsewhere, for a peer or for the proxy.
-inline bool internalWait(uint32_t what) { return what == kWaitDispatch || what == kWaitSlotDone || what == kWaitHierRole; }
+inline bool internalWait(uint32_t what) {
+  return what == kWaitDispatch || what == kWaitSlotDone || what == kWaitHierRole;
+}
 
 // Which of n per-CTA records the communicator reports (KernelCommunicator::kernelError): the
 // first whose wait names a cause (a peer, the proxy), else the first internal one; -1 when none
@@ -304,14 +308,14 @@ struct alignas(64) HostControl {
   uint32_t pad0;
   volatile uint64_t eagerEnqueued;  // eager slots the host has enqueued (may not be posted yet)
   // kernel -> host
-  volatile uint32_t kernelState;    // KernelState
-  volatile uint32_t failed;         // 1 once any CTA recorded an error (the kernel drains)
+  volatile uint32_t kernelState;     // KernelState
+  volatile uint32_t failed;          // 1 once any CTA recorded an error (the kernel drains)
   volatile uint64_t eagerCompleted;  // eager slots completed (or drained)
   volatile uint64_t opsDone[8];      // collectives completed, by CollType
   ErrorRecord errors[kMaxCtas];      // one per CTA: no atomics needed on host memory
   volatile uint32_t testStalled;     // MKERNEL_TEST_STALL_BARRIER: 1 once a CTA stopped on purpose
-  volatile uint64_t launchStarted;   // launch path: the epoch of the last watched eager op whose CTA 0
-                                     // started (MKERNEL_LAUNCH_WATCH: the first op, or every op)
+  volatile uint64_t launchStarted;  // launch path: the epoch of the last watched eager op whose CTA
+                                    // 0 started (MKERNEL_LAUNCH_WATCH: the first op, or every op)
 };
 
 }  // namespace coll

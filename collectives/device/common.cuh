@@ -48,7 +48,8 @@ __device__ inline void traceAt(const KernelParams& p, int cta, uint64_t seq, int
 // traceAt after a value has arrived (MKERNEL_KERNEL_TRACE=3): the value is stored into the stamp's
 // slot first, and a store waits for its data, so the stamp's clocks are read after it (in-order
 // issue); the stamp then overwrites it.
-__device__ inline void traceAfter(const KernelParams& p, int cta, uint64_t seq, int point, uint64_t dep) {
+__device__ inline void traceAfter(const KernelParams& p, int cta, uint64_t seq, int point,
+                                  uint64_t dep) {
   if (p.trace == nullptr || cta != 0 || threadIdx.x != 0 || seq == kNoTrace) return;
   KernelTraceRecord* r = &p.trace[seq % kTraceDepth];
   *reinterpret_cast<volatile uint64_t*>(&r->t[point]) = dep;
@@ -73,7 +74,8 @@ __device__ __forceinline__ auto withReducer(const WorkDesc& d, bool withPre, boo
   }
   const uint32_t divisor = d.redOp.divisor;
   const DevRedOpKind kind = d.redOp.kind;
-  if (kind == DevRedOpKind::Prod) return f(Reducer<T, kFamilyProd>{scalar, divisor, false, false, false});
+  if (kind == DevRedOpKind::Prod)
+    return f(Reducer<T, kFamilyProd>{scalar, divisor, false, false, false});
   if (kind == DevRedOpKind::Min || kind == DevRedOpKind::Max)
     return f(Reducer<T, kFamilyMinMax>{scalar, divisor, false, false, kind == DevRedOpKind::Max});
   return f(Reducer<T, kFamilySum>{scalar, divisor, withPre && kind == DevRedOpKind::PreMulSum,
@@ -85,21 +87,45 @@ __device__ void reduceTyped(const CopyPlan& plan, const WorkDesc& d, bool withPr
   withReducer<T>(d, withPre, withPost, [&](auto red) { reduceCopy(plan, red); });
 }
 
-__device__ __noinline__ void reduceDispatch(const CopyPlan& plan, const WorkDesc& d, bool withPre = true,
-                                            bool withPost = true) {
+__device__ __noinline__ void reduceDispatch(const CopyPlan& plan, const WorkDesc& d,
+                                            bool withPre = true, bool withPost = true) {
   switch (static_cast<DataType>(d.dtype)) {
-    case DataType::Int8: reduceTyped<int8_t>(plan, d, withPre, withPost); break;
-    case DataType::Uint8: reduceTyped<uint8_t>(plan, d, withPre, withPost); break;
-    case DataType::Int32: reduceTyped<int32_t>(plan, d, withPre, withPost); break;
-    case DataType::Uint32: reduceTyped<uint32_t>(plan, d, withPre, withPost); break;
-    case DataType::Int64: reduceTyped<int64_t>(plan, d, withPre, withPost); break;
-    case DataType::Uint64: reduceTyped<uint64_t>(plan, d, withPre, withPost); break;
-    case DataType::Float16: reduceTyped<__half>(plan, d, withPre, withPost); break;
-    case DataType::Float32: reduceTyped<float>(plan, d, withPre, withPost); break;
-    case DataType::Float64: reduceTyped<double>(plan, d, withPre, withPost); break;
-    case DataType::Bfloat16: reduceTyped<__nv_bfloat16>(plan, d, withPre, withPost); break;
-    case DataType::Fp8E4M3: reduceTyped<__nv_fp8_e4m3>(plan, d, withPre, withPost); break;
-    case DataType::Fp8E5M2: reduceTyped<__nv_fp8_e5m2>(plan, d, withPre, withPost); break;
+    case DataType::Int8:
+      reduceTyped<int8_t>(plan, d, withPre, withPost);
+      break;
+    case DataType::Uint8:
+      reduceTyped<uint8_t>(plan, d, withPre, withPost);
+      break;
+    case DataType::Int32:
+      reduceTyped<int32_t>(plan, d, withPre, withPost);
+      break;
+    case DataType::Uint32:
+      reduceTyped<uint32_t>(plan, d, withPre, withPost);
+      break;
+    case DataType::Int64:
+      reduceTyped<int64_t>(plan, d, withPre, withPost);
+      break;
+    case DataType::Uint64:
+      reduceTyped<uint64_t>(plan, d, withPre, withPost);
+      break;
+    case DataType::Float16:
+      reduceTyped<__half>(plan, d, withPre, withPost);
+      break;
+    case DataType::Float32:
+      reduceTyped<float>(plan, d, withPre, withPost);
+      break;
+    case DataType::Float64:
+      reduceTyped<double>(plan, d, withPre, withPost);
+      break;
+    case DataType::Bfloat16:
+      reduceTyped<__nv_bfloat16>(plan, d, withPre, withPost);
+      break;
+    case DataType::Fp8E4M3:
+      reduceTyped<__nv_fp8_e4m3>(plan, d, withPre, withPost);
+      break;
+    case DataType::Fp8E5M2:
+      reduceTyped<__nv_fp8_e5m2>(plan, d, withPre, withPost);
+      break;
   }
 }
 
@@ -114,17 +140,20 @@ __device__ __noinline__ void reduceDispatch(const CopyPlan& plan, const WorkDesc
 // The pointers are read through volatile so the compiler cannot turn the call back into a
 // direct one. The launch kernel calls reduceDispatch / copyBytes directly (its graph is small
 // and compiles clean); the wrappers keep their address-taken copies apart from it.
-__device__ __noinline__ void reduceDispatchAbi(const CopyPlan& plan, const WorkDesc& d, bool withPre, bool withPost) {
+__device__ __noinline__ void reduceDispatchAbi(const CopyPlan& plan, const WorkDesc& d,
+                                               bool withPre, bool withPost) {
   reduceDispatch(plan, d, withPre, withPost);
 }
-__device__ __noinline__ void copyBytesAbi(const CopyPlan& plan) { copyBytes(plan); }
+__device__ __noinline__ void copyBytesAbi(const CopyPlan& plan) {
+  copyBytes(plan);
+}
 using ReduceMover = void (*)(const CopyPlan&, const WorkDesc&, bool, bool);
 using CopyMover = void (*)(const CopyPlan&);
 __device__ ReduceMover gReduceMover = reduceDispatchAbi;
 __device__ CopyMover gCopyMover = copyBytesAbi;
 
-__device__ __forceinline__ void moveReduce(const CopyPlan& plan, const WorkDesc& d, bool withPre = true,
-                                           bool withPost = true) {
+__device__ __forceinline__ void moveReduce(const CopyPlan& plan, const WorkDesc& d,
+                                           bool withPre = true, bool withPost = true) {
   (*reinterpret_cast<volatile ReduceMover*>(&gReduceMover))(plan, d, withPre, withPost);
 }
 __device__ __forceinline__ void moveCopy(const CopyPlan& plan) {

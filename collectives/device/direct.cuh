@@ -9,17 +9,30 @@ namespace mkernel {
 namespace coll {
 namespace dev {
 
-// ---- one collective, this CTA's share ------------------------------------------------------------
+// ---- one collective, this CTA's share
+// ------------------------------------------------------------
 
-__device__ inline bool aligned16(uint64_t p) { return (p & 15) == 0; }
+__device__ inline bool aligned16(uint64_t p) {
+  return (p & 15) == 0;
+}
 
 // dataTypeSize() of collectives/types.h is a host constexpr function; this is its device twin.
 __device__ inline uint64_t elemSize(int32_t dtype) {
   switch (static_cast<DataType>(dtype)) {
-    case DataType::Int8: case DataType::Uint8: case DataType::Fp8E4M3: case DataType::Fp8E5M2: return 1;
-    case DataType::Float16: case DataType::Bfloat16: return 2;
-    case DataType::Int32: case DataType::Uint32: case DataType::Float32: return 4;
-    default: return 8;
+    case DataType::Int8:
+    case DataType::Uint8:
+    case DataType::Fp8E4M3:
+    case DataType::Fp8E5M2:
+      return 1;
+    case DataType::Float16:
+    case DataType::Bfloat16:
+      return 2;
+    case DataType::Int32:
+    case DataType::Uint32:
+    case DataType::Float32:
+      return 4;
+    default:
+      return 8;
   }
 }
 
@@ -47,29 +60,35 @@ __device__ bool planCollective(const KernelParams& p, SharedState& sh, const Wor
   const uint64_t myDst = sh.peerDst[r];
   switch (coll) {
     case CollType::AllReduce:
-      for (int k = 0; k < n; ++k) plan.src[plan.nSrc++] = reinterpret_cast<const char*>(sh.peerSrc[k] + start * esz);
+      for (int k = 0; k < n; ++k)
+        plan.src[plan.nSrc++] = reinterpret_cast<const char*>(sh.peerSrc[k] + start * esz);
       if (static_cast<Algo>(d.algo) == Algo::TwoShot) {
-        for (int k = 0; k < n; ++k) plan.dst[plan.nDst++] = reinterpret_cast<char*>(sh.peerDst[k] + start * esz);
+        for (int k = 0; k < n; ++k)
+          plan.dst[plan.nDst++] = reinterpret_cast<char*>(sh.peerDst[k] + start * esz);
       } else {
         plan.dst[plan.nDst++] = reinterpret_cast<char*>(myDst + start * esz);
       }
       break;
     case CollType::ReduceScatter:
       for (int k = 0; k < n; ++k)
-        plan.src[plan.nSrc++] = reinterpret_cast<const char*>(sh.peerSrc[k] + (uint64_t(r) * d.count + start) * esz);
+        plan.src[plan.nSrc++] =
+            reinterpret_cast<const char*>(sh.peerSrc[k] + (uint64_t(r) * d.count + start) * esz);
       plan.dst[plan.nDst++] = reinterpret_cast<char*>(myDst + start * esz);
       break;
     case CollType::AllGather:
       plan.src[plan.nSrc++] = reinterpret_cast<const char*>(sh.peerSrc[r] + start * esz);
       for (int k = 0; k < n; ++k)
-        plan.dst[plan.nDst++] = reinterpret_cast<char*>(sh.peerDst[k] + (uint64_t(r) * d.count + start) * esz);
+        plan.dst[plan.nDst++] =
+            reinterpret_cast<char*>(sh.peerDst[k] + (uint64_t(r) * d.count + start) * esz);
       break;
     case CollType::Broadcast:
       plan.src[plan.nSrc++] = reinterpret_cast<const char*>(sh.peerSrc[d.root] + start * esz);
-      for (int k = 0; k < n; ++k) plan.dst[plan.nDst++] = reinterpret_cast<char*>(sh.peerDst[k] + start * esz);
+      for (int k = 0; k < n; ++k)
+        plan.dst[plan.nDst++] = reinterpret_cast<char*>(sh.peerDst[k] + start * esz);
       break;
     case CollType::Reduce:
-      for (int k = 0; k < n; ++k) plan.src[plan.nSrc++] = reinterpret_cast<const char*>(sh.peerSrc[k] + start * esz);
+      for (int k = 0; k < n; ++k)
+        plan.src[plan.nSrc++] = reinterpret_cast<const char*>(sh.peerSrc[k] + start * esz);
       plan.dst[plan.nDst++] = reinterpret_cast<char*>(sh.peerDst[d.root] + start * esz);
       break;
   }

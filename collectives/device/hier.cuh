@@ -8,7 +8,8 @@ namespace mkernel {
 namespace coll {
 namespace dev {
 
-// ---- emulated nodes: the hierarchical algorithms of collectives/algo/hier_staged.h ---------------------
+// ---- emulated nodes: the hierarchical algorithms of collectives/algo/hier_staged.h
+// ---------------------
 //
 // Each of the op's CTAs (MKERNEL_HIER_CTAS; 1 by default) runs its slice. Node-local regions are
 // the staged buffers of this node's ranks (staged.h's layout, the CTA's own regions); the
@@ -17,8 +18,10 @@ namespace dev {
 // slot s < kHierNetSlots: flag 2 s sends, 2 s + 1 receives; the totals live in DeviceState so that
 // a relaunched kernel continues them).
 
-static_assert(2 * kMaxRanks <= proxy::kRingSlots, "a rail round's commands (a send and a receive per node) fit the ring");
-static_assert(2 * kHierNetSlots <= static_cast<int>(proxy::kMaxFlags), "two completion counters per net slot");
+static_assert(2 * kMaxRanks <= proxy::kRingSlots,
+              "a rail round's commands (a send and a receive per node) fit the ring");
+static_assert(2 * kHierNetSlots <= static_cast<int>(proxy::kMaxFlags),
+              "two completion counters per net slot");
 
 struct HierExecutor : CtaMover {
   const KernelParams& p;
@@ -28,10 +31,12 @@ struct HierExecutor : CtaMover {
   int lane;  // the proxy channel and net buffers: this CTA's own, or (CTA roles) its lane's
 
   __device__ char* in(int local, int parity) const {
-    return p.stagedBuf[node * p.perNode + local] + stagedRegionOffset(cta, parity, p.stagedChunkBytes);
+    return p.stagedBuf[node * p.perNode + local] +
+           stagedRegionOffset(cta, parity, p.stagedChunkBytes);
   }
   __device__ char* out(int local, int parity) const {
-    return p.stagedBuf[node * p.perNode + local] + stagedRegionOffset(cta, 2 + parity, p.stagedChunkBytes);
+    return p.stagedBuf[node * p.perNode + local] +
+           stagedRegionOffset(cta, 2 + parity, p.stagedChunkBytes);
   }
   __device__ char* netSend(int slot) const {
     return p.netBuf + static_cast<uint64_t>(lane) * p.netBufBytes +
@@ -39,15 +44,20 @@ struct HierExecutor : CtaMover {
   }
   __device__ proxy::ProxyRing* ring() const { return p.proxyRing + lane; }
   __device__ proxy::ProxyFlags* flags() const { return p.proxyFlags + lane; }
-  __device__ char* netRecv(int slot, int m) const { return netSend(slot) + (1 + static_cast<uint64_t>(m)) * p.stagedChunkBytes; }
+  __device__ char* netRecv(int slot, int m) const {
+    return netSend(slot) + (1 + static_cast<uint64_t>(m)) * p.stagedChunkBytes;
+  }
   // CTA 0's waits (DeviceState::hierWait): thread 0's %globaltimer around them.
-  __device__ uint64_t waitStart() const { return cta == 0 && threadIdx.x == 0 ? dev::globalTimerNs() : 0; }
+  __device__ uint64_t waitStart() const {
+    return cta == 0 && threadIdx.x == 0 ? dev::globalTimerNs() : 0;
+  }
   __device__ void waitEnd(int k, uint64_t t0) const {
     if (cta == 0 && threadIdx.x == 0) p.self->hierWait[k] += dev::globalTimerNs() - t0;
   }
   __device__ bool nodeBarrier() {
     const uint64_t t0 = waitStart();
-    const bool ok = ctaBarrier(p, sh.peers, cta, epoch, kWaitPeerChunk, d.coll, node * p.perNode, p.perNode);
+    const bool ok =
+        ctaBarrier(p, sh.peers, cta, epoch, kWaitPeerChunk, d.coll, node * p.perNode, p.perNode);
     waitEnd(1, t0);
     return ok;
   }
@@ -70,8 +80,8 @@ struct HierExecutor : CtaMover {
     CtaMover::copy(dsts, nDst, src, bytes);
     busyEnd(net ? kBusyCopyNet : kBusyCopy, t0);
   }
-  __device__ void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems,
-                         bool withPre = true, bool withPost = true) {
+  __device__ void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc,
+                         uint64_t elems, bool withPre = true, bool withPost = true) {
     if (elems == 0) return;
     const uint64_t t0 = waitStart();
     bool net = false;
@@ -85,8 +95,9 @@ struct HierExecutor : CtaMover {
   // The round's commands go to the ring as one batch (proxy::proxyReserve/Write/Publish): one
   // release fence, and no read of the host-mapped ring while it has room (the producer's head and
   // the tail it last saw live in DeviceState).
-  __device__ bool railPost(int round, int slot, const char* const* sendPtr, const uint64_t* sendBytes,
-                           char* const* recvPtr, const uint64_t* recvBytes) {
+  __device__ bool railPost(int round, int slot, const char* const* sendPtr,
+                           const uint64_t* sendBytes, char* const* recvPtr,
+                           const uint64_t* recvBytes) {
     const uint64_t t0 = waitStart();
     __syncthreads();  // the CTA's writes into the net buffer precede thread 0's posts
     if (threadIdx.x == 0) {
@@ -94,9 +105,11 @@ struct HierExecutor : CtaMover {
       // net buffer before the commands' seq (the barrier-then-fence pattern of a flag store).
       uint64_t sends = p.self->proxySends[lane][slot], recvs = p.self->proxyRecvs[lane][slot];
       uint32_t n = 0;
-      for (int m = 0; m < p.nNodes; ++m) n += (recvBytes[m] != 0 ? 1u : 0u) + (sendBytes[m] != 0 ? 1u : 0u);
+      for (int m = 0; m < p.nNodes; ++m)
+        n += (recvBytes[m] != 0 ? 1u : 0u) + (sendBytes[m] != 0 ? 1u : 0u);
       proxy::ProxyProducer pr{p.self->proxyHead[lane], p.self->proxyTailSeen[lane]};
-      bool ok = proxy::proxyReserve(ring(), flags(), &pr, n, p.timeoutNs) == proxy::PostStatus::kPosted;
+      bool ok =
+          proxy::proxyReserve(ring(), flags(), &pr, n, p.timeoutNs) == proxy::PostStatus::kPosted;
       uint32_t i = 0;
       for (int pass = 0; pass < 2 && ok; ++pass) {  // receives first, then sends
         for (int m = 0; m < p.nNodes && ok; ++m) {
@@ -111,7 +124,10 @@ struct HierExecutor : CtaMover {
           c.tag = round;
           c.flag = 2 * static_cast<uint32_t>(slot) + (pass == 0 ? 1u : 0u);
           proxy::proxyWrite(ring(), pr, i++, c);
-          if (pass == 0) ++recvs; else ++sends;
+          if (pass == 0)
+            ++recvs;
+          else
+            ++sends;
         }
       }
       if (ok) proxy::proxyPublish(ring(), &pr, n);
@@ -130,14 +146,17 @@ struct HierExecutor : CtaMover {
   __device__ bool railWaitCounts(int slot, uint64_t sends, uint64_t recvs) {
     const uint32_t f = 2 * static_cast<uint32_t>(slot);
     bool ok = proxy::proxyWaitFlag(flags(), f, sends, p.timeoutNs) == proxy::WaitStatus::kReached;
-    ok = ok && proxy::proxyWaitFlag(flags(), f + 1, recvs, p.timeoutNs) == proxy::WaitStatus::kReached;
+    ok = ok &&
+         proxy::proxyWaitFlag(flags(), f + 1, recvs, p.timeoutNs) == proxy::WaitStatus::kReached;
     if (!ok) recordError(p, cta, -1, kWaitProxy, d.coll, recvs);
     return ok;
   }
   __device__ bool railWait(int slot) {
     const uint64_t t0 = waitStart();
     if (threadIdx.x == 0)
-      sh.stop = railWaitCounts(slot, p.self->proxySends[lane][slot], p.self->proxyRecvs[lane][slot]) ? 0 : 1;
+      sh.stop = railWaitCounts(slot, p.self->proxySends[lane][slot], p.self->proxyRecvs[lane][slot])
+                    ? 0
+                    : 1;
     waitEnd(0, t0);
     __syncthreads();  // the received bytes are read after thread 0 saw them land
     return sh.stop == 0;
@@ -166,8 +185,10 @@ struct HierExecutor : CtaMover {
   __device__ bool roleWait(int k, uint64_t target) {
     const uint64_t t0 = waitStart();
     if (threadIdx.x == 0)
-      sh.stop = waitGeq(p, &p.self->hierRole[lane].counter[k], target, cta, -1, kWaitHierRole, d.coll,
-                        kInternalWaitFactor * p.timeoutNs) ? 0 : 1;
+      sh.stop = waitGeq(p, &p.self->hierRole[lane].counter[k], target, cta, -1, kWaitHierRole,
+                        d.coll, kInternalWaitFactor * p.timeoutNs)
+                    ? 0
+                    : 1;
     waitEnd(2, t0);
     __syncthreads();
     return sh.stop == 0;
@@ -192,8 +213,8 @@ struct HierExecutor : CtaMover {
   }
 };
 
-__device__ __noinline__ bool runHier(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta, uint64_t* epoch,
-                        uint64_t* chunkSeq) {
+__device__ __noinline__ bool runHier(const KernelParams& p, SharedState& sh, const WorkDesc& d,
+                                     int cta, uint64_t* epoch, uint64_t* chunkSeq) {
   HierCall c;
   c.coll = static_cast<CollType>(d.coll);
   c.root = d.root;

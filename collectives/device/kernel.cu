@@ -66,23 +66,28 @@ Result persistentKernelLocalBytes(size_t* out) {
   // loading waits for running kernels; NCCL queries its kernels at init for the same reason).
   cudaError_t err = cudaFuncGetAttributes(&attr, dev::launchLlBatchKernel);
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "attributes of the LL batch kernel: %s", cudaGetErrorString(err));
+    return MK_ERROR(Result::UnhandledCudaError, "attributes of the LL batch kernel: %s",
+                    cudaGetErrorString(err));
   size_t batchLocal = attr.localSizeBytes;
   err = cudaFuncGetAttributes(&attr, dev::launchLlKernel);
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "attributes of the LL kernel: %s", cudaGetErrorString(err));
+    return MK_ERROR(Result::UnhandledCudaError, "attributes of the LL kernel: %s",
+                    cudaGetErrorString(err));
   if (attr.localSizeBytes > batchLocal) batchLocal = attr.localSizeBytes;
   err = cudaFuncGetAttributes(&attr, dev::launchDirectKernel);
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "attributes of the direct-mode kernel: %s", cudaGetErrorString(err));
+    return MK_ERROR(Result::UnhandledCudaError, "attributes of the direct-mode kernel: %s",
+                    cudaGetErrorString(err));
   if (attr.localSizeBytes > batchLocal) batchLocal = attr.localSizeBytes;
   err = cudaFuncGetAttributes(&attr, dev::launchKernel);
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "attributes of the launch-path kernel: %s", cudaGetErrorString(err));
+    return MK_ERROR(Result::UnhandledCudaError, "attributes of the launch-path kernel: %s",
+                    cudaGetErrorString(err));
   const size_t launchLocal = attr.localSizeBytes > batchLocal ? attr.localSizeBytes : batchLocal;
   err = cudaFuncGetAttributes(&attr, dev::persistentKernel);
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "attributes of the persistent kernel: %s", cudaGetErrorString(err));
+    return MK_ERROR(Result::UnhandledCudaError, "attributes of the persistent kernel: %s",
+                    cudaGetErrorString(err));
   *out = attr.localSizeBytes > launchLocal ? attr.localSizeBytes : launchLocal;
   return Result::Success;
 }
@@ -110,7 +115,8 @@ Result warmKernels(cudaStream_t stream) {
   }
   if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "warm-up launches of the kernels failed: %s", cudaGetErrorString(err));
+    return MK_ERROR(Result::UnhandledCudaError, "warm-up launches of the kernels failed: %s",
+                    cudaGetErrorString(err));
   return Result::Success;
 }
 
@@ -118,8 +124,9 @@ Result launchPersistentKernel(const KernelParams& p, cudaStream_t stream) {
   dev::persistentKernel<<<p.nCtas, kKernelThreads, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching the persistent kernel (%d CTAs) failed: %s",
-                    p.rank, p.nCtas, cudaGetErrorString(err));
+    return MK_ERROR(Result::UnhandledCudaError,
+                    "rank %d: launching the persistent kernel (%d CTAs) failed: %s", p.rank,
+                    p.nCtas, cudaGetErrorString(err));
   return Result::Success;
 }
 
@@ -127,8 +134,8 @@ namespace {
 // A launch-path kernel: with MKERNEL_PDL, through cudaLaunchKernelEx with programmatic stream
 // serialization (the kernel then waits for the stream's earlier work itself: pdlEnter).
 template <typename... Params, typename... Args>
-cudaError_t launchPath(void (*kernel)(Params...), const KernelParams& p, int nCtas, int threads, cudaStream_t stream,
-                       Args&&... args) {
+cudaError_t launchPath(void (*kernel)(Params...), const KernelParams& p, int nCtas, int threads,
+                       cudaStream_t stream, Args&&... args) {
   if (p.pdl == 0) {
     kernel<<<nCtas, threads, 0, stream>>>(std::forward<Args>(args)...);
     return cudaGetLastError();
@@ -147,58 +154,69 @@ cudaError_t launchPath(void (*kernel)(Params...), const KernelParams& p, int nCt
 }
 }  // namespace
 
-Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uint64_t epoch, uint64_t opIndex,
-                        int mode, cudaStream_t stream) {
+Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uint64_t epoch,
+                        uint64_t opIndex, int mode, cudaStream_t stream) {
   cudaError_t err;
   if (mode == kLaunchModeLl && p.nRanks > 1 && (p.ownKernels & kOwnKernelLl) != 0)
     err = launchPath(dev::launchLlKernel, p, nCtas, kLaunchThreads, stream, p, d, epoch, opIndex);
   else if (mode == kLaunchModeDirect && (p.ownKernels & kOwnKernelDirect) != 0)
-    err = launchPath(dev::launchDirectKernel, p, nCtas, kDirectThreads, stream, p, d, epoch, opIndex);
+    err =
+        launchPath(dev::launchDirectKernel, p, nCtas, kDirectThreads, stream, p, d, epoch, opIndex);
   else
-    err = launchPath(dev::launchKernel, p, nCtas, kLaunchThreads, stream, p, d, epoch, opIndex, mode);
+    err =
+        launchPath(dev::launchKernel, p, nCtas, kLaunchThreads, stream, p, d, epoch, opIndex, mode);
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching the launch-path kernel (%d CTAs) failed: %s",
-                    p.rank, nCtas, cudaGetErrorString(err));
+    return MK_ERROR(Result::UnhandledCudaError,
+                    "rank %d: launching the launch-path kernel (%d CTAs) failed: %s", p.rank, nCtas,
+                    cudaGetErrorString(err));
   return Result::Success;
 }
 
 Result launchLlBatch(const KernelParams& p, const LlBatch& b, int nCtas, cudaStream_t stream) {
   cudaError_t err = launchPath(dev::launchLlBatchKernel, p, nCtas, kLaunchThreads, stream, p, b);
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "rank %d: launching a batch of %d LL collectives (%d CTAs) failed: %s",
-                    p.rank, b.nOps, nCtas, cudaGetErrorString(err));
+    return MK_ERROR(Result::UnhandledCudaError,
+                    "rank %d: launching a batch of %d LL collectives (%d CTAs) failed: %s", p.rank,
+                    b.nOps, nCtas, cudaGetErrorString(err));
   return Result::Success;
 }
 
 Result launchKernelCtasPerSm(int* out) {
   int batch = 0;
-  cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, dev::launchKernel, kLaunchThreads, 0);
+  cudaError_t err =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, dev::launchKernel, kLaunchThreads, 0);
   if (err == cudaSuccess)
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&batch, dev::launchLlBatchKernel, kLaunchThreads, 0);
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&batch, dev::launchLlBatchKernel,
+                                                        kLaunchThreads, 0);
   int own = 0;
   if (err == cudaSuccess)
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&own, dev::launchLlKernel, kLaunchThreads, 0);
+    err =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&own, dev::launchLlKernel, kLaunchThreads, 0);
   if (err == cudaSuccess && own < batch) batch = own;
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "occupancy query of the launch-path kernels failed: %s",
+    return MK_ERROR(Result::UnhandledCudaError,
+                    "occupancy query of the launch-path kernels failed: %s",
                     cudaGetErrorString(err));
   if (batch < *out) *out = batch;  // an LL batch takes up to as many CTAs as one op
   return Result::Success;
 }
 
 Result directKernelCtasPerSm(int* out) {
-  cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, dev::launchDirectKernel, kDirectThreads, 0);
+  cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, dev::launchDirectKernel,
+                                                                  kDirectThreads, 0);
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "occupancy query of the direct-mode kernel failed: %s",
+    return MK_ERROR(Result::UnhandledCudaError,
+                    "occupancy query of the direct-mode kernel failed: %s",
                     cudaGetErrorString(err));
   return Result::Success;
 }
 
 Result persistentKernelCtasPerSm(int* out) {
-  cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, dev::persistentKernel, kKernelThreads, 0);
+  cudaError_t err =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, dev::persistentKernel, kKernelThreads, 0);
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "occupancy query of the persistent kernel failed: %s",
-                    cudaGetErrorString(err));
+    return MK_ERROR(Result::UnhandledCudaError,
+                    "occupancy query of the persistent kernel failed: %s", cudaGetErrorString(err));
   return Result::Success;
 }
 

@@ -22,8 +22,8 @@ namespace coll {
 // pdl, trace pointer, rank and nRanks cost five such misses before the peers').
 struct KernelParams {
   // ---- hot: the launch-path kernels' first reads ----
-  DeviceState* self;              // == peers[rank]
-  KernelTraceRecord* trace;       // kTraceDepth records in device memory, or nullptr (no tracing)
+  DeviceState* self;         // == peers[rank]
+  KernelTraceRecord* trace;  // kTraceDepth records in device memory, or nullptr (no tracing)
   int32_t rank;
   int32_t nRanks;
   // 1: the kernel returns at once (warmKernels: a launch made only so that the driver sizes the
@@ -34,10 +34,13 @@ struct KernelParams {
   // (griddepcontrol.wait) before they read anything; 2 they also let the next such launch on the
   // stream become resident at once (griddepcontrol.launch_dependents), one rank per GPU only.
   uint32_t pdl;
-  // MKERNEL_GRAPH_EPILOGUE=light: a captured launch numbers its replay without fences (launchKernel).
+  // MKERNEL_GRAPH_EPILOGUE=light: a captured launch numbers its replay without fences
+  // (launchKernel).
   uint32_t graphEpilogueLight;
-  uint32_t launchWatch;  // MKERNEL_LAUNCH_WATCH: 0 off, 1 the first launch-path op, 2 every op (launchStarted)
-  uint32_t traceGraph;   // MKERNEL_KERNEL_TRACE=2 (1) or 3 (2: the LL receive's detail): launch-path kernels trace captured ops, not eager ones
+  uint32_t launchWatch;  // MKERNEL_LAUNCH_WATCH: 0 off, 1 the first launch-path op, 2 every op
+                         // (launchStarted)
+  uint32_t traceGraph;  // MKERNEL_KERNEL_TRACE=2 (1) or 3 (2: the LL receive's detail): launch-path
+                        // kernels trace captured ops, not eager ones
   // 1: eager launch-path ops are numbered by the device, as captured ones are, in the same
   // namespace (launch_path.h, "One numbering"), so that an op captured on one rank and eager on
   // another meet; 0 (MKERNEL_EAGER_HOST_NUMBERS=1): by the host, in a namespace of their own.
@@ -50,10 +53,10 @@ struct KernelParams {
   // kOwnKernelLl (MKERNEL_LL_KERNEL=own: launchLlKernel) and kOwnKernelDirect
   // (MKERNEL_DIRECT_KERNEL=own: launchDirectKernel).
   uint32_t ownKernels;
-  const WorkSlot* slots;          // host-mapped, device address
-  void* staging;                  // this rank's one-shot staging buffer (in-place AllReduce)
+  const WorkSlot* slots;  // host-mapped, device address
+  void* staging;          // this rank's one-shot staging buffer (in-place AllReduce)
   uint64_t stagingBytes;
-  uint64_t idleExitNs;            // MKERNEL_IDLE_EXIT_US
+  uint64_t idleExitNs;  // MKERNEL_IDLE_EXIT_US
   // Process ranks (collectives/algo/staged.h): every rank's staging buffer as this process maps it
   // (CUDA IPC), all nullptr when the ranks are threads of one process.
   char* stagedBuf[kMaxRanks];
@@ -65,38 +68,42 @@ struct KernelParams {
   proxy::ProxyRing* proxyRing;    // hierCtas rings, one per CTA (a channel of the rank's proxy)
   proxy::ProxyFlags* proxyFlags;  // hierCtas flag blocks
   char* netBuf;                   // hierCtas blocks of netBufBytes
-  uint64_t netBufBytes;           // one CTA's net buffers: 2 slots x (nNodes + 1) x stagedChunkBytes
-  int32_t hierCtas;               // MKERNEL_HIER_CTAS: CTAs a hierarchical collective is split over
+  uint64_t netBufBytes;  // one CTA's net buffers: 2 slots x (nNodes + 1) x stagedChunkBytes
+  int32_t hierCtas;      // MKERNEL_HIER_CTAS: CTAs a hierarchical collective is split over
   int32_t nNodes;
   int32_t perNode;
   int32_t nCtas;
-  int32_t staged;                 // 1: process ranks, collectives go through stagedBuf
+  int32_t staged;  // 1: process ranks, collectives go through stagedBuf
   // Test hook (MKERNEL_TEST_STALL_BARRIER, 0 = off): every CTA of this rank stops moving data at
   // the K-th barrier of a staged collective (counted within the collective, its start barrier
   // first), reports it in HostControl::testStalled and spins until the communicator is aborted,
   // so that a test can kill the process in the middle of a collective's data movement.
   uint32_t testStallBarrier;
-  uint32_t hierOverlap;  // MKERNEL_HIER_OVERLAP: pipelined hierarchical AllReduce (0: phases in turn)
+  uint32_t
+      hierOverlap;  // MKERNEL_HIER_OVERLAP: pipelined hierarchical AllReduce (0: phases in turn)
   uint32_t hierKeepOwn;  // MKERNEL_HIER_KEEP_OWN: HierCall::keepOwn (0: the own piece through P)
   int32_t hierAhead;     // MKERNEL_HIER_AHEAD: HierCall::ahead (1 or 2 chunks)
   // MKERNEL_HIER_ROLES: workers and reducers per lane of a hierarchical AllReduce in CTA roles
   // (collectives/algo/hier_staged.h); 0, 0: the data-parallel form.
   int32_t hierWorkers;
   int32_t hierReducers;
-  int32_t hierRail;  // MKERNEL_HIER_RAIL (coll::HierRailAlgo): the AllReduce's exchange among the rail
-  // Rings (staged_ring.h): ringOrder[p] the rank at position p when ringOrdered (PeerSetup::ringOrder).
+  int32_t
+      hierRail;  // MKERNEL_HIER_RAIL (coll::HierRailAlgo): the AllReduce's exchange among the rail
+  // Rings (staged_ring.h): ringOrder[p] the rank at position p when ringOrdered
+  // (PeerSetup::ringOrder).
   int32_t ringOrdered;
   uint8_t ringOrder[kMaxRanks];
 };
-static_assert(offsetof(KernelParams, peers) == 64, "KernelParams: the hot fields fill the first 64-byte line");
+static_assert(offsetof(KernelParams, peers) == 64,
+              "KernelParams: the hot fields fill the first 64-byte line");
 
 // Launches the persistent kernel with p.nCtas CTAs of kKernelThreads threads on `stream`.
 Result launchPersistentKernel(const KernelParams& p, cudaStream_t stream);
 
-// Local memory (stack) per thread the persistent kernel (or the launch-path kernel) needs: the device's stack limit must be
-// at least this BEFORE kernels run, or a later launch resizes local memory, which waits for every
-// running kernel, i.e. forever for a peer's persistent kernel (NCCL sets the limit for the same
-// reason).
+// Local memory (stack) per thread the persistent kernel (or the launch-path kernel) needs: the
+// device's stack limit must be at least this BEFORE kernels run, or a later launch resizes local
+// memory, which waits for every running kernel, i.e. forever for a peer's persistent kernel (NCCL
+// sets the limit for the same reason).
 Result persistentKernelLocalBytes(size_t* out);
 
 // Launches the persistent kernel and the launch-path kernels once each, as no-ops (KernelParams::
@@ -109,8 +116,8 @@ Result warmKernels(cudaStream_t stream);
 // take the hardware queues in turn) and returns on how many it ran within `seconds`.
 int probeFreshStreams(int n, double seconds);
 
-// The launch path (collectives/route/launch_path.h): launches the small-collective kernel for `d` with
-// nCtas CTAs on the caller's stream; `epoch` is the communicator's launch-path op counter (the
+// The launch path (collectives/route/launch_path.h): launches the small-collective kernel for `d`
+// with nCtas CTAs on the caller's stream; `epoch` is the communicator's launch-path op counter (the
 // same on every rank), `opIndex` what the kernel reports in DeviceState::launchDone[d.coll].
 // `mode`: kLaunchModeInbox (publish into the own inbox, peers read it), kLaunchModeDirect (thread
 // ranks only, any size: the CTAs exchange buffer addresses instead of data and run the direct
@@ -120,8 +127,8 @@ int probeFreshStreams(int n, double seconds);
 constexpr int kLaunchModeInbox = 0;
 constexpr int kLaunchModeDirect = 1;
 constexpr int kLaunchModeLl = 2;
-Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uint64_t epoch, uint64_t opIndex,
-                        int mode, cudaStream_t stream);
+Result launchCollective(const KernelParams& p, const WorkDesc& d, int nCtas, uint64_t epoch,
+                        uint64_t opIndex, int mode, cudaStream_t stream);
 
 // A run of a group's LL ops (launch_path.h, "LL batches"), launched as one kernel of nCtas CTAs.
 // exchange 0 (MKERNEL_LL_BATCH=serial; one CTA, ops of one CTA each): op i is the

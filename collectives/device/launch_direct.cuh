@@ -15,8 +15,8 @@ namespace dev {
 // (kWaitLaunchPeer) after MKERNEL_TIMEOUT_S, and abort or an earlier failure ends the wait.
 
 // Sets up sh.plan for one copy or reduction (thread 0), then the whole CTA runs it.
-__device__ void launchMove(SharedState& sh, const WorkDesc& d, bool reduce, const char* const* srcs, int nSrc,
-                           char* dst, uint64_t elems, uint64_t esz) {
+__device__ void launchMove(SharedState& sh, const WorkDesc& d, bool reduce, const char* const* srcs,
+                           int nSrc, char* dst, uint64_t elems, uint64_t esz) {
   if (elems == 0) return;
   if (threadIdx.x == 0) {
     bool al = aligned16(reinterpret_cast<uint64_t>(dst));
@@ -45,8 +45,8 @@ __device__ void launchMove(SharedState& sh, const WorkDesc& d, bool reduce, cons
 // and waits for every peer's launchEnd[c] >= e: until then peers may still read our input or write
 // our output. The mailbox of op e is overwritten only at a later op, which starts after this
 // rank's op e passed the end flags, i.e. after every peer's CTA c finished op e.
-__device__ bool launchDirect(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta, uint64_t epoch,
-                             int ns) {
+__device__ bool launchDirect(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta,
+                             uint64_t epoch, int ns) {
   const int n = p.nRanks, r = p.rank;
   if (threadIdx.x == 0) {
     CtaMailbox* mb = &p.self->launch[ns].mailbox[cta];
@@ -58,7 +58,8 @@ __device__ bool launchDirect(const KernelParams& p, SharedState& sh, const WorkD
   const int peer = static_cast<int>(threadIdx.x);
   bool ok = true;
   if (peer < n && peer != r)
-    ok = waitGeq(p, &sh.peers[peer]->launch[ns].arrive[cta].epoch, epoch, cta, peer, kWaitLaunchPeer, d.coll);
+    ok = waitGeq(p, &sh.peers[peer]->launch[ns].arrive[cta].epoch, epoch, cta, peer,
+                 kWaitLaunchPeer, d.coll);
   if (!__syncthreads_and(ok)) return false;
   if (peer < n) {
     const CtaMailbox* mb = &sh.peers[peer]->launch[ns].mailbox[cta];
@@ -85,7 +86,8 @@ __device__ bool launchDirect(const KernelParams& p, SharedState& sh, const WorkD
   }
   ok = true;
   if (peer < n && peer != r)
-    ok = waitGeq(p, &sh.peers[peer]->launch[ns].end[cta].epoch, epoch, cta, peer, kWaitLaunchPeerEnd, d.coll);
+    ok = waitGeq(p, &sh.peers[peer]->launch[ns].end[cta].epoch, epoch, cta, peer,
+                 kWaitLaunchPeerEnd, d.coll);
   return __syncthreads_and(ok) != 0;
 }
 

@@ -13,14 +13,15 @@ namespace dev {
 // False when the communicator had failed or a wait failed.
 // kDirectOnly: launchDirectKernel's instance, direct mode only (n > 1: launchDirect_ needs peers).
 template <bool kDirectOnly>
-__device__ __forceinline__ bool launchRun(const KernelParams& p, SharedState& sh, const WorkDesc& d, uint64_t epoch,
-                                          int ns, int mode, uint64_t traceSeq) {
+__device__ __forceinline__ bool launchRun(const KernelParams& p, SharedState& sh, const WorkDesc& d,
+                                          uint64_t epoch, int ns, int mode, uint64_t traceSeq) {
   const bool direct = mode == kLaunchModeDirect;
   const int cta = blockIdx.x;
   const int n = p.nRanks, r = p.rank;
   const CollType coll = static_cast<CollType>(d.coll);
   const uint64_t esz = elemSize(d.dtype);
-  const bool reduce = coll == CollType::AllReduce || coll == CollType::ReduceScatter || coll == CollType::Reduce;
+  const bool reduce =
+      coll == CollType::AllReduce || coll == CollType::ReduceScatter || coll == CollType::Reduce;
   if (sh.stop) return false;
   if (kDirectOnly) return launchDirect(p, sh, d, cta, epoch, ns);
   if (mode == kLaunchModeLl && n > 1) return launchLl(p, d, epoch, ns, traceSeq);
@@ -51,20 +52,23 @@ __device__ __forceinline__ bool launchRun(const KernelParams& p, SharedState& sh
     bool ok = true;
     const int peer = static_cast<int>(threadIdx.x);
     if (peer < n && peer != r)
-      ok = waitGeq(p, &sh.peers[peer]->launch[ns].arrive[cta].epoch, epoch, cta, peer, kWaitLaunchPeer, d.coll);
+      ok = waitGeq(p, &sh.peers[peer]->launch[ns].arrive[cta].epoch, epoch, cta, peer,
+                   kWaitLaunchPeer, d.coll);
     if (!__syncthreads_and(ok)) return false;
     if (lp.compute && lp.part.count > 0) {
       if (coll == CollType::AllGather) {
         for (int k = 0; k < n; ++k) {
           srcs[0] = sh.peers[k]->launch[ns].inbox[parity] + lp.readOffset * esz;
-          launchMove(sh, d, false, srcs, 1, recv + (static_cast<uint64_t>(k) * d.count + lp.part.offset) * esz,
+          launchMove(sh, d, false, srcs, 1,
+                     recv + (static_cast<uint64_t>(k) * d.count + lp.part.offset) * esz,
                      lp.part.count, esz);
         }
       } else if (coll == CollType::Broadcast) {
         srcs[0] = sh.peers[d.root]->launch[ns].inbox[parity] + lp.readOffset * esz;
         launchMove(sh, d, false, srcs, 1, recv + lp.part.offset * esz, lp.part.count, esz);
       } else {
-        for (int k = 0; k < n; ++k) srcs[k] = sh.peers[k]->launch[ns].inbox[parity] + lp.readOffset * esz;
+        for (int k = 0; k < n; ++k)
+          srcs[k] = sh.peers[k]->launch[ns].inbox[parity] + lp.readOffset * esz;
         launchMove(sh, d, true, srcs, n, recv + lp.part.offset * esz, lp.part.count, esz);
       }
     }
@@ -93,7 +97,8 @@ __device__ __forceinline__ void pdlEnter(const KernelParams& p) {
 // The launch-path kernels' trace record and first stamp (MKERNEL_KERNEL_TRACE): eager ops, record
 // epoch - 1; with MKERNEL_KERNEL_TRACE=2 or 3 captured ops instead, record their graph number - 1,
 // which CTA 0's thread 0 reads here (its start stamp taken before that read). kNoTrace otherwise.
-__device__ __forceinline__ uint64_t launchTraceBegin(const KernelParams& p, bool graph, uint64_t epoch) {
+__device__ __forceinline__ uint64_t launchTraceBegin(const KernelParams& p, bool graph,
+                                                     uint64_t epoch) {
   if (p.trace == nullptr || (p.traceGraph != 0) != graph) return kNoTrace;
   if (!graph) {
     traceAt(p, blockIdx.x, epoch - 1, kTraceSeen);
@@ -119,8 +124,8 @@ __device__ __forceinline__ uint64_t launchTraceBegin(const KernelParams& p, bool
 // order, or an event across streams). One CTA (every LL op up to 8 KiB) needs no counter at all:
 // its store follows the reads of the same word. fenced: two __threadfence and a plain atomic.
 // captured: the op counts in graphOps (an eager op numbered by the device counts in launchDone).
-__device__ __forceinline__ void graphEpilogue(const KernelParams& p, int coll, uint64_t e, bool fenceFirst,
-                                              bool captured) {
+__device__ __forceinline__ void graphEpilogue(const KernelParams& p, int coll, uint64_t e,
+                                              bool fenceFirst, bool captured) {
   if (p.graphEpilogueLight) {
     if (gridDim.x > 1 && fenceFirst) __threadfence();
     if (gridDim.x == 1 || atomicAddAcquireGpu(&p.self->graphCtasDone, 1u) + 1 == gridDim.x) {
@@ -148,8 +153,8 @@ __device__ __forceinline__ void graphEpilogue(const KernelParams& p, int coll, u
 // measured); a grid constant's address is its place in the constant bank.
 // The body of launchKernel and of launchDirectKernel (kDirectOnly: mode is kLaunchModeDirect).
 template <bool kDirectOnly>
-__device__ __forceinline__ void launchBody(const KernelParams& p, const WorkDesc& d, uint64_t epoch, uint64_t opIndex,
-                                           int mode, SharedState& sh) {
+__device__ __forceinline__ void launchBody(const KernelParams& p, const WorkDesc& d, uint64_t epoch,
+                                           uint64_t opIndex, int mode, SharedState& sh) {
   if (p.warmup) return;  // warmKernels
   pdlEnter(p);
   // captured: no host number (epoch 0). graph: numbered by the device, in the graph namespace
@@ -175,17 +180,21 @@ __device__ __forceinline__ void launchBody(const KernelParams& p, const WorkDesc
     // The value the epilogue numbers this launch with: with the light epilogue an acquire load,
     // which keeps this CTA's atomicAdd on graphCtasDone after it (launchKernel's end).
     sh.epoch = !graph ? epoch
-               : (p.graphEpilogueLight ? loadAcquireGpu(&p.self->graphSeq) : loadVolatile64(&p.self->graphSeq)) + 1;
+                      : (p.graphEpilogueLight ? loadAcquireGpu(&p.self->graphSeq)
+                                              : loadVolatile64(&p.self->graphSeq)) +
+                            1;
     // The launch watch (MKERNEL_LAUNCH_WATCH), for the watched ops only: a posted store into host
     // memory, whose flush would hold back the kernel's end at every op.
     if (!captured && blockIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && epoch == 1)))
       p.ctl->launchStarted = epoch;
   }
-  if (threadIdx.x < kMaxRanks) sh.peers[threadIdx.x] = threadIdx.x < p.nRanks ? p.peers[threadIdx.x] : nullptr;
+  if (threadIdx.x < kMaxRanks)
+    sh.peers[threadIdx.x] = threadIdx.x < p.nRanks ? p.peers[threadIdx.x] : nullptr;
   __syncthreads();
   const uint64_t e = sh.epoch;
   traceAt(p, blockIdx.x, traceSeq, kTraceStartBarrier);  // (set up)
-  const bool ran = launchRun<kDirectOnly>(p, sh, d, e, graph ? kLaunchGraph : kLaunchEager, mode, traceSeq);
+  const bool ran =
+      launchRun<kDirectOnly>(p, sh, d, e, graph ? kLaunchGraph : kLaunchEager, mode, traceSeq);
   traceAt(p, blockIdx.x, traceSeq, kTraceEndBarrier);
   // Statistics and finalize of eager ops: device memory (the host copies it when it needs it).
   if (!captured && ran && blockIdx.x == 0 && threadIdx.x == 0)
@@ -201,9 +210,9 @@ __device__ __forceinline__ void launchBody(const KernelParams& p, const WorkDesc
   traceAt(p, blockIdx.x, traceSeq, kTraceReported);
 }
 
-__global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_constant__ KernelParams p,
-                                                                  const __grid_constant__ WorkDesc d, uint64_t epoch,
-                                                                  uint64_t opIndex, int mode) {
+__global__ void __launch_bounds__(kLaunchThreads, 1)
+    launchKernel(const __grid_constant__ KernelParams p, const __grid_constant__ WorkDesc d,
+                 uint64_t epoch, uint64_t opIndex, int mode) {
   __shared__ SharedState sh;
   launchBody<false>(p, d, epoch, opIndex, mode, sh);
 }
@@ -214,9 +223,9 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchKernel(const __grid_c
 // is bound by (reduceCopy, copyBytes: kUnroll 16-byte vectors per thread and source). launchKernel
 // carries the LL and inbox modes too, whose registers (152 per thread) allow 256 threads per SM.
 // The same protocol, flags, mailboxes and numbering as launchKernel's direct mode.
-__global__ void __launch_bounds__(kDirectThreads, 1) launchDirectKernel(const __grid_constant__ KernelParams p,
-                                                                        const __grid_constant__ WorkDesc d,
-                                                                        uint64_t epoch, uint64_t opIndex) {
+__global__ void __launch_bounds__(kDirectThreads, 1)
+    launchDirectKernel(const __grid_constant__ KernelParams p, const __grid_constant__ WorkDesc d,
+                       uint64_t epoch, uint64_t opIndex) {
   __shared__ SharedState sh;
   launchBody<true>(p, d, epoch, opIndex, kLaunchModeDirect, sh);
 }
@@ -229,9 +238,9 @@ __global__ void __launch_bounds__(kDirectThreads, 1) launchDirectKernel(const __
 // launchKernel's LL op takes 5.0-5.2 us from start to end on one H200 with two emulated
 // ranks, where a bare kernel doing the same exchange takes under 1 us (mkernel-latbench exch-ll,
 // docs/PERFORMANCE.md).
-__global__ void __launch_bounds__(kLaunchThreads, 1) launchLlKernel(const __grid_constant__ KernelParams p,
-                                                                    const __grid_constant__ WorkDesc d,
-                                                                    uint64_t epoch, uint64_t opIndex) {
+__global__ void __launch_bounds__(kLaunchThreads, 1)
+    launchLlKernel(const __grid_constant__ KernelParams p, const __grid_constant__ WorkDesc d,
+                   uint64_t epoch, uint64_t opIndex) {
   if (p.warmup) return;  // warmKernels
   pdlEnter(p);
   const bool captured = epoch == 0;
@@ -258,7 +267,8 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlKernel(const __grid
   const uint64_t stageSeq = p.traceGraph == 2 ? kNoTrace : traceSeq;
   if (p.traceGraph == 2) a.detailSeq = traceSeq;
   traceAt(p, blockIdx.x, stageSeq, kTraceLoaded);  // (this thread's pushes issued)
-  if (!captured && blockIdx.x == 0 && threadIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && epoch == 1)))
+  if (!captured && blockIdx.x == 0 && threadIdx.x == 0 &&
+      (p.launchWatch == 2 || (p.launchWatch == 1 && epoch == 1)))
     p.ctl->launchStarted = epoch;
   // One answer for the CTA: a thread that saw the stop flag pushed nothing.
   bool ok = __syncthreads_or(stop) == 0;
@@ -274,7 +284,8 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlKernel(const __grid
   // launchKernel's graph epilogue, after every thread's last use of e (llFinish's barrier; a
   // stopped CTA passed the barrier above).
   if (threadIdx.x != 0) return;
-  graphEpilogue(p, d.coll, e, /*fenceFirst=*/true, captured);  // (graphSeq read with a plain load, above)
+  graphEpilogue(p, d.coll, e, /*fenceFirst=*/true,
+                captured);  // (graphSeq read with a plain load, above)
   traceAt(p, blockIdx.x, traceSeq, kTraceReported);
 }
 

@@ -8,11 +8,13 @@ namespace mkernel {
 namespace coll {
 namespace dev {
 
-// ---- LL mode (launch_path.h, "LL mode") ----------------------------------------------------------
+// ---- LL mode (launch_path.h, "LL mode")
+// ----------------------------------------------------------
 
 // Up to 8 bytes of a user buffer (fewer at its end: the rest reads as 0).
 __device__ __forceinline__ uint64_t llLoad8(const char* p, uint64_t avail) {
-  if (avail >= 8 && (reinterpret_cast<uint64_t>(p) & 7) == 0) return *reinterpret_cast<const uint64_t*>(p);
+  if (avail >= 8 && (reinterpret_cast<uint64_t>(p) & 7) == 0)
+    return *reinterpret_cast<const uint64_t*>(p);
   uint64_t v = 0;
   const int m = avail < 8 ? static_cast<int>(avail) : 8;
   for (int b = 0; b < m; ++b) v |= static_cast<uint64_t>(static_cast<uint8_t>(p[b])) << (8 * b);
@@ -28,15 +30,16 @@ __device__ __forceinline__ void llStore8(char* p, uint64_t v, uint64_t avail) {
 }
 // One line, both halves carrying the flag (two aligned 8-byte halves in one 16-byte store).
 __device__ __forceinline__ void llPut(LlLine* line, uint64_t v, uint32_t flag) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line), "r"(static_cast<uint32_t>(v)),
-               "r"(flag), "r"(static_cast<uint32_t>(v >> 32)), "r"(flag)
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line),
+               "r"(static_cast<uint32_t>(v)), "r"(flag), "r"(static_cast<uint32_t>(v >> 32)),
+               "r"(flag)
                : "memory");
 }
 // Polls a line of this rank's slots until both halves carry `flag`, takes its payload and zeroes
 // it. Bounded like waitGeq: false on stop, abort or timeout (recorded as kWaitLaunchPeer, with
 // the half's flag seen).
-__device__ __noinline__ bool llTake(const KernelParams& p, LlLine* line, uint32_t flag, uint64_t* out, int peer,
-                                    int coll, uint64_t epoch) {
+__device__ __noinline__ bool llTake(const KernelParams& p, LlLine* line, uint32_t flag,
+                                    uint64_t* out, int peer, int coll, uint64_t epoch) {
   uint64_t start = 0;
   for (uint32_t iter = 1;; ++iter) {
     uint32_t a, b, c, d;
@@ -46,7 +49,8 @@ __device__ __noinline__ bool llTake(const KernelParams& p, LlLine* line, uint32_
                  : "memory");
     if (b == flag && d == flag) {
       *out = static_cast<uint64_t>(a) | (static_cast<uint64_t>(c) << 32);
-      asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(line), "r"(0u) : "memory");
+      asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(line), "r"(0u)
+                   : "memory");
       return true;
     }
     if ((iter & 255) == 0) {
@@ -56,7 +60,8 @@ __device__ __noinline__ bool llTake(const KernelParams& p, LlLine* line, uint32_
       if (start == 0) {
         start = now;
       } else if (now - start > p.timeoutNs) {
-        recordError(p, static_cast<int>(blockIdx.x), peer, kWaitLaunchPeer, coll, epoch, b != flag ? b : d);
+        recordError(p, static_cast<int>(blockIdx.x), peer, kWaitLaunchPeer, coll, epoch,
+                    b != flag ? b : d);
         return false;
       }
       if (iter > (1u << 16)) __nanosleep(200);
@@ -69,7 +74,8 @@ struct LlArgs {
   LlRange range;       // this CTA's lines
   uint64_t payload;    // bytes from each source to each destination
   uint64_t slotLines;  // llSlotLines(n): source k's lines start at k * slotLines
-  uint64_t lineBase;   // where the op's lines start in each slot (an LL batch's later ops: after the earlier ones')
+  uint64_t lineBase;  // where the op's lines start in each slot (an LL batch's later ops: after the
+                      // earlier ones')
   uint64_t epoch;
   int ns, parity;
   uint32_t flag;
@@ -78,7 +84,8 @@ struct LlArgs {
   // to (receive begun, first poll answered, line taken, combined and stored), else kNoTrace.
   uint64_t detailSeq;
 };
-__device__ __forceinline__ LlLine* llOwnLine(const KernelParams& p, const LlArgs& a, int source, uint64_t i) {
+__device__ __forceinline__ LlLine* llOwnLine(const KernelParams& p, const LlArgs& a, int source,
+                                             uint64_t i) {
   return &p.self->ll[a.ns].lines[a.parity][llSlotLine(a.slotLines, source, a.lineBase + i)];
 }
 
@@ -91,8 +98,8 @@ __device__ __forceinline__ uint64_t llBatchLine(uint64_t base, int u, uint32_t s
 }
 // The batch's payload at byte offset `from` of a buffer (line i at from + i * 8).
 template <int B = kLlBatch>
-__device__ __forceinline__ void llLoadBatch(const char* from, uint64_t payload, uint64_t base, uint64_t end,
-                                            uint32_t stride, uint64_t (&v)[B]) {
+__device__ __forceinline__ void llLoadBatch(const char* from, uint64_t payload, uint64_t base,
+                                            uint64_t end, uint32_t stride, uint64_t (&v)[B]) {
 #pragma unroll
   for (int u = 0; u < B; ++u) {
     const uint64_t i = llBatchLine(base, u, stride);
@@ -100,8 +107,9 @@ __device__ __forceinline__ void llLoadBatch(const char* from, uint64_t payload, 
   }
 }
 template <int B = kLlBatch>
-__device__ __forceinline__ void llStoreBatch(char* to, uint64_t payload, uint64_t base, uint64_t end,
-                                             uint32_t stride, const uint64_t (&v)[B]) {
+__device__ __forceinline__ void llStoreBatch(char* to, uint64_t payload, uint64_t base,
+                                             uint64_t end, uint32_t stride,
+                                             const uint64_t (&v)[B]) {
 #pragma unroll
   for (int u = 0; u < B; ++u) {
     const uint64_t i = llBatchLine(base, u, stride);
@@ -110,8 +118,8 @@ __device__ __forceinline__ void llStoreBatch(char* to, uint64_t payload, uint64_
 }
 // Pushes the batch's payload into source slot `mine` of a peer's lines.
 template <int B = kLlBatch>
-__device__ __forceinline__ void llPutBatch(LlLine* peerLines, uint64_t base, uint64_t end, uint32_t stride,
-                                           const uint64_t (&v)[B], uint32_t flag) {
+__device__ __forceinline__ void llPutBatch(LlLine* peerLines, uint64_t base, uint64_t end,
+                                           uint32_t stride, const uint64_t (&v)[B], uint32_t flag) {
 #pragma unroll
   for (int u = 0; u < B; ++u) {
     const uint64_t i = llBatchLine(base, u, stride);
@@ -121,8 +129,9 @@ __device__ __forceinline__ void llPutBatch(LlLine* peerLines, uint64_t base, uin
 // Takes the batch's lines from source k: one poll of each line, all issued together, then llTake
 // for any line still missing its flag. False as llTake.
 template <int B = kLlBatch>
-__device__ __forceinline__ bool llTakeBatch(const KernelParams& p, const LlArgs& a, int k, uint64_t base,
-                                            uint64_t end, uint64_t (&v)[B], int coll) {
+__device__ __forceinline__ bool llTakeBatch(const KernelParams& p, const LlArgs& a, int k,
+                                            uint64_t base, uint64_t end, uint64_t (&v)[B],
+                                            int coll) {
   uint32_t w[B][4];
 #pragma unroll
   for (int u = 0; u < B; ++u) {
@@ -149,7 +158,8 @@ __device__ __forceinline__ bool llTakeBatch(const KernelParams& p, const LlArgs&
       v[u] = 0;
     } else if (w[u][1] == a.flag && w[u][3] == a.flag) {
       v[u] = static_cast<uint64_t>(w[u][0]) | (static_cast<uint64_t>(w[u][2]) << 32);
-      asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(llOwnLine(p, a, k, i)), "r"(0u)
+      asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(llOwnLine(p, a, k, i)),
+                   "r"(0u)
                    : "memory");
     } else {
       // The slow path: spin on this line. Through a temporary, so that v stays in registers
@@ -181,10 +191,18 @@ __device__ __forceinline__ LlRed llRedOf(const WorkDesc& d) {
   if (d.scalarDevPtr) {
     const void* sp = reinterpret_cast<const void*>(d.scalarDevPtr);
     switch (elemSize(d.dtype)) {
-      case 1: o.scalarBits = loadCg(static_cast<const uint8_t*>(sp)); break;
-      case 2: o.scalarBits = loadCg(static_cast<const uint16_t*>(sp)); break;
-      case 4: o.scalarBits = loadCg(static_cast<const uint32_t*>(sp)); break;
-      default: o.scalarBits = loadCg(static_cast<const uint64_t*>(sp)); break;
+      case 1:
+        o.scalarBits = loadCg(static_cast<const uint8_t*>(sp));
+        break;
+      case 2:
+        o.scalarBits = loadCg(static_cast<const uint16_t*>(sp));
+        break;
+      case 4:
+        o.scalarBits = loadCg(static_cast<const uint32_t*>(sp));
+        break;
+      default:
+        o.scalarBits = loadCg(static_cast<const uint64_t*>(sp));
+        break;
     }
   }
   return o;
@@ -193,7 +211,8 @@ __device__ __forceinline__ LlRed llRedOf(const WorkDesc& d) {
 // One 8-byte word of a reduction in type T: acc = pre(v) (first) or combine(acc, pre(v)), then
 // post() (last), as reduceCopy combines (docs/REDUCTIONS.md).
 template <typename T, int FAMILY>
-__device__ __forceinline__ uint64_t llStepAs(uint64_t acc, uint64_t v, bool first, bool last, const LlRed& o) {
+__device__ __forceinline__ uint64_t llStepAs(uint64_t acc, uint64_t v, bool first, bool last,
+                                             const LlRed& o) {
   constexpr int kPer = 8 / sizeof(T);
   T scalar;
   memcpy(&scalar, &o.scalarBits, sizeof(T));
@@ -211,7 +230,8 @@ __device__ __forceinline__ uint64_t llStepAs(uint64_t acc, uint64_t v, bool firs
   return acc;
 }
 template <typename T>
-__device__ __forceinline__ uint64_t llStepTyped(uint64_t acc, uint64_t v, bool first, bool last, const LlRed& o) {
+__device__ __forceinline__ uint64_t llStepTyped(uint64_t acc, uint64_t v, bool first, bool last,
+                                                const LlRed& o) {
   if (o.kind == DevRedOpKind::Prod) return llStepAs<T, kFamilyProd>(acc, v, first, last, o);
   if (o.kind == DevRedOpKind::Min || o.kind == DevRedOpKind::Max)
     return llStepAs<T, kFamilyMinMax>(acc, v, first, last, o);
@@ -223,18 +243,30 @@ __device__ __forceinline__ uint64_t llStepTyped(uint64_t acc, uint64_t v, bool f
 // behind generic loads and its registers in local memory.
 __device__ __noinline__ uint64_t llStep(uint64_t acc, uint64_t v, bool first, bool last, LlRed o) {
   switch (static_cast<DataType>(o.dtype)) {
-    case DataType::Int8: return llStepTyped<int8_t>(acc, v, first, last, o);
-    case DataType::Uint8: return llStepTyped<uint8_t>(acc, v, first, last, o);
-    case DataType::Int32: return llStepTyped<int32_t>(acc, v, first, last, o);
-    case DataType::Uint32: return llStepTyped<uint32_t>(acc, v, first, last, o);
-    case DataType::Int64: return llStepTyped<int64_t>(acc, v, first, last, o);
-    case DataType::Uint64: return llStepTyped<uint64_t>(acc, v, first, last, o);
-    case DataType::Float16: return llStepTyped<__half>(acc, v, first, last, o);
-    case DataType::Float32: return llStepTyped<float>(acc, v, first, last, o);
-    case DataType::Float64: return llStepTyped<double>(acc, v, first, last, o);
-    case DataType::Bfloat16: return llStepTyped<__nv_bfloat16>(acc, v, first, last, o);
-    case DataType::Fp8E4M3: return llStepTyped<__nv_fp8_e4m3>(acc, v, first, last, o);
-    case DataType::Fp8E5M2: return llStepTyped<__nv_fp8_e5m2>(acc, v, first, last, o);
+    case DataType::Int8:
+      return llStepTyped<int8_t>(acc, v, first, last, o);
+    case DataType::Uint8:
+      return llStepTyped<uint8_t>(acc, v, first, last, o);
+    case DataType::Int32:
+      return llStepTyped<int32_t>(acc, v, first, last, o);
+    case DataType::Uint32:
+      return llStepTyped<uint32_t>(acc, v, first, last, o);
+    case DataType::Int64:
+      return llStepTyped<int64_t>(acc, v, first, last, o);
+    case DataType::Uint64:
+      return llStepTyped<uint64_t>(acc, v, first, last, o);
+    case DataType::Float16:
+      return llStepTyped<__half>(acc, v, first, last, o);
+    case DataType::Float32:
+      return llStepTyped<float>(acc, v, first, last, o);
+    case DataType::Float64:
+      return llStepTyped<double>(acc, v, first, last, o);
+    case DataType::Bfloat16:
+      return llStepTyped<__nv_bfloat16>(acc, v, first, last, o);
+    case DataType::Fp8E4M3:
+      return llStepTyped<__nv_fp8_e4m3>(acc, v, first, last, o);
+    case DataType::Fp8E5M2:
+      return llStepTyped<__nv_fp8_e5m2>(acc, v, first, last, o);
   }
   return acc;
 }
@@ -243,7 +275,8 @@ __device__ __noinline__ uint64_t llStep(uint64_t acc, uint64_t v, bool first, bo
 // in rank order (this rank's own from its input), combined as reduceCopy does (pre on each input,
 // combine left to right, post), written to the output. False when a wait failed.
 template <int B = kLlBatch>
-__device__ __forceinline__ bool llReduceLines(const KernelParams& p, const WorkDesc& d, const LlArgs& a) {
+__device__ __forceinline__ bool llReduceLines(const KernelParams& p, const WorkDesc& d,
+                                              const LlArgs& a) {
   const int n = p.nRanks, r = p.rank;
   const CollType coll = static_cast<CollType>(d.coll);
   const uint64_t esz = elemSize(d.dtype);
@@ -268,22 +301,25 @@ __device__ __forceinline__ bool llReduceLines(const KernelParams& p, const WorkD
       }
 #pragma unroll
       for (int u = 0; u < B; ++u)
-        if (llBatchLine(base, u, a.nthr) < end) acc[u] = llStep(acc[u], v[u], k == 0, k == n - 1, o);
+        if (llBatchLine(base, u, a.nthr) < end)
+          acc[u] = llStep(acc[u], v[u], k == 0, k == n - 1, o);
     }
     llStoreBatch<B>(recv, a.payload, base, end, a.nthr, acc);
   }
-  traceAt(p, blockIdx.x, a.detailSeq, kTraceEndBarrier);  // (MKERNEL_KERNEL_TRACE=3: combined, stored)
+  traceAt(p, blockIdx.x, a.detailSeq,
+          kTraceEndBarrier);  // (MKERNEL_KERNEL_TRACE=3: combined, stored)
   return true;
 }
 
 // What CTA blockIdx.x of an LL op works with (launch_path.h). One CTA (every op up to
 // kLlBytesPerCta) divides nothing. wholeOp: every line of the op (an LL batch's op, whose warps
 // may be in any CTA), no division either.
-__device__ __forceinline__ LlArgs llArgs(const KernelParams& p, const WorkDesc& d, uint64_t epoch, int ns,
-                                         bool wholeOp = false) {
+__device__ __forceinline__ LlArgs llArgs(const KernelParams& p, const WorkDesc& d, uint64_t epoch,
+                                         int ns, bool wholeOp = false) {
   LlArgs a;
   a.payload = llPayloadBytes(d.count, elemSize(d.dtype));
-  a.range = wholeOp ? LlRange{0, llLines(a.payload)} : llCtaLines(llLines(a.payload), gridDim.x, blockIdx.x);
+  a.range = wholeOp ? LlRange{0, llLines(a.payload)}
+                    : llCtaLines(llLines(a.payload), gridDim.x, blockIdx.x);
   a.slotLines = llSlotLines(p.nRanks);
   a.lineBase = 0;
   a.epoch = epoch;
@@ -302,10 +338,11 @@ __device__ __forceinline__ LlArgs llArgs(const KernelParams& p, const WorkDesc& 
 // stop flag's mirror, the barrier) overlaps the NVLink crossing instead of preceding it. Peers'
 // addresses come from the kernel's parameters (no shared state is set up yet). stop: the
 // communicator has failed, nothing is stored; its loads are issued before stop is tested, so that
-// the stop flag's latency and the input's overlap. token: phase 0 too (an LL batch's first op only).
+// the stop flag's latency and the input's overlap. token: phase 0 too (an LL batch's first op
+// only).
 template <int B = kLlBatch>
-__device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d, const LlArgs& a, bool stop,
-                                      bool token = true) {
+__device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d, const LlArgs& a,
+                                       bool stop, bool token = true) {
   const int n = p.nRanks, r = p.rank, cta = blockIdx.x;
   const CollType coll = static_cast<CollType>(d.coll);
   const uint64_t esz = elemSize(d.dtype);
@@ -321,7 +358,8 @@ __device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d,
   const uint32_t stride = a.nthr;
   const uint64_t step = B * stride;
   // 0. The token: this rank has started op e (so it has finished op e - 1).
-  if (token && !stop && cta == 0 && tid < n && tid != r) llPut(&p.peers[tid]->ll[ns].token[a.parity][r], 0, flag);
+  if (token && !stop && cta == 0 && tid < n && tid != r)
+    llPut(&p.peers[tid]->ll[ns].token[a.parity][r], 0, flag);
   // 1. Push, a batch at a time.
   if (coll == CollType::ReduceScatter) {
     for (uint64_t base = first; base < end; base += step) {
@@ -329,10 +367,12 @@ __device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d,
         if (k == r) continue;
         uint64_t v[B];
         llLoadBatch<B>(send + llSendOffset(coll, d.count, esz, k), payload, base, end, stride, v);
-        if (!stop) llPutBatch<B>(&p.peers[k]->ll[ns].lines[a.parity][mine], base, end, stride, v, flag);
+        if (!stop)
+          llPutBatch<B>(&p.peers[k]->ll[ns].lines[a.parity][mine], base, end, stride, v, flag);
       }
     }
-  } else if (!(coll == CollType::Broadcast && r != d.root) && !(coll == CollType::Reduce && r == d.root)) {
+  } else if (!(coll == CollType::Broadcast && r != d.root) &&
+             !(coll == CollType::Reduce && r == d.root)) {
     for (uint64_t base = first; base < end; base += step) {
       uint64_t v[B];
       llLoadBatch<B>(send, payload, base, end, stride, v);
@@ -346,7 +386,8 @@ __device__ __forceinline__ void llPush(const KernelParams& p, const WorkDesc& d,
 // LL phase 2 of one op, this CTA's share: its lines received, combined and written. This
 // thread's answer (no barrier); false when a wait failed.
 template <int B = kLlBatch>
-__device__ __forceinline__ bool llReceive(const KernelParams& p, const WorkDesc& d, const LlArgs& a) {
+__device__ __forceinline__ bool llReceive(const KernelParams& p, const WorkDesc& d,
+                                          const LlArgs& a) {
   const int n = p.nRanks, r = p.rank;
   const CollType coll = static_cast<CollType>(d.coll);
   const uint64_t payload = a.payload;
@@ -358,19 +399,22 @@ __device__ __forceinline__ bool llReceive(const KernelParams& p, const WorkDesc&
   const uint64_t step = B * stride;
   // 2. Receive.
   bool ok = true;
-  if (coll == CollType::AllReduce || coll == CollType::ReduceScatter || (coll == CollType::Reduce && r == d.root)) {
+  if (coll == CollType::AllReduce || coll == CollType::ReduceScatter ||
+      (coll == CollType::Reduce && r == d.root)) {
     ok = llReduceLines<B>(p, d, a);
   } else if (coll == CollType::AllGather) {
     for (uint64_t base = first; base < end && ok; base += step) {
       for (int k = 0; k < n && ok; ++k) {
         uint64_t v[B];
         if (k == r) {
-          if (send == recv + static_cast<uint64_t>(r) * payload) continue;  // in place: already there
+          if (send == recv + static_cast<uint64_t>(r) * payload)
+            continue;  // in place: already there
           llLoadBatch<B>(send, payload, base, end, stride, v);
         } else {
           ok = llTakeBatch<B>(p, a, k, base, end, v, d.coll);
         }
-        if (ok) llStoreBatch<B>(recv + static_cast<uint64_t>(k) * payload, payload, base, end, stride, v);
+        if (ok)
+          llStoreBatch<B>(recv + static_cast<uint64_t>(k) * payload, payload, base, end, stride, v);
       }
     }
   } else if (coll == CollType::Broadcast && !(r == d.root && send == recv)) {
@@ -401,7 +445,8 @@ __device__ bool llTokens(const KernelParams& p, const LlArgs& a, int coll) {
 // LL phases 2 and 3 of one op, this CTA's share (llPush ran phases 0 and 1 before). The same
 // answer in every thread: false when a wait failed.
 template <int B = kLlBatch>
-__device__ __forceinline__ bool llFinish(const KernelParams& p, const WorkDesc& d, const LlArgs& a, uint64_t traceSeq) {
+__device__ __forceinline__ bool llFinish(const KernelParams& p, const WorkDesc& d, const LlArgs& a,
+                                         uint64_t traceSeq) {
   bool ok = llReceive<B>(p, d, a);
   traceAt(p, blockIdx.x, traceSeq, kTraceMoved);  // (this thread's lines received and written)
   if (ok) ok = llTokens(p, a, d.coll);
@@ -410,7 +455,8 @@ __device__ __forceinline__ bool llFinish(const KernelParams& p, const WorkDesc& 
 
 // One LL op's phases 2 and 3 in launchKernel (llPush ran phases 0 and 1 at the kernel's start).
 // False when the communicator had failed or a wait failed.
-__device__ bool launchLl(const KernelParams& p, const WorkDesc& d, uint64_t epoch, int ns, uint64_t traceSeq) {
+__device__ bool launchLl(const KernelParams& p, const WorkDesc& d, uint64_t epoch, int ns,
+                         uint64_t traceSeq) {
   return llFinish(p, d, llArgs(p, d, epoch, ns), traceSeq);
 }
 

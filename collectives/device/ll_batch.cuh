@@ -39,13 +39,14 @@ __device__ __noinline__ bool llGridBarrier(const KernelParams& p, uint32_t targe
 // of the grid (push, then receive), a barrier over the grid's CTAs between waves (llGridBarrier),
 // so that a later op's reads and writes of this rank's memory come after an earlier op's that
 // they overlap. ok: the CTA's common answer so far. Returns the CTA's.
-__device__ __forceinline__ bool llBatchExchange(const KernelParams& p, const LlBatch& b, uint64_t e, int ns,
-                                                uint64_t traceSeq, bool ok, bool eager) {
+__device__ __forceinline__ bool llBatchExchange(const KernelParams& p, const LlBatch& b, uint64_t e,
+                                                int ns, uint64_t traceSeq, bool ok, bool eager) {
   const int n = p.nRanks, r = p.rank;
   const int tid = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x), warp = tid / 32;
   const uint32_t flag = llFlag(e);
   // Phase 0, the batch's token: this rank has started exchange e (so it has finished e - 1).
-  if (ok && tid < n && tid != r) llPut(&p.peers[tid]->ll[ns].token[static_cast<int>(e & 1)][r], 0, flag);
+  if (ok && tid < n && tid != r)
+    llPut(&p.peers[tid]->ll[ns].token[static_cast<int>(e & 1)][r], 0, flag);
   uint32_t barriers = 0;
   for (int first = 0; first < b.nOps;) {
     int end = first + 1;
@@ -65,7 +66,8 @@ __device__ __forceinline__ bool llBatchExchange(const KernelParams& p, const LlB
       }
       ok = llReceive(p, b.ops[mine], a);
     }
-    if (end < b.nOps) ok = llGridBarrier(p, ++barriers * gridDim.x, ok);  // this wave's reads and writes done
+    if (end < b.nOps)
+      ok = llGridBarrier(p, ++barriers * gridDim.x, ok);  // this wave's reads and writes done
     first = end;
   }
   traceAt(p, blockIdx.x, traceSeq, kTraceMoved);  // (every wave received)
@@ -86,11 +88,12 @@ __device__ __forceinline__ bool llBatchExchange(const KernelParams& p, const LlB
 }
 
 // MKERNEL_LL_BATCH=serial: op i is number e0 + i, each its own exchange, after op i - 1 ended.
-__device__ __forceinline__ void llBatchSerial(const KernelParams& p, const LlBatch& b, uint64_t e0, int ns, bool ok,
-                                              bool eager) {
+__device__ __forceinline__ void llBatchSerial(const KernelParams& p, const LlBatch& b, uint64_t e0,
+                                              int ns, bool ok, bool eager) {
   for (int i = 0; i < b.nOps && ok; ++i) {
     const uint64_t e = e0 + static_cast<uint64_t>(i);
-    const uint64_t traceSeq = eager ? b.epoch + static_cast<uint64_t>(i) - 1 : kNoTrace;  // the host's number
+    const uint64_t traceSeq =
+        eager ? b.epoch + static_cast<uint64_t>(i) - 1 : kNoTrace;  // the host's number
     traceAt(p, 0, traceSeq, kTraceSeen);
     const LlArgs a = llArgs(p, b.ops[i], e, ns);
     llPush(p, b.ops[i], a, false);
@@ -109,8 +112,8 @@ __device__ __forceinline__ void llBatchSerial(const KernelParams& p, const LlBat
 // has ended (its receives and its peers' tokens), which is what the LL protocol needs between
 // consecutive ops of one rank. exchange (b.exchange 1): llBatchExchange, one number for the
 // batch, over the grid's CTAs. Only LL code: no shared state, no other mode.
-__global__ void __launch_bounds__(kLaunchThreads, 1) launchLlBatchKernel(const __grid_constant__ KernelParams p,
-                                                                         const __grid_constant__ LlBatch b) {
+__global__ void __launch_bounds__(kLaunchThreads, 1)
+    launchLlBatchKernel(const __grid_constant__ KernelParams p, const __grid_constant__ LlBatch b) {
   if (p.warmup) return;  // warmKernels
   pdlEnter(p);
   const bool captured = b.epoch == 0;
@@ -118,12 +121,14 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) launchLlBatchKernel(const _
   const int ns = graph ? kLaunchGraph : kLaunchEager;
   // Captured: graphSeq is the same for every thread during this launch (launchKernel). Thread 0
   // of each CTA reads it with acquire, which keeps the epilogue's counter after its read (below).
-  const uint64_t e0 =
-      !graph ? b.epoch
-             : (threadIdx.x == 0 ? loadAcquireGpu(&p.self->graphSeq) : loadVolatile64(&p.self->graphSeq)) + 1;
+  const uint64_t e0 = !graph ? b.epoch
+                             : (threadIdx.x == 0 ? loadAcquireGpu(&p.self->graphSeq)
+                                                 : loadVolatile64(&p.self->graphSeq)) +
+                                   1;
   const uint64_t eLast = e0 + (b.exchange ? 0 : static_cast<uint64_t>(b.nOps) - 1);
   // The launch watch (launchKernel's): the batch's last host number, which the host watches.
-  if (!captured && blockIdx.x == 0 && threadIdx.x == 0 && (p.launchWatch == 2 || (p.launchWatch == 1 && b.epoch == 1)))
+  if (!captured && blockIdx.x == 0 && threadIdx.x == 0 &&
+      (p.launchWatch == 2 || (p.launchWatch == 1 && b.epoch == 1)))
     p.ctl->launchStarted = b.epoch + (b.exchange ? 0 : static_cast<uint64_t>(b.nOps) - 1);
   // One answer for the CTA (the exchange's waves meet at barriers every thread reaches).
   bool ok = __syncthreads_or(stopRequested(p)) == 0;

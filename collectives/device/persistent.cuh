@@ -34,7 +34,8 @@ __device__ bool runCollective(const KernelParams& p, SharedState& sh, const Work
     if (threadIdx.x == 0) {
       Slice part = rankSlice(d.count, d.nCtas, cta, sliceAlignElems(esz));
       sh.plan.src[0] = reinterpret_cast<const char*>(d.sendbuff + part.offset * esz);
-      sh.plan.dst[0] = reinterpret_cast<char*>(reinterpret_cast<uint64_t>(p.staging) + part.offset * esz);
+      sh.plan.dst[0] =
+          reinterpret_cast<char*>(reinterpret_cast<uint64_t>(p.staging) + part.offset * esz);
       sh.plan.nSrc = sh.plan.nDst = 1;
       sh.plan.count = part.count * esz;
       sh.plan.aligned = aligned16(d.sendbuff) && aligned16(reinterpret_cast<uint64_t>(p.staging));
@@ -73,7 +74,8 @@ __device__ bool runCollective(const KernelParams& p, SharedState& sh, const Work
   return ok;
 }
 
-// ---- leader ---------------------------------------------------------------------------------------
+// ---- leader
+// ---------------------------------------------------------------------------------------
 
 // Marks every Posted/Running slot Done without running it: after an abort or a failure, so that
 // callers' streams never hang on a dead communicator. Counts drained eager slots.
@@ -114,7 +116,9 @@ __device__ bool leaderDispatch(const KernelParams& p, SharedState& sh) {
   const int lane = threadIdx.x & 31;
   const uint64_t seq = loadVolatile64(&self->dispatchSeq);
   bool ok = true;
-  if (lane == 0) ok = waitGeq(p, &self->completedSeq, seq, 0, p.rank, kWaitSlotDone, -1, kInternalWaitFactor * p.timeoutNs);
+  if (lane == 0)
+    ok = waitGeq(p, &self->completedSeq, seq, 0, p.rank, kWaitSlotDone, -1,
+                 kInternalWaitFactor * p.timeoutNs);
   if (!__all_sync(0xffffffffu, ok)) return false;
   uint64_t idleSince = globalTimerNs();
   uint32_t cursor = self->leaderCursor;
@@ -125,7 +129,8 @@ __device__ bool leaderDispatch(const KernelParams& p, SharedState& sh) {
     uint32_t posted[kMaxSlots / 32];
 #pragma unroll
     for (int j = 0; j < kMaxSlots / 32; ++j)
-      posted[j] = __ballot_sync(0xffffffffu, loadVolatile(&self->doorbell[32 * j + lane]) == kDoorbellPosted);
+      posted[j] = __ballot_sync(0xffffffffu,
+                                loadVolatile(&self->doorbell[32 * j + lane]) == kDoorbellPosted);
     int found = -1;
     for (int k = 0; k < kMaxSlots && found < 0; ++k) {  // first Posted slot from the cursor on
       int s = (cursor + k) % kMaxSlots;
@@ -163,7 +168,8 @@ __device__ bool leaderDispatch(const KernelParams& p, SharedState& sh) {
         if (lane == 0) {
           p.ctl->kernelState = kKernelExiting;
           __threadfence_system();
-          exitNow = p.ctl->eagerEnqueued == self->eagerCompleted && (p.ctl->quit || !p.ctl->resident);
+          exitNow =
+              p.ctl->eagerEnqueued == self->eagerCompleted && (p.ctl->quit || !p.ctl->resident);
           if (!exitNow) {
             p.ctl->kernelState = kKernelRunning;
           } else {
@@ -188,7 +194,8 @@ __global__ void __launch_bounds__(kKernelThreads, 1) persistentKernel(KernelPara
   if (p.warmup) return;  // warmKernels
   const int cta = blockIdx.x;
   DeviceState* self = p.self;
-  if (threadIdx.x < kMaxRanks) sh.peers[threadIdx.x] = threadIdx.x < p.nRanks ? p.peers[threadIdx.x] : nullptr;
+  if (threadIdx.x < kMaxRanks)
+    sh.peers[threadIdx.x] = threadIdx.x < p.nRanks ? p.peers[threadIdx.x] : nullptr;
   uint64_t consumed = self->ctaConsumed[cta];
   uint64_t epoch = self->ctaEpoch[cta];
   uint64_t chunkSeq = self->ctaChunk[cta];
@@ -214,21 +221,29 @@ __global__ void __launch_bounds__(kKernelThreads, 1) persistentKernel(KernelPara
       }
     }
     __syncthreads();
-    if (sh.stop) { failed = true; break; }
+    if (sh.stop) {
+      failed = true;
+      break;
+    }
     ++consumed;
     if (sh.slotIndex == kDispatchExit) break;
     // Load the slot's descriptors: the leader's copy in device memory (L2), all at once.
     constexpr int kSlotVecs = sizeof(WorkSlot) / 16;
     if (threadIdx.x < kSlotVecs)
-      reinterpret_cast<uint4*>(&sh.slot)[threadIdx.x] =
-          __ldcg(reinterpret_cast<const uint4*>(&self->dispatched[(consumed - 1) % kDispatchDepth]) + threadIdx.x);
+      reinterpret_cast<uint4*>(&sh.slot)[threadIdx.x] = __ldcg(
+          reinterpret_cast<const uint4*>(&self->dispatched[(consumed - 1) % kDispatchDepth]) +
+          threadIdx.x);
     __syncthreads();
     traceAt(p, cta, consumed - 1, kTraceLoaded);
     if (cta >= static_cast<int>(sh.slot.ctasNeeded)) continue;
     bool ok = true;
     for (uint32_t i = 0; i < sh.slot.nOps && ok; ++i)
-      ok = runCollective(p, sh, sh.slot.ops[i], cta, &epoch, i == 0 ? consumed - 1 : kNoTrace, &chunkSeq);
-    if (!ok) { failed = true; break; }
+      ok = runCollective(p, sh, sh.slot.ops[i], cta, &epoch, i == 0 ? consumed - 1 : kNoTrace,
+                         &chunkSeq);
+    if (!ok) {
+      failed = true;
+      break;
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
       __threadfence_system();

@@ -5,8 +5,8 @@
 // (integer Avg) divides the wrapped sum once, truncating toward zero.
 //
 // reduceCopy() is the one data-moving primitive of every reducing collective: it reads nSrc
-// inputs (combined in source order, i.e. canonical rank order, collectives/algo/algo.h) and writes the
-// result to nDst outputs, with 16-byte loads when every pointer is 16-byte aligned. Loads use
+// inputs (combined in source order, i.e. canonical rank order, collectives/algo/algo.h) and writes
+// the result to nDst outputs, with 16-byte loads when every pointer is 16-byte aligned. Loads use
 // ld.global.cg (L2 only): data written by other SMs since our last read must not come from a
 // stale L1 line.
 #pragma once
@@ -85,7 +85,9 @@ struct Arith<__half> {
   static __device__ __forceinline__ T mul(T a, T b) { return __hmul(a, b); }
   static __device__ __forceinline__ T min(T a, T b) { return __hmin(a, b); }
   static __device__ __forceinline__ T max(T a, T b) { return __hmax(a, b); }
-  static __device__ __forceinline__ T div(T a, uint32_t n) { return __float2half(__half2float(a) / n); }
+  static __device__ __forceinline__ T div(T a, uint32_t n) {
+    return __float2half(__half2float(a) / n);
+  }
   static __device__ __forceinline__ T fromDouble(double x) { return __double2half(x); }
 };
 
@@ -96,7 +98,9 @@ struct Arith<__nv_bfloat16> {
   static __device__ __forceinline__ T mul(T a, T b) { return __hmul(a, b); }
   static __device__ __forceinline__ T min(T a, T b) { return __hmin(a, b); }
   static __device__ __forceinline__ T max(T a, T b) { return __hmax(a, b); }
-  static __device__ __forceinline__ T div(T a, uint32_t n) { return __float2bfloat16(__bfloat162float(a) / n); }
+  static __device__ __forceinline__ T div(T a, uint32_t n) {
+    return __float2bfloat16(__bfloat162float(a) / n);
+  }
   static __device__ __forceinline__ T fromDouble(double x) { return __double2bfloat16(x); }
 };
 
@@ -108,7 +112,9 @@ struct ArithFp8 {
   static __device__ __forceinline__ F8 mul(F8 a, F8 b) { return F8(__hmul(h(a), h(b))); }
   static __device__ __forceinline__ F8 min(F8 a, F8 b) { return __hlt(h(b), h(a)) ? b : a; }
   static __device__ __forceinline__ F8 max(F8 a, F8 b) { return __hlt(h(a), h(b)) ? b : a; }
-  static __device__ __forceinline__ F8 div(F8 a, uint32_t n) { return F8(__float2half(__half2float(h(a)) / n)); }
+  static __device__ __forceinline__ F8 div(F8 a, uint32_t n) {
+    return F8(__float2half(__half2float(h(a)) / n));
+  }
   static __device__ __forceinline__ F8 fromDouble(double x) { return F8(__double2half(x)); }
 };
 template <>
@@ -141,7 +147,8 @@ struct Reducer {
     return Arith<T>::add(a, b);
   }
   __device__ __forceinline__ T post(T x) const {
-    if constexpr (FAMILY == kFamilySum && std::is_integral<T>::value) return postDiv ? Arith<T>::div(x, divisor) : x;
+    if constexpr (FAMILY == kFamilySum && std::is_integral<T>::value)
+      return postDiv ? Arith<T>::div(x, divisor) : x;
     return x;
   }
 };

@@ -8,7 +8,8 @@ namespace mkernel {
 namespace coll {
 namespace dev {
 
-// ---- process ranks: the staged algorithm of collectives/algo/staged.h, run by one CTA -------------------
+// ---- process ranks: the staged algorithm of collectives/algo/staged.h, run by one CTA
+// -------------------
 
 // Copies and reductions of a whole CTA for the executors below (staged.h, hier_staged.h): thread
 // 0 writes the plan into shared memory, every thread moves its share.
@@ -34,8 +35,8 @@ struct CtaMover {
     moveCopy(sh.plan);
     __syncthreads();
   }
-  __device__ void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems,
-                         bool withPre = true, bool withPost = true) {
+  __device__ void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc,
+                         uint64_t elems, bool withPre = true, bool withPost = true) {
     if (elems == 0) return;
     if (threadIdx.x == 0) {
       bool al = true;
@@ -99,8 +100,8 @@ struct StagedExecutor : CtaMover {
   }
 };
 
-__device__ bool runStaged(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta, uint64_t* epoch,
-                          uint64_t* chunkSeq) {
+__device__ bool runStaged(const KernelParams& p, SharedState& sh, const WorkDesc& d, int cta,
+                          uint64_t* epoch, uint64_t* chunkSeq) {
   const CollType coll = static_cast<CollType>(d.coll);
   StagedCall c;
   c.coll = coll;

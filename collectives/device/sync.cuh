@@ -41,7 +41,10 @@ __device__ __forceinline__ uint32_t loadAcquireGpu32(const uint32_t* p) {
 }
 __device__ __forceinline__ uint32_t atomicAddAcquireGpu(uint32_t* p, uint32_t v) {
   uint32_t old;
-  asm volatile("atom.acquire.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  asm volatile("atom.acquire.gpu.global.add.u32 %0, [%1], %2;"
+               : "=r"(old)
+               : "l"(p), "r"(v)
+               : "memory");
   return old;
 }
 __device__ __forceinline__ void storeRelease(uint64_t* p, uint64_t v) {
@@ -122,7 +125,8 @@ __device__ inline bool waitGeq(const KernelParams& p, const uint64_t* addr, uint
 // Only ranks first .. first + count - 1 are waited for (a node's ranks, for the hierarchical
 // path's node barriers); every rank still counts every barrier, so epochs stay equal everywhere.
 __device__ inline bool ctaBarrier(const KernelParams& p, DeviceState* const* peers, int cta,
-                                  uint64_t* epoch, WaitKind what, int coll, int first = 0, int count = -1) {
+                                  uint64_t* epoch, WaitKind what, int coll, int first = 0,
+                                  int count = -1) {
   __syncthreads();
   const uint64_t e = ++*epoch;
   if (threadIdx.x == 0) {
@@ -137,11 +141,12 @@ __device__ inline bool ctaBarrier(const KernelParams& p, DeviceState* const* pee
   return __syncthreads_and(ok) != 0;
 }
 
-// The same barrier with two ranks only, `a` and `b` (a ring's neighbours, collectives/algo/staged_ring.h):
-// this CTA's writes before it are visible to theirs after it. Every rank still counts it, so
-// epochs stay equal everywhere and a later barrier of every rank works as before.
-__device__ inline bool ctaBarrierPair(const KernelParams& p, DeviceState* const* peers, int cta, uint64_t* epoch,
-                                      WaitKind what, int coll, int a, int b) {
+// The same barrier with two ranks only, `a` and `b` (a ring's neighbours,
+// collectives/algo/staged_ring.h): this CTA's writes before it are visible to theirs after it.
+// Every rank still counts it, so epochs stay equal everywhere and a later barrier of every rank
+// works as before.
+__device__ inline bool ctaBarrierPair(const KernelParams& p, DeviceState* const* peers, int cta,
+                                      uint64_t* epoch, WaitKind what, int coll, int a, int b) {
   __syncthreads();
   const uint64_t e = ++*epoch;
   if (threadIdx.x == 0) {
@@ -150,7 +155,8 @@ __device__ inline bool ctaBarrierPair(const KernelParams& p, DeviceState* const*
   }
   bool ok = true;
   const int peer = threadIdx.x == 0 ? a : threadIdx.x == 1 && b != a ? b : -1;
-  if (peer >= 0 && peer != p.rank) ok = waitGeq(p, &peers[peer]->arrive[cta].epoch, e, cta, peer, what, coll);
+  if (peer >= 0 && peer != p.rank)
+    ok = waitGeq(p, &peers[peer]->arrive[cta].epoch, e, cta, peer, what, coll);
   return __syncthreads_and(ok) != 0;
 }
 

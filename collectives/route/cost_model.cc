@@ -32,16 +32,20 @@ int ceilLog2(int n) {
 }
 
 // GB/s -> bytes per microsecond.
-double bytesPerUs(double gbps) { return gbps * 1e3; }
+double bytesPerUs(double gbps) {
+  return gbps * 1e3;
+}
 
 }  // namespace
 
-bool setCostParam(CostParams* p, const std::string& name, const std::string& value, std::string* why) {
+bool setCostParam(CostParams* p, const std::string& name, const std::string& value,
+                  std::string* why) {
   // A number in [lo, hi] (above lo when loOpen); range: the same in words, for the message.
   auto number = [&](double lo, bool loOpen, double hi, const char* range, double* out) {
     char* end = nullptr;
     const double v = value.empty() ? 0.0 : std::strtod(value.c_str(), &end);
-    if (value.empty() || end == nullptr || *end != '\0' || !std::isfinite(v) || (loOpen ? v <= lo : v < lo) || v > hi) {
+    if (value.empty() || end == nullptr || *end != '\0' || !std::isfinite(v) ||
+        (loOpen ? v <= lo : v < lo) || v > hi) {
       *why = name + "=" + value + ": want " + range;
       return false;
     }
@@ -64,11 +68,13 @@ bool setCostParam(CostParams* p, const std::string& name, const std::string& val
       return false;
     }
     p->nicsPerNode = static_cast<int>(v);
-  } else if (name == "mk-overhead-us" || name == "mk-intra-us" || name == "mk-inter-us" || name == "mk-msg-us") {
+  } else if (name == "mk-overhead-us" || name == "mk-intra-us" || name == "mk-inter-us" ||
+             name == "mk-msg-us") {
     if (!number(0, false, inf, "microseconds, 0 or more", &v)) return false;
-    (name == "mk-overhead-us" ? p->mkOverheadUs : name == "mk-intra-us" ? p->mkIntraStepUs
-                                                : name == "mk-inter-us" ? p->mkInterStepUs
-                                                                        : p->mkMsgUs) = v;
+    (name == "mk-overhead-us" ? p->mkOverheadUs
+     : name == "mk-intra-us"  ? p->mkIntraStepUs
+     : name == "mk-inter-us"  ? p->mkInterStepUs
+                              : p->mkMsgUs) = v;
   } else if (name == "hidden") {
     if (!number(0, false, 1, "a share from 0 to 1", &v)) return false;
     p->hidden = v;
@@ -81,13 +87,15 @@ bool setCostParam(CostParams* p, const std::string& name, const std::string& val
     p->rail = r;
   } else {
     *why = "unknown parameter \"" + name +
-           "\" (want nvlink-gbps, nic-gbps, nics, mk-overhead-us, mk-intra-us, mk-inter-us, mk-msg-us, hidden, rail)";
+           "\" (want nvlink-gbps, nic-gbps, nics, mk-overhead-us, mk-intra-us, mk-inter-us, "
+           "mk-msg-us, hidden, rail)";
     return false;
   }
   return true;
 }
 
-bool parseCostParams(const std::string& text, CostParams* p, std::vector<std::string>* given, std::string* why) {
+bool parseCostParams(const std::string& text, CostParams* p, std::vector<std::string>* given,
+                     std::string* why) {
   CostParams out = *p;
   std::vector<std::string> names;
   size_t at = 0;
@@ -122,10 +130,14 @@ int railStepsFor(int rail, int nodes) {
   if (N == 1) return 0;
   const bool pow2 = (N & (N - 1)) == 0;
   switch (rail) {
-    case kRailDirect: return 2;
-    case kRailRing: return 2 * (N - 1);
-    case kRailRhd: return pow2 ? 2 * ceilLog2(N) : 2 * (N - 1);
-    default: return std::min(2 * (N - 1), 2 * ceilLog2(N));
+    case kRailDirect:
+      return 2;
+    case kRailRing:
+      return 2 * (N - 1);
+    case kRailRhd:
+      return pow2 ? 2 * ceilLog2(N) : 2 * (N - 1);
+    default:
+      return std::min(2 * (N - 1), 2 * ceilLog2(N));
   }
 }
 
@@ -136,11 +148,14 @@ int railMessagesFor(int rail, int nodes) {
   return railStepsFor(rail, N);  // ring, rhd and the best of them: one message per step
 }
 
-AllReduceCost predictAllReduce(const CostParams& p, double bytes) { return predictCollective(p, CollType::AllReduce, bytes); }
+AllReduceCost predictAllReduce(const CostParams& p, double bytes) {
+  return predictCollective(p, CollType::AllReduce, bytes);
+}
 
 CollCost predictCollective(const CostParams& p, CollType coll, double bytes) {
   CollCost c;
-  if (coll != CollType::AllReduce && coll != CollType::ReduceScatter && coll != CollType::AllGather) {
+  if (coll != CollType::AllReduce && coll != CollType::ReduceScatter &&
+      coll != CollType::AllGather) {
     const double nan = std::numeric_limits<double>::quiet_NaN();
     c.ncclRingUs = c.ncclTreeUs = c.ncclUs = c.mkPipelinedUs = c.mkSerialUs = c.speedup = nan;
     c.ncclChoice = "not modelled";
@@ -164,18 +179,21 @@ CollCost predictCollective(const CostParams& p, CollType coll, double bytes) {
     // Ring: nsteps hops, of which nInter cross nodes (NCCL's latency formula).
     double intra = p.ncclNvlinkLatUs[kRing][proto];
     if (N > 1) intra = std::max(intra, p.ncclNetOverheadUs * (proto == 2 ? 3.0 : 1.0));
-    const double ringLat =
-        p.ncclBaseUs[kRing][proto] + (nsteps - nInter) * intra + nInter * p.ncclNetLatUs[kRing][proto];
-    const double ringUs = ringLat + bytes / bytesPerUs(ncclBusGBps(kRing, proto, bus, N) * busToAlg);
+    const double ringLat = p.ncclBaseUs[kRing][proto] + (nsteps - nInter) * intra +
+                           nInter * p.ncclNetLatUs[kRing][proto];
+    const double ringUs =
+        ringLat + bytes / bytesPerUs(ncclBusGBps(kRing, proto, bus, N) * busToAlg);
     if (ringUs < c.ncclRingUs) {
       c.ncclRingUs = ringUs;
       ringProto = kProtoName[proto];
     }
     if (!ar) continue;
     // Tree (AllReduce only): a chain inside each node, a binary tree across nodes, up and down.
-    const double treeLat = p.ncclBaseUs[kTree][proto] +
-                           2.0 * ((G - 1) * p.ncclNvlinkLatUs[kTree][proto] + ceilLog2(N) * p.ncclNetLatUs[kTree][proto]);
-    const double treeUs = treeLat + bytes / bytesPerUs(ncclBusGBps(kTree, proto, bus, N) * busToAlg);
+    const double treeLat =
+        p.ncclBaseUs[kTree][proto] + 2.0 * ((G - 1) * p.ncclNvlinkLatUs[kTree][proto] +
+                                            ceilLog2(N) * p.ncclNetLatUs[kTree][proto]);
+    const double treeUs =
+        treeLat + bytes / bytesPerUs(ncclBusGBps(kTree, proto, bus, N) * busToAlg);
     if (treeUs < c.ncclTreeUs) {
       c.ncclTreeUs = treeUs;
       treeProto = kProtoName[proto];
@@ -200,9 +218,11 @@ CollCost predictCollective(const CostParams& p, CollType coll, double bytes) {
   const double share = ar ? 1.0 : 0.5;
   const double tIntra = G > 1 ? (G - 1.0) / G * bytes / bytesPerUs(p.nvlinkGBps) : 0.0;
   const double tNode = share * 2.0 * tIntra;
-  const double tInter = N > 1 ? share * 2.0 * (N - 1.0) / N * (bytes / G) / bytesPerUs(railGBps) : 0.0;
-  const double lat = p.mkOverheadUs + share * ((G > 1 ? 2.0 * p.mkIntraStepUs : 0.0) + railStepsFor(p.rail, N) * p.mkInterStepUs +
-                                              railMessagesFor(p.rail, N) * p.mkMsgUs);
+  const double tInter =
+      N > 1 ? share * 2.0 * (N - 1.0) / N * (bytes / G) / bytesPerUs(railGBps) : 0.0;
+  const double lat = p.mkOverheadUs + share * ((G > 1 ? 2.0 * p.mkIntraStepUs : 0.0) +
+                                               railStepsFor(p.rail, N) * p.mkInterStepUs +
+                                               railMessagesFor(p.rail, N) * p.mkMsgUs);
   c.mkSerialUs = lat + tNode + tInter;
   // Overlapped: the NVLink phases share the GPU's NVLink, the inter-node phase its NIC; the
   // pipeline hides `hidden` of the shorter (1: all of it).
@@ -211,7 +231,9 @@ CollCost predictCollective(const CostParams& p, CollType coll, double bytes) {
   return c;
 }
 
-const char* railAlgoName(int rail) { return hierRailName(rail); }
+const char* railAlgoName(int rail) {
+  return hierRailName(rail);
+}
 
 }  // namespace coll
 }  // namespace mkernel

@@ -1,9 +1,9 @@
 // An alpha-beta cost model of AllReduce, ReduceScatter and AllGather on
 // N nodes x G GPUs: NCCL's ring and tree (with NCCL 2.28's own latency constants) against
-// mkernel's hierarchical algorithm (collectives/algo/hierarchical.h), pipelined inside the persistent
-// kernel or phase after phase. It plans past the hardware this project has; docs/MODEL.md gives
-// every parameter's source, the predictions for 2, 8 and 64 nodes of 8 x H200, and how far the
-// model is from what was measured.
+// mkernel's hierarchical algorithm (collectives/algo/hierarchical.h), pipelined inside the
+// persistent kernel or phase after phase. It plans past the hardware this project has;
+// docs/MODEL.md gives every parameter's source, the predictions for 2, 8 and 64 nodes of 8 x H200,
+// and how far the model is from what was measured.
 #pragma once
 
 #include <string>
@@ -21,8 +21,8 @@ struct CostParams {
   // One GPU's NVLink bus bandwidth without NVLS: NCCL 2.28.9's busbw for an 8 GiB AllReduce on
   // two H200s (nccl-tests, docs/MODEL.md); an 8-GPU NVSwitch node is assumed alike.
   double nvlinkGBps = 346.0;
-  double nicGBps = 48.0;      // one 400 Gb/s NIC (ConnectX-7), ~96% of line rate
-  int nicsPerNode = 8;        // rail-aligned: one NIC per GPU
+  double nicGBps = 48.0;  // one 400 Gb/s NIC (ConnectX-7), ~96% of line rate
+  int nicsPerNode = 8;    // rail-aligned: one NIC per GPU
   // NCCL: its tuner's constants (src/graph/tuning.cc of 2.28.9, LL / LL128 / Simple).
   double ncclBaseUs[2][3] = {{6.8, 14.0, 8.4}, {6.6, 14.0, 8.4}};  // [tree, ring][proto]
   double ncclNvlinkLatUs[2][3] = {{0.6, 1.25, 4.0}, {0.6, 1.9, 3.4}};
@@ -30,9 +30,9 @@ struct CostParams {
   double ncclNetOverheadUs = 1.0;  // x86 Intel (x3 for Simple), as NCCL's getNetOverhead
   // mkernel (assumptions until measured on a cluster; the overhead can be set to what the H200
   // measured today, docs/PERFORMANCE.md).
-  double mkOverheadUs = 8.0;      // per call: doorbell -> kernel -> done (the design goal)
-  double mkIntraStepUs = 1.0;     // one NVLink barrier / flag round trip
-  double mkInterStepUs = 4.0;     // one inter-node step: GPU -> proxy ring -> RDMA -> flag
+  double mkOverheadUs = 8.0;   // per call: doorbell -> kernel -> done (the design goal)
+  double mkIntraStepUs = 1.0;  // one NVLink barrier / flag round trip
+  double mkInterStepUs = 4.0;  // one inter-node step: GPU -> proxy ring -> RDMA -> flag
   // The rail exchange's steps per AllReduce (MKERNEL_HIER_RAIL): kRailBest = the fewer of ring's
   // 2 (N - 1) and recursive halving/doubling's 2 log2 N (the published predictions); 0 direct (2
   // steps at any N; its N - 1 transfers per step are not charged), 1 ring, 2 rhd (a node count
@@ -61,11 +61,13 @@ int railMessagesFor(int rail, int nodes);
 // (0..1), rail (best, direct, ring, rhd). False, with *why, for an unknown name or a value that is
 // not a number in its range. The topology (nodes, GPUs per node) is not among them: the tool
 // takes it from --nodes/--gpus, the selection policy from the communicator.
-bool setCostParam(CostParams* p, const std::string& name, const std::string& value, std::string* why);
+bool setCostParam(CostParams* p, const std::string& name, const std::string& value,
+                  std::string* why);
 // "name=value,name=value" (MKERNEL_COST_MODEL; empty: nothing): each through setCostParam. *given
 // (may be null) gets the names set, in order. False, with *why, at the first bad item; *p is then
 // left as it was.
-bool parseCostParams(const std::string& text, CostParams* p, std::vector<std::string>* given, std::string* why);
+bool parseCostParams(const std::string& text, CostParams* p, std::vector<std::string>* given,
+                     std::string* why);
 
 // The parameters the selection policy predicts with before MKERNEL_COST_MODEL (rule 6c,
 // docs/ALGORITHMS.md §6; docs/MODEL.md, "In the selection policy"): the published ones, except

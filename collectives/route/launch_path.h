@@ -60,12 +60,16 @@ MKERNEL_HD inline uint64_t launchPublishElems(CollType c, uint64_t count, int nR
 // 0: no upper end.
 MKERNEL_HD inline uint64_t directAutoMaxBytes(CollType c) {
   switch (c) {
-    case CollType::ReduceScatter: return uint64_t(32) << 20;
-    case CollType::AllGather: return uint64_t(128) << 20;
-    default: return 0;
+    case CollType::ReduceScatter:
+      return uint64_t(32) << 20;
+    case CollType::AllGather:
+      return uint64_t(128) << 20;
+    default:
+      return 0;
   }
 }
-MKERNEL_HD inline uint64_t directWholeBytes(CollType c, uint64_t count, int nRanks, uint64_t elemSize) {
+MKERNEL_HD inline uint64_t directWholeBytes(CollType c, uint64_t count, int nRanks,
+                                            uint64_t elemSize) {
   const bool perRankBlocks = c == CollType::ReduceScatter || c == CollType::AllGather;
   return (perRankBlocks ? count * static_cast<uint64_t>(nRanks) : count) * elemSize;
 }
@@ -86,7 +90,9 @@ MKERNEL_HD inline bool directTakes(CollType c, uint64_t wholeBytes, uint64_t lim
   if (limit == kDirectAuto && sharing > 1 && sharedDirect) return true;
   if (limit == kDirectAuto) {
     max = directAutoMaxBytes(c);
-    const uint64_t shared = sharing <= 1 ? 0 : sharing == 2 ? uint64_t(32) << 20 : uint64_t(1) << 20;
+    const uint64_t shared = sharing <= 1   ? 0
+                            : sharing == 2 ? uint64_t(32) << 20
+                                           : uint64_t(1) << 20;
     if (shared != 0 && (max == 0 || shared < max)) max = shared;
   }
   return max == 0 || wholeBytes < max;
@@ -117,24 +123,28 @@ MKERNEL_HD inline int ctasPer(uint64_t bytes, uint64_t perCta, int cap) {
 
 // CTAs of one launch-path op: the same on every rank (a function of shared arguments and of the
 // cap the ranks agreed on at creation).
-MKERNEL_HD inline int launchCtas(uint64_t publishBytes, int cap) { return ctasPer(publishBytes, kLaunchBytesPerCta, cap); }
+MKERNEL_HD inline int launchCtas(uint64_t publishBytes, int cap) {
+  return ctasPer(publishBytes, kLaunchBytesPerCta, cap);
+}
 
 // What CTA `cta` of rank `rank` does in one launch-path op. Offsets are in elements.
 struct LaunchPart {
-  Slice part;           // this CTA's elements of one block (the split is the same on every rank)
-  int publishBlocks;    // blocks of `count` it publishes from its input: n for ReduceScatter, else 1
-                        // (0: a Broadcast's non-root publishes nothing)
-  bool compute;         // it writes output (Reduce: the root only)
+  Slice part;         // this CTA's elements of one block (the split is the same on every rank)
+  int publishBlocks;  // blocks of `count` it publishes from its input: n for ReduceScatter, else 1
+                      // (0: a Broadcast's non-root publishes nothing)
+  bool compute;       // it writes output (Reduce: the root only)
   uint64_t readOffset;  // where it reads in every peer's inbox
 };
 
-MKERNEL_HD inline LaunchPart launchPart(CollType c, uint64_t count, int nRanks, int rank, int root, int nCtas,
-                                        int cta, size_t elemSize) {
+MKERNEL_HD inline LaunchPart launchPart(CollType c, uint64_t count, int nRanks, int rank, int root,
+                                        int nCtas, int cta, size_t elemSize) {
   LaunchPart lp;
   lp.part = rankSlice(count, nCtas, cta, sliceAlignElems(elemSize));
-  lp.publishBlocks = c == CollType::ReduceScatter ? nRanks : (c == CollType::Broadcast && rank != root ? 0 : 1);
+  lp.publishBlocks =
+      c == CollType::ReduceScatter ? nRanks : (c == CollType::Broadcast && rank != root ? 0 : 1);
   lp.compute = !(c == CollType::Reduce && rank != root);
-  lp.readOffset = (c == CollType::ReduceScatter ? static_cast<uint64_t>(rank) * count : 0) + lp.part.offset;
+  lp.readOffset =
+      (c == CollType::ReduceScatter ? static_cast<uint64_t>(rank) * count : 0) + lp.part.offset;
   return lp;
 }
 
@@ -220,7 +230,8 @@ MKERNEL_HD inline uint64_t llSlotLines(int nRanks) {
   return static_cast<uint32_t>(kLlSpaceLines) / static_cast<uint32_t>(nRanks);
 }
 MKERNEL_HD inline uint64_t llMaxPayload(int nRanks) {
-  return static_cast<uint64_t>(static_cast<uint32_t>(kLlOpSpaceLines) / static_cast<uint32_t>(nRanks)) *
+  return static_cast<uint64_t>(static_cast<uint32_t>(kLlOpSpaceLines) /
+                               static_cast<uint32_t>(nRanks)) *
          kLlLinePayload;
 }
 // The index in LlSpace::lines[parity] of line i of source k's slot.
@@ -229,7 +240,9 @@ MKERNEL_HD inline uint64_t llSlotLine(uint64_t slotLines, int source, uint64_t i
 }
 
 // Bytes one source sends one destination: count elements (ReduceScatter: the destination's block).
-MKERNEL_HD inline uint64_t llPayloadBytes(uint64_t count, uint64_t elemSize) { return count * elemSize; }
+MKERNEL_HD inline uint64_t llPayloadBytes(uint64_t count, uint64_t elemSize) {
+  return count * elemSize;
+}
 MKERNEL_HD inline uint64_t llLines(uint64_t payloadBytes) {
   return (payloadBytes + kLlLinePayload - 1) / kLlLinePayload;
 }
@@ -240,11 +253,15 @@ MKERNEL_HD inline bool llTakes(uint64_t payloadBytes, uint64_t limit, int nRanks
 // The limit MKERNEL_LL_MAX_BYTES asks for (asked; auto: ~0ull) on a rank with ranksOnGpu ranks on
 // its GPU, in a communicator of n ranks: never above what the slots hold.
 MKERNEL_HD inline uint64_t llLimit(uint64_t asked, int nRanks, int ranksOnGpu) {
-  const uint64_t want = asked != ~0ull ? asked : ranksOnGpu > 2 ? kLlSharedMaxBytes : kLlAutoMaxBytes;
+  const uint64_t want = asked != ~0ull   ? asked
+                        : ranksOnGpu > 2 ? kLlSharedMaxBytes
+                                         : kLlAutoMaxBytes;
   const uint64_t most = llMaxPayload(nRanks);
   return want < most ? want : most;
 }
-MKERNEL_HD inline int llCtas(uint64_t payloadBytes, int cap) { return ctasPer(payloadBytes, kLlBytesPerCta, cap); }
+MKERNEL_HD inline int llCtas(uint64_t payloadBytes, int cap) {
+  return ctasPer(payloadBytes, kLlBytesPerCta, cap);
+}
 // Lines [first, first + count) of CTA `cta` of nCtas (the same split on every rank).
 struct LlRange {
   uint64_t first;
@@ -300,8 +317,8 @@ struct LlBatchMem {
   int twin;                  // the first earlier op it is a twin of (above), or -1
 };
 struct LlWaves {
-  uint32_t startMask;                    // bit i: op i starts a wave (after a barrier)
-  uint16_t warpFirst[kMaxOpsPerSlot];    // op i's warps in its wave
+  uint32_t startMask;                  // bit i: op i starts a wave (after a barrier)
+  uint16_t warpFirst[kMaxOpsPerSlot];  // op i's warps in its wave
   uint16_t warpCount[kMaxOpsPerSlot];
   int waves;
 };
@@ -340,7 +357,7 @@ inline LlWaves llPlanWaves(const LlBatchMem* ops, int nOps, int warps, bool spli
     for (int j = first; j < i && split && !conflict; ++j)
       conflict = !(ops[i].twin >= 0 && (ops[i].twin == j || ops[j].twin == ops[i].twin)) &&
                  (llOverlap(ops[i].send, ops[i].sendBytes, ops[j].recv, ops[j].recvBytes) ||
-                 llOverlap(ops[i].recv, ops[i].recvBytes, ops[j].send, ops[j].sendBytes) ||
+                  llOverlap(ops[i].recv, ops[i].recvBytes, ops[j].send, ops[j].sendBytes) ||
                   llOverlap(ops[i].recv, ops[i].recvBytes, ops[j].recv, ops[j].recvBytes));
     if (conflict) {
       close(i);

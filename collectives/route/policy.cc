@@ -34,9 +34,12 @@ bool validEnums(const PolicyQuery& q) {
 
 const char* execPathName(ExecPath p) {
   switch (p) {
-    case ExecPath::Mkernel: return "mkernel";
-    case ExecPath::Nccl: return "nccl";
-    case ExecPath::Unsupported: return "unsupported";
+    case ExecPath::Mkernel:
+      return "mkernel";
+    case ExecPath::Nccl:
+      return "nccl";
+    case ExecPath::Unsupported:
+      return "unsupported";
   }
   return "?";
 }
@@ -46,7 +49,8 @@ Result parseCollectiveList(const std::string& text, uint32_t* mask) {
   size_t pos = 0;
   while (pos <= text.size()) {
     size_t comma = text.find(',', pos);
-    std::string tok = trim(text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+    std::string tok =
+        trim(text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
     if (strcasecmp(tok.c_str(), "all") == 0) {
       m |= (1u << kNumCollTypes) - 1;
     } else if (strcasecmp(tok.c_str(), "none") == 0 || tok.empty()) {
@@ -84,7 +88,8 @@ Result parseAlgoName(const std::string& text, int* algo) {
     }
   return MK_ERROR(Result::InvalidArgument,
                   "MKERNEL_ALGO='%s' is not an algorithm (use auto, oneshot, twoshot, direct or "
-                  "ring)", t.c_str());
+                  "ring)",
+                  t.c_str());
 }
 
 Result loadPolicyConfig(PolicyConfig* cfg) {
@@ -100,7 +105,8 @@ Result loadPolicyConfig(PolicyConfig* cfg) {
   std::vector<std::string> given;
   std::string why;
   if (!parseCostParams(model, &c.costModel, &given, &why))
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_COST_MODEL='%s': %s", model.c_str(), why.c_str());
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_COST_MODEL='%s': %s", model.c_str(),
+                    why.c_str());
   for (const std::string& g : given) {
     c.costNicGiven = c.costNicGiven || g == "nic-gbps";
     c.costNicsGiven = c.costNicsGiven || g == "nics";
@@ -123,19 +129,26 @@ CostParams policyModelFor(const PolicyConfig& cfg, int nRanks, int nNodes) {
 size_t ncclCrossoverBytes(CollType c, int nRanks, int nNodes, bool directAccess, bool staged) {
   if (nRanks != 2 || nNodes != 1 || !directAccess) return 0;
   switch (c) {
-    case CollType::Reduce: return size_t(512) << 10;
-    case CollType::Broadcast: return size_t(2) << 20;
-    case CollType::AllReduce: return staged ? size_t(4) << 20 : size_t(512) << 20;
-    case CollType::AllGather: return staged ? size_t(4) << 20 : 0;
-    case CollType::ReduceScatter: return staged ? size_t(16) << 20 : 0;
-    default: return 0;
+    case CollType::Reduce:
+      return size_t(512) << 10;
+    case CollType::Broadcast:
+      return size_t(2) << 20;
+    case CollType::AllReduce:
+      return staged ? size_t(4) << 20 : size_t(512) << 20;
+    case CollType::AllGather:
+      return staged ? size_t(4) << 20 : 0;
+    case CollType::ReduceScatter:
+      return staged ? size_t(16) << 20 : 0;
+    default:
+      return 0;
   }
 }
 
 size_t policyBytes(const PolicyQuery& q) {
   size_t es = dataTypeSize(q.dtype);
   size_t mult = (q.coll == CollType::AllGather || q.coll == CollType::ReduceScatter)
-                    ? static_cast<size_t>(q.nRanks > 0 ? q.nRanks : 1) : 1;
+                    ? static_cast<size_t>(q.nRanks > 0 ? q.nRanks : 1)
+                    : 1;
   size_t unit = es * mult;
   if (unit != 0 && q.count > std::numeric_limits<size_t>::max() / unit)
     return std::numeric_limits<size_t>::max();
@@ -180,7 +193,8 @@ PolicyDecision SelectionPolicy::decide(const PolicyQuery& q) const {
   }
   // Rule 6b: where NCCL measured faster (ncclCrossoverBytes), unless MKERNEL_NCCL_CROSSOVER=off.
   if (!cfg_.emulate && cfg_.ncclCrossover) {
-    const size_t from = ncclCrossoverBytes(q.coll, q.nRanks, q.nNodes, cfg_.directAccess, cfg_.stagedRanks);
+    const size_t from =
+        ncclCrossoverBytes(q.coll, q.nRanks, q.nNodes, cfg_.directAccess, cfg_.stagedRanks);
     if (from != 0 && bytes >= from) {
       d.path = ExecPath::Nccl;
       d.reason = "NCCL measured faster from this size (MKERNEL_NCCL_CROSSOVER=auto)";
@@ -191,14 +205,17 @@ PolicyDecision SelectionPolicy::decide(const PolicyQuery& q) const {
   // unless MKERNEL_NCCL_CROSSOVER=off. Its inputs are shared by every rank: the query's shape,
   // MKERNEL_COST_MODEL and the communicator's agreed rail NIC and form.
   if (!cfg_.emulate && cfg_.ncclCrossover && q.nNodes > 1 &&
-      (q.coll == CollType::AllReduce || q.coll == CollType::ReduceScatter || q.coll == CollType::AllGather)) {
-    const CollCost c = predictCollective(policyModelFor(cfg_, q.nRanks, q.nNodes), q.coll, static_cast<double>(bytes));
+      (q.coll == CollType::AllReduce || q.coll == CollType::ReduceScatter ||
+       q.coll == CollType::AllGather)) {
+    const CollCost c = predictCollective(policyModelFor(cfg_, q.nRanks, q.nNodes), q.coll,
+                                         static_cast<double>(bytes));
     d.modelNcclUs = c.ncclUs;
     d.modelMkUs = c.mkPipelinedUs;
     std::snprintf(d.modelNcclChoice, sizeof(d.modelNcclChoice), "%s", c.ncclChoice.c_str());
     if (c.ncclUs < c.mkPipelinedUs) {
       d.path = ExecPath::Nccl;
-      d.reason = "the cost model predicts NCCL faster (MKERNEL_NCCL_CROSSOVER=auto, MKERNEL_COST_MODEL)";
+      d.reason =
+          "the cost model predicts NCCL faster (MKERNEL_NCCL_CROSSOVER=auto, MKERNEL_COST_MODEL)";
       return d;
     }
   }
@@ -232,10 +249,10 @@ PolicyDecision SelectionPolicy::select(const PolicyQuery& q) {
   }
   if (sink == nullptr && !logEnabled(LogLevel::Info, kLogColl)) return d;
   const int bucket = policySizeBucket(policyBytes(q));
-  const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(q.coll) & 0xff) << 24) |
-                       (static_cast<uint64_t>(bucket) << 16) |
-                       (static_cast<uint64_t>(d.path) << 8) |
-                       static_cast<uint64_t>(d.path == ExecPath::Mkernel ? static_cast<int>(d.algo) : 0xff);
+  const uint64_t key =
+      (static_cast<uint64_t>(static_cast<uint32_t>(q.coll) & 0xff) << 24) |
+      (static_cast<uint64_t>(bucket) << 16) | (static_cast<uint64_t>(d.path) << 8) |
+      static_cast<uint64_t>(d.path == ExecPath::Mkernel ? static_cast<int>(d.algo) : 0xff);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!logged_.insert(key).second) return d;
@@ -249,14 +266,13 @@ PolicyDecision SelectionPolicy::select(const PolicyQuery& q) {
   }
   char model[128] = "";
   if (d.modelMkUs > 0)
-    std::snprintf(model, sizeof(model), "; cost model at %zu B: NCCL %s %.1f us, mkernel %.1f us", policyBytes(q),
-                  d.modelNcclChoice, d.modelNcclUs, d.modelMkUs);
+    std::snprintf(model, sizeof(model), "; cost model at %zu B: NCCL %s %.1f us, mkernel %.1f us",
+                  policyBytes(q), d.modelNcclChoice, d.modelNcclUs, d.modelMkUs);
   char line[448];
   std::snprintf(line, sizeof(line), "policy: %s %s (%s %s, %d ranks, %d nodes) -> %s%s%s (%s%s)",
                 validEnums(q) ? collName(q.coll) : "?", sizes,
                 validEnums(q) ? dataTypeName(q.dtype) : "?", validEnums(q) ? redOpName(q.op) : "?",
-                q.nRanks, q.nNodes, execPathName(d.path),
-                d.path == ExecPath::Mkernel ? "/" : "",
+                q.nRanks, q.nNodes, execPathName(d.path), d.path == ExecPath::Mkernel ? "/" : "",
                 d.path == ExecPath::Mkernel ? algoName(d.algo) : "", d.reason, model);
   if (sink != nullptr) {
     sink(ctx, line);

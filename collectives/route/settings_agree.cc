@@ -94,7 +94,8 @@ Result agreeSettings(bootstrap::Bootstrap& bs, const RouteSettings& mine, const 
   std::memcpy(&texts[stride * static_cast<size_t>(me)], text.data(), text.size());
   MK_CHECK(bs.allGather(texts.data(), stride));
   std::vector<std::map<std::string, std::string>> byRank(static_cast<size_t>(n));
-  std::vector<std::string> names;  // every name any rank sent, in the order first seen (rank 0's first)
+  std::vector<std::string>
+      names;  // every name any rank sent, in the order first seen (rank 0's first)
   for (int r = 0; r < n; ++r) {
     texts[stride * static_cast<size_t>(r) + stride - 1] = '\0';
     for (auto& kv : parse(&texts[stride * static_cast<size_t>(r)])) {
@@ -110,8 +111,10 @@ Result agreeSettings(bootstrap::Bootstrap& bs, const RouteSettings& mine, const 
     for (int r = 0; r < n; ++r) {
       const auto& m = byRank[static_cast<size_t>(r)];
       const auto it = m.find(name);
-      const std::string v = it == m.end() ? "(not a setting of its mkernel)" : "'" + it->second + "'";
-      auto at = std::find_if(values.begin(), values.end(), [&](const auto& e) { return e.first == v; });
+      const std::string v =
+          it == m.end() ? "(not a setting of its mkernel)" : "'" + it->second + "'";
+      auto at =
+          std::find_if(values.begin(), values.end(), [&](const auto& e) { return e.first == v; });
       if (at == values.end()) {
         values.emplace_back(v, std::vector<int>());
         at = values.end() - 1;
@@ -123,14 +126,17 @@ Result agreeSettings(bootstrap::Bootstrap& bs, const RouteSettings& mine, const 
     what += differing > 1 ? "; " : "";
     what += name + ":";
     for (size_t k = 0; k < values.size(); ++k)
-      what += (k ? "," : "") + std::string(" ") + values[k].first + " on rank" + (values[k].second.size() > 1 ? "s " : " ") +
-              rankList(values[k].second);
+      what += (k ? "," : "") + std::string(" ") + values[k].first + " on rank" +
+              (values[k].second.size() > 1 ? "s " : " ") + rankList(values[k].second);
   }
-  if (differing > kSettingsNamed) what += "; and " + std::to_string(differing - kSettingsNamed) + " more";
-  return MK_ERROR(Result::InvalidUsage,
-                  "%s : rank %d: ranks of one communicator must run the same mkernel with the same settings that "
-                  "decide where collectives run, or they would wait on different paths; %d differ: %s",
-                  caller, me, differing, what.c_str());
+  if (differing > kSettingsNamed)
+    what += "; and " + std::to_string(differing - kSettingsNamed) + " more";
+  return MK_ERROR(
+      Result::InvalidUsage,
+      "%s : rank %d: ranks of one communicator must run the same mkernel with the same settings "
+      "that "
+      "decide where collectives run, or they would wait on different paths; %d differ: %s",
+      caller, me, differing, what.c_str());
 }
 
 Result agreeRouteSettings(bootstrap::Bootstrap& bs, const char* caller) {

@@ -45,7 +45,8 @@ Result Communicator::create(const CommOptions& opts, bootstrap::Bootstrap* boots
     (void)cudaGetLastError();
     return MK_ERROR(Result::UnhandledCudaError, "no CUDA device: %s", cudaGetErrorString(err));
   }
-  if (nDev == 0) return MK_ERROR(Result::UnhandledCudaError, "no CUDA device: the driver reports none");
+  if (nDev == 0)
+    return MK_ERROR(Result::UnhandledCudaError, "no CUDA device: the driver reports none");
   if (opts.cudaDev < 0 || opts.cudaDev >= nDev)
     return MK_ERROR(Result::InvalidArgument, "Communicator::create: cudaDev %d outside 0..%d",
                     opts.cudaDev, nDev - 1);

@@ -16,8 +16,8 @@ namespace coll {
 Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   const int64_t asked = params::LAUNCH_CTAS();
   if (asked < 1 || asked > kLaunchMaxCtas)
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_CTAS=%lld outside 1..%d", static_cast<long long>(asked),
-                    kLaunchMaxCtas);
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_CTAS=%lld outside 1..%d",
+                    static_cast<long long>(asked), kLaunchMaxCtas);
   int perSm = 0, perSmDirect = 0;
   MK_CHECK(launchKernelCtasPerSm(&perSm));
   MK_CHECK(directKernelCtasPerSm(&perSmDirect));
@@ -32,7 +32,8 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   const bool doorbellUnused = (peers_.sharedDirect && directUnbounded()) || !opts_.persistentKernel;
   const int freeSms = smsLeft + kReservedSms - (doorbellUnused ? 0 : ranksHere * params_.nCtas);
   auto capFor = [&](int ctasPerSm, int64_t want) {
-    return static_cast<int32_t>(std::max(1, std::min(static_cast<int>(want), freeSms * std::max(ctasPerSm, 1) / ranksHere)));
+    return static_cast<int32_t>(std::max(
+        1, std::min(static_cast<int>(want), freeSms * std::max(ctasPerSm, 1) / ranksHere)));
   };
   // Direct mode's CTAs, a power of two: one H200, AllReduce of 64 MiB to 1 GiB with 2
   // emulated ranks at 64 CTAs each 77-93% of the copy bandwidth, at 60 CTAs 69-78%; 4 ranks at 32
@@ -59,7 +60,8 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   // A rank with MKERNEL_DIRECT_KERNEL=shared sent 0: then direct mode keeps launchKernel's count
   // everywhere (the kernel is each rank's own choice; the split must be the same on every rank).
   directCap_ = directCap > 0 ? static_cast<int>(directCap) : launchCap_;
-  while ((directCap_ & (directCap_ - 1)) != 0) directCap_ &= directCap_ - 1;  // the power of two below
+  while ((directCap_ & (directCap_ - 1)) != 0)
+    directCap_ &= directCap_ - 1;  // the power of two below
   // LL mode's limit (MKERNEL_LL_MAX_BYTES): the smallest any rank asked for, so that every rank
   // takes the same ops; off with the launch path.
   // auto: kLlAutoMaxBytes, or kLlSharedMaxBytes with more than two ranks on this GPU; never more
@@ -77,28 +79,34 @@ Result KernelCommunicator::agreeLaunchCap(int smsLeft) {
   for (int64_t v : lls) llMax = std::min(llMax, v);
   llMaxBytes_ = static_cast<uint64_t>(llMax);
   // At most kLaunchBytesPerCta per CTA: beyond that the doorbell path's CTAs move it faster.
-  launchMaxBytes_ = std::min<uint64_t>(launchMaxBytes_, static_cast<uint64_t>(launchCap_) * kLaunchBytesPerCta);
-  MK_INFO(kLogInit, "rank %d: launch path for eager collectives up to %llu bytes (LL mode up to %llu bytes per peer), at most %d CTAs x %d threads per op; direct mode at most %d CTAs x %d threads",
-          opts_.rank, static_cast<unsigned long long>(launchMaxBytes_), static_cast<unsigned long long>(llMaxBytes_),
-          launchCap_, kLaunchThreads, directCap_,
-          (params_.ownKernels & kOwnKernelDirect) != 0 ? kDirectThreads : kLaunchThreads);
+  launchMaxBytes_ =
+      std::min<uint64_t>(launchMaxBytes_, static_cast<uint64_t>(launchCap_) * kLaunchBytesPerCta);
+  MK_INFO(
+      kLogInit,
+      "rank %d: launch path for eager collectives up to %llu bytes (LL mode up to %llu bytes per "
+      "peer), at most %d CTAs x %d threads per op; direct mode at most %d CTAs x %d threads",
+      opts_.rank, static_cast<unsigned long long>(launchMaxBytes_),
+      static_cast<unsigned long long>(llMaxBytes_), launchCap_, kLaunchThreads, directCap_,
+      (params_.ownKernels & kOwnKernelDirect) != 0 ? kDirectThreads : kLaunchThreads);
   return Result::Success;
 }
 
 // MKERNEL_HIER_ROLES: "off" (or 0), or "W,R": the hierarchical AllReduce runs each lane on one
-// sender, W worker and R reducer CTAs (collectives/algo/hier_staged.h, "CTA roles"), pipelined, or in
-// turn with MKERNEL_HIER_OVERLAP=0. Rank 0's value is every rank's: the CTAs'
-// roles must match their peers'. Needs hierCtas_ x (1 + W + R) CTAs in the persistent kernel.
+// sender, W worker and R reducer CTAs (collectives/algo/hier_staged.h, "CTA roles"), pipelined, or
+// in turn with MKERNEL_HIER_OVERLAP=0. Rank 0's value is every rank's: the CTAs' roles must match
+// their peers'. Needs hierCtas_ x (1 + W + R) CTAs in the persistent kernel.
 Result KernelCommunicator::agreeHierRoles() {
   const std::string& v = params::HIER_ROLES();
   int32_t wr[2] = {0, 0};
   if (!v.empty() && v != "off" && v != "0") {
     int w = 0, r = 0;
     char tail = 0;
-    if (std::sscanf(v.c_str(), "%d,%d%c", &w, &r, &tail) != 2 || w < 1 || w > kMaxHierRoleCtas || r < 1 ||
-        r > kMaxHierRoleCtas)
-      return MK_ERROR(Result::InvalidArgument, "MKERNEL_HIER_ROLES=%s: want off, or W,R (workers and reducers per lane, 1..%d each)",
-                      v.c_str(), kMaxHierRoleCtas);
+    if (std::sscanf(v.c_str(), "%d,%d%c", &w, &r, &tail) != 2 || w < 1 || w > kMaxHierRoleCtas ||
+        r < 1 || r > kMaxHierRoleCtas)
+      return MK_ERROR(
+          Result::InvalidArgument,
+          "MKERNEL_HIER_ROLES=%s: want off, or W,R (workers and reducers per lane, 1..%d each)",
+          v.c_str(), kMaxHierRoleCtas);
     wr[0] = w;
     wr[1] = r;
   }
@@ -111,7 +119,8 @@ Result KernelCommunicator::agreeHierRoles() {
   const int need = hierRoleCtas(hierCtas_, hierWorkers_, hierReducers_);
   if (need > peers_.nCtas)
     return MK_ERROR(Result::InvalidArgument,
-                    "rank %d: MKERNEL_HIER_ROLES=%d,%d with %d lane(s) (MKERNEL_HIER_CTAS) needs %d CTAs; the persistent "
+                    "rank %d: MKERNEL_HIER_ROLES=%d,%d with %d lane(s) (MKERNEL_HIER_CTAS) needs "
+                    "%d CTAs; the persistent "
                     "kernel has %d (MKERNEL_CTAS)",
                     opts_.rank, hierWorkers_, hierReducers_, hierCtas_, need, peers_.nCtas);
   return Result::Success;
@@ -125,7 +134,8 @@ Result KernelCommunicator::agreeHierRoles() {
 Result KernelCommunicator::agreeHierRail() {
   const int32_t asked = coll::hierRailByName(params::HIER_RAIL.text());
   if (asked < 0)
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_HIER_RAIL=%s: want direct, ring or rhd", params::HIER_RAIL.text());
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_HIER_RAIL=%s: want direct, ring or rhd",
+                    params::HIER_RAIL.text());
   const int64_t ahead = params::HIER_AHEAD();
   std::vector<int32_t> all(2 * static_cast<size_t>(opts_.nRanks), 0);
   all[2 * static_cast<size_t>(opts_.rank)] = asked;
@@ -135,7 +145,9 @@ Result KernelCommunicator::agreeHierRail() {
   hierRail_ = coll::hierRailFor(all[0], N);
   hierAhead_ = all[1];
   if (hierRail_ != all[0])
-    MK_INFO(kLogInit, "rank %d: MKERNEL_HIER_RAIL=rhd needs a power-of-two node count; %d nodes exchange in a ring",
+    MK_INFO(kLogInit,
+            "rank %d: MKERNEL_HIER_RAIL=rhd needs a power-of-two node count; %d nodes exchange in "
+            "a ring",
             opts_.rank, N);
   return Result::Success;
 }

@@ -87,21 +87,32 @@ inline int splitCtas(uint64_t shareBytes, int cap) {
 // count is per-rank) all n blocks, divided by the ranks.
 inline uint64_t shareBytes(CollType c, uint64_t count, DataType dtype, int nRanks) {
   const uint64_t bytes = count * dataTypeSize(dtype);
-  const uint64_t work = c == CollType::AllGather || c == CollType::ReduceScatter ? bytes * static_cast<uint64_t>(nRanks) : bytes;
+  const uint64_t work = c == CollType::AllGather || c == CollType::ReduceScatter
+                            ? bytes * static_cast<uint64_t>(nRanks)
+                            : bytes;
   return work / static_cast<uint64_t>(nRanks);
 }
 
 inline const char* waitKindName(uint32_t what) {
   switch (what) {
-    case kWaitPeerStart: return "to reach the same collective (start barrier)";
-    case kWaitPeerEnd: return "to finish the collective (end barrier)";
-    case kWaitDispatch: return "the leader CTA's dispatch";
-    case kWaitSlotDone: return "worker CTAs to finish a group";
-    case kWaitPeerChunk: return "to stage its next chunk";
-    case kWaitProxy: return "the proxy's inter-node transfers";
-    case kWaitLaunchPeer: return "to publish its inputs (launch path)";
-    case kWaitLaunchPeerEnd: return "to finish the collective (launch path, direct)";
-    case kWaitHierRole: return "another CTA of its lane (hierarchical AllReduce in CTA roles)";
+    case kWaitPeerStart:
+      return "to reach the same collective (start barrier)";
+    case kWaitPeerEnd:
+      return "to finish the collective (end barrier)";
+    case kWaitDispatch:
+      return "the leader CTA's dispatch";
+    case kWaitSlotDone:
+      return "worker CTAs to finish a group";
+    case kWaitPeerChunk:
+      return "to stage its next chunk";
+    case kWaitProxy:
+      return "the proxy's inter-node transfers";
+    case kWaitLaunchPeer:
+      return "to publish its inputs (launch path)";
+    case kWaitLaunchPeerEnd:
+      return "to finish the collective (launch path, direct)";
+    case kWaitHierRole:
+      return "another CTA of its lane (hierarchical AllReduce in CTA roles)";
   }
   return "?";
 }
@@ -143,8 +154,10 @@ inline Result reserveKernelStack(int device) {
   MK_CHECK(persistentKernelLocalBytes(&need));
   const bool keep = cudrv::keepLocalMemory() == Result::Success;
   if (!keep) {
-    MK_INFO(kLogInit, "local memory cannot be kept at its largest size (%s); stack limit with %zu bytes of slack",
-            lastError(), kStackSlack);
+    MK_INFO(
+        kLogInit,
+        "local memory cannot be kept at its largest size (%s); stack limit with %zu bytes of slack",
+        lastError(), kStackSlack);
     need += kStackSlack;
   }
   size_t cur = 0;
@@ -152,20 +165,23 @@ inline Result reserveKernelStack(int device) {
   if (err != cudaSuccess || cur < need) {
     err = cudaDeviceSetLimit(cudaLimitStackSize, need);
     if (err != cudaSuccess)
-      return MK_ERROR(Result::UnhandledCudaError, "setting the stack limit to %zu bytes for the persistent kernel failed: %s",
+      return MK_ERROR(Result::UnhandledCudaError,
+                      "setting the stack limit to %zu bytes for the persistent kernel failed: %s",
                       need, cudaGetErrorString(err));
     MK_INFO(kLogInit, "stack limit raised from %zu to %zu bytes (persistent kernel)", cur, need);
   }
   cudaStream_t s = nullptr;
   err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "cudaStreamCreate(warm-up) failed: %s", cudaGetErrorString(err));
+    return MK_ERROR(Result::UnhandledCudaError, "cudaStreamCreate(warm-up) failed: %s",
+                    cudaGetErrorString(err));
   const Result warm = warmKernels(s);
   (void)cudaStreamDestroy(s);
   MK_CHECK(warm);
   warmed.insert(device);
-  MK_INFO(kLogInit, "device %d: kernels warmed up, local memory %s", device,
-          keep ? "kept at its largest size (CU_CTX_LMEM_RESIZE_TO_MAX)" : "sized by the stack limit");
+  MK_INFO(
+      kLogInit, "device %d: kernels warmed up, local memory %s", device,
+      keep ? "kept at its largest size (CU_CTX_LMEM_RESIZE_TO_MAX)" : "sized by the stack limit");
   return Result::Success;
 }
 
@@ -241,23 +257,25 @@ class KernelCommunicator final : public Communicator {
   CommOptions opts_;
   bootstrap::Bootstrap* bs_;
   std::mutex mu_;
-  std::mutex abortMu_;  // abort() against release() freeing what it writes (fence_, ctl_)
-  bool memUser_ = false;  // counted among MemCache's users (init to the end of release)
+  std::mutex abortMu_;            // abort() against release() freeing what it writes (fence_, ctl_)
+  bool memUser_ = false;          // counted among MemCache's users (init to the end of release)
   DeviceState* state_ = nullptr;  // device
   void* staging_ = nullptr;       // device
-  KernelTraceRecord* trace_ = nullptr;  // device, MKERNEL_KERNEL_TRACE only
+  KernelTraceRecord* trace_ = nullptr;      // device, MKERNEL_KERNEL_TRACE only
   KernelTraceRecord* traceHost_ = nullptr;  // pinned copy target, allocated with trace_
   // readLaunchCounters: a pinned target and a stream of its own (stream_ may hold the persistent
   // kernel; a caller's stream is the caller's).
   uint64_t* counterHost_ = nullptr;
   cudaStream_t counterStream_ = nullptr;
   mutable std::mutex counterMu_;
-  mutable bool counterCopyPending_ = false;  // a copy that missed its bound may still run (counterMu_)
-  mutable uint64_t countersLate_ = 0;        // copies that missed it (counterMu_; CollStats::countersLate)
-  cudaStream_t traceStream_ = nullptr;      // the copy's stream (not stream_: the kernel runs there)
-  HostControl* ctl_ = nullptr;    // host-mapped
-  WorkSlot* slots_ = nullptr;     // host-mapped
-  cudaStream_t stream_ = nullptr;  // internal, non-blocking: the persistent kernel runs here
+  mutable bool counterCopyPending_ =
+      false;  // a copy that missed its bound may still run (counterMu_)
+  mutable uint64_t countersLate_ =
+      0;  // copies that missed it (counterMu_; CollStats::countersLate)
+  cudaStream_t traceStream_ = nullptr;  // the copy's stream (not stream_: the kernel runs there)
+  HostControl* ctl_ = nullptr;          // host-mapped
+  WorkSlot* slots_ = nullptr;           // host-mapped
+  cudaStream_t stream_ = nullptr;       // internal, non-blocking: the persistent kernel runs here
   cudaEvent_t slotEvents_[kEagerSlots] = {};
   bool slotUsed_[kEagerSlots] = {};
   uint64_t eagerCount_ = 0;
@@ -274,38 +292,39 @@ class KernelCommunicator final : public Communicator {
   proxy::ProxyRing* proxyRing_ = nullptr;    // hierCtas_ rings (one proxy channel per CTA)
   proxy::ProxyFlags* proxyFlags_ = nullptr;  // hierCtas_ flag blocks
   char* netBuf_ = nullptr;                   // hierCtas_ x netBufBytes
-  bool netBufGpu_ = false;                   // netBuf_ in GPU memory (coll::proxyMemoryFor), else host-mapped
-  int hierCtas_ = 1;                         // MKERNEL_HIER_CTAS, agreed by every rank
-  uint64_t hierSplitMinBytes_ = 0;           // MKERNEL_HIER_SPLIT_MIN_BYTES, agreed by every rank
-  int hierWorkers_ = 0, hierReducers_ = 0;   // MKERNEL_HIER_ROLES (rank 0's), 0: data-parallel CTAs
-  int hierRail_ = coll::kRailDirect;          // MKERNEL_HIER_RAIL (rank 0's, for this node count)
-  int railMbps_ = 0;                          // the slowest rank's rail NIC (its proxy's net device), agreed
-  int hierAhead_ = 2;                         // MKERNEL_HIER_AHEAD (rank 0's)
+  bool netBufGpu_ = false;  // netBuf_ in GPU memory (coll::proxyMemoryFor), else host-mapped
+  int hierCtas_ = 1;        // MKERNEL_HIER_CTAS, agreed by every rank
+  uint64_t hierSplitMinBytes_ = 0;          // MKERNEL_HIER_SPLIT_MIN_BYTES, agreed by every rank
+  int hierWorkers_ = 0, hierReducers_ = 0;  // MKERNEL_HIER_ROLES (rank 0's), 0: data-parallel CTAs
+  int hierRail_ = coll::kRailDirect;        // MKERNEL_HIER_RAIL (rank 0's, for this node count)
+  int railMbps_ = 0;   // the slowest rank's rail NIC (its proxy's net device), agreed
+  int hierAhead_ = 2;  // MKERNEL_HIER_AHEAD (rank 0's)
   bool launched_ = false;
   bool exchanged_ = false;
   bool aborted_ = false;
   bool finalized_ = false;
-  int reservedCtas_ = 0;     // held in SmBudget until the kernel is known to have exited
+  int reservedCtas_ = 0;  // held in SmBudget until the kernel is known to have exited
   uint64_t launches_ = 0;
   uint64_t oneShotMaxBytes_ = 0;
   // The launch path (launch_path.h): eager collectives publishing at most launchMaxBytes_.
   uint64_t launchMaxBytes_ = 0;
-  int launchCap_ = 1;                  // CTAs per launch-path op, agreed by all ranks
-  int directCap_ = 1;                  // ... per direct-mode op (launchDirectKernel's, or launchCap_)
-  uint64_t llMaxBytes_ = 0;            // MKERNEL_LL_MAX_BYTES, the smallest any rank asked for
-  int64_t ringMinBytes_ = -1;          // MKERNEL_RING_MIN_BYTES: -1 auto (what LL does not take), else bytes
-  uint64_t llOps_ = 0;                 // ops issued in LL mode (eager and captured)
-  uint64_t ringOps_ = 0;               // ops posted as rings (the doorbell)
-  uint64_t llBatchOps_ = 0;            // ... of which in an LL batch (launchBatch)
+  int launchCap_ = 1;        // CTAs per launch-path op, agreed by all ranks
+  int directCap_ = 1;        // ... per direct-mode op (launchDirectKernel's, or launchCap_)
+  uint64_t llMaxBytes_ = 0;  // MKERNEL_LL_MAX_BYTES, the smallest any rank asked for
+  int64_t ringMinBytes_ =
+      -1;                    // MKERNEL_RING_MIN_BYTES: -1 auto (what LL does not take), else bytes
+  uint64_t llOps_ = 0;       // ops issued in LL mode (eager and captured)
+  uint64_t ringOps_ = 0;     // ops posted as rings (the doorbell)
+  uint64_t llBatchOps_ = 0;  // ... of which in an LL batch (launchBatch)
   enum class LlBatchMode { Off, Serial, Exchange };
   LlBatchMode llBatch_ = LlBatchMode::Exchange;  // MKERNEL_LL_BATCH
-  bool launchDirect_ = false;          // MKERNEL_LAUNCH_DIRECT and thread ranks: larger ops too
+  bool launchDirect_ = false;              // MKERNEL_LAUNCH_DIRECT and thread ranks: larger ops too
   uint64_t directMaxBytes_ = kDirectAuto;  // MKERNEL_DIRECT_MAX_BYTES (directTakes)
   // Direct mode has no upper end with ranks sharing a GPU in direct mode (auto, or 0).
   bool directUnbounded() const { return directMaxBytes_ == kDirectAuto || directMaxBytes_ == 0; }
-  int directSharing_ = 1;                  // the most ranks on one GPU, agreed (directTakes)
-  uint64_t launchSeq_ = 0;             // launch-path ops issued (the epoch of the next one - 1)
-  uint64_t launchIssued_[8] = {};      // ... by CollType (the index the kernel reports)
+  int directSharing_ = 1;          // the most ranks on one GPU, agreed (directTakes)
+  uint64_t launchSeq_ = 0;         // launch-path ops issued (the epoch of the next one - 1)
+  uint64_t launchIssued_[8] = {};  // ... by CollType (the index the kernel reports)
   // Orders eager launch-path ops across caller streams. With one rank of this communicator on
   // this GPU it is recorded after every op (as NCCL records on the caller's stream at each
   // launch), so no stream the application may since have destroyed is ever used again. With
@@ -315,8 +334,8 @@ class KernelCommunicator final : public Communicator {
   // stream changes, on the previous stream (which the application must not have destroyed).
   cudaEvent_t launchEvent_ = nullptr;
   bool recordEachOp_ = true;
-  // Thread ranks sharing this GPU (MKERNEL_POST_FENCE, collectives/runtime/post_fence.h): the fence of
-  // this process's co-located ranks (shared, reference-counted), this rank's member index, the
+  // Thread ranks sharing this GPU (MKERNEL_POST_FENCE, collectives/runtime/post_fence.h): the fence
+  // of this process's co-located ranks (shared, reference-counted), this rank's member index, the
   // fenced collectives posted, whether the last one still waits for completeStarts, and the
   // tails held until then.
   PostFence* fence_ = nullptr;
@@ -324,7 +343,8 @@ class KernelCommunicator final : public Communicator {
   uint64_t fenceSeq_ = 0;
   bool fencePending_ = false;
   bool holdTails_ = false;
-  uint64_t startsQueued_ = 0;  // starts queued (kernel launches, doorbell writes): did a post queue one
+  uint64_t startsQueued_ =
+      0;  // starts queued (kernel launches, doorbell writes): did a post queue one
   std::vector<Tail> heldTails_;
   // The launch watch (MKERNEL_LAUNCH_WATCH, watchLaunch): an event recorded just before a watched
   // op's kernel, that op's epoch, when the last eager op was launched, and the epoch last reported.
@@ -337,7 +357,8 @@ class KernelCommunicator final : public Communicator {
   const char* lastLaunchColl_ = "-";
   std::chrono::steady_clock::time_point lastLaunchAt_{};
   uint64_t watchReported_ = 0;
-  cudaStream_t lastLaunchStream_ = nullptr;  // set once an eager op ran; never used: it may be destroyed
+  cudaStream_t lastLaunchStream_ =
+      nullptr;  // set once an eager op ran; never used: it may be destroyed
   // Captured launch-path ops (MKERNEL_GRAPH_LAUNCH): the stream and capture of the last one, so
   // that a capture forked over several streams still orders them (graph namespace, launch_path.h).
   bool graphLaunch_ = false;
@@ -345,12 +366,14 @@ class KernelCommunicator final : public Communicator {
   cudaEvent_t graphEvent_ = nullptr;
   cudaStream_t lastGraphStream_ = nullptr;
   unsigned long long lastGraphCapture_ = 0;
-  mutable uint64_t foldedGraph_[kNumCollTypes] = {};  // graphLaunchDone folded into the statistics (statsMu_)
+  mutable uint64_t foldedGraph_[kNumCollTypes] =
+      {};  // graphLaunchDone folded into the statistics (statsMu_)
   uint64_t oneRankCopies_[kNumCollTypes] = {};  // launch-path ops done as a cudaMemcpyAsync
-  bool oneRankKernel_ = false;                     // MKERNEL_ONE_RANK=kernel: no cudaMemcpyAsync
+  bool oneRankKernel_ = false;                  // MKERNEL_ONE_RANK=kernel: no cudaMemcpyAsync
   mutable std::mutex statsMu_;
   mutable uint64_t folded_[kNumCollTypes] = {};
-  mutable uint64_t hierTurn_[kHierCounters] = {};  // DeviceState::hierTurn, hierMark, hierWait, hierBusy at the last stats() (statsMu_)
+  mutable uint64_t hierTurn_[kHierCounters] =
+      {};  // DeviceState::hierTurn, hierMark, hierWait, hierBusy at the last stats() (statsMu_)
   mutable uint64_t foldedLaunch_[kNumCollTypes] = {};
 };
 

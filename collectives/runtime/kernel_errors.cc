@@ -15,9 +15,10 @@ Result KernelCommunicator::kernelError() const {
   if (pick >= 0) {
     const ErrorRecord& e = ctl_->errors[pick];
     const uint32_t what = *reinterpret_cast<const volatile uint32_t*>(&e.what);
-    const char* coll = e.coll >= 0 && e.coll < kNumCollTypes ? collName(static_cast<CollType>(e.coll)) : "-";
-    if (what == kWaitPeerStart || what == kWaitPeerEnd || what == kWaitPeerChunk || what == kWaitLaunchPeer ||
-        what == kWaitLaunchPeerEnd) {
+    const char* coll =
+        e.coll >= 0 && e.coll < kNumCollTypes ? collName(static_cast<CollType>(e.coll)) : "-";
+    if (what == kWaitPeerStart || what == kWaitPeerEnd || what == kWaitPeerChunk ||
+        what == kWaitLaunchPeer || what == kWaitLaunchPeerEnd) {
       // The peer's flag as the wait last read it (ErrorRecord keeps its low 32 bits): one behind
       // means the peer never reached this point; further behind, it is stuck earlier.
       const uint32_t behind = static_cast<uint32_t>(e.epoch) - e.observed;
@@ -25,16 +26,21 @@ Result KernelCommunicator::kernelError() const {
       // the collective and still not run, CUDA holding its kernel back (docs/RELIABILITY.md); the
       // launch watch on that rank tells.
       const char* hint = behind == 1 && peers_.ranksOnMyDevice > 1
-                             ? "; ranks share this GPU: if that rank issued the collective, its kernel has not run "
+                             ? "; ranks share this GPU: if that rank issued the collective, its "
+                               "kernel has not run "
                                "(its MKERNEL_LAUNCH_WATCH report says why)"
                              : "";
       // Where this rank reads that peer's state (its address here; for thread ranks the peer's
       // own, which its "persistent kernel ready" INFO line gives).
-      const void* at = e.peer >= 0 && e.peer < kMaxRanks ? static_cast<const void*>(params_.peers[e.peer]) : nullptr;
+      const void* at = e.peer >= 0 && e.peer < kMaxRanks
+                           ? static_cast<const void*>(params_.peers[e.peer])
+                           : nullptr;
       return MK_ERROR(Result::RemoteError,
-                      "rank %d (CTA %d): timed out after %llu s waiting for rank %d %s in %s (epoch %llu; rank %d's "
+                      "rank %d (CTA %d): timed out after %llu s waiting for rank %d %s in %s "
+                      "(epoch %llu; rank %d's "
                       "flag read %llu, %u behind; its state at %p)%s",
-                      e.rank, e.cta, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull), e.peer,
+                      e.rank, e.cta,
+                      static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull), e.peer,
                       waitKindName(what), coll, static_cast<unsigned long long>(e.epoch), e.peer,
                       static_cast<unsigned long long>(e.epoch - behind), behind, at, hint);
     }
@@ -47,14 +53,20 @@ Result KernelCommunicator::kernelError() const {
                                         : "its proxy still has: " + proxy_->pendingSummary();
       });
       return MK_ERROR(Result::RemoteError,
-                      "rank %d (CTA %d): waiting for the proxy's inter-node transfers in %s failed or timed out (%llu s); %s",
-                      e.rank, e.cta, coll, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull),
+                      "rank %d (CTA %d): waiting for the proxy's inter-node transfers in %s failed "
+                      "or timed out (%llu s); %s",
+                      e.rank, e.cta, coll,
+                      static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull),
                       proxyReport_.c_str());
     }
-    return MK_ERROR(Result::InternalError, "rank %d (CTA %d): timed out after %llu s waiting for %s",
-                    e.rank, e.cta, static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull), waitKindName(what));
+    return MK_ERROR(Result::InternalError,
+                    "rank %d (CTA %d): timed out after %llu s waiting for %s", e.rank, e.cta,
+                    static_cast<unsigned long long>(params_.timeoutNs / 1000000000ull),
+                    waitKindName(what));
   }
-  return MK_ERROR(Result::InternalError, "rank %d: the persistent kernel stopped on a failure it did not record", opts_.rank);
+  return MK_ERROR(Result::InternalError,
+                  "rank %d: the persistent kernel stopped on a failure it did not record",
+                  opts_.rank);
 }
 
 Result KernelCommunicator::asyncError(bool queryDevice) {
@@ -63,7 +75,8 @@ Result KernelCommunicator::asyncError(bool queryDevice) {
   if (queryDevice && stream_ != nullptr) {
     cudaError_t q = cudaStreamQuery(stream_);
     if (q != cudaSuccess && q != cudaErrorNotReady)
-      return MK_ERROR(Result::UnhandledCudaError, "rank %d: the persistent kernel failed: %s", opts_.rank, cudaGetErrorString(q));
+      return MK_ERROR(Result::UnhandledCudaError, "rank %d: the persistent kernel failed: %s",
+                      opts_.rank, cudaGetErrorString(q));
   }
   if (queryDevice) watchLaunch();
   return Result::Success;
@@ -77,9 +90,12 @@ Result KernelCommunicator::asyncError(bool queryDevice) {
 // GPU stall at their first collective in the second way (docs/RELIABILITY.md).
 void KernelCommunicator::watchLaunch() {
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-  if (!lock.owns_lock() || watchEpoch_ == 0 || watchEpoch_ != launchSeq_ || watchReported_ == watchEpoch_) return;
+  if (!lock.owns_lock() || watchEpoch_ == 0 || watchEpoch_ != launchSeq_ ||
+      watchReported_ == watchEpoch_)
+    return;
   const double timeout = params::timeoutSeconds();
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - lastLaunchAt_).count();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - lastLaunchAt_).count();
   if (waited < std::max(0.5, timeout / 2)) return;
   uint64_t done[8] = {}, graphDone[8] = {};
   if (readLaunchCounters(done, graphDone) != Result::Success) return;
@@ -88,20 +104,26 @@ void KernelCommunicator::watchLaunch() {
   const cudaError_t pre = cudaEventQuery(watchPre_);
   (void)cudaGetLastError();
   const bool started = ctl_->launchStarted >= watchEpoch_;
-  const char* where = started ? "its kernel started and waits inside the collective (a peer's report names what for)"
-                      : pre == cudaSuccess
-                          ? "the caller's stream is ready but its kernel has not started: CUDA holds it back "
-                            "(another kernel, or an implicit synchronization such as a device-wide wait or a free)"
-                          : "its kernel has not started: the work queued before it on the caller's stream has not completed";
+  const char* where =
+      started
+          ? "its kernel started and waits inside the collective (a peer's report names what for)"
+      : pre == cudaSuccess
+          ? "the caller's stream is ready but its kernel has not started: CUDA holds it back "
+            "(another kernel, or an implicit synchronization such as a device-wide wait or a free)"
+          : "its kernel has not started: the work queued before it on the caller's stream has not "
+            "completed";
   // Held back by CUDA: does the GPU still start new work elsewhere? An empty kernel on each of 8
   // fresh streams tells whether only this stream's hardware queue is held (they run) or nothing
   // new starts anywhere (none runs).
   char probe[160] = "";
   if (!started && pre == cudaSuccess)
-    std::snprintf(probe, sizeof(probe), "; an empty kernel launched now on each of 8 fresh streams ran on %d of them within 0.2 s",
-                  probeFreshStreams(8, 0.2));
-  MK_WARN("rank %d: %s (launch path, epoch %llu) unfinished %.1f s after its launch: %s%s", opts_.rank, lastLaunchColl_,
-          static_cast<unsigned long long>(watchEpoch_), waited, where, probe);
+    std::snprintf(
+        probe, sizeof(probe),
+        "; an empty kernel launched now on each of 8 fresh streams ran on %d of them within 0.2 s",
+        probeFreshStreams(8, 0.2));
+  MK_WARN("rank %d: %s (launch path, epoch %llu) unfinished %.1f s after its launch: %s%s",
+          opts_.rank, lastLaunchColl_, static_cast<unsigned long long>(watchEpoch_), waited, where,
+          probe);
 }
 
 Result KernelCommunicator::abort() {
@@ -109,7 +131,8 @@ Result KernelCommunicator::abort() {
   // still waiting for peers): the fence and the control block go away under abortMu_ only.
   std::lock_guard<std::mutex> lock(abortMu_);
   aborted_ = true;
-  if (fence_ != nullptr) fence_->leave(fenceMember_);  // co-located peers stop waiting for this rank
+  if (fence_ != nullptr)
+    fence_->leave(fenceMember_);  // co-located peers stop waiting for this rank
   if (ctl_ != nullptr) {
     ctl_->abortFlag = 1;
     ctl_->quit = 1;
@@ -125,9 +148,12 @@ Result KernelCommunicator::waitKernelExit(double seconds) {
     cudaError_t q = cudaStreamQuery(stream_);
     if (q == cudaSuccess) return Result::Success;
     if (q != cudaErrorNotReady)
-      return MK_ERROR(Result::UnhandledCudaError, "rank %d: persistent kernel: %s", opts_.rank, cudaGetErrorString(q));
+      return MK_ERROR(Result::UnhandledCudaError, "rank %d: persistent kernel: %s", opts_.rank,
+                      cudaGetErrorString(q));
     if (std::chrono::steady_clock::now() > deadline)
-      return MK_ERROR(Result::InternalError, "rank %d: the persistent kernel did not exit within %.0f s", opts_.rank, seconds);
+      return MK_ERROR(Result::InternalError,
+                      "rank %d: the persistent kernel did not exit within %.0f s", opts_.rank,
+                      seconds);
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
 }
@@ -161,7 +187,8 @@ Result KernelCommunicator::finalize() {
         if (done[c] < launchIssued_[c]) return false;
       return true;
     };
-    while (!allDone() && !ctl_->failed && !ctl_->abortFlag && std::chrono::steady_clock::now() < deadline)
+    while (!allDone() && !ctl_->failed && !ctl_->abortFlag &&
+           std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   // Peers may still poll our flags until they have seen our last barrier arrival.
@@ -199,7 +226,8 @@ void KernelCommunicator::release(bool orderly) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (waitKernelExit(5.0) != Result::Success) {
       // The kernel still reads our host memory: leaking it is the only safe choice.
-      MK_WARN("rank %d: persistent kernel still running at destruction; leaking its memory", opts_.rank);
+      MK_WARN("rank %d: persistent kernel still running at destruction; leaking its memory",
+              opts_.rank);
       std::lock_guard<std::mutex> lock(abortMu_);
       ctl_ = nullptr;
       return;  // its SMs stay reserved too: the kernel still holds them
@@ -275,10 +303,12 @@ void KernelCommunicator::release(bool orderly) {
   if (memUser_) {
     memUser_ = false;
     const BlockCache::Stats st = MemCache::process().stats();
-    MK_INFO(kLogAlloc, "rank %d: released; the process's memory cache holds %zu blocks (%.1f MiB) for reuse, %llu "
-            "reused so far (MKERNEL_DEFER_FREES)",
-            opts_.rank, st.cachedBlocks, static_cast<double>(st.cachedBytes) / 1048576.0,
-            static_cast<unsigned long long>(st.reused));
+    MK_INFO(
+        kLogAlloc,
+        "rank %d: released; the process's memory cache holds %zu blocks (%.1f MiB) for reuse, %llu "
+        "reused so far (MKERNEL_DEFER_FREES)",
+        opts_.rank, st.cachedBlocks, static_cast<double>(st.cachedBytes) / 1048576.0,
+        static_cast<unsigned long long>(st.reused));
     MemCache::process().leave();
   }
 }

@@ -14,57 +14,83 @@ Result KernelCommunicator::init() {
   MK_CUDA_CHECK(cudaSetDevice(opts_.cudaDev), "rank %d: cudaSetDevice", opts_.rank);
   MK_CHECK(cudrv::loadMemOps());
   int sms = 0;
-  MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, opts_.cudaDev), "rank %d: SM count query", opts_.rank);
+  MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, opts_.cudaDev),
+                "rank %d: SM count query", opts_.rank);
   int perSm = 0;
   MK_CHECK(persistentKernelCtasPerSm(&perSm));
   if (perSm < 1)
-    return MK_ERROR(Result::InternalError, "rank %d: the persistent kernel cannot be resident on GPU %d",
-                    opts_.rank, opts_.cudaDev);
+    return MK_ERROR(Result::InternalError,
+                    "rank %d: the persistent kernel cannot be resident on GPU %d", opts_.rank,
+                    opts_.cudaDev);
   const int64_t want = opts_.maxCtas > 0 ? opts_.maxCtas : params::CTAS();
   if (want < 1 || want > kMaxCtas)
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_CTAS=%lld outside 1..%d", static_cast<long long>(want), kMaxCtas);
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_CTAS=%lld outside 1..%d",
+                    static_cast<long long>(want), kMaxCtas);
 
   MK_CHECK(reserveKernelStack(opts_.cudaDev));  // also loads the kernels before any of them runs
   oneShotMaxBytes_ = static_cast<uint64_t>(params::ONESHOT_MAX_BYTES());
   const int64_t launchMax = params::LAUNCH_MAX_BYTES();
   if (launchMax < 0 || static_cast<uint64_t>(launchMax) > kLaunchInboxBytes)
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_MAX_BYTES=%lld outside 0..%llu", static_cast<long long>(launchMax),
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_LAUNCH_MAX_BYTES=%lld outside 0..%llu",
+                    static_cast<long long>(launchMax),
                     static_cast<unsigned long long>(kLaunchInboxBytes));
   launchMaxBytes_ = static_cast<uint64_t>(launchMax);
   if (const std::optional<int64_t> ringMin = params::RING_MIN_BYTES()) ringMinBytes_ = *ringMin;
   if (const std::optional<int64_t> directMax = params::DIRECT_MAX_BYTES())
     directMaxBytes_ = static_cast<uint64_t>(*directMax);
-  MK_CUDA_CHECK(MemCache::deviceAlloc(opts_.cudaDev, sizeof(DeviceState), reinterpret_cast<void**>(&state_)), "rank %d: cudaMalloc(DeviceState)", opts_.rank);
-  MK_CUDA_CHECK(cudaMemset(state_, 0, sizeof(DeviceState)), "rank %d: cudaMemset(DeviceState)", opts_.rank);
-  MK_CUDA_CHECK(MemCache::hostAlloc((16 + kHierCounters) * sizeof(uint64_t), cudaHostAllocDefault, reinterpret_cast<void**>(&counterHost_)), "rank %d: cudaMallocHost(counters)", opts_.rank);
-  MK_CUDA_CHECK(cudaStreamCreateWithFlags(&counterStream_, cudaStreamNonBlocking), "rank %d: cudaStreamCreate(counters)", opts_.rank);
-  MK_CUDA_CHECK(MemCache::deviceAlloc(opts_.cudaDev, std::max<uint64_t>(oneShotMaxBytes_, 16), &staging_), "rank %d: cudaMalloc(staging)", opts_.rank);
+  MK_CUDA_CHECK(
+      MemCache::deviceAlloc(opts_.cudaDev, sizeof(DeviceState), reinterpret_cast<void**>(&state_)),
+      "rank %d: cudaMalloc(DeviceState)", opts_.rank);
+  MK_CUDA_CHECK(cudaMemset(state_, 0, sizeof(DeviceState)), "rank %d: cudaMemset(DeviceState)",
+                opts_.rank);
+  MK_CUDA_CHECK(MemCache::hostAlloc((16 + kHierCounters) * sizeof(uint64_t), cudaHostAllocDefault,
+                                    reinterpret_cast<void**>(&counterHost_)),
+                "rank %d: cudaMallocHost(counters)", opts_.rank);
+  MK_CUDA_CHECK(cudaStreamCreateWithFlags(&counterStream_, cudaStreamNonBlocking),
+                "rank %d: cudaStreamCreate(counters)", opts_.rank);
+  MK_CUDA_CHECK(
+      MemCache::deviceAlloc(opts_.cudaDev, std::max<uint64_t>(oneShotMaxBytes_, 16), &staging_),
+      "rank %d: cudaMalloc(staging)", opts_.rank);
   void* host = nullptr;
-  MK_CUDA_CHECK(MemCache::hostAlloc(sizeof(HostControl), cudaHostAllocMapped | cudaHostAllocPortable, &host), "rank %d: cudaHostAlloc(control)", opts_.rank);
+  MK_CUDA_CHECK(
+      MemCache::hostAlloc(sizeof(HostControl), cudaHostAllocMapped | cudaHostAllocPortable, &host),
+      "rank %d: cudaHostAlloc(control)", opts_.rank);
   ctl_ = static_cast<HostControl*>(host);
   std::memset(host, 0, sizeof(HostControl));
-  MK_CUDA_CHECK(MemCache::hostAlloc(sizeof(WorkSlot) * kMaxSlots, cudaHostAllocMapped | cudaHostAllocPortable, &host), "rank %d: cudaHostAlloc(slots)", opts_.rank);
+  MK_CUDA_CHECK(MemCache::hostAlloc(sizeof(WorkSlot) * kMaxSlots,
+                                    cudaHostAllocMapped | cudaHostAllocPortable, &host),
+                "rank %d: cudaHostAlloc(slots)", opts_.rank);
   slots_ = static_cast<WorkSlot*>(host);
   std::memset(host, 0, sizeof(WorkSlot) * kMaxSlots);
-  MK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "rank %d: cudaStreamCreate", opts_.rank);
-  for (auto& ev : slotEvents_) MK_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "rank %d: cudaEventCreate", opts_.rank);
-  MK_CUDA_CHECK(cudaEventCreateWithFlags(&launchEvent_, cudaEventDisableTiming), "rank %d: cudaEventCreate(launch path)", opts_.rank);
-  watch_ = params::LAUNCH_WATCH.is("off") ? Watch::Off : params::LAUNCH_WATCH.is("all") ? Watch::All : Watch::First;
+  MK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                "rank %d: cudaStreamCreate", opts_.rank);
+  for (auto& ev : slotEvents_)
+    MK_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "rank %d: cudaEventCreate",
+                  opts_.rank);
+  MK_CUDA_CHECK(cudaEventCreateWithFlags(&launchEvent_, cudaEventDisableTiming),
+                "rank %d: cudaEventCreate(launch path)", opts_.rank);
+  watch_ = params::LAUNCH_WATCH.is("off")   ? Watch::Off
+           : params::LAUNCH_WATCH.is("all") ? Watch::All
+                                            : Watch::First;
   params_.launchWatch = watch_ == Watch::Off ? 0u : watch_ == Watch::All ? 2u : 1u;
   if (watch_ != Watch::Off)
-    MK_CUDA_CHECK(cudaEventCreateWithFlags(&watchPre_, cudaEventDisableTiming), "rank %d: cudaEventCreate(launch watch)", opts_.rank);
-  MK_CUDA_CHECK(cudaEventCreateWithFlags(&graphEvent_, cudaEventDisableTiming), "rank %d: cudaEventCreate(launch path, graphs)", opts_.rank);
+    MK_CUDA_CHECK(cudaEventCreateWithFlags(&watchPre_, cudaEventDisableTiming),
+                  "rank %d: cudaEventCreate(launch watch)", opts_.rank);
+  MK_CUDA_CHECK(cudaEventCreateWithFlags(&graphEvent_, cudaEventDisableTiming),
+                "rank %d: cudaEventCreate(launch path, graphs)", opts_.rank);
   params_.graphEpilogueLight = params::GRAPH_EPILOGUE.is("light") ? 1u : 0u;
   // One numbering for eager and captured launch-path ops (launch_path.h), unless a test asks for
   // the host's (MKERNEL_EAGER_HOST_NUMBERS=1, agreed as every ROUTE setting).
   params_.deviceNumbers = params::EAGER_HOST_NUMBERS() ? 0u : 1u;
   const std::string pdl = params::PDL.text();
   int ccMajor = 0;
-  MK_CUDA_CHECK(cudaDeviceGetAttribute(&ccMajor, cudaDevAttrComputeCapabilityMajor, opts_.cudaDev), "rank %d: compute capability query", opts_.rank);
+  MK_CUDA_CHECK(cudaDeviceGetAttribute(&ccMajor, cudaDevAttrComputeCapabilityMajor, opts_.cudaDev),
+                "rank %d: compute capability query", opts_.rank);
   // Programmatic dependent launch needs sm_90; early is narrowed after agreeLaunchCap.
   params_.pdl = ccMajor < 9 || pdl == "off" ? 0u : pdl == "wait" ? 1u : 2u;
   if (ccMajor < 9 && pdl != "off")
-    MK_INFO(kLogInit, "rank %d: MKERNEL_PDL=%s ignored: GPU %d is sm_%d0, programmatic launch needs sm_90",
+    MK_INFO(kLogInit,
+            "rank %d: MKERNEL_PDL=%s ignored: GPU %d is sm_%d0, programmatic launch needs sm_90",
             opts_.rank, pdl.c_str(), opts_.cudaDev, ccMajor);
   params_.ownKernels = (params::LL_KERNEL.is("own") ? kOwnKernelLl : 0u) |
                        (params::DIRECT_KERNEL.is("own") ? kOwnKernelDirect : 0u);
@@ -76,7 +102,8 @@ Result KernelCommunicator::init() {
   // wait would also wait for every running kernel, and a persistent kernel kept resident by a
   // captured doorbell (another communicator's) or a thread rank's launch-path kernel waiting for
   // this rank never finishes first (docs/KERNEL.md, "A product risk").
-  MK_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy), "rank %d: cudaStreamSynchronize(legacy stream) after setup", opts_.rank);
+  MK_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy),
+                "rank %d: cudaStreamSynchronize(legacy stream) after setup", opts_.rank);
 
   // Every rank reads what its GPU has left before any rank of this communicator reserves
   // (the exchange is collective), so ranks sharing a GPU split the same budget. Two
@@ -89,15 +116,17 @@ Result KernelCommunicator::init() {
   const int64_t stagedChunk = params::STAGED_CHUNK_BYTES();
   if (stagedChunk < static_cast<int64_t>(kStagedMinChunkBytes) || stagedChunk > (int64_t(1) << 30))
     return MK_ERROR(Result::InvalidArgument, "MKERNEL_STAGED_CHUNK_BYTES=%lld outside %llu..%llu",
-                    static_cast<long long>(stagedChunk), static_cast<unsigned long long>(kStagedMinChunkBytes),
-                    1ull << 30);
+                    static_cast<long long>(stagedChunk),
+                    static_cast<unsigned long long>(kStagedMinChunkBytes), 1ull << 30);
   // Emulated nodes (MKERNEL_RANKS_PER_NODE in emulation): every collective runs hierarchically.
-  const bool emulatedNodes = opts_.emulate && opts_.ranksPerNode > 0 && opts_.ranksPerNode < opts_.nRanks;
+  const bool emulatedNodes =
+      opts_.emulate && opts_.ranksPerNode > 0 && opts_.ranksPerNode < opts_.nRanks;
   if (emulatedNodes &&
       (opts_.nRanks % opts_.ranksPerNode != 0 || opts_.nRanks / opts_.ranksPerNode > kMaxHierNodes))
-    return MK_ERROR(Result::InvalidArgument,
-                    "MKERNEL_RANKS_PER_NODE=%d: %d ranks are not whole nodes of that size (at most %d nodes)",
-                    opts_.ranksPerNode, opts_.nRanks, kMaxHierNodes);
+    return MK_ERROR(
+        Result::InvalidArgument,
+        "MKERNEL_RANKS_PER_NODE=%d: %d ranks are not whole nodes of that size (at most %d nodes)",
+        opts_.ranksPerNode, opts_.nRanks, kMaxHierNodes);
   // MKERNEL_SHARED_CTAS: only where direct mode takes the large collectives (thread ranks, the
   // launch path and its direct mode on, no emulated nodes; exchangePeers drops it for staged ones)
   // (MKERNEL_GRAPH_LAUNCH=0 gives every collective to the persistent kernel).
@@ -114,12 +143,16 @@ Result KernelCommunicator::init() {
   // Rings (exchangePeers' ringMode): the policy (policy.cc) validates MKERNEL_ALGO's name; here
   // ring forces them, auto lets the host's NVLink decide, any other choice keeps direct access.
   // Not for emulated nodes (the hierarchical path has its own rail forms).
-  const int ringMode = emulatedNodes ? 0 : params::ALGO.is("ring") ? 1 : params::ALGO.is("auto") ? 2 : 0;
+  const int ringMode = emulatedNodes             ? 0
+                       : params::ALGO.is("ring") ? 1
+                       : params::ALGO.is("auto") ? 2
+                                                 : 0;
   if (!params::LAUNCH_DIRECT() || !params::GRAPH_LAUNCH() || launchMaxBytes_ == 0 || emulatedNodes)
     sharedCtas = 0;
-  MK_CHECK(exchangePeers(bs_, opts_.rank, opts_.nRanks, opts_.cudaDev, state_, static_cast<int>(want),
-                         smsForKernel, opts_.emulate, static_cast<uint64_t>(stagedChunk) / 16 * 16, emulatedNodes,
-                         sharedCtas, &peers_, ringMode));
+  MK_CHECK(exchangePeers(bs_, opts_.rank, opts_.nRanks, opts_.cudaDev, state_,
+                         static_cast<int>(want), smsForKernel, opts_.emulate,
+                         static_cast<uint64_t>(stagedChunk) / 16 * 16, emulatedNodes, sharedCtas,
+                         &peers_, ringMode));
   PeerSetup& peers = peers_;
   if (peers.vmmState != nullptr) {
     // Process ranks over cuMem (MKERNEL_PEER_IPC): the DeviceState peers mapped is a cuMem block;
@@ -148,7 +181,9 @@ Result KernelCommunicator::init() {
       fence_ = reinterpret_cast<PostFence*>(fences[static_cast<size_t>(peers.localPeers[0])]);
       for (int m = 0; m < peers.nLocalPeers; ++m)
         if (peers.localPeers[m] == opts_.rank) fenceMember_ = m;
-      MK_INFO(kLogInit, "rank %d: %d ranks of this communicator share GPU %d in this process: each posts a collective's "
+      MK_INFO(kLogInit,
+              "rank %d: %d ranks of this communicator share GPU %d in this process: each posts a "
+              "collective's "
               "start, then waits for the others' before queueing its end (MKERNEL_POST_FENCE)",
               opts_.rank, peers.nLocalPeers, opts_.cudaDev);
     }
@@ -156,9 +191,11 @@ Result KernelCommunicator::init() {
   for (int r = 0; r < opts_.nRanks; ++r) params_.peers[r] = peers.peers[r];
   params_.self = state_;
   void* dev = nullptr;
-  MK_CUDA_CHECK(cudaHostGetDevicePointer(&dev, slots_, 0), "rank %d: cudaHostGetDevicePointer(slots)", opts_.rank);
+  MK_CUDA_CHECK(cudaHostGetDevicePointer(&dev, slots_, 0),
+                "rank %d: cudaHostGetDevicePointer(slots)", opts_.rank);
   params_.slots = static_cast<const WorkSlot*>(dev);
-  MK_CUDA_CHECK(cudaHostGetDevicePointer(&dev, ctl_, 0), "rank %d: cudaHostGetDevicePointer(control)", opts_.rank);
+  MK_CUDA_CHECK(cudaHostGetDevicePointer(&dev, ctl_, 0),
+                "rank %d: cudaHostGetDevicePointer(control)", opts_.rank);
   params_.ctl = static_cast<HostControl*>(dev);
   params_.staging = staging_;
   params_.staged = peers.staged ? 1 : 0;
@@ -173,22 +210,35 @@ Result KernelCommunicator::init() {
   if (traceMode != 0) {
     // Everything the trace read needs is allocated now: an allocation while persistent kernels
     // run can hold up later work until they exit (docs/KERNEL.md).
-    MK_CUDA_CHECK(MemCache::deviceAlloc(opts_.cudaDev, sizeof(KernelTraceRecord) * kTraceDepth, reinterpret_cast<void**>(&trace_)), "rank %d: cudaMalloc(trace)", opts_.rank);
-    MK_CUDA_CHECK(cudaMemset(trace_, 0, sizeof(KernelTraceRecord) * kTraceDepth), "rank %d: cudaMemset(trace)", opts_.rank);
-    MK_CUDA_CHECK(MemCache::hostAlloc(sizeof(KernelTraceRecord) * kTraceDepth, cudaHostAllocDefault, reinterpret_cast<void**>(&traceHost_)), "rank %d: cudaMallocHost(trace)", opts_.rank);
-    MK_CUDA_CHECK(cudaStreamCreateWithFlags(&traceStream_, cudaStreamNonBlocking), "rank %d: cudaStreamCreate(trace)", opts_.rank);
-    MK_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy), "rank %d: cudaStreamSynchronize(legacy stream) after the trace buffer", opts_.rank);
+    MK_CUDA_CHECK(MemCache::deviceAlloc(opts_.cudaDev, sizeof(KernelTraceRecord) * kTraceDepth,
+                                        reinterpret_cast<void**>(&trace_)),
+                  "rank %d: cudaMalloc(trace)", opts_.rank);
+    MK_CUDA_CHECK(cudaMemset(trace_, 0, sizeof(KernelTraceRecord) * kTraceDepth),
+                  "rank %d: cudaMemset(trace)", opts_.rank);
+    MK_CUDA_CHECK(MemCache::hostAlloc(sizeof(KernelTraceRecord) * kTraceDepth, cudaHostAllocDefault,
+                                      reinterpret_cast<void**>(&traceHost_)),
+                  "rank %d: cudaMallocHost(trace)", opts_.rank);
+    MK_CUDA_CHECK(cudaStreamCreateWithFlags(&traceStream_, cudaStreamNonBlocking),
+                  "rank %d: cudaStreamCreate(trace)", opts_.rank);
+    MK_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy),
+                  "rank %d: cudaStreamSynchronize(legacy stream) after the trace buffer",
+                  opts_.rank);
   }
   params_.trace = trace_;
   params_.traceGraph = traceMode == 2 ? 1u : traceMode == 3 ? 2u : 0u;
   params_.stagingBytes = oneShotMaxBytes_;
   params_.timeoutNs = static_cast<uint64_t>(params::TIMEOUT_S()) * 1000000000ull;
-  params_.idleExitNs = static_cast<uint64_t>(std::max<int64_t>(0, params::IDLE_EXIT_US())) * 1000ull;
-  params_.testStallBarrier = static_cast<uint32_t>(std::max<int64_t>(0, params::TEST_STALL_BARRIER()));
+  params_.idleExitNs =
+      static_cast<uint64_t>(std::max<int64_t>(0, params::IDLE_EXIT_US())) * 1000ull;
+  params_.testStallBarrier =
+      static_cast<uint32_t>(std::max<int64_t>(0, params::TEST_STALL_BARRIER()));
   params_.hierOverlap = params::HIER_OVERLAP() ? 1u : 0u;
   if (params_.testStallBarrier != 0)
-    MK_WARN("rank %d: MKERNEL_TEST_STALL_BARRIER=%u: a test hook; this rank's staged collectives stop at that barrier "
-            "until the communicator is aborted", opts_.rank, params_.testStallBarrier);
+    MK_WARN(
+        "rank %d: MKERNEL_TEST_STALL_BARRIER=%u: a test hook; this rank's staged collectives stop "
+        "at that barrier "
+        "until the communicator is aborted",
+        opts_.rank, params_.testStallBarrier);
   params_.rank = opts_.rank;
   params_.nRanks = opts_.nRanks;
   params_.nCtas = peers.nCtas;
@@ -198,27 +248,34 @@ Result KernelCommunicator::init() {
   // kernel needs, and the two would wait for each other: there it is wait only.
   if (params_.pdl == 2 && directSharing_ > 1) {
     params_.pdl = 1;
-    MK_INFO(kLogInit, "rank %d: MKERNEL_PDL=early is wait here: %d ranks share a GPU", opts_.rank, directSharing_);
+    MK_INFO(kLogInit, "rank %d: MKERNEL_PDL=early is wait here: %d ranks share a GPU", opts_.rank,
+            directSharing_);
   }
   // Direct mode needs every peer's user buffers addressable: thread ranks of one process (not
   // staged), one node. The same on every rank (staged is agreed, nNodes is the layout).
-  launchDirect_ = params::LAUNCH_DIRECT() && launchMaxBytes_ > 0 && !peers.staged && !hier &&
-                  opts_.nRanks > 1;
+  launchDirect_ =
+      params::LAUNCH_DIRECT() && launchMaxBytes_ > 0 && !peers.staged && !hier && opts_.nRanks > 1;
   // The launch path, for captured and eager collectives alike (pathOf); off, every collective
   // takes the persistent kernel's doorbell. Every rank reads the same setting (agreed, as
   // MKERNEL_LAUNCH_MAX_BYTES).
   graphLaunch_ = params::GRAPH_LAUNCH() && launchMaxBytes_ > 0 && !hier;
   registerStatsFolder(this, [this] { foldStats(/*device=*/true); });
   if (opts_.persistentKernel)
-    MK_INFO(kLogInit, "rank %d: persistent kernel ready: %d CTAs x %d threads, GPU %d (%d SMs, %d ranks on it)%s; "
+    MK_INFO(kLogInit,
+            "rank %d: persistent kernel ready: %d CTAs x %d threads, GPU %d (%d SMs, %d ranks on "
+            "it)%s; "
             "device state %p, fence %p",
             opts_.rank, params_.nCtas, kKernelThreads, opts_.cudaDev, sms, peers.ranksOnMyDevice,
-            peers.staged ? ", staged (process ranks)" : "", static_cast<void*>(state_), static_cast<void*>(fence_));
+            peers.staged ? ", staged (process ranks)" : "", static_cast<void*>(state_),
+            static_cast<void*>(fence_));
   else
-    MK_INFO(kLogInit, "rank %d: ready without a persistent kernel (its caller runs elsewhere what needs one): no SMs "
+    MK_INFO(kLogInit,
+            "rank %d: ready without a persistent kernel (its caller runs elsewhere what needs "
+            "one): no SMs "
             "reserved on GPU %d (%d SMs, %d ranks on it)%s; device state %p, fence %p",
-            opts_.rank, opts_.cudaDev, sms, peers.ranksOnMyDevice, peers.staged ? ", staged (process ranks)" : "",
-            static_cast<void*>(state_), static_cast<void*>(fence_));
+            opts_.rank, opts_.cudaDev, sms, peers.ranksOnMyDevice,
+            peers.staged ? ", staged (process ranks)" : "", static_cast<void*>(state_),
+            static_cast<void*>(fence_));
   return Result::Success;
 }
 

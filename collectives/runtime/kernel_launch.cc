@@ -11,7 +11,8 @@ namespace coll {
 bool KernelCommunicator::batchable(const WorkDesc& d, Path path) const {
   return llBatch_ != LlBatchMode::Off && path == Path::kLaunchLl &&
          (llBatch_ == LlBatchMode::Exchange ||
-          llCtas(llPayloadBytes(d.count, dataTypeSize(static_cast<DataType>(d.dtype))), launchCap_) == 1);
+          llCtas(llPayloadBytes(d.count, dataTypeSize(static_cast<DataType>(d.dtype))),
+                 launchCap_) == 1);
 }
 
 // The same for an eager op's arguments (the fenced enqueue's runs), with its lines; a no-op is not
@@ -39,7 +40,8 @@ static void opRanges(const WorkDesc& d, int nRanks, uint64_t* sendBytes, uint64_
 
 // n > 1 batchable ops of one group as one launch and one LL exchange (launchLlBatch): one
 // launch-path number for all of them, their lines one after another in each slot.
-Result KernelCommunicator::launchBatch(const WorkDesc* descs, int n, bool capturing, cudaStream_t stream) {
+Result KernelCommunicator::launchBatch(const WorkDesc* descs, int n, bool capturing,
+                                       cudaStream_t stream) {
   MK_CHECK(launchOrder(capturing, stream));
   LlBatch b{};
   b.nOps = n;
@@ -62,7 +64,8 @@ Result KernelCommunicator::launchBatch(const WorkDesc* descs, int n, bool captur
       mem[i].send = descs[i].sendbuff;
       mem[i].recv = descs[i].recvbuff;
       opRanges(descs[i], opts_.nRanks, &mem[i].sendBytes, &mem[i].recvBytes);
-      // A twin (llPlanWaves): the same descriptor as an earlier op (fillDesc zeroes it whole), out of place.
+      // A twin (llPlanWaves): the same descriptor as an earlier op (fillDesc zeroes it whole), out
+      // of place.
       mem[i].twin = -1;
       if (!llOverlap(mem[i].send, mem[i].sendBytes, mem[i].recv, mem[i].recvBytes))
         for (int j = 0; j < i && mem[i].twin < 0; ++j)
@@ -71,7 +74,8 @@ Result KernelCommunicator::launchBatch(const WorkDesc* descs, int n, bool captur
     ctas = llCtas(line * kLlLinePayload, launchCap_);
     waves = llPlanWaves(mem, n, ctas * (kLaunchThreads / 32));
     b.waveMask = waves.startMask;
-    static_assert(sizeof(b.warpFirst) == sizeof(waves.warpFirst) && sizeof(b.warpCount) == sizeof(waves.warpCount),
+    static_assert(sizeof(b.warpFirst) == sizeof(waves.warpFirst) &&
+                      sizeof(b.warpCount) == sizeof(waves.warpCount),
                   "LlBatch and LlWaves share the warp arrays' layout");
     std::memcpy(b.warpFirst, waves.warpFirst, sizeof(b.warpFirst));
     std::memcpy(b.warpCount, waves.warpCount, sizeof(b.warpCount));
@@ -91,7 +95,8 @@ Result KernelCommunicator::launchBatch(const WorkDesc* descs, int n, bool captur
   cudaStream_t runOn = stream;
   if (watch_ == Watch::All || (watch_ == Watch::First && b.epoch == 1)) {
     // The watch follows the batch's last op (its kernel stamps the batch's number when it starts).
-    MK_CUDA_CHECK(cudaEventRecord(watchPre_, runOn), "rank %d: cudaEventRecord(launch watch)", opts_.rank);
+    MK_CUDA_CHECK(cudaEventRecord(watchPre_, runOn), "rank %d: cudaEventRecord(launch watch)",
+                  opts_.rank);
     watchEpoch_ = launchSeq_;
     watchColl_ = descs[n - 1].coll;
     watchIndex_ = b.opIndex[n - 1];
@@ -100,29 +105,37 @@ Result KernelCommunicator::launchBatch(const WorkDesc* descs, int n, bool captur
   startsQueued_ += static_cast<uint64_t>(n);
   MK_CHECK(launchQueued(runOn, stream, static_cast<CollType>(descs[n - 1].coll)));
   MK_TRACE(kLogColl,
-           "rank %d: %d collectives launched as one LL batch (%s, epoch %llu, %llu lines, %d CTA(s), %d wave(s))",
-           opts_.rank, n, b.exchange ? "one exchange" : "serial", static_cast<unsigned long long>(b.epoch),
-           static_cast<unsigned long long>(line), ctas, waves.waves);
+           "rank %d: %d collectives launched as one LL batch (%s, epoch %llu, %llu lines, %d "
+           "CTA(s), %d wave(s))",
+           opts_.rank, n, b.exchange ? "one exchange" : "serial",
+           static_cast<unsigned long long>(b.epoch), static_cast<unsigned long long>(line), ctas,
+           waves.waves);
   return Result::Success;
 }
 
-Result KernelCommunicator::launchOp(const WorkDesc& desc, Path path, bool capturing, cudaStream_t stream) {
+Result KernelCommunicator::launchOp(const WorkDesc& desc, Path path, bool capturing,
+                                    cudaStream_t stream) {
   const bool direct = path == Path::kLaunchDirect;
-  const int mode = direct ? kLaunchModeDirect : path == Path::kLaunchLl ? kLaunchModeLl : kLaunchModeInbox;
+  const int mode = direct                    ? kLaunchModeDirect
+                   : path == Path::kLaunchLl ? kLaunchModeLl
+                                             : kLaunchModeInbox;
   MK_CHECK(launchOrder(capturing, stream));
   WorkDesc d = desc;
   const CollType c = static_cast<CollType>(d.coll);
-  const uint64_t bytes = launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
+  const uint64_t bytes =
+      launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
   int ctas = launchCtas(bytes, launchCap_);
   if (mode == kLaunchModeLl) {
-    ctas = llCtas(llPayloadBytes(d.count, dataTypeSize(static_cast<DataType>(d.dtype))), launchCap_);
+    ctas =
+        llCtas(llPayloadBytes(d.count, dataTypeSize(static_cast<DataType>(d.dtype))), launchCap_);
     ++llOps_;
   }
   if (direct) {
     // The persistent kernel's split (fillDesc), capped by the CTAs all ranks on a GPU can hold at
     // once. AllReduce: TwoShot, whose in-place use is safe (each part is read and written by its
     // owner only).
-    ctas = splitCtas(shareBytes(c, d.count, static_cast<DataType>(d.dtype), opts_.nRanks), directCap_);
+    ctas =
+        splitCtas(shareBytes(c, d.count, static_cast<DataType>(d.dtype), opts_.nRanks), directCap_);
     d.nCtas = ctas;
     if (c == CollType::AllReduce) d.algo = static_cast<int32_t>(Algo::TwoShot);
   }
@@ -136,7 +149,8 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, Path path, bool captur
   const uint64_t index = ++launchIssued_[d.coll];
   cudaStream_t runOn = stream;
   if (watch_ == Watch::All || (watch_ == Watch::First && launchSeq_ == 1)) {
-    MK_CUDA_CHECK(cudaEventRecord(watchPre_, runOn), "rank %d: cudaEventRecord(launch watch)", opts_.rank);
+    MK_CUDA_CHECK(cudaEventRecord(watchPre_, runOn), "rank %d: cudaEventRecord(launch watch)",
+                  opts_.rank);
     watchEpoch_ = launchSeq_;
     watchColl_ = d.coll;
     watchIndex_ = index;
@@ -144,18 +158,24 @@ Result KernelCommunicator::launchOp(const WorkDesc& desc, Path path, bool captur
   MK_CHECK(launchCollective(params_, d, ctas, launchSeq_, index, mode, runOn));
   ++startsQueued_;
   MK_CHECK(launchQueued(runOn, stream, c));
-  MK_TRACE(kLogColl, "rank %d: %s launched on the launch path (%s, epoch %llu, %d CTAs)", opts_.rank, collName(c),
-           direct ? "direct" : mode == kLaunchModeLl ? "LL" : "inbox", static_cast<unsigned long long>(launchSeq_), ctas);
+  MK_TRACE(kLogColl, "rank %d: %s launched on the launch path (%s, epoch %llu, %d CTAs)",
+           opts_.rank, collName(c),
+           direct                  ? "direct"
+           : mode == kLaunchModeLl ? "LL"
+                                   : "inbox",
+           static_cast<unsigned long long>(launchSeq_), ctas);
   return Result::Success;
 }
 
-Result KernelCommunicator::postSlot(const WorkDesc* descs, int nOps, bool capturing, cudaStream_t stream) {
+Result KernelCommunicator::postSlot(const WorkDesc* descs, int nOps, bool capturing,
+                                    cudaStream_t stream) {
   // Event queries and the persistent kernel's launch on the internal stream: calls that a
   // global-mode capture would otherwise refuse. (The launch path makes none: a kernel launch and
   // an event wait on the caller's stream are capture-safe.)
   if (!opts_.persistentKernel)
     return MK_ERROR(Result::InternalError,
-                    "rank %d: a collective needs the persistent kernel, and this communicator was made without one "
+                    "rank %d: a collective needs the persistent kernel, and this communicator was "
+                    "made without one "
                     "(CommOptions::persistentKernel: its caller routes such collectives elsewhere)",
                     opts_.rank);
   RelaxedCaptureScope relaxed;
@@ -164,7 +184,8 @@ Result KernelCommunicator::postSlot(const WorkDesc* descs, int nOps, bool captur
   int slot = -1;
   if (capturing) {
     if (kEagerSlots + graphSlots_ >= kMaxSlots)
-      return MK_ERROR(Result::InvalidUsage, "rank %d: more than %d captured collective groups on one communicator",
+      return MK_ERROR(Result::InvalidUsage,
+                      "rank %d: more than %d captured collective groups on one communicator",
                       opts_.rank, kMaxSlots - kEagerSlots);
     slot = kEagerSlots + graphSlots_++;
   } else {

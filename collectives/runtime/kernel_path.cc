@@ -18,15 +18,19 @@ KernelCommunicator::Path KernelCommunicator::pathOf(const WorkDesc& d) const {
   // Rings run in the persistent kernel only (the launch path's modes are all-to-all).
   if (static_cast<Algo>(d.algo) == Algo::Ring) return Path::kDoorbell;
   const CollType c = static_cast<CollType>(d.coll);
-  const uint64_t bytes = launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
+  const uint64_t bytes =
+      launchPublishElems(c, d.count, opts_.nRanks) * dataTypeSize(static_cast<DataType>(d.dtype));
   // One rank: a copy (or PreMulSum's kernel) at any size; nothing to exchange.
   if (opts_.nRanks == 1) return Path::kLaunchInbox;
   // LL mode (launch_path.h): small ops push 16-byte lines, thread and process ranks alike.
-  if (llTakes(llPayloadBytes(d.count, dataTypeSize(static_cast<DataType>(d.dtype))), llMaxBytes_, opts_.nRanks))
+  if (llTakes(llPayloadBytes(d.count, dataTypeSize(static_cast<DataType>(d.dtype))), llMaxBytes_,
+              opts_.nRanks))
     return Path::kLaunchLl;
   if (bytes <= launchMaxBytes_) return Path::kLaunchInbox;
   if (!launchDirect_) return Path::kDoorbell;
-  return directTakes(c, directWholeBytes(c, d.count, opts_.nRanks, dataTypeSize(static_cast<DataType>(d.dtype))),
+  return directTakes(c,
+                     directWholeBytes(c, d.count, opts_.nRanks,
+                                      dataTypeSize(static_cast<DataType>(d.dtype))),
                      directMaxBytes_, directSharing_, peers_.sharedDirect)
              ? Path::kLaunchDirect
              : Path::kDoorbell;
@@ -44,14 +48,16 @@ bool KernelCommunicator::needsDoorbell(const CollArgs& op) const {
 // own one-rank path. PreMulSum multiplies, so it takes the launch-path kernel.
 bool KernelCommunicator::oneRankCopy(const CollArgs& a) const {
   if (opts_.nRanks != 1 || oneRankKernel_) return false;
-  const bool reduces = a.coll == CollType::AllReduce || a.coll == CollType::ReduceScatter || a.coll == CollType::Reduce;
+  const bool reduces = a.coll == CollType::AllReduce || a.coll == CollType::ReduceScatter ||
+                       a.coll == CollType::Reduce;
   return !(reduces && a.op == RedOp::PreMulSum);
 }
 
 Result KernelCommunicator::copyOneRank(const CollArgs& a, cudaStream_t stream) {
   const size_t bytes = a.count * dataTypeSize(a.dtype);
   if (a.sendbuff != a.recvbuff)
-    MK_CUDA_CHECK(cudaMemcpyAsync(a.recvbuff, a.sendbuff, bytes, cudaMemcpyDeviceToDevice, stream), "rank %d: cudaMemcpyAsync (one rank)", opts_.rank);
+    MK_CUDA_CHECK(cudaMemcpyAsync(a.recvbuff, a.sendbuff, bytes, cudaMemcpyDeviceToDevice, stream),
+                  "rank %d: cudaMemcpyAsync (one rank)", opts_.rank);
   ++startsQueued_;
   const int c = static_cast<int>(a.coll);
   {
@@ -77,22 +83,29 @@ Result KernelCommunicator::launchOrder(bool capturing, cudaStream_t stream) {
   if (capturing) {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     unsigned long long id = 0;
-    MK_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &st, &id), "rank %d: cudaStreamGetCaptureInfo", opts_.rank);
+    MK_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &st, &id), "rank %d: cudaStreamGetCaptureInfo",
+                  opts_.rank);
     if (lastGraphStream_ != nullptr && lastGraphStream_ != stream && id == lastGraphCapture_) {
-      MK_CUDA_CHECK(cudaEventRecord(graphEvent_, lastGraphStream_), "rank %d: cudaEventRecord(launch path, capture)", opts_.rank);
-      MK_CUDA_CHECK(cudaStreamWaitEvent(stream, graphEvent_, 0), "rank %d: cudaStreamWaitEvent(launch path, capture)", opts_.rank);
+      MK_CUDA_CHECK(cudaEventRecord(graphEvent_, lastGraphStream_),
+                    "rank %d: cudaEventRecord(launch path, capture)", opts_.rank);
+      MK_CUDA_CHECK(cudaStreamWaitEvent(stream, graphEvent_, 0),
+                    "rank %d: cudaStreamWaitEvent(launch path, capture)", opts_.rank);
     }
     lastGraphStream_ = stream;
     lastGraphCapture_ = id;
   } else if (lastLaunchStream_ != nullptr && lastLaunchStream_ != stream && recordEachOp_) {
-    MK_CUDA_CHECK(cudaStreamWaitEvent(stream, launchEvent_, 0), "rank %d: cudaStreamWaitEvent(launch path)", opts_.rank);
+    MK_CUDA_CHECK(cudaStreamWaitEvent(stream, launchEvent_, 0),
+                  "rank %d: cudaStreamWaitEvent(launch path)", opts_.rank);
   } else if (lastLaunchStream_ != nullptr && lastLaunchStream_ != stream) {
     if (cudaEventRecord(launchEvent_, lastLaunchStream_) == cudaSuccess) {
-      MK_CUDA_CHECK(cudaStreamWaitEvent(stream, launchEvent_, 0), "rank %d: cudaStreamWaitEvent(launch path)", opts_.rank);
+      MK_CUDA_CHECK(cudaStreamWaitEvent(stream, launchEvent_, 0),
+                    "rank %d: cudaStreamWaitEvent(launch path)", opts_.rank);
     } else {
       (void)cudaGetLastError();  // that stream is gone: its work still completes, unordered
-      MK_INFO(kLogColl, "rank %d: the stream of the previous launch-path collective is gone; not waiting for it",
-              opts_.rank);
+      MK_INFO(
+          kLogColl,
+          "rank %d: the stream of the previous launch-path collective is gone; not waiting for it",
+          opts_.rank);
     }
   }
   return Result::Success;
@@ -103,7 +116,9 @@ Result KernelCommunicator::launchOrder(bool capturing, cudaStream_t stream) {
 Result KernelCommunicator::launchQueued(cudaStream_t runOn, cudaStream_t stream, CollType last) {
   lastLaunchColl_ = collName(last);
   lastLaunchAt_ = std::chrono::steady_clock::now();
-  if (recordEachOp_) MK_CUDA_CHECK(cudaEventRecord(launchEvent_, runOn), "rank %d: cudaEventRecord(launch path)", opts_.rank);
+  if (recordEachOp_)
+    MK_CUDA_CHECK(cudaEventRecord(launchEvent_, runOn), "rank %d: cudaEventRecord(launch path)",
+                  opts_.rank);
   lastLaunchStream_ = runOn;
   return Result::Success;
 }

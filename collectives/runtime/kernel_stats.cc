@@ -7,7 +7,9 @@ namespace mkernel {
 namespace coll {
 
 Result KernelCommunicator::kernelTrace(std::vector<uint64_t>* out) const {
-  if (trace_ == nullptr) return MK_ERROR(Result::InvalidUsage, "rank %d: kernel tracing is off (MKERNEL_KERNEL_TRACE=1)", opts_.rank);
+  if (trace_ == nullptr)
+    return MK_ERROR(Result::InvalidUsage, "rank %d: kernel tracing is off (MKERNEL_KERNEL_TRACE=1)",
+                    opts_.rank);
   std::vector<KernelTraceRecord> recs(kTraceDepth);
   // Into pinned memory (a pageable device-to-host copy would hold the driver's staging path while
   // peers' kernels may still need this process), on a stream of its own (stream_ is busy with the
@@ -15,10 +17,13 @@ Result KernelCommunicator::kernelTrace(std::vector<uint64_t>* out) const {
   cudaError_t err = cudaMemcpyAsync(traceHost_, trace_, sizeof(KernelTraceRecord) * kTraceDepth,
                                     cudaMemcpyDeviceToHost, traceStream_);
   if (err == cudaSuccess) err = cudaStreamSynchronize(traceStream_);
-  if (err == cudaSuccess) std::memcpy(recs.data(), traceHost_, sizeof(KernelTraceRecord) * kTraceDepth);
+  if (err == cudaSuccess)
+    std::memcpy(recs.data(), traceHost_, sizeof(KernelTraceRecord) * kTraceDepth);
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "rank %d: reading the kernel trace: %s", opts_.rank, cudaGetErrorString(err));
-  std::sort(recs.begin(), recs.end(), [](const KernelTraceRecord& a, const KernelTraceRecord& b) { return a.seq < b.seq; });
+    return MK_ERROR(Result::UnhandledCudaError, "rank %d: reading the kernel trace: %s", opts_.rank,
+                    cudaGetErrorString(err));
+  std::sort(recs.begin(), recs.end(),
+            [](const KernelTraceRecord& a, const KernelTraceRecord& b) { return a.seq < b.seq; });
   out->clear();
   for (const KernelTraceRecord& r : recs) {
     if (r.seq == 0) continue;
@@ -29,16 +34,21 @@ Result KernelCommunicator::kernelTrace(std::vector<uint64_t>* out) const {
   return Result::Success;
 }
 
-static_assert(offsetof(DeviceState, hierWait) == offsetof(DeviceState, hierTurn) + 4 * sizeof(uint64_t) &&
-                  offsetof(DeviceState, hierBusy) == offsetof(DeviceState, hierTurn) + 7 * sizeof(uint64_t) &&
+static_assert(offsetof(DeviceState, hierWait) ==
+                      offsetof(DeviceState, hierTurn) + 4 * sizeof(uint64_t) &&
+                  offsetof(DeviceState, hierBusy) ==
+                      offsetof(DeviceState, hierTurn) + 7 * sizeof(uint64_t) &&
                   7 + kHierBusyKinds == kHierCounters,
               "readLaunchCounters copies hierTurn, hierMark, hierWait and hierBusy as one run");
-static_assert(sizeof(CollStats::hierBusyNs) == kHierBusyKinds * sizeof(uint64_t), "CollStats::hierBusyNs has every HierBusy");
+static_assert(sizeof(CollStats::hierBusyNs) == kHierBusyKinds * sizeof(uint64_t),
+              "CollStats::hierBusyNs has every HierBusy");
 
-Result KernelCommunicator::readLaunchCounters(uint64_t* done, uint64_t* graph, uint64_t* hierTurn) const {
+Result KernelCommunicator::readLaunchCounters(uint64_t* done, uint64_t* graph,
+                                              uint64_t* hierTurn) const {
   std::lock_guard<std::mutex> lock(counterMu_);
-  if (state_ == nullptr || counterHost_ == nullptr) return Result::InvalidUsage;  // released: nothing to read
-  RelaxedCaptureScope relaxed;  // a copy on our own stream, legal while the caller captures
+  if (state_ == nullptr || counterHost_ == nullptr)
+    return Result::InvalidUsage;  // released: nothing to read
+  RelaxedCaptureScope relaxed;    // a copy on our own stream, legal while the caller captures
   int prev = -1;
   (void)cudaGetDevice(&prev);
   if (prev != opts_.cudaDev) (void)cudaSetDevice(opts_.cudaDev);
@@ -57,25 +67,33 @@ Result KernelCommunicator::readLaunchCounters(uint64_t* done, uint64_t* graph, u
     counterCopyPending_ = false;
   }
   if (err == cudaSuccess)
-    err = cudaMemcpyAsync(counterHost_, state_->launchDone, 8 * sizeof(uint64_t), cudaMemcpyDeviceToHost, counterStream_);
+    err = cudaMemcpyAsync(counterHost_, state_->launchDone, 8 * sizeof(uint64_t),
+                          cudaMemcpyDeviceToHost, counterStream_);
   if (err == cudaSuccess)
-    err = cudaMemcpyAsync(counterHost_ + 8, state_->graphOps, 8 * sizeof(uint64_t), cudaMemcpyDeviceToHost,
-                          counterStream_);
+    err = cudaMemcpyAsync(counterHost_ + 8, state_->graphOps, 8 * sizeof(uint64_t),
+                          cudaMemcpyDeviceToHost, counterStream_);
   if (err == cudaSuccess && hierTurn != nullptr)
-    err = cudaMemcpyAsync(counterHost_ + 16, state_->hierTurn, kHierCounters * sizeof(uint64_t), cudaMemcpyDeviceToHost, counterStream_);
+    err = cudaMemcpyAsync(counterHost_ + 16, state_->hierTurn, kHierCounters * sizeof(uint64_t),
+                          cudaMemcpyDeviceToHost, counterStream_);
   if (err == cudaSuccess) {
     // Polled, not cudaStreamSynchronize: that call cannot give up.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kCounterReadBoundS);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(kCounterReadBoundS);
     for (int polls = 0; (err = cudaStreamQuery(counterStream_)) == cudaErrorNotReady; ++polls) {
       if (std::chrono::steady_clock::now() >= deadline) {
         counterCopyPending_ = true;
         if (countersLate_++ == 0)
-          MK_WARN("rank %d: a copy of the launch path's counters (device memory) did not arrive within %.2f s: it waits in "
-                  "a hardware queue behind other work, such as a copy that another stream queued after a collective "
-                  "that has not finished (streams share CUDA_DEVICE_MAX_CONNECTIONS queues); until it arrives, the "
-                  "statistics leave out launch-path collectives finished since the last read (mkernelGetStats: "
-                  "countersLate)",
-                  opts_.rank, kCounterReadBoundS);
+          MK_WARN(
+              "rank %d: a copy of the launch path's counters (device memory) did not arrive within "
+              "%.2f s: it waits in "
+              "a hardware queue behind other work, such as a copy that another stream queued after "
+              "a collective "
+              "that has not finished (streams share CUDA_DEVICE_MAX_CONNECTIONS queues); until it "
+              "arrives, the "
+              "statistics leave out launch-path collectives finished since the last read "
+              "(mkernelGetStats: "
+              "countersLate)",
+              opts_.rank, kCounterReadBoundS);
         globalStats().countersLate.fetch_add(1, std::memory_order_relaxed);
         return Result::InProgress;
       }
@@ -86,18 +104,21 @@ Result KernelCommunicator::readLaunchCounters(uint64_t* done, uint64_t* graph, u
     }
   }
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "rank %d: reading the launch path's counters: %s", opts_.rank,
-                    cudaGetErrorString(err));
+    return MK_ERROR(Result::UnhandledCudaError, "rank %d: reading the launch path's counters: %s",
+                    opts_.rank, cudaGetErrorString(err));
   std::memcpy(done, counterHost_, 8 * sizeof(uint64_t));
   std::memcpy(graph, counterHost_ + 8, 8 * sizeof(uint64_t));
-  if (hierTurn != nullptr) std::memcpy(hierTurn, counterHost_ + 16, kHierCounters * sizeof(uint64_t));
+  if (hierTurn != nullptr)
+    std::memcpy(hierTurn, counterHost_ + 16, kHierCounters * sizeof(uint64_t));
   return Result::Success;
 }
 
 void KernelCommunicator::foldStats(bool device) const {
   if (ctl_ == nullptr) return;
   uint64_t done[8] = {}, graphDone[8] = {}, turn[kHierCounters] = {};
-  const bool haveLaunch = device && readLaunchCounters(done, graphDone, params_.nNodes > 1 ? turn : nullptr) == Result::Success;
+  const bool haveLaunch =
+      device &&
+      readLaunchCounters(done, graphDone, params_.nNodes > 1 ? turn : nullptr) == Result::Success;
   std::lock_guard<std::mutex> lock(statsMu_);
   if (haveLaunch && params_.nNodes > 1) std::memcpy(hierTurn_, turn, sizeof(turn));
   for (int c = 0; c < kNumCollTypes; ++c) {
@@ -115,8 +136,10 @@ void KernelCommunicator::foldStats(bool device) const {
     }
     // ... and so do captured ones, once per execution (graph replays).
     if (graphDone[c] > foldedGraph_[c]) {
-      globalStats().kernelOps[c].fetch_add(graphDone[c] - foldedGraph_[c], std::memory_order_relaxed);
-      globalStats().launchOps[c].fetch_add(graphDone[c] - foldedGraph_[c], std::memory_order_relaxed);
+      globalStats().kernelOps[c].fetch_add(graphDone[c] - foldedGraph_[c],
+                                           std::memory_order_relaxed);
+      globalStats().launchOps[c].fetch_add(graphDone[c] - foldedGraph_[c],
+                                           std::memory_order_relaxed);
       foldedGraph_[c] = graphDone[c];
     }
   }
@@ -145,7 +168,9 @@ void KernelCommunicator::stats(CollStats* out) const {
   out->launchDirect = launchDirect_;
   out->directSharing = directSharing_;
   out->pdl = static_cast<int>(params_.pdl);
-  out->directThreads = !launchDirect_ ? 0 : (params_.ownKernels & kOwnKernelDirect) != 0 ? kDirectThreads : kLaunchThreads;
+  out->directThreads = !launchDirect_                                 ? 0
+                       : (params_.ownKernels & kOwnKernelDirect) != 0 ? kDirectThreads
+                                                                      : kLaunchThreads;
   out->directCtas = launchDirect_ ? directCap_ : 0;
   out->sharedDirect = peers_.sharedDirect;
   out->persistentCtas = opts_.persistentKernel ? params_.nCtas : 0;

@@ -27,7 +27,9 @@ void BlockCache::leave() {
     }
   }
   if (!out.empty())
-    MK_INFO(kLogAlloc, "memory cache: the process's last communicator is released: freeing %zu cached blocks (%.1f MiB)",
+    MK_INFO(kLogAlloc,
+            "memory cache: the process's last communicator is released: freeing %zu cached blocks "
+            "(%.1f MiB)",
             out.size(), static_cast<double>(bytes) / 1048576.0);
   for (auto& b : out) ops_.free(b.first, b.second);
 }
@@ -102,31 +104,36 @@ BlockCache::Stats BlockCache::stats() const {
 }
 
 BlockCache& MemCache::process() {
-  static BlockCache* cache = new BlockCache(BlockCache::Ops{
-      [](const BlockKind& kind, size_t bytes, void** p) {
-        return (kind.host ? cudaHostAlloc(p, bytes, kind.flags) : cudaMalloc(p, bytes)) == cudaSuccess;
-      },
-      [](const BlockKind& kind, void* p) {
-        const cudaError_t err = kind.host ? cudaFreeHost(p) : cudaFree(p);
-        if (err != cudaSuccess) {
-          MK_WARN("freeing %s memory at %p failed: %s", kind.host ? "pinned host" : "device", p, cudaGetErrorString(err));
-          (void)cudaGetLastError();
-        }
-      },
-      [](const BlockKind& kind, void* p, size_t bytes) {
-        if (kind.host) {
-          std::memset(p, 0, bytes);
-          return true;
-        }
-        // On the legacy stream, waited for alone: communicator setup's own pattern (a device-wide
-        // wait would wait for running kernels).
-        return cudaMemset(p, 0, bytes) == cudaSuccess && cudaStreamSynchronize(cudaStreamLegacy) == cudaSuccess;
-      }},
+  static BlockCache* cache = new BlockCache(
+      BlockCache::Ops{[](const BlockKind& kind, size_t bytes, void** p) {
+                        return (kind.host ? cudaHostAlloc(p, bytes, kind.flags)
+                                          : cudaMalloc(p, bytes)) == cudaSuccess;
+                      },
+                      [](const BlockKind& kind, void* p) {
+                        const cudaError_t err = kind.host ? cudaFreeHost(p) : cudaFree(p);
+                        if (err != cudaSuccess) {
+                          MK_WARN("freeing %s memory at %p failed: %s",
+                                  kind.host ? "pinned host" : "device", p, cudaGetErrorString(err));
+                          (void)cudaGetLastError();
+                        }
+                      },
+                      [](const BlockKind& kind, void* p, size_t bytes) {
+                        if (kind.host) {
+                          std::memset(p, 0, bytes);
+                          return true;
+                        }
+                        // On the legacy stream, waited for alone: communicator setup's own pattern
+                        // (a device-wide wait would wait for running kernels).
+                        return cudaMemset(p, 0, bytes) == cudaSuccess &&
+                               cudaStreamSynchronize(cudaStreamLegacy) == cudaSuccess;
+                      }},
       MemCache::kReuseGraceS);
   return *cache;  // never destroyed: releases may run in background threads at exit
 }
 
-bool MemCache::deferFrees() { return params::DEFER_FREES(); }
+bool MemCache::deferFrees() {
+  return params::DEFER_FREES();
+}
 
 namespace {
 cudaError_t takeOrError(const BlockKind& kind, size_t bytes, void** p) {
@@ -149,7 +156,9 @@ cudaError_t MemCache::hostAlloc(size_t bytes, unsigned flags, void** p) {
   return takeOrError(k, bytes, p);
 }
 
-void MemCache::deviceFree(void* p) { process().give(BlockKind{}, p, deferFrees()); }
+void MemCache::deviceFree(void* p) {
+  process().give(BlockKind{}, p, deferFrees());
+}
 
 void MemCache::hostFree(void* p) {
   BlockKind k;

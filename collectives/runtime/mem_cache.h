@@ -41,8 +41,8 @@ namespace coll {
 // What a block is: device memory of one GPU, or pinned host memory with its allocation flags.
 struct BlockKind {
   bool host = false;
-  int device = -1;      // device blocks: the GPU
-  unsigned flags = 0;   // host blocks: cudaHostAlloc's flags
+  int device = -1;     // device blocks: the GPU
+  unsigned flags = 0;  // host blocks: cudaHostAlloc's flags
   bool operator<(const BlockKind& o) const {
     if (host != o.host) return host < o.host;
     if (device != o.device) return device < o.device;
@@ -53,7 +53,8 @@ struct BlockKind {
 class BlockCache {
  public:
   struct Ops {
-    // Allocates `bytes` of `kind` into *p; false on failure (the CUDA error is the caller's to read).
+    // Allocates `bytes` of `kind` into *p; false on failure (the CUDA error is the caller's to
+    // read).
     std::function<bool(const BlockKind& kind, size_t bytes, void** p)> alloc;
     // Frees for real.
     std::function<void(const BlockKind& kind, void* p)> free;
@@ -99,7 +100,8 @@ class BlockCache {
   mutable std::mutex mu_;
   int users_ = 0;
   std::map<void*, std::pair<BlockKind, size_t>> blocks_;  // handed out and cached ones
-  std::map<std::pair<BlockKind, size_t>, std::vector<Rest>> free_;  // cached, by kind and size, oldest first
+  std::map<std::pair<BlockKind, size_t>, std::vector<Rest>>
+      free_;  // cached, by kind and size, oldest first
   Stats stats_;
 };
 

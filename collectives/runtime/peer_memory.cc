@@ -51,7 +51,9 @@ bool sameGpu(const RankInfo& a, const RankInfo& b) {
   return a.hostHash == b.hostHash && std::strncmp(a.busId, b.busId, sizeof(a.busId)) == 0;
 }
 
-bool sameProcess(const RankInfo& a, const RankInfo& b) { return a.hostHash == b.hostHash && a.pid == b.pid; }
+bool sameProcess(const RankInfo& a, const RankInfo& b) {
+  return a.hostHash == b.hostHash && a.pid == b.pid;
+}
 
 // CUDA MPS runs kernels of several processes on one GPU at the same time; without it, persistent
 // kernels of two processes on one GPU take turns and their barriers never meet.
@@ -65,14 +67,16 @@ Result enablePeerAccess(int rank, int cudaDev, int peerRank, int peerDev) {
   int can = 0;
   cudaError_t err = cudaDeviceCanAccessPeer(&can, cudaDev, peerDev);
   if (err != cudaSuccess || !can)
-    return MK_ERROR(Result::UnhandledCudaError, "rank %d: GPU %d cannot access GPU %d of rank %d (%s)",
-                    rank, cudaDev, peerDev, peerRank, err != cudaSuccess ? cudaGetErrorString(err) : "no P2P");
+    return MK_ERROR(Result::UnhandledCudaError,
+                    "rank %d: GPU %d cannot access GPU %d of rank %d (%s)", rank, cudaDev, peerDev,
+                    peerRank, err != cudaSuccess ? cudaGetErrorString(err) : "no P2P");
   err = cudaDeviceEnablePeerAccess(peerDev, 0);
   if (err == cudaErrorPeerAccessAlreadyEnabled) {
     (void)cudaGetLastError();
   } else if (err != cudaSuccess) {
-    return MK_ERROR(Result::UnhandledCudaError, "rank %d: enabling peer access GPU %d -> %d failed: %s",
-                    rank, cudaDev, peerDev, cudaGetErrorString(err));
+    return MK_ERROR(Result::UnhandledCudaError,
+                    "rank %d: enabling peer access GPU %d -> %d failed: %s", rank, cudaDev, peerDev,
+                    cudaGetErrorString(err));
   }
   return Result::Success;
 }
@@ -83,7 +87,7 @@ struct VmmInfo {
   int32_t asked;     // MKERNEL_PEER_IPC=cumem here (else legacy: ok is 0)
   int32_t importOk;  // second round: mapped every peer's blocks
   int32_t pad;
-  uint64_t statePtr;    // as this rank's process addresses them (for ranks of the same process)
+  uint64_t statePtr;  // as this rank's process addresses them (for ranks of the same process)
   uint64_t stagingPtr;
   uint64_t stateBytes;  // the mappings' sizes (granularity-rounded), which importers map
   uint64_t stagingBytes;
@@ -113,8 +117,8 @@ void dropVmm(PeerSetup* out) {
 // nothing left allocated (then the caller goes on with legacy CUDA IPC), or an error from the
 // bootstrap itself. A rank that cannot allocate, export, pass or map says so in its round, and a
 // WARN says why.
-Result mapPeersVmm(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, const std::vector<RankInfo>& info,
-                   bool wanted, PeerSetup* out, bool* mapped) {
+Result mapPeersVmm(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev,
+                   const std::vector<RankInfo>& info, bool wanted, PeerSetup* out, bool* mapped) {
   *mapped = false;
   const RankInfo& me = info[static_cast<size_t>(rank)];
   std::vector<VmmInfo> vi(static_cast<size_t>(nRanks));
@@ -143,7 +147,8 @@ Result mapPeersVmm(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, 
       cudaError_t err = cudaMemset(state, 0, sizeof(DeviceState));
       if (err == cudaSuccess) err = cudaMemset(staging, 0, out->stagedBytes);
       if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamLegacy);
-      if (err != cudaSuccess) r = MK_ERROR(Result::UnhandledCudaError, "cudaMemset: %s", cudaGetErrorString(err));
+      if (err != cudaSuccess)
+        r = MK_ERROR(Result::UnhandledCudaError, "cudaMemset: %s", cudaGetErrorString(err));
     }
     // Thread ranks of this process on other GPUs address these blocks directly: cuMem memory is
     // reachable from another GPU only through cuMemSetAccess (peer access does not cover it).
@@ -173,10 +178,13 @@ Result mapPeersVmm(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, 
     if (!vi[static_cast<size_t>(r)].ok) refuser = r;
   if (refuser >= 0) {
     if (refuser == rank && wanted)
-      MK_WARN("rank %d: cuMem memory for process ranks failed (%s): every rank uses legacy CUDA IPC", rank, why.c_str());
+      MK_WARN(
+          "rank %d: cuMem memory for process ranks failed (%s): every rank uses legacy CUDA IPC",
+          rank, why.c_str());
     else
       MK_INFO(kLogInit, "rank %d: rank %d %s: legacy CUDA IPC between process ranks", rank, refuser,
-              vi[static_cast<size_t>(refuser)].asked ? "could not share cuMem memory" : "has MKERNEL_PEER_IPC=legacy");
+              vi[static_cast<size_t>(refuser)].asked ? "could not share cuMem memory"
+                                                     : "has MKERNEL_PEER_IPC=legacy");
     closeOwn();
     dropVmm(out);
     return Result::Success;
@@ -188,8 +196,8 @@ Result mapPeersVmm(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, 
     want[static_cast<size_t>(r)] = ri.hostHash == me.hostHash && !sameProcess(ri, me) ? 1 : 0;
   }
   std::vector<int> got;
-  Result res = ipc::exchangeFds([&](void* d, size_t b) { return bs->allGather(d, b); }, rank, nRanks, want, fds, 2,
-                                params::timeoutSeconds(), &got);
+  Result res = ipc::exchangeFds([&](void* d, size_t b) { return bs->allGather(d, b); }, rank,
+                                nRanks, want, fds, 2, params::timeoutSeconds(), &got);
   closeOwn();
   if (res != Result::Success) why = lastError();
   for (int r = 0; r < nRanks && res == Result::Success; ++r) {
@@ -205,15 +213,16 @@ Result mapPeersVmm(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, 
     }
     void* state = nullptr;
     void* staging = nullptr;
-    res = cudrv::vmmImportFd(got[static_cast<size_t>(2 * r)], static_cast<size_t>(v.stateBytes), cudaDev, &state);
+    res = cudrv::vmmImportFd(got[static_cast<size_t>(2 * r)], static_cast<size_t>(v.stateBytes),
+                             cudaDev, &state);
     if (res == Result::Success) {
-      res = cudrv::vmmImportFd(got[static_cast<size_t>(2 * r + 1)], static_cast<size_t>(v.stagingBytes), cudaDev,
-                               &staging);
+      res = cudrv::vmmImportFd(got[static_cast<size_t>(2 * r + 1)],
+                               static_cast<size_t>(v.stagingBytes), cudaDev, &staging);
       if (res != Result::Success) (void)cudrv::vmmUnmap(state);
     }
     if (res != Result::Success) {
-      why = std::string("mapping the memory of rank ") + std::to_string(r) + " (pid " + std::to_string(ri.pid) +
-            "): " + lastError();
+      why = std::string("mapping the memory of rank ") + std::to_string(r) + " (pid " +
+            std::to_string(ri.pid) + "): " + lastError();
       break;
     }
     out->peers[r] = static_cast<DeviceState*>(state);
@@ -222,7 +231,7 @@ Result mapPeersVmm(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, 
   }
   for (int f : got)
     if (f >= 0) ::close(f);  // the mappings hold the memory
-  out->vmm = true;            // for dropVmm: the opened entries are imports
+  out->vmm = true;           // for dropVmm: the opened entries are imports
   mine.importOk = res == Result::Success ? 1 : 0;
   MK_CHECK(bs->allGather(vi.data(), sizeof(VmmInfo)));
   for (int r = 0; r < nRanks; ++r) {
@@ -230,9 +239,12 @@ Result mapPeersVmm(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, 
     if (r == rank)
       MK_WARN("rank %d: %s: every rank uses legacy CUDA IPC", rank, why.c_str());
     else
-      MK_INFO(kLogInit, "rank %d: rank %d could not map cuMem memory: legacy CUDA IPC between process ranks", rank, r);
+      MK_INFO(kLogInit,
+              "rank %d: rank %d could not map cuMem memory: legacy CUDA IPC between process ranks",
+              rank, r);
     dropVmm(out);
-    for (int q = 0; q < kMaxRanks; ++q) {  // same-process entries too: the legacy path sets them again
+    for (int q = 0; q < kMaxRanks;
+         ++q) {  // same-process entries too: the legacy path sets them again
       out->peers[q] = nullptr;
       out->stagedBuf[q] = nullptr;
     }
@@ -247,20 +259,22 @@ Result mapPeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, Dev
   const RankInfo& me = info[static_cast<size_t>(rank)];
   // Handles only for peers in other processes (MKERNEL_STAGED=1 with thread ranks needs none).
   // The same on every rank: whether the communicator spans more than one process.
-  const bool otherProcesses =
-      !std::all_of(info.begin(), info.end(), [&](const RankInfo& ri) { return sameProcess(ri, me); });
+  const bool otherProcesses = !std::all_of(info.begin(), info.end(),
+                                           [&](const RankInfo& ri) { return sameProcess(ri, me); });
   if (out->staged && otherProcesses) {
     out->stagedBytes = stagedBufferBytes(out->nCtas, stagedChunkBytes);
     bool mapped = false;
-    MK_CHECK(mapPeersVmm(bs, rank, nRanks, cudaDev, info, params::PEER_IPC.is("cumem"), out, &mapped));
+    MK_CHECK(
+        mapPeersVmm(bs, rank, nRanks, cudaDev, info, params::PEER_IPC.is("cumem"), out, &mapped));
     if (mapped) return Result::Success;
   }
   if (out->staged) {
     out->stagedBytes = stagedBufferBytes(out->nCtas, stagedChunkBytes);
     cudaError_t err = MemCache::deviceAlloc(cudaDev, out->stagedBytes, &out->stagedLocal);
     if (err != cudaSuccess)
-      return MK_ERROR(Result::UnhandledCudaError, "rank %d: cudaMalloc of the %llu-byte staging buffer failed: %s",
-                      rank, static_cast<unsigned long long>(out->stagedBytes), cudaGetErrorString(err));
+      return MK_ERROR(Result::UnhandledCudaError,
+                      "rank %d: cudaMalloc of the %llu-byte staging buffer failed: %s", rank,
+                      static_cast<unsigned long long>(out->stagedBytes), cudaGetErrorString(err));
   }
   std::vector<RankMemory> mem(static_cast<size_t>(nRanks));
   RankMemory& mine = mem[static_cast<size_t>(rank)];
@@ -271,7 +285,8 @@ Result mapPeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, Dev
     cudaError_t err = cudaIpcGetMemHandle(&mine.state, local);
     if (err == cudaSuccess) err = cudaIpcGetMemHandle(&mine.staging, out->stagedLocal);
     if (err != cudaSuccess)
-      return MK_ERROR(Result::UnhandledCudaError, "rank %d: cudaIpcGetMemHandle failed: %s", rank, cudaGetErrorString(err));
+      return MK_ERROR(Result::UnhandledCudaError, "rank %d: cudaIpcGetMemHandle failed: %s", rank,
+                      cudaGetErrorString(err));
   }
   MK_CHECK(bs->allGather(mem.data(), sizeof(RankMemory)));
   for (int r = 0; r < nRanks; ++r) {
@@ -293,7 +308,8 @@ Result mapPeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev, Dev
     }
     if (err != cudaSuccess)
       return MK_ERROR(Result::UnhandledCudaError,
-                      "rank %d: mapping the memory of rank %d (pid %d, GPU %s) with cudaIpcOpenMemHandle failed: %s",
+                      "rank %d: mapping the memory of rank %d (pid %d, GPU %s) with "
+                      "cudaIpcOpenMemHandle failed: %s",
                       rank, r, ri.pid, ri.busId, cudaGetErrorString(err));
     out->peers[r] = static_cast<DeviceState*>(state);
     out->stagedBuf[r] = static_cast<char*>(staging);
@@ -341,8 +357,8 @@ struct RingOrderProposal {
   uint8_t order[kMaxRanks];
 };
 
-static Result agreeRingOrder(bootstrap::Bootstrap* bs, int rank, int nRanks, const std::vector<RankInfo>& info,
-                             PeerSetup* out) {
+static Result agreeRingOrder(bootstrap::Bootstrap* bs, int rank, int nRanks,
+                             const std::vector<RankInfo>& info, PeerSetup* out) {
   std::vector<RingOrderProposal> props(static_cast<size_t>(nRanks));
   RingOrderProposal& mine = props[static_cast<size_t>(rank)];
   std::memset(&mine, 0, sizeof(mine));
@@ -372,12 +388,14 @@ static Result agreeRingOrder(bootstrap::Bootstrap* bs, int rank, int nRanks, con
       mine.valid = 0;
     }
   }
-  for (int q = 0; q < nRanks; ++q) mine.order[q] = static_cast<uint8_t>(order[static_cast<size_t>(q)]);
+  for (int q = 0; q < nRanks; ++q)
+    mine.order[q] = static_cast<uint8_t>(order[static_cast<size_t>(q)]);
   MK_CHECK(bs->allGather(props.data(), sizeof(RingOrderProposal)));
   for (int r = 0; r < nRanks; ++r)
     if (!props[static_cast<size_t>(r)].valid)
       return MK_ERROR(Result::InvalidArgument,
-                      "rank %d: MKERNEL_RING_ORDER of rank %d is not auto, rank or a list of the %d ranks, each once "
+                      "rank %d: MKERNEL_RING_ORDER of rank %d is not auto, rank or a list of the "
+                      "%d ranks, each once "
                       "(e.g. 0,2,1,3)%s",
                       rank, r, nRanks, r == rank ? (": \"" + setting + "\"").c_str() : "");
   const RingOrderProposal& chosen = props[0];
@@ -390,8 +408,8 @@ static Result agreeRingOrder(bootstrap::Bootstrap* bs, int rank, int nRanks, con
   }
   out->ringOrdered = !identity;
   if (rank == 0 || std::memcmp(chosen.order, mine.order, kMaxRanks) != 0)
-    MK_INFO(kLogInit, "rank %d: ring order %s (%s%s)", rank, text.c_str(), rank == 0 ? "" : "rank 0's; here: ",
-            why.empty() ? "rank order" : why.c_str());
+    MK_INFO(kLogInit, "rank %d: ring order %s (%s%s)", rank, text.c_str(),
+            rank == 0 ? "" : "rank 0's; here: ", why.empty() ? "rank order" : why.c_str());
   return Result::Success;
 }
 
@@ -399,8 +417,8 @@ static Result agreeRingOrder(bootstrap::Bootstrap* bs, int rank, int nRanks, con
 // whatever its mode, so that a mismatch is an error rather than a hang). A rank wishes for rings
 // when asked to, or in mode 2 when the distinct GPUs of its host's ranks are not NVLink
 // all-to-all (its node model, topo::gpusNvlinkAllToAll); one wish suffices.
-static Result agreeRing(bootstrap::Bootstrap* bs, int rank, int nRanks, const std::vector<RankInfo>& info,
-                        int ringMode, PeerSetup* out) {
+static Result agreeRing(bootstrap::Bootstrap* bs, int rank, int nRanks,
+                        const std::vector<RankInfo>& info, int ringMode, PeerSetup* out) {
   const RankInfo& me = info[static_cast<size_t>(rank)];
   int32_t wish = 0;
   std::string why = "MKERNEL_ALGO=ring";
@@ -410,15 +428,18 @@ static Result agreeRing(bootstrap::Bootstrap* bs, int rank, int nRanks, const st
     } else {
       std::vector<std::string> bus;
       for (const RankInfo& ri : info)
-        if (ri.hostHash == me.hostHash && std::find(bus.begin(), bus.end(), std::string(ri.busId)) == bus.end())
+        if (ri.hostHash == me.hostHash &&
+            std::find(bus.begin(), bus.end(), std::string(ri.busId)) == bus.end())
           bus.emplace_back(ri.busId);
       if (bus.size() > 1) {
         const topo::NodeModel* model = nullptr;
         if (topo::localNodeModel(&model) == Result::Success) {
           wish = topo::gpusNvlinkAllToAll(model->topo, bus, &why) ? 0 : 1;
         } else {
-          MK_WARN("rank %d: no node model to tell NVLink from PCIe between the %zu GPUs (%s): direct algorithms", rank,
-                  bus.size(), lastError());
+          MK_WARN(
+              "rank %d: no node model to tell NVLink from PCIe between the %zu GPUs (%s): direct "
+              "algorithms",
+              rank, bus.size(), lastError());
         }
         MK_INFO(kLogInit, "rank %d: %zu GPUs on this host: %s", rank, bus.size(), why.c_str());
       }
@@ -432,7 +453,8 @@ static Result agreeRing(bootstrap::Bootstrap* bs, int rank, int nRanks, const st
   for (int r = 0; r < nRanks; ++r) {
     if (votes[static_cast<size_t>(2 * r)] != ringMode)
       return MK_ERROR(Result::InvalidUsage,
-                      "rank %d: MKERNEL_ALGO differs between rank %d and rank %d (ring, auto or another: set it alike)",
+                      "rank %d: MKERNEL_ALGO differs between rank %d and rank %d (ring, auto or "
+                      "another: set it alike)",
                       rank, rank, r);
     if (votes[static_cast<size_t>(2 * r + 1)] != 0) out->ring = true;
   }
@@ -460,8 +482,8 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
   me.smCount = smCount;
   cudaError_t err = cudaDeviceGetPCIBusId(me.busId, sizeof(me.busId) - 1, cudaDev);
   if (err != cudaSuccess)
-    return MK_ERROR(Result::UnhandledCudaError, "rank %d: cudaDeviceGetPCIBusId(%d) failed: %s", rank, cudaDev,
-                    cudaGetErrorString(err));
+    return MK_ERROR(Result::UnhandledCudaError, "rank %d: cudaDeviceGetPCIBusId(%d) failed: %s",
+                    rank, cudaDev, cudaGetErrorString(err));
   MK_CHECK(bs->allGather(info.data(), sizeof(RankInfo)));
 
   int agreed = kMaxCtas;
@@ -472,17 +494,20 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
   {
     // Several hosts: the hierarchical path, one node per host (nodeLayoutOfHosts), staged.
     std::vector<uint64_t> hosts(static_cast<size_t>(nRanks));
-    for (int r = 0; r < nRanks; ++r) hosts[static_cast<size_t>(r)] = info[static_cast<size_t>(r)].hostHash;
+    for (int r = 0; r < nRanks; ++r)
+      hosts[static_cast<size_t>(r)] = info[static_cast<size_t>(r)].hostHash;
     NodeLayout layout;
     const char* why = "";
     if (!nodeLayoutOfHosts(hosts.data(), nRanks, &layout, &why))
-      return MK_ERROR(Result::InvalidUsage,
-                      "rank %d: the %d ranks span several hosts but %s; mkernel's kernel runs several hosts "
-                      "only with consecutive ranks per host, the same number on each (NCCL runs this one)",
-                      rank, nRanks, why);
+      return MK_ERROR(
+          Result::InvalidUsage,
+          "rank %d: the %d ranks span several hosts but %s; mkernel's kernel runs several hosts "
+          "only with consecutive ranks per host, the same number on each (NCCL runs this one)",
+          rank, nRanks, why);
     if (layout.nNodes > 1) {
       if (layout.nNodes > kMaxHierNodes)
-        return MK_ERROR(Result::InvalidUsage, "rank %d: %d hosts; the hierarchical path takes at most %d", rank,
+        return MK_ERROR(Result::InvalidUsage,
+                        "rank %d: %d hosts; the hierarchical path takes at most %d", rank,
                         layout.nNodes, kMaxHierNodes);
       out->hostPerNode = layout.perNode;
       out->staged = true;
@@ -503,10 +528,11 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
                         "MKERNEL_EMULATE=1 to run several ranks on one GPU",
                         r, q, ri.busId);
       if (q != r && !sameProcess(rq, ri) && r == rank && !mpsWarned && !mpsLikely()) {
-        MK_WARN("rank %d: rank %d (pid %d) shares GPU %s from another process and no CUDA MPS pipe was "
-                "found: without MPS the two persistent kernels cannot run at the same time and the "
-                "first collective times out (start nvidia-cuda-mps-control -d)",
-                rank, q, rq.pid, ri.busId);
+        MK_WARN(
+            "rank %d: rank %d (pid %d) shares GPU %s from another process and no CUDA MPS pipe was "
+            "found: without MPS the two persistent kernels cannot run at the same time and the "
+            "first collective times out (start nvidia-cuda-mps-control -d)",
+            rank, q, rq.pid, ri.busId);
         mpsWarned = true;
       }
     }
@@ -516,12 +542,13 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
     mostSharing = std::max(mostSharing, sharing);
     int fit = ri.smCount / sharing;
     if (fit < 1)
-      return MK_ERROR(Result::InvalidUsage,
-                      "%d rank(s) of this communicator use GPU %s, which has %d SMs left for persistent "
-                      "kernels (after %d kept free and those of this process's other communicators): "
-                      "their kernels (at least one CTA each, all resident at once) cannot fit; "
-                      "destroy a communicator or lower MKERNEL_CTAS",
-                      sharing, ri.busId, ri.smCount, kReservedSms);
+      return MK_ERROR(
+          Result::InvalidUsage,
+          "%d rank(s) of this communicator use GPU %s, which has %d SMs left for persistent "
+          "kernels (after %d kept free and those of this process's other communicators): "
+          "their kernels (at least one CTA each, all resident at once) cannot fit; "
+          "destroy a communicator or lower MKERNEL_CTAS",
+          sharing, ri.busId, ri.smCount, kReservedSms);
     agreed = std::min(agreed, std::min(ri.wantCtas, fit));
     if (r == rank) {
       out->ranksOnMyDevice = sharing;
@@ -542,12 +569,14 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
   MK_CHECK(bs->allGather(stagedVote.data(), sizeof(int32_t)));
   for (int r = 0; r < nRanks; ++r)
     if (stagedVote[static_cast<size_t>(r)] != stagedVote[static_cast<size_t>(rank)])
-      return MK_ERROR(Result::InvalidUsage, "rank %d: MKERNEL_STAGED differs between rank %d and rank %d", rank, rank, r);
+      return MK_ERROR(Result::InvalidUsage,
+                      "rank %d: MKERNEL_STAGED differs between rank %d and rank %d", rank, rank, r);
   if (out->staged && out->hostPerNode == 0 && stagedChunkElems(nRanks, 8, stagedChunkBytes) == 0)
-    return MK_ERROR(Result::InvalidArgument,
-                    "MKERNEL_STAGED_CHUNK_BYTES=%llu is too small for %d ranks (at least %llu bytes)",
-                    static_cast<unsigned long long>(stagedChunkBytes), nRanks,
-                    static_cast<unsigned long long>(16ull * static_cast<unsigned long long>(nRanks)));
+    return MK_ERROR(
+        Result::InvalidArgument,
+        "MKERNEL_STAGED_CHUNK_BYTES=%llu is too small for %d ranks (at least %llu bytes)",
+        static_cast<unsigned long long>(stagedChunkBytes), nRanks,
+        static_cast<unsigned long long>(16ull * static_cast<unsigned long long>(nRanks)));
   // MKERNEL_SHARED_CTAS: thread ranks of one process sharing a GPU (never staged: those are process
   // ranks, emulated nodes or several hosts) keep small persistent kernels. The smallest any rank
   // asks for, off if any rank has it off; every rank computes the same from the same table.
@@ -570,11 +599,14 @@ Result exchangePeers(bootstrap::Bootstrap* bs, int rank, int nRanks, int cudaDev
     closePeers(out, /*freeLocal=*/true);
     return res;
   }
-  MK_INFO(kLogInit, "rank %d: %d peers exchanged, %d CTAs per kernel, %d ranks on GPU %s%s%s%s", rank, nRanks,
-          out->nCtas, out->ranksOnMyDevice, me.busId,
-          out->sharedDirect ? ", ranks sharing a GPU: large collectives in direct mode (MKERNEL_SHARED_CTAS)" : "",
-          !out->staged                                   ? ""
-          : out->vmm                                     ? ", process ranks: staged collectives through cuMem memory shared by file descriptor"
+  MK_INFO(kLogInit, "rank %d: %d peers exchanged, %d CTAs per kernel, %d ranks on GPU %s%s%s%s",
+          rank, nRanks, out->nCtas, out->ranksOnMyDevice, me.busId,
+          out->sharedDirect
+              ? ", ranks sharing a GPU: large collectives in direct mode (MKERNEL_SHARED_CTAS)"
+              : "",
+          !out->staged ? ""
+          : out->vmm
+              ? ", process ranks: staged collectives through cuMem memory shared by file descriptor"
           : std::any_of(out->opened, out->opened + kMaxRanks, [](bool o) { return o; })
               ? ", process ranks: staged collectives through legacy CUDA IPC"
               : ", staged collectives",

@@ -9,7 +9,8 @@ namespace coll {
 namespace {
 
 uint64_t thisThread() {
-  const uint64_t h = static_cast<uint64_t>(std::hash<std::thread::id>()(std::this_thread::get_id()));
+  const uint64_t h =
+      static_cast<uint64_t>(std::hash<std::thread::id>()(std::this_thread::get_id()));
   return h == 0 ? 1 : h;  // 0 means "none yet"
 }
 
@@ -29,11 +30,12 @@ void PostFence::posted(int m, uint64_t seq) {
   posted_[m].store(seq, std::memory_order_release);
 }
 
-PostFence::Outcome PostFence::wait(int m, uint64_t seq, double timeoutS, const std::function<bool()>& stop,
-                                   int* laggard) const {
+PostFence::Outcome PostFence::wait(int m, uint64_t seq, double timeoutS,
+                                   const std::function<bool()>& stop, int* laggard) const {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeoutS));
+  const auto deadline =
+      t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeoutS));
   const uint64_t me = thisThread();
   // Co-located ranks arrive within microseconds of each other in a busy loop (nccl-tests), and
   // the fence is on the latency path of every op: spin (yielding) for the first millisecond,

@@ -44,7 +44,8 @@ class PostFence {
   // it with kLeft; one whose last collective came from this very thread can only post seq from
   // here, after this wait (ranks on one GPU driven by one thread must call inside a group, as
   // NCCL requires): kSameThread at once. *laggard: the rank of the member waited for last.
-  Outcome wait(int m, uint64_t seq, double timeoutS, const std::function<bool()>& stop, int* laggard) const;
+  Outcome wait(int m, uint64_t seq, double timeoutS, const std::function<bool()>& stop,
+               int* laggard) const;
 
   // Member m is gone: nobody waits for it any more.
   void leave(int m);

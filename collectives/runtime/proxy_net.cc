@@ -31,11 +31,12 @@ Result createProxyNet(int cudaDev, net::BackendChoice* out) {
   return Result::Success;
 }
 
-Result proxyMemoryFor(const std::string& gdr, int ptrSupport, const char* backend, int rdmaWritesOrdering,
-                      ProxyMemory* out) {
+Result proxyMemoryFor(const std::string& gdr, int ptrSupport, const char* backend,
+                      int rdmaWritesOrdering, ProxyMemory* out) {
   *out = ProxyMemory();
   if (gdr != "auto" && gdr != "0" && gdr != "1")
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_PROXY_GDR=%s: want auto, 0 or 1", gdr.c_str());
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_PROXY_GDR=%s: want auto, 0 or 1",
+                    gdr.c_str());
   const bool can = (ptrSupport & net::kPtrCuda) != 0;
   if (gdr == "0" || (gdr == "auto" && !can)) {
     out->why = gdr == "0" ? "host memory (MKERNEL_PROXY_GDR=0)"
@@ -43,22 +44,27 @@ Result proxyMemoryFor(const std::string& gdr, int ptrSupport, const char* backen
     return Result::Success;
   }
   if (!can)
-    return MK_ERROR(Result::InvalidArgument,
-                    "MKERNEL_PROXY_GDR=1: the proxy's backend %s cannot register GPU memory (no DMA-BUF or "
-                    "nvidia-peermem); MKERNEL_PROXY_GDR=auto keeps its buffers in host memory",
-                    backend);
+    return MK_ERROR(
+        Result::InvalidArgument,
+        "MKERNEL_PROXY_GDR=1: the proxy's backend %s cannot register GPU memory (no DMA-BUF or "
+        "nvidia-peermem); MKERNEL_PROXY_GDR=auto keeps its buffers in host memory",
+        backend);
   out->gpu = true;
   out->flush = rdmaWritesOrdering < 100;  // cudaGPUDirectRDMAWritesOrderingOwner
-  out->why = std::string("GPU memory registered with ") + backend +
-             (out->flush ? " (each receive flushed: this GPU does not order the NIC's writes for its kernels)"
-                         : " (no flush: this GPU orders the NIC's writes for its kernels)");
+  out->why =
+      std::string("GPU memory registered with ") + backend +
+      (out->flush
+           ? " (each receive flushed: this GPU does not order the NIC's writes for its kernels)"
+           : " (no flush: this GPU orders the NIC's writes for its kernels)");
   return Result::Success;
 }
 
-std::vector<int> proxyPinCpus(const std::vector<int>& placementCpus, const std::vector<int>& allowed) {
+std::vector<int> proxyPinCpus(const std::vector<int>& placementCpus,
+                              const std::vector<int>& allowed) {
   std::vector<int> out;
   for (int c : placementCpus)
-    if (std::find(allowed.begin(), allowed.end(), c) != allowed.end() && std::find(out.begin(), out.end(), c) == out.end())
+    if (std::find(allowed.begin(), allowed.end(), c) != allowed.end() &&
+        std::find(out.begin(), out.end(), c) == out.end())
       out.push_back(c);
   std::sort(out.begin(), out.end());
   return out;
@@ -81,14 +87,18 @@ std::vector<int> proxyCpusFor(int cudaDev, std::string* why) {
   const topo::GpuPlacement& g = model->place.gpus[static_cast<size_t>(cudaDev)];
   const std::vector<int> allowed = processCpus();
   std::vector<int> cpus = proxyPinCpus(g.proxyCpus, allowed);
-  const std::string where = g.proxyNuma >= 0 ? "NUMA node " + std::to_string(g.proxyNuma) : std::string("all CPUs");
+  const std::string where =
+      g.proxyNuma >= 0 ? "NUMA node " + std::to_string(g.proxyNuma) : std::string("all CPUs");
   if (cpus.empty()) {
     *why = "not pinned: the placement's CPUs " + topo::formatCpuList(g.proxyCpus) + " (" + where +
            ") are outside this process's affinity " + topo::formatCpuList(allowed);
     return {};
   }
-  *why = "pinned to CPUs " + topo::formatCpuList(cpus) + " (" + where + ", near GPU " + std::to_string(cudaDev) +
-         (g.nic >= 0 ? "'s rail NIC " + model->topo.nics[static_cast<size_t>(g.nic)].name : std::string()) + ")";
+  *why = "pinned to CPUs " + topo::formatCpuList(cpus) + " (" + where + ", near GPU " +
+         std::to_string(cudaDev) +
+         (g.nic >= 0 ? "'s rail NIC " + model->topo.nics[static_cast<size_t>(g.nic)].name
+                     : std::string()) +
+         ")";
   return cpus;
 }
 

@@ -19,7 +19,8 @@ Result createProxyNet(int cudaDev, net::BackendChoice* out);
 
 // The CPUs a proxy thread is pinned to: the placement's CPUs that this process may run on (an
 // empty result: no pinning, since pinning outside the process's affinity fails).
-std::vector<int> proxyPinCpus(const std::vector<int>& placementCpus, const std::vector<int>& allowed);
+std::vector<int> proxyPinCpus(const std::vector<int>& placementCpus,
+                              const std::vector<int>& allowed);
 
 // The CPU set for the proxy of the rank on CUDA device `cudaDev` (docs/TOPOLOGY.md, proxy
 // placement: the NUMA node of its rail NIC, else of the GPU, from the topology placement), within
@@ -42,8 +43,8 @@ struct ProxyMemory {
 // the backend's DeviceProps::ptrSupport; backend: its name. rdmaWritesOrdering: the GPU's
 // cudaDevAttrGPUDirectRDMAWritesOrdering; from 100 (cudaGPUDirectRDMAWritesOrderingOwner) the
 // NIC's writes reach the GPU's own kernels in order and need no flush, below it they do.
-Result proxyMemoryFor(const std::string& gdr, int ptrSupport, const char* backend, int rdmaWritesOrdering,
-                      ProxyMemory* out);
+Result proxyMemoryFor(const std::string& gdr, int ptrSupport, const char* backend,
+                      int rdmaWritesOrdering, ProxyMemory* out);
 
 }  // namespace coll
 }  // namespace mkernel

@@ -55,7 +55,8 @@ void appendf(std::string* out, const char* fmt, ...) {
 }
 }  // namespace
 
-std::string commStatsLine(const CollStats* st, const uint64_t forwarded[kNumCollTypes], const char* why) {
+std::string commStatsLine(const CollStats* st, const uint64_t forwarded[kNumCollTypes],
+                          const char* why) {
   uint64_t kernel = 0, launch = 0, fwd = 0;
   for (int c = 0; c < kNumCollTypes; ++c) {
     if (st != nullptr) {
@@ -68,11 +69,15 @@ std::string commStatsLine(const CollStats* st, const uint64_t forwarded[kNumColl
   appendf(&out, "%" PRIu64 " collectives: ", kernel + fwd);
   if (st != nullptr) {
     // launchOps counts the one-rank copies too (CollStats); the persistent kernel ran the rest.
-    appendf(&out, "persistent kernel %" PRIu64 " (rings %" PRIu64 "), ", kernel - launch, st->ringOps);
-    appendf(&out, "launch path %" PRIu64 " (LL mode %" PRIu64 ", of them batched %" PRIu64 "; one-rank copies %" PRIu64 "), ",
+    appendf(&out, "persistent kernel %" PRIu64 " (rings %" PRIu64 "), ", kernel - launch,
+            st->ringOps);
+    appendf(&out,
+            "launch path %" PRIu64 " (LL mode %" PRIu64 ", of them batched %" PRIu64
+            "; one-rank copies %" PRIu64 "), ",
             launch, st->llOps, st->llBatchOps, st->oneRankCopies);
   } else {
-    appendf(&out, "none in mkernel (%s), ", why != nullptr && *why != '\0' ? why : "no mkernel communicator");
+    appendf(&out, "none in mkernel (%s), ",
+            why != nullptr && *why != '\0' ? why : "no mkernel communicator");
   }
   appendf(&out, "forwarded to NCCL %" PRIu64, fwd);
   if (st != nullptr) appendf(&out, "; persistent-kernel launches %" PRIu64, st->kernelLaunches);
@@ -81,11 +86,13 @@ std::string commStatsLine(const CollStats* st, const uint64_t forwarded[kNumColl
   for (int c = 0; c < kNumCollTypes; ++c) {
     const uint64_t mk = st != nullptr ? st->kernelOps[c] : 0;
     if (mk == 0 && forwarded[c] == 0) continue;
-    appendf(&out, "%s %s %" PRIu64 "/%" PRIu64, sep, collName(static_cast<CollType>(c)), mk, forwarded[c]);
+    appendf(&out, "%s %s %" PRIu64 "/%" PRIu64, sep, collName(static_cast<CollType>(c)), mk,
+            forwarded[c]);
     sep = ",";
   }
   if (st != nullptr && st->countersLate > 0)
-    appendf(&out, "; %" PRIu64 " late counter read(s): the launch-path counts may be short", st->countersLate);
+    appendf(&out, "; %" PRIu64 " late counter read(s): the launch-path counts may be short",
+            st->countersLate);
   return out;
 }
 

@@ -55,8 +55,7 @@ static_assert(offsetof(ncclNetProperties_v12_t, maxP2pBytes) == 104,
 static_assert(offsetof(ncclNetProperties_v12_t, maxMultiRequestSize) == 120,
               "ncclNetProperties_v12_t.maxMultiRequestSize");
 static_assert(offsetof(ncclNetProperties_v12_t, railId) == 124, "ncclNetProperties_v12_t.railId");
-static_assert(offsetof(ncclNetProperties_v12_t, planeId) == 126,
-              "ncclNetProperties_v12_t.planeId");
+static_assert(offsetof(ncclNetProperties_v12_t, planeId) == 126, "ncclNetProperties_v12_t.planeId");
 
 struct ncclNet_v12_t {
   const char* name;

@@ -104,8 +104,12 @@ struct Lifecycle {
 // dlopen/dlclose cycle NCCL makes leaves nothing behind (LeakSanitizer saw them leaked per cycle).
 LazySingleton<Registry> gRegistry;
 LazySingleton<Lifecycle> gLifecycle;
-Registry& registry() { return gRegistry.get(); }
-Lifecycle& lifecycle() { return gLifecycle.get(); }
+Registry& registry() {
+  return gRegistry.get();
+}
+Lifecycle& lifecycle() {
+  return gLifecycle.get();
+}
 
 const char* intern(Lifecycle& lc, const std::string& s) {
   return lc.interned.insert(s).first->c_str();
@@ -118,7 +122,8 @@ Result ensureNetLocked(Lifecycle& lc) {
   if (lc.net) return Result::Success;
   net::BackendChoice choice;
   Result r = net::createNetBackend({}, &choice);
-  if (r != Result::Success) return r;  // the message (already logged) names the setting and the reason
+  if (r != Result::Success)
+    return r;  // the message (already logged) names the setting and the reason
   MK_INFO(kLogInit | kLogNet, "NET/%s: %s", kPluginName, choice.why.c_str());
   lc.backendName = choice.net->name();
   lc.net = std::move(choice.net);

@@ -23,9 +23,10 @@ void announceOnce() {
   std::call_once(once, [] {
     if (!logStartupEnabled()) return;
     Dl_info self{};
-    const char* path = dladdr(reinterpret_cast<void*>(&announceOnce), &self) != 0 && self.dli_fname != nullptr
-                           ? self.dli_fname
-                           : "?";
+    const char* path =
+        dladdr(reinterpret_cast<void*>(&announceOnce), &self) != 0 && self.dli_fname != nullptr
+            ? self.dli_fname
+            : "?";
     logStartupLine("mkernel %s loaded as NCCL net plugin (NET/%s, MKERNEL_NET_BACKEND=%s) from %s",
                    MKERNEL_VERSION_STRING, kPluginName, paramString("NET_BACKEND").c_str(), path);
   });

@@ -10,8 +10,8 @@ namespace netplugin {
 using namespace abi;
 
 ncclResult_t entryInitCtx(void** ctx, uint64_t commId, ncclNetCommConfig_v11_t* config,
-                     ncclDebugLogger_t logger,
-                     ncclProfilerCallback_t /*profiler: no network events emitted*/) {
+                          ncclDebugLogger_t logger,
+                          ncclProfilerCallback_t /*profiler: no network events emitted*/) {
   int trafficClass = config != nullptr ? config->trafficClass : kNcclNetTrafficClassUndef;
   return toNcclResult(initContext(commId, trafficClass, logger, ctx));
 }
@@ -24,7 +24,7 @@ ncclResult_t entryListenCtx(void* ctx, int dev, void* handle, void** listenComm)
 }
 
 ncclResult_t entryConnectCtx(void* ctx, int dev, void* handle, void** sendComm,
-                        ncclNetDeviceHandle_v11_t** sendDevComm) {
+                             ncclNetDeviceHandle_v11_t** sendDevComm) {
   clearDevComm(sendDevComm);
   if (sendComm != nullptr) *sendComm = nullptr;
   int trafficClass = kNcclNetTrafficClassUndef;

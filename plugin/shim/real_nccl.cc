@@ -38,7 +38,8 @@ void noteCodeBounds(const void* base) {
         Bounds* out = static_cast<Bounds*>(arg);
         bool mine = info->dlpi_addr == out->base;
         for (int i = 0; i < info->dlpi_phnum && !mine; ++i)
-          mine = info->dlpi_phdr[i].p_type == PT_LOAD && info->dlpi_addr + info->dlpi_phdr[i].p_vaddr == out->base;
+          mine = info->dlpi_phdr[i].p_type == PT_LOAD &&
+                 info->dlpi_addr + info->dlpi_phdr[i].p_vaddr == out->base;
         if (!mine) return 0;
         for (int i = 0; i < info->dlpi_phnum; ++i) {
           const ElfW(Phdr)& ph = info->dlpi_phdr[i];
@@ -128,20 +129,25 @@ void readVersion(RealNccl* r) {
   const ncclResult_t got = r->ncclGetVersion(&code);
   reading = false;
   if (got != ncclSuccess || code <= 0) {
-    MK_WARN("shim: the real NCCL at %s did not tell its version (ncclGetVersion returned %d)", r->path.c_str(),
-            static_cast<int>(got));
+    MK_WARN("shim: the real NCCL at %s did not tell its version (ncclGetVersion returned %d)",
+            r->path.c_str(), static_cast<int>(got));
     r->version.store(-1, std::memory_order_release);
     return;
   }
   r->version.store(code, std::memory_order_release);
-  MK_INFO(kLogInit, "shim: real NCCL %s (version code %d) at %s; the shim supports %s and newer, tested up to %s",
-          ncclVersionText(code).c_str(), code, r->path.c_str(), ncclVersionText(kOldestSupportedNccl).c_str(),
-          ncclVersionText(kNewestTestedNccl).c_str());
+  MK_INFO(
+      kLogInit,
+      "shim: real NCCL %s (version code %d) at %s; the shim supports %s and newer, tested up to %s",
+      ncclVersionText(code).c_str(), code, r->path.c_str(),
+      ncclVersionText(kOldestSupportedNccl).c_str(), ncclVersionText(kNewestTestedNccl).c_str());
   static std::atomic<bool> warned{false};
   if (code > kNewestTestedNccl && !warned.exchange(true))
-    MK_WARN("shim: the real NCCL is %s (%s), newer than %s, the newest version mkernel's shim was tested with: "
-            "entry points the shim does not export reach NCCL directly with NCCL's own communicator (docs/SHIM.md)",
-            ncclVersionText(code).c_str(), r->path.c_str(), ncclVersionText(kNewestTestedNccl).c_str());
+    MK_WARN(
+        "shim: the real NCCL is %s (%s), newer than %s, the newest version mkernel's shim was "
+        "tested with: "
+        "entry points the shim does not export reach NCCL directly with NCCL's own communicator "
+        "(docs/SHIM.md)",
+        ncclVersionText(code).c_str(), r->path.c_str(), ncclVersionText(kNewestTestedNccl).c_str());
 }
 
 }  // namespace
@@ -172,11 +178,13 @@ const RealNccl& realNccl(bool allowLoad) {
 Result checkRealNcclVersion(const RealNccl& real, const char* caller) {
   const int code = real.version.load(std::memory_order_acquire);
   if (!real.available || code <= 0 || code >= kOldestSupportedNccl) return Result::Success;
-  return MK_ERROR(Result::InvalidUsage,
-                  "%s : the real NCCL at %s is %s; mkernel's shim needs NCCL %s or newer (built against %s, "
-                  "tested up to %s): load a newer libnccl.so.2 (MKERNEL_NCCL_LIBRARY)",
-                  caller, real.path.c_str(), ncclVersionText(code).c_str(), ncclVersionText(kOldestSupportedNccl).c_str(),
-                  ncclVersionText(NCCL_VERSION_CODE).c_str(), ncclVersionText(kNewestTestedNccl).c_str());
+  return MK_ERROR(
+      Result::InvalidUsage,
+      "%s : the real NCCL at %s is %s; mkernel's shim needs NCCL %s or newer (built against %s, "
+      "tested up to %s): load a newer libnccl.so.2 (MKERNEL_NCCL_LIBRARY)",
+      caller, real.path.c_str(), ncclVersionText(code).c_str(),
+      ncclVersionText(kOldestSupportedNccl).c_str(), ncclVersionText(NCCL_VERSION_CODE).c_str(),
+      ncclVersionText(kNewestTestedNccl).c_str());
 }
 
 std::string ncclVersionText(int code) {
@@ -202,17 +210,21 @@ void announceShimOnce() {
     std::string nccl;
     if (real.available) {
       const int code = real.version.load(std::memory_order_acquire);
-      nccl = "NCCL " + (code > 0 ? ncclVersionText(code) : std::string("(version unknown)")) + " at " + real.path;
+      nccl = "NCCL " + (code > 0 ? ncclVersionText(code) : std::string("(version unknown)")) +
+             " at " + real.path;
     }
     if (emulate) {
-      logStartupLine("mkernel %s loaded as NCCL shim from %s; emulation (MKERNEL_EMULATE=1): mkernel runs every "
-                     "communicator, nothing is forwarded%s%s%s",
-                     MKERNEL_VERSION_STRING, selfPath, real.available ? " (" : "", nccl.c_str(),
-                     real.available ? " is loaded in the process, unused)" : "");
+      logStartupLine(
+          "mkernel %s loaded as NCCL shim from %s; emulation (MKERNEL_EMULATE=1): mkernel runs "
+          "every "
+          "communicator, nothing is forwarded%s%s%s",
+          MKERNEL_VERSION_STRING, selfPath, real.available ? " (" : "", nccl.c_str(),
+          real.available ? " is loaded in the process, unused)" : "");
     } else if (real.available) {
-      logStartupLine("mkernel %s loaded as NCCL shim from %s; forwarding to %s%s", MKERNEL_VERSION_STRING,
-                     selfPath, nccl.c_str(),
-                     paramInt("DISABLE") != 0 ? " (MKERNEL_DISABLE=1: every call goes to NCCL)" : "");
+      logStartupLine(
+          "mkernel %s loaded as NCCL shim from %s; forwarding to %s%s", MKERNEL_VERSION_STRING,
+          selfPath, nccl.c_str(),
+          paramInt("DISABLE") != 0 ? " (MKERNEL_DISABLE=1: every call goes to NCCL)" : "");
     } else {
       logStartupLine("mkernel %s loaded as NCCL shim from %s; no real NCCL to forward to: %s",
                      MKERNEL_VERSION_STRING, selfPath, real.why.c_str());

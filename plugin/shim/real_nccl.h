@@ -43,7 +43,8 @@ struct RealNccl {
 const RealNccl& realNccl(bool allowLoad = true);
 
 // ncclInvalidUsage, naming `caller` and both versions, when the real NCCL is older than
-// kOldestSupportedNccl; success otherwise (a version that could not be read is not held against it).
+// kOldestSupportedNccl; success otherwise (a version that could not be read is not held against
+// it).
 Result checkRealNcclVersion(const RealNccl& real, const char* caller);
 
 // The shim's startup line (MKERNEL_DEBUG=VERSION or more), once per process, at the first entry an
@@ -65,7 +66,8 @@ bool calledFromRealNccl(const void* returnAddress);
 extern std::atomic<uintptr_t> gRealCodeBegin, gRealCodeEnd;
 inline bool fromRealNccl(const void* returnAddress) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(returnAddress);
-  return a < gRealCodeEnd.load(std::memory_order_acquire) && a >= gRealCodeBegin.load(std::memory_order_relaxed);
+  return a < gRealCodeEnd.load(std::memory_order_acquire) &&
+         a >= gRealCodeBegin.load(std::memory_order_relaxed);
 }
 
 }  // namespace shim

@@ -41,30 +41,36 @@ namespace {
 
 // NCCL's *Config function for a call that came with a per-call config, when NCCL has one (2.32
 // on); false otherwise (*r unset).
-bool forwardWithConfig(const Call& c, ncclComm_t realComm, ncclRedOp_t op, cudaStream_t s, ncclResult_t* r) {
+bool forwardWithConfig(const Call& c, ncclComm_t realComm, ncclRedOp_t op, cudaStream_t s,
+                       ncclResult_t* r) {
   const RealNccl& real = realNccl(false);
   const ncclDataType_t dt = c.dtype;
   const ncclCollConfig_t* cfg = c.collConfig;
   switch (c.kind) {
     case CallKind::AllReduce:
       if (real.ncclAllReduceConfig == nullptr) return false;
-      *r = fromReal(real.ncclAllReduceConfig(c.sendbuff, c.recvbuff, c.count, dt, op, realComm, s, cfg));
+      *r = fromReal(
+          real.ncclAllReduceConfig(c.sendbuff, c.recvbuff, c.count, dt, op, realComm, s, cfg));
       return true;
     case CallKind::AllGather:
       if (real.ncclAllGatherConfig == nullptr) return false;
-      *r = fromReal(real.ncclAllGatherConfig(c.sendbuff, c.recvbuff, c.count, dt, realComm, s, cfg));
+      *r =
+          fromReal(real.ncclAllGatherConfig(c.sendbuff, c.recvbuff, c.count, dt, realComm, s, cfg));
       return true;
     case CallKind::ReduceScatter:
       if (real.ncclReduceScatterConfig == nullptr) return false;
-      *r = fromReal(real.ncclReduceScatterConfig(c.sendbuff, c.recvbuff, c.count, dt, op, realComm, s, cfg));
+      *r = fromReal(
+          real.ncclReduceScatterConfig(c.sendbuff, c.recvbuff, c.count, dt, op, realComm, s, cfg));
       return true;
     case CallKind::Broadcast:
       if (real.ncclBroadcastConfig == nullptr) return false;
-      *r = fromReal(real.ncclBroadcastConfig(c.sendbuff, c.recvbuff, c.count, dt, c.root, realComm, s, cfg));
+      *r = fromReal(
+          real.ncclBroadcastConfig(c.sendbuff, c.recvbuff, c.count, dt, c.root, realComm, s, cfg));
       return true;
     case CallKind::Reduce:
       if (real.ncclReduceConfig == nullptr) return false;
-      *r = fromReal(real.ncclReduceConfig(c.sendbuff, c.recvbuff, c.count, dt, op, c.root, realComm, s, cfg));
+      *r = fromReal(
+          real.ncclReduceConfig(c.sendbuff, c.recvbuff, c.count, dt, op, c.root, realComm, s, cfg));
       return true;
     case CallKind::AlltoAll:
       if (real.ncclAlltoAllConfig == nullptr) return false;
@@ -72,11 +78,13 @@ bool forwardWithConfig(const Call& c, ncclComm_t realComm, ncclRedOp_t op, cudaS
       return true;
     case CallKind::Gather:
       if (real.ncclGatherConfig == nullptr) return false;
-      *r = fromReal(real.ncclGatherConfig(c.sendbuff, c.recvbuff, c.count, dt, c.root, realComm, s, cfg));
+      *r = fromReal(
+          real.ncclGatherConfig(c.sendbuff, c.recvbuff, c.count, dt, c.root, realComm, s, cfg));
       return true;
     case CallKind::Scatter:
       if (real.ncclScatterConfig == nullptr) return false;
-      *r = fromReal(real.ncclScatterConfig(c.sendbuff, c.recvbuff, c.count, dt, c.root, realComm, s, cfg));
+      *r = fromReal(
+          real.ncclScatterConfig(c.sendbuff, c.recvbuff, c.count, dt, c.root, realComm, s, cfg));
       return true;
     case CallKind::Send:
     case CallKind::Recv:
@@ -93,10 +101,11 @@ ncclResult_t forwardCall(const Call& c, ncclComm_t realComm, ncclRedOp_t op, cud
     // An NCCL older than 2.32: the plain call serves a config of defaults; nothing serves more.
     if (!collConfigIsDefault(c.collConfig)) {
       const RealNccl& real = realNccl(false);
-      return toNccl(MK_ERROR(Result::InvalidUsage,
-                             "%s : its per-call config asks for more than the defaults, and the real NCCL (%s at "
-                             "%s) has no nccl*Config entry points (NCCL 2.32 and newer)",
-                             c.name, ncclVersionText(real.version.load()).c_str(), real.path.c_str()));
+      return toNccl(MK_ERROR(
+          Result::InvalidUsage,
+          "%s : its per-call config asks for more than the defaults, and the real NCCL (%s at "
+          "%s) has no nccl*Config entry points (NCCL 2.32 and newer)",
+          c.name, ncclVersionText(real.version.load()).c_str(), real.path.c_str()));
     }
   }
   switch (c.kind) {
@@ -139,14 +148,19 @@ void warnIfCapturedOnDoorbell(const ShimComm& comm, const Call& call, cudaStream
   static std::atomic<bool> warned{false};
   if (warned.load(std::memory_order_relaxed)) return;
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusActive) return;
+  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusActive)
+    return;
   if (warned.exchange(true)) return;
-  MK_WARN("shim: %s captured into a CUDA graph runs in mkernel's persistent kernel, which then stays resident until "
-          "the communicator is destroyed; device allocations made meanwhile may block (docs/KERNEL.md)%s",
-          call.name,
-          comm.emulate ? " (emulation has no real NCCL to give it to)"
-          : comm.graphPath == GraphPath::Mkernel ? " (MKERNEL_GRAPH=mkernel)"
-                                                 : " (several nodes: MKERNEL_GRAPH=nccl gives it to NCCL)");
+  MK_WARN(
+      "shim: %s captured into a CUDA graph runs in mkernel's persistent kernel, which then stays "
+      "resident until "
+      "the communicator is destroyed; device allocations made meanwhile may block "
+      "(docs/KERNEL.md)%s",
+      call.name,
+      comm.emulate ? " (emulation has no real NCCL to give it to)"
+      : comm.graphPath == GraphPath::Mkernel
+          ? " (MKERNEL_GRAPH=mkernel)"
+          : " (several nodes: MKERNEL_GRAPH=nccl gives it to NCCL)");
 }
 
 ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
@@ -191,7 +205,8 @@ ncclResult_t runCall(ShimComm* comm, const Call& call, cudaStream_t stream) {
   }
   Route route = Route::Forward;
   bool doorbell = false;
-  if (st == Result::Success) st = chooseRoute(*comm, mk.get(), call, isColl ? &args : nullptr, &route, &doorbell);
+  if (st == Result::Success)
+    st = chooseRoute(*comm, mk.get(), call, isColl ? &args : nullptr, &route, &doorbell);
   if (st != Result::Success) {
     ncclResult_t r = toNccl(st);
     groupRecordError(r);
@@ -253,7 +268,8 @@ ncclResult_t forwardForeignData(const void* comm, Fn RealNccl::*fn, const char* 
 }
 
 Call makeCall(CallKind kind, const char* name, const void* sendbuff, void* recvbuff, size_t count,
-              ncclDataType_t dtype, ncclRedOp_t op, int root, const ncclCollConfig_t* config = nullptr) {
+              ncclDataType_t dtype, ncclRedOp_t op, int root,
+              const ncclCollConfig_t* config = nullptr) {
   Call c;
   c.collConfig = config;
   c.kind = kind;
@@ -272,8 +288,8 @@ Call makeCall(CallKind kind, const char* name, const void* sendbuff, void* recvb
 }  // namespace mkernel
 
 using mkernel::shim::Call;
-using mkernel::shim::callReal;
 using mkernel::shim::CallKind;
+using mkernel::shim::callReal;
 using mkernel::shim::findShimComm;
 using mkernel::shim::forwardForeignData;
 using mkernel::shim::makeCall;
@@ -288,7 +304,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvb
                                                ncclDataType_t datatype, ncclRedOp_t op,
                                                ncclComm_t comm, cudaStream_t stream) {
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclAllReduce, "AllReduce", sendbuff, recvbuff, count, datatype, op, comm, stream);
+    return callReal(&RealNccl::ncclAllReduce, "AllReduce", sendbuff, recvbuff, count, datatype, op,
+                    comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclAllReduce, "AllReduce", sendbuff, recvbuff,
@@ -298,26 +315,30 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvb
       stream);
 }
 
-MKERNEL_NCCL_EXPORT ncclResult_t ncclAllReduceConfig(const void* sendbuff, void* recvbuff, size_t count,
-                                                     ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                                                     cudaStream_t stream, const ncclCollConfig_t* config) {
+MKERNEL_NCCL_EXPORT ncclResult_t ncclAllReduceConfig(const void* sendbuff, void* recvbuff,
+                                                     size_t count, ncclDataType_t datatype,
+                                                     ncclRedOp_t op, ncclComm_t comm,
+                                                     cudaStream_t stream,
+                                                     const ncclCollConfig_t* config) {
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclAllReduceConfig, "ncclAllReduceConfig", sendbuff, recvbuff, count, datatype, op,
-                    comm, stream, config);
+    return callReal(&RealNccl::ncclAllReduceConfig, "ncclAllReduceConfig", sendbuff, recvbuff,
+                    count, datatype, op, comm, stream, config);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
-    return forwardForeignData(comm, &RealNccl::ncclAllReduceConfig, "AllReduce", sendbuff, recvbuff, count,
-                              datatype, op, comm, stream, config);
-  return runCall(
-      c, makeCall(CallKind::AllReduce, "AllReduce", sendbuff, recvbuff, count, datatype, op, 0, config),
-      stream);
+    return forwardForeignData(comm, &RealNccl::ncclAllReduceConfig, "AllReduce", sendbuff, recvbuff,
+                              count, datatype, op, comm, stream, config);
+  return runCall(c,
+                 makeCall(CallKind::AllReduce, "AllReduce", sendbuff, recvbuff, count, datatype, op,
+                          0, config),
+                 stream);
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff,
                                                size_t sendcount, ncclDataType_t datatype,
                                                ncclComm_t comm, cudaStream_t stream) {
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclAllGather, "AllGather", sendbuff, recvbuff, sendcount, datatype, comm, stream);
+    return callReal(&RealNccl::ncclAllGather, "AllGather", sendbuff, recvbuff, sendcount, datatype,
+                    comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclAllGather, "AllGather", sendbuff, recvbuff,
@@ -328,19 +349,21 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvb
                  stream);
 }
 
-MKERNEL_NCCL_EXPORT ncclResult_t ncclAllGatherConfig(const void* sendbuff, void* recvbuff, size_t sendcount,
-                                                     ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream,
+MKERNEL_NCCL_EXPORT ncclResult_t ncclAllGatherConfig(const void* sendbuff, void* recvbuff,
+                                                     size_t sendcount, ncclDataType_t datatype,
+                                                     ncclComm_t comm, cudaStream_t stream,
                                                      const ncclCollConfig_t* config) {
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclAllGatherConfig, "ncclAllGatherConfig", sendbuff, recvbuff, sendcount, datatype,
-                    comm, stream, config);
+    return callReal(&RealNccl::ncclAllGatherConfig, "ncclAllGatherConfig", sendbuff, recvbuff,
+                    sendcount, datatype, comm, stream, config);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
-    return forwardForeignData(comm, &RealNccl::ncclAllGatherConfig, "AllGather", sendbuff, recvbuff, sendcount,
-                              datatype, comm, stream, config);
-  return runCall(
-      c, makeCall(CallKind::AllGather, "AllGather", sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, config),
-      stream);
+    return forwardForeignData(comm, &RealNccl::ncclAllGatherConfig, "AllGather", sendbuff, recvbuff,
+                              sendcount, datatype, comm, stream, config);
+  return runCall(c,
+                 makeCall(CallKind::AllGather, "AllGather", sendbuff, recvbuff, sendcount, datatype,
+                          ncclSum, 0, config),
+                 stream);
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff,
@@ -348,8 +371,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* r
                                                    ncclRedOp_t op, ncclComm_t comm,
                                                    cudaStream_t stream) {
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclReduceScatter, "ReduceScatter", sendbuff, recvbuff, recvcount, datatype, op, comm,
-                    stream);
+    return callReal(&RealNccl::ncclReduceScatter, "ReduceScatter", sendbuff, recvbuff, recvcount,
+                    datatype, op, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclReduceScatter, "ReduceScatter", sendbuff,
@@ -360,19 +383,21 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* r
                  stream);
 }
 
-MKERNEL_NCCL_EXPORT ncclResult_t ncclReduceScatterConfig(const void* sendbuff, void* recvbuff, size_t recvcount,
-                                                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                                                         cudaStream_t stream, const ncclCollConfig_t* config) {
+MKERNEL_NCCL_EXPORT ncclResult_t ncclReduceScatterConfig(const void* sendbuff, void* recvbuff,
+                                                         size_t recvcount, ncclDataType_t datatype,
+                                                         ncclRedOp_t op, ncclComm_t comm,
+                                                         cudaStream_t stream,
+                                                         const ncclCollConfig_t* config) {
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclReduceScatterConfig, "ncclReduceScatterConfig", sendbuff, recvbuff, recvcount,
-                    datatype, op, comm, stream, config);
+    return callReal(&RealNccl::ncclReduceScatterConfig, "ncclReduceScatterConfig", sendbuff,
+                    recvbuff, recvcount, datatype, op, comm, stream, config);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
-    return forwardForeignData(comm, &RealNccl::ncclReduceScatterConfig, "ReduceScatter", sendbuff, recvbuff,
-                              recvcount, datatype, op, comm, stream, config);
+    return forwardForeignData(comm, &RealNccl::ncclReduceScatterConfig, "ReduceScatter", sendbuff,
+                              recvbuff, recvcount, datatype, op, comm, stream, config);
   return runCall(c,
-                 makeCall(CallKind::ReduceScatter, "ReduceScatter", sendbuff, recvbuff, recvcount, datatype, op, 0,
-                          config),
+                 makeCall(CallKind::ReduceScatter, "ReduceScatter", sendbuff, recvbuff, recvcount,
+                          datatype, op, 0, config),
                  stream);
 }
 
@@ -381,7 +406,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclBroadcast(const void* sendbuff, void* recvb
                                                cudaStream_t stream) {
   // Re-entry: NCCL's own ncclBcast calls ncclBroadcast through its PLT.
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclBroadcast, "Broadcast", sendbuff, recvbuff, count, datatype, root, comm, stream);
+    return callReal(&RealNccl::ncclBroadcast, "Broadcast", sendbuff, recvbuff, count, datatype,
+                    root, comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclBroadcast, "Broadcast", sendbuff, recvbuff,
@@ -392,19 +418,21 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclBroadcast(const void* sendbuff, void* recvb
                  stream);
 }
 
-MKERNEL_NCCL_EXPORT ncclResult_t ncclBroadcastConfig(const void* sendbuff, void* recvbuff, size_t count,
-                                                     ncclDataType_t datatype, int root, ncclComm_t comm,
-                                                     cudaStream_t stream, const ncclCollConfig_t* config) {
+MKERNEL_NCCL_EXPORT ncclResult_t ncclBroadcastConfig(const void* sendbuff, void* recvbuff,
+                                                     size_t count, ncclDataType_t datatype,
+                                                     int root, ncclComm_t comm, cudaStream_t stream,
+                                                     const ncclCollConfig_t* config) {
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclBroadcastConfig, "ncclBroadcastConfig", sendbuff, recvbuff, count, datatype, root,
-                    comm, stream, config);
+    return callReal(&RealNccl::ncclBroadcastConfig, "ncclBroadcastConfig", sendbuff, recvbuff,
+                    count, datatype, root, comm, stream, config);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
-    return forwardForeignData(comm, &RealNccl::ncclBroadcastConfig, "Broadcast", sendbuff, recvbuff, count,
-                              datatype, root, comm, stream, config);
-  return runCall(
-      c, makeCall(CallKind::Broadcast, "Broadcast", sendbuff, recvbuff, count, datatype, ncclSum, root, config),
-      stream);
+    return forwardForeignData(comm, &RealNccl::ncclBroadcastConfig, "Broadcast", sendbuff, recvbuff,
+                              count, datatype, root, comm, stream, config);
+  return runCall(c,
+                 makeCall(CallKind::Broadcast, "Broadcast", sendbuff, recvbuff, count, datatype,
+                          ncclSum, root, config),
+                 stream);
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype,
@@ -425,7 +453,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff
                                             ncclDataType_t datatype, ncclRedOp_t op, int root,
                                             ncclComm_t comm, cudaStream_t stream) {
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclReduce, "Reduce", sendbuff, recvbuff, count, datatype, op, root, comm, stream);
+    return callReal(&RealNccl::ncclReduce, "Reduce", sendbuff, recvbuff, count, datatype, op, root,
+                    comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclReduce, "Reduce", sendbuff, recvbuff, count,
@@ -435,25 +464,30 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff
       stream);
 }
 
-MKERNEL_NCCL_EXPORT ncclResult_t ncclReduceConfig(const void* sendbuff, void* recvbuff, size_t count,
-                                                  ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
-                                                  cudaStream_t stream, const ncclCollConfig_t* config) {
+MKERNEL_NCCL_EXPORT ncclResult_t ncclReduceConfig(const void* sendbuff, void* recvbuff,
+                                                  size_t count, ncclDataType_t datatype,
+                                                  ncclRedOp_t op, int root, ncclComm_t comm,
+                                                  cudaStream_t stream,
+                                                  const ncclCollConfig_t* config) {
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclReduceConfig, "ncclReduceConfig", sendbuff, recvbuff, count, datatype, op, root,
-                    comm, stream, config);
+    return callReal(&RealNccl::ncclReduceConfig, "ncclReduceConfig", sendbuff, recvbuff, count,
+                    datatype, op, root, comm, stream, config);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
-    return forwardForeignData(comm, &RealNccl::ncclReduceConfig, "Reduce", sendbuff, recvbuff, count, datatype, op,
-                              root, comm, stream, config);
+    return forwardForeignData(comm, &RealNccl::ncclReduceConfig, "Reduce", sendbuff, recvbuff,
+                              count, datatype, op, root, comm, stream, config);
   return runCall(
-      c, makeCall(CallKind::Reduce, "Reduce", sendbuff, recvbuff, count, datatype, op, root, config), stream);
+      c,
+      makeCall(CallKind::Reduce, "Reduce", sendbuff, recvbuff, count, datatype, op, root, config),
+      stream);
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                                               ncclDataType_t datatype, ncclComm_t comm,
                                               cudaStream_t stream) {
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclAlltoAll, "AlltoAll", sendbuff, recvbuff, count, datatype, comm, stream);
+    return callReal(&RealNccl::ncclAlltoAll, "AlltoAll", sendbuff, recvbuff, count, datatype, comm,
+                    stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclAlltoAll, "AlltoAll", sendbuff, recvbuff, count,
@@ -463,25 +497,29 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbu
       stream);
 }
 
-MKERNEL_NCCL_EXPORT ncclResult_t ncclAlltoAllConfig(const void* sendbuff, void* recvbuff, size_t count,
-                                                    ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream,
+MKERNEL_NCCL_EXPORT ncclResult_t ncclAlltoAllConfig(const void* sendbuff, void* recvbuff,
+                                                    size_t count, ncclDataType_t datatype,
+                                                    ncclComm_t comm, cudaStream_t stream,
                                                     const ncclCollConfig_t* config) {
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclAlltoAllConfig, "ncclAlltoAllConfig", sendbuff, recvbuff, count, datatype, comm,
-                    stream, config);
+    return callReal(&RealNccl::ncclAlltoAllConfig, "ncclAlltoAllConfig", sendbuff, recvbuff, count,
+                    datatype, comm, stream, config);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
-    return forwardForeignData(comm, &RealNccl::ncclAlltoAllConfig, "AlltoAll", sendbuff, recvbuff, count, datatype,
-                              comm, stream, config);
-  return runCall(
-      c, makeCall(CallKind::AlltoAll, "AlltoAll", sendbuff, recvbuff, count, datatype, ncclSum, 0, config), stream);
+    return forwardForeignData(comm, &RealNccl::ncclAlltoAllConfig, "AlltoAll", sendbuff, recvbuff,
+                              count, datatype, comm, stream, config);
+  return runCall(c,
+                 makeCall(CallKind::AlltoAll, "AlltoAll", sendbuff, recvbuff, count, datatype,
+                          ncclSum, 0, config),
+                 stream);
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count,
                                             ncclDataType_t datatype, int root, ncclComm_t comm,
                                             cudaStream_t stream) {
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclGather, "Gather", sendbuff, recvbuff, count, datatype, root, comm, stream);
+    return callReal(&RealNccl::ncclGather, "Gather", sendbuff, recvbuff, count, datatype, root,
+                    comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclGather, "Gather", sendbuff, recvbuff, count,
@@ -491,25 +529,29 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclGather(const void* sendbuff, void* recvbuff
       stream);
 }
 
-MKERNEL_NCCL_EXPORT ncclResult_t ncclGatherConfig(const void* sendbuff, void* recvbuff, size_t count,
-                                                  ncclDataType_t datatype, int root, ncclComm_t comm,
-                                                  cudaStream_t stream, const ncclCollConfig_t* config) {
+MKERNEL_NCCL_EXPORT ncclResult_t ncclGatherConfig(const void* sendbuff, void* recvbuff,
+                                                  size_t count, ncclDataType_t datatype, int root,
+                                                  ncclComm_t comm, cudaStream_t stream,
+                                                  const ncclCollConfig_t* config) {
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclGatherConfig, "ncclGatherConfig", sendbuff, recvbuff, count, datatype, root, comm,
-                    stream, config);
+    return callReal(&RealNccl::ncclGatherConfig, "ncclGatherConfig", sendbuff, recvbuff, count,
+                    datatype, root, comm, stream, config);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
-    return forwardForeignData(comm, &RealNccl::ncclGatherConfig, "Gather", sendbuff, recvbuff, count, datatype, root,
-                              comm, stream, config);
-  return runCall(
-      c, makeCall(CallKind::Gather, "Gather", sendbuff, recvbuff, count, datatype, ncclSum, root, config), stream);
+    return forwardForeignData(comm, &RealNccl::ncclGatherConfig, "Gather", sendbuff, recvbuff,
+                              count, datatype, root, comm, stream, config);
+  return runCall(c,
+                 makeCall(CallKind::Gather, "Gather", sendbuff, recvbuff, count, datatype, ncclSum,
+                          root, config),
+                 stream);
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count,
                                              ncclDataType_t datatype, int root, ncclComm_t comm,
                                              cudaStream_t stream) {
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclScatter, "Scatter", sendbuff, recvbuff, count, datatype, root, comm, stream);
+    return callReal(&RealNccl::ncclScatter, "Scatter", sendbuff, recvbuff, count, datatype, root,
+                    comm, stream);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeignData(comm, &RealNccl::ncclScatter, "Scatter", sendbuff, recvbuff, count,
@@ -519,18 +561,21 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclScatter(const void* sendbuff, void* recvbuf
       stream);
 }
 
-MKERNEL_NCCL_EXPORT ncclResult_t ncclScatterConfig(const void* sendbuff, void* recvbuff, size_t count,
-                                                   ncclDataType_t datatype, int root, ncclComm_t comm,
-                                                   cudaStream_t stream, const ncclCollConfig_t* config) {
+MKERNEL_NCCL_EXPORT ncclResult_t ncclScatterConfig(const void* sendbuff, void* recvbuff,
+                                                   size_t count, ncclDataType_t datatype, int root,
+                                                   ncclComm_t comm, cudaStream_t stream,
+                                                   const ncclCollConfig_t* config) {
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclScatterConfig, "ncclScatterConfig", sendbuff, recvbuff, count, datatype, root,
-                    comm, stream, config);
+    return callReal(&RealNccl::ncclScatterConfig, "ncclScatterConfig", sendbuff, recvbuff, count,
+                    datatype, root, comm, stream, config);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
-    return forwardForeignData(comm, &RealNccl::ncclScatterConfig, "Scatter", sendbuff, recvbuff, count, datatype,
-                              root, comm, stream, config);
-  return runCall(
-      c, makeCall(CallKind::Scatter, "Scatter", sendbuff, recvbuff, count, datatype, ncclSum, root, config), stream);
+    return forwardForeignData(comm, &RealNccl::ncclScatterConfig, "Scatter", sendbuff, recvbuff,
+                              count, datatype, root, comm, stream, config);
+  return runCall(c,
+                 makeCall(CallKind::Scatter, "Scatter", sendbuff, recvbuff, count, datatype,
+                          ncclSum, root, config),
+                 stream);
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclSend(const void* sendbuff, size_t count,
@@ -572,6 +617,7 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclGroupEnd() {
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
-  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclGroupSimulateEnd, "ncclGroupSimulateEnd", simInfo);
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclGroupSimulateEnd, "ncclGroupSimulateEnd", simInfo);
   return mkernel::shim::groupSimulateEnd(simInfo);
 }

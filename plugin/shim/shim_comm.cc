@@ -148,7 +148,9 @@ std::once_flag gAtExitOnce;
 Reaper& reaper() {
   std::call_once(gAtExitOnce, [] {
     if (std::atexit(reapAtExit) != 0)
-      MK_WARN("shim: atexit refused the release reaper; releases still pending at exit are aborted late");
+      MK_WARN(
+          "shim: atexit refused the release reaper; releases still pending at exit are aborted "
+          "late");
   });
   return gReaper.get();
 }
@@ -216,9 +218,12 @@ void bindHandle(ShimComm* c, ncclComm_t handle) {
   c->appHandle.store(handle, std::memory_order_release);
   ShimComm* stale = sideTable().insert(handle, c);
   if (stale != nullptr && stale != c)
-    MK_WARN("shim: comm %p: the side table still held it for an earlier communicator (rank %d/%d, %s): NCCL "
-            "destroyed that one without the shim (a call that bypassed it?); the entry now names the new one",
-            static_cast<void*>(handle), stale->rank, stale->nRanks, commStateName(stale->state.load()));
+    MK_WARN(
+        "shim: comm %p: the side table still held it for an earlier communicator (rank %d/%d, %s): "
+        "NCCL "
+        "destroyed that one without the shim (a call that bypassed it?); the entry now names the "
+        "new one",
+        static_cast<void*>(handle), stale->rank, stale->nRanks, commStateName(stale->state.load()));
 }
 
 void unbindHandle(ShimComm* c) {
@@ -234,8 +239,9 @@ ShimComm* findShimComm(const void* handle) {
 void announceReady(ShimComm* c) {
   const ncclComm_t h = c->handle();
   if (h == nullptr || c->state.load(std::memory_order_acquire) != CommState::Ready) return;
-  MK_INFO(kLogInit, "shim: comm %p rank %d/%d on device %d ready (%s%s)", static_cast<void*>(h), c->rank,
-          c->nRanks, c->cudaDev, kernelOf(c) ? "mkernel" : "NCCL only", c->emulate ? ", emulated" : "");
+  MK_INFO(kLogInit, "shim: comm %p rank %d/%d on device %d ready (%s%s)", static_cast<void*>(h),
+          c->rank, c->nRanks, c->cudaDev, kernelOf(c) ? "mkernel" : "NCCL only",
+          c->emulate ? ", emulated" : "");
 }
 
 void releaseKernelPart(ShimComm* c, bool abortive) {
@@ -252,10 +258,12 @@ void releaseKernelPart(ShimComm* c, bool abortive) {
       keepCommStats(c);  // after the finalize: it counted every collective posted
     }
     {
-      std::lock_guard<std::mutex> teardown(c->teardownMu);  // the exit handler may abort it meanwhile
+      std::lock_guard<std::mutex> teardown(
+          c->teardownMu);  // the exit handler may abort it meanwhile
       takeKernel(c);
     }
-    // The last reference destroys it: here, or in a call still inside it (runCall), when it returns.
+    // The last reference destroys it: here, or in a call still inside it (runCall), when it
+    // returns.
     mk.reset();
   }
   if (c->bootstrap) {
@@ -298,9 +306,11 @@ void noteCrossHostFallback(ShimComm* c, int rank) {
   // A user who preloaded mkernel expects it to run: the first time at WARN, then at INFO.
   static std::atomic<bool> warned{false};
   if (!warned.exchange(true))
-    MK_WARN("shim: rank %d: %s: mkernel runs on one host only unless MKERNEL_MULTI_NODE=1; every call of this "
-            "communicator goes to NCCL (said once; later communicators at INFO)",
-            rank, c->mkUnavailable.c_str());
+    MK_WARN(
+        "shim: rank %d: %s: mkernel runs on one host only unless MKERNEL_MULTI_NODE=1; every call "
+        "of this "
+        "communicator goes to NCCL (said once; later communicators at INFO)",
+        rank, c->mkUnavailable.c_str());
   else
     MK_INFO(kLogInit, "shim: rank %d: %s; every call goes to NCCL", rank, c->mkUnavailable.c_str());
 }
@@ -314,17 +324,18 @@ void keepCommStats(ShimComm* c) {
 
 void printCommStats(ShimComm* c) {
   const CommState s = c->state.load();
-  if (s != CommState::Destroyed && s != CommState::Aborted) return;  // a failed creation has no summary
+  if (s != CommState::Destroyed && s != CommState::Aborted)
+    return;  // a failed creation has no summary
   if (!params::STATS() || c->statsPrinted.exchange(true)) return;
   uint64_t fwd[coll::kNumCollTypes];
-  for (int i = 0; i < coll::kNumCollTypes; ++i) fwd[i] = c->forwarded[i].load(std::memory_order_relaxed);
-  const std::string line =
-      coll::commStatsLine(c->haveFinalStats ? &c->finalStats : nullptr, fwd, c->mkUnavailable.c_str());
-  logRequested("STATS", "comm %p rank %d/%d%s%s: %s", static_cast<void*>(c->handle()), c->rank, c->nRanks,
-               c->emulate ? " (emulated)" : "", s == CommState::Aborted ? " (aborted)" : "", line.c_str());
+  for (int i = 0; i < coll::kNumCollTypes; ++i)
+    fwd[i] = c->forwarded[i].load(std::memory_order_relaxed);
+  const std::string line = coll::commStatsLine(c->haveFinalStats ? &c->finalStats : nullptr, fwd,
+                                               c->mkUnavailable.c_str());
+  logRequested("STATS", "comm %p rank %d/%d%s%s: %s", static_cast<void*>(c->handle()), c->rank,
+               c->nRanks, c->emulate ? " (emulated)" : "",
+               s == CommState::Aborted ? " (aborted)" : "", line.c_str());
 }
-
-
 
 void destroyShimComm(ShimComm* c) {
   if (!kernelOf(c)) {  // nothing that waits for peers
@@ -336,7 +347,9 @@ void destroyShimComm(ShimComm* c) {
     Shells& all = shells();
     std::lock_guard<std::mutex> lock(all.mu);
     for (const ShimComm* o : all.all)
-      if (o != c && o->idHash == c->idHash) coMembers.push_back(o->state.load());  // seq_cst: of two racing destroys, the later sees the earlier
+      if (o != c && o->idHash == c->idHash)
+        coMembers.push_back(
+            o->state.load());  // seq_cst: of two racing destroys, the later sees the earlier
   }
   const bool wait = destroyWaitsForRelease(coMembers);
   Reaper& r = reaper();
@@ -372,9 +385,11 @@ void destroyShimComm(ShimComm* c) {
       return true;
     };
     if (!r.cv.wait_for(lock, kSiblingGrace, siblingsDone))
-      MK_WARN("shim: rank %d: ncclCommDestroy returns while releases of other ranks of this communicator in this "
-              "process still run after %lld s; they complete in the background",
-              c->rank, static_cast<long long>(kSiblingGrace.count()));
+      MK_WARN(
+          "shim: rank %d: ncclCommDestroy returns while releases of other ranks of this "
+          "communicator in this "
+          "process still run after %lld s; they complete in the background",
+          c->rank, static_cast<long long>(kSiblingGrace.count()));
     reapDone(r);
     lock.unlock();
     j->thread.join();
@@ -384,14 +399,19 @@ void destroyShimComm(ShimComm* c) {
     // Every rank is in this process and destroyed: no peer is left to wait for, so the release is
     // held inside a CUDA call (e.g. a free, waiting for another communicator's kernel while
     // that kernel waits for a thread held behind the free; docs/RELIABILITY.md).
-    MK_WARN("shim: rank %d: ncclCommDestroy returns after %lld s with the release unfinished, though every rank of "
-            "this communicator is in this process and destroyed: a CUDA call in it is waiting for the GPU (a kernel "
-            "of another communicator still waiting for its peers?); it completes in the background",
-            c->rank, static_cast<long long>(kDestroyGrace.count()));
+    MK_WARN(
+        "shim: rank %d: ncclCommDestroy returns after %lld s with the release unfinished, though "
+        "every rank of "
+        "this communicator is in this process and destroyed: a CUDA call in it is waiting for the "
+        "GPU (a kernel "
+        "of another communicator still waiting for its peers?); it completes in the background",
+        c->rank, static_cast<long long>(kDestroyGrace.count()));
   } else {
     MK_INFO(kLogInit,
-            "shim: rank %d: ncclCommDestroy returns%s; the release completes when the peers destroy theirs",
-            c->rank, wait ? "" : " at once (members of this communicator in this process are still live)");
+            "shim: rank %d: ncclCommDestroy returns%s; the release completes when the peers "
+            "destroy theirs",
+            c->rank,
+            wait ? "" : " at once (members of this communicator in this process are still live)");
   }
   r.jobs.push_back(std::move(job));
   reapDone(r);  // now and then, so that the list stays short

@@ -46,14 +46,15 @@ const char* commStateName(CommState s);
 // A user-defined reduction (ncclRedOpCreatePreMulSum), per comm as in NCCL.
 // The op's number is NCCL's own (the real ncclRedOpCreatePreMulSum's answer, so that an entry
 // point the shim does not export gets a value NCCL knows); in emulation the shim numbers its ops
-// as NCCL does (ncclNumOps + the first free slot). Its slot in ShimComm::ops is number - ncclNumOps.
+// as NCCL does (ncclNumOps + the first free slot). Its slot in ShimComm::ops is number -
+// ncclNumOps.
 struct CustomOp {
   bool live = false;
   ncclDataType_t dtype = ncclFloat32;
   bool hostScalar = true;  // ncclScalarHostImmediate: `scalar` holds the value
   double scalar = 1.0;
   const void* scalarDev = nullptr;  // ncclScalarDevice: read while the collective runs
-  bool hasRealOp = false;  // NCCL knows the op (not in emulation)
+  bool hasRealOp = false;           // NCCL knows the op (not in emulation)
 };
 
 // MKERNEL_GRAPH: where the collectives run that only mkernel's persistent kernel would run
@@ -78,17 +79,17 @@ struct ShimComm {
   // What the application holds, the side table's key: the real NCCL comm, or the stand-in in
   // emulation; null until known (a split or shrink inside a group learns it at ncclGroupEnd).
   std::atomic<ncclComm_t> appHandle{nullptr};
-  ncclComm_t real = nullptr;               // the real NCCL comm (the handle; null when emulating)
+  ncclComm_t real = nullptr;  // the real NCCL comm (the handle; null when emulating)
   // The mkernel communicator (null: everything is forwarded). Shared, and only read or changed
   // through kernelOf / takeKernel / setKernel (atomic): a call that uses it holds a reference, so
   // that ncclCommAbort, a revoke or a release on another thread, which take it out, never destroy
   // it under that call; the last reference destroys it (docs/SHIM.md, "Abort").
   std::shared_ptr<coll::Communicator> mk;
-  std::string mkUnavailable;               // why mk is null
+  std::string mkUnavailable;  // why mk is null
   std::unique_ptr<coll::SelectionPolicy>
-      policy;             // per call: mkernel or NCCL (collectives/policy.h)
+      policy;                             // per call: mkernel or NCCL (collectives/policy.h)
   GraphPath graphPath = GraphPath::Auto;  // MKERNEL_GRAPH (shim_select.h)
-  uint32_t splitSeq = 0;  // split/shrink count, for unique bootstrap tags
+  uint32_t splitSeq = 0;                  // split/shrink count, for unique bootstrap tags
   // A hash of the unique id the comm was made from: equal for the members of one communicator
   // (destroyShimComm: co-members in this process).
   uint64_t idHash = 0;
@@ -110,13 +111,17 @@ struct ShimComm {
 };
 
 // The mkernel communicator of `c` (ShimComm::mk), a reference the caller holds while it uses it.
-inline std::shared_ptr<coll::Communicator> kernelOf(const ShimComm* c) { return std::atomic_load(&c->mk); }
+inline std::shared_ptr<coll::Communicator> kernelOf(const ShimComm* c) {
+  return std::atomic_load(&c->mk);
+}
 // Takes it out of `c` (later kernelOf calls see none): what the caller then aborts or finalizes;
 // in-flight users keep theirs.
 inline std::shared_ptr<coll::Communicator> takeKernel(ShimComm* c) {
   return std::atomic_exchange(&c->mk, std::shared_ptr<coll::Communicator>());
 }
-inline void setKernel(ShimComm* c, std::shared_ptr<coll::Communicator> k) { std::atomic_store(&c->mk, std::move(k)); }
+inline void setKernel(ShimComm* c, std::shared_ptr<coll::Communicator> k) {
+  std::atomic_store(&c->mk, std::move(k));
+}
 
 // Allocates a shell in state Initializing, kept for the life of the process; not in the side
 // table until bindHandle.
@@ -170,7 +175,8 @@ void destroyShimComm(ShimComm* c);
 // `coMemberStates`: the states of the other comms of this process with the same idHash.
 inline bool destroyWaitsForRelease(const std::vector<CommState>& coMemberStates) {
   for (CommState s : coMemberStates)
-    if (s == CommState::Ready || s == CommState::Finalized || s == CommState::Revoked || s == CommState::Initializing)
+    if (s == CommState::Ready || s == CommState::Finalized || s == CommState::Revoked ||
+        s == CommState::Initializing)
       return false;
   return true;
 }

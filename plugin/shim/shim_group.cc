@@ -51,8 +51,8 @@ void settleCreations(GroupState& g) {
     ncclResult_t async = ncclSuccess;
     if (real.ncclCommGetAsyncError(c->real, &async) != ncclSuccess) continue;
     if (async == ncclSuccess || async == ncclInProgress) continue;
-    MK_ERROR(static_cast<Result>(async), "ncclGroupEnd : rank %d: the real NCCL's communicator failed to initialize",
-             c->rank);
+    MK_ERROR(static_cast<Result>(async),
+             "ncclGroupEnd : rank %d: the real NCCL's communicator failed to initialize", c->rank);
     releaseKernelPart(c, /*abortive=*/true);
     c->initResult.store(static_cast<int>(async));
     c->state.store(CommState::InitFailed);
@@ -65,8 +65,9 @@ void settleCreations(GroupState& g) {
     }
     if (h == nullptr) {
       if (p.child->state.load() != CommState::InitFailed) {
-        const Result why = MK_ERROR(Result::InternalError, "ncclGroupEnd : rank %d: the real NCCL made no communicator",
-                                    p.child->rank);
+        const Result why =
+            MK_ERROR(Result::InternalError,
+                     "ncclGroupEnd : rank %d: the real NCCL made no communicator", p.child->rank);
         releaseKernelPart(p.child, /*abortive=*/true);
         p.child->initResult.store(static_cast<int>(why));
         p.child->state.store(CommState::InitFailed);
@@ -112,11 +113,12 @@ ncclResult_t runDeferred(std::vector<DeferredTask>& tasks) {
   return ncclSuccess;
 }
 
-// Fenced communicators (thread ranks sharing a GPU, collectives/runtime/post_fence.h) in lockstep: round
-// k queues the start of each such comm's k-th collective, then completes them all (each waits
+// Fenced communicators (thread ranks sharing a GPU, collectives/runtime/post_fence.h) in lockstep:
+// round k queues the start of each such comm's k-th collective, then completes them all (each waits
 // for its co-located peers' starts, then queues its end wait). A thread driving several of those
 // ranks thus queues every rank's start before any rank's end wait, whatever the order of its calls.
-void postFencedOps(const std::vector<ShimComm*>& comms, const std::vector<KernelOp>& ops, ncclResult_t* first) {
+void postFencedOps(const std::vector<ShimComm*>& comms, const std::vector<KernelOp>& ops,
+                   ncclResult_t* first) {
   std::vector<std::vector<const KernelOp*>> perComm(comms.size());
   size_t rounds = 0;
   for (size_t c = 0; c < comms.size(); ++c) {
@@ -129,13 +131,15 @@ void postFencedOps(const std::vector<ShimComm*>& comms, const std::vector<Kernel
   };
   for (size_t k = 0; k < rounds; ++k) {
     std::vector<bool> started(comms.size(), false);
-    std::vector<std::shared_ptr<coll::Communicator>> held(comms.size());  // kernelOf, for this round
+    std::vector<std::shared_ptr<coll::Communicator>> held(
+        comms.size());  // kernelOf, for this round
     for (size_t c = 0; c < comms.size(); ++c) {
       if (k >= perComm[c].size()) continue;
       const KernelOp& op = *perComm[c][k];
       const std::shared_ptr<coll::Communicator> mk = kernelOf(op.comm);
       note(mk ? mk->enqueueStart(op.args, op.stream)
-              : MK_ERROR(Result::InvalidUsage, "ncclGroupEnd : rank %d's communicator was %s inside the group",
+              : MK_ERROR(Result::InvalidUsage,
+                         "ncclGroupEnd : rank %d's communicator was %s inside the group",
                          op.comm->rank, commStateName(op.comm->state.load())));
       started[c] = mk != nullptr;
       held[c] = mk;
@@ -154,7 +158,8 @@ ncclResult_t postKernelOps(std::vector<KernelOp>& ops) {
     if (std::find(comms.begin(), comms.end(), op.comm) == comms.end()) {
       const std::shared_ptr<coll::Communicator> mk = kernelOf(op.comm);
       if (mk && mk->fenced()) {
-        if (std::find(fenced.begin(), fenced.end(), op.comm) == fenced.end()) fenced.push_back(op.comm);
+        if (std::find(fenced.begin(), fenced.end(), op.comm) == fenced.end())
+          fenced.push_back(op.comm);
         continue;
       }
       comms.push_back(op.comm);
@@ -169,8 +174,8 @@ ncclResult_t postKernelOps(std::vector<KernelOp>& ops) {
       const std::shared_ptr<coll::Communicator> mk = kernelOf(comm);
       Result r = mk ? mk->enqueue(batch.data(), static_cast<int>(batch.size()), stream)
                     : MK_ERROR(Result::InvalidUsage,
-                                "ncclGroupEnd : rank %d's communicator was %s inside the group",
-                                comm->rank, commStateName(comm->state.load()));
+                               "ncclGroupEnd : rank %d's communicator was %s inside the group",
+                               comm->rank, commStateName(comm->state.load()));
       if (r != Result::Success && first == ncclSuccess) first = toNccl(r);
       batch.clear();
     };
@@ -201,8 +206,8 @@ void groupStart() {
   // NCCL's group, at once: what reaches NCCL in this group through names the shim does not
   // export is grouped there too.
   const RealNccl& real = realNccl(true);
-  if (real.available && real.version.load() >= kNcclFreesEmptyGroup && real.ncclGroupStart != nullptr &&
-      fromReal(real.ncclGroupStart()) == ncclSuccess)
+  if (real.available && real.version.load() >= kNcclFreesEmptyGroup &&
+      real.ncclGroupStart != nullptr && fromReal(real.ncclGroupStart()) == ncclSuccess)
     tGroup.realOpen = true;
 }
 

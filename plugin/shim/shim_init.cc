@@ -85,7 +85,8 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
   opts.settingsAgreed = true;  // setupComm
   // What needs the persistent kernel goes to NCCL (MKERNEL_GRAPH=auto on one node, or nccl): no
   // SMs are reserved for one, so communicators do not compete for them by creation order.
-  opts.persistentKernel = doorbellRoute(c->graphPath, /*haveReal=*/!s.emulate, c->nNodes) == Route::Kernel;
+  opts.persistentKernel =
+      doorbellRoute(c->graphPath, /*haveReal=*/!s.emulate, c->nNodes) == Route::Kernel;
   std::unique_ptr<coll::Communicator> created;
   Result made = coll::Communicator::create(opts, c->bootstrap.get(), &created);
   setKernel(c, std::shared_ptr<coll::Communicator>(std::move(created)));
@@ -113,10 +114,15 @@ Result createKernelComm(ShimComm* c, const CommSetup& s) {
         pc.hierRail = st.hierRail;
         const coll::CostParams m = coll::policyModelFor(pc, s.nRanks, c->nNodes);
         MK_INFO(kLogInit | kLogTune,
-                "shim: rank %d: %d nodes of %d ranks: the policy's cost model (rule 6c%s) reads rail NICs of %d Mb/s (%.1f GB/s "
+                "shim: rank %d: %d nodes of %d ranks: the policy's cost model (rule 6c%s) reads "
+                "rail NICs of %d Mb/s (%.1f GB/s "
                 "each, %d per node), rail exchange %s, per call %.1f us",
-                s.rank, c->nNodes, m.gpusPerNode, !s.emulate && pc.ncclCrossover ? "" : ", not applied: emulation or MKERNEL_NCCL_CROSSOVER=off",
-                pc.railMbps, m.nicGBps, m.nicsPerNode, m.rail < 0 ? "best" : coll::railAlgoName(m.rail), m.mkOverheadUs);
+                s.rank, c->nNodes, m.gpusPerNode,
+                !s.emulate && pc.ncclCrossover
+                    ? ""
+                    : ", not applied: emulation or MKERNEL_NCCL_CROSSOVER=off",
+                pc.railMbps, m.nicGBps, m.nicsPerNode,
+                m.rail < 0 ? "best" : coll::railAlgoName(m.rail), m.mkOverheadUs);
       }
       c->policy.reset(new coll::SelectionPolicy(pc));
     }
@@ -193,7 +199,8 @@ constexpr size_t kRealIdTagAt = 56;
 constexpr size_t kRealIdAt = 64;
 constexpr size_t kRealIdRoom = sizeof(ncclUniqueId) - kRealIdAt;
 constexpr uint32_t kRealIdTag = 0x4449434eu;  // "NCID"
-static_assert(bootstrap::kUniqueIdUsedBytes <= kRealIdTagAt, "the real id's tag overlaps the bootstrap's fields");
+static_assert(bootstrap::kUniqueIdUsedBytes <= kRealIdTagAt,
+              "the real id's tag overlaps the bootstrap's fields");
 
 }  // namespace
 
@@ -233,18 +240,20 @@ ncclResult_t makeUniqueId(ncclUniqueId* out, const char* caller) {
         return rr;
       }
       if (!embedRealId(&made, realId))
-        return toNccl(MK_ERROR(Result::InternalError,
-                               "%s : the real NCCL's unique id uses more than its first %zu bytes: it does not fit "
-                               "beside mkernel's (NCCL %s)",
-                               caller, kRealIdRoom, ncclVersionText(real.version.load()).c_str()));
+        return toNccl(MK_ERROR(
+            Result::InternalError,
+            "%s : the real NCCL's unique id uses more than its first %zu bytes: it does not fit "
+            "beside mkernel's (NCCL %s)",
+            caller, kRealIdRoom, ncclVersionText(real.version.load()).c_str()));
     }
   }
   *out = made;
   return ncclSuccess;
 }
 
-ncclResult_t createBlocking(ShimComm* child, const std::function<Result()>& kernelPart, const MakeReal& makeReal,
-                            bool emulate, const char* caller, ncclComm_t* newcomm) {
+ncclResult_t createBlocking(ShimComm* child, const std::function<Result()>& kernelPart,
+                            const MakeReal& makeReal, bool emulate, const char* caller,
+                            ncclComm_t* newcomm) {
   *newcomm = nullptr;
   const Result kr = kernelPart();
   if (kr != Result::Success) {
@@ -294,8 +303,8 @@ namespace {
 
 // ncclCommInitRank{,Config,Scalable}: validation, then mkernel's part and NCCL's communicator, now
 // or (inside a group) NCCL's queued in NCCL's group and mkernel's at ncclGroupEnd.
-ncclResult_t initRank(ncclComm_t* newcomm, int nranks, int nId, const ncclUniqueId* commIds, int rank,
-                      const ncclConfig_t* config, const char* caller) {
+ncclResult_t initRank(ncclComm_t* newcomm, int nranks, int nId, const ncclUniqueId* commIds,
+                      int rank, const ncclConfig_t* config, const char* caller) {
   params::warnUnknownOnce();
   announceShimOnce();
   if (newcomm == nullptr)
@@ -337,9 +346,10 @@ ncclResult_t initRank(ncclComm_t* newcomm, int nranks, int nId, const ncclUnique
       return toNccl(MK_ERROR(Result::SystemError, "%s : the unique id is NCCL's, and %s", caller,
                              real.why.c_str()));
     ncclConfig_t cfg = realConfigFor(config);
-    ncclResult_t r = nId > 1 ? fromReal(real.ncclCommInitRankScalable(newcomm, nranks, rank, nId,
-                                                                      const_cast<ncclUniqueId*>(commIds), &cfg))
-                             : fromReal(real.ncclCommInitRankConfig(newcomm, nranks, commIds[0], rank, &cfg));
+    ncclResult_t r =
+        nId > 1 ? fromReal(real.ncclCommInitRankScalable(newcomm, nranks, rank, nId,
+                                                         const_cast<ncclUniqueId*>(commIds), &cfg))
+                : fromReal(real.ncclCommInitRankConfig(newcomm, nranks, commIds[0], rank, &cfg));
     if (r != ncclSuccess) return r;
     MK_INFO(kLogInit, "shim: %s got a real NCCL unique id: rank %d uses NCCL directly", caller,
             rank);
@@ -351,14 +361,16 @@ ncclResult_t initRank(ncclComm_t* newcomm, int nranks, int nId, const ncclUnique
   if (!emulate) {
     const RealNccl& real = realNccl(true);
     if (!real.available)
-      return toNccl(MK_ERROR(Result::SystemError, "%s : rank %d: %s (or set MKERNEL_EMULATE=1 to run without NCCL)",
+      return toNccl(MK_ERROR(Result::SystemError,
+                             "%s : rank %d: %s (or set MKERNEL_EMULATE=1 to run without NCCL)",
                              caller, rank, real.why.c_str()));
     for (int i = 0; i < nId; ++i)
       if (!realIdOf(commIds[i], &realIds[static_cast<size_t>(i)]))
-        return toNccl(MK_ERROR(Result::InvalidUsage,
-                               "%s : rank %d: unique id %d carries no real NCCL id (its ncclGetUniqueId ran with "
-                               "MKERNEL_EMULATE=1 or without a real NCCL to load)",
-                               caller, rank, i));
+        return toNccl(MK_ERROR(
+            Result::InvalidUsage,
+            "%s : rank %d: unique id %d carries no real NCCL id (its ncclGetUniqueId ran with "
+            "MKERNEL_EMULATE=1 or without a real NCCL to load)",
+            caller, rank, i));
   }
   ShimComm* c = newShimComm();
   c->rank = rank;
@@ -403,7 +415,8 @@ ncclResult_t initRank(ncclComm_t* newcomm, int nranks, int nId, const ncclUnique
     return ncclSuccess;
   }
   s.config = hasConfig ? &userConfig : nullptr;
-  return createBlocking(c, [c, &s] { return setupComm(c, s); }, makeReal, emulate, caller, newcomm);
+  return createBlocking(
+      c, [c, &s] { return setupComm(c, s); }, makeReal, emulate, caller, newcomm);
 }
 
 }  // namespace
@@ -451,9 +464,9 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, i
                                                           ncclUniqueId* commIds,
                                                           ncclConfig_t* config) {
   if (nId < 1 || commIds == nullptr || nId > nranks)
-    return recordInGroup(
-        toNccl(MK_ERROR(Result::InvalidArgument, "ncclCommInitRankScalable : %d unique ids at %p for %d ranks",
-                        nId, static_cast<void*>(commIds), nranks)));
+    return recordInGroup(toNccl(MK_ERROR(
+        Result::InvalidArgument, "ncclCommInitRankScalable : %d unique ids at %p for %d ranks", nId,
+        static_cast<void*>(commIds), nranks)));
   // Every rank holds the same ids in the same order: the first one's root serves mkernel's
   // rendezvous; NCCL's gets every id's NCCL id.
   return recordInGroup(mkernel::shim::initRank(newcomm, nranks, nId, commIds, myrank, config,
@@ -499,10 +512,12 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, co
   if (!emulate) {
     const RealNccl& real = realNccl(true);
     if (!real.available)
-      return toNccl(MK_ERROR(Result::SystemError, "ncclCommInitAll : %s (or set MKERNEL_EMULATE=1 to run without NCCL)",
+      return toNccl(MK_ERROR(Result::SystemError,
+                             "ncclCommInitAll : %s (or set MKERNEL_EMULATE=1 to run without NCCL)",
                              real.why.c_str()));
     if (!realIdOf(uid, &realId))
-      return toNccl(MK_ERROR(Result::InternalError, "ncclCommInitAll : no real NCCL id in the unique id"));
+      return toNccl(
+          MK_ERROR(Result::InternalError, "ncclCommInitAll : no real NCCL id in the unique id"));
   }
   mkernel::bootstrap::UniqueId id;
   std::memcpy(id.bytes, uid.internal, sizeof(id.bytes));
@@ -519,8 +534,9 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, co
       const size_t k = static_cast<size_t>(i);
       cudaError_t e = cudaSetDevice(devs[k]);
       if (e != cudaSuccess) {
-        const Result r = MK_ERROR(Result::UnhandledCudaError, "ncclCommInitAll : cudaSetDevice(%d): %s",
-                                  devs[k], cudaGetErrorString(e));
+        const Result r =
+            MK_ERROR(Result::UnhandledCudaError, "ncclCommInitAll : cudaSetDevice(%d): %s", devs[k],
+                     cudaGetErrorString(e));
         made[k]->state.store(CommState::InitFailed);
         made[k]->initResult.store(static_cast<int>(r));
         results[k] = toNccl(r);
@@ -537,8 +553,9 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, co
         ncclConfig_t cfg = realConfigFor(nullptr);
         return realNccl(false).ncclCommInitRankConfig(out, ndev, realId, i, &cfg);
       };
-      results[k] = createBlocking(made[k], [&] { return setupComm(made[k], s); }, makeReal, emulate,
-                                  "ncclCommInitAll", &handles[k]);
+      results[k] = createBlocking(
+          made[k], [&] { return setupComm(made[k], s); }, makeReal, emulate, "ncclCommInitAll",
+          &handles[k]);
     };
     try {
       threads.emplace_back(body);
@@ -556,7 +573,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, co
           c->state.store(CommState::Aborted);
           releaseShimComm(c, /*abortive=*/true);
         } else if (c->real == nullptr && handles[static_cast<size_t>(j)] != nullptr) {
-          (void)realNccl(false).ncclCommAbort(handles[static_cast<size_t>(j)]);  // NCCL's, left by its failure
+          (void)realNccl(false).ncclCommAbort(
+              handles[static_cast<size_t>(j)]);  // NCCL's, left by its failure
         }
         comms[j] = nullptr;
       }

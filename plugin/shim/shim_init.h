@@ -40,9 +40,11 @@ using MakeReal = std::function<ncclResult_t(ncclComm_t* out)>;
 // released and NCCL's comm aborted (*newcomm NULL), except that a failure of NCCL's own creation
 // passes NCCL's result and whatever handle NCCL left (its own, outside the side table). When
 // mkernel's part fails, NCCL's is not attempted (such failures are every rank's: a rendezvous, a
-// setting). `child` null (split's NCCL_SPLIT_NOCOLOR): only the collective protocol and NCCL's call.
-ncclResult_t createBlocking(ShimComm* child, const std::function<Result()>& kernelPart, const MakeReal& makeReal,
-                            bool emulate, const char* caller, ncclComm_t* newcomm);
+// setting). `child` null (split's NCCL_SPLIT_NOCOLOR): only the collective protocol and NCCL's
+// call.
+ncclResult_t createBlocking(ShimComm* child, const std::function<Result()>& kernelPart,
+                            const MakeReal& makeReal, bool emulate, const char* caller,
+                            ncclComm_t* newcomm);
 
 // Whether MKERNEL_EMULATE is on.
 bool emulationRequested();

@@ -88,16 +88,16 @@ Result splitTask(ShimComm* p, ShimComm* child, int color, int key, const ncclCon
 // Split or shrink inside a group: NCCL's call now, queued in NCCL's group (NCCL writes the child's
 // handle at its group's end, into a slot of the shim's group: groupPendingChild), and mkernel's
 // part at ncclGroupEnd, before NCCL's group closes. In emulation the stand-in is there at once.
-ncclResult_t deferChild(ShimComm* p, ShimComm* child, std::function<Result()> kernelPart, const MakeReal& makeReal,
-                        ncclComm_t* newcomm, const char* caller) {
+ncclResult_t deferChild(ShimComm* p, ShimComm* child, std::function<Result()> kernelPart,
+                        const MakeReal& makeReal, ncclComm_t* newcomm, const char* caller) {
   *newcomm = nullptr;
   if (!p->emulate) {
     ncclResult_t rr = groupEnsureRealGroup();
     if (rr == ncclSuccess) rr = fromReal(makeReal(groupPendingChild(child, newcomm)));
     if (rr != ncclSuccess) {
       const RealNccl& real = realNccl(false);
-      MK_ERROR(static_cast<Result>(rr), "%s : rank %d: the real NCCL's call failed: %s", caller, p->rank,
-               real.ncclGetLastError ? real.ncclGetLastError(p->real) : "");
+      MK_ERROR(static_cast<Result>(rr), "%s : rank %d: the real NCCL's call failed: %s", caller,
+               p->rank, real.ncclGetLastError ? real.ncclGetLastError(p->real) : "");
       if (child != nullptr) {
         child->initResult.store(static_cast<int>(rr));
         child->state.store(CommState::InitFailed);
@@ -167,7 +167,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int k
   std::function<Result()> kernelPart = [p, child, color, key, cfg, hasConfig] {
     return splitTask(p, child, color, key, hasConfig ? &cfg : nullptr);
   };
-  if (groupActive()) return deferChild(p, child, std::move(kernelPart), makeReal, newcomm, "ncclCommSplit");
+  if (groupActive())
+    return deferChild(p, child, std::move(kernelPart), makeReal, newcomm, "ncclCommSplit");
   return createBlocking(child, kernelPart, makeReal, p->emulate, "ncclCommSplit", newcomm);
 }
 
@@ -175,8 +176,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRan
                                                 int excludeRanksCount, ncclComm_t* newcomm,
                                                 ncclConfig_t* config, int shrinkFlags) {
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclCommShrink, "ncclCommShrink", comm, excludeRanksList, excludeRanksCount,
-                    newcomm, config, shrinkFlags);
+    return callReal(&RealNccl::ncclCommShrink, "ncclCommShrink", comm, excludeRanksList,
+                    excludeRanksCount, newcomm, config, shrinkFlags);
   ShimComm* p = findShimComm(comm);
   if (p == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommShrink, "ncclCommShrink", comm, excludeRanksList,
@@ -229,16 +230,18 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRan
   const uint32_t seq = p->splitSeq++;
   ShimComm* child = newShimComm();
   const ncclConfig_t cfg = config ? *config : p->config;
-  // NCCL's call runs before this returns (inside a group, queued in NCCL's group): the caller's list
-  // is still valid then.
+  // NCCL's call runs before this returns (inside a group, queued in NCCL's group): the caller's
+  // list is still valid then.
   MakeReal makeReal = [&](ncclComm_t* out) {
     ncclConfig_t rc = realConfigFor(&cfg);
-    return realNccl(false).ncclCommShrink(p->real, excludeRanksList, excludeRanksCount, out, &rc, shrinkFlags);
+    return realNccl(false).ncclCommShrink(p->real, excludeRanksList, excludeRanksCount, out, &rc,
+                                          shrinkFlags);
   };
   std::function<Result()> kernelPart = [p, child, members, seq, cfg] {
     return buildChild(p, child, members, seq, &cfg, "ncclCommShrink");
   };
-  if (groupActive()) return deferChild(p, child, std::move(kernelPart), makeReal, newcomm, "ncclCommShrink");
+  if (groupActive())
+    return deferChild(p, child, std::move(kernelPart), makeReal, newcomm, "ncclCommShrink");
   return createBlocking(child, kernelPart, makeReal, p->emulate, "ncclCommShrink", newcomm);
 }
 
@@ -311,7 +314,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
-  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommRevoke, "ncclCommRevoke", comm, revokeFlags);
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclCommRevoke, "ncclCommRevoke", comm, revokeFlags);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommRevoke, "ncclCommRevoke", comm, revokeFlags);
@@ -408,7 +412,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommCount(const ncclComm_t comm, int* count
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
-  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommCuDevice, "ncclCommCuDevice", comm, device);
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclCommCuDevice, "ncclCommCuDevice", comm, device);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommCuDevice, "ncclCommCuDevice", comm, device);
@@ -418,7 +423,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* de
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
-  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommUserRank, "ncclCommUserRank", comm, rank);
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclCommUserRank, "ncclCommUserRank", comm, rank);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommUserRank, "ncclCommUserRank", comm, rank);

@@ -69,7 +69,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclGetVersion(int* version) {
 MKERNEL_NCCL_EXPORT const char* ncclGetErrorString(ncclResult_t result) {
   if (MKERNEL_FROM_NCCL()) {  // NCCL's own messages: NCCL's text
     const RealNccl& real = realNccl(false);
-    if (real.available && real.ncclGetErrorString != nullptr) return real.ncclGetErrorString(result);
+    if (real.available && real.ncclGetErrorString != nullptr)
+      return real.ncclGetErrorString(result);
   }
   if (result != ncclSuccess && failureIsMkernels(result) && static_cast<int>(result) > 0 &&
       static_cast<int>(result) <= static_cast<int>(Result::InProgress))
@@ -102,7 +103,8 @@ MKERNEL_NCCL_EXPORT const char* ncclGetLastError(ncclComm_t comm) {
     const RealNccl& real = realNccl(false);
     if (real.available && real.ncclGetLastError != nullptr) {
       const ShimComm* c = findShimComm(comm);
-      return real.ncclGetLastError(c != nullptr && c->real == nullptr ? nullptr : comm);  // never a stand-in
+      return real.ncclGetLastError(c != nullptr && c->real == nullptr ? nullptr
+                                                                      : comm);  // never a stand-in
     }
   }
   return mkernel::lastError();
@@ -125,7 +127,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
   // allocations are what NCCL's registration expects); our own mapping without it, or in emulation.
   if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclMemAlloc, "ncclMemAlloc", ptr, size);
   const RealNccl& real = realForHandleless();
-  if (real.available && !emulationRequested()) return callReal(&RealNccl::ncclMemAlloc, "ncclMemAlloc", ptr, size);
+  if (real.available && !emulationRequested())
+    return callReal(&RealNccl::ncclMemAlloc, "ncclMemAlloc", ptr, size);
   if (ptr == nullptr || size == 0)
     return toNccl(MK_ERROR(Result::InvalidArgument,
                            "ncclMemAlloc : invalid argument (ptr %p, size %zu)",
@@ -141,7 +144,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
 MKERNEL_NCCL_EXPORT ncclResult_t ncclMemFree(void* ptr) {
   if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclMemFree, "ncclMemFree", ptr);
   const RealNccl& real = realForHandleless();
-  if (real.available && !emulationRequested()) return callReal(&RealNccl::ncclMemFree, "ncclMemFree", ptr);
+  if (real.available && !emulationRequested())
+    return callReal(&RealNccl::ncclMemFree, "ncclMemFree", ptr);
   if (ptr == nullptr) return ncclSuccess;
   const Result r = mkernel::cudrv::vmmFree(ptr);
   if (r != Result::Success) {
@@ -153,7 +157,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclMemFree(void* ptr) {
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size,
                                                   void** handle) {
-  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommRegister, "ncclCommRegister", comm, buff, size, handle);
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclCommRegister, "ncclCommRegister", comm, buff, size, handle);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommRegister, "ncclCommRegister", comm, buff, size,
@@ -165,7 +170,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommRegister(const ncclComm_t comm, void* b
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
-  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommDeregister, "ncclCommDeregister", comm, handle);
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclCommDeregister, "ncclCommDeregister", comm, handle);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommDeregister, "ncclCommDeregister", comm, handle);
@@ -177,7 +183,9 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommDeregister(const ncclComm_t comm, void*
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
                                                         ncclWindow_t* win, int winFlags) {
-  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommWindowRegister, "ncclCommWindowRegister", comm, buff, size, win, winFlags);
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclCommWindowRegister, "ncclCommWindowRegister", comm, buff, size,
+                    win, winFlags);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommWindowRegister, "ncclCommWindowRegister", comm,
@@ -190,7 +198,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* b
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
-  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclCommWindowDeregister, "ncclCommWindowDeregister", comm, win);
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclCommWindowDeregister, "ncclCommWindowDeregister", comm, win);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclCommWindowDeregister, "ncclCommWindowDeregister",
@@ -204,7 +213,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclW
 MKERNEL_NCCL_EXPORT ncclResult_t ncclDevCommCreate(ncclComm_t comm,
                                                    ncclDevCommRequirements_t const* reqs,
                                                    ncclDevComm_t* outDevComm) {
-  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclDevCommCreate, "ncclDevCommCreate", comm, reqs, outDevComm);
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclDevCommCreate, "ncclDevCommCreate", comm, reqs, outDevComm);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclDevCommCreate, "ncclDevCommCreate", comm, reqs,
@@ -216,7 +226,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclDevCommCreate(ncclComm_t comm,
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclDevCommDestroy(ncclComm_t comm, ncclDevComm_t const* devComm) {
-  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclDevCommDestroy, "ncclDevCommDestroy", comm, devComm);
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclDevCommDestroy, "ncclDevCommDestroy", comm, devComm);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclDevCommDestroy, "ncclDevCommDestroy", comm, devComm);
@@ -229,7 +240,9 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclDevCommDestroy(ncclComm_t comm, ncclDevComm
 MKERNEL_NCCL_EXPORT ncclResult_t ncclGinBarrierCreateRequirement(
     ncclComm_t comm, ncclTeam_t team, int nBarriers, ncclGinBarrierHandle_t* outHandle,
     ncclDevResourceRequirements_t* outReq) {
-  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclGinBarrierCreateRequirement, "ncclGinBarrierCreateRequirement", comm, team, nBarriers, outHandle, outReq);
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclGinBarrierCreateRequirement, "ncclGinBarrierCreateRequirement",
+                    comm, team, nBarriers, outHandle, outReq);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclGinBarrierCreateRequirement,
@@ -322,8 +335,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void*
                                                           ncclScalarResidence_t residence,
                                                           ncclComm_t comm) {
   if (MKERNEL_FROM_NCCL())
-    return callReal(&RealNccl::ncclRedOpCreatePreMulSum, "ncclRedOpCreatePreMulSum", op, scalar, datatype, residence,
-                    comm);
+    return callReal(&RealNccl::ncclRedOpCreatePreMulSum, "ncclRedOpCreatePreMulSum", op, scalar,
+                    datatype, residence, comm);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclRedOpCreatePreMulSum, "ncclRedOpCreatePreMulSum", op,
@@ -357,17 +370,18 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void*
     // NCCL's op first: its number is the one the application gets, so that NCCL knows it wherever
     // it arrives (a forwarded call, an entry point the shim does not export).
     ncclRedOp_t realOp = ncclSum;
-    ncclResult_t rr = callReal(&RealNccl::ncclRedOpCreatePreMulSum, "ncclRedOpCreatePreMulSum", &realOp, scalar,
-                               datatype, residence, c->real);
+    ncclResult_t rr = callReal(&RealNccl::ncclRedOpCreatePreMulSum, "ncclRedOpCreatePreMulSum",
+                               &realOp, scalar, datatype, residence, c->real);
     if (rr != ncclSuccess) return rr;
     std::memcpy(&value, &realOp, sizeof(value));
     made.hasRealOp = true;
     if (value < ncclNumOps || value - ncclNumOps >= kMaxCustomOps) {
       (void)callReal(&RealNccl::ncclRedOpDestroy, "ncclRedOpDestroy", realOp, c->real);
-      return toNccl(MK_ERROR(Result::InternalError,
-                             "ncclRedOpCreatePreMulSum : the real NCCL's op number %d is outside %d..%d, the range of "
-                             "mkernel's table",
-                             value, static_cast<int>(ncclNumOps), static_cast<int>(ncclNumOps) + kMaxCustomOps - 1));
+      return toNccl(MK_ERROR(
+          Result::InternalError,
+          "ncclRedOpCreatePreMulSum : the real NCCL's op number %d is outside %d..%d, the range of "
+          "mkernel's table",
+          value, static_cast<int>(ncclNumOps), static_cast<int>(ncclNumOps) + kMaxCustomOps - 1));
     }
     std::lock_guard<std::mutex> lock(c->opsMutex);
     const size_t ix = static_cast<size_t>(value - ncclNumOps);
@@ -389,7 +403,8 @@ MKERNEL_NCCL_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void*
 }
 
 MKERNEL_NCCL_EXPORT ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
-  if (MKERNEL_FROM_NCCL()) return callReal(&RealNccl::ncclRedOpDestroy, "ncclRedOpDestroy", op, comm);
+  if (MKERNEL_FROM_NCCL())
+    return callReal(&RealNccl::ncclRedOpDestroy, "ncclRedOpDestroy", op, comm);
   ShimComm* c = findShimComm(comm);
   if (c == nullptr)
     return forwardForeign(comm, &RealNccl::ncclRedOpDestroy, "ncclRedOpDestroy", op, comm);

@@ -7,8 +7,8 @@
 namespace mkernel {
 namespace shim {
 
-Result chooseRoute(const ShimComm& comm, coll::Communicator* mk, const Call& call, coll::CollArgs* args, Route* out,
-                   bool* doorbell) {
+Result chooseRoute(const ShimComm& comm, coll::Communicator* mk, const Call& call,
+                   coll::CollArgs* args, Route* out, bool* doorbell) {
   *out = Route::Forward;
   *doorbell = false;
   if (args == nullptr) {
@@ -23,10 +23,11 @@ Result chooseRoute(const ShimComm& comm, coll::Communicator* mk, const Call& cal
   if (!collConfigIsDefault(call.collConfig)) {
     // Per-call tuning, algorithm selection, a profiler tag or a launch event: NCCL's to honour.
     if (comm.emulate)
-      return MK_ERROR(Result::InvalidUsage,
-                      "%s : its per-call config asks for more than the defaults, which only the real NCCL "
-                      "honours, and emulation (MKERNEL_EMULATE=1) has none",
-                      call.name);
+      return MK_ERROR(
+          Result::InvalidUsage,
+          "%s : its per-call config asks for more than the defaults, which only the real NCCL "
+          "honours, and emulation (MKERNEL_EMULATE=1) has none",
+          call.name);
     return Result::Success;
   }
   if (mk == nullptr) {
@@ -55,7 +56,8 @@ Result chooseRoute(const ShimComm& comm, coll::Communicator* mk, const Call& cal
           static std::once_flag once;
           std::call_once(once, [&] {
             MK_INFO(kLogColl,
-                    "shim: %s of %zu elements runs in the real NCCL: mkernel would run it on its persistent kernel, "
+                    "shim: %s of %zu elements runs in the real NCCL: mkernel would run it on its "
+                    "persistent kernel, "
                     "whose captures stay resident (MKERNEL_GRAPH=%s; docs/SHIM.md)",
                     call.name, args->count, comm.graphPath == GraphPath::Nccl ? "nccl" : "auto");
           });

@@ -38,7 +38,8 @@ inline Result parseGraphPath(const std::string& v, GraphPath* out) {
   } else if (v == "mkernel") {
     *out = GraphPath::Mkernel;
   } else {
-    return MK_ERROR(Result::InvalidArgument, "MKERNEL_GRAPH=%s: expected auto, nccl or mkernel", v.c_str());
+    return MK_ERROR(Result::InvalidArgument, "MKERNEL_GRAPH=%s: expected auto, nccl or mkernel",
+                    v.c_str());
   }
   return Result::Success;
 }
@@ -58,8 +59,8 @@ inline Route doorbellRoute(GraphPath mode, bool haveReal, int nNodes) {
 // error with a message naming why. `args` is null for non-collectives. *doorbell: a Kernel route
 // on the persistent kernel's doorbell (doorbellRoute above).
 // `mk`: the comm's mkernel communicator as the caller holds it (kernelOf), or null.
-Result chooseRoute(const ShimComm& comm, coll::Communicator* mk, const Call& call, coll::CollArgs* args, Route* out,
-                   bool* doorbell);
+Result chooseRoute(const ShimComm& comm, coll::Communicator* mk, const Call& call,
+                   coll::CollArgs* args, Route* out, bool* doorbell);
 
 }  // namespace shim
 }  // namespace mkernel

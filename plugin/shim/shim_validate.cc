@@ -97,7 +97,8 @@ bool collConfigIsDefault(const ncclCollConfig_t* config) {
   if (MK_FILLED(maxCTAs) && config->maxCTAs != NCCL_CONFIG_UNDEF_INT) return false;
   if (MK_FILLED(nvlsCTAs) && config->nvlsCTAs != NCCL_CONFIG_UNDEF_INT) return false;
   if (MK_FILLED(cgaClusterSize) && config->cgaClusterSize != NCCL_CONFIG_UNDEF_INT) return false;
-  if (MK_FILLED(algSelection) && config->algSelection != nullptr && config->algSelection[0] != '\0') return false;
+  if (MK_FILLED(algSelection) && config->algSelection != nullptr && config->algSelection[0] != '\0')
+    return false;
   if (MK_FILLED(CTAPolicy) && config->CTAPolicy != NCCL_CONFIG_UNDEF_INT) return false;
   if (MK_FILLED(userProfilerTag) && config->userProfilerTag != 0) return false;
 #ifdef MKERNEL_COLLCONFIG_HAS_COMPLETION_EVENT

@@ -102,11 +102,14 @@ Result tunerInit(uint64_t commId, size_t nRanks, size_t nNodes, NcclLogger logge
   static std::once_flag announced;
   std::call_once(announced, [&why, active = ctx->active] {
     Dl_info self{};
-    const char* path = dladdr(reinterpret_cast<void*>(&tunerInit), &self) != 0 && self.dli_fname != nullptr
-                           ? self.dli_fname
-                           : "?";
-    logStartupLine("mkernel %s loaded as NCCL tuner plugin from %s; %s (%s)", MKERNEL_VERSION_STRING, path,
-                   active ? "steers NCCL's algorithm and protocol choices" : "stays neutral, NCCL's choices unchanged",
+    const char* path =
+        dladdr(reinterpret_cast<void*>(&tunerInit), &self) != 0 && self.dli_fname != nullptr
+            ? self.dli_fname
+            : "?";
+    logStartupLine("mkernel %s loaded as NCCL tuner plugin from %s; %s (%s)",
+                   MKERNEL_VERSION_STRING, path,
+                   active ? "steers NCCL's algorithm and protocol choices"
+                          : "stays neutral, NCCL's choices unchanged",
                    why.c_str());
   });
   if (!ctx->active) {

@@ -66,7 +66,8 @@ Result runCase(const CaseSpec& spec, uint8_t poison, CaseRun* out) {
       m.sendOff = kGuardBytes;
       m.recvOff = kGuardBytes + sendBytes;
     }
-    if (m.hasSend && sendBytes) std::memcpy(m.mem.data() + m.sendOff, run.inputs[r].data(), sendBytes);
+    if (m.hasSend && sendBytes)
+      std::memcpy(m.mem.data() + m.sendOff, run.inputs[r].data(), sendBytes);
   }
   std::vector<RankBuffers> bufs(n);
   for (int r = 0; r < n; ++r) {
@@ -139,14 +140,18 @@ void expectedExactInt(const CaseRun& run, int rank, std::vector<uint64_t>* out) 
         continue;
       }
       switch (a.op) {
-        case RedOp::Prod: acc = (acc * x) & mask; break;
+        case RedOp::Prod:
+          acc = (acc * x) & mask;
+          break;
         case RedOp::Min:
           acc = sgn ? (sext(x) < sext(acc) ? x : acc) : (x < acc ? x : acc);
           break;
         case RedOp::Max:
           acc = sgn ? (sext(x) > sext(acc) ? x : acc) : (x > acc ? x : acc);
           break;
-        default: acc = (acc + x) & mask; break;
+        default:
+          acc = (acc + x) & mask;
+          break;
       }
     }
     if (a.op == RedOp::Avg) {  // the wrapped sum divided by nRanks, toward zero
@@ -171,8 +176,8 @@ void expectedF64(const CaseRun& run, int rank, std::vector<double>* out) {
   // NCCL's Avg for floats multiplies every input by 1/nRanks rounded to the dtype.
   std::vector<uint8_t> scalarBuf(8);
   storeFromDouble(a.dtype, scalarBuf.data(), 0, 1.0 / a.nRanks);
-  const double avgScale = a.dtype == DataType::Float64 ? 1.0 / a.nRanks
-                                                        : loadAsDouble(a.dtype, scalarBuf.data(), 0);
+  const double avgScale =
+      a.dtype == DataType::Float64 ? 1.0 / a.nRanks : loadAsDouble(a.dtype, scalarBuf.data(), 0);
   out->resize(p.recvCount());
   for (size_t i = 0; i < p.recvCount(); ++i) {
     if (a.coll == CollType::AllGather || a.coll == CollType::Broadcast) {
@@ -225,7 +230,8 @@ std::string checkCase(const CaseSpec& spec, double* worstRelErr) {
     if (!receives(p, r)) {
       // Reduce non-root: its memory holds its input and the poison, untouched.
       size_t sendBytes = p.sendCount() * es;
-      if (sendBytes != 0 && std::memcmp(ma.mem.data() + ma.sendOff, runA.inputs[r].data(), sendBytes) != 0)
+      if (sendBytes != 0 &&
+          std::memcmp(ma.mem.data() + ma.sendOff, runA.inputs[r].data(), sendBytes) != 0)
         return desc + ": non-root rank " + std::to_string(r) + "'s input was modified";
       for (size_t b = kGuardBytes; b < ma.mem.size() - kGuardBytes; ++b) {
         bool inSend = b >= ma.sendOff && b < ma.sendOff + sendBytes;
@@ -250,9 +256,8 @@ std::string checkCase(const CaseSpec& spec, double* worstRelErr) {
     if (recvBytes != 0 && std::memcmp(ga, ordered.data(), recvBytes) != 0) {
       for (size_t i = 0; i < p.recvCount(); ++i)
         if (std::memcmp(ga + i * es, ordered.data() + i * es, es) != 0) {
-          why << desc << ": rank " << r << " element " << i << " = "
-              << loadAsDouble(a.dtype, ga, i) << ", ordered definition "
-              << loadAsDouble(a.dtype, ordered.data(), i);
+          why << desc << ": rank " << r << " element " << i << " = " << loadAsDouble(a.dtype, ga, i)
+              << ", ordered definition " << loadAsDouble(a.dtype, ordered.data(), i);
           return why.str();
         }
     }

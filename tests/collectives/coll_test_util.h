@@ -35,10 +35,14 @@ inline bool isLowPrecision(DataType t) {
   return t == DataType::Float16 || t == DataType::Bfloat16 || t == DataType::Fp8E4M3 ||
          t == DataType::Fp8E5M2;
 }
-inline bool isFp8(DataType t) { return t == DataType::Fp8E4M3 || t == DataType::Fp8E5M2; }
+inline bool isFp8(DataType t) {
+  return t == DataType::Fp8E4M3 || t == DataType::Fp8E5M2;
+}
 
 // The PreMulSum scalar the tests use: exact in every dtype.
-inline double testScalar(DataType t) { return isFloatType(t) ? 0.5 : 3.0; }
+inline double testScalar(DataType t) {
+  return isFloatType(t) ? 0.5 : 3.0;
+}
 
 // Fills n elements of one rank's input with data whose exact reduction the dtype can carry to
 // within the verification tolerance of docs/ALGORITHMS.md (integers: any bits, wrap-around

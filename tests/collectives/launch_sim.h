@@ -48,8 +48,10 @@ struct Failures {
 // A random pause: mostly none, sometimes a yield, now and then up to maxUs microseconds.
 inline void jitter(std::mt19937& rng, unsigned maxUs = 200) {
   const unsigned r = rng() % 16;
-  if (r == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % maxUs));
-  else if (r < 4) std::this_thread::yield();
+  if (r == 0)
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % maxUs));
+  else if (r < 4)
+    std::this_thread::yield();
 }
 
 // Per-(rank, CTA) flags, indexed rank * kLaunchMaxCtas + cta, all zero.
@@ -62,16 +64,17 @@ inline std::unique_ptr<std::atomic<uint64_t>[]> makeFlags(int nRanks) {
 
 // CTA `cta` of rank `r` waits until every rank's flag of that CTA is >= epoch (acquire). False
 // when the run stopped or after 20 s (recorded, naming `what`).
-inline bool waitFlags(Failures& f, const std::atomic<uint64_t>* flags, int nRanks, int r, int cta, uint64_t epoch,
-                      const char* what) {
+inline bool waitFlags(Failures& f, const std::atomic<uint64_t>* flags, int nRanks, int r, int cta,
+                      uint64_t epoch, const char* what) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   for (int k = 0; k < nRanks; ++k) {
-    while (flags[static_cast<size_t>(k) * mkernel::coll::kLaunchMaxCtas + static_cast<size_t>(cta)].load(
-               std::memory_order_acquire) < epoch) {
+    while (flags[static_cast<size_t>(k) * mkernel::coll::kLaunchMaxCtas + static_cast<size_t>(cta)]
+               .load(std::memory_order_acquire) < epoch) {
       if (f.stop) return false;
       if (std::chrono::steady_clock::now() > deadline) {
-        f.fail("rank " + std::to_string(r) + " CTA " + std::to_string(cta) + " op " + std::to_string(epoch) + ": rank " +
-               std::to_string(k) + " never reached the " + what + " flag");
+        f.fail("rank " + std::to_string(r) + " CTA " + std::to_string(cta) + " op " +
+               std::to_string(epoch) + ": rank " + std::to_string(k) + " never reached the " +
+               what + " flag");
         return false;
       }
       std::this_thread::yield();

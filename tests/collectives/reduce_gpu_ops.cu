@@ -60,31 +60,50 @@ struct Ops<double> {
 
 template <typename T>
 __global__ void binaryKernel(int op, const T* a, const T* b, T* out, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
     T x = a[i], y = b[i];
     switch (op) {
-      case 0: out[i] = Ops<T>::add(x, y); break;
-      case 1: out[i] = Ops<T>::mul(x, y); break;
-      case 2: out[i] = Ops<T>::min(x, y); break;
-      default: out[i] = Ops<T>::max(x, y); break;
+      case 0:
+        out[i] = Ops<T>::add(x, y);
+        break;
+      case 1:
+        out[i] = Ops<T>::mul(x, y);
+        break;
+      case 2:
+        out[i] = Ops<T>::min(x, y);
+        break;
+      default:
+        out[i] = Ops<T>::max(x, y);
+        break;
     }
   }
 }
 
 __global__ void fromFloatKernel(int dtype, const float* in, uint8_t* out, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
     float f = in[i];
     switch (static_cast<DataType>(dtype)) {
-      case DataType::Float16: reinterpret_cast<__half*>(out)[i] = __float2half_rn(f); break;
-      case DataType::Bfloat16: reinterpret_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(f); break;
-      case DataType::Fp8E4M3: out[i] = __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3); break;
-      default: out[i] = __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E5M2); break;
+      case DataType::Float16:
+        reinterpret_cast<__half*>(out)[i] = __float2half_rn(f);
+        break;
+      case DataType::Bfloat16:
+        reinterpret_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(f);
+        break;
+      case DataType::Fp8E4M3:
+        out[i] = __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
+        break;
+      default:
+        out[i] = __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E5M2);
+        break;
     }
   }
 }
 
 __global__ void halfToFp8Kernel(bool e5m2, const __half* in, uint8_t* out, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
     if (e5m2) {
       __nv_fp8_e5m2 v(in[i]);
       out[i] = v.__x;
@@ -136,7 +155,8 @@ bool gpuAvailable(std::string* why) {
   cudaDeviceProp prop{};
   if (!check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties", why)) return false;
   if (prop.major < 9) {
-    *why = "NCCL's fp8 arithmetic needs sm_90; device 0 is sm_" + std::to_string(prop.major * 10 + prop.minor);
+    *why = "NCCL's fp8 arithmetic needs sm_90; device 0 is sm_" +
+           std::to_string(prop.major * 10 + prop.minor);
     return false;
   }
   return true;
@@ -146,13 +166,21 @@ bool gpuBinary(DataType t, GpuBinaryOp op, const void* a, const void* b, void* o
                std::string* why) {
   const int o = static_cast<int>(op);
   switch (t) {
-    case DataType::Float16: return runBinary<__half>(o, a, b, out, n, why);
-    case DataType::Bfloat16: return runBinary<__nv_bfloat16>(o, a, b, out, n, why);
-    case DataType::Fp8E4M3: return runBinary<__nv_fp8_e4m3>(o, a, b, out, n, why);
-    case DataType::Fp8E5M2: return runBinary<__nv_fp8_e5m2>(o, a, b, out, n, why);
-    case DataType::Float32: return runBinary<float>(o, a, b, out, n, why);
-    case DataType::Float64: return runBinary<double>(o, a, b, out, n, why);
-    default: *why = "gpuBinary: integer types are not tested on the GPU"; return false;
+    case DataType::Float16:
+      return runBinary<__half>(o, a, b, out, n, why);
+    case DataType::Bfloat16:
+      return runBinary<__nv_bfloat16>(o, a, b, out, n, why);
+    case DataType::Fp8E4M3:
+      return runBinary<__nv_fp8_e4m3>(o, a, b, out, n, why);
+    case DataType::Fp8E5M2:
+      return runBinary<__nv_fp8_e5m2>(o, a, b, out, n, why);
+    case DataType::Float32:
+      return runBinary<float>(o, a, b, out, n, why);
+    case DataType::Float64:
+      return runBinary<double>(o, a, b, out, n, why);
+    default:
+      *why = "gpuBinary: integer types are not tested on the GPU";
+      return false;
   }
 }
 

@@ -9,7 +9,8 @@
 
 using namespace mkernel::coll;
 
-static_assert(static_cast<int>(DevRedOpKind::Sum) == 0 && static_cast<int>(DevRedOpKind::Max) == 2 &&
+static_assert(static_cast<int>(DevRedOpKind::Sum) == 0 &&
+                  static_cast<int>(DevRedOpKind::Max) == 2 &&
                   static_cast<int>(DevRedOpKind::SumPostDiv) == 5,
               "DevRedOpKind values are part of the host/device contract");
 
@@ -78,8 +79,8 @@ TEST_CASE("algo: ring reduce-scatter and all-gather schedules are consistent") {
       if (n > 1) {
         CHECK(ringRsRecvSlice(r, n - 2, n) == r);  // the last reduce-scatter step completes slice r
         CHECK(ringAgSendSlice(r, 0, n) == r);      // the all-gather starts with it
-        CHECK(rsSent.count(r) == 0);                // r never sends its own slice half-reduced
-        CHECK(agReceived.count(r) == 0);            // and receives every other slice once
+        CHECK(rsSent.count(r) == 0);               // r never sends its own slice half-reduced
+        CHECK(agReceived.count(r) == 0);           // and receives every other slice once
         CHECK(static_cast<int>(agReceived.size()) == n - 1);
       }
     }
@@ -120,7 +121,8 @@ TEST_CASE("algo: which algorithm implements which collective") {
   CHECK(algoSupports(CollType::AllReduce, Algo::OneShot));
   CHECK(algoSupports(CollType::AllReduce, Algo::TwoShot));
   CHECK_FALSE(algoSupports(CollType::AllReduce, Algo::Direct));
-  for (CollType c : {CollType::AllGather, CollType::ReduceScatter, CollType::Broadcast, CollType::Reduce}) {
+  for (CollType c :
+       {CollType::AllGather, CollType::ReduceScatter, CollType::Broadcast, CollType::Reduce}) {
     CHECK(algoSupports(c, Algo::Direct));
     CHECK(algoSupports(c, Algo::Ring));
     CHECK_FALSE(algoSupports(c, Algo::OneShot));

@@ -11,12 +11,12 @@
 
 using mkernel::coll::AllReduceCost;
 using mkernel::coll::CostParams;
-using mkernel::coll::predictAllReduce;
-using mkernel::coll::railMessagesFor;
-using mkernel::coll::railStepsFor;
 using mkernel::coll::kPolicyOverheadUs;
 using mkernel::coll::parseCostParams;
 using mkernel::coll::policyCostParams;
+using mkernel::coll::predictAllReduce;
+using mkernel::coll::railMessagesFor;
+using mkernel::coll::railStepsFor;
 using mkernel::coll::setCostParam;
 
 TEST_CASE("cost model: NCCL's tree latency for 2 nodes x 8 GPUs is its tuner's formula") {
@@ -71,7 +71,8 @@ TEST_CASE("cost model: overlap never loses, costs grow with size and nodes, over
 }
 
 // MKERNEL_HIER_RAIL's forms: the same wire bytes, steps 2 (direct), 2 (N - 1) (ring) and 2 log2 N
-// (rhd; ring when N is not a power of two); the published predictions take the fewer of ring and rhd.
+// (rhd; ring when N is not a power of two); the published predictions take the fewer of ring and
+// rhd.
 TEST_CASE("cost model: the rail exchange's steps per form, and what they cost") {
   CHECK(railStepsFor(0, 64) == 2);
   CHECK(railStepsFor(1, 64) == 126);
@@ -149,14 +150,17 @@ TEST_CASE("cost model: the share of the shorter phase the pipeline hides") {
 
 // ReduceScatter and AllGather: NCCL's ring of R - 1 steps with N - 1 between nodes
 // and nccl-tests' busbw rule (R - 1) / R; mkernel's hierarchical time is the AllReduce's halves.
-TEST_CASE("cost model: ReduceScatter and AllGather, NCCL's ring formula and mkernel's half of the AllReduce") {
+TEST_CASE(
+    "cost model: ReduceScatter and AllGather, NCCL's ring formula and mkernel's half of the "
+    "AllReduce") {
   using mkernel::coll::CollCost;
   using mkernel::coll::CollType;
   using mkernel::coll::predictCollective;
   CostParams p;  // 2 x 8
   // The AllReduce through the new entry point is the published one.
   for (double b : {8.0, 1048576.0, 1073741824.0}) {
-    CHECK(predictCollective(p, CollType::AllReduce, b).mkPipelinedUs == predictAllReduce(p, b).mkPipelinedUs);
+    CHECK(predictCollective(p, CollType::AllReduce, b).mkPipelinedUs ==
+          predictAllReduce(p, b).mkPipelinedUs);
     CHECK(predictCollective(p, CollType::AllReduce, b).ncclUs == predictAllReduce(p, b).ncclUs);
   }
   // NCCL, one node of 8, 1 GiB: ring/Simple, base 8.4 + 7 steps x 3.4 us, at 346 GB/s x 8 / 7.
@@ -174,7 +178,8 @@ TEST_CASE("cost model: ReduceScatter and AllGather, NCCL's ring formula and mker
   CHECK(ag8.ncclUs == Approx(6.6 + 14 * 1.0 + 1 * 2.7 + 8.0 / (45e3 * 16.0 / 15.0)).epsilon(1e-6));
   // ReduceScatter and AllGather cost the same in both models.
   for (double b : {8.0, 65536.0, gib}) {
-    const CollCost rs = predictCollective(p, CollType::ReduceScatter, b), ag = predictCollective(p, CollType::AllGather, b);
+    const CollCost rs = predictCollective(p, CollType::ReduceScatter, b),
+                   ag = predictCollective(p, CollType::AllGather, b);
     CHECK(rs.ncclUs == ag.ncclUs);
     CHECK(rs.mkPipelinedUs == ag.mkPipelinedUs);
     CHECK(rs.mkSerialUs == ag.mkSerialUs);
@@ -189,10 +194,13 @@ TEST_CASE("cost model: ReduceScatter and AllGather, NCCL's ring formula and mker
   const CollCost ar0 = predictAllReduce(p, b0), ar1 = predictAllReduce(p, b1);
   const CollCost rs0 = predictCollective(p, CollType::ReduceScatter, b0),
                  rsb = predictCollective(p, CollType::ReduceScatter, b1);
-  CHECK(ar1.mkPipelinedUs - ar0.mkPipelinedUs == Approx(2 * (rsb.mkPipelinedUs - rs0.mkPipelinedUs)));
+  CHECK(ar1.mkPipelinedUs - ar0.mkPipelinedUs ==
+        Approx(2 * (rsb.mkPipelinedUs - rs0.mkPipelinedUs)));
   CHECK(ar1.mkSerialUs - ar0.mkSerialUs == Approx(2 * (rsb.mkSerialUs - rs0.mkSerialUs)));
-  const CollCost ar8 = predictAllReduce(p, 8.0), rs8 = predictCollective(p, CollType::ReduceScatter, 8.0);
-  // AllReduce: 8 + 2 x 1 + 2 x 4 + 6 x 24 us; ReduceScatter: 8 + 1 + 4 + 3 x 24 (plus 8 bytes' worth).
+  const CollCost ar8 = predictAllReduce(p, 8.0),
+                 rs8 = predictCollective(p, CollType::ReduceScatter, 8.0);
+  // AllReduce: 8 + 2 x 1 + 2 x 4 + 6 x 24 us; ReduceScatter: 8 + 1 + 4 + 3 x 24 (plus 8 bytes'
+  // worth).
   CHECK(ar8.mkPipelinedUs == Approx(8 + 2 + 8 + 144).epsilon(1e-4));
   CHECK(rs8.mkPipelinedUs == Approx(8 + 1 + 4 + 72).epsilon(1e-4));
   // Not modelled: Broadcast and Reduce.
@@ -211,10 +219,13 @@ TEST_CASE("cost model: parameters by name, and lists of them") {
     double CostParams::*field;
     double want;
   };
-  for (const Set& s : {Set{"nvlink-gbps", "400", &CostParams::nvlinkGBps, 400}, Set{"nic-gbps", "24.5", &CostParams::nicGBps, 24.5},
+  for (const Set& s : {Set{"nvlink-gbps", "400", &CostParams::nvlinkGBps, 400},
+                       Set{"nic-gbps", "24.5", &CostParams::nicGBps, 24.5},
                        Set{"mk-overhead-us", "9.4", &CostParams::mkOverheadUs, 9.4},
-                       Set{"mk-intra-us", "0", &CostParams::mkIntraStepUs, 0}, Set{"mk-inter-us", "13.5", &CostParams::mkInterStepUs, 13.5},
-                       Set{"mk-msg-us", "24", &CostParams::mkMsgUs, 24}, Set{"hidden", "0.68", &CostParams::hidden, 0.68}}) {
+                       Set{"mk-intra-us", "0", &CostParams::mkIntraStepUs, 0},
+                       Set{"mk-inter-us", "13.5", &CostParams::mkInterStepUs, 13.5},
+                       Set{"mk-msg-us", "24", &CostParams::mkMsgUs, 24},
+                       Set{"hidden", "0.68", &CostParams::hidden, 0.68}}) {
     INFO(s.name);
     CHECK(setCostParam(&p, s.name, s.value, &why));
     CHECK(p.*s.field == s.want);

@@ -49,6 +49,7 @@ TEST_CASE("error records: the cause before the waits that follow from it") {
   CHECK(internalWait(kWaitHierRole));
   CHECK(internalWait(kWaitSlotDone));
   CHECK(internalWait(kWaitDispatch));
-  for (uint32_t w : {kWaitPeerStart, kWaitPeerEnd, kWaitPeerChunk, kWaitProxy, kWaitLaunchPeer, kWaitLaunchPeerEnd})
+  for (uint32_t w : {kWaitPeerStart, kWaitPeerEnd, kWaitPeerChunk, kWaitProxy, kWaitLaunchPeer,
+                     kWaitLaunchPeerEnd})
     CHECK_FALSE(internalWait(w));
 }

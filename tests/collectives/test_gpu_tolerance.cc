@@ -46,7 +46,8 @@ float elem(DataType t, const std::vector<uint8_t>& buf, size_t i) {
 
 // The product of element i over the ranks, reduced as the hierarchical kernel reduces it for the
 // block owned by node b, with the rail exchange `rail`.
-float hierProduct(DataType t, const std::vector<std::vector<uint8_t>>& in, size_t i, int b, int rail) {
+float hierProduct(DataType t, const std::vector<std::vector<uint8_t>>& in, size_t i, int b,
+                  int rail) {
   float p[kNodes];
   for (int m = 0; m < kNodes; ++m) {
     float acc = elem(t, in[static_cast<size_t>(m * kPerNode)], i);
@@ -86,12 +87,16 @@ std::vector<Outcome> run(int rail, int roundings) {
   std::vector<Outcome> out;
   for (size_t ci = 0; ci < cases.size(); ++ci) {
     const mkgpu::Case& k = cases[ci];
-    if (k.op != RedOp::Prod || (k.coll != CollType::AllReduce && k.coll != CollType::ReduceScatter)) continue;
-    if (k.dtype != DataType::Bfloat16 && k.dtype != DataType::Float16 && k.dtype != DataType::Float32) continue;
+    if (k.op != RedOp::Prod || (k.coll != CollType::AllReduce && k.coll != CollType::ReduceScatter))
+      continue;
+    if (k.dtype != DataType::Bfloat16 && k.dtype != DataType::Float16 &&
+        k.dtype != DataType::Float32)
+      continue;
     const size_t esz = mkernel::coll::dataTypeSize(k.dtype);
     const size_t sendCount = k.coll == CollType::ReduceScatter ? k.count * kRanks : k.count;
     std::vector<std::vector<uint8_t>> in(kRanks);
-    for (int q = 0; q < kRanks; ++q) in[static_cast<size_t>(q)] = mkgpu::makeInput(k.dtype, k.op, ci + 1, q, sendCount);
+    for (int q = 0; q < kRanks; ++q)
+      in[static_cast<size_t>(q)] = mkgpu::makeInput(k.dtype, k.op, ci + 1, q, sendCount);
     const uint64_t align = mkernel::coll::sliceAlignElems(esz);
     for (int r = 0; r < kRanks; ++r) {
       std::vector<uint8_t> res(k.count * esz);
@@ -117,11 +122,13 @@ std::vector<Outcome> run(int rail, int roundings) {
             ++owner;
           }
         }
-        mkernel::coll::storeFromDouble(k.dtype, res.data(), e, hierProduct(k.dtype, in, i, owner, rail));
+        mkernel::coll::storeFromDouble(k.dtype, res.data(), e,
+                                       hierProduct(k.dtype, in, i, owner, rail));
       }
-      const size_t offset = k.coll == CollType::ReduceScatter ? static_cast<size_t>(r) * k.count : 0;
-      const std::string why =
-          mkgpu::checkReduced(k.dtype, k.op, mkgpu::kScalar, kRanks, in, offset, res.data(), k.count, roundings);
+      const size_t offset =
+          k.coll == CollType::ReduceScatter ? static_cast<size_t>(r) * k.count : 0;
+      const std::string why = mkgpu::checkReduced(k.dtype, k.op, mkgpu::kScalar, kRanks, in, offset,
+                                                  res.data(), k.count, roundings);
       if (!why.empty()) out.push_back(Outcome{mkgpu::caseName(k), r, why});
     }
   }
@@ -130,7 +137,8 @@ std::vector<Outcome> run(int rail, int roundings) {
 
 std::string describe(const std::vector<Outcome>& v) {
   std::string s;
-  for (const Outcome& o : v) s += "rank " + std::to_string(o.rank) + ": " + o.caseName + ": " + o.why + "\n";
+  for (const Outcome& o : v)
+    s += "rank " + std::to_string(o.rank) + ": " + o.caseName + ": " + o.why + "\n";
   return s;
 }
 
@@ -147,7 +155,8 @@ TEST_CASE("gpu tolerance: the hierarchical products of test_gpu_hier_rail, repro
   CHECK(ring[1].rank == 5);
   CHECK(ring[1].caseName == "ReduceScatter/bfloat16/prod count=1 in-place root=5");
   CHECK(ring[1].why.find("relative error 0.013061 ") != std::string::npos);
-  const std::vector<Outcome> rhd = run(mkernel::coll::kRailRhd, 1), direct = run(mkernel::coll::kRailDirect, 1);
+  const std::vector<Outcome> rhd = run(mkernel::coll::kRailRhd, 1),
+                             direct = run(mkernel::coll::kRailDirect, 1);
   CHECK(describe(rhd) == "");     // passes on the device
   CHECK(describe(direct) == "");  // passes on the device
   // With the roundings each form makes (test_gpu_collectives' runSweep): every case passes.

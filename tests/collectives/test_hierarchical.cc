@@ -21,12 +21,15 @@ using mkernel::Result;
 
 namespace {
 
-bool reducing(CollType c) { return c == CollType::AllReduce || c == CollType::ReduceScatter || c == CollType::Reduce; }
+bool reducing(CollType c) {
+  return c == CollType::AllReduce || c == CollType::ReduceScatter || c == CollType::Reduce;
+}
 
 // Norm-wise error of a floating reduction, scaled by the sum over ranks of |input| per element
 // (the bound of a rounded sum in any order; ||expected|| alone has no accuracy left when the sum
 // cancels, and this layout reorders the sum). Products and min/max: scaled by |expected|.
-std::string checkScaled(const CaseRun& run, int rank, const uint8_t* got, const std::vector<double>& want) {
+std::string checkScaled(const CaseRun& run, int rank, const uint8_t* got,
+                        const std::vector<double>& want) {
   const PlanArgs& a = run.plan.args;
   const int n = a.nRanks;
   double errSq = 0, scaleSq = 0;
@@ -35,9 +38,11 @@ std::string checkScaled(const CaseRun& run, int rank, const uint8_t* got, const 
     if (g != g) return "element " + std::to_string(i) + " is NaN";
     double scale = std::fabs(want[i]);
     if (a.op == RedOp::Sum || a.op == RedOp::Avg || a.op == RedOp::PreMulSum) {
-      const size_t src = a.coll == CollType::ReduceScatter ? static_cast<size_t>(rank) * a.count + i : i;
+      const size_t src =
+          a.coll == CollType::ReduceScatter ? static_cast<size_t>(rank) * a.count + i : i;
       scale = 0;
-      for (int q = 0; q < n; ++q) scale += std::fabs(loadAsDouble(a.dtype, run.inputs[static_cast<size_t>(q)].data(), src));
+      for (int q = 0; q < n; ++q)
+        scale += std::fabs(loadAsDouble(a.dtype, run.inputs[static_cast<size_t>(q)].data(), src));
       if (a.op == RedOp::PreMulSum) scale *= std::fabs(a.scalar);
       if (a.op == RedOp::Avg) scale /= n;
     }
@@ -46,13 +51,14 @@ std::string checkScaled(const CaseRun& run, int rank, const uint8_t* got, const 
   }
   const double rel = scaleSq > 0 ? std::sqrt(errSq / scaleSq) : std::sqrt(errSq);
   if (rel > normwiseTolerance(a.dtype))
-    return "scaled norm-wise error " + std::to_string(rel) + " > " + std::to_string(normwiseTolerance(a.dtype));
+    return "scaled norm-wise error " + std::to_string(rel) + " > " +
+           std::to_string(normwiseTolerance(a.dtype));
   return "";
 }
 
 // Runs one case both ways; "" or the first difference.
-std::string compareCase(CollType coll, DataType dtype, RedOp op, size_t count, NodeLayout L, int root, bool inPlace,
-                        uint64_t seed, uint64_t* phases) {
+std::string compareCase(CollType coll, DataType dtype, RedOp op, size_t count, NodeLayout L,
+                        int root, bool inPlace, uint64_t seed, uint64_t* phases) {
   CaseSpec spec;
   spec.args.coll = coll;
   spec.args.algo = coll == CollType::AllReduce ? Algo::TwoShot : Algo::Direct;
@@ -66,7 +72,8 @@ std::string compareCase(CollType coll, DataType dtype, RedOp op, size_t count, N
   spec.seed = seed;
   const uint8_t poison = 0xff;
   CaseRun flat;
-  if (runCase(spec, poison, &flat) != Result::Success) return std::string("flat reference failed: ") + mkernel::lastError();
+  if (runCase(spec, poison, &flat) != Result::Success)
+    return std::string("flat reference failed: ") + mkernel::lastError();
   const Plan& p = flat.plan;
   const size_t es = p.elemSize;
   // The same memory as runCase laid out before it ran: guards, poisoned outputs, inputs.
@@ -106,7 +113,8 @@ std::string compareCase(CollType coll, DataType dtype, RedOp op, size_t count, N
       const size_t bytes = p.recvCount() * es;
       std::vector<double> want;
       expectedF64(flat, static_cast<int>(r), &want);
-      const std::string why = checkScaled(flat, static_cast<int>(r), a.data() + mem[r].recvOff, want);
+      const std::string why =
+          checkScaled(flat, static_cast<int>(r), a.data() + mem[r].recvOff, want);
       if (!why.empty()) return who + "receive buffer: " + why;
       std::memset(a.data() + mem[r].recvOff, 0, bytes);
       std::memset(b.data() + mem[r].recvOff, 0, bytes);
@@ -121,11 +129,12 @@ const NodeLayout kLayouts[] = {{2, 1}, {2, 4}, {3, 3}, {4, 2}, {2, 8}, {4, 8}};
 }  // namespace
 
 TEST_CASE("hierarchical: every collective, 2-4 nodes x 1-8 ranks, equals the flat reference") {
-  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
-                            CollType::Reduce};
-  const DataType dtypes[] = {DataType::Int32, DataType::Uint8, DataType::Float32, DataType::Bfloat16,
-                             DataType::Fp8E4M3, DataType::Float64};
-  const RedOp ops[] = {RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg, RedOp::PreMulSum};
+  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather,
+                            CollType::Broadcast, CollType::Reduce};
+  const DataType dtypes[] = {DataType::Int32,    DataType::Uint8,   DataType::Float32,
+                             DataType::Bfloat16, DataType::Fp8E4M3, DataType::Float64};
+  const RedOp ops[] = {RedOp::Sum, RedOp::Prod, RedOp::Max,
+                       RedOp::Min, RedOp::Avg,  RedOp::PreMulSum};
   const size_t counts[] = {0, 1, 1003};
   uint64_t seed = 1;
   int cases = 0, skipped = 0;
@@ -144,9 +153,11 @@ TEST_CASE("hierarchical: every collective, 2-4 nodes x 1-8 ranks, equals the fla
             for (bool inPlace : {false, true}) {
               const int root = static_cast<int>(seed % static_cast<uint64_t>(L.nRanks()));
               uint64_t phases = 0;
-              const std::string why = compareCase(c, dt, op, count, L, root, inPlace, seed++, &phases);
-              INFO(collName(c) << " " << dataTypeName(dt) << " " << redOpName(op) << " count " << count << " "
-                               << L.nNodes << "x" << L.perNode << " root " << root << (inPlace ? " in place" : ""));
+              const std::string why =
+                  compareCase(c, dt, op, count, L, root, inPlace, seed++, &phases);
+              INFO(collName(c) << " " << dataTypeName(dt) << " " << redOpName(op) << " count "
+                               << count << " " << L.nNodes << "x" << L.perNode << " root " << root
+                               << (inPlace ? " in place" : ""));
               REQUIRE(why == "");
               // AllReduce has three phases, the others two; nothing moves for count 0.
               CHECK(phases == (count == 0 ? 0u : (c == CollType::AllReduce ? 3u : 2u)));
@@ -161,7 +172,8 @@ TEST_CASE("hierarchical: every collective, 2-4 nodes x 1-8 ranks, equals the fla
   CHECK(skipped == 3 * 3 * 3 * 2);  // fp8 products on the 3 layouts of more than 8 ranks
 }
 
-TEST_CASE("hierarchical: the schedule checks are live: aliased receive buffers are reported as a race") {
+TEST_CASE(
+    "hierarchical: the schedule checks are live: aliased receive buffers are reported as a race") {
   // Two ranks of the same rail sharing one receive buffer: both write it in the inter-node phase.
   const NodeLayout L{2, 2};
   const size_t count = 64;

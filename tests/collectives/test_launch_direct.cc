@@ -50,15 +50,17 @@ struct World {
   int n = 0, nCtas = 1;
   bool endFlags = true;
   std::vector<Op> ops;
-  std::vector<Buffers> buf;  // [rank * 2 + pair]
-  std::unique_ptr<Mailbox[]> mailbox;                 // [rank * kLaunchMaxCtas + cta]
-  std::unique_ptr<std::atomic<uint64_t>[]> arrive;    // same index
-  std::unique_ptr<std::atomic<uint64_t>[]> end;       // same index
+  std::vector<Buffers> buf;                         // [rank * 2 + pair]
+  std::unique_ptr<Mailbox[]> mailbox;               // [rank * kLaunchMaxCtas + cta]
+  std::unique_ptr<std::atomic<uint64_t>[]> arrive;  // same index
+  std::unique_ptr<std::atomic<uint64_t>[]> end;     // same index
   launchsim::Failures failures;
   size_t at(int r, int c) const { return static_cast<size_t>(r * kLaunchMaxCtas + c); }
 };
 
-int pairOf(uint64_t epoch) { return static_cast<int>((epoch / 2) % 2); }
+int pairOf(uint64_t epoch) {
+  return static_cast<int>((epoch / 2) % 2);
+}
 
 void runCta(World& w, int r, int cta, uint64_t epoch, unsigned seed) {
   std::mt19937 rng(seed);
@@ -75,11 +77,12 @@ void runCta(World& w, int r, int cta, uint64_t epoch, unsigned seed) {
     const Mailbox& mb = w.mailbox[w.at(k, cta)];
     const uint64_t e = mb.epoch.load(std::memory_order_relaxed);
     if (e != epoch) {
-      w.failures.fail("rank " + std::to_string(r) + " op " + std::to_string(epoch) + ": rank " + std::to_string(k) +
-             "'s mailbox holds op " + std::to_string(e));
+      w.failures.fail("rank " + std::to_string(r) + " op " + std::to_string(epoch) + ": rank " +
+                      std::to_string(k) + "'s mailbox holds op " + std::to_string(e));
       return;
     }
-    peer[static_cast<size_t>(k)] = &w.buf[static_cast<size_t>(k * 2 + mb.pair.load(std::memory_order_relaxed))];
+    peer[static_cast<size_t>(k)] =
+        &w.buf[static_cast<size_t>(k * 2 + mb.pair.load(std::memory_order_relaxed))];
   }
   auto put = [&](int k, uint64_t o, uint64_t v) {
     peer[static_cast<size_t>(k)]->recv[o].store(v, std::memory_order_relaxed);
@@ -87,7 +90,8 @@ void runCta(World& w, int r, int cta, uint64_t epoch, unsigned seed) {
   };
   // The direct algorithms' split (planCollective): the rank's slice for AllReduce (TwoShot),
   // Broadcast and Reduce, the whole block otherwise, then this CTA's part of it.
-  const bool sliced = op.coll == CollType::AllReduce || op.coll == CollType::Broadcast || op.coll == CollType::Reduce;
+  const bool sliced = op.coll == CollType::AllReduce || op.coll == CollType::Broadcast ||
+                      op.coll == CollType::Reduce;
   const Slice slice = sliced ? rankSlice(op.count, n, r, 1) : Slice{0, op.count};
   const Slice part = rankSlice(slice.count, w.nCtas, cta, 1);
   for (uint64_t j = 0; j < part.count; ++j) {
@@ -96,21 +100,28 @@ void runCta(World& w, int r, int cta, uint64_t epoch, unsigned seed) {
     uint64_t s = 0;
     switch (op.coll) {
       case CollType::AllReduce:
-        for (int k = 0; k < n; ++k) s += peer[static_cast<size_t>(k)]->send[i].load(std::memory_order_relaxed);
+        for (int k = 0; k < n; ++k)
+          s += peer[static_cast<size_t>(k)]->send[i].load(std::memory_order_relaxed);
         for (int k = 0; k < n; ++k) put(k, i, s);
         break;
       case CollType::ReduceScatter:
-        for (int k = 0; k < n; ++k) s += peer[static_cast<size_t>(k)]->send[static_cast<uint64_t>(r) * op.count + i].load(std::memory_order_relaxed);
+        for (int k = 0; k < n; ++k)
+          s += peer[static_cast<size_t>(k)]->send[static_cast<uint64_t>(r) * op.count + i].load(
+              std::memory_order_relaxed);
         put(r, i, s);
         break;
       case CollType::AllGather:
-        for (int k = 0; k < n; ++k) put(r, static_cast<uint64_t>(k) * op.count + i, peer[static_cast<size_t>(k)]->send[i].load(std::memory_order_relaxed));
+        for (int k = 0; k < n; ++k)
+          put(r, static_cast<uint64_t>(k) * op.count + i,
+              peer[static_cast<size_t>(k)]->send[i].load(std::memory_order_relaxed));
         break;
       case CollType::Broadcast:
-        for (int k = 0; k < n; ++k) put(k, i, peer[static_cast<size_t>(op.root)]->send[i].load(std::memory_order_relaxed));
+        for (int k = 0; k < n; ++k)
+          put(k, i, peer[static_cast<size_t>(op.root)]->send[i].load(std::memory_order_relaxed));
         break;
       case CollType::Reduce:
-        for (int k = 0; k < n; ++k) s += peer[static_cast<size_t>(k)]->send[i].load(std::memory_order_relaxed);
+        for (int k = 0; k < n; ++k)
+          s += peer[static_cast<size_t>(k)]->send[i].load(std::memory_order_relaxed);
         put(op.root, i, s);
         break;
     }
@@ -120,31 +131,43 @@ void runCta(World& w, int r, int cta, uint64_t epoch, unsigned seed) {
   launchsim::waitFlags(w.failures, w.end.get(), n, r, cta, epoch, "end");
 }
 
-uint64_t sendCount(const Op& op, int n) { return op.coll == CollType::ReduceScatter ? op.count * static_cast<uint64_t>(n) : op.count; }
-uint64_t recvCount(const Op& op, int n) { return op.coll == CollType::AllGather ? op.count * static_cast<uint64_t>(n) : op.count; }
+uint64_t sendCount(const Op& op, int n) {
+  return op.coll == CollType::ReduceScatter ? op.count * static_cast<uint64_t>(n) : op.count;
+}
+uint64_t recvCount(const Op& op, int n) {
+  return op.coll == CollType::AllGather ? op.count * static_cast<uint64_t>(n) : op.count;
+}
 
 void runRank(World& w, int r) {
   for (uint64_t epoch = 1; epoch <= w.ops.size() && !w.failures.stop; ++epoch) {
     const Op& op = w.ops[epoch - 1];
     // The application: this op's inputs into the buffers it passes, its output cleared.
     Buffers& b = w.buf[static_cast<size_t>(r * 2 + pairOf(epoch))];
-    for (uint64_t i = 0; i < sendCount(op, w.n); ++i) b.send[i].store(input(epoch, r, i), std::memory_order_relaxed);
+    for (uint64_t i = 0; i < sendCount(op, w.n); ++i)
+      b.send[i].store(input(epoch, r, i), std::memory_order_relaxed);
     for (uint64_t o = 0; o < recvCount(op, w.n); ++o) {
       b.recv[o].store(~0ull, std::memory_order_relaxed);
       b.writes[o] = 0;
     }
     launchsim::runThreads(w.nCtas, [&](int c) {  // stream order: all CTAs end before the next op
-      runCta(w, r, c, epoch, static_cast<unsigned>(epoch * 131 + static_cast<uint64_t>(r) * 17 + static_cast<uint64_t>(c)));
+      runCta(w, r, c, epoch,
+             static_cast<unsigned>(epoch * 131 + static_cast<uint64_t>(r) * 17 +
+                                   static_cast<uint64_t>(c)));
     });
     if (w.failures.stop) return;
     const bool written = !(op.coll == CollType::Reduce && r != op.root);
     for (uint64_t o = 0; o < recvCount(op, w.n); ++o) {
       uint64_t want = 0;
       switch (op.coll) {
-        case CollType::AllGather: want = input(epoch, static_cast<int>(o / op.count), o % op.count); break;
-        case CollType::Broadcast: want = input(epoch, op.root, o); break;
+        case CollType::AllGather:
+          want = input(epoch, static_cast<int>(o / op.count), o % op.count);
+          break;
+        case CollType::Broadcast:
+          want = input(epoch, op.root, o);
+          break;
         case CollType::ReduceScatter:
-          for (int k = 0; k < w.n; ++k) want += input(epoch, k, static_cast<uint64_t>(r) * op.count + o);
+          for (int k = 0; k < w.n; ++k)
+            want += input(epoch, k, static_cast<uint64_t>(r) * op.count + o);
           break;
         default:
           for (int k = 0; k < w.n; ++k) want += input(epoch, k, o);
@@ -152,9 +175,10 @@ void runRank(World& w, int r) {
       const int times = b.writes[o].load();
       const uint64_t got = b.recv[o].load(std::memory_order_relaxed);
       if (times != (written ? 1 : 0) || (written && got != want)) {
-        w.failures.fail("op " + std::to_string(epoch) + " (" + collName(op.coll) + " count " + std::to_string(op.count) + ") rank " +
-               std::to_string(r) + ": element " + std::to_string(o) + " written " + std::to_string(times) + " times, " +
-               std::to_string(got) + " (want " + std::to_string(want) + ")");
+        w.failures.fail("op " + std::to_string(epoch) + " (" + collName(op.coll) + " count " +
+                        std::to_string(op.count) + ") rank " + std::to_string(r) + ": element " +
+                        std::to_string(o) + " written " + std::to_string(times) + " times, " +
+                        std::to_string(got) + " (want " + std::to_string(want) + ")");
         return;
       }
     }
@@ -167,8 +191,8 @@ std::vector<std::string> runWorld(int n, int nCtas, int nOps, unsigned seed, boo
   w.nCtas = nCtas;
   w.endFlags = endFlags;
   std::mt19937 rng(seed);
-  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
-                            CollType::Reduce};
+  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather,
+                            CollType::Broadcast, CollType::Reduce};
   uint64_t maxSend = 1, maxRecv = 1;
   for (int i = 0; i < nOps; ++i) {
     Op op;
@@ -194,13 +218,15 @@ std::vector<std::string> runWorld(int n, int nCtas, int nOps, unsigned seed, boo
 
 }  // namespace
 
-TEST_CASE("launch path, direct mode: CPU ranks and CTAs, random collectives, buffers reused at once") {
+TEST_CASE(
+    "launch path, direct mode: CPU ranks and CTAs, random collectives, buffers reused at once") {
   struct Cfg {
     int n, ctas, ops;
   };
   for (Cfg c : {Cfg{2, 1, 150}, Cfg{2, 4, 150}, Cfg{3, 2, 100}, Cfg{4, 3, 80}, Cfg{8, 2, 60}}) {
     INFO("ranks " << c.n << ", CTAs " << c.ctas);
-    const std::vector<std::string> failures = runWorld(c.n, c.ctas, c.ops, static_cast<unsigned>(c.n * 100 + c.ctas), true);
+    const std::vector<std::string> failures =
+        runWorld(c.n, c.ctas, c.ops, static_cast<unsigned>(c.n * 100 + c.ctas), true);
     for (const auto& f : failures) FAIL_CHECK(f);
     CHECK(failures.empty());
   }
@@ -210,7 +236,8 @@ TEST_CASE("launch path, direct mode: CPU ranks and CTAs, random collectives, buf
 // rewrites its inputs while peers still read or write them, and some run of these must show it.
 TEST_CASE("launch path, direct mode: without the end flags the reuse race is seen") {
   bool seen = false;
-  for (unsigned seed = 1; seed <= 8 && !seen; ++seed) seen = !runWorld(4, 2, 60, seed, false).empty();
+  for (unsigned seed = 1; seed <= 8 && !seen; ++seed)
+    seen = !runWorld(4, 2, 60, seed, false).empty();
   CHECK(seen);
 }
 
@@ -249,8 +276,8 @@ TEST_CASE("launch path, direct mode: its upper end (MKERNEL_DIRECT_MAX_BYTES)") 
   // no eager op of such ranks takes the doorbell, which agreeLaunchCap relies on to give the
   // direct-mode kernels every SM.
   for (int sharing : {8, 16})
-    for (CollType c : {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
-                       CollType::Reduce}) {
+    for (CollType c : {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather,
+                       CollType::Broadcast, CollType::Reduce}) {
       CHECK(directTakes(c, uint64_t(8) << 30, kDirectAuto, sharing, true));
       CHECK(directTakes(c, uint64_t(8) << 30, 0, sharing, true));
     }

@@ -1,9 +1,9 @@
-// collectives/route/launch_path.h, the launch path's LL mode, run by CPU threads: one thread per (rank,
-// CTA) per collective, every rank's collectives in order (a rank's next collective starts once
-// all its CTAs of the previous one ended: its stream's order), the ranks running freely against
-// each other with random delays. Each rank pushes 8-byte halves {4 payload bytes, flag} into its
-// peers' line slots (two halves per line, each stored on its own, as a 16-byte store may land
-// over NVLink; the slots sized by the rank count, up to 256 KiB per op with two ranks), the
+// collectives/route/launch_path.h, the launch path's LL mode, run by CPU threads: one thread per
+// (rank, CTA) per collective, every rank's collectives in order (a rank's next collective starts
+// once all its CTAs of the previous one ended: its stream's order), the ranks running freely
+// against each other with random delays. Each rank pushes 8-byte halves {4 payload bytes, flag}
+// into its peers' line slots (two halves per line, each stored on its own, as a 16-byte store may
+// land over NVLink; the slots sized by the rank count, up to 256 KiB per op with two ranks), the
 // receiver polls its own slots, takes a line once both halves carry the op's flag and zeroes it;
 // CTA 0 exchanges a token with every peer, exactly as launchLl does. Inputs differ per op, so a
 // line overwritten before it was read, or a stale line taken for a fresh one, gives a wrong
@@ -71,24 +71,30 @@ struct World {
   int n = 0, cap = 1;
   Variant v;
   std::vector<LlOp> ops;
-  // lines[(rank * 2 + parity) * kLlSpaceLines + llSlotLine(llSlotLines(n), source, line)] * 2 + half
+  // lines[(rank * 2 + parity) * kLlSpaceLines + llSlotLine(llSlotLines(n), source, line)] * 2 +
+  // half
   std::unique_ptr<Half[]> lines;
   std::unique_ptr<Half[]> tokens;  // [(rank * 2 + parity) * n + source] * 2 + half
   launchsim::Failures failures;
-  int replays = 0;  // graph mode: > 0
+  int replays = 0;                                         // graph mode: > 0
   std::unique_ptr<std::atomic<uint64_t>[]> graphSeq;       // [rank]
   std::unique_ptr<std::atomic<uint32_t>[]> graphCtasDone;  // [rank]
   const LlOp& op(uint64_t epoch) const { return ops[(epoch - 1) % ops.size()]; }
 
   Half* line(int rank, int parity, int src, uint64_t i) {
     return &lines[((static_cast<size_t>(rank) * 2 + static_cast<size_t>(parity)) * kLlSpaceLines +
-                   llSlotLine(llSlotLines(n), src, i)) * 2];
+                   llSlotLine(llSlotLines(n), src, i)) *
+                  2];
   }
   Half* token(int rank, int parity, int src) {
-    return &tokens[((static_cast<size_t>(rank) * 2 + static_cast<size_t>(parity)) * static_cast<size_t>(n) +
-                    static_cast<size_t>(src)) * 2];
+    return &tokens[((static_cast<size_t>(rank) * 2 + static_cast<size_t>(parity)) *
+                        static_cast<size_t>(n) +
+                    static_cast<size_t>(src)) *
+                   2];
   }
-  uint32_t flag(uint64_t e) const { return v.flagPeriod ? static_cast<uint32_t>(e % v.flagPeriod) + 1 : llFlag(e); }
+  uint32_t flag(uint64_t e) const {
+    return v.flagPeriod ? static_cast<uint32_t>(e % v.flagPeriod) + 1 : llFlag(e);
+  }
   // Every rank's line slots and tokens, both parities, zeroed (n set).
   void allocate() {
     const size_t nLines = static_cast<size_t>(n) * 2 * kLlSpaceLines * 2;
@@ -101,7 +107,8 @@ struct World {
 };
 
 uint8_t inputByte(uint64_t epoch, int rank, uint64_t j) {
-  return static_cast<uint8_t>((epoch * 2654435761ull + static_cast<uint64_t>(rank) * 40503ull + j * 97ull) >> 7);
+  return static_cast<uint8_t>(
+      (epoch * 2654435761ull + static_cast<uint64_t>(rank) * 40503ull + j * 97ull) >> 7);
 }
 uint64_t sendBytes(const LlOp& op, int n) {
   return (op.coll == CollType::ReduceScatter ? static_cast<uint64_t>(n) : 1) * op.count * op.esz;
@@ -113,10 +120,12 @@ uint64_t recvBytes(const LlOp& op, int n) {
 // llLoad8 / llStore8 of the kernel: up to 8 bytes, fewer at the end of the buffer.
 uint64_t load8(const std::vector<uint8_t>& buf, uint64_t at, uint64_t avail) {
   uint64_t v = 0;
-  for (uint64_t b = 0; b < std::min<uint64_t>(8, avail); ++b) v |= static_cast<uint64_t>(buf[at + b]) << (8 * b);
+  for (uint64_t b = 0; b < std::min<uint64_t>(8, avail); ++b)
+    v |= static_cast<uint64_t>(buf[at + b]) << (8 * b);
   return v;
 }
-void store8(std::vector<uint8_t>& buf, std::vector<std::atomic<int>>& writes, uint64_t at, uint64_t v, uint64_t avail) {
+void store8(std::vector<uint8_t>& buf, std::vector<std::atomic<int>>& writes, uint64_t at,
+            uint64_t v, uint64_t avail) {
   for (uint64_t b = 0; b < std::min<uint64_t>(8, avail); ++b) {
     buf[at + b] = static_cast<uint8_t>(v >> (8 * b));
     writes[at + b]++;
@@ -143,7 +152,8 @@ template <typename Where>
 bool take(World& w, Half* h, uint32_t flag, uint64_t* out, Where where) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(w.v.deadlineS);
   for (uint32_t iter = 0;; ++iter) {
-    const uint64_t a = h[0].load(std::memory_order_acquire), b = h[1].load(std::memory_order_acquire);
+    const uint64_t a = h[0].load(std::memory_order_acquire),
+                   b = h[1].load(std::memory_order_acquire);
     const uint32_t fa = static_cast<uint32_t>(a >> 32), fb = static_cast<uint32_t>(b >> 32);
     if (fa == flag && fb == flag) {
       *out = (a & 0xffffffffull) | ((b & 0xffffffffull) << 32);
@@ -154,8 +164,9 @@ bool take(World& w, Half* h, uint32_t flag, uint64_t* out, Where where) {
       return true;
     }
     if (w.v.zero && ((fa != 0 && fa != flag) || (fb != 0 && fb != flag))) {
-      w.failures.fail(where() + ": a line holds flag " + std::to_string(fa != flag ? fa : fb) + " while op flag " +
-                      std::to_string(flag) + " is awaited (overwritten before it was read)");
+      w.failures.fail(where() + ": a line holds flag " + std::to_string(fa != flag ? fa : fb) +
+                      " while op flag " + std::to_string(flag) +
+                      " is awaited (overwritten before it was read)");
       return false;
     }
     if (w.failures.stop) return false;
@@ -175,8 +186,9 @@ void runCta(World& w, int r, int cta, int nCtas, uint64_t epoch, const std::vect
   const uint32_t flag = w.flag(epoch);
   const uint64_t payload = llPayloadBytes(op.count, op.esz);
   const LlRange range = llCtaLines(llLines(payload), nCtas, cta);
-  const std::string tag = "op " + std::to_string(epoch) + " (" + collName(op.coll) + ", " + std::to_string(payload) +
-                          " B) rank " + std::to_string(r) + " CTA " + std::to_string(cta);
+  const std::string tag = "op " + std::to_string(epoch) + " (" + collName(op.coll) + ", " +
+                          std::to_string(payload) + " B) rank " + std::to_string(r) + " CTA " +
+                          std::to_string(cta);
   if (w.v.tokens && cta == 0)
     for (int k = 0; k < n; ++k)
       if (k != r) put(w.token(k, parity, r), 0, flag);
@@ -185,17 +197,20 @@ void runCta(World& w, int r, int cta, int nCtas, uint64_t epoch, const std::vect
     const uint64_t at = i * kLlLinePayload;
     for (int k = 0; k < n; ++k) {
       if (k == r || !llSends(op.coll, r, k, op.root)) continue;
-      put(w.line(k, parity, r, i), load8(send, llSendOffset(op.coll, op.count, op.esz, k) + at, payload - at), flag);
+      put(w.line(k, parity, r, i),
+          load8(send, llSendOffset(op.coll, op.count, op.esz, k) + at, payload - at), flag);
     }
   }
   jitter(rng);
   auto from = [&](int k, uint64_t i, uint64_t* v) {
     if (k == r) {
-      *v = load8(send, llSendOffset(op.coll, op.count, op.esz, r) + i * kLlLinePayload, payload - i * kLlLinePayload);
+      *v = load8(send, llSendOffset(op.coll, op.count, op.esz, r) + i * kLlLinePayload,
+                 payload - i * kLlLinePayload);
       return true;
     }
-    return take(w, w.line(r, parity, k, i), flag, v,
-                [&] { return tag + " line " + std::to_string(i) + " from rank " + std::to_string(k); });
+    return take(w, w.line(r, parity, k, i), flag, v, [&] {
+      return tag + " line " + std::to_string(i) + " from rank " + std::to_string(k);
+    });
   };
   for (uint64_t i = range.first; i < range.first + range.count && !w.failures.stop; ++i) {
     const uint64_t at = i * kLlLinePayload;
@@ -218,7 +233,8 @@ void runCta(World& w, int r, int cta, int nCtas, uint64_t epoch, const std::vect
         uint8_t acc[8] = {};
         for (int k = 0; k < n; ++k) {
           if (!from(k, i, &v)) return;
-          for (int b = 0; b < 8; ++b) acc[b] = static_cast<uint8_t>(acc[b] + static_cast<uint8_t>(v >> (8 * b)));
+          for (int b = 0; b < 8; ++b)
+            acc[b] = static_cast<uint8_t>(acc[b] + static_cast<uint8_t>(v >> (8 * b)));
         }
         uint64_t out = 0;
         for (int b = 0; b < 8; ++b) out |= static_cast<uint64_t>(acc[b]) << (8 * b);
@@ -230,20 +246,23 @@ void runCta(World& w, int r, int cta, int nCtas, uint64_t epoch, const std::vect
   if (w.v.tokens && cta == 0)
     for (int k = 0; k < n; ++k) {
       uint64_t unused;
-      if (k != r && !take(w, w.token(r, parity, k), flag, &unused, [&] { return tag + " token from rank " + std::to_string(k); }))
+      if (k != r && !take(w, w.token(r, parity, k), flag, &unused,
+                          [&] { return tag + " token from rank " + std::to_string(k); }))
         return;
     }
 }
 
-void check(World& w, int r, uint64_t epoch, const std::vector<uint8_t>& recv, const std::vector<std::atomic<int>>& writes) {
+void check(World& w, int r, uint64_t epoch, const std::vector<uint8_t>& recv,
+           const std::vector<std::atomic<int>>& writes) {
   const LlOp& op = w.op(epoch);
   const int n = w.n;
   const uint64_t payload = op.count * op.esz;
   const bool writes_ = !(op.coll == CollType::Reduce && r != op.root);
   for (uint64_t o = 0; o < recv.size(); ++o) {
     auto at = [&] {
-      return "op " + std::to_string(epoch) + " (" + collName(op.coll) + ", " + std::to_string(payload) + " B) rank " +
-             std::to_string(r) + ": byte " + std::to_string(o);
+      return "op " + std::to_string(epoch) + " (" + collName(op.coll) + ", " +
+             std::to_string(payload) + " B) rank " + std::to_string(r) + ": byte " +
+             std::to_string(o);
     };
     if (writes[o] != (writes_ ? 1 : 0)) {
       w.failures.fail(at() + " written " + std::to_string(writes[o].load()) + " times");
@@ -252,10 +271,16 @@ void check(World& w, int r, uint64_t epoch, const std::vector<uint8_t>& recv, co
     if (!writes_) continue;
     uint8_t expect = 0;
     switch (op.coll) {
-      case CollType::AllGather: expect = inputByte(epoch, static_cast<int>(o / payload), o % payload); break;
-      case CollType::Broadcast: expect = inputByte(epoch, op.root, o); break;
+      case CollType::AllGather:
+        expect = inputByte(epoch, static_cast<int>(o / payload), o % payload);
+        break;
+      case CollType::Broadcast:
+        expect = inputByte(epoch, op.root, o);
+        break;
       case CollType::ReduceScatter:
-        for (int k = 0; k < n; ++k) expect = static_cast<uint8_t>(expect + inputByte(epoch, k, static_cast<uint64_t>(r) * payload + o));
+        for (int k = 0; k < n; ++k)
+          expect = static_cast<uint8_t>(
+              expect + inputByte(epoch, k, static_cast<uint64_t>(r) * payload + o));
         break;
       default:
         for (int k = 0; k < n; ++k) expect = static_cast<uint8_t>(expect + inputByte(epoch, k, o));
@@ -280,22 +305,26 @@ void runRank(World& w, int r) {
     for (auto& x : writes) x = 0;
     // Stream order: the next op starts after every CTA ended.
     launchsim::runThreads(nCtas, [&](int c) {
-      const unsigned seed = static_cast<unsigned>(epoch * 131 + static_cast<uint64_t>(r) * 17 + static_cast<uint64_t>(c));
+      const unsigned seed = static_cast<unsigned>(epoch * 131 + static_cast<uint64_t>(r) * 17 +
+                                                  static_cast<uint64_t>(c));
       if (w.replays == 0) {
         runCta(w, r, c, nCtas, epoch, send, recv, writes, seed);
         return;
       }
       // Captured: the epoch from the device counter, some CTAs starting late.
       std::mt19937 rng(seed ^ 0x85ebca6bu);
-      if (c % 2 == 1 && rng() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300 + rng() % 700));
+      if (c % 2 == 1 && rng() % 4 == 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(300 + rng() % 700));
       const uint64_t e = w.graphSeq[r].load(std::memory_order_acquire) + 1;
       if (e != epoch) {
-        w.failures.fail("rank " + std::to_string(r) + " CTA " + std::to_string(c) + ": the device sequence gave epoch " +
-                        std::to_string(e) + " for op " + std::to_string(epoch));
+        w.failures.fail("rank " + std::to_string(r) + " CTA " + std::to_string(c) +
+                        ": the device sequence gave epoch " + std::to_string(e) + " for op " +
+                        std::to_string(epoch));
       } else {
         runCta(w, r, c, nCtas, e, send, recv, writes, seed);
       }
-      if (w.graphCtasDone[r].fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(nCtas)) {
+      if (w.graphCtasDone[r].fetch_add(1, std::memory_order_acq_rel) + 1 ==
+          static_cast<uint32_t>(nCtas)) {
         w.graphCtasDone[r].store(0, std::memory_order_relaxed);
         w.graphSeq[r].store(e, std::memory_order_release);
       }
@@ -305,8 +334,8 @@ void runRank(World& w, int r) {
 }
 
 // `onlyReduceRoot0`: every op a Reduce to rank 0 (the pattern the tokens exist for).
-std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed, Variant v, bool onlyReduceRoot0 = false,
-                                  int replays = 0) {
+std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed, Variant v,
+                                  bool onlyReduceRoot0 = false, int replays = 0) {
   World w;
   w.n = n;
   w.cap = cap;
@@ -319,8 +348,8 @@ std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed, Varia
     w.graphCtasDone[r] = 0;
   }
   std::mt19937 rng(seed);
-  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
-                            CollType::Reduce};
+  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather,
+                            CollType::Broadcast, CollType::Reduce};
   const uint64_t eszs[] = {1, 2, 4, 8};
   for (int i = 0; i < nOps; ++i) {
     LlOp op;
@@ -328,7 +357,10 @@ std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed, Varia
     op.esz = eszs[rng() % 4];
     const uint64_t maxCount = llMaxPayload(n) / op.esz;
     const uint64_t pick = rng() % 4;
-    op.count = pick == 0 ? 1 + rng() % 7 : pick == 1 ? 1 + rng() % 600 : pick == 2 ? maxCount : 1 + rng() % maxCount;
+    op.count = pick == 0   ? 1 + rng() % 7
+               : pick == 1 ? 1 + rng() % 600
+               : pick == 2 ? maxCount
+                           : 1 + rng() % maxCount;
     op.root = onlyReduceRoot0 ? 0 : static_cast<int>(rng() % static_cast<unsigned>(n));
     w.ops.push_back(op);
   }
@@ -340,7 +372,8 @@ std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed, Varia
 // ---- LL batches as one exchange ------------------------------------------------------------
 
 struct BatchVariant {
-  bool waves = true;    // llPlanWaves splits the batch where an op depends on one before (false: one wave)
+  bool waves =
+      true;  // llPlanWaves splits the batch where an op depends on one before (false: one wave)
   bool offsets = true;  // op i's lines from lineBase[i] (false: every op from line 0)
   int deadlineS = 20;
 };
@@ -355,18 +388,26 @@ struct BatchOp {
 };
 
 // What rank r's output of `op` must be, given every rank's input (byte-wise sums for reductions).
-std::vector<uint8_t> reference(const LlOp& op, int n, int r, const std::vector<std::vector<uint8_t>>& in) {
+std::vector<uint8_t> reference(const LlOp& op, int n, int r,
+                               const std::vector<std::vector<uint8_t>>& in) {
   const uint64_t payload = op.count * op.esz;
   std::vector<uint8_t> out(recvBytes(op, n), 0);
   for (uint64_t o = 0; o < out.size(); ++o) {
     switch (op.coll) {
-      case CollType::AllGather: out[o] = in[o / payload][o % payload]; break;
-      case CollType::Broadcast: out[o] = in[static_cast<size_t>(op.root)][o]; break;
+      case CollType::AllGather:
+        out[o] = in[o / payload][o % payload];
+        break;
+      case CollType::Broadcast:
+        out[o] = in[static_cast<size_t>(op.root)][o];
+        break;
       case CollType::ReduceScatter:
-        for (int k = 0; k < n; ++k) out[o] = static_cast<uint8_t>(out[o] + in[static_cast<size_t>(k)][static_cast<uint64_t>(r) * payload + o]);
+        for (int k = 0; k < n; ++k)
+          out[o] = static_cast<uint8_t>(
+              out[o] + in[static_cast<size_t>(k)][static_cast<uint64_t>(r) * payload + o]);
         break;
       default:
-        for (int k = 0; k < n; ++k) out[o] = static_cast<uint8_t>(out[o] + in[static_cast<size_t>(k)][o]);
+        for (int k = 0; k < n; ++k)
+          out[o] = static_cast<uint8_t>(out[o] + in[static_cast<size_t>(k)][o]);
     }
   }
   return out;
@@ -374,15 +415,16 @@ std::vector<uint8_t> reference(const LlOp& op, int n, int r, const std::vector<s
 
 // One rank's batch, number `epoch`, as llBatchExchange runs it (one CTA: one thread here).
 // send[i], recv[i]: op i's buffers on this rank (those of a dependent op are the op before's).
-void runBatch(World& w, const BatchVariant& bv, int r, uint64_t epoch, const std::vector<BatchOp>& ops,
-              const std::vector<uint64_t>& lineBase, std::vector<std::vector<uint8_t>*>& send,
-              std::vector<std::vector<uint8_t>*>& recv, unsigned seed) {
+void runBatch(World& w, const BatchVariant& bv, int r, uint64_t epoch,
+              const std::vector<BatchOp>& ops, const std::vector<uint64_t>& lineBase,
+              std::vector<std::vector<uint8_t>*>& send, std::vector<std::vector<uint8_t>*>& recv,
+              unsigned seed) {
   std::mt19937 rng(seed);
   const int n = w.n, parity = static_cast<int>(epoch & 1);
   const uint32_t flag = w.flag(epoch);
   auto tag = [&](size_t i) {
-    return "batch " + std::to_string(epoch) + " op " + std::to_string(i) + " (" + collName(ops[i].op.coll) + ") rank " +
-           std::to_string(r);
+    return "batch " + std::to_string(epoch) + " op " + std::to_string(i) + " (" +
+           collName(ops[i].op.coll) + ") rank " + std::to_string(r);
   };
   for (int k = 0; k < n; ++k)
     if (k != r) put(w.token(k, parity, r), 0, flag);
@@ -393,7 +435,8 @@ void runBatch(World& w, const BatchVariant& bv, int r, uint64_t epoch, const std
       const uint64_t at = i * kLlLinePayload;
       for (int k = 0; k < n; ++k)
         if (k != r && llSends(op.coll, r, k, op.root))
-          put(w.line(k, parity, r, base + i), load8(*send[j], llSendOffset(op.coll, op.count, op.esz, k) + at, payload - at), flag);
+          put(w.line(k, parity, r, base + i),
+              load8(*send[j], llSendOffset(op.coll, op.count, op.esz, k) + at, payload - at), flag);
     }
   };
   auto receive = [&](size_t j) {
@@ -402,11 +445,13 @@ void runBatch(World& w, const BatchVariant& bv, int r, uint64_t epoch, const std
     std::vector<std::atomic<int>> writes(recv[j]->size());
     auto from = [&](int k, uint64_t i, uint64_t* v) {
       if (k == r) {
-        *v = load8(*send[j], llSendOffset(op.coll, op.count, op.esz, r) + i * kLlLinePayload, payload - i * kLlLinePayload);
+        *v = load8(*send[j], llSendOffset(op.coll, op.count, op.esz, r) + i * kLlLinePayload,
+                   payload - i * kLlLinePayload);
         return true;
       }
-      return take(w, w.line(r, parity, k, base + i), flag, v,
-                  [&] { return tag(j) + " line " + std::to_string(i) + " from rank " + std::to_string(k); });
+      return take(w, w.line(r, parity, k, base + i), flag, v, [&] {
+        return tag(j) + " line " + std::to_string(i) + " from rank " + std::to_string(k);
+      });
     };
     for (uint64_t i = 0; i < llLines(payload); ++i) {
       const uint64_t at = i * kLlLinePayload;
@@ -423,7 +468,8 @@ void runBatch(World& w, const BatchVariant& bv, int r, uint64_t epoch, const std
         uint8_t acc[8] = {};
         for (int k = 0; k < n; ++k) {
           if (!from(k, i, &v)) return false;
-          for (int b = 0; b < 8; ++b) acc[b] = static_cast<uint8_t>(acc[b] + static_cast<uint8_t>(v >> (8 * b)));
+          for (int b = 0; b < 8; ++b)
+            acc[b] = static_cast<uint8_t>(acc[b] + static_cast<uint8_t>(v >> (8 * b)));
         }
         uint64_t out = 0;
         for (int b = 0; b < 8; ++b) out |= static_cast<uint64_t>(acc[b]) << (8 * b);
@@ -441,9 +487,11 @@ void runBatch(World& w, const BatchVariant& bv, int r, uint64_t epoch, const std
     mem[j].recvBytes = recvBytes(ops[j].op, n);
     mem[j].lines = llLines(llPayloadBytes(ops[j].op.count, ops[j].op.esz));
     mem[j].twin = ops[j].kind == BatchOp::kTwin ? static_cast<int>(j) - 1 : -1;
-    while (mem[j].twin >= 0 && ops[static_cast<size_t>(mem[j].twin)].kind == BatchOp::kTwin) --mem[j].twin;
+    while (mem[j].twin >= 0 && ops[static_cast<size_t>(mem[j].twin)].kind == BatchOp::kTwin)
+      --mem[j].twin;
   }
-  const LlWaves waves = llPlanWaves(mem.data(), static_cast<int>(ops.size()), kLaunchThreads / 32, bv.waves);
+  const LlWaves waves =
+      llPlanWaves(mem.data(), static_cast<int>(ops.size()), kLaunchThreads / 32, bv.waves);
   for (size_t first = 0; first < ops.size();) {
     size_t end = first + 1;
     while (end < ops.size() && !((waves.startMask >> end) & 1u)) ++end;
@@ -461,7 +509,8 @@ void runBatch(World& w, const BatchVariant& bv, int r, uint64_t epoch, const std
   }
   for (int k = 0; k < n; ++k) {
     uint64_t unused;
-    if (k != r && !take(w, w.token(r, parity, k), flag, &unused, [&] { return tag(0) + " token from rank " + std::to_string(k); }))
+    if (k != r && !take(w, w.token(r, parity, k), flag, &unused,
+                        [&] { return tag(0) + " token from rank " + std::to_string(k); }))
       return;
   }
 }
@@ -473,8 +522,8 @@ std::vector<std::string> runBatchWorld(int n, int nBatches, unsigned seed, Batch
   w.n = n;
   w.v.deadlineS = bv.deadlineS;
   std::mt19937 rng(seed);
-  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
-                            CollType::Reduce};
+  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather,
+                            CollType::Broadcast, CollType::Reduce};
   const uint64_t eszs[] = {1, 2, 4, 8};
   std::vector<std::vector<BatchOp>> batches;
   std::vector<std::vector<uint64_t>> bases;
@@ -488,16 +537,18 @@ std::vector<std::string> runBatchWorld(int n, int nBatches, unsigned seed, Batch
       // An op of the previous one's shape reading or writing its buffers: AllReduce after an op
       // whose input and output are count elements (AllReduce, Broadcast, Reduce).
       const CollType prev = i > 0 ? ops.back().op.coll : CollType::AllGather;
-      const bool shaped = prev == CollType::AllReduce || prev == CollType::Broadcast || prev == CollType::Reduce;
+      const bool shaped =
+          prev == CollType::AllReduce || prev == CollType::Broadcast || prev == CollType::Reduce;
       const unsigned pick = static_cast<unsigned>(rng() % 6);
-      const bool outOfPlace = i > 0 && (ops.back().kind == BatchOp::kFresh || ops.back().kind == BatchOp::kTwin);
+      const bool outOfPlace =
+          i > 0 && (ops.back().kind == BatchOp::kFresh || ops.back().kind == BatchOp::kTwin);
       if (outOfPlace && pick == 5) {
         bo.kind = BatchOp::kTwin;
         bo.op = ops.back().op;
       } else if (shaped && pick < 3) {
         bo.kind = pick == 0 && prev == CollType::AllReduce ? BatchOp::kChained
-                  : pick == 1                               ? BatchOp::kSameOutput
-                                                            : BatchOp::kIntoInput;
+                  : pick == 1                              ? BatchOp::kSameOutput
+                                                           : BatchOp::kIntoInput;
         bo.op = ops.back().op;  // the same count and type
         bo.op.coll = CollType::AllReduce;
       } else {
@@ -518,7 +569,8 @@ std::vector<std::string> runBatchWorld(int n, int nBatches, unsigned seed, Batch
   w.allocate();
   // Every rank's buffers of every op, and the expected outputs, computed op by op in order.
   const size_t nb = batches.size();
-  std::vector<std::vector<std::vector<std::vector<uint8_t>>>> sendBufs(nb), recvBufs(nb), want(nb);  // [b][i][rank]
+  std::vector<std::vector<std::vector<std::vector<uint8_t>>>> sendBufs(nb), recvBufs(nb),
+      want(nb);  // [b][i][rank]
   for (size_t b = 0; b < nb; ++b) {
     const size_t k = batches[b].size();
     sendBufs[b].resize(k);
@@ -541,9 +593,11 @@ std::vector<std::string> runBatchWorld(int n, int nBatches, unsigned seed, Batch
       }
       sendBufs[b][i] = in;
       for (int r = 0; r < n; ++r) {
-        // Reduce's non-roots write nothing: their output stays as it was (zeros, or a chain's input).
-        want[b][i].push_back(op.coll == CollType::Reduce && r != op.root ? recvBufs[b][i][static_cast<size_t>(r)]
-                                                                          : reference(op, n, r, in));
+        // Reduce's non-roots write nothing: their output stays as it was (zeros, or a chain's
+        // input).
+        want[b][i].push_back(op.coll == CollType::Reduce && r != op.root
+                                 ? recvBufs[b][i][static_cast<size_t>(r)]
+                                 : reference(op, n, r, in));
       }
     }
   }
@@ -557,17 +611,28 @@ std::vector<std::string> runBatchWorld(int n, int nBatches, unsigned seed, Batch
         send[i] = &sendBufs[b][i][rs];
         recv[i] = &recvBufs[b][i][rs];
         switch (batches[b][i].kind) {
-          case BatchOp::kChained: send[i] = recv[i] = recv[i - 1]; break;
-          case BatchOp::kSameOutput: recv[i] = recv[i - 1]; break;
-          case BatchOp::kIntoInput: recv[i] = send[i - 1]; break;
-          case BatchOp::kTwin: send[i] = send[i - 1], recv[i] = recv[i - 1]; break;
-          case BatchOp::kFresh: break;
+          case BatchOp::kChained:
+            send[i] = recv[i] = recv[i - 1];
+            break;
+          case BatchOp::kSameOutput:
+            recv[i] = recv[i - 1];
+            break;
+          case BatchOp::kIntoInput:
+            recv[i] = send[i - 1];
+            break;
+          case BatchOp::kTwin:
+            send[i] = send[i - 1], recv[i] = recv[i - 1];
+            break;
+          case BatchOp::kFresh:
+            break;
         }
       }
-      runBatch(w, bv, r, b + 1, batches[b], bases[b], send, recv, static_cast<unsigned>(b * 131 + rs * 17));
+      runBatch(w, bv, r, b + 1, batches[b], bases[b], send, recv,
+               static_cast<unsigned>(b * 131 + rs * 17));
       if (w.failures.stop) return;
       static const char* const kinds[] = {"", ", chained", ", same output as the op before",
-                                          ", into the input of the op before", ", twin of the op before"};
+                                          ", into the input of the op before",
+                                          ", twin of the op before"};
       for (size_t i = 0; i < k; ++i) {
         // A buffer holds the output of the last op that writes it: check that op.
         bool overwritten = false;
@@ -578,8 +643,9 @@ std::vector<std::string> runBatchWorld(int n, int nBatches, unsigned seed, Batch
           while (o < recv[i]->size() && (*recv[i])[o] == want[b][i][rs][o]) ++o;
           w.failures.fail("batch " + std::to_string(b + 1) + " op " + std::to_string(i) + " (" +
                           collName(batches[b][i].op.coll) + kinds[batches[b][i].kind] + ") rank " +
-                          std::to_string(r) + ": byte " + std::to_string(o) + " is " + std::to_string((*recv[i])[o]) +
-                          ", want " + std::to_string(want[b][i][rs][o]));
+                          std::to_string(r) + ": byte " + std::to_string(o) + " is " +
+                          std::to_string((*recv[i])[o]) + ", want " +
+                          std::to_string(want[b][i][rs][o]));
           return;
         }
       }
@@ -608,10 +674,12 @@ TEST_CASE("LL mode: lines, CTAs and the flag") {
   CHECK(llMaxPayload(3) == 21845 * 8);
   for (int n = 2; n <= kMaxRanks; ++n) {
     INFO(n << " ranks");
-    CHECK(llLines(llMaxPayload(n)) <= llSlotLines(n) / 4);  // an op takes at most a quarter of a slot
+    CHECK(llLines(llMaxPayload(n)) <=
+          llSlotLines(n) / 4);  // an op takes at most a quarter of a slot
     // The last source's last line is inside the parity's lines; slots do not overlap.
     CHECK(llSlotLine(llSlotLines(n), n - 1, llSlotLines(n) - 1) < kLlSpaceLines);
-    CHECK(llSlotLine(llSlotLines(n), 1, 0) == llSlotLine(llSlotLines(n), 0, llSlotLines(n) - 1) + 1);
+    CHECK(llSlotLine(llSlotLines(n), 1, 0) ==
+          llSlotLine(llSlotLines(n), 0, llSlotLines(n) - 1) + 1);
     CHECK(llTakes(llMaxPayload(n), ~0ull, n));
     CHECK(!llTakes(llMaxPayload(n) + 1, ~0ull, n));
   }
@@ -661,7 +729,8 @@ TEST_CASE("LL mode: CPU ranks and CTAs, random collectives back to back") {
   };
   for (Cfg c : {Cfg{2, 4, 150}, Cfg{3, 2, 100}, Cfg{4, 4, 80}, Cfg{8, 1, 40}, Cfg{5, 3, 60}}) {
     INFO("ranks " << c.n << ", CTA cap " << c.cap);
-    const std::vector<std::string> failures = runWorld(c.n, c.cap, mktest::tsanScaled(c.ops), static_cast<unsigned>(c.n * 977 + c.cap), Variant{});
+    const std::vector<std::string> failures = runWorld(
+        c.n, c.cap, mktest::tsanScaled(c.ops), static_cast<unsigned>(c.n * 977 + c.cap), Variant{});
     for (const auto& f : failures) FAIL_CHECK(f);
     CHECK(failures.empty());
   }
@@ -672,9 +741,11 @@ TEST_CASE("LL mode: captured collectives replayed, the device numbering them") {
     int n, cap, ops, replays;
   };
   for (Cfg c : {Cfg{2, 4, 10, 5}, Cfg{3, 4, 8, 4}, Cfg{4, 2, 6, 4}}) {
-    INFO("ranks " << c.n << ", CTA cap " << c.cap << ", " << c.ops << " ops x " << c.replays << " replays");
+    INFO("ranks " << c.n << ", CTA cap " << c.cap << ", " << c.ops << " ops x " << c.replays
+                  << " replays");
     const std::vector<std::string> failures =
-        runWorld(c.n, c.cap, mktest::tsanScaled(c.ops), static_cast<unsigned>(c.n * 5003 + c.cap), Variant{}, false, c.replays);
+        runWorld(c.n, c.cap, mktest::tsanScaled(c.ops), static_cast<unsigned>(c.n * 5003 + c.cap),
+                 Variant{}, false, c.replays);
     for (const auto& f : failures) FAIL_CHECK(f);
     CHECK(failures.empty());
   }
@@ -696,7 +767,8 @@ TEST_CASE("LL mode: without zeroing, a wrapped flag takes a stale line") {
   requireCaught(runWorld(3, 4, 120, 4242u, v), "stale one taken");
 }
 
-TEST_CASE("LL mode: without the tokens, a non-root runs ahead of the root and overwrites its lines") {
+TEST_CASE(
+    "LL mode: without the tokens, a non-root runs ahead of the root and overwrites its lines") {
   Variant v;
   v.tokens = false;
   v.deadlineS = 3;
@@ -706,13 +778,16 @@ TEST_CASE("LL mode: without the tokens, a non-root runs ahead of the root and ov
 TEST_CASE("LL batches as one exchange: random one-CTA ops, chains in place, one token per batch") {
   for (int n : {2, 3, 4, 8}) {
     INFO(n << " ranks");
-    const std::vector<std::string> failures = runBatchWorld(n, mktest::tsanScaled(n == 8 ? 40 : 80), static_cast<unsigned>(n * 7919), BatchVariant{});
+    const std::vector<std::string> failures = runBatchWorld(
+        n, mktest::tsanScaled(n == 8 ? 40 : 80), static_cast<unsigned>(n * 7919), BatchVariant{});
     for (const auto& f : failures) FAIL_CHECK(f);
     CHECK(failures.empty());
   }
 }
 
-TEST_CASE("LL batches as one exchange: in one wave, an op that depends on the one before reads or writes out of order") {
+TEST_CASE(
+    "LL batches as one exchange: in one wave, an op that depends on the one before reads or writes "
+    "out of order") {
   BatchVariant bv;
   bv.waves = false;
   bv.deadlineS = 3;
@@ -723,7 +798,9 @@ TEST_CASE("LL batches as one exchange: in one wave, an op that depends on the on
          failures.front().find("the op before") != std::string::npos));
 }
 
-TEST_CASE("LL batches: the waves split where an op depends on one of the current wave, and share the warps") {
+TEST_CASE(
+    "LL batches: the waves split where an op depends on one of the current wave, and share the "
+    "warps") {
   auto mem = [](uint64_t send, uint64_t recv, uint64_t lines) {
     return LlBatchMem{send, 64, recv, 64, lines, -1};
   };
@@ -756,7 +833,8 @@ TEST_CASE("LL batches: the waves split where an op depends on one of the current
   CHECK(llPlanWaves(b, 5, 8, false).startMask == 0);
   // Twins: op 1 repeats op 0 (one wave, though it writes op 0's output), op 2 repeats it too, and
   // op 3, on op 0's output but not its twin, starts a wave.
-  LlBatchMem t[4] = {mem(0x1000, 0x2000, 4), mem(0x1000, 0x2000, 4), mem(0x1000, 0x2000, 4), mem(0x1000, 0x2000, 4)};
+  LlBatchMem t[4] = {mem(0x1000, 0x2000, 4), mem(0x1000, 0x2000, 4), mem(0x1000, 0x2000, 4),
+                     mem(0x1000, 0x2000, 4)};
   t[1].twin = 0;
   t[2].twin = 0;
   w = llPlanWaves(t, 4, 8);

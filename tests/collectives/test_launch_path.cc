@@ -42,8 +42,8 @@ struct World {
   bool graph = false;
   bool graphEachCtaAdvances = false;  // the wrong scheme, for the test that must fail
   int replays = 1;
-  std::unique_ptr<std::atomic<uint64_t>[]> graphSeq;        // [rank]
-  std::unique_ptr<std::atomic<uint32_t>[]> graphCtasDone;   // [rank]
+  std::unique_ptr<std::atomic<uint64_t>[]> graphSeq;       // [rank]
+  std::unique_ptr<std::atomic<uint32_t>[]> graphCtasDone;  // [rank]
   std::vector<std::vector<uint64_t>> inbox[2];             // [parity][rank]
   std::unique_ptr<std::atomic<uint64_t>[]> arrive;         // [rank * kLaunchMaxCtas + cta]
   launchsim::Failures failures;
@@ -94,34 +94,43 @@ void runCta(World& w, int r, int cta, int nCtas, uint64_t epoch, std::vector<uin
   }
 }
 
-void check(World& w, int r, uint64_t epoch, const std::vector<uint64_t>& out, const std::vector<std::atomic<int>>& writes) {
+void check(World& w, int r, uint64_t epoch, const std::vector<uint64_t>& out,
+           const std::vector<std::atomic<int>>& writes) {
   const Op& op = w.ops[(epoch - 1) % w.ops.size()];
   const int n = w.n;
   const bool writes_ = !(op.coll == CollType::Reduce && r != op.root);
-  const uint64_t outCount = op.coll == CollType::AllGather ? op.count * static_cast<uint64_t>(n) : op.count;
+  const uint64_t outCount =
+      op.coll == CollType::AllGather ? op.count * static_cast<uint64_t>(n) : op.count;
   for (uint64_t o = 0; o < outCount; ++o) {
     const int want = writes_ ? 1 : 0;
     if (writes[o] != want) {
-      w.failures.fail("op " + std::to_string(epoch) + " (" + collName(op.coll) + " count " + std::to_string(op.count) + ") rank " +
-             std::to_string(r) + ": element " + std::to_string(o) + " written " + std::to_string(writes[o].load()) +
-             " times");
+      w.failures.fail("op " + std::to_string(epoch) + " (" + collName(op.coll) + " count " +
+                      std::to_string(op.count) + ") rank " + std::to_string(r) + ": element " +
+                      std::to_string(o) + " written " + std::to_string(writes[o].load()) +
+                      " times");
       return;
     }
     if (!writes_) continue;
     uint64_t expect = 0;
     switch (op.coll) {
-      case CollType::AllGather: expect = input(epoch, static_cast<int>(o / op.count), o % op.count); break;
-      case CollType::Broadcast: expect = input(epoch, op.root, o); break;
+      case CollType::AllGather:
+        expect = input(epoch, static_cast<int>(o / op.count), o % op.count);
+        break;
+      case CollType::Broadcast:
+        expect = input(epoch, op.root, o);
+        break;
       case CollType::ReduceScatter:
-        for (int k = 0; k < n; ++k) expect += input(epoch, k, static_cast<uint64_t>(r) * op.count + o);
+        for (int k = 0; k < n; ++k)
+          expect += input(epoch, k, static_cast<uint64_t>(r) * op.count + o);
         break;
       default:
         for (int k = 0; k < n; ++k) expect += input(epoch, k, o);
     }
     if (out[o] != expect) {
-      w.failures.fail("op " + std::to_string(epoch) + " (" + collName(op.coll) + " count " + std::to_string(op.count) + ") rank " +
-             std::to_string(r) + ": element " + std::to_string(o) + " is " + std::to_string(out[o]) + ", want " +
-             std::to_string(expect) + " (an inbox reused too early, or a slicing error)");
+      w.failures.fail("op " + std::to_string(epoch) + " (" + collName(op.coll) + " count " +
+                      std::to_string(op.count) + ") rank " + std::to_string(r) + ": element " +
+                      std::to_string(o) + " is " + std::to_string(out[o]) + ", want " +
+                      std::to_string(expect) + " (an inbox reused too early, or a slicing error)");
       return;
     }
   }
@@ -140,14 +149,16 @@ uint64_t graphEpochAtStart(World& w, int r, int cta, uint64_t want, std::mt19937
       // than it (ThreadSanitizer on two cores: the wrong epoch went unseen).
       const uint64_t seen = w.graphSeq[r].load(std::memory_order_acquire);
       const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-      while (w.graphSeq[r].load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until)
+      while (w.graphSeq[r].load(std::memory_order_acquire) == seen &&
+             std::chrono::steady_clock::now() < until)
         std::this_thread::yield();
     }
   }
   const uint64_t e = w.graphSeq[r].load(std::memory_order_acquire) + 1;
   if (e != want) {
-    w.failures.fail("rank " + std::to_string(r) + " CTA " + std::to_string(cta) + ": the device sequence gave epoch " +
-                    std::to_string(e) + " for op " + std::to_string(want));
+    w.failures.fail("rank " + std::to_string(r) + " CTA " + std::to_string(cta) +
+                    ": the device sequence gave epoch " + std::to_string(e) + " for op " +
+                    std::to_string(want));
     return 0;
   }
   return e;
@@ -158,7 +169,8 @@ void graphCtaEnd(World& w, int r, int nCtas, uint64_t e) {
     w.graphSeq[r].store(e, std::memory_order_release);
     return;
   }
-  if (w.graphCtasDone[r].fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(nCtas)) {
+  if (w.graphCtasDone[r].fetch_add(1, std::memory_order_acq_rel) + 1 ==
+      static_cast<uint32_t>(nCtas)) {
     w.graphCtasDone[r].store(0, std::memory_order_relaxed);
     w.graphSeq[r].store(e, std::memory_order_release);
   }
@@ -170,13 +182,15 @@ void runRank(World& w, int r) {
     const Op& op = w.ops[(epoch - 1) % w.ops.size()];
     const uint64_t bytes = launchPublishElems(op.coll, op.count, w.n) * op.esz;
     const int nCtas = launchCtas(bytes, w.cap);
-    const uint64_t outCount = op.coll == CollType::AllGather ? op.count * static_cast<uint64_t>(w.n) : op.count;
+    const uint64_t outCount =
+        op.coll == CollType::AllGather ? op.count * static_cast<uint64_t>(w.n) : op.count;
     std::vector<uint64_t> out(outCount, ~0ull);
     std::vector<std::atomic<int>> writes(outCount);
     for (auto& x : writes) x = 0;
     // Stream order: the next op starts after every CTA ended.
     launchsim::runThreads(nCtas, [&](int c) {
-      const unsigned seed = static_cast<unsigned>(epoch * 131 + static_cast<uint64_t>(r) * 17 + static_cast<uint64_t>(c));
+      const unsigned seed = static_cast<unsigned>(epoch * 131 + static_cast<uint64_t>(r) * 17 +
+                                                  static_cast<uint64_t>(c));
       if (!w.graph) {
         runCta(w, r, c, nCtas, epoch, out, writes, seed);
         return;
@@ -190,7 +204,8 @@ void runRank(World& w, int r) {
   }
 }
 
-std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed, int replays = 0, bool eachCtaAdvances = false) {
+std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed, int replays = 0,
+                                  bool eachCtaAdvances = false) {
   World w;
   w.n = n;
   w.cap = cap;
@@ -204,8 +219,8 @@ std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed, int r
     w.graphCtasDone[r] = 0;
   }
   std::mt19937 rng(seed);
-  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
-                            CollType::Reduce};
+  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather,
+                            CollType::Broadcast, CollType::Reduce};
   const size_t eszs[] = {1, 2, 4, 8};
   uint64_t maxElems = 0;
   for (int i = 0; i < nOps; ++i) {
@@ -213,9 +228,13 @@ std::vector<std::string> runWorld(int n, int cap, int nOps, unsigned seed, int r
     op.coll = colls[rng() % 5];
     op.esz = eszs[rng() % 4];
     // Up to the inbox (kLaunchInboxBytes per parity), small counts and odd ones favoured.
-    const uint64_t maxCount = kLaunchInboxBytes / op.esz / (op.coll == CollType::ReduceScatter ? static_cast<uint64_t>(n) : 1);
+    const uint64_t maxCount = kLaunchInboxBytes / op.esz /
+                              (op.coll == CollType::ReduceScatter ? static_cast<uint64_t>(n) : 1);
     const uint64_t pick = rng() % 4;
-    op.count = pick == 0 ? 1 + rng() % 8 : pick == 1 ? 1 + rng() % 5000 : pick == 2 ? maxCount : 1 + rng() % (maxCount / 64 + 1);
+    op.count = pick == 0   ? 1 + rng() % 8
+               : pick == 1 ? 1 + rng() % 5000
+               : pick == 2 ? maxCount
+                           : 1 + rng() % (maxCount / 64 + 1);
     op.count = std::min<uint64_t>(op.count, maxCount);
     op.root = static_cast<int>(rng() % static_cast<unsigned>(n));
     maxElems = std::max(maxElems, launchPublishElems(op.coll, op.count, n));
@@ -262,22 +281,27 @@ TEST_CASE("launch path: CPU ranks and CTAs, random collectives back to back, one
   struct Cfg {
     int n, cap, ops;
   };
-  for (Cfg c : {Cfg{1, 4, 40}, Cfg{2, 16, 120}, Cfg{3, 2, 120}, Cfg{4, 16, 80}, Cfg{8, 1, 80}, Cfg{8, 4, 40}}) {
+  for (Cfg c : {Cfg{1, 4, 40}, Cfg{2, 16, 120}, Cfg{3, 2, 120}, Cfg{4, 16, 80}, Cfg{8, 1, 80},
+                Cfg{8, 4, 40}}) {
     INFO("ranks " << c.n << ", CTA cap " << c.cap);
-    const std::vector<std::string> failures = runWorld(c.n, c.cap, mktest::tsanScaled(c.ops), static_cast<unsigned>(c.n * 1000 + c.cap));
+    const std::vector<std::string> failures =
+        runWorld(c.n, c.cap, mktest::tsanScaled(c.ops), static_cast<unsigned>(c.n * 1000 + c.cap));
     for (const auto& f : failures) FAIL_CHECK(f);
     CHECK(failures.empty());
   }
 }
 
-TEST_CASE("launch path: captured collectives replayed, the device numbering them (graph namespace)") {
+TEST_CASE(
+    "launch path: captured collectives replayed, the device numbering them (graph namespace)") {
   struct Cfg {
     int n, cap, ops, replays;
   };
   for (Cfg c : {Cfg{2, 16, 12, 5}, Cfg{3, 4, 10, 4}, Cfg{4, 16, 8, 4}}) {
-    INFO("ranks " << c.n << ", CTA cap " << c.cap << ", " << c.ops << " ops x " << c.replays << " replays");
+    INFO("ranks " << c.n << ", CTA cap " << c.cap << ", " << c.ops << " ops x " << c.replays
+                  << " replays");
     const std::vector<std::string> failures =
-        runWorld(c.n, c.cap, mktest::tsanScaled(c.ops), static_cast<unsigned>(c.n * 7000 + c.cap), c.replays);
+        runWorld(c.n, c.cap, mktest::tsanScaled(c.ops), static_cast<unsigned>(c.n * 7000 + c.cap),
+                 c.replays);
     for (const auto& f : failures) FAIL_CHECK(f);
     CHECK(failures.empty());
   }

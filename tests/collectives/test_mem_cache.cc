@@ -1,6 +1,6 @@
-// collectives/runtime/mem_cache.h: the ledger that keeps communicators' blocks for reuse instead of freeing
-// them while other communicators live (a free stops every other thread's CUDA calls until every
-// kernel ends: docs/KERNEL.md, "Frees that stop the process"). A fake allocator on the CPU.
+// collectives/runtime/mem_cache.h: the ledger that keeps communicators' blocks for reuse instead of
+// freeing them while other communicators live (a free stops every other thread's CUDA calls until
+// every kernel ends: docs/KERNEL.md, "Frees that stop the process"). A fake allocator on the CPU.
 #include "tests/catch.h"
 
 #include <algorithm>
@@ -76,7 +76,9 @@ void* takeOne(BlockCache& c, const BlockKind& k, size_t bytes) {
 
 }  // namespace
 
-TEST_CASE("mem cache: a block given back while communicators live is reused, cleared, for the same kind and size") {
+TEST_CASE(
+    "mem cache: a block given back while communicators live is reused, cleared, for the same kind "
+    "and size") {
   FakeMemory m;
   BlockCache c(m.ops(), 0.0);
   c.enter();
@@ -114,7 +116,8 @@ TEST_CASE("mem cache: a returned block rests for the grace before it is reused")
   CHECK(m.frees == 2);
 }
 
-TEST_CASE("mem cache: the last user's leave frees what is cached; nothing is cached without users") {
+TEST_CASE(
+    "mem cache: the last user's leave frees what is cached; nothing is cached without users") {
   FakeMemory m;
   BlockCache c(m.ops(), 0.0);
   c.enter();
@@ -138,7 +141,9 @@ TEST_CASE("mem cache: the last user's leave frees what is cached; nothing is cac
   CHECK(m.live.empty());
 }
 
-TEST_CASE("mem cache: MKERNEL_DEFER_FREES=0 (defer false) frees at once; unknown pointers are freed as given") {
+TEST_CASE(
+    "mem cache: MKERNEL_DEFER_FREES=0 (defer false) frees at once; unknown pointers are freed as "
+    "given") {
   FakeMemory m;
   BlockCache c(m.ops(), 0.0);
   c.enter();

@@ -57,7 +57,8 @@ TEST_CASE("policy: defaults: one-shot small AllReduce, two-shot large, direct fo
   // 32 KiB is the default one-shot limit: 8192 floats is still one-shot, 8193 is not.
   CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 8192)).algo == Algo::OneShot);
   CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 8193)).algo == Algo::TwoShot);
-  for (CollType c : {CollType::AllGather, CollType::ReduceScatter, CollType::Broadcast, CollType::Reduce}) {
+  for (CollType c :
+       {CollType::AllGather, CollType::ReduceScatter, CollType::Broadcast, CollType::Reduce}) {
     PolicyDecision x = pol.decide(query(c, DataType::Bfloat16, 1 << 20));
     CHECK(x.path == ExecPath::Mkernel);
     CHECK(x.algo == Algo::Direct);
@@ -75,7 +76,8 @@ TEST_CASE("policy: the decision depends only on shared inputs and is the same on
       for (size_t count : {size_t(0), size_t(1), size_t(1000), size_t(1) << 24})
         for (int n : {1, 2, 8, 16, 32})
           for (int nodes : {1, 2}) {
-            PolicyQuery q = query(static_cast<CollType>(c), static_cast<DataType>(t), count, n, nodes);
+            PolicyQuery q =
+                query(static_cast<CollType>(c), static_cast<DataType>(t), count, n, nodes);
             PolicyDecision a = r0.select(q), b = r1.decide(q), again = r0.decide(q);
             CHECK(a.path == b.path);
             CHECK(a.path == again.path);
@@ -114,7 +116,8 @@ TEST_CASE("policy: MKERNEL_DISABLE, MKERNEL_COLLECTIVES and MKERNEL_MAX_BYTES se
     EnvGuard env;
     env.set("MAX_BYTES", "4096");
     SelectionPolicy pol(envConfig());
-    CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 1024)).path == ExecPath::Mkernel);
+    CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 1024)).path ==
+          ExecPath::Mkernel);
     CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 1025)).path == ExecPath::Nccl);
     // AllGather counts its whole buffer: 8 ranks x 128 floats = 4096 B, x 129 is over.
     CHECK(pol.decide(query(CollType::AllGather, DataType::Float32, 128)).path == ExecPath::Mkernel);
@@ -122,22 +125,27 @@ TEST_CASE("policy: MKERNEL_DISABLE, MKERNEL_COLLECTIVES and MKERNEL_MAX_BYTES se
   }
 }
 
-TEST_CASE("policy: where NCCL measured faster (2 ranks, one node) it runs there, unless MKERNEL_NCCL_CROSSOVER=off") {
+TEST_CASE(
+    "policy: where NCCL measured faster (2 ranks, one node) it runs there, unless "
+    "MKERNEL_NCCL_CROSSOVER=off") {
   SelectionPolicy pol(envConfig());
-  // The path `p` picks for `bytes` of float32 (AllGather/ReduceScatter: the whole buffer, policyBytes).
+  // The path `p` picks for `bytes` of float32 (AllGather/ReduceScatter: the whole buffer,
+  // policyBytes).
   auto pathIn = [](const SelectionPolicy& p, CollType c, size_t bytes, int nRanks) {
     const size_t per = (c == CollType::AllGather || c == CollType::ReduceScatter) ? 4 * nRanks : 4;
     return p.decide(query(c, DataType::Float32, bytes / per, nRanks)).path;
   };
-  auto path = [&](CollType c, size_t bytes, int nRanks = 2) { return pathIn(pol, c, bytes, nRanks); };
+  auto path = [&](CollType c, size_t bytes, int nRanks = 2) {
+    return pathIn(pol, c, bytes, nRanks);
+  };
   CHECK(path(CollType::Reduce, (512 << 10) - 4) == ExecPath::Mkernel);
   CHECK(path(CollType::Reduce, 512 << 10) == ExecPath::Nccl);
   CHECK(path(CollType::Broadcast, (2 << 20) - 4) == ExecPath::Mkernel);
   CHECK(path(CollType::Broadcast, 2 << 20) == ExecPath::Nccl);
   CHECK(path(CollType::AllReduce, (size_t(512) << 20) - 4) == ExecPath::Mkernel);
   CHECK(path(CollType::AllReduce, size_t(512) << 20) == ExecPath::Nccl);
-  CHECK(std::string(pol.decide(query(CollType::Reduce, DataType::Float32, 1 << 20, 2)).reason).find("MKERNEL_NCCL_CROSSOVER") !=
-        std::string::npos);
+  CHECK(std::string(pol.decide(query(CollType::Reduce, DataType::Float32, 1 << 20, 2)).reason)
+            .find("MKERNEL_NCCL_CROSSOVER") != std::string::npos);
   // mkernel measured faster or equal: AllGather and ReduceScatter stay at every size.
   CHECK(path(CollType::AllGather, size_t(8) << 30) == ExecPath::Mkernel);
   CHECK(path(CollType::ReduceScatter, size_t(8) << 30) == ExecPath::Mkernel);
@@ -151,7 +159,9 @@ TEST_CASE("policy: where NCCL measured faster (2 ranks, one node) it runs there,
     PolicyConfig cfg = envConfig();
     cfg.stagedRanks = true;
     SelectionPolicy staged(cfg);
-    auto spath = [&](CollType c, size_t bytes, int nRanks = 2) { return pathIn(staged, c, bytes, nRanks); };
+    auto spath = [&](CollType c, size_t bytes, int nRanks = 2) {
+      return pathIn(staged, c, bytes, nRanks);
+    };
     CHECK(spath(CollType::AllReduce, (4 << 20) - 4) == ExecPath::Mkernel);
     CHECK(spath(CollType::AllReduce, 4 << 20) == ExecPath::Nccl);
     CHECK(spath(CollType::AllGather, (4 << 20) - 8) == ExecPath::Mkernel);
@@ -172,14 +182,17 @@ TEST_CASE("policy: where NCCL measured faster (2 ranks, one node) it runs there,
     PolicyConfig cfg = envConfig();
     cfg.emulate = true;  // no real NCCL to give it to
     SelectionPolicy emu(cfg);
-    CHECK(emu.decide(query(CollType::Reduce, DataType::Float32, 1 << 24, 2)).path == ExecPath::Mkernel);
+    CHECK(emu.decide(query(CollType::Reduce, DataType::Float32, 1 << 24, 2)).path ==
+          ExecPath::Mkernel);
   }
   {
     EnvGuard env;
     env.set("NCCL_CROSSOVER", "off");
     SelectionPolicy off(envConfig());
-    CHECK(off.decide(query(CollType::Reduce, DataType::Float32, 1 << 24, 2)).path == ExecPath::Mkernel);
-    CHECK(off.decide(query(CollType::AllReduce, DataType::Float32, size_t(1) << 28, 2)).path == ExecPath::Mkernel);
+    CHECK(off.decide(query(CollType::Reduce, DataType::Float32, 1 << 24, 2)).path ==
+          ExecPath::Mkernel);
+    CHECK(off.decide(query(CollType::AllReduce, DataType::Float32, size_t(1) << 28, 2)).path ==
+          ExecPath::Mkernel);
   }
   {
     EnvGuard env;
@@ -261,18 +274,22 @@ TEST_CASE("policy: invalid settings leave the defaults in effect") {
 TEST_CASE("policy: multi-node, too many ranks and emulation") {
   PolicyConfig cfg = envConfig();
   SelectionPolicy real(cfg);
-  CHECK(real.decide(query(CollType::AllReduce, DataType::Float32, 64, 16, 2)).path == ExecPath::Nccl);
-  CHECK(real.decide(query(CollType::AllReduce, DataType::Float32, 64, 17, 1)).path == ExecPath::Nccl);
+  CHECK(real.decide(query(CollType::AllReduce, DataType::Float32, 64, 16, 2)).path ==
+        ExecPath::Nccl);
+  CHECK(real.decide(query(CollType::AllReduce, DataType::Float32, 64, 17, 1)).path ==
+        ExecPath::Nccl);
   cfg.kernelMultiNode = true;
   cfg.ncclCrossover = false;  // rule 6c (below) would give this small AllReduce to NCCL
-  CHECK(SelectionPolicy(cfg).decide(query(CollType::AllReduce, DataType::Float32, 64, 16, 2)).path ==
-        ExecPath::Mkernel);
+  CHECK(
+      SelectionPolicy(cfg).decide(query(CollType::AllReduce, DataType::Float32, 64, 16, 2)).path ==
+      ExecPath::Mkernel);
 
   PolicyConfig emu = envConfig();
   emu.emulate = true;
   emu.maxBytes = 16;  // a performance limit: ignored in emulation
   SelectionPolicy pol(emu);
-  CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 1 << 20)).path == ExecPath::Mkernel);
+  CHECK(pol.decide(query(CollType::AllReduce, DataType::Float32, 1 << 20)).path ==
+        ExecPath::Mkernel);
   PolicyQuery multi = query(CollType::AllGather, DataType::Int8, 10, 8, 2);
   PolicyDecision d = pol.decide(multi);
   CHECK(d.path == ExecPath::Unsupported);
@@ -290,20 +307,22 @@ TEST_CASE("policy: multi-node, too many ranks and emulation") {
 TEST_CASE("policy: a decision is logged once per (collective, power-of-two size class)") {
   SelectionPolicy pol(envConfig());
   std::vector<std::string> lines;
-  pol.setLogSink([](void* ctx, const char* line) {
-    static_cast<std::vector<std::string>*>(ctx)->push_back(line);
-  }, &lines);
+  pol.setLogSink(
+      [](void* ctx, const char* line) {
+        static_cast<std::vector<std::string>*>(ctx)->push_back(line);
+      },
+      &lines);
   for (int i = 0; i < 3; ++i) {
-    pol.select(query(CollType::AllReduce, DataType::Float32, 256));   // 1024 B: class 1024-2047
-    pol.select(query(CollType::AllReduce, DataType::Float32, 300));   // 1200 B: same class
-    pol.select(query(CollType::AllReduce, DataType::Int8, 1500));     // 1500 B: same class
+    pol.select(query(CollType::AllReduce, DataType::Float32, 256));  // 1024 B: class 1024-2047
+    pol.select(query(CollType::AllReduce, DataType::Float32, 300));  // 1200 B: same class
+    pol.select(query(CollType::AllReduce, DataType::Int8, 1500));    // 1500 B: same class
   }
   REQUIRE(lines.size() == 1);
   CHECK(lines[0].find("AllReduce 1024-2047 B") != std::string::npos);
   CHECK(lines[0].find("mkernel/oneshot") != std::string::npos);
-  pol.select(query(CollType::AllReduce, DataType::Float32, 512));     // 2048 B: next class
-  pol.select(query(CollType::Broadcast, DataType::Float32, 256));     // other collective
-  pol.select(query(CollType::AllReduce, DataType::Float32, 0));       // 0 B
+  pol.select(query(CollType::AllReduce, DataType::Float32, 512));  // 2048 B: next class
+  pol.select(query(CollType::Broadcast, DataType::Float32, 256));  // other collective
+  pol.select(query(CollType::AllReduce, DataType::Float32, 0));    // 0 B
   pol.select(query(CollType::AllReduce, DataType::Float32, 0));
   CHECK(lines.size() == 4);
   CHECK(policySizeBucket(0) == 0);
@@ -328,7 +347,9 @@ TEST_CASE("policy: several nodes: NCCL where the cost model predicts it faster (
   SelectionPolicy pol(cfg);
   // bytes: nccl-tests' size, of Int8 elements; 16 ranks on `nodes` nodes.
   auto path = [&](const SelectionPolicy& p, CollType c, size_t bytes, int nodes) {
-    return p.decide(query(c, DataType::Int8, bytes / (c == CollType::AllReduce ? 1 : 16), 16, nodes)).path;
+    return p
+        .decide(query(c, DataType::Int8, bytes / (c == CollType::AllReduce ? 1 : 16), 16, nodes))
+        .path;
   };
   PolicyDecision d = pol.decide(query(CollType::AllReduce, DataType::Float32, 2, 16, 2));
   CHECK(d.path == ExecPath::Nccl);
@@ -386,7 +407,8 @@ TEST_CASE("policy: several nodes: NCCL where the cost model predicts it faster (
     PolicyConfig c = envConfig();
     c.kernelMultiNode = true;
     c.hierRail = 0;
-    PolicyDecision fast = SelectionPolicy(c).decide(query(CollType::AllReduce, DataType::Float32, 2, 16, 2));
+    PolicyDecision fast =
+        SelectionPolicy(c).decide(query(CollType::AllReduce, DataType::Float32, 2, 16, 2));
     CHECK(fast.path == ExecPath::Mkernel);
     CHECK(fast.modelMkUs == Approx(18.0).margin(0.05));
   }
@@ -394,7 +416,9 @@ TEST_CASE("policy: several nodes: NCCL where the cost model predicts it faster (
   {
     PolicyConfig c = cfg;
     c.hierRail = 1;
-    CHECK(SelectionPolicy(c).decide(query(CollType::AllReduce, DataType::Float32, 2, 16, 8)).modelMkUs == Approx(86.9).margin(0.05));
+    CHECK(SelectionPolicy(c)
+              .decide(query(CollType::AllReduce, DataType::Float32, 2, 16, 8))
+              .modelMkUs == Approx(86.9).margin(0.05));
     CHECK(policyModelFor(c, 16, 8).rail == 1);
     CHECK(policyModelFor(c, 16, 8).gpusPerNode == 2);
     CHECK(policyModelFor(c, 16, 8).nicsPerNode == 2);
@@ -412,18 +436,24 @@ TEST_CASE("policy: several nodes: NCCL where the cost model predicts it faster (
   }
   // The INFO line says what the model predicted.
   std::vector<std::string> lines;
-  pol.setLogSink([](void* ctx, const char* line) { static_cast<std::vector<std::string>*>(ctx)->push_back(line); }, &lines);
+  pol.setLogSink(
+      [](void* ctx, const char* line) {
+        static_cast<std::vector<std::string>*>(ctx)->push_back(line);
+      },
+      &lines);
   pol.select(query(CollType::AllReduce, DataType::Float32, 2, 16, 2));
   REQUIRE(lines.size() == 1);
   INFO(lines[0]);
   CHECK(lines[0].find("-> nccl") != std::string::npos);
-  CHECK(lines[0].find("cost model at 8 B: NCCL tree/ll 25.2 us, mkernel 38.9 us") != std::string::npos);
+  CHECK(lines[0].find("cost model at 8 B: NCCL tree/ll 25.2 us, mkernel 38.9 us") !=
+        std::string::npos);
 }
 
 TEST_CASE("policy: MKERNEL_COST_MODEL: bad items fail naming the variable and the item") {
   PolicyConfig cfg;
-  for (const char* bad : {"nic-gbps=0", "nic-gbps=fast", "nics=1.5", "nics=0", "hidden=2", "mk-overhead-us=-1", "rail=tree",
-                          "speed=3", "mk-overhead-us", "hidden=0.5,nvlink-gbps="}) {
+  for (const char* bad :
+       {"nic-gbps=0", "nic-gbps=fast", "nics=1.5", "nics=0", "hidden=2", "mk-overhead-us=-1",
+        "rail=tree", "speed=3", "mk-overhead-us", "hidden=0.5,nvlink-gbps="}) {
     INFO(bad);
     EnvGuard env;
     env.set("COST_MODEL", bad);

@@ -1,5 +1,5 @@
-// collectives/runtime/post_fence.h on CPU threads: a co-located rank passes only once every member has
-// posted the same collective, and every way out of the wait (stop, a member that left, a member
+// collectives/runtime/post_fence.h on CPU threads: a co-located rank passes only once every member
+// has posted the same collective, and every way out of the wait (stop, a member that left, a member
 // driven by the waiting thread itself, the timeout) names the member waited for.
 #include <atomic>
 #include <chrono>
@@ -68,14 +68,16 @@ TEST_CASE("post fence: many collectives in a row, ranks arriving in any order") 
         int lag = -1;
         if (f.wait(m, s, 30.0, nullptr, &lag) != Outcome::kPassed) bad.fetch_add(1);
         if (maxPosted.load() > s + 1) bad.fetch_add(1);  // someone passed a fence early
-        if ((s + static_cast<uint64_t>(m)) % 97 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+        if ((s + static_cast<uint64_t>(m)) % 97 == 0)
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
     });
   for (auto& t : threads) t.join();
   CHECK(bad.load() == 0);
 }
 
-TEST_CASE("post fence: stop, a member that left, and the waiting thread's own member end the wait") {
+TEST_CASE(
+    "post fence: stop, a member that left, and the waiting thread's own member end the wait") {
   const int ranks[3] = {1, 3, 5};
   int lag = -1;
   {
@@ -87,7 +89,8 @@ TEST_CASE("post fence: stop, a member that left, and the waiting thread's own me
       stop = true;
     });
     const auto t0 = std::chrono::steady_clock::now();
-    CHECK(f.wait(0, 1, 30.0, [&] { return stop.load(); }, &lag) == Outcome::kStopped);
+    CHECK(f.wait(
+              0, 1, 30.0, [&] { return stop.load(); }, &lag) == Outcome::kStopped);
     CHECK(secondsSince(t0) < 5.0);
     CHECK(lag == 3);
     t.join();
@@ -127,7 +130,8 @@ TEST_CASE("post fence: stop, a member that left, and the waiting thread's own me
     CHECK(lag == 5);
     f.posted(0, 3);
     std::thread([&] { f.posted(2, 3); }).join();
-    CHECK(f.wait(0, 3, 30.0, nullptr, &lag) == Outcome::kSameThread);  // member 1: this thread, at 2
+    CHECK(f.wait(0, 3, 30.0, nullptr, &lag) ==
+          Outcome::kSameThread);  // member 1: this thread, at 2
     CHECK(lag == 3);
     CHECK(secondsSince(t0) < 5.0);
   }

@@ -1,6 +1,7 @@
-// collectives/algo/reduce_host.h against the GPU's own arithmetic (label gpu: needs an sm_90 device).
-// The host emulation must give the bits the CUDA intrinsics NCCL 2.28 uses give: every fp8 pair,
-// random and special fp16/bf16/fp32/fp64 pairs (NaN, +-0, inf, subnormals), and the conversions.
+// collectives/algo/reduce_host.h against the GPU's own arithmetic (label gpu: needs an sm_90
+// device). The host emulation must give the bits the CUDA intrinsics NCCL 2.28 uses give: every fp8
+// pair, random and special fp16/bf16/fp32/fp64 pairs (NaN, +-0, inf, subnormals), and the
+// conversions.
 #include "tests/catch.h"
 
 #include <cmath>
@@ -19,7 +20,9 @@ namespace {
 const RedOp kHostOp[] = {RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max};
 const char* const kOpName[] = {"add", "mul", "min", "max"};
 
-bool isNan(DataType t, const uint8_t* p) { return std::isnan(loadAsDouble(t, p, 0)); }
+bool isNan(DataType t, const uint8_t* p) {
+  return std::isnan(loadAsDouble(t, p, 0));
+}
 
 // Counts elements whose bits differ (two NaNs match); prints the first few.
 size_t countMismatches(DataType t, const char* what, const std::vector<uint8_t>& host,
@@ -35,7 +38,8 @@ size_t countMismatches(DataType t, const char* what, const std::vector<uint8_t>&
       std::printf("%s %s: element %zu: host %.9g, gpu %.9g", dataTypeName(t), what, i,
                   loadAsDouble(t, h, 0), loadAsDouble(t, g, 0));
       if (a && b)
-        std::printf(" (a %.9g, b %.9g)", loadAsDouble(t, a->data(), i), loadAsDouble(t, b->data(), i));
+        std::printf(" (a %.9g, b %.9g)", loadAsDouble(t, a->data(), i),
+                    loadAsDouble(t, b->data(), i));
       std::printf("\n");
     }
   }
@@ -67,8 +71,8 @@ void makePairs(DataType t, std::vector<uint8_t>* a, std::vector<uint8_t>* b) {
       }
     return;
   }
-  std::vector<double> specials = {0.0, -0.0, 1.0, -1.0, INFINITY, -INFINITY, NAN, 65504.0,
-                                  1e-7, -1e-7, 3.0e38, 1e-40, 0.5, 1.0 / 3};
+  std::vector<double> specials = {0.0,     -0.0, 1.0,   -1.0,   INFINITY, -INFINITY, NAN,
+                                  65504.0, 1e-7, -1e-7, 3.0e38, 1e-40,    0.5,       1.0 / 3};
   std::vector<uint8_t> sv(specials.size() * es);
   for (size_t i = 0; i < specials.size(); ++i) storeFromDouble(t, sv.data(), i, specials[i]);
   for (size_t i = 0; i < specials.size(); ++i)
@@ -101,7 +105,8 @@ TEST_CASE("gpu: NCCL's element arithmetic equals reduce_host's bit for bit") {
       REQUIRE(makeDevRedOp(kHostOp[op], t, 2, 1.0, &d) == mkernel::Result::Success);
       hostReduce(d, t, host.data(), b.data(), n);
       size_t bad = countMismatches(t, kOpName[op], host, gpu, &a, &b);
-      std::printf("gpu check: %-8s %s: %zu pairs, %zu differ\n", dataTypeName(t), kOpName[op], n, bad);
+      std::printf("gpu check: %-8s %s: %zu pairs, %zu differ\n", dataTypeName(t), kOpName[op], n,
+                  bad);
       CHECK(bad == 0);
     }
   }
@@ -137,7 +142,8 @@ TEST_CASE("gpu: float -> fp16/bf16/fp8 and half -> fp8 conversions equal the sof
       }
     }
     size_t bad = countMismatches(t, "from float", host, gpu);
-    std::printf("gpu check: %-8s from float: %zu values, %zu differ\n", dataTypeName(t), in.size(), bad);
+    std::printf("gpu check: %-8s from float: %zu values, %zu differ\n", dataTypeName(t), in.size(),
+                bad);
     CHECK(bad == 0);
   }
   std::vector<uint16_t> halves(1 << 16);
@@ -148,7 +154,8 @@ TEST_CASE("gpu: float -> fp16/bf16/fp8 and half -> fp8 conversions equal the sof
     const bool ran = test::gpuHalfToFp8(e5m2, halves.data(), gpu.data(), halves.size(), &why);
     INFO(why);
     REQUIRE(ran);
-    for (size_t i = 0; i < halves.size(); ++i) host[i] = fp::floatToFp8(fp::halfToFloat(halves[i]), e5m2);
+    for (size_t i = 0; i < halves.size(); ++i)
+      host[i] = fp::floatToFp8(fp::halfToFloat(halves[i]), e5m2);
     DataType t = e5m2 ? DataType::Fp8E5M2 : DataType::Fp8E4M3;
     size_t bad = countMismatches(t, "from every half", host, gpu);
     std::printf("gpu check: %-8s from every half: %zu differ\n", dataTypeName(t), bad);

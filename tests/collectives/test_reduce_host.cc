@@ -1,4 +1,5 @@
-// collectives/algo/reduce_host.h: the software fp16/bf16/fp8 conversions and NCCL's reduction rules.
+// collectives/algo/reduce_host.h: the software fp16/bf16/fp8 conversions and NCCL's reduction
+// rules.
 #include "tests/catch.h"
 
 #include <cmath>
@@ -17,7 +18,8 @@ namespace {
 // brute force over all codes, independent of floatToFp8's arithmetic.
 uint8_t nearestFp8(float v, bool e5m2) {
   const float maxNorm = e5m2 ? 57344.0f : 448.0f;
-  if (std::fabs(v) > maxNorm) return static_cast<uint8_t>((v < 0 ? 0x80 : 0) | (e5m2 ? 0x7b : 0x7e));
+  if (std::fabs(v) > maxNorm)
+    return static_cast<uint8_t>((v < 0 ? 0x80 : 0) | (e5m2 ? 0x7b : 0x7e));
   int best = -1;
   double bestDist = 1e300;
   for (int c = 0; c < 256; ++c) {
@@ -153,7 +155,8 @@ TEST_CASE("integers: sum and prod wrap, min/max respect signedness") {
   CHECK(apply<uint8_t>(opFor(RedOp::Min, DataType::Uint8), DataType::Uint8, {255, 1}) == 1);
   CHECK(apply<int64_t>(opFor(RedOp::Max, DataType::Int64), DataType::Int64,
                        {std::numeric_limits<int64_t>::min(), -5, 3}) == 3);
-  CHECK(apply<uint64_t>(opFor(RedOp::Max, DataType::Uint64), DataType::Uint64, {~0ull, 1}) == ~0ull);
+  CHECK(apply<uint64_t>(opFor(RedOp::Max, DataType::Uint64), DataType::Uint64, {~0ull, 1}) ==
+        ~0ull);
   DevRedOp pm = opFor(RedOp::PreMulSum, DataType::Uint32, 2, 3.0);
   CHECK(apply<uint32_t>(pm, DataType::Uint32, {0x80000000u, 1}) == 0x80000003u);
 }
@@ -177,7 +180,8 @@ TEST_CASE("integer Avg: wrapped sum divided by nRanks toward zero (NCCL's recipr
   test::Rng rng(5);
   for (int i = 0; i < 20000; ++i) {
     uint32_t div = 1 + static_cast<uint32_t>(rng.next() % (i % 2 ? 16 : 2147483647u));
-    uint64_t bits = i < 8 ? (i < 4 ? (~0ull >> i) : (1ull << 63) + static_cast<uint64_t>(i - 4)) : rng.next();
+    uint64_t bits =
+        i < 8 ? (i < 4 ? (~0ull >> i) : (1ull << 63) + static_cast<uint64_t>(i - 4)) : rng.next();
     int64_t s64 = static_cast<int64_t>(bits);
     DevRedOp op = opFor(RedOp::Avg, DataType::Int64, static_cast<int>(div));
     int64_t got = s64;
@@ -186,10 +190,12 @@ TEST_CASE("integer Avg: wrapped sum divided by nRanks toward zero (NCCL's recipr
     int64_t want = static_cast<int64_t>(s64 < 0 ? 0 - mag / div : mag / div);
     REQUIRE(got == want);
     uint64_t ugot = bits;
-    hostPostOp(opFor(RedOp::Avg, DataType::Uint64, static_cast<int>(div)), DataType::Uint64, &ugot, 1);
+    hostPostOp(opFor(RedOp::Avg, DataType::Uint64, static_cast<int>(div)), DataType::Uint64, &ugot,
+               1);
     REQUIRE(ugot == bits / div);
     uint32_t u32 = static_cast<uint32_t>(bits);
-    hostPostOp(opFor(RedOp::Avg, DataType::Uint32, static_cast<int>(div)), DataType::Uint32, &u32, 1);
+    hostPostOp(opFor(RedOp::Avg, DataType::Uint32, static_cast<int>(div)), DataType::Uint32, &u32,
+               1);
     REQUIRE(u32 == static_cast<uint32_t>(bits) / div);
     int32_t s32 = static_cast<int32_t>(bits);
     hostPostOp(opFor(RedOp::Avg, DataType::Int32, static_cast<int>(div)), DataType::Int32, &s32, 1);
@@ -256,7 +262,8 @@ TEST_CASE("min/max: a NaN operand yields the other one; -0 is below +0") {
 
 TEST_CASE("makeDevRedOp rejects what NCCL rejects") {
   DevRedOp d{};
-  CHECK(makeDevRedOp(static_cast<RedOp>(9), DataType::Float32, 2, 1.0, &d) == Result::InvalidArgument);
+  CHECK(makeDevRedOp(static_cast<RedOp>(9), DataType::Float32, 2, 1.0, &d) ==
+        Result::InvalidArgument);
   CHECK(makeDevRedOp(RedOp::Sum, static_cast<DataType>(12), 2, 1.0, &d) == Result::InvalidArgument);
   CHECK(makeDevRedOp(RedOp::Sum, DataType::Float32, 0, 1.0, &d) == Result::InvalidArgument);
 }

@@ -18,7 +18,8 @@ namespace {
 
 const CollType kColls[] = {CollType::AllReduce, CollType::AllGather, CollType::ReduceScatter,
                            CollType::Broadcast, CollType::Reduce};
-const RedOp kOps[] = {RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg, RedOp::PreMulSum};
+const RedOp kOps[] = {RedOp::Sum, RedOp::Prod, RedOp::Max,
+                      RedOp::Min, RedOp::Avg,  RedOp::PreMulSum};
 
 bool reduces(CollType c) {
   return c == CollType::AllReduce || c == CollType::ReduceScatter || c == CollType::Reduce;
@@ -90,8 +91,13 @@ TEST_CASE("reference: every rank count 1..16, edge counts, in-place and every ro
   for (CollType c : kColls)
     for (Algo algo : algosOf(c))
       for (int n = 1; n <= 16; ++n) {
-        const size_t counts[] = {0, 1, static_cast<size_t>(n - 1), static_cast<size_t>(n + 1),
-                                 static_cast<size_t>(4 * n), static_cast<size_t>(4 * n + 3), 257};
+        const size_t counts[] = {0,
+                                 1,
+                                 static_cast<size_t>(n - 1),
+                                 static_cast<size_t>(n + 1),
+                                 static_cast<size_t>(4 * n),
+                                 static_cast<size_t>(4 * n + 3),
+                                 257};
         for (size_t count : counts)
           for (bool inPlace : {false, true}) {
             // Roots: all of them for the rooted collectives on one count, else one.
@@ -116,8 +122,8 @@ TEST_CASE("reference: ring chunking over many rounds and chunk sizes") {
   for (CollType c : kColls)
     for (size_t chunk : {16, 80, 256, 4096, 131072})
       for (int n : {2, 4, 7}) {
-        CaseSpec s = makeSpec(c, Algo::Ring, DataType::Float64, RedOp::Sum, 1000 + n, n,
-                              n - 1, chunk, (seed % 2) == 0, seed);
+        CaseSpec s = makeSpec(c, Algo::Ring, DataType::Float64, RedOp::Sum, 1000 + n, n, n - 1,
+                              chunk, (seed % 2) == 0, seed);
         ++seed;
         std::string why = test::checkCase(s);
         INFO(why);
@@ -132,14 +138,15 @@ TEST_CASE("reference: traffic equals the cost model of algo.h") {
         for (bool inPlace : {false, true}) {
           // Divisible counts: every slice and chunk has the same size.
           const size_t count = static_cast<size_t>(n) * 4 * 6;
-          CaseSpec s = makeSpec(c, algo, DataType::Float32, RedOp::Sum, count, n, 0, 32, inPlace, 9);
+          CaseSpec s =
+              makeSpec(c, algo, DataType::Float32, RedOp::Sum, count, n, 0, 32, inPlace, 9);
           test::CaseRun run;
           REQUIRE(test::runCase(s, 0xCD, &run) == Result::Success);
           const double bytes = static_cast<double>(count * 4);
           const double model = minDeviceBytesPerRank(c, algo, n, bytes, inPlace) * n;
-          INFO(run.plan.describe() << (inPlace ? " in-place" : "") << ": read "
-                                   << run.stats.bytesRead << " + written "
-                                   << run.stats.bytesWritten << ", model " << model);
+          INFO(run.plan.describe()
+               << (inPlace ? " in-place" : "") << ": read " << run.stats.bytesRead << " + written "
+               << run.stats.bytesWritten << ", model " << model);
           CHECK(static_cast<double>(run.stats.bytesRead + run.stats.bytesWritten) == Approx(model));
         }
 }

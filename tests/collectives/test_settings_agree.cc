@@ -47,7 +47,8 @@ std::vector<Outcome> agree(const std::vector<RouteSettings>& settings) {
       std::unique_ptr<Bootstrap> b;
       Outcome& o = out[static_cast<size_t>(r)];
       o.result = Bootstrap::create(id, r, n, &b);
-      if (o.result == Result::Success) o.result = mkernel::coll::agreeSettings(*b, settings[static_cast<size_t>(r)], "test");
+      if (o.result == Result::Success)
+        o.result = mkernel::coll::agreeSettings(*b, settings[static_cast<size_t>(r)], "test");
       if (o.result != Result::Success) o.error = mkernel::lastError();
     });
   }
@@ -55,7 +56,9 @@ std::vector<Outcome> agree(const std::vector<RouteSettings>& settings) {
   return out;
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 }  // namespace
 
@@ -70,7 +73,8 @@ TEST_CASE("route settings: the same on every rank pass", "[settings]") {
   }
 }
 
-TEST_CASE("route settings: one setting different on one rank fails every rank, naming it", "[settings]") {
+TEST_CASE("route settings: one setting different on one rank fails every rank, naming it",
+          "[settings]") {
   LoopbackEnv env;
   const RouteSettings base = mkernel::coll::routeSettingsInEffect();
   // Each ROUTE setting in turn, changed on the last rank, with 2 and 4 ranks.
@@ -92,9 +96,11 @@ TEST_CASE("route settings: one setting different on one rank fails every rank, n
   }
 }
 
-TEST_CASE("route settings: several differences, and a setting only one rank's mkernel has", "[settings]") {
+TEST_CASE("route settings: several differences, and a setting only one rank's mkernel has",
+          "[settings]") {
   LoopbackEnv env;
-  RouteSettings base = {{"mkernel version", "1.2.0"}, {"MKERNEL_DISABLE", "0"}, {"MKERNEL_ALGO", "auto"}};
+  RouteSettings base = {
+      {"mkernel version", "1.2.0"}, {"MKERNEL_DISABLE", "0"}, {"MKERNEL_ALGO", "auto"}};
   std::vector<RouteSettings> s(4, base);
   s[1][1].second = "1";  // MKERNEL_DISABLE=1 on ranks 1 and 3
   s[3][1].second = "1";
@@ -107,7 +113,8 @@ TEST_CASE("route settings: several differences, and a setting only one rank's mk
     CHECK(contains(o.error, "3 differ"));
     CHECK(contains(o.error, "mkernel version: '1.2.0' on ranks 0, 1, 3, '1.3.0' on rank 2"));
     CHECK(contains(o.error, "MKERNEL_DISABLE: '0' on ranks 0, 2, '1' on ranks 1, 3"));
-    CHECK(contains(o.error, "MKERNEL_NEW: (not a setting of its mkernel) on ranks 0, 1, 3, 'on' on rank 2"));
+    CHECK(contains(o.error,
+                   "MKERNEL_NEW: (not a setting of its mkernel) on ranks 0, 1, 3, 'on' on rank 2"));
     CHECK_FALSE(contains(o.error, "MKERNEL_ALGO"));
   }
 }

@@ -1,9 +1,9 @@
 // collectives/algo/staged.h, the algorithm the persistent kernel runs for process ranks, and
-// collectives/algo/staged_ring.h, its ring collectives through the same regions, run by CPU threads:
-// one thread per (rank, CTA), each with its own staging regions, barriers with the kernel's
-// semantics (per-CTA epoch flags: a rank passes once every peer has arrived, or for a ring step
-// its two neighbours, and may run ahead while slow peers are still reading), and a check that no
-// staging region is overwritten while its owner reads it (tests/region_races.h). Every result is
+// collectives/algo/staged_ring.h, its ring collectives through the same regions, run by CPU
+// threads: one thread per (rank, CTA), each with its own staging regions, barriers with the
+// kernel's semantics (per-CTA epoch flags: a rank passes once every peer has arrived, or for a ring
+// step its two neighbours, and may run ahead while slow peers are still reading), and a check that
+// no staging region is overwritten while its owner reads it (tests/region_races.h). Every result is
 // compared with the collective's definition (integer sums: exact), optionally with a pre() and a
 // post() that must each apply exactly once per input / result (World::ops).
 #include "tests/catch.h"
@@ -32,11 +32,11 @@ constexpr int kRegions = kStagedRegionsPerCta;
 struct World {
   int nRanks = 0, nCtas = 0;
   uint64_t chunkBytes = 0;
-  std::vector<std::vector<char>> staging;                   // per rank: nCtas * 4 regions
-  mktest::RegionRaces race;                                 // per (rank, cta, region)
-  std::unique_ptr<std::atomic<uint64_t>[]> arrive;          // per (rank, cta)
+  std::vector<std::vector<char>> staging;           // per rank: nCtas * 4 regions
+  mktest::RegionRaces race;                         // per (rank, cta, region)
+  std::unique_ptr<std::atomic<uint64_t>[]> arrive;  // per (rank, cta)
   std::atomic<int> timeouts{0};
-  int slowRank = -1;               // this rank reads slowly (widens the window a reuse bug needs)
+  int slowRank = -1;  // this rank reads slowly (widens the window a reuse bug needs)
   std::chrono::microseconds slowRead{0};
   // With ops: pre(x) = 3x and post(x) = x + 7 (uint32, wrapping), as PreMulSum's pre() and an
   // integer Avg's post(): applied twice or not at all, they give other sums.
@@ -80,8 +80,14 @@ struct CpuExecutor {
   int rank, cta;
   uint64_t epoch = 0;
 
-  char* in(int r, int parity) { return w->staging[static_cast<size_t>(r)].data() + stagedRegionOffset(cta, parity, w->chunkBytes); }
-  char* out(int r, int parity) { return w->staging[static_cast<size_t>(r)].data() + stagedRegionOffset(cta, 2 + parity, w->chunkBytes); }
+  char* in(int r, int parity) {
+    return w->staging[static_cast<size_t>(r)].data() +
+           stagedRegionOffset(cta, parity, w->chunkBytes);
+  }
+  char* out(int r, int parity) {
+    return w->staging[static_cast<size_t>(r)].data() +
+           stagedRegionOffset(cta, 2 + parity, w->chunkBytes);
+  }
 
   void slow() {
     if (rank == w->slowRank) std::this_thread::sleep_for(w->slowRead);
@@ -94,14 +100,15 @@ struct CpuExecutor {
     for (int k = 0; k < nDst; ++k) std::memcpy(dsts[k], src, bytes);
   }
   // uint32 sums with wrap-around: exact, so any order gives the same bits.
-  void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems, bool withPre = true,
-              bool withPost = true) {
+  void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems,
+              bool withPre = true, bool withPost = true) {
     if (elems == 0) return;
     mktest::RegionRaces::Movement m(&w->race, srcs, nSrc, dsts, nDst, elems * 4);
     slow();
     const World* wp = w;
-    mktest::sumU32(dsts, nDst, srcs, nSrc, elems, [&](uint32_t v) { return withPre ? wp->pre(v) : v; },
-                   [&](uint32_t v) { return withPost ? wp->post(v) : v; });
+    mktest::sumU32(
+        dsts, nDst, srcs, nSrc, elems, [&](uint32_t v) { return withPre ? wp->pre(v) : v; },
+        [&](uint32_t v) { return withPost ? wp->post(v) : v; });
   }
   bool waitFor(int p, uint64_t e) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -122,7 +129,8 @@ struct CpuExecutor {
     return true;
   }
   bool neighborBarrier(int prev, int next) {
-    if (prev != w->ringNeighbour(rank, -1) || next != w->ringNeighbour(rank, 1)) w->wrongNeighbours++;
+    if (prev != w->ringNeighbour(rank, -1) || next != w->ringNeighbour(rank, 1))
+      w->wrongNeighbours++;
     const uint64_t e = ++epoch;
     w->arrive[rank * w->nCtas + cta].store(e, std::memory_order_release);
     return waitFor(prev, e) && waitFor(next, e);
@@ -203,7 +211,8 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint32_t parityMask, ui
             call.chunkElems = ringStagedChunkElems(4, w.chunkBytes);
             call.hasPre = w.ops;
             call.ringOrdered = !w.ringOrder.empty();
-            for (size_t p = 0; p < w.ringOrder.size(); ++p) call.ringOrder[p] = static_cast<uint8_t>(w.ringOrder[p]);
+            for (size_t p = 0; p < w.ringOrder.size(); ++p)
+              call.ringOrder[p] = static_cast<uint8_t>(w.ringOrder[p]);
             if (!ringStagedCollective(ex, call, &chunkSeq)) return;
             continue;
           }
@@ -217,20 +226,25 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint32_t parityMask, ui
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     for (int r = 0; r < n; ++r) {
-      if (op.coll == CollType::Reduce && r != op.root) continue;  // only the root's output is defined
+      if (op.coll == CollType::Reduce && r != op.root)
+        continue;  // only the root's output is defined
       const Bufs& b = bufs[i][static_cast<size_t>(r)];
       const uint64_t rc = recvElems(op, n);
       for (uint64_t e = 0; e < rc; ++e) {
         auto input = [&](int q, uint64_t k) { return bufs[i][static_cast<size_t>(q)].input[k]; };
-        const uint32_t want = mktest::expectedU32(op.coll, n, r, op.root, op.count, e, input,
-                                                  [&](uint32_t v) { return w.pre(v); },
-                                                  [&](uint32_t v) { return w.post(v); });
+        const uint32_t want = mktest::expectedU32(
+            op.coll, n, r, op.root, op.count, e, input, [&](uint32_t v) { return w.pre(v); },
+            [&](uint32_t v) { return w.post(v); });
         const uint32_t got = b.buf[b.recvOff + e];
         if (got != want)
-          return std::string(collName(op.coll)) + (op.ring ? " (ring)" : op.twoShot ? " (two-shot)" : "") +
-                 (op.inPlace ? " in place" : "") +
-                 ": op " + std::to_string(i) + " rank " + std::to_string(r) + " element " + std::to_string(e) +
-                 " of " + std::to_string(op.count) + ": got " + std::to_string(got) + ", want " + std::to_string(want);
+          return std::string(collName(op.coll)) +
+                 (op.ring      ? " (ring)"
+                  : op.twoShot ? " (two-shot)"
+                               : "") +
+                 (op.inPlace ? " in place" : "") + ": op " + std::to_string(i) + " rank " +
+                 std::to_string(r) + " element " + std::to_string(e) + " of " +
+                 std::to_string(op.count) + ": got " + std::to_string(got) + ", want " +
+                 std::to_string(want);
       }
     }
   }
@@ -240,17 +254,17 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint32_t parityMask, ui
 // ring: 0 none, 1 some (about half), 2 all.
 std::vector<Op> randomOps(test::Rng& rng, int n, int count, int ring = 0) {
   std::vector<Op> ops;
-  const CollType colls[] = {CollType::AllReduce, CollType::AllGather, CollType::ReduceScatter, CollType::Broadcast,
-                            CollType::Reduce};
+  const CollType colls[] = {CollType::AllReduce, CollType::AllGather, CollType::ReduceScatter,
+                            CollType::Broadcast, CollType::Reduce};
   for (int i = 0; i < count; ++i) {
     Op op;
     op.coll = colls[rng.below(5)];
     op.twoShot = op.coll == CollType::AllReduce && n > 2 && rng.below(2) == 1;
     op.root = rng.below(n);
     const int shape = rng.below(4);
-    op.count = shape == 0 ? 1 + static_cast<uint64_t>(rng.below(7))
-                          : shape == 1 ? 16 * (1 + static_cast<uint64_t>(rng.below(8)))
-                                       : static_cast<uint64_t>(rng.below(700));
+    op.count = shape == 0   ? 1 + static_cast<uint64_t>(rng.below(7))
+               : shape == 1 ? 16 * (1 + static_cast<uint64_t>(rng.below(8)))
+                            : static_cast<uint64_t>(rng.below(700));
     op.inPlace = rng.below(2) == 1;
     op.ring = ring == 2 || (ring == 1 && rng.below(2) == 1);
     if (op.ring) op.twoShot = false;
@@ -264,7 +278,8 @@ std::vector<Op> randomOps(test::Rng& rng, int n, int count, int ring = 0) {
 // schedule) the race check must fire. parityMask 0 races on purpose: not under ThreadSanitizer,
 // which would report it.
 void checkSlowReader(const std::vector<Op>& ops, uint64_t seed) {
-  if (mktest::kThreadSanitizer) WARN("ThreadSanitizer build: the broken schedule (parityMask 0) is left out");
+  if (mktest::kThreadSanitizer)
+    WARN("ThreadSanitizer build: the broken schedule (parityMask 0) is left out");
   for (uint32_t mask : {1u, 0u}) {
     if (mask == 0 && mktest::kThreadSanitizer) continue;
     World w(3, 1, 64);
@@ -288,12 +303,15 @@ void checkSlowReader(const std::vector<Op>& ops, uint64_t seed) {
 // what it must not: reductions in place (hier_staged.h's hierArKeepOwn), and byte ranges (16
 // bytes at each pointer here), so that movements of different slots of one region do not race
 // (MKERNEL_HIER_AHEAD=2).
-TEST_CASE("region races: plain reads and writes, reductions in place, and writes that overlap them") {
+TEST_CASE(
+    "region races: plain reads and writes, reductions in place, and writes that overlap them") {
   std::vector<char> mem(4 * 64);
   mktest::RegionRaces r;
   auto fresh = [&] {
     r.reset([&mem](const char* p) {
-      return p >= mem.data() && p < mem.data() + mem.size() ? static_cast<int>((p - mem.data()) / 64) : -1;
+      return p >= mem.data() && p < mem.data() + mem.size()
+                 ? static_cast<int>((p - mem.data()) / 64)
+                 : -1;
     });
   };
   char* a = mem.data();
@@ -395,8 +413,9 @@ TEST_CASE("staged: every collective, in and out of place, 2-8 ranks, several CTA
 
 TEST_CASE("staged: a slow reader is never overtaken (and the check sees it when parity is off)") {
   // Rank 0 reads its inbox slowly; its peers would push the chunk after next into it under the
-  // read if a region were reused by the next chunk. With the parity (two regions) no read is ever disturbed; with one region
-  // (parityMask 0, a deliberately broken schedule) the race check must fire.
+  // read if a region were reused by the next chunk. With the parity (two regions) no read is ever
+  // disturbed; with one region (parityMask 0, a deliberately broken schedule) the race check must
+  // fire.
   std::vector<Op> ops;
   for (CollType c : {CollType::AllReduce, CollType::AllGather, CollType::ReduceScatter}) {
     Op op{c, false, 0, 256, false};
@@ -454,7 +473,9 @@ TEST_CASE("staged ring: step counts, chunk sizes, and the schedule's coverage") 
   }
 }
 
-TEST_CASE("staged ring: every collective, in and out of place, 1-8 ranks, several CTAs, many chunks, pre() and post()") {
+TEST_CASE(
+    "staged ring: every collective, in and out of place, 1-8 ranks, several CTAs, many chunks, "
+    "pre() and post()") {
   test::Rng rng(2027);
   for (int n : {1, 2, 3, 4, 5, 8}) {
     for (int ctas : {1, 3}) {
@@ -471,8 +492,9 @@ TEST_CASE("staged ring: every collective, in and out of place, 1-8 ranks, severa
         for (int c = 0; c < ctas; ++c) {
           uint64_t want = 0;
           for (const Op& op : list)
-            want += ringStagedSteps(op.coll, n, rankSlice(op.count, ctas, c, sliceAlignElems(4)).count,
-                                    ringStagedChunkElems(4, chunk), 4);
+            want +=
+                ringStagedSteps(op.coll, n, rankSlice(op.count, ctas, c, sliceAlignElems(4)).count,
+                                ringStagedChunkElems(4, chunk), 4);
           for (int r = 0; r < n; ++r) CHECK(w.arrive[r * ctas + c].load() == want);
         }
       }
@@ -489,17 +511,19 @@ TEST_CASE("staged ring: MKERNEL_RING_ORDER's list (parseRingOrder)") {
   CHECK(o == std::vector<int>{3, 1, 0, 2});
   CHECK(parseRingOrder("0", 1, &o));
   CHECK_FALSE(parseRingOrder("", 4, &o));
-  CHECK_FALSE(parseRingOrder("0,1,2", 4, &o));      // a rank missing
-  CHECK_FALSE(parseRingOrder("0,1,2,2", 4, &o));    // twice
-  CHECK_FALSE(parseRingOrder("0,1,2,4", 4, &o));    // out of range
-  CHECK_FALSE(parseRingOrder("0,1,2,3,", 4, &o));   // trailing comma
+  CHECK_FALSE(parseRingOrder("0,1,2", 4, &o));     // a rank missing
+  CHECK_FALSE(parseRingOrder("0,1,2,2", 4, &o));   // twice
+  CHECK_FALSE(parseRingOrder("0,1,2,4", 4, &o));   // out of range
+  CHECK_FALSE(parseRingOrder("0,1,2,3,", 4, &o));  // trailing comma
   CHECK_FALSE(parseRingOrder("0;1;2;3", 4, &o));
   CHECK_FALSE(parseRingOrder("auto", 4, &o));
   CHECK_FALSE(parseRingOrder("-1,0,1,2", 4, &o));
   CHECK_FALSE(parseRingOrder("0,1,2,3,0", 4, &o));
 }
 
-TEST_CASE("staged ring: in a given order (MKERNEL_RING_ORDER), random permutations, 2-8 ranks, every collective") {
+TEST_CASE(
+    "staged ring: in a given order (MKERNEL_RING_ORDER), random permutations, 2-8 ranks, every "
+    "collective") {
   // The schedule runs in ring positions; blocks of ReduceScatter and AllGather stay the ranks'
   // own, and every neighbour barrier is with the order's neighbours.
   test::Rng rng(2029);
@@ -512,17 +536,20 @@ TEST_CASE("staged ring: in a given order (MKERNEL_RING_ORDER), random permutatio
         w.ringOrder.resize(static_cast<size_t>(n));
         for (int p = 0; p < n; ++p) w.ringOrder[static_cast<size_t>(p)] = p;
         for (int p = n - 1; p > 0; --p)
-          std::swap(w.ringOrder[static_cast<size_t>(p)], w.ringOrder[static_cast<size_t>(rng.below(static_cast<uint64_t>(p + 1)))]);
+          std::swap(w.ringOrder[static_cast<size_t>(p)],
+                    w.ringOrder[static_cast<size_t>(rng.below(static_cast<uint64_t>(p + 1)))]);
         if (n > 2 && w.ringOrder == std::vector<int>([&] {
-              std::vector<int> id(static_cast<size_t>(n));
-              for (int p = 0; p < n; ++p) id[static_cast<size_t>(p)] = p;
-              return id;
-            }()))
-          std::swap(w.ringOrder[0], w.ringOrder[1]);  // never the identity: the test is about the order
+                       std::vector<int> id(static_cast<size_t>(n));
+                       for (int p = 0; p < n; ++p) id[static_cast<size_t>(p)] = p;
+                       return id;
+                     }()))
+          std::swap(w.ringOrder[0],
+                    w.ringOrder[1]);  // never the identity: the test is about the order
         std::string order;
         for (int v : w.ringOrder) order += std::to_string(v) + " ";
         const std::vector<Op> list = randomOps(rng, n, 20, /*ring=*/trial == 0 ? 2 : 1);
-        INFO("ranks " << n << ", CTAs " << ctas << ", chunk " << chunk << " B, order " << order << ", pre/post " << w.ops);
+        INFO("ranks " << n << ", CTAs " << ctas << ", chunk " << chunk << " B, order " << order
+                      << ", pre/post " << w.ops);
         CHECK(runOps(w, list, 1, rng.next()) == "");
         CHECK(w.race.races() == 0);
         CHECK(w.timeouts.load() == 0);
@@ -550,13 +577,14 @@ TEST_CASE("staged ring: rings and staged collectives interleaved on the same reg
   }
 }
 
-TEST_CASE("staged ring: a slow reader is never overtaken (and the check sees it when parity is off)") {
+TEST_CASE(
+    "staged ring: a slow reader is never overtaken (and the check sees it when parity is off)") {
   // Rank 0 reads its inbox slowly; its previous rank would push the step after next into it
   // under the read if a region were reused by the next step. Two regions: no read is ever
   // disturbed; one (parityMask 0, a deliberately broken schedule): the race check must fire.
   std::vector<Op> list;
-  for (CollType c : {CollType::AllReduce, CollType::AllGather, CollType::ReduceScatter, CollType::Broadcast,
-                     CollType::Reduce}) {
+  for (CollType c : {CollType::AllReduce, CollType::AllGather, CollType::ReduceScatter,
+                     CollType::Broadcast, CollType::Reduce}) {
     Op op{c, false, 1, 256, false};
     op.ring = true;
     list.push_back(op);

@@ -33,7 +33,8 @@ struct NoNcclDebug {
 
 std::vector<std::pair<int, std::string>> gNcclLines;
 // Stands in for NCCL's ncclDebugLog.
-void captureNccl(int level, unsigned long /*flags*/, const char* /*file*/, int /*line*/, const char* fmt, ...) {
+void captureNccl(int level, unsigned long /*flags*/, const char* /*file*/, int /*line*/,
+                 const char* fmt, ...) {
   char buf[512];
   va_list ap;
   va_start(ap, fmt);
@@ -44,7 +45,9 @@ void captureNccl(int level, unsigned long /*flags*/, const char* /*file*/, int /
 
 }  // namespace
 
-TEST_CASE("log: through NCCL's logger, only the lines NCCL_DEBUG lets through are formatted and handed over") {
+TEST_CASE(
+    "log: through NCCL's logger, only the lines NCCL_DEBUG lets through are formatted and handed "
+    "over") {
   // A plugin loaded by NCCL logs through NCCL. Lines above NCCL's level would be dropped by NCCL
   // anyway; formatting and handing them over cost every collective time (the shim's TRACE lines).
   gNcclLines.clear();
@@ -70,15 +73,19 @@ class Env {
   Env& set(const char* name, const char* value) {
     const char* old = std::getenv(name);
     saved_.emplace_back(name, old != nullptr ? std::optional<std::string>(old) : std::nullopt);
-    if (value != nullptr) setenv(name, value, 1);
-    else unsetenv(name);
+    if (value != nullptr)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
     params::resetForTesting();
     return *this;
   }
   ~Env() {
     for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      if (it->second) setenv(it->first.c_str(), it->second->c_str(), 1);
-      else unsetenv(it->first.c_str());
+      if (it->second)
+        setenv(it->first.c_str(), it->second->c_str(), 1);
+      else
+        unsetenv(it->first.c_str());
     }
     params::resetForTesting();
   }
@@ -100,13 +107,15 @@ std::vector<std::string> warnings(F f) {
   return out;
 }
 
-bool mentions(const std::vector<std::string>& lines, const std::string& a, const std::string& b = "") {
+bool mentions(const std::vector<std::string>& lines, const std::string& a,
+              const std::string& b = "") {
   for (const std::string& l : lines)
     if (l.find(a) != std::string::npos && l.find(b) != std::string::npos) return true;
   return false;
 }
 
-TEST_CASE("params: default, override, and an invalid value warned once that falls back to the default") {
+TEST_CASE(
+    "params: default, override, and an invalid value warned once that falls back to the default") {
   Env env;
   env.set("MKERNEL_TIMEOUT_S", nullptr);
   CHECK(params::TIMEOUT_S() == 300);
@@ -208,11 +217,15 @@ TEST_CASE("params: NCCL twins") {
     const char* def;
   };
   const Twin twins[] = {
-      {"MKERNEL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "ib0", "eth0", [] { return params::SOCKET_IFNAME(); }, ""},
+      {"MKERNEL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "ib0", "eth0",
+       [] { return params::SOCKET_IFNAME(); }, ""},
       {"MKERNEL_IB_HCA", "NCCL_IB_HCA", "mlx5_0", "=mlx5_1:1", [] { return params::IB_HCA(); }, ""},
-      {"MKERNEL_IB_GID_INDEX", "NCCL_IB_GID_INDEX", "3", "1", [] { return std::to_string(params::IB_GID_INDEX()); }, "-1"},
-      {"MKERNEL_IB_TIMEOUT", "NCCL_IB_TIMEOUT", "18", "22", [] { return std::to_string(params::IB_TIMEOUT()); }, "14"},
-      {"MKERNEL_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT", "5", "3", [] { return std::to_string(params::IB_RETRY_CNT()); }, "7"},
+      {"MKERNEL_IB_GID_INDEX", "NCCL_IB_GID_INDEX", "3", "1",
+       [] { return std::to_string(params::IB_GID_INDEX()); }, "-1"},
+      {"MKERNEL_IB_TIMEOUT", "NCCL_IB_TIMEOUT", "18", "22",
+       [] { return std::to_string(params::IB_TIMEOUT()); }, "14"},
+      {"MKERNEL_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT", "5", "3",
+       [] { return std::to_string(params::IB_RETRY_CNT()); }, "7"},
       {"MKERNEL_HOSTID", "NCCL_HOSTID", "node-a", "node-b", [] { return params::HOSTID(); }, ""},
   };
   for (const Twin& t : twins) {
@@ -241,20 +254,24 @@ TEST_CASE("params: NCCL twins") {
 
 TEST_CASE("params: the route settings, with the values in effect") {
   Env env;
-  env.set("MKERNEL_LAUNCH_MAX_BYTES", "64K").set("MKERNEL_ALGO", "RING").set("MKERNEL_LL_MAX_BYTES", nullptr);
+  env.set("MKERNEL_LAUNCH_MAX_BYTES", "64K")
+      .set("MKERNEL_ALGO", "RING")
+      .set("MKERNEL_LL_MAX_BYTES", nullptr);
   std::map<std::string, std::string> route;
   for (const auto& kv : params::routeSettings()) route[kv.first] = kv.second;
   CHECK(route.at("LAUNCH_MAX_BYTES") == "65536");
   CHECK(route.at("ALGO") == "ring");
   CHECK(route.at("LL_MAX_BYTES") == "auto");
-  for (const char* name : {"GRAPH_LAUNCH", "LAUNCH_DIRECT", "MAX_BYTES", "COLLECTIVES", "NCCL_CROSSOVER", "GRAPH",
-                           "DISABLE", "CTAS"})
+  for (const char* name : {"GRAPH_LAUNCH", "LAUNCH_DIRECT", "MAX_BYTES", "COLLECTIVES",
+                           "NCCL_CROSSOVER", "GRAPH", "DISABLE", "CTAS"})
     CHECK(route.count(name) == 1);
   CHECK(route.count("TIMEOUT_S") == 0);
   CHECK(route.count("DEBUG") == 0);
 }
 
-TEST_CASE("params: the text accessors read the environment each time; an undeclared name returns the fallback") {
+TEST_CASE(
+    "params: the text accessors read the environment each time; an undeclared name returns the "
+    "fallback") {
   Env env;
   env.set("MKERNEL_NET_CHUNK_BYTES", "8K");
   CHECK(mkernel::paramInt("NET_CHUNK_BYTES") == 8192);
@@ -262,7 +279,9 @@ TEST_CASE("params: the text accessors read the environment each time; an undecla
   CHECK(mkernel::paramIsSet("NET_CHUNK_BYTES"));
   setenv("MKERNEL_NET_CHUNK_BYTES", "16K", 1);
   CHECK(mkernel::paramInt("NET_CHUNK_BYTES") == 16384);
-  env.set("MKERNEL_NET_CHUNK_BYTES", nullptr).set("NCCL_SOCKET_IFNAME", "eth1").set("MKERNEL_SOCKET_IFNAME", nullptr);
+  env.set("MKERNEL_NET_CHUNK_BYTES", nullptr)
+      .set("NCCL_SOCKET_IFNAME", "eth1")
+      .set("MKERNEL_SOCKET_IFNAME", nullptr);
   CHECK(mkernel::paramInt("NET_CHUNK_BYTES") == 524288);
   CHECK_FALSE(mkernel::paramIsSet("NET_CHUNK_BYTES"));
   CHECK(mkernel::paramString("SOCKET_IFNAME") == "eth1");
@@ -302,7 +321,8 @@ TEST_CASE("errors: MK_ERROR records the message and returns the code") {
   Result r = MK_ERROR(Result::InvalidArgument, "count %d is bad", -3);
   CHECK(r == Result::InvalidArgument);
   CHECK(std::string(mkernel::lastError()) == "count -3 is bad");
-  CHECK(std::string(mkernel::resultString(Result::RemoteError)).find("remote") != std::string::npos);
+  CHECK(std::string(mkernel::resultString(Result::RemoteError)).find("remote") !=
+        std::string::npos);
 }
 
 namespace {
@@ -318,7 +338,8 @@ std::string readFile(const std::string& path) {
 std::set<std::string> tableNames(const std::string& text) {
   std::regex row("\\|\\s*`MKERNEL_([A-Z0-9_]+)`\\s*\\|");
   std::set<std::string> names;
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), row); it != std::sregex_iterator(); ++it)
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), row); it != std::sregex_iterator();
+       ++it)
     names.insert((*it)[1]);
   return names;
 }
@@ -336,10 +357,13 @@ std::set<std::string> declared(std::initializer_list<params::Audience> audiences
 // README.md's settings block (the fixture's while README.md has no markers) lists exactly the user
 // settings; docs/TUNING.md lists exactly the user and tuning ones. scripts/param-table.py writes
 // both; test_param_tables (ctest) checks that neither is stale.
-TEST_CASE("settings tables: README's block lists the user settings, docs/TUNING.md every documented one") {
+TEST_CASE(
+    "settings tables: README's block lists the user settings, docs/TUNING.md every documented "
+    "one") {
   const std::string begin = "<!-- settings:begin -->", end = "<!-- settings:end -->";
   std::string readme = readFile(MKERNEL_SOURCE_DIR "/README.md");
-  if (readme.find(begin) == std::string::npos) readme = readFile(MKERNEL_SOURCE_DIR "/tests/common/settings-readme.md");
+  if (readme.find(begin) == std::string::npos)
+    readme = readFile(MKERNEL_SOURCE_DIR "/tests/common/settings-readme.md");
   const size_t b = readme.find(begin), e = readme.find(end);
   REQUIRE(b != std::string::npos);
   REQUIRE(e != std::string::npos);

@@ -24,7 +24,6 @@ namespace {
 
 using mktest::StderrCapture;
 
-
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
@@ -87,7 +86,8 @@ TEST_CASE("log timestamp: an empty format gives no prefix; one that does not fit
   CHECK(std::string(out).empty());
 }
 
-TEST_CASE("errors: mkernel's result texts point at MKERNEL_DEBUG and at mkernel, never at NCCL's log") {
+TEST_CASE(
+    "errors: mkernel's result texts point at MKERNEL_DEBUG and at mkernel, never at NCCL's log") {
   using mkernel::Result;
   for (Result r : {Result::UnhandledCudaError, Result::SystemError}) {
     const std::string s = mkernel::resultString(r);
@@ -114,11 +114,16 @@ TEST_CASE("log: WARN lines carry the default timestamp; INFO lines none", "[.ts-
   MK_INFO(mkernel::kLogInit, "an info line %d", 2);
   const std::string out = cap.text();
   INFO(out);
-  CHECK(std::regex_search(out, std::regex(R"((^|\n)\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] [^ \n]+:\d+:\d+ MKERNEL WARN [^ ]+:\d+ a warning 1\n)")));
-  CHECK(std::regex_search(out, std::regex(R"((^|\n)[^\[ \n][^ \n]*:\d+:\d+ MKERNEL INFO an info line 2\n)")));
+  CHECK(std::regex_search(
+      out,
+      std::regex(
+          R"((^|\n)\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] [^ \n]+:\d+:\d+ MKERNEL WARN [^ ]+:\d+ a warning 1\n)")));
+  CHECK(std::regex_search(
+      out, std::regex(R"((^|\n)[^\[ \n][^ \n]*:\d+:\d+ MKERNEL INFO an info line 2\n)")));
 }
 
-TEST_CASE("log: MKERNEL_DEBUG_TIMESTAMP_FORMAT and _LEVELS choose the prefix and its lines", "[.ts-custom]") {
+TEST_CASE("log: MKERNEL_DEBUG_TIMESTAMP_FORMAT and _LEVELS choose the prefix and its lines",
+          "[.ts-custom]") {
   REQUIRE(env("MKERNEL_DEBUG") == "INFO");
   REQUIRE(env("MKERNEL_DEBUG_TIMESTAMP_FORMAT") == "<%Y_%3f>_");
   REQUIRE(env("MKERNEL_DEBUG_TIMESTAMP_LEVELS") == "INFO");
@@ -127,8 +132,10 @@ TEST_CASE("log: MKERNEL_DEBUG_TIMESTAMP_FORMAT and _LEVELS choose the prefix and
   MK_INFO(mkernel::kLogInit, "an info line %d", 2);
   const std::string out = cap.text();
   INFO(out);
-  CHECK(std::regex_search(out, std::regex(R"((^|\n)<\d{4} \d{3}> [^ \n]+:\d+:\d+ MKERNEL INFO an info line 2\n)")));
-  CHECK(std::regex_search(out, std::regex(R"((^|\n)[^< \n][^ \n]*:\d+:\d+ MKERNEL WARN [^ ]+:\d+ a warning 1\n)")));
+  CHECK(std::regex_search(
+      out, std::regex(R"((^|\n)<\d{4} \d{3}> [^ \n]+:\d+:\d+ MKERNEL INFO an info line 2\n)")));
+  CHECK(std::regex_search(
+      out, std::regex(R"((^|\n)[^< \n][^ \n]*:\d+:\d+ MKERNEL WARN [^ ]+:\d+ a warning 1\n)")));
 }
 
 TEST_CASE("log: MKERNEL_DEBUG_TIMESTAMP_LEVELS=NONE turns timestamps off", "[.ts-none]") {
@@ -138,7 +145,8 @@ TEST_CASE("log: MKERNEL_DEBUG_TIMESTAMP_LEVELS=NONE turns timestamps off", "[.ts
   const std::string out = cap.text();
   INFO(out);
   CHECK(count(out, "MKERNEL WARN") == 1);
-  CHECK(std::regex_search(out, std::regex(R"(^[^\[ \n][^ \n]*:\d+:\d+ MKERNEL WARN [^ ]+:\d+ a warning 1\n)")));
+  CHECK(std::regex_search(
+      out, std::regex(R"(^[^\[ \n][^ \n]*:\d+:\d+ MKERNEL WARN [^ ]+:\d+ a warning 1\n)")));
 }
 
 TEST_CASE("log: an unknown MKERNEL_DEBUG is said once, and the log runs at WARN", "[.bad-level]") {
@@ -157,7 +165,8 @@ TEST_CASE("log: an unknown MKERNEL_DEBUG is said once, and the log runs at WARN"
   CHECK(out.find("MKERNEL_DEBUG=LOUD") < out.find("first 1"));
 }
 
-TEST_CASE("log: an unknown subsystem in MKERNEL_DEBUG_SUBSYS is said once; the known ones apply", "[.bad-subsys]") {
+TEST_CASE("log: an unknown subsystem in MKERNEL_DEBUG_SUBSYS is said once; the known ones apply",
+          "[.bad-subsys]") {
   REQUIRE(env("MKERNEL_DEBUG") == "INFO");
   REQUIRE(env("MKERNEL_DEBUG_SUBSYS") == "INIT,BOGUS");
   StderrCapture cap;
@@ -173,17 +182,20 @@ TEST_CASE("log: an unknown subsystem in MKERNEL_DEBUG_SUBSYS is said once; the k
   CHECK(out.find("a warning 3") != std::string::npos);
 }
 
-TEST_CASE("log: an unknown level in MKERNEL_DEBUG_TIMESTAMP_LEVELS is said once", "[.bad-ts-levels]") {
+TEST_CASE("log: an unknown level in MKERNEL_DEBUG_TIMESTAMP_LEVELS is said once",
+          "[.bad-ts-levels]") {
   REQUIRE(env("MKERNEL_DEBUG_TIMESTAMP_LEVELS") == "WARN,SOMETIMES");
   StderrCapture cap;
   MK_WARN("a warning %d", 1);
   const std::string out = cap.text();
   INFO(out);
-  CHECK(count(out, "MKERNEL_DEBUG_TIMESTAMP_LEVELS=WARN,SOMETIMES: unknown level(s) SOMETIMES") == 1);
+  CHECK(count(out, "MKERNEL_DEBUG_TIMESTAMP_LEVELS=WARN,SOMETIMES: unknown level(s) SOMETIMES") ==
+        1);
   CHECK(out.find("a warning 1") != std::string::npos);
 }
 
-TEST_CASE("log: a MKERNEL_DEBUG_FILE that cannot be opened is said, and the log goes to stderr", "[.bad-file]") {
+TEST_CASE("log: a MKERNEL_DEBUG_FILE that cannot be opened is said, and the log goes to stderr",
+          "[.bad-file]") {
   REQUIRE(env("MKERNEL_DEBUG_FILE") == "/nonexistent-mkernel-dir/log.%p");
   StderrCapture cap;
   MK_WARN("a warning %d", 1);
@@ -197,7 +209,8 @@ TEST_CASE("log: a MKERNEL_DEBUG_FILE that cannot be opened is said, and the log 
   CHECK(out.find("another 2") != std::string::npos);
 }
 
-TEST_CASE("log: the startup line is bare at MKERNEL_DEBUG=VERSION, and WARNs are not printed", "[.startup-version]") {
+TEST_CASE("log: the startup line is bare at MKERNEL_DEBUG=VERSION, and WARNs are not printed",
+          "[.startup-version]") {
   REQUIRE(env("MKERNEL_DEBUG") == "VERSION");
   StderrCapture cap;
   CHECK(mkernel::logStartupEnabled());
@@ -215,7 +228,8 @@ TEST_CASE("log: the startup line is an INFO line at MKERNEL_DEBUG=INFO", "[.star
   mkernel::logStartupLine("mkernel 9.9.9 loaded as %s", "a test");
   const std::string out = cap.text();
   INFO(out);
-  CHECK(std::regex_search(out, std::regex(R"(^[^ \n]+:\d+:\d+ MKERNEL INFO mkernel 9\.9\.9 loaded as a test\n$)")));
+  CHECK(std::regex_search(
+      out, std::regex(R"(^[^ \n]+:\d+:\d+ MKERNEL INFO mkernel 9\.9\.9 loaded as a test\n$)")));
 }
 
 TEST_CASE("log: no startup line at MKERNEL_DEBUG=WARN", "[.startup-warn]") {
@@ -230,13 +244,15 @@ TEST_CASE("log: no startup line at MKERNEL_DEBUG=WARN", "[.startup-warn]") {
   CHECK(out.find("a warning 1") != std::string::npos);
 }
 
-TEST_CASE("log: a requested line (MKERNEL_STATS) is printed at WARN, whatever the subsystems", "[.requested-warn]") {
+TEST_CASE("log: a requested line (MKERNEL_STATS) is printed at WARN, whatever the subsystems",
+          "[.requested-warn]") {
   REQUIRE(env("MKERNEL_DEBUG") == "WARN");
   StderrCapture cap;
   mkernel::logRequested("STATS", "comm %d: %s", 7, "a summary");
   const std::string out = cap.text();
   INFO(out);
-  CHECK(std::regex_search(out, std::regex(R"(^[^ \n]+:\d+:\d+ MKERNEL STATS comm 7: a summary\n$)")));
+  CHECK(
+      std::regex_search(out, std::regex(R"(^[^ \n]+:\d+:\d+ MKERNEL STATS comm 7: a summary\n$)")));
 }
 
 TEST_CASE("log: nothing at all at MKERNEL_DEBUG=NONE, not even a requested line", "[.none]") {

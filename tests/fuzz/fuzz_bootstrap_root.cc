@@ -49,7 +49,8 @@ void checkRootServes() {
   std::thread t0(rankMain, 0), t1(rankMain, 1);
   t0.join();
   t1.join();
-  if (ok.load() != 2) mkernel::fuzz::fuzzFail("the root no longer serves a rendezvous after fuzz input");
+  if (ok.load() != 2)
+    mkernel::fuzz::fuzzFail("the root no longer serves a rendezvous after fuzz input");
   newRoot();
   gSinceCheck = 0;
   gLastCheck = std::chrono::steady_clock::now();
@@ -72,7 +73,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ::shutdown(fd, SHUT_WR);
   // The root handles one connection at a time: wait until it dropped ours, so that the next input
   // meets a root that is back in accept(). A root that keeps a malformed connection is a bug.
-  if (!mkernel::fuzz::drainUntilClosed(fd, 3000)) mkernel::fuzz::fuzzFail("the root kept a malformed connection open");
+  if (!mkernel::fuzz::drainUntilClosed(fd, 3000))
+    mkernel::fuzz::fuzzFail("the root kept a malformed connection open");
   ::close(fd);
   if (++gSinceCheck >= kCheckEvery || mkernel::fuzz::secondsSince(gLastCheck) > kCheckSeconds)
     checkRootServes();

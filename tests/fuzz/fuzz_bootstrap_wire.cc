@@ -74,8 +74,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 3: {  // a frame header: an accepted size must be one the receiver can allocate
       FrameHeader fh = decode<FrameHeader>(data, size);
-      if (validateFrameHeader(fh, &why)) FUZZ_CHECK(fh.size <= kMaxMessageBytes);
-      else FUZZ_CHECK(!why.empty());
+      if (validateFrameHeader(fh, &why))
+        FUZZ_CHECK(fh.size <= kMaxMessageBytes);
+      else
+        FUZZ_CHECK(!why.empty());
       break;
     }
     default: {  // the root's address table, as many whole entries as the input holds

@@ -72,10 +72,13 @@ net::RecvComm* acceptFor(net::ListenComm* lc, double seconds) {
 int connectPeer(const tcp::WireHandle& h) {
   socklen_t len = h.addr.sa.sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
   int err = 0;
-  int fd = mkernel::fuzz::rawConnect(&h.addr.sa, len, 10000, &err);  // answers come at once; 10 s: a loaded host
+  int fd = mkernel::fuzz::rawConnect(&h.addr.sa, len, 10000,
+                                     &err);  // answers come at once; 10 s: a loaded host
   if (fd < 0) {
     char msg[160];
-    std::snprintf(msg, sizeof(msg), "cannot connect to the TCP listen comm for 15 s (last error: %s)", std::strerror(err));
+    std::snprintf(msg, sizeof(msg),
+                  "cannot connect to the TCP listen comm for 15 s (last error: %s)",
+                  std::strerror(err));
     fuzzFail(msg);
   }
   return fd;
@@ -98,11 +101,13 @@ void modeHello(Input in) {
   net::ListenComm* lc = listenHere(&h);
   int fd = connectPeer(h);
   tcp::Hello hello{tcp::kHelloMagic, in.u16(), in.u16(), in.u16(), 0, 0, h.nonce, in.u16()};
-  bool valid = hello.version == tcp::kWireVersion && hello.nSocks == h.nSocks && hello.sockIndex < hello.nSocks;
+  bool valid = hello.version == tcp::kWireVersion && hello.nSocks == h.nSocks &&
+               hello.sockIndex < hello.nSocks;
   mkernel::fuzz::sendSome(fd, &hello, sizeof(hello));
   mkernel::fuzz::sendSome(fd, in.p, in.n);
   tcp::HelloAck ack{};
-  if (mkernel::fuzz::recvExactly(fd, &ack, sizeof(ack)) != sizeof(ack)) fuzzFail("the listener did not answer a Hello carrying its nonce");
+  if (mkernel::fuzz::recvExactly(fd, &ack, sizeof(ack)) != sizeof(ack))
+    fuzzFail("the listener did not answer a Hello carrying its nonce");
   if ((ack.status == tcp::kHelloOk) != valid) fuzzFail("the listener judged a Hello wrongly");
   net::RecvComm* rc = valid && h.nSocks == 1 ? acceptFor(lc, 2.0) : nullptr;
   if (valid && h.nSocks == 1 && rc == nullptr) fuzzFail("a valid handshake gave no recv comm");
@@ -117,7 +122,8 @@ int helloPeer(const tcp::WireHandle& h, uint16_t sockIndex, uint16_t nSocks, uin
   tcp::Hello hello{tcp::kHelloMagic, tcp::kWireVersion, sockIndex, nSocks, 0, 0, h.nonce, connId};
   mkernel::fuzz::sendSome(fd, &hello, sizeof(hello));
   tcp::HelloAck ack{};
-  if (mkernel::fuzz::recvExactly(fd, &ack, sizeof(ack)) != sizeof(ack) || ack.status != tcp::kHelloOk)
+  if (mkernel::fuzz::recvExactly(fd, &ack, sizeof(ack)) != sizeof(ack) ||
+      ack.status != tcp::kHelloOk)
     fuzzFail("a correct handshake was refused");
   return fd;
 }
@@ -209,7 +215,8 @@ void modeHalfClosed(Input in) {
   if (gNet->closeListen(lc) != Result::Success) fuzzFail("closeListen failed");
   Posted p;
   postReceives(rc, &in, &p);
-  const size_t on1 = std::min<size_t>(in.u16(), in.n);  // the stream's last on1 bytes go to socket 1
+  const size_t on1 =
+      std::min<size_t>(in.u16(), in.n);  // the stream's last on1 bytes go to socket 1
   mkernel::fuzz::sendSome(fds[0], in.p, in.n - on1);
   mkernel::fuzz::sendSome(fds[1], in.p + (in.n - on1), on1);
   ::shutdown(fds[1], SHUT_WR);
@@ -238,10 +245,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   Input in{data + 1, size - 1};
   switch (data[0] % 4) {
-    case 0: modeRaw(in); break;
-    case 1: modeHello(in); break;
-    case 2: modeStream(in); break;
-    default: modeHalfClosed(in); break;
+    case 0:
+      modeRaw(in);
+      break;
+    case 1:
+      modeHello(in);
+      break;
+    case 2:
+      modeStream(in);
+      break;
+    default:
+      modeHalfClosed(in);
+      break;
   }
   // Every comm of this input is closed: the backend must hold the same descriptors as after the
   // first input (the engine's epoll fds appear on first use).
@@ -250,7 +265,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (fds != gFdBaseline) {
     usleep(20000);  // a close racing the engine thread settles within a poll
     if (mkernel::fuzz::openFdCount() != gFdBaseline) {
-      std::fprintf(stderr, "open descriptors: %d, after the first input: %d\n", mkernel::fuzz::openFdCount(), gFdBaseline);
+      std::fprintf(stderr, "open descriptors: %d, after the first input: %d\n",
+                   mkernel::fuzz::openFdCount(), gFdBaseline);
       mkernel::fuzz::printOpenFds();
       fuzzFail("file descriptors leaked");
     }

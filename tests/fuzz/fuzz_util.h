@@ -27,9 +27,9 @@ namespace fuzz {
   __builtin_trap();
 }
 
-#define FUZZ_CHECK(cond)                                      \
-  do {                                                        \
-    if (!(cond)) ::mkernel::fuzz::fuzzFail(#cond);            \
+#define FUZZ_CHECK(cond)                           \
+  do {                                             \
+    if (!(cond)) ::mkernel::fuzz::fuzzFail(#cond); \
   } while (0)
 
 // Quiet, short-fused settings for every target: MKERNEL_DEBUG=VERSION keeps the expected
@@ -51,7 +51,8 @@ inline int openFdCount() {
     char path[64], target[64] = {};
     std::snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
     if (readlink(path, target, sizeof(target) - 1) <= 0) continue;
-    if (std::strncmp(target, "socket:", 7) == 0 || std::strncmp(target, "anon_inode:", 11) == 0) ++n;
+    if (std::strncmp(target, "socket:", 7) == 0 || std::strncmp(target, "anon_inode:", 11) == 0)
+      ++n;
   }
   closedir(d);
   return n;

@@ -36,7 +36,8 @@ inline bool reduces(CollType c) {
 inline std::vector<Case> buildCases(int nRanks) {
   const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::Reduce,
                             CollType::AllGather, CollType::Broadcast};
-  const RedOp ops[] = {RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg, RedOp::PreMulSum};
+  const RedOp ops[] = {RedOp::Sum, RedOp::Prod, RedOp::Max,
+                       RedOp::Min, RedOp::Avg,  RedOp::PreMulSum};
   std::vector<Case> cases;
   int seq = 0;
   for (CollType c : colls) {
@@ -48,7 +49,8 @@ inline std::vector<Case> buildCases(int nRanks) {
           for (bool inPlace : {false, true}) {
             Case k{c, dt, op, count, inPlace, (seq++) % nRanks, 0, false};
             if (!inPlace && count == 4099) k.misalign = 1;
-            if (op == RedOp::PreMulSum && (dt == DataType::Float32 || dt == DataType::Int32) && inPlace)
+            if (op == RedOp::PreMulSum && (dt == DataType::Float32 || dt == DataType::Int32) &&
+                inPlace)
               k.scalarOnDevice = true;
             cases.push_back(k);
           }
@@ -59,8 +61,8 @@ inline std::vector<Case> buildCases(int nRanks) {
   // Medium: 30 KiB to 240 KiB from each rank to each peer, odd counts (the last LL line partly
   // filled); with MKERNEL_LL_MAX_BYTES raised (test_gpu_ll_max) the LL mode's larger slots of a
   // communicator with few ranks, else the inbox or direct mode.
-  const DataType midTypes[] = {DataType::Int8, DataType::Float16, DataType::Float32, DataType::Float64,
-                               DataType::Bfloat16};
+  const DataType midTypes[] = {DataType::Int8, DataType::Float16, DataType::Float32,
+                               DataType::Float64, DataType::Bfloat16};
   for (CollType c : colls) {
     for (DataType dt : midTypes) {
       for (RedOp op : {RedOp::Sum, RedOp::Avg}) {
@@ -75,14 +77,15 @@ inline std::vector<Case> buildCases(int nRanks) {
   }
   // Large: two-shot AllReduce, every CTA busy, 16-byte vector path.
   const DataType bigTypes[] = {DataType::Float32, DataType::Bfloat16, DataType::Int8,
-                               DataType::Fp8E4M3, DataType::Float64, DataType::Uint64};
+                               DataType::Fp8E4M3, DataType::Float64,  DataType::Uint64};
   for (CollType c : colls) {
     for (DataType dt : bigTypes) {
       for (RedOp op : {RedOp::Sum, RedOp::Avg, RedOp::Max}) {
         if (!reduces(c) && op != RedOp::Sum) continue;
         for (bool inPlace : {false, true}) {
           size_t count = 3 * 65536 + 5;
-          if (c == CollType::AllGather || c == CollType::ReduceScatter) count = count / static_cast<size_t>(nRanks) + 3;
+          if (c == CollType::AllGather || c == CollType::ReduceScatter)
+            count = count / static_cast<size_t>(nRanks) + 3;
           cases.push_back(Case{c, dt, op, count, inPlace, (seq++) % nRanks, 0, false});
         }
       }
@@ -99,8 +102,8 @@ inline std::vector<Case> buildCases(int nRanks) {
 inline std::vector<Case> buildDirectCases(int nRanks) {
   const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::Reduce,
                             CollType::AllGather, CollType::Broadcast};
-  const DataType types[] = {DataType::Float32, DataType::Bfloat16, DataType::Int8, DataType::Fp8E5M2,
-                            DataType::Float64, DataType::Int32};
+  const DataType types[] = {DataType::Float32, DataType::Bfloat16, DataType::Int8,
+                            DataType::Fp8E5M2, DataType::Float64,  DataType::Int32};
   std::vector<Case> cases;
   int seq = 0;
   for (CollType c : colls) {
@@ -110,7 +113,8 @@ inline std::vector<Case> buildDirectCases(int nRanks) {
         const size_t esz = mkernel::coll::dataTypeSize(dt);
         for (bool inPlace : {false, true}) {
           size_t count = (size_t(4) << 20) / esz + 3;
-          if (c == CollType::AllGather || c == CollType::ReduceScatter) count = count / static_cast<size_t>(nRanks) + 1;
+          if (c == CollType::AllGather || c == CollType::ReduceScatter)
+            count = count / static_cast<size_t>(nRanks) + 1;
           Case k{c, dt, op, count, inPlace, (seq++) % nRanks, 0, false};
           if (!inPlace && seq % 3 == 0) k.misalign = 1;
           cases.push_back(k);
@@ -122,8 +126,8 @@ inline std::vector<Case> buildDirectCases(int nRanks) {
 }
 
 inline std::string caseName(const Case& k) {
-  return std::string(mkernel::coll::collName(k.coll)) + "/" + mkernel::coll::dataTypeName(k.dtype) + "/" +
-         mkernel::coll::redOpName(k.op) + " count=" + std::to_string(k.count) +
+  return std::string(mkernel::coll::collName(k.coll)) + "/" + mkernel::coll::dataTypeName(k.dtype) +
+         "/" + mkernel::coll::redOpName(k.op) + " count=" + std::to_string(k.count) +
          (k.inPlace ? " in-place" : " out-of-place") + " root=" + std::to_string(k.root) +
          (k.misalign ? " misaligned" : "") + (k.scalarOnDevice ? " scalar-on-device" : "");
 }

@@ -37,18 +37,28 @@ inline double uniform(uint64_t& s, double lo, double hi) {
   return lo + (hi - lo) * static_cast<double>(splitmix(s) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-inline bool isFp8(DataType t) { return t == DataType::Fp8E4M3 || t == DataType::Fp8E5M2; }
-inline bool isHalfLike(DataType t) { return t == DataType::Float16 || t == DataType::Bfloat16; }
+inline bool isFp8(DataType t) {
+  return t == DataType::Fp8E4M3 || t == DataType::Fp8E5M2;
+}
+inline bool isHalfLike(DataType t) {
+  return t == DataType::Float16 || t == DataType::Bfloat16;
+}
 
 // The unit roundoff of a floating type (round to nearest: half the machine epsilon).
 inline double unitRoundoff(DataType t) {
   switch (t) {
-    case DataType::Float64: return std::ldexp(1.0, -53);
-    case DataType::Float32: return std::ldexp(1.0, -24);
-    case DataType::Float16: return std::ldexp(1.0, -11);
-    case DataType::Bfloat16: return std::ldexp(1.0, -8);
-    case DataType::Fp8E4M3: return std::ldexp(1.0, -4);
-    default: return std::ldexp(1.0, -3);  // fp8 e5m2
+    case DataType::Float64:
+      return std::ldexp(1.0, -53);
+    case DataType::Float32:
+      return std::ldexp(1.0, -24);
+    case DataType::Float16:
+      return std::ldexp(1.0, -11);
+    case DataType::Bfloat16:
+      return std::ldexp(1.0, -8);
+    case DataType::Fp8E4M3:
+      return std::ldexp(1.0, -4);
+    default:
+      return std::ldexp(1.0, -3);  // fp8 e5m2
   }
 }
 
@@ -66,10 +76,18 @@ inline double unitRoundoff(DataType t) {
 inline double tolerance(DataType t, int roundings = 1) {
   double rule = 1e-1;
   switch (t) {
-    case DataType::Float64: rule = 1e-12; break;
-    case DataType::Float32: rule = 1e-5; break;
-    case DataType::Float16: case DataType::Bfloat16: rule = 1e-2; break;
-    default: break;
+    case DataType::Float64:
+      rule = 1e-12;
+      break;
+    case DataType::Float32:
+      rule = 1e-5;
+      break;
+    case DataType::Float16:
+    case DataType::Bfloat16:
+      rule = 1e-2;
+      break;
+    default:
+      break;
   }
   return std::max(rule, std::pow(1.0 + unitRoundoff(t), roundings) - 1.0);
 }
@@ -89,8 +107,10 @@ inline std::vector<uint8_t> makeInput(DataType t, RedOp op, uint64_t seed, int r
     const double sign = (splitmix(s) & 1) ? -1.0 : 1.0;
     if (isFp8(t)) {
       const int range = t == DataType::Fp8E4M3 ? 2 : 1;
-      if (op == RedOp::Prod) v = sign * ((splitmix(s) & 1) ? 2.0 : 1.0);
-      else v = static_cast<double>(static_cast<int64_t>(splitmix(s) % (2 * range + 1)) - range);
+      if (op == RedOp::Prod)
+        v = sign * ((splitmix(s) & 1) ? 2.0 : 1.0);
+      else
+        v = static_cast<double>(static_cast<int64_t>(splitmix(s) % (2 * range + 1)) - range);
     } else if (op == RedOp::Prod) {
       v = sign * (isHalfLike(t) ? uniform(s, 0.75, 1.25) : uniform(s, 0.5, 1.5));
     } else {
@@ -114,7 +134,8 @@ inline std::string checkReduced(DataType t, RedOp op, double scalar, int nRanks,
     std::vector<uint8_t> acc(n * esz), tmp(n * esz);
     mkernel::coll::hostPreOp(dop, t, acc.data(), in[0].data() + offset * esz, n);
     for (int k = 1; k < nRanks; ++k) {
-      mkernel::coll::hostPreOp(dop, t, tmp.data(), in[static_cast<size_t>(k)].data() + offset * esz, n);
+      mkernel::coll::hostPreOp(dop, t, tmp.data(), in[static_cast<size_t>(k)].data() + offset * esz,
+                               n);
       mkernel::coll::hostReduce(dop, t, acc.data(), tmp.data(), n);
     }
     mkernel::coll::hostPostOp(dop, t, acc.data(), n);
@@ -141,10 +162,18 @@ inline std::string checkReduced(DataType t, RedOp op, double scalar, int nRanks,
         continue;
       }
       switch (op) {
-        case RedOp::Prod: ref *= x; break;
-        case RedOp::Max: ref = std::fmax(ref, x); break;
-        case RedOp::Min: ref = std::fmin(ref, x); break;
-        default: ref += x; break;
+        case RedOp::Prod:
+          ref *= x;
+          break;
+        case RedOp::Max:
+          ref = std::fmax(ref, x);
+          break;
+        case RedOp::Min:
+          ref = std::fmin(ref, x);
+          break;
+        default:
+          ref += x;
+          break;
       }
     }
     if (op == RedOp::Avg) {
@@ -164,8 +193,9 @@ inline std::string checkReduced(DataType t, RedOp op, double scalar, int nRanks,
   }
   const double rel = refSq > 0 ? std::sqrt(errSq / refSq) : std::sqrt(errSq);
   if (rel > tolerance(t, roundings))
-    return "norm-wise relative error " + std::to_string(rel) + " > " + std::to_string(tolerance(t, roundings)) +
-           " (worst element " + std::to_string(worst) + ")";
+    return "norm-wise relative error " + std::to_string(rel) + " > " +
+           std::to_string(tolerance(t, roundings)) + " (worst element " + std::to_string(worst) +
+           ")";
   return "";
 }
 

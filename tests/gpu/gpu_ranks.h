@@ -81,8 +81,9 @@ struct RankCtx {
 };
 
 // One collective's arguments.
-inline mkernel::coll::CollArgs collArgs(mkernel::coll::CollType c, mkernel::coll::DataType dt, mkernel::coll::RedOp op,
-                                        const void* send, void* recv, size_t count, int root = 0) {
+inline mkernel::coll::CollArgs collArgs(mkernel::coll::CollType c, mkernel::coll::DataType dt,
+                                        mkernel::coll::RedOp op, const void* send, void* recv,
+                                        size_t count, int root = 0) {
   mkernel::coll::CollArgs a{};
   a.coll = c;
   a.dtype = dt;
@@ -107,22 +108,28 @@ inline bool haveGpu() {
 // ranksPerNode > 0: emulated nodes of that many ranks (CommOptions.ranksPerNode: the hierarchical
 // path, with a proxy per rank over TCP on loopback).
 inline std::vector<std::string> runRanks(int n, const std::function<void(RankCtx&)>& fn,
-                                         size_t hostBytes = size_t(32) << 20, int ranksPerNode = 0) {
+                                         size_t hostBytes = size_t(32) << 20,
+                                         int ranksPerNode = 0) {
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
   mkernel::params::resetForTesting();
   std::vector<std::string> failures;
   std::mutex failMu;
   std::vector<uint8_t*> pinned(static_cast<size_t>(n), nullptr);
-  std::vector<std::vector<void*>> frees(static_cast<size_t>(n));  // RankCtx::freeAfter, once all threads ended
+  std::vector<std::vector<void*>> frees(
+      static_cast<size_t>(n));  // RankCtx::freeAfter, once all threads ended
   cudaSetDevice(0);
   for (auto& p : pinned)
-    if (cudaMallocHost(reinterpret_cast<void**>(&p), hostBytes) != cudaSuccess) return {"cudaMallocHost failed"};
+    if (cudaMallocHost(reinterpret_cast<void**>(&p), hostBytes) != cudaSuccess)
+      return {"cudaMallocHost failed"};
   mkernel::bootstrap::UniqueId id;
-  if (mkernel::bootstrap::createUniqueId(&id) != mkernel::Result::Success) return {"createUniqueId failed"};
+  if (mkernel::bootstrap::createUniqueId(&id) != mkernel::Result::Success)
+    return {"createUniqueId failed"};
   // MKGPU_SPREAD=1: the ranks over every visible GPU (one per GPU when there are enough).
   int nDev = 1;
   const char* spread = std::getenv("MKGPU_SPREAD");
-  if (spread != nullptr && std::atoi(spread) != 0 && (cudaGetDeviceCount(&nDev) != cudaSuccess || nDev < 1)) nDev = 1;
+  if (spread != nullptr && std::atoi(spread) != 0 &&
+      (cudaGetDeviceCount(&nDev) != cudaSuccess || nDev < 1))
+    nDev = 1;
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
@@ -156,7 +163,8 @@ inline std::vector<std::string> runRanks(int n, const std::function<void(RankCtx
       ctx.bs = bs.get();
       fn(ctx);
       cudaStreamSynchronize(ctx.stream);
-      if (comm->finalize() != mkernel::Result::Success) ctx.fail(std::string("finalize: ") + mkernel::lastError());
+      if (comm->finalize() != mkernel::Result::Success)
+        ctx.fail(std::string("finalize: ") + mkernel::lastError());
       comm.reset();
       for (auto& f : ctx.afterFinalize) f();
       cudaStreamDestroy(ctx.stream);

@@ -52,7 +52,8 @@ TEST_CASE("Communicator::create explains why it cannot run, or runs") {
   a.recvbuff = buf;
   a.count = count;
   REQUIRE(comm->enqueue(&a, 1, nullptr) == Result::Success);
-  REQUIRE(cudaMemcpy(out.data(), buf, count * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+  REQUIRE(cudaMemcpy(out.data(), buf, count * sizeof(float), cudaMemcpyDeviceToHost) ==
+          cudaSuccess);
   CHECK(out[0] == 1.5f);
   CHECK(out[count - 1] == 1.5f);
   CHECK(comm->asyncError() == Result::Success);

@@ -81,114 +81,142 @@ void graphReplay(bool graphLaunch, int ranksPerNode = 0) {
   EnvGuard gl("MKERNEL_GRAPH_LAUNCH", graphLaunch ? "1" : "0");
   const int n = 4;
   if (ranksPerNode > 0) graphLaunch = false;
-  auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
-    const size_t small = 1000, large = 1 << 20;
-    // Allocated before any rank's first collective (the barrier) and freed after finalize
-    // (RankCtx::freeAfter): with the doorbell, the replays keep every rank's kernel resident,
-    // and a cudaFree or cudaMalloc beside a resident kernel waits for it (docs/KERNEL.md, "A
-    // product risk"; the last case of this file measures exactly that).
-    int32_t* in = ctx.deviceAlloc<int32_t>(large * 4);
-    int32_t* outSmall = ctx.deviceAlloc<int32_t>(small * 4);
-    int32_t* outLarge = ctx.deviceAlloc<int32_t>(large * 4);
-    if (in == nullptr || outSmall == nullptr || outLarge == nullptr) return ctx.fail("cudaMalloc");
-    if (ctx.bs->barrier() != Result::Success) return ctx.fail("bootstrap barrier after allocation");
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    if (cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return ctx.fail("begin capture");
-    CollArgs group[2] = {allReduceSum(in, outSmall, small), allReduceSum(in, outLarge, large)};
-    Result er = ctx.comm->enqueue(group, 2, ctx.stream);
-    CollArgs single = allReduceSum(in, outLarge, large);
-    if (er == Result::Success) er = ctx.comm->enqueue(&single, 1, ctx.stream);  // second slot
-    if (cudaStreamEndCapture(ctx.stream, &graph) != cudaSuccess || er != Result::Success)
-      return ctx.fail(std::string("capture failed: ") + mkernel::lastError());
-    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return ctx.fail("instantiate");
-    for (int rep = 0; rep < 6; ++rep) {
-      if (rep == 4) std::this_thread::sleep_for(std::chrono::milliseconds(150));  // > 7x idle exit
-      const int salt = 10 * rep;
-      std::vector<int32_t> host = rankInput(ctx.rank, salt, large);
-      ctx.hostReset();
-      if (!ctx.toDevice(in, host.data(), large * 4)) return ctx.fail("upload");
-      cudaMemsetAsync(outSmall, 0xff, small * 4, ctx.stream);
-      cudaMemsetAsync(outLarge, 0xff, large * 4, ctx.stream);
-      if (cudaGraphLaunch(exec, ctx.stream) != cudaSuccess) return ctx.fail("graph launch");
-      std::vector<int32_t> a(small), b(large);
-      const void* sa = ctx.fromDevice(outSmall, small * 4);
-      const void* sb = ctx.fromDevice(outLarge, large * 4);
-      if (sa == nullptr || sb == nullptr) return ctx.fail("download");
-      if (cudaStreamSynchronize(ctx.stream) != cudaSuccess) return ctx.fail("sync after replay");
-      std::memcpy(a.data(), sa, small * 4);
-      std::memcpy(b.data(), sb, large * 4);
-      std::string w = checkSum(a, n, salt);
-      if (w.empty()) w = checkSum(b, n, salt);
-      if (!w.empty()) return ctx.fail("replay " + std::to_string(rep) + ": " + w);
-      if (graphLaunch && rep % 2 == 1) {
-        // An eager AllReduce between replays: the eager namespace, numbered by the host.
-        const int esalt = 1000 + rep;
-        std::vector<int32_t> eh = rankInput(ctx.rank, esalt, small);
-        ctx.hostReset();
-        if (!ctx.toDevice(in, eh.data(), small * 4)) return ctx.fail("upload (eager)");
-        CollArgs eager = allReduceSum(in, outSmall, small);
-        if (ctx.comm->enqueue(&eager, 1, ctx.stream) != Result::Success) return ctx.fail("eager enqueue between replays");
-        const void* se = ctx.fromDevice(outSmall, small * 4);
-        if (se == nullptr || cudaStreamSynchronize(ctx.stream) != cudaSuccess) return ctx.fail("eager between replays");
-        std::vector<int32_t> e(small);
-        std::memcpy(e.data(), se, small * 4);
-        w = checkSum(e, n, esalt);
-        if (!w.empty()) return ctx.fail("eager AllReduce after replay " + std::to_string(rep) + ": " + w);
-      }
-    }
-    mkernel::coll::CollStats st;
-    ctx.comm->stats(&st);
-    const uint64_t ar = st.kernelOps[static_cast<int>(CollType::AllReduce)];
-    if (graphLaunch) {
-      // 6 replays x 3 captured + 3 eager, all on the launch path; no persistent kernel.
-      if (st.kernelLaunches != 0) ctx.fail("a persistent kernel was launched " + std::to_string(st.kernelLaunches) + " times");
-      if (ar != 21) ctx.fail("counted " + std::to_string(ar) + " AllReduces, want 21");
-      if (st.launchOps[static_cast<int>(CollType::AllReduce)] != 21)
-        ctx.fail("launch path counted " + std::to_string(st.launchOps[static_cast<int>(CollType::AllReduce)]) + " AllReduces, want 21");
-    } else {
-      if (st.kernelLaunches != 1) ctx.fail("captured communicator relaunched its kernel: " + std::to_string(st.kernelLaunches) + " launches");
-      if (ar != 18) ctx.fail("kernel counted " + std::to_string(ar) + " AllReduces, want 18");
-    }
-    // MKERNEL_HIER_ROLES=W,R (test_gpu_graph_hier_roles): the captured AllReduces ran in CTA roles.
-    int wantW = 0, wantR = 0;
-    const std::string& roles = mkernel::params::HIER_ROLES();
-    if (ranksPerNode > 0 && std::sscanf(roles.c_str(), "%d,%d", &wantW, &wantR) == 2 &&
-        (st.hierWorkers != wantW || st.hierReducers != wantR))
-      ctx.fail("AllReduce CTA roles " + std::to_string(st.hierWorkers) + "," + std::to_string(st.hierReducers) +
-               ", want " + roles);
-    // MKERNEL_HIER_RAIL (test_gpu_graph_hier_rail_roles): the rail exchange in effect.
-    const std::string rail = mkernel::params::HIER_RAIL.text();
-    if (ranksPerNode > 0 && st.hierRail != mkernel::coll::hierRailByName(rail))
-      ctx.fail("rail exchange " + std::to_string(st.hierRail) + ", want " + rail);
-    // After finalize: with the doorbell, the graph's kernel is resident until then.
-    ctx.afterFinalize.push_back([exec, graph] {
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
-    });
-  }, size_t(32) << 20, ranksPerNode);
+  auto failures = mkgpu::runRanks(
+      n,
+      [&](mkgpu::RankCtx& ctx) {
+        const size_t small = 1000, large = 1 << 20;
+        // Allocated before any rank's first collective (the barrier) and freed after finalize
+        // (RankCtx::freeAfter): with the doorbell, the replays keep every rank's kernel resident,
+        // and a cudaFree or cudaMalloc beside a resident kernel waits for it (docs/KERNEL.md, "A
+        // product risk"; the last case of this file measures exactly that).
+        int32_t* in = ctx.deviceAlloc<int32_t>(large * 4);
+        int32_t* outSmall = ctx.deviceAlloc<int32_t>(small * 4);
+        int32_t* outLarge = ctx.deviceAlloc<int32_t>(large * 4);
+        if (in == nullptr || outSmall == nullptr || outLarge == nullptr)
+          return ctx.fail("cudaMalloc");
+        if (ctx.bs->barrier() != Result::Success)
+          return ctx.fail("bootstrap barrier after allocation");
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        if (cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+          return ctx.fail("begin capture");
+        CollArgs group[2] = {allReduceSum(in, outSmall, small), allReduceSum(in, outLarge, large)};
+        Result er = ctx.comm->enqueue(group, 2, ctx.stream);
+        CollArgs single = allReduceSum(in, outLarge, large);
+        if (er == Result::Success) er = ctx.comm->enqueue(&single, 1, ctx.stream);  // second slot
+        if (cudaStreamEndCapture(ctx.stream, &graph) != cudaSuccess || er != Result::Success)
+          return ctx.fail(std::string("capture failed: ") + mkernel::lastError());
+        if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return ctx.fail("instantiate");
+        for (int rep = 0; rep < 6; ++rep) {
+          if (rep == 4)
+            std::this_thread::sleep_for(std::chrono::milliseconds(150));  // > 7x idle exit
+          const int salt = 10 * rep;
+          std::vector<int32_t> host = rankInput(ctx.rank, salt, large);
+          ctx.hostReset();
+          if (!ctx.toDevice(in, host.data(), large * 4)) return ctx.fail("upload");
+          cudaMemsetAsync(outSmall, 0xff, small * 4, ctx.stream);
+          cudaMemsetAsync(outLarge, 0xff, large * 4, ctx.stream);
+          if (cudaGraphLaunch(exec, ctx.stream) != cudaSuccess) return ctx.fail("graph launch");
+          std::vector<int32_t> a(small), b(large);
+          const void* sa = ctx.fromDevice(outSmall, small * 4);
+          const void* sb = ctx.fromDevice(outLarge, large * 4);
+          if (sa == nullptr || sb == nullptr) return ctx.fail("download");
+          if (cudaStreamSynchronize(ctx.stream) != cudaSuccess)
+            return ctx.fail("sync after replay");
+          std::memcpy(a.data(), sa, small * 4);
+          std::memcpy(b.data(), sb, large * 4);
+          std::string w = checkSum(a, n, salt);
+          if (w.empty()) w = checkSum(b, n, salt);
+          if (!w.empty()) return ctx.fail("replay " + std::to_string(rep) + ": " + w);
+          if (graphLaunch && rep % 2 == 1) {
+            // An eager AllReduce between replays: the eager namespace, numbered by the host.
+            const int esalt = 1000 + rep;
+            std::vector<int32_t> eh = rankInput(ctx.rank, esalt, small);
+            ctx.hostReset();
+            if (!ctx.toDevice(in, eh.data(), small * 4)) return ctx.fail("upload (eager)");
+            CollArgs eager = allReduceSum(in, outSmall, small);
+            if (ctx.comm->enqueue(&eager, 1, ctx.stream) != Result::Success)
+              return ctx.fail("eager enqueue between replays");
+            const void* se = ctx.fromDevice(outSmall, small * 4);
+            if (se == nullptr || cudaStreamSynchronize(ctx.stream) != cudaSuccess)
+              return ctx.fail("eager between replays");
+            std::vector<int32_t> e(small);
+            std::memcpy(e.data(), se, small * 4);
+            w = checkSum(e, n, esalt);
+            if (!w.empty())
+              return ctx.fail("eager AllReduce after replay " + std::to_string(rep) + ": " + w);
+          }
+        }
+        mkernel::coll::CollStats st;
+        ctx.comm->stats(&st);
+        const uint64_t ar = st.kernelOps[static_cast<int>(CollType::AllReduce)];
+        if (graphLaunch) {
+          // 6 replays x 3 captured + 3 eager, all on the launch path; no persistent kernel.
+          if (st.kernelLaunches != 0)
+            ctx.fail("a persistent kernel was launched " + std::to_string(st.kernelLaunches) +
+                     " times");
+          if (ar != 21) ctx.fail("counted " + std::to_string(ar) + " AllReduces, want 21");
+          if (st.launchOps[static_cast<int>(CollType::AllReduce)] != 21)
+            ctx.fail("launch path counted " +
+                     std::to_string(st.launchOps[static_cast<int>(CollType::AllReduce)]) +
+                     " AllReduces, want 21");
+        } else {
+          if (st.kernelLaunches != 1)
+            ctx.fail("captured communicator relaunched its kernel: " +
+                     std::to_string(st.kernelLaunches) + " launches");
+          if (ar != 18) ctx.fail("kernel counted " + std::to_string(ar) + " AllReduces, want 18");
+        }
+        // MKERNEL_HIER_ROLES=W,R (test_gpu_graph_hier_roles): the captured AllReduces ran in CTA
+        // roles.
+        int wantW = 0, wantR = 0;
+        const std::string& roles = mkernel::params::HIER_ROLES();
+        if (ranksPerNode > 0 && std::sscanf(roles.c_str(), "%d,%d", &wantW, &wantR) == 2 &&
+            (st.hierWorkers != wantW || st.hierReducers != wantR))
+          ctx.fail("AllReduce CTA roles " + std::to_string(st.hierWorkers) + "," +
+                   std::to_string(st.hierReducers) + ", want " + roles);
+        // MKERNEL_HIER_RAIL (test_gpu_graph_hier_rail_roles): the rail exchange in effect.
+        const std::string rail = mkernel::params::HIER_RAIL.text();
+        if (ranksPerNode > 0 && st.hierRail != mkernel::coll::hierRailByName(rail))
+          ctx.fail("rail exchange " + std::to_string(st.hierRail) + ", want " + rail);
+        // After finalize: with the doorbell, the graph's kernel is resident until then.
+        ctx.afterFinalize.push_back([exec, graph] {
+          cudaGraphExecDestroy(exec);
+          cudaGraphDestroy(graph);
+        });
+      },
+      size_t(32) << 20, ranksPerNode);
   for (const auto& f : failures) FAIL_CHECK(f);
   CHECK(failures.empty());
 }
 
 // What a mixed-test collective's output element i must be (int32, sum; inputs rankInput with the
 // item's salt): empty when res matches, else what differs. Reduce: only the root's is checked.
-std::string mixedWrong(CollType coll, size_t count, int root, int salt, int rank, int n, const std::vector<int32_t>& res) {
+std::string mixedWrong(CollType coll, size_t count, int root, int salt, int rank, int n,
+                       const std::vector<int32_t>& res) {
   for (size_t i = 0; i < res.size(); ++i) {
     int64_t want = 0;
     switch (coll) {
-      case CollType::AllReduce: want = expectedSum(n, salt, i); break;
+      case CollType::AllReduce:
+        want = expectedSum(n, salt, i);
+        break;
       case CollType::Reduce:
         if (rank != root) return "";
         want = expectedSum(n, salt, i);
         break;
-      case CollType::ReduceScatter: want = expectedSum(n, salt, rank * count + i); break;
-      case CollType::AllGather: want = static_cast<int32_t>(i / count) + 1 + salt + static_cast<int64_t>(i % count); break;
-      case CollType::Broadcast: want = root + 1 + salt + static_cast<int64_t>(i); break;
+      case CollType::ReduceScatter:
+        want = expectedSum(n, salt, rank * count + i);
+        break;
+      case CollType::AllGather:
+        want = static_cast<int32_t>(i / count) + 1 + salt + static_cast<int64_t>(i % count);
+        break;
+      case CollType::Broadcast:
+        want = root + 1 + salt + static_cast<int64_t>(i);
+        break;
     }
     if (res[i] != static_cast<int32_t>(want))
-      return std::string(mkernel::coll::collName(coll)) + " count " + std::to_string(count) + " element " +
-             std::to_string(i) + " = " + std::to_string(res[i]) + ", want " + std::to_string(want);
+      return std::string(mkernel::coll::collName(coll)) + " count " + std::to_string(count) +
+             " element " + std::to_string(i) + " = " + std::to_string(res[i]) + ", want " +
+             std::to_string(want);
   }
   return "";
 }
@@ -218,7 +246,11 @@ void llBatches(int n, bool capture, const char* mode) {
     if (ctx.bs->barrier() != Result::Success) return ctx.fail("bootstrap barrier after allocation");
     uint64_t rng = 777;  // same sequence on every rank
     uint64_t ops = 0, smallOps = 0;
-    struct Item { CollType coll; size_t count; int root; };
+    struct Item {
+      CollType coll;
+      size_t count;
+      int root;
+    };
     for (int g = 0; g < kGroups; ++g) {
       const int k = 2 + static_cast<int>(mkgpu::splitmix(rng) % (kMaxGroup - 1));
       const bool large = g % 4 == 2;
@@ -226,7 +258,8 @@ void llBatches(int n, bool capture, const char* mode) {
       std::vector<CollArgs> args;
       for (int j = 0; j < k; ++j) {
         Item it{static_cast<CollType>(mkgpu::splitmix(rng) % 5),
-                1 + mkgpu::splitmix(rng) % (large ? kMaxCount : kMaxSmall), static_cast<int>(mkgpu::splitmix(rng) % n)};
+                1 + mkgpu::splitmix(rng) % (large ? kMaxCount : kMaxSmall),
+                static_cast<int>(mkgpu::splitmix(rng) % n)};
         CollArgs a = allReduceSum(ins[j], outs[j], it.count);
         a.coll = it.coll;
         a.root = it.root;
@@ -238,7 +271,8 @@ void llBatches(int n, bool capture, const char* mode) {
           [&](int salt, const std::function<bool()>& run, const std::string& what) -> bool {
         ctx.hostReset();
         for (int j = 0; j < k; ++j) {
-          const size_t sendCount = items[j].coll == CollType::ReduceScatter ? items[j].count * n : items[j].count;
+          const size_t sendCount =
+              items[j].coll == CollType::ReduceScatter ? items[j].count * n : items[j].count;
           std::vector<int32_t> in = rankInput(ctx.rank, salt + j, sendCount);
           if (!ctx.toDevice(ins[j], in.data(), sendCount * 4)) return ctx.fail("upload"), false;
           cudaMemsetAsync(outs[j], 0xff, kMaxCount * 4 * n, ctx.stream);
@@ -246,33 +280,43 @@ void llBatches(int n, bool capture, const char* mode) {
         if (!run()) return ctx.fail(what + ": " + mkernel::lastError()), false;
         std::vector<const void*> staged(k);
         for (int j = 0; j < k; ++j) {
-          const size_t recvCount = items[j].coll == CollType::AllGather ? items[j].count * n : items[j].count;
+          const size_t recvCount =
+              items[j].coll == CollType::AllGather ? items[j].count * n : items[j].count;
           staged[j] = ctx.fromDevice(outs[j], recvCount * 4);
           if (staged[j] == nullptr) return ctx.fail("download"), false;
         }
-        if (cudaStreamSynchronize(ctx.stream) != cudaSuccess) return ctx.fail(what + ": stream sync"), false;
+        if (cudaStreamSynchronize(ctx.stream) != cudaSuccess)
+          return ctx.fail(what + ": stream sync"), false;
         for (int j = 0; j < k; ++j) {
-          const size_t recvCount = items[j].coll == CollType::AllGather ? items[j].count * n : items[j].count;
+          const size_t recvCount =
+              items[j].coll == CollType::AllGather ? items[j].count * n : items[j].count;
           std::vector<int32_t> res(recvCount);
           std::memcpy(res.data(), staged[j], recvCount * 4);
-          const std::string w = mixedWrong(items[j].coll, items[j].count, items[j].root, salt + j, ctx.rank, n, res);
-          if (!w.empty()) return ctx.fail(what + ", op " + std::to_string(j) + " of " + std::to_string(k) + ": " + w), false;
+          const std::string w =
+              mixedWrong(items[j].coll, items[j].count, items[j].root, salt + j, ctx.rank, n, res);
+          if (!w.empty())
+            return ctx.fail(what + ", op " + std::to_string(j) + " of " + std::to_string(k) + ": " +
+                            w),
+                   false;
         }
         return true;
       };
       // Every fourth group: k in-place AllReduces of one buffer, each reading the one before's
-      // output (each a wave of its own in an exchange batch); after them element i is n^(k-1) x the sum.
+      // output (each a wave of its own in an exchange batch); after them element i is n^(k-1) x the
+      // sum.
       const bool chain = g % 4 == 3;
       const size_t chainCount = items[0].count;
       if (chain) {
         args.assign(static_cast<size_t>(k), allReduceSum(ins[0], ins[0], chainCount));
-        round = [&, k](int salt, const std::function<bool()>& run, const std::string& what) -> bool {
+        round = [&, k](int salt, const std::function<bool()>& run,
+                       const std::string& what) -> bool {
           ctx.hostReset();
           std::vector<int32_t> in = rankInput(ctx.rank, salt, chainCount);
           if (!ctx.toDevice(ins[0], in.data(), chainCount * 4)) return ctx.fail("upload"), false;
           if (!run()) return ctx.fail(what + ": " + mkernel::lastError()), false;
           const void* staged = ctx.fromDevice(ins[0], chainCount * 4);
-          if (staged == nullptr || cudaStreamSynchronize(ctx.stream) != cudaSuccess) return ctx.fail(what + ": download"), false;
+          if (staged == nullptr || cudaStreamSynchronize(ctx.stream) != cudaSuccess)
+            return ctx.fail(what + ": download"), false;
           std::vector<int32_t> res(chainCount);
           std::memcpy(res.data(), staged, chainCount * 4);
           int64_t scale = 1;
@@ -280,8 +324,9 @@ void llBatches(int n, bool capture, const char* mode) {
           for (size_t i = 0; i < chainCount; ++i) {
             const int32_t want = static_cast<int32_t>(scale * expectedSum(n, salt, i));
             if (res[i] != want)
-              return ctx.fail(what + ": " + std::to_string(k) + " chained in-place AllReduces, element " + std::to_string(i) +
-                              " = " + std::to_string(res[i]) + ", want " + std::to_string(want)),
+              return ctx.fail(what + ": " + std::to_string(k) +
+                              " chained in-place AllReduces, element " + std::to_string(i) + " = " +
+                              std::to_string(res[i]) + ", want " + std::to_string(want)),
                      false;
           }
           return true;
@@ -297,7 +342,8 @@ void llBatches(int n, bool capture, const char* mode) {
         for (int j = 0; j < k; ++j)
           args[static_cast<size_t>(j)] = sameOut ? allReduceSum(ins[j], outs[0], chainCount)
                                                  : allReduceSum(ins[j + 1], ins[j], chainCount);
-        round = [&, k, sameOut](int salt, const std::function<bool()>& run, const std::string& what) -> bool {
+        round = [&, k, sameOut](int salt, const std::function<bool()>& run,
+                                const std::string& what) -> bool {
           ctx.hostReset();
           for (int j = 0; j <= k; ++j) {
             std::vector<int32_t> in = rankInput(ctx.rank, salt + j, chainCount);
@@ -309,17 +355,20 @@ void llBatches(int n, bool capture, const char* mode) {
           for (int j = 0; j < checked; ++j)
             if ((staged[j] = ctx.fromDevice(sameOut ? outs[0] : ins[j], chainCount * 4)) == nullptr)
               return ctx.fail(what + ": download"), false;
-          if (cudaStreamSynchronize(ctx.stream) != cudaSuccess) return ctx.fail(what + ": stream sync"), false;
+          if (cudaStreamSynchronize(ctx.stream) != cudaSuccess)
+            return ctx.fail(what + ": stream sync"), false;
           for (int j = 0; j < checked; ++j) {
             std::vector<int32_t> res(chainCount);
             std::memcpy(res.data(), staged[j], chainCount * 4);
             const int inputSalt = sameOut ? salt + k - 1 : salt + j + 1;
             for (size_t i = 0; i < chainCount; ++i)
               if (res[i] != expectedSum(n, inputSalt, i))
-                return ctx.fail(what + ": " + (sameOut ? "the last AllReduce into a shared output"
-                                                       : "AllReduce " + std::to_string(j) + " into the input of the one before") +
-                                ", element " + std::to_string(i) + " = " + std::to_string(res[i]) + ", want " +
-                                std::to_string(expectedSum(n, inputSalt, i))),
+                return ctx.fail(what + ": " +
+                                (sameOut ? "the last AllReduce into a shared output"
+                                         : "AllReduce " + std::to_string(j) +
+                                               " into the input of the one before") +
+                                ", element " + std::to_string(i) + " = " + std::to_string(res[i]) +
+                                ", want " + std::to_string(expectedSum(n, inputSalt, i))),
                        false;
           }
           return true;
@@ -351,11 +400,12 @@ void llBatches(int n, bool capture, const char* mode) {
         };
       }
       auto eager = [&] { return ctx.comm->enqueue(args.data(), k, ctx.stream) == Result::Success; };
-      const std::string name = "group " + std::to_string(g) + (chain       ? " (chained in place)"
-                                                               : sameOut   ? " (one output)"
-                                                               : intoInput ? " (each into the input of the one before)"
-                                                               : twins     ? " (twins)"
-                                                                           : "");
+      const std::string name = "group " + std::to_string(g) +
+                               (chain       ? " (chained in place)"
+                                : sameOut   ? " (one output)"
+                                : intoInput ? " (each into the input of the one before)"
+                                : twins     ? " (twins)"
+                                            : "");
       ops += static_cast<uint64_t>(k);
       if (!large) smallOps += static_cast<uint64_t>(k);
       if (!capture) {
@@ -364,15 +414,18 @@ void llBatches(int n, bool capture, const char* mode) {
       }
       cudaGraph_t graph = nullptr;
       cudaGraphExec_t exec = nullptr;
-      if (cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return ctx.fail("begin capture");
+      if (cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+        return ctx.fail("begin capture");
       const Result er = ctx.comm->enqueue(args.data(), k, ctx.stream);
       if (cudaStreamEndCapture(ctx.stream, &graph) != cudaSuccess || er != Result::Success)
         return ctx.fail(name + ": capture failed: " + mkernel::lastError());
-      if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return ctx.fail(name + ": instantiate");
+      if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
+        return ctx.fail(name + ": instantiate");
       bool ok = true;
       for (int rep = 0; rep < kReplays && ok; ++rep) {
-        ok = round(100 * g + 10 * rep, [&] { return cudaGraphLaunch(exec, ctx.stream) == cudaSuccess; },
-                   name + " replay " + std::to_string(rep));
+        ok = round(
+            100 * g + 10 * rep, [&] { return cudaGraphLaunch(exec, ctx.stream) == cudaSuccess; },
+            name + " replay " + std::to_string(rep));
         // An eager group between replays (the eager namespace, numbered by the host).
         if (ok && rep == 1) {
           ok = round(100 * g + 50, eager, name + " eager between replays");
@@ -388,9 +441,10 @@ void llBatches(int n, bool capture, const char* mode) {
     ctx.comm->stats(&st);
     // Every op of the small groups batched (when on); the large groups' ops as their paths allow.
     if (batchOn ? st.llBatchOps < smallOps || st.llBatchOps > ops : st.llBatchOps != 0)
-      ctx.fail("llBatchOps " + std::to_string(st.llBatchOps) + ", want " +
-               (batchOn ? std::to_string(smallOps) + ".." + std::to_string(ops) : std::string("0")) + " (" +
-               std::to_string(ops) + " ops issued, llOps " + std::to_string(st.llOps) + ")");
+      ctx.fail(
+          "llBatchOps " + std::to_string(st.llBatchOps) + ", want " +
+          (batchOn ? std::to_string(smallOps) + ".." + std::to_string(ops) : std::string("0")) +
+          " (" + std::to_string(ops) + " ops issued, llOps " + std::to_string(st.llOps) + ")");
   });
   for (const auto& f : failures) FAIL_CHECK(f);
   CHECK(failures.empty());
@@ -398,22 +452,34 @@ void llBatches(int n, bool capture, const char* mode) {
 
 }  // namespace
 
-TEST_CASE("gpu: CUDA graph capture and replay on the launch path (graph namespace), eager collectives between replays", "[gpu][graph][graphns]") {
+TEST_CASE(
+    "gpu: CUDA graph capture and replay on the launch path (graph namespace), eager collectives "
+    "between replays",
+    "[gpu][graph][graphns]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   graphReplay(true);
 }
 
-TEST_CASE("gpu: CUDA graph capture, replay, replay after idling past the exit time (doorbell, stream memops)", "[gpu][graph][graphmemop]") {
+TEST_CASE(
+    "gpu: CUDA graph capture, replay, replay after idling past the exit time (doorbell, stream "
+    "memops)",
+    "[gpu][graph][graphmemop]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   graphReplay(false);
 }
 
-TEST_CASE("gpu: CUDA graph capture and replay of hierarchical collectives (2 emulated nodes of 2, proxies)", "[gpu][graph][hier][graphhier]") {
+TEST_CASE(
+    "gpu: CUDA graph capture and replay of hierarchical collectives (2 emulated nodes of 2, "
+    "proxies)",
+    "[gpu][graph][hier][graphhier]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   graphReplay(false, 2);
 }
 
-TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins does not stall its other streams", "[gpu][graph][graphmalloc]") {
+TEST_CASE(
+    "gpu: an application's cudaMalloc while a graph-resident kernel spins does not stall its other "
+    "streams",
+    "[gpu][graph][graphmalloc]") {
   // CUDA's implicit-synchronization rule (docs/KERNEL.md, "A product risk to measure next"):
   // if a device allocation between two commands of different streams serialized them, the memset
   // below would wait for the resident persistent kernel, which never exits on its own.
@@ -424,12 +490,15 @@ TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins 
     if (buf == nullptr) return ctx.fail("cudaMalloc");
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
-    if (cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return ctx.fail("begin capture");
+    if (cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+      return ctx.fail("begin capture");
     CollArgs a = allReduceSum(buf, buf, 1024);
     Result er = ctx.comm->enqueue(&a, 1, ctx.stream);
-    if (cudaStreamEndCapture(ctx.stream, &graph) != cudaSuccess || er != Result::Success) return ctx.fail("capture");
+    if (cudaStreamEndCapture(ctx.stream, &graph) != cudaSuccess || er != Result::Success)
+      return ctx.fail("capture");
     if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return ctx.fail("instantiate");
-    if (cudaGraphLaunch(exec, ctx.stream) != cudaSuccess || cudaStreamSynchronize(ctx.stream) != cudaSuccess)
+    if (cudaGraphLaunch(exec, ctx.stream) != cudaSuccess ||
+        cudaStreamSynchronize(ctx.stream) != cudaSuccess)
       return ctx.fail("replay");
     // The kernel is now resident and spinning. The application allocates, then works on another
     // stream.
@@ -445,8 +514,9 @@ TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins 
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (q != cudaSuccess) {
-      ctx.fail("after cudaMalloc, a memset on another stream did not finish within " + std::to_string(s) +
-               " s while the resident kernel ran (" + cudaGetErrorString(q) + ")");
+      ctx.fail("after cudaMalloc, a memset on another stream did not finish within " +
+               std::to_string(s) + " s while the resident kernel ran (" + cudaGetErrorString(q) +
+               ")");
       ctx.comm->abort();  // the kernel quits, which releases whatever it held up
     }
     cudaStreamSynchronize(other);
@@ -464,7 +534,8 @@ TEST_CASE("gpu: an application's cudaMalloc while a graph-resident kernel spins 
   CHECK(failures.empty());
 }
 
-TEST_CASE("gpu: a second communicator gets the SMs the first left; none left is a clean error", "[gpu]") {
+TEST_CASE("gpu: a second communicator gets the SMs the first left; none left is a clean error",
+          "[gpu]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   EnvGuard ctas("MKERNEL_CTAS", "64");  // 2 ranks x 64 CTAs: every SM persistent kernels may use
   EnvGuard shared("MKERNEL_SHARED_CTAS", "0");  // (not kept small for direct mode)
@@ -476,8 +547,10 @@ TEST_CASE("gpu: a second communicator gets the SMs the first left; none left is 
       if (!said) {
         std::string all;
         for (const auto& f : inner) all += f + "; ";
-        ctx.fail("a second communicator while the first holds every SM: want 2 'cannot fit' errors, got " +
-                 std::to_string(inner.size()) + ": " + all);
+        ctx.fail(
+            "a second communicator while the first holds every SM: want 2 'cannot fit' errors, "
+            "got " +
+            std::to_string(inner.size()) + ": " + all);
       }
     }
     if (ctx.bs->barrier() != Result::Success) ctx.fail("barrier");
@@ -517,7 +590,9 @@ TEST_CASE("gpu: idle exit and relaunch on demand", "[gpu]") {
     }
     mkernel::coll::CollStats st;
     ctx.comm->stats(&st);
-    if (st.kernelLaunches < 3) ctx.fail("expected a relaunch per round, got " + std::to_string(st.kernelLaunches) + " launches");
+    if (st.kernelLaunches < 3)
+      ctx.fail("expected a relaunch per round, got " + std::to_string(st.kernelLaunches) +
+               " launches");
     cudaFree(in);
     cudaFree(out);
   });
@@ -539,17 +614,25 @@ TEST_CASE("gpu: 1200 mixed collectives back to back, groups, no host sync in bet
     uint64_t rng = 12345;  // same sequence on every rank
     int iter = 0;
     while (iter < kIters) {
-      struct Item { CollType coll; size_t count; int root; int salt; };
+      struct Item {
+        CollType coll;
+        size_t count;
+        int root;
+        int salt;
+      };
       std::vector<Item> items;
       std::vector<std::vector<int32_t>> inputs;
       ctx.hostReset();  // the previous batch ended with a stream sync
       for (int b = 0; b < kBatch; ++b, ++iter) {
-        Item it{static_cast<CollType>(mkgpu::splitmix(rng) % 5), 1 + mkgpu::splitmix(rng) % maxCount,
-                static_cast<int>(mkgpu::splitmix(rng) % n), iter};
-        if (it.coll == CollType::AllGather || it.coll == CollType::ReduceScatter) it.count = it.count / n + 1;
+        Item it{static_cast<CollType>(mkgpu::splitmix(rng) % 5),
+                1 + mkgpu::splitmix(rng) % maxCount, static_cast<int>(mkgpu::splitmix(rng) % n),
+                iter};
+        if (it.coll == CollType::AllGather || it.coll == CollType::ReduceScatter)
+          it.count = it.count / n + 1;
         size_t sendCount = it.coll == CollType::ReduceScatter ? it.count * n : it.count;
         inputs.push_back(rankInput(ctx.rank, it.salt, sendCount));
-        if (!ctx.toDevice(ins[b], inputs.back().data(), sendCount * 4)) return ctx.fail("upload: staging full");
+        if (!ctx.toDevice(ins[b], inputs.back().data(), sendCount * 4))
+          return ctx.fail("upload: staging full");
         items.push_back(it);
       }
       // Half the batch as one group of 4 enqueues... the rest one by one.
@@ -562,7 +645,8 @@ TEST_CASE("gpu: 1200 mixed collectives back to back, groups, no host sync in bet
           a.root = items[b].root;
           args.push_back(a);
         }
-        if (ctx.comm->enqueue(args.data(), static_cast<int>(args.size()), ctx.stream) != Result::Success)
+        if (ctx.comm->enqueue(args.data(), static_cast<int>(args.size()), ctx.stream) !=
+            Result::Success)
           return ctx.fail(std::string("enqueue: ") + mkernel::lastError());
       }
       for (int b = 0; b < kBatch; ++b) {
@@ -593,7 +677,8 @@ void checkPathTaken(mkgpu::RankCtx& ctx, const char* launchMax) {
   ctx.comm->stats(&st);
   const bool persistent = std::string(launchMax) == "0";
   if (persistent != (st.kernelLaunches > 0))
-    ctx.fail("persistent kernel launches: " + std::to_string(st.kernelLaunches) + " with MKERNEL_LAUNCH_MAX_BYTES=" + launchMax);
+    ctx.fail("persistent kernel launches: " + std::to_string(st.kernelLaunches) +
+             " with MKERNEL_LAUNCH_MAX_BYTES=" + launchMax);
 }
 
 // launchMax: MKERNEL_LAUNCH_MAX_BYTES, so that the 4 KiB collective below spins in the launch-path
@@ -613,8 +698,8 @@ void deadPeer(const char* launchMax) {
     cudaMalloc(reinterpret_cast<void**>(&buf), 4096);
     CollArgs a = allReduceSum(buf, buf, 1024);
     // Ranks sharing a GPU in one process (here: every rank on GPU 0) are fenced
-    // (collectives/runtime/post_fence.h): the enqueue itself waits, bounded by MKERNEL_TIMEOUT_S, for the
-    // co-located peer to post its part, and says so; it still queues the kernel, whose own
+    // (collectives/runtime/post_fence.h): the enqueue itself waits, bounded by MKERNEL_TIMEOUT_S,
+    // for the co-located peer to post its part, and says so; it still queues the kernel, whose own
     // bounded wait then fails the communicator as below. Unfenced, the enqueue returns at once.
     const Result er = ctx.comm->enqueue(&a, 1, ctx.stream);
     if (ctx.comm->fenced()) {
@@ -622,7 +707,8 @@ void deadPeer(const char* launchMax) {
       // wait when it gave up first (the persistent kernel's start barrier, launched at enqueue):
       // both name rank 1.
       const std::string emsg = mkernel::lastError();
-      if (er != Result::RemoteError) return ctx.fail("fenced enqueue gave " + std::string(mkernel::resultString(er)));
+      if (er != Result::RemoteError)
+        return ctx.fail("fenced enqueue gave " + std::string(mkernel::resultString(er)));
       if (emsg.find("rank 1") == std::string::npos)
         ctx.fail("fenced enqueue's message does not name the peer that never posted: " + emsg);
     } else if (er != Result::Success) {
@@ -635,12 +721,14 @@ void deadPeer(const char* launchMax) {
     if (s > 10) ctx.fail("stream released only after " + std::to_string(s) + " s");
     Result r = ctx.comm->asyncError();
     std::string msg = mkernel::lastError();
-    if (r != Result::RemoteError) ctx.fail("asyncError gave " + std::string(mkernel::resultString(r)));
+    if (r != Result::RemoteError)
+      ctx.fail("asyncError gave " + std::string(mkernel::resultString(r)));
     if (msg.find("rank 1") == std::string::npos) ctx.fail("message does not name the peer: " + msg);
     // ... and says how far behind it is: it never reached its first barrier / launch-path op.
     if (msg.find("rank 1's flag read 0, 1 behind") == std::string::npos)
       ctx.fail("message does not say where the peer is: " + msg);
-    if (ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success) ctx.fail("enqueue after failure succeeded");
+    if (ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success)
+      ctx.fail("enqueue after failure succeeded");
     checkPathTaken(ctx, launchMax);
     cudaFree(buf);
   });
@@ -681,27 +769,34 @@ void abortWhileSpinning(const char* launchMax) {
       });
       const Result er = ctx.comm->enqueue(&a, 1, ctx.stream);
       watchdog.join();
-      const double returnS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (er == Result::Success) ctx.fail("fenced enqueue succeeded although its peer never posted");
-      if (returnS > 1) ctx.fail("fenced enqueue returned " + std::to_string(returnS) + " s after the abort");
+      const double returnS =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (er == Result::Success)
+        ctx.fail("fenced enqueue succeeded although its peer never posted");
+      if (returnS > 1)
+        ctx.fail("fenced enqueue returned " + std::to_string(returnS) + " s after the abort");
     } else {
       if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success) {
         rank0Done = true;
         return ctx.fail("enqueue");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the kernel spins on rank 1
-      if (cudaStreamQuery(ctx.stream) != cudaErrorNotReady) ctx.fail("the collective finished without its peer");
+      if (cudaStreamQuery(ctx.stream) != cudaErrorNotReady)
+        ctx.fail("the collective finished without its peer");
       t0 = std::chrono::steady_clock::now();
       ctx.comm->abort();
       abortS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     const cudaError_t err = cudaStreamSynchronize(ctx.stream);  // the kernel drains the doorbell
-    const double drainS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double drainS =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rank0Done = true;
     if (abortS > 1) ctx.fail("abort took " + std::to_string(abortS) + " s");
     if (err != cudaSuccess) ctx.fail(std::string("sync after abort: ") + cudaGetErrorString(err));
-    if (drainS > 5) ctx.fail("the stream was released " + std::to_string(drainS) + " s after the abort");
-    if (ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success) ctx.fail("enqueue after abort succeeded");
+    if (drainS > 5)
+      ctx.fail("the stream was released " + std::to_string(drainS) + " s after the abort");
+    if (ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success)
+      ctx.fail("enqueue after abort succeeded");
     checkPathTaken(ctx, launchMax);
     cudaFree(buf);
   });
@@ -709,31 +804,45 @@ void abortWhileSpinning(const char* launchMax) {
   CHECK(failures.empty());
 }
 
-TEST_CASE("gpu: a peer that never joins: bounded wait, RemoteError naming it, stream released (launch path)", "[gpu]") {
+TEST_CASE(
+    "gpu: a peer that never joins: bounded wait, RemoteError naming it, stream released (launch "
+    "path)",
+    "[gpu]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   deadPeer("65536");
 }
-TEST_CASE("gpu: a peer that never joins: bounded wait, RemoteError naming it, stream released (persistent kernel)", "[gpu]") {
+TEST_CASE(
+    "gpu: a peer that never joins: bounded wait, RemoteError naming it, stream released "
+    "(persistent kernel)",
+    "[gpu]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   deadPeer("0");
 }
-TEST_CASE("gpu: abort while the kernel spins on a missing peer returns at once and releases the stream (launch path)", "[gpu]") {
+TEST_CASE(
+    "gpu: abort while the kernel spins on a missing peer returns at once and releases the stream "
+    "(launch path)",
+    "[gpu]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   abortWhileSpinning("65536");
 }
-TEST_CASE("gpu: abort while the kernel spins on a missing peer returns at once and releases the stream (persistent kernel)", "[gpu]") {
+TEST_CASE(
+    "gpu: abort while the kernel spins on a missing peer returns at once and releases the stream "
+    "(persistent kernel)",
+    "[gpu]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   abortWhileSpinning("0");
 }
 
 // One in-place int32 sum AllReduce of rankInput(rank, salt), synchronized and checked: "" when
 // right, else what went wrong.
-std::string checkedAllReduce(mkgpu::RankCtx& ctx, int32_t* buf, size_t count, int nRanks, int salt) {
+std::string checkedAllReduce(mkgpu::RankCtx& ctx, int32_t* buf, size_t count, int nRanks,
+                             int salt) {
   const size_t bytes = count * sizeof(int32_t);
   const std::vector<int32_t> in = rankInput(ctx.rank, salt, count);
   if (!ctx.toDevice(buf, in.data(), bytes)) return "copy in";
   CollArgs a = allReduceSum(buf, buf, count);
-  if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success) return std::string("enqueue: ") + mkernel::lastError();
+  if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success)
+    return std::string("enqueue: ") + mkernel::lastError();
   const void* out = ctx.fromDevice(buf, bytes);
   if (out == nullptr || cudaStreamSynchronize(ctx.stream) != cudaSuccess) return "sync";
   std::vector<int32_t> got(count);
@@ -776,85 +885,101 @@ void hierPartMissing(bool gone) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     return c.load() >= want;
   };
-  auto failures = mkgpu::runRanks(n, [&](mkgpu::RankCtx& ctx) {
-    const bool missing = gone ? ctx.rank >= 2 : ctx.rank == 3;
-    // A survivor counts itself checked however it leaves, so that the missing ranks never wait
-    // for it past their bound.
-    struct Done {
-      std::atomic<int>* c;
-      bool on;
-      ~Done() {
-        if (on) c->fetch_add(1);
-      }
-    } done{&checked, !missing};
-    int32_t* buf = ctx.deviceAlloc<int32_t>(bytes);
-    if (buf == nullptr) return ctx.fail("cudaMalloc");
-    const std::string bad = checkedAllReduce(ctx, buf, count, n, 7);
-    if (!bad.empty()) return ctx.fail("first AllReduce: " + bad);
-    ctx.hostReset();
-    CollArgs a = allReduceSum(buf, buf, count);
-    // test_gpu_hier_fail_roles (MKERNEL_HIER_ROLES): the AllReduces run in CTA roles, where the
-    // CTAs of a lane also wait for each other.
-    mkernel::coll::CollStats st;
-    ctx.comm->stats(&st);
-    int workers = 0, reducers = 0;
-    const bool roles = std::sscanf(mkernel::params::HIER_ROLES().c_str(), "%d,%d", &workers, &reducers) == 2;
-    if (roles != (st.hierWorkers > 0))
-      return ctx.fail("MKERNEL_HIER_ROLES=" + mkernel::params::HIER_ROLES() + ", but the AllReduces ran with " +
-                      std::to_string(st.hierWorkers) + " worker(s) per lane");
-    if (missing) {
-      if (!gone) {
-        // Stays away from the second AllReduce until the others have checked their errors, then
-        // finalizes with them (the bootstrap barrier; MKERNEL_TIMEOUT_S bounds it too).
-        if (!waitFor(checked, n - 1)) ctx.fail("the other ranks did not finish within 60 s");
-        return;
-      }
-      // Node 1 leaves while node 0 is inside the AllReduce: abort, then runRanks's finalize
-      // destroys the communicator (no barrier after an abort), and with it the proxy.
-      if (!waitFor(posted, 2)) ctx.fail("ranks 0 and 1 did not post within 60 s");
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      const auto t0 = std::chrono::steady_clock::now();
-      ctx.comm->abort();
-      const double abortS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const Result fr = ctx.comm->finalize();  // its proxy stops and closes here (runRanks's call then does nothing)
-      const double finS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::fprintf(stderr, "gone, rank %d: abort took %.3f s, abort and finalize %.3f s (%s)\n", ctx.rank, abortS, finS,
-                   mkernel::resultString(fr));
-      return;
-    }
-    if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success)
-      return ctx.fail(std::string("second AllReduce's enqueue (fence off): ") + mkernel::lastError());
-    posted.fetch_add(1);
-    const auto t0 = std::chrono::steady_clock::now();
-    const cudaError_t err = cudaStreamSynchronize(ctx.stream);  // released by the kernel's failure
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (err != cudaSuccess) return ctx.fail(std::string("sync: ") + cudaGetErrorString(err));
-    const Result r = ctx.comm->asyncError();
-    const std::string msg = mkernel::lastError();
-    std::fprintf(stderr, "%s, rank %d: %s after %.2f s: %s\n", gone ? "gone" : "stall", ctx.rank, mkernel::resultString(r),
-                 s, msg.c_str());
-    if (r != Result::RemoteError) ctx.fail("asyncError gave " + std::string(mkernel::resultString(r)) + ": " + msg);
-    if (gone ? s > 25 : (s < 2 || s > 13))
-      ctx.fail("the stream was released after " + std::to_string(s) + " s (MKERNEL_TIMEOUT_S " + (gone ? "20" : "3") + ")");
-    auto want = [&](const std::string& what) {
-      if (msg.find(what) == std::string::npos) ctx.fail("the error does not say \"" + what + "\": " + msg);
-    };
-    if (ctx.rank == 2) {
-      want("waiting for rank 3");
-    } else {
-      want("waiting for the proxy's inter-node transfers in AllReduce");
-      if (gone && msg.find("the proxy stopped: ") != std::string::npos) {
-        want("(node 0, rail " + std::to_string(ctx.rank) + "): proxy");  // the proxy names itself
-        want("with node 1 failed");
-        if (s < 10) fast.fetch_add(1);
-      } else {
-        want("its proxy still has: ");
-        want("receives from node 1: [command ");
-      }
-    }
-    if (ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success) ctx.fail("enqueue after the failure succeeded");
-    if (gone) ctx.comm->abort();  // node 1 is gone: no finalize barrier with it
-  }, size_t(1) << 20, 2);
+  auto failures = mkgpu::runRanks(
+      n,
+      [&](mkgpu::RankCtx& ctx) {
+        const bool missing = gone ? ctx.rank >= 2 : ctx.rank == 3;
+        // A survivor counts itself checked however it leaves, so that the missing ranks never wait
+        // for it past their bound.
+        struct Done {
+          std::atomic<int>* c;
+          bool on;
+          ~Done() {
+            if (on) c->fetch_add(1);
+          }
+        } done{&checked, !missing};
+        int32_t* buf = ctx.deviceAlloc<int32_t>(bytes);
+        if (buf == nullptr) return ctx.fail("cudaMalloc");
+        const std::string bad = checkedAllReduce(ctx, buf, count, n, 7);
+        if (!bad.empty()) return ctx.fail("first AllReduce: " + bad);
+        ctx.hostReset();
+        CollArgs a = allReduceSum(buf, buf, count);
+        // test_gpu_hier_fail_roles (MKERNEL_HIER_ROLES): the AllReduces run in CTA roles, where the
+        // CTAs of a lane also wait for each other.
+        mkernel::coll::CollStats st;
+        ctx.comm->stats(&st);
+        int workers = 0, reducers = 0;
+        const bool roles =
+            std::sscanf(mkernel::params::HIER_ROLES().c_str(), "%d,%d", &workers, &reducers) == 2;
+        if (roles != (st.hierWorkers > 0))
+          return ctx.fail("MKERNEL_HIER_ROLES=" + mkernel::params::HIER_ROLES() +
+                          ", but the AllReduces ran with " + std::to_string(st.hierWorkers) +
+                          " worker(s) per lane");
+        if (missing) {
+          if (!gone) {
+            // Stays away from the second AllReduce until the others have checked their errors, then
+            // finalizes with them (the bootstrap barrier; MKERNEL_TIMEOUT_S bounds it too).
+            if (!waitFor(checked, n - 1)) ctx.fail("the other ranks did not finish within 60 s");
+            return;
+          }
+          // Node 1 leaves while node 0 is inside the AllReduce: abort, then runRanks's finalize
+          // destroys the communicator (no barrier after an abort), and with it the proxy.
+          if (!waitFor(posted, 2)) ctx.fail("ranks 0 and 1 did not post within 60 s");
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          const auto t0 = std::chrono::steady_clock::now();
+          ctx.comm->abort();
+          const double abortS =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          const Result fr = ctx.comm->finalize();  // its proxy stops and closes here (runRanks's
+                                                   // call then does nothing)
+          const double finS =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          std::fprintf(stderr, "gone, rank %d: abort took %.3f s, abort and finalize %.3f s (%s)\n",
+                       ctx.rank, abortS, finS, mkernel::resultString(fr));
+          return;
+        }
+        if (ctx.comm->enqueue(&a, 1, ctx.stream) != Result::Success)
+          return ctx.fail(std::string("second AllReduce's enqueue (fence off): ") +
+                          mkernel::lastError());
+        posted.fetch_add(1);
+        const auto t0 = std::chrono::steady_clock::now();
+        const cudaError_t err =
+            cudaStreamSynchronize(ctx.stream);  // released by the kernel's failure
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (err != cudaSuccess) return ctx.fail(std::string("sync: ") + cudaGetErrorString(err));
+        const Result r = ctx.comm->asyncError();
+        const std::string msg = mkernel::lastError();
+        std::fprintf(stderr, "%s, rank %d: %s after %.2f s: %s\n", gone ? "gone" : "stall",
+                     ctx.rank, mkernel::resultString(r), s, msg.c_str());
+        if (r != Result::RemoteError)
+          ctx.fail("asyncError gave " + std::string(mkernel::resultString(r)) + ": " + msg);
+        if (gone ? s > 25 : (s < 2 || s > 13))
+          ctx.fail("the stream was released after " + std::to_string(s) + " s (MKERNEL_TIMEOUT_S " +
+                   (gone ? "20" : "3") + ")");
+        auto want = [&](const std::string& what) {
+          if (msg.find(what) == std::string::npos)
+            ctx.fail("the error does not say \"" + what + "\": " + msg);
+        };
+        if (ctx.rank == 2) {
+          want("waiting for rank 3");
+        } else {
+          want("waiting for the proxy's inter-node transfers in AllReduce");
+          if (gone && msg.find("the proxy stopped: ") != std::string::npos) {
+            want("(node 0, rail " + std::to_string(ctx.rank) +
+                 "): proxy");  // the proxy names itself
+            want("with node 1 failed");
+            if (s < 10) fast.fetch_add(1);
+          } else {
+            want("its proxy still has: ");
+            want("receives from node 1: [command ");
+          }
+        }
+        if (ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success)
+          ctx.fail("enqueue after the failure succeeded");
+        if (gone) ctx.comm->abort();  // node 1 is gone: no finalize barrier with it
+      },
+      size_t(1) << 20, 2);
   for (const auto& f : failures) FAIL_CHECK(f);
   CHECK(failures.empty());
   if (gone) {
@@ -863,11 +988,17 @@ void hierPartMissing(bool gone) {
   }
 }
 
-TEST_CASE("gpu: emulated nodes, a rank that stops posting: the rail wait's error says what the proxy still waits for", "[gpu][hierfail]") {
+TEST_CASE(
+    "gpu: emulated nodes, a rank that stops posting: the rail wait's error says what the proxy "
+    "still waits for",
+    "[gpu][hierfail]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   hierPartMissing(false);
 }
-TEST_CASE("gpu: emulated nodes, a node that leaves mid-collective: the survivors fail at once, naming the proxy's failed transfer", "[gpu][hierfail]") {
+TEST_CASE(
+    "gpu: emulated nodes, a node that leaves mid-collective: the survivors fail at once, naming "
+    "the proxy's failed transfer",
+    "[gpu][hierfail]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   hierPartMissing(true);
 }
@@ -885,11 +1016,16 @@ TEST_CASE("gpu: emulated nodes, a node that leaves mid-collective: the survivors
 // queue no other copy (countersLate stays 1); once the flag is set, stats() must read the
 // counters again: the three AllReduces the launch path ran. A watchdog sets the flag after 20 s,
 // so that a read that waits fails the test instead of hanging it.
-TEST_CASE("gpu: stats() returns within its bound while the counters' copy waits behind a blocked hardware queue", "[gpu][statsbound]") {
+TEST_CASE(
+    "gpu: stats() returns within its bound while the counters' copy waits behind a blocked "
+    "hardware queue",
+    "[gpu][statsbound]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   if (conns == nullptr || std::string(conns) != "1")
-    FAIL("run with CUDA_DEVICE_MAX_CONNECTIONS=1 (ctest test_gpu_stats_bound): every stream on one hardware queue");
+    FAIL(
+        "run with CUDA_DEVICE_MAX_CONNECTIONS=1 (ctest test_gpu_stats_bound): every stream on one "
+        "hardware queue");
   const int n = 2;
   const size_t count = 1024;  // 4 KiB: the launch path
   const size_t bytes = count * sizeof(int32_t);
@@ -921,8 +1057,10 @@ TEST_CASE("gpu: stats() returns within its bound while the counters' copy waits 
     uint32_t* flagDev = nullptr;
     int32_t* hostResult = nullptr;
     cudaStream_t blocker = nullptr;
-    if (cudaHostAlloc(reinterpret_cast<void**>(&flag), sizeof(uint32_t), cudaHostAllocMapped) != cudaSuccess ||
-        cudaHostAlloc(reinterpret_cast<void**>(&hostResult), sizeof(int32_t), cudaHostAllocDefault) != cudaSuccess ||
+    if (cudaHostAlloc(reinterpret_cast<void**>(&flag), sizeof(uint32_t), cudaHostAllocMapped) !=
+            cudaSuccess ||
+        cudaHostAlloc(reinterpret_cast<void**>(&hostResult), sizeof(int32_t),
+                      cudaHostAllocDefault) != cudaSuccess ||
         cudaHostGetDevicePointer(reinterpret_cast<void**>(&flagDev), flag, 0) != cudaSuccess ||
         cudaStreamCreateWithFlags(&blocker, cudaStreamNonBlocking) != cudaSuccess)
       return ctx.fail("the blocker's flag and stream");
@@ -944,9 +1082,11 @@ TEST_CASE("gpu: stats() returns within its bound while the counters' copy waits 
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
     [&] {
-      if (mkernel::cudrv::streamWaitValue32(blocker, flagDev, 1, mkernel::cudrv::WaitCmp::Geq) != Result::Success)
+      if (mkernel::cudrv::streamWaitValue32(blocker, flagDev, 1, mkernel::cudrv::WaitCmp::Geq) !=
+          Result::Success)
         return ctx.fail(std::string("cuStreamWaitValue32 on a host flag: ") + mkernel::lastError());
-      if (cudaStreamQuery(blocker) != cudaErrorNotReady) return ctx.fail("the blocker's stream did not hold at its wait");
+      if (cudaStreamQuery(blocker) != cudaErrorNotReady)
+        return ctx.fail("the blocker's stream did not hold at its wait");
       const uint64_t globalBefore = mkernel::coll::globalStats().countersLate.load();
       // The wait alone holds no copy (not late, 0.0000 s).
       mkernel::coll::CollStats waitOnly, late, again, after;
@@ -957,17 +1097,21 @@ TEST_CASE("gpu: stats() returns within its bound while the counters' copy waits 
       // slot's (runTail): printed, not required.
       mkernel::coll::CollStats recorded;
       cudaEvent_t ev = nullptr;
-      if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess || cudaEventRecord(ev, blocker) != cudaSuccess)
+      if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess ||
+          cudaEventRecord(ev, blocker) != cudaSuccess)
         return ctx.fail("the blocker's event");
       t0 = std::chrono::steady_clock::now();
       ctx.comm->stats(&recorded);
       const double recordS = seconds(t0);
-      std::fprintf(stderr, "statsbound: an event recorded after the wait: stats() took %.4f s (countersLate %llu)\n", recordS,
-                   static_cast<unsigned long long>(recorded.countersLate));
+      std::fprintf(
+          stderr,
+          "statsbound: an event recorded after the wait: stats() took %.4f s (countersLate %llu)\n",
+          recordS, static_cast<unsigned long long>(recorded.countersLate));
       (void)cudaEventDestroy(ev);  // released once recorded
       // ... then a copy of the result to the host behind the wait, as an application copies a
       // collective's result (loss.item()): it holds a copy queue until the wait passes.
-      if (cudaMemcpyAsync(hostResult, buf, sizeof(int32_t), cudaMemcpyDeviceToHost, blocker) != cudaSuccess)
+      if (cudaMemcpyAsync(hostResult, buf, sizeof(int32_t), cudaMemcpyDeviceToHost, blocker) !=
+          cudaSuccess)
         return ctx.fail("the blocker's copy");
       t0 = std::chrono::steady_clock::now();
       ctx.comm->stats(&late);
@@ -975,33 +1119,47 @@ TEST_CASE("gpu: stats() returns within its bound while the counters' copy waits 
       t0 = std::chrono::steady_clock::now();
       ctx.comm->stats(&again);
       const double second = seconds(t0);
-      std::fprintf(stderr, "statsbound: stream waiting: stats() took %.4f s (countersLate %llu); and its copy queued: %.4f s "
-                   "(countersLate %llu, AllReduces %llu), again %.4f s (countersLate %llu)\n", zeroth,
-                   static_cast<unsigned long long>(waitOnly.countersLate), first, static_cast<unsigned long long>(late.countersLate),
+      std::fprintf(stderr,
+                   "statsbound: stream waiting: stats() took %.4f s (countersLate %llu); and its "
+                   "copy queued: %.4f s "
+                   "(countersLate %llu, AllReduces %llu), again %.4f s (countersLate %llu)\n",
+                   zeroth, static_cast<unsigned long long>(waitOnly.countersLate), first,
+                   static_cast<unsigned long long>(late.countersLate),
                    static_cast<unsigned long long>(late.kernelOps[ar]), second,
                    static_cast<unsigned long long>(again.countersLate));
       if (std::max({zeroth, recordS, first}) > 2.0)
-        ctx.fail("stats() took " + std::to_string(std::max({zeroth, recordS, first})) + " s with a stream waiting (bound 0.25 s)");
+        ctx.fail("stats() took " + std::to_string(std::max({zeroth, recordS, first})) +
+                 " s with a stream waiting (bound 0.25 s)");
       if (late.countersLate != 1)
-        ctx.fail("countersLate " + std::to_string(late.countersLate) + " with a copy queued behind the wait, want 1 (is it queued apart?)");
-      if (second > 0.1) ctx.fail("the second stats() took " + std::to_string(second) + " s while the late copy still waited");
+        ctx.fail("countersLate " + std::to_string(late.countersLate) +
+                 " with a copy queued behind the wait, want 1 (is it queued apart?)");
+      if (second > 0.1)
+        ctx.fail("the second stats() took " + std::to_string(second) +
+                 " s while the late copy still waited");
       if (again.countersLate != 1)
-        ctx.fail("countersLate " + std::to_string(again.countersLate) + " after the second stats(), want 1 (no second copy queued)");
+        ctx.fail("countersLate " + std::to_string(again.countersLate) +
+                 " after the second stats(), want 1 (no second copy queued)");
       if (mkernel::coll::globalStats().countersLate.load() != globalBefore + 1)
         ctx.fail("mkernelGetStats' countersLate did not count the late copy once");
-      if (released.load()) ctx.fail("the watchdog released the stream before the checks (stats() waited 20 s)");
+      if (released.load())
+        ctx.fail("the watchdog released the stream before the checks (stats() waited 20 s)");
       release();
       if (cudaStreamSynchronize(blocker) != cudaSuccess) return ctx.fail("the blocker's stream");
       t0 = std::chrono::steady_clock::now();
       ctx.comm->stats(&after);
       const double third = seconds(t0);
-      std::fprintf(stderr, "statsbound: released: stats() took %.4f s (countersLate %llu, AllReduces %llu on the launch path)\n",
+      std::fprintf(stderr,
+                   "statsbound: released: stats() took %.4f s (countersLate %llu, AllReduces %llu "
+                   "on the launch path)\n",
                    third, static_cast<unsigned long long>(after.countersLate),
                    static_cast<unsigned long long>(after.launchOps[ar]));
-      if (after.countersLate != 1) ctx.fail("countersLate " + std::to_string(after.countersLate) + " once released, want 1");
-      if (after.launchOps[ar] != static_cast<uint64_t>(kAllReduces) || after.kernelOps[ar] != static_cast<uint64_t>(kAllReduces))
-        ctx.fail("once released, stats() counted " + std::to_string(after.kernelOps[ar]) + " AllReduces (" +
-                 std::to_string(after.launchOps[ar]) + " on the launch path), want " + std::to_string(kAllReduces));
+      if (after.countersLate != 1)
+        ctx.fail("countersLate " + std::to_string(after.countersLate) + " once released, want 1");
+      if (after.launchOps[ar] != static_cast<uint64_t>(kAllReduces) ||
+          after.kernelOps[ar] != static_cast<uint64_t>(kAllReduces))
+        ctx.fail("once released, stats() counted " + std::to_string(after.kernelOps[ar]) +
+                 " AllReduces (" + std::to_string(after.launchOps[ar]) +
+                 " on the launch path), want " + std::to_string(kAllReduces));
     }();
     release();
     watchdog.join();
@@ -1033,13 +1191,15 @@ void pdlChain(int n, bool captured) {
     for (auto& d : dev)
       if ((d = ctx.deviceAlloc<uint32_t>(maxCount * 4)) == nullptr) return ctx.fail("cudaMalloc");
     // The model: every rank's three buffers.
-    std::vector<std::vector<Buf>> model(static_cast<size_t>(n), std::vector<Buf>(kBufs, Buf(maxCount)));
+    std::vector<std::vector<Buf>> model(static_cast<size_t>(n),
+                                        std::vector<Buf>(kBufs, Buf(maxCount)));
     for (int q = 0; q < n; ++q)
       for (int b = 0; b < kBufs; ++b)
         for (size_t i = 0; i < maxCount; ++i)
           model[q][b][i] = static_cast<uint32_t>(q * 7919 + b * 104729 + i * 31 + 1);
     for (int b = 0; b < kBufs; ++b)
-      if (!ctx.toDevice(dev[b], model[ctx.rank][b].data(), maxCount * 4)) return ctx.fail("upload: staging full");
+      if (!ctx.toDevice(dev[b], model[ctx.rank][b].data(), maxCount * 4))
+        return ctx.fail("upload: staging full");
     cudaStreamSynchronize(ctx.stream);
     ctx.hostReset();
     if (ctx.bs->barrier() != Result::Success) return ctx.fail("bootstrap barrier after upload");
@@ -1059,9 +1219,11 @@ void pdlChain(int n, bool captured) {
         if (kind == 1) {
           // Both read `from` (neither writes it): `other` gets what `to` gets.
           allReduce(from, to, c);
-          for (int q = 0; q < n; ++q) std::copy(model[q][to].begin(), model[q][to].begin() + c, model[q][other].begin());
+          for (int q = 0; q < n; ++q)
+            std::copy(model[q][to].begin(), model[q][to].begin() + c, model[q][other].begin());
         } else if (kind == 2) {
-          for (int q = 0; q < n; ++q) std::copy(model[q][from].begin(), model[q][from].begin() + c, model[q][to].begin());
+          for (int q = 0; q < n; ++q)
+            std::copy(model[q][from].begin(), model[q][from].begin() + c, model[q][to].begin());
           allReduce(to, to, c);
         } else {
           allReduce(from, to, c);
@@ -1069,20 +1231,25 @@ void pdlChain(int n, bool captured) {
         return true;
       }
       if (kind == 1) {
-        CollArgs g[2] = {mkgpu::collArgs(CollType::AllReduce, DataType::Uint32, RedOp::Sum, dev[from], dev[to], c),
-                         mkgpu::collArgs(CollType::AllReduce, DataType::Uint32, RedOp::Sum, dev[from], dev[other], c)};
+        CollArgs g[2] = {mkgpu::collArgs(CollType::AllReduce, DataType::Uint32, RedOp::Sum,
+                                         dev[from], dev[to], c),
+                         mkgpu::collArgs(CollType::AllReduce, DataType::Uint32, RedOp::Sum,
+                                         dev[from], dev[other], c)};
         ops += 2;
         return ctx.comm->enqueue(g, 2, ctx.stream) == Result::Success;
       }
-      if (kind == 2 &&
-          cudaMemcpyAsync(dev[to], dev[from], c * 4, cudaMemcpyDeviceToDevice, ctx.stream) != cudaSuccess)
+      if (kind == 2 && cudaMemcpyAsync(dev[to], dev[from], c * 4, cudaMemcpyDeviceToDevice,
+                                       ctx.stream) != cudaSuccess)
         return false;
-      CollArgs a = mkgpu::collArgs(CollType::AllReduce, DataType::Uint32, RedOp::Sum, dev[kind == 2 ? to : from],
-                                   dev[to], c);
+      CollArgs a = mkgpu::collArgs(CollType::AllReduce, DataType::Uint32, RedOp::Sum,
+                                   dev[kind == 2 ? to : from], dev[to], c);
       ++ops;
       return ctx.comm->enqueue(&a, 1, ctx.stream) == Result::Success;
     };
-    struct Step { int kind, from, to, other; size_t c; };
+    struct Step {
+      int kind, from, to, other;
+      size_t c;
+    };
     std::vector<Step> steps;
     for (int s = 0; s < (captured ? kCapturedSteps : kSteps); ++s) {
       Step st;
@@ -1124,7 +1291,8 @@ void pdlChain(int n, bool captured) {
     }
     std::vector<const void*> staged(kBufs);
     for (int b = 0; b < kBufs; ++b)
-      if ((staged[b] = ctx.fromDevice(dev[b], maxCount * 4)) == nullptr) return ctx.fail("download: staging full");
+      if ((staged[b] = ctx.fromDevice(dev[b], maxCount * 4)) == nullptr)
+        return ctx.fail("download: staging full");
     if (cudaStreamSynchronize(ctx.stream) != cudaSuccess)
       return ctx.fail(std::string("stream: ") + cudaGetErrorString(cudaGetLastError()));
     for (int b = 0; b < kBufs; ++b) {
@@ -1132,54 +1300,68 @@ void pdlChain(int n, bool captured) {
       for (size_t i = 0; i < maxCount; ++i)
         if (got[i] != model[ctx.rank][b][i])
           return ctx.fail("buffer " + std::to_string(b) + " element " + std::to_string(i) + " = " +
-                          std::to_string(got[i]) + ", want " + std::to_string(model[ctx.rank][b][i]));
+                          std::to_string(got[i]) + ", want " +
+                          std::to_string(model[ctx.rank][b][i]));
     }
     mkernel::coll::CollStats st;
     ctx.comm->stats(&st);
     const std::string asked = mkernel::params::PDL.text();
     const int want = asked == "off" ? 0 : asked == "wait" || st.directSharing > 1 ? 1 : 2;
     if (st.pdl != want)
-      ctx.fail("MKERNEL_PDL=" + asked + " with " + std::to_string(st.directSharing) + " rank(s) per GPU: mode " +
-               std::to_string(st.pdl) + ", want " + std::to_string(want));
+      ctx.fail("MKERNEL_PDL=" + asked + " with " + std::to_string(st.directSharing) +
+               " rank(s) per GPU: mode " + std::to_string(st.pdl) + ", want " +
+               std::to_string(want));
     uint64_t launched = 0;
     for (uint64_t v : st.launchOps) launched += v;
     if (ctx.rank == 0)
-      std::printf("PDL chain, %d ranks (%d per GPU), %s: mode %d, %llu collectives, %llu on the launch path (%llu LL)\n",
-                  n, st.directSharing, captured ? "captured" : "eager", st.pdl,
-                  static_cast<unsigned long long>(ops * (captured ? kReplays : 1)),
-                  static_cast<unsigned long long>(launched), static_cast<unsigned long long>(st.llOps));
+      std::printf(
+          "PDL chain, %d ranks (%d per GPU), %s: mode %d, %llu collectives, %llu on the launch "
+          "path (%llu LL)\n",
+          n, st.directSharing, captured ? "captured" : "eager", st.pdl,
+          static_cast<unsigned long long>(ops * (captured ? kReplays : 1)),
+          static_cast<unsigned long long>(launched), static_cast<unsigned long long>(st.llOps));
     if (launched == 0) ctx.fail("no collective took the launch path");
   });
   for (const auto& f : failures) FAIL_CHECK(f);
   CHECK(failures.empty());
 }
 
-TEST_CASE("gpu: a chain of dependent collectives and copies back to back, eager and captured (MKERNEL_PDL)", "[gpu][pdl]") {
+TEST_CASE(
+    "gpu: a chain of dependent collectives and copies back to back, eager and captured "
+    "(MKERNEL_PDL)",
+    "[gpu][pdl]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   pdlChain(2, false);
   pdlChain(2, true);
   pdlChain(4, false);
 }
 
-TEST_CASE("gpu: groups of small collectives as LL batches, serial (2 and 4 ranks, eager)", "[gpu][llbatch]") {
+TEST_CASE("gpu: groups of small collectives as LL batches, serial (2 and 4 ranks, eager)",
+          "[gpu][llbatch]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   llBatches(2, false, "serial");
   llBatches(4, false, "serial");
 }
 
-TEST_CASE("gpu: groups of small collectives as LL batches, serial, captured and replayed (2 and 4 ranks)", "[gpu][llbatch]") {
+TEST_CASE(
+    "gpu: groups of small collectives as LL batches, serial, captured and replayed (2 and 4 ranks)",
+    "[gpu][llbatch]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   llBatches(2, true, "serial");
   llBatches(4, true, "serial");
 }
 
-TEST_CASE("gpu: the same groups with MKERNEL_LL_BATCH=off (a launch per collective)", "[gpu][llbatch]") {
+TEST_CASE("gpu: the same groups with MKERNEL_LL_BATCH=off (a launch per collective)",
+          "[gpu][llbatch]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   llBatches(2, false, "off");
   llBatches(2, true, "off");
 }
 
-TEST_CASE("gpu: groups of small collectives as one LL exchange (MKERNEL_LL_BATCH=exchange), eager and captured", "[gpu][llexchange]") {
+TEST_CASE(
+    "gpu: groups of small collectives as one LL exchange (MKERNEL_LL_BATCH=exchange), eager and "
+    "captured",
+    "[gpu][llexchange]") {
   if (!mkgpu::haveGpu()) FAIL("no CUDA device");
   llBatches(2, false, "exchange");
   llBatches(4, false, "exchange");

@@ -85,15 +85,17 @@ using mkernel::coll::RedOp;
 namespace {
 
 int gRank = -1;
-#define FAIL(...)                                       \
-  do {                                                  \
-    std::fprintf(stderr, "rank %d: FAIL: ", gRank);     \
-    std::fprintf(stderr, __VA_ARGS__);                  \
-    std::fprintf(stderr, "\n");                         \
-    return 1;                                           \
+#define FAIL(...)                                   \
+  do {                                              \
+    std::fprintf(stderr, "rank %d: FAIL: ", gRank); \
+    std::fprintf(stderr, __VA_ARGS__);              \
+    std::fprintf(stderr, "\n");                     \
+    return 1;                                       \
   } while (0)
 
-int32_t input(int rank, size_t i) { return static_cast<int32_t>((i * 2654435761u) ^ (static_cast<uint32_t>(rank) * 40503u + 7u)); }
+int32_t input(int rank, size_t i) {
+  return static_cast<int32_t>((i * 2654435761u) ^ (static_cast<uint32_t>(rank) * 40503u + 7u));
+}
 
 struct Case {
   CollType coll;
@@ -102,8 +104,12 @@ struct Case {
   int root;
 };
 
-size_t sendCount(const Case& c, int n) { return c.coll == CollType::ReduceScatter ? c.count * n : c.count; }
-size_t recvCount(const Case& c, int n) { return c.coll == CollType::AllGather ? c.count * n : c.count; }
+size_t sendCount(const Case& c, int n) {
+  return c.coll == CollType::ReduceScatter ? c.count * n : c.count;
+}
+size_t recvCount(const Case& c, int n) {
+  return c.coll == CollType::AllGather ? c.count * n : c.count;
+}
 
 int32_t expected(const Case& c, int n, int rank, size_t e) {
   uint32_t acc = 0;
@@ -113,7 +119,8 @@ int32_t expected(const Case& c, int n, int rank, size_t e) {
       for (int k = 0; k < n; ++k) acc += static_cast<uint32_t>(input(k, e));
       return static_cast<int32_t>(acc);
     case CollType::ReduceScatter:
-      for (int k = 0; k < n; ++k) acc += static_cast<uint32_t>(input(k, static_cast<size_t>(rank) * c.count + e));
+      for (int k = 0; k < n; ++k)
+        acc += static_cast<uint32_t>(input(k, static_cast<size_t>(rank) * c.count + e));
       return static_cast<int32_t>(acc);
     case CollType::AllGather:
       return input(static_cast<int>(e / c.count), e % c.count);
@@ -145,11 +152,12 @@ CollArgs allReduceArgs(DataType dtype, void* send, void* recv, size_t count) {
 
 // --mixed-capture (see the top of this file): ranks below n - 1 capture each case and replay it
 // twice, the last rank runs it eagerly twice.
-int mixedCapture(int rank, int n, std::unique_ptr<mkernel::coll::Communicator>& comm, cudaStream_t stream,
-                 int32_t* send, int32_t* recv, std::vector<int32_t>& host, std::vector<int32_t>& got) {
+int mixedCapture(int rank, int n, std::unique_ptr<mkernel::coll::Communicator>& comm,
+                 cudaStream_t stream, int32_t* send, int32_t* recv, std::vector<int32_t>& host,
+                 std::vector<int32_t>& got) {
   const bool capture = rank < n - 1;
-  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
-                            CollType::Reduce};
+  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather,
+                            CollType::Broadcast, CollType::Reduce};
   int seq = 0, ran = 0;
   for (size_t count : {size_t(2), size_t(16) << 10, (size_t(1) << 20) + 5})
     for (CollType coll : colls) {
@@ -167,24 +175,30 @@ int mixedCapture(int rank, int n, std::unique_ptr<mkernel::coll::Communicator>& 
       cudaGraph_t graph = nullptr;
       cudaGraphExec_t exec = nullptr;
       if (capture) {
-        if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) FAIL("begin capture");
+        if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+          FAIL("begin capture");
         const Result er = comm->enqueue(&a, 1, stream);
         if (cudaStreamEndCapture(stream, &graph) != cudaSuccess || er != Result::Success)
-          FAIL("capture of %s count %zu: %s", mkernel::coll::collName(coll), count, mkernel::lastError());
+          FAIL("capture of %s count %zu: %s", mkernel::coll::collName(coll), count,
+               mkernel::lastError());
         if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) FAIL("instantiate");
       }
       for (int rep = 0; rep < 2; ++rep) {
         if (cudaMemsetAsync(recv, 0xff, rc * 4, stream) != cudaSuccess) FAIL("memset");
-        const bool posted = capture ? cudaGraphLaunch(exec, stream) == cudaSuccess : comm->enqueue(&a, 1, stream) == Result::Success;
-        if (!posted || cudaStreamSynchronize(stream) != cudaSuccess || comm->asyncError() != Result::Success)
-          FAIL("%s %s count %zu, run %d: %s", capture ? "replay of" : "eager", mkernel::coll::collName(coll), count, rep,
-               mkernel::lastError());
-        if (cudaMemcpy(got.data(), recv, rc * 4, cudaMemcpyDeviceToHost) != cudaSuccess) FAIL("copy out");
+        const bool posted = capture ? cudaGraphLaunch(exec, stream) == cudaSuccess
+                                    : comm->enqueue(&a, 1, stream) == Result::Success;
+        if (!posted || cudaStreamSynchronize(stream) != cudaSuccess ||
+            comm->asyncError() != Result::Success)
+          FAIL("%s %s count %zu, run %d: %s", capture ? "replay of" : "eager",
+               mkernel::coll::collName(coll), count, rep, mkernel::lastError());
+        if (cudaMemcpy(got.data(), recv, rc * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+          FAIL("copy out");
         if (coll == CollType::Reduce && rank != c.root) continue;
         for (size_t e = 0; e < rc; ++e)
           if (got[e] != expected(c, n, rank, e))
-            FAIL("%s %s count %zu, run %d: element %zu is %d, want %d", capture ? "replay of" : "eager",
-                 mkernel::coll::collName(coll), count, rep, e, got[e], expected(c, n, rank, e));
+            FAIL("%s %s count %zu, run %d: element %zu is %d, want %d",
+                 capture ? "replay of" : "eager", mkernel::coll::collName(coll), count, rep, e,
+                 got[e], expected(c, n, rank, e));
       }
       ran += 2;
       if (capture) {
@@ -195,7 +209,8 @@ int mixedCapture(int rank, int n, std::unique_ptr<mkernel::coll::Communicator>& 
   if (comm->finalize() != Result::Success) FAIL("finalize: %s", mkernel::lastError());
   comm.reset();
   std::fprintf(stderr, "rank %d: %d collectives %s, beside %s ranks, passed\n", rank, ran,
-               capture ? "replayed from graphs" : "run eagerly", capture ? "an eager" : "capturing");
+               capture ? "replayed from graphs" : "run eagerly",
+               capture ? "an eager" : "capturing");
   return 0;
 }
 
@@ -217,23 +232,27 @@ int survive(int rank, int n, int nGpus, int dev, std::unique_ptr<mkernel::coll::
   // when the dead client's memory went away: its CUDA context is lost (UnhandledCudaError,
   // within a second). Either way: an error, in bounded time, never a hang.
   const bool sameGpuAsDead = (n - 1) % nGpus == dev;
-  const bool acceptable = err == Result::RemoteError || (sameGpuAsDead && err == Result::UnhandledCudaError);
+  const bool acceptable =
+      err == Result::RemoteError || (sameGpuAsDead && err == Result::UnhandledCudaError);
   if (!acceptable)
     FAIL("after %.1f s asyncError() is %d, want RemoteError%s", waited, static_cast<int>(err),
          sameGpuAsDead ? " or UnhandledCudaError" : "");
   const std::string msg = mkernel::lastError();
-  std::fprintf(stderr, "rank %d: %s after %.1f s: %s\n", rank, err == Result::RemoteError ? "RemoteError" : "UnhandledCudaError",
-               waited, msg.c_str());
+  std::fprintf(stderr, "rank %d: %s after %.1f s: %s\n", rank,
+               err == Result::RemoteError ? "RemoteError" : "UnhandledCudaError", waited,
+               msg.c_str());
   if (err == Result::RemoteError) {
     const std::string dead = "rank " + std::to_string(n - 1);
     if (msg.find(dead) == std::string::npos) FAIL("the error does not name %s", dead.c_str());
-    if (wantWait != nullptr && msg.find(wantWait) == std::string::npos) FAIL("the error does not say \"%s\"", wantWait);
+    if (wantWait != nullptr && msg.find(wantWait) == std::string::npos)
+      FAIL("the error does not say \"%s\"", wantWait);
     if (cudaStreamSynchronize(stream) != cudaSuccess) FAIL("the stream did not drain");
   }
   const auto t1 = std::chrono::steady_clock::now();
   comm->abort();
   comm.reset();
-  const double teardown = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  const double teardown =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   std::fprintf(stderr, "rank %d: abort + destroy took %.2f s\n", rank, teardown);
   if (teardown > 10) FAIL("abort + destroy took %.1f s", teardown);
   return 0;
@@ -243,7 +262,8 @@ int survive(int rank, int n, int nGpus, int dev, std::unique_ptr<mkernel::coll::
 // communicator, already checked by one AllReduce.
 int releaseHalfPosted(int rank, int dev, std::unique_ptr<mkernel::coll::Communicator>& comm) {
   mkernel::bootstrap::UniqueId idY;
-  if (mkernel::bootstrap::createUniqueId(&idY) != Result::Success) FAIL("createUniqueId: %s", mkernel::lastError());
+  if (mkernel::bootstrap::createUniqueId(&idY) != Result::Success)
+    FAIL("createUniqueId: %s", mkernel::lastError());
   std::unique_ptr<mkernel::bootstrap::Bootstrap> ybs[2];
   std::unique_ptr<mkernel::coll::Communicator> y[2];
   Result yres[2] = {Result::InternalError, Result::InternalError};
@@ -264,7 +284,8 @@ int releaseHalfPosted(int rank, int dev, std::unique_ptr<mkernel::coll::Communic
           opts.emulate = true;
           yres[t] = mkernel::coll::Communicator::create(opts, ybs[t].get(), &y[t]);
         }
-        if (yres[t] == Result::Success && cudaMalloc(reinterpret_cast<void**>(&ybuf[t]), count * 4) != cudaSuccess)
+        if (yres[t] == Result::Success &&
+            cudaMalloc(reinterpret_cast<void**>(&ybuf[t]), count * 4) != cudaSuccess)
           yres[t] = Result::UnhandledCudaError;
         if (yres[t] != Result::Success) yerr[t] = mkernel::lastError();
       });
@@ -293,7 +314,8 @@ int releaseHalfPosted(int rank, int dev, std::unique_ptr<mkernel::coll::Communic
       }
       const auto t0 = std::chrono::steady_clock::now();
       const std::vector<int32_t> mine(count, t + 1);
-      const bool copied = cudaMemcpyAsync(ybuf[t], mine.data(), count * 4, cudaMemcpyHostToDevice, s) == cudaSuccess &&
+      const bool copied = cudaMemcpyAsync(ybuf[t], mine.data(), count * 4, cudaMemcpyHostToDevice,
+                                          s) == cudaSuccess &&
                           cudaStreamSynchronize(s) == cudaSuccess;
       const CollArgs a = allReduceArgs(DataType::Int32, ybuf[t], ybuf[t], count);
       // Before the enqueue: with thread ranks sharing a GPU it returns only once the other rank
@@ -303,9 +325,11 @@ int releaseHalfPosted(int rank, int dev, std::unique_ptr<mkernel::coll::Communic
       const cudaError_t se = cudaStreamSynchronize(s);
       postToDone[t] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const Result ae = y[t]->asyncError();
-      said[t] = "enqueue " + std::to_string(static_cast<int>(er)) + ", stream " + cudaGetErrorString(se) +
-                ", asyncError " + std::to_string(static_cast<int>(ae)) +
-                (er != Result::Success || ae != Result::Success ? std::string(": ") + mkernel::lastError() : "");
+      said[t] =
+          "enqueue " + std::to_string(static_cast<int>(er)) + ", stream " + cudaGetErrorString(se) +
+          ", asyncError " + std::to_string(static_cast<int>(ae)) +
+          (er != Result::Success || ae != Result::Success ? std::string(": ") + mkernel::lastError()
+                                                          : "");
       got[t].resize(count);
       cudaMemcpy(got[t].data(), ybuf[t], count * 4, cudaMemcpyDeviceToHost);
       cudaStreamDestroy(s);
@@ -317,17 +341,21 @@ int releaseHalfPosted(int rank, int dev, std::unique_ptr<mkernel::coll::Communic
   const Result fr = comm->finalize();
   const std::string ferr = fr != Result::Success ? mkernel::lastError() : "";
   comm.reset();
-  const double releaseS = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
+  const double releaseS =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
   for (auto& th : ts) th.join();
-  std::fprintf(stderr, "rank %d: release of the process-rank communicator %.3f s; Y's rank 0 post to done %.3f s, rank 1 "
-               "(posted 300 ms into the release) %.3f s\n", rank, releaseS, postToDone[0], postToDone[1]);
+  std::fprintf(stderr,
+               "rank %d: release of the process-rank communicator %.3f s; Y's rank 0 post to done "
+               "%.3f s, rank 1 "
+               "(posted 300 ms into the release) %.3f s\n",
+               rank, releaseS, postToDone[0], postToDone[1]);
   int bad = 0;
   for (int t = 0; t < 2; ++t) {
     size_t wrong = 0;
     for (int32_t v : got[t]) wrong += v != 3;
     if (wrong != 0) {
-      std::fprintf(stderr, "rank %d: FAIL: Y's rank %d: %zu of %zu elements wrong (%s)\n", rank, t, wrong, count,
-                   said[t].c_str());
+      std::fprintf(stderr, "rank %d: FAIL: Y's rank %d: %zu of %zu elements wrong (%s)\n", rank, t,
+                   wrong, count, said[t].c_str());
       ++bad;
     }
   }
@@ -351,12 +379,13 @@ int releaseHalfPosted(int rank, int dev, std::unique_ptr<mkernel::coll::Communic
   return 0;
 }
 
-int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::UniqueId& id, Kill killMode,
-          bool halfPosted, bool mixed, const std::string& mismatch) {
+int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::UniqueId& id,
+          Kill killMode, bool halfPosted, bool mixed, const std::string& mismatch) {
   gRank = rank;
   if (hosts > 1) setenv("MKERNEL_HOSTID", ("host" + std::to_string(rank / (n / hosts))).c_str(), 1);
   if (!mismatch.empty() && rank == n - 1)
-    setenv(mismatch.substr(0, mismatch.find('=')).c_str(), mismatch.substr(mismatch.find('=') + 1).c_str(), 1);
+    setenv(mismatch.substr(0, mismatch.find('=')).c_str(),
+           mismatch.substr(mismatch.find('=') + 1).c_str(), 1);
   mkernel::params::resetForTesting();
   const bool kill = killMode == Kill::kBetween;
   // Set before the communicator reads its parameters: only the rank that will die stops.
@@ -371,9 +400,11 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
     // Every rank fails alike, naming the setting.
     const std::string msg = made == Result::Success ? "" : mkernel::lastError();
     const std::string name = mismatch.substr(0, mismatch.find('='));
-    if (made != Result::InvalidUsage) FAIL("%s with %s on rank %d: creation gave %d, want InvalidUsage (%s)", step,
-                                           mismatch.c_str(), n - 1, static_cast<int>(made), msg.c_str());
-    if (msg.find(name + ":") == std::string::npos || msg.find("on rank " + std::to_string(n - 1)) == std::string::npos)
+    if (made != Result::InvalidUsage)
+      FAIL("%s with %s on rank %d: creation gave %d, want InvalidUsage (%s)", step,
+           mismatch.c_str(), n - 1, static_cast<int>(made), msg.c_str());
+    if (msg.find(name + ":") == std::string::npos ||
+        msg.find("on rank " + std::to_string(n - 1)) == std::string::npos)
       FAIL("the error does not name %s and rank %d: %s", name.c_str(), n - 1, msg.c_str());
     std::fprintf(stderr, "rank %d: creation refused: %s\n", rank, msg.c_str());
     return 0;
@@ -383,8 +414,8 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
 
   std::vector<Case> cases;
-  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
-                            CollType::Reduce};
+  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather,
+                            CollType::Broadcast, CollType::Reduce};
   int seq = 0;
   for (CollType c : colls)
     for (size_t count : {size_t(1), size_t(4099), size_t(1 << 20) + 5, (size_t(8) << 20) + 3})
@@ -410,13 +441,15 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
     for (size_t i = 0; i < count; ++i) host[i] = input(rank, i);
     if (!toDevice(send, host.data(), count * 4, stream)) FAIL("copy in");
     const CollArgs a = allReduceArgs(DataType::Int32, send, recv, count);
-    if (comm->enqueue(&a, 1, stream) != Result::Success || cudaStreamSynchronize(stream) != cudaSuccess ||
-        comm->asyncError() != Result::Success)
+    if (comm->enqueue(&a, 1, stream) != Result::Success ||
+        cudaStreamSynchronize(stream) != cudaSuccess || comm->asyncError() != Result::Success)
       FAIL("AllReduce: %s", mkernel::lastError());
-    if (cudaMemcpy(got.data(), recv, count * 4, cudaMemcpyDeviceToHost) != cudaSuccess) FAIL("copy out");
+    if (cudaMemcpy(got.data(), recv, count * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+      FAIL("copy out");
     const Case k{CollType::AllReduce, count, false, 0};
     for (size_t e = 0; e < count; ++e)
-      if (got[e] != expected(k, n, rank, e)) FAIL("AllReduce: element %zu is %d, want %d", e, got[e], expected(k, n, rank, e));
+      if (got[e] != expected(k, n, rank, e))
+        FAIL("AllReduce: element %zu is %d, want %d", e, got[e], expected(k, n, rank, e));
     if (rank == 0) return releaseHalfPosted(rank, dev, comm);
     // Rank 1 releases at once; its finalize waits in the bootstrap barrier for rank 0's.
     if (comm->finalize() != Result::Success) FAIL("finalize: %s", mkernel::lastError());
@@ -431,28 +464,33 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
     const CollArgs a = allReduceArgs(DataType::Int32, send, recv, count);
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
-    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) FAIL("begin capture");
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+      FAIL("begin capture");
     const Result er = comm->enqueue(&a, 1, stream);
     if (cudaStreamEndCapture(stream, &graph) != cudaSuccess || er != Result::Success)
       FAIL("capture: %s", mkernel::lastError());
     if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) FAIL("instantiate");
-    if (cudaGraphLaunch(exec, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess ||
-        comm->asyncError() != Result::Success)
+    if (cudaGraphLaunch(exec, stream) != cudaSuccess ||
+        cudaStreamSynchronize(stream) != cudaSuccess || comm->asyncError() != Result::Success)
       FAIL("first replay: %s", mkernel::lastError());
-    if (cudaMemcpy(got.data(), recv, count * 4, cudaMemcpyDeviceToHost) != cudaSuccess) FAIL("copy out");
+    if (cudaMemcpy(got.data(), recv, count * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+      FAIL("copy out");
     const Case k{CollType::AllReduce, count, false, 0};
     for (size_t e = 0; e < count; ++e)
-      if (got[e] != expected(k, n, rank, e)) FAIL("first replay: element %zu is %d, want %d", e, got[e], expected(k, n, rank, e));
+      if (got[e] != expected(k, n, rank, e))
+        FAIL("first replay: element %zu is %d, want %d", e, got[e], expected(k, n, rank, e));
     mkernel::coll::CollStats st;
     comm->stats(&st);
-    if (st.kernelLaunches != 0) FAIL("the captured AllReduce launched the persistent kernel (%llu times)",
-                                     static_cast<unsigned long long>(st.kernelLaunches));
+    if (st.kernelLaunches != 0)
+      FAIL("the captured AllReduce launched the persistent kernel (%llu times)",
+           static_cast<unsigned long long>(st.kernelLaunches));
     if (rank == n - 1) {
       std::fprintf(stderr, "rank %d: replayed the graph once; dying now (SIGKILL)\n", rank);
       raise(SIGKILL);
     }
     if (cudaGraphLaunch(exec, stream) != cudaSuccess) FAIL("second replay");
-    const int rc = survive(rank, n, nGpus, dev, comm, stream, "to publish its inputs (launch path)");
+    const int rc =
+        survive(rank, n, nGpus, dev, comm, stream, "to publish its inputs (launch path)");
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     return rc;
@@ -470,11 +508,16 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
       const auto t0 = std::chrono::steady_clock::now();
       while (!comm->testStalled()) {
         if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(30))
-          FAIL("MKERNEL_TEST_STALL_BARRIER=3: the kernel never reported the stop (asyncError %d: %s)",
-               static_cast<int>(comm->asyncError()), mkernel::lastError());
+          FAIL(
+              "MKERNEL_TEST_STALL_BARRIER=3: the kernel never reported the stop (asyncError %d: "
+              "%s)",
+              static_cast<int>(comm->asyncError()), mkernel::lastError());
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
-      std::fprintf(stderr, "rank %d: its kernel stopped at barrier 3 of a 32 MiB AllReduce: dying now (SIGKILL)\n", rank);
+      std::fprintf(
+          stderr,
+          "rank %d: its kernel stopped at barrier 3 of a 32 MiB AllReduce: dying now (SIGKILL)\n",
+          rank);
       raise(SIGKILL);
     }
     return survive(rank, n, nGpus, dev, comm, stream, "to stage its next chunk");
@@ -503,16 +546,19 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
     a.recvbuff = r;
     a.count = c.count;
     a.root = c.root;
-    if (comm->enqueue(&a, 1, stream) != Result::Success) FAIL("enqueue %s: %s", mkernel::coll::collName(c.coll), mkernel::lastError());
+    if (comm->enqueue(&a, 1, stream) != Result::Success)
+      FAIL("enqueue %s: %s", mkernel::coll::collName(c.coll), mkernel::lastError());
     if (cudaStreamSynchronize(stream) != cudaSuccess) FAIL("stream sync");
-    if (comm->asyncError() != Result::Success) FAIL("%s count %zu: %s", mkernel::coll::collName(c.coll), c.count, mkernel::lastError());
+    if (comm->asyncError() != Result::Success)
+      FAIL("%s count %zu: %s", mkernel::coll::collName(c.coll), c.count, mkernel::lastError());
     if (cudaMemcpy(got.data(), r, rc * 4, cudaMemcpyDeviceToHost) != cudaSuccess) FAIL("copy out");
     if (c.coll == CollType::Reduce && rank != c.root) continue;
     for (size_t e = 0; e < rc; ++e) {
       const int32_t want = expected(c, n, rank, e);
       if (got[e] != want)
-        FAIL("%s count %zu %s root %d: element %zu of %zu is %d, want %d", mkernel::coll::collName(c.coll), c.count,
-             c.inPlace ? "in place" : "out of place", c.root, e, rc, got[e], want);
+        FAIL("%s count %zu %s root %d: element %zu of %zu is %d, want %d",
+             mkernel::coll::collName(c.coll), c.count, c.inPlace ? "in place" : "out of place",
+             c.root, e, rc, got[e], want);
     }
   }
 
@@ -523,7 +569,8 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
     }
     // The survivors: one more AllReduce that the dead rank never joins.
     const CollArgs a = allReduceArgs(DataType::Int32, send, recv, 1 << 16);
-    if (comm->enqueue(&a, 1, stream) != Result::Success) FAIL("enqueue after the kill: %s", mkernel::lastError());
+    if (comm->enqueue(&a, 1, stream) != Result::Success)
+      FAIL("enqueue after the kill: %s", mkernel::lastError());
     return survive(rank, n, nGpus, dev, comm, stream, nullptr);
   }
 
@@ -531,16 +578,19 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
   {
     const size_t count = size_t(1) << 22;
     std::vector<float> hf(count), gf(count);
-    for (size_t i = 0; i < count; ++i) hf[i] = static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 17) - 8) * 0.5f;
+    for (size_t i = 0; i < count; ++i)
+      hf[i] = static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 17) - 8) * 0.5f;
     if (!toDevice(fbuf, hf.data(), count * 4, stream)) FAIL("copy in");
     const CollArgs a = allReduceArgs(DataType::Float32, fbuf, fbuf, count);
-    if (comm->enqueue(&a, 1, stream) != Result::Success || cudaStreamSynchronize(stream) != cudaSuccess ||
-        comm->asyncError() != Result::Success)
+    if (comm->enqueue(&a, 1, stream) != Result::Success ||
+        cudaStreamSynchronize(stream) != cudaSuccess || comm->asyncError() != Result::Success)
       FAIL("float AllReduce: %s", mkernel::lastError());
-    if (cudaMemcpy(gf.data(), fbuf, count * 4, cudaMemcpyDeviceToHost) != cudaSuccess) FAIL("copy out");
+    if (cudaMemcpy(gf.data(), fbuf, count * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+      FAIL("copy out");
     for (size_t i = 0; i < count; ++i) {
       float want = 0;
-      for (int k = 0; k < n; ++k) want += static_cast<float>(static_cast<int>((i * 7 + k * 13) % 17) - 8) * 0.5f;
+      for (int k = 0; k < n; ++k)
+        want += static_cast<float>(static_cast<int>((i * 7 + k * 13) % 17) - 8) * 0.5f;
       if (gf[i] != want) FAIL("float AllReduce element %zu: %g, want %g", i, gf[i], want);
     }
   }
@@ -548,23 +598,29 @@ int child(int rank, int n, int nGpus, int hosts, const mkernel::bootstrap::Uniqu
   comm->stats(&st);
   uint64_t ran = 0;
   for (uint64_t v : st.kernelOps) ran += v;
-  if (ran != cases.size() + 1) FAIL("the kernel counted %llu collectives, want %zu", static_cast<unsigned long long>(ran), cases.size() + 1);
-  // MKERNEL_ALGO=ring (test_gpu_procs_ring): every collective a ring (collectives/algo/staged_ring.h)
-  // but those MKERNEL_RING_MIN_BYTES leaves to the LL mode (auto: what LL takes).
+  if (ran != cases.size() + 1)
+    FAIL("the kernel counted %llu collectives, want %zu", static_cast<unsigned long long>(ran),
+         cases.size() + 1);
+  // MKERNEL_ALGO=ring (test_gpu_procs_ring): every collective a ring
+  // (collectives/algo/staged_ring.h) but those MKERNEL_RING_MIN_BYTES leaves to the LL mode (auto:
+  // what LL takes).
   if (mkernel::params::ALGO.is("ring")) {
     const int64_t ringMin = mkernel::params::RING_MIN_BYTES().value_or(-1);
     auto ringed = [&](CollType c, size_t count) {
-      return mkernel::coll::ringTakes(ringMin, mkernel::coll::llTakes(mkernel::coll::llPayloadBytes(count, 4), st.llMaxBytes, n),
-                                      mkernel::coll::directWholeBytes(c, count, n, 4));
+      return mkernel::coll::ringTakes(
+          ringMin,
+          mkernel::coll::llTakes(mkernel::coll::llPayloadBytes(count, 4), st.llMaxBytes, n),
+          mkernel::coll::directWholeBytes(c, count, n, 4));
     };
     uint64_t want = ringed(CollType::AllReduce, size_t(1) << 22) ? 1 : 0;  // the float AllReduce
     for (const Case& c : cases) want += ringed(c.coll, c.count) ? 1 : 0;
     if (st.ringOps != want || (ringMin < 0 && want == cases.size() + 1))
       FAIL("MKERNEL_ALGO=ring: %llu of %zu collectives were rings, want %llu (LL up to %llu bytes)",
-           static_cast<unsigned long long>(st.ringOps), cases.size() + 1, static_cast<unsigned long long>(want),
-           static_cast<unsigned long long>(st.llMaxBytes));
-    std::fprintf(stderr, "rank %d: MKERNEL_ALGO=ring: %llu of %zu collectives rings, the rest LL pushes\n", rank,
-                 static_cast<unsigned long long>(st.ringOps), cases.size() + 1);
+           static_cast<unsigned long long>(st.ringOps), cases.size() + 1,
+           static_cast<unsigned long long>(want), static_cast<unsigned long long>(st.llMaxBytes));
+    std::fprintf(stderr,
+                 "rank %d: MKERNEL_ALGO=ring: %llu of %zu collectives rings, the rest LL pushes\n",
+                 rank, static_cast<unsigned long long>(st.ringOps), cases.size() + 1);
   }
   if (comm->finalize() != Result::Success) FAIL("finalize: %s", mkernel::lastError());
   comm.reset();
@@ -581,24 +637,35 @@ int main(int argc, char** argv) {
   bool halfPosted = false, mixed = false;
   std::string mismatch;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--ranks") && i + 1 < argc) n = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--hosts") && i + 1 < argc) hosts = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--kill")) killMode = Kill::kBetween;
-    else if (!std::strcmp(argv[i], "--kill-mid")) killMode = Kill::kMid;
-    else if (!std::strcmp(argv[i], "--kill-graph")) killMode = Kill::kGraph;
-    else if (!std::strcmp(argv[i], "--release-half-posted")) halfPosted = true;
-    else if (!std::strcmp(argv[i], "--mixed-capture")) mixed = true;
-    else if (!std::strcmp(argv[i], "--mismatch") && i + 1 < argc && std::strchr(argv[i + 1], '=') != nullptr) mismatch = argv[++i];
+    if (!std::strcmp(argv[i], "--ranks") && i + 1 < argc)
+      n = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--hosts") && i + 1 < argc)
+      hosts = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--kill"))
+      killMode = Kill::kBetween;
+    else if (!std::strcmp(argv[i], "--kill-mid"))
+      killMode = Kill::kMid;
+    else if (!std::strcmp(argv[i], "--kill-graph"))
+      killMode = Kill::kGraph;
+    else if (!std::strcmp(argv[i], "--release-half-posted"))
+      halfPosted = true;
+    else if (!std::strcmp(argv[i], "--mixed-capture"))
+      mixed = true;
+    else if (!std::strcmp(argv[i], "--mismatch") && i + 1 < argc &&
+             std::strchr(argv[i + 1], '=') != nullptr)
+      mismatch = argv[++i];
     else {
       std::fprintf(stderr,
-                   "usage: %s [--ranks N] [--hosts H] [--kill | --kill-mid | --kill-graph | --release-half-posted | "
+                   "usage: %s [--ranks N] [--hosts H] [--kill | --kill-mid | --kill-graph | "
+                   "--release-half-posted | "
                    "--mixed-capture | --mismatch NAME=VALUE]\n",
                    argv[0]);
       return 2;
     }
   }
   if (halfPosted && (n != 2 || hosts != 1 || killMode != Kill::kNone)) {
-    std::fprintf(stderr, "test_gpu_procs: --release-half-posted takes 2 ranks on one host, no kill\n");
+    std::fprintf(stderr,
+                 "test_gpu_procs: --release-half-posted takes 2 ranks on one host, no kill\n");
     return 2;
   }
   if (halfPosted) {
@@ -621,7 +688,9 @@ int main(int argc, char** argv) {
     // A GPU shared across "hosts" would not be seen as shared (hosts never share GPUs), and the
     // ranks' kernels would not fit on it together. 77: ctest reports the test as skipped
     // (SKIP_RETURN_CODE, tests/gpu/CMakeLists.txt), not passed.
-    std::fprintf(stderr, "test_gpu_procs: --hosts needs a GPU per rank (%d ranks, %d GPU(s)): skipped\n", n, nGpus);
+    std::fprintf(stderr,
+                 "test_gpu_procs: --hosts needs a GPU per rank (%d ranks, %d GPU(s)): skipped\n", n,
+                 nGpus);
     return 77;
   }
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
@@ -663,20 +732,23 @@ int main(int argc, char** argv) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    const bool killedOnPurpose = kill && r == n - 1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    const bool killedOnPurpose =
+        kill && r == n - 1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
     if (!killedOnPurpose && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-      std::fprintf(stderr, "rank %d: exit status %d%s\n", r, WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+      std::fprintf(stderr, "rank %d: exit status %d%s\n", r,
+                   WIFEXITED(status) ? WEXITSTATUS(status) : -1,
                    WIFSIGNALED(status) ? " (signal)" : "");
       ++failed;
     }
   }
   mps.stop("test_gpu_procs");
   std::printf("test_gpu_procs: %d ranks on %d GPU(s)%s%s%s: %s\n", n, nGpus < n ? nGpus : n,
-              nGpus < n ? " (emulated, MPS)" : "", hosts > 1 ? (", as " + std::to_string(hosts) + " hosts").c_str() : "",
-              halfPosted                 ? ", a release while another communicator's collective is half posted"
-              : mixed                      ? ", captured beside eager"
-              : !mismatch.empty()          ? (", " + mismatch + " on the last rank").c_str()
-              : killMode == Kill::kMid     ? ", one killed mid-collective"
+              nGpus < n ? " (emulated, MPS)" : "",
+              hosts > 1 ? (", as " + std::to_string(hosts) + " hosts").c_str() : "",
+              halfPosted ? ", a release while another communicator's collective is half posted"
+              : mixed    ? ", captured beside eager"
+              : !mismatch.empty()        ? (", " + mismatch + " on the last rank").c_str()
+              : killMode == Kill::kMid   ? ", one killed mid-collective"
               : killMode == Kill::kGraph ? ", one killed between graph replays"
               : kill                     ? ", one killed"
                                          : "",

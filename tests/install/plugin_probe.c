@@ -11,7 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void* openPlugin(const char* prefix, const char* envName, const char* table, const char** name) {
+static void* openPlugin(const char* prefix, const char* envName, const char* table,
+                        const char** name) {
   const char* plugin = getenv(envName);
   char lib[256];
   void* handle;
@@ -31,7 +32,7 @@ static void* openPlugin(const char* prefix, const char* envName, const char* tab
     fprintf(stderr, "%s: no %s\n", lib, table);
     return NULL;
   }
-  *name = *(const char* const*)sym;  /* every table starts with `const char* name` */
+  *name = *(const char* const*)sym; /* every table starts with `const char* name` */
   return handle;
 }
 

@@ -26,7 +26,8 @@ struct HierArgs {
 // Runs the collective over bufs[0 .. layout.nRanks()-1] (RankBuffers as for runReference: NCCL's
 // in-place conventions). InvalidArgument for a bad layout, root, dtype or op; InternalError when a
 // schedule check fails. stats counts user-buffer and partial-buffer traffic and phases.
-Result runHierarchicalReference(const HierArgs& args, const RankBuffers* bufs, ReferenceStats* stats = nullptr);
+Result runHierarchicalReference(const HierArgs& args, const RankBuffers* bufs,
+                                ReferenceStats* stats = nullptr);
 
 }  // namespace coll
 }  // namespace mkernel

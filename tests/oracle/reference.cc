@@ -23,8 +23,11 @@ constexpr uint8_t kStagingPoison = 0xA5;
 class StagingSim {
  public:
   StagingSim(int nRanks, int regions, size_t regionElems, size_t elemSize)
-      : nRanks_(nRanks), regions_(regions), regionBytes_(regionElems * elemSize),
-        elemSize_(elemSize), data_(static_cast<size_t>(nRanks) * regions * regionBytes_),
+      : nRanks_(nRanks),
+        regions_(regions),
+        regionBytes_(regionElems * elemSize),
+        elemSize_(elemSize),
+        data_(static_cast<size_t>(nRanks) * regions * regionBytes_),
         meta_(static_cast<size_t>(nRanks) * regions) {}
 
   void beginRound(size_t round) {
@@ -39,7 +42,8 @@ class StagingSim {
     if (!inRange(rank, region) || n * elemSize_ > regionBytes_)
       return MK_ERROR(Result::InternalError,
                       "reference: round %zu writes %zu elements to rank %d staging region %d "
-                      "(regions %d of %zu B)", round_, n, rank, region, regions_, regionBytes_);
+                      "(regions %d of %zu B)",
+                      round_, n, rank, region, regions_, regionBytes_);
     Meta& m = meta_[index(rank, region)];
     m.written = true;
     m.count = n;
@@ -58,7 +62,8 @@ class StagingSim {
     if (!m.written || m.phase >= phase_)
       return MK_ERROR(Result::InternalError,
                       "reference: round %zu reads rank %d staging region %d before a barrier "
-                      "made it visible (%s)", round_, rank, region,
+                      "made it visible (%s)",
+                      round_, rank, region,
                       m.written ? "written in the same phase" : "never written this round");
     if (m.count != n)
       return MK_ERROR(Result::InternalError,
@@ -94,7 +99,10 @@ class StagingSim {
 class Executor : private ExecutorBase {
  public:
   Executor(const Plan& plan, const RankBuffers* bufs)
-      : ExecutorBase(bufs, plan.elemSize, plan.describe()), p_(plan), a_(plan.args), n_(plan.args.nRanks),
+      : ExecutorBase(bufs, plan.elemSize, plan.describe()),
+        p_(plan),
+        a_(plan.args),
+        n_(plan.args.nRanks),
         staging_(n_, a_.algo == Algo::Ring ? ringInboxRegions(a_.coll) : 1,
                  a_.algo == Algo::Ring ? plan.chunkElems : plan.stagingElems, plan.elemSize) {}
 
@@ -131,10 +139,14 @@ class Executor : private ExecutorBase {
 
   Result runRound(size_t k) {
     switch (a_.algo) {
-      case Algo::OneShot: return allReduceOneShot();
-      case Algo::TwoShot: return allReduceTwoShot();
-      case Algo::Direct: return direct();
-      case Algo::Ring: return ring(k);
+      case Algo::OneShot:
+        return allReduceOneShot();
+      case Algo::TwoShot:
+        return allReduceTwoShot();
+      case Algo::Direct:
+        return direct();
+      case Algo::Ring:
+        return ring(k);
     }
     return MK_ERROR(Result::InternalError, "reference: no executor for %s", desc_.c_str());
   }
@@ -263,10 +275,15 @@ class Executor : private ExecutorBase {
 
   Result ring(size_t k) {
     switch (a_.coll) {
-      case CollType::AllReduce: return ringAllReduce(k);
-      case CollType::ReduceScatter: return ringReduceScatter(k);
-      case CollType::AllGather: return ringAllGather(k);
-      case CollType::Broadcast: case CollType::Reduce: return ringChain(k);
+      case CollType::AllReduce:
+        return ringAllReduce(k);
+      case CollType::ReduceScatter:
+        return ringReduceScatter(k);
+      case CollType::AllGather:
+        return ringAllGather(k);
+      case CollType::Broadcast:
+      case CollType::Reduce:
+        return ringChain(k);
     }
     return MK_ERROR(Result::InternalError, "reference: no ring for %s", desc_.c_str());
   }
@@ -375,7 +392,8 @@ Result runReference(const Plan& plan, const RankBuffers* bufs, ReferenceStats* s
       bool needRecv = a.coll != CollType::Reduce || r == a.root;
       if ((needSend && bufs[r].send == nullptr) || (needRecv && bufs[r].recv == nullptr))
         return MK_ERROR(Result::InvalidArgument, "reference: %s: rank %d lacks a %s buffer",
-                        plan.describe().c_str(), r, needSend && bufs[r].send == nullptr ? "send" : "recv");
+                        plan.describe().c_str(), r,
+                        needSend && bufs[r].send == nullptr ? "send" : "recv");
     }
   }
   Executor ex(plan, bufs);
@@ -384,11 +402,18 @@ Result runReference(const Plan& plan, const RankBuffers* bufs, ReferenceStats* s
 
 double normwiseTolerance(DataType dtype) {
   switch (dtype) {
-    case DataType::Float64: return 1e-12;
-    case DataType::Float32: return 1e-5;
-    case DataType::Float16: case DataType::Bfloat16: return 1e-2;
-    case DataType::Fp8E4M3: case DataType::Fp8E5M2: return 1e-1;
-    default: return 0.0;
+    case DataType::Float64:
+      return 1e-12;
+    case DataType::Float32:
+      return 1e-5;
+    case DataType::Float16:
+    case DataType::Bfloat16:
+      return 1e-2;
+    case DataType::Fp8E4M3:
+    case DataType::Fp8E5M2:
+      return 1e-1;
+    default:
+      return 0.0;
   }
 }
 
@@ -419,7 +444,8 @@ bool checkNormwise(DataType dtype, const void* got, const double* expected, size
     char buf[256];
     std::snprintf(buf, sizeof(buf),
                   "%s: norm-wise relative error %.3g > %.3g; worst element %zu: got %.17g, "
-                  "expected %.17g", dataTypeName(dtype), err, tol, worstAt,
+                  "expected %.17g",
+                  dataTypeName(dtype), err, tol, worstAt,
                   n ? loadAsDouble(dtype, got, worstAt) : 0.0, n ? expected[worstAt] : 0.0);
     *why = buf;
   }

@@ -37,12 +37,12 @@ class AccessTracker {
       for (size_t j = i + 1; j < accesses_.size() && accesses_[j].lo < a.hi; ++j) {
         const Access& b = accesses_[j];
         if (a.rank != b.rank && (a.write || b.write)) {
-          Result r = MK_ERROR(Result::InternalError,
-                              "reference: %s: rank %d %s and rank %d %s overlapping bytes "
-                              "(%#zx..%#zx) in the same phase: a race on the GPU", what, a.rank,
-                              a.write ? "writes" : "reads", b.rank, b.write ? "writes" : "reads",
-                              static_cast<size_t>(std::max(a.lo, b.lo)),
-                              static_cast<size_t>(std::min(a.hi, b.hi)));
+          Result r = MK_ERROR(
+              Result::InternalError,
+              "reference: %s: rank %d %s and rank %d %s overlapping bytes "
+              "(%#zx..%#zx) in the same phase: a race on the GPU",
+              what, a.rank, a.write ? "writes" : "reads", b.rank, b.write ? "writes" : "reads",
+              static_cast<size_t>(std::max(a.lo, b.lo)), static_cast<size_t>(std::min(a.hi, b.hi)));
           accesses_.clear();
           return r;
         }
@@ -61,7 +61,6 @@ class AccessTracker {
   std::vector<Access> accesses_;
 };
 
-
 // The simulated ranks' user buffers, every access counted (ReferenceStats) and, for user memory,
 // recorded in the phase's AccessTracker; plus the accumulator standing in for the kernel's
 // registers. An executor derives from it and calls endPhase() at every cross-rank barrier.
@@ -70,7 +69,9 @@ class ExecutorBase {
   ExecutorBase(const RankBuffers* bufs, size_t elemSize, std::string desc)
       : es_(elemSize), bufs_(bufs), desc_(std::move(desc)) {}
 
-  const char* sendAt(int r, size_t off) const { return static_cast<const char*>(bufs_[r].send) + off * es_; }
+  const char* sendAt(int r, size_t off) const {
+    return static_cast<const char*>(bufs_[r].send) + off * es_;
+  }
   char* recvAt(int r, size_t off) const { return static_cast<char*>(bufs_[r].recv) + off * es_; }
   // `actor` reads n elements of a user buffer / writes n elements to one.
   const void* userRead(int actor, const void* p, size_t n) {

@@ -36,8 +36,7 @@ void captureLogger(int level, unsigned long flags, const char* /*file*/, int /*l
   va_start(ap, fmt);
   std::vsnprintf(buf, sizeof(buf), fmt, ap);
   va_end(ap);
-  if (mkernel::params::TEST_VERBOSE())
-    std::fprintf(stderr, "[plugin log %d] %s\n", level, buf);
+  if (mkernel::params::TEST_VERBOSE()) std::fprintf(stderr, "[plugin log %d] %s\n", level, buf);
   std::lock_guard<std::mutex> lock(gLogMutex);
   gLog.push_back({level, flags, buf});
 }

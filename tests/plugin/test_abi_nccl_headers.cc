@@ -21,31 +21,31 @@
 
 #define MK_SAME_SIZE(T) \
   static_assert(sizeof(mkernel::abi::T) == sizeof(::T), "sizeof " #T " differs from NCCL's")
-#define MK_SAME_OFF(T, m)                                              \
+#define MK_SAME_OFF(T, m)                                         \
   static_assert(offsetof(mkernel::abi::T, m) == offsetof(::T, m), \
                 #T "." #m " is not at NCCL's offset")
 
 // Members of every net table (v8 on); makeVDevice from v9, finalize and setNetAttr from v11.
-#define MK_NET_TABLE_BASE(T)                                                                   \
-  MK_SAME_SIZE(T);                                                                             \
-  MK_SAME_OFF(T, name);                                                                        \
-  MK_SAME_OFF(T, init);                                                                        \
-  MK_SAME_OFF(T, devices);                                                                     \
-  MK_SAME_OFF(T, getProperties);                                                               \
-  MK_SAME_OFF(T, listen);                                                                      \
-  MK_SAME_OFF(T, connect);                                                                     \
-  MK_SAME_OFF(T, accept);                                                                      \
-  MK_SAME_OFF(T, regMr);                                                                       \
-  MK_SAME_OFF(T, regMrDmaBuf);                                                                 \
-  MK_SAME_OFF(T, deregMr);                                                                     \
-  MK_SAME_OFF(T, isend);                                                                       \
-  MK_SAME_OFF(T, irecv);                                                                       \
-  MK_SAME_OFF(T, iflush);                                                                      \
-  MK_SAME_OFF(T, test);                                                                        \
-  MK_SAME_OFF(T, closeSend);                                                                   \
-  MK_SAME_OFF(T, closeRecv);                                                                   \
-  MK_SAME_OFF(T, closeListen);                                                                 \
-  MK_SAME_OFF(T, getDeviceMr);                                                                 \
+#define MK_NET_TABLE_BASE(T)     \
+  MK_SAME_SIZE(T);               \
+  MK_SAME_OFF(T, name);          \
+  MK_SAME_OFF(T, init);          \
+  MK_SAME_OFF(T, devices);       \
+  MK_SAME_OFF(T, getProperties); \
+  MK_SAME_OFF(T, listen);        \
+  MK_SAME_OFF(T, connect);       \
+  MK_SAME_OFF(T, accept);        \
+  MK_SAME_OFF(T, regMr);         \
+  MK_SAME_OFF(T, regMrDmaBuf);   \
+  MK_SAME_OFF(T, deregMr);       \
+  MK_SAME_OFF(T, isend);         \
+  MK_SAME_OFF(T, irecv);         \
+  MK_SAME_OFF(T, iflush);        \
+  MK_SAME_OFF(T, test);          \
+  MK_SAME_OFF(T, closeSend);     \
+  MK_SAME_OFF(T, closeRecv);     \
+  MK_SAME_OFF(T, closeListen);   \
+  MK_SAME_OFF(T, getDeviceMr);   \
   MK_SAME_OFF(T, irecvConsumed)
 
 #define MK_NET_PROPS_BASE(T)     \
@@ -63,10 +63,10 @@
   MK_SAME_OFF(T, netDeviceType); \
   MK_SAME_OFF(T, netDeviceVersion)
 
-#define MK_NET_PROPS_V9(T)  \
-  MK_NET_PROPS_BASE(T);     \
-  MK_SAME_OFF(T, forceFlush); \
-  MK_SAME_OFF(T, vProps);   \
+#define MK_NET_PROPS_V9(T)     \
+  MK_NET_PROPS_BASE(T);        \
+  MK_SAME_OFF(T, forceFlush);  \
+  MK_SAME_OFF(T, vProps);      \
   MK_SAME_OFF(T, maxP2pBytes); \
   MK_SAME_OFF(T, maxCollBytes)
 

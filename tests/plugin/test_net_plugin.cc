@@ -201,7 +201,8 @@ TEST_CASE(
   clearCapturedLog();
   {
     Session s(11);
-    CHECK(logContains("MKERNEL_NET_BACKEND=carrier-pigeon is not valid: expected one of auto,ib,tcp"));
+    CHECK(logContains(
+        "MKERNEL_NET_BACKEND=carrier-pigeon is not valid: expected one of auto,ib,tcp"));
     // The default, auto: verbs where an RDMA device is usable (the verbs tier's VM), else TCP.
     CHECK((logContains(": using TCP") || logContains("using the verbs backend")));
   }
@@ -595,7 +596,8 @@ TEST_CASE("net plugin: a sender that closes mid-transfer is an error from the re
 }
 
 TEST_CASE(
-    "net plugin: backend threads stop when the last comm closes (v8-v10) or at finalize (v11, v12)") {
+    "net plugin: backend threads stop when the last comm closes (v8-v10) or at finalize (v11, "
+    "v12)") {
   for (int v : kVersions) {
     INFO("v" << v);
     makeIdle();

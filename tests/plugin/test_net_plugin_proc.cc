@@ -159,7 +159,8 @@ void idleBeforeFork() {
 // A byte of a receive still in flight, read while the backend's engine thread may be writing it
 // (the point of the test below: it must not call test()). Not instrumented under ThreadSanitizer
 // (scripts/test.sh tsan), which would report this deliberate race with the engine's recv().
-__attribute__((noinline, no_sanitize("thread"))) unsigned char peekInFlight(const volatile unsigned char* p) {
+__attribute__((noinline, no_sanitize("thread"))) unsigned char peekInFlight(
+    const volatile unsigned char* p) {
   return *p;
 }
 

@@ -30,9 +30,9 @@ TEST_CASE(
   REQUIRE(tuner != nullptr);
   CHECK(dlsym(core, "mkernelGetStats") != nullptr);
   CHECK(dlsym(core, "mkernelVersionString") != nullptr);
-  for (const char* sym : {"ncclNetPlugin_v12", "ncclNetPlugin_v11", "ncclNetPlugin_v10",
-                          "ncclNetPlugin_v9", "ncclNetPlugin_v8", "ncclTunerPlugin_v6",
-                          "ncclTunerPlugin_v5"}) {
+  for (const char* sym :
+       {"ncclNetPlugin_v12", "ncclNetPlugin_v11", "ncclNetPlugin_v10", "ncclNetPlugin_v9",
+        "ncclNetPlugin_v8", "ncclTunerPlugin_v6", "ncclTunerPlugin_v5"}) {
     INFO(sym);
     void* viaNet = dlsym(net, sym);
     CHECK(viaNet != nullptr);

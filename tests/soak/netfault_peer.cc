@@ -2,9 +2,11 @@
 // two sides in two network namespaces joined by a veth pair with rate limits, drops or a cut link
 // in between (docs/RELIABILITY.md). Not a unit test: a plain executable driven by the script.
 //   netfault_peer recv <handle-file> <messages> <bytes>   listens, writes the handle, verifies
-//   netfault_peer send <handle-file> <messages> <bytes>   waits for the handle file, connects, sends
-// Prints one line "result=<ok|error> code=<mkernel::Result as int, 6 = RemoteError> messages=<n> seconds=<s> error_after_progress_s=<s> msg=<...>"
-// and exits 0 on success, 2 on a transport error (a clean failure), 1 on a wrong byte or misuse.
+//   netfault_peer send <handle-file> <messages> <bytes>   waits for the handle file, connects,
+//   sends
+// Prints one line "result=<ok|error> code=<mkernel::Result as int, 6 = RemoteError> messages=<n>
+// seconds=<s> error_after_progress_s=<s> msg=<...>" and exits 0 on success, 2 on a transport error
+// (a clean failure), 1 on a wrong byte or misuse.
 #include <unistd.h>
 
 #include <chrono>
@@ -24,16 +26,21 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
-uint8_t patternByte(uint64_t msg, size_t i) { return static_cast<uint8_t>((msg * 131) ^ (i * 7) ^ (i >> 9)); }
+uint8_t patternByte(uint64_t msg, size_t i) {
+  return static_cast<uint8_t>((msg * 131) ^ (i * 7) ^ (i >> 9));
+}
 
 Result gLastResult = Result::Success;  // what the failing net::Net call returned
 
 int report(const char* result, int messages, Clock::time_point t0, Clock::time_point lastProgress,
            const std::string& msg, int rc) {
-  std::printf("result=%s code=%d messages=%d seconds=%.2f error_after_progress_s=%.2f msg=\"%s\"\n", result,
-              static_cast<int>(gLastResult), messages, since(t0), rc == 0 ? 0.0 : since(lastProgress), msg.c_str());
+  std::printf("result=%s code=%d messages=%d seconds=%.2f error_after_progress_s=%.2f msg=\"%s\"\n",
+              result, static_cast<int>(gLastResult), messages, since(t0),
+              rc == 0 ? 0.0 : since(lastProgress), msg.c_str());
   std::fflush(stdout);
   return rc;
 }
@@ -59,7 +66,8 @@ int main(int argc, char** argv) {
   net::RecvComm* rc = nullptr;
   net::ListenComm* lc = nullptr;
   if (!sender) {
-    if ((gLastResult = n->listen(0, handle, &lc)) != Result::Success) return report("error", 0, t0, last, lastError(), 2);
+    if ((gLastResult = n->listen(0, handle, &lc)) != Result::Success)
+      return report("error", 0, t0, last, lastError(), 2);
     std::string tmp = handleFile + ".tmp";
     std::ofstream(tmp, std::ios::binary).write(handle, sizeof(handle));
     std::rename(tmp.c_str(), handleFile.c_str());
@@ -89,18 +97,20 @@ int main(int argc, char** argv) {
       int tag = 7;
       void* mh = nullptr;
       Result r = gLastResult = sender ? n->isend(sc, buf.data(), bytes, tag, nullptr, &req)
-                        : n->irecv(rc, 1, &data, &bytes, &tag, &mh, &req);
+                                      : n->irecv(rc, 1, &data, &bytes, &tag, &mh, &req);
       if (r != Result::Success) return report("error", done, t0, last, lastError(), 2);
     }
     bool complete = false;
     size_t got = 0;
     while (!complete) {
-      if ((gLastResult = n->test(req, &complete, &got)) != Result::Success) return report("error", done, t0, last, lastError(), 2);
+      if ((gLastResult = n->test(req, &complete, &got)) != Result::Success)
+        return report("error", done, t0, last, lastError(), 2);
     }
     last = Clock::now();
     if (!sender)
       for (size_t i = 0; i < bytes; ++i)
-        if (buf[i] != patternByte(done, i)) return report("corrupt", done, t0, last, "wrong byte", 1);
+        if (buf[i] != patternByte(done, i))
+          return report("corrupt", done, t0, last, "wrong byte", 1);
   }
   if (sc != nullptr) n->closeSend(sc);
   if (rc != nullptr) n->closeRecv(rc);

@@ -95,7 +95,7 @@ struct Pair {
   size_t sendCursor = 0;          // next message of planned.front()... counted across groups
   std::deque<PendingSend> sends;  // posted, in posting order
   std::deque<PendingRecv> recvs;
-  std::deque<Group> toReceive;    // groups whose receive is not posted yet
+  std::deque<Group> toReceive;  // groups whose receive is not posted yet
   uint64_t nextSeq = 0;
   uint64_t bytesVerified = 0;
   uint64_t messages = 0;
@@ -158,7 +158,8 @@ bool postMore(net::Net& n, Pair& p, int maxRecvs, bool planning) {
       r.bufs.emplace_back(r.group.posted[j], uint8_t(0xEE));
       data[j] = r.bufs.back().data();
     }
-    REQUIRE(n.irecv(p.recv, r.group.n, data, r.group.posted, r.group.tags, mh, &r.req) == Result::Success);
+    REQUIRE(n.irecv(p.recv, r.group.n, data, r.group.posted, r.group.tags, mh, &r.req) ==
+            Result::Success);
     if (r.req == nullptr) break;  // back-pressure
     p.recvs.push_back(std::move(r));
     p.toReceive.pop_front();
@@ -169,7 +170,8 @@ bool postMore(net::Net& n, Pair& p, int maxRecvs, bool planning) {
     int j = g.sendOrder[p.sendCursor];
     PendingSend s{nullptr, std::vector<uint8_t>(g.sizes[j])};
     fill(&s.buf, p.id, g.seq[j]);
-    REQUIRE(n.isend(p.send, s.buf.data(), s.buf.size(), g.tags[j], nullptr, &s.req) == Result::Success);
+    REQUIRE(n.isend(p.send, s.buf.data(), s.buf.size(), g.tags[j], nullptr, &s.req) ==
+            Result::Success);
     if (s.req == nullptr) break;
     p.sends.push_back(std::move(s));
     if (++p.sendCursor == static_cast<size_t>(g.n)) {
@@ -204,7 +206,8 @@ bool reap(net::Net& n, Pair& p) {
     REQUIRE(r == Result::Success);
     if (!done) break;
     for (int j = 0; j < rv.group.n; ++j) {
-      INFO("pair " << p.id << " message " << rv.group.seq[j] << " slot " << j << " of " << rv.group.n);
+      INFO("pair " << p.id << " message " << rv.group.seq[j] << " slot " << j << " of "
+                   << rv.group.n);
       REQUIRE(sizes[j] == rv.group.sizes[j]);
       size_t bad = firstMismatch(rv.bufs[j].data(), sizes[j], p.id, rv.group.seq[j]);
       INFO("first wrong byte at offset " << bad);
@@ -267,7 +270,8 @@ TEST_CASE("soak: TCP net, 8 connections, random sizes/tags/groups, every byte ve
       REQUIRE(n->closeRecv(p.recv) == Result::Success);
     }
     WARN("soak: " << totalMessages << " messages, " << totalBytes / (1 << 20) << " MiB verified in "
-                  << elapsed << " s over " << kPairs << " connections (maxRecvs " << maxRecvs << ")");
+                  << elapsed << " s over " << kPairs << " connections (maxRecvs " << maxRecvs
+                  << ")");
   }
   // The Net is gone: its sockets, epoll fds and progress threads must be too. Threads exit
   // asynchronously after join() returns only in theory; give the kernel a moment.

@@ -155,7 +155,8 @@ TEST_CASE("setupApp: an option given twice takes its last value; a list its last
   mktools::listOf(app.add_option("--ranks", ranks))->check(mktools::kPositive);
   mktools::listOf(app.add_option("--sizes", sizes))->transform(mktools::kSize);
   app.add_option("--n", n);
-  std::vector<std::string> args{"--n", "1", "--ranks", "1,2", "--sizes", "4K,1M", "--n", "2", "--ranks", "8", "--sizes", "64M"};
+  std::vector<std::string> args{"--n", "1", "--ranks", "1,2", "--sizes", "4K,1M",
+                                "--n", "2", "--ranks", "8",   "--sizes", "64M"};
   std::reverse(args.begin(), args.end());
   app.parse(args);
   CHECK(n == 2);

@@ -36,7 +36,9 @@ Box load(const char* xml, const char* nvl) {
   return b;
 }
 
-std::vector<std::string> railNames(const Box& b, int gpu) { return railNicNames(b.topo, b.place, gpu); }
+std::vector<std::string> railNames(const Box& b, int gpu) {
+  return railNicNames(b.topo, b.place, gpu);
+}
 
 // Four GPUs whose PCI domains alternate between the two sockets (multi-segment servers), no NIC.
 Topology interleavedSockets() {
@@ -189,14 +191,18 @@ TEST_CASE("ranksInRingOrder: ranks follow the placement's ring, ranks of one GPU
   std::vector<int> order;
   std::string why;
   // Rank r on GPU r (bus ids as CUDA writes them: upper case, 8-digit domain).
-  CHECK(ranksInRingOrder(t, p, {"00000000:1B:00.0", "00000001:1B:00.0", "00000002:1B:00.0", "00000003:1B:00.0"}, &order, &why));
+  CHECK(ranksInRingOrder(
+      t, p, {"00000000:1B:00.0", "00000001:1B:00.0", "00000002:1B:00.0", "00000003:1B:00.0"},
+      &order, &why));
   CHECK(order == std::vector<int>{0, 2, 1, 3});
   CHECK(why.find("pcie") != std::string::npos);
   // Rank r on GPU 3 - r: positions of GPUs 3, 2, 1, 0 are 3, 1, 2, 0.
-  CHECK(ranksInRingOrder(t, p, {"0003:1b:00.0", "0002:1b:00.0", "0001:1b:00.0", "0000:1b:00.0"}, &order, &why));
+  CHECK(ranksInRingOrder(t, p, {"0003:1b:00.0", "0002:1b:00.0", "0001:1b:00.0", "0000:1b:00.0"},
+                         &order, &why));
   CHECK(order == std::vector<int>{3, 1, 2, 0});
   // Two ranks per GPU (emulation): together, in rank order.
-  CHECK(ranksInRingOrder(t, p, {"0000:1b:00.0", "0001:1b:00.0", "0000:1b:00.0", "0001:1b:00.0"}, &order, &why));
+  CHECK(ranksInRingOrder(t, p, {"0000:1b:00.0", "0001:1b:00.0", "0000:1b:00.0", "0001:1b:00.0"},
+                         &order, &why));
   CHECK(order == std::vector<int>{0, 2, 1, 3});
   CHECK(ranksInRingOrder(t, p, {"0001:1b:00.0", "0001:1b:00.0", "0002:1b:00.0"}, &order, &why));
   CHECK(order == std::vector<int>{2, 0, 1});
@@ -206,10 +212,11 @@ TEST_CASE("ranksInRingOrder: ranks follow the placement's ring, ranks of one GPU
   CHECK(why.find("rank 1") != std::string::npos);
 }
 
-// The selection policy's direct access (collectives/runtime/peer_memory.cc, agreeRing): rings on a host
-// whose GPUs are not NVLink all-to-all. Bus ids as CUDA writes them (upper case), NVML's domain
-// width, duplicates (ranks sharing a GPU).
-TEST_CASE("gpusNvlinkAllToAll: NVSwitch and meshes are, PCIe and partial NVLink are not, unknown is") {
+// The selection policy's direct access (collectives/runtime/peer_memory.cc, agreeRing): rings on a
+// host whose GPUs are not NVLink all-to-all. Bus ids as CUDA writes them (upper case), NVML's
+// domain width, duplicates (ranks sharing a GPU).
+TEST_CASE(
+    "gpusNvlinkAllToAll: NVSwitch and meshes are, PCIe and partial NVLink are not, unknown is") {
   std::string why;
   Box dgx = load("dgx-h100.xml", "nvswitch-8gpu.nvl");
   CHECK(gpusNvlinkAllToAll(dgx.topo, {"0000:13:00.0", "0000:F3:00.0", "00000000:13:00.0"}, &why));
@@ -228,7 +235,8 @@ TEST_CASE("gpusNvlinkAllToAll: NVSwitch and meshes are, PCIe and partial NVLink 
   // A cycle 0-2-1-3-0: pairs 0-2 and 1-3 linked, 0-1 not.
   Box partial = load("pcie-4gpu.xml", nullptr);
   std::string err;
-  REQUIRE(parseNvlinkMatrix("0 2 2\n2 1 2\n1 3 2\n3 0 2\n", 4, &partial.topo.nvlink, &err) == Result::Success);
+  REQUIRE(parseNvlinkMatrix("0 2 2\n2 1 2\n1 3 2\n3 0 2\n", 4, &partial.topo.nvlink, &err) ==
+          Result::Success);
   const std::string g0 = partial.topo.gpus[0].pci.busId, g1 = partial.topo.gpus[1].pci.busId,
                     g2 = partial.topo.gpus[2].pci.busId;
   CHECK(gpusNvlinkAllToAll(partial.topo, {g0, g2}, &why));
@@ -332,11 +340,12 @@ TEST_CASE("mkernel-topo output: table and JSON carry the placement") {
   Box b = load("2socket-nics-on-0.xml", "none.nvl");
   std::string json = renderJson(b.topo, b.place);
   CHECK(json.find("\"gpus\": [") != std::string::npos);
-  CHECK(json.find("{\"index\": 1, \"pci\": \"0000:14:00.0\", \"name\": null, \"numa\": 0, \"nic\": \"mlx5_1\"") !=
-        std::string::npos);
+  CHECK(json.find("{\"index\": 1, \"pci\": \"0000:14:00.0\", \"name\": null, \"numa\": 0, \"nic\": "
+                  "\"mlx5_1\"") != std::string::npos);
   // A name (NVML's, on a live machine) is printed in both outputs.
   b.topo.gpus[1].name = "NVIDIA H200";
-  CHECK(renderJson(b.topo, b.place).find("\"pci\": \"0000:14:00.0\", \"name\": \"NVIDIA H200\"") != std::string::npos);
+  CHECK(renderJson(b.topo, b.place).find("\"pci\": \"0000:14:00.0\", \"name\": \"NVIDIA H200\"") !=
+        std::string::npos);
   CHECK(renderTable(b.topo, b.place).find("GPU1 (0000:14:00.0, NVIDIA H200)") != std::string::npos);
   CHECK(json.find("\"rails\": [\"mlx5_1\", \"mlx5_0\"], \"cpus\": \"0-7\"") != std::string::npos);
   // The proxy's verbs order for GPU 1: its rail NICs, primary first; nothing for a GPU that

@@ -111,9 +111,12 @@ TEST_CASE("policy: across nodes, TREE for latency, RING for bandwidth, PAT for o
   TunerSystem two = system(2, 2, false, false);
   CHECK(decide(two, CollType::AllReduce, 4 * KiB) == Pick{kAlgoRing, kProtoLL});
   CHECK(decide(two, CollType::AllReduce, 1 * GiB) == Pick{kAlgoRing, kProtoSimple});
-  CHECK(decide(system(3, 3, false, false), CollType::AllReduce, 4 * KiB) == Pick{kAlgoRing, kProtoLL});
-  CHECK(decide(system(4, 4, false, false), CollType::AllReduce, 4 * KiB) == Pick{kAlgoTree, kProtoLL});
-  CHECK(decide(system(4, 2, false, false), CollType::AllReduce, 4 * KiB) == Pick{kAlgoTree, kProtoLL});  // 1+1 < 3
+  CHECK(decide(system(3, 3, false, false), CollType::AllReduce, 4 * KiB) ==
+        Pick{kAlgoRing, kProtoLL});
+  CHECK(decide(system(4, 4, false, false), CollType::AllReduce, 4 * KiB) ==
+        Pick{kAlgoTree, kProtoLL});
+  CHECK(decide(system(4, 2, false, false), CollType::AllReduce, 4 * KiB) ==
+        Pick{kAlgoTree, kProtoLL});  // 1+1 < 3
 
   TunerSystem one = system(4, 4, false, false);  // one GPU per node
   CHECK(decide(one, CollType::AllGather, 64 * KiB) == Pick{kAlgoPat, kProtoSimple});

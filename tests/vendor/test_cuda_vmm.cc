@@ -27,7 +27,7 @@ struct FakeDriver {
   std::map<CUdeviceptr, size_t> reserved;            // base -> size
   std::map<CUdeviceptr, std::pair<size_t, CUmemGenericAllocationHandle>> mapped;
   std::vector<std::pair<CUdeviceptr, int>> access;  // (base, device) made read-write
-  std::string failAt;                                 // the call that fails
+  std::string failAt;                               // the call that fails
   std::vector<std::string> calls;
   CUmemGenericAllocationHandle nextHandle = 100;
   CUdeviceptr nextBase = 0x7f0000000000ull;
@@ -40,7 +40,8 @@ struct FakeDriver {
     return true;
   }
   // The mapping [base, base + size) that holds `p`, if any.
-  const std::pair<const CUdeviceptr, std::pair<size_t, CUmemGenericAllocationHandle>>* mappingOf(CUdeviceptr p) const {
+  const std::pair<const CUdeviceptr, std::pair<size_t, CUmemGenericAllocationHandle>>* mappingOf(
+      CUdeviceptr p) const {
     for (const auto& m : mapped)
       if (p >= m.first && p < m.first + m.second.first) return &m;
     return nullptr;
@@ -72,7 +73,8 @@ CUresult fGranularity(size_t* gran, const CUmemAllocationProp*, CUmemAllocationG
   *gran = size_t(2) << 20;
   return CUDA_SUCCESS;
 }
-CUresult fCreate(CUmemGenericAllocationHandle* h, size_t, const CUmemAllocationProp*, unsigned long long) {
+CUresult fCreate(CUmemGenericAllocationHandle* h, size_t, const CUmemAllocationProp*,
+                 unsigned long long) {
   if (failing("cuMemCreate")) return kFail;
   *h = g->nextHandle++;
   g->refs[*h] = 1;
@@ -85,7 +87,8 @@ CUresult fReserve(CUdeviceptr* p, size_t size, size_t, CUdeviceptr, unsigned lon
   g->reserved[*p] = size;
   return CUDA_SUCCESS;
 }
-CUresult fMap(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long) {
+CUresult fMap(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+              unsigned long long) {
   if (failing("cuMemMap")) return kFail;
   REQUIRE(g->reserved.count(p) == 1);
   REQUIRE(g->reserved[p] == size);
@@ -143,7 +146,8 @@ CUresult fAddressFree(CUdeviceptr p, size_t size) {
   g->reserved.erase(p);
   return CUDA_SUCCESS;
 }
-CUresult fExportFd(void* fd, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type, unsigned long long) {
+CUresult fExportFd(void* fd, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type,
+                   unsigned long long) {
   if (failing("cuMemExportToShareableHandle")) return kFail;
   REQUIRE(type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   REQUIRE(g->refs[h] > 0);
@@ -191,7 +195,9 @@ constexpr size_t kSize = size_t(4) << 20;
 
 }  // namespace
 
-TEST_CASE("vmmImportFd maps another process's memory read-write; the mapping alone holds it; vmmUnmap frees it") {
+TEST_CASE(
+    "vmmImportFd maps another process's memory read-write; the mapping alone holds it; vmmUnmap "
+    "frees it") {
   FakeScope f;
   void* p = nullptr;
   REQUIRE(cudrv::vmmImportFd(7, kSize, 3, &p) == Result::Success);
@@ -201,14 +207,15 @@ TEST_CASE("vmmImportFd maps another process's memory read-write; the mapping alo
   REQUIRE(f.driver.access.size() == 1);
   CHECK(f.driver.access[0] == std::make_pair(reinterpret_cast<CUdeviceptr>(p), 3));
   CHECK(f.driver.freed.count(h) == 0);
-  REQUIRE(cudrv::vmmUnmap(static_cast<char*>(p) + 4096) == Result::Success);  // any address inside it
+  REQUIRE(cudrv::vmmUnmap(static_cast<char*>(p) + 4096) ==
+          Result::Success);  // any address inside it
   CHECK(f.driver.freed.count(h) == 1);
   CHECK(f.driver.clean());
 }
 
 TEST_CASE("vmmImportFd undoes every step when a driver call fails") {
-  const char* call = GENERATE("cuDeviceGet", "cuMemImportFromShareableHandle", "cuMemAddressReserve", "cuMemMap",
-                              "cuMemSetAccess");
+  const char* call = GENERATE("cuDeviceGet", "cuMemImportFromShareableHandle",
+                              "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess");
   FakeScope f;
   f.driver.failAt = call;
   void* p = reinterpret_cast<void*>(0x1);
@@ -218,12 +225,14 @@ TEST_CASE("vmmImportFd undoes every step when a driver call fails") {
   CHECK(std::strstr(mkernel::lastError(), call) != nullptr);
 }
 
-TEST_CASE("mapReadWrite keeps the caller's reference when asked, and vmmFree then frees everything") {
+TEST_CASE(
+    "mapReadWrite keeps the caller's reference when asked, and vmmFree then frees everything") {
   FakeScope f;
   CUmemGenericAllocationHandle h = 0;
   REQUIRE(fCreate(&h, kSize, nullptr, 0) == CUDA_SUCCESS);
   void* p = nullptr;
-  REQUIRE(cudrv::detail::mapReadWrite(f.table, h, kSize, size_t(2) << 20, 1, /*keep=*/true, &p) == Result::Success);
+  REQUIRE(cudrv::detail::mapReadWrite(f.table, h, kSize, size_t(2) << 20, 1, /*keep=*/true, &p) ==
+          Result::Success);
   CHECK(f.driver.refs[h] == 2);  // the caller's and the mapping's
 
   SECTION("vmmExportFd gives a descriptor and the size, and leaves the references as they were") {
@@ -253,7 +262,9 @@ TEST_CASE("mapReadWrite keeps the caller's reference when asked, and vmmFree the
   CHECK(f.driver.clean());
 }
 
-TEST_CASE("mapReadWrite undoes every step when a driver call fails, whether it keeps the caller's reference or not") {
+TEST_CASE(
+    "mapReadWrite undoes every step when a driver call fails, whether it keeps the caller's "
+    "reference or not") {
   const char* call = GENERATE("cuMemAddressReserve", "cuMemMap", "cuMemSetAccess");
   const bool keep = GENERATE(true, false);
   FakeScope f;
@@ -261,13 +272,15 @@ TEST_CASE("mapReadWrite undoes every step when a driver call fails, whether it k
   REQUIRE(fCreate(&h, kSize, nullptr, 0) == CUDA_SUCCESS);
   f.driver.failAt = call;
   void* p = nullptr;
-  CHECK(cudrv::detail::mapReadWrite(f.table, h, kSize, 0, 0, keep, &p) == Result::UnhandledCudaError);
+  CHECK(cudrv::detail::mapReadWrite(f.table, h, kSize, 0, 0, keep, &p) ==
+        Result::UnhandledCudaError);
   CHECK(p == nullptr);
   CHECK(f.driver.freed.count(h) == 1);  // on failure the reference is released either way
   CHECK(f.driver.clean());
 }
 
-TEST_CASE("the cuMem functions refuse an address that is no cuMem mapping, and vmmFree a failed unmap") {
+TEST_CASE(
+    "the cuMem functions refuse an address that is no cuMem mapping, and vmmFree a failed unmap") {
   FakeScope f;
   int fd = 3;
   size_t size = 0;

@@ -16,7 +16,8 @@ bool gpuPresent(std::string* why);
 
 // `mkernel-bench transport [...]`: net::Net (TCP) over loopback against a plain one-socket floor.
 struct TransportOptions {
-  std::vector<uint64_t> sizes{8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
+  std::vector<uint64_t> sizes{8,         64,      512,     4 << 10,  32 << 10,
+                              256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
   int iters = 50;
   int warmup = 5;
   uint64_t rttMax = 64 << 10;

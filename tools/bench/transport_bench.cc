@@ -65,7 +65,9 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-double usSince(Clock::time_point t) { return std::chrono::duration<double, std::micro>(Clock::now() - t).count(); }
+double usSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t).count();
+}
 
 // ----- the floor: one blocking TCP socket ------------------------------------------------------
 
@@ -156,8 +158,9 @@ bool connectNet(net::Net& n, net::SendComm** s, net::RecvComm** r) {
 
 // Runs `iters` paired iterations: `sender(i)` and `receiver(i)` on two threads after a barrier;
 // returns per-iteration microseconds from the barrier to the receiver's finish.
-bool timedPairs(int iters, const std::function<bool()>& prepareRecv, const std::function<bool()>& sender,
-                const std::function<bool()>& receiver, std::vector<double>* us) {
+bool timedPairs(int iters, const std::function<bool()>& prepareRecv,
+                const std::function<bool()>& sender, const std::function<bool()>& receiver,
+                std::vector<double>* us) {
   SpinBarrier barrier;
   std::atomic<int64_t> startNs{0};
   std::atomic<bool> ok{true};
@@ -183,9 +186,9 @@ bool timedPairs(int iters, const std::function<bool()>& prepareRecv, const std::
 }
 
 // Ping-pong: thread A sends and waits for the echo; returns per-round-trip microseconds.
-bool timedRoundTrips(int iters, const std::function<bool()>& aSend, const std::function<bool()>& aRecv,
-                     const std::function<bool()>& bRecv, const std::function<bool()>& bSend,
-                     std::vector<double>* us) {
+bool timedRoundTrips(int iters, const std::function<bool()>& aSend,
+                     const std::function<bool()>& aRecv, const std::function<bool()>& bRecv,
+                     const std::function<bool()>& bSend, std::vector<double>* us) {
   std::atomic<bool> ok{true};
   us->assign(static_cast<size_t>(iters), 0.0);
   std::thread b([&] {
@@ -215,11 +218,14 @@ void addTransportOptions(CLI::App* app, TransportOptions* o) {
       ->check(CLI::Range(uint64_t(1), uint64_t(1) << 40).description(""))
       ->default_str("8,64,512,4K,32K,256K,1M,4M,16M,64M");
   app->add_option("--iters", o->iters,
-                  "timed blocks per size; a block is one one-way transfer and, for small sizes, 10 round trips, "
+                  "timed blocks per size; a block is one one-way transfer and, for small sizes, 10 "
+                  "round trips, "
                   "first the floor's, then the net's (median reported)")
       ->check(mktools::kPositive)
       ->capture_default_str();
-  app->add_option("--warmup", o->warmup, "untimed blocks first")->check(mktools::kNonNegative)->capture_default_str();
+  app->add_option("--warmup", o->warmup, "untimed blocks first")
+      ->check(mktools::kNonNegative)
+      ->capture_default_str();
   app->add_option("--rtt-max", o->rttMax, "largest size whose round trip is measured")
       ->transform(mktools::kSize)
       ->default_str("64K");
@@ -244,7 +250,8 @@ int runTransportBench(const TransportOptions& o) {
   }
   int fa = -1, fb = -1;
   if (!socketPair(ifs[0].addr, &fa, &fb)) {
-    std::fprintf(stderr, "mkernel-bench: cannot make the floor's socket pair: %s\n", strerror(errno));
+    std::fprintf(stderr, "mkernel-bench: cannot make the floor's socket pair: %s\n",
+                 strerror(errno));
     return 1;
   }
   net::SendComm *ab = nullptr, *ba = nullptr;
@@ -258,13 +265,19 @@ int runTransportBench(const TransportOptions& o) {
   std::mt19937 rng(7);
   for (auto& c : src) c = static_cast<char>(rng());
 
-  std::printf("# mkernel-bench transport: TCP net on %s (%s), %s socket(s)/connection, chunk %s, inline progress %s\n",
-              props.name.c_str(), net::socketAddrToString(ifs[0].addr).c_str(), paramString("NET_SOCKETS").c_str(),
-              formatSize(static_cast<size_t>(paramInt("NET_CHUNK_BYTES"))).c_str(),
-              paramString("NET_INLINE_PROGRESS").c_str());
-  std::printf("# floor = blocking send/recv on one TCP socket, same address, same run, interleaved with the net; median of %d blocks after %d warm-up\n",
-              o.iters, o.warmup);
-  std::printf("# %12s %14s %12s %12s %10s %10s\n", "size", "floor rtt us", "net rtt us", "floor GB/s", "net GB/s", "net/floor");
+  std::printf(
+      "# mkernel-bench transport: TCP net on %s (%s), %s socket(s)/connection, chunk %s, inline "
+      "progress %s\n",
+      props.name.c_str(), net::socketAddrToString(ifs[0].addr).c_str(),
+      paramString("NET_SOCKETS").c_str(),
+      formatSize(static_cast<size_t>(paramInt("NET_CHUNK_BYTES"))).c_str(),
+      paramString("NET_INLINE_PROGRESS").c_str());
+  std::printf(
+      "# floor = blocking send/recv on one TCP socket, same address, same run, interleaved with "
+      "the net; median of %d blocks after %d warm-up\n",
+      o.iters, o.warmup);
+  std::printf("# %12s %14s %12s %12s %10s %10s\n", "size", "floor rtt us", "net rtt us",
+              "floor GB/s", "net GB/s", "net/floor");
   std::vector<Row> rows;
   int total = o.iters + o.warmup;
   for (size_t size : o.sizes) {
@@ -278,23 +291,29 @@ int runTransportBench(const TransportOptions& o) {
     for (int block = 0; block < total && ok; ++block) {
       bool keep = block >= o.warmup;
       if (size <= o.rttMax) {
-        ok = ok && timedRoundTrips(10, [&] { return sendAll(fa, src.data(), size); },
-                                   [&] { return recvAll(fa, dst.data(), size); },
-                                   [&] { return recvAll(fb, echo.data(), size); },
-                                   [&] { return sendAll(fb, echo.data(), size); }, &us);
+        ok = ok && timedRoundTrips(
+                       10, [&] { return sendAll(fa, src.data(), size); },
+                       [&] { return recvAll(fa, dst.data(), size); },
+                       [&] { return recvAll(fb, echo.data(), size); },
+                       [&] { return sendAll(fb, echo.data(), size); }, &us);
         if (keep) floorRtt.insert(floorRtt.end(), us.begin(), us.end());
-        ok = ok && timedRoundTrips(10, [&] { return netSend(*n, ab, src.data(), size, &aReq) && waitNet(*n, aReq); },
-                                   [&] { return netRecv(*n, baR, dst.data(), size, &aReq) && waitNet(*n, aReq); },
-                                   [&] { return netRecv(*n, abR, echo.data(), size, &bReq) && waitNet(*n, bReq); },
-                                   [&] { return netSend(*n, ba, echo.data(), size, &bReq) && waitNet(*n, bReq); }, &us);
+        ok = ok &&
+             timedRoundTrips(
+                 10, [&] { return netSend(*n, ab, src.data(), size, &aReq) && waitNet(*n, aReq); },
+                 [&] { return netRecv(*n, baR, dst.data(), size, &aReq) && waitNet(*n, aReq); },
+                 [&] { return netRecv(*n, abR, echo.data(), size, &bReq) && waitNet(*n, bReq); },
+                 [&] { return netSend(*n, ba, echo.data(), size, &bReq) && waitNet(*n, bReq); },
+                 &us);
         if (keep) netRtt.insert(netRtt.end(), us.begin(), us.end());
       }
-      ok = ok && timedPairs(1, [] { return true; }, [&] { return sendAll(fa, src.data(), size); },
-                            [&] { return recvAll(fb, dst.data(), size); }, &us);
+      ok = ok && timedPairs(
+                     1, [] { return true; }, [&] { return sendAll(fa, src.data(), size); },
+                     [&] { return recvAll(fb, dst.data(), size); }, &us);
       if (keep) floorOneWay.push_back(us[0]);
-      ok = ok && timedPairs(1, [&] { return netRecv(*n, abR, dst.data(), size, &posted); },
-                            [&] { return netSend(*n, ab, src.data(), size, &aReq) && waitNet(*n, aReq); },
-                            [&] { return waitNet(*n, posted); }, &us);
+      ok = ok && timedPairs(
+                     1, [&] { return netRecv(*n, abR, dst.data(), size, &posted); },
+                     [&] { return netSend(*n, ab, src.data(), size, &aReq) && waitNet(*n, aReq); },
+                     [&] { return waitNet(*n, posted); }, &us);
       if (keep) netOneWay.push_back(us[0]);
       if (block % 10 == 9) std::fprintf(stderr, " %d", block + 1);
     }
@@ -314,8 +333,8 @@ int runTransportBench(const TransportOptions& o) {
     char rtt[2][32];
     std::snprintf(rtt[0], sizeof(rtt[0]), row.floorRttUs < 0 ? "-" : "%.1f", row.floorRttUs);
     std::snprintf(rtt[1], sizeof(rtt[1]), row.netRttUs < 0 ? "-" : "%.1f", row.netRttUs);
-    std::printf("  %12s %14s %12s %12.3f %10.3f %10.2f\n", formatSize(size).c_str(), rtt[0], rtt[1], row.floorGBs,
-                row.netGBs, row.netGBs / row.floorGBs);
+    std::printf("  %12s %14s %12s %12.3f %10.3f %10.2f\n", formatSize(size).c_str(), rtt[0], rtt[1],
+                row.floorGBs, row.netGBs, row.netGBs / row.floorGBs);
     std::fflush(stdout);
     rows.push_back(row);
   }
@@ -333,8 +352,8 @@ int runTransportBench(const TransportOptions& o) {
     }
     std::fprintf(f, "size_bytes,floor_rtt_us,net_rtt_us,floor_GBps,net_GBps,net_over_floor\n");
     for (const Row& r : rows)
-      std::fprintf(f, "%zu,%.2f,%.2f,%.4f,%.4f,%.4f\n", r.size, r.floorRttUs, r.netRttUs, r.floorGBs, r.netGBs,
-                   r.netGBs / r.floorGBs);
+      std::fprintf(f, "%zu,%.2f,%.2f,%.4f,%.4f,%.4f\n", r.size, r.floorRttUs, r.netRttUs,
+                   r.floorGBs, r.netGBs, r.netGBs / r.floorGBs);
     std::fclose(f);
   }
   return 0;

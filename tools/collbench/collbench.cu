@@ -62,8 +62,8 @@ struct Options {
   // (MKERNEL_KERNEL_TRACE=2): of a captured one, in a graph of graphOps collectives back to back
   // with no event between them (as nccl-tests -G captures), whose time per op is graphRunUs.
   int trace = 0;
-  std::string nccl;    // --nccl LIB: the real NCCL's AllReduce in the same run
-  int gpus = 1;        // --gpus N: rank r runs on GPU r % N (N = 1: every rank on GPU 0, emulated)
+  std::string nccl;  // --nccl LIB: the real NCCL's AllReduce in the same run
+  int gpus = 1;      // --gpus N: rank r runs on GPU r % N (N = 1: every rank on GPU 0, emulated)
   int ranksPerNode = 0;  // --ranks-per-node K: emulated nodes of K ranks (the hierarchical path)
   // --group K: every timed call is a group of K AllReduces (NCCL: between ncclGroupStart and
   // ncclGroupEnd; mkernel: one enqueue of K ops, MKERNEL_LL_BATCH), op k on its own window of the
@@ -89,37 +89,50 @@ struct Options {
 size_t collCount(mkernel::coll::CollType c, size_t bytes, int n) {
   using mkernel::coll::CollType;
   const size_t elems = bytes / 4;
-  if (c == CollType::ReduceScatter || c == CollType::AllGather) return std::max<size_t>(1, elems / static_cast<size_t>(n));
+  if (c == CollType::ReduceScatter || c == CollType::AllGather)
+    return std::max<size_t>(1, elems / static_cast<size_t>(n));
   return std::max<size_t>(1, elems);
 }
 // That size again, from the count (what the rows report).
 size_t collBytes(mkernel::coll::CollType c, size_t count, int n) {
   using mkernel::coll::CollType;
-  return (c == CollType::ReduceScatter || c == CollType::AllGather ? count * static_cast<size_t>(n) : count) * 4;
+  return (c == CollType::ReduceScatter || c == CollType::AllGather ? count * static_cast<size_t>(n)
+                                                                   : count) *
+         4;
 }
 
 // The data check (nccl-tests' #wrong): element i of rank r's send buffer is (r + 1) * (i % 13 + 1),
 // small integers whose float sums are exact, so every output element has one right value.
 __global__ void fillPattern(float* p, size_t n, int rank) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
     p[i] = static_cast<float>(rank + 1) * static_cast<float>(i % 13 + 1);
 }
 
 // Counts the elements of rank `rank`'s output of collective c (count: CollArgs::count over n
 // ranks, root 0) that differ from the pattern's result, into *wrong.
-__global__ void countWrong(const float* out, size_t count, int n, int rank, mkernel::coll::CollType c,
-                           unsigned long long* wrong) {
+__global__ void countWrong(const float* out, size_t count, int n, int rank,
+                           mkernel::coll::CollType c, unsigned long long* wrong) {
   using mkernel::coll::CollType;
   const float ranksSum = static_cast<float>(n) * static_cast<float>(n + 1) / 2;
   const size_t total = c == CollType::AllGather ? count * static_cast<size_t>(n) : count;
   unsigned long long mine = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
+       i += size_t(gridDim.x) * blockDim.x) {
     float want;
     switch (c) {
-      case CollType::ReduceScatter: want = ranksSum * static_cast<float>((static_cast<size_t>(rank) * count + i) % 13 + 1); break;
-      case CollType::AllGather: want = static_cast<float>(i / count + 1) * static_cast<float>(i % count % 13 + 1); break;
-      case CollType::Broadcast: want = static_cast<float>(i % 13 + 1); break;
-      default: want = ranksSum * static_cast<float>(i % 13 + 1); break;  // AllReduce, Reduce (root)
+      case CollType::ReduceScatter:
+        want = ranksSum * static_cast<float>((static_cast<size_t>(rank) * count + i) % 13 + 1);
+        break;
+      case CollType::AllGather:
+        want = static_cast<float>(i / count + 1) * static_cast<float>(i % count % 13 + 1);
+        break;
+      case CollType::Broadcast:
+        want = static_cast<float>(i % 13 + 1);
+        break;
+      default:
+        want = ranksSum * static_cast<float>(i % 13 + 1);
+        break;  // AllReduce, Reduce (root)
     }
     if (out[i] != want) ++mine;
   }
@@ -129,17 +142,21 @@ __global__ void countWrong(const float* out, size_t count, int n, int rank, mker
 // Rank `rank`'s part of the data check of `a` (its buffers at least as large as the collective's):
 // fills the send buffer, runs the collective once, counts the wrong output elements. -1 when the
 // collective could not be run. Reduce checks the root's output only.
-int64_t dataCheck(mkernel::coll::Communicator* comm, mkernel::coll::CollArgs a, int n, int rank, cudaStream_t stream,
-                  unsigned long long* devWrong, std::function<void()> barrier) {
+int64_t dataCheck(mkernel::coll::Communicator* comm, mkernel::coll::CollArgs a, int n, int rank,
+                  cudaStream_t stream, unsigned long long* devWrong,
+                  std::function<void()> barrier) {
   using mkernel::coll::CollType;
-  const size_t sendElems = a.coll == CollType::ReduceScatter ? a.count * static_cast<size_t>(n) : a.count;
-  fillPattern<<<256, 256, 0, stream>>>(static_cast<float*>(const_cast<void*>(a.sendbuff)), sendElems, rank);
+  const size_t sendElems =
+      a.coll == CollType::ReduceScatter ? a.count * static_cast<size_t>(n) : a.count;
+  fillPattern<<<256, 256, 0, stream>>>(static_cast<float*>(const_cast<void*>(a.sendbuff)),
+                                       sendElems, rank);
   cudaMemsetAsync(devWrong, 0, sizeof(*devWrong), stream);
   cudaStreamSynchronize(stream);
   barrier();  // every rank's input is in place before any rank's collective reads it
   if (comm->enqueue(&a, 1, stream) != Result::Success) return -1;
   if (a.coll != CollType::Reduce || rank == a.root)
-    countWrong<<<256, 256, 0, stream>>>(static_cast<const float*>(a.recvbuff), a.count, n, rank, a.coll, devWrong);
+    countWrong<<<256, 256, 0, stream>>>(static_cast<const float*>(a.recvbuff), a.count, n, rank,
+                                        a.coll, devWrong);
   unsigned long long wrong = 0;
   cudaMemcpyAsync(&wrong, devWrong, sizeof(wrong), cudaMemcpyDeviceToHost, stream);
   if (cudaStreamSynchronize(stream) != cudaSuccess) return -1;
@@ -200,14 +217,16 @@ double percentile(std::vector<float> v, double p) {
 // Milliseconds between consecutive events ev[0..n].
 std::vector<float> intervals(const std::vector<cudaEvent_t>& ev, int n) {
   std::vector<float> t(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) cudaEventElapsedTime(&t[static_cast<size_t>(i)], ev[static_cast<size_t>(i)], ev[static_cast<size_t>(i) + 1]);
+  for (int i = 0; i < n; ++i)
+    cudaEventElapsedTime(&t[static_cast<size_t>(i)], ev[static_cast<size_t>(i)],
+                         ev[static_cast<size_t>(i) + 1]);
   return t;
 }
 
 // Replays a graph of graphOps timed collectives (events ev[0..graphOps] recorded around them)
 // until at least `samples` per-op times are collected.
-std::vector<float> replayGraph(cudaGraphExec_t ge, cudaStream_t stream, const std::vector<cudaEvent_t>& ev,
-                               int graphOps, int samples) {
+std::vector<float> replayGraph(cudaGraphExec_t ge, cudaStream_t stream,
+                               const std::vector<cudaEvent_t>& ev, int graphOps, int samples) {
   std::vector<float> out;
   while (static_cast<int>(out.size()) < samples) {
     cudaGraphLaunch(ge, stream);
@@ -232,7 +251,8 @@ Row makeRow(const std::string& wait, int ranks, size_t bytes, const std::vector<
   row.graphMed = percentile(graph, 0.5) * 1e3;
   row.graphP99 = percentile(graph, 0.99) * 1e3;
   row.hostUs = hostUs;
-  const double perGpu = coll == mkernel::coll::CollType::AllReduce ? 2.0 * ranks : ranks + 1.0;  // x bytes
+  const double perGpu =
+      coll == mkernel::coll::CollType::AllReduce ? 2.0 * ranks : ranks + 1.0;  // x bytes
   row.memGBps = perGpu * static_cast<double>(bytes) / (row.eagerMed * 1e-6) / 1e9;
   row.pctCopy = copyGBps > 0 ? 100.0 * row.memGBps / copyGBps : 0;
   return row;
@@ -289,7 +309,9 @@ void baselines(int iters, double* launchUs, double* pairUs, double* tripleUs) {
       cudaEventRecord(ev[static_cast<size_t>(i) + 1], s);
     }
     cudaStreamSynchronize(s);
-    (pass == 0 ? *launchUs : pass == 1 ? *pairUs : *tripleUs) = percentile(intervals(ev, iters), 0.5) * 1e3;
+    (pass == 0   ? *launchUs
+     : pass == 1 ? *pairUs
+                 : *tripleUs) = percentile(intervals(ev, iters), 0.5) * 1e3;
   }
   for (auto& e : ev) cudaEventDestroy(e);
   cudaFree(flag);
@@ -305,8 +327,10 @@ struct BigArg {
 };
 __global__ void bigArgKernel(BigArg) {}
 struct HostCosts {
-  double launchUs = 0, bigLaunchUs = 0, recordUs = 0, capturingUs = 0, setSameUs = 0, setOtherUs = 0;
-  double copyUs = 0;  // cudaMemcpyAsync of 8 bytes device to device: the one-rank path's only CUDA call
+  double launchUs = 0, bigLaunchUs = 0, recordUs = 0, capturingUs = 0, setSameUs = 0,
+         setOtherUs = 0;
+  double copyUs =
+      0;  // cudaMemcpyAsync of 8 bytes device to device: the one-rank path's only CUDA call
 };
 HostCosts hostCosts(int iters, int gpus) {
   HostCosts h;
@@ -325,7 +349,8 @@ HostCosts hostCosts(int iters, int gpus) {
       if (i % 32 == 0) cudaStreamSynchronize(s);
       const auto t0 = std::chrono::steady_clock::now();
       call();
-      us.push_back(std::chrono::duration<float, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      us.push_back(
+          std::chrono::duration<float, std::micro>(std::chrono::steady_clock::now() - t0).count());
     }
     cudaStreamSynchronize(s);
     return percentile(us, 0.5);
@@ -440,7 +465,8 @@ double threadFloorUs(int n, int rounds, FloorKind kind) {
 // first to last stamp, summed over every record (*smGHz). The gap between kernels is %globaltimer's
 // (cycles of two kernels need not share a clock). Intervals with a missing stamp (0) are skipped.
 // stageUs[0..4]: the five stages; [5]: reported -> next group seen; [6]: seen -> reported.
-void traceStages(const std::vector<uint64_t>& flat, size_t last, double* stageUs, double* smGHz, size_t* used) {
+void traceStages(const std::vector<uint64_t>& flat, size_t last, double* stageUs, double* smGHz,
+                 size_t* used) {
   using mkernel::coll::kTracePoints;
   constexpr int kLast = kTracePoints - 1;
   const size_t rec = 1 + 2 * kTracePoints;
@@ -462,11 +488,14 @@ void traceStages(const std::vector<uint64_t>& flat, size_t last, double* stageUs
     const uint64_t* t = &flat[i * rec + 1];
     const uint64_t* c = t + kTracePoints;
     for (int k = 0; k < kLast; ++k)
-      if (c[k] != 0 && c[k + 1] >= c[k]) d[k].push_back(static_cast<float>(static_cast<double>(c[k + 1] - c[k]) * usPerCycle));
-    if (c[0] != 0 && c[kLast] >= c[0]) d[6].push_back(static_cast<float>(static_cast<double>(c[kLast] - c[0]) * usPerCycle));
+      if (c[k] != 0 && c[k + 1] >= c[k])
+        d[k].push_back(static_cast<float>(static_cast<double>(c[k + 1] - c[k]) * usPerCycle));
+    if (c[0] != 0 && c[kLast] >= c[0])
+      d[6].push_back(static_cast<float>(static_cast<double>(c[kLast] - c[0]) * usPerCycle));
     if (i + 1 < n && flat[(i + 1) * rec] == flat[i * rec] + 1) {  // consecutive groups
       const uint64_t nextSeen = flat[(i + 1) * rec + 1];
-      if (t[kLast] != 0 && nextSeen >= t[kLast]) d[5].push_back(static_cast<float>(nextSeen - t[kLast]) * 1e-3f);
+      if (t[kLast] != 0 && nextSeen >= t[kLast])
+        d[5].push_back(static_cast<float>(nextSeen - t[kLast]) * 1e-3f);
     }
   }
   for (int k = 0; k < 7; ++k) stageUs[k] = percentile(d[k], 0.5);
@@ -494,11 +523,12 @@ bool loadNccl(const std::string& lib, NcclApi* api, std::string* why) {
   api->commInitAll = reinterpret_cast<decltype(&ncclCommInitAll)>(dlsym(h, "ncclCommInitAll"));
   api->allReduce = reinterpret_cast<decltype(&ncclAllReduce)>(dlsym(h, "ncclAllReduce"));
   api->commDestroy = reinterpret_cast<decltype(&ncclCommDestroy)>(dlsym(h, "ncclCommDestroy"));
-  api->errorString = reinterpret_cast<decltype(&ncclGetErrorString)>(dlsym(h, "ncclGetErrorString"));
+  api->errorString =
+      reinterpret_cast<decltype(&ncclGetErrorString)>(dlsym(h, "ncclGetErrorString"));
   api->groupStart = reinterpret_cast<decltype(&ncclGroupStart)>(dlsym(h, "ncclGroupStart"));
   api->groupEnd = reinterpret_cast<decltype(&ncclGroupEnd)>(dlsym(h, "ncclGroupEnd"));
-  if (!api->getVersion || !api->commInitAll || !api->allReduce || !api->commDestroy || !api->errorString ||
-      !api->groupStart || !api->groupEnd) {
+  if (!api->getVersion || !api->commInitAll || !api->allReduce || !api->commDestroy ||
+      !api->errorString || !api->groupStart || !api->groupEnd) {
     *why = lib + " lacks an NCCL entry point";
     return false;
   }
@@ -507,7 +537,9 @@ bool loadNccl(const std::string& lib, NcclApi* api, std::string* why) {
 
 // Where op k of a --group of ops of `bytes` each starts in the rank's buffers: windows one after
 // another, 256-byte aligned.
-size_t groupWindow(size_t bytes, int k) { return static_cast<size_t>(k) * ((bytes + 255) / 256 * 256); }
+size_t groupWindow(size_t bytes, int k) {
+  return static_cast<size_t>(k) * ((bytes + 255) / 256 * 256);
+}
 
 // One rank's stream, its two buffers of maxBytes (the input zeroed) and iters + 1 timing events,
 // on the current device, which is synchronized before it returns. False when an allocation
@@ -523,7 +555,8 @@ struct RankBufs {
 // capture wrote past it: a segfault).
 bool makeRankBufs(size_t maxBytes, int events, RankBufs* b) {
   cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking);
-  const bool ok = cudaMalloc(&b->send, maxBytes) == cudaSuccess && cudaMalloc(&b->recv, maxBytes) == cudaSuccess;
+  const bool ok = cudaMalloc(&b->send, maxBytes) == cudaSuccess &&
+                  cudaMalloc(&b->recv, maxBytes) == cudaSuccess;
   if (ok) cudaMemset(b->send, 0, maxBytes);
   b->ev.resize(static_cast<size_t>(events) + 1);
   for (auto& e : b->ev) cudaEventCreate(&e);
@@ -561,7 +594,8 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
     cudaSetDevice(d);
     ncclComm_t comm = comms[static_cast<size_t>(d)];
     RankBufs b;
-    if (!makeRankBufs(groupWindow(opt.maxBytes, opt.group), std::max(opt.iters, opt.graphOps), &b)) ok = false;
+    if (!makeRankBufs(groupWindow(opt.maxBytes, opt.group), std::max(opt.iters, opt.graphOps), &b))
+      ok = false;
     barrier.wait();
     const int iters = opt.iters;
     // Every rank runs every size (a rank that stopped early would leave its peers' NCCL kernels
@@ -575,8 +609,8 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
         if (opt.group > 1) mine = mine && api.groupStart() == ncclSuccess;
         for (int k = 0; k < opt.group; ++k)
           mine = mine && api.allReduce(static_cast<char*>(b.send) + groupWindow(bytes, k),
-                                       static_cast<char*>(b.recv) + groupWindow(bytes, k), count, ncclFloat, ncclSum,
-                                       comm, b.stream) == ncclSuccess;
+                                       static_cast<char*>(b.recv) + groupWindow(bytes, k), count,
+                                       ncclFloat, ncclSum, comm, b.stream) == ncclSuccess;
         if (opt.group > 1) mine = mine && api.groupEnd() == ncclSuccess;
       };
       if (run)
@@ -589,10 +623,13 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
         call();
         cudaEventRecord(b.ev[static_cast<size_t>(i) + 1], b.stream);
       }
-      const double hostUs = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart).count() /
-                            iters / opt.group;
+      const double hostUs =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart)
+              .count() /
+          iters / opt.group;
       cudaStreamSynchronize(b.stream);
-      const std::vector<float> eager = run ? perOp(intervals(b.ev, iters), opt.group) : std::vector<float>{};
+      const std::vector<float> eager =
+          run ? perOp(intervals(b.ev, iters), opt.group) : std::vector<float>{};
       barrier.wait();
       std::vector<float> graph;
       cudaGraph_t g = nullptr;
@@ -602,7 +639,8 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
         cudaEventRecordWithFlags(b.ev[0], b.stream, cudaEventRecordExternal);
         for (int i = 0; i < opt.graphOps; ++i) {
           call();
-          cudaEventRecordWithFlags(b.ev[static_cast<size_t>(i) + 1], b.stream, cudaEventRecordExternal);
+          cudaEventRecordWithFlags(b.ev[static_cast<size_t>(i) + 1], b.stream,
+                                   cudaEventRecordExternal);
         }
         const bool captured = cudaStreamEndCapture(b.stream, &g) == cudaSuccess;
         if (!captured || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
@@ -614,15 +652,18 @@ bool runNccl(const Options& opt, double copyGBps, std::vector<Row>* rows) {
         }
       }
       barrier.wait();
-      if (ge != nullptr) graph = perOp(replayGraph(ge, b.stream, b.ev, opt.graphOps, iters), opt.group);
+      if (ge != nullptr)
+        graph = perOp(replayGraph(ge, b.stream, b.ev, opt.graphOps, iters), opt.group);
       if (ge != nullptr) cudaGraphExecDestroy(ge);
       if (g != nullptr) cudaGraphDestroy(g);
       if (!mine) ok = false;
       if (d == 0 && run && mine) {
-        const Row row = makeRow("nccl" + std::to_string(version), nG, count * 4, eager, graph, hostUs, copyGBps);
+        const Row row = makeRow("nccl" + std::to_string(version), nG, count * 4, eager, graph,
+                                hostUs, copyGBps);
         rows->push_back(row);
-        std::fprintf(stderr, "collbench: NCCL %d, %d rank(s) %12zu B  eager %9.2f us  graph %9.2f us\n", version, nG,
-                     row.bytes, row.eagerMed, row.graphMed);
+        std::fprintf(stderr,
+                     "collbench: NCCL %d, %d rank(s) %12zu B  eager %9.2f us  graph %9.2f us\n",
+                     version, nG, row.bytes, row.eagerMed, row.graphMed);
       }
       barrier.wait();
     }
@@ -662,24 +703,29 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
       const int dev = r % opt.gpus;
       cudaSetDevice(dev);
       std::unique_ptr<mkernel::bootstrap::Bootstrap> bs;
-      if (mkernel::bootstrap::Bootstrap::create(id, r, n, &bs) != Result::Success) return fail("bootstrap");
+      if (mkernel::bootstrap::Bootstrap::create(id, r, n, &bs) != Result::Success)
+        return fail("bootstrap");
       mkernel::coll::CommOptions co;
       co.rank = r;
       co.nRanks = n;
       co.cudaDev = dev;
-      co.emulate = n > opt.gpus || opt.ranksPerNode > 0;  // several ranks per GPU, or nodes: emulation
+      co.emulate =
+          n > opt.gpus || opt.ranksPerNode > 0;  // several ranks per GPU, or nodes: emulation
       co.ranksPerNode = opt.ranksPerNode;
       std::unique_ptr<mkernel::coll::Communicator> comm;
-      if (mkernel::coll::Communicator::create(co, bs.get(), &comm) != Result::Success) return fail("create");
+      if (mkernel::coll::Communicator::create(co, bs.get(), &comm) != Result::Success)
+        return fail("create");
       RankBufs b;
-      // (--coll reducescatter / allgather: a size below 4 * n bytes still takes one element per rank.)
+      // (--coll reducescatter / allgather: a size below 4 * n bytes still takes one element per
+      // rank.)
       const size_t bufBytes = std::max(opt.maxBytes, size_t(4) * static_cast<size_t>(n));
       if (!makeRankBufs(groupWindow(bufBytes, opt.group), std::max(opt.iters, opt.graphOps), &b))
         return fail("cudaMalloc " + std::to_string(groupWindow(bufBytes, opt.group)));
       cudaStream_t stream = b.stream;
       void *send = b.send, *recv = b.recv;
       unsigned long long* devWrong = nullptr;
-      if (cudaMalloc(&devWrong, sizeof(*devWrong)) != cudaSuccess) return fail("cudaMalloc (data check)");
+      if (cudaMalloc(&devWrong, sizeof(*devWrong)) != cudaSuccess)
+        return fail("cudaMalloc (data check)");
       std::vector<cudaEvent_t>& ev = b.ev;
       // Every rank's allocations are done before any rank's kernel runs (a rank thread blocked in
       // the driver while its peers' kernels wait for it would stall them until the timeout).
@@ -693,11 +739,14 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         const size_t size = collBytes(opt.coll, a.count, n);
         a.sendbuff = send;
         a.recvbuff = recv;
-        std::vector<CollArgs> grp(static_cast<size_t>(opt.group), a);  // --group: one enqueue of them
+        std::vector<CollArgs> grp(static_cast<size_t>(opt.group),
+                                  a);  // --group: one enqueue of them
         const int ng = opt.group;
         for (int k = 0; k < ng; ++k) {
-          grp[static_cast<size_t>(k)].sendbuff = static_cast<char*>(send) + groupWindow(std::max(bytes, size), k);
-          grp[static_cast<size_t>(k)].recvbuff = static_cast<char*>(recv) + groupWindow(std::max(bytes, size), k);
+          grp[static_cast<size_t>(k)].sendbuff =
+              static_cast<char*>(send) + groupWindow(std::max(bytes, size), k);
+          grp[static_cast<size_t>(k)].recvbuff =
+              static_cast<char*>(recv) + groupWindow(std::max(bytes, size), k);
         }
         // Warm-up (and the kernel launch) outside the timing.
         for (int i = 0; i < 10; ++i)
@@ -714,7 +763,9 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           cudaEventRecord(ev[static_cast<size_t>(i) + 1], stream);
         }
         const double hostUs =
-            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart).count() / iters / ng;
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - hostStart)
+                .count() /
+            iters / ng;
         cudaStreamSynchronize(stream);
         double stageUs[7] = {};
         double smGHz = 0;
@@ -734,7 +785,8 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           const double ops = static_cast<double>(iters) * ng;
           double mean = 0;
           for (float v : eager) mean += v;
-          mean = mean * 1e3 / (eager.empty() ? 1.0 : static_cast<double>(eager.size()));  // ms -> us
+          mean =
+              mean * 1e3 / (eager.empty() ? 1.0 : static_cast<double>(eager.size()));  // ms -> us
           // CTA 0's waits, both modes: for the rail and at node barriers (DeviceState::hierWait).
           // Its own work by kind (DeviceState::hierBusy): copies and reductions, within device
           // memory / through its net buffers, and its posts to the proxy.
@@ -743,24 +795,29 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
             busy[k] = (turn1.hierBusyNs[k] - turn0.hierBusyNs[k]) / 1e3 / ops;
           char waits[256];
           std::snprintf(waits, sizeof(waits),
-                        "; waits: rail %.2f us, node %.2f us, role %.2f us per op; work: copy %.2f / %.2f net, reduce "
+                        "; waits: rail %.2f us, node %.2f us, role %.2f us per op; work: copy %.2f "
+                        "/ %.2f net, reduce "
                         "%.2f / %.2f net, post %.2f us per op",
                         (turn1.hierWaitRailNs - turn0.hierWaitRailNs) / 1e3 / ops,
                         (turn1.hierWaitNodeNs - turn0.hierWaitNodeNs) / 1e3 / ops,
-                        (turn1.hierWaitRoleNs - turn0.hierWaitRoleNs) / 1e3 / ops, busy[0], busy[1], busy[2], busy[3],
-                        busy[4]);
+                        (turn1.hierWaitRoleNs - turn0.hierWaitRoleNs) / 1e3 / ops, busy[0], busy[1],
+                        busy[2], busy[3], busy[4]);
           if (chunks > 0)
-            std::printf("# phases in turn, %d ranks, %zu B: eager mean %.2f us; node %.2f us, rail %.2f us per op (rank 0, "
-                        "CTA 0; %.1f chunks per op)%s\n",
-                        n, size, mean, (turn1.hierTurnNodeNs - turn0.hierTurnNodeNs) / 1e3 / ops,
-                        (turn1.hierTurnRailNs - turn0.hierTurnRailNs) / 1e3 / ops, static_cast<double>(chunks) / ops, waits);
+            std::printf(
+                "# phases in turn, %d ranks, %zu B: eager mean %.2f us; node %.2f us, rail %.2f us "
+                "per op (rank 0, "
+                "CTA 0; %.1f chunks per op)%s\n",
+                n, size, mean, (turn1.hierTurnNodeNs - turn0.hierTurnNodeNs) / 1e3 / ops,
+                (turn1.hierTurnRailNs - turn0.hierTurnRailNs) / 1e3 / ops,
+                static_cast<double>(chunks) / ops, waits);
           else
-            std::printf("# hierarchical, %d ranks, %zu B: eager mean %.2f us (rank 0, CTA 0)%s\n", n, size, mean, waits);
+            std::printf("# hierarchical, %d ranks, %zu B: eager mean %.2f us (rank 0, CTA 0)%s\n",
+                        n, size, mean, waits);
         }
         if (n == 1 && ng == 1 && bytes == opt.minBytes) {
           // One rank (issue 5's one-rank overhead): an enqueue's host time against the
-          // cudaMemcpyAsync it makes (NCCL's one-rank path makes the same call), alternating on this
-          // thread, one call at a time (a stream sync every 32, outside the timing).
+          // cudaMemcpyAsync it makes (NCCL's one-rank path makes the same call), alternating on
+          // this thread, one call at a time (a stream sync every 32, outside the timing).
           std::vector<float> enq, cpy;
           bool callsOk = true;
           for (int i = 0; i < 2000; ++i) {
@@ -768,16 +825,20 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
             const auto t0 = std::chrono::steady_clock::now();
             callsOk = comm->enqueue(grp.data(), 1, stream) == Result::Success && callsOk;
             const auto t1 = std::chrono::steady_clock::now();
-            callsOk = cudaMemcpyAsync(recv, send, a.count * 4, cudaMemcpyDeviceToDevice, stream) == cudaSuccess && callsOk;
+            callsOk = cudaMemcpyAsync(recv, send, a.count * 4, cudaMemcpyDeviceToDevice, stream) ==
+                          cudaSuccess &&
+                      callsOk;
             const auto t2 = std::chrono::steady_clock::now();
             enq.push_back(std::chrono::duration<float, std::micro>(t1 - t0).count());
             cpy.push_back(std::chrono::duration<float, std::micro>(t2 - t1).count());
           }
           cudaStreamSynchronize(stream);
           if (!callsOk) return fail("one-rank host split");
-          std::printf("# one rank (%s), %zu B: host us per call (median of 2000, alternating on one thread): enqueue %.2f, "
-                      "cudaMemcpyAsync %.2f\n",
-                      opt.mode.c_str(), a.count * 4, percentile(enq, 0.5), percentile(cpy, 0.5));
+          std::printf(
+              "# one rank (%s), %zu B: host us per call (median of 2000, alternating on one "
+              "thread): enqueue %.2f, "
+              "cudaMemcpyAsync %.2f\n",
+              opt.mode.c_str(), a.count * 4, percentile(enq, 0.5), percentile(cpy, 0.5));
         }
         barrier.wait();
         // Graph: graphOps collectives with an event between each, replayed until >= iters samples.
@@ -795,7 +856,8 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
         cudaGraphLaunch(ge, stream);  // warm-up
         cudaStreamSynchronize(stream);
         barrier.wait();
-        const std::vector<float> graph = perOp(replayGraph(ge, stream, ev, opt.graphOps, iters), ng);
+        const std::vector<float> graph =
+            perOp(replayGraph(ge, stream, ev, opt.graphOps, iters), ng);
         cudaGraphExecDestroy(ge);
         cudaGraphDestroy(g);
         // --trace 2: graphOps collectives back to back, no event between them, replayed; the
@@ -805,7 +867,8 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
           for (int i = 0; i < opt.graphOps; ++i)
             capOk = capOk && comm->enqueue(grp.data(), ng, stream) == Result::Success;
-          if (cudaStreamEndCapture(stream, &g) != cudaSuccess || !capOk) return fail("capture (trace 2)");
+          if (cudaStreamEndCapture(stream, &g) != cudaSuccess || !capOk)
+            return fail("capture (trace 2)");
           if (cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) return fail("instantiate (trace 2)");
           cudaGraphLaunch(ge, stream);  // warm-up
           cudaStreamSynchronize(stream);
@@ -825,17 +888,22 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           traceStages(flat, static_cast<size_t>(replays * opt.graphOps), stageUs, &smGHz, &traced);
           if (r != 0) {  // the other ranks' traces here, rank 0's in the table
             std::lock_guard<std::mutex> lock(mu);
-            std::printf("# graph trace, rank %d, %zu B: load %.3f start %.3f move %.3f end %.3f report %.3f kernel %.3f gap %.2f\n",
-                        r, a.count * 4, stageUs[0], stageUs[1], stageUs[2], stageUs[3], stageUs[4], stageUs[6],
-                        stageUs[5]);
+            std::printf(
+                "# graph trace, rank %d, %zu B: load %.3f start %.3f move %.3f end %.3f report "
+                "%.3f kernel %.3f gap %.2f\n",
+                r, a.count * 4, stageUs[0], stageUs[1], stageUs[2], stageUs[3], stageUs[4],
+                stageUs[6], stageUs[5]);
           }
         }
         if (comm->asyncError() != Result::Success) return fail("asyncError");
         // The data check, one collective (op 0's window) after the timed ones.
         {
-          const int64_t w = dataCheck(comm.get(), grp[0], n, r, stream, devWrong, [&] { barrier.wait(); });
-          if (w < 0) unchecked = true;
-          else wrongSum += w;
+          const int64_t w =
+              dataCheck(comm.get(), grp[0], n, r, stream, devWrong, [&] { barrier.wait(); });
+          if (w < 0)
+            unchecked = true;
+          else
+            wrongSum += w;
         }
         barrier.wait();
         if (r == 0) {
@@ -848,8 +916,11 @@ bool runRanks(int n, const Options& opt, double copyGBps, std::vector<Row>* rows
           row.traced = traced;
           row.graphRunUs = graphRunUs;
           rows->push_back(row);
-          std::fprintf(stderr, "collbench: %s %d ranks %12zu B  eager %9.2f us  graph %9.2f us  host %7.2f us/op  %8.1f GB/s\n",
-                       row.wait.c_str(), n, row.bytes, row.eagerMed, row.graphMed, row.hostUs, row.memGBps);
+          std::fprintf(stderr,
+                       "collbench: %s %d ranks %12zu B  eager %9.2f us  graph %9.2f us  host %7.2f "
+                       "us/op  %8.1f GB/s\n",
+                       row.wait.c_str(), n, row.bytes, row.eagerMed, row.graphMed, row.hostUs,
+                       row.memGBps);
         }
         barrier.wait();
       }
@@ -871,10 +942,13 @@ double busBwFactor(mkernel::coll::CollType c, int n) {
   using mkernel::coll::CollType;
   const double dn = static_cast<double>(n);
   switch (c) {
-    case CollType::AllReduce: return 2.0 * (dn - 1) / dn;
+    case CollType::AllReduce:
+      return 2.0 * (dn - 1) / dn;
     case CollType::ReduceScatter:
-    case CollType::AllGather: return (dn - 1) / dn;
-    default: return 1.0;  // Broadcast, Reduce
+    case CollType::AllGather:
+      return (dn - 1) / dn;
+    default:
+      return 1.0;  // Broadcast, Reduce
   }
 }
 
@@ -899,27 +973,30 @@ std::string csvField(const std::string& v) {
 void printNcclTestsTable(const Options& opt, const std::vector<Row>& rows) {
   using mkernel::coll::CollType;
   const bool reduces = opt.coll != CollType::Broadcast && opt.coll != CollType::AllGather;
-  std::printf("# nccl-tests columns (%s; time: eager median; busbw = algbw x %s; ratio = mkernel / NCCL)\n",
-              mkernel::coll::collName(opt.coll),
-              opt.coll == CollType::AllReduce                                          ? "2(n-1)/n"
-              : opt.coll == CollType::ReduceScatter || opt.coll == CollType::AllGather ? "(n-1)/n"
-                                                                                       : "1");
-  std::printf("#%11s %12s %8s %6s %5s %7s %9s %8s %8s %7s %10s %8s\n", "size", "count", "type", "redop", "ranks", "path",
-              "time", "algbw", "busbw", "#wrong", "nccl_time", "ratio");
-  std::printf("#%11s %12s %8s %6s %5s %7s %9s %8s %8s %7s %10s %8s\n", "(B)", "(elements)", "", "", "", "", "(us)",
-              "(GB/s)", "(GB/s)", "", "(us)", "");
+  std::printf(
+      "# nccl-tests columns (%s; time: eager median; busbw = algbw x %s; ratio = mkernel / NCCL)\n",
+      mkernel::coll::collName(opt.coll),
+      opt.coll == CollType::AllReduce                                          ? "2(n-1)/n"
+      : opt.coll == CollType::ReduceScatter || opt.coll == CollType::AllGather ? "(n-1)/n"
+                                                                               : "1");
+  std::printf("#%11s %12s %8s %6s %5s %7s %9s %8s %8s %7s %10s %8s\n", "size", "count", "type",
+              "redop", "ranks", "path", "time", "algbw", "busbw", "#wrong", "nccl_time", "ratio");
+  std::printf("#%11s %12s %8s %6s %5s %7s %9s %8s %8s %7s %10s %8s\n", "(B)", "(elements)", "", "",
+              "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "");
   for (const Row& r : rows) {
     if (r.wait.rfind("nccl", 0) == 0) continue;
     const double algbw = r.eagerMed > 0 ? static_cast<double>(r.bytes) / 1e3 / r.eagerMed : 0;
     const double busbw = algbw * busBwFactor(opt.coll, r.ranks);
     const Row* nccl = ncclRowFor(rows, r);
     char wrong[24], ncclUs[24], ratio[24];
-    std::snprintf(wrong, sizeof wrong, r.wrong < 0 ? "N/A" : "%lld", static_cast<long long>(r.wrong));
+    std::snprintf(wrong, sizeof wrong, r.wrong < 0 ? "N/A" : "%lld",
+                  static_cast<long long>(r.wrong));
     std::snprintf(ncclUs, sizeof ncclUs, nccl ? "%.2f" : "N/A", nccl ? nccl->eagerMed : 0.0);
     std::snprintf(ratio, sizeof ratio, nccl && nccl->eagerMed > 0 ? "%.2f" : "N/A",
                   nccl && nccl->eagerMed > 0 ? r.eagerMed / nccl->eagerMed : 0.0);
-    std::printf("%12zu %12zu %8s %6s %5d %7s %9.2f %8.2f %8.2f %7s %10s %8s\n", r.bytes, r.bytes / 4, "float",
-                reduces ? "sum" : "none", r.ranks, r.wait.c_str(), r.eagerMed, algbw, busbw, wrong, ncclUs, ratio);
+    std::printf("%12zu %12zu %8s %6s %5d %7s %9.2f %8.2f %8.2f %7s %10s %8s\n", r.bytes,
+                r.bytes / 4, "float", reduces ? "sum" : "none", r.ranks, r.wait.c_str(), r.eagerMed,
+                algbw, busbw, wrong, ncclUs, ratio);
   }
 }
 
@@ -929,7 +1006,9 @@ bool appendResults(const Options& opt, const std::vector<Row>& rows, const std::
   if (f == nullptr) return false;
   std::fseek(f, 0, SEEK_END);
   if (std::ftell(f) == 0)
-    std::fprintf(f, "date,machine,commit,command,collective,size_bytes,ranks,mkernel_us,nccl_us,ratio,busbw_gbs,wrong,path\n");
+    std::fprintf(f,
+                 "date,machine,commit,command,collective,size_bytes,ranks,mkernel_us,nccl_us,ratio,"
+                 "busbw_gbs,wrong,path\n");
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
@@ -941,62 +1020,90 @@ bool appendResults(const Options& opt, const std::vector<Row>& rows, const std::
     if (nccl) ncclUs = std::to_string(nccl->eagerMed);
     if (nccl && nccl->eagerMed > 0) ratio = std::to_string(r.eagerMed / nccl->eagerMed);
     if (r.wrong >= 0) wrong = std::to_string(r.wrong);
-    std::fprintf(f, "%s,%s,%s,%s,%s,%zu,%d,%.3f,%s,%s,%.3f,%s,%s\n", date, csvField(machine).c_str(),
-                 csvField(opt.commit).c_str(), csvField(opt.command).c_str(), mkernel::coll::collName(opt.coll), r.bytes,
-                 r.ranks, r.eagerMed, ncclUs.c_str(), ratio.c_str(), algbw * busBwFactor(opt.coll, r.ranks), wrong.c_str(),
-                 csvField(r.wait).c_str());
+    std::fprintf(f, "%s,%s,%s,%s,%s,%zu,%d,%.3f,%s,%s,%.3f,%s,%s\n", date,
+                 csvField(machine).c_str(), csvField(opt.commit).c_str(),
+                 csvField(opt.command).c_str(), mkernel::coll::collName(opt.coll), r.bytes, r.ranks,
+                 r.eagerMed, ncclUs.c_str(), ratio.c_str(), algbw * busBwFactor(opt.coll, r.ranks),
+                 wrong.c_str(), csvField(r.wait).c_str());
   }
   return std::fclose(f) == 0;
 }
 
 // The command line into *opt. -1: run; otherwise the exit status (tools/cli.h).
 int parseOptions(int argc, char** argv, Options* opt) {
-  CLI::App app("AllReduce (or, --coll, another collective) through mkernel, N thread ranks on one GPU (emulated) or\n"
-               "spread over several (--gpus), optionally beside the real NCCL (--nccl, AllReduce only): per-op latency\n"
-               "(median, p99), eager and replayed from a CUDA graph, and memory bandwidth. Progress on stderr, table on\n"
-               "stdout.",
-               "mkernel-collbench");
+  CLI::App app(
+      "AllReduce (or, --coll, another collective) through mkernel, N thread ranks on one GPU "
+      "(emulated) or\n"
+      "spread over several (--gpus), optionally beside the real NCCL (--nccl, AllReduce only): "
+      "per-op latency\n"
+      "(median, p99), eager and replayed from a CUDA graph, and memory bandwidth. Progress on "
+      "stderr, table on\n"
+      "stdout.",
+      "mkernel-collbench");
   mktools::setupApp(app);
   std::string coll = "allreduce";
-  mktools::listOf(app.add_option("--ranks", opt->ranks, "rank counts, one run each"))->check(mktools::kPositive)
+  mktools::listOf(app.add_option("--ranks", opt->ranks, "rank counts, one run each"))
+      ->check(mktools::kPositive)
       ->default_str("2,4,8");
   app.add_option("--min-bytes", opt->minBytes, "smallest size (nccl-tests' size; K, M, G accepted)")
-      ->transform(mktools::kSize)->capture_default_str();
-  app.add_option("--max-bytes", opt->maxBytes, "largest size")->transform(mktools::kSize)->capture_default_str();
-  app.add_option("--step", opt->step, "size multiplier from one row to the next")->check(CLI::Range(2, 1 << 20))
+      ->transform(mktools::kSize)
       ->capture_default_str();
-  app.add_option("--iters", opt->iters, "timed collectives per size")->check(mktools::kPositive)->capture_default_str();
+  app.add_option("--max-bytes", opt->maxBytes, "largest size")
+      ->transform(mktools::kSize)
+      ->capture_default_str();
+  app.add_option("--step", opt->step, "size multiplier from one row to the next")
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--iters", opt->iters, "timed collectives per size")
+      ->check(mktools::kPositive)
+      ->capture_default_str();
   mktools::listOf(app.add_option("--wait", opt->waits, "paths to compare: launch, memop, kernel"))
-      ->check(CLI::IsMember({"launch", "memop", "kernel"}))->default_str("launch,memop");
+      ->check(CLI::IsMember({"launch", "memop", "kernel"}))
+      ->default_str("launch,memop");
   app.add_option("--trace", opt->trace,
-                 "1: where an eager collective's time goes (MKERNEL_KERNEL_TRACE=1); 2: a captured one's; 3: also the "
+                 "1: where an eager collective's time goes (MKERNEL_KERNEL_TRACE=1); 2: a captured "
+                 "one's; 3: also the "
                  "LL kernel's receive")
-      ->check(CLI::Range(0, 3))->capture_default_str();
-  app.add_option("--nccl", opt->nccl, "the real NCCL's AllReduce in the same run (e.g. libnccl.so.2)")->type_name("LIB");
+      ->check(CLI::Range(0, 3))
+      ->capture_default_str();
+  app.add_option("--nccl", opt->nccl,
+                 "the real NCCL's AllReduce in the same run (e.g. libnccl.so.2)")
+      ->type_name("LIB");
   app.add_option("--gpus", opt->gpus, "rank r runs on GPU r % N (1: every rank on GPU 0, emulated)")
-      ->check(mktools::kPositive)->capture_default_str();
+      ->check(mktools::kPositive)
+      ->capture_default_str();
   app.add_option("--ranks-per-node", opt->ranksPerNode,
-                 "emulated nodes of K ranks, every collective through the hierarchical path and the proxies "
+                 "emulated nodes of K ranks, every collective through the hierarchical path and "
+                 "the proxies "
                  "(set MKERNEL_SOCKET_IFNAME=lo); MKERNEL_HIER_OVERLAP=0 runs its phases in turn")
-      ->check(mktools::kNonNegative)->type_name("K");
+      ->check(mktools::kNonNegative)
+      ->type_name("K");
   app.add_option("--group", opt->group,
-                 "every timed call a group of K AllReduces (NCCL: ncclGroupStart/End; mkernel: one enqueue, "
+                 "every timed call a group of K AllReduces (NCCL: ncclGroupStart/End; mkernel: one "
+                 "enqueue, "
                  "MKERNEL_LL_BATCH), times per collective")
-      ->check(CLI::Range(1, 8))->capture_default_str();
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
   app.add_option("--sync", opt->sync,
-                 "how rank threads wait for their streams (cudaDeviceScheduleSpin/Yield/BlockingSync; default: CUDA's "
+                 "how rank threads wait for their streams "
+                 "(cudaDeviceScheduleSpin/Yield/BlockingSync; default: CUDA's "
                  "choice)")
       ->check(CLI::IsMember({"spin", "yield", "blocking"}));
   app.add_option("--coll", coll,
-                 "the collective timed (float sum, root 0); bytes are nccl-tests' size (ReduceScatter: the send buffer, "
+                 "the collective timed (float sum, root 0); bytes are nccl-tests' size "
+                 "(ReduceScatter: the send buffer, "
                  "AllGather: the receive buffer)")
-      ->check(CLI::IsMember({"allreduce", "reducescatter", "allgather", "broadcast", "reduce"}))->capture_default_str();
+      ->check(CLI::IsMember({"allreduce", "reducescatter", "allgather", "broadcast", "reduce"}))
+      ->capture_default_str();
   app.add_option("--csv", opt->csv, "also write the rows as CSV")->type_name("FILE");
   app.add_option("--results", opt->results,
-                 "append the nccl-tests-column rows to FILE as CSV (date, machine, commit, command, collective, "
-                 "size_bytes, ranks, mkernel_us, nccl_us, ratio, busbw_gbs, wrong, path), e.g. docs/results/collbench.csv")
+                 "append the nccl-tests-column rows to FILE as CSV (date, machine, commit, "
+                 "command, collective, "
+                 "size_bytes, ranks, mkernel_us, nccl_us, ratio, busbw_gbs, wrong, path), e.g. "
+                 "docs/results/collbench.csv")
       ->type_name("FILE");
-  app.add_option("--commit", opt->commit, "the commit recorded in --results rows")->capture_default_str();
+  app.add_option("--commit", opt->commit, "the commit recorded in --results rows")
+      ->capture_default_str();
   const int rc = mktools::parseArgs(app, argc, argv);
   if (rc >= 0) return rc;
   for (int i = 0; i < argc; ++i) opt->command += (i ? " " : "") + std::string(argv[i]);
@@ -1034,26 +1141,29 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!opt.sync.empty()) {
-    const unsigned flag = opt.sync == "spin" ? cudaDeviceScheduleSpin
-                          : opt.sync == "yield" ? cudaDeviceScheduleYield : cudaDeviceScheduleBlockingSync;
+    const unsigned flag = opt.sync == "spin"    ? cudaDeviceScheduleSpin
+                          : opt.sync == "yield" ? cudaDeviceScheduleYield
+                                                : cudaDeviceScheduleBlockingSync;
     for (int d = 0; d < nDev; ++d) {
       cudaSetDevice(d);
       if (cudaSetDeviceFlags(flag) != cudaSuccess) {
-        std::fprintf(stderr, "mkernel-collbench: --sync %s: cudaSetDeviceFlags on GPU %d: %s\n", opt.sync.c_str(), d,
-                     cudaGetErrorString(cudaGetLastError()));
+        std::fprintf(stderr, "mkernel-collbench: --sync %s: cudaSetDeviceFlags on GPU %d: %s\n",
+                     opt.sync.c_str(), d, cudaGetErrorString(cudaGetLastError()));
         return 1;
       }
     }
-    std::fprintf(stderr, "collbench: rank threads wait for their streams with --sync %s\n", opt.sync.c_str());
+    std::fprintf(stderr, "collbench: rank threads wait for their streams with --sync %s\n",
+                 opt.sync.c_str());
   }
   cudaSetDevice(0);
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
   const double copyGBps = copyBandwidthGBps(std::min<size_t>(opt.maxBytes, size_t(1) << 30));
-  std::fprintf(stderr, "collbench: %s, %d SMs, cudaMemcpy D2D %.0f GB/s (read + write)\n", prop.name,
-               prop.multiProcessorCount, copyGBps);
+  std::fprintf(stderr, "collbench: %s, %d SMs, cudaMemcpy D2D %.0f GB/s (read + write)\n",
+               prop.name, prop.multiProcessorCount, copyGBps);
   double launchUs = 0, pairUs = 0, memopUs = 0;
-  if (mkernel::cudrv::loadMemOps() == Result::Success) baselines(opt.iters, &launchUs, &pairUs, &memopUs);
+  if (mkernel::cudrv::loadMemOps() == Result::Success)
+    baselines(opt.iters, &launchUs, &pairUs, &memopUs);
   // Every size captures graphOps collectives into a graph, and each captured group holds one of
   // the communicator's 192 graph slots for good: spread them over the sizes.
   int nSizes = 0;
@@ -1072,12 +1182,15 @@ int main(int argc, char** argv) {
     o.mode = w;
     if (w == "launch") {
       setenv("MKERNEL_STREAM_WAIT", "memop", 1);
-      if (saved.launchMax.empty()) unsetenv("MKERNEL_LAUNCH_MAX_BYTES");
-      else setenv("MKERNEL_LAUNCH_MAX_BYTES", saved.launchMax.c_str(), 1);
+      if (saved.launchMax.empty())
+        unsetenv("MKERNEL_LAUNCH_MAX_BYTES");
+      else
+        setenv("MKERNEL_LAUNCH_MAX_BYTES", saved.launchMax.c_str(), 1);
       // Thread ranks: above the inbox threshold the launch path's direct mode takes every size,
       // unless MKERNEL_LAUNCH_DIRECT=0.
       if (mkernel::paramInt("LAUNCH_DIRECT", 1) == 0)
-        o.maxBytes = std::min<size_t>(o.maxBytes, static_cast<size_t>(mkernel::paramInt("LAUNCH_MAX_BYTES", 1048576)));
+        o.maxBytes = std::min<size_t>(
+            o.maxBytes, static_cast<size_t>(mkernel::paramInt("LAUNCH_MAX_BYTES", 1048576)));
       if (o.maxBytes < o.minBytes) continue;
     } else if (w == "memop" || w == "kernel") {
       setenv("MKERNEL_STREAM_WAIT", w.c_str(), 1);
@@ -1085,25 +1198,35 @@ int main(int argc, char** argv) {
     }
     for (int n : opt.ranks) ok = runRanks(n, o, copyGBps, &rows) && ok;
   }
-  std::printf("# %s float sum, thread ranks on %d x %s (%s); D2D copy %.0f GB/s\n", mkernel::coll::collName(opt.coll),
-              opt.gpus, prop.name, opt.gpus == 1 ? "every rank on GPU 0: emulated" : "rank r on GPU r % gpus", copyGBps);
+  std::printf("# %s float sum, thread ranks on %d x %s (%s); D2D copy %.0f GB/s\n",
+              mkernel::coll::collName(opt.coll), opt.gpus, prop.name,
+              opt.gpus == 1 ? "every rank on GPU 0: emulated" : "rank r on GPU r % gpus", copyGBps);
   if (opt.group > 1)
-    std::printf("# --group %d: each timed call a group of %d AllReduces, each on its own window of the buffers; "
-                "times per collective\n",
-                opt.group, opt.group);
+    std::printf(
+        "# --group %d: each timed call a group of %d AllReduces, each on its own window of the "
+        "buffers; "
+        "times per collective\n",
+        opt.group, opt.group);
   if (!opt.nccl.empty())
-    std::printf("# NCCL rows: one rank per GPU, each driven by its own thread, as the mkernel rows' ranks\n");
-  std::printf("# mem GB/s = %s * bytes / eager median (each input read once, each output written once)\n",
-              opt.coll == mkernel::coll::CollType::AllReduce ? "2 * ranks" : "(ranks + 1)");
-  std::printf("# floors, one stream: empty kernel launch %.2f us/op, memop pair (write, wait) %.2f us/op, "
-              "memop triple (write, wait, write) %.2f us/op\n",
-              launchUs, pairUs, memopUs);
+    std::printf(
+        "# NCCL rows: one rank per GPU, each driven by its own thread, as the mkernel rows' "
+        "ranks\n");
+  std::printf(
+      "# mem GB/s = %s * bytes / eager median (each input read once, each output written once)\n",
+      opt.coll == mkernel::coll::CollType::AllReduce ? "2 * ranks" : "(ranks + 1)");
+  std::printf(
+      "# floors, one stream: empty kernel launch %.2f us/op, memop pair (write, wait) %.2f us/op, "
+      "memop triple (write, wait, write) %.2f us/op\n",
+      launchUs, pairUs, memopUs);
   {
     const HostCosts h = hostCosts(2000, opt.gpus);
-    std::printf("# host us per call (median of 2000, one at a time): empty kernel launch %.2f, launch with a 640-byte "
-                "argument %.2f, cudaEventRecord %.2f, cudaStreamIsCapturing %.2f, cudaSetDevice (same) %.2f, "
-                "cudaMemcpyAsync 8 B D2D %.2f",
-                h.launchUs, h.bigLaunchUs, h.recordUs, h.capturingUs, h.setSameUs, h.copyUs);
+    std::printf(
+        "# host us per call (median of 2000, one at a time): empty kernel launch %.2f, launch with "
+        "a 640-byte "
+        "argument %.2f, cudaEventRecord %.2f, cudaStreamIsCapturing %.2f, cudaSetDevice (same) "
+        "%.2f, "
+        "cudaMemcpyAsync 8 B D2D %.2f",
+        h.launchUs, h.bigLaunchUs, h.recordUs, h.capturingUs, h.setSameUs, h.copyUs);
     if (opt.gpus > 1) std::printf(", cudaSetDevice (alternating) %.2f", h.setOtherUs);
     std::printf("\n");
   }
@@ -1112,46 +1235,61 @@ int main(int argc, char** argv) {
     const struct {
       FloorKind kind;
       const char* what;
-    } kinds[] = {{kFloorLaunch, "each launching an empty kernel on its own stream"},
-                 {kFloorRecord, "each recording an event on its own stream"},
-                 {kFloorFused, "a fused launch's calls (each records, one waits for all and launches, all wait for it)"},
-                 {kFloorBarrier, "no CUDA call (the barrier alone)"}};
+    } kinds[] = {
+        {kFloorLaunch, "each launching an empty kernel on its own stream"},
+        {kFloorRecord, "each recording an event on its own stream"},
+        {kFloorFused,
+         "a fused launch's calls (each records, one waits for all and launches, all wait for it)"},
+        {kFloorBarrier, "no CUDA call (the barrier alone)"}};
     for (const auto& k : kinds) {
       std::string floors;
       for (int n : opt.ranks) {
         if (n < 2) continue;
         char buf[64];
-        std::snprintf(buf, sizeof buf, "%s%d: %.2f", floors.empty() ? "" : ", ", n, threadFloorUs(n, 2000, k.kind));
+        std::snprintf(buf, sizeof buf, "%s%d: %.2f", floors.empty() ? "" : ", ", n,
+                      threadFloorUs(n, 2000, k.kind));
         floors += buf;
       }
       if (!floors.empty())
-        std::printf("# floors, n threads %s, in step: us per round for n = %s\n", k.what, floors.c_str());
+        std::printf("# floors, n threads %s, in step: us per round for n = %s\n", k.what,
+                    floors.c_str());
     }
   }
   std::printf("# host_us = rank 0's host time per eager enqueue; latencies in us\n");
-  std::printf("%10s %5s %12s %10s %10s %10s %10s %8s %10s %7s\n", "wait", "ranks", "bytes", "eager_med", "eager_p99", "graph_med",
-              "graph_p99", "host_us", "mem_GB/s", "%copy");
+  std::printf("%10s %5s %12s %10s %10s %10s %10s %8s %10s %7s\n", "wait", "ranks", "bytes",
+              "eager_med", "eager_p99", "graph_med", "graph_p99", "host_us", "mem_GB/s", "%copy");
   for (const Row& r : rows)
-    std::printf("%10s %5d %12zu %10.2f %10.2f %10.2f %10.2f %8.2f %10.1f %7.1f\n", r.wait.c_str(), r.ranks, r.bytes, r.eagerMed, r.eagerP99,
-                r.graphMed, r.graphP99, r.hostUs, r.memGBps, r.pctCopy);
+    std::printf("%10s %5d %12zu %10.2f %10.2f %10.2f %10.2f %8.2f %10.1f %7.1f\n", r.wait.c_str(),
+                r.ranks, r.bytes, r.eagerMed, r.eagerP99, r.graphMed, r.graphP99, r.hostUs,
+                r.memGBps, r.pctCopy);
   if (opt.trace) {
     if (opt.trace >= 2)
-      std::printf("# --trace %d: the trace of captured collectives, %d back to back per graph, no event between them;\n"
-                  "# graph_run = their time per op (CUDA events around the replays)%s\n", opt.trace, opt.graphOps,
-                  opt.trace == 3 ? ";\n# --trace 3 (the LL kernel's receive): columns load..report = start->receive begun,\n"
-                                   "# ->first poll answered, ->line taken, ->combined and stored, ->end"
-                                   : "");
-    std::printf("# kernel trace (rank 0, CTA 0, medians in us over the %s loop): seen->loaded, loaded->start barrier,\n"
-                "# start barrier->data moved, moved->end barrier, end barrier->reported, seen->reported (SM cycles at\n"
-                "# the clock sm_GHz the records show), reported->next group seen (%%globaltimer); the launch kernel's\n"
-                "# columns: start->pushed (LL mode), ->set up, ->received, ->peers' tokens, ->end\n",
-                opt.trace >= 2 ? "graph" : "eager");
-    std::printf("%10s %5s %12s %8s %8s %8s %8s %8s %8s %8s %7s %7s %9s\n", "wait", "ranks", "bytes", "load", "start", "move",
-                "end", "report", "kernel", "gap", "sm_GHz", "groups", "graph_run");
+      std::printf(
+          "# --trace %d: the trace of captured collectives, %d back to back per graph, no event "
+          "between them;\n"
+          "# graph_run = their time per op (CUDA events around the replays)%s\n",
+          opt.trace, opt.graphOps,
+          opt.trace == 3 ? ";\n# --trace 3 (the LL kernel's receive): columns load..report = "
+                           "start->receive begun,\n"
+                           "# ->first poll answered, ->line taken, ->combined and stored, ->end"
+                         : "");
+    std::printf(
+        "# kernel trace (rank 0, CTA 0, medians in us over the %s loop): seen->loaded, "
+        "loaded->start barrier,\n"
+        "# start barrier->data moved, moved->end barrier, end barrier->reported, seen->reported "
+        "(SM cycles at\n"
+        "# the clock sm_GHz the records show), reported->next group seen (%%globaltimer); the "
+        "launch kernel's\n"
+        "# columns: start->pushed (LL mode), ->set up, ->received, ->peers' tokens, ->end\n",
+        opt.trace >= 2 ? "graph" : "eager");
+    std::printf("%10s %5s %12s %8s %8s %8s %8s %8s %8s %8s %7s %7s %9s\n", "wait", "ranks", "bytes",
+                "load", "start", "move", "end", "report", "kernel", "gap", "sm_GHz", "groups",
+                "graph_run");
     for (const Row& r : rows)
-      std::printf("%10s %5d %12zu %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.2f %7.3f %7zu %9.2f\n", r.wait.c_str(), r.ranks,
-                  r.bytes, r.stageUs[0], r.stageUs[1], r.stageUs[2], r.stageUs[3], r.stageUs[4], r.stageUs[6],
-                  r.stageUs[5], r.smGHz, r.traced, r.graphRunUs);
+      std::printf("%10s %5d %12zu %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.2f %7.3f %7zu %9.2f\n",
+                  r.wait.c_str(), r.ranks, r.bytes, r.stageUs[0], r.stageUs[1], r.stageUs[2],
+                  r.stageUs[3], r.stageUs[4], r.stageUs[6], r.stageUs[5], r.smGHz, r.traced,
+                  r.graphRunUs);
   }
   printNcclTestsTable(opt, rows);
   if (!opt.results.empty()) {
@@ -1166,10 +1304,13 @@ int main(int argc, char** argv) {
   if (!opt.csv.empty()) {
     FILE* f = std::fopen(opt.csv.c_str(), "w");
     if (f) {
-      std::fprintf(f, "wait,ranks,bytes,eager_med_us,eager_p99_us,graph_med_us,graph_p99_us,host_us,mem_GBps,pct_copy,copy_GBps\n");
+      std::fprintf(f,
+                   "wait,ranks,bytes,eager_med_us,eager_p99_us,graph_med_us,graph_p99_us,host_us,"
+                   "mem_GBps,pct_copy,copy_GBps\n");
       for (const Row& r : rows)
-        std::fprintf(f, "%s,%d,%zu,%.3f,%.3f,%.3f,%.3f,%.3f,%.2f,%.2f,%.1f\n", r.wait.c_str(), r.ranks, r.bytes, r.eagerMed, r.eagerP99,
-                     r.graphMed, r.graphP99, r.hostUs, r.memGBps, r.pctCopy, copyGBps);
+        std::fprintf(f, "%s,%d,%zu,%.3f,%.3f,%.3f,%.3f,%.3f,%.2f,%.2f,%.1f\n", r.wait.c_str(),
+                     r.ranks, r.bytes, r.eagerMed, r.eagerP99, r.graphMed, r.graphP99, r.hostUs,
+                     r.memGBps, r.pctCopy, copyGBps);
       std::fclose(f);
     }
   }

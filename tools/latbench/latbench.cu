@@ -34,7 +34,6 @@
 
 namespace {
 
-
 __device__ __forceinline__ void pdlEnter(int pdl) {
 #if __CUDA_ARCH__ >= 900
   if (pdl != 0) {
@@ -66,7 +65,8 @@ __global__ void gapKernel(uint64_t* word, int pdl) {
 
 // Its number: the next value of a counter in its own GPU's memory (stream order keeps one kernel
 // at a time on it), so that graph replays keep counting.
-__global__ void exchangeKernel(uint64_t* counter, uint64_t* peerFlag, const uint64_t* myFlag, int pdl) {
+__global__ void exchangeKernel(uint64_t* counter, uint64_t* peerFlag, const uint64_t* myFlag,
+                               int pdl) {
   pdlEnter(pdl);
   if (threadIdx.x != 0) return;
   const uint64_t e = *counter + 1;
@@ -83,16 +83,18 @@ __global__ void exchangeKernel(uint64_t* counter, uint64_t* peerFlag, const uint
 struct LlSlot {
   uint32_t w[4];
 };
-__global__ void __launch_bounds__(256) exchangeLlKernel(uint64_t* counter, LlSlot* peerLine, LlSlot* myLine,
-                                                        const uint64_t* in, uint64_t* out, int pdl) {
+__global__ void __launch_bounds__(256)
+    exchangeLlKernel(uint64_t* counter, LlSlot* peerLine, LlSlot* myLine, const uint64_t* in,
+                     uint64_t* out, int pdl) {
   pdlEnter(pdl);
   if (threadIdx.x == 0) {
     const uint64_t e = *counter + 1;
     *counter = e;
     const uint32_t flag = static_cast<uint32_t>(e);
     const uint64_t v = *in;
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(peerLine), "r"(static_cast<uint32_t>(v)),
-                 "r"(flag), "r"(static_cast<uint32_t>(v >> 32)), "r"(flag)
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(peerLine),
+                 "r"(static_cast<uint32_t>(v)), "r"(flag), "r"(static_cast<uint32_t>(v >> 32)),
+                 "r"(flag)
                  : "memory");
     uint32_t a, b, c, d;
     do {
@@ -101,14 +103,16 @@ __global__ void __launch_bounds__(256) exchangeLlKernel(uint64_t* counter, LlSlo
                    : "l"(myLine)
                    : "memory");
     } while (b != flag || d != flag);
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(myLine), "r"(0u) : "memory");
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(myLine), "r"(0u)
+                 : "memory");
     *out = v + (static_cast<uint64_t>(a) | (static_cast<uint64_t>(c) << 32));
   }
   __syncthreads();
 }
 
 // first: GPU 0's side (it starts each round trip). out: where this side writes, in: where it polls.
-__global__ void pingKernel(uint64_t* out, const uint64_t* in, int iters, int first, uint64_t base, uint64_t* ns) {
+__global__ void pingKernel(uint64_t* out, const uint64_t* in, int iters, int first, uint64_t base,
+                           uint64_t* ns) {
   if (threadIdx.x != 0) return;
   const uint64_t t0 = globalTimer();
   for (int i = 1; i <= iters; ++i) {
@@ -156,7 +160,9 @@ struct ExArgs {
 };
 
 cudaError_t launchExchange(cudaStream_t s, int pdl, int ll, const ExArgs& x) {
-  if (ll) return launchOne(exchangeLlKernel, s, pdl, 256, x.counter, x.peerLine, x.myLine, x.in, x.out, pdl);
+  if (ll)
+    return launchOne(exchangeLlKernel, s, pdl, 256, x.counter, x.peerLine, x.myLine, x.in, x.out,
+                     pdl);
   return launchOne(exchangeKernel, s, pdl, 32, x.counter, x.peerFlag, x.myFlag, pdl);
 }
 
@@ -210,7 +216,8 @@ void gapRows(int kernels, int reps) {
         us.push_back(1000.0 * ms / kernels);
       }
       if (exec) MK_CUDA_OR_EXIT(cudaGraphExecDestroy(exec));
-      std::printf("gap        %-6s %-10s %8.2f us per kernel\n", graph ? "graph" : "eager", kPdlName[pdl], median(us));
+      std::printf("gap        %-6s %-10s %8.2f us per kernel\n", graph ? "graph" : "eager",
+                  kPdlName[pdl], median(us));
     }
   MK_CUDA_OR_EXIT(cudaFree(word));
   MK_CUDA_OR_EXIT(cudaStreamDestroy(s));
@@ -218,9 +225,9 @@ void gapRows(int kernels, int reps) {
 
 struct Gpu {
   cudaStream_t s;
-  uint64_t* flag;     // 128-byte block: [0] exchange flag, [8] ping flag, [12] LL line
+  uint64_t* flag;  // 128-byte block: [0] exchange flag, [8] ping flag, [12] LL line
   uint64_t* counter;
-  uint64_t* io;       // [0] input, [1] output
+  uint64_t* io;  // [0] input, [1] output
   uint64_t* ns;
   cudaEvent_t a, b;
 };
@@ -229,7 +236,8 @@ void pingRows(Gpu* g, int iters, int reps) {
   for (int pull = 0; pull <= 1; ++pull) {
     std::vector<double> us;
     for (int r = 0; r < reps + 1; ++r) {
-      const uint64_t base = static_cast<uint64_t>(pull * (reps + 1) + r) * static_cast<uint64_t>(iters);
+      const uint64_t base =
+          static_cast<uint64_t>(pull * (reps + 1) + r) * static_cast<uint64_t>(iters);
       for (int d = 0; d < 2; ++d) {
         MK_CUDA_OR_EXIT(cudaSetDevice(gSide[d]));
         // push: write the peer's word, poll our own; pull: write our own, poll the peer's.
@@ -247,59 +255,61 @@ void pingRows(Gpu* g, int iters, int reps) {
       MK_CUDA_OR_EXIT(cudaMemcpy(&ns, g[0].ns, 8, cudaMemcpyDeviceToHost));
       if (r > 0) us.push_back(ns / 1000.0 / iters / 2);  // run 0 warms up
     }
-    std::printf("pingpong   %-6s %-10s %8.3f us one way (%d round trips)\n", pull ? "pull" : "push", "", median(us), iters);
+    std::printf("pingpong   %-6s %-10s %8.3f us one way (%d round trips)\n", pull ? "pull" : "push",
+                "", median(us), iters);
   }
 }
 
 void exchangeRows(Gpu* g, int kernels, int reps) {
   for (int ll = 0; ll <= 1; ++ll)
-  for (int graph = 0; graph <= 1; ++graph)
-    for (int pdl = 0; pdl <= 2; ++pdl) {
-      std::vector<double> us[2];
-      cudaGraphExec_t exec[2] = {nullptr, nullptr};
-      std::atomic<int> ready{0};
-      auto body = [&](int d) {
-        MK_CUDA_OR_EXIT(cudaSetDevice(gSide[d]));
-        ExArgs x;
-        x.counter = g[d].counter;
-        x.peerFlag = g[1 - d].flag;
-        x.myFlag = g[d].flag;
-        x.peerLine = reinterpret_cast<LlSlot*>(g[1 - d].flag + 12);
-        x.myLine = reinterpret_cast<LlSlot*>(g[d].flag + 12);
-        x.in = g[d].io;
-        x.out = g[d].io + 1;
-        if (graph) {
-          cudaGraph_t gr;
-          MK_CUDA_OR_EXIT(cudaStreamBeginCapture(g[d].s, cudaStreamCaptureModeThreadLocal));
-          for (int k = 0; k < kernels; ++k) MK_CUDA_OR_EXIT(launchExchange(g[d].s, pdl, ll, x));
-          MK_CUDA_OR_EXIT(cudaStreamEndCapture(g[d].s, &gr));
-          MK_CUDA_OR_EXIT(cudaGraphInstantiate(&exec[d], gr, 0));
-          MK_CUDA_OR_EXIT(cudaGraphDestroy(gr));
-        }
-        for (int r = 0; r < reps + 1; ++r) {
-          // Both threads start each run together.
-          ready.fetch_add(1);
-          while (ready.load() < 2 * (r + 1)) {
-          }
-          MK_CUDA_OR_EXIT(cudaEventRecord(g[d].a, g[d].s));
-          if (graph)
-            MK_CUDA_OR_EXIT(cudaGraphLaunch(exec[d], g[d].s));
-          else
+    for (int graph = 0; graph <= 1; ++graph)
+      for (int pdl = 0; pdl <= 2; ++pdl) {
+        std::vector<double> us[2];
+        cudaGraphExec_t exec[2] = {nullptr, nullptr};
+        std::atomic<int> ready{0};
+        auto body = [&](int d) {
+          MK_CUDA_OR_EXIT(cudaSetDevice(gSide[d]));
+          ExArgs x;
+          x.counter = g[d].counter;
+          x.peerFlag = g[1 - d].flag;
+          x.myFlag = g[d].flag;
+          x.peerLine = reinterpret_cast<LlSlot*>(g[1 - d].flag + 12);
+          x.myLine = reinterpret_cast<LlSlot*>(g[d].flag + 12);
+          x.in = g[d].io;
+          x.out = g[d].io + 1;
+          if (graph) {
+            cudaGraph_t gr;
+            MK_CUDA_OR_EXIT(cudaStreamBeginCapture(g[d].s, cudaStreamCaptureModeThreadLocal));
             for (int k = 0; k < kernels; ++k) MK_CUDA_OR_EXIT(launchExchange(g[d].s, pdl, ll, x));
-          MK_CUDA_OR_EXIT(cudaEventRecord(g[d].b, g[d].s));
-          MK_CUDA_OR_EXIT(cudaEventSynchronize(g[d].b));
-          float ms = 0;
-          MK_CUDA_OR_EXIT(cudaEventElapsedTime(&ms, g[d].a, g[d].b));
-          if (r > 0) us[d].push_back(1000.0 * ms / kernels);
-        }
-        if (exec[d]) MK_CUDA_OR_EXIT(cudaGraphExecDestroy(exec[d]));
-      };
-      std::thread t0(body, 0), t1(body, 1);
-      t0.join();
-      t1.join();
-      std::printf("%-10s %-6s %-10s %8.2f us per op (GPU 0), %.2f (GPU 1)\n", ll ? "exch-ll" : "exchange",
-                  graph ? "graph" : "eager", kPdlName[pdl], median(us[0]), median(us[1]));
-    }
+            MK_CUDA_OR_EXIT(cudaStreamEndCapture(g[d].s, &gr));
+            MK_CUDA_OR_EXIT(cudaGraphInstantiate(&exec[d], gr, 0));
+            MK_CUDA_OR_EXIT(cudaGraphDestroy(gr));
+          }
+          for (int r = 0; r < reps + 1; ++r) {
+            // Both threads start each run together.
+            ready.fetch_add(1);
+            while (ready.load() < 2 * (r + 1)) {
+            }
+            MK_CUDA_OR_EXIT(cudaEventRecord(g[d].a, g[d].s));
+            if (graph)
+              MK_CUDA_OR_EXIT(cudaGraphLaunch(exec[d], g[d].s));
+            else
+              for (int k = 0; k < kernels; ++k) MK_CUDA_OR_EXIT(launchExchange(g[d].s, pdl, ll, x));
+            MK_CUDA_OR_EXIT(cudaEventRecord(g[d].b, g[d].s));
+            MK_CUDA_OR_EXIT(cudaEventSynchronize(g[d].b));
+            float ms = 0;
+            MK_CUDA_OR_EXIT(cudaEventElapsedTime(&ms, g[d].a, g[d].b));
+            if (r > 0) us[d].push_back(1000.0 * ms / kernels);
+          }
+          if (exec[d]) MK_CUDA_OR_EXIT(cudaGraphExecDestroy(exec[d]));
+        };
+        std::thread t0(body, 0), t1(body, 1);
+        t0.join();
+        t1.join();
+        std::printf("%-10s %-6s %-10s %8.2f us per op (GPU 0), %.2f (GPU 1)\n",
+                    ll ? "exch-ll" : "exchange", graph ? "graph" : "eager", kPdlName[pdl],
+                    median(us[0]), median(us[1]));
+      }
 }
 
 }  // namespace
@@ -307,13 +317,21 @@ void exchangeRows(Gpu* g, int kernels, int reps) {
 int main(int argc, char** argv) {
   int kernels = 2000, iters = 20000, reps = 5;
   bool sameGpu = false;
-  CLI::App app("The latency floors under a small collective: kernel-to-kernel gaps with and without programmatic\n"
-               "dependent launch, NVLink ping-pong, a frame-free two-GPU flag exchange per kernel.",
-               "mkernel-latbench");
+  CLI::App app(
+      "The latency floors under a small collective: kernel-to-kernel gaps with and without "
+      "programmatic\n"
+      "dependent launch, NVLink ping-pong, a frame-free two-GPU flag exchange per kernel.",
+      "mkernel-latbench");
   mktools::setupApp(app);
-  app.add_option("--kernels", kernels, "kernels per run")->check(mktools::kPositive)->capture_default_str();
-  app.add_option("--round-trips", iters, "ping-pong round trips per run")->check(mktools::kPositive)->capture_default_str();
-  app.add_option("--reps", reps, "runs (median reported)")->check(mktools::kPositive)->capture_default_str();
+  app.add_option("--kernels", kernels, "kernels per run")
+      ->check(mktools::kPositive)
+      ->capture_default_str();
+  app.add_option("--round-trips", iters, "ping-pong round trips per run")
+      ->check(mktools::kPositive)
+      ->capture_default_str();
+  app.add_option("--reps", reps, "runs (median reported)")
+      ->check(mktools::kPositive)
+      ->capture_default_str();
   app.add_flag("--same-gpu", sameGpu, "both sides of pingpong and exchange on GPU 0, two streams");
   const int rc = mktools::parseArgs(app, argc, argv);
   if (rc >= 0) return rc;
@@ -321,7 +339,8 @@ int main(int argc, char** argv) {
   MK_CUDA_OR_EXIT(cudaGetDeviceCount(&n));
   cudaDeviceProp prop{};
   MK_CUDA_OR_EXIT(cudaGetDeviceProperties(&prop, 0));
-  std::printf("# mkernel-latbench: %s, %d GPU(s), %d kernels per run, median of %d runs\n", prop.name, n, kernels, reps);
+  std::printf("# mkernel-latbench: %s, %d GPU(s), %d kernels per run, median of %d runs\n",
+              prop.name, n, kernels, reps);
   gapRows(kernels, reps);
   if (sameGpu) {
     gSide[1] = 0;

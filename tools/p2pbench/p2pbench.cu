@@ -36,7 +36,6 @@ namespace {
 
 namespace dev = mkernel::coll::dev;
 
-
 enum Mode { kCopy = 0, kReduce = 1 };
 
 __device__ __forceinline__ uint4 addF4(uint4 x, uint4 y) {
@@ -49,7 +48,8 @@ __device__ __forceinline__ uint4 addF4(uint4 x, uint4 y) {
 
 // One CTA moves vectors [begin, end) of its contiguous share.
 template <int U, int MODE>
-__global__ void __launch_bounds__(512) moveKernel(const uint4* a, const uint4* b, uint4* d0, uint4* d1, size_t nVec) {
+__global__ void __launch_bounds__(512)
+    moveKernel(const uint4* a, const uint4* b, uint4* d0, uint4* d1, size_t nVec) {
   const size_t per = (nVec + gridDim.x - 1) / gridDim.x;
   const size_t begin = per * blockIdx.x;
   const size_t end = begin + per < nVec ? begin + per : nVec;
@@ -80,10 +80,12 @@ __global__ void __launch_bounds__(512) moveKernel(const uint4* a, const uint4* b
 }
 
 // The kernel's own reduceCopy over the same contiguous CTA shares.
-__global__ void __launch_bounds__(512) realKernel(const char* a, const char* b, char* d0, char* d1, size_t count) {
+__global__ void __launch_bounds__(512)
+    realKernel(const char* a, const char* b, char* d0, char* d1, size_t count) {
   __shared__ dev::CopyPlan plan;
   if (threadIdx.x == 0) {
-    const size_t per = ((count + gridDim.x - 1) / gridDim.x + 3) / 4 * 4;  // 16-byte multiples of floats
+    const size_t per =
+        ((count + gridDim.x - 1) / gridDim.x + 3) / 4 * 4;  // 16-byte multiples of floats
     const size_t begin = per * blockIdx.x < count ? per * blockIdx.x : count;
     const size_t end = begin + per < count ? begin + per : count;
     plan.src[0] = a + begin * 4;
@@ -113,9 +115,9 @@ struct Gpu {
 struct Pattern {
   const char* name;
   bool remote;
-  int mode;     // kCopy / kReduce, or -1: the real reduceCopy
-  bool pushDst;  // stores go to the peer (push) rather than to dst
-  bool alsoPeer;  // ar-*: the result also goes to the peer's inbox
+  int mode;          // kCopy / kReduce, or -1: the real reduceCopy
+  bool pushDst;      // stores go to the peer (push) rather than to dst
+  bool alsoPeer;     // ar-*: the result also goes to the peer's inbox
   bool remoteFirst;  // *-rf: the peer's source is source 0
 };
 
@@ -135,11 +137,15 @@ void launch(const Pattern& pt, int unroll, int ctas, int threads, Gpu& g, Gpu& p
   auto* D0 = reinterpret_cast<uint4*>(d0);
   auto* D1 = reinterpret_cast<uint4*>(d1);
   if (pt.mode == kCopy) {
-    if (unroll == 4) moveKernel<4, kCopy><<<ctas, threads, 0, g.stream>>>(A, B, D0, D1, nVec);
-    else moveKernel<8, kCopy><<<ctas, threads, 0, g.stream>>>(A, B, D0, D1, nVec);
+    if (unroll == 4)
+      moveKernel<4, kCopy><<<ctas, threads, 0, g.stream>>>(A, B, D0, D1, nVec);
+    else
+      moveKernel<8, kCopy><<<ctas, threads, 0, g.stream>>>(A, B, D0, D1, nVec);
   } else {
-    if (unroll == 4) moveKernel<4, kReduce><<<ctas, threads, 0, g.stream>>>(A, B, D0, D1, nVec);
-    else moveKernel<8, kReduce><<<ctas, threads, 0, g.stream>>>(A, B, D0, D1, nVec);
+    if (unroll == 4)
+      moveKernel<4, kReduce><<<ctas, threads, 0, g.stream>>>(A, B, D0, D1, nVec);
+    else
+      moveKernel<8, kReduce><<<ctas, threads, 0, g.stream>>>(A, B, D0, D1, nVec);
   }
 }
 
@@ -149,22 +155,31 @@ int main(int argc, char** argv) {
   size_t bytes = size_t(256) << 20;
   std::vector<int> ctasList{16, 32, 64, 128};
   int iters = 20, threads = 512;
-  CLI::App app("NVLink read / write / reduce bandwidth of CTA data movers, both GPUs of a pair at once, beside the\n"
-               "kernel's own reduceCopy.",
-               "mkernel-p2pbench");
+  CLI::App app(
+      "NVLink read / write / reduce bandwidth of CTA data movers, both GPUs of a pair at once, "
+      "beside the\n"
+      "kernel's own reduceCopy.",
+      "mkernel-p2pbench");
   mktools::setupApp(app);
-  app.add_option("--bytes", bytes, "buffer size, rounded down to a multiple of 4096 (K, M, G accepted)")
+  app.add_option("--bytes", bytes,
+                 "buffer size, rounded down to a multiple of 4096 (K, M, G accepted)")
       ->transform(mktools::kSize)
       ->default_str("256M");
-  mktools::listOf(app.add_option("--ctas", ctasList, "CTA counts, one row each"))->check(mktools::kPositive)
+  mktools::listOf(app.add_option("--ctas", ctasList, "CTA counts, one row each"))
+      ->check(mktools::kPositive)
       ->default_str("16,32,64,128");
-  app.add_option("--iters", iters, "timed runs per row")->check(mktools::kPositive)->capture_default_str();
-  app.add_option("--threads", threads, "threads per CTA, a multiple of 32 up to 512")->capture_default_str();
+  app.add_option("--iters", iters, "timed runs per row")
+      ->check(mktools::kPositive)
+      ->capture_default_str();
+  app.add_option("--threads", threads, "threads per CTA, a multiple of 32 up to 512")
+      ->capture_default_str();
   const int rc = mktools::parseArgs(app, argc, argv);
   if (rc >= 0) return rc;
   bytes = bytes / 4096 * 4096;
   if (bytes == 0 || iters < 1 || threads < 32 || threads > 512 || threads % 32 != 0) {
-    std::fprintf(stderr, "mkernel-p2pbench: --bytes >= 4096, --iters >= 1, --threads a multiple of 32 up to 512\n");
+    std::fprintf(
+        stderr,
+        "mkernel-p2pbench: --bytes >= 4096, --iters >= 1, --threads a multiple of 32 up to 512\n");
     return 2;
   }
   int nDev = 0;
@@ -193,15 +208,22 @@ int main(int argc, char** argv) {
   if (nGpu == 1) gpu[1] = gpu[0];  // "peer" = self: remote patterns are skipped
   cudaDeviceProp prop{};
   MK_CUDA_OR_EXIT(cudaGetDeviceProperties(&prop, 0));
-  std::printf("# mkernel-p2pbench: %s x %d%s, %zu MiB per buffer, %d threads per CTA, median of %d\n", prop.name, nGpu,
-              nGpu == 2 ? " (peer access, both GPUs at once)" : " (no peer: local patterns only)", bytes >> 20, threads,
-              iters);
+  std::printf(
+      "# mkernel-p2pbench: %s x %d%s, %zu MiB per buffer, %d threads per CTA, median of %d\n",
+      prop.name, nGpu,
+      nGpu == 2 ? " (peer access, both GPUs at once)" : " (no peer: local patterns only)",
+      bytes >> 20, threads, iters);
   const Pattern patterns[] = {
-      {"local", false, kCopy, false, false, false},    {"pull", true, kCopy, false, false, false},
-      {"push", true, kCopy, true, false, false},       {"rs-pull", true, kReduce, false, false, false},
-      {"ar-pull", true, kReduce, false, true, false},  {"rs-real", true, -1, false, false, false},
-      {"rs-real-rf", true, -1, false, false, true},    {"ar-real", true, -1, false, true, false},
-      {"ar-real-rf", true, -1, false, true, true},     {"local-real", false, -1, false, false, false},
+      {"local", false, kCopy, false, false, false},
+      {"pull", true, kCopy, false, false, false},
+      {"push", true, kCopy, true, false, false},
+      {"rs-pull", true, kReduce, false, false, false},
+      {"ar-pull", true, kReduce, false, true, false},
+      {"rs-real", true, -1, false, false, false},
+      {"rs-real-rf", true, -1, false, false, true},
+      {"ar-real", true, -1, false, true, false},
+      {"ar-real-rf", true, -1, false, true, true},
+      {"local-real", false, -1, false, false, false},
   };
   std::printf("%-12s %6s %6s %12s %12s\n", "pattern", "ctas", "unroll", "GPU0 GB/s", "GPU1 GB/s");
   for (const Pattern& pt : patterns) {
@@ -237,8 +259,8 @@ int main(int argc, char** argv) {
         }
         char second[32] = "-";
         if (nGpu == 2) std::snprintf(second, sizeof(second), "%.1f", gbs[1]);
-        std::printf("%-12s %6d %6s %12.1f %12s\n", pt.name, ctas, pt.mode < 0 ? "real" : std::to_string(unroll).c_str(),
-                    gbs[0], second);
+        std::printf("%-12s %6d %6s %12.1f %12s\n", pt.name, ctas,
+                    pt.mode < 0 ? "real" : std::to_string(unroll).c_str(), gbs[0], second);
         std::fflush(stdout);
       }
     }

@@ -53,7 +53,9 @@ struct Options {
 constexpr uint64_t kTimeoutNs = 30ull * 1000000000ull;
 
 double nowUs() {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 double median(std::vector<double> v) {
@@ -104,8 +106,10 @@ struct ProxyPair {
     });
     for (int r = 0; r < 2; ++r) {
       if (res[r] != Result::Success) die("proxy connect");
-      if (s[r].proxy->registerRegion(s[r].send.data(), s[r].send.size(), net::kPtrHost) != Result::Success ||
-          s[r].proxy->registerRegion(s[r].recv.data(), s[r].recv.size(), net::kPtrHost) != Result::Success)
+      if (s[r].proxy->registerRegion(s[r].send.data(), s[r].send.size(), net::kPtrHost) !=
+              Result::Success ||
+          s[r].proxy->registerRegion(s[r].recv.data(), s[r].recv.size(), net::kPtrHost) !=
+              Result::Success)
         die("proxy register");
       if (s[r].proxy->start({}) != Result::Success) die("proxy start");
     }
@@ -150,8 +154,10 @@ struct NetPair {
     const double deadline = nowUs() + 30e6;
     while (send[0] == nullptr || send[1] == nullptr || recv[0] == nullptr || recv[1] == nullptr) {
       for (int r = 0; r < 2; ++r) {
-        if (send[r] == nullptr && n->connect(0, handle[1 - r], &send[r]) != Result::Success) die("net connect");
-        if (recv[r] == nullptr && n->accept(listen[r], &recv[r]) != Result::Success) die("net accept");
+        if (send[r] == nullptr && n->connect(0, handle[1 - r], &send[r]) != Result::Success)
+          die("net connect");
+        if (recv[r] == nullptr && n->accept(listen[r], &recv[r]) != Result::Success)
+          die("net accept");
       }
       if (nowUs() > deadline) die("net connect: timed out");
     }
@@ -159,8 +165,10 @@ struct NetPair {
       (void)n->closeListen(listen[r]);
       sbuf[r].assign(bytes * static_cast<size_t>(streamChunks), static_cast<uint8_t>(r + 1));
       rbuf[r].assign(bytes * static_cast<size_t>(streamChunks), 0);
-      if (n->regMr(send[r], sbuf[r].data(), sbuf[r].size(), net::kPtrHost, &sendMr[r]) != Result::Success ||
-          n->regMr(recv[r], rbuf[r].data(), rbuf[r].size(), net::kPtrHost, &recvMr[r]) != Result::Success)
+      if (n->regMr(send[r], sbuf[r].data(), sbuf[r].size(), net::kPtrHost, &sendMr[r]) !=
+              Result::Success ||
+          n->regMr(recv[r], rbuf[r].data(), rbuf[r].size(), net::kPtrHost, &recvMr[r]) !=
+              Result::Success)
         die("net register");
     }
   }
@@ -175,7 +183,8 @@ struct NetPair {
   // One try: null on back-pressure (the transport holds as many requests per comm as it allows).
   net::Request* trySend(int r, const void* p, size_t bytes, int tag) {
     net::Request* q = nullptr;
-    if (n->isend(send[r], const_cast<void*>(p), bytes, tag, sendMr[r], &q) != Result::Success) die("net isend");
+    if (n->isend(send[r], const_cast<void*>(p), bytes, tag, sendMr[r], &q) != Result::Success)
+      die("net isend");
     return q;
   }
   net::Request* tryRecv(int r, void* p, size_t bytes, int tag) {
@@ -211,7 +220,8 @@ struct NetPair {
       left -= progress(q);
     }
   }
-  // Tests every request still in `qs` once; a completed one becomes null. Returns how many completed.
+  // Tests every request still in `qs` once; a completed one becomes null. Returns how many
+  // completed.
   size_t progress(std::vector<net::Request*>& qs) {
     size_t completed = 0;
     for (auto& q : qs) {
@@ -243,7 +253,8 @@ struct StartLine {
 
 // Median time per chunk over o.reps streams of o.stream chunks: `send` runs on rank 0 from a
 // start line both ranks pass, `receive` on rank 1 until it has every chunk.
-double streamTime(const Options& o, const std::function<void()>& send, const std::function<void()>& receive) {
+double streamTime(const Options& o, const std::function<void()>& send,
+                  const std::function<void()>& receive) {
   std::vector<double> per;
   StartLine line;
   for (int rep = 0; rep < o.reps; ++rep) {
@@ -279,7 +290,8 @@ Row measure(net::Net* n, size_t bytes, const Options& o) {
       for (int i = 0; i < total; ++i) {
         if (r == 0) {
           const double t0 = nowUs();
-          std::vector<net::Request*> q = {p.irecv(0, p.rbuf[0].data(), bytes, 1), p.isend(0, p.sbuf[0].data(), bytes, 0)};
+          std::vector<net::Request*> q = {p.irecv(0, p.rbuf[0].data(), bytes, 1),
+                                          p.isend(0, p.sbuf[0].data(), bytes, 0)};
           p.waitAll(q);
           if (i >= o.warmup) rtt.push_back(nowUs() - t0);
         } else {
@@ -292,11 +304,19 @@ Row measure(net::Net* n, size_t bytes, const Options& o) {
     });
     row.netRtt = median(rtt);
     row.netStream = streamTime(
-        o, [&] { p.stream(o.stream, [&](int c) { return p.trySend(0, p.sbuf[0].data() + c * bytes, bytes, 2); }); },
-        [&] { p.stream(o.stream, [&](int c) { return p.tryRecv(1, p.rbuf[1].data() + c * bytes, bytes, 2); }); });
+        o,
+        [&] {
+          p.stream(o.stream,
+                   [&](int c) { return p.trySend(0, p.sbuf[0].data() + c * bytes, bytes, 2); });
+        },
+        [&] {
+          p.stream(o.stream,
+                   [&](int c) { return p.tryRecv(1, p.rbuf[1].data() + c * bytes, bytes, 2); });
+        });
     // Rank 0's buffer holds 1s: every chunk rank 1 received must too.
     if (std::any_of(p.rbuf[1].begin(), p.rbuf[1].end(), [](uint8_t v) { return v != 1; }))
-      die("net stream of " + std::to_string(bytes) + "-byte chunks: received bytes differ from those sent");
+      die("net stream of " + std::to_string(bytes) +
+          "-byte chunks: received bytes differ from those sent");
   }
   {  // through the proxies
     ProxyPair p(n, bytes, o.stream);
@@ -323,39 +343,58 @@ Row measure(net::Net* n, size_t bytes, const Options& o) {
     row.proxyStream = streamTime(
         o,
         [&] {
-          for (int c = 0; c < o.stream; ++c) p.post(0, px::kOpSend, p.s[0].send.data() + c * bytes, bytes, 2);
+          for (int c = 0; c < o.stream; ++c)
+            p.post(0, px::kOpSend, p.s[0].send.data() + c * bytes, bytes, 2);
           p.wait(0, 0);
         },
         [&] {
-          for (int c = 0; c < o.stream; ++c) p.post(1, px::kOpRecv, p.s[1].recv.data() + c * bytes, bytes, 2);
+          for (int c = 0; c < o.stream; ++c)
+            p.post(1, px::kOpRecv, p.s[1].recv.data() + c * bytes, bytes, 2);
           p.wait(1, 1);
         });
     if (std::any_of(p.s[1].recv.begin(), p.s[1].recv.end(), [](uint8_t v) { return v != 1; }))
-      die("proxy stream of " + std::to_string(bytes) + "-byte chunks: received bytes differ from those sent");
+      die("proxy stream of " + std::to_string(bytes) +
+          "-byte chunks: received bytes differ from those sent");
   }
   return row;
 }
 
 // The command line into *o. -1: run; otherwise the exit status (tools/cli.h).
 int parse(int argc, char** argv, Options* o) {
-  CLI::App app("The proxy's per-chunk overhead against the bare net::Net: two ranks in one process over the net\n"
-               "backend MKERNEL_NET_BACKEND picks, a thread per rank playing the GPU producer (docs/PROXY.md).",
-               "mkernel-proxybench");
+  CLI::App app(
+      "The proxy's per-chunk overhead against the bare net::Net: two ranks in one process over the "
+      "net\n"
+      "backend MKERNEL_NET_BACKEND picks, a thread per rank playing the GPU producer "
+      "(docs/PROXY.md).",
+      "mkernel-proxybench");
   mktools::setupApp(app);
-  app.add_option("--min-bytes", o->minBytes, "smallest chunk (K, M, G accepted)")->transform(mktools::kSize)
-      ->check(mktools::kPositive)->capture_default_str();
-  app.add_option("--max-bytes", o->maxBytes, "largest chunk")->transform(mktools::kSize)->capture_default_str();
-  app.add_option("--step", o->step, "size multiplier from one row to the next")->check(CLI::Range(2, 1 << 20))
+  app.add_option("--min-bytes", o->minBytes, "smallest chunk (K, M, G accepted)")
+      ->transform(mktools::kSize)
+      ->check(mktools::kPositive)
       ->capture_default_str();
-  app.add_option("--iters", o->iters, "ping-pong round trips per size")->check(mktools::kPositive)->capture_default_str();
-  app.add_option("--warmup", o->warmup, "untimed round trips first")->check(mktools::kNonNegative)->capture_default_str();
+  app.add_option("--max-bytes", o->maxBytes, "largest chunk")
+      ->transform(mktools::kSize)
+      ->capture_default_str();
+  app.add_option("--step", o->step, "size multiplier from one row to the next")
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--iters", o->iters, "ping-pong round trips per size")
+      ->check(mktools::kPositive)
+      ->capture_default_str();
+  app.add_option("--warmup", o->warmup, "untimed round trips first")
+      ->check(mktools::kNonNegative)
+      ->capture_default_str();
   app.add_option("--stream", o->stream, "chunks in flight per stream run")
-      ->check(CLI::Range(1, static_cast<int>(px::kRingSlots) / 2))->capture_default_str();
-  app.add_option("--reps", o->reps, "stream runs per size (median)")->check(mktools::kPositive)->capture_default_str();
+      ->check(CLI::Range(1, static_cast<int>(px::kRingSlots) / 2))
+      ->capture_default_str();
+  app.add_option("--reps", o->reps, "stream runs per size (median)")
+      ->check(mktools::kPositive)
+      ->capture_default_str();
   app.add_option("--csv", o->csv, "also write the table as CSV")->type_name("FILE");
   const int rc = mktools::parseArgs(app, argc, argv);
   if (rc >= 0) return rc;
-  if (o->maxBytes < o->minBytes) return mktools::usageError(app, "--max-bytes is below --min-bytes");
+  if (o->maxBytes < o->minBytes)
+    return mktools::usageError(app, "--max-bytes is below --min-bytes");
   return -1;
 }
 
@@ -367,19 +406,23 @@ int main(int argc, char** argv) {
   if (rc >= 0) return rc;
   net::BackendChoice choice;
   if (net::createNetBackend({}, &choice) != Result::Success) die("net backend");
-  std::printf("# proxy per-chunk overhead: 2 ranks in one process over %s (%s)\n", choice.net->name(), choice.why.c_str());
-  std::printf("# ping-pong: median round trip of %d (after %d warm-up); stream: %d chunks posted back to back (as many in flight as the transport takes), time per chunk, "
-              "median of %d runs; overhead = proxy - net (one way: half the round trip)\n",
-              o.iters, o.warmup, o.stream, o.reps);
-  std::printf("%12s %12s %12s %14s %14s %14s %14s\n", "bytes", "net_rtt_us", "proxy_rtt_us", "overhead_1way",
-              "net_stream_us", "proxy_stream", "overhead_chunk");
+  std::printf("# proxy per-chunk overhead: 2 ranks in one process over %s (%s)\n",
+              choice.net->name(), choice.why.c_str());
+  std::printf(
+      "# ping-pong: median round trip of %d (after %d warm-up); stream: %d chunks posted back to "
+      "back (as many in flight as the transport takes), time per chunk, "
+      "median of %d runs; overhead = proxy - net (one way: half the round trip)\n",
+      o.iters, o.warmup, o.stream, o.reps);
+  std::printf("%12s %12s %12s %14s %14s %14s %14s\n", "bytes", "net_rtt_us", "proxy_rtt_us",
+              "overhead_1way", "net_stream_us", "proxy_stream", "overhead_chunk");
   std::vector<Row> rows;
   for (size_t b = o.minBytes; b <= o.maxBytes; b *= o.step) {
     std::fprintf(stderr, "mkernel-proxybench: %zu bytes ...\n", b);
     Row r = measure(choice.net.get(), b, o);
     rows.push_back(r);
     std::printf("%12zu %12.2f %12.2f %14.2f %14.2f %14.2f %14.2f\n", r.bytes, r.netRtt, r.proxyRtt,
-                (r.proxyRtt - r.netRtt) / 2, r.netStream, r.proxyStream, r.proxyStream - r.netStream);
+                (r.proxyRtt - r.netRtt) / 2, r.netStream, r.proxyStream,
+                r.proxyStream - r.netStream);
     std::fflush(stdout);
   }
   if (!o.csv.empty()) {
@@ -388,10 +431,13 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "mkernel-proxybench: cannot write %s\n", o.csv.c_str());
       return 1;
     }
-    std::fprintf(f, "bytes,net_rtt_us,proxy_rtt_us,overhead_1way_us,net_stream_us,proxy_stream_us,overhead_chunk_us\n");
+    std::fprintf(f,
+                 "bytes,net_rtt_us,proxy_rtt_us,overhead_1way_us,net_stream_us,proxy_stream_us,"
+                 "overhead_chunk_us\n");
     for (const Row& r : rows)
-      std::fprintf(f, "%zu,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", r.bytes, r.netRtt, r.proxyRtt, (r.proxyRtt - r.netRtt) / 2,
-                   r.netStream, r.proxyStream, r.proxyStream - r.netStream);
+      std::fprintf(f, "%zu,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", r.bytes, r.netRtt, r.proxyRtt,
+                   (r.proxyRtt - r.netRtt) / 2, r.netStream, r.proxyStream,
+                   r.proxyStream - r.netStream);
     std::fclose(f);
   }
   return 0;

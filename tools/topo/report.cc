@@ -133,7 +133,8 @@ std::string renderTable(const Topology& topo, const Placement& p) {
     o << "\nPlacement:\n";
     for (const GpuPlacement& g : p.gpus) {
       o << "  GPU" << g.gpu << " (" << topo.gpus[g.gpu].pci.busId
-        << (topo.gpus[g.gpu].name.empty() ? std::string() : ", " + topo.gpus[g.gpu].name) << "): rail NIC ";
+        << (topo.gpus[g.gpu].name.empty() ? std::string() : ", " + topo.gpus[g.gpu].name)
+        << "): rail NIC ";
       if (g.nic < 0) {
         o << "none";
       } else {
@@ -169,23 +170,26 @@ std::string renderJson(const Topology& topo, const Placement& p) {
     const Gpu& gpu = topo.gpus[g.gpu];
     ordered_json rails = ordered_json::array();
     for (int r : g.rails) rails.push_back(topo.nics[r].name);
-    doc["gpus"].push_back({{"index", gpu.index},
-                           {"pci", gpu.pci.busId},
-                           {"name", stringOrNull(gpu.name)},
-                           {"numa", numaOrNull(gpu.pci.numa)},
-                           {"nic", g.nic >= 0 ? ordered_json(topo.nics[g.nic].name) : ordered_json(nullptr)},
-                           {"nic_distance", g.nic >= 0 ? ordered_json(pathClassName(g.nicClass)) : ordered_json(nullptr)},
-                           {"rails", rails},
-                           {"cpus", formatCpuList(g.proxyCpus)},
-                           {"cpus_numa", numaOrNull(g.proxyNuma)}});
+    doc["gpus"].push_back(
+        {{"index", gpu.index},
+         {"pci", gpu.pci.busId},
+         {"name", stringOrNull(gpu.name)},
+         {"numa", numaOrNull(gpu.pci.numa)},
+         {"nic", g.nic >= 0 ? ordered_json(topo.nics[g.nic].name) : ordered_json(nullptr)},
+         {"nic_distance",
+          g.nic >= 0 ? ordered_json(pathClassName(g.nicClass)) : ordered_json(nullptr)},
+         {"rails", rails},
+         {"cpus", formatCpuList(g.proxyCpus)},
+         {"cpus_numa", numaOrNull(g.proxyNuma)}});
   }
   doc["nics"] = ordered_json::array();
   for (const Nic& nic : topo.nics) {
     // A whole number of Gbps as an integer (400, not 400.0).
     ordered_json speed = nullptr;
     if (nic.speedGbps > 0)
-      speed = nic.speedGbps == std::floor(nic.speedGbps) ? ordered_json(static_cast<int64_t>(nic.speedGbps))
-                                                         : ordered_json(nic.speedGbps);
+      speed = nic.speedGbps == std::floor(nic.speedGbps)
+                  ? ordered_json(static_cast<int64_t>(nic.speedGbps))
+                  : ordered_json(nic.speedGbps);
     doc["nics"].push_back({{"name", nic.name},
                            {"pci", stringOrNull(nic.pci.busId)},
                            {"numa", numaOrNull(nic.pci.numa)},

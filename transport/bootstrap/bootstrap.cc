@@ -62,8 +62,9 @@ void serveRendezvous(int listenFd, uint64_t nonce) {
   };
   while (nRanks < 0 || arrived < nRanks) {
     if (dl.aborted() || dl.expired()) {
-      res = MK_ERROR(Result::RemoteError, "bootstrap: timed out after MKERNEL_TIMEOUT_S while the bootstrap root "
-                                          "waited for ranks to connect");
+      res = MK_ERROR(Result::RemoteError,
+                     "bootstrap: timed out after MKERNEL_TIMEOUT_S while the bootstrap root "
+                     "waited for ranks to connect");
       break;
     }
     std::vector<pollfd> pfds;
@@ -79,7 +80,8 @@ void serveRendezvous(int listenFd, uint64_t nonce) {
     for (size_t i = 0; i < incoming.size(); ++i) {
       Incoming& c = incoming[i];
       if (n > 0 && (pfds[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) {
-        ssize_t r = ::recv(c.fd, reinterpret_cast<char*>(&c.hello) + c.got, sizeof(HelloWire) - c.got, MSG_DONTWAIT);
+        ssize_t r = ::recv(c.fd, reinterpret_cast<char*>(&c.hello) + c.got,
+                           sizeof(HelloWire) - c.got, MSG_DONTWAIT);
         if (r > 0) {
           c.got += static_cast<size_t>(r);
         } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
@@ -105,11 +107,13 @@ void serveRendezvous(int listenFd, uint64_t nonce) {
         c.fd = -1;  // owned by fds[] now
         ++arrived;
       } else if (std::chrono::duration<double>(now - c.since).count() > kHandshakeSeconds) {
-        drop(c, "no whole hello within " + std::to_string(static_cast<int>(kHandshakeSeconds)) + " s of connecting (" +
-                    std::to_string(c.got) + " of " + std::to_string(sizeof(HelloWire)) + " bytes)");
+        drop(c, "no whole hello within " + std::to_string(static_cast<int>(kHandshakeSeconds)) +
+                    " s of connecting (" + std::to_string(c.got) + " of " +
+                    std::to_string(sizeof(HelloWire)) + " bytes)");
       }
     }
-    incoming.erase(std::remove_if(incoming.begin(), incoming.end(), [](const Incoming& c) { return c.fd < 0; }),
+    incoming.erase(std::remove_if(incoming.begin(), incoming.end(),
+                                  [](const Incoming& c) { return c.fd < 0; }),
                    incoming.end());
     if (n > 0 && (pfds[0].revents & POLLIN)) {
       for (;;) {
@@ -122,8 +126,8 @@ void serveRendezvous(int listenFd, uint64_t nonce) {
   for (Incoming& c : incoming) closeFd(&c.fd);
   if (res == Result::Success) {
     for (int r = 0; r < nRanks; ++r)
-      sendAll(fds[r], table.data(), table.size() * sizeof(SockAddr), Deadline::in(kHandshakeSeconds),
-              "the bootstrap root sent the address table");
+      sendAll(fds[r], table.data(), table.size() * sizeof(SockAddr),
+              Deadline::in(kHandshakeSeconds), "the bootstrap root sent the address table");
     MK_INFO(kLogBootstrap, "bootstrap root: rendezvous of %d ranks done", nRanks);
   } else {
     MK_WARN("bootstrap root: %d of %d ranks arrived before the rendezvous ended", arrived, nRanks);
@@ -148,8 +152,10 @@ Result createUniqueId(UniqueId* id) {
   w.nonce = randomNonce();
   std::string ifname;
   MK_CHECK(chooseAddress(&w.root, &ifname));
-  if (w.root.sa.sa_family == AF_INET) w.root.sin.sin_port = 0;
-  else w.root.sin6.sin6_port = 0;
+  if (w.root.sa.sa_family == AF_INET)
+    w.root.sin.sin_port = 0;
+  else
+    w.root.sin6.sin6_port = 0;
   int fd = -1;
   MK_CHECK(listenOn(&w.root, &fd));
   std::memset(id->bytes, 0, sizeof(id->bytes));
@@ -251,7 +257,8 @@ void Bootstrap::Impl::ioLoop(int myRank) {
       char first = 0;
       ssize_t peeked = ::recv(in[i].fd, &first, 1, MSG_PEEK | MSG_DONTWAIT);
       if (peeked == 0) {
-        MK_INFO(kLogBootstrap, "bootstrap rank %d: peer %d closed its connection", myRank, in[i].rank);
+        MK_INFO(kLogBootstrap, "bootstrap rank %d: peer %d closed its connection", myRank,
+                in[i].rank);
         {
           std::lock_guard<std::mutex> lock(mu);
           peerGone[in[i].rank] = true;
@@ -306,7 +313,8 @@ Bootstrap::~Bootstrap() {
   closeFd(&impl_->wake[1]);
 }
 
-Result Bootstrap::create(const UniqueId& id, int rank, int nRanks, std::unique_ptr<Bootstrap>* out) {
+Result Bootstrap::create(const UniqueId& id, int rank, int nRanks,
+                         std::unique_ptr<Bootstrap>* out) {
   IdWire w;
   std::string idWhy;
   if (!parseUniqueId(id.bytes, sizeof(id.bytes), &w, &idWhy))
@@ -324,8 +332,10 @@ Result Bootstrap::create(const UniqueId& id, int rank, int nRanks, std::unique_p
   SockAddr mine{};
   socklen_t len = sizeof(mine);
   getsockname(rootFd, &mine.sa, &len);
-  if (mine.sa.sa_family == AF_INET) mine.sin.sin_port = 0;
-  else mine.sin6.sin6_port = 0;
+  if (mine.sa.sa_family == AF_INET)
+    mine.sin.sin_port = 0;
+  else
+    mine.sin6.sin6_port = 0;
   Result res = listenOn(&mine, &im.listenFd);
   HelloWire h{};
   h.magic = kHelloMagic;
@@ -334,7 +344,8 @@ Result Bootstrap::create(const UniqueId& id, int rank, int nRanks, std::unique_p
   h.nRanks = nRanks;
   h.nonce = w.nonce;
   h.listen = mine;
-  if (res == Result::Success) res = sendAll(rootFd, &h, sizeof(h), dl, "sending the hello to the root");
+  if (res == Result::Success)
+    res = sendAll(rootFd, &h, sizeof(h), dl, "sending the hello to the root");
   im.peers.resize(nRanks);
   if (res == Result::Success)
     res = recvAll(rootFd, im.peers.data(), nRanks * sizeof(SockAddr), dl,
@@ -343,8 +354,9 @@ Result Bootstrap::create(const UniqueId& id, int rank, int nRanks, std::unique_p
   if (res != Result::Success) return res;
   std::string why;
   if (!validateAddressTable(im.peers.data(), nRanks, &why))
-    return MK_ERROR(Result::RemoteError, "bootstrap rank %d: the root sent a malformed address table: %s",
-                    rank, why.c_str());
+    return MK_ERROR(Result::RemoteError,
+                    "bootstrap rank %d: the root sent a malformed address table: %s", rank,
+                    why.c_str());
 
   im.sendFds.assign(nRanks, -1);
   for (int i = 0; i < nRanks; ++i) im.sendMutex.emplace_back(new std::mutex);
@@ -420,7 +432,8 @@ Result Bootstrap::recv(int peer, int tag, void* data, size_t size) {
                       rank_, peer);
     if (impl_->peerGone[peer])
       return MK_ERROR(Result::RemoteError,
-                      "bootstrap rank %d: peer %d closed its connection (process gone?)", rank_, peer);
+                      "bootstrap rank %d: peer %d closed its connection (process gone?)", rank_,
+                      peer);
     if (dl.expired())
       return MK_ERROR(Result::RemoteError,
                       "bootstrap rank %d: timed out after %.0f s (MKERNEL_TIMEOUT_S) waiting for "

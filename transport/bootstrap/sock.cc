@@ -42,8 +42,8 @@ Result waitFd(int fd, short events, const Deadline& dl, const char* what) {
   while (true) {
     if (dl.aborted()) return MK_ERROR(Result::RemoteError, "bootstrap: aborted while %s", what);
     if (dl.expired())
-      return MK_ERROR(Result::RemoteError,
-                      "bootstrap: timed out after MKERNEL_TIMEOUT_S while %s", what);
+      return MK_ERROR(Result::RemoteError, "bootstrap: timed out after MKERNEL_TIMEOUT_S while %s",
+                      what);
     pollfd p{fd, events, 0};
     int r = ::poll(&p, 1, dl.pollMs());
     if (r < 0 && errno != EINTR)
@@ -97,7 +97,8 @@ Result listenOn(SockAddr* addr, int* fd) {
 Result connectTo(const SockAddr& addr, const Deadline& dl, int* fd, const char* what) {
   while (true) {
     int s = ::socket(addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s < 0) return MK_ERROR(Result::SystemError, "bootstrap: socket(): %s", std::strerror(errno));
+    if (s < 0)
+      return MK_ERROR(Result::SystemError, "bootstrap: socket(): %s", std::strerror(errno));
     setCommonOptions(s);
     int r = ::connect(s, &addr.sa, addr.len());
     if (r == 0 || errno == EINPROGRESS) {

@@ -26,8 +26,8 @@ bool parseUniqueId(const void* bytes, size_t size, IdWire* out, std::string* why
   std::memcpy(&w, bytes, sizeof(w));
   if (w.magic != kIdMagic) return fail(why, "not an mkernel unique id (magic)");
   if (w.version != kWireVersion)
-    return fail(why, "unique id of wire version " + std::to_string(w.version) + ", this build speaks " +
-                         std::to_string(kWireVersion));
+    return fail(why, "unique id of wire version " + std::to_string(w.version) +
+                         ", this build speaks " + std::to_string(kWireVersion));
   if (!isConnectable(w.root)) return fail(why, "unique id names no connectable root address");
   if (out != nullptr) *out = w;
   return true;
@@ -36,12 +36,14 @@ bool parseUniqueId(const void* bytes, size_t size, IdWire* out, std::string* why
 bool validateHello(const HelloWire& h, uint64_t nonce, int knownNRanks, const uint8_t* rankTaken,
                    std::string* why) {
   if (h.magic != kHelloMagic) return fail(why, "bad hello magic");
-  if (h.version != kWireVersion) return fail(why, "hello of wire version " + std::to_string(h.version));
+  if (h.version != kWireVersion)
+    return fail(why, "hello of wire version " + std::to_string(h.version));
   if (h.nonce != nonce) return fail(why, "hello for another rendezvous (nonce)");
   if (h.nRanks <= 0 || h.nRanks > kMaxRanks)
     return fail(why, "hello with nRanks " + std::to_string(h.nRanks));
   if (h.rank < 0 || h.rank >= h.nRanks)
-    return fail(why, "hello with rank " + std::to_string(h.rank) + " of " + std::to_string(h.nRanks));
+    return fail(why,
+                "hello with rank " + std::to_string(h.rank) + " of " + std::to_string(h.nRanks));
   if (knownNRanks > 0 && h.nRanks != knownNRanks)
     return fail(why, "hello with nRanks " + std::to_string(h.nRanks) + ", others said " +
                          std::to_string(knownNRanks));
@@ -56,7 +58,8 @@ bool validatePeerHello(const PeerHelloWire& h, uint64_t nonce, int nRanks, std::
   if (h.magic != kPeerMagic) return fail(why, "bad peer hello magic");
   if (h.nonce != nonce) return fail(why, "peer hello for another rendezvous (nonce)");
   if (h.rank < 0 || h.rank >= nRanks)
-    return fail(why, "peer hello with rank " + std::to_string(h.rank) + " of " + std::to_string(nRanks));
+    return fail(why,
+                "peer hello with rank " + std::to_string(h.rank) + " of " + std::to_string(nRanks));
   return true;
 }
 
@@ -68,7 +71,8 @@ bool validateFrameHeader(const FrameHeader& fh, std::string* why) {
 }
 
 bool validateAddressTable(const SockAddr* table, int nRanks, std::string* why) {
-  if (table == nullptr || nRanks <= 0 || nRanks > kMaxRanks) return fail(why, "empty address table");
+  if (table == nullptr || nRanks <= 0 || nRanks > kMaxRanks)
+    return fail(why, "empty address table");
   for (int r = 0; r < nRanks; ++r)
     if (!isConnectable(table[r]))
       return fail(why, "address table entry of rank " + std::to_string(r) + " is not connectable");

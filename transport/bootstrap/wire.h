@@ -43,7 +43,8 @@ struct IdWire {
 static_assert(sizeof(IdWire) <= 128, "the unique id is NCCL_UNIQUE_ID_BYTES long");
 
 // rank -> root, once: who I am and where I listen.
-static_assert(sizeof(IdWire) <= kUniqueIdUsedBytes, "the unique id's wire form fits the bytes bootstrap.h reserves");
+static_assert(sizeof(IdWire) <= kUniqueIdUsedBytes,
+              "the unique id's wire form fits the bytes bootstrap.h reserves");
 
 struct HelloWire {
   uint64_t magic;

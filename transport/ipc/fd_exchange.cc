@@ -77,7 +77,8 @@ socklen_t abstractAddr(const char* name, sockaddr_un* a) {
 }
 
 int msLeft(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 100));
 }
 
@@ -86,38 +87,42 @@ int msLeft(Clock::time_point deadline) {
 struct PeerText {
   char s[32];
   explicit PeerText(int peer) {
-    if (peer >= 0) std::snprintf(s, sizeof(s), "rank %d", peer);
-    else std::snprintf(s, sizeof(s), "a caller");
+    if (peer >= 0)
+      std::snprintf(s, sizeof(s), "rank %d", peer);
+    else
+      std::snprintf(s, sizeof(s), "a caller");
   }
 };
 
-Result waitFor(int fd, short events, Clock::time_point deadline, int rank, const char* what, int peer) {
+Result waitFor(int fd, short events, Clock::time_point deadline, int rank, const char* what,
+               int peer) {
   const PeerText who(peer);
   for (;;) {
     pollfd p{fd, events, 0};
     const int r = ::poll(&p, 1, msLeft(deadline));
     if (r > 0) return Result::Success;
     if (r < 0 && errno != EINTR)
-      return MK_ERROR(Result::SystemError, "rank %d: passing memory descriptors, %s %s: poll: %s", rank, what, who.s,
-                      std::strerror(errno));
+      return MK_ERROR(Result::SystemError, "rank %d: passing memory descriptors, %s %s: poll: %s",
+                      rank, what, who.s, std::strerror(errno));
     if (Clock::now() >= deadline)
-      return MK_ERROR(Result::RemoteError,
-                      "rank %d: passing memory descriptors, %s %s: nothing within the timeout (are those "
-                      "processes alive, and in this host's network namespace?)",
-                      rank, what, who.s);
+      return MK_ERROR(
+          Result::RemoteError,
+          "rank %d: passing memory descriptors, %s %s: nothing within the timeout (are those "
+          "processes alive, and in this host's network namespace?)",
+          rank, what, who.s);
   }
 }
 
-Result sendBytes(int fd, const void* data, size_t size, Clock::time_point deadline, int rank, const char* what,
-                 int peer) {
+Result sendBytes(int fd, const void* data, size_t size, Clock::time_point deadline, int rank,
+                 const char* what, int peer) {
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
     MK_CHECK(waitFor(fd, POLLOUT, deadline, rank, what, peer));
     const ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EAGAIN || errno == EINTR) continue;
-      return MK_ERROR(Result::RemoteError, "rank %d: passing memory descriptors, %s %s: send: %s", rank, what,
-                      PeerText(peer).s, std::strerror(errno));
+      return MK_ERROR(Result::RemoteError, "rank %d: passing memory descriptors, %s %s: send: %s",
+                      rank, what, PeerText(peer).s, std::strerror(errno));
     }
     p += n;
     size -= static_cast<size_t>(n);
@@ -125,18 +130,20 @@ Result sendBytes(int fd, const void* data, size_t size, Clock::time_point deadli
   return Result::Success;
 }
 
-Result recvBytes(int fd, void* data, size_t size, Clock::time_point deadline, int rank, const char* what, int peer) {
+Result recvBytes(int fd, void* data, size_t size, Clock::time_point deadline, int rank,
+                 const char* what, int peer) {
   char* p = static_cast<char*>(data);
   while (size > 0) {
     MK_CHECK(waitFor(fd, POLLIN, deadline, rank, what, peer));
     const ssize_t n = ::recv(fd, p, size, 0);
     if (n == 0)
-      return MK_ERROR(Result::RemoteError, "rank %d: passing memory descriptors, %s %s: connection closed", rank,
-                      what, PeerText(peer).s);
+      return MK_ERROR(Result::RemoteError,
+                      "rank %d: passing memory descriptors, %s %s: connection closed", rank, what,
+                      PeerText(peer).s);
     if (n < 0) {
       if (errno == EAGAIN || errno == EINTR) continue;
-      return MK_ERROR(Result::RemoteError, "rank %d: passing memory descriptors, %s %s: recv: %s", rank, what,
-                      PeerText(peer).s, std::strerror(errno));
+      return MK_ERROR(Result::RemoteError, "rank %d: passing memory descriptors, %s %s: recv: %s",
+                      rank, what, PeerText(peer).s, std::strerror(errno));
     }
     p += n;
     size -= static_cast<size_t>(n);
@@ -144,7 +151,8 @@ Result recvBytes(int fd, void* data, size_t size, Clock::time_point deadline, in
   return Result::Success;
 }
 
-Result sendFds(int fd, const Answer& ans, const int* fds, int nFds, Clock::time_point deadline, int rank, int peer) {
+Result sendFds(int fd, const Answer& ans, const int* fds, int nFds, Clock::time_point deadline,
+               int rank, int peer) {
   char ctl[CMSG_SPACE(sizeof(int) * kMaxPassedFds)];
   std::memset(ctl, 0, sizeof(ctl));
   Answer copy = ans;
@@ -164,7 +172,8 @@ Result sendFds(int fd, const Answer& ans, const int* fds, int nFds, Clock::time_
     const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
     if (n == static_cast<ssize_t>(sizeof(copy))) return Result::Success;
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    return MK_ERROR(Result::RemoteError, "rank %d: passing memory descriptors, answering rank %d: sendmsg: %s", rank,
+    return MK_ERROR(Result::RemoteError,
+                    "rank %d: passing memory descriptors, answering rank %d: sendmsg: %s", rank,
                     peer, n < 0 ? std::strerror(errno) : "short write");
   }
 }
@@ -200,26 +209,33 @@ Result recvFds(int fd, int peer, int nFds, Clock::time_point deadline, int rank,
   }
   auto fail = [&](const char* why) {
     for (int v : got) ::close(v);
-    return MK_ERROR(Result::RemoteError, "rank %d: passing memory descriptors, rank %d's answer: %s", rank, peer, why);
+    return MK_ERROR(Result::RemoteError,
+                    "rank %d: passing memory descriptors, rank %d's answer: %s", rank, peer, why);
   };
   if (n == 0) return fail("connection closed before it");
   if (n < 0) return fail(std::strerror(errno));
-  if (n != static_cast<ssize_t>(sizeof(ans)) || ans.magic != kAnswerMagic || ans.rank != peer) return fail("malformed");
+  if (n != static_cast<ssize_t>(sizeof(ans)) || ans.magic != kAnswerMagic || ans.rank != peer)
+    return fail("malformed");
   if ((msg.msg_flags & MSG_CTRUNC) != 0) return fail("descriptors truncated (out of descriptors?)");
-  if (ans.nFds != nFds || static_cast<int>(got.size()) != nFds) return fail("wrong number of descriptors");
+  if (ans.nFds != nFds || static_cast<int>(got.size()) != nFds)
+    return fail("wrong number of descriptors");
   for (int i = 0; i < nFds; ++i) out[i] = got[static_cast<size_t>(i)];
   return Result::Success;
 }
 
 }  // namespace
 
-Result exchangeFds(const AllGatherFn& allGather, int rank, int nRanks, const std::vector<char>& want,
-                   const int* fds, int nFds, double timeoutS, std::vector<int>* got) {
+Result exchangeFds(const AllGatherFn& allGather, int rank, int nRanks,
+                   const std::vector<char>& want, const int* fds, int nFds, double timeoutS,
+                   std::vector<int>* got) {
   got->assign(static_cast<size_t>(nRanks) * static_cast<size_t>(std::max(nFds, 0)), -1);
-  if (nFds < 1 || nFds > kMaxPassedFds || static_cast<int>(want.size()) != nRanks || rank < 0 || rank >= nRanks)
-    return MK_ERROR(Result::InvalidArgument, "rank %d: exchangeFds: %d descriptors for %zu of %d ranks", rank, nFds,
+  if (nFds < 1 || nFds > kMaxPassedFds || static_cast<int>(want.size()) != nRanks || rank < 0 ||
+      rank >= nRanks)
+    return MK_ERROR(Result::InvalidArgument,
+                    "rank %d: exchangeFds: %d descriptors for %zu of %d ranks", rank, nFds,
                     want.size(), nRanks);
-  const auto deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(timeoutS * 1e6));
+  const auto deadline =
+      Clock::now() + std::chrono::microseconds(static_cast<int64_t>(timeoutS * 1e6));
 
   // 1. Listen, and gather every rank's socket name.
   std::vector<Endpoint> eps(static_cast<size_t>(nRanks));
@@ -241,7 +257,8 @@ Result exchangeFds(const AllGatherFn& allGather, int rank, int nRanks, const std
     const socklen_t len = abstractAddr(me.name, &a);
     if (listener.get() < 0 || ::bind(listener.get(), reinterpret_cast<sockaddr*>(&a), len) != 0 ||
         ::listen(listener.get(), SOMAXCONN) != 0)  // callers queue until step 3 accepts them
-      setup = MK_ERROR(Result::SystemError, "rank %d: passing memory descriptors: a Unix socket @%s: %s", rank, me.name,
+      setup = MK_ERROR(Result::SystemError,
+                       "rank %d: passing memory descriptors: a Unix socket @%s: %s", rank, me.name,
                        std::strerror(errno));
   }
   if (setup != Result::Success) me.nFds = -1;  // the others learn of it in the gather, and stop too
@@ -250,8 +267,9 @@ Result exchangeFds(const AllGatherFn& allGather, int rank, int nRanks, const std
   for (int r = 0; r < nRanks; ++r) {
     const Endpoint& e = eps[static_cast<size_t>(r)];
     if (r != rank && want[static_cast<size_t>(r)] && e.nFds != nFds)
-      return MK_ERROR(Result::RemoteError, "rank %d: passing memory descriptors: rank %d %s", rank, r,
-                      e.nFds < 0 ? "could not listen for them" : "passes a different number of them");
+      return MK_ERROR(
+          Result::RemoteError, "rank %d: passing memory descriptors: rank %d %s", rank, r,
+          e.nFds < 0 ? "could not listen for them" : "passes a different number of them");
   }
 
   // 2. Connect to every rank whose descriptors we want, and say who we are. A failure here is not
@@ -267,18 +285,19 @@ Result exchangeFds(const AllGatherFn& allGather, int rank, int nRanks, const std
     sockaddr_un a;
     const socklen_t len = abstractAddr(e.name, &a);
     if (s.get() < 0) {
-      connectRes = MK_ERROR(Result::SystemError, "rank %d: passing memory descriptors: socket: %s", rank,
-                            std::strerror(errno));
+      connectRes = MK_ERROR(Result::SystemError, "rank %d: passing memory descriptors: socket: %s",
+                            rank, std::strerror(errno));
       break;
     }
     // A Unix socket's connect completes at once while the listener's backlog (SOMAXCONN) has room;
     // EAGAIN (full) is retried until the deadline.
     while (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), len) != 0) {
       if ((errno != EAGAIN && errno != EINTR) || Clock::now() >= deadline) {
-        connectRes = MK_ERROR(Result::RemoteError,
-                              "rank %d: passing memory descriptors: connecting to rank %d (pid %d) at @%s: %s (are "
-                              "the two processes in different network namespaces?)",
-                              rank, r, e.pid, e.name, std::strerror(errno));
+        connectRes = MK_ERROR(
+            Result::RemoteError,
+            "rank %d: passing memory descriptors: connecting to rank %d (pid %d) at @%s: %s (are "
+            "the two processes in different network namespaces?)",
+            rank, r, e.pid, e.name, std::strerror(errno));
         break;
       }
       ::usleep(1000);
@@ -294,8 +313,10 @@ Result exchangeFds(const AllGatherFn& allGather, int rank, int nRanks, const std
   if (connectRes != Result::Success) return connectRes;
   for (int r = 0; r < nRanks; ++r)
     if (!connected[static_cast<size_t>(r)])
-      return MK_ERROR(Result::RemoteError, "rank %d: passing memory descriptors: rank %d could not reach its peers' sockets",
-                      rank, r);
+      return MK_ERROR(
+          Result::RemoteError,
+          "rank %d: passing memory descriptors: rank %d could not reach its peers' sockets", rank,
+          r);
 
   // 3. Answer every rank that wants ours, once each, after checking who it is.
   std::vector<char> answered(static_cast<size_t>(nRanks), 0);
@@ -304,14 +325,17 @@ Result exchangeFds(const AllGatherFn& allGather, int rank, int nRanks, const std
     Fd c(::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (c.get() < 0) {
       if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
-      return MK_ERROR(Result::SystemError, "rank %d: passing memory descriptors: accept: %s", rank, std::strerror(errno));
+      return MK_ERROR(Result::SystemError, "rank %d: passing memory descriptors: accept: %s", rank,
+                      std::strerror(errno));
     }
     // A rank's greeting is already there (it was sent before the gather above); a caller that
     // sends none within a second, or closes, is not one of ours and is dropped, not waited for.
     Hello hello{};
     const auto greetBy = std::min(deadline, Clock::now() + std::chrono::seconds(1));
-    if (recvBytes(c.get(), &hello, sizeof(hello), greetBy, rank, "reading a greeting from", -1) != Result::Success) {
-      MK_WARN("rank %d: passing memory descriptors: dropped a caller without a greeting (%s)", rank, lastError());
+    if (recvBytes(c.get(), &hello, sizeof(hello), greetBy, rank, "reading a greeting from", -1) !=
+        Result::Success) {
+      MK_WARN("rank %d: passing memory descriptors: dropped a caller without a greeting (%s)", rank,
+              lastError());
       continue;
     }
     ucred cred{};
@@ -323,8 +347,8 @@ Result exchangeFds(const AllGatherFn& allGather, int rank, int nRanks, const std
     if (!known || ::getsockopt(c.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
         cred.pid != eps[static_cast<size_t>(who)].pid) {
       // Not one of ours (or a second greeting): not served, and not counted.
-      MK_WARN("rank %d: passing memory descriptors: refused a caller claiming rank %d (pid %d)", rank, who,
-              static_cast<int>(cred.pid));
+      MK_WARN("rank %d: passing memory descriptors: refused a caller claiming rank %d (pid %d)",
+              rank, who, static_cast<int>(cred.pid));
       continue;
     }
     const Answer ans{kAnswerMagic, rank, nFds, 0};

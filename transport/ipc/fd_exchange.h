@@ -2,10 +2,10 @@
 //
 // Process ranks of a staged communicator map each other's DeviceState and staging buffer. That
 // memory is a cuMem allocation shared through a POSIX file descriptor
-// (collectives/runtime/peer_memory.cc, MKERNEL_PEER_IPC), as NCCL shares its buffers: the descriptor of
-// one process means nothing in another, so it travels over a Unix socket as SCM_RIGHTS ancillary
-// data. (pidfd_getfd would need ptrace rights over the peer, which Yama's default scope of 1
-// refuses between sibling processes.)
+// (collectives/runtime/peer_memory.cc, MKERNEL_PEER_IPC), as NCCL shares its buffers: the
+// descriptor of one process means nothing in another, so it travels over a Unix socket as
+// SCM_RIGHTS ancillary data. (pidfd_getfd would need ptrace rights over the peer, which Yama's
+// default scope of 1 refuses between sibling processes.)
 //
 // exchangeFds is collective over the communicator's ranks (every rank calls it, the same number
 // of descriptors each):
@@ -44,8 +44,9 @@ using AllGatherFn = std::function<Result(void* data, size_t bytesPerRank)>;
 // (duplicated by the kernel: the caller keeps and closes its own). On success (*got)[r * nFds + i]
 // is rank r's i-th descriptor as received here for each wanted r (the caller's to close), -1
 // elsewhere. On failure every received descriptor has been closed.
-Result exchangeFds(const AllGatherFn& allGather, int rank, int nRanks, const std::vector<char>& want,
-                   const int* fds, int nFds, double timeoutS, std::vector<int>* got);
+Result exchangeFds(const AllGatherFn& allGather, int rank, int nRanks,
+                   const std::vector<char>& want, const int* fds, int nFds, double timeoutS,
+                   std::vector<int>* got);
 
 }  // namespace ipc
 }  // namespace mkernel

@@ -21,12 +21,14 @@ Result createNetBackend(const std::vector<std::string>& preferredNics, BackendCh
       verbs.reset();
     }
     if (verbs) {
-      out->why = std::string("using the verbs backend ") + verbs->name() + " (MKERNEL_NET_BACKEND=" + choice + ")";
+      out->why = std::string("using the verbs backend ") + verbs->name() +
+                 " (MKERNEL_NET_BACKEND=" + choice + ")";
       out->net = std::move(verbs);
       return Result::Success;
     }
     if (whyNotIb.empty()) whyNotIb = "the verbs backend is unavailable";
-    if (choice == "ib") return MK_ERROR(Result::SystemError, "MKERNEL_NET_BACKEND=ib but %s", whyNotIb.c_str());
+    if (choice == "ib")
+      return MK_ERROR(Result::SystemError, "MKERNEL_NET_BACKEND=ib but %s", whyNotIb.c_str());
   }
   std::string whyNotTcp;
   std::unique_ptr<Net> tcp = createTcpNet(&whyNotTcp);

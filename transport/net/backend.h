@@ -1,7 +1,7 @@
 // Which net::Net backend a process uses (MKERNEL_NET_BACKEND: auto, ib or tcp), created: verbs
 // when requested or (auto) when it has a usable device, else TCP. Shared by the NCCL net plugin
-// and mkernel's own proxy (collectives/runtime/proxy_net.h, which passes the topology placement's rail
-// NICs of its GPU so that the verbs backend numbers them first).
+// and mkernel's own proxy (collectives/runtime/proxy_net.h, which passes the topology placement's
+// rail NICs of its GPU so that the verbs backend numbers them first).
 #pragma once
 
 #include <memory>

@@ -31,8 +31,8 @@ constexpr int kMaxGroupedRecvs = 8;  // upper bound for DeviceProps::maxRecvs
 enum PtrType : int { kPtrHost = 0x1, kPtrCuda = 0x2, kPtrDmaBuf = 0x4 };
 
 struct DeviceProps {
-  std::string name;      // unique across devices (NCCL keys its topology on it)
-  std::string pciPath;   // /sys PCI directory; empty for a virtual NIC
+  std::string name;     // unique across devices (NCCL keys its topology on it)
+  std::string pciPath;  // /sys PCI directory; empty for a virtual NIC
   uint64_t guid = 0;
   int ptrSupport = kPtrHost;
   bool regIsGlobal = false;
@@ -74,8 +74,8 @@ class Net {
 
   // Memory registration. `comm` is a SendComm or RecvComm. `type` is a PtrType.
   virtual Result regMr(Comm* comm, void* data, size_t size, int type, void** mhandle) = 0;
-  virtual Result regMrDmaBuf(Comm* comm, void* data, size_t size, int type, uint64_t offset,
-                             int fd, void** mhandle) = 0;
+  virtual Result regMrDmaBuf(Comm* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                             void** mhandle) = 0;
   virtual Result deregMr(Comm* comm, void* mhandle) = 0;
 
   // *request == nullptr on Success means "back-pressure, call again".

@@ -47,7 +47,8 @@ IfNameFilter IfNameFilter::parse(const std::string& spec) {
   }
   while (pos <= spec.size()) {
     size_t comma = spec.find(',', pos);
-    std::string entry = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string entry =
+        spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     // NCCL allows "name:port"; the port part only matters to NCCL's bootstrap: drop it.
     size_t colon = entry.find(':');
     if (colon != std::string::npos) entry.resize(colon);
@@ -136,12 +137,15 @@ Result findNetInterfaces(const std::string& spec, std::vector<NetInterface>* out
   }
   if (!spec.empty()) {
     IfNameFilter filter = IfNameFilter::parse(spec);
-    collect(list, [&](const std::string& n) { return filter.matches(n); }, out);
+    collect(
+        list, [&](const std::string& n) { return filter.matches(n); }, out);
     if (out->empty()) *why = "no running interface matches MKERNEL_SOCKET_IFNAME=" + spec;
   } else {
-    collect(list, [](const std::string& n) { return !isVirtualBridgeOrLoopback(n); }, out);
+    collect(
+        list, [](const std::string& n) { return !isVirtualBridgeOrLoopback(n); }, out);
     if (out->empty()) {
-      collect(list, [](const std::string& n) { return n.compare(0, 2, "lo") == 0; }, out);
+      collect(
+          list, [](const std::string& n) { return n.compare(0, 2, "lo") == 0; }, out);
       *usedFallback = !out->empty();
       if (out->empty()) *why = "no running network interface, not even loopback";
     }

@@ -25,10 +25,10 @@ socklen_t socketAddrLen(const SocketAddr& a);
 std::string socketAddrToString(const SocketAddr& a);  // "1.2.3.4:5" or "[fe80::1%2]:5"
 
 struct NetInterface {
-  std::string name;      // e.g. "eth0"; unique in a list
-  SocketAddr addr{};     // first usable address of the interface (port 0)
-  int speedMbps = 0;     // /sys/class/net/<if>/speed, or kDefaultSpeedMbps
-  std::string pciPath;   // realpath of /sys/class/net/<if>/device, "" for a virtual NIC
+  std::string name;     // e.g. "eth0"; unique in a list
+  SocketAddr addr{};    // first usable address of the interface (port 0)
+  int speedMbps = 0;    // /sys/class/net/<if>/speed, or kDefaultSpeedMbps
+  std::string pciPath;  // realpath of /sys/class/net/<if>/device, "" for a virtual NIC
 };
 
 // What /sys/class/net/<if>/speed reads -1 or nothing for (virtual NICs, many cloud VMs): NCCL

@@ -18,7 +18,9 @@ namespace proxy {
 
 namespace {
 
-const char* opName(uint32_t op) { return op == kOpSend ? "send" : op == kOpRecv ? "receive" : "?"; }
+const char* opName(uint32_t op) {
+  return op == kOpSend ? "send" : op == kOpRecv ? "receive" : "?";
+}
 
 }  // namespace
 
@@ -41,14 +43,18 @@ Proxy::Proxy(net::Net* net, int dev, int rank, int nRanks, std::vector<ProxyChan
   recvs_.resize(links);
 }
 
-Proxy::~Proxy() { (void)stop(); }
+Proxy::~Proxy() {
+  (void)stop();
+}
 
 void Proxy::setNames(const std::string& self, const std::string& peerNoun) {
   self_ = self;
   peerNoun_ = peerNoun;
 }
 
-std::string Proxy::peerName(int p) const { return peerNoun_ + " " + std::to_string(p); }
+std::string Proxy::peerName(int p) const {
+  return peerNoun_ + " " + std::to_string(p);
+}
 
 std::string Proxy::who(int c) const {
   std::string w = self_ + ": proxy";
@@ -63,9 +69,11 @@ Result Proxy::listenHandles(std::vector<Handle>* out) {
     if (p == rank_) continue;
     Handle h(channels_.size() * net::kHandleSize, 0);
     for (int c = 0; c < channels(); ++c) {
-      Result r = net_->listen(dev_, h.data() + static_cast<size_t>(c) * net::kHandleSize, &listen_[link(c, p)]);
+      Result r = net_->listen(dev_, h.data() + static_cast<size_t>(c) * net::kHandleSize,
+                              &listen_[link(c, p)]);
       if (r != Result::Success)
-        return MK_ERROR(r, "%s: listening for %s failed: %s", who(c).c_str(), peerName(p).c_str(), lastError());
+        return MK_ERROR(r, "%s: listening for %s failed: %s", who(c).c_str(), peerName(p).c_str(),
+                        lastError());
     }
     (*out)[static_cast<size_t>(p)] = std::move(h);
   }
@@ -74,13 +82,17 @@ Result Proxy::listenHandles(std::vector<Handle>* out) {
 
 Result Proxy::connectAll(const std::vector<Handle>& fromPeers) {
   if (static_cast<int>(fromPeers.size()) != nRanks_)
-    return MK_ERROR(Result::InvalidArgument, "rank %d: proxy: %zu handles for %d ranks", rank_, fromPeers.size(), nRanks_);
+    return MK_ERROR(Result::InvalidArgument, "rank %d: proxy: %zu handles for %d ranks", rank_,
+                    fromPeers.size(), nRanks_);
   for (int p = 0; p < nRanks_; ++p)
-    if (p != rank_ && fromPeers[static_cast<size_t>(p)].size() != channels_.size() * net::kHandleSize)
+    if (p != rank_ &&
+        fromPeers[static_cast<size_t>(p)].size() != channels_.size() * net::kHandleSize)
       return MK_ERROR(Result::InvalidArgument,
-                      "rank %d: proxy: handle from rank %d has %zu bytes, expected %zu (%d channel(s); every rank must "
+                      "rank %d: proxy: handle from rank %d has %zu bytes, expected %zu (%d "
+                      "channel(s); every rank must "
                       "create the same number)",
-                      rank_, p, fromPeers[static_cast<size_t>(p)].size(), channels_.size() * net::kHandleSize, channels());
+                      rank_, p, fromPeers[static_cast<size_t>(p)].size(),
+                      channels_.size() * net::kHandleSize, channels());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeoutNs_);
   for (;;) {
     bool all = true;
@@ -89,15 +101,19 @@ Result Proxy::connectAll(const std::vector<Handle>& fromPeers) {
         if (p == rank_) continue;
         const size_t i = link(c, p);
         if (send_[i] == nullptr) {
-          Result r = net_->connect(dev_, fromPeers[static_cast<size_t>(p)].data() + static_cast<size_t>(c) * net::kHandleSize,
-                                   &send_[i]);
+          Result r = net_->connect(
+              dev_,
+              fromPeers[static_cast<size_t>(p)].data() + static_cast<size_t>(c) * net::kHandleSize,
+              &send_[i]);
           if (r != Result::Success)
-            return MK_ERROR(r, "%s: connecting to %s failed: %s", who(c).c_str(), peerName(p).c_str(), lastError());
+            return MK_ERROR(r, "%s: connecting to %s failed: %s", who(c).c_str(),
+                            peerName(p).c_str(), lastError());
         }
         if (recv_[i] == nullptr) {
           Result r = net_->accept(listen_[i], &recv_[i]);
           if (r != Result::Success)
-            return MK_ERROR(r, "%s: accepting %s failed: %s", who(c).c_str(), peerName(p).c_str(), lastError());
+            return MK_ERROR(r, "%s: accepting %s failed: %s", who(c).c_str(), peerName(p).c_str(),
+                            lastError());
         }
         all = all && send_[i] != nullptr && recv_[i] != nullptr;
       }
@@ -110,7 +126,8 @@ Result Proxy::connectAll(const std::vector<Handle>& fromPeers) {
           if (p != rank_ && (send_[link(c, p)] == nullptr || recv_[link(c, p)] == nullptr))
             missing += (missing.empty() ? "" : ", ") + std::to_string(p) +
                        (channels_.size() > 1 ? " (channel " + std::to_string(c) + ")" : "");
-      return MK_ERROR(Result::RemoteError, "%s: proxy: timed out after MKERNEL_TIMEOUT_S connecting to %s(s) %s",
+      return MK_ERROR(Result::RemoteError,
+                      "%s: proxy: timed out after MKERNEL_TIMEOUT_S connecting to %s(s) %s",
                       self_.c_str(), peerNoun_.c_str(), missing.c_str());
     }
     std::this_thread::sleep_for(std::chrono::microseconds(100));
@@ -125,7 +142,8 @@ Result Proxy::connectAll(const std::vector<Handle>& fromPeers) {
 
 Result Proxy::registerRegion(void* base, size_t bytes, int ptrType) {
   if (thread_.joinable())
-    return MK_ERROR(Result::InvalidUsage, "rank %d: proxy: regions must be registered before start()", rank_);
+    return MK_ERROR(Result::InvalidUsage,
+                    "rank %d: proxy: regions must be registered before start()", rank_);
   Region reg;
   reg.base = reinterpret_cast<uintptr_t>(base);
   reg.bytes = bytes;
@@ -138,21 +156,24 @@ Result Proxy::registerRegion(void* base, size_t bytes, int ptrType) {
       if (p == rank_) continue;
       const size_t i = link(c, p);
       if (send_[i] == nullptr || recv_[i] == nullptr)
-        return MK_ERROR(Result::InvalidUsage, "rank %d: proxy: registerRegion before connectAll", rank_);
+        return MK_ERROR(Result::InvalidUsage, "rank %d: proxy: registerRegion before connectAll",
+                        rank_);
       Result r = net_->regMr(send_[i], base, bytes, ptrType, &r0.sendMr[i]);
       if (r == Result::Success) r = net_->regMr(recv_[i], base, bytes, ptrType, &r0.recvMr[i]);
       if (r != Result::Success)
-        return MK_ERROR(r, "%s: registering %zu bytes at %p for %s failed: %s", who(c).c_str(), bytes, base,
-                        peerName(p).c_str(), lastError());
+        return MK_ERROR(r, "%s: registering %zu bytes at %p for %s failed: %s", who(c).c_str(),
+                        bytes, base, peerName(p).c_str(), lastError());
     }
   }
   return Result::Success;
 }
 
 Result Proxy::start(const std::vector<int>& cpus) {
-  if (thread_.joinable()) return MK_ERROR(Result::InvalidUsage, "rank %d: proxy already started", rank_);
+  if (thread_.joinable())
+    return MK_ERROR(Result::InvalidUsage, "rank %d: proxy already started", rank_);
   stop_.store(false);
-  looping_.store(true, std::memory_order_release);  // before the thread: pendingSummary waits for it
+  looping_.store(true,
+                 std::memory_order_release);  // before the thread: pendingSummary waits for it
   thread_ = std::thread([this] {
     loop();
     {
@@ -167,10 +188,11 @@ Result Proxy::start(const std::vector<int>& cpus) {
     for (int c : cpus)
       if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
     int err = pthread_setaffinity_np(thread_.native_handle(), sizeof(set), &set);
-    if (err != 0) MK_WARN("%s: proxy: pinning the proxy thread failed: %s", self_.c_str(), std::strerror(err));
+    if (err != 0)
+      MK_WARN("%s: proxy: pinning the proxy thread failed: %s", self_.c_str(), std::strerror(err));
   }
-  MK_INFO(kLogProxy, "%s: proxy started (%d %ss, %d channel(s), %zu region(s))", self_.c_str(), nRanks_, peerNoun_.c_str(), channels(),
-          regions_.size());
+  MK_INFO(kLogProxy, "%s: proxy started (%d %ss, %d channel(s), %zu region(s))", self_.c_str(),
+          nRanks_, peerNoun_.c_str(), channels(), regions_.size());
   return Result::Success;
 }
 
@@ -207,7 +229,8 @@ void Proxy::fail(const std::string& what) {
 
 std::string Proxy::queueState(int c, int peer) const {
   return std::to_string(taken_.load(std::memory_order_relaxed)) + " commands taken, " +
-         std::to_string(done_.load(std::memory_order_relaxed)) + " transfers done; " + linkState(c, peer);
+         std::to_string(done_.load(std::memory_order_relaxed)) + " transfers done; " +
+         linkState(c, peer);
 }
 
 std::string Proxy::linkState(int c, int peer) const {
@@ -223,8 +246,9 @@ std::string Proxy::linkState(int c, int peer) const {
         out += " ... (" + std::to_string(q.size()) + " in all)";
         break;
       }
-      out += " [command " + std::to_string(p.cmd.seq - 1) + ", tag " + std::to_string(p.cmd.tag) + ", " +
-             std::to_string(p.cmd.bytes) + " B, " + (p.request != nullptr || p.arrived ? "posted" : "not posted") + "]";
+      out += " [command " + std::to_string(p.cmd.seq - 1) + ", tag " + std::to_string(p.cmd.tag) +
+             ", " + std::to_string(p.cmd.bytes) + " B, " +
+             (p.request != nullptr || p.arrived ? "posted" : "not posted") + "]";
     }
   }
   return out;
@@ -238,7 +262,8 @@ std::string Proxy::pendingNow() const {
     for (int p = 0; p < nRanks_; ++p) {
       if (p == rank_ || link(c, p) >= sends_.size()) continue;
       if (sends_[link(c, p)].empty() && recvs_[link(c, p)].empty()) continue;
-      out += "; " + (channels() > 1 ? "channel " + std::to_string(c) + ": " : std::string()) + linkState(c, p);
+      out += "; " + (channels() > 1 ? "channel " + std::to_string(c) + ": " : std::string()) +
+             linkState(c, p);
       any = true;
     }
   if (!any) out += "; nothing pending";
@@ -260,7 +285,9 @@ uint64_t Proxy::serveSummary() {
 std::string Proxy::pendingSummary(std::chrono::milliseconds wait) {
   const uint64_t id = summaryWanted_.fetch_add(1, std::memory_order_acq_rel) + 1;
   std::unique_lock<std::mutex> lock(summaryMu_);
-  if (summaryCv_.wait_for(lock, wait, [&] { return summaryServed_ >= id || !looping_.load(std::memory_order_acquire); })) {
+  if (summaryCv_.wait_for(lock, wait, [&] {
+        return summaryServed_ >= id || !looping_.load(std::memory_order_acquire);
+      })) {
     if (summaryServed_ >= id) return summary_;
     lock.unlock();
     // The thread has left its loop (stopped, failed, or never started): the queues are still.
@@ -303,17 +330,19 @@ bool Proxy::takeCommands(int ch) {
       return false;
     }
     if (c.peer < 0 || c.peer >= nRanks_ || c.peer == rank_) {
-      fail(where + opName(c.op) + "): peer " + std::to_string(c.peer) + " is not another rank of 0.." +
-           std::to_string(nRanks_ - 1));
+      fail(where + opName(c.op) + "): peer " + std::to_string(c.peer) +
+           " is not another rank of 0.." + std::to_string(nRanks_ - 1));
       return false;
     }
     if (c.flag >= kMaxFlags) {
-      fail(where + opName(c.op) + "): completion flag " + std::to_string(c.flag) + " >= " + std::to_string(kMaxFlags));
+      fail(where + opName(c.op) + "): completion flag " + std::to_string(c.flag) +
+           " >= " + std::to_string(kMaxFlags));
       return false;
     }
     if (!mhandleFor(ch, c, &p.mhandle)) {
       char buf[96];
-      std::snprintf(buf, sizeof(buf), "%llu bytes at 0x%llx", static_cast<unsigned long long>(c.bytes),
+      std::snprintf(buf, sizeof(buf), "%llu bytes at 0x%llx",
+                    static_cast<unsigned long long>(c.bytes),
                     static_cast<unsigned long long>(c.addr));
       fail(where + opName(c.op) + " with " + peerName(c.peer) + "): " + buf +
            " is outside every registered region");
@@ -345,8 +374,9 @@ bool Proxy::progressLink(int ch, int peer) {
         r = net_->irecv(recv_[i], 1, &data, &size, &tag, &p.mhandle, &p.request);
       }
       if (r != Result::Success) {
-        fail(who(ch) + ": posting a " + opName(p.cmd.op) + " of " + std::to_string(p.cmd.bytes) + " bytes (tag " +
-             std::to_string(p.cmd.tag) + ") with " + peerName(peer) + " failed: " + lastError());
+        fail(who(ch) + ": posting a " + opName(p.cmd.op) + " of " + std::to_string(p.cmd.bytes) +
+             " bytes (tag " + std::to_string(p.cmd.tag) + ") with " + peerName(peer) +
+             " failed: " + lastError());
         return false;
       }
       if (p.request == nullptr) break;
@@ -359,9 +389,9 @@ bool Proxy::progressLink(int ch, int peer) {
         size_t size = 0;
         Result r = net_->test(p.request, &done, &size);
         if (r != Result::Success) {
-          fail(who(ch) + ": " + opName(p.cmd.op) + " of " + std::to_string(p.cmd.bytes) + " bytes (tag " +
-               std::to_string(p.cmd.tag) + ") with " + peerName(peer) + " failed: " + lastError() +
-               " [proxy: " + queueState(ch, peer) + "]");
+          fail(who(ch) + ": " + opName(p.cmd.op) + " of " + std::to_string(p.cmd.bytes) +
+               " bytes (tag " + std::to_string(p.cmd.tag) + ") with " + peerName(peer) +
+               " failed: " + lastError() + " [proxy: " + queueState(ch, peer) + "]");
           return false;
         }
         if (!done) break;
@@ -370,11 +400,13 @@ bool Proxy::progressLink(int ch, int peer) {
           // The flush reads through the NIC after the received bytes; its completion orders them
           // before the flag below (the request is null where the transport needs no flush).
           void* data = reinterpret_cast<void*>(static_cast<uintptr_t>(p.cmd.addr));
-          const int bytes = static_cast<int>(std::min<size_t>(size, static_cast<size_t>(INT32_MAX)));
+          const int bytes =
+              static_cast<int>(std::min<size_t>(size, static_cast<size_t>(INT32_MAX)));
           r = net_->iflush(recv_[i], 1, &data, &bytes, &p.mhandle, &p.flush);
           if (r != Result::Success) {
-            fail(who(ch) + ": flushing a receive of " + std::to_string(size) + " bytes (tag " + std::to_string(p.cmd.tag) +
-                 ") from " + peerName(peer) + " failed: " + lastError());
+            fail(who(ch) + ": flushing a receive of " + std::to_string(size) + " bytes (tag " +
+                 std::to_string(p.cmd.tag) + ") from " + peerName(peer) +
+                 " failed: " + lastError());
             return false;
           }
         }
@@ -406,14 +438,16 @@ void Proxy::loop() {
   uint64_t served = 0;  // the last pendingSummary request answered
   while (!stop_.load(std::memory_order_acquire) && !failed_.load(std::memory_order_acquire)) {
     if (summaryWanted_.load(std::memory_order_acquire) != served) served = serveSummary();
-    const uint64_t before = taken_.load(std::memory_order_relaxed) + done_.load(std::memory_order_relaxed);
+    const uint64_t before =
+        taken_.load(std::memory_order_relaxed) + done_.load(std::memory_order_relaxed);
     bool ok = true;
     for (int c = 0; c < channels() && ok; ++c) ok = takeCommands(c);
     for (int c = 0; c < channels() && ok; ++c)
       for (int p = 0; p < nRanks_ && ok; ++p)
         if (p != rank_) ok = progressLink(c, p);
     if (!ok) break;
-    const uint64_t after = taken_.load(std::memory_order_relaxed) + done_.load(std::memory_order_relaxed);
+    const uint64_t after =
+        taken_.load(std::memory_order_relaxed) + done_.load(std::memory_order_relaxed);
     if (after != before) {
       idle = 0;
     } else if (++idle > 4096) {
@@ -428,8 +462,10 @@ void Proxy::loop() {
 void Proxy::closeAll() {
   for (Region& reg : regions_) {
     for (size_t i = 0; i < send_.size(); ++i) {
-      if (reg.sendMr[i] != nullptr && send_[i] != nullptr) (void)net_->deregMr(send_[i], reg.sendMr[i]);
-      if (reg.recvMr[i] != nullptr && recv_[i] != nullptr) (void)net_->deregMr(recv_[i], reg.recvMr[i]);
+      if (reg.sendMr[i] != nullptr && send_[i] != nullptr)
+        (void)net_->deregMr(send_[i], reg.sendMr[i]);
+      if (reg.recvMr[i] != nullptr && recv_[i] != nullptr)
+        (void)net_->deregMr(recv_[i], reg.recvMr[i]);
     }
   }
   regions_.clear();

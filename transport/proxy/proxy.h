@@ -120,7 +120,9 @@ class Proxy {
   };
 
   // Connections, MRs and queues are per link: channel c, peer p.
-  size_t link(int c, int p) const { return static_cast<size_t>(c) * static_cast<size_t>(nRanks_) + static_cast<size_t>(p); }
+  size_t link(int c, int p) const {
+    return static_cast<size_t>(c) * static_cast<size_t>(nRanks_) + static_cast<size_t>(p);
+  }
   void loop();
   bool takeCommands(int c);            // channel c's new commands; false once failed
   bool progressLink(int c, int peer);  // posts and tests that link's queues; false on error
@@ -129,9 +131,10 @@ class Proxy {
   std::string queueState(int c, int peer) const;  // the pending transfers of a link, for errors
   std::string linkState(int c, int peer) const;   // queueState without the counters
   std::string pendingNow() const;                 // pendingSummary, on the queues' thread
-  uint64_t serveSummary();  // the proxy thread answers pendingSummary (the requests up to the one returned)
-  std::string who(int c) const;        // "<self>: proxy" (+ " channel c" with several)
-  std::string peerName(int p) const;   // "<noun> p"
+  uint64_t
+  serveSummary();  // the proxy thread answers pendingSummary (the requests up to the one returned)
+  std::string who(int c) const;       // "<self>: proxy" (+ " channel c" with several)
+  std::string peerName(int p) const;  // "<noun> p"
   void closeAll();
 
   net::Net* net_;

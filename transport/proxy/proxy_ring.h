@@ -67,7 +67,8 @@ struct alignas(64) ProxyFlags {
   uint32_t pad[15];
 };
 
-// ---- memory ordering, host and device ------------------------------------------------------------
+// ---- memory ordering, host and device
+// ------------------------------------------------------------
 
 MK_PROXY_HD inline uint64_t loadAcquire64(const uint64_t* p) {
 #if defined(__CUDA_ARCH__)
@@ -101,9 +102,9 @@ MK_PROXY_HD inline uint64_t proxyNowNs() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 #else
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-          .count());
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
 #endif
 }
 
@@ -155,8 +156,8 @@ MK_PROXY_HD inline void fenceRelease() {
 //   proxyPublish   one release fence, then every slot's seq, then ring->head.
 // One fence and no read of the ring per batch when there is room, where proxyPost pays a read of
 // head and tail and a release store per command. Single producer per ring.
-MK_PROXY_HD inline PostStatus proxyReserve(const ProxyRing* ring, const ProxyFlags* flags, ProxyProducer* pr, uint32_t n,
-                                           uint64_t timeoutNs) {
+MK_PROXY_HD inline PostStatus proxyReserve(const ProxyRing* ring, const ProxyFlags* flags,
+                                           ProxyProducer* pr, uint32_t n, uint64_t timeoutNs) {
   if (n > kRingSlots) return PostStatus::kTimedOut;  // could never fit
   uint64_t start = 0;
   while (pr->head + n - pr->tailSeen > kRingSlots) {
@@ -171,7 +172,8 @@ MK_PROXY_HD inline PostStatus proxyReserve(const ProxyRing* ring, const ProxyFla
   return PostStatus::kPosted;
 }
 
-MK_PROXY_HD inline void proxyWrite(ProxyRing* ring, const ProxyProducer& pr, uint32_t i, const ProxyCmd& cmd) {
+MK_PROXY_HD inline void proxyWrite(ProxyRing* ring, const ProxyProducer& pr, uint32_t i,
+                                   const ProxyCmd& cmd) {
   ProxyCmd* slot = &ring->cmd[(pr.head + i) & (kRingSlots - 1)];
   slot->op = cmd.op;
   slot->peer = cmd.peer;
@@ -195,8 +197,8 @@ MK_PROXY_HD inline void proxyPublish(ProxyRing* ring, ProxyProducer* pr, uint32_
 // Producer side. Posts one command (its seq field is ignored: the slot gets its own), waiting
 // while the ring is full; reads ring->head and ring->tail (a batch through ProxyProducer does
 // not). Gives up after timeoutNs, or at once when the proxy has failed. Single producer per ring.
-MK_PROXY_HD inline PostStatus proxyPost(ProxyRing* ring, const ProxyFlags* flags, const ProxyCmd& cmd,
-                                        uint64_t timeoutNs) {
+MK_PROXY_HD inline PostStatus proxyPost(ProxyRing* ring, const ProxyFlags* flags,
+                                        const ProxyCmd& cmd, uint64_t timeoutNs) {
   ProxyProducer pr{ring->head, 0};
   const PostStatus st = proxyReserve(ring, flags, &pr, 1, timeoutNs);
   if (st != PostStatus::kPosted) return st;

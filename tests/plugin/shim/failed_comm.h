@@ -14,12 +14,16 @@ class FailedComm final : public mkernel::coll::Communicator {
   mkernel::Result enqueue(const mkernel::coll::CollArgs*, int, cudaStream_t) override {
     return mkernel::Result::Success;
   }
-  mkernel::Result asyncError(bool) override { return MK_ERROR(mkernel::Result::RemoteError, "%s", what_); }
+  mkernel::Result asyncError(bool) override {
+    return MK_ERROR(mkernel::Result::RemoteError, "%s", what_);
+  }
   mkernel::Result abort() override { return mkernel::Result::Success; }
   mkernel::Result finalize() override { return mkernel::Result::Success; }
   const mkernel::coll::CommOptions& options() const override { return opts_; }
   void stats(mkernel::coll::CollStats*) const override {}
-  mkernel::Result kernelTrace(std::vector<uint64_t>*) const override { return mkernel::Result::InvalidUsage; }
+  mkernel::Result kernelTrace(std::vector<uint64_t>*) const override {
+    return mkernel::Result::InvalidUsage;
+  }
 
  private:
   const char* what_;

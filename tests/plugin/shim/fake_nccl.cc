@@ -26,11 +26,13 @@ constexpr uint64_t kFakeMagic = 0x6c63636e656b6166ull;  // "fakenccl"
 
 std::atomic<int> gAsyncCalls{0}, gAllReduceCalls{0}, gGroupDepth{0};
 std::atomic<int> gLastOp{-1};
-ncclResult_t gReentered = ncclInternalError;  // what ncclAllReduce's own ncclCommGetAsyncError answered
+ncclResult_t gReentered =
+    ncclInternalError;  // what ncclAllReduce's own ncclCommGetAsyncError answered
 void (*gDestroyHook)(void*) = nullptr;
 // The last comm freed: the next creation gets its address back, as an allocator may.
 FakeComm* gFreed = nullptr;
-int gNextOp = ncclNumOps + 7;  // not the shim's first slot: the numbers the application sees are these
+int gNextOp =
+    ncclNumOps + 7;  // not the shim's first slot: the numbers the application sees are these
 
 bool live(ncclComm_t c) {
   return c != nullptr && reinterpret_cast<FakeComm*>(c)->magic == kFakeMagic;
@@ -66,8 +68,8 @@ FAKE_EXPORT const char* ncclGetErrorString(ncclResult_t) {
   return "fake NCCL's error string";
 }
 
-FAKE_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId, int rank,
-                                                ncclConfig_t*) {
+FAKE_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId,
+                                                int rank, ncclConfig_t*) {
   if (comm == nullptr || nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
   FakeComm* f = gFreed != nullptr ? gFreed : static_cast<FakeComm*>(std::malloc(sizeof(FakeComm)));
   gFreed = nullptr;
@@ -97,8 +99,8 @@ FAKE_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* as
   return ncclSuccess;
 }
 
-FAKE_EXPORT ncclResult_t ncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t op, ncclComm_t comm,
-                                       cudaStream_t) {
+FAKE_EXPORT ncclResult_t ncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t op,
+                                       ncclComm_t comm, cudaStream_t) {
   if (!live(comm)) return ncclInvalidArgument;
   gAllReduceCalls.fetch_add(1);
   gLastOp.store(static_cast<int>(op));
@@ -119,8 +121,8 @@ FAKE_EXPORT ncclResult_t ncclGroupEnd() {
   return ncclSuccess;
 }
 
-FAKE_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void*, ncclDataType_t, ncclScalarResidence_t,
-                                                  ncclComm_t comm) {
+FAKE_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void*, ncclDataType_t,
+                                                  ncclScalarResidence_t, ncclComm_t comm) {
   if (!live(comm) || op == nullptr) return ncclInvalidArgument;
   *op = static_cast<ncclRedOp_t>(gNextOp++);
   return ncclSuccess;

@@ -41,7 +41,6 @@ void captureLog(int level, unsigned long /*flags*/, const char* /*file*/, int /*
   gLog.emplace_back(level, buf);
 }
 
-
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
@@ -82,12 +81,15 @@ size_t count(const std::string& text, const std::string& what) {
   return n;
 }
 
-const std::regex kNetLine(R"(mkernel ([0-9.]+) loaded as NCCL net plugin \(NET/mkernel, MKERNEL_NET_BACKEND=tcp\) from (\S+))");
-const std::regex kTunerLine(R"(mkernel ([0-9.]+) loaded as NCCL tuner plugin from (\S+); stays neutral, NCCL's choices unchanged \(.*\))");
+const std::regex kNetLine(
+    R"(mkernel ([0-9.]+) loaded as NCCL net plugin \(NET/mkernel, MKERNEL_NET_BACKEND=tcp\) from (\S+))");
+const std::regex kTunerLine(
+    R"(mkernel ([0-9.]+) loaded as NCCL tuner plugin from (\S+); stays neutral, NCCL's choices unchanged \(.*\))");
 
 }  // namespace
 
-TEST_CASE("plugin startup lines: through NCCL's logger at NCCL_DEBUG=INFO, once each", "[.plugin-nccl-info]") {
+TEST_CASE("plugin startup lines: through NCCL's logger at NCCL_DEBUG=INFO, once each",
+          "[.plugin-nccl-info]") {
   REQUIRE(env("NCCL_DEBUG") == "INFO");
   REQUIRE(env("MKERNEL_NET_BACKEND") == "tcp");
   loadBoth();
@@ -113,8 +115,10 @@ TEST_CASE("plugin startup lines: through NCCL's logger at NCCL_DEBUG=INFO, once 
   CHECK(tuner == 1);
 }
 
-TEST_CASE("plugin startup lines: MKERNEL_DEBUG=VERSION prints them on mkernel's output when NCCL would not",
-          "[.plugin-mk-version]") {
+TEST_CASE(
+    "plugin startup lines: MKERNEL_DEBUG=VERSION prints them on mkernel's output when NCCL would "
+    "not",
+    "[.plugin-mk-version]") {
   REQUIRE(env("NCCL_DEBUG").empty());
   REQUIRE(env("MKERNEL_DEBUG") == "VERSION");
   StderrCapture cap;
@@ -124,10 +128,12 @@ TEST_CASE("plugin startup lines: MKERNEL_DEBUG=VERSION prints them on mkernel's 
   for (const auto& l : gLog) CHECK(l.second.find("loaded as") == std::string::npos);
   CHECK(count(out, "loaded as NCCL net plugin") == 1);
   CHECK(count(out, "loaded as NCCL tuner plugin") == 1);
-  CHECK(std::regex_search(out, std::regex(std::string("(^|\n)") + R"(mkernel [0-9.]+ loaded as NCCL net plugin )")));
+  CHECK(std::regex_search(
+      out, std::regex(std::string("(^|\n)") + R"(mkernel [0-9.]+ loaded as NCCL net plugin )")));
 }
 
-TEST_CASE("plugin startup lines: none at MKERNEL_DEBUG=WARN under NCCL's default level", "[.plugin-mk-warn]") {
+TEST_CASE("plugin startup lines: none at MKERNEL_DEBUG=WARN under NCCL's default level",
+          "[.plugin-mk-warn]") {
   REQUIRE(env("NCCL_DEBUG").empty());
   REQUIRE(env("MKERNEL_DEBUG") == "WARN");
   StderrCapture cap;

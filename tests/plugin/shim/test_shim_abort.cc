@@ -48,7 +48,8 @@ class BlockingComm final : public mkernel::coll::Communicator {
     long sum = 0;
     for (int v : payload_) sum += v;
     returnedAt_->store(++gClock);
-    if (sum != 7L * 4096) return MK_ERROR(Result::InternalError, "the communicator was destroyed under the call");
+    if (sum != 7L * 4096)
+      return MK_ERROR(Result::InternalError, "the communicator was destroyed under the call");
     return MK_ERROR(Result::RemoteError, "rank 0: communicator aborted (a stand-in)");
   }
   bool waitEntered() {
@@ -65,7 +66,9 @@ class BlockingComm final : public mkernel::coll::Communicator {
   mkernel::Result finalize() override { return Result::Success; }
   const mkernel::coll::CommOptions& options() const override { return opts_; }
   void stats(mkernel::coll::CollStats*) const override {}
-  mkernel::Result kernelTrace(std::vector<uint64_t>*) const override { return Result::InvalidUsage; }
+  mkernel::Result kernelTrace(std::vector<uint64_t>*) const override {
+    return Result::InvalidUsage;
+  }
 
  private:
   std::atomic<int>* returnedAt_;
@@ -96,18 +99,23 @@ mkernel::shim::ShimComm* emulatedComm(BlockingComm* mk) {
 
 }  // namespace
 
-TEST_CASE("abort: ncclCommAbort while another thread is inside a collective returns at once, and frees after it") {
+TEST_CASE(
+    "abort: ncclCommAbort while another thread is inside a collective returns at once, and frees "
+    "after it") {
   std::atomic<int> returnedAt{0}, destroyedAt{0};
   BlockingComm* mk = new BlockingComm(&returnedAt, &destroyedAt);
   mkernel::shim::ShimComm* c = emulatedComm(mk);
   const ncclComm_t h = c->handle();
   std::vector<float> buf(16, 1.0f);
   ncclResult_t collResult = ncclSuccess;
-  std::thread caller([&] { collResult = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, h, nullptr); });
+  std::thread caller([&] {
+    collResult = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, h, nullptr);
+  });
   REQUIRE(mk->waitEntered());
   const auto t0 = std::chrono::steady_clock::now();
   const ncclResult_t abortResult = ncclCommAbort(h);
-  const double abortS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double abortS =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   caller.join();
   CHECK(abortResult == ncclSuccess);
   CHECK(abortS < 1.0);
@@ -119,21 +127,25 @@ TEST_CASE("abort: ncclCommAbort while another thread is inside a collective retu
   CHECK(ncclCommAbort(h) == ncclInvalidArgument);
 }
 
-TEST_CASE("abort: a collective queued in a group on a comm aborted before ncclGroupEnd fails the group") {
+TEST_CASE(
+    "abort: a collective queued in a group on a comm aborted before ncclGroupEnd fails the group") {
   std::atomic<int> returnedAt{0}, destroyedAt{0};
   BlockingComm* mk = new BlockingComm(&returnedAt, &destroyedAt);
   mkernel::shim::ShimComm* c = emulatedComm(mk);
   const ncclComm_t h = c->handle();
   std::vector<float> buf(16, 1.0f);
   REQUIRE(ncclGroupStart() == ncclSuccess);
-  REQUIRE(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, h, nullptr) == ncclSuccess);
+  REQUIRE(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, h, nullptr) ==
+          ncclSuccess);
   ncclResult_t abortResult = ncclInternalError;
-  std::thread aborter([&] { abortResult = ncclCommAbort(h); });  // another thread: not inside the group
+  std::thread aborter(
+      [&] { abortResult = ncclCommAbort(h); });  // another thread: not inside the group
   aborter.join();
   CHECK(abortResult == ncclSuccess);
   CHECK(destroyedAt.load() > 0);  // nothing held it: destroyed by the abort
   const ncclResult_t groupResult = ncclGroupEnd();
   CHECK(groupResult == ncclInvalidUsage);
-  CHECK(std::string(ncclGetLastError(nullptr)).find("aborted inside the group") != std::string::npos);
+  CHECK(std::string(ncclGetLastError(nullptr)).find("aborted inside the group") !=
+        std::string::npos);
   CHECK(returnedAt.load() == 0);  // its enqueue never ran
 }

@@ -35,7 +35,8 @@ const std::vector<std::string>& shimNames() {
 std::set<std::string> knownNcclNames() {
   std::set<std::string> names;
   for (const char* v : {"2.28.9", "2.29.7", "2.30.7", "2.32.3"}) {
-    std::ifstream in(std::string(MKERNEL_SOURCE_DIR) + "/tests/plugin/shim/fixtures/nccl-" + v + ".txt");
+    std::ifstream in(std::string(MKERNEL_SOURCE_DIR) + "/tests/plugin/shim/fixtures/nccl-" + v +
+                     ".txt");
     REQUIRE(in.good());
     std::string line;
     while (std::getline(in, line))
@@ -153,7 +154,9 @@ TEST_CASE("exports: every function PyTorch 2.11 calls is exported by libmkernel.
 // The handle the application holds is NCCL's own communicator, so the shim exports only what it
 // routes or must see (nccl_api.def); every other name reaches NCCL directly (docs/SHIM.md's table,
 // checked by test_shim_entry_points).
-TEST_CASE("exports: libmkernel.so exports exactly nccl_api.def's nccl* functions, each one some NCCL exports") {
+TEST_CASE(
+    "exports: libmkernel.so exports exactly nccl_api.def's nccl* functions, each one some NCCL "
+    "exports") {
   const std::set<std::string> ours = exportedNcclFunctions(MKERNEL_SO_PATH);
   const std::set<std::string> listed(shimNames().begin(), shimNames().end());
   CHECK(ours == listed);
@@ -163,13 +166,16 @@ TEST_CASE("exports: libmkernel.so exports exactly nccl_api.def's nccl* functions
     CHECK(known.count(n) == 1);
   }
   // Names of NCCL's own aliases and handle-less helpers stay NCCL's.
-  for (const char* n : {"pncclAllReduce", "ncclResetDebugInit", "ncclLLA2ACalcSlots", "ncclCommSuspend"}) {
+  for (const char* n :
+       {"pncclAllReduce", "ncclResetDebugInit", "ncclLLA2ACalcSlots", "ncclCommSuspend"}) {
     INFO(n);
     CHECK(ours.count(n) == 0);
   }
 }
 
-TEST_CASE("exports: every nccl* function of the real libnccl.so.2 found at build time is in tests/plugin/shim/fixtures") {
+TEST_CASE(
+    "exports: every nccl* function of the real libnccl.so.2 found at build time is in "
+    "tests/plugin/shim/fixtures") {
   const std::string real = MKERNEL_REAL_NCCL_SO;
   if (real.empty()) {
     WARN("no libnccl.so.2 found at configure time: nothing to compare");
@@ -180,7 +186,8 @@ TEST_CASE("exports: every nccl* function of the real libnccl.so.2 found at build
   const std::set<std::string> known = knownNcclNames();
   for (const std::string& n : theirs) {
     INFO(n << " is exported by " << real
-           << " but listed in no tests/plugin/shim/fixtures/nccl-<version>.txt: add that NCCL's list, then decide what the "
+           << " but listed in no tests/plugin/shim/fixtures/nccl-<version>.txt: add that NCCL's "
+              "list, then decide what the "
               "shim does with it (plugin/shim/nccl_api.def, tests/plugin/shim/entry_points.py)");
     CHECK(known.count(n) == 1);
   }
@@ -234,11 +241,15 @@ TEST_CASE("api: a NULL comm is ncclInvalidArgument with a message, at every entr
   };
   Case cases[] = {
       {"AllReduce", ncclAllReduce(&x, &x, 1, ncclInt, ncclSum, nullptr, nullptr)},
-      {"ncclAllReduceConfig", ncclAllReduceConfig(&x, &x, 1, ncclInt, ncclSum, nullptr, nullptr, nullptr)},
+      {"ncclAllReduceConfig",
+       ncclAllReduceConfig(&x, &x, 1, ncclInt, ncclSum, nullptr, nullptr, nullptr)},
       {"ncclAllGatherConfig", ncclAllGatherConfig(&x, &x, 1, ncclInt, nullptr, nullptr, nullptr)},
-      {"ncclReduceScatterConfig", ncclReduceScatterConfig(&x, &x, 1, ncclInt, ncclSum, nullptr, nullptr, nullptr)},
-      {"ncclBroadcastConfig", ncclBroadcastConfig(&x, &x, 1, ncclInt, 0, nullptr, nullptr, nullptr)},
-      {"ncclReduceConfig", ncclReduceConfig(&x, &x, 1, ncclInt, ncclSum, 0, nullptr, nullptr, nullptr)},
+      {"ncclReduceScatterConfig",
+       ncclReduceScatterConfig(&x, &x, 1, ncclInt, ncclSum, nullptr, nullptr, nullptr)},
+      {"ncclBroadcastConfig",
+       ncclBroadcastConfig(&x, &x, 1, ncclInt, 0, nullptr, nullptr, nullptr)},
+      {"ncclReduceConfig",
+       ncclReduceConfig(&x, &x, 1, ncclInt, ncclSum, 0, nullptr, nullptr, nullptr)},
       {"ncclAlltoAllConfig", ncclAlltoAllConfig(&x, &x, 1, ncclInt, nullptr, nullptr, nullptr)},
       {"ncclGatherConfig", ncclGatherConfig(&x, &x, 1, ncclInt, 0, nullptr, nullptr, nullptr)},
       {"ncclScatterConfig", ncclScatterConfig(&x, &x, 1, ncclInt, 0, nullptr, nullptr, nullptr)},
@@ -371,7 +382,8 @@ TEST_CASE("api: mkernelGetStats writes no more than the caller's size says") {
     uint64_t kernelOps[5], forwardedOps[5], kernelLaunches, commsCreated, launchOps[5];
     uint64_t guard;
   } older;
-  static_assert(offsetof(Older, guard) == offsetof(mkernelStats_t, countersLate), "the older layout is the prefix");
+  static_assert(offsetof(Older, guard) == offsetof(mkernelStats_t, countersLate),
+                "the older layout is the prefix");
   std::memset(&older, 0xab, sizeof(older));
   older.size = offsetof(Older, guard);
   REQUIRE(mkernelGetStats(reinterpret_cast<mkernelStats_t*>(&older)) == 0);
@@ -401,7 +413,8 @@ TEST_CASE("api: custom-op and p2p entries reject their own bad arguments on NULL
 // collective on the H200 (docs/RELIABILITY.md). Ours maps the memory with cuMem as
 // NCCL does; without a GPU it fails with its own message; without emulation the call goes to the
 // real NCCL. The GPU tier runs this case alone as test_shim_api_gpu, where the mapping is made.
-TEST_CASE("api: in emulation ncclMemAlloc and ncclMemFree never reach the real NCCL", "[memalloc]") {
+TEST_CASE("api: in emulation ncclMemAlloc and ncclMemFree never reach the real NCCL",
+          "[memalloc]") {
   const std::string realPath = MKERNEL_REAL_NCCL_SO;
   void* real = realPath.empty() ? nullptr : dlopen(realPath.c_str(), RTLD_NOW | RTLD_GLOBAL);
   if (real == nullptr) WARN("no real libnccl.so.2 to load: checking the emulated path alone");

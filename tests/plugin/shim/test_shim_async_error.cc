@@ -17,7 +17,8 @@ using mkernel::Result;
 
 TEST_CASE("async error: mkernel's failure is named as mkernel's") {
   mkernel::shim::ShimComm* c = mkernel::shim::newShimComm();
-  mkernel::shim::bindHandle(c, mkernel::shim::newStandInHandle());  // no NCCL communicator behind it
+  mkernel::shim::bindHandle(c,
+                            mkernel::shim::newStandInHandle());  // no NCCL communicator behind it
   c->rank = 0;
   c->nRanks = 2;
   c->mk.reset(new FailedComm("rank 0: peer 1 is gone (a stand-in failure)"));
@@ -27,7 +28,8 @@ TEST_CASE("async error: mkernel's failure is named as mkernel's") {
   ncclResult_t async = ncclSuccess;
   REQUIRE(ncclCommGetAsyncError(c->handle(), &async) == ncclSuccess);
   CHECK(async == ncclRemoteError);
-  CHECK(std::string(ncclGetLastError(c->handle())) == "rank 0: peer 1 is gone (a stand-in failure)");
+  CHECK(std::string(ncclGetLastError(c->handle())) ==
+        "rank 0: peer 1 is gone (a stand-in failure)");
   // The invalid argument before is no longer the last failure: NCCL's text for that code.
   CHECK(std::string(ncclGetErrorString(ncclInvalidArgument)) ==
         "invalid argument (run with NCCL_DEBUG=WARN for details)");

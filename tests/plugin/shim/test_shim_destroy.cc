@@ -48,7 +48,8 @@ class BarrierComm final : public mkernel::coll::Communicator {
       std::unique_lock<std::mutex> lock(g_->mu);
       ++g_->arrived;
       g_->cv.notify_all();
-      if (!g_->cv.wait_for(lock, std::chrono::seconds(20), [this] { return g_->arrived >= g_->size; }))
+      if (!g_->cv.wait_for(lock, std::chrono::seconds(20),
+                           [this] { return g_->arrived >= g_->size; }))
         return Result::InternalError;
     }
     std::this_thread::sleep_for(after_);
@@ -67,7 +68,8 @@ class BarrierComm final : public mkernel::coll::Communicator {
 
 // Member r spends afterBarrier * (n - 1 - r) after the barrier: the last one to be destroyed
 // ends its release first, the others later (the order that exposes an early return).
-std::vector<mkernel::shim::ShimComm*> members(Group* g, int n, uint64_t idHash, std::chrono::milliseconds afterBarrier) {
+std::vector<mkernel::shim::ShimComm*> members(Group* g, int n, uint64_t idHash,
+                                              std::chrono::milliseconds afterBarrier) {
   g->size = n;
   std::vector<mkernel::shim::ShimComm*> out;
   for (int r = 0; r < n; ++r) {
@@ -90,7 +92,9 @@ void destroy(mkernel::shim::ShimComm* c) {
 
 }  // namespace
 
-TEST_CASE("shim destroy: one thread destroying the members in turn returns from the last after every release") {
+TEST_CASE(
+    "shim destroy: one thread destroying the members in turn returns from the last after every "
+    "release") {
   for (int n : {2, 4, 8}) {
     Group g;
     auto comms = members(&g, n, 0x1000 + static_cast<uint64_t>(n), std::chrono::milliseconds(100));
@@ -109,7 +113,8 @@ TEST_CASE("shim destroy: one thread destroying the members in turn returns from 
   }
 }
 
-TEST_CASE("shim destroy: members destroyed by threads of their own all return after every release") {
+TEST_CASE(
+    "shim destroy: members destroyed by threads of their own all return after every release") {
   const int n = 4;
   Group g;
   auto comms = members(&g, n, 0x2000, std::chrono::milliseconds(100));

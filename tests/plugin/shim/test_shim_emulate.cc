@@ -185,7 +185,8 @@ TEST_CASE("emulate: ncclCommInitAll may put every rank on device 0") {
 // member's finalize barrier would wait 14 s for the last and fail under a short MKERNEL_TIMEOUT_S
 // (nccl-tests -t 8 on the H200: "timed out after 10 s waiting for 1 bytes from peer 7", then a
 // crash at exit).
-TEST_CASE("emulate: one thread destroys 4 ranks in turn, outside a group, without waiting for each") {
+TEST_CASE(
+    "emulate: one thread destroys 4 ranks in turn, outside a group, without waiting for each") {
   for (int round = 0; round < 2; ++round) {
     INFO("round " << round);
     ncclComm_t comms[4] = {};
@@ -201,7 +202,8 @@ TEST_CASE("emulate: one thread destroys 4 ranks in turn, outside a group, withou
     }
     REQUIRE(ncclGroupStart() == ncclSuccess);
     for (int r = 0; r < 4; ++r)
-      REQUIRE(ncclAllReduce(bufs[r]->p, bufs[r]->p, n, ncclFloat32, ncclSum, comms[r], streams[r]) == ncclSuccess);
+      REQUIRE(ncclAllReduce(bufs[r]->p, bufs[r]->p, n, ncclFloat32, ncclSum, comms[r],
+                            streams[r]) == ncclSuccess);
     REQUIRE(ncclGroupEnd() == ncclSuccess);
     for (int r = 0; r < 4; ++r) {
       REQUIRE(cudaStreamSynchronize(streams[r]) == cudaSuccess);
@@ -247,10 +249,10 @@ TEST_CASE("emulate: what needs the real NCCL fails with ncclInvalidUsage and say
 }
 
 TEST_CASE("emulate: ncclCommSplit by parity, then collectives on the halves") {
-  // Every communicator's CTAs stay reserved on the GPU while it lives (collectives/runtime/sm_budget.h):
-  // 4 emulated ranks x the default 32 CTAs take all 128 SMs an H200 lends persistent kernels,
-  // and the halves would fail with "cannot fit" on the H200. 8 CTAs each:
-  // 32 for the parent, 32 for the two halves.
+  // Every communicator's CTAs stay reserved on the GPU while it lives
+  // (collectives/runtime/sm_budget.h): 4 emulated ranks x the default 32 CTAs take all 128 SMs an
+  // H200 lends persistent kernels, and the halves would fail with "cannot fit" on the H200. 8 CTAs
+  // each: 32 for the parent, 32 for the two halves.
   setenv("MKERNEL_CTAS", "8", 1);
   mkernel::params::resetForTesting();
   std::vector<std::vector<int32_t>> got(4);
@@ -283,7 +285,8 @@ TEST_CASE("emulate: ncclCommSplit by parity, then collectives on the halves") {
     ncclCommGetAsyncError(half, &async);
     log += ", allreduce " + std::to_string(ar) + ", stream " + cudaGetErrorString(se) + ", async " +
            std::to_string(async);
-    if (ar != ncclSuccess || async != ncclSuccess) log += std::string(": ") + ncclGetLastError(half);
+    if (ar != ncclSuccess || async != ncclSuccess)
+      log += std::string(": ") + ncclGetLastError(half);
     got[static_cast<size_t>(rank)] = download<int32_t>(buf, 64);
     ncclCommDestroy(half);
   });
@@ -303,8 +306,8 @@ TEST_CASE("emulate: ncclCommSplit by parity, then collectives on the halves") {
 // every kernel of the device, A's waiting one included, and meanwhile every CUDA call of every
 // other thread waits behind it (mkernel-freeprobe), so A's second rank cannot even allocate its
 // buffer, and A's kernel times out. Releases return their memory to the process's MemCache
-// (collectives/runtime/mem_cache.h); MKERNEL_DEFER_FREES=0 frees at release instead, and this case then
-// fails after MKERNEL_TIMEOUT_S.
+// (collectives/runtime/mem_cache.h); MKERNEL_DEFER_FREES=0 frees at release instead, and this case
+// then fails after MKERNEL_TIMEOUT_S.
 TEST_CASE("emulate: destroying one communicator while another's collective is half posted") {
   setenv("MKERNEL_CTAS", "8", 1);  // two communicators of two ranks: 32 CTAs in all
   mkernel::params::resetForTesting();
@@ -312,13 +315,15 @@ TEST_CASE("emulate: destroying one communicator while another's collective is ha
   REQUIRE(ncclGetUniqueId(&idA) == ncclSuccess);
   REQUIRE(ncclGetUniqueId(&idB) == ncclSuccess);
   ncclComm_t a[2] = {}, b[2] = {};
-  ncclResult_t initRes[4] = {ncclInternalError, ncclInternalError, ncclInternalError, ncclInternalError};
+  ncclResult_t initRes[4] = {ncclInternalError, ncclInternalError, ncclInternalError,
+                             ncclInternalError};
   {
     std::vector<std::thread> ts;
     for (int t = 0; t < 4; ++t)
       ts.emplace_back([&, t] {
         cudaSetDevice(0);
-        initRes[t] = t < 2 ? ncclCommInitRank(&a[t], 2, idA, t) : ncclCommInitRank(&b[t - 2], 2, idB, t - 2);
+        initRes[t] =
+            t < 2 ? ncclCommInitRank(&a[t], 2, idA, t) : ncclCommInitRank(&b[t - 2], 2, idB, t - 2);
       });
     for (auto& th : ts) th.join();
   }
@@ -354,8 +359,9 @@ TEST_CASE("emulate: destroying one communicator while another's collective is ha
       if (r == 0) aPosting = true;
       const ncclResult_t ar = ncclAllReduce(buf.p, buf.p, 64, ncclInt32, ncclSum, a[r], s);
       const cudaError_t se = cudaStreamSynchronize(s);
-      said[static_cast<size_t>(r)] = "allreduce " + std::to_string(ar) + ", stream " + cudaGetErrorString(se) +
-                                     (ar != ncclSuccess ? std::string(": ") + ncclGetLastError(a[r]) : "");
+      said[static_cast<size_t>(r)] =
+          "allreduce " + std::to_string(ar) + ", stream " + cudaGetErrorString(se) +
+          (ar != ncclSuccess ? std::string(": ") + ncclGetLastError(a[r]) : "");
       got[static_cast<size_t>(r)] = download<int32_t>(buf, 64);
       cudaStreamDestroy(s);
       tDeferredFrees = nullptr;
@@ -443,10 +449,12 @@ static void freeWhileHalfPosted(bool plainFree) {
       if (r == 0) posted = true;
       const ncclResult_t ar = ncclAllReduce(buf, buf, n, ncclInt32, ncclSum, c[r], s);
       const cudaError_t se = cudaStreamSynchronize(s);
-      said[static_cast<size_t>(r)] = "allreduce " + std::to_string(ar) + ", stream " + cudaGetErrorString(se) +
-                                     (ar != ncclSuccess ? std::string(": ") + ncclGetLastError(c[r]) : "");
+      said[static_cast<size_t>(r)] =
+          "allreduce " + std::to_string(ar) + ", stream " + cudaGetErrorString(se) +
+          (ar != ncclSuccess ? std::string(": ") + ncclGetLastError(c[r]) : "");
       got[static_cast<size_t>(r)].resize(n);
-      cudaMemcpy(got[static_cast<size_t>(r)].data(), buf, n * sizeof(int32_t), cudaMemcpyDeviceToHost);
+      cudaMemcpy(got[static_cast<size_t>(r)].data(), buf, n * sizeof(int32_t),
+                 cudaMemcpyDeviceToHost);
       cudaStreamDestroy(s);
       // Its collective is done, while the persistent kernel may still be resident: a free that
       // waited for it would wait out the idle timeout. (Checked on the main thread: Catch2's
@@ -456,9 +464,11 @@ static void freeWhileHalfPosted(bool plainFree) {
   ts.emplace_back([&] {
     cudaSetDevice(0);
     waitFor(posted);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0's kernel waits for rank 1
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(300));  // rank 0's kernel waits for rank 1
     freeing = true;
-    freed = plainFree ? (cudaFree(victim) == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError) : ncclMemFree(victim);
+    freed = plainFree ? (cudaFree(victim) == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError)
+                      : ncclMemFree(victim);
   });
   for (auto& th : ts) th.join();
   CHECK(freed == ncclSuccess);
@@ -470,9 +480,12 @@ static void freeWhileHalfPosted(bool plainFree) {
   for (int r = 0; r < 2; ++r) CHECK(ncclCommDestroy(c[r]) == ncclSuccess);
 }
 
-TEST_CASE("emulate: ncclMemFree while another rank's collective is half posted") { freeWhileHalfPosted(false); }
+TEST_CASE("emulate: ncclMemFree while another rank's collective is half posted") {
+  freeWhileHalfPosted(false);
+}
 
-TEST_CASE("emulate: control: cudaFree while another rank's collective is half posted (must fail)", "[.][freecontrol]") {
+TEST_CASE("emulate: control: cudaFree while another rank's collective is half posted (must fail)",
+          "[.][freecontrol]") {
   freeWhileHalfPosted(true);
 }
 
@@ -497,12 +510,13 @@ TEST_CASE("emulate: premul-sum across ranks") {
 
 // One thread drives four ranks sharing the GPU and queues three collectives per rank in one group,
 // rank by rank. Each rank must post its start of a collective, and may queue what waits for its
-// end only once every co-located rank has posted its start (collectives/runtime/post_fence.h): the shim
-// posts the group in lockstep, collective by collective across the ranks. Posted rank by rank
+// end only once every co-located rank has posted its start (collectives/runtime/post_fence.h): the
+// shim posts the group in lockstep, collective by collective across the ranks. Posted rank by rank
 // instead, rank 0's fence would wait for ranks that only this thread can post later. ctest also
 // runs this with one hardware queue for every stream (test_shim_emulate_hol), where any command
 // waiting for a collective ahead of a peer's start holds that start back.
-TEST_CASE("emulate: one thread, four ranks, three collectives each in one group, rank by rank", "[hol]") {
+TEST_CASE("emulate: one thread, four ranks, three collectives each in one group, rank by rank",
+          "[hol]") {
   ncclComm_t comms[4] = {};
   int devs[4] = {0, 0, 0, 0};
   // The 4 MiB AllReduces must take the doorbell: no small persistent kernels for direct mode.
@@ -529,15 +543,19 @@ TEST_CASE("emulate: one thread, four ranks, three collectives each in one group,
   const auto t0 = std::chrono::steady_clock::now();
   REQUIRE(ncclGroupStart() == ncclSuccess);
   for (int r = 0; r < 4; ++r) {
-    CHECK(ncclAllReduce(a[r]->p, a[r]->p, small, ncclInt32, ncclSum, comms[r], streams[r]) == ncclSuccess);
-    CHECK(ncclBroadcast(b[r]->p, b[r]->p, small, ncclInt32, 2, comms[r], streams[r]) == ncclSuccess);
-    CHECK(ncclAllReduce(c[r]->p, c[r]->p, large, ncclInt32, ncclSum, comms[r], streams[r]) == ncclSuccess);
+    CHECK(ncclAllReduce(a[r]->p, a[r]->p, small, ncclInt32, ncclSum, comms[r], streams[r]) ==
+          ncclSuccess);
+    CHECK(ncclBroadcast(b[r]->p, b[r]->p, small, ncclInt32, 2, comms[r], streams[r]) ==
+          ncclSuccess);
+    CHECK(ncclAllReduce(c[r]->p, c[r]->p, large, ncclInt32, ncclSum, comms[r], streams[r]) ==
+          ncclSuccess);
   }
   const ncclResult_t end = ncclGroupEnd();
   INFO(ncclGetLastError(comms[0]));
   REQUIRE(end == ncclSuccess);
   for (int r = 0; r < 4; ++r) REQUIRE(cudaStreamSynchronize(streams[r]) == cudaSuccess);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO("posted and completed in " << seconds << " s");
   CHECK(seconds < 10.0);  // MKERNEL_TIMEOUT_S is 60 here: no rank waited for a timeout
   for (int r = 0; r < 4; ++r) {
@@ -551,7 +569,7 @@ TEST_CASE("emulate: one thread, four ranks, three collectives each in one group,
   REQUIRE(mkernelGetStats(&after) == 0);
   uint64_t ran = 0;
   for (int k = 0; k < 5; ++k) ran += after.kernelOps[k] - before.kernelOps[k];
-  CHECK(ran == 12);  // every collective on mkernel's kernels
+  CHECK(ran == 12);                                     // every collective on mkernel's kernels
   CHECK(after.kernelLaunches > before.kernelLaunches);  // the 4 MiB AllReduces took the doorbell
   REQUIRE(ncclGroupStart() == ncclSuccess);
   for (int r = 0; r < 4; ++r) CHECK(ncclCommDestroy(comms[r]) == ncclSuccess);

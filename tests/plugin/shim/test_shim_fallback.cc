@@ -18,7 +18,6 @@ namespace {
 
 using mktest::StderrCapture;
 
-
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
@@ -41,10 +40,13 @@ TEST_CASE("cross-host fallback: a WARN for the first communicator, INFO for the 
   const std::string out = cap.text();
   INFO(out);
   CHECK(count(out, "MKERNEL WARN") == 1);
-  CHECK(count(out, "shim: rank 0: ranks on 2 hosts and MKERNEL_MULTI_NODE=0: mkernel runs on one host only unless "
-                   "MKERNEL_MULTI_NODE=1; every call of this communicator goes to NCCL") == 1);
+  CHECK(count(out,
+              "shim: rank 0: ranks on 2 hosts and MKERNEL_MULTI_NODE=0: mkernel runs on one host "
+              "only unless "
+              "MKERNEL_MULTI_NODE=1; every call of this communicator goes to NCCL") == 1);
   CHECK(out.find("MKERNEL WARN") < out.find("shim: rank 0:"));
-  CHECK(count(out, "MKERNEL INFO shim: rank 1: ranks on 2 hosts and MKERNEL_MULTI_NODE=0; every call goes to NCCL") ==
-        (info ? 1u : 0u));
+  CHECK(count(out,
+              "MKERNEL INFO shim: rank 1: ranks on 2 hosts and MKERNEL_MULTI_NODE=0; every call "
+              "goes to NCCL") == (info ? 1u : 0u));
   CHECK(count(out, "MKERNEL INFO shim: rank 2:") == (info ? 1u : 0u));
 }

@@ -63,7 +63,8 @@ Fn realFn(const char* name) {
 // itself answers, for the cases where the shim must answer the same.
 ncclComm_t realOneRankComm() {
   auto getId = realFn<ncclResult_t (*)(ncclUniqueId*)>("pncclGetUniqueId");
-  auto initRank = realFn<ncclResult_t (*)(ncclComm_t*, int, ncclUniqueId, int)>("pncclCommInitRank");
+  auto initRank =
+      realFn<ncclResult_t (*)(ncclComm_t*, int, ncclUniqueId, int)>("pncclCommInitRank");
   REQUIRE(getId != nullptr);
   REQUIRE(initRank != nullptr);
   ncclUniqueId id;
@@ -81,13 +82,16 @@ std::vector<float> ramp(size_t n, float scale = 0.5f) {
 
 }  // namespace
 
-TEST_CASE("gpu: the handle is NCCL's own communicator: NCCL's entry points take it, and the ops the shim hands out") {
+TEST_CASE(
+    "gpu: the handle is NCCL's own communicator: NCCL's entry points take it, and the ops the shim "
+    "hands out") {
   ncclComm_t comm = oneRankComm();
   // NCCL's own functions, bypassing the shim (as a name the shim does not export, or a caller that
   // dlsyms libnccl), accept the handle.
   auto realCount = realFn<ncclResult_t (*)(ncclComm_t, int*)>("pncclCommCount");
-  auto realAllReduce = realFn<ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
-                                               cudaStream_t)>("pncclAllReduce");
+  auto realAllReduce =
+      realFn<ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                              cudaStream_t)>("pncclAllReduce");
   REQUIRE((realCount && realAllReduce));
   int count = 0;
   CHECK(realCount(comm, &count) == ncclSuccess);
@@ -102,7 +106,8 @@ TEST_CASE("gpu: the handle is NCCL's own communicator: NCCL's entry points take 
   // A custom op's number is NCCL's: NCCL runs it too.
   float three = 3.0f;
   ncclRedOp_t op;
-  REQUIRE(ncclRedOpCreatePreMulSum(&op, &three, ncclFloat, ncclScalarHostImmediate, comm) == ncclSuccess);
+  REQUIRE(ncclRedOpCreatePreMulSum(&op, &three, ncclFloat, ncclScalarHostImmediate, comm) ==
+          ncclSuccess);
   std::vector<float> expect = ramp(n);
   for (float& v : expect) v *= 3.0f;
   poison(out);
@@ -110,7 +115,8 @@ TEST_CASE("gpu: the handle is NCCL's own communicator: NCCL's entry points take 
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(download<float>(out, n) == expect);
   poison(out);
-  REQUIRE(ncclAllReduce(in.p, out.p, n, ncclFloat, op, comm, nullptr) == ncclSuccess);  // the shim's route
+  REQUIRE(ncclAllReduce(in.p, out.p, n, ncclFloat, op, comm, nullptr) ==
+          ncclSuccess);  // the shim's route
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(download<float>(out, n) == expect);
   CHECK(ncclRedOpDestroy(op, comm) == ncclSuccess);
@@ -338,8 +344,9 @@ TEST_CASE(
   // a one-rank collective at enqueue time, simulated or not (seen on the H200).
   auto realGroupStart = realFn<ncclResult_t (*)()>("pncclGroupStart");
   auto realSimEnd = realFn<ncclResult_t (*)(ncclSimInfo_t*)>("pncclGroupSimulateEnd");
-  auto realAllReduce = realFn<ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
-                                               cudaStream_t)>("pncclAllReduce");
+  auto realAllReduce =
+      realFn<ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                              cudaStream_t)>("pncclAllReduce");
   auto realDestroy = realFn<ncclResult_t (*)(ncclComm_t)>("pncclCommDestroy");
   REQUIRE((realGroupStart && realSimEnd && realAllReduce && realDestroy));
   ncclComm_t realComm = realOneRankComm();
@@ -351,7 +358,8 @@ TEST_CASE(
   REQUIRE(realAllReduce(a.p, b.p, n, ncclFloat, ncclSum, realComm, nullptr) == ncclSuccess);
   CHECK(realSimEnd(&realSim) == ncclSuccess);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  const bool ncclWrites = std::memcmp(download<float>(b, n).data(), poisoned.data(), n * sizeof(float)) != 0;
+  const bool ncclWrites =
+      std::memcmp(download<float>(b, n).data(), poisoned.data(), n * sizeof(float)) != 0;
   CHECK(realDestroy(realComm) == ncclSuccess);
   ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
   poison(b);
@@ -362,8 +370,10 @@ TEST_CASE(
   CHECK((sim.estimatedTime >= 0.0f || sim.estimatedTime == NCCL_UNDEF_FLOAT));
   CHECK(sim.estimatedTime == realSim.estimatedTime);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  const bool shimWrites = std::memcmp(download<float>(b, n).data(), poisoned.data(), n * sizeof(float)) != 0;
-  INFO("the real NCCL " << (ncclWrites ? "writes" : "does not write") << " the output of a simulated one-rank group");
+  const bool shimWrites =
+      std::memcmp(download<float>(b, n).data(), poisoned.data(), n * sizeof(float)) != 0;
+  INFO("the real NCCL " << (ncclWrites ? "writes" : "does not write")
+                        << " the output of a simulated one-rank group");
   CHECK(shimWrites == ncclWrites);
   CHECK(ncclCommDestroy(comm) == ncclSuccess);
   CHECK(ranSince(before, kAllReduce) == 2);  // the simulated one did not run
@@ -387,11 +397,14 @@ TEST_CASE("gpu: ncclCommSplit and ncclCommShrink make working comms; NOCOLOR giv
         ncclInvalidArgument);  // as NCCL 2.28.9: the list may not be NULL
   // Excluding nobody from one rank: the shim answers what the real NCCL answers on a real
   // one-rank comm (NCCL 2.28.9 refuses it with ncclInvalidArgument on the H200).
-  auto realShrink = realFn<ncclResult_t (*)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int)>("pncclCommShrink");
+  auto realShrink =
+      realFn<ncclResult_t (*)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int)>(
+          "pncclCommShrink");
   auto realDestroy = realFn<ncclResult_t (*)(ncclComm_t)>("pncclCommDestroy");
   REQUIRE((realShrink && realDestroy));
   ncclComm_t realParent = realOneRankComm(), realShrunk = nullptr;
-  const ncclResult_t ncclShrinkResult = realShrink(realParent, noRanks, 0, &realShrunk, nullptr, NCCL_SHRINK_DEFAULT);
+  const ncclResult_t ncclShrinkResult =
+      realShrink(realParent, noRanks, 0, &realShrunk, nullptr, NCCL_SHRINK_DEFAULT);
   const bool ncclGaveComm = realShrunk != nullptr;
   if (realShrunk != nullptr) (void)realDestroy(realShrunk);
   CHECK(realDestroy(realParent) == ncclSuccess);
@@ -577,8 +590,11 @@ TEST_CASE("gpu: host cost per call, shim vs the real NCCL (printed)") {
     for (int rep = 0; rep < 20; ++rep) {
       REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
       auto b0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < 48; ++i) REQUIRE(allReduce(in.p, out.p, 2, ncclFloat, ncclSum, comm, s) == ncclSuccess);
-      burst.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - b0).count() / 48);
+      for (int i = 0; i < 48; ++i)
+        REQUIRE(allReduce(in.p, out.p, 2, ncclFloat, ncclSum, comm, s) == ncclSuccess);
+      burst.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - b0).count() /
+          48);
     }
     REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
     std::sort(burst.begin(), burst.end());
@@ -588,7 +604,8 @@ TEST_CASE("gpu: host cost per call, shim vs the real NCCL (printed)") {
       REQUIRE(allReduce(in.p, out.p, 2, ncclFloat, ncclSum, comm, s) == ncclSuccess);
     REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
     auto t2 = std::chrono::steady_clock::now();
-    return std::make_pair(burst[burst.size() / 2], std::chrono::duration<double, std::micro>(t2 - t0).count() / iters);
+    return std::make_pair(burst[burst.size() / 2],
+                          std::chrono::duration<double, std::micro>(t2 - t0).count() / iters);
   };
   ncclComm_t comm = oneRankComm();
   auto shim = timeCalls(comm, &ncclAllReduce);
@@ -606,11 +623,13 @@ TEST_CASE("gpu: host cost per call, shim vs the real NCCL (printed)") {
   REQUIRE(realAllReduce != nullptr);
   ncclComm_t real = realOneRankComm();
   auto nccl = timeCalls(real, realAllReduce);
-  WARN("host us/call for an 8-byte AllReduce, 1 rank (enqueue: median of 20 bursts of 48 calls; completion: "
-       << iters << " calls back to back): shim->mkernel enqueue " << shim.first << " us (incl. completion "
-       << shim.second << "); shim->NCCL enqueue " << forwarded.first << " us (incl. completion "
-       << forwarded.second << "); NCCL 2.28 directly enqueue " << nccl.first
-       << " us (incl. completion " << nccl.second << ")");
+  WARN(
+      "host us/call for an 8-byte AllReduce, 1 rank (enqueue: median of 20 bursts of 48 calls; "
+      "completion: "
+      << iters << " calls back to back): shim->mkernel enqueue " << shim.first
+      << " us (incl. completion " << shim.second << "); shim->NCCL enqueue " << forwarded.first
+      << " us (incl. completion " << forwarded.second << "); NCCL 2.28 directly enqueue "
+      << nccl.first << " us (incl. completion " << nccl.second << ")");
   CHECK(forwarded.first < nccl.first + 20.0);  // the shim adds microseconds, not tens of them
   CHECK(ncclCommDestroy(forwarding) == ncclSuccess);
   CHECK(ncclCommDestroy(real) == ncclSuccess);
@@ -664,10 +683,13 @@ static std::pair<uint64_t, uint64_t> capturedAllReduce(const char* mode) {
   mkernel::params::resetForTesting();
   const mkernelStats_t after = stats();
   CHECK(ranSince(before, kAllReduce) == 2);  // the eager call and the captured one, each once
-  return {kernelSince(before, kAllReduce), after.forwardedOps[kAllReduce] - before.forwardedOps[kAllReduce]};
+  return {kernelSince(before, kAllReduce),
+          after.forwardedOps[kAllReduce] - before.forwardedOps[kAllReduce]};
 }
 
-TEST_CASE("gpu: a captured collective the launch path takes stays in mkernel (MKERNEL_GRAPH=auto, the default)") {
+TEST_CASE(
+    "gpu: a captured collective the launch path takes stays in mkernel (MKERNEL_GRAPH=auto, the "
+    "default)") {
   const auto ran = capturedAllReduce(nullptr);
   CHECK(ran.first == 2);  // eager and captured, both in mkernel
   CHECK(ran.second == 0);

@@ -1,7 +1,7 @@
 // plugin/shim/shim_group.cc on the CPU, with communicators that record what they are asked:
 // the order in which ncclGroupEnd posts collected collectives. Fenced communicators (thread ranks
-// sharing a GPU, collectives/runtime/post_fence.h) must be posted in lockstep, every such rank's k-th
-// start before any rank's k-th completion and before any (k+1)-th start, whatever the order of
+// sharing a GPU, collectives/runtime/post_fence.h) must be posted in lockstep, every such rank's
+// k-th start before any rank's k-th completion and before any (k+1)-th start, whatever the order of
 // the calls; the others get one enqueue per run of ops on one stream, in call order.
 #include "tests/catch.h"
 
@@ -61,7 +61,8 @@ class Recorder final : public mkernel::coll::Communicator {
   CommOptions opts_;
 };
 
-mkernel::shim::ShimComm* comm(const std::string& name, bool fenced, Result startResult = Result::Success) {
+mkernel::shim::ShimComm* comm(const std::string& name, bool fenced,
+                              Result startResult = Result::Success) {
   mkernel::shim::ShimComm* c = mkernel::shim::newShimComm();
   c->mk.reset(new Recorder(name, fenced, startResult));
   c->state.store(mkernel::shim::CommState::Ready);
@@ -76,7 +77,8 @@ CollArgs op(size_t count) {
 
 }  // namespace
 
-TEST_CASE("shim group: fenced ranks driven by one thread are posted in lockstep, the others batched") {
+TEST_CASE(
+    "shim group: fenced ranks driven by one thread are posted in lockstep, the others batched") {
   using namespace mkernel::shim;
   ShimComm* a = comm("A", true);
   ShimComm* b = comm("B", true);
@@ -96,16 +98,18 @@ TEST_CASE("shim group: fenced ranks driven by one thread are posted in lockstep,
   groupAddKernelOp(c, op(33), s2);
   REQUIRE(groupEnd() == ncclSuccess);
   const std::vector<std::string> want = {
-      "A:start:11", "B:start:21", "A:complete", "B:complete",  // round 1
-      "A:start:12", "B:start:22", "A:complete", "B:complete",  // round 2
-      "A:start:13", "A:complete",                              // round 3: A alone
-      "C:enqueue:31:32", "C:enqueue:33",                       // unfenced: one enqueue per stream run
+      "A:start:11",      "B:start:21",   "A:complete", "B:complete",  // round 1
+      "A:start:12",      "B:start:22",   "A:complete", "B:complete",  // round 2
+      "A:start:13",      "A:complete",                                // round 3: A alone
+      "C:enqueue:31:32", "C:enqueue:33",  // unfenced: one enqueue per stream run
   };
   std::lock_guard<std::mutex> lock(gMu);
   CHECK(gLog == want);
 }
 
-TEST_CASE("shim group: a fenced communicator's failed start still gets its completion, and the group fails") {
+TEST_CASE(
+    "shim group: a fenced communicator's failed start still gets its completion, and the group "
+    "fails") {
   using namespace mkernel::shim;
   ShimComm* f = comm("F", true, Result::RemoteError);
   ShimComm* a = comm("A", true);

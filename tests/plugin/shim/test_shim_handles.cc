@@ -28,8 +28,8 @@ namespace {
 
 using mkernel::Result;
 using mkernel::shim::CommState;
-using mkernel::shim::ShimComm;
 using mkernel::shim::findShimComm;
+using mkernel::shim::ShimComm;
 
 // The stand-in NCCL the shim loaded, and its hooks.
 void* fakeLib() {
@@ -80,7 +80,8 @@ void onDestroy(void* comm) {
 
 }  // namespace
 
-TEST_CASE("side table: a bound handle finds its comm; NULL, unknown and unbound handles find none") {
+TEST_CASE(
+    "side table: a bound handle finds its comm; NULL, unknown and unbound handles find none") {
   ShimComm* c = mkernel::shim::newShimComm();
   const ncclComm_t h = mkernel::shim::newStandInHandle();
   CHECK(findShimComm(h) == nullptr);
@@ -97,7 +98,8 @@ TEST_CASE("side table: a bound handle finds its comm; NULL, unknown and unbound 
     mkernel::shim::bindHandle(next, h);
     const std::string out = cap.text();
     INFO(out);
-    CHECK(out.find("the side table still held it for an earlier communicator") != std::string::npos);
+    CHECK(out.find("the side table still held it for an earlier communicator") !=
+          std::string::npos);
   }
   CHECK(findShimComm(h) == next);
   mkernel::shim::unbindHandle(c);  // no longer c's: nothing happens
@@ -106,8 +108,10 @@ TEST_CASE("side table: a bound handle finds its comm; NULL, unknown and unbound 
   CHECK(findShimComm(h) == nullptr);
 }
 
-TEST_CASE("side table: the handle leaves it before NCCL destroys or aborts the comm; the address NCCL reuses is not "
-          "taken for the old comm") {
+TEST_CASE(
+    "side table: the handle leaves it before NCCL destroys or aborts the comm; the address NCCL "
+    "reuses is not "
+    "taken for the old comm") {
   hook<void (*)(void (*)(void*))>("fakeNcclSetDestroyHook")(&onDestroy);
   for (bool abortive : {false, true}) {
     INFO((abortive ? "ncclCommAbort's release" : "ncclCommDestroy's release"));
@@ -141,7 +145,8 @@ TEST_CASE("side table: the handle leaves it before NCCL destroys or aborts the c
   hook<void (*)(void (*)(void*))>("fakeNcclSetDestroyHook")(nullptr);
 }
 
-TEST_CASE("side table: an emulated comm's stand-in stays in it after the release, marked destroyed") {
+TEST_CASE(
+    "side table: an emulated comm's stand-in stays in it after the release, marked destroyed") {
   ShimComm* c = mkernel::shim::newShimComm();
   c->emulate = true;
   mkernel::shim::bindHandle(c, mkernel::shim::newStandInHandle());
@@ -150,7 +155,8 @@ TEST_CASE("side table: an emulated comm's stand-in stays in it after the release
   REQUIRE(findShimComm(c->handle()) == c);
   int n = 0;
   CHECK(ncclCommCount(c->handle(), &n) == ncclInvalidArgument);
-  CHECK(std::string(ncclGetLastError(c->handle())) == "ncclCommCount : the communicator was destroyed");
+  CHECK(std::string(ncclGetLastError(c->handle())) ==
+        "ncclCommCount : the communicator was destroyed");
   CHECK(ncclCommDestroy(c->handle()) == ncclInvalidArgument);
 }
 
@@ -176,7 +182,8 @@ TEST_CASE("side table: lookups from several threads while others enter and remov
   for (int t = 0; t < kReaders; ++t)
     threads.emplace_back([&, t] {
       long n = 0;
-      for (unsigned i = static_cast<unsigned>(t); !stop.load(std::memory_order_relaxed); ++i, n += 2) {
+      for (unsigned i = static_cast<unsigned>(t); !stop.load(std::memory_order_relaxed);
+           ++i, n += 2) {
         const size_t s = i % kStable, k = (i * 7u) % kChurn;
         if (findShimComm(stableH[s]) != stable[s]) missingStable.fetch_add(1);
         ShimComm* got = findShimComm(churnH[k]);
@@ -189,7 +196,8 @@ TEST_CASE("side table: lookups from several threads while others enter and remov
       for (int round = 0; !stop.load(std::memory_order_relaxed); ++round)
         for (int k = t; k < kChurn; k += kWriters) {
           if (round % 2 == 0)
-            mkernel::shim::bindHandle(churn[static_cast<size_t>(k)], churnH[static_cast<size_t>(k)]);
+            mkernel::shim::bindHandle(churn[static_cast<size_t>(k)],
+                                      churnH[static_cast<size_t>(k)]);
           else
             mkernel::shim::unbindHandle(churn[static_cast<size_t>(k)]);
         }
@@ -228,8 +236,9 @@ TEST_CASE("side table: the cost of a lookup (printed)") {
         found.fetch_add(n);
       });
     for (auto& th : ts) th.join();
-    const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
-                      static_cast<double>(kPerThread);
+    const double ns =
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+        static_cast<double>(kPerThread);
     CHECK(found.load() == kPerThread * threads);
     return ns;
   };
@@ -240,7 +249,8 @@ TEST_CASE("side table: the cost of a lookup (printed)") {
   for (ShimComm* c : comms) mkernel::shim::unbindHandle(c);
 }
 
-TEST_CASE("re-entry: a call NCCL makes through its own PLT goes back to NCCL, not to the shim's comm") {
+TEST_CASE(
+    "re-entry: a call NCCL makes through its own PLT goes back to NCCL, not to the shim's comm") {
   ShimComm* c = realComm(0, 2);
   c->mk.reset(new FailedComm("a stand-in failure"));
   const ncclComm_t h = c->handle();
@@ -251,7 +261,8 @@ TEST_CASE("re-entry: a call NCCL makes through its own PLT goes back to NCCL, no
   // NCCL's own call (its enqueue asking its comm): NCCL's answer.
   const int before = hook<int (*)()>("fakeNcclAsyncErrorCalls")();
   async = ncclInternalError;
-  REQUIRE(hook<ncclResult_t (*)(ncclComm_t, ncclResult_t*)>("fakeNcclReenterAsyncError")(h, &async) == ncclSuccess);
+  REQUIRE(hook<ncclResult_t (*)(ncclComm_t, ncclResult_t*)>("fakeNcclReenterAsyncError")(
+              h, &async) == ncclSuccess);
   CHECK(async == ncclSuccess);
   CHECK(hook<int (*)()>("fakeNcclAsyncErrorCalls")() == before + 1);
   c->mk->abort();
@@ -260,7 +271,9 @@ TEST_CASE("re-entry: a call NCCL makes through its own PLT goes back to NCCL, no
   mkernel::shim::releaseShimComm(c, /*abortive=*/true);
 }
 
-TEST_CASE("re-entry: a forwarded collective reaches NCCL with NCCL's handle, and NCCL's own calls come back to it") {
+TEST_CASE(
+    "re-entry: a forwarded collective reaches NCCL with NCCL's handle, and NCCL's own calls come "
+    "back to it") {
   ShimComm* c = realComm(0, 2);  // no mkernel communicator: every call goes to NCCL
   c->mkUnavailable = "a test";
   const int before = hook<int (*)()>("fakeNcclAllReduceCalls")();
@@ -286,8 +299,10 @@ TEST_CASE("custom ops: the number the application gets is NCCL's, and NCCL gets 
   c->mkUnavailable = "a test";
   float scalar = 0.5f;
   ncclRedOp_t op = ncclSum;
-  REQUIRE(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, c->handle()) == ncclSuccess);
-  CHECK(static_cast<int>(op) >= ncclNumOps + 7);  // the stand-in NCCL numbers its ops from ncclNumOps + 7
+  REQUIRE(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, c->handle()) ==
+          ncclSuccess);
+  CHECK(static_cast<int>(op) >=
+        ncclNumOps + 7);  // the stand-in NCCL numbers its ops from ncclNumOps + 7
   {
     std::lock_guard<std::mutex> lock(c->opsMutex);
     const size_t ix = static_cast<size_t>(static_cast<int>(op) - ncclNumOps);
@@ -298,7 +313,8 @@ TEST_CASE("custom ops: the number the application gets is NCCL's, and NCCL gets 
   float x = 1.0f;
   REQUIRE(ncclAllReduce(&x, &x, 1, ncclFloat, op, c->handle(), nullptr) == ncclSuccess);
   CHECK(hook<int (*)()>("fakeNcclLastOp")() == static_cast<int>(op));  // forwarded as it came
-  CHECK(ncclAllReduce(&x, &x, 1, ncclHalf, op, c->handle(), nullptr) == ncclInvalidArgument);  // its dtype only
+  CHECK(ncclAllReduce(&x, &x, 1, ncclHalf, op, c->handle(), nullptr) ==
+        ncclInvalidArgument);  // its dtype only
   REQUIRE(ncclRedOpDestroy(op, c->handle()) == ncclSuccess);
   CHECK(hook<int (*)()>("fakeNcclLastOp")() == static_cast<int>(op));
   CHECK(ncclRedOpDestroy(op, c->handle()) == ncclInvalidArgument);  // no longer in mkernel's table

@@ -25,7 +25,6 @@ namespace {
 
 using mktest::StderrCapture;
 
-
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
@@ -50,7 +49,8 @@ bool realNccl(std::string* version, std::string* path) {
   REQUIRE(get != nullptr);
   int v = 0;
   REQUIRE(get(&v) == ncclSuccess);
-  *version = std::to_string(v / 10000) + "." + std::to_string(v % 10000 / 100) + "." + std::to_string(v % 100);
+  *version = std::to_string(v / 10000) + "." + std::to_string(v % 10000 / 100) + "." +
+             std::to_string(v % 100);
   Dl_info info{};
   REQUIRE(dladdr(reinterpret_cast<void*>(get), &info) != 0);
   *path = info.dli_fname;
@@ -60,7 +60,8 @@ bool realNccl(std::string* version, std::string* path) {
 
 }  // namespace
 
-TEST_CASE("startup line: at MKERNEL_DEBUG=VERSION, once, bare, naming mkernel and the real NCCL", "[.startup-version]") {
+TEST_CASE("startup line: at MKERNEL_DEBUG=VERSION, once, bare, naming mkernel and the real NCCL",
+          "[.startup-version]") {
   REQUIRE(env("MKERNEL_DEBUG") == "VERSION");
   REQUIRE(env("MKERNEL_EMULATE").empty());
   StderrCapture cap;
@@ -73,14 +74,17 @@ TEST_CASE("startup line: at MKERNEL_DEBUG=VERSION, once, bare, naming mkernel an
   INFO(out);
   CHECK(count(out, "loaded as NCCL shim") == 1);
   std::smatch m;
-  REQUIRE(std::regex_search(out, m, std::regex(R"((^|\n)mkernel ([0-9.]+) loaded as NCCL shim from (\S+); (.*)\n)")));
+  REQUIRE(std::regex_search(
+      out, m, std::regex(R"((^|\n)mkernel ([0-9.]+) loaded as NCCL shim from (\S+); (.*)\n)")));
   CHECK(m[2].str() == MKERNEL_VERSION_STRING);
   CHECK(realPath(m[3].str()) == realPath(MKERNEL_SO_PATH));
   std::string version, path;
   if (realNccl(&version, &path)) {
     CHECK(m[4].str() == "forwarding to NCCL " + version + " at " + path);
     // ncclGetVersion still answers the real NCCL's number (PyTorch checks it).
-    CHECK(std::to_string(v / 10000) + "." + std::to_string(v % 10000 / 100) + "." + std::to_string(v % 100) == version);
+    CHECK(std::to_string(v / 10000) + "." + std::to_string(v % 10000 / 100) + "." +
+              std::to_string(v % 100) ==
+          version);
   } else {
     CHECK(m[4].str().rfind("no real NCCL to forward to: ", 0) == 0);
   }
@@ -95,7 +99,10 @@ TEST_CASE("startup line: in emulation it says so", "[.startup-emulate]") {
   const std::string out = cap.text();
   INFO(out);
   CHECK(count(out, "loaded as NCCL shim") == 1);
-  CHECK(std::regex_search(out, std::regex(R"((^|\n)mkernel [0-9.]+ loaded as NCCL shim from \S+; emulation \(MKERNEL_EMULATE=1\): mkernel runs every communicator, nothing is forwarded)")));
+  CHECK(std::regex_search(
+      out,
+      std::regex(
+          R"((^|\n)mkernel [0-9.]+ loaded as NCCL shim from \S+; emulation \(MKERNEL_EMULATE=1\): mkernel runs every communicator, nothing is forwarded)")));
 }
 
 TEST_CASE("startup line: none at MKERNEL_DEBUG=WARN", "[.startup-warn]") {
@@ -112,7 +119,9 @@ TEST_CASE("startup line: none at MKERNEL_DEBUG=WARN", "[.startup-warn]") {
   CHECK(std::string(mkernelVersionString()) == std::string("mkernel ") + MKERNEL_VERSION_STRING);
 }
 
-TEST_CASE("error strings: an error that arose in mkernel points at MKERNEL_DEBUG; other codes keep NCCL's texts") {
+TEST_CASE(
+    "error strings: an error that arose in mkernel points at MKERNEL_DEBUG; other codes keep "
+    "NCCL's texts") {
   // The shim's own failure: a NULL comm.
   REQUIRE(ncclCommCount(nullptr, nullptr) == ncclInvalidArgument);
   CHECK(std::string(ncclGetErrorString(ncclInvalidArgument)) ==

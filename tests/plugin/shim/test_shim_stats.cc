@@ -1,7 +1,7 @@
 // MKERNEL_STATS=1 on the CPU: the line a shim communicator leaves at ncclCommDestroy and
 // ncclCommAbort (plugin/shim/shim_comm.cc: keepCommStats, printCommStats; the text is
-// collectives/runtime/stats.cc's commStatsLine), with a stand-in mkernel Communicator reporting fixed
-// counters, as the persistent-kernel communicator reports its own.
+// collectives/runtime/stats.cc's commStatsLine), with a stand-in mkernel Communicator reporting
+// fixed counters, as the persistent-kernel communicator reports its own.
 #include "tests/catch.h"
 #include "tests/stderr_capture.h"
 
@@ -67,7 +67,6 @@ class FixedComm final : public mkernel::coll::Communicator {
   CommOptions opts_;
 };
 
-
 ShimComm* liveComm(std::atomic<int>* statsCalls, int rank, int nRanks) {
   ShimComm* c = mkernel::shim::newShimComm();
   mkernel::shim::bindHandle(c, mkernel::shim::newStandInHandle());  // the line names the handle
@@ -95,8 +94,10 @@ struct StatsEnv {
 };
 
 const char* const kFixedLine =
-    "21 collectives: persistent kernel 4 (rings 1), launch path 13 (LL mode 6, of them batched 2; one-rank copies 0), "
-    "forwarded to NCCL 4; persistent-kernel launches 3; mkernel/NCCL: Broadcast 2/0, AllGather 5/0, AllReduce 10/4";
+    "21 collectives: persistent kernel 4 (rings 1), launch path 13 (LL mode 6, of them batched 2; "
+    "one-rank copies 0), "
+    "forwarded to NCCL 4; persistent-kernel launches 3; mkernel/NCCL: Broadcast 2/0, AllGather "
+    "5/0, AllReduce 10/4";
 
 }  // namespace
 
@@ -109,7 +110,8 @@ TEST_CASE("stats line: per path, then mkernel/NCCL per collective that ran") {
 TEST_CASE("stats line: a communicator without mkernel says why, and what NCCL ran") {
   const uint64_t fwd[5] = {0, 1, 0, 0, 3};
   CHECK(mkernel::coll::commStatsLine(nullptr, fwd, "MKERNEL_DISABLE=1") ==
-        "4 collectives: none in mkernel (MKERNEL_DISABLE=1), forwarded to NCCL 4; mkernel/NCCL: Reduce 0/1, "
+        "4 collectives: none in mkernel (MKERNEL_DISABLE=1), forwarded to NCCL 4; mkernel/NCCL: "
+        "Reduce 0/1, "
         "AllReduce 0/3");
   const uint64_t none[5] = {};
   CHECK(mkernel::coll::commStatsLine(nullptr, none, "") ==
@@ -120,10 +122,12 @@ TEST_CASE("stats line: late counter reads are said") {
   CollStats st = fixedStats();
   st.countersLate = 2;
   const uint64_t fwd[5] = {};
-  CHECK(mkernel::coll::commStatsLine(&st, fwd, "").find("; 2 late counter read(s)") != std::string::npos);
+  CHECK(mkernel::coll::commStatsLine(&st, fwd, "").find("; 2 late counter read(s)") !=
+        std::string::npos);
 }
 
-TEST_CASE("MKERNEL_STATS=1: ncclCommDestroy's release prints the communicator's line once, at WARN") {
+TEST_CASE(
+    "MKERNEL_STATS=1: ncclCommDestroy's release prints the communicator's line once, at WARN") {
   StatsEnv on("1");
   std::atomic<int> calls{0};
   ShimComm* c = liveComm(&calls, 1, 2);
@@ -134,14 +138,18 @@ TEST_CASE("MKERNEL_STATS=1: ncclCommDestroy's release prints the communicator's 
   const std::string out = cap.text();
   INFO(out);
   CHECK(calls.load() == 1);
-  const std::regex line(std::string(R"((^|\n)[^ \n]+:\d+:\d+ MKERNEL STATS comm 0x[0-9a-f]+ rank 1/2: )") +
-                        std::regex_replace(kFixedLine, std::regex(R"([()\[\];.+*?^$|\\/])"), R"(\$&)") + "\n");
+  const std::regex line(
+      std::string(R"((^|\n)[^ \n]+:\d+:\d+ MKERNEL STATS comm 0x[0-9a-f]+ rank 1/2: )") +
+      std::regex_replace(kFixedLine, std::regex(R"([()\[\];.+*?^$|\\/])"), R"(\$&)") + "\n");
   CHECK(std::regex_search(out, line));
   size_t n = 0;
-  for (size_t p = out.find("MKERNEL STATS"); p != std::string::npos; p = out.find("MKERNEL STATS", p + 1)) ++n;
+  for (size_t p = out.find("MKERNEL STATS"); p != std::string::npos;
+       p = out.find("MKERNEL STATS", p + 1))
+    ++n;
   CHECK(n == 1);
   char named[64];  // the handle the application holds
-  std::snprintf(named, sizeof(named), "MKERNEL STATS comm %p rank 1/2: ", static_cast<void*>(c->handle()));
+  std::snprintf(named, sizeof(named),
+                "MKERNEL STATS comm %p rank 1/2: ", static_cast<void*>(c->handle()));
   CHECK(out.find(named) != std::string::npos);
 }
 
@@ -168,8 +176,9 @@ TEST_CASE("MKERNEL_STATS=1: a communicator that never had mkernel's says why") {
   mkernel::shim::destroyShimComm(c);
   const std::string out = cap.text();
   INFO(out);
-  CHECK(out.find("rank 0/1: 4 collectives: none in mkernel (MKERNEL_DISABLE=1), forwarded to NCCL 4; "
-                 "mkernel/NCCL: AllReduce 0/4\n") != std::string::npos);
+  CHECK(
+      out.find("rank 0/1: 4 collectives: none in mkernel (MKERNEL_DISABLE=1), forwarded to NCCL 4; "
+               "mkernel/NCCL: AllReduce 0/4\n") != std::string::npos);
 }
 
 TEST_CASE("MKERNEL_STATS unset or 0: no line, and the counters are not even read") {

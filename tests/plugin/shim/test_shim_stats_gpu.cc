@@ -29,12 +29,13 @@ struct Env {
   }
 } gEnv;
 
-
 const char* const kNames[5] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce"};
 
 }  // namespace
 
-TEST_CASE("gpu: MKERNEL_STATS=1: the destroyed communicator's line matches what mkernelGetStats counted") {
+TEST_CASE(
+    "gpu: MKERNEL_STATS=1: the destroyed communicator's line matches what mkernelGetStats "
+    "counted") {
   REQUIRE(std::string(std::getenv("MKERNEL_STATS") ? std::getenv("MKERNEL_STATS") : "") == "1");
   const mkernelStats_t before = stats();
   ncclUniqueId id;
@@ -75,13 +76,15 @@ TEST_CASE("gpu: MKERNEL_STATS=1: the destroyed communicator's line matches what 
   REQUIRE(at != std::string::npos);
   const std::string line = log.substr(at, log.find('\n', at) - at);
   INFO(line);
-  CHECK(line.find(" rank 0/1: " + std::to_string(total) + " collectives: persistent kernel ") != std::string::npos);
+  CHECK(line.find(" rank 0/1: " + std::to_string(total) + " collectives: persistent kernel ") !=
+        std::string::npos);
   CHECK(line.find("forwarded to NCCL " + std::to_string(totalFwd) + ";") != std::string::npos);
   std::string perColl;
   const char* sep = "; mkernel/NCCL:";
   for (int c = 0; c < 5; ++c) {
     if (mk[c] == 0 && fwd[c] == 0) continue;
-    perColl += std::string(sep) + " " + kNames[c] + " " + std::to_string(mk[c]) + "/" + std::to_string(fwd[c]);
+    perColl += std::string(sep) + " " + kNames[c] + " " + std::to_string(mk[c]) + "/" +
+               std::to_string(fwd[c]);
     sep = ",";
   }
   CHECK(line.find(perColl) != std::string::npos);

@@ -194,9 +194,9 @@ TEST_CASE("validate: premul-sum host scalars convert from every datatype") {
 }
 
 TEST_CASE("select: collectives on the persistent kernel follow MKERNEL_GRAPH, captured or not") {
+  using mkernel::shim::doorbellRoute;
   using mkernel::shim::GraphPath;
   using mkernel::shim::Route;
-  using mkernel::shim::doorbellRoute;
   GraphPath mode = GraphPath::Mkernel;
   REQUIRE(mkernel::shim::parseGraphPath("nccl", &mode) == mkernel::Result::Success);
   CHECK(mode == GraphPath::Nccl);
@@ -224,14 +224,18 @@ namespace {
 class DoorbellComm final : public mkernel::coll::Communicator {
  public:
   explicit DoorbellComm(size_t doorbellFrom) : from_(doorbellFrom) {}
-  mkernel::Result enqueue(const mkernel::coll::CollArgs*, int, cudaStream_t) override { return mkernel::Result::Success; }
+  mkernel::Result enqueue(const mkernel::coll::CollArgs*, int, cudaStream_t) override {
+    return mkernel::Result::Success;
+  }
   bool needsDoorbell(const mkernel::coll::CollArgs& op) const override { return op.count > from_; }
   mkernel::Result asyncError(bool) override { return mkernel::Result::Success; }
   mkernel::Result abort() override { return mkernel::Result::Success; }
   mkernel::Result finalize() override { return mkernel::Result::Success; }
   const mkernel::coll::CommOptions& options() const override { return opts_; }
   void stats(mkernel::coll::CollStats*) const override {}
-  mkernel::Result kernelTrace(std::vector<uint64_t>*) const override { return mkernel::Result::InvalidUsage; }
+  mkernel::Result kernelTrace(std::vector<uint64_t>*) const override {
+    return mkernel::Result::InvalidUsage;
+  }
 
  private:
   size_t from_;
@@ -239,7 +243,9 @@ class DoorbellComm final : public mkernel::coll::Communicator {
 };
 }  // namespace
 
-TEST_CASE("select: chooseRoute sends what needs the doorbell to NCCL (auto, one node), the rest to mkernel") {
+TEST_CASE(
+    "select: chooseRoute sends what needs the doorbell to NCCL (auto, one node), the rest to "
+    "mkernel") {
   using mkernel::shim::GraphPath;
   using mkernel::shim::Route;
   mkernel::coll::PolicyConfig pc;
@@ -266,9 +272,12 @@ TEST_CASE("select: chooseRoute sends what needs the doorbell to NCCL (auto, one 
     bool doorbell;
   };
   const Case cases[] = {
-      {GraphPath::Auto, 1, true, 1000, Route::Kernel, false},    {GraphPath::Auto, 1, true, 1001, Route::Forward, true},
-      {GraphPath::Auto, 2, true, 1001, Route::Kernel, true},     {GraphPath::Nccl, 2, true, 1001, Route::Forward, true},
-      {GraphPath::Nccl, 1, true, 10, Route::Kernel, false},      {GraphPath::Mkernel, 1, true, 1001, Route::Kernel, true},
+      {GraphPath::Auto, 1, true, 1000, Route::Kernel, false},
+      {GraphPath::Auto, 1, true, 1001, Route::Forward, true},
+      {GraphPath::Auto, 2, true, 1001, Route::Kernel, true},
+      {GraphPath::Nccl, 2, true, 1001, Route::Forward, true},
+      {GraphPath::Nccl, 1, true, 10, Route::Kernel, false},
+      {GraphPath::Mkernel, 1, true, 1001, Route::Kernel, true},
       {GraphPath::Auto, 1, false, 1001, Route::Kernel, true},
   };
   for (const Case& k : cases) {
@@ -284,8 +293,10 @@ TEST_CASE("select: chooseRoute sends what needs the doorbell to NCCL (auto, one 
     call.count = k.count;
     Route route = Route::Forward;
     bool doorbell = false;
-    INFO("mode " << static_cast<int>(k.mode) << ", " << k.nodes << " node(s), real " << k.haveReal << ", count " << k.count);
-    REQUIRE(mkernel::shim::chooseRoute(c, c.mk.get(), call, &args, &route, &doorbell) == mkernel::Result::Success);
+    INFO("mode " << static_cast<int>(k.mode) << ", " << k.nodes << " node(s), real " << k.haveReal
+                 << ", count " << k.count);
+    REQUIRE(mkernel::shim::chooseRoute(c, c.mk.get(), call, &args, &route, &doorbell) ==
+            mkernel::Result::Success);
     CHECK(route == k.want);
     CHECK(doorbell == k.doorbell);
   }
@@ -326,11 +337,13 @@ ncclCollConfig_t collDefaults() {
 
 }  // namespace
 
-TEST_CASE("select: a per-call config of defaults is the plain call; any field set, or no initializer, is NCCL's") {
+TEST_CASE(
+    "select: a per-call config of defaults is the plain call; any field set, or no initializer, is "
+    "NCCL's") {
   CHECK(collConfigIsDefault(nullptr));
   ncclCollConfig_t c = collDefaults();
   CHECK(collConfigIsDefault(&c));
-  c.algSelection = "";  // automatic, as NULL
+  c.algSelection = "";      // automatic, as NULL
   c.forceAlgSelection = 0;  // means nothing without a selection
   CHECK(collConfigIsDefault(&c));
   ncclConfigExt_t ext{};
@@ -347,7 +360,9 @@ TEST_CASE("select: a per-call config of defaults is the plain call; any field se
       {"CTAPolicy", [](ncclCollConfig_t* x, ncclConfigExt_t*) { x->CTAPolicy = 1; }},
       {"userProfilerTag", [](ncclCollConfig_t* x, ncclConfigExt_t*) { x->userProfilerTag = 7; }},
       {"launchCompletionEvent",
-       [](ncclCollConfig_t* x, ncclConfigExt_t*) { x->launchCompletionEvent = reinterpret_cast<cudaEvent_t>(0x10); }},
+       [](ncclCollConfig_t* x, ncclConfigExt_t*) {
+         x->launchCompletionEvent = reinterpret_cast<cudaEvent_t>(0x10);
+       }},
       {"magic", [](ncclCollConfig_t* x, ncclConfigExt_t*) { x->magic = 0; }},
   };
   for (const auto& f : fields) {

@@ -30,7 +30,8 @@ size_t count(const std::string& text, const std::string& what) {
 
 }  // namespace
 
-TEST_CASE("version: an NCCL newer than the newest tested is said at INFO and warned about once", "[.version-new]") {
+TEST_CASE("version: an NCCL newer than the newest tested is said at INFO and warned about once",
+          "[.version-new]") {
   REQUIRE(library().find("fake_nccl_new") != std::string::npos);
   StderrCapture cap;
   int v = 0;
@@ -45,14 +46,18 @@ TEST_CASE("version: an NCCL newer than the newest tested is said at INFO and war
   CHECK(r != ncclInvalidUsage);
   const std::string out = cap.text();
   INFO(out);
-  CHECK(count(out, "MKERNEL INFO shim: real NCCL 2.99.1 (version code 29901) at " + library()) == 1);
+  CHECK(count(out, "MKERNEL INFO shim: real NCCL 2.99.1 (version code 29901) at " + library()) ==
+        1);
   CHECK(count(out, "newer than") == 1);  // once, however often the shim is asked
-  CHECK(count(out, "the real NCCL is 2.99.1 (" + library() + "), newer than 2.32.3, the newest version mkernel's "
-                   "shim was tested with") == 1);
+  CHECK(count(out, "the real NCCL is 2.99.1 (" + library() +
+                       "), newer than 2.32.3, the newest version mkernel's "
+                       "shim was tested with") == 1);
 }
 
-TEST_CASE("version: communicator creation beside an NCCL older than 2.28 is ncclInvalidUsage, naming both versions",
-          "[.version-old]") {
+TEST_CASE(
+    "version: communicator creation beside an NCCL older than 2.28 is ncclInvalidUsage, naming "
+    "both versions",
+    "[.version-old]") {
   REQUIRE(library().find("fake_nccl_old") != std::string::npos);
   StderrCapture cap;
   int v = 0;
@@ -67,7 +72,8 @@ TEST_CASE("version: communicator creation beside an NCCL older than 2.28 is nccl
   CHECK(said == "ncclCommInitRank : the real NCCL at " + library() +
                     " is 2.27.7; mkernel's shim needs NCCL 2.28.0 or newer (built against " +
                     std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." +
-                    std::to_string(NCCL_PATCH) + ", tested up to 2.32.3): load a newer libnccl.so.2 "
+                    std::to_string(NCCL_PATCH) +
+                    ", tested up to 2.32.3): load a newer libnccl.so.2 "
                     "(MKERNEL_NCCL_LIBRARY)");
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   CHECK(ncclCommInitRankConfig(&comm, 1, id, 0, &config) == ncclInvalidUsage);
@@ -82,11 +88,13 @@ TEST_CASE("version: communicator creation beside an NCCL older than 2.28 is nccl
   CHECK(ncclGroupEnd() == ncclInvalidUsage);
   const std::string out = cap.text();
   INFO(out);
-  CHECK(count(out, "MKERNEL INFO shim: real NCCL 2.27.7 (version code 22707) at " + library()) == 1);
+  CHECK(count(out, "MKERNEL INFO shim: real NCCL 2.27.7 (version code 22707) at " + library()) ==
+        1);
   CHECK(out.find("newer than") == std::string::npos);
 }
 
-TEST_CASE("version: the real libnccl.so.2 the build found is said at INFO, without a warning", "[.version-real]") {
+TEST_CASE("version: the real libnccl.so.2 the build found is said at INFO, without a warning",
+          "[.version-real]") {
   StderrCapture cap;
   int v = 0;
   REQUIRE(ncclGetVersion(&v) == ncclSuccess);
@@ -97,10 +105,13 @@ TEST_CASE("version: the real libnccl.so.2 the build found is said at INFO, witho
   REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
   ncclComm_t comm = nullptr;
   const ncclResult_t r = ncclCommInitRank(&comm, 1, id, 0);
-  if (r == ncclSuccess) CHECK(ncclCommDestroy(comm) == ncclSuccess);  // a machine with a GPU
-  else CHECK(r == ncclUnhandledCudaError);                             // none: past the version check
+  if (r == ncclSuccess)
+    CHECK(ncclCommDestroy(comm) == ncclSuccess);  // a machine with a GPU
+  else
+    CHECK(r == ncclUnhandledCudaError);  // none: past the version check
   const std::string out = cap.text();
   INFO(out);
-  CHECK(count(out, "MKERNEL INFO shim: real NCCL " + text + " (version code " + std::to_string(v) + ") at ") == 1);
+  CHECK(count(out, "MKERNEL INFO shim: real NCCL " + text + " (version code " + std::to_string(v) +
+                       ") at ") == 1);
   if (v <= 23203) CHECK(out.find("newer than") == std::string::npos);
 }

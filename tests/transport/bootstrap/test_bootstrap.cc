@@ -27,7 +27,9 @@ namespace {
 
 // Every log line of this test binary goes to a file that a test reads back (set before the first
 // line is logged: the log's settings are read once).
-std::string logPath() { return "/tmp/mk-test-bootstrap-" + std::to_string(getpid()) + ".log"; }
+std::string logPath() {
+  return "/tmp/mk-test-bootstrap-" + std::to_string(getpid()) + ".log";
+}
 struct LogToFile {
   LogToFile() { setenv("MKERNEL_DEBUG_FILE", logPath().c_str(), 1); }
   ~LogToFile() { std::remove(logPath().c_str()); }
@@ -75,7 +77,8 @@ std::vector<Result> runRanks(int n, Fn fn) {
 
 // Ranks 0 and 1 of a fresh two-rank bootstrap, connected: rank 1 has sent `value` with `tag` and
 // rank 0 has received it.
-void connectedPair(std::unique_ptr<Bootstrap>* b0, std::unique_ptr<Bootstrap>* b1, int tag, int value) {
+void connectedPair(std::unique_ptr<Bootstrap>* b0, std::unique_ptr<Bootstrap>* b1, int tag,
+                   int value) {
   UniqueId id;
   REQUIRE(mkernel::bootstrap::createUniqueId(&id) == Result::Success);
   // Catch2's assertions are not thread-safe (ThreadSanitizer sees two at once): the
@@ -178,7 +181,9 @@ TEST_CASE("bootstrap: a peer that goes away makes recv fail; abort makes it retu
   aborter.join();
 }
 
-TEST_CASE("bootstrap: a peer that closes between frames has left: an error for whoever waits on it, no warning") {
+TEST_CASE(
+    "bootstrap: a peer that closes between frames has left: an error for whoever waits on it, no "
+    "warning") {
   // Every communicator's destruction closes its connections: a WARN for each would fill every
   // job's exit with "peer closed the connection while reading a frame header".
   LoopbackEnv env;
@@ -192,8 +197,10 @@ TEST_CASE("bootstrap: a peer that closes between frames has left: an error for w
   b0.reset();
   const std::string log = logText();
   INFO("log:\n" << log);
-  CHECK(log.find("peer 1 closed its connection") != std::string::npos);  // the waiter's error: logged
-  CHECK(log.find("while reading a frame header") == std::string::npos);  // the close itself: not a warning
+  CHECK(log.find("peer 1 closed its connection") !=
+        std::string::npos);  // the waiter's error: logged
+  CHECK(log.find("while reading a frame header") ==
+        std::string::npos);  // the close itself: not a warning
 }
 
 TEST_CASE("bootstrap: the root rejects malformed hellos and still completes") {
@@ -205,10 +212,11 @@ TEST_CASE("bootstrap: the root rejects malformed hellos and still completes") {
   // A stranger connects and sends garbage, another sends a truncated hello and closes.
   for (size_t bytes : {sizeof(mkernel::bootstrap::HelloWire), size_t(7)}) {
     int fd = -1;
-    REQUIRE(mkernel::bootstrap::connectTo(w.root, mkernel::bootstrap::Deadline::in(5), &fd, "test") ==
-            Result::Success);
+    REQUIRE(mkernel::bootstrap::connectTo(w.root, mkernel::bootstrap::Deadline::in(5), &fd,
+                                          "test") == Result::Success);
     std::vector<char> junk(bytes, 0x7f);
-    REQUIRE(mkernel::bootstrap::sendAll(fd, junk.data(), junk.size(), mkernel::bootstrap::Deadline::in(5),
+    REQUIRE(mkernel::bootstrap::sendAll(fd, junk.data(), junk.size(),
+                                        mkernel::bootstrap::Deadline::in(5),
                                         "test") == Result::Success);
     mkernel::bootstrap::closeFd(&fd);
   }
@@ -221,7 +229,8 @@ TEST_CASE("bootstrap: the root rejects malformed hellos and still completes") {
   CHECK(Bootstrap::hostHash() != 0);
 }
 
-TEST_CASE("bootstrap: MKERNEL_HOSTID stands for the host (processes of one machine as several hosts)") {
+TEST_CASE(
+    "bootstrap: MKERNEL_HOSTID stands for the host (processes of one machine as several hosts)") {
   unsetenv("MKERNEL_HOSTID");
   mkernel::params::resetForTesting();
   const uint64_t machine = Bootstrap::hostHash();
@@ -250,11 +259,14 @@ TEST_CASE("bootstrap: a client that connects to the root and sends nothing delay
   std::memcpy(&w, id.bytes, sizeof(w));
   // Two silent clients, one with a partial hello, both kept open through the rendezvous.
   int silent = -1, partial = -1;
-  REQUIRE(mkernel::bootstrap::connectTo(w.root, mkernel::bootstrap::Deadline::in(5), &silent, "test") == Result::Success);
-  REQUIRE(mkernel::bootstrap::connectTo(w.root, mkernel::bootstrap::Deadline::in(5), &partial, "test") == Result::Success);
+  REQUIRE(mkernel::bootstrap::connectTo(w.root, mkernel::bootstrap::Deadline::in(5), &silent,
+                                        "test") == Result::Success);
+  REQUIRE(mkernel::bootstrap::connectTo(w.root, mkernel::bootstrap::Deadline::in(5), &partial,
+                                        "test") == Result::Success);
   const char some[9] = {};
-  REQUIRE(mkernel::bootstrap::sendAll(partial, some, sizeof(some), mkernel::bootstrap::Deadline::in(5), "test") ==
-          Result::Success);
+  REQUIRE(mkernel::bootstrap::sendAll(partial, some, sizeof(some),
+                                      mkernel::bootstrap::Deadline::in(5),
+                                      "test") == Result::Success);
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<Bootstrap> b0, b1;
   Result r1 = Result::InternalError;

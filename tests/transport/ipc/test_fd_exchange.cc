@@ -35,9 +35,10 @@ class ThreadGather {
   explicit ThreadGather(int n) : n_(n) {}
   Result gather(int rank, void* data, size_t bytes) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (buf_.size() != bytes * static_cast<size_t>(n_)) buf_.assign(bytes * static_cast<size_t>(n_), 0);
-    std::memcpy(buf_.data() + bytes * static_cast<size_t>(rank), static_cast<char*>(data) + bytes * static_cast<size_t>(rank),
-                bytes);
+    if (buf_.size() != bytes * static_cast<size_t>(n_))
+      buf_.assign(bytes * static_cast<size_t>(n_), 0);
+    std::memcpy(buf_.data() + bytes * static_cast<size_t>(rank),
+                static_cast<char*>(data) + bytes * static_cast<size_t>(rank), bytes);
     wait(&lock);
     std::memcpy(data, buf_.data(), buf_.size());
     wait(&lock);  // everyone has read before the next gather writes
@@ -79,7 +80,9 @@ std::string readAll(int fd) {
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
 }
 
-std::string textOf(int rank, int i) { return "rank " + std::to_string(rank) + " descriptor " + std::to_string(i); }
+std::string textOf(int rank, int i) {
+  return "rank " + std::to_string(rank) + " descriptor " + std::to_string(i);
+}
 
 // Runs exchangeFds on n threads with want(a, b); returns each rank's result and what it read
 // through each descriptor it got ("" for -1).
@@ -102,7 +105,8 @@ ThreadRun runThreads(int n, int nFds, bool (*want)(int, int), double timeoutS = 
       for (int q = 0; q < n; ++q) w[static_cast<size_t>(q)] = q != r && want(r, q) ? 1 : 0;
       std::vector<int> got;
       out.res[static_cast<size_t>(r)] =
-          exchangeFds([&](void* d, size_t b) { return g.gather(r, d, b); }, r, n, w, mine.data(), nFds, timeoutS, &got);
+          exchangeFds([&](void* d, size_t b) { return g.gather(r, d, b); }, r, n, w, mine.data(),
+                      nFds, timeoutS, &got);
       for (int fd : mine) close(fd);
       for (int fd : got) {
         out.read[static_cast<size_t>(r)].push_back(fd >= 0 ? readAll(fd) : std::string());
@@ -116,7 +120,9 @@ ThreadRun runThreads(int n, int nFds, bool (*want)(int, int), double timeoutS = 
 
 }  // namespace
 
-TEST_CASE("exchangeFds: every rank gets every other rank's descriptors (threads, 1-6 ranks, 1-3 descriptors)") {
+TEST_CASE(
+    "exchangeFds: every rank gets every other rank's descriptors (threads, 1-6 ranks, 1-3 "
+    "descriptors)") {
   for (int n : {1, 2, 3, 6}) {
     for (int nFds : {1, 3}) {
       CAPTURE(n, nFds);
@@ -149,7 +155,9 @@ TEST_CASE("exchangeFds: only the ranks wanted (ranks of other 'processes': diffe
   for (Result r : none.res) CHECK(r == Result::Success);
 }
 
-TEST_CASE("exchangeFds: a rank whose descriptor count differs is an error on its peers, within the timeout") {
+TEST_CASE(
+    "exchangeFds: a rank whose descriptor count differs is an error on its peers, within the "
+    "timeout") {
   const int n = 3;
   ThreadGather g(n);
   std::vector<Result> res(static_cast<size_t>(n), Result::Success);
@@ -165,7 +173,8 @@ TEST_CASE("exchangeFds: a rank whose descriptor count differs is an error on its
       w[static_cast<size_t>(r)] = 0;
       std::vector<int> got;
       res[static_cast<size_t>(r)] =
-          exchangeFds([&](void* d, size_t b) { return g.gather(r, d, b); }, r, n, w, mine.data(), nFds, 5.0, &got);
+          exchangeFds([&](void* d, size_t b) { return g.gather(r, d, b); }, r, n, w, mine.data(),
+                      nFds, 5.0, &got);
       err[static_cast<size_t>(r)] = mkernel::lastError();
       for (int fd : mine) close(fd);
       for (int fd : got)
@@ -177,13 +186,15 @@ TEST_CASE("exchangeFds: a rank whose descriptor count differs is an error on its
   for (int r = 0; r < 2; ++r) {
     CAPTURE(r, err[static_cast<size_t>(r)]);
     CHECK(res[static_cast<size_t>(r)] == Result::RemoteError);
-    CHECK(err[static_cast<size_t>(r)].find("rank 2 passes a different number") != std::string::npos);
+    CHECK(err[static_cast<size_t>(r)].find("rank 2 passes a different number") !=
+          std::string::npos);
   }
   CHECK(res[2] != Result::Success);  // it sees ranks 0 and 1 pass another number
   CHECK(s < 5.0);                    // from the gather, not from the timeout
 }
 
-TEST_CASE("exchangeFds: a rank that gathers but never answers is a timeout naming the step, not a hang") {
+TEST_CASE(
+    "exchangeFds: a rank that gathers but never answers is a timeout naming the step, not a hang") {
   // Rank 1 takes part in the gather with the endpoint of a socket that listens and never accepts.
   // Its slot mirrors fd_exchange.cc's private layout: a 64-byte name, pid, descriptor count, nonce.
   struct Endpoint {
@@ -200,13 +211,15 @@ TEST_CASE("exchangeFds: a rank that gathers but never answers is a timeout namin
     const int fd = memfdWith("x");
     std::vector<char> w{0, 1};
     std::vector<int> got;
-    res = exchangeFds([&](void* d, size_t b) { return g.gather(0, d, b); }, 0, 2, w, &fd, 1, 1.5, &got);
+    res = exchangeFds([&](void* d, size_t b) { return g.gather(0, d, b); }, 0, 2, w, &fd, 1, 1.5,
+                      &got);
     err = mkernel::lastError();
     close(fd);
   });
   std::thread rank1([&] {
     Endpoint eps[2] = {};
-    std::snprintf(eps[1].name, sizeof(eps[1].name), "mkernel-fd-test-silent-%d", static_cast<int>(getpid()));
+    std::snprintf(eps[1].name, sizeof(eps[1].name), "mkernel-fd-test-silent-%d",
+                  static_cast<int>(getpid()));
     eps[1].pid = static_cast<int32_t>(getpid());
     eps[1].nFds = 1;
     const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -214,9 +227,11 @@ TEST_CASE("exchangeFds: a rank that gathers but never answers is a timeout namin
     a.sun_family = AF_UNIX;
     const size_t len = std::strlen(eps[1].name);
     std::memcpy(a.sun_path + 1, eps[1].name, len);
-    const bool listening = s >= 0 &&
-                           bind(s, reinterpret_cast<sockaddr*>(&a), static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + len)) == 0 &&
-                           listen(s, 4) == 0;
+    const bool listening =
+        s >= 0 &&
+        bind(s, reinterpret_cast<sockaddr*>(&a),
+             static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + len)) == 0 &&
+        listen(s, 4) == 0;
     g.gather(1, eps, sizeof(Endpoint));
     int32_t connected[2] = {0, 1};  // "connected to everyone it wants" (nobody)
     g.gather(1, connected, sizeof(int32_t));
@@ -249,7 +264,8 @@ TEST_CASE("exchangeFds: a rank that cannot reach a peer's socket makes every ran
       std::vector<char> w(3, 0);
       if (r == 0) w[1] = 1;
       std::vector<int> got;
-      res[r] = exchangeFds([&](void* d, size_t b) { return g.gather(r, d, b); }, r, 3, w, &fd, 1, 20.0, &got);
+      res[r] = exchangeFds([&](void* d, size_t b) { return g.gather(r, d, b); }, r, 3, w, &fd, 1,
+                           20.0, &got);
       err[r] = mkernel::lastError();
       close(fd);
       for (int f : got)
@@ -266,7 +282,9 @@ TEST_CASE("exchangeFds: a rank that cannot reach a peer's socket makes every ran
   CHECK(s < 5.0);
 }
 
-TEST_CASE("exchangeFds: callers that are not ranks (silent, closing, or of another process claiming a rank) get nothing; the exchange completes") {
+TEST_CASE(
+    "exchangeFds: callers that are not ranks (silent, closing, or of another process claiming a "
+    "rank) get nothing; the exchange completes") {
   // Rank 1's gather of the endpoints forks an impostor (another pid) that connects to rank 0's
   // socket first and greets as rank 1, with the right nonce. Rank 0 must refuse it (SO_PEERCRED:
   // not rank 1's pid) without counting it, then serve the real rank 1. The layouts mirror
@@ -309,7 +327,8 @@ TEST_CASE("exchangeFds: callers that are not ranks (silent, closing, or of anoth
             a.sun_family = AF_UNIX;
             const size_t len = strnlen(name, sizeof(e0.name));
             std::memcpy(a.sun_path + 1, name, len);
-            if (connect(s, reinterpret_cast<sockaddr*>(&a), static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + len)) != 0) {
+            if (connect(s, reinterpret_cast<sockaddr*>(&a),
+                        static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + len)) != 0) {
               close(s);
               return -1;
             }
@@ -327,7 +346,8 @@ TEST_CASE("exchangeFds: callers that are not ranks (silent, closing, or of anoth
             const size_t len = strnlen(e0.name, sizeof(e0.name));
             std::memcpy(a.sun_path + 1, e0.name, len);
             int rc = 1;
-            if (connect(s, reinterpret_cast<sockaddr*>(&a), static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + len)) == 0) {
+            if (connect(s, reinterpret_cast<sockaddr*>(&a),
+                        static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + len)) == 0) {
               const Hello h{0x6d6b6664u, 1, e0.nonce};
               if (write(s, &h, sizeof(h)) == static_cast<ssize_t>(sizeof(h))) {
                 (void)!write(sig[1], "x", 1);
@@ -387,8 +407,8 @@ TEST_CASE("exchangeFds: between processes over the bootstrap (4 processes, two '
     std::vector<char> w(static_cast<size_t>(n), 0);
     for (int q = 0; q < n; ++q) w[static_cast<size_t>(q)] = want(r, q) ? 1 : 0;
     std::vector<int> got;
-    if (exchangeFds([&](void* d, size_t b) { return bs->allGather(d, b); }, r, n, w, mine, 2, 20.0, &got) !=
-        Result::Success)
+    if (exchangeFds([&](void* d, size_t b) { return bs->allGather(d, b); }, r, n, w, mine, 2, 20.0,
+                    &got) != Result::Success)
       return 11;
     close(mine[0]);
     close(mine[1]);

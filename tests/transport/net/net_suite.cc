@@ -28,7 +28,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double secondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::vector<char> randomBytes(size_t n, uint32_t seed) {
   std::vector<char> v(n);
@@ -68,7 +70,8 @@ Request* postRecv(Net& net, net::RecvComm* r, int n, void** data, size_t* sizes,
 long cpuMicros() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
-  return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1000000L + u.ru_utime.tv_usec + u.ru_stime.tv_usec;
+  return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1000000L + u.ru_utime.tv_usec +
+         u.ru_stime.tv_usec;
 }
 
 }  // namespace
@@ -106,7 +109,8 @@ void connectPair(const NetFactory& factory, CommPair* pair, double timeoutS) {
   REQUIRE(listen != nullptr);
   auto t0 = Clock::now();
   while (pair->send == nullptr || pair->recv == nullptr) {
-    if (pair->send == nullptr) REQUIRE(pair->net->connect(0, handle, &pair->send) == Result::Success);
+    if (pair->send == nullptr)
+      REQUIRE(pair->net->connect(0, handle, &pair->send) == Result::Success);
     if (pair->recv == nullptr) REQUIRE(pair->net->accept(listen, &pair->recv) == Result::Success);
     REQUIRE(secondsSince(t0) < timeoutS);
   }
@@ -124,7 +128,8 @@ Result waitRequest(Net& net, Request* req, size_t* sizes, double timeoutS, bool*
   return Result::Success;
 }
 
-void completeBoth(Net& net, Request* sendReq, Request* recvReq, size_t* recvSizes, double timeoutS) {
+void completeBoth(Net& net, Request* sendReq, Request* recvReq, size_t* recvSizes,
+                  double timeoutS) {
   bool sendDone = sendReq == nullptr, recvDone = recvReq == nullptr;
   size_t sendSize = 0;
   auto t0 = Clock::now();
@@ -180,11 +185,12 @@ void checkHandshake(const NetFactory& factory) {
 void checkSizes(const NetFactory& factory, SendOrder order) {
   CommPair pair;
   connectPair(factory, &pair);
-  const size_t sizes[] = {0, 1, 7, 8, 100, 4095, 4096, 65537, (size_t(1) << 20) + 3, size_t(8) << 20,
-                          size_t(64) << 20};
+  const size_t sizes[] = {
+      0, 1, 7, 8, 100, 4095, 4096, 65537, (size_t(1) << 20) + 3, size_t(8) << 20, size_t(64) << 20};
   uint32_t seed = 1;
   for (size_t size : sizes) {
-    INFO("size " << size << (order == SendOrder::kBeforeReceive ? ", sent before its receive" : ""));
+    INFO("size " << size
+                 << (order == SendOrder::kBeforeReceive ? ", sent before its receive" : ""));
     std::vector<char> src = randomBytes(size, seed++);
     std::vector<char> dst(size + 64, 0x5a);  // posted larger than sent
     void* d[1] = {dst.data()};
@@ -204,7 +210,8 @@ void checkSizes(const NetFactory& factory, SendOrder order) {
     REQUIRE(got[0] == size);
     REQUIRE((size == 0 || std::memcmp(dst.data(), src.data(), size) == 0));
     // Bytes past the message are untouched.
-    REQUIRE(std::all_of(dst.begin() + static_cast<long>(size), dst.end(), [](char c) { return c == 0x5a; }));
+    REQUIRE(std::all_of(dst.begin() + static_cast<long>(size), dst.end(),
+                        [](char c) { return c == 0x5a; }));
   }
 }
 
@@ -247,7 +254,8 @@ void checkManyInFlightAndBackPressure(const NetFactory& factory) {
     if (i < net::kMaxRequests) {
       s = postSend(*pair.net, pair.send, out.back().data(), kMsg, 0);
     } else {
-      REQUIRE(pair.net->isend(pair.send, out.back().data(), kMsg, 0, nullptr, &s) == Result::Success);
+      REQUIRE(pair.net->isend(pair.send, out.back().data(), kMsg, 0, nullptr, &s) ==
+              Result::Success);
       if (s == nullptr) break;
     }
     sends.push_back(s);
@@ -356,7 +364,8 @@ void checkGroupedReceives(const NetFactory& factory) {
       const std::vector<char>& expect = payload[static_cast<size_t>(g * n + i)];
       INFO("group " << g << " slot " << i);
       REQUIRE(got[i] == expect.size());
-      REQUIRE(std::memcmp(bufs[static_cast<size_t>(g * n + i)].data(), expect.data(), expect.size()) == 0);
+      REQUIRE(std::memcmp(bufs[static_cast<size_t>(g * n + i)].data(), expect.data(),
+                          expect.size()) == 0);
     }
   }
 }
@@ -602,7 +611,9 @@ void checkStalledPeerTimesOut(const NetFactory& factory, SendOrder order) {
   bool sDone = false, rDone = false;
   Result sRes = Result::Success, rRes = Result::Success;
   std::string sMsg, rMsg;
-  auto pending = [&] { return (stalledSend && sRes == Result::Success) || rRes == Result::Success; };
+  auto pending = [&] {
+    return (stalledSend && sRes == Result::Success) || rRes == Result::Success;
+  };
   while (pending() && secondsSince(t0) < 6.0) {
     size_t got[1];
     if (stalledSend && sRes == Result::Success) {
@@ -727,7 +738,8 @@ void checkTwoProcesses(const NetFactory& factory) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status)
+                             : 100 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
   };
   net::RecvComm* rc = nullptr;
   auto t0 = Clock::now();

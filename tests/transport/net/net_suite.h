@@ -104,49 +104,60 @@ class ScopedEnv {
 // break net.h's rule that requests of one comm complete in posting order (verbs today,
 // docs/VERBS.md). The check still runs in full, and turns red once the backend keeps the rule,
 // so that the tag is removed.
-#define MKERNEL_NET_SUITE_TAGGED(BACKEND, FACTORY, POSTING_ORDER_TAGS)                                 \
-  TEST_CASE(BACKEND " net: device properties") { ::mkernel::nettest::checkProperties(FACTORY); }      \
-  TEST_CASE(BACKEND " net: handshake") { ::mkernel::nettest::checkHandshake(FACTORY); }               \
-  TEST_CASE(BACKEND " net: sizes 0 B .. 64 MiB") { ::mkernel::nettest::checkSizes(FACTORY); }         \
-  TEST_CASE(BACKEND " net: 32 in flight and back-pressure") {                                         \
-    ::mkernel::nettest::checkManyInFlightAndBackPressure(FACTORY);                                    \
-  }                                                                                                   \
-  TEST_CASE(BACKEND " net: grouped receives") { ::mkernel::nettest::checkGroupedReceives(FACTORY); }  \
-  TEST_CASE(BACKEND " net: posted size smaller than sent is an error") {                              \
-    ::mkernel::nettest::checkPostedSmallerThanSentFails(FACTORY);                                     \
-  }                                                                                                   \
-  TEST_CASE(BACKEND " net: completion in posting order", POSTING_ORDER_TAGS) {                        \
-    ::mkernel::nettest::checkPostingOrderCompletion(FACTORY);                                         \
-  }                                                                                                   \
-  TEST_CASE(BACKEND " net: close with requests outstanding") {                                        \
-    ::mkernel::nettest::checkCloseWithRequestsOutstanding(FACTORY);                                   \
-  }                                                                                                   \
-  TEST_CASE(BACKEND " net: sender closes mid-transfer") {                                             \
-    ::mkernel::nettest::checkSenderClosesMidTransfer(FACTORY);                                        \
-  }                                                                                                   \
-  TEST_CASE(BACKEND " net: receiver closes mid-transfer") {                                           \
-    ::mkernel::nettest::checkReceiverClosesMidTransfer(FACTORY);                                      \
-  }                                                                                                   \
-  TEST_CASE(BACKEND " net: stalled peer times out") {                                                 \
-    ::mkernel::nettest::checkStalledPeerTimesOut(FACTORY);                                            \
-  }                                                                                                   \
-  TEST_CASE(BACKEND " net: idle progress threads do not spin") { ::mkernel::nettest::checkIdleCpu(FACTORY); }
+#define MKERNEL_NET_SUITE_TAGGED(BACKEND, FACTORY, POSTING_ORDER_TAGS)         \
+  TEST_CASE(BACKEND " net: device properties") {                               \
+    ::mkernel::nettest::checkProperties(FACTORY);                              \
+  }                                                                            \
+  TEST_CASE(BACKEND " net: handshake") {                                       \
+    ::mkernel::nettest::checkHandshake(FACTORY);                               \
+  }                                                                            \
+  TEST_CASE(BACKEND " net: sizes 0 B .. 64 MiB") {                             \
+    ::mkernel::nettest::checkSizes(FACTORY);                                   \
+  }                                                                            \
+  TEST_CASE(BACKEND " net: 32 in flight and back-pressure") {                  \
+    ::mkernel::nettest::checkManyInFlightAndBackPressure(FACTORY);             \
+  }                                                                            \
+  TEST_CASE(BACKEND " net: grouped receives") {                                \
+    ::mkernel::nettest::checkGroupedReceives(FACTORY);                         \
+  }                                                                            \
+  TEST_CASE(BACKEND " net: posted size smaller than sent is an error") {       \
+    ::mkernel::nettest::checkPostedSmallerThanSentFails(FACTORY);              \
+  }                                                                            \
+  TEST_CASE(BACKEND " net: completion in posting order", POSTING_ORDER_TAGS) { \
+    ::mkernel::nettest::checkPostingOrderCompletion(FACTORY);                  \
+  }                                                                            \
+  TEST_CASE(BACKEND " net: close with requests outstanding") {                 \
+    ::mkernel::nettest::checkCloseWithRequestsOutstanding(FACTORY);            \
+  }                                                                            \
+  TEST_CASE(BACKEND " net: sender closes mid-transfer") {                      \
+    ::mkernel::nettest::checkSenderClosesMidTransfer(FACTORY);                 \
+  }                                                                            \
+  TEST_CASE(BACKEND " net: receiver closes mid-transfer") {                    \
+    ::mkernel::nettest::checkReceiverClosesMidTransfer(FACTORY);               \
+  }                                                                            \
+  TEST_CASE(BACKEND " net: stalled peer times out") {                          \
+    ::mkernel::nettest::checkStalledPeerTimesOut(FACTORY);                     \
+  }                                                                            \
+  TEST_CASE(BACKEND " net: idle progress threads do not spin") {               \
+    ::mkernel::nettest::checkIdleCpu(FACTORY);                                 \
+  }
 
 // The checks that need a send accepted before its matching receive is posted: only for backends
 // that buffer such a send (TCP). A clear-to-send backend answers a null request until the receive
 // is posted, which NCCL allows, so it must not instantiate these.
-#define MKERNEL_NET_SUITE_EARLY_SENDS(BACKEND, FACTORY)                                               \
-  TEST_CASE(BACKEND " net: early sends: sizes 0 B .. 64 MiB, each sent before its receive") {         \
-    ::mkernel::nettest::checkSizes(FACTORY, ::mkernel::nettest::SendOrder::kBeforeReceive);           \
-  }                                                                                                   \
-  TEST_CASE(BACKEND " net: early sends: sent before a smaller receive is posted is an error") {       \
-    ::mkernel::nettest::checkPostedSmallerThanSentFails(FACTORY,                                      \
-                                                        ::mkernel::nettest::SendOrder::kBeforeReceive); \
-  }                                                                                                   \
-  TEST_CASE(BACKEND " net: early sends: receiver closes with no receive posted for a send") {         \
-    ::mkernel::nettest::checkReceiverClosesMidTransfer(FACTORY,                                       \
-                                                       ::mkernel::nettest::SendOrder::kBeforeReceive); \
-  }                                                                                                   \
-  TEST_CASE(BACKEND " net: early sends: a send nobody receives times out") {                          \
-    ::mkernel::nettest::checkStalledPeerTimesOut(FACTORY, ::mkernel::nettest::SendOrder::kBeforeReceive); \
+#define MKERNEL_NET_SUITE_EARLY_SENDS(BACKEND, FACTORY)                                          \
+  TEST_CASE(BACKEND " net: early sends: sizes 0 B .. 64 MiB, each sent before its receive") {    \
+    ::mkernel::nettest::checkSizes(FACTORY, ::mkernel::nettest::SendOrder::kBeforeReceive);      \
+  }                                                                                              \
+  TEST_CASE(BACKEND " net: early sends: sent before a smaller receive is posted is an error") {  \
+    ::mkernel::nettest::checkPostedSmallerThanSentFails(                                         \
+        FACTORY, ::mkernel::nettest::SendOrder::kBeforeReceive);                                 \
+  }                                                                                              \
+  TEST_CASE(BACKEND " net: early sends: receiver closes with no receive posted for a send") {    \
+    ::mkernel::nettest::checkReceiverClosesMidTransfer(                                          \
+        FACTORY, ::mkernel::nettest::SendOrder::kBeforeReceive);                                 \
+  }                                                                                              \
+  TEST_CASE(BACKEND " net: early sends: a send nobody receives times out") {                     \
+    ::mkernel::nettest::checkStalledPeerTimesOut(FACTORY,                                        \
+                                                 ::mkernel::nettest::SendOrder::kBeforeReceive); \
   }

@@ -29,7 +29,8 @@ std::unique_ptr<net::Net> tcpNet() {
   return n;
 }
 // Posts one receive of in.size() bytes for `tag` into `in`.
-Result postRecvInto(mkernel::nettest::CommPair& pair, std::vector<char>& in, int tag, net::Request** r) {
+Result postRecvInto(mkernel::nettest::CommPair& pair, std::vector<char>& in, int tag,
+                    net::Request** r) {
   void* d[1] = {in.data()};
   size_t sz[1] = {in.size()};
   int tags[1] = {tag};
@@ -68,13 +69,15 @@ TEST_CASE("tcp net: striping variants move every byte") {
 
 // A stall names what it waits for (docs/RELIABILITY.md: the hierarchical path's proxy stall): a
 // message whose tag no posted receive has is read, kept, and reported with the posted tags.
-TEST_CASE("tcp net: a stalled receive describes its posted tags, the unmatched header and its sockets") {
+TEST_CASE(
+    "tcp net: a stalled receive describes its posted tags, the unmatched header and its sockets") {
   ScopedEnv timeout("MKERNEL_TIMEOUT_S", "1");
   mkernel::nettest::CommPair pair;
   mkernel::nettest::connectPair(tcpNet, &pair);
   std::vector<char> out(1011, 3), in(1024, 0);
   net::Request* s = nullptr;
-  REQUIRE(pair.net->isend(pair.send, out.data(), out.size(), /*tag=*/5, nullptr, &s) == Result::Success);
+  REQUIRE(pair.net->isend(pair.send, out.data(), out.size(), /*tag=*/5, nullptr, &s) ==
+          Result::Success);
   REQUIRE(s != nullptr);
   net::Request* r = nullptr;
   REQUIRE(postRecvInto(pair, in, 7, &r) == Result::Success);
@@ -91,7 +94,8 @@ TEST_CASE("tcp net: a stalled receive describes its posted tags, the unmatched h
   CHECK(res == Result::RemoteError);
   CHECK(msg.find("no byte moved") != std::string::npos);
   CHECK(msg.find("1 receive(s) in flight [tag 7 <=1024 B]") != std::string::npos);
-  CHECK(msg.find("a header for tag 5 (1011 B) was read and no posted receive has that tag") != std::string::npos);
+  CHECK(msg.find("a header for tag 5 (1011 B) was read and no posted receive has that tag") !=
+        std::string::npos);
   // The payload behind the header waits in the kernel.
   CHECK(msg.find("socket 0: 0 B to read, kernel unread 1011 B") != std::string::npos);
 }
@@ -120,7 +124,8 @@ void exchange(mkernel::nettest::CommPair& pair, int tag) {
 }
 }  // namespace
 
-TEST_CASE("tcp net: a close seen on a data socket ends a posted receive although socket 0 stays open") {
+TEST_CASE(
+    "tcp net: a close seen on a data socket ends a posted receive although socket 0 stays open") {
   ScopedEnv timeout("MKERNEL_TIMEOUT_S", "20");
   ScopedEnv socks("MKERNEL_NET_SOCKETS", "2");
   auto run = [] {
@@ -141,18 +146,23 @@ TEST_CASE("tcp net: a close seen on a data socket ends a posted receive although
     CHECK_FALSE(done);
     CHECK(res == Result::RemoteError);
     CHECK(msg.find("connection closed by peer") != std::string::npos);
-    CHECK(msg.find("its socket 1 closed; socket 0, still open, brought nothing for") != std::string::npos);
+    CHECK(msg.find("its socket 1 closed; socket 0, still open, brought nothing for") !=
+          std::string::npos);
     CHECK(s >= 0.9);  // the grace: socket 0 might still bring what was sent first
     CHECK(s < 5.0);   // not the 20 s timeout
   };
-  SECTION("inline progress") { run(); }
+  SECTION("inline progress") {
+    run();
+  }
   SECTION("progress thread only") {
     ScopedEnv inl("MKERNEL_NET_INLINE_PROGRESS", "0");
     run();
   }
 }
 
-TEST_CASE("tcp net: what the peer sent before a data socket's close is still received after the grace too") {
+TEST_CASE(
+    "tcp net: what the peer sent before a data socket's close is still received after the grace "
+    "too") {
   ScopedEnv timeout("MKERNEL_TIMEOUT_S", "20");
   ScopedEnv socks("MKERNEL_NET_SOCKETS", "2");
   mkernel::nettest::CommPair pair;
@@ -181,7 +191,8 @@ TEST_CASE("tcp net: what the peer sent before a data socket's close is still rec
   CHECK(in == out);
   // Nothing more can come: the next receive fails after the grace.
   res = postRecvInto(pair, in, 4, &r);
-  if (res == Result::Success && r != nullptr) res = mkernel::nettest::waitRequest(*pair.net, r, got, 10.0, &done);
+  if (res == Result::Success && r != nullptr)
+    res = mkernel::nettest::waitRequest(*pair.net, r, got, 10.0, &done);
   INFO(mkernel::lastError());
   CHECK(res == Result::RemoteError);
   CHECK(std::string(mkernel::lastError()).find("its socket 1 closed") != std::string::npos);
@@ -196,7 +207,8 @@ TEST_CASE("tcp net: a handle with a wrong nonce is refused at the handshake") {
   handle[8] ^= 0x5a;
   net::SendComm* s = nullptr;
   Result r = Result::Success;
-  for (int i = 0; i < 200000 && r == Result::Success && s == nullptr; ++i) r = n->connect(0, handle, &s);
+  for (int i = 0; i < 200000 && r == Result::Success && s == nullptr; ++i)
+    r = n->connect(0, handle, &s);
   CHECK(r == Result::RemoteError);
   CHECK(s == nullptr);
   CHECK(std::string(mkernel::lastError()).find("nonce") != std::string::npos);
@@ -224,8 +236,10 @@ TEST_CASE("tcp net: host memory only") {
   void* mh = nullptr;
   CHECK(pair.net->regMr(pair.send, buf, sizeof(buf), net::kPtrHost, &mh) == Result::Success);
   CHECK(pair.net->deregMr(pair.send, mh) == Result::Success);
-  CHECK(pair.net->regMr(pair.send, buf, sizeof(buf), net::kPtrCuda, &mh) == Result::InvalidArgument);
-  CHECK(pair.net->regMrDmaBuf(pair.recv, buf, sizeof(buf), net::kPtrDmaBuf, 0, 3, &mh) == Result::InvalidArgument);
+  CHECK(pair.net->regMr(pair.send, buf, sizeof(buf), net::kPtrCuda, &mh) ==
+        Result::InvalidArgument);
+  CHECK(pair.net->regMrDmaBuf(pair.recv, buf, sizeof(buf), net::kPtrDmaBuf, 0, 3, &mh) ==
+        Result::InvalidArgument);
   net::Request* req = reinterpret_cast<net::Request*>(0x1);
   CHECK(pair.net->iflush(pair.recv, 1, nullptr, nullptr, nullptr, &req) == Result::Success);
   CHECK(req == nullptr);
@@ -287,8 +301,10 @@ TEST_CASE("socket interfaces: NCCL_SOCKET_IFNAME syntax") {
   CHECK(f.matches("eth01"));
   f = net::IfNameFilter::parse("eth0:1234");
   CHECK(f.matches("eth0"));
-  for (const char* v : {"lo", "docker0", "virbr0", "veth1234", "br-abcdef"}) CHECK(net::isVirtualBridgeOrLoopback(v));
-  for (const char* v : {"eth0", "ib0", "enp1s0", "bond0"}) CHECK_FALSE(net::isVirtualBridgeOrLoopback(v));
+  for (const char* v : {"lo", "docker0", "virbr0", "veth1234", "br-abcdef"})
+    CHECK(net::isVirtualBridgeOrLoopback(v));
+  for (const char* v : {"eth0", "ib0", "enp1s0", "bond0"})
+    CHECK_FALSE(net::isVirtualBridgeOrLoopback(v));
 }
 
 TEST_CASE("socket interfaces: the default selection is never empty") {

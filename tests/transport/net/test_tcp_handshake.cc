@@ -35,7 +35,9 @@ int peerState(int fd, int ms) {
 
 }  // namespace
 
-TEST_CASE("tcp listener: a stalled partial Hello is dropped after the handshake deadline; real connections still work") {
+TEST_CASE(
+    "tcp listener: a stalled partial Hello is dropped after the handshake deadline; real "
+    "connections still work") {
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
   setenv("MKERNEL_TIMEOUT_S", "1", 1);
   mkernel::params::resetForTesting();

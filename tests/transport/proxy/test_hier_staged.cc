@@ -1,9 +1,9 @@
-// collectives/algo/hier_staged.h, the hierarchical collectives the persistent kernel will run across
-// nodes, on the CPU: one thread per rank of nNodes x perNode plays the GPU. Node-local staging
-// regions are plain memory with the kernel's barrier semantics (a rank passes once every node
-// peer has arrived) and a generation counter per region that catches a read overlapping a write;
-// the inter-node bytes go through a real transport/proxy/Proxy per rank and rail, over TCP on
-// loopback (MKERNEL_NET_BACKEND=ib: verbs, in the Soft-RoCE VM), by the same command ring the
+// collectives/algo/hier_staged.h, the hierarchical collectives the persistent kernel will run
+// across nodes, on the CPU: one thread per rank of nNodes x perNode plays the GPU. Node-local
+// staging regions are plain memory with the kernel's barrier semantics (a rank passes once every
+// node peer has arrived) and a generation counter per region that catches a read overlapping a
+// write; the inter-node bytes go through a real transport/proxy/Proxy per rank and rail, over TCP
+// on loopback (MKERNEL_NET_BACKEND=ib: verbs, in the Soft-RoCE VM), by the same command ring the
 // kernel will post to. The reduction is a stand-in with a distinct pre() and post()
 // (uint32: pre(x) = 3x, post(y) = y + 7) so that applying either twice, or in the wrong phase,
 // shows in the result.
@@ -34,8 +34,12 @@ using namespace mkernel::proxy;
 
 namespace {
 
-uint32_t pre(uint32_t x) { return 3u * x; }
-uint32_t post(uint32_t y) { return y + 7u; }
+uint32_t pre(uint32_t x) {
+  return 3u * x;
+}
+uint32_t post(uint32_t y) {
+  return y + 7u;
+}
 
 constexpr uint64_t kTimeoutNs = 20ull * 1000000000ull;
 // Completion counters: sends and receives of net slot s at 2 s and 2 s + 1.
@@ -45,7 +49,8 @@ constexpr uint32_t kFlagSends = 0, kFlagRecvs = 1;
 // MKERNEL_HIER_CTAS; each has its own regions, net buffers, proxy channel and node barrier).
 struct CtaState {
   std::vector<char> regions;  // in[0], in[1], out[0], out[1]: chunkBytes each
-  std::vector<char> net;      // per slot (kHierNetSlots): netSend, then netRecv[nNodes]: chunkBytes each
+  std::vector<char>
+      net;  // per slot (kHierNetSlots): netSend, then netRecv[nNodes]: chunkBytes each
   std::unique_ptr<ProxyRing> ring{new ProxyRing()};
   std::unique_ptr<ProxyFlags> flags{new ProxyFlags()};
   uint64_t sendsPosted[kHierNetSlots] = {}, recvsPosted[kHierNetSlots] = {};
@@ -54,7 +59,7 @@ struct CtaState {
   // rounds in flight differ in tag.
   static_assert(kHierNetSlots == 3, "one -1 per net slot below");
   int inFlightTag[kHierNetSlots] = {-1, -1, -1};
-  int maxInFlight = 0;  // the most rounds in flight at once
+  int maxInFlight = 0;           // the most rounds in flight at once
   ProxyProducer producer{0, 0};  // the kernel keeps it in DeviceState (proxyHead, proxyTailSeen)
   // Phase times (CTA 0, AllReduce in turn; the kernel's DeviceState::hierTurn): the marks in the
   // order made, chunks timed, and node / rail nanoseconds.
@@ -75,9 +80,11 @@ struct World {
   // CTA roles (MKERNEL_HIER_ROLES): workers and reducers per lane of an AllReduce (0: off);
   // ctas is then hierRoleCtas(lanes, workers, reducers).
   int workers = 0, reducers = 0;
-  bool breakRoleWait = false;  // workers do not wait for R1, the last rail step's post (negative test)
+  bool breakRoleWait =
+      false;  // workers do not wait for R1, the last rail step's post (negative test)
   std::unique_ptr<std::atomic<uint64_t>[]> roleCounter;  // per (rank, lane, counter)
-  std::unique_ptr<std::atomic<uint64_t>[]> roleTarget;   // per (rank, lane, round, slot, sends/recvs)
+  std::unique_ptr<std::atomic<uint64_t>[]>
+      roleTarget;  // per (rank, lane, round, slot, sends/recvs)
   uint64_t chunkBytes = 0;
   std::vector<std::unique_ptr<RankState>> ranks;
   mktest::RegionRaces race;                         // per (rank, CTA, region 0..3)
@@ -91,7 +98,7 @@ struct World {
   bool overlap = true;              // HierCall::overlap (AllReduce pipelined)
   bool keepOwn = true;              // HierCall::keepOwn (MKERNEL_HIER_KEEP_OWN)
   int ahead = 2;                    // HierCall::ahead (MKERNEL_HIER_AHEAD)
-  int rail = kRailDirect;           // MKERNEL_HIER_RAIL (HierRailAlgo; hierRailFor applied per layout)
+  int rail = kRailDirect;  // MKERNEL_HIER_RAIL (HierRailAlgo; hierRailFor applied per layout)
   // hierCtasFor's threshold: ops below it run on CTA 0 alone, the other CTAs skip them (as the
   // kernel does with MKERNEL_HIER_SPLIT_MIN_BYTES). 0: every op on every CTA.
   uint64_t splitMinBytes = 0;
@@ -107,7 +114,8 @@ struct World {
       for (int c = 0; c < ctas; ++c) {
         const std::vector<char>& v = ranks[r]->cta[static_cast<size_t>(c)]->regions;
         if (p >= v.data() && p < v.data() + v.size())
-          return (static_cast<int>(r) * ctas + c) * 4 + static_cast<int>(static_cast<uint64_t>(p - v.data()) / chunkBytes);
+          return (static_cast<int>(r) * ctas + c) * 4 +
+                 static_cast<int>(static_cast<uint64_t>(p - v.data()) / chunkBytes);
       }
     return -1;
   }
@@ -115,14 +123,16 @@ struct World {
 
 // n nodes x g local ranks x `ctas` CTAs; one Proxy per rank over its rail (peers = the same local
 // rank of every node) with a channel per CTA, connected and registered; started.
-void makeWorld(World& w, mkernel::net::Net* net, int nNodes, int perNode, uint64_t chunkBytes, int ctas = 1) {
+void makeWorld(World& w, mkernel::net::Net* net, int nNodes, int perNode, uint64_t chunkBytes,
+               int ctas = 1) {
   w.L.nNodes = nNodes;
   w.L.perNode = perNode;
   w.ctas = ctas;
   if (w.workers == 0) w.lanes = ctas;
   w.chunkBytes = chunkBytes;
   const int n = w.L.nRanks();
-  w.roleCounter.reset(new std::atomic<uint64_t>[static_cast<size_t>(n * kMaxHierCtas * kHierRoleCounters)]);
+  w.roleCounter.reset(
+      new std::atomic<uint64_t>[static_cast<size_t>(n * kMaxHierCtas * kHierRoleCounters)]);
   for (int i = 0; i < n * kMaxHierCtas * kHierRoleCounters; ++i) w.roleCounter[i] = 0;
   w.roleTarget.reset(new std::atomic<uint64_t>[static_cast<size_t>(n * kMaxHierCtas * 8)]);
   for (int i = 0; i < n * kMaxHierCtas * 8; ++i) w.roleTarget[i] = 0;
@@ -139,7 +149,8 @@ void makeWorld(World& w, mkernel::net::Net* net, int nNodes, int perNode, uint64
       s.cta.emplace_back(new CtaState());
       CtaState& k = *s.cta.back();
       k.regions.assign(4 * chunkBytes, 0);
-      k.net.assign(static_cast<size_t>(kHierNetSlots) * (1 + static_cast<size_t>(nNodes)) * chunkBytes, 0);
+      k.net.assign(
+          static_cast<size_t>(kHierNetSlots) * (1 + static_cast<size_t>(nNodes)) * chunkBytes, 0);
       std::memset(k.ring.get(), 0, sizeof(ProxyRing));
       std::memset(k.flags.get(), 0, sizeof(ProxyFlags));
       channels.push_back(ProxyChannel{k.ring.get(), k.flags.get()});
@@ -149,15 +160,17 @@ void makeWorld(World& w, mkernel::net::Net* net, int nNodes, int perNode, uint64
   for (int local = 0; local < perNode; ++local) {
     std::vector<std::vector<Handle>> handles(static_cast<size_t>(nNodes));  // [node][peer node]
     for (int k = 0; k < nNodes; ++k)
-      REQUIRE(w.ranks[static_cast<size_t>(w.L.rankOf(k, local))]->proxy->listenHandles(&handles[static_cast<size_t>(k)]) ==
-              Result::Success);
+      REQUIRE(w.ranks[static_cast<size_t>(w.L.rankOf(k, local))]->proxy->listenHandles(
+                  &handles[static_cast<size_t>(k)]) == Result::Success);
     std::vector<std::thread> threads;
     std::vector<Result> results(static_cast<size_t>(nNodes), Result::InternalError);
     for (int k = 0; k < nNodes; ++k)
       threads.emplace_back([&, k] {
         std::vector<Handle> mine(static_cast<size_t>(nNodes));
-        for (int m = 0; m < nNodes; ++m) mine[static_cast<size_t>(m)] = handles[static_cast<size_t>(m)][static_cast<size_t>(k)];
-        results[static_cast<size_t>(k)] = w.ranks[static_cast<size_t>(w.L.rankOf(k, local))]->proxy->connectAll(mine);
+        for (int m = 0; m < nNodes; ++m)
+          mine[static_cast<size_t>(m)] = handles[static_cast<size_t>(m)][static_cast<size_t>(k)];
+        results[static_cast<size_t>(k)] =
+            w.ranks[static_cast<size_t>(w.L.rankOf(k, local))]->proxy->connectAll(mine);
       });
     for (auto& t : threads) t.join();
     for (int k = 0; k < nNodes; ++k) {
@@ -167,7 +180,8 @@ void makeWorld(World& w, mkernel::net::Net* net, int nNodes, int perNode, uint64
   }
   for (auto& s : w.ranks) {
     for (auto& k : s->cta)
-      REQUIRE(s->proxy->registerRegion(k->net.data(), k->net.size(), mkernel::net::kPtrHost) == Result::Success);
+      REQUIRE(s->proxy->registerRegion(k->net.data(), k->net.size(), mkernel::net::kPtrHost) ==
+              Result::Success);
     REQUIRE(s->proxy->start({}) == Result::Success);
   }
 }
@@ -181,13 +195,21 @@ struct CpuHierExecutor {
 
   CtaState& me() { return *w->ranks[static_cast<size_t>(rank)]->cta[static_cast<size_t>(lane)]; }
   char* region(int r, int which) {
-    return w->ranks[static_cast<size_t>(r)]->cta[static_cast<size_t>(cta)]->regions.data() + static_cast<uint64_t>(which) * w->chunkBytes;
+    return w->ranks[static_cast<size_t>(r)]->cta[static_cast<size_t>(cta)]->regions.data() +
+           static_cast<uint64_t>(which) * w->chunkBytes;
   }
   char* in(int local, int parity) { return region(w->L.rankOf(w->L.nodeOf(rank), local), parity); }
-  char* out(int local, int parity) { return region(w->L.rankOf(w->L.nodeOf(rank), local), 2 + parity); }
-  char* netSlot(int slot) { return me().net.data() + static_cast<uint64_t>(slot) * (1 + static_cast<uint64_t>(w->L.nNodes)) * w->chunkBytes; }
+  char* out(int local, int parity) {
+    return region(w->L.rankOf(w->L.nodeOf(rank), local), 2 + parity);
+  }
+  char* netSlot(int slot) {
+    return me().net.data() +
+           static_cast<uint64_t>(slot) * (1 + static_cast<uint64_t>(w->L.nNodes)) * w->chunkBytes;
+  }
   char* netSend(int slot) { return netSlot(slot); }
-  char* netRecv(int slot, int node) { return netSlot(slot) + (1 + static_cast<uint64_t>(node)) * w->chunkBytes; }
+  char* netRecv(int slot, int node) {
+    return netSlot(slot) + (1 + static_cast<uint64_t>(node)) * w->chunkBytes;
+  }
 
   void slow() {
     if (rank == w->slowRank) std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -197,7 +219,8 @@ struct CpuHierExecutor {
     if (w->overlap || cta != 0) return;
     CtaState& s = *w->ranks[static_cast<size_t>(rank)]->cta[0];
     const auto t = std::chrono::steady_clock::now();
-    const uint64_t ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t - s.lastMark).count());
+    const uint64_t ns = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(t - s.lastMark).count());
     if (mark != kPhaseChunkStart) s.turn[mark == kPhaseRailEnd ? 2 : 1] += ns;
     if (mark == kPhaseChunkEnd) ++s.turn[0];
     s.lastMark = t;
@@ -210,7 +233,8 @@ struct CpuHierExecutor {
       if (p >= k->net.data() && p < k->net.data() + k->net.size()) return true;
     return false;
   }
-  void countNet(const char* const* srcs, int nSrc, const char* const* dsts, int nDst, uint64_t bytes) {
+  void countNet(const char* const* srcs, int nSrc, const char* const* dsts, int nDst,
+                uint64_t bytes) {
     uint64_t b = 0;
     for (int k = 0; k < nSrc; ++k) b += isNet(srcs[k]) ? bytes : 0;
     for (int k = 0; k < nDst; ++k) b += isNet(dsts[k]) ? bytes : 0;
@@ -223,14 +247,15 @@ struct CpuHierExecutor {
     slow();
     for (int k = 0; k < nDst; ++k) std::memmove(dsts[k], src, bytes);
   }
-  void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems, bool applyPre,
-              bool applyPost) {
+  void reduce(char* const* dsts, int nDst, const char* const* srcs, int nSrc, uint64_t elems,
+              bool applyPre, bool applyPost) {
     if (elems == 0) return;
     countNet(srcs, nSrc, dsts, nDst, elems * 4);
     mktest::RegionRaces::Movement m(&w->race, srcs, nSrc, dsts, nDst, elems * 4);
     slow();
-    mktest::sumU32(dsts, nDst, srcs, nSrc, elems, [&](uint32_t v) { return applyPre ? pre(v) : v; },
-                   [&](uint32_t y) { return applyPost ? post(y) : y; });
+    mktest::sumU32(
+        dsts, nDst, srcs, nSrc, elems, [&](uint32_t v) { return applyPre ? pre(v) : v; },
+        [&](uint32_t y) { return applyPost ? post(y) : y; });
   }
   bool nodeBarrier() {
     const uint64_t e = ++epoch;
@@ -249,8 +274,8 @@ struct CpuHierExecutor {
     }
     return true;
   }
-  bool railPost(int round, int slot, const char* const* sendPtr, const uint64_t* sendBytes, char* const* recvPtr,
-                const uint64_t* recvBytes) {
+  bool railPost(int round, int slot, const char* const* sendPtr, const uint64_t* sendBytes,
+                char* const* recvPtr, const uint64_t* recvBytes) {
     CtaState& s = me();
     if (w->workers == 0) {
       int busy = 1;
@@ -258,19 +283,24 @@ struct CpuHierExecutor {
         if (k == slot) continue;
         if (s.inFlightTag[k] >= 0) ++busy;
         if (s.inFlightTag[k] == round)
-          w->error("rank " + std::to_string(rank) + ": tag " + std::to_string(round) + " posted on slot " +
-                   std::to_string(slot) + " while slot " + std::to_string(k) + "'s round of that tag is in flight");
+          w->error("rank " + std::to_string(rank) + ": tag " + std::to_string(round) +
+                   " posted on slot " + std::to_string(slot) + " while slot " + std::to_string(k) +
+                   "'s round of that tag is in flight");
       }
       if (s.inFlightTag[slot] >= 0)
-        w->error("rank " + std::to_string(rank) + ": a round posted on slot " + std::to_string(slot) +
-                 " before its round of tag " + std::to_string(s.inFlightTag[slot]) + " was waited for");
+        w->error("rank " + std::to_string(rank) + ": a round posted on slot " +
+                 std::to_string(slot) + " before its round of tag " +
+                 std::to_string(s.inFlightTag[slot]) + " was waited for");
       s.inFlightTag[slot] = round;
       s.maxInFlight = std::max(s.maxInFlight, busy);
     }
     // One batch per round, as the kernel's executor: reserve, write, publish.
     uint32_t n = 0;
-    for (int m = 0; m < w->L.nNodes; ++m) n += (recvBytes[m] != 0 ? 1u : 0u) + (sendBytes[m] != 0 ? 1u : 0u);
-    if (proxyReserve(s.ring.get(), s.flags.get(), &s.producer, n, kTimeoutNs) != PostStatus::kPosted) return fail("post");
+    for (int m = 0; m < w->L.nNodes; ++m)
+      n += (recvBytes[m] != 0 ? 1u : 0u) + (sendBytes[m] != 0 ? 1u : 0u);
+    if (proxyReserve(s.ring.get(), s.flags.get(), &s.producer, n, kTimeoutNs) !=
+        PostStatus::kPosted)
+      return fail("post");
     uint32_t i = 0;
     for (int pass = 0; pass < 2; ++pass) {  // receives first, then sends (as the kernel's executor)
       const bool recvPass = pass == 0;
@@ -294,8 +324,10 @@ struct CpuHierExecutor {
   bool railWaitCounts(int slot, uint64_t sends, uint64_t recvs) {
     CtaState& s = me();
     const uint32_t f = 2 * static_cast<uint32_t>(slot);
-    if (proxyWaitFlag(s.flags.get(), f + kFlagSends, sends, kTimeoutNs) != WaitStatus::kReached) return fail("sends");
-    if (proxyWaitFlag(s.flags.get(), f + kFlagRecvs, recvs, kTimeoutNs) != WaitStatus::kReached) return fail("receives");
+    if (proxyWaitFlag(s.flags.get(), f + kFlagSends, sends, kTimeoutNs) != WaitStatus::kReached)
+      return fail("sends");
+    if (proxyWaitFlag(s.flags.get(), f + kFlagRecvs, recvs, kTimeoutNs) != WaitStatus::kReached)
+      return fail("receives");
     return true;
   }
   bool railWait(int slot) {
@@ -303,7 +335,9 @@ struct CpuHierExecutor {
     return railWaitCounts(slot, me().sendsPosted[slot], me().recvsPosted[slot]);
   }
   // CTA roles: the lane's counters and the targets its sender published.
-  std::atomic<uint64_t>& counter(int k) { return w->roleCounter[(rank * kMaxHierCtas + lane) * kHierRoleCounters + k]; }
+  std::atomic<uint64_t>& counter(int k) {
+    return w->roleCounter[(rank * kMaxHierCtas + lane) * kHierRoleCounters + k];
+  }
   std::atomic<uint64_t>& target(int round, int slot, int which) {
     return w->roleTarget[(rank * kMaxHierCtas + lane) * 8 + round * 4 + slot * 2 + which];
   }
@@ -313,8 +347,9 @@ struct CpuHierExecutor {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (counter(k).load(std::memory_order_acquire) < want) {
       if (std::chrono::steady_clock::now() > deadline) {
-        w->error("rank " + std::to_string(rank) + " CTA " + std::to_string(cta) + ": role counter " + std::to_string(k) +
-                 " stuck at " + std::to_string(counter(k).load()) + ", want " + std::to_string(want));
+        w->error("rank " + std::to_string(rank) + " CTA " + std::to_string(cta) +
+                 ": role counter " + std::to_string(k) + " stuck at " +
+                 std::to_string(counter(k).load()) + ", want " + std::to_string(want));
         return false;
       }
       std::this_thread::yield();
@@ -330,8 +365,8 @@ struct CpuHierExecutor {
                           target(round, slot, 1).load(std::memory_order_acquire));
   }
   bool fail(const char* what) {
-    w->error("rank " + std::to_string(rank) + " CTA " + std::to_string(cta) + ": rail exchange (" + what +
-             ") failed: " + w->ranks[static_cast<size_t>(rank)]->proxy->error());
+    w->error("rank " + std::to_string(rank) + " CTA " + std::to_string(cta) + ": rail exchange (" +
+             what + ") failed: " + w->ranks[static_cast<size_t>(rank)]->proxy->error());
     return false;
   }
 };
@@ -343,8 +378,12 @@ struct Op {
   int root;
 };
 
-uint64_t sendElems(const Op& op, int n) { return op.coll == CollType::ReduceScatter ? op.count * static_cast<uint64_t>(n) : op.count; }
-uint64_t recvElems(const Op& op, int n) { return op.coll == CollType::AllGather ? op.count * static_cast<uint64_t>(n) : op.count; }
+uint64_t sendElems(const Op& op, int n) {
+  return op.coll == CollType::ReduceScatter ? op.count * static_cast<uint64_t>(n) : op.count;
+}
+uint64_t recvElems(const Op& op, int n) {
+  return op.coll == CollType::AllGather ? op.count * static_cast<uint64_t>(n) : op.count;
+}
 
 // Runs the ops on every rank; returns the first wrong element ("" if none).
 std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
@@ -361,7 +400,8 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
       const uint64_t sc = sendElems(op, n), rc = recvElems(op, n);
       b.input.resize(sc);
       for (uint64_t e = 0; e < sc; ++e)
-        b.input[e] = static_cast<uint32_t>((seed + i * 1000003 + static_cast<uint64_t>(r) * 7919 + e * 2654435761u) >> 3);
+        b.input[e] = static_cast<uint32_t>(
+            (seed + i * 1000003 + static_cast<uint64_t>(r) * 7919 + e * 2654435761u) >> 3);
       if (op.inPlace) {
         b.buf.assign(std::max(sc, rc), 0xdeadbeefu);
         b.recvOff = op.coll == CollType::ReduceScatter ? op.count * static_cast<uint64_t>(r) : 0;
@@ -376,52 +416,53 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     for (int cta = 0; cta < w.ctas; ++cta)
-    threads.emplace_back([&, r, cta] {
-      CpuHierExecutor ex{&w, r, cta};
-      uint64_t seq = 0, roleChunks = 0, roleOps = 0;
-      for (size_t i = 0; i < ops.size(); ++i) {
-        Bufs& b = bufs[i][static_cast<size_t>(r)];
-        HierCall c;
-        c.coll = ops[i].coll;
-        c.root = ops[i].root;
-        c.layout = w.L;
-        c.node = w.L.nodeOf(r);
-        c.local = w.L.localOf(r);
-        c.count = ops[i].count;
-        c.elemSize = 4;
-        c.send = reinterpret_cast<uint64_t>(b.buf.data() + b.sendOff);
-        c.recv = reinterpret_cast<uint64_t>(b.buf.data() + b.recvOff);
-        // The kernel's split: the op's CTAs (hierCtasFor), each its slice; the rest skip it.
-        const int opCtas = hierCtasFor(directWholeBytes(ops[i].coll, ops[i].count, n, 4), w.lanes, w.splitMinBytes);
-        c.chunkElems = hierChunkElemsFor(ops[i].coll, w.L, 4, w.chunkBytes);
-        c.overlap = w.overlap;
-        c.rail = hierRailFor(w.rail, w.L.nNodes);
-        c.keepOwn = w.keepOwn;
-        c.ahead = w.ahead;
-        if (hierRolesFor(ops[i].coll, directWholeBytes(ops[i].coll, ops[i].count, n, 4), w.workers,
-                                      w.splitMinBytes)) {
-          // CTA roles, as runHier: lane l of opCtas takes slice l; the other lanes' CTAs skip it.
-          const HierRoleOf ro(cta, w.lanes, w.workers, w.reducers);
-          if (ro.lane >= opCtas) continue;
-          c.part = rankSlice(ops[i].count, opCtas, ro.lane, sliceAlignElems(4));
-          c.role = ro.role;
-          c.roleIndex = ro.index;
-          c.workers = w.workers;
-          c.reducers = w.reducers;
-          c.roleChunks = roleChunks;
-          c.roleOps = roleOps;
-          ex.lane = ro.lane;
+      threads.emplace_back([&, r, cta] {
+        CpuHierExecutor ex{&w, r, cta};
+        uint64_t seq = 0, roleChunks = 0, roleOps = 0;
+        for (size_t i = 0; i < ops.size(); ++i) {
+          Bufs& b = bufs[i][static_cast<size_t>(r)];
+          HierCall c;
+          c.coll = ops[i].coll;
+          c.root = ops[i].root;
+          c.layout = w.L;
+          c.node = w.L.nodeOf(r);
+          c.local = w.L.localOf(r);
+          c.count = ops[i].count;
+          c.elemSize = 4;
+          c.send = reinterpret_cast<uint64_t>(b.buf.data() + b.sendOff);
+          c.recv = reinterpret_cast<uint64_t>(b.buf.data() + b.recvOff);
+          // The kernel's split: the op's CTAs (hierCtasFor), each its slice; the rest skip it.
+          const int opCtas = hierCtasFor(directWholeBytes(ops[i].coll, ops[i].count, n, 4), w.lanes,
+                                         w.splitMinBytes);
+          c.chunkElems = hierChunkElemsFor(ops[i].coll, w.L, 4, w.chunkBytes);
+          c.overlap = w.overlap;
+          c.rail = hierRailFor(w.rail, w.L.nNodes);
+          c.keepOwn = w.keepOwn;
+          c.ahead = w.ahead;
+          if (hierRolesFor(ops[i].coll, directWholeBytes(ops[i].coll, ops[i].count, n, 4),
+                           w.workers, w.splitMinBytes)) {
+            // CTA roles, as runHier: lane l of opCtas takes slice l; the other lanes' CTAs skip it.
+            const HierRoleOf ro(cta, w.lanes, w.workers, w.reducers);
+            if (ro.lane >= opCtas) continue;
+            c.part = rankSlice(ops[i].count, opCtas, ro.lane, sliceAlignElems(4));
+            c.role = ro.role;
+            c.roleIndex = ro.index;
+            c.workers = w.workers;
+            c.reducers = w.reducers;
+            c.roleChunks = roleChunks;
+            c.roleOps = roleOps;
+            ex.lane = ro.lane;
+            if (!hierCollective(ex, c, &seq)) return;
+            roleChunks += hierChunksOf(c);
+            roleOps += hierChunksOf(c) > 0 ? 1 : 0;
+            continue;
+          }
+          if (cta >= opCtas) continue;
+          c.part = rankSlice(ops[i].count, opCtas, cta, sliceAlignElems(4));
+          ex.lane = cta;
           if (!hierCollective(ex, c, &seq)) return;
-          roleChunks += hierChunksOf(c);
-          roleOps += hierChunksOf(c) > 0 ? 1 : 0;
-          continue;
         }
-        if (cta >= opCtas) continue;
-        c.part = rankSlice(ops[i].count, opCtas, cta, sliceAlignElems(4));
-        ex.lane = cta;
-        if (!hierCollective(ex, c, &seq)) return;
-      }
-    });
+      });
   for (auto& t : threads) t.join();
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
@@ -430,12 +471,15 @@ std::string runOps(World& w, const std::vector<Op>& ops, uint64_t seed) {
       const Bufs& b = bufs[i][static_cast<size_t>(r)];
       for (uint64_t e = 0; e < recvElems(op, n); ++e) {
         auto input = [&](int q, uint64_t k) { return bufs[i][static_cast<size_t>(q)].input[k]; };
-        const uint32_t want = mktest::expectedU32(op.coll, n, r, op.root, op.count, e, input, pre, post);
+        const uint32_t want =
+            mktest::expectedU32(op.coll, n, r, op.root, op.count, e, input, pre, post);
         const uint32_t got = b.buf[b.recvOff + e];
         if (got != want)
-          return std::string(collName(op.coll)) + " op " + std::to_string(i) + " (count " + std::to_string(op.count) +
-                 (op.inPlace ? ", in place" : "") + ", root " + std::to_string(op.root) + ") rank " + std::to_string(r) +
-                 " element " + std::to_string(e) + ": got " + std::to_string(got) + ", want " + std::to_string(want);
+          return std::string(collName(op.coll)) + " op " + std::to_string(i) + " (count " +
+                 std::to_string(op.count) + (op.inPlace ? ", in place" : "") + ", root " +
+                 std::to_string(op.root) + ") rank " + std::to_string(r) + " element " +
+                 std::to_string(e) + ": got " + std::to_string(got) + ", want " +
+                 std::to_string(want);
       }
     }
   }
@@ -456,8 +500,8 @@ TEST_CASE("hier_staged: chunk geometry") {
         L.nNodes = N;
         L.perNode = G;
         const uint64_t chunk = 65536;
-        for (CollType c : {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
-                           CollType::Reduce}) {
+        for (CollType c : {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather,
+                           CollType::Broadcast, CollType::Reduce}) {
           const uint64_t e = hierChunkElemsFor(c, L, esz, chunk);
           REQUIRE(e > 0);
           CHECK((e * esz) % 16 == 0);
@@ -489,10 +533,11 @@ struct Roles {
   int workers = 0, reducers = 0;
 };
 
-void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = true, int ctas = 1, uint64_t splitMinBytes = 0,
-                     Roles roles = Roles(), int rail = kRailDirect, bool keepOwn = true, int ahead = 2) {
-  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
-                            CollType::Reduce};
+void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = true, int ctas = 1,
+                     uint64_t splitMinBytes = 0, Roles roles = Roles(), int rail = kRailDirect,
+                     bool keepOwn = true, int ahead = 2) {
+  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather,
+                            CollType::Broadcast, CollType::Reduce};
   World w;
   w.workers = roles.workers;
   w.reducers = roles.reducers;
@@ -516,11 +561,14 @@ void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = tru
   // ahead, and the other collectives), three (the direct AllReduce two ahead).
   int inFlight = 0;
   for (const auto& r : w.ranks) inFlight = std::max(inFlight, r->cta[0]->maxInFlight);
-  const int wantInFlight = !overlap ? 1 : hierRailFor(rail, sh.nodes) == kRailDirect && ahead >= 2 ? 3 : 2;
-  INFO(sh.nodes << " nodes x " << sh.perNode << ", " << ctas << " CTA(s) from " << splitMinBytes << " B, chunk " << sh.chunkBytes << " B, AllReduce "
-                << (overlap ? "pipelined" : "sequential") << ", roles " << roles.workers << "," << roles.reducers
-                << ", rail " << hierRailFor(rail, sh.nodes) << (keepOwn ? "" : ", own piece through P") << ", "
-                << ahead << " chunk(s) ahead");
+  const int wantInFlight = !overlap                                                   ? 1
+                           : hierRailFor(rail, sh.nodes) == kRailDirect && ahead >= 2 ? 3
+                                                                                      : 2;
+  INFO(sh.nodes << " nodes x " << sh.perNode << ", " << ctas << " CTA(s) from " << splitMinBytes
+                << " B, chunk " << sh.chunkBytes << " B, AllReduce "
+                << (overlap ? "pipelined" : "sequential") << ", roles " << roles.workers << ","
+                << roles.reducers << ", rail " << hierRailFor(rail, sh.nodes)
+                << (keepOwn ? "" : ", own piece through P") << ", " << ahead << " chunk(s) ahead");
   for (const auto& e : w.errors) FAIL_CHECK(e);
   CHECK(mismatch == "");
   CHECK(w.race.races() == 0);
@@ -533,12 +581,17 @@ void everyCollective(mkernel::net::Net* net, const Shape& sh, bool overlap = tru
 
 // 40 collectives (5 kinds x 4 counts x in/out of place, rotating roots) per layout. The [vm] case
 // is the one the Soft-RoCE VM tier runs on verbs (the VM is emulated and slow).
-TEST_CASE("hier_staged: every collective, 2 nodes x 2 ranks, proxies over the transport, many chunks, exact", "[vm]") {
+TEST_CASE(
+    "hier_staged: every collective, 2 nodes x 2 ranks, proxies over the transport, many chunks, "
+    "exact",
+    "[vm]") {
   auto net = testNet();
   everyCollective(net.get(), Shape{2, 2, 512});
 }
 
-TEST_CASE("hier_staged: every collective over 2-3 nodes x 1-3 ranks, proxies over TCP, many chunks, exact") {
+TEST_CASE(
+    "hier_staged: every collective over 2-3 nodes x 1-3 ranks, proxies over TCP, many chunks, "
+    "exact") {
   auto net = testNet();
   for (const Shape& sh : {Shape{2, 1, 256}, Shape{3, 2, 768}, Shape{2, 3, 768}, Shape{3, 1, 256}})
     for (bool overlap : {true, false}) everyCollective(net.get(), sh, overlap);
@@ -547,10 +600,13 @@ TEST_CASE("hier_staged: every collective over 2-3 nodes x 1-3 ranks, proxies ove
 // MKERNEL_HIER_KEEP_OWN=0 (the comparison form): the direct AllReduce's own piece of the rail
 // reduction through the net send buffer. The cases above run the default,
 // which keeps it in the out regions.
-TEST_CASE("hier_staged: every collective with the own piece through the net buffer (MKERNEL_HIER_KEEP_OWN=0), exact") {
+TEST_CASE(
+    "hier_staged: every collective with the own piece through the net buffer "
+    "(MKERNEL_HIER_KEEP_OWN=0), exact") {
   auto net = testNet();
   for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}})
-    for (bool overlap : {true, false}) everyCollective(net.get(), sh, overlap, 1, 0, Roles(), kRailDirect, false);
+    for (bool overlap : {true, false})
+      everyCollective(net.get(), sh, overlap, 1, 0, Roles(), kRailDirect, false);
 }
 
 // MKERNEL_HIER_KEEP_OWN takes exactly the own piece off the net buffers, for every collective of
@@ -559,15 +615,17 @@ TEST_CASE("hier_staged: every collective with the own piece through the net buff
 // ReduceScatter's own part twice (A's write, B's read); AllGather's own block once (B's read); the
 // Reduce root's partial twice and the Broadcast root's chunk once (other ranks: nothing). Each
 // collective alone, both forms, on the same data; the results are checked too.
-TEST_CASE("hier_staged: the own piece stays off the net buffers by exactly its bytes (MKERNEL_HIER_KEEP_OWN)") {
+TEST_CASE(
+    "hier_staged: the own piece stays off the net buffers by exactly its bytes "
+    "(MKERNEL_HIER_KEEP_OWN)") {
   auto net = testNet();
   for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}, Shape{2, 3, 768}, Shape{2, 1, 256}}) {
     NodeLayout L;
     L.nNodes = sh.nodes;
     L.perNode = sh.perNode;
     const int n = L.nRanks();
-    for (CollType coll : {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather, CollType::Broadcast,
-                          CollType::Reduce})
+    for (CollType coll : {CollType::AllReduce, CollType::ReduceScatter, CollType::AllGather,
+                          CollType::Broadcast, CollType::Reduce})
       for (bool inPlace : {false, true}) {
         const Op op{coll, 1001, inPlace, n - 1};
         std::vector<uint64_t> moved[2];  // [keepOwn]
@@ -599,16 +657,26 @@ TEST_CASE("hier_staged: the own piece stays off the net buffers by exactly its b
               c.part = Slice{0, op.count};
               c.chunkElems = hierChunkElemsFor(coll, L, 4, sh.chunkBytes);
               const HierCtx x(c);
-              for (uint64_t i = 0; i * c.chunkElems < op.count; ++i) want += 3 * HierArChunk(c, x, i, i).tk.count * 4;
+              for (uint64_t i = 0; i * c.chunkElems < op.count; ++i)
+                want += 3 * HierArChunk(c, x, i, i).tk.count * 4;
               break;
             }
-            case CollType::ReduceScatter: want = 2 * bytes; break;
-            case CollType::AllGather: want = bytes; break;
-            case CollType::Broadcast: want = r == op.root ? bytes : 0; break;
-            case CollType::Reduce: want = r == op.root ? 2 * bytes : 0; break;
+            case CollType::ReduceScatter:
+              want = 2 * bytes;
+              break;
+            case CollType::AllGather:
+              want = bytes;
+              break;
+            case CollType::Broadcast:
+              want = r == op.root ? bytes : 0;
+              break;
+            case CollType::Reduce:
+              want = r == op.root ? 2 * bytes : 0;
+              break;
           }
-          INFO(sh.nodes << " nodes x " << sh.perNode << ", " << collName(coll) << (inPlace ? " in place" : "") << ", rank "
-                        << r << ": " << moved[0][static_cast<size_t>(r)] << " B through the net buffers, "
+          INFO(sh.nodes << " nodes x " << sh.perNode << ", " << collName(coll)
+                        << (inPlace ? " in place" : "") << ", rank " << r << ": "
+                        << moved[0][static_cast<size_t>(r)] << " B through the net buffers, "
                         << moved[1][static_cast<size_t>(r)] << " B keeping the own piece");
           CHECK(moved[1][static_cast<size_t>(r)] + want == moved[0][static_cast<size_t>(r)]);
           if (want > 0) CHECK(moved[1][static_cast<size_t>(r)] > 0);
@@ -619,16 +687,20 @@ TEST_CASE("hier_staged: the own piece stays off the net buffers by exactly its b
 
 // MKERNEL_HIER_AHEAD=1 (the comparison order): the pipelined direct AllReduce one chunk ahead
 // (A(0); B(i), A(i + 1), C(i)). The cases above run two ahead.
-TEST_CASE("hier_staged: every collective with the AllReduce one chunk ahead (MKERNEL_HIER_AHEAD=1), exact") {
+TEST_CASE(
+    "hier_staged: every collective with the AllReduce one chunk ahead (MKERNEL_HIER_AHEAD=1), "
+    "exact") {
   auto net = testNet();
   for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}, Shape{2, 1, 256}})
-    for (bool keepOwn : {true, false}) everyCollective(net.get(), sh, true, 1, 0, Roles(), kRailDirect, keepOwn, 1);
+    for (bool keepOwn : {true, false})
+      everyCollective(net.get(), sh, true, 1, 0, Roles(), kRailDirect, keepOwn, 1);
 }
 
 // Several CTAs per rank (MKERNEL_HIER_CTAS): each takes its slice of every collective (the
 // kernel's rankSlice split, so the 1- and 7-element collectives leave CTAs with nothing to do),
 // with its own regions, node barrier, net buffers and proxy channel.
-TEST_CASE("hier_staged: every collective split over 2-3 CTAs per rank, a proxy channel each, exact") {
+TEST_CASE(
+    "hier_staged: every collective split over 2-3 CTAs per rank, a proxy channel each, exact") {
   auto net = testNet();
   for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}})
     for (int ctas : {2, 3})
@@ -649,7 +721,9 @@ TEST_CASE("hier_staged: small collectives on one CTA between ones split over 3, 
 // CTA roles (MKERNEL_HIER_ROLES): the pipelined AllReduce on a sender, W workers and R reducers
 // per lane, handing chunks on through the lane's counters; the other collectives stay
 // data-parallel on the lanes' first CTAs (the senders), between and after the AllReduces.
-TEST_CASE("hier_staged: AllReduce in CTA roles (1 sender, 1-2 workers, 1-3 reducers per lane), every collective between, exact") {
+TEST_CASE(
+    "hier_staged: AllReduce in CTA roles (1 sender, 1-2 workers, 1-3 reducers per lane), every "
+    "collective between, exact") {
   auto net = testNet();
   const Roles roles[] = {{1, 1}, {2, 1}, {1, 2}, {2, 3}};
   for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}, Shape{2, 3, 768}, Shape{2, 1, 256}})
@@ -664,7 +738,9 @@ TEST_CASE("hier_staged: AllReduce in CTA roles (1 sender, 1-2 workers, 1-3 reduc
 
 // The same code in turn (MKERNEL_HIER_OVERLAP=0: the overlap's comparison for the roles):
 // each chunk's phase 1, rail and phase 3 before the next chunk's; with direct, ring and rhd.
-TEST_CASE("hier_staged: AllReduce in CTA roles in turn (the overlap's comparison), every collective between, exact") {
+TEST_CASE(
+    "hier_staged: AllReduce in CTA roles in turn (the overlap's comparison), every collective "
+    "between, exact") {
   auto net = testNet();
   for (int rail : {int(kRailDirect), int(kRailRing), int(kRailRhd)})
     for (const Roles& r : {Roles{1, 1}, Roles{2, 3}}) {
@@ -679,7 +755,8 @@ TEST_CASE("hier_staged: AllReduce in CTA roles in turn (the overlap's comparison
 // peer, no node's contribution is reduced in twice, node k owns block k whole after the
 // reduce-scatter steps, every node holds every block whole after the all-gather steps, and the
 // nodes send 2 (N - 1) parts in all, as in the direct form.
-TEST_CASE("hier_staged: ring and rhd rail schedules reduce every node in once and gather every block") {
+TEST_CASE(
+    "hier_staged: ring and rhd rail schedules reduce every node in once and gather every block") {
   for (int rail : {int(kRailRing), int(kRailRhd)})
     for (int N = 2; N <= 16; ++N) {
       if (hierRailFor(rail, N) != rail) {
@@ -688,68 +765,79 @@ TEST_CASE("hier_staged: ring and rhd rail schedules reduce every node in once an
         continue;
       }
       for (int uniform = 0; uniform < 2; ++uniform)
-      for (uint64_t size : {uint64_t(1), uint64_t(5), uint64_t(37), uint64_t(1000)}) {
-        // AllReduce: a part of `size` elements cut by rankSlice; ReduceScatter / AllGather: N
-        // uniform blocks of `size` elements (hierBlocks' block).
-        const uint64_t block = uniform ? size : 0, count = uniform ? size * static_cast<uint64_t>(N) : size;
-        const uint64_t align = 4;
-        const uint64_t full = (uint64_t(1) << N) - 1;
-        std::vector<std::vector<uint64_t>> P(static_cast<size_t>(N), std::vector<uint64_t>(count));
-        for (int k = 0; k < N; ++k) std::fill(P[static_cast<size_t>(k)].begin(), P[static_cast<size_t>(k)].end(), uint64_t(1) << k);
-        const int half = hierRailHalf(rail, N);
-        CHECK(half == (rail == kRailRing ? N - 1 : hierLog2(N)));
-        std::vector<uint64_t> sent(static_cast<size_t>(N), 0);
-        for (int st = 0; st < 2 * half; ++st) {
-          std::vector<HierRailStep> r;
-          for (int k = 0; k < N; ++k) r.push_back(hierRailStep(rail, N, k, st, count, align, block));
-          std::vector<std::vector<uint64_t>> msg(static_cast<size_t>(N));
-          for (int k = 0; k < N; ++k) {
-            const HierRailStep& a = r[static_cast<size_t>(k)];
-            const HierRailStep& b = r[static_cast<size_t>(a.to)];
-            INFO("rail " << rail << ", N " << N << ", count " << count << ", step " << st << ", node " << k);
-            REQUIRE(a.to != k);
-            REQUIRE(b.from == k);  // the peer receives from this node in the same step
-            REQUIRE(b.recv.offset == a.send.offset);
-            REQUIRE(b.recv.count == a.send.count);
-            CHECK(a.reduce == (st < half));
-            CHECK(a.last == (st == half - 1));
-            msg[static_cast<size_t>(a.to)].assign(P[static_cast<size_t>(k)].begin() + static_cast<long>(a.send.offset),
-                                                  P[static_cast<size_t>(k)].begin() + static_cast<long>(a.send.offset + a.send.count));
-            sent[static_cast<size_t>(k)] += a.send.count;
-          }
-          for (int k = 0; k < N; ++k) {
-            const HierRailStep& a = r[static_cast<size_t>(k)];
-            for (uint64_t e = 0; e < a.recv.count; ++e) {
-              uint64_t& dst = P[static_cast<size_t>(k)][a.recv.offset + e];
-              const uint64_t got = msg[static_cast<size_t>(k)][e];
-              if (a.reduce) {
-                INFO("rail " << rail << ", N " << N << ", step " << st << ", node " << k << ", element " << a.recv.offset + e);
-                REQUIRE((dst & got) == 0);  // a contribution reduced in twice
-                dst |= got;
-              } else {
-                dst = got;
-              }
-            }
-          }
-          if (st == half - 1)
+        for (uint64_t size : {uint64_t(1), uint64_t(5), uint64_t(37), uint64_t(1000)}) {
+          // AllReduce: a part of `size` elements cut by rankSlice; ReduceScatter / AllGather: N
+          // uniform blocks of `size` elements (hierBlocks' block).
+          const uint64_t block = uniform ? size : 0,
+                         count = uniform ? size * static_cast<uint64_t>(N) : size;
+          const uint64_t align = 4;
+          const uint64_t full = (uint64_t(1) << N) - 1;
+          std::vector<std::vector<uint64_t>> P(static_cast<size_t>(N),
+                                               std::vector<uint64_t>(count));
+          for (int k = 0; k < N; ++k)
+            std::fill(P[static_cast<size_t>(k)].begin(), P[static_cast<size_t>(k)].end(),
+                      uint64_t(1) << k);
+          const int half = hierRailHalf(rail, N);
+          CHECK(half == (rail == kRailRing ? N - 1 : hierLog2(N)));
+          std::vector<uint64_t> sent(static_cast<size_t>(N), 0);
+          for (int st = 0; st < 2 * half; ++st) {
+            std::vector<HierRailStep> r;
+            for (int k = 0; k < N; ++k)
+              r.push_back(hierRailStep(rail, N, k, st, count, align, block));
+            std::vector<std::vector<uint64_t>> msg(static_cast<size_t>(N));
             for (int k = 0; k < N; ++k) {
-              const Slice t = hierBlocks(count, N, k, 1, align, block);
-              for (uint64_t e = t.offset; e < t.offset + t.count; ++e) {
-                INFO("rail " << rail << ", N " << N << ", count " << count << ": node " << k << " element " << e);
-                REQUIRE(P[static_cast<size_t>(k)][e] == full);
+              const HierRailStep& a = r[static_cast<size_t>(k)];
+              const HierRailStep& b = r[static_cast<size_t>(a.to)];
+              INFO("rail " << rail << ", N " << N << ", count " << count << ", step " << st
+                           << ", node " << k);
+              REQUIRE(a.to != k);
+              REQUIRE(b.from == k);  // the peer receives from this node in the same step
+              REQUIRE(b.recv.offset == a.send.offset);
+              REQUIRE(b.recv.count == a.send.count);
+              CHECK(a.reduce == (st < half));
+              CHECK(a.last == (st == half - 1));
+              msg[static_cast<size_t>(a.to)].assign(
+                  P[static_cast<size_t>(k)].begin() + static_cast<long>(a.send.offset),
+                  P[static_cast<size_t>(k)].begin() +
+                      static_cast<long>(a.send.offset + a.send.count));
+              sent[static_cast<size_t>(k)] += a.send.count;
+            }
+            for (int k = 0; k < N; ++k) {
+              const HierRailStep& a = r[static_cast<size_t>(k)];
+              for (uint64_t e = 0; e < a.recv.count; ++e) {
+                uint64_t& dst = P[static_cast<size_t>(k)][a.recv.offset + e];
+                const uint64_t got = msg[static_cast<size_t>(k)][e];
+                if (a.reduce) {
+                  INFO("rail " << rail << ", N " << N << ", step " << st << ", node " << k
+                               << ", element " << a.recv.offset + e);
+                  REQUIRE((dst & got) == 0);  // a contribution reduced in twice
+                  dst |= got;
+                } else {
+                  dst = got;
+                }
               }
             }
-        }
-        for (int k = 0; k < N; ++k) {
-          for (uint64_t e = 0; e < count; ++e) {
-            INFO("rail " << rail << ", N " << N << ", count " << count << ": node " << k << " element " << e);
-            REQUIRE(P[static_cast<size_t>(k)][e] == full);
+            if (st == half - 1)
+              for (int k = 0; k < N; ++k) {
+                const Slice t = hierBlocks(count, N, k, 1, align, block);
+                for (uint64_t e = t.offset; e < t.offset + t.count; ++e) {
+                  INFO("rail " << rail << ", N " << N << ", count " << count << ": node " << k
+                               << " element " << e);
+                  REQUIRE(P[static_cast<size_t>(k)][e] == full);
+                }
+              }
           }
+          for (int k = 0; k < N; ++k) {
+            for (uint64_t e = 0; e < count; ++e) {
+              INFO("rail " << rail << ", N " << N << ", count " << count << ": node " << k
+                           << " element " << e);
+              REQUIRE(P[static_cast<size_t>(k)][e] == full);
+            }
+          }
+          uint64_t total = 0;
+          for (uint64_t b : sent) total += b;
+          CHECK(total == 2 * static_cast<uint64_t>(N - 1) * count);  // the direct form's bytes
         }
-        uint64_t total = 0;
-        for (uint64_t b : sent) total += b;
-        CHECK(total == 2 * static_cast<uint64_t>(N - 1) * count);  // the direct form's bytes
-      }
     }
 }
 
@@ -771,7 +859,8 @@ TEST_CASE("hier_staged: the binomial tree of Broadcast and Reduce reaches every 
         std::vector<bool> nextHas = has;
         std::vector<uint32_t> nextPart = part;
         for (int k = 0; k < N; ++k) {
-          const HierTreeStep b = hierTreeStep(false, N, k, kr, st), r = hierTreeStep(true, N, k, kr, st);
+          const HierTreeStep b = hierTreeStep(false, N, k, kr, st),
+                             r = hierTreeStep(true, N, k, kr, st);
           if (b.to >= 0) {
             REQUIRE(hierTreeStep(false, N, b.to, kr, st).from == k);
             REQUIRE(has[static_cast<size_t>(k)]);
@@ -801,11 +890,15 @@ TEST_CASE("hier_staged: the binomial tree of Broadcast and Reduce reaches every 
 // MKERNEL_HIER_RAIL=ring and rhd: the AllReduce's exchange in N - 1 or log2 N steps of one peer
 // each, pipelined and in turn, over 2-8 nodes (rhd on 3 nodes runs ring), among every other
 // collective (which exchange directly), and split over CTAs with small ones on CTA 0 alone.
-TEST_CASE("hier_staged: every collective with a ring / recursive halving-doubling exchange (Broadcast and Reduce: a binomial tree) among 2-8 nodes, exact") {
+TEST_CASE(
+    "hier_staged: every collective with a ring / recursive halving-doubling exchange (Broadcast "
+    "and Reduce: a binomial tree) among 2-8 nodes, exact") {
   auto net = testNet();
   for (int rail : {int(kRailRing), int(kRailRhd)}) {
-    for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}, Shape{4, 1, 256}, Shape{4, 2, 512}, Shape{3, 1, 256}})
-      for (bool overlap : {true, false}) everyCollective(net.get(), sh, overlap, 1, 0, Roles(), rail);
+    for (const Shape& sh :
+         {Shape{2, 2, 512}, Shape{3, 2, 768}, Shape{4, 1, 256}, Shape{4, 2, 512}, Shape{3, 1, 256}})
+      for (bool overlap : {true, false})
+        everyCollective(net.get(), sh, overlap, 1, 0, Roles(), rail);
     everyCollective(net.get(), Shape{8, 1, 512}, true, 1, 0, Roles(), rail);
     everyCollective(net.get(), Shape{4, 2, 512}, true, 3, 2000, Roles(), rail);
   }
@@ -815,11 +908,14 @@ TEST_CASE("hier_staged: every collective with a ring / recursive halving-doublin
 // reduce-scatter steps, each reduced by the reducers before the next, then its all-gather steps,
 // woven with the next chunk's; over 2-8 nodes (rhd on 3 nodes runs ring), one lane and three (the
 // small collectives on lane 0 alone, data-parallel there), every collective between.
-TEST_CASE("hier_staged: AllReduce in CTA roles with a ring / recursive halving-doubling exchange among 2-8 nodes, exact") {
+TEST_CASE(
+    "hier_staged: AllReduce in CTA roles with a ring / recursive halving-doubling exchange among "
+    "2-8 nodes, exact") {
   auto net = testNet();
   for (int rail : {int(kRailRing), int(kRailRhd)}) {
     for (const Roles& r : {Roles{1, 1}, Roles{2, 3}})
-      for (const Shape& sh : {Shape{2, 2, 512}, Shape{3, 2, 768}, Shape{4, 1, 256}, Shape{4, 2, 512}})
+      for (const Shape& sh :
+           {Shape{2, 2, 512}, Shape{3, 2, 768}, Shape{4, 1, 256}, Shape{4, 2, 512}})
         everyCollective(net.get(), sh, true, 1, 0, r, rail);
     everyCollective(net.get(), Shape{8, 1, 512}, true, 1, 0, Roles{2, 2}, rail);
     everyCollective(net.get(), Shape{4, 2, 512}, true, 3, 2000, Roles{1, 2}, rail);
@@ -832,7 +928,8 @@ TEST_CASE("hier_staged: AllReduce in CTA roles with a ring / recursive halving-d
 // and rhd on 4 x 1, where a chunk is 3 + 3 (2 + 2) steps of which the sender waits for all but the
 // last.
 namespace {
-void rolesSlowRank(mkernel::net::Net* net, int rail, const Roles& r, bool broken, bool overlap = true) {
+void rolesSlowRank(mkernel::net::Net* net, int rail, const Roles& r, bool broken,
+                   bool overlap = true) {
   World w;
   w.overlap = overlap;
   w.workers = r.workers;
@@ -843,13 +940,15 @@ void rolesSlowRank(mkernel::net::Net* net, int rail, const Roles& r, bool broken
   const Shape sh = rail == kRailDirect ? Shape{2, 2, 512} : Shape{4, 1, 256};
   w.slowRank = rail == kRailDirect ? 1 : 3;
   makeWorld(w, net, sh.nodes, sh.perNode, sh.chunkBytes, hierRoleCtas(1, r.workers, r.reducers));
-  std::vector<Op> ops = {{CollType::AllReduce, 1001, false, 0}, {CollType::AllReduce, 1001, true, 0},
-                         {CollType::ReduceScatter, 300, false, 0}, {CollType::AllReduce, 777, false, 0}};
+  std::vector<Op> ops = {{CollType::AllReduce, 1001, false, 0},
+                         {CollType::AllReduce, 1001, true, 0},
+                         {CollType::ReduceScatter, 300, false, 0},
+                         {CollType::AllReduce, 777, false, 0}};
   const std::string mismatch = runOps(w, ops, 11);
   stopAll(w);
   INFO("rail " << hierRailName(rail) << (overlap ? ", pipelined, " : ", in turn, ")
-               << (broken ? "workers skip the last step's wait: " : "intact: ") << r.workers << "," << r.reducers << ": "
-               << mismatch);
+               << (broken ? "workers skip the last step's wait: " : "intact: ") << r.workers << ","
+               << r.reducers << ": " << mismatch);
   if (!broken) {
     for (const auto& e : w.errors) FAIL_CHECK(e);
     CHECK(mismatch == "");
@@ -870,7 +969,8 @@ TEST_CASE("hier_staged: CTA roles with a slow rank, and a broken role wait is ca
       for (const Roles& r : {Roles{1, 1}, Roles{2, 2}})
         if (!broken || !mktest::kThreadSanitizer) rolesSlowRank(net.get(), rail, r, broken);
   // In turn, intact.
-  for (int rail : {int(kRailDirect), int(kRailRing), int(kRailRhd)}) rolesSlowRank(net.get(), rail, Roles{2, 2}, false, false);
+  for (int rail : {int(kRailDirect), int(kRailRing), int(kRailRhd)})
+    rolesSlowRank(net.get(), rail, Roles{2, 2}, false, false);
 }
 
 // The same, intact, with ring and rhd, pipelined and in turn: the [vm] tier runs it on verbs
@@ -881,7 +981,10 @@ TEST_CASE("hier_staged: CTA roles with ring and rhd exchanges and a slow rank, e
     for (bool overlap : {true, false}) rolesSlowRank(net.get(), rail, Roles{2, 2}, false, overlap);
 }
 
-TEST_CASE("hier_staged: a slow rank is never overtaken in the node regions (and the check fires when a barrier is broken)", "[vm]") {
+TEST_CASE(
+    "hier_staged: a slow rank is never overtaken in the node regions (and the check fires when a "
+    "barrier is broken)",
+    "[vm]") {
   auto net = testNet();
   // The broken variants race on purpose: not under ThreadSanitizer, which would report it.
   if (mktest::kThreadSanitizer) WARN("ThreadSanitizer build: the broken barriers are left out");
@@ -892,11 +995,12 @@ TEST_CASE("hier_staged: a slow rank is never overtaken in the node regions (and 
     w.slowRank = 1;
     w.breakGatherBarrier = broken;
     w.overlap = variant % 2 == 0;
-    std::vector<Op> ops = {{CollType::AllReduce, 600, false, 0}, {CollType::AllReduce, 600, true, 0}};
+    std::vector<Op> ops = {{CollType::AllReduce, 600, false, 0},
+                           {CollType::AllReduce, 600, true, 0}};
     const std::string mismatch = runOps(w, ops, 5);
     stopAll(w);
-    INFO((broken ? "every second barrier broken: " : "intact: ") << (w.overlap ? "pipelined: " : "sequential: ")
-                                                                  << mismatch);
+    INFO((broken ? "every second barrier broken: " : "intact: ")
+         << (w.overlap ? "pipelined: " : "sequential: ") << mismatch);
     for (const auto& e : w.errors) FAIL_CHECK(e);
     if (!broken) {
       CHECK(mismatch == "");
@@ -911,7 +1015,9 @@ TEST_CASE("hier_staged: a slow rank is never overtaken in the node regions (and 
 // chains woven on each CTA) and in turn: the others run ahead as far as the steps allow, and no
 // node region is overtaken. 4 nodes x 1 rank is also the [vm] tier's case on verbs (rxe): every
 // step of both chains a real RDMA transfer.
-TEST_CASE("hier_staged: ring and rhd exchanges with a slow rank, woven chains, exact and never overtaken", "[vm]") {
+TEST_CASE(
+    "hier_staged: ring and rhd exchanges with a slow rank, woven chains, exact and never overtaken",
+    "[vm]") {
   auto net = testNet();
   for (const Shape& sh : {Shape{4, 1, 256}, Shape{4, 2, 512}})
     for (int rail : {int(kRailRing), int(kRailRhd)})
@@ -921,11 +1027,14 @@ TEST_CASE("hier_staged: ring and rhd exchanges with a slow rank, woven chains, e
         w.slowRank = sh.nodes * sh.perNode - 1;
         w.overlap = overlap;
         w.rail = rail;
-        std::vector<Op> ops = {{CollType::AllReduce, 600, false, 0}, {CollType::AllGather, 100, false, 0},
-                               {CollType::AllReduce, 601, true, 0}, {CollType::AllReduce, 9, false, 0}};
+        std::vector<Op> ops = {{CollType::AllReduce, 600, false, 0},
+                               {CollType::AllGather, 100, false, 0},
+                               {CollType::AllReduce, 601, true, 0},
+                               {CollType::AllReduce, 9, false, 0}};
         const std::string mismatch = runOps(w, ops, 21);
         stopAll(w);
-        INFO(sh.nodes << " x " << sh.perNode << ", rail " << rail << (overlap ? ", pipelined: " : ", in turn: ") << mismatch);
+        INFO(sh.nodes << " x " << sh.perNode << ", rail " << rail
+                      << (overlap ? ", pipelined: " : ", in turn: ") << mismatch);
         for (const auto& e : w.errors) FAIL_CHECK(e);
         CHECK(mismatch == "");
         CHECK(w.race.races() == 0);
@@ -956,7 +1065,9 @@ void checkPhaseMarks(const World& w, bool overlap, uint64_t want) {
 // order (chunk start, rail start, rail end, chunk end) and nothing else; pipelined, it marks none.
 // With a slow rail (every data movement of rank 3 takes 200 us, so its peers wait in the rail
 // steps) the rail phase of its peers must come out longer than its own node phases are short.
-TEST_CASE("hier_staged: phase times of the AllReduce in turn: every chunk marked in order, none pipelined") {
+TEST_CASE(
+    "hier_staged: phase times of the AllReduce in turn: every chunk marked in order, none "
+    "pipelined") {
   auto net = testNet();
   for (int rail : {int(kRailDirect), int(kRailRing)})
     for (bool overlap : {false, true}) {
@@ -966,11 +1077,14 @@ TEST_CASE("hier_staged: phase times of the AllReduce in turn: every chunk marked
       w.rail = rail;
       w.splitMinBytes = 2000;
       w.slowRank = 3;
-      std::vector<Op> ops = {{CollType::AllReduce, 1001, false, 0}, {CollType::AllGather, 100, false, 0},
-                             {CollType::AllReduce, 300, true, 0}, {CollType::AllReduce, 7, false, 0}};
+      std::vector<Op> ops = {{CollType::AllReduce, 1001, false, 0},
+                             {CollType::AllGather, 100, false, 0},
+                             {CollType::AllReduce, 300, true, 0},
+                             {CollType::AllReduce, 7, false, 0}};
       const std::string mismatch = runOps(w, ops, 3);
       stopAll(w);
-      INFO("rail " << hierRailName(rail) << (overlap ? ", pipelined" : ", in turn") << ": " << mismatch);
+      INFO("rail " << hierRailName(rail) << (overlap ? ", pipelined" : ", in turn") << ": "
+                   << mismatch);
       for (const auto& e : w.errors) FAIL_CHECK(e);
       CHECK(mismatch == "");
       // CTA 0's AllReduce chunks: the 1001-element op split over 2 CTAs (4004 B >= 2000), the
@@ -995,7 +1109,9 @@ TEST_CASE("hier_staged: phase times of the AllReduce in turn: every chunk marked
 // Phase times in CTA roles in turn: CTA 0, lane 0's sender, marks every AllReduce chunk of its lane
 // in order, those in roles (1001 elements, from splitMinBytes) and the small ones it runs
 // data-parallel alike; node and rail both non-zero; pipelined, none.
-TEST_CASE("hier_staged: phase times of the AllReduce in CTA roles in turn: the sender marks every chunk in order") {
+TEST_CASE(
+    "hier_staged: phase times of the AllReduce in CTA roles in turn: the sender marks every chunk "
+    "in order") {
   auto net = testNet();
   for (int rail : {int(kRailDirect), int(kRailRhd)})
     for (bool overlap : {false, true}) {
@@ -1007,11 +1123,14 @@ TEST_CASE("hier_staged: phase times of the AllReduce in CTA roles in turn: the s
       w.overlap = overlap;
       w.rail = rail;
       w.splitMinBytes = 2000;
-      std::vector<Op> ops = {{CollType::AllReduce, 1001, false, 0}, {CollType::AllGather, 100, false, 0},
-                             {CollType::AllReduce, 300, true, 0}, {CollType::AllReduce, 2001, true, 0}};
+      std::vector<Op> ops = {{CollType::AllReduce, 1001, false, 0},
+                             {CollType::AllGather, 100, false, 0},
+                             {CollType::AllReduce, 300, true, 0},
+                             {CollType::AllReduce, 2001, true, 0}};
       const std::string mismatch = runOps(w, ops, 5);
       stopAll(w);
-      INFO("rail " << hierRailName(rail) << (overlap ? ", pipelined" : ", in turn") << ": " << mismatch);
+      INFO("rail " << hierRailName(rail) << (overlap ? ", pipelined" : ", in turn") << ": "
+                   << mismatch);
       for (const auto& e : w.errors) FAIL_CHECK(e);
       CHECK(mismatch == "");
       const uint64_t ce = hierChunkElemsFor(CollType::AllReduce, w.L, 4, 512);
@@ -1026,8 +1145,8 @@ TEST_CASE("hier_staged: phase times of the AllReduce in CTA roles in turn: the s
 // two proxies (TCP) stalls the GPU's hierarchical test;
 // `test_hier_staged "[.stress]"` runs the same rail traffic without a GPU.
 TEST_CASE("hier_staged: stress, 2 nodes x 2 ranks, 1 MiB chunks, 1200 collectives", "[.stress]") {
-  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::Reduce, CollType::AllGather,
-                            CollType::Broadcast};
+  const CollType colls[] = {CollType::AllReduce, CollType::ReduceScatter, CollType::Reduce,
+                            CollType::AllGather, CollType::Broadcast};
   auto net = testNet();
   World w;
   makeWorld(w, net.get(), 2, 2, 1 << 20);

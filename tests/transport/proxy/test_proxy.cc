@@ -61,13 +61,16 @@ constexpr int kFlagRecvd = 1;
 std::vector<Result> connectProxies(const std::vector<Proxy*>& proxies) {
   const int n = static_cast<int>(proxies.size());
   std::vector<std::vector<Handle>> handles(static_cast<size_t>(n));  // handles[r][p]: r's, for p
-  for (int r = 0; r < n; ++r) REQUIRE(proxies[static_cast<size_t>(r)]->listenHandles(&handles[static_cast<size_t>(r)]) == Result::Success);
+  for (int r = 0; r < n; ++r)
+    REQUIRE(proxies[static_cast<size_t>(r)]->listenHandles(&handles[static_cast<size_t>(r)]) ==
+            Result::Success);
   std::vector<std::thread> threads;
   std::vector<Result> results(static_cast<size_t>(n), Result::InternalError);
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       std::vector<Handle> mine(static_cast<size_t>(n));
-      for (int p = 0; p < n; ++p) mine[static_cast<size_t>(p)] = handles[static_cast<size_t>(p)][static_cast<size_t>(r)];
+      for (int p = 0; p < n; ++p)
+        mine[static_cast<size_t>(p)] = handles[static_cast<size_t>(p)][static_cast<size_t>(r)];
       results[static_cast<size_t>(r)] = proxies[static_cast<size_t>(r)]->connectAll(mine);
     });
   for (auto& t : threads) t.join();
@@ -77,7 +80,8 @@ std::vector<Result> connectProxies(const std::vector<Proxy*>& proxies) {
 // Connects the ranks' proxies; unless only connecting, requires that every rank succeeded and
 // registers each rank's send and receive staging. R: a rank with `proxy`, `sendBuf`, `recvBuf`.
 template <class R>
-std::vector<Result> connectAndRegister(std::vector<std::unique_ptr<R>>& ranks, bool onlyConnect = false) {
+std::vector<Result> connectAndRegister(std::vector<std::unique_ptr<R>>& ranks,
+                                       bool onlyConnect = false) {
   std::vector<Proxy*> proxies;
   for (auto& k : ranks) proxies.push_back(k->proxy.get());
   const std::vector<Result> results = connectProxies(proxies);
@@ -86,15 +90,18 @@ std::vector<Result> connectAndRegister(std::vector<std::unique_ptr<R>>& ranks, b
     INFO("rank " << r << ": " << mkernel::lastError());
     REQUIRE(results[r] == Result::Success);
     R& k = *ranks[r];
-    REQUIRE(k.proxy->registerRegion(k.sendBuf.data(), k.sendBuf.size(), mkernel::net::kPtrHost) == Result::Success);
-    REQUIRE(k.proxy->registerRegion(k.recvBuf.data(), k.recvBuf.size(), mkernel::net::kPtrHost) == Result::Success);
+    REQUIRE(k.proxy->registerRegion(k.sendBuf.data(), k.sendBuf.size(), mkernel::net::kPtrHost) ==
+            Result::Success);
+    REQUIRE(k.proxy->registerRegion(k.recvBuf.data(), k.recvBuf.size(), mkernel::net::kPtrHost) ==
+            Result::Success);
   }
   return results;
 }
 
 // Ranks fully connected, rank r's proxy on nets[r], `bytes` of staging per direction each; not
 // started.
-std::vector<std::unique_ptr<Rank>> makeRanks(const std::vector<mkernel::net::Net*>& nets, size_t bytes) {
+std::vector<std::unique_ptr<Rank>> makeRanks(const std::vector<mkernel::net::Net*>& nets,
+                                             size_t bytes) {
   const int n = static_cast<int>(nets.size());
   std::vector<std::unique_ptr<Rank>> ranks;
   for (int r = 0; r < n; ++r) {
@@ -103,7 +110,8 @@ std::vector<std::unique_ptr<Rank>> makeRanks(const std::vector<mkernel::net::Net
     std::memset(ranks.back()->flags.get(), 0, sizeof(ProxyFlags));
     ranks.back()->sendBuf.assign(bytes, 0);
     ranks.back()->recvBuf.assign(bytes, 0);
-    ranks.back()->proxy.reset(new Proxy(nets[static_cast<size_t>(r)], 0, r, n, ranks.back()->ring.get(), ranks.back()->flags.get()));
+    ranks.back()->proxy.reset(new Proxy(nets[static_cast<size_t>(r)], 0, r, n,
+                                        ranks.back()->ring.get(), ranks.back()->flags.get()));
   }
   connectAndRegister(ranks);
   return ranks;
@@ -132,12 +140,14 @@ const uint64_t kTimeoutNs = 20ull * 1000000000ull;
 
 }  // namespace
 
-TEST_CASE("proxy: 3 ranks all-to-all, 600 messages per pair of random size through a 256-slot ring; every byte checked") {
+TEST_CASE(
+    "proxy: 3 ranks all-to-all, 600 messages per pair of random size through a 256-slot ring; "
+    "every byte checked") {
   auto net = testNet();
   const int n = 3;
-  const int kMsgs = 600;         // per ordered pair: more than twice the ring per rank
+  const int kMsgs = 600;  // per ordered pair: more than twice the ring per rank
   const size_t kMaxMsg = 48 << 10;
-  const size_t kWindow = 8;       // messages in flight per pair: distinct staging slots
+  const size_t kWindow = 8;  // messages in flight per pair: distinct staging slots
   const size_t kSlot = kMaxMsg;
   auto ranks = makeRanks(net.get(), n, static_cast<size_t>(n) * kWindow * kSlot);
   for (auto& r : ranks) REQUIRE(r->proxy->start({}) == Result::Success);
@@ -149,7 +159,9 @@ TEST_CASE("proxy: 3 ranks all-to-all, 600 messages per pair of random size throu
       Rank& me = *ranks[static_cast<size_t>(r)];
       uint64_t posted = 0, sendsPosted = 0, recvsPosted = 0;
       auto size = [&](int src, int dst, int m) {
-        return static_cast<size_t>((static_cast<uint64_t>(src * 7919 + dst * 104729 + m * 1299709) % kMaxMsg) + (m % 5 == 0 ? 0 : 1));
+        return static_cast<size_t>(
+            (static_cast<uint64_t>(src * 7919 + dst * 104729 + m * 1299709) % kMaxMsg) +
+            (m % 5 == 0 ? 0 : 1));
       };
       for (int m = 0; m < kMsgs; m += static_cast<int>(kWindow)) {
         const int batch = std::min<int>(static_cast<int>(kWindow), kMsgs - m);
@@ -157,18 +169,23 @@ TEST_CASE("proxy: 3 ranks all-to-all, 600 messages per pair of random size throu
         for (int p = 0; p < n; ++p) {
           if (p == r) continue;
           for (int b = 0; b < batch; ++b) {
-            uint8_t* dst = me.recvBuf.data() + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
-            if (proxyPost(me.ring.get(), me.flags.get(), command(kOpRecv, p, dst, kMaxMsg, 7, kFlagRecvd), kTimeoutNs) != PostStatus::kPosted) {
+            uint8_t* dst = me.recvBuf.data() +
+                           (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
+            if (proxyPost(me.ring.get(), me.flags.get(),
+                          command(kOpRecv, p, dst, kMaxMsg, 7, kFlagRecvd),
+                          kTimeoutNs) != PostStatus::kPosted) {
               errors[static_cast<size_t>(r)] = "posting a receive failed";
               return;
             }
             ++recvsPosted;
           }
           for (int b = 0; b < batch; ++b) {
-            uint8_t* src = me.sendBuf.data() + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
+            uint8_t* src = me.sendBuf.data() +
+                           (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
             const size_t sz = size(r, p, m + b);
             for (size_t i = 0; i < sz; ++i) src[i] = pattern(r, p, static_cast<uint64_t>(m + b), i);
-            if (proxyPost(me.ring.get(), me.flags.get(), command(kOpSend, p, src, sz, 7, kFlagSent), kTimeoutNs) != PostStatus::kPosted) {
+            if (proxyPost(me.ring.get(), me.flags.get(), command(kOpSend, p, src, sz, 7, kFlagSent),
+                          kTimeoutNs) != PostStatus::kPosted) {
               errors[static_cast<size_t>(r)] = "posting a send failed";
               return;
             }
@@ -177,20 +194,25 @@ TEST_CASE("proxy: 3 ranks all-to-all, 600 messages per pair of random size throu
         }
         posted += static_cast<uint64_t>(batch);
         // The window's receives and sends must complete before its staging slots are reused.
-        if (proxyWaitFlag(me.flags.get(), kFlagRecvd, recvsPosted, kTimeoutNs) != WaitStatus::kReached ||
-            proxyWaitFlag(me.flags.get(), kFlagSent, sendsPosted, kTimeoutNs) != WaitStatus::kReached) {
+        if (proxyWaitFlag(me.flags.get(), kFlagRecvd, recvsPosted, kTimeoutNs) !=
+                WaitStatus::kReached ||
+            proxyWaitFlag(me.flags.get(), kFlagSent, sendsPosted, kTimeoutNs) !=
+                WaitStatus::kReached) {
           errors[static_cast<size_t>(r)] = "waiting for completions failed: " + me.proxy->error();
           return;
         }
         for (int p = 0; p < n && errors[static_cast<size_t>(r)].empty(); ++p) {
           if (p == r) continue;
           for (int b = 0; b < batch; ++b) {
-            const uint8_t* got = me.recvBuf.data() + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
+            const uint8_t* got =
+                me.recvBuf.data() +
+                (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
             const size_t sz = size(p, r, m + b);
             for (size_t i = 0; i < sz; ++i)
               if (got[i] != pattern(p, r, static_cast<uint64_t>(m + b), i)) {
-                errors[static_cast<size_t>(r)] = "message " + std::to_string(m + b) + " from rank " + std::to_string(p) +
-                                                 ": byte " + std::to_string(i) + " differs";
+                errors[static_cast<size_t>(r)] = "message " + std::to_string(m + b) +
+                                                 " from rank " + std::to_string(p) + ": byte " +
+                                                 std::to_string(i) + " differs";
                 break;
               }
           }
@@ -228,7 +250,9 @@ TEST_CASE("proxy: receives flushed through the transport before their flag is ra
     REQUIRE(r->proxy->start({}) == Result::Success);
   }
   // Sizes 0 (no flush: nothing landed), 1 and up to kSlot; message m in slot m % 4.
-  auto size = [](int src, int m) { return m % 9 == 0 ? size_t(0) : static_cast<size_t>((src * 7919 + m * 104729) % kSlot) + 1; };
+  auto size = [](int src, int m) {
+    return m % 9 == 0 ? size_t(0) : static_cast<size_t>((src * 7919 + m * 104729) % kSlot) + 1;
+  };
   std::vector<std::string> errors(static_cast<size_t>(n));
   std::vector<uint64_t> nonEmpty(static_cast<size_t>(n), 0);
   std::vector<std::thread> gpus;
@@ -242,8 +266,10 @@ TEST_CASE("proxy: receives flushed through the transport before their flag is ra
         const size_t out = size(r, m), in = size(p, m);
         for (size_t i = 0; i < out; ++i) src[i] = pattern(r, p, static_cast<uint64_t>(m), i);
         if (in > 0) ++nonEmpty[static_cast<size_t>(r)];
-        if (proxyPost(me.ring.get(), me.flags.get(), command(kOpRecv, p, dst, kSlot, 3, kFlagRecvd), kTimeoutNs) != PostStatus::kPosted ||
-            proxyPost(me.ring.get(), me.flags.get(), command(kOpSend, p, src, out, 3, kFlagSent), kTimeoutNs) != PostStatus::kPosted) {
+        if (proxyPost(me.ring.get(), me.flags.get(), command(kOpRecv, p, dst, kSlot, 3, kFlagRecvd),
+                      kTimeoutNs) != PostStatus::kPosted ||
+            proxyPost(me.ring.get(), me.flags.get(), command(kOpSend, p, src, out, 3, kFlagSent),
+                      kTimeoutNs) != PostStatus::kPosted) {
           errors[static_cast<size_t>(r)] = "posting failed";
           return;
         }
@@ -256,7 +282,8 @@ TEST_CASE("proxy: receives flushed through the transport before their flag is ra
         }
         for (size_t i = 0; i < in; ++i)
           if (dst[i] != pattern(p, r, static_cast<uint64_t>(m), i)) {
-            errors[static_cast<size_t>(r)] = "message " + std::to_string(m) + ": byte " + std::to_string(i) + " differs";
+            errors[static_cast<size_t>(r)] =
+                "message " + std::to_string(m) + ": byte " + std::to_string(i) + " differs";
             return;
           }
       }
@@ -276,7 +303,9 @@ TEST_CASE("proxy: receives flushed through the transport before their flag is ra
   for (auto& r : ranks) CHECK(r->proxy->stop() == Result::Success);
 }
 
-TEST_CASE("proxy: a peer that vanishes mid-stream fails the waiting rank within the timeout, naming the peer") {
+TEST_CASE(
+    "proxy: a peer that vanishes mid-stream fails the waiting rank within the timeout, naming the "
+    "peer") {
   EnvGuard timeout("MKERNEL_TIMEOUT_S", "3");
   auto net = testNet();
   auto ranks = makeRanks(net.get(), 2, 1 << 20);
@@ -284,9 +313,13 @@ TEST_CASE("proxy: a peer that vanishes mid-stream fails the waiting rank within 
   Rank& a = *ranks[0];
   // Rank 0 expects 4 messages; rank 1 sends one, then disappears (its proxy stops and closes).
   for (int i = 0; i < 4; ++i)
-    REQUIRE(proxyPost(a.ring.get(), a.flags.get(), command(kOpRecv, 1, a.recvBuf.data() + i * 4096, 4096, 3, kFlagRecvd), kTimeoutNs) == PostStatus::kPosted);
+    REQUIRE(proxyPost(a.ring.get(), a.flags.get(),
+                      command(kOpRecv, 1, a.recvBuf.data() + i * 4096, 4096, 3, kFlagRecvd),
+                      kTimeoutNs) == PostStatus::kPosted);
   Rank& b = *ranks[1];
-  REQUIRE(proxyPost(b.ring.get(), b.flags.get(), command(kOpSend, 0, b.sendBuf.data(), 4096, 3, kFlagSent), kTimeoutNs) == PostStatus::kPosted);
+  REQUIRE(proxyPost(b.ring.get(), b.flags.get(),
+                    command(kOpSend, 0, b.sendBuf.data(), 4096, 3, kFlagSent),
+                    kTimeoutNs) == PostStatus::kPosted);
   REQUIRE(proxyWaitFlag(b.flags.get(), kFlagSent, 1, kTimeoutNs) == WaitStatus::kReached);
   REQUIRE(proxyWaitFlag(a.flags.get(), kFlagRecvd, 1, kTimeoutNs) == WaitStatus::kReached);
   REQUIRE(b.proxy->stop() == Result::Success);
@@ -302,7 +335,8 @@ TEST_CASE("proxy: a peer that vanishes mid-stream fails the waiting rank within 
   // A producer posting to a failed proxy is told so at once.
   PostStatus ps = PostStatus::kPosted;
   for (uint32_t i = 0; i < kRingSlots + 1 && ps == PostStatus::kPosted; ++i)
-    ps = proxyPost(a.ring.get(), a.flags.get(), command(kOpRecv, 1, a.recvBuf.data(), 16, 3, kFlagRecvd), kTimeoutNs);
+    ps = proxyPost(a.ring.get(), a.flags.get(),
+                   command(kOpRecv, 1, a.recvBuf.data(), 16, 3, kFlagRecvd), kTimeoutNs);
   CHECK(ps == PostStatus::kProxyFailed);
   CHECK(a.proxy->stop() == Result::Success);
 }
@@ -315,32 +349,43 @@ class RecordingNet final : public mkernel::net::Net {
 
   const char* name() const override { return in_->name(); }
   int deviceCount() const override { return in_->deviceCount(); }
-  Result getProperties(int dev, mkernel::net::DeviceProps* props) const override { return in_->getProperties(dev, props); }
-  Result listen(int dev, void* handle, mkernel::net::ListenComm** l) override { return in_->listen(dev, handle, l); }
+  Result getProperties(int dev, mkernel::net::DeviceProps* props) const override {
+    return in_->getProperties(dev, props);
+  }
+  Result listen(int dev, void* handle, mkernel::net::ListenComm** l) override {
+    return in_->listen(dev, handle, l);
+  }
   Result connect(int dev, const void* handle, mkernel::net::SendComm** sc) override {
     const Result r = in_->connect(dev, handle, sc);
     if (r == Result::Success && *sc != nullptr) sends.push_back(*sc);
     return r;
   }
-  Result accept(mkernel::net::ListenComm* l, mkernel::net::RecvComm** rc) override { return in_->accept(l, rc); }
+  Result accept(mkernel::net::ListenComm* l, mkernel::net::RecvComm** rc) override {
+    return in_->accept(l, rc);
+  }
   Result regMr(mkernel::net::Comm* c, void* data, size_t size, int type, void** mh) override {
     return in_->regMr(c, data, size, type, mh);
   }
-  Result regMrDmaBuf(mkernel::net::Comm* c, void* data, size_t size, int type, uint64_t offset, int fd, void** mh) override {
+  Result regMrDmaBuf(mkernel::net::Comm* c, void* data, size_t size, int type, uint64_t offset,
+                     int fd, void** mh) override {
     return in_->regMrDmaBuf(c, data, size, type, offset, fd, mh);
   }
   Result deregMr(mkernel::net::Comm* c, void* mh) override { return in_->deregMr(c, mh); }
-  Result isend(mkernel::net::SendComm* c, void* data, size_t size, int tag, void* mh, mkernel::net::Request** r) override {
+  Result isend(mkernel::net::SendComm* c, void* data, size_t size, int tag, void* mh,
+               mkernel::net::Request** r) override {
     return in_->isend(c, data, size, tag, mh, r);
   }
-  Result irecv(mkernel::net::RecvComm* c, int n, void** data, const size_t* sizes, const int* tags, void** mhs,
-               mkernel::net::Request** r) override {
+  Result irecv(mkernel::net::RecvComm* c, int n, void** data, const size_t* sizes, const int* tags,
+               void** mhs, mkernel::net::Request** r) override {
     return in_->irecv(c, n, data, sizes, tags, mhs, r);
   }
-  Result iflush(mkernel::net::RecvComm* c, int n, void** data, const int* sizes, void** mhs, mkernel::net::Request** r) override {
+  Result iflush(mkernel::net::RecvComm* c, int n, void** data, const int* sizes, void** mhs,
+                mkernel::net::Request** r) override {
     return in_->iflush(c, n, data, sizes, mhs, r);
   }
-  Result test(mkernel::net::Request* r, bool* done, size_t* sizes) override { return in_->test(r, done, sizes); }
+  Result test(mkernel::net::Request* r, bool* done, size_t* sizes) override {
+    return in_->test(r, done, sizes);
+  }
   Result closeSend(mkernel::net::SendComm* c) override { return in_->closeSend(c); }
   Result closeRecv(mkernel::net::RecvComm* c) override { return in_->closeRecv(c); }
   Result closeListen(mkernel::net::ListenComm* c) override { return in_->closeListen(c); }
@@ -355,7 +400,9 @@ class RecordingNet final : public mkernel::net::Net {
 // waits for more: rank 0's proxy must fail in about a second (the TCP net's close seen on a data
 // socket, kCloseGraceS), not at MKERNEL_TIMEOUT_S (20 s), naming rank 1 and the closed socket.
 // TCP only (the verbs tier runs these tests with MKERNEL_NET_BACKEND=ib).
-TEST_CASE("proxy: a peer whose TCP comm half closes fails the waiting rank within about a second, naming it") {
+TEST_CASE(
+    "proxy: a peer whose TCP comm half closes fails the waiting rank within about a second, naming "
+    "it") {
   const char* backend = std::getenv("MKERNEL_NET_BACKEND");
   if (backend != nullptr && std::string(backend) == "ib") {
     WARN("a TCP case: nothing to check on verbs");
@@ -367,13 +414,17 @@ TEST_CASE("proxy: a peer whose TCP comm half closes fails the waiting rank withi
   auto inner1 = testNet();
   RecordingNet net1(inner1.get());
   auto ranks = makeRanks({net0.get(), &net1}, 1 << 20);  // rank 1 on the recording net
-  REQUIRE(net1.sends.size() == 1);  // rank 1's to rank 0
+  REQUIRE(net1.sends.size() == 1);                       // rank 1's to rank 0
   for (auto& r : ranks) REQUIRE(r->proxy->start({}) == Result::Success);
   Rank& a = *ranks[0];
   Rank& b = *ranks[1];
   for (int i = 0; i < 4; ++i)
-    REQUIRE(proxyPost(a.ring.get(), a.flags.get(), command(kOpRecv, 1, a.recvBuf.data() + i * 4096, 4096, 3, kFlagRecvd), kTimeoutNs) == PostStatus::kPosted);
-  REQUIRE(proxyPost(b.ring.get(), b.flags.get(), command(kOpSend, 0, b.sendBuf.data(), 4096, 3, kFlagSent), kTimeoutNs) == PostStatus::kPosted);
+    REQUIRE(proxyPost(a.ring.get(), a.flags.get(),
+                      command(kOpRecv, 1, a.recvBuf.data() + i * 4096, 4096, 3, kFlagRecvd),
+                      kTimeoutNs) == PostStatus::kPosted);
+  REQUIRE(proxyPost(b.ring.get(), b.flags.get(),
+                    command(kOpSend, 0, b.sendBuf.data(), 4096, 3, kFlagSent),
+                    kTimeoutNs) == PostStatus::kPosted);
   REQUIRE(proxyWaitFlag(b.flags.get(), kFlagSent, 1, kTimeoutNs) == WaitStatus::kReached);
   REQUIRE(proxyWaitFlag(a.flags.get(), kFlagRecvd, 1, kTimeoutNs) == WaitStatus::kReached);
   auto* half = static_cast<mkernel::net::tcp::TcpSendComm*>(net1.sends[0]);
@@ -409,23 +460,28 @@ TEST_CASE("proxy: pendingSummary names the transfers still waiting and their pee
   Rank& c = *ranks[2];
   // Rank 0 waits for 8 KiB (tag 6) from rank 2, which has not sent it, and 4 KiB (tag 2) from
   // rank 1, which sends it.
-  REQUIRE(proxyPost(a.ring.get(), a.flags.get(), command(kOpRecv, 2, a.recvBuf.data(), 8192, 6, kFlagRecvd), kTimeoutNs) ==
-          PostStatus::kPosted);
-  REQUIRE(proxyPost(a.ring.get(), a.flags.get(), command(kOpRecv, 1, a.recvBuf.data() + 8192, 4096, 2, kFlagRecvd), kTimeoutNs) ==
-          PostStatus::kPosted);
-  REQUIRE(proxyPost(b.ring.get(), b.flags.get(), command(kOpSend, 0, b.sendBuf.data(), 4096, 2, kFlagSent), kTimeoutNs) ==
-          PostStatus::kPosted);
+  REQUIRE(proxyPost(a.ring.get(), a.flags.get(),
+                    command(kOpRecv, 2, a.recvBuf.data(), 8192, 6, kFlagRecvd),
+                    kTimeoutNs) == PostStatus::kPosted);
+  REQUIRE(proxyPost(a.ring.get(), a.flags.get(),
+                    command(kOpRecv, 1, a.recvBuf.data() + 8192, 4096, 2, kFlagRecvd),
+                    kTimeoutNs) == PostStatus::kPosted);
+  REQUIRE(proxyPost(b.ring.get(), b.flags.get(),
+                    command(kOpSend, 0, b.sendBuf.data(), 4096, 2, kFlagSent),
+                    kTimeoutNs) == PostStatus::kPosted);
   REQUIRE(proxyWaitFlag(a.flags.get(), kFlagRecvd, 1, kTimeoutNs) == WaitStatus::kReached);
   REQUIRE(proxyWaitFlag(b.flags.get(), kFlagSent, 1, kTimeoutNs) == WaitStatus::kReached);
   const std::string waiting = a.proxy->pendingSummary();
   INFO(waiting);
   CHECK(waiting ==
-        "2 commands taken, 1 transfers done; sends to node 2: none; receives from node 2: [command 0, tag 6, 8192 B, posted]");
+        "2 commands taken, 1 transfers done; sends to node 2: none; receives from node 2: [command "
+        "0, tag 6, 8192 B, posted]");
   CHECK(b.proxy->pendingSummary() == "1 commands taken, 1 transfers done; nothing pending");
   CHECK(c.proxy->pendingSummary() == "0 commands taken, 0 transfers done; nothing pending");
   // Rank 2 sends: nothing is pending anywhere.
-  REQUIRE(proxyPost(c.ring.get(), c.flags.get(), command(kOpSend, 0, c.sendBuf.data(), 8192, 6, kFlagSent), kTimeoutNs) ==
-          PostStatus::kPosted);
+  REQUIRE(proxyPost(c.ring.get(), c.flags.get(),
+                    command(kOpSend, 0, c.sendBuf.data(), 8192, 6, kFlagSent),
+                    kTimeoutNs) == PostStatus::kPosted);
   REQUIRE(proxyWaitFlag(a.flags.get(), kFlagRecvd, 2, kTimeoutNs) == WaitStatus::kReached);
   REQUIRE(proxyWaitFlag(c.flags.get(), kFlagSent, 1, kTimeoutNs) == WaitStatus::kReached);
   CHECK(a.proxy->pendingSummary() == "2 commands taken, 2 transfers done; nothing pending");
@@ -440,7 +496,8 @@ TEST_CASE("proxy: pendingSummary names the transfers still waiting and their pee
   for (auto& t : askers) t.join();
   CHECK(answered == 400);
   for (auto& r : ranks) CHECK(r->proxy->stop() == Result::Success);
-  CHECK(a.proxy->pendingSummary(std::chrono::milliseconds(10)) == "2 commands taken, 2 transfers done; nothing pending");
+  CHECK(a.proxy->pendingSummary(std::chrono::milliseconds(10)) ==
+        "2 commands taken, 2 transfers done; nothing pending");
 }
 
 TEST_CASE("proxy: bad commands stop the proxy with a message; nothing is sent") {
@@ -470,7 +527,8 @@ TEST_CASE("proxy: bad commands stop the proxy with a message; nothing is sent") 
     auto pair = makeRanks(net.get(), 2, 4096);  // a failed proxy stays failed: a fresh pair each
     Rank& r0 = *pair[0];
     REQUIRE(r0.proxy->start({}) == Result::Success);
-    REQUIRE(proxyPost(r0.ring.get(), r0.flags.get(), b.make(r0, outside), kTimeoutNs) == PostStatus::kPosted);
+    REQUIRE(proxyPost(r0.ring.get(), r0.flags.get(), b.make(r0, outside), kTimeoutNs) ==
+            PostStatus::kPosted);
     CHECK(proxyWaitFlag(r0.flags.get(), 0, 1, kTimeoutNs) == WaitStatus::kProxyFailed);
     INFO(r0.proxy->error());
     CHECK(r0.proxy->error().find(b.expect) != std::string::npos);
@@ -503,8 +561,9 @@ TEST_CASE("proxy ring: batches through a producer's cached head and tail") {
       }
       // Command k: op and flag by parity, peer k % 7, addr k, bytes 3k + 1, tag k % 1000.
       const uint64_t k = tail;
-      if (slot.op != (k % 2 ? kOpSend : kOpRecv) || slot.peer != static_cast<int32_t>(k % 7) || slot.addr != k ||
-          slot.bytes != 3 * k + 1 || slot.tag != static_cast<int32_t>(k % 1000) || slot.flag != k % 2)
+      if (slot.op != (k % 2 ? kOpSend : kOpRecv) || slot.peer != static_cast<int32_t>(k % 7) ||
+          slot.addr != k || slot.bytes != 3 * k + 1 || slot.tag != static_cast<int32_t>(k % 1000) ||
+          slot.flag != k % 2)
         bad.fetch_add(1);
       ++tail;
       storeRelease64(&ring->tail, tail);
@@ -520,9 +579,10 @@ TEST_CASE("proxy ring: batches through a producer's cached head and tail") {
     if (pr.tailSeen != seen) ++tailReads;
     for (uint32_t i = 0; i < n; ++i) {
       const uint64_t k = posted + i;
-      proxyWrite(ring.get(), pr, i, command(k % 2 ? kOpSend : kOpRecv, static_cast<int>(k % 7),
-                                            reinterpret_cast<const void*>(k), 3 * k + 1, static_cast<int>(k % 1000),
-                                            static_cast<uint32_t>(k % 2)));
+      proxyWrite(ring.get(), pr, i,
+                 command(k % 2 ? kOpSend : kOpRecv, static_cast<int>(k % 7),
+                         reinterpret_cast<const void*>(k), 3 * k + 1, static_cast<int>(k % 1000),
+                         static_cast<uint32_t>(k % 2)));
     }
     proxyPublish(ring.get(), &pr, n);
     posted += n;
@@ -553,19 +613,24 @@ TEST_CASE("proxy ring: batches through a producer's cached head and tail") {
 
   // No consumer now: a batch that cannot fit gives up at once; one that fits only once the tail
   // moves waits for it, then fits.
-  CHECK(proxyReserve(ring.get(), flags.get(), &pr, kRingSlots + 1, kTimeoutNs) == PostStatus::kTimedOut);
-  REQUIRE(proxyReserve(ring.get(), flags.get(), &pr, kRingSlots, kTimeoutNs) == PostStatus::kPosted);
-  for (uint32_t i = 0; i < kRingSlots; ++i) proxyWrite(ring.get(), pr, i, command(kOpSend, 1, nullptr, 8, 0, 0));
+  CHECK(proxyReserve(ring.get(), flags.get(), &pr, kRingSlots + 1, kTimeoutNs) ==
+        PostStatus::kTimedOut);
+  REQUIRE(proxyReserve(ring.get(), flags.get(), &pr, kRingSlots, kTimeoutNs) ==
+          PostStatus::kPosted);
+  for (uint32_t i = 0; i < kRingSlots; ++i)
+    proxyWrite(ring.get(), pr, i, command(kOpSend, 1, nullptr, 8, 0, 0));
   proxyPublish(ring.get(), &pr, kRingSlots);
   CHECK(proxyReserve(ring.get(), flags.get(), &pr, 1, 20ull * 1000000) == PostStatus::kTimedOut);
   std::thread late([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     storeRelease64(&ring->tail, kTotal + 5);
   });
-  CHECK(proxyReserve(ring.get(), flags.get(), &pr, 5, kTimeoutNs) == PostStatus::kPosted);  // after the 30 ms
+  CHECK(proxyReserve(ring.get(), flags.get(), &pr, 5, kTimeoutNs) ==
+        PostStatus::kPosted);  // after the 30 ms
   late.join();
   CHECK(pr.tailSeen == kTotal + 5);
-  CHECK(proxyReserve(ring.get(), flags.get(), &pr, 6, 20ull * 1000000) == PostStatus::kTimedOut);  // 5 free: never 6
+  CHECK(proxyReserve(ring.get(), flags.get(), &pr, 6, 20ull * 1000000) ==
+        PostStatus::kTimedOut);  // 5 free: never 6
   // A failed proxy ends the wait at once.
   flags->failed = 1;
   CHECK(proxyReserve(ring.get(), flags.get(), &pr, 6, kTimeoutNs) == PostStatus::kProxyFailed);
@@ -578,9 +643,11 @@ TEST_CASE("proxy: a full ring with no proxy running: the producer gives up after
   std::memset(flags.get(), 0, sizeof(ProxyFlags));
   uint8_t buf[16];
   for (uint32_t i = 0; i < kRingSlots; ++i)
-    REQUIRE(proxyPost(ring.get(), flags.get(), command(kOpSend, 1, buf, 16, 0, 0), kTimeoutNs) == PostStatus::kPosted);
+    REQUIRE(proxyPost(ring.get(), flags.get(), command(kOpSend, 1, buf, 16, 0, 0), kTimeoutNs) ==
+            PostStatus::kPosted);
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK(proxyPost(ring.get(), flags.get(), command(kOpSend, 1, buf, 16, 0, 0), 50ull * 1000000) == PostStatus::kTimedOut);
+  CHECK(proxyPost(ring.get(), flags.get(), command(kOpSend, 1, buf, 16, 0, 0), 50ull * 1000000) ==
+        PostStatus::kTimedOut);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(s >= 0.05);
   CHECK(s < 2.0);
@@ -589,7 +656,8 @@ TEST_CASE("proxy: a full ring with no proxy running: the producer gives up after
   for (uint32_t i = 0; i < kRingSlots; ++i) CHECK(ring->cmd[i].seq == i + 1);
 }
 
-// ---- channels: one ring per producer, each with its own connections ------------------------------
+// ---- channels: one ring per producer, each with its own connections
+// ------------------------------
 
 namespace {
 
@@ -602,7 +670,8 @@ struct ChRank {
 
 // n ranks x `channels` channels over loopback TCP, `bytes` of staging per direction each.
 // channelsOf(r) lets a test give one rank a different count (connectAll must refuse that).
-std::vector<std::unique_ptr<ChRank>> makeChannelRanks(mkernel::net::Net* net, int n, int channels, size_t bytes,
+std::vector<std::unique_ptr<ChRank>> makeChannelRanks(mkernel::net::Net* net, int n, int channels,
+                                                      size_t bytes,
                                                       std::vector<Result>* connectResults = nullptr,
                                                       int oddRank = -1, int oddChannels = 0) {
   std::vector<std::unique_ptr<ChRank>> ranks;
@@ -629,8 +698,10 @@ std::vector<std::unique_ptr<ChRank>> makeChannelRanks(mkernel::net::Net* net, in
 
 }  // namespace
 
-TEST_CASE("proxy channels: 3 ranks x 4 channels, one producer thread per channel, the same tag on every channel; "
-          "every byte checked") {
+TEST_CASE(
+    "proxy channels: 3 ranks x 4 channels, one producer thread per channel, the same tag on every "
+    "channel; "
+    "every byte checked") {
   auto net = testNet();
   const int n = 3, kChannels = 4, kMsgs = 120, kWindow = 4;
   const size_t kMaxMsg = 16 << 10, kSlot = kMaxMsg;
@@ -644,9 +715,12 @@ TEST_CASE("proxy channels: 3 ranks x 4 channels, one producer thread per channel
   // Message m of channel c from src to dst: its size and bytes depend on c, so a message that
   // crossed channels (the same tag everywhere) would fail the check.
   auto size = [&](int c, int src, int dst, int m) {
-    return static_cast<size_t>((static_cast<uint64_t>(c * 31 + src * 7919 + dst * 104729 + m * 1299709) % kMaxMsg) + 1);
+    return static_cast<size_t>(
+        (static_cast<uint64_t>(c * 31 + src * 7919 + dst * 104729 + m * 1299709) % kMaxMsg) + 1);
   };
-  auto byte = [](int c, int src, int dst, int m, size_t i) { return static_cast<uint8_t>(pattern(src, dst, static_cast<uint64_t>(m), i) + 53 * c); };
+  auto byte = [](int c, int src, int dst, int m, size_t i) {
+    return static_cast<uint8_t>(pattern(src, dst, static_cast<uint64_t>(m), i) + 53 * c);
+  };
   std::vector<std::string> errors(static_cast<size_t>(n * kChannels));
   std::vector<std::thread> producers;
   for (int r = 0; r < n; ++r)
@@ -663,18 +737,22 @@ TEST_CASE("proxy channels: 3 ranks x 4 channels, one producer thread per channel
           for (int p = 0; p < n; ++p) {
             if (p == r) continue;
             for (int b = 0; b < kWindow; ++b) {
-              uint8_t* dst = recvBase + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
-              if (proxyPost(ring, flags, command(kOpRecv, p, dst, kMaxMsg, 5, kFlagRecvd), kTimeoutNs) != PostStatus::kPosted) {
+              uint8_t* dst =
+                  recvBase + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
+              if (proxyPost(ring, flags, command(kOpRecv, p, dst, kMaxMsg, 5, kFlagRecvd),
+                            kTimeoutNs) != PostStatus::kPosted) {
                 err = "posting a receive failed";
                 return;
               }
               ++recvs;
             }
             for (int b = 0; b < kWindow; ++b) {
-              uint8_t* src = sendBase + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
+              uint8_t* src =
+                  sendBase + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
               const size_t sz = size(c, r, p, m + b);
               for (size_t i = 0; i < sz; ++i) src[i] = byte(c, r, p, m + b, i);
-              if (proxyPost(ring, flags, command(kOpSend, p, src, sz, 5, kFlagSent), kTimeoutNs) != PostStatus::kPosted) {
+              if (proxyPost(ring, flags, command(kOpSend, p, src, sz, 5, kFlagSent), kTimeoutNs) !=
+                  PostStatus::kPosted) {
                 err = "posting a send failed";
                 return;
               }
@@ -689,12 +767,14 @@ TEST_CASE("proxy channels: 3 ranks x 4 channels, one producer thread per channel
           for (int p = 0; p < n && err.empty(); ++p) {
             if (p == r) continue;
             for (int b = 0; b < kWindow && err.empty(); ++b) {
-              const uint8_t* got = recvBase + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
+              const uint8_t* got =
+                  recvBase + (static_cast<size_t>(p) * kWindow + static_cast<size_t>(b)) * kSlot;
               const size_t sz = size(c, p, r, m + b);
               for (size_t i = 0; i < sz; ++i)
                 if (got[i] != byte(c, p, r, m + b, i)) {
-                  err = "channel " + std::to_string(c) + ", message " + std::to_string(m + b) + " from rank " +
-                        std::to_string(p) + ": byte " + std::to_string(i) + " differs";
+                  err = "channel " + std::to_string(c) + ", message " + std::to_string(m + b) +
+                        " from rank " + std::to_string(p) + ": byte " + std::to_string(i) +
+                        " differs";
                   break;
                 }
             }
@@ -708,8 +788,10 @@ TEST_CASE("proxy channels: 3 ranks x 4 channels, one producer thread per channel
     for (int c = 0; c < kChannels; ++c) {
       INFO("rank " << r << " channel " << c);
       CHECK(errors[static_cast<size_t>(r * kChannels + c)] == "");
-      CHECK(ranks[static_cast<size_t>(r)]->flags[static_cast<size_t>(c)]->count[kFlagSent] == expect);
-      CHECK(ranks[static_cast<size_t>(r)]->flags[static_cast<size_t>(c)]->count[kFlagRecvd] == expect);
+      CHECK(ranks[static_cast<size_t>(r)]->flags[static_cast<size_t>(c)]->count[kFlagSent] ==
+            expect);
+      CHECK(ranks[static_cast<size_t>(r)]->flags[static_cast<size_t>(c)]->count[kFlagRecvd] ==
+            expect);
     }
     CHECK(ranks[static_cast<size_t>(r)]->proxy->commandsTaken() == 2 * expect * kChannels);
     CHECK(!ranks[static_cast<size_t>(r)]->proxy->failed());
@@ -724,30 +806,37 @@ TEST_CASE("proxy channels: a receive waiting on one channel holds up nothing on 
   ChRank& a = *ranks[0];
   ChRank& b = *ranks[1];
   // Channel 0: rank 0 waits for a message rank 1 has not sent yet.
-  REQUIRE(proxyPost(a.rings[0].get(), a.flags[0].get(), command(kOpRecv, 1, a.recvBuf.data(), 4096, 1, kFlagRecvd), kTimeoutNs) ==
-          PostStatus::kPosted);
+  REQUIRE(proxyPost(a.rings[0].get(), a.flags[0].get(),
+                    command(kOpRecv, 1, a.recvBuf.data(), 4096, 1, kFlagRecvd),
+                    kTimeoutNs) == PostStatus::kPosted);
   // Channel 1: 50 messages from rank 1 to rank 0 complete meanwhile, in order.
   const int kMsgs = 50;
   for (int m = 0; m < kMsgs; ++m) {
     uint8_t* dst = a.recvBuf.data() + 8192 + static_cast<size_t>(m) * 1024;
     uint8_t* src = b.sendBuf.data() + 8192 + static_cast<size_t>(m) * 1024;
     for (size_t i = 0; i < 1024; ++i) src[i] = pattern(1, 0, static_cast<uint64_t>(m), i);
-    REQUIRE(proxyPost(a.rings[1].get(), a.flags[1].get(), command(kOpRecv, 1, dst, 1024, 1, kFlagRecvd), kTimeoutNs) == PostStatus::kPosted);
-    REQUIRE(proxyPost(b.rings[1].get(), b.flags[1].get(), command(kOpSend, 0, src, 1024, 1, kFlagSent), kTimeoutNs) == PostStatus::kPosted);
+    REQUIRE(proxyPost(a.rings[1].get(), a.flags[1].get(),
+                      command(kOpRecv, 1, dst, 1024, 1, kFlagRecvd),
+                      kTimeoutNs) == PostStatus::kPosted);
+    REQUIRE(proxyPost(b.rings[1].get(), b.flags[1].get(),
+                      command(kOpSend, 0, src, 1024, 1, kFlagSent),
+                      kTimeoutNs) == PostStatus::kPosted);
   }
   CHECK(proxyWaitFlag(a.flags[1].get(), kFlagRecvd, kMsgs, kTimeoutNs) == WaitStatus::kReached);
   CHECK(proxyWaitFlag(b.flags[1].get(), kFlagSent, kMsgs, kTimeoutNs) == WaitStatus::kReached);
   for (int m = 0; m < kMsgs; ++m)
     for (size_t i = 0; i < 1024; ++i)
-      if (a.recvBuf[8192 + static_cast<size_t>(m) * 1024 + i] != pattern(1, 0, static_cast<uint64_t>(m), i)) {
+      if (a.recvBuf[8192 + static_cast<size_t>(m) * 1024 + i] !=
+          pattern(1, 0, static_cast<uint64_t>(m), i)) {
         FAIL_CHECK("channel 1 message " << m << " byte " << i << " differs");
         break;
       }
   // Channel 0's receive is still waiting, and only now does its sender post.
   CHECK(a.flags[0]->count[kFlagRecvd] == 0);
   for (size_t i = 0; i < 4096; ++i) b.sendBuf[i] = pattern(1, 0, 999, i);
-  REQUIRE(proxyPost(b.rings[0].get(), b.flags[0].get(), command(kOpSend, 0, b.sendBuf.data(), 4096, 1, kFlagSent), kTimeoutNs) ==
-          PostStatus::kPosted);
+  REQUIRE(proxyPost(b.rings[0].get(), b.flags[0].get(),
+                    command(kOpSend, 0, b.sendBuf.data(), 4096, 1, kFlagSent),
+                    kTimeoutNs) == PostStatus::kPosted);
   CHECK(proxyWaitFlag(a.flags[0].get(), kFlagRecvd, 1, kTimeoutNs) == WaitStatus::kReached);
   CHECK(std::memcmp(a.recvBuf.data(), b.sendBuf.data(), 4096) == 0);
   for (auto& r : ranks) CHECK(r->proxy->stop() == Result::Success);

@@ -1,6 +1,6 @@
-// The proxy's net backend (collectives/runtime/proxy_net.h): MKERNEL_NET_BACKEND as for the net plugin,
-// and the verbs device order taken from the topology placement (here a fixture topology: GPU 1's
-// rail NICs are mlx5_1, then mlx5_0).
+// The proxy's net backend (collectives/runtime/proxy_net.h): MKERNEL_NET_BACKEND as for the net
+// plugin, and the verbs device order taken from the topology placement (here a fixture topology:
+// GPU 1's rail NICs are mlx5_1, then mlx5_0).
 #include "tests/catch.h"
 
 #include <cstdlib>
@@ -13,7 +13,6 @@
 #include "common/param.h"
 
 using mkernel::Result;
-
 
 TEST_CASE("proxy net: backend choice and the placement's NIC order") {
   // The node model is discovered once per process: the fixture must be set before the first use.
@@ -41,12 +40,14 @@ TEST_CASE("proxy net: backend choice and the placement's NIC order") {
   REQUIRE(mkernel::coll::createProxyNet(1, &bad) == Result::Success);
   CHECK(bad.setting == "auto");
 
-  if (!mktest::hostHasRdmaDevices()) {  // this machine (CI's kind) has no RDMA device; the VM tier covers verbs
+  if (!mktest::hostHasRdmaDevices()) {  // this machine (CI's kind) has no RDMA device; the VM tier
+                                        // covers verbs
     setenv("MKERNEL_NET_BACKEND", "ib", 1);
     mkernel::params::resetForTesting();
     mkernel::net::BackendChoice ib;
     CHECK(mkernel::coll::createProxyNet(1, &ib) == Result::SystemError);
-    CHECK(std::string(mkernel::lastError()).find("MKERNEL_NET_BACKEND=ib but") != std::string::npos);
+    CHECK(std::string(mkernel::lastError()).find("MKERNEL_NET_BACKEND=ib but") !=
+          std::string::npos);
     setenv("MKERNEL_NET_BACKEND", "auto", 1);
     mkernel::params::resetForTesting();
     mkernel::net::BackendChoice fallback;
@@ -95,7 +96,9 @@ TEST_CASE("proxy net: the proxy's CPUs come from the placement, within the proce
 
 // MKERNEL_PROXY_GDR: the proxy's net buffers in GPU memory only where the backend registers GPU
 // memory, flushed where the GPU does not order the NIC's writes; host memory otherwise.
-TEST_CASE("proxy net: the net buffers' memory follows the backend's pointer support and MKERNEL_PROXY_GDR") {
+TEST_CASE(
+    "proxy net: the net buffers' memory follows the backend's pointer support and "
+    "MKERNEL_PROXY_GDR") {
   using mkernel::coll::ProxyMemory;
   using mkernel::coll::proxyMemoryFor;
   namespace net = mkernel::net;
@@ -122,7 +125,8 @@ TEST_CASE("proxy net: the net buffers' memory follows the backend's pointer supp
   REQUIRE(proxyMemoryFor("1", ibGpu, "IB", 100, &m) == Result::Success);
   CHECK(m.gpu);
   CHECK(proxyMemoryFor("1", tcp, "TCP", 100, &m) == Result::InvalidArgument);
-  CHECK(std::string(mkernel::lastError()).find("MKERNEL_PROXY_GDR=auto keeps its buffers in host memory") != std::string::npos);
+  CHECK(std::string(mkernel::lastError())
+            .find("MKERNEL_PROXY_GDR=auto keeps its buffers in host memory") != std::string::npos);
   CHECK(!m.gpu);
   CHECK(proxyMemoryFor("yes", ibGpu, "IB", 100, &m) == Result::InvalidArgument);
   CHECK(std::string(mkernel::lastError()).find("want auto, 0 or 1") != std::string::npos);

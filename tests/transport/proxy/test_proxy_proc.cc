@@ -76,14 +76,16 @@ struct Side {
     std::memset(flags.get(), 0, sizeof(ProxyFlags));
     proxy.reset(new Proxy(net.get(), 0, rank, 2, ring.get(), flags.get()));
     std::vector<Handle> mine;
-    if (proxy->listenHandles(&mine) != Result::Success) return std::string("listen: ") + mkernel::lastError();
+    if (proxy->listenHandles(&mine) != Result::Success)
+      return std::string("listen: ") + mkernel::lastError();
     const int peer = 1 - rank;
     std::vector<Handle> theirs(2);
     theirs[static_cast<size_t>(peer)].resize(mkernel::net::kHandleSize);
     if (!writeAll(toPeer, mine[static_cast<size_t>(peer)].data(), mkernel::net::kHandleSize) ||
         !readAll(fromPeer, theirs[static_cast<size_t>(peer)].data(), mkernel::net::kHandleSize))
       return "handle exchange over the pipes failed";
-    if (proxy->connectAll(theirs) != Result::Success) return std::string("connectAll: ") + mkernel::lastError();
+    if (proxy->connectAll(theirs) != Result::Success)
+      return std::string("connectAll: ") + mkernel::lastError();
     if (proxy->registerRegion(buf.data(), buf.size(), mkernel::net::kPtrHost) != Result::Success)
       return std::string("registerRegion: ") + mkernel::lastError();
     if (proxy->start({}) != Result::Success) return std::string("start: ") + mkernel::lastError();
@@ -93,7 +95,9 @@ struct Side {
 
 }  // namespace
 
-TEST_CASE("proxy, two processes: the peer is SIGKILLed mid-stream; the survivor fails within the timeout") {
+TEST_CASE(
+    "proxy, two processes: the peer is SIGKILLed mid-stream; the survivor fails within the "
+    "timeout") {
   setenv("MKERNEL_SOCKET_IFNAME", "lo", 1);
   setenv("MKERNEL_TIMEOUT_S", "3", 1);
   mkernel::params::resetForTesting();
@@ -107,10 +111,12 @@ TEST_CASE("proxy, two processes: the peer is SIGKILLed mid-stream; the survivor 
     Side s;
     if (!s.setUp(1, c2p[1], p2c[0]).empty()) _exit(2);
     for (uint64_t i = 0;; ++i) {
-      if (proxyPost(s.ring.get(), s.flags.get(), command(kOpSend, 0, s.buf.data() + (i % 8) * kMsg, kMsg, 0), kLongNs) !=
-          PostStatus::kPosted)
+      if (proxyPost(s.ring.get(), s.flags.get(),
+                    command(kOpSend, 0, s.buf.data() + (i % 8) * kMsg, kMsg, 0),
+                    kLongNs) != PostStatus::kPosted)
         _exit(3);
-      if (i >= 4 && proxyWaitFlag(s.flags.get(), 0, i - 3, kLongNs) != WaitStatus::kReached) _exit(4);
+      if (i >= 4 && proxyWaitFlag(s.flags.get(), 0, i - 3, kLongNs) != WaitStatus::kReached)
+        _exit(4);
     }
   }
   Side s;
@@ -120,7 +126,8 @@ TEST_CASE("proxy, two processes: the peer is SIGKILLed mid-stream; the survivor 
   // Receive 4 messages, then kill the sender while more receives are posted.
   uint64_t posted = 0;
   auto post = [&] {
-    REQUIRE(proxyPost(s.ring.get(), s.flags.get(), command(kOpRecv, 1, s.buf.data() + (posted % 8) * kMsg, kMsg, 1),
+    REQUIRE(proxyPost(s.ring.get(), s.flags.get(),
+                      command(kOpRecv, 1, s.buf.data() + (posted % 8) * kMsg, kMsg, 1),
                       kLongNs) == PostStatus::kPosted);
     ++posted;
   };
@@ -134,7 +141,8 @@ TEST_CASE("proxy, two processes: the peer is SIGKILLed mid-stream; the survivor 
   // Keep receiving: the messages already in flight may still land, then a receive must fail.
   while (posted < 64) {
     post();
-    if (proxyWaitFlag(s.flags.get(), 1, posted, 10ull * 1000000000ull) != WaitStatus::kReached) break;
+    if (proxyWaitFlag(s.flags.get(), 1, posted, 10ull * 1000000000ull) != WaitStatus::kReached)
+      break;
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(s.proxy->failed());

@@ -29,7 +29,8 @@
 // Exit status: 0 passed, 1 a collective did not finish or failed, 2 usage or setup error.
 //   mkernel-emuprobe [--ranks 4] [--coll broadcast|allreduce|allgather|reducescatter|reduce]
 //                    [--bytes 8] [--iters 2] [--init group|all|threads] [--alloc nccl|cuda|cumem]
-//                    [--data-init] [--sync-after-alloc] [--flush] [--setenv VAR=VALUE] [--timeout-s 10]
+//                    [--data-init] [--sync-after-alloc] [--flush] [--setenv VAR=VALUE] [--timeout-s
+//                    10]
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -87,24 +88,38 @@ class Barrier {
 // The command line into *o (--setenv's variables are set as they are parsed). -1: run; otherwise
 // the exit status (tools/cli.h).
 int parse(int argc, char** argv, Options* o) {
-  CLI::App app("The first collective of several thread ranks on one GPU through libmkernel.so's NCCL API, set up as\n"
-               "patched nccl-tests sets it up, each difference switchable. Exit status: 0 passed, 1 a collective did\n"
-               "not finish or failed, 2 usage or setup error.",
-               "mkernel-emuprobe");
+  CLI::App app(
+      "The first collective of several thread ranks on one GPU through libmkernel.so's NCCL API, "
+      "set up as\n"
+      "patched nccl-tests sets it up, each difference switchable. Exit status: 0 passed, 1 a "
+      "collective did\n"
+      "not finish or failed, 2 usage or setup error.",
+      "mkernel-emuprobe");
   mktools::setupApp(app);
-  app.add_option("--ranks", o->ranks, "thread ranks (1 to 64)")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--ranks", o->ranks, "thread ranks (1 to 64)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   app.add_option("--coll", o->coll, "the collective")
-      ->check(CLI::IsMember({"broadcast", "allreduce", "allgather", "reducescatter", "reduce"}))->capture_default_str();
-  app.add_option("--bytes", o->bytes, "size (K, M, G accepted; at least 4)")->transform(mktools::kSize)
-      ->check(CLI::Range(uint64_t(4), uint64_t(1) << 40).description(""))->capture_default_str();
-  app.add_option("--iters", o->iters, "collectives per rank")->check(mktools::kPositive)->capture_default_str();
-  app.add_option("--init", o->init, "how the communicators are made")->check(CLI::IsMember({"group", "all", "threads"}))
+      ->check(CLI::IsMember({"broadcast", "allreduce", "allgather", "reducescatter", "reduce"}))
+      ->capture_default_str();
+  app.add_option("--bytes", o->bytes, "size (K, M, G accepted; at least 4)")
+      ->transform(mktools::kSize)
+      ->check(CLI::Range(uint64_t(4), uint64_t(1) << 40).description(""))
+      ->capture_default_str();
+  app.add_option("--iters", o->iters, "collectives per rank")
+      ->check(mktools::kPositive)
+      ->capture_default_str();
+  app.add_option("--init", o->init, "how the communicators are made")
+      ->check(CLI::IsMember({"group", "all", "threads"}))
       ->capture_default_str();
   app.add_option("--alloc", o->alloc, "how the buffers are allocated")
-      ->check(CLI::IsMember({"nccl", "cuda", "cumem", "cumem-gdr"}))->capture_default_str();
+      ->check(CLI::IsMember({"nccl", "cuda", "cumem", "cumem-gdr"}))
+      ->capture_default_str();
   app.add_flag("--data-init", o->dataInit, "fill the buffers before the collective");
-  app.add_flag("--sync-after-alloc", o->syncAfterAlloc, "the main thread waits for the whole device once the buffers are made");
-  app.add_flag("--flush", o->flush, "every rank sets 4 bytes of its send buffer on its stream and waits for it first");
+  app.add_flag("--sync-after-alloc", o->syncAfterAlloc,
+               "the main thread waits for the whole device once the buffers are made");
+  app.add_flag("--flush", o->flush,
+               "every rank sets 4 bytes of its send buffer on its stream and waits for it first");
   app.add_option("--setenv", "set VAR to VALUE before anything else (repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->type_name("VAR=VALUE")
@@ -117,7 +132,8 @@ int parse(int argc, char** argv, Options* o) {
         return eq == std::string::npos || eq == 0 ? "'" + kv + "': want VAR=VALUE" : std::string();
       });
   app.add_option("--timeout-s", o->timeoutS, "seconds a collective may take")
-      ->check(mktools::kPositiveReal)->capture_default_str();
+      ->check(mktools::kPositiveReal)
+      ->capture_default_str();
   return mktools::parseArgs(app, argc, argv);
 }
 
@@ -141,19 +157,25 @@ bool cuMemAlloc(void** out, size_t bytes, bool gdr) {
   if (h == nullptr) return false;
   auto get = [](const char* name) { return dlsym(h, name); };
   auto ctxGetDevice = reinterpret_cast<CUresult (*)(CUdevice*)>(get("cuCtxGetDevice"));
-  auto granularity = reinterpret_cast<CUresult (*)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags)>(
+  auto granularity = reinterpret_cast<CUresult (*)(size_t*, const CUmemAllocationProp*,
+                                                   CUmemAllocationGranularity_flags)>(
       get("cuMemGetAllocationGranularity"));
-  auto create = reinterpret_cast<CUresult (*)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
-                                              unsigned long long)>(get("cuMemCreate"));
-  auto reserve = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long)>(
-      get("cuMemAddressReserve"));
-  auto map = reinterpret_cast<CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)>(
-      get("cuMemMap"));
-  auto access = reinterpret_cast<CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t)>(get("cuMemSetAccess"));
+  auto create = reinterpret_cast<CUresult (*)(CUmemGenericAllocationHandle*, size_t,
+                                              const CUmemAllocationProp*, unsigned long long)>(
+      get("cuMemCreate"));
+  auto reserve =
+      reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long)>(
+          get("cuMemAddressReserve"));
+  auto map =
+      reinterpret_cast<CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                                    unsigned long long)>(get("cuMemMap"));
+  auto access = reinterpret_cast<CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t)>(
+      get("cuMemSetAccess"));
   if (!ctxGetDevice || !granularity || !create || !reserve || !map || !access) return false;
   CUdevice dev = 0;
   if (ctxGetDevice(&dev) != CUDA_SUCCESS) return false;
-  auto attribute = reinterpret_cast<CUresult (*)(int*, CUdevice_attribute, CUdevice)>(get("cuDeviceGetAttribute"));
+  auto attribute = reinterpret_cast<CUresult (*)(int*, CUdevice_attribute, CUdevice)>(
+      get("cuDeviceGetAttribute"));
   int gdrOk = 0;
   if (gdr && attribute != nullptr)
     (void)attribute(&gdrOk, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev);
@@ -164,11 +186,13 @@ bool cuMemAlloc(void** out, size_t bytes, bool gdr) {
   prop.location.id = dev;
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   size_t gran = 0;
-  if (granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) != CUDA_SUCCESS || gran == 0) return false;
+  if (granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) != CUDA_SUCCESS || gran == 0)
+    return false;
   const size_t size = (bytes + gran - 1) / gran * gran;
   CUmemGenericAllocationHandle handle = 0;
   CUdeviceptr ptr = 0;
-  if (create(&handle, size, &prop, 0) != CUDA_SUCCESS || reserve(&ptr, size, gran, 0, 0) != CUDA_SUCCESS ||
+  if (create(&handle, size, &prop, 0) != CUDA_SUCCESS ||
+      reserve(&ptr, size, gran, 0, 0) != CUDA_SUCCESS ||
       map(ptr, size, 0, handle, 0) != CUDA_SUCCESS)
     return false;
   CUmemAccessDesc desc = {};
@@ -182,11 +206,13 @@ bool cuMemAlloc(void** out, size_t bytes, bool gdr) {
 
 ncclResult_t runColl(const Options& o, void* send, void* recv, ncclComm_t comm, cudaStream_t s) {
   const size_t count = o.bytes / sizeof(float);
-  const size_t part = count / static_cast<size_t>(o.ranks) > 0 ? count / static_cast<size_t>(o.ranks) : 1;
+  const size_t part =
+      count / static_cast<size_t>(o.ranks) > 0 ? count / static_cast<size_t>(o.ranks) : 1;
   if (o.coll == "broadcast") return ncclBroadcast(send, recv, count, ncclFloat, 0, comm, s);
   if (o.coll == "allreduce") return ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, s);
   if (o.coll == "allgather") return ncclAllGather(send, recv, part, ncclFloat, comm, s);
-  if (o.coll == "reducescatter") return ncclReduceScatter(send, recv, part, ncclFloat, ncclSum, comm, s);
+  if (o.coll == "reducescatter")
+    return ncclReduceScatter(send, recv, part, ncclFloat, ncclSum, comm, s);
   return ncclReduce(send, recv, count, ncclFloat, ncclSum, 0, comm, s);
 }
 
@@ -241,14 +267,16 @@ int main(int argc, char** argv) {
   } else if (o.init == "group") {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     ncclGroupStart();
-    for (int r = 0; r < n; ++r) initRes[static_cast<size_t>(r)] = ncclCommInitRankConfig(&comms[static_cast<size_t>(r)], n, id, r, &config);
+    for (int r = 0; r < n; ++r)
+      initRes[static_cast<size_t>(r)] =
+          ncclCommInitRankConfig(&comms[static_cast<size_t>(r)], n, id, r, &config);
     const ncclResult_t g = ncclGroupEnd();
     if (g != ncclSuccess) initRes[0] = g;
   }
   for (ncclResult_t r : initRes)
     if (r != ncclSuccess) {
-      std::fprintf(stderr, "mkernel-emuprobe: communicator creation (%s) failed: %s\n", o.init.c_str(),
-                   ncclGetLastError(nullptr));
+      std::fprintf(stderr, "mkernel-emuprobe: communicator creation (%s) failed: %s\n",
+                   o.init.c_str(), ncclGetLastError(nullptr));
       return 2;
     }
   // 3. The buffers (threads mode: each thread makes its comm first, then its buffers, as -p 1).
@@ -263,8 +291,10 @@ int main(int argc, char** argv) {
   }
   const size_t bufBytes = o.bytes < 4096 ? 4096 : o.bytes;
   auto allocate = [&](void** p) {
-    if (o.alloc == "cumem" || o.alloc == "cumem-gdr") return cuMemAlloc(p, bufBytes, o.alloc == "cumem-gdr");
-    return memAlloc != nullptr ? memAlloc(p, bufBytes) == ncclSuccess : cudaMalloc(p, bufBytes) == cudaSuccess;
+    if (o.alloc == "cumem" || o.alloc == "cumem-gdr")
+      return cuMemAlloc(p, bufBytes, o.alloc == "cumem-gdr");
+    return memAlloc != nullptr ? memAlloc(p, bufBytes) == ncclSuccess
+                               : cudaMalloc(p, bufBytes) == cudaSuccess;
   };
   std::vector<void*> send(static_cast<size_t>(n), nullptr), recv(static_cast<size_t>(n), nullptr);
   if (o.init != "threads")
@@ -298,7 +328,8 @@ int main(int argc, char** argv) {
       size_t freeMem = 0, total = 0;
       cudaMemGetInfo(&freeMem, &total);
       if (o.flush && failures[k].empty() &&
-          (cudaMemsetAsync(send[k], 0, 4, streams[k]) != cudaSuccess || cudaStreamSynchronize(streams[k]) != cudaSuccess))
+          (cudaMemsetAsync(send[k], 0, 4, streams[k]) != cudaSuccess ||
+           cudaStreamSynchronize(streams[k]) != cudaSuccess))
         failures[k] = "flush failed";
       barrier.wait();
       if (!failures[k].empty()) return;
@@ -319,7 +350,8 @@ int main(int argc, char** argv) {
           return;
         }
       }
-      ms[k] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      ms[k] =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     });
   for (auto& t : threads) t.join();
   // 5. The verdict.
@@ -332,10 +364,10 @@ int main(int argc, char** argv) {
     }
   double worst = 0;
   for (double m : ms) worst = m > worst ? m : worst;
-  std::printf("mkernel-emuprobe: %d ranks, %s %zu B x %d, init %s, alloc %s%s%s%s: %s", n, o.coll.c_str(), o.bytes, o.iters,
-              o.init.c_str(), o.alloc.c_str(), o.dataInit ? ", data init" : "", o.syncAfterAlloc ? ", device sync" : "",
-              o.flush ? ", flush" : "",
-              failed == 0 ? "passed" : "FAILED");
+  std::printf("mkernel-emuprobe: %d ranks, %s %zu B x %d, init %s, alloc %s%s%s%s: %s", n,
+              o.coll.c_str(), o.bytes, o.iters, o.init.c_str(), o.alloc.c_str(),
+              o.dataInit ? ", data init" : "", o.syncAfterAlloc ? ", device sync" : "",
+              o.flush ? ", flush" : "", failed == 0 ? "passed" : "FAILED");
   if (failed == 0)
     std::printf(" (slowest rank %.1f ms)\n", worst);
   else

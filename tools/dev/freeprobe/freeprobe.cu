@@ -3,10 +3,10 @@
 //
 // Thread-emulated ranks (MKERNEL_EMULATE=1, several ranks of one process on one GPU) have kernels
 // that wait for each other: rank 1's kernel waits until rank 0's thread posts its part. If a third
-// thread then tears a communicator down with a call that waits for the whole device (cudaFree does),
-// that call waits for rank 1's kernel; if rank 0's thread is held back by the pending call, the
-// three wait for each other until the kernel's timeout (docs/RELIABILITY.md, the split-communicator
-// stall).
+// thread then tears a communicator down with a call that waits for the whole device (cudaFree
+// does), that call waits for rank 1's kernel; if rank 0's thread is held back by the pending call,
+// the three wait for each other until the kernel's timeout (docs/RELIABILITY.md, the
+// split-communicator stall).
 //
 // Each trial: a one-thread kernel spins on a host-mapped word (it stands for rank 1's kernel);
 // 50 ms later thread B starts the teardown call (the "blocker"); 100 ms after that thread C makes
@@ -16,7 +16,8 @@
 // Prints one table row per (blocker, victim): both times in ms and "WAITS" where the victim waited.
 // The cudaIpcCloseMemHandle blocker (what a process rank's release does with its peers' memory)
 // closes memory that a child process exports; the child is forked before this process starts CUDA.
-//   mkernel-freeprobe [--blockers none,cudaFree,...] [--victims none,cudaMalloc,...] [--hold-ms 1000]
+//   mkernel-freeprobe [--blockers none,cudaFree,...] [--victims none,cudaMalloc,...] [--hold-ms
+//   1000]
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <sys/wait.h>
@@ -37,11 +38,11 @@
 
 namespace {
 
-
 using mktools::globalNs;
 
 // Waits until the host sets *word, or gives up after timeoutNs (the probe must never hang).
-__global__ void spin(const volatile unsigned* word, unsigned long long timeoutNs, unsigned* gaveUp) {
+__global__ void spin(const volatile unsigned* word, unsigned long long timeoutNs,
+                     unsigned* gaveUp) {
   const unsigned long long t0 = globalNs();
   while (*word == 0) {
     if (globalNs() - t0 > timeoutNs) {
@@ -90,12 +91,12 @@ void vmmFree(VmmBuf& b) {
 
 // What a trial's calls use, made before the kernel starts (so that making them waits for nothing).
 struct Prepared {
-  void* dev = nullptr;       // cudaFree
-  void* pinned = nullptr;    // cudaFreeHost
+  void* dev = nullptr;         // cudaFree
+  void* pinned = nullptr;      // cudaFreeHost
   void* registered = nullptr;  // cudaHostUnregister (then free())
-  void* poolBuf = nullptr;   // cudaFreeAsync
-  VmmBuf vmm;                // cuMemUnmap/cuMemRelease
-  void* ipcPeer = nullptr;   // cudaIpcCloseMemHandle: another process's buffer, opened here
+  void* poolBuf = nullptr;     // cudaFreeAsync
+  VmmBuf vmm;                  // cuMemUnmap/cuMemRelease
+  void* ipcPeer = nullptr;     // cudaIpcCloseMemHandle: another process's buffer, opened here
   cudaStream_t blockerStream = nullptr;
   cudaStream_t victimStream = nullptr;
   cudaEvent_t event = nullptr;
@@ -163,20 +164,42 @@ struct Call {
 const std::vector<Call>& blockers() {
   static const std::vector<Call> v = {
       {"none", "nothing", [](Prepared&) {}},
-      {"cudaFree", "cudaFree of a 1 MiB cudaMalloc buffer", [](Prepared& p) { MK_CUDA_OR_EXIT(cudaFree(p.dev)); p.dev = nullptr; }},
+      {"cudaFree", "cudaFree of a 1 MiB cudaMalloc buffer",
+       [](Prepared& p) {
+         MK_CUDA_OR_EXIT(cudaFree(p.dev));
+         p.dev = nullptr;
+       }},
       {"cudaFreeHost", "cudaFreeHost of 64 KiB from cudaHostAlloc(mapped)",
-       [](Prepared& p) { MK_CUDA_OR_EXIT(cudaFreeHost(p.pinned)); p.pinned = nullptr; }},
-      {"cudaHostUnregister", "cudaHostUnregister of 64 KiB registered with cudaHostRegister(mapped)",
+       [](Prepared& p) {
+         MK_CUDA_OR_EXIT(cudaFreeHost(p.pinned));
+         p.pinned = nullptr;
+       }},
+      {"cudaHostUnregister",
+       "cudaHostUnregister of 64 KiB registered with cudaHostRegister(mapped)",
        [](Prepared& p) { MK_CUDA_OR_EXIT(cudaHostUnregister(p.registered)); }},
       {"cudaFreeAsync", "cudaFreeAsync of a 1 MiB cudaMallocAsync buffer on a non-blocking stream",
-       [](Prepared& p) { MK_CUDA_OR_EXIT(cudaFreeAsync(p.poolBuf, p.blockerStream)); p.poolBuf = nullptr; }},
+       [](Prepared& p) {
+         MK_CUDA_OR_EXIT(cudaFreeAsync(p.poolBuf, p.blockerStream));
+         p.poolBuf = nullptr;
+       }},
       {"cuMemRelease", "cuMemUnmap + cuMemRelease + cuMemAddressFree of a cuMemCreate mapping",
-       [](Prepared& p) { vmmFree(p.vmm); p.vmm = VmmBuf{}; }},
-      {"cudaIpcCloseMemHandle", "cudaIpcCloseMemHandle of 1 MiB of another process (cudaMalloc there)",
-       [](Prepared& p) { MK_CUDA_OR_EXIT(cudaIpcCloseMemHandle(p.ipcPeer)); p.ipcPeer = nullptr; }},
+       [](Prepared& p) {
+         vmmFree(p.vmm);
+         p.vmm = VmmBuf{};
+       }},
+      {"cudaIpcCloseMemHandle",
+       "cudaIpcCloseMemHandle of 1 MiB of another process (cudaMalloc there)",
+       [](Prepared& p) {
+         MK_CUDA_OR_EXIT(cudaIpcCloseMemHandle(p.ipcPeer));
+         p.ipcPeer = nullptr;
+       }},
       {"cudaStreamDestroy", "cudaStreamDestroy of an idle non-blocking stream",
-       [](Prepared& p) { MK_CUDA_OR_EXIT(cudaStreamDestroy(p.blockerStream)); p.blockerStream = nullptr; }},
-      {"cudaDeviceSynchronize", "cudaDeviceSynchronize", [](Prepared&) { MK_CUDA_OR_EXIT(cudaDeviceSynchronize()); }},
+       [](Prepared& p) {
+         MK_CUDA_OR_EXIT(cudaStreamDestroy(p.blockerStream));
+         p.blockerStream = nullptr;
+       }},
+      {"cudaDeviceSynchronize", "cudaDeviceSynchronize",
+       [](Prepared&) { MK_CUDA_OR_EXIT(cudaDeviceSynchronize()); }},
       {"legacySync", "cudaStreamSynchronize(cudaStreamLegacy)",
        [](Prepared&) { MK_CUDA_OR_EXIT(cudaStreamSynchronize(cudaStreamLegacy)); }},
   };
@@ -189,14 +212,21 @@ const std::vector<Call>& victims() {
       {"cudaMalloc", "cudaMalloc(256 B)",
        [](Prepared& p) { MK_CUDA_OR_EXIT(cudaMalloc(&p.victimDev, 256)); }},
       {"memcpyPageable", "cudaMemcpy of 256 B host to device from pageable memory (legacy stream)",
-       [](Prepared& p) { MK_CUDA_OR_EXIT(cudaMemcpy(p.victimBuf, p.pageable.data(), 256, cudaMemcpyHostToDevice)); }},
-      {"memcpyAsyncSync", "cudaMemcpyAsync 256 B pinned to device on a non-blocking stream, then its sync",
        [](Prepared& p) {
-         MK_CUDA_OR_EXIT(cudaMemcpyAsync(p.victimBuf, p.victimPinned, 256, cudaMemcpyHostToDevice, p.victimStream));
+         MK_CUDA_OR_EXIT(cudaMemcpy(p.victimBuf, p.pageable.data(), 256, cudaMemcpyHostToDevice));
+       }},
+      {"memcpyAsyncSync",
+       "cudaMemcpyAsync 256 B pinned to device on a non-blocking stream, then its sync",
+       [](Prepared& p) {
+         MK_CUDA_OR_EXIT(cudaMemcpyAsync(p.victimBuf, p.victimPinned, 256, cudaMemcpyHostToDevice,
+                                         p.victimStream));
          MK_CUDA_OR_EXIT(cudaStreamSynchronize(p.victimStream));
        }},
       {"launch", "an empty kernel launched on a non-blocking stream (the call alone)",
-       [](Prepared& p) { empty<<<1, 32, 0, p.victimStream>>>(); MK_CUDA_OR_EXIT(cudaGetLastError()); }},
+       [](Prepared& p) {
+         empty<<<1, 32, 0, p.victimStream>>>();
+         MK_CUDA_OR_EXIT(cudaGetLastError());
+       }},
       {"launchSync", "an empty kernel on a non-blocking stream, then that stream's sync",
        [](Prepared& p) {
          empty<<<1, 32, 0, p.victimStream>>>();
@@ -208,9 +238,12 @@ const std::vector<Call>& victims() {
          MK_CUDA_OR_EXIT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
          MK_CUDA_OR_EXIT(cudaStreamDestroy(s));
        }},
-      {"eventRecord", "cudaEventRecord on a non-blocking stream", [](Prepared& p) { MK_CUDA_OR_EXIT(cudaEventRecord(p.event, p.victimStream)); }},
+      {"eventRecord", "cudaEventRecord on a non-blocking stream",
+       [](Prepared& p) { MK_CUDA_OR_EXIT(cudaEventRecord(p.event, p.victimStream)); }},
       {"hostAlloc", "cudaHostAlloc(4 KiB, mapped)",
-       [](Prepared& p) { MK_CUDA_OR_EXIT(cudaHostAlloc(&p.victimHost, 4096, cudaHostAllocMapped)); }},
+       [](Prepared& p) {
+         MK_CUDA_OR_EXIT(cudaHostAlloc(&p.victimHost, 4096, cudaHostAllocMapped));
+       }},
       {"memsetLegacy", "cudaMemset (legacy stream) of 256 B, then the legacy stream's sync",
        [](Prepared& p) {
          MK_CUDA_OR_EXIT(cudaMemset(p.victimBuf, 0, 256));
@@ -225,15 +258,19 @@ const std::vector<Call>& victims() {
 int main(int argc, char** argv) {
   std::vector<std::string> wantB, wantV;
   double holdMs = 1000;
-  CLI::App app("Which CUDA calls of one thread wait while another thread's free (cudaFree, cudaFreeHost, ...)\n"
-               "waits for a kernel that itself waits for the host. One row per (blocker, victim).",
-               "mkernel-freeprobe");
+  CLI::App app(
+      "Which CUDA calls of one thread wait while another thread's free (cudaFree, cudaFreeHost, "
+      "...)\n"
+      "waits for a kernel that itself waits for the host. One row per (blocker, victim).",
+      "mkernel-freeprobe");
   mktools::setupApp(app);
   mktools::listOf(app.add_option("--blockers", wantB, "the teardown calls to try (default: all)"))
       ->type_name("none,cudaFree,...");
-  mktools::listOf(app.add_option("--victims", wantV, "the calls timed while a blocker waits (default: all)"))
+  mktools::listOf(
+      app.add_option("--victims", wantV, "the calls timed while a blocker waits (default: all)"))
       ->type_name("none,cudaMalloc,...");
-  app.add_option("--hold-ms", holdMs, "how long the kernel spins, ms")->check(mktools::kPositiveReal)
+  app.add_option("--hold-ms", holdMs, "how long the kernel spins, ms")
+      ->check(mktools::kPositiveReal)
       ->capture_default_str();
   const int rc = mktools::parseArgs(app, argc, argv);
   if (rc >= 0) return rc;
@@ -247,7 +284,9 @@ int main(int argc, char** argv) {
   Exporter exporter;
   if (picked(wantB, "cudaIpcCloseMemHandle")) {
     exporter = startExporter();
-    if (!exporter.ok) std::fprintf(stderr, "mkernel-freeprobe: no exporter process: cudaIpcCloseMemHandle skipped\n");
+    if (!exporter.ok)
+      std::fprintf(stderr,
+                   "mkernel-freeprobe: no exporter process: cudaIpcCloseMemHandle skipped\n");
   }
   MK_CUDA_OR_EXIT(cudaSetDevice(0));
   FP_CU(cuInit(0));
@@ -262,9 +301,11 @@ int main(int argc, char** argv) {
   MK_CUDA_OR_EXIT(cudaGetDeviceProperties(&prop, 0));
   int driver = 0;
   MK_CUDA_OR_EXIT(cudaDriverGetVersion(&driver));
-  std::printf("# mkernel-freeprobe: %s, driver %d.%d; a kernel waits for the host for %.0f ms; the blocker starts at "
-              "50 ms, the victim at 150 ms; WAITS: the victim returned after the kernel ended\n",
-              prop.name, driver / 1000, driver % 1000 / 10, holdMs);
+  std::printf(
+      "# mkernel-freeprobe: %s, driver %d.%d; a kernel waits for the host for %.0f ms; the blocker "
+      "starts at "
+      "50 ms, the victim at 150 ms; WAITS: the victim returned after the kernel ended\n",
+      prop.name, driver / 1000, driver % 1000 / 10, holdMs);
   std::printf("| blocker | victim | blocker ms | victim ms | victim |\n|---|---|---|---|---|\n");
   int waits = 0;
   for (const Call& b : blockers()) {
@@ -284,7 +325,9 @@ int main(int argc, char** argv) {
       MK_CUDA_OR_EXIT(cudaMallocAsync(&p.poolBuf, 1 << 20, p.blockerStream));
       MK_CUDA_OR_EXIT(cudaStreamSynchronize(p.blockerStream));
       p.vmm = vmmAlloc(1 << 20);
-      if (ipc) MK_CUDA_OR_EXIT(cudaIpcOpenMemHandle(&p.ipcPeer, exporter.handle, cudaIpcMemLazyEnablePeerAccess));
+      if (ipc)
+        MK_CUDA_OR_EXIT(
+            cudaIpcOpenMemHandle(&p.ipcPeer, exporter.handle, cudaIpcMemLazyEnablePeerAccess));
       MK_CUDA_OR_EXIT(cudaEventCreateWithFlags(&p.event, cudaEventDisableTiming));
       MK_CUDA_OR_EXIT(cudaHostAlloc(&p.victimPinned, 4096, cudaHostAllocMapped));
       MK_CUDA_OR_EXIT(cudaMalloc(&p.victimBuf, 4096));
@@ -313,20 +356,24 @@ int main(int argc, char** argv) {
       };
       std::thread tb = timedAt(50, b, &bMs, &bEnd);
       std::thread tv = timedAt(150, v, &vMs, &vEnd);
-      std::this_thread::sleep_until(t0 + std::chrono::microseconds(static_cast<long long>(holdMs * 1000)));
+      std::this_thread::sleep_until(
+          t0 + std::chrono::microseconds(static_cast<long long>(holdMs * 1000)));
       __atomic_store_n(word, 1u, __ATOMIC_SEQ_CST);
       tb.join();
       tv.join();
       MK_CUDA_OR_EXIT(cudaStreamSynchronize(kernelStream));
-      if (*gaveUp != 0) std::fprintf(stderr, "mkernel-freeprobe: the kernel timed out (%s, %s)\n", b.name, v.name);
+      if (*gaveUp != 0)
+        std::fprintf(stderr, "mkernel-freeprobe: the kernel timed out (%s, %s)\n", b.name, v.name);
       const bool waited = vEnd >= holdMs - 1.0 && vMs > 0.5 * (holdMs - 150);
       waits += waited ? 1 : 0;
-      std::printf("| %s | %s | %.1f | %.1f | %s |\n", b.name, v.name, bMs, vMs, waited ? "WAITS" : "free");
+      std::printf("| %s | %s | %.1f | %.1f | %s |\n", b.name, v.name, bMs, vMs,
+                  waited ? "WAITS" : "free");
       std::fflush(stdout);
       MK_CUDA_OR_EXIT(cudaDeviceSynchronize());
       if (p.dev) MK_CUDA_OR_EXIT(cudaFree(p.dev));
       if (p.pinned) MK_CUDA_OR_EXIT(cudaFreeHost(p.pinned));
-      if (std::strcmp(b.name, "cudaHostUnregister") != 0) MK_CUDA_OR_EXIT(cudaHostUnregister(p.registered));
+      if (std::strcmp(b.name, "cudaHostUnregister") != 0)
+        MK_CUDA_OR_EXIT(cudaHostUnregister(p.registered));
       std::free(p.registered);
       if (p.poolBuf) MK_CUDA_OR_EXIT(cudaFreeAsync(p.poolBuf, p.blockerStream));
       if (p.blockerStream) {

@@ -55,12 +55,14 @@ struct Row {
 double percentile(std::vector<float> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  const size_t k = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5));
+  const size_t k =
+      std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5));
   return v[k];
 }
 
 // One rank: its rows go to `out` (rank 0 only) as "bytes med p99 host" lines.
-int child(int rank, int n, int nGpus, const mkernel::bootstrap::UniqueId& id, const Options& o, int out) {
+int child(int rank, int n, int nGpus, const mkernel::bootstrap::UniqueId& id, const Options& o,
+          int out) {
   auto fail = [rank](const char* what) {
     std::fprintf(stderr, "mkernel-proclat: rank %d: %s: %s\n", rank, what, mkernel::lastError());
     return 1;
@@ -68,7 +70,8 @@ int child(int rank, int n, int nGpus, const mkernel::bootstrap::UniqueId& id, co
   std::unique_ptr<mkernel::bootstrap::Bootstrap> bs;
   std::unique_ptr<mkernel::coll::Communicator> comm;
   const char* step = "";
-  if (mktools::createProcessRank(rank, n, nGpus, id, &bs, &comm, &step) != Result::Success) return fail(step);
+  if (mktools::createProcessRank(rank, n, nGpus, id, &bs, &comm, &step) != Result::Success)
+    return fail(step);
   cudaStream_t stream = nullptr;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   const size_t maxCount = std::max<size_t>(1, o.maxBytes / 4);
@@ -78,7 +81,8 @@ int child(int rank, int n, int nGpus, const mkernel::bootstrap::UniqueId& id, co
       cudaMallocHost(reinterpret_cast<void**>(&pinned), maxCount * 4) != cudaSuccess)
     return fail("allocation");
   // Small integers: every reduction order gives the same sum.
-  for (size_t i = 0; i < maxCount; ++i) pinned[i] = static_cast<float>((i + static_cast<size_t>(rank) * 3) % 7);
+  for (size_t i = 0; i < maxCount; ++i)
+    pinned[i] = static_cast<float>((i + static_cast<size_t>(rank) * 3) % 7);
   cudaMemcpyAsync(send, pinned, maxCount * 4, cudaMemcpyHostToDevice, stream);
   cudaStreamSynchronize(stream);
   std::vector<cudaEvent_t> ev(static_cast<size_t>(o.iters) + 1);
@@ -100,8 +104,8 @@ int child(int rank, int n, int nGpus, const mkernel::bootstrap::UniqueId& id, co
       float want = 0;
       for (int k = 0; k < n; ++k) want += static_cast<float>((i + static_cast<size_t>(k) * 3) % 7);
       if (pinned[i] != want) {
-        std::fprintf(stderr, "mkernel-proclat: rank %d: %zu B: element %zu is %g, want %g\n", rank, bytes, i,
-                     static_cast<double>(pinned[i]), static_cast<double>(want));
+        std::fprintf(stderr, "mkernel-proclat: rank %d: %zu B: element %zu is %g, want %g\n", rank,
+                     bytes, i, static_cast<double>(pinned[i]), static_cast<double>(want));
         return 1;
       }
     }
@@ -112,7 +116,9 @@ int child(int rank, int n, int nGpus, const mkernel::bootstrap::UniqueId& id, co
       if (comm->enqueue(&a, 1, stream) != Result::Success) return fail("enqueue");
       cudaEventRecord(ev[static_cast<size_t>(i) + 1], stream);
     }
-    const double hostUs = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count() / o.iters;
+    const double hostUs =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count() /
+        o.iters;
     cudaStreamSynchronize(stream);
     if (comm->asyncError() != Result::Success) return fail("asyncError");
     std::vector<float> us(static_cast<size_t>(o.iters));
@@ -123,8 +129,8 @@ int child(int rank, int n, int nGpus, const mkernel::bootstrap::UniqueId& id, co
     }
     if (rank == 0) {
       char line[160];
-      const int len = std::snprintf(line, sizeof(line), "%zu %.3f %.3f %.3f\n", a.count * 4, percentile(us, 0.5),
-                                    percentile(us, 0.99), hostUs);
+      const int len = std::snprintf(line, sizeof(line), "%zu %.3f %.3f %.3f\n", a.count * 4,
+                                    percentile(us, 0.5), percentile(us, 0.99), hostUs);
       if (write(out, line, static_cast<size_t>(len)) != len) return fail("pipe");
     }
     if (bs->barrier() != Result::Success) return fail("barrier");
@@ -159,7 +165,8 @@ bool runRanks(int n, int nGpus, const Options& o, std::vector<Row>* rows) {
   close(fds[1]);
   std::string text;
   char buf[512];
-  for (ssize_t got; (got = read(fds[0], buf, sizeof(buf))) > 0;) text.append(buf, static_cast<size_t>(got));
+  for (ssize_t got; (got = read(fds[0], buf, sizeof(buf))) > 0;)
+    text.append(buf, static_cast<size_t>(got));
   close(fds[0]);
   bool ok = true;
   for (int r = 0; r < n; ++r) {
@@ -173,11 +180,14 @@ bool runRanks(int n, int nGpus, const Options& o, std::vector<Row>* rows) {
   size_t pos = 0;
   while (pos < text.size()) {
     const size_t nl = text.find('\n', pos);
-    const std::string line = text.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
+    const std::string line =
+        text.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
     pos = nl == std::string::npos ? text.size() : nl + 1;
     Row row;
     row.ranks = n;
-    if (std::sscanf(line.c_str(), "%zu %lf %lf %lf", &row.bytes, &row.med, &row.p99, &row.hostUs) == 4) rows->push_back(row);
+    if (std::sscanf(line.c_str(), "%zu %lf %lf %lf", &row.bytes, &row.med, &row.p99, &row.hostUs) ==
+        4)
+      rows->push_back(row);
   }
   return ok;
 }
@@ -186,18 +196,27 @@ bool runRanks(int n, int nGpus, const Options& o, std::vector<Row>* rows) {
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app("Small-AllReduce latency with ranks as processes (forked before any CUDA call; under CUDA MPS when\n"
-               "they share a GPU), against thread ranks' one-context launches.",
-               "mkernel-proclat");
+  CLI::App app(
+      "Small-AllReduce latency with ranks as processes (forked before any CUDA call; under CUDA "
+      "MPS when\n"
+      "they share a GPU), against thread ranks' one-context launches.",
+      "mkernel-proclat");
   mktools::setupApp(app);
   mktools::listOf(app.add_option("--ranks", o.ranks, "process rank counts, one run each (1 to 64)"))
-      ->check(CLI::Range(1, 64))->default_str("2,4,8");
-  app.add_option("--min-bytes", o.minBytes, "smallest size (K, M, G accepted; at least 4)")->transform(mktools::kSize)
-      ->check(CLI::Range(uint64_t(4), uint64_t(1) << 40).description(""))->capture_default_str();
-  app.add_option("--max-bytes", o.maxBytes, "largest size")->transform(mktools::kSize)->capture_default_str();
-  app.add_option("--step", o.step, "size multiplier from one row to the next")->check(CLI::Range(2, 1 << 20))
+      ->check(CLI::Range(1, 64))
+      ->default_str("2,4,8");
+  app.add_option("--min-bytes", o.minBytes, "smallest size (K, M, G accepted; at least 4)")
+      ->transform(mktools::kSize)
+      ->check(CLI::Range(uint64_t(4), uint64_t(1) << 40).description(""))
       ->capture_default_str();
-  app.add_option("--iters", o.iters, "timed collectives per size (at least 10)")->check(CLI::Range(10, 1 << 30))
+  app.add_option("--max-bytes", o.maxBytes, "largest size")
+      ->transform(mktools::kSize)
+      ->capture_default_str();
+  app.add_option("--step", o.step, "size multiplier from one row to the next")
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--iters", o.iters, "timed collectives per size (at least 10)")
+      ->check(CLI::Range(10, 1 << 30))
       ->capture_default_str();
   app.add_option("--csv", o.csv, "also write the rows as CSV")->type_name("FILE");
   const int rc = mktools::parseArgs(app, argc, argv);
@@ -215,9 +234,12 @@ int main(int argc, char** argv) {
   // Processes sharing a GPU need CUDA MPS: a private daemon for each step, its clients' hardware
   // queues capped (PrivateMps::start).
   mktools::PrivateMps mps;
-  std::printf("# AllReduce float sum, process ranks on %d GPU(s) (rank r on GPU r %% %d%s); eager latency = interval\n"
-              "# between CUDA events after consecutive back-to-back collectives on rank 0's stream, %d per size\n",
-              nGpus, nGpus, most > nGpus ? "; ranks sharing a GPU under CUDA MPS" : "", o.iters);
+  std::printf(
+      "# AllReduce float sum, process ranks on %d GPU(s) (rank r on GPU r %% %d%s); eager latency "
+      "= interval\n"
+      "# between CUDA events after consecutive back-to-back collectives on rank 0's stream, %d per "
+      "size\n",
+      nGpus, nGpus, most > nGpus ? "; ranks sharing a GPU under CUDA MPS" : "", o.iters);
   std::printf("%6s %12s %10s %10s %9s\n", "ranks", "bytes", "eager_med", "eager_p99", "host_us");
   std::fflush(stdout);
   std::vector<Row> all;
@@ -237,7 +259,8 @@ int main(int argc, char** argv) {
   if (!o.csv.empty()) {
     if (FILE* f = std::fopen(o.csv.c_str(), "w")) {
       std::fprintf(f, "ranks,bytes,eager_med_us,eager_p99_us,host_us\n");
-      for (const Row& r : all) std::fprintf(f, "%d,%zu,%.3f,%.3f,%.3f\n", r.ranks, r.bytes, r.med, r.p99, r.hostUs);
+      for (const Row& r : all)
+        std::fprintf(f, "%d,%zu,%.3f,%.3f,%.3f\n", r.ranks, r.bytes, r.med, r.p99, r.hostUs);
       std::fclose(f);
     }
   }

@@ -33,8 +33,10 @@
 // queues the --after command: the rule mkernel follows for ranks sharing a GPU (nothing that
 // waits for a collective's end is queued before every co-located rank has queued its start).
 // Prints a table: variant, ranks, gap, stride, rounds, stalled rounds, median round time.
-//   mkernel-queueprobe [--ranks 2,4,8] [--rounds 50] [--timeout-ms 200] [--variants fresh,touched,...]
-//                      [--gaps 0] [--strides 1] [--kernel plain|mkernel] [--after none|record|kernel]
+//   mkernel-queueprobe [--ranks 2,4,8] [--rounds 50] [--timeout-ms 200] [--variants
+//   fresh,touched,...]
+//                      [--gaps 0] [--strides 1] [--kernel plain|mkernel] [--after
+//                      none|record|kernel]
 //                      [--stagger-us 0] [--fence]
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -80,9 +82,9 @@ __global__ void __launch_bounds__(256, 1) meet(unsigned* flags, int n, int me, u
 // The same exchange shaped like mkernel's launch-path kernel: static shared memory written by
 // every thread, the CTA's other threads waiting at a barrier, and a host-mapped word polled in
 // the wait (mkernel's stop flag).
-__global__ void __launch_bounds__(256, 1) meetLike(unsigned* flags, int n, int me, unsigned epoch,
-                                                   unsigned long long timeoutNs, unsigned* gaveUp,
-                                                   const volatile unsigned* hostStop) {
+__global__ void __launch_bounds__(256, 1)
+    meetLike(unsigned* flags, int n, int me, unsigned epoch, unsigned long long timeoutNs,
+             unsigned* gaveUp, const volatile unsigned* hostStop) {
   __shared__ volatile unsigned sh[384];
   for (int i = threadIdx.x; i < 384; i += blockDim.x) sh[i] = epoch + i;
   __syncthreads();
@@ -159,7 +161,8 @@ struct Row {
   double medianMs = 0;
 };
 
-Row probe(const std::string& variant, int n, int gap, int stride, int rounds, unsigned long long timeoutNs, bool like) {
+Row probe(const std::string& variant, int n, int gap, int stride, int rounds,
+          unsigned long long timeoutNs, bool like) {
   unsigned* flags = nullptr;
   unsigned* gaveUp = nullptr;
   MK_CUDA_OR_EXIT(cudaMalloc(&flags, sizeof(unsigned) * n));
@@ -167,7 +170,8 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
   MK_CUDA_OR_EXIT(cudaMallocManaged(&gaveUp, sizeof(unsigned)));
   *gaveUp = 0;
   unsigned* hostStop = nullptr;
-  MK_CUDA_OR_EXIT(cudaHostAlloc(&hostStop, sizeof(unsigned), cudaHostAllocMapped | cudaHostAllocPortable));
+  MK_CUDA_OR_EXIT(
+      cudaHostAlloc(&hostStop, sizeof(unsigned), cudaHostAllocMapped | cudaHostAllocPortable));
   *hostStop = 0;
   unsigned* hostStopDev = nullptr;
   MK_CUDA_OR_EXIT(cudaHostGetDevicePointer(&hostStopDev, hostStop, 0));
@@ -214,7 +218,8 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
       MK_CUDA_OR_EXIT(cudaSetDevice(0));
       if (foreign) MK_CUDA_OR_EXIT(gForeign.setDevice(0));
       cudaEvent_t after = nullptr;
-      if (gAfter == After::Record) MK_CUDA_OR_EXIT(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
+      if (gAfter == After::Record)
+        MK_CUDA_OR_EXIT(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
       for (;;) {
         start.wait();
         if (quit.load()) {
@@ -223,7 +228,9 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
         }
         cudaStream_t& s = streams[static_cast<size_t>(r)];
         if (variant == "own") MK_CUDA_OR_EXIT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-        if (gStaggerUs > 0) std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long long>(r) * gStaggerUs));
+        if (gStaggerUs > 0)
+          std::this_thread::sleep_for(
+              std::chrono::microseconds(static_cast<long long>(r) * gStaggerUs));
         if (like) {
           meetLike<<<1, 256, 0, s>>>(flags, n, r, epoch.load(), timeoutNs, gaveUp, hostStopDev);
         } else {
@@ -262,7 +269,8 @@ Row probe(const std::string& variant, int n, int gap, int stride, int rounds, un
     const auto t0 = std::chrono::steady_clock::now();
     start.wait();
     done.wait();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     if (*gaveUp != before) ++row.stalled;
     if (variant != "reused") dropStreams();
   }
@@ -289,27 +297,39 @@ int main(int argc, char** argv) {
   std::vector<int> gaps = {0}, strides = {1};
   bool like = false;
   std::string kernel = "plain", after = "none";
-  CLI::App app("Whether kernels that wait for each other, launched by several threads of one process on one GPU\n"
-               "(thread-emulated ranks), all run at once, per way of making the streams.",
-               "mkernel-queueprobe");
+  CLI::App app(
+      "Whether kernels that wait for each other, launched by several threads of one process on one "
+      "GPU\n"
+      "(thread-emulated ranks), all run at once, per way of making the streams.",
+      "mkernel-queueprobe");
   mktools::setupApp(app);
-  mktools::listOf(app.add_option("--ranks", ranks, "thread counts, one row each"))->check(mktools::kPositive)
+  mktools::listOf(app.add_option("--ranks", ranks, "thread counts, one row each"))
+      ->check(mktools::kPositive)
       ->default_str("2,4,8");
-  app.add_option("--rounds", rounds, "rounds per row")->check(mktools::kPositive)->capture_default_str();
-  app.add_option("--timeout-ms", timeoutMs, "a round not done by then stalled")->check(mktools::kPositive)
+  app.add_option("--rounds", rounds, "rounds per row")
+      ->check(mktools::kPositive)
+      ->capture_default_str();
+  app.add_option("--timeout-ms", timeoutMs, "a round not done by then stalled")
+      ->check(mktools::kPositive)
       ->capture_default_str();
   mktools::listOf(app.add_option("--variants", variants, "ways of making the streams"))
       ->check(CLI::IsMember({"fresh", "touched", "kernel", "own", "reused", "foreign"}))
       ->default_str("fresh,touched,kernel,own,reused");
   mktools::listOf(app.add_option("--gaps", gaps, "G: streams made before the rank streams"))
-      ->check(mktools::kNonNegative)->default_str("0");
-  mktools::listOf(app.add_option("--strides", strides, "S: S-1 streams between consecutive rank streams"))->check(mktools::kPositive)
+      ->check(mktools::kNonNegative)
+      ->default_str("0");
+  mktools::listOf(
+      app.add_option("--strides", strides, "S: S-1 streams between consecutive rank streams"))
+      ->check(mktools::kPositive)
       ->default_str("1");
-  app.add_option("--kernel", kernel, "the waiting kernel")->check(CLI::IsMember({"plain", "mkernel"}))
+  app.add_option("--kernel", kernel, "the waiting kernel")
+      ->check(CLI::IsMember({"plain", "mkernel"}))
       ->capture_default_str();
   app.add_option("--after", after, "what each rank queues after its kernel")
-      ->check(CLI::IsMember({"none", "record", "kernel"}))->capture_default_str();
-  app.add_option("--stagger-us", gStaggerUs, "delay between the ranks' launches, us")->capture_default_str();
+      ->check(CLI::IsMember({"none", "record", "kernel"}))
+      ->capture_default_str();
+  app.add_option("--stagger-us", gStaggerUs, "delay between the ranks' launches, us")
+      ->capture_default_str();
   app.add_flag("--fence", gFence, "a host barrier before the after-command");
   const int rc = mktools::parseArgs(app, argc, argv);
   if (rc >= 0) return rc;
@@ -319,21 +339,28 @@ int main(int argc, char** argv) {
   MK_CUDA_OR_EXIT(cudaFree(nullptr));
   const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   const char* loading = std::getenv("CUDA_MODULE_LOADING");
-  std::printf("# mkernel-queueprobe: CUDA_DEVICE_MAX_CONNECTIONS=%s CUDA_MODULE_LOADING=%s, timeout %llu ms, %s kernel%s, "
-              "stagger %u us%s\n",
-              conns ? conns : "(unset)", loading ? loading : "(unset)", timeoutMs, like ? "mkernel-like" : "plain",
-              gAfter == After::Record   ? ", an event recorded after each kernel"
-              : gAfter == After::Kernel ? ", an empty kernel queued after each kernel"
-                                        : "",
-              gStaggerUs, gFence ? ", host barrier before the after-command" : "");
-  std::printf("%-8s %5s %4s %6s %6s %7s %10s\n", "variant", "ranks", "gap", "stride", "rounds", "stalled", "median_ms");
+  std::printf(
+      "# mkernel-queueprobe: CUDA_DEVICE_MAX_CONNECTIONS=%s CUDA_MODULE_LOADING=%s, timeout %llu "
+      "ms, %s kernel%s, "
+      "stagger %u us%s\n",
+      conns ? conns : "(unset)", loading ? loading : "(unset)", timeoutMs,
+      like ? "mkernel-like" : "plain",
+      gAfter == After::Record   ? ", an event recorded after each kernel"
+      : gAfter == After::Kernel ? ", an empty kernel queued after each kernel"
+                                : "",
+      gStaggerUs, gFence ? ", host barrier before the after-command" : "");
+  std::printf("%-8s %5s %4s %6s %6s %7s %10s\n", "variant", "ranks", "gap", "stride", "rounds",
+              "stalled", "median_ms");
   int anyStalled = 0;
   for (const std::string& v : variants) {
     if (v == "foreign" && gForeign.streamCreate == nullptr && !gForeign.load()) {
-      std::fprintf(stderr, "mkernel-queueprobe: variant foreign: no shared libcudart.so to load (%s)\n", dlerror());
+      std::fprintf(stderr,
+                   "mkernel-queueprobe: variant foreign: no shared libcudart.so to load (%s)\n",
+                   dlerror());
       return 2;
     }
-    if (v != "fresh" && v != "touched" && v != "kernel" && v != "own" && v != "reused" && v != "foreign") {
+    if (v != "fresh" && v != "touched" && v != "kernel" && v != "own" && v != "reused" &&
+        v != "foreign") {
       std::fprintf(stderr, "mkernel-queueprobe: unknown variant %s\n", v.c_str());
       return 2;
     }
@@ -345,8 +372,8 @@ int main(int argc, char** argv) {
             return 2;
           }
           const Row r = probe(v, n, gap, stride, rounds, timeoutMs * 1000000ull, like);
-          std::printf("%-8s %5d %4d %6d %6d %7d %10.3f\n", r.variant.c_str(), r.ranks, r.gap, r.stride, r.rounds,
-                      r.stalled, r.medianMs);
+          std::printf("%-8s %5d %4d %6d %6d %7d %10.3f\n", r.variant.c_str(), r.ranks, r.gap,
+                      r.stride, r.rounds, r.stalled, r.medianMs);
           std::fflush(stdout);
           anyStalled |= r.stalled != 0;
         }

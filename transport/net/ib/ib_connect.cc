@@ -75,8 +75,8 @@ Result checkInfo(const ConnInfo& info, const std::string& peer) {
 Result timedOut(const Clock::time_point& started, const char* what, const std::string& peer) {
   if (Clock::now() - started > std::chrono::seconds(params::TIMEOUT_S()))
     return MK_ERROR(Result::RemoteError,
-                    "NET/IB: %s %s not complete after %lld s (MKERNEL_TIMEOUT_S)", what, peer.c_str(),
-                    static_cast<long long>(params::TIMEOUT_S()));
+                    "NET/IB: %s %s not complete after %lld s (MKERNEL_TIMEOUT_S)", what,
+                    peer.c_str(), static_cast<long long>(params::TIMEOUT_S()));
   return Result::Success;
 }
 

@@ -134,7 +134,8 @@ Result IbComm::checkLiveness(const IbRequest* r, const char* what) {
                                          " pending (the peer process exited or was killed)");
   if (r != nullptr && now - r->posted > std::chrono::seconds(params::TIMEOUT_S()))
     return fail(Result::RemoteError, "NET/IB: " + dev->name + ": " + what + " with peer " + peer +
-                                         " not complete after " + std::to_string(params::TIMEOUT_S()) +
+                                         " not complete after " +
+                                         std::to_string(params::TIMEOUT_S()) +
                                          " s (MKERNEL_TIMEOUT_S)");
   return Result::Success;
 }
@@ -212,7 +213,8 @@ Result IbNet::isend(SendComm* comm, void* data, size_t size, int tag, void* mhan
     if (nreqs < 1 || nreqs > kMaxGroupedRecvs)
       return c->fail(Result::RemoteError, "NET/IB: corrupt CTS entry from " + c->peer);
     bool whole = true;
-    for (int i = 1; i < nreqs; ++i) whole = whole && entries[i].seq == seq && entries[i].seqTail == uint32_t(seq);
+    for (int i = 1; i < nreqs; ++i)
+      whole = whole && entries[i].seq == seq && entries[i].seqTail == uint32_t(seq);
     if (!whole) break;
     std::atomic_thread_fence(std::memory_order_acquire);
     for (int i = 0; i < nreqs && match < 0; ++i)

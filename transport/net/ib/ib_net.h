@@ -40,7 +40,7 @@ constexpr int kRecvWrsPerQp = kMaxRequests * kMaxGroupedRecvs;
 constexpr int kSendWrsPerQp = 2 * kMaxRequests * kMaxGroupedRecvs + 16;
 constexpr uint32_t kWantInline = 256;
 constexpr uint32_t kConnMagic = 0x4d4b4942;  // "MKIB"
-constexpr uint32_t kConnVersion = 2;  // 2: CtsEntry::seqTail
+constexpr uint32_t kConnVersion = 2;         // 2: CtsEntry::seqTail
 
 // One posted receive buffer as the receiver writes it into the sender's CTS FIFO.
 struct CtsEntry {
@@ -49,7 +49,7 @@ struct CtsEntry {
   uint64_t seq;  // the receive's sequence number (from 1): tells a fresh entry from a stale one
   uint32_t rkey;
   int32_t tag;
-  uint32_t nreqs;  // entries in this grouped receive
+  uint32_t nreqs;    // entries in this grouped receive
   uint32_t seqTail;  // low 32 bits of seq again, the entry's last bytes: the reader trusts an entry
                      // only when both copies match (version 2; the fields between the two copies
                      // arrive in the same RDMA write and can land late, as on Soft-RoCE)

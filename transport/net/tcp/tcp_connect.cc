@@ -22,11 +22,16 @@ namespace tcp {
 
 const char* helloStatusString(uint32_t status) {
   switch (status) {
-    case kHelloOk: return "accepted";
-    case kHelloBadNonce: return "unknown nonce (a stale handle, or a listener that was closed and replaced)";
-    case kHelloBadVersion: return "wire version mismatch (different mkernel builds)";
-    case kHelloBadSockets: return "socket index or count out of range";
-    default: return "unknown status";
+    case kHelloOk:
+      return "accepted";
+    case kHelloBadNonce:
+      return "unknown nonce (a stale handle, or a listener that was closed and replaced)";
+    case kHelloBadVersion:
+      return "wire version mismatch (different mkernel builds)";
+    case kHelloBadSockets:
+      return "socket index or count out of range";
+    default:
+      return "unknown status";
   }
 }
 
@@ -48,7 +53,9 @@ std::string peerNameOf(int fd) {
 
 // ----- listener side ---------------------------------------------------------------------------
 
-TcpListenComm::~TcpListenComm() { shutdown(); }
+TcpListenComm::~TcpListenComm() {
+  shutdown();
+}
 
 void TcpListenComm::shutdown() {
   if (engine != nullptr) {
@@ -93,7 +100,8 @@ void TcpListenComm::acceptNewLocked() {
     if (c < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        error = std::string("accept on ") + socketAddrToString(addr) + " failed: " + strerror(errno);
+        error =
+            std::string("accept on ") + socketAddrToString(addr) + " failed: " + strerror(errno);
         MK_WARN("TCP net: %s", error.c_str());
       }
       return;
@@ -127,7 +135,8 @@ std::vector<TcpListenComm::Pending> TcpListenComm::takeStaleLocked(Clock::durati
 void TcpListenComm::readHelloLocked(int id) {
   Pending& p = pending[id];
   while (p.got < sizeof(Hello)) {
-    ssize_t r = recv(p.fd, reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got, MSG_DONTWAIT);
+    ssize_t r =
+        recv(p.fd, reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got, MSG_DONTWAIT);
     if (r > 0) {
       p.got += static_cast<size_t>(r);
       continue;
@@ -178,8 +187,10 @@ void TcpListenComm::readHelloLocked(int id) {
     g.fds.assign(h.nSocks, -1);
     g.peer = who;
   }
-  if (g.fds[h.sockIndex] >= 0) close(g.fds[h.sockIndex]);  // a duplicate index: keep the newest
-  else g.count++;
+  if (g.fds[h.sockIndex] >= 0)
+    close(g.fds[h.sockIndex]);  // a duplicate index: keep the newest
+  else
+    g.count++;
   g.fds[h.sockIndex] = fdDone;
   if (g.count == g.nSocks) {
     ready.push_back(g);
@@ -190,16 +201,20 @@ void TcpListenComm::readHelloLocked(int id) {
 Result TcpNet::listen(int dev, void* handle, ListenComm** listenComm) {
   *listenComm = nullptr;
   if (dev < 0 || dev >= deviceCount())
-    return MK_ERROR(Result::InvalidArgument, "TCP net: listen on device %d, but there are %d", dev, deviceCount());
-  if (handle == nullptr) return MK_ERROR(Result::InvalidArgument, "TCP net: listen with a null handle");
+    return MK_ERROR(Result::InvalidArgument, "TCP net: listen on device %d, but there are %d", dev,
+                    deviceCount());
+  if (handle == nullptr)
+    return MK_ERROR(Result::InvalidArgument, "TCP net: listen with a null handle");
   const NetInterface& itf = ifs_[static_cast<size_t>(dev)];
   auto lc = std::make_unique<TcpListenComm>();
   lc->addr = itf.addr;
   lc->addr.sin.sin_port = 0;  // same offset in sin and sin6
   lc->nonce = randomU64();
-  lc->nSocks = static_cast<int>(std::min<int64_t>(std::max<int64_t>(params::NET_SOCKETS(), 1), kMaxSockets));
+  lc->nSocks =
+      static_cast<int>(std::min<int64_t>(std::max<int64_t>(params::NET_SOCKETS(), 1), kMaxSockets));
   lc->fd = socket(lc->addr.sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (lc->fd < 0) return MK_ERROR(Result::SystemError, "TCP net: socket() failed: %s", strerror(errno));
+  if (lc->fd < 0)
+    return MK_ERROR(Result::SystemError, "TCP net: socket() failed: %s", strerror(errno));
   int one = 1;
   setsockopt(lc->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (bind(lc->fd, &lc->addr.sa, socketAddrLen(lc->addr)) != 0)
@@ -233,7 +248,9 @@ Result TcpNet::listen(int dev, void* handle, ListenComm** listenComm) {
 Result TcpNet::accept(ListenComm* listenComm, RecvComm** recvComm) {
   *recvComm = nullptr;
   auto* lc = dynamic_cast<TcpListenComm*>(listenComm);
-  if (lc == nullptr) return MK_ERROR(Result::InvalidArgument, "TCP net: accept on a comm that is not a TCP listen comm");
+  if (lc == nullptr)
+    return MK_ERROR(Result::InvalidArgument,
+                    "TCP net: accept on a comm that is not a TCP listen comm");
   TcpListenComm::Group g;
   // A connector that sends part of its Hello and stalls must not hold a socket forever: pending
   // sockets older than the handshake deadline (10 s, or MKERNEL_TIMEOUT_S if smaller; like the
@@ -252,8 +269,9 @@ Result TcpNet::accept(ListenComm* listenComm, RecvComm** recvComm) {
     }
   }
   for (const TcpListenComm::Pending& p : stale) {  // lock order: engine, then comm; so without mu
-    MK_WARN("TCP net: an incoming socket from %s sent %zu of %zu handshake bytes in %lld s: dropped",
-            peerNameOf(p.fd).c_str(), p.got, sizeof(Hello), static_cast<long long>(deadline.count()));
+    MK_WARN(
+        "TCP net: an incoming socket from %s sent %zu of %zu handshake bytes in %lld s: dropped",
+        peerNameOf(p.fd).c_str(), p.got, sizeof(Hello), static_cast<long long>(deadline.count()));
     lc->engine->remove(p.token);
     close(p.fd);
   }
@@ -286,7 +304,8 @@ Result TcpNet::progressConnect(PendingConnect* pc, bool* established, std::vecto
     if (s.stage == 0) {
       if (s.fd < 0) {
         s.fd = socket(h.addr.sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (s.fd < 0) return MK_ERROR(Result::SystemError, "TCP net: socket() failed: %s", strerror(errno));
+        if (s.fd < 0)
+          return MK_ERROR(Result::SystemError, "TCP net: socket() failed: %s", strerror(errno));
         setNoDelay(s.fd);
         if (::connect(s.fd, &h.addr.sa, socketAddrLen(h.addr)) != 0 && errno != EINPROGRESS) {
           if (errno == ECONNREFUSED || errno == EAGAIN) {  // the listener's backlog is full: retry
@@ -294,7 +313,8 @@ Result TcpNet::progressConnect(PendingConnect* pc, bool* established, std::vecto
             s.fd = -1;
             continue;
           }
-          return MK_ERROR(Result::SystemError, "TCP net: connect to %s failed: %s", to.c_str(), strerror(errno));
+          return MK_ERROR(Result::SystemError, "TCP net: connect to %s failed: %s", to.c_str(),
+                          strerror(errno));
         }
       }
       pollfd p{s.fd, POLLOUT, 0};
@@ -307,31 +327,39 @@ Result TcpNet::progressConnect(PendingConnect* pc, bool* established, std::vecto
         s.fd = -1;
         continue;
       }
-      if (err != 0) return MK_ERROR(Result::SystemError, "TCP net: connect to %s failed: %s", to.c_str(), strerror(err));
+      if (err != 0)
+        return MK_ERROR(Result::SystemError, "TCP net: connect to %s failed: %s", to.c_str(),
+                        strerror(err));
       s.stage = 1;
       s.done = 0;
     }
     if (s.stage == 1) {
-      Hello hello{kHelloMagic, kWireVersion, static_cast<uint16_t>(i), h.nSocks, 0, 0, h.nonce, pc->connId};
+      Hello hello{kHelloMagic, kWireVersion, static_cast<uint16_t>(i), h.nSocks, 0, 0,
+                  h.nonce,     pc->connId};
       ssize_t w = send(s.fd, reinterpret_cast<char*>(&hello) + s.done, sizeof(hello) - s.done,
                        MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        return MK_ERROR(Result::RemoteError, "TCP net: handshake with %s failed: %s", to.c_str(), strerror(errno));
+        return MK_ERROR(Result::RemoteError, "TCP net: handshake with %s failed: %s", to.c_str(),
+                        strerror(errno));
       if (w > 0) s.done += static_cast<size_t>(w);
       if (s.done < sizeof(hello)) continue;
       s.stage = 2;
       s.done = 0;
     }
     if (s.stage == 2) {
-      ssize_t r = recv(s.fd, reinterpret_cast<char*>(&s.ack) + s.done, sizeof(s.ack) - s.done, MSG_DONTWAIT);
+      ssize_t r = recv(s.fd, reinterpret_cast<char*>(&s.ack) + s.done, sizeof(s.ack) - s.done,
+                       MSG_DONTWAIT);
       if (r == 0)
-        return MK_ERROR(Result::RemoteError, "TCP net: %s closed the connection during the handshake", to.c_str());
+        return MK_ERROR(Result::RemoteError,
+                        "TCP net: %s closed the connection during the handshake", to.c_str());
       if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        return MK_ERROR(Result::RemoteError, "TCP net: handshake with %s failed: %s", to.c_str(), strerror(errno));
+        return MK_ERROR(Result::RemoteError, "TCP net: handshake with %s failed: %s", to.c_str(),
+                        strerror(errno));
       if (r > 0) s.done += static_cast<size_t>(r);
       if (s.done < sizeof(s.ack)) continue;
       if (s.ack.magic != kHelloMagic || s.ack.connId != pc->connId)
-        return MK_ERROR(Result::RemoteError, "TCP net: %s answered the handshake with garbage", to.c_str());
+        return MK_ERROR(Result::RemoteError, "TCP net: %s answered the handshake with garbage",
+                        to.c_str());
       if (s.ack.status != kHelloOk)
         return MK_ERROR(Result::RemoteError, "TCP net: %s refused the connection: %s", to.c_str(),
                         helloStatusString(s.ack.status));
@@ -343,10 +371,11 @@ Result TcpNet::progressConnect(PendingConnect* pc, bool* established, std::vecto
     double waited = std::chrono::duration<double>(Clock::now() - pc->start).count();
     const double limit = params::timeoutSeconds();
     if (waited > limit)
-      return MK_ERROR(Result::SystemError,
-                      "TCP net: connect to %s: only %d of %zu sockets connected and acknowledged after "
-                      "%.0f s (MKERNEL_TIMEOUT_S=%.0f)",
-                      to.c_str(), nDone, pc->socks.size(), waited, limit);
+      return MK_ERROR(
+          Result::SystemError,
+          "TCP net: connect to %s: only %d of %zu sockets connected and acknowledged after "
+          "%.0f s (MKERNEL_TIMEOUT_S=%.0f)",
+          to.c_str(), nDone, pc->socks.size(), waited, limit);
     return Result::Success;
   }
   for (auto& s : pc->socks) {
@@ -359,15 +388,21 @@ Result TcpNet::progressConnect(PendingConnect* pc, bool* established, std::vecto
 
 Result TcpNet::connect(int dev, const void* handle, SendComm** sendComm) {
   *sendComm = nullptr;
-  if (handle == nullptr) return MK_ERROR(Result::InvalidArgument, "TCP net: connect with a null handle");
+  if (handle == nullptr)
+    return MK_ERROR(Result::InvalidArgument, "TCP net: connect with a null handle");
   WireHandle h;
   std::memcpy(&h, handle, sizeof(h));
   if (h.magic != kHandleMagic)
-    return MK_ERROR(Result::InvalidArgument, "TCP net: connect with a handle that TCP listen() did not make (magic 0x%x)", h.magic);
+    return MK_ERROR(Result::InvalidArgument,
+                    "TCP net: connect with a handle that TCP listen() did not make (magic 0x%x)",
+                    h.magic);
   if (h.version != kWireVersion)
-    return MK_ERROR(Result::InvalidArgument, "TCP net: handle of wire version %u, this build speaks %u", h.version, kWireVersion);
+    return MK_ERROR(Result::InvalidArgument,
+                    "TCP net: handle of wire version %u, this build speaks %u", h.version,
+                    kWireVersion);
   if (h.nSocks < 1 || h.nSocks > kMaxSockets)
-    return MK_ERROR(Result::InvalidArgument, "TCP net: handle asks for %u sockets (1..%d)", h.nSocks, kMaxSockets);
+    return MK_ERROR(Result::InvalidArgument, "TCP net: handle asks for %u sockets (1..%d)",
+                    h.nSocks, kMaxSockets);
 
   // The state between calls is keyed by the handle's address (NCCL passes the same buffer until
   // it gets a comm); a different handle at that address starts over.

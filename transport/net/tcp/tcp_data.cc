@@ -33,7 +33,9 @@ TcpComm::TcpComm(bool sender, std::vector<int> fds, std::string peerName, int ma
   lastActivity = Clock::now();
 }
 
-TcpComm::~TcpComm() { shutdown(); }
+TcpComm::~TcpComm() {
+  shutdown();
+}
 
 void TcpComm::shutdown() {
   // Detach from the engine first: once remove() returns, the engine thread cannot be inside
@@ -191,10 +193,10 @@ bool TcpComm::matchHeaderLocked() {
       TcpRequest::Slot& slot = r->slots[i];
       if (slot.matched || slot.tag != h.tag) continue;
       if (h.size > slot.posted) {
-        fail(Result::InvalidUsage,
-             "message of " + std::to_string(h.size) + " bytes (tag " + std::to_string(h.tag) +
-                 ") from peer " + peer + " is larger than the " + std::to_string(slot.posted) +
-                 " bytes posted for it");
+        fail(Result::InvalidUsage, "message of " + std::to_string(h.size) + " bytes (tag " +
+                                       std::to_string(h.tag) + ") from peer " + peer +
+                                       " is larger than the " + std::to_string(slot.posted) +
+                                       " bytes posted for it");
         return false;
       }
       slot.matched = true;
@@ -321,8 +323,9 @@ void TcpComm::checkClosedAheadLocked() {
   // A header assigned bytes to a socket that had closed: they can never come.
   for (size_t i = 1; i < socks.size(); ++i)
     if (socks[i].closedAhead && !socks[i].queue.empty()) {
-      fail(Result::RemoteError, "connection closed by peer " + peer + " in the middle of a message (its socket " +
-                                    std::to_string(i) + " closed first)");
+      fail(Result::RemoteError, "connection closed by peer " + peer +
+                                    " in the middle of a message (its socket " + std::to_string(i) +
+                                    " closed first)");
       return;
     }
   // What the peer sent before closing is still read first: a header pending, a message's tail,
@@ -334,13 +337,15 @@ void TcpComm::checkClosedAheadLocked() {
   const double silent = std::chrono::duration<double>(Clock::now() - since).count();
   if (silent < kCloseGraceS) return;
   char why[160];
-  std::snprintf(why, sizeof(why), " (its socket %d closed; socket 0, still open, brought nothing for %.1f s since)",
+  std::snprintf(why, sizeof(why),
+                " (its socket %d closed; socket 0, still open, brought nothing for %.1f s since)",
                 closedAheadSock, silent);
   fail(Result::RemoteError, "connection closed by peer " + peer + why);
 }
 
 std::string TcpComm::describeLocked() const {
-  std::string out = std::to_string(inflight.size()) + (isSender ? " send(s)" : " receive(s)") + " in flight";
+  std::string out =
+      std::to_string(inflight.size()) + (isSender ? " send(s)" : " receive(s)") + " in flight";
   int shown = 0;
   for (const TcpRequest* r : inflight) {
     if (shown++ == 4) {
@@ -348,22 +353,24 @@ std::string TcpComm::describeLocked() const {
       break;
     }
     if (r->isSend) {
-      out += " [tag " + std::to_string(r->header.tag) + ", " + std::to_string(r->header.size) + " B, " +
-             std::to_string(r->bytesLeft) + " B unsent]";
+      out += " [tag " + std::to_string(r->header.tag) + ", " + std::to_string(r->header.size) +
+             " B, " + std::to_string(r->bytesLeft) + " B unsent]";
       continue;
     }
     out += " [";
     for (int i = 0; i < r->n; ++i)
-      out += (i ? ", tag " : "tag ") + std::to_string(r->slots[i].tag) + (r->slots[i].matched ? " matched" : "") +
-             " <=" + std::to_string(r->slots[i].posted) + " B";
+      out += (i ? ", tag " : "tag ") + std::to_string(r->slots[i].tag) +
+             (r->slots[i].matched ? " matched" : "") + " <=" + std::to_string(r->slots[i].posted) +
+             " B";
     out += "]";
   }
   if (!isSender) {
     if (headerReady) {
-      out += "; a header for tag " + std::to_string(pendingHeader.tag) + " (" + std::to_string(pendingHeader.size) +
-             " B) was read and no posted receive has that tag";
+      out += "; a header for tag " + std::to_string(pendingHeader.tag) + " (" +
+             std::to_string(pendingHeader.size) + " B) was read and no posted receive has that tag";
     } else if (headerGot > 0) {
-      out += "; " + std::to_string(headerGot) + " of " + std::to_string(sizeof(MsgHeader)) + " header bytes read";
+      out += "; " + std::to_string(headerGot) + " of " + std::to_string(sizeof(MsgHeader)) +
+             " header bytes read";
     } else {
       out += "; no header pending";
     }
@@ -373,11 +380,14 @@ std::string TcpComm::describeLocked() const {
     size_t queued = 0;
     for (const Segment& seg : s.queue) queued += seg.len;
     int kernelBytes = -1;
-    if (s.fd >= 0 && ioctl(s.fd, isSender ? SIOCOUTQ : SIOCINQ, &kernelBytes) != 0) kernelBytes = -1;
-    out += "; socket " + std::to_string(i) + ": " + std::to_string(queued) + " B to " + (isSender ? "write" : "read") +
-           ", kernel " + (isSender ? "unacknowledged " : "unread ") +
+    if (s.fd >= 0 && ioctl(s.fd, isSender ? SIOCOUTQ : SIOCINQ, &kernelBytes) != 0)
+      kernelBytes = -1;
+    out += "; socket " + std::to_string(i) + ": " + std::to_string(queued) + " B to " +
+           (isSender ? "write" : "read") + ", kernel " +
+           (isSender ? "unacknowledged " : "unread ") +
            (kernelBytes < 0 ? std::string("?") : std::to_string(kernelBytes)) + " B, " +
-           (isSender ? (s.writable ? "writable" : "not writable") : (s.readable ? "readable" : "not readable")) +
+           (isSender ? (s.writable ? "writable" : "not writable")
+                     : (s.readable ? "readable" : "not readable")) +
            (s.peerClosed ? ", peer closed" : "");
   }
   return out;

@@ -35,9 +35,11 @@ Result Engine::start() {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   if (thread_.joinable()) return Result::Success;
   epfd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (epfd_ < 0) return MK_ERROR(Result::SystemError, "TCP net: epoll_create1 failed: %s", strerror(errno));
+  if (epfd_ < 0)
+    return MK_ERROR(Result::SystemError, "TCP net: epoll_create1 failed: %s", strerror(errno));
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wakeFd_ < 0) return MK_ERROR(Result::SystemError, "TCP net: eventfd failed: %s", strerror(errno));
+  if (wakeFd_ < 0)
+    return MK_ERROR(Result::SystemError, "TCP net: eventfd failed: %s", strerror(errno));
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kWakeToken;
@@ -54,7 +56,8 @@ Result Engine::add(int fd, EventTarget* target, int index, uint64_t* token) {
   ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
   ev.data.u64 = t;
   if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0)
-    return MK_ERROR(Result::SystemError, "TCP net: epoll_ctl(ADD fd %d) failed: %s", fd, strerror(errno));
+    return MK_ERROR(Result::SystemError, "TCP net: epoll_ctl(ADD fd %d) failed: %s", fd,
+                    strerror(errno));
   regs_[t] = Registration{fd, target, index};
   *token = t;
   return Result::Success;

@@ -62,7 +62,12 @@ struct Hello {
 };
 static_assert(sizeof(Hello) == 32, "wire format");
 
-enum HelloStatus : uint32_t { kHelloOk = 0, kHelloBadNonce = 1, kHelloBadVersion = 2, kHelloBadSockets = 3 };
+enum HelloStatus : uint32_t {
+  kHelloOk = 0,
+  kHelloBadNonce = 1,
+  kHelloBadVersion = 2,
+  kHelloBadSockets = 3
+};
 // Listener -> connector, one per socket, after checking its Hello.
 struct HelloAck {
   uint32_t magic;
@@ -158,7 +163,8 @@ struct DataSocket {
   bool readable = true;  // edge-triggered bookkeeping: false after EAGAIN until the next event
   bool writable = true;
   bool peerClosed = false;  // EOF seen between messages while another socket still had bytes due
-  bool closedAhead = false;  // EOF seen on a data socket with nothing due on it (checkClosedAheadLocked)
+  bool closedAhead =
+      false;  // EOF seen on a data socket with nothing due on it (checkClosedAheadLocked)
   std::deque<Segment> queue;  // bytes to move on this socket, in wire order
 };
 

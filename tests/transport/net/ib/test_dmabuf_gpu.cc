@@ -14,9 +14,11 @@
 
 namespace ib = mkernel::net::ib;
 
-TEST_CASE("gpu: device memory exports as a DMA-BUF fd of its size (cuMemGetHandleForAddressRange)", "[gpu]") {
+TEST_CASE("gpu: device memory exports as a DMA-BUF fd of its size (cuMemGetHandleForAddressRange)",
+          "[gpu]") {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) FAIL("no CUDA device: the gpu tier needs one");
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
+    FAIL("no CUDA device: the gpu tier needs one");
   std::string why;
   const ib::CudaGpuSupport& s = ib::cudaGpuSupport(&why);
   INFO(why);
@@ -27,8 +29,9 @@ TEST_CASE("gpu: device memory exports as a DMA-BUF fd of its size (cuMemGetHandl
   std::vector<char> host(16);
   CHECK(ib::cudaIsDevicePointer(dev));
   CHECK_FALSE(ib::cudaIsDevicePointer(host.data()));
-  WARN("DMA-BUF supported by every device: " << (s.dmabufSupported ? "yes" : "no") << "; compute capability "
-                                             << s.minComputeMajor << ".x");
+  WARN("DMA-BUF supported by every device: " << (s.dmabufSupported ? "yes" : "no")
+                                             << "; compute capability " << s.minComputeMajor
+                                             << ".x");
   int fd = -1;
   const mkernel::Result r = ib::cudaExportDmabuf(reinterpret_cast<uintptr_t>(dev), bytes, &fd);
   if (s.dmabufSupported) {
@@ -40,7 +43,8 @@ TEST_CASE("gpu: device memory exports as a DMA-BUF fd of its size (cuMemGetHandl
     close(fd);
   } else {
     CHECK(r != mkernel::Result::Success);
-    CHECK(std::string(mkernel::lastError()).find("cuMemGetHandleForAddressRange") != std::string::npos);
+    CHECK(std::string(mkernel::lastError()).find("cuMemGetHandleForAddressRange") !=
+          std::string::npos);
   }
   cudaFree(dev);
 }

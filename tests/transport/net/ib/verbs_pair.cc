@@ -129,19 +129,26 @@ const char* iface() {
 bool reportFaults(const char* role) {
   std::string qdisc = commandLine(std::string("tc -s qdisc show dev ") + iface(), "dropped");
   long long dropped = counterAfter(qdisc, "dropped ");
-  std::printf("[%s] netem on %s: %s\n", role, iface(), qdisc.empty() ? "(no statistics)" : qdisc.c_str());
-  std::printf("[%s] rxe0: completer_retry_err %lld, rcvd_seq_err %lld, out_of_seq_request %lld, duplicate_request %lld\n",
-              role, rxeCounter("completer_retry_err"), rxeCounter("rcvd_seq_err"),
-              rxeCounter("out_of_seq_request"), rxeCounter("duplicate_request"));
+  std::printf("[%s] netem on %s: %s\n", role, iface(),
+              qdisc.empty() ? "(no statistics)" : qdisc.c_str());
+  std::printf(
+      "[%s] rxe0: completer_retry_err %lld, rcvd_seq_err %lld, out_of_seq_request %lld, "
+      "duplicate_request %lld\n",
+      role, rxeCounter("completer_retry_err"), rxeCounter("rcvd_seq_err"),
+      rxeCounter("out_of_seq_request"), rxeCounter("duplicate_request"));
   if (dropped <= 0) {
-    std::fprintf(stderr, "verbs_pair: %s: lossy mode, but netem on %s dropped no packet: the fault was not injected\n",
+    std::fprintf(stderr,
+                 "verbs_pair: %s: lossy mode, but netem on %s dropped no packet: the fault was not "
+                 "injected\n",
                  role, iface());
     return false;
   }
   return true;
 }
 
-int retryCount() { return static_cast<int>(mkernel::params::IB_RETRY_CNT()); }
+int retryCount() {
+  return static_cast<int>(mkernel::params::IB_RETRY_CNT());
+}
 
 double cutBoundSeconds() {
   if (const char* v = std::getenv("VP_CUT_BOUND_S")) return std::atof(v);
@@ -182,7 +189,8 @@ int cutPhase(net::Net& n, bool server, net::SendComm* sc, net::RecvComm* rc, std
       if (n.irecv(rc, 1, d, posted, tags, mhs, &r) != Result::Success) error = mkernel::lastError();
     net::Request* s = nullptr;
     while (s == nullptr && error.empty() && since(tCut) < kHangS) {
-      if (n.isend(sc, out.data(), kMsg, server ? 2 : 1, outMh, &s) != Result::Success) error = mkernel::lastError();
+      if (n.isend(sc, out.data(), kMsg, server ? 2 : 1, outMh, &s) != Result::Success)
+        error = mkernel::lastError();
       // The peer's clear-to-send never comes: the posted receive's own test is what times out.
       size_t got[1];
       bool done = false;
@@ -190,18 +198,22 @@ int cutPhase(net::Net& n, bool server, net::SendComm* sc, net::RecvComm* rc, std
         error = mkernel::lastError();
     }
     size_t sz[1];
-    if (error.empty() && s != nullptr && waitDone(n, s, sz) != Result::Success) error = mkernel::lastError();
-    if (error.empty() && r != nullptr && waitDone(n, r, sz) != Result::Success) error = mkernel::lastError();
+    if (error.empty() && s != nullptr && waitDone(n, s, sz) != Result::Success)
+      error = mkernel::lastError();
+    if (error.empty() && r != nullptr && waitDone(n, r, sz) != Result::Success)
+      error = mkernel::lastError();
     if (error.empty()) ++moved;
   }
   double failedAfter = since(tCut);
   if (error.empty()) {
-    std::fprintf(stderr, "verbs_pair: %s: link cut, but no request failed in %.0f s (%d messages still moved)\n",
-                 role, failedAfter, moved);
+    std::fprintf(
+        stderr,
+        "verbs_pair: %s: link cut, but no request failed in %.0f s (%d messages still moved)\n",
+        role, failedAfter, moved);
     return 1;
   }
-  std::printf("[%s] link cut: error after %.2f s (%d messages moved after the cut): %s\n", role, failedAfter,
-              moved, error.c_str());
+  std::printf("[%s] link cut: error after %.2f s (%d messages moved after the cut): %s\n", role,
+              failedAfter, moved, error.c_str());
   auto tClose = Clock::now();
   n.deregMr(sc, outMh);
   n.deregMr(rc, inMh);
@@ -213,21 +225,26 @@ int cutPhase(net::Net& n, bool server, net::SendComm* sc, net::RecvComm* rc, std
   const bool retryExceeded = error.find("retry counter exceeded") != std::string::npos &&
                              error.find("(status 12,") != std::string::npos;
   if (expectRetryExceeded && !retryExceeded) {
-    std::fprintf(stderr, "verbs_pair: client: with MKERNEL_IB_RETRY_CNT=%d the write into the cut link should "
-                 "fail with its verbs completion status (retry exceeded), not: %s\n", retryCount(), error.c_str());
+    std::fprintf(
+        stderr,
+        "verbs_pair: client: with MKERNEL_IB_RETRY_CNT=%d the write into the cut link should "
+        "fail with its verbs completion status (retry exceeded), not: %s\n",
+        retryCount(), error.c_str());
     return 1;
   }
   if (!expectRetryExceeded && error.find("MKERNEL_TIMEOUT_S") == std::string::npos) {
-    std::fprintf(stderr, "verbs_pair: %s: expected the MKERNEL_TIMEOUT_S error, got: %s\n", role, error.c_str());
+    std::fprintf(stderr, "verbs_pair: %s: expected the MKERNEL_TIMEOUT_S error, got: %s\n", role,
+                 error.c_str());
     return 1;
   }
   if (gHung || failedAfter > bound) {
-    std::fprintf(stderr, "verbs_pair: %s: the error came after %.2f s, over the bound of %.0f s\n", role,
-                 failedAfter, bound);
+    std::fprintf(stderr, "verbs_pair: %s: the error came after %.2f s, over the bound of %.0f s\n",
+                 role, failedAfter, bound);
     return 1;
   }
   if (since(tClose) > 10) {
-    std::fprintf(stderr, "verbs_pair: %s: closing the broken comms took %.2f s\n", role, since(tClose));
+    std::fprintf(stderr, "verbs_pair: %s: closing the broken comms took %.2f s\n", role,
+                 since(tClose));
     return 1;
   }
   std::printf("[%s] OK (cut)\n", role);
@@ -238,7 +255,8 @@ int cutPhase(net::Net& n, bool server, net::SendComm* sc, net::RecvComm* rc, std
 
 int main(int argc, char** argv) {
   const std::string mode = argc == 4 ? argv[3] : "verify";
-  if (argc < 3 || argc > 4 || (std::strcmp(argv[1], "server") != 0 && std::strcmp(argv[1], "client") != 0) ||
+  if (argc < 3 || argc > 4 ||
+      (std::strcmp(argv[1], "server") != 0 && std::strcmp(argv[1], "client") != 0) ||
       (mode != "verify" && mode != "lossy" && mode != "cut")) {
     std::fprintf(stderr, "usage: verbs_pair server|client <shared dir> [verify|lossy|cut]\n");
     return 2;
