@@ -10,6 +10,7 @@
 #include "collectives/communicator.h"
 #include "common/log.h"
 #include "common/param.h"
+#include "common/text.h"
 #include "common/version.h"
 #include "transport/bootstrap/bootstrap.h"
 
@@ -39,12 +40,6 @@ RouteSettings parse(const char* text) {
     p = nl + 1;
   }
   return out;
-}
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (char b : s) h = (h ^ static_cast<unsigned char>(b)) * 1099511628211ull;
-  return h;
 }
 
 // "0-2, 5": ranks in ascending order, runs joined.

@@ -11,6 +11,7 @@
 #include "collectives/stats.h"
 #include "common/log.h"
 #include "common/param.h"
+#include "common/text.h"
 #include "plugin/shim/real_nccl.h"
 #include "plugin/shim/shim_forward.h"
 #include "plugin/shim/shim_group.h"
@@ -160,9 +161,7 @@ Result countNodes(ShimComm* c, const CommSetup& s) {
 }  // namespace
 
 Result setupComm(ShimComm* c, const CommSetup& s) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a of the unique id: the communicator's identity here
-  for (char b : s.id.bytes) h = (h ^ static_cast<unsigned char>(b)) * 1099511628211ull;
-  c->idHash = h;
+  c->idHash = fnv1a(s.id.bytes, sizeof(s.id.bytes));  // the communicator's identity here
   c->rank = s.rank;
   c->nRanks = s.nRanks;
   c->cudaDev = s.cudaDev;

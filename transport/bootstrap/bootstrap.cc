@@ -181,9 +181,7 @@ uint64_t Bootstrap::hostHash() {
   } else {
     s = "hostid:" + s;
   }
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
+  return fnv1a(s);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@
 #include "common/result.h"
 #include "plugin/shim/nccl_api.h"
 #include "plugin/shim/shim_comm.h"
+#include "tests/plugin/shim/stand_in_comm.h"
 
 using mkernel::Result;
 
@@ -28,7 +29,7 @@ namespace {
 // One clock for the events the test orders: each event takes the next tick.
 std::atomic<int> gClock{0};
 
-class BlockingComm final : public mkernel::coll::Communicator {
+class BlockingComm final : public StandInComm {
  public:
   BlockingComm(std::atomic<int>* returnedAt, std::atomic<int>* destroyedAt)
       : returnedAt_(returnedAt), destroyedAt_(destroyedAt), payload_(4096, 7) {}
@@ -56,18 +57,11 @@ class BlockingComm final : public mkernel::coll::Communicator {
     std::unique_lock<std::mutex> lock(mu_);
     return cv_.wait_for(lock, std::chrono::seconds(10), [this] { return entered_; });
   }
-  mkernel::Result asyncError(bool) override { return Result::Success; }
   mkernel::Result abort() override {
     std::lock_guard<std::mutex> lock(mu_);
     aborted_ = true;
     cv_.notify_all();
     return Result::Success;
-  }
-  mkernel::Result finalize() override { return Result::Success; }
-  const mkernel::coll::CommOptions& options() const override { return opts_; }
-  void stats(mkernel::coll::CollStats*) const override {}
-  mkernel::Result kernelTrace(std::vector<uint64_t>*) const override {
-    return Result::InvalidUsage;
   }
 
  private:
@@ -78,7 +72,6 @@ class BlockingComm final : public mkernel::coll::Communicator {
   std::condition_variable cv_;
   bool entered_ = false;
   bool aborted_ = false;
-  mkernel::coll::CommOptions opts_;
 };
 
 // An emulated two-rank shim comm (no real NCCL behind it) whose mkernel part is `mk`.

@@ -11,7 +11,7 @@
 #include "common/result.h"
 #include "plugin/shim/nccl_api.h"
 #include "plugin/shim/shim_comm.h"
-#include "tests/plugin/shim/failed_comm.h"
+#include "tests/plugin/shim/stand_in_comm.h"
 
 using mkernel::Result;
 

@@ -21,7 +21,7 @@
 #include "plugin/shim/nccl_api.h"
 #include "plugin/shim/real_nccl.h"
 #include "plugin/shim/shim_comm.h"
-#include "tests/plugin/shim/failed_comm.h"
+#include "tests/plugin/shim/stand_in_comm.h"
 #include "plugin/shim/shim_init.h"
 
 namespace {

@@ -13,6 +13,7 @@
 #include "plugin/shim/shim_select.h"
 #include "plugin/shim/shim_comm.h"
 #include "plugin/shim/shim_validate.h"
+#include "tests/plugin/shim/stand_in_comm.h"
 
 using mkernel::Result;
 using namespace mkernel::shim;
@@ -221,25 +222,13 @@ TEST_CASE("select: collectives on the persistent kernel follow MKERNEL_GRAPH, ca
 namespace {
 // A stand-in mkernel communicator that says which collectives need the doorbell: AllReduces of
 // more than `doorbellFrom` elements.
-class DoorbellComm final : public mkernel::coll::Communicator {
+class DoorbellComm final : public StandInComm {
  public:
   explicit DoorbellComm(size_t doorbellFrom) : from_(doorbellFrom) {}
-  mkernel::Result enqueue(const mkernel::coll::CollArgs*, int, cudaStream_t) override {
-    return mkernel::Result::Success;
-  }
   bool needsDoorbell(const mkernel::coll::CollArgs& op) const override { return op.count > from_; }
-  mkernel::Result asyncError(bool) override { return mkernel::Result::Success; }
-  mkernel::Result abort() override { return mkernel::Result::Success; }
-  mkernel::Result finalize() override { return mkernel::Result::Success; }
-  const mkernel::coll::CommOptions& options() const override { return opts_; }
-  void stats(mkernel::coll::CollStats*) const override {}
-  mkernel::Result kernelTrace(std::vector<uint64_t>*) const override {
-    return mkernel::Result::InvalidUsage;
-  }
 
  private:
   size_t from_;
-  mkernel::coll::CommOptions opts_;
 };
 }  // namespace
 
